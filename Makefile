@@ -1,0 +1,29 @@
+# One command each on a fresh clone: `make demo`, `make test`, `make bench`.
+# Each creates the virtualenv in .venv and installs Aryl into it when missing or out of date.
+PYTHON ?= python3.11
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test bench protos clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/aryl-demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks
+
+protos: $(STAMP)
+	$(BIN)/python -m protos.generate
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info

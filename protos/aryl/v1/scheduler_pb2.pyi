@@ -1,0 +1,168 @@
+from protos.aryl.v1 import types_pb2 as _types_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class SubmitJobRequest(_message.Message):
+    __slots__ = ("spec", "idempotency_key")
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    spec: _types_pb2.JobSpec
+    idempotency_key: str
+    def __init__(self, spec: _Optional[_Union[_types_pb2.JobSpec, _Mapping]] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
+
+class SubmitJobResponse(_message.Message):
+    __slots__ = ("job",)
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    job: _types_pb2.Job
+    def __init__(self, job: _Optional[_Union[_types_pb2.Job, _Mapping]] = ...) -> None: ...
+
+class GetJobRequest(_message.Message):
+    __slots__ = ("job_id", "include_events")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_EVENTS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    include_events: bool
+    def __init__(self, job_id: _Optional[str] = ..., include_events: _Optional[bool] = ...) -> None: ...
+
+class GetJobResponse(_message.Message):
+    __slots__ = ("job", "events")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    job: _types_pb2.Job
+    events: _containers.RepeatedCompositeFieldContainer[_types_pb2.Event]
+    def __init__(self, job: _Optional[_Union[_types_pb2.Job, _Mapping]] = ..., events: _Optional[_Iterable[_Union[_types_pb2.Event, _Mapping]]] = ...) -> None: ...
+
+class ListJobsRequest(_message.Message):
+    __slots__ = ("states", "user", "queue", "page_size", "page_token")
+    STATES_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    states: _containers.RepeatedScalarFieldContainer[_types_pb2.JobState]
+    user: str
+    queue: str
+    page_size: int
+    page_token: str
+    def __init__(self, states: _Optional[_Iterable[_Union[_types_pb2.JobState, str]]] = ..., user: _Optional[str] = ..., queue: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListJobsResponse(_message.Message):
+    __slots__ = ("jobs", "next_page_token")
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[_types_pb2.Job]
+    next_page_token: str
+    def __init__(self, jobs: _Optional[_Iterable[_Union[_types_pb2.Job, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class CancelJobRequest(_message.Message):
+    __slots__ = ("job_id", "reason")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    reason: str
+    def __init__(self, job_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class CancelJobResponse(_message.Message):
+    __slots__ = ("job",)
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    job: _types_pb2.Job
+    def __init__(self, job: _Optional[_Union[_types_pb2.Job, _Mapping]] = ...) -> None: ...
+
+class WatchEventsRequest(_message.Message):
+    __slots__ = ("after_event_id", "job_id", "server_id")
+    AFTER_EVENT_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    SERVER_ID_FIELD_NUMBER: _ClassVar[int]
+    after_event_id: int
+    job_id: str
+    server_id: str
+    def __init__(self, after_event_id: _Optional[int] = ..., job_id: _Optional[str] = ..., server_id: _Optional[str] = ...) -> None: ...
+
+class GetClusterRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class PoolSummary(_message.Message):
+    __slots__ = ("pool", "servers", "gpus_total", "gpus_used", "gpus_loaned", "gpus_unavailable")
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    SERVERS_FIELD_NUMBER: _ClassVar[int]
+    GPUS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    GPUS_USED_FIELD_NUMBER: _ClassVar[int]
+    GPUS_LOANED_FIELD_NUMBER: _ClassVar[int]
+    GPUS_UNAVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    pool: _types_pb2.Pool
+    servers: int
+    gpus_total: int
+    gpus_used: int
+    gpus_loaned: int
+    gpus_unavailable: int
+    def __init__(self, pool: _Optional[_Union[_types_pb2.Pool, str]] = ..., servers: _Optional[int] = ..., gpus_total: _Optional[int] = ..., gpus_used: _Optional[int] = ..., gpus_loaned: _Optional[int] = ..., gpus_unavailable: _Optional[int] = ...) -> None: ...
+
+class JobStateCount(_message.Message):
+    __slots__ = ("state", "count")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    state: _types_pb2.JobState
+    count: int
+    def __init__(self, state: _Optional[_Union[_types_pb2.JobState, str]] = ..., count: _Optional[int] = ...) -> None: ...
+
+class GetClusterResponse(_message.Message):
+    __slots__ = ("pools", "jobs", "demand", "policy", "scheduler_epoch", "active_loans")
+    POOLS_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    DEMAND_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_LOANS_FIELD_NUMBER: _ClassVar[int]
+    pools: _containers.RepeatedCompositeFieldContainer[PoolSummary]
+    jobs: _containers.RepeatedCompositeFieldContainer[JobStateCount]
+    demand: _types_pb2.InferenceDemand
+    policy: str
+    scheduler_epoch: int
+    active_loans: int
+    def __init__(self, pools: _Optional[_Iterable[_Union[PoolSummary, _Mapping]]] = ..., jobs: _Optional[_Iterable[_Union[JobStateCount, _Mapping]]] = ..., demand: _Optional[_Union[_types_pb2.InferenceDemand, _Mapping]] = ..., policy: _Optional[str] = ..., scheduler_epoch: _Optional[int] = ..., active_loans: _Optional[int] = ...) -> None: ...
+
+class ListServersRequest(_message.Message):
+    __slots__ = ("pool",)
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    pool: _types_pb2.Pool
+    def __init__(self, pool: _Optional[_Union[_types_pb2.Pool, str]] = ...) -> None: ...
+
+class ListServersResponse(_message.Message):
+    __slots__ = ("servers",)
+    SERVERS_FIELD_NUMBER: _ClassVar[int]
+    servers: _containers.RepeatedCompositeFieldContainer[_types_pb2.Server]
+    def __init__(self, servers: _Optional[_Iterable[_Union[_types_pb2.Server, _Mapping]]] = ...) -> None: ...
+
+class ListLoansRequest(_message.Message):
+    __slots__ = ("include_returned",)
+    INCLUDE_RETURNED_FIELD_NUMBER: _ClassVar[int]
+    include_returned: bool
+    def __init__(self, include_returned: _Optional[bool] = ...) -> None: ...
+
+class ListLoansResponse(_message.Message):
+    __slots__ = ("loans",)
+    LOANS_FIELD_NUMBER: _ClassVar[int]
+    loans: _containers.RepeatedCompositeFieldContainer[_types_pb2.Loan]
+    def __init__(self, loans: _Optional[_Iterable[_Union[_types_pb2.Loan, _Mapping]]] = ...) -> None: ...
+
+class ExplainJobRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class ExplainJobResponse(_message.Message):
+    __slots__ = ("job", "summary", "decisions")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    DECISIONS_FIELD_NUMBER: _ClassVar[int]
+    job: _types_pb2.Job
+    summary: str
+    decisions: _containers.RepeatedCompositeFieldContainer[_types_pb2.Event]
+    def __init__(self, job: _Optional[_Union[_types_pb2.Job, _Mapping]] = ..., summary: _Optional[str] = ..., decisions: _Optional[_Iterable[_Union[_types_pb2.Event, _Mapping]]] = ...) -> None: ...

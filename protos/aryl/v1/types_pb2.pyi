@@ -1,0 +1,322 @@
+import datetime
+
+from google.protobuf import duration_pb2 as _duration_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class JobState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    JOB_STATE_UNSPECIFIED: _ClassVar[JobState]
+    JOB_STATE_PENDING: _ClassVar[JobState]
+    JOB_STATE_RUNNING: _ClassVar[JobState]
+    JOB_STATE_SCALING: _ClassVar[JobState]
+    JOB_STATE_PREEMPTED: _ClassVar[JobState]
+    JOB_STATE_COMPLETED: _ClassVar[JobState]
+    JOB_STATE_FAILED: _ClassVar[JobState]
+    JOB_STATE_CANCELLED: _ClassVar[JobState]
+
+class RestartPolicy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RESTART_POLICY_UNSPECIFIED: _ClassVar[RestartPolicy]
+    RESTART_POLICY_NEVER: _ClassVar[RestartPolicy]
+    RESTART_POLICY_ON_FAILURE: _ClassVar[RestartPolicy]
+
+class Pool(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    POOL_UNSPECIFIED: _ClassVar[Pool]
+    POOL_TRAINING: _ClassVar[Pool]
+    POOL_INFERENCE: _ClassVar[Pool]
+
+class ServerState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SERVER_STATE_UNSPECIFIED: _ClassVar[ServerState]
+    SERVER_STATE_TRAINING: _ClassVar[ServerState]
+    SERVER_STATE_SERVING: _ClassVar[ServerState]
+    SERVER_STATE_DRAINING: _ClassVar[ServerState]
+    SERVER_STATE_LOANED: _ClassVar[ServerState]
+    SERVER_STATE_RECLAIMING: _ClassVar[ServerState]
+    SERVER_STATE_LOST: _ClassVar[ServerState]
+    SERVER_STATE_UNHEALTHY: _ClassVar[ServerState]
+
+class LoanState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    LOAN_STATE_UNSPECIFIED: _ClassVar[LoanState]
+    LOAN_STATE_ACTIVE: _ClassVar[LoanState]
+    LOAN_STATE_RECLAIMING: _ClassVar[LoanState]
+    LOAN_STATE_RETURNED: _ClassVar[LoanState]
+
+class EventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EVENT_KIND_UNSPECIFIED: _ClassVar[EventKind]
+    EVENT_KIND_JOB_SUBMITTED: _ClassVar[EventKind]
+    EVENT_KIND_JOB_STATE_CHANGED: _ClassVar[EventKind]
+    EVENT_KIND_JOB_PENDING_REASON: _ClassVar[EventKind]
+    EVENT_KIND_SERVER_REGISTERED: _ClassVar[EventKind]
+    EVENT_KIND_SERVER_STATE_CHANGED: _ClassVar[EventKind]
+    EVENT_KIND_LOAN_STARTED: _ClassVar[EventKind]
+    EVENT_KIND_LOAN_ENDED: _ClassVar[EventKind]
+    EVENT_KIND_DEMAND_CHANGED: _ClassVar[EventKind]
+    EVENT_KIND_GPU_HEALTH_CHANGED: _ClassVar[EventKind]
+    EVENT_KIND_SCHEDULER_STARTED: _ClassVar[EventKind]
+JOB_STATE_UNSPECIFIED: JobState
+JOB_STATE_PENDING: JobState
+JOB_STATE_RUNNING: JobState
+JOB_STATE_SCALING: JobState
+JOB_STATE_PREEMPTED: JobState
+JOB_STATE_COMPLETED: JobState
+JOB_STATE_FAILED: JobState
+JOB_STATE_CANCELLED: JobState
+RESTART_POLICY_UNSPECIFIED: RestartPolicy
+RESTART_POLICY_NEVER: RestartPolicy
+RESTART_POLICY_ON_FAILURE: RestartPolicy
+POOL_UNSPECIFIED: Pool
+POOL_TRAINING: Pool
+POOL_INFERENCE: Pool
+SERVER_STATE_UNSPECIFIED: ServerState
+SERVER_STATE_TRAINING: ServerState
+SERVER_STATE_SERVING: ServerState
+SERVER_STATE_DRAINING: ServerState
+SERVER_STATE_LOANED: ServerState
+SERVER_STATE_RECLAIMING: ServerState
+SERVER_STATE_LOST: ServerState
+SERVER_STATE_UNHEALTHY: ServerState
+LOAN_STATE_UNSPECIFIED: LoanState
+LOAN_STATE_ACTIVE: LoanState
+LOAN_STATE_RECLAIMING: LoanState
+LOAN_STATE_RETURNED: LoanState
+EVENT_KIND_UNSPECIFIED: EventKind
+EVENT_KIND_JOB_SUBMITTED: EventKind
+EVENT_KIND_JOB_STATE_CHANGED: EventKind
+EVENT_KIND_JOB_PENDING_REASON: EventKind
+EVENT_KIND_SERVER_REGISTERED: EventKind
+EVENT_KIND_SERVER_STATE_CHANGED: EventKind
+EVENT_KIND_LOAN_STARTED: EventKind
+EVENT_KIND_LOAN_ENDED: EventKind
+EVENT_KIND_DEMAND_CHANGED: EventKind
+EVENT_KIND_GPU_HEALTH_CHANGED: EventKind
+EVENT_KIND_SCHEDULER_STARTED: EventKind
+
+class ThroughputPoint(_message.Message):
+    __slots__ = ("workers", "samples_per_second")
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    workers: int
+    samples_per_second: float
+    def __init__(self, workers: _Optional[int] = ..., samples_per_second: _Optional[float] = ...) -> None: ...
+
+class ThroughputHints(_message.Message):
+    __slots__ = ("points", "total_work", "estimated_runtime")
+    POINTS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_WORK_FIELD_NUMBER: _ClassVar[int]
+    ESTIMATED_RUNTIME_FIELD_NUMBER: _ClassVar[int]
+    points: _containers.RepeatedCompositeFieldContainer[ThroughputPoint]
+    total_work: float
+    estimated_runtime: _duration_pb2.Duration
+    def __init__(self, points: _Optional[_Iterable[_Union[ThroughputPoint, _Mapping]]] = ..., total_work: _Optional[float] = ..., estimated_runtime: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class JobSpec(_message.Message):
+    __slots__ = ("name", "user", "queue", "command", "env", "gpus_per_worker", "min_workers", "max_workers", "priority", "deadline", "throughput", "max_runtime", "restart_policy", "max_restarts")
+    class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    GPUS_PER_WORKER_FIELD_NUMBER: _ClassVar[int]
+    MIN_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    MAX_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    THROUGHPUT_FIELD_NUMBER: _ClassVar[int]
+    MAX_RUNTIME_FIELD_NUMBER: _ClassVar[int]
+    RESTART_POLICY_FIELD_NUMBER: _ClassVar[int]
+    MAX_RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    user: str
+    queue: str
+    command: _containers.RepeatedScalarFieldContainer[str]
+    env: _containers.ScalarMap[str, str]
+    gpus_per_worker: int
+    min_workers: int
+    max_workers: int
+    priority: int
+    deadline: _timestamp_pb2.Timestamp
+    throughput: ThroughputHints
+    max_runtime: _duration_pb2.Duration
+    restart_policy: RestartPolicy
+    max_restarts: int
+    def __init__(self, name: _Optional[str] = ..., user: _Optional[str] = ..., queue: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., gpus_per_worker: _Optional[int] = ..., min_workers: _Optional[int] = ..., max_workers: _Optional[int] = ..., priority: _Optional[int] = ..., deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., throughput: _Optional[_Union[ThroughputHints, _Mapping]] = ..., max_runtime: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., restart_policy: _Optional[_Union[RestartPolicy, str]] = ..., max_restarts: _Optional[int] = ...) -> None: ...
+
+class WorkerAllocation(_message.Message):
+    __slots__ = ("rank", "server_id", "gpu_indices")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    SERVER_ID_FIELD_NUMBER: _ClassVar[int]
+    GPU_INDICES_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    server_id: str
+    gpu_indices: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, rank: _Optional[int] = ..., server_id: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class Job(_message.Message):
+    __slots__ = ("job_id", "spec", "state", "reason", "message", "pending_reason", "num_workers", "workers", "submitted_at", "started_at", "finished_at", "restarts", "preemptions", "idempotency_key", "version")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    PENDING_REASON_FIELD_NUMBER: _ClassVar[int]
+    NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    SUBMITTED_AT_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    spec: JobSpec
+    state: JobState
+    reason: str
+    message: str
+    pending_reason: str
+    num_workers: int
+    workers: _containers.RepeatedCompositeFieldContainer[WorkerAllocation]
+    submitted_at: _timestamp_pb2.Timestamp
+    started_at: _timestamp_pb2.Timestamp
+    finished_at: _timestamp_pb2.Timestamp
+    restarts: int
+    preemptions: int
+    idempotency_key: str
+    version: int
+    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., state: _Optional[_Union[JobState, str]] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., pending_reason: _Optional[str] = ..., num_workers: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerAllocation, _Mapping]]] = ..., submitted_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., restarts: _Optional[int] = ..., preemptions: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+
+class Gpu(_message.Message):
+    __slots__ = ("index", "uuid", "model", "memory_total_bytes", "healthy", "health_reason", "job_id", "utilization", "memory_used_bytes", "temperature_c")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HEALTHY_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_REASON_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    UTILIZATION_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_C_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    uuid: str
+    model: str
+    memory_total_bytes: int
+    healthy: bool
+    health_reason: str
+    job_id: str
+    utilization: float
+    memory_used_bytes: int
+    temperature_c: float
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., model: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., healthy: _Optional[bool] = ..., health_reason: _Optional[str] = ..., job_id: _Optional[str] = ..., utilization: _Optional[float] = ..., memory_used_bytes: _Optional[int] = ..., temperature_c: _Optional[float] = ...) -> None: ...
+
+class Server(_message.Message):
+    __slots__ = ("server_id", "hostname", "pool", "state", "state_reason", "gpus", "gpus_total", "gpus_used", "gpus_healthy", "registered_at", "last_seen_at", "desired_generation", "observed_generation", "agent_address")
+    SERVER_ID_FIELD_NUMBER: _ClassVar[int]
+    HOSTNAME_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    STATE_REASON_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    GPUS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    GPUS_USED_FIELD_NUMBER: _ClassVar[int]
+    GPUS_HEALTHY_FIELD_NUMBER: _ClassVar[int]
+    REGISTERED_AT_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEEN_AT_FIELD_NUMBER: _ClassVar[int]
+    DESIRED_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    OBSERVED_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    server_id: str
+    hostname: str
+    pool: Pool
+    state: ServerState
+    state_reason: str
+    gpus: _containers.RepeatedCompositeFieldContainer[Gpu]
+    gpus_total: int
+    gpus_used: int
+    gpus_healthy: int
+    registered_at: _timestamp_pb2.Timestamp
+    last_seen_at: _timestamp_pb2.Timestamp
+    desired_generation: int
+    observed_generation: int
+    agent_address: str
+    def __init__(self, server_id: _Optional[str] = ..., hostname: _Optional[str] = ..., pool: _Optional[_Union[Pool, str]] = ..., state: _Optional[_Union[ServerState, str]] = ..., state_reason: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., gpus_total: _Optional[int] = ..., gpus_used: _Optional[int] = ..., gpus_healthy: _Optional[int] = ..., registered_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_seen_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., desired_generation: _Optional[int] = ..., observed_generation: _Optional[int] = ..., agent_address: _Optional[str] = ...) -> None: ...
+
+class Loan(_message.Message):
+    __slots__ = ("loan_id", "server_id", "state", "reason", "started_at", "ended_at", "hard_deadline")
+    LOAN_ID_FIELD_NUMBER: _ClassVar[int]
+    SERVER_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    ENDED_AT_FIELD_NUMBER: _ClassVar[int]
+    HARD_DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    loan_id: str
+    server_id: str
+    state: LoanState
+    reason: str
+    started_at: _timestamp_pb2.Timestamp
+    ended_at: _timestamp_pb2.Timestamp
+    hard_deadline: _timestamp_pb2.Timestamp
+    def __init__(self, loan_id: _Optional[str] = ..., server_id: _Optional[str] = ..., state: _Optional[_Union[LoanState, str]] = ..., reason: _Optional[str] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ended_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., hard_deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class Event(_message.Message):
+    __slots__ = ("event_id", "time", "kind", "job_id", "server_id", "from_state", "to_state", "reason", "message", "details")
+    class DetailsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    EVENT_ID_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    SERVER_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_STATE_FIELD_NUMBER: _ClassVar[int]
+    TO_STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
+    event_id: int
+    time: _timestamp_pb2.Timestamp
+    kind: EventKind
+    job_id: str
+    server_id: str
+    from_state: str
+    to_state: str
+    reason: str
+    message: str
+    details: _containers.ScalarMap[str, str]
+    def __init__(self, event_id: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., kind: _Optional[_Union[EventKind, str]] = ..., job_id: _Optional[str] = ..., server_id: _Optional[str] = ..., from_state: _Optional[str] = ..., to_state: _Optional[str] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., details: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class InferenceDemand(_message.Message):
+    __slots__ = ("servers_needed", "observed_rps", "source", "reported_at")
+    SERVERS_NEEDED_FIELD_NUMBER: _ClassVar[int]
+    OBSERVED_RPS_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    REPORTED_AT_FIELD_NUMBER: _ClassVar[int]
+    servers_needed: int
+    observed_rps: float
+    source: str
+    reported_at: _timestamp_pb2.Timestamp
+    def __init__(self, servers_needed: _Optional[int] = ..., observed_rps: _Optional[float] = ..., source: _Optional[str] = ..., reported_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...

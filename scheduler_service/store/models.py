@@ -1,0 +1,236 @@
+"""SQLAlchemy models: the scheduler's persistent state.
+
+Nouns:
+- ``Job``: a submitted training job, its spec and lifecycle state.
+- ``Server`` / ``Gpu``: a GPU server (training- or inference-owned) and its GPUs, as agents report them.
+- ``Allocation``: one GPU held by one worker (rank) of a job. The unique key on (server_id, gpu_index)
+  makes it impossible for the database to hold one GPU for two workers, whatever Python does.
+- ``Loan``: an inference server lent to training; at most one open loan per server (partial index).
+- ``Event``: the append-only log of every state change with its reason; triggers refuse UPDATE/DELETE.
+- ``DemandReport``: inference demand as reported by the router (history; the newest row counts).
+- ``SchedulerTerm``: one row per scheduler start; its id is the epoch agents use for fencing.
+
+The schema is created only by the Alembic migrations in ``migrations/``; these models must match them
+(``tests/test_migrations.py`` checks). Times are UNIX seconds (float) so SQLite and PostgreSQL agree.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Double,
+    ForeignKey,
+    ForeignKeyConstraint,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# SQLite only auto-increments INTEGER PRIMARY KEY; PostgreSQL gets a BIGINT identity.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_N_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(253))
+    user: Mapped[str] = mapped_column(String(128))
+    queue: Mapped[str] = mapped_column(String(128))
+    command: Mapped[list[Any]] = mapped_column(JSON)
+    env: Mapped[dict[str, Any]] = mapped_column(JSON)
+    gpus_per_worker: Mapped[int] = mapped_column(Integer)
+    min_workers: Mapped[int] = mapped_column(Integer)
+    max_workers: Mapped[int] = mapped_column(Integer)
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    deadline: Mapped[float | None] = mapped_column(Double)
+    throughput: Mapped[dict[str, Any]] = mapped_column(JSON)
+    max_runtime_s: Mapped[float | None] = mapped_column(Double)
+    restart_policy: Mapped[str] = mapped_column(String(16))
+    max_restarts: Mapped[int] = mapped_column(Integer, default=0)
+    idempotency_key: Mapped[str | None] = mapped_column(String(128), unique=True)
+
+    state: Mapped[str] = mapped_column(String(16))
+    state_reason: Mapped[str] = mapped_column(String(64), default="")
+    state_message: Mapped[str] = mapped_column(String(1024), default="")
+    pending_reason: Mapped[str] = mapped_column(String(1024), default="")
+    num_workers: Mapped[int] = mapped_column(Integer, default=0)
+    restarts: Mapped[int] = mapped_column(Integer, default=0)
+    preemptions: Mapped[int] = mapped_column(Integer, default=0)
+    submitted_at: Mapped[float] = mapped_column(Double)
+    started_at: Mapped[float | None] = mapped_column(Double)
+    finished_at: Mapped[float | None] = mapped_column(Double)
+    version: Mapped[int] = mapped_column(Integer, default=1)
+
+    __table_args__ = (
+        CheckConstraint("gpus_per_worker >= 1", name="gpus_per_worker_positive"),
+        CheckConstraint("min_workers >= 1", name="min_workers_positive"),
+        CheckConstraint("max_workers >= min_workers", name="max_not_below_min"),
+        CheckConstraint("num_workers >= 0 AND num_workers <= max_workers", name="num_workers_in_range"),
+        CheckConstraint(
+            "state IN ('PENDING','RUNNING','SCALING','PREEMPTED','COMPLETED','FAILED','CANCELLED')",
+            name="state_known",
+        ),
+        Index("ix_jobs_state_id", "state", "id"),
+        Index("ix_jobs_user_id", "user", "id"),
+        Index("ix_jobs_queue_id", "queue", "id"),
+    )
+
+
+class Server(Base):
+    __tablename__ = "servers"
+
+    id: Mapped[str] = mapped_column(String(253), primary_key=True)
+    hostname: Mapped[str] = mapped_column(String(253))
+    pool: Mapped[str] = mapped_column(String(16))
+    state: Mapped[str] = mapped_column(String(16))
+    state_reason: Mapped[str] = mapped_column(String(1024), default="")
+    # The state a LOST/UNHEALTHY server returns to when it recovers.
+    state_before_fault: Mapped[str | None] = mapped_column(String(16))
+    agent_address: Mapped[str] = mapped_column(String(253), default="")
+    agent_version: Mapped[str] = mapped_column(String(64), default="")
+    registered_at: Mapped[float] = mapped_column(Double)
+    last_seen_at: Mapped[float] = mapped_column(Double)
+    desired_generation: Mapped[int] = mapped_column(BigInteger, default=1)
+    observed_generation: Mapped[int] = mapped_column(BigInteger, default=0)
+    version: Mapped[int] = mapped_column(Integer, default=1)
+
+    __table_args__ = (
+        CheckConstraint("pool IN ('TRAINING','INFERENCE')", name="pool_known"),
+        CheckConstraint(
+            "state IN ('TRAINING','SERVING','DRAINING','LOANED','RECLAIMING','LOST','UNHEALTHY')",
+            name="state_known",
+        ),
+        # Training-owned servers are never in the inference states, and vice versa.
+        CheckConstraint(
+            "(pool = 'TRAINING' AND state IN ('TRAINING','LOST','UNHEALTHY')) OR "
+            "(pool = 'INFERENCE' AND state <> 'TRAINING')",
+            name="state_matches_pool",
+        ),
+    )
+
+
+class Gpu(Base):
+    __tablename__ = "gpus"
+
+    server_id: Mapped[str] = mapped_column(ForeignKey("servers.id", ondelete="CASCADE"), primary_key=True)
+    index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    uuid: Mapped[str] = mapped_column(String(128), unique=True)
+    model: Mapped[str] = mapped_column(String(128), default="")
+    memory_total_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    healthy: Mapped[bool] = mapped_column(Boolean, default=True)
+    health_reason: Mapped[str] = mapped_column(String(256), default="")
+    utilization: Mapped[float] = mapped_column(Double, default=0.0)
+    memory_used_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    temperature_c: Mapped[float] = mapped_column(Double, default=0.0)
+
+    __table_args__ = (CheckConstraint('"index" >= 0', name="index_non_negative"),)
+
+
+class Allocation(Base):
+    __tablename__ = "allocations"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="RESTRICT"))
+    rank: Mapped[int] = mapped_column(Integer)
+    server_id: Mapped[str] = mapped_column(String(253))
+    gpu_index: Mapped[int] = mapped_column(Integer)
+    allocated_at: Mapped[float] = mapped_column(Double)
+
+    __table_args__ = (
+        # The guarantee: one GPU, at most one worker.
+        UniqueConstraint("server_id", "gpu_index", name="uq_allocations_one_worker_per_gpu"),
+        ForeignKeyConstraint(["server_id", "gpu_index"], ["gpus.server_id", "gpus.index"], ondelete="RESTRICT"),
+        CheckConstraint("rank >= 0", name="rank_non_negative"),
+        Index("ix_allocations_job_id", "job_id"),
+    )
+
+
+class Loan(Base):
+    __tablename__ = "loans"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    server_id: Mapped[str] = mapped_column(ForeignKey("servers.id", ondelete="RESTRICT"))
+    state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(String(1024), default="")
+    started_at: Mapped[float] = mapped_column(Double)
+    ended_at: Mapped[float | None] = mapped_column(Double)
+    hard_deadline: Mapped[float | None] = mapped_column(Double)
+
+    __table_args__ = (
+        CheckConstraint("state IN ('ACTIVE','RECLAIMING','RETURNED')", name="state_known"),
+        CheckConstraint("(state = 'RETURNED') = (ended_at IS NOT NULL)", name="ended_iff_returned"),
+        # At most one open loan per server.
+        Index(
+            "uq_loans_one_open_per_server",
+            "server_id",
+            unique=True,
+            sqlite_where=text("state <> 'RETURNED'"),
+            postgresql_where=text("state <> 'RETURNED'"),
+        ),
+    )
+
+
+class Event(Base):
+    __tablename__ = "events"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    time: Mapped[float] = mapped_column(Double)
+    kind: Mapped[str] = mapped_column(String(32))
+    job_id: Mapped[int | None] = mapped_column(BigInteger)
+    server_id: Mapped[str | None] = mapped_column(String(253))
+    from_state: Mapped[str] = mapped_column(String(16), default="")
+    to_state: Mapped[str] = mapped_column(String(16), default="")
+    reason: Mapped[str] = mapped_column(String(64), default="")
+    message: Mapped[str] = mapped_column(String(2048), default="")
+    details: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+    __table_args__ = (
+        Index("ix_events_job_id_id", "job_id", "id"),
+        Index("ix_events_server_id_id", "server_id", "id"),
+    )
+
+
+class DemandReport(Base):
+    __tablename__ = "demand_reports"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    time: Mapped[float] = mapped_column(Double)
+    servers_needed: Mapped[int] = mapped_column(Integer)
+    observed_rps: Mapped[float] = mapped_column(Double)
+    source: Mapped[str] = mapped_column(String(253), default="")
+
+    __table_args__ = (
+        CheckConstraint("servers_needed >= 0", name="servers_needed_non_negative"),
+        CheckConstraint("observed_rps >= 0", name="observed_rps_non_negative"),
+    )
+
+
+class SchedulerTerm(Base):
+    __tablename__ = "scheduler_terms"
+
+    epoch: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    started_at: Mapped[float] = mapped_column(Double)
+    holder: Mapped[str] = mapped_column(String(253), default="")
