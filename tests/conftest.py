@@ -88,3 +88,45 @@ def postgres_url(migrated_postgres: str) -> str:
     """A migrated, empty PostgreSQL database (for tests that only make sense on PostgreSQL)."""
     _truncate_all(migrated_postgres)
     return migrated_postgres
+
+
+# ---------------------------------------------------------------------------------------------
+# A real scheduler gRPC server on loopback (port chosen by the OS), over the migrated database.
+
+
+def scheduler_config(database_url: str, **sections: dict) -> "SchedulerConfig":
+    from scheduler_service.config import SchedulerConfig
+
+    base = {
+        "server": {"listen": "127.0.0.1:0", "shutdown_grace_s": 0.5, "worker_threads": 8},
+        "database": {"url": database_url, "auto_migrate": False},
+        "scheduling": {"cycle_interval_s": 0.2},
+        "agents": {"report_interval_s": 0.5},
+        "logging": {"level": "warning"},
+    }
+    for name, values in sections.items():
+        base.setdefault(name, {}).update(values)
+    return SchedulerConfig(**base)
+
+
+@pytest.fixture
+def scheduler_factory(database_url: str):
+    """Start schedulers on the test's database (several in turn, e.g. to test a restart)."""
+    from scheduler_service.server import serve_in_background
+
+    handles = []
+
+    def start(**sections: dict):
+        handle = serve_in_background(scheduler_config(database_url, **sections))
+        handles.append(handle)
+        return handle
+
+    yield start
+    for handle in handles:
+        handle.stop()
+
+
+@pytest.fixture
+def scheduler(scheduler_factory):
+    """A running scheduler; ``.address`` is "127.0.0.1:PORT". Runs on SQLite and PostgreSQL."""
+    return scheduler_factory()

@@ -97,6 +97,8 @@ class Job(Base):
         Index("ix_jobs_user_id", "user", "id"),
         Index("ix_jobs_queue_id", "queue", "id"),
     )
+    # Optimistic concurrency: every UPDATE checks and bumps ``version`` (StaleDataError on a race).
+    __mapper_args__ = {"version_id_col": version}
 
 
 class Server(Base):
@@ -130,6 +132,7 @@ class Server(Base):
             name="state_matches_pool",
         ),
     )
+    __mapper_args__ = {"version_id_col": version}
 
 
 class Gpu(Base):

@@ -1,0 +1,195 @@
+"""The three gRPC services: user-facing SchedulerService, AgentService, InferenceService.
+
+Each method: validate -> call the application layer in a worker thread -> convert the answer.
+Streams (WatchEvents, WatchDesiredState) wait on in-process wake-ups published after commits and
+re-read the database, which stays the single source of truth.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import grpc
+import structlog
+
+from protos.aryl.v1 import (
+    agent_pb2,
+    agent_pb2_grpc,
+    inference_pb2,
+    inference_pb2_grpc,
+    scheduler_pb2,
+    scheduler_pb2_grpc,
+    types_pb2,
+)
+from scheduler_service.api import convert, validation
+from scheduler_service.api.status import rpc
+from scheduler_service.app import SchedulerApp
+from scheduler_service.errors import InvalidArgument
+from scheduler_service.notify import AsyncNotifier
+
+T = TypeVar("T")
+log = structlog.get_logger("aryl.api")
+
+# How long a stream waits for a wake-up before re-reading anyway (covers writes by other processes).
+STREAM_POLL_S = 1.0
+
+
+class _Base:
+    def __init__(self, app: SchedulerApp, executor: ThreadPoolExecutor, notifier: AsyncNotifier) -> None:
+        self.app = app
+        self._executor = executor
+        self.notifier = notifier
+
+    async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
+
+
+class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
+    def __init__(self, *args: Any, policy_name: str, clock_now: Callable[[], float]) -> None:
+        super().__init__(*args)
+        self.policy_name = policy_name
+        self._now = clock_now
+
+    @rpc
+    async def SubmitJob(self, request: scheduler_pb2.SubmitJobRequest, context: Any) -> scheduler_pb2.SubmitJobResponse:
+        submission = validation.job_submission(request.spec, request.idempotency_key, now=self._now())
+        record = await self.run(self.app.submit_job, submission)
+        return scheduler_pb2.SubmitJobResponse(job=convert.job(record))
+
+    @rpc
+    async def GetJob(self, request: scheduler_pb2.GetJobRequest, context: Any) -> scheduler_pb2.GetJobResponse:
+        job_id = validation.job_id("job_id", request.job_id)
+        record, events = await self.run(self.app.get_job, job_id, include_events=request.include_events)
+        return scheduler_pb2.GetJobResponse(job=convert.job(record), events=[convert.event(e) for e in events])
+
+    @rpc
+    async def ListJobs(self, request: scheduler_pb2.ListJobsRequest, context: Any) -> scheduler_pb2.ListJobsResponse:
+        flt = validation.job_filter(request.states, request.user, request.queue)
+        token = validation.text("page_token", request.page_token, max_len=256)
+        records, next_token = await self.run(
+            self.app.list_jobs, flt, page_size=request.page_size, page_token=token
+        )
+        return scheduler_pb2.ListJobsResponse(jobs=[convert.job(r) for r in records], next_page_token=next_token)
+
+    @rpc
+    async def CancelJob(self, request: scheduler_pb2.CancelJobRequest, context: Any) -> scheduler_pb2.CancelJobResponse:
+        job_id = validation.job_id("job_id", request.job_id)
+        reason = validation.text("reason", request.reason, max_len=1024)
+        record = await self.run(self.app.cancel_job, job_id, reason)
+        return scheduler_pb2.CancelJobResponse(job=convert.job(record))
+
+    @rpc
+    async def WatchEvents(
+        self, request: scheduler_pb2.WatchEventsRequest, context: Any
+    ) -> AsyncIterator[types_pb2.Event]:
+        job_id = validation.job_id("job_id", request.job_id) if request.job_id else None
+        server_id = validation.server_id("server_id", request.server_id, required=False)
+        if request.HasField("after_event_id"):
+            if request.after_event_id < 0:
+                raise InvalidArgument("after_event_id", f"must be >= 0 (got {request.after_event_id})")
+            cursor = request.after_event_id
+        else:
+            cursor = await self.run(self.app.last_event_id)
+        while True:
+            seen = self.notifier.events.version
+            batch = await self.run(self.app.events_after, cursor, job_id=job_id, server_id=server_id)
+            for row in batch:
+                yield convert.event(row)
+                cursor = row.id
+            if not batch:
+                await self.notifier.events.wait_newer(seen, timeout=STREAM_POLL_S)
+
+    @rpc
+    async def GetCluster(self, request: scheduler_pb2.GetClusterRequest, context: Any) -> scheduler_pb2.GetClusterResponse:
+        summary = await self.run(self.app.cluster_summary)
+        return convert.cluster(summary, policy=self.policy_name, epoch=self.app.epoch)
+
+    @rpc
+    async def ListServers(
+        self, request: scheduler_pb2.ListServersRequest, context: Any
+    ) -> scheduler_pb2.ListServersResponse:
+        pool = validation.pool("pool", request.pool, required=False)
+        records = await self.run(self.app.list_servers, pool)
+        return scheduler_pb2.ListServersResponse(servers=[convert.server(r) for r in records])
+
+    @rpc
+    async def ListLoans(self, request: scheduler_pb2.ListLoansRequest, context: Any) -> scheduler_pb2.ListLoansResponse:
+        loans = await self.run(self.app.list_loans, request.include_returned)
+        return scheduler_pb2.ListLoansResponse(loans=[convert.loan(row) for row in loans])
+
+    @rpc
+    async def ExplainJob(
+        self, request: scheduler_pb2.ExplainJobRequest, context: Any
+    ) -> scheduler_pb2.ExplainJobResponse:
+        job_id = validation.job_id("job_id", request.job_id)
+        explanation = await self.run(self.app.explain_job, job_id)
+        return scheduler_pb2.ExplainJobResponse(
+            job=convert.job(explanation.record), summary=explanation.summary,
+            decisions=[convert.event(e) for e in explanation.decisions],
+        )
+
+
+class AgentServicer(_Base, agent_pb2_grpc.AgentServiceServicer):
+    def __init__(self, *args: Any, report_interval_s: float, grace_period_s: float) -> None:
+        super().__init__(*args)
+        self._report_interval = report_interval_s
+        self._grace = grace_period_s
+
+    @rpc
+    async def RegisterServer(
+        self, request: agent_pb2.RegisterServerRequest, context: Any
+    ) -> agent_pb2.RegisterServerResponse:
+        registration = validation.registration(request)
+        desired = await self.run(self.app.register_server, registration)
+        log.info("server registered", server=desired.server_id, pool=registration.pool, gpus=len(registration.gpus))
+        return agent_pb2.RegisterServerResponse(
+            server_id=desired.server_id, scheduler_epoch=desired.epoch,
+            report_interval=convert.duration(self._report_interval),
+            desired=convert.desired_state(desired, grace_period_s=self._grace),
+        )
+
+    @rpc
+    async def ReportStatus(self, request: agent_pb2.ReportStatusRequest, context: Any) -> agent_pb2.ReportStatusResponse:
+        report = validation.status_report(request)
+        generation = await self.run(self.app.report_status, report)
+        return agent_pb2.ReportStatusResponse(
+            desired_generation=generation, report_interval=convert.duration(self._report_interval)
+        )
+
+    @rpc
+    async def WatchDesiredState(
+        self, request: agent_pb2.WatchDesiredStateRequest, context: Any
+    ) -> AsyncIterator[agent_pb2.DesiredState]:
+        server_id = validation.server_id("server_id", request.server_id)
+        signal = self.notifier.server(server_id)
+        sent = -1
+        while True:
+            seen = signal.version
+            desired = await self.run(self.app.desired_state, server_id)
+            if desired.generation != sent:
+                yield convert.desired_state(desired, grace_period_s=self._grace)
+                sent = desired.generation
+            await signal.wait_newer(seen, timeout=STREAM_POLL_S)
+
+
+class InferenceServicer(_Base, inference_pb2_grpc.InferenceServiceServicer):
+    @rpc
+    async def ReportDemand(
+        self, request: inference_pb2.ReportDemandRequest, context: Any
+    ) -> inference_pb2.ReportDemandResponse:
+        if request.servers_needed > 100_000:
+            raise InvalidArgument("servers_needed", f"must be at most 100000 (got {request.servers_needed})")
+        rps = validation.finite("observed_rps", request.observed_rps)
+        source = validation.text("source", request.source, max_len=253) or context.peer()[:253]
+        report, serving, loaned = await self.run(self.app.report_demand, request.servers_needed, rps, source)
+        return inference_pb2.ReportDemandResponse(
+            demand=convert.demand(report), servers_serving=serving, servers_loaned=loaned
+        )
+
+    @rpc
+    async def GetDemand(self, request: inference_pb2.GetDemandRequest, context: Any) -> inference_pb2.GetDemandResponse:
+        return inference_pb2.GetDemandResponse(demand=convert.demand(await self.run(self.app.latest_demand)))

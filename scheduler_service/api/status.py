@@ -1,0 +1,80 @@
+"""Typed errors -> gRPC statuses, for every servicer method (unary and streaming).
+
+INVALID_ARGUMENT carries a google.rpc.BadRequest naming the field, so generic clients can read it;
+the plain details string always says the same for humans. Unexpected exceptions are logged with a
+reference and answered INTERNAL -- never a crash, never a Python traceback on the wire.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+import structlog
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+
+from scheduler_service.errors import Aborted, AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from scheduler_service.lifecycle import IllegalTransition
+
+log = structlog.get_logger("aryl.api")
+
+_CODES: dict[type[Exception], grpc.StatusCode] = {
+    InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
+    NotFound: grpc.StatusCode.NOT_FOUND,
+    AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
+    FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
+    IllegalTransition: grpc.StatusCode.FAILED_PRECONDITION,
+    Aborted: grpc.StatusCode.ABORTED,
+}
+
+
+async def _abort(context: grpc.aio.ServicerContext, exc: Exception, method: str) -> None:
+    code = next((c for t, c in _CODES.items() if isinstance(exc, t)), None)
+    if code is None:
+        ref = uuid.uuid4().hex[:12]
+        log.error("rpc failed", method=method, ref=ref, exc_info=exc)
+        await context.abort(grpc.StatusCode.INTERNAL, f"internal error (reference {ref}); see the scheduler log")
+        return
+    message = str(exc)
+    trailing: tuple[tuple[str, bytes], ...] = ()
+    if isinstance(exc, InvalidArgument):
+        detail = error_details_pb2.BadRequest(
+            field_violations=[error_details_pb2.BadRequest.FieldViolation(field=exc.field, description=exc.reason)]
+        )
+        status = status_pb2.Status(code=code_pb2.INVALID_ARGUMENT, message=message)
+        status.details.add().Pack(detail)
+        trailing = (("grpc-status-details-bin", status.SerializeToString()),)
+    await context.abort(code, message, trailing_metadata=trailing)
+
+
+def rpc(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap a servicer method (coroutine or async generator) with the error mapping."""
+    name = method.__name__
+    if inspect.isasyncgenfunction(method):
+
+        @functools.wraps(method)
+        async def stream(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+            try:
+                async for item in method(self, request, context):
+                    yield item
+            except Exception as exc:  # noqa: BLE001 - mapped, never leaked
+                if isinstance(exc, grpc.aio.AbortError):
+                    raise
+                await _abort(context, exc, name)
+
+        return stream
+
+    @functools.wraps(method)
+    async def unary(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await method(self, request, context)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - mapped, never leaked
+            await _abort(context, exc, name)
+
+    return unary

@@ -1,0 +1,232 @@
+"""Request validation: every field checked, every refusal names the field and the reason.
+
+Validation runs before anything touches the database, so a rejected request changes nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable
+
+from google.protobuf import duration_pb2, timestamp_pb2
+
+from protos.aryl.v1 import agent_pb2, types_pb2
+from scheduler_service.app import GpuReport, GpuSample, JobFilter, JobSubmission, ServerRegistration, StatusReport
+from scheduler_service.errors import InvalidArgument
+from scheduler_service.lifecycle import JobState, Pool
+
+NAME_MAX = 253
+IDENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@+-]*$")
+HOSTNAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Set by the agent for every worker (the job contract); a job may not override them.
+RESERVED_ENV = frozenset({"WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES"})
+MAX_WORKERS = 4096
+MAX_GPUS_PER_WORKER = 64
+MAX_ARGS = 1024
+MAX_ARG_LEN = 4096
+MAX_ENV = 256
+MAX_ENV_VALUE = 32 * 1024
+MAX_RESTARTS = 1000
+MAX_JOB_ID = 2**63 - 1
+JOB_STATE_NAMES = {v: JobState(n.removeprefix("JOB_STATE_")) for n, v in types_pb2.JobState.items() if v}
+POOL_NAMES = {types_pb2.POOL_TRAINING: Pool.TRAINING, types_pb2.POOL_INFERENCE: Pool.INFERENCE}
+RESTART_POLICIES = {
+    types_pb2.RESTART_POLICY_UNSPECIFIED: "ON_FAILURE",
+    types_pb2.RESTART_POLICY_ON_FAILURE: "ON_FAILURE",
+    types_pb2.RESTART_POLICY_NEVER: "NEVER",
+}
+
+
+def text(field: str, value: str, *, max_len: int, required: bool = False, pattern: re.Pattern[str] | None = None,
+         hint: str = "") -> str:
+    """A printable string: no control characters (PostgreSQL refuses NUL), bounded length."""
+    if not value:
+        if required:
+            raise InvalidArgument(field, "is required")
+        return value
+    if len(value) > max_len:
+        raise InvalidArgument(field, f"must be at most {max_len} characters (got {len(value)})")
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise InvalidArgument(field, "must not contain control characters")
+    if pattern is not None and not pattern.match(value):
+        raise InvalidArgument(field, f"{value!r} is not valid{': ' + hint if hint else ''}")
+    return value
+
+
+def job_id(field: str, value: str) -> int:
+    if not value:
+        raise InvalidArgument(field, "is required")
+    if not value.isascii() or not value.isdigit() or len(value) > 19 or not 0 < int(value) <= MAX_JOB_ID:
+        raise InvalidArgument(field, f"{value[:40]!r} is not a job id (job ids are positive numbers, e.g. '42')")
+    return int(value)
+
+
+def _count(field: str, value: int, low: int, high: int) -> int:
+    if not low <= value <= high:
+        raise InvalidArgument(field, f"must be between {low} and {high} (got {value})")
+    return value
+
+
+def finite(field: str, value: float, *, positive: bool = False) -> float:
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise InvalidArgument(field, f"must be a finite number {'>' if positive else '>='} 0 (got {value})")
+    return value
+
+
+def _duration(field: str, value: duration_pb2.Duration) -> float:
+    if value.nanos and (value.seconds < 0) != (value.nanos < 0) or abs(value.nanos) >= 10**9:
+        raise InvalidArgument(field, "is not a valid duration")
+    seconds = value.seconds + value.nanos / 1e9
+    if seconds < 0:
+        raise InvalidArgument(field, f"must not be negative (got {seconds}s)")
+    if seconds > 10 * 365 * 86400:
+        raise InvalidArgument(field, "must be at most 10 years")
+    return seconds
+
+
+def _timestamp(field: str, value: timestamp_pb2.Timestamp) -> float:
+    # The range protobuf's Timestamp allows: 0001-01-01 .. 9999-12-31.
+    if not -62135596800 <= value.seconds <= 253402300799 or not 0 <= value.nanos < 10**9:
+        raise InvalidArgument(field, "is not a valid timestamp")
+    return value.seconds + value.nanos / 1e9
+
+
+def _enum(field: str, value: int, allowed: Iterable[int], enum_type) -> int:  # type: ignore[no-untyped-def]
+    if value not in allowed:
+        names = ", ".join(enum_type.Name(v) for v in allowed if v)
+        raise InvalidArgument(field, f"unknown value {value}; use one of {names}")
+    return value
+
+
+def job_submission(spec: types_pb2.JobSpec, idempotency_key: str, *, now: float) -> JobSubmission:
+    name = text("spec.name", spec.name, max_len=NAME_MAX, required=True)
+    user = text("spec.user", spec.user, max_len=128, required=True, pattern=IDENT,
+                hint="letters, digits and . _ @ + -")
+    queue = text("spec.queue", spec.queue or "default", max_len=128, pattern=IDENT,
+                 hint="letters, digits and . _ @ + -")
+    if not spec.command:
+        raise InvalidArgument("spec.command", "is required: the program and its arguments")
+    if len(spec.command) > MAX_ARGS:
+        raise InvalidArgument("spec.command", f"must have at most {MAX_ARGS} arguments")
+    text("spec.command[0]", spec.command[0], max_len=MAX_ARG_LEN, required=True)
+    for i, arg in enumerate(spec.command):
+        if len(arg) > MAX_ARG_LEN or "\x00" in arg:
+            raise InvalidArgument(f"spec.command[{i}]", f"must be at most {MAX_ARG_LEN} characters, without NUL")
+    if len(spec.env) > MAX_ENV:
+        raise InvalidArgument("spec.env", f"must have at most {MAX_ENV} variables")
+    for key, value in spec.env.items():
+        if not ENV_KEY.match(key):
+            raise InvalidArgument(f"spec.env[{key[:40]!r}]", "is not a valid variable name ([A-Za-z_][A-Za-z0-9_]*)")
+        if key in RESERVED_ENV or key.startswith("ARYL_"):
+            raise InvalidArgument(f"spec.env[{key!r}]", "is set by Aryl for every worker and cannot be overridden")
+        if len(value) > MAX_ENV_VALUE or "\x00" in value:
+            raise InvalidArgument(f"spec.env[{key!r}]", f"must be at most {MAX_ENV_VALUE} characters, without NUL")
+    gpus = _count("spec.gpus_per_worker", spec.gpus_per_worker, 1, MAX_GPUS_PER_WORKER)
+    low = _count("spec.min_workers", spec.min_workers, 1, MAX_WORKERS)
+    high = spec.max_workers or low  # 0: inelastic, same as min_workers
+    if high < low:
+        raise InvalidArgument("spec.max_workers", f"must be >= min_workers ({low}) (got {high}); 0 means min_workers")
+    _count("spec.max_workers", high, low, MAX_WORKERS)
+    deadline = None
+    if spec.HasField("deadline"):
+        deadline = _timestamp("spec.deadline", spec.deadline)
+        if deadline <= now:
+            raise InvalidArgument("spec.deadline", "is in the past")
+    throughput: dict[str, object] = {}
+    if spec.HasField("throughput"):
+        hints = spec.throughput
+        seen: set[int] = set()
+        points = []
+        for i, p in enumerate(hints.points):
+            _count(f"spec.throughput.points[{i}].workers", p.workers, 1, MAX_WORKERS)
+            if p.workers in seen:
+                raise InvalidArgument(f"spec.throughput.points[{i}].workers", f"{p.workers} is listed twice")
+            seen.add(p.workers)
+            points.append([p.workers, finite(f"spec.throughput.points[{i}].samples_per_second",
+                                              p.samples_per_second, positive=True)])
+        if points:
+            throughput["points"] = sorted(points)
+        if hints.total_work:
+            throughput["total_work"] = finite("spec.throughput.total_work", hints.total_work)
+        if hints.HasField("estimated_runtime"):
+            throughput["estimated_runtime_s"] = _duration("spec.throughput.estimated_runtime", hints.estimated_runtime)
+    max_runtime = None
+    if spec.HasField("max_runtime"):
+        max_runtime = _duration("spec.max_runtime", spec.max_runtime) or None
+    policy = RESTART_POLICIES[_enum("spec.restart_policy", spec.restart_policy, RESTART_POLICIES, types_pb2.RestartPolicy)]
+    restarts = _count("spec.max_restarts", spec.max_restarts, 0, MAX_RESTARTS)
+    key = text("idempotency_key", idempotency_key, max_len=128) or None
+    return JobSubmission(
+        name=name, user=user, queue=queue, command=tuple(spec.command), env=dict(spec.env),
+        gpus_per_worker=gpus, min_workers=low, max_workers=high, priority=spec.priority, deadline=deadline,
+        throughput=throughput, max_runtime_s=max_runtime, restart_policy=policy, max_restarts=restarts,
+        idempotency_key=key,
+    )
+
+
+def job_filter(states: Iterable[int], user: str, queue: str) -> JobFilter:
+    parsed = []
+    for i, s in enumerate(states):
+        if s not in JOB_STATE_NAMES:
+            raise InvalidArgument(f"states[{i}]", f"unknown job state {s}")
+        parsed.append(JOB_STATE_NAMES[s])
+    return JobFilter(
+        states=tuple(sorted(set(parsed))),
+        user=text("user", user, max_len=128),
+        queue=text("queue", queue, max_len=128),
+    )
+
+
+def pool(field: str, value: int, *, required: bool) -> Pool | None:
+    if value == types_pb2.POOL_UNSPECIFIED and not required:
+        return None
+    if value not in POOL_NAMES:
+        raise InvalidArgument(field, f"unknown pool {value}; use POOL_TRAINING or POOL_INFERENCE")
+    return POOL_NAMES[value]
+
+
+def server_id(field: str, value: str, *, required: bool = True) -> str:
+    return text(field, value, max_len=NAME_MAX, required=required, pattern=HOSTNAME,
+                hint="a hostname: letters, digits, '.', '_' and '-'")
+
+
+def registration(req: agent_pb2.RegisterServerRequest) -> ServerRegistration:
+    hostname = server_id("hostname", req.hostname)
+    server_pool = pool("pool", req.pool, required=True)
+    assert server_pool is not None
+    if len(req.gpus) > 1024:
+        raise InvalidArgument("gpus", "at most 1024 GPUs per server")
+    indices: set[int] = set()
+    uuids: set[str] = set()
+    gpus = []
+    for i, g in enumerate(req.gpus):
+        if g.index >= 1024:
+            raise InvalidArgument(f"gpus[{i}].index", f"must be below 1024 (got {g.index})")
+        if g.index in indices:
+            raise InvalidArgument(f"gpus[{i}].index", f"GPU index {g.index} is listed twice")
+        uuid = text(f"gpus[{i}].uuid", g.uuid, max_len=128, required=True)
+        if uuid in uuids:
+            raise InvalidArgument(f"gpus[{i}].uuid", f"GPU UUID {uuid} is listed twice")
+        indices.add(g.index)
+        uuids.add(uuid)
+        gpus.append(GpuReport(g.index, uuid, text(f"gpus[{i}].model", g.model, max_len=128), g.memory_total_bytes))
+    return ServerRegistration(
+        hostname=hostname, pool=server_pool, gpus=tuple(gpus),
+        agent_address=text("agent_address", req.agent_address, max_len=NAME_MAX) or hostname,
+        agent_version=text("agent_version", req.agent_version, max_len=64),
+    )
+
+
+def status_report(req: agent_pb2.ReportStatusRequest) -> StatusReport:
+    samples = []
+    for i, g in enumerate(req.gpus):
+        if not (math.isfinite(g.utilization) and math.isfinite(g.temperature_c)):
+            raise InvalidArgument(f"gpus[{i}]", "utilization and temperature must be finite numbers")
+        samples.append(
+            GpuSample(g.index, min(max(g.utilization, 0.0), 1.0), g.memory_used_bytes, g.temperature_c, g.healthy,
+                      text(f"gpus[{i}].health_reason", g.health_reason, max_len=256))
+        )
+    return StatusReport(server_id("server_id", req.server_id), req.scheduler_epoch, tuple(samples),
+                        req.observed_generation)

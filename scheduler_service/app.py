@@ -1,0 +1,825 @@
+"""The application layer: every use case of the scheduler service, over the store, in transactions.
+
+Servicers translate protobuf to the inputs here and call these methods (from worker threads); the
+scheduling cycle uses ``snapshot`` and ``apply``. Each method is one transaction: it either commits
+everything it changed (state + event log) or nothing. Notifications (agents' desired state, event
+watchers, cycle triggers) go out through the ``Notifier`` port only after commit.
+
+Never: decide placement here (the policy does), or talk gRPC (the api package does).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm.exc import StaleDataError
+
+from scheduler_service.core.clock import Clock
+from scheduler_service.core.plan import ApplyResult, KeepPending, Plan, Reason, StartJob
+from scheduler_service.core.snapshot import ClusterSnapshot, DemandView, JobView, ServerView, WorkerView
+from scheduler_service.errors import Aborted, AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from scheduler_service.lifecycle import (
+    JOB_LIFECYCLE,
+    SERVER_LIFECYCLE,
+    JobState,
+    Pool,
+    ServerState,
+    home_state,
+)
+from scheduler_service.store import models as m
+
+T = TypeVar("T")
+
+MAX_PAGE_SIZE = 1000
+DEFAULT_PAGE_SIZE = 100
+ACTIVE_JOB_STATES = (JobState.PENDING, JobState.RUNNING, JobState.SCALING, JobState.PREEMPTED)
+
+
+class Notifier(Protocol):
+    """Where committed changes are announced. Implementations must be thread-safe and cheap."""
+
+    def events_appended(self) -> None: ...
+    def desired_state_changed(self, server_ids: Iterable[str]) -> None: ...
+    def cycle_requested(self) -> None: ...
+
+
+class NullNotifier:
+    def events_appended(self) -> None:
+        pass
+
+    def desired_state_changed(self, server_ids: Iterable[str]) -> None:
+        pass
+
+    def cycle_requested(self) -> None:
+        pass
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs (already validated by the API layer)
+
+
+@dataclass(frozen=True)
+class JobSubmission:
+    name: str
+    user: str
+    queue: str
+    command: tuple[str, ...]
+    env: dict[str, str]
+    gpus_per_worker: int
+    min_workers: int
+    max_workers: int
+    priority: int = 0
+    deadline: float | None = None
+    throughput: dict[str, Any] = field(default_factory=dict)
+    max_runtime_s: float | None = None
+    restart_policy: str = "ON_FAILURE"
+    max_restarts: int = 0
+    idempotency_key: str | None = None
+
+
+@dataclass(frozen=True)
+class JobFilter:
+    states: tuple[JobState, ...] = ()
+    user: str = ""
+    queue: str = ""
+
+    def digest(self) -> str:
+        raw = f"{sorted(self.states)}|{self.user}|{self.queue}".encode()
+        return hashlib.sha256(raw).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class GpuReport:
+    index: int
+    uuid: str
+    model: str
+    memory_total_bytes: int
+
+
+@dataclass(frozen=True)
+class ServerRegistration:
+    hostname: str
+    pool: Pool
+    gpus: tuple[GpuReport, ...]
+    agent_address: str
+    agent_version: str
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    index: int
+    utilization: float
+    memory_used_bytes: int
+    temperature_c: float
+    healthy: bool
+    health_reason: str
+
+
+@dataclass(frozen=True)
+class StatusReport:
+    server_id: str
+    scheduler_epoch: int
+    gpus: tuple[GpuSample, ...]
+    observed_generation: int
+
+
+# ---------------------------------------------------------------------------------------------
+# Outputs
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    job: m.Job
+    allocations: tuple[m.Allocation, ...]
+
+
+@dataclass(frozen=True)
+class DesiredWorkerSpec:
+    job_id: int
+    rank: int
+    world_size: int
+    local_rank: int
+    gpu_indices: tuple[int, ...]
+    command: tuple[str, ...]
+    env: dict[str, str]
+    master_addr: str
+    master_port: int
+
+
+@dataclass(frozen=True)
+class DesiredServerState:
+    server_id: str
+    epoch: int
+    generation: int
+    server_state: str
+    workers: tuple[DesiredWorkerSpec, ...]
+
+
+@dataclass(frozen=True)
+class PoolStats:
+    pool: Pool
+    servers: int = 0
+    gpus_total: int = 0
+    gpus_used: int = 0
+    gpus_loaned: int = 0
+    gpus_unavailable: int = 0
+
+
+@dataclass(frozen=True)
+class ClusterSummary:
+    pools: tuple[PoolStats, ...]
+    jobs_by_state: dict[str, int]
+    demand: m.DemandReport | None
+    active_loans: int
+
+
+@dataclass(frozen=True)
+class ServerRecord:
+    server: m.Server
+    gpus: tuple[m.Gpu, ...]
+    holders: dict[int, int]  # gpu index -> job id
+
+
+@dataclass(frozen=True)
+class Explanation:
+    record: JobRecord
+    summary: str
+    decisions: tuple[m.Event, ...]
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+class SchedulerApp:
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        clock: Clock,
+        *,
+        notifier: Notifier | None = None,
+        worker_base_port: int = 29500,
+    ) -> None:
+        self._sessions = sessions
+        self._clock = clock
+        self.notifier: Notifier = notifier or NullNotifier()
+        self._worker_base_port = worker_base_port
+        self.epoch = 0
+
+    # -- plumbing -------------------------------------------------------------------------------
+
+    def _tx(self, work: Callable[[Session], T], *, retries: int = 3) -> T:
+        """Run ``work`` in one transaction; retry on an optimistic-concurrency conflict."""
+        for attempt in range(retries):
+            try:
+                with self._sessions.begin() as session:
+                    return work(session)
+            except StaleDataError:
+                if attempt == retries - 1:
+                    raise Aborted("a concurrent change modified the same object; retry") from None
+        raise AssertionError("unreachable")
+
+    def _read(self, work: Callable[[Session], T]) -> T:
+        with self._sessions() as session:
+            return work(session)
+
+    def _event(self, session: Session, kind: str, **fields: Any) -> None:
+        session.add(m.Event(time=self._clock.now(), kind=kind, details=fields.pop("details", {}), **fields))
+
+    def _set_job_state(self, session: Session, job: m.Job, target: JobState, reason: str, message: str) -> None:
+        JOB_LIFECYCLE.check(job.state, target)
+        self._event(
+            session, "JOB_STATE_CHANGED", job_id=job.id, from_state=job.state, to_state=target,
+            reason=reason, message=message[:2048],
+        )
+        job.state = target
+        job.state_reason = reason
+        job.state_message = message[:1024]
+
+    def _set_server_state(
+        self, session: Session, server: m.Server, target: ServerState, reason: str, message: str
+    ) -> None:
+        SERVER_LIFECYCLE.check(server.state, target)
+        self._event(
+            session, "SERVER_STATE_CHANGED", server_id=server.id, from_state=server.state,
+            to_state=target, reason=reason, message=message[:2048],
+        )
+        server.state = target
+        server.state_reason = message[:1024]
+
+    # -- scheduler term -------------------------------------------------------------------------
+
+    def start_term(self, holder: str) -> int:
+        """Begin a new scheduler term; its epoch fences agents against older schedulers."""
+
+        def work(session: Session) -> int:
+            term = m.SchedulerTerm(started_at=self._clock.now(), holder=holder)
+            session.add(term)
+            session.flush()
+            self._event(session, "SCHEDULER_STARTED", reason="STARTED", message=f"epoch {term.epoch} by {holder}")
+            return term.epoch
+
+        self.epoch = self._tx(work)
+        return self.epoch
+
+    # -- jobs -----------------------------------------------------------------------------------
+
+    def submit_job(self, sub: JobSubmission) -> JobRecord:
+        now = self._clock.now()
+
+        def work(session: Session) -> m.Job:
+            job = m.Job(
+                name=sub.name, user=sub.user, queue=sub.queue, command=list(sub.command), env=dict(sub.env),
+                gpus_per_worker=sub.gpus_per_worker, min_workers=sub.min_workers, max_workers=sub.max_workers,
+                priority=sub.priority, deadline=sub.deadline, throughput=sub.throughput,
+                max_runtime_s=sub.max_runtime_s, restart_policy=sub.restart_policy, max_restarts=sub.max_restarts,
+                idempotency_key=sub.idempotency_key, state=JobState.PENDING, state_reason=Reason.SUBMITTED,
+                state_message="queued", pending_reason="", num_workers=0, restarts=0, preemptions=0,
+                submitted_at=now,
+            )
+            session.add(job)
+            session.flush()
+            self._event(
+                session, "JOB_SUBMITTED", job_id=job.id, to_state=JobState.PENDING, reason=Reason.SUBMITTED,
+                message=f"{sub.name} by {sub.user} in queue {sub.queue}: {sub.min_workers}..{sub.max_workers} "
+                f"worker(s) x {sub.gpus_per_worker} GPU(s)",
+            )
+            return job
+
+        try:
+            job = self._tx(work)
+        except IntegrityError as exc:
+            existing = self._job_by_key(sub.idempotency_key) if sub.idempotency_key else None
+            if existing is not None:
+                raise AlreadyExists(
+                    f"idempotency_key {sub.idempotency_key!r} was already used by job {existing}"
+                ) from exc
+            raise
+        self.notifier.events_appended()
+        self.notifier.cycle_requested()
+        return JobRecord(job, ())
+
+    def _job_by_key(self, key: str) -> int | None:
+        return self._read(lambda s: s.scalar(sa.select(m.Job.id).where(m.Job.idempotency_key == key)))
+
+    def _load_job(self, session: Session, job_id: int, *, for_update: bool = False) -> m.Job:
+        stmt = sa.select(m.Job).where(m.Job.id == job_id)
+        if for_update:
+            stmt = stmt.with_for_update()
+        job = session.scalar(stmt)
+        if job is None:
+            raise NotFound(f"job {job_id} not found")
+        return job
+
+    @staticmethod
+    def _allocations(session: Session, job_ids: Sequence[int]) -> dict[int, list[m.Allocation]]:
+        by_job: dict[int, list[m.Allocation]] = defaultdict(list)
+        if job_ids:
+            rows = session.scalars(
+                sa.select(m.Allocation)
+                .where(m.Allocation.job_id.in_(job_ids))
+                .order_by(m.Allocation.job_id, m.Allocation.rank, m.Allocation.gpu_index)
+            )
+            for row in rows:
+                by_job[row.job_id].append(row)
+        return by_job
+
+    def get_job(self, job_id: int, *, include_events: bool = False) -> tuple[JobRecord, tuple[m.Event, ...]]:
+        def work(session: Session) -> tuple[JobRecord, tuple[m.Event, ...]]:
+            job = self._load_job(session, job_id)
+            allocations = tuple(self._allocations(session, [job_id])[job_id])
+            events: tuple[m.Event, ...] = ()
+            if include_events:
+                events = tuple(session.scalars(sa.select(m.Event).where(m.Event.job_id == job_id).order_by(m.Event.id)))
+            return JobRecord(job, allocations), events
+
+        return self._read(work)
+
+    def list_jobs(
+        self, flt: JobFilter, *, page_size: int = 0, page_token: str = ""
+    ) -> tuple[list[JobRecord], str]:
+        size = page_size or DEFAULT_PAGE_SIZE
+        if size > MAX_PAGE_SIZE:
+            raise InvalidArgument("page_size", f"must be at most {MAX_PAGE_SIZE} (got {size})")
+        before = _decode_page_token(page_token, flt) if page_token else None
+
+        def work(session: Session) -> tuple[list[JobRecord], str]:
+            stmt = sa.select(m.Job)
+            if flt.states:
+                stmt = stmt.where(m.Job.state.in_([str(s) for s in flt.states]))
+            if flt.user:
+                stmt = stmt.where(m.Job.user == flt.user)
+            if flt.queue:
+                stmt = stmt.where(m.Job.queue == flt.queue)
+            if before is not None:
+                stmt = stmt.where(m.Job.id < before)
+            jobs = list(session.scalars(stmt.order_by(m.Job.id.desc()).limit(size + 1)))
+            more = len(jobs) > size
+            jobs = jobs[:size]
+            allocations = self._allocations(session, [j.id for j in jobs])
+            token = _encode_page_token(jobs[-1].id, flt) if more else ""
+            return [JobRecord(j, tuple(allocations[j.id])) for j in jobs], token
+
+        return self._read(work)
+
+    def cancel_job(self, job_id: int, reason: str) -> JobRecord:
+        touched: set[str] = set()
+
+        def work(session: Session) -> m.Job:
+            job = self._load_job(session, job_id)
+            state = JobState(job.state)
+            if state.is_terminal:
+                raise FailedPrecondition(f"job {job_id} is already {state}; only active jobs can be cancelled")
+            touched.update(self._release_workers(session, job))
+            self._set_job_state(
+                session, job, JobState.CANCELLED, Reason.CANCELLED_BY_USER, reason or "cancelled by user"
+            )
+            job.finished_at = self._clock.now()
+            job.pending_reason = ""
+            return job
+
+        job = self._tx(work)
+        self._after_commit(touched)
+        return JobRecord(job, ())
+
+    def _release_workers(self, session: Session, job: m.Job) -> set[str]:
+        """Free a job's GPUs; bump the desired generation of every server it ran on."""
+        servers = set(
+            session.scalars(sa.select(m.Allocation.server_id).where(m.Allocation.job_id == job.id).distinct())
+        )
+        session.execute(sa.delete(m.Allocation).where(m.Allocation.job_id == job.id))
+        job.num_workers = 0
+        self._bump_generations(session, servers)
+        return servers
+
+    def _bump_generations(self, session: Session, server_ids: Iterable[str]) -> None:
+        for server in session.scalars(sa.select(m.Server).where(m.Server.id.in_(sorted(server_ids)))):
+            server.desired_generation += 1
+
+    def _after_commit(self, touched_servers: Iterable[str]) -> None:
+        touched = list(touched_servers)
+        if touched:
+            self.notifier.desired_state_changed(touched)
+        self.notifier.events_appended()
+        self.notifier.cycle_requested()
+
+    def explain_job(self, job_id: int) -> Explanation:
+        record, events = self.get_job(job_id, include_events=True)
+        job = record.job
+        decisions = tuple(e for e in events if e.reason)
+        return Explanation(record, _summarize(job, decisions), decisions)
+
+    # -- events ---------------------------------------------------------------------------------
+
+    def events_after(
+        self, after_id: int, *, job_id: int | None = None, server_id: str = "", limit: int = 500
+    ) -> list[m.Event]:
+        def work(session: Session) -> list[m.Event]:
+            stmt = sa.select(m.Event).where(m.Event.id > after_id)
+            if job_id is not None:
+                stmt = stmt.where(m.Event.job_id == job_id)
+            if server_id:
+                stmt = stmt.where(m.Event.server_id == server_id)
+            return list(session.scalars(stmt.order_by(m.Event.id).limit(limit)))
+
+        return self._read(work)
+
+    def last_event_id(self) -> int:
+        return self._read(lambda s: s.scalar(sa.select(sa.func.max(m.Event.id))) or 0)
+
+    # -- cluster views --------------------------------------------------------------------------
+
+    def list_servers(self, pool: Pool | None = None) -> list[ServerRecord]:
+        def work(session: Session) -> list[ServerRecord]:
+            stmt = sa.select(m.Server).order_by(m.Server.pool.desc(), m.Server.id)
+            if pool is not None:
+                stmt = stmt.where(m.Server.pool == pool)
+            servers = list(session.scalars(stmt))
+            gpus: dict[str, list[m.Gpu]] = defaultdict(list)
+            for gpu in session.scalars(sa.select(m.Gpu).order_by(m.Gpu.server_id, m.Gpu.index)):
+                gpus[gpu.server_id].append(gpu)
+            holders: dict[str, dict[int, int]] = defaultdict(dict)
+            for sid, index, jid in session.execute(
+                sa.select(m.Allocation.server_id, m.Allocation.gpu_index, m.Allocation.job_id)
+            ):
+                holders[sid][index] = jid
+            return [ServerRecord(s, tuple(gpus[s.id]), holders[s.id]) for s in servers]
+
+        return self._read(work)
+
+    def list_loans(self, include_returned: bool) -> list[m.Loan]:
+        def work(session: Session) -> list[m.Loan]:
+            stmt = sa.select(m.Loan).order_by(m.Loan.id.desc())
+            if not include_returned:
+                stmt = stmt.where(m.Loan.state != "RETURNED")
+            return list(session.scalars(stmt))
+
+        return self._read(work)
+
+    def cluster_summary(self) -> ClusterSummary:
+        records = self.list_servers()
+
+        def work(session: Session) -> tuple[dict[str, int], m.DemandReport | None, int]:
+            counts = dict(session.execute(sa.select(m.Job.state, sa.func.count()).group_by(m.Job.state)).all())
+            demand = session.scalar(sa.select(m.DemandReport).order_by(m.DemandReport.id.desc()).limit(1))
+            loans = session.scalar(sa.select(sa.func.count()).where(m.Loan.state != "RETURNED")) or 0
+            return counts, demand, loans
+
+        counts, demand, loans = self._read(work)
+        pools = {p: dict(servers=0, gpus_total=0, gpus_used=0, gpus_loaned=0, gpus_unavailable=0) for p in Pool}
+        for rec in records:
+            stats = pools[Pool(rec.server.pool)]
+            stats["servers"] += 1
+            stats["gpus_total"] += len(rec.gpus)
+            stats["gpus_used"] += len(rec.holders)
+            if rec.server.state in (ServerState.LOANED, ServerState.RECLAIMING):
+                stats["gpus_loaned"] += len(rec.gpus)
+            down = rec.server.state in (ServerState.LOST, ServerState.UNHEALTHY)
+            stats["gpus_unavailable"] += sum(1 for g in rec.gpus if down or not g.healthy)
+        return ClusterSummary(
+            pools=tuple(PoolStats(pool=p, **v) for p, v in pools.items()),
+            jobs_by_state=counts,
+            demand=demand,
+            active_loans=loans,
+        )
+
+    # -- agents ---------------------------------------------------------------------------------
+
+    def register_server(self, reg: ServerRegistration) -> DesiredServerState:
+        now = self._clock.now()
+        touched: set[str] = set()
+
+        def work(session: Session) -> None:
+            server = session.get(m.Server, reg.hostname)
+            if server is None:
+                server = m.Server(
+                    id=reg.hostname, hostname=reg.hostname, pool=reg.pool, state=home_state(reg.pool),
+                    state_reason="registered", agent_address=reg.agent_address, agent_version=reg.agent_version,
+                    registered_at=now, last_seen_at=now, desired_generation=1, observed_generation=0,
+                )
+                session.add(server)
+                session.flush()
+                self._event(
+                    session, "SERVER_REGISTERED", server_id=server.id, to_state=server.state, reason="REGISTERED",
+                    message=f"{reg.pool.lower()} server with {len(reg.gpus)} GPU(s), agent {reg.agent_version}",
+                )
+            else:
+                if server.pool != reg.pool:
+                    raise FailedPrecondition(
+                        f"server {reg.hostname} is registered in pool {server.pool}, not {reg.pool}; "
+                        "a server cannot change pools"
+                    )
+                server.agent_address = reg.agent_address
+                server.agent_version = reg.agent_version
+                server.last_seen_at = now
+                if server.state == ServerState.LOST:
+                    self._set_server_state(
+                        session, server, home_state(server.pool), "AGENT_RECONNECTED", "agent registered again"
+                    )
+                server.desired_generation += 1  # resend desired state to the (re)started agent
+                touched.add(server.id)
+            self._sync_gpus(session, server, reg.gpus)
+
+        try:
+            self._tx(work)
+        except IntegrityError as exc:
+            raise AlreadyExists(
+                f"a GPU UUID reported by {reg.hostname} is already registered to another server"
+            ) from exc
+        self._after_commit(touched)
+        return self.desired_state(reg.hostname)
+
+    def _sync_gpus(self, session: Session, server: m.Server, reported: Sequence[GpuReport]) -> None:
+        existing = {g.index: g for g in session.scalars(sa.select(m.Gpu).where(m.Gpu.server_id == server.id))}
+        for gpu in reported:
+            row = existing.pop(gpu.index, None)
+            if row is None:
+                session.add(
+                    m.Gpu(server_id=server.id, index=gpu.index, uuid=gpu.uuid, model=gpu.model,
+                          memory_total_bytes=gpu.memory_total_bytes, healthy=True, health_reason="")
+                )
+            else:
+                row.uuid, row.model, row.memory_total_bytes = gpu.uuid, gpu.model, gpu.memory_total_bytes
+        for row in existing.values():  # GPUs the agent no longer sees stay listed but unusable
+            if row.healthy:
+                row.healthy = False
+                row.health_reason = "missing from the agent's inventory"
+                self._event(session, "GPU_HEALTH_CHANGED", server_id=server.id, reason="GPU_MISSING",
+                            message=f"GPU {row.index} missing from inventory")
+        session.flush()
+
+    def report_status(self, report: StatusReport) -> int:
+        """Record an agent's report; returns the server's desired generation."""
+        now = self._clock.now()
+        health_changed = False
+
+        def work(session: Session) -> int:
+            nonlocal health_changed
+            server = session.get(m.Server, report.server_id)
+            if server is None:
+                raise NotFound(f"server {report.server_id} is not registered; register it first")
+            if report.scheduler_epoch != self.epoch:
+                raise FailedPrecondition(
+                    f"stale scheduler epoch {report.scheduler_epoch} (current {self.epoch}); register again"
+                )
+            server.last_seen_at = now
+            server.observed_generation = max(server.observed_generation, report.observed_generation)
+            gpus = {g.index: g for g in session.scalars(sa.select(m.Gpu).where(m.Gpu.server_id == server.id))}
+            for sample in report.gpus:
+                gpu = gpus.get(sample.index)
+                if gpu is None:
+                    raise InvalidArgument(f"gpus[{sample.index}]", f"GPU {sample.index} was not registered")
+                gpu.utilization = sample.utilization
+                gpu.memory_used_bytes = sample.memory_used_bytes
+                gpu.temperature_c = sample.temperature_c
+                if gpu.healthy != sample.healthy:
+                    health_changed = True
+                    gpu.healthy = sample.healthy
+                    gpu.health_reason = sample.health_reason[:256]
+                    self._event(
+                        session, "GPU_HEALTH_CHANGED", server_id=server.id,
+                        reason="GPU_HEALTHY" if sample.healthy else "GPU_UNHEALTHY",
+                        message=f"GPU {sample.index}: {sample.health_reason or 'healthy again'}",
+                    )
+            return server.desired_generation
+
+        generation = self._tx(work)
+        if health_changed:
+            self.notifier.events_appended()
+            self.notifier.cycle_requested()
+        return generation
+
+    def desired_state(self, server_id: str) -> DesiredServerState:
+        def work(session: Session) -> DesiredServerState:
+            server = session.get(m.Server, server_id)
+            if server is None:
+                raise NotFound(f"server {server_id} is not registered")
+            here = list(
+                session.execute(
+                    sa.select(m.Allocation, m.Job)
+                    .join(m.Job, m.Job.id == m.Allocation.job_id)
+                    .where(m.Allocation.server_id == server_id)
+                    .order_by(m.Allocation.job_id, m.Allocation.rank, m.Allocation.gpu_index)
+                )
+            )
+            job_ids = sorted({job.id for _, job in here})
+            # MASTER_ADDR: the server of rank 0 of each job.
+            masters = dict(
+                session.execute(
+                    sa.select(m.Allocation.job_id, m.Server.agent_address)
+                    .join(m.Server, m.Server.id == m.Allocation.server_id)
+                    .where(m.Allocation.job_id.in_(job_ids), m.Allocation.rank == 0)
+                ).all()
+            )
+            workers: dict[tuple[int, int], list[int]] = defaultdict(list)
+            jobs: dict[int, m.Job] = {}
+            for alloc, job in here:
+                workers[(job.id, alloc.rank)].append(alloc.gpu_index)
+                jobs[job.id] = job
+            specs = []
+            local_rank: dict[int, int] = defaultdict(int)
+            for (jid, rank), gpus in sorted(workers.items()):
+                job = jobs[jid]
+                specs.append(
+                    DesiredWorkerSpec(
+                        job_id=jid, rank=rank, world_size=job.num_workers, local_rank=local_rank[jid],
+                        gpu_indices=tuple(gpus), command=tuple(job.command), env=dict(job.env),
+                        master_addr=masters.get(jid, server.agent_address),
+                        master_port=self._worker_base_port + jid % 10000,
+                    )
+                )
+                local_rank[jid] += 1
+            return DesiredServerState(server.id, self.epoch, server.desired_generation, server.state, tuple(specs))
+
+        return self._read(work)
+
+    # -- inference demand -----------------------------------------------------------------------
+
+    def report_demand(self, servers_needed: int, observed_rps: float, source: str) -> tuple[m.DemandReport, int, int]:
+        def work(session: Session) -> tuple[m.DemandReport, int, int]:
+            previous = session.scalar(sa.select(m.DemandReport).order_by(m.DemandReport.id.desc()).limit(1))
+            report = m.DemandReport(
+                time=self._clock.now(), servers_needed=servers_needed, observed_rps=observed_rps, source=source
+            )
+            session.add(report)
+            if previous is None or previous.servers_needed != servers_needed:
+                self._event(
+                    session, "DEMAND_CHANGED", reason="DEMAND_REPORTED",
+                    message=f"inference needs {servers_needed} server(s) ({observed_rps:.1f} req/s, from {source})",
+                    details={"servers_needed": str(servers_needed), "previous": str(previous.servers_needed if previous else "")},
+                )
+            counts = dict(
+                session.execute(
+                    sa.select(m.Server.state, sa.func.count())
+                    .where(m.Server.pool == Pool.INFERENCE)
+                    .group_by(m.Server.state)
+                ).all()
+            )
+            return report, counts.get(ServerState.SERVING, 0), counts.get(ServerState.LOANED, 0)
+
+        result = self._tx(work)
+        self.notifier.events_appended()
+        self.notifier.cycle_requested()
+        return result
+
+    def latest_demand(self) -> m.DemandReport | None:
+        return self._read(
+            lambda s: s.scalar(sa.select(m.DemandReport).order_by(m.DemandReport.id.desc()).limit(1))
+        )
+
+    # -- the scheduling cycle's ports -----------------------------------------------------------
+
+    def snapshot(self, seed: int = 0) -> ClusterSnapshot:
+        """The frozen view the policy decides on: schedulable state only, read in one transaction."""
+
+        def work(session: Session) -> ClusterSnapshot:
+            gpus: dict[str, list[m.Gpu]] = defaultdict(list)
+            for gpu in session.scalars(sa.select(m.Gpu).order_by(m.Gpu.server_id, m.Gpu.index)):
+                gpus[gpu.server_id].append(gpu)
+            alloc_rows = list(session.scalars(sa.select(m.Allocation)))
+            by_server: dict[str, list[tuple[int, int]]] = defaultdict(list)
+            by_job: dict[int, dict[int, list[m.Allocation]]] = defaultdict(lambda: defaultdict(list))
+            for a in alloc_rows:
+                by_server[a.server_id].append((a.gpu_index, a.job_id))
+                by_job[a.job_id][a.rank].append(a)
+            servers = tuple(
+                ServerView(
+                    server_id=s.id, pool=Pool(s.pool), state=ServerState(s.state),
+                    gpu_indices=tuple(g.index for g in gpus[s.id]),
+                    unhealthy_gpus=frozenset(g.index for g in gpus[s.id] if not g.healthy),
+                    allocated=tuple(sorted(by_server[s.id])),
+                )
+                for s in session.scalars(sa.select(m.Server).order_by(m.Server.id))
+            )
+            jobs = tuple(
+                JobView(
+                    job_id=j.id, state=JobState(j.state), gpus_per_worker=j.gpus_per_worker,
+                    min_workers=j.min_workers, max_workers=j.max_workers, priority=j.priority,
+                    submitted_at=j.submitted_at,
+                    workers=tuple(
+                        WorkerView(rank, rows[0].server_id, tuple(sorted(r.gpu_index for r in rows)))
+                        for rank, rows in sorted(by_job[j.id].items())
+                    ),
+                    estimated_runtime_s=(j.throughput or {}).get("estimated_runtime_s"),
+                    pending_reason=j.pending_reason,
+                )
+                for j in session.scalars(
+                    sa.select(m.Job).where(m.Job.state.in_([str(s) for s in ACTIVE_JOB_STATES])).order_by(m.Job.id)
+                )
+            )
+            demand = session.scalar(sa.select(m.DemandReport).order_by(m.DemandReport.id.desc()).limit(1))
+            return ClusterSnapshot(
+                now=self._clock.now(), servers=servers, jobs=jobs, seed=seed,
+                demand=DemandView(demand.servers_needed, demand.observed_rps, demand.time) if demand else None,
+            )
+
+        return self._read(work)
+
+    def apply(self, plan: Plan) -> ApplyResult:
+        """Commit ``plan`` in one transaction. Each start is re-checked against fresh state inside a
+        savepoint; a start that no longer fits (job not pending, GPU taken) is refused alone."""
+        started: list[int] = []
+        rejected: list[tuple[int, str]] = []
+        touched: set[str] = set()
+
+        def work(session: Session) -> None:
+            started.clear(), rejected.clear(), touched.clear()
+            for action in plan.starts:
+                try:
+                    with session.begin_nested():
+                        self._apply_start(session, action)
+                    started.append(action.job_id)
+                    touched.update(w.server_id for w in action.workers)
+                except (IntegrityError, StaleDataError, _Refused) as exc:
+                    rejected.append((action.job_id, _refusal_message(exc)))
+            self._bump_generations(session, touched)
+            self._apply_pending(session, plan.pending)
+
+        self._tx(work)
+        if started:
+            self._after_commit(touched)
+        elif plan.pending:
+            self.notifier.events_appended()
+        return ApplyResult(tuple(started), tuple(rejected), frozenset(touched))
+
+    def _apply_start(self, session: Session, action: StartJob) -> None:
+        job = session.get(m.Job, action.job_id)
+        if job is None or job.state != JobState.PENDING:
+            raise _Refused(f"job {action.job_id} is no longer pending")
+        now = self._clock.now()
+        for worker in action.workers:
+            for index in worker.gpu_indices:
+                session.add(
+                    m.Allocation(job_id=job.id, rank=worker.rank, server_id=worker.server_id,
+                                 gpu_index=index, allocated_at=now)
+                )
+        session.flush()  # the unique (server_id, gpu_index) key refuses a GPU already held
+        job.num_workers = len(action.workers)
+        job.started_at = job.started_at or now
+        job.pending_reason = ""
+        self._set_job_state(session, job, JobState.RUNNING, action.reason, action.message)
+        session.flush()
+
+    def _apply_pending(self, session: Session, pending: Sequence[KeepPending]) -> None:
+        if not pending:
+            return
+        jobs = {
+            j.id: j
+            for j in session.scalars(sa.select(m.Job).where(m.Job.id.in_([p.job_id for p in pending])))
+        }
+        for item in pending:
+            job = jobs.get(item.job_id)
+            text = f"{item.reason}: {item.message}"[:1024]
+            if job is None or job.state != JobState.PENDING or job.pending_reason == text:
+                continue  # record a pending reason only when it changes, not every cycle
+            job.pending_reason = text
+            self._event(session, "JOB_PENDING_REASON", job_id=job.id, reason=item.reason, message=item.message)
+
+
+class _Refused(Exception):
+    pass
+
+
+def _refusal_message(exc: Exception) -> str:
+    if isinstance(exc, IntegrityError):
+        return f"{Reason.STALE_PLAN}: a planned GPU is already held by another worker"
+    if isinstance(exc, StaleDataError):
+        return f"{Reason.STALE_PLAN}: the job changed while the plan was made"
+    return f"{Reason.STALE_PLAN}: {exc}"
+
+
+def _encode_page_token(last_id: int, flt: JobFilter) -> str:
+    return base64.urlsafe_b64encode(f"v1:{last_id}:{flt.digest()}".encode()).decode()
+
+
+def _decode_page_token(token: str, flt: JobFilter) -> int:
+    try:
+        version, last_id, digest = base64.urlsafe_b64decode(token.encode()).decode().split(":")
+        before = int(last_id)
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidArgument("page_token", "is not a token returned by ListJobs") from None
+    if version != "v1" or digest != flt.digest():
+        raise InvalidArgument("page_token", "was issued for a different filter; start again without it")
+    return before
+
+
+def _summarize(job: m.Job, decisions: Sequence[m.Event]) -> str:
+    state = JobState(job.state)
+    if state == JobState.PENDING:
+        why = job.pending_reason or "waiting for the next scheduling cycle"
+        preempted = [e for e in decisions if e.to_state == JobState.PREEMPTED]
+        if preempted:
+            return f"Pending (requeued after preemption: {preempted[-1].message}); {why}"
+        return f"Pending: {why}"
+    if state in (JobState.RUNNING, JobState.SCALING):
+        return f"{state.title()} with {job.num_workers} worker(s): {job.state_reason}: {job.state_message}"
+    if state == JobState.PREEMPTED:
+        return f"Preempted: {job.state_reason}: {job.state_message}"
+    return f"{state.title()}: {job.state_reason}: {job.state_message}"

@@ -1,0 +1,81 @@
+"""The frozen view of the cluster a policy decides on (built by the service or the simulator)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from scheduler_service.lifecycle import JobState, Pool, ServerState
+
+# Servers on which training workers may run: training-owned ones, and inference servers on loan.
+TRAINING_CAPABLE_STATES = frozenset({ServerState.TRAINING, ServerState.LOANED})
+
+
+@dataclass(frozen=True, slots=True)
+class ServerView:
+    server_id: str
+    pool: Pool
+    state: ServerState
+    gpu_indices: tuple[int, ...]
+    unhealthy_gpus: frozenset[int] = frozenset()
+    # gpu index -> job id holding it
+    allocated: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def free_gpus(self) -> tuple[int, ...]:
+        """Healthy, unallocated GPU indices, ascending."""
+        taken = {index for index, _ in self.allocated}
+        return tuple(i for i in self.gpu_indices if i not in taken and i not in self.unhealthy_gpus)
+
+    @property
+    def runs_training(self) -> bool:
+        return self.state in TRAINING_CAPABLE_STATES
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerView:
+    rank: int
+    server_id: str
+    gpu_indices: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    job_id: int
+    state: JobState
+    gpus_per_worker: int
+    min_workers: int
+    max_workers: int
+    priority: int
+    submitted_at: float
+    workers: tuple[WorkerView, ...] = ()
+    estimated_runtime_s: float | None = None
+    pending_reason: str = ""
+
+    @property
+    def is_elastic(self) -> bool:
+        return self.max_workers > self.min_workers
+
+
+@dataclass(frozen=True, slots=True)
+class DemandView:
+    servers_needed: int
+    observed_rps: float
+    reported_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSnapshot:
+    now: float
+    servers: tuple[ServerView, ...]
+    jobs: tuple[JobView, ...]
+    demand: DemandView | None = None
+    seed: int = 0
+    _by_id: dict[str, ServerView] = field(default_factory=dict, compare=False, repr=False)
+
+    def pending_jobs(self) -> tuple[JobView, ...]:
+        return tuple(j for j in self.jobs if j.state == JobState.PENDING)
+
+    def server(self, server_id: str) -> ServerView:
+        if not self._by_id:
+            self._by_id.update((s.server_id, s) for s in self.servers)
+        return self._by_id[server_id]

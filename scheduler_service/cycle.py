@@ -1,0 +1,48 @@
+"""The scheduling cycle, shared by the service and the simulator:
+observe (snapshot) -> decide (policy) -> apply (one transaction) -> act (agents are told after commit).
+
+The cycle only talks to ports: a ``ClusterState`` (snapshot + apply) and the policy. The service's
+``SchedulerApp`` is the ClusterState and notifies agents itself after commit; a simulator supplies an
+in-memory ClusterState and a virtual clock. There is no simulation branch here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from scheduler_service.core.clock import Clock
+from scheduler_service.core.plan import ApplyResult, Plan
+from scheduler_service.core.registry import Policy
+from scheduler_service.core.snapshot import ClusterSnapshot
+
+
+class ClusterState(Protocol):
+    def snapshot(self, seed: int = 0) -> ClusterSnapshot: ...
+    def apply(self, plan: Plan) -> ApplyResult: ...
+
+
+@dataclass(frozen=True)
+class CycleReport:
+    snapshot_jobs: int
+    plan: Plan
+    result: ApplyResult
+    decide_s: float
+    total_s: float
+
+
+class SchedulingCycle:
+    def __init__(self, state: ClusterState, policy: Policy, clock: Clock, *, seed: int = 0) -> None:
+        self.state = state
+        self.policy = policy
+        self._clock = clock
+        self._seed = seed
+
+    def run_once(self) -> CycleReport:
+        start = self._clock.monotonic()
+        snapshot = self.state.snapshot(seed=self._seed)
+        decided = self._clock.monotonic()
+        plan = self.policy.schedule(snapshot)
+        decide_s = self._clock.monotonic() - decided
+        result = self.state.apply(plan)
+        return CycleReport(len(snapshot.jobs), plan, result, decide_s, self._clock.monotonic() - start)

@@ -1,0 +1,30 @@
+"""Typed application errors. Each maps to one gRPC status and carries what the user must fix."""
+
+from __future__ import annotations
+
+
+class AppError(Exception):
+    """Base: ``str(err)`` is the message a user reads (via the gRPC status details)."""
+
+
+class InvalidArgument(AppError):
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+
+class NotFound(AppError):
+    pass
+
+
+class AlreadyExists(AppError):
+    pass
+
+
+class FailedPrecondition(AppError):
+    pass
+
+
+class Aborted(AppError):
+    """A concurrent change won the race; retrying the request is safe."""

@@ -1,0 +1,48 @@
+"""``fifo``: first come, first served, strict gangs of ``min_workers``, no elasticity, no loaning.
+
+Queue order is priority (higher first), then submission time, then job id. Strict FIFO: once a job
+cannot be placed, every later job waits behind it (head-of-line blocking is the point of the
+baseline; backfilling is the Aryl policy's job).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scheduler_service.core.placement import FreeCapacity
+from scheduler_service.core.plan import KeepPending, Plan, Reason, StartJob
+from scheduler_service.core.registry import policies
+from scheduler_service.core.snapshot import ClusterSnapshot, JobView
+
+
+def queue_order(job: JobView) -> tuple[int, float, int]:
+    return (-job.priority, job.submitted_at, job.job_id)
+
+
+@policies.register("fifo")
+@dataclass(frozen=True)
+class FifoPolicy:
+    name: str = "fifo"
+
+    def schedule(self, snapshot: ClusterSnapshot) -> Plan:
+        capacity = FreeCapacity.of(snapshot)
+        starts: list[StartJob] = []
+        pending: list[KeepPending] = []
+        blocker: JobView | None = None
+        for job in sorted(snapshot.pending_jobs(), key=queue_order):
+            if blocker is not None:
+                pending.append(
+                    KeepPending(job.job_id, Reason.BLOCKED_BY_EARLIER_JOB, f"queued behind job {blocker.job_id} (FIFO)")
+                )
+                continue
+            workers = capacity.place_gang(job, job.min_workers)
+            if workers is None:
+                reason, message = capacity.explain_unplaceable(job, job.min_workers)
+                pending.append(KeepPending(job.job_id, reason, message))
+                blocker = job
+                continue
+            where = ", ".join(sorted({w.server_id for w in workers}))
+            starts.append(
+                StartJob(job.job_id, workers, Reason.PLACED, f"placed {len(workers)} worker(s) on {where}")
+            )
+        return Plan(starts=tuple(starts), pending=tuple(pending))

@@ -1,0 +1,169 @@
+"""The scheduler service process: gRPC server (asyncio), scheduling-cycle loop, graceful shutdown.
+
+``SchedulerService.run()`` serves until ``stop()``; ``serve_in_background(config)`` runs one in a
+thread (tests, the demo). Health checking and server reflection are served so generic gRPC tools
+(grpcurl, grpc_health_probe) work without the .proto files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import grpc
+import structlog
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from migrations import upgrade
+from protos.aryl.v1 import agent_pb2, agent_pb2_grpc, inference_pb2, inference_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+from scheduler_service.api.servicers import AgentServicer, InferenceServicer, SchedulerServicer
+from scheduler_service.app import SchedulerApp
+from scheduler_service.clock import SystemClock
+from scheduler_service.config import SchedulerConfig
+from scheduler_service.cycle import SchedulingCycle
+from scheduler_service.notify import AsyncNotifier
+from scheduler_service.policies import create_policy
+from scheduler_service.store.db import create_engine_for, session_factory
+
+log = structlog.get_logger("aryl.scheduler")
+
+SERVICE_NAMES = (
+    scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name,
+    agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name,
+    inference_pb2.DESCRIPTOR.services_by_name["InferenceService"].full_name,
+)
+
+
+class SchedulerService:
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+        self.clock = SystemClock()
+        self.policy = create_policy(config.scheduling.policy)  # fail fast on an unknown name
+        self.engine = create_engine_for(
+            config.database.url,
+            statement_timeout_ms=config.database.statement_timeout_ms,
+            pool_size=config.database.pool_size,
+        )
+        self.port: int | None = None
+        self._started = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def run(self) -> None:
+        cfg = self.config
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._stop = asyncio.Event()
+        if cfg.database.auto_migrate:
+            await asyncio.to_thread(upgrade, cfg.database.url)
+        notifier = AsyncNotifier(loop)
+        app = SchedulerApp(
+            session_factory(self.engine), self.clock, notifier=notifier,
+            worker_base_port=cfg.scheduling.worker_base_port,
+        )
+        epoch = await asyncio.to_thread(app.start_term, socket.gethostname())
+        executor = ThreadPoolExecutor(max_workers=cfg.server.worker_threads, thread_name_prefix="aryl-rpc")
+        options = [
+            ("grpc.max_send_message_length", cfg.server.max_message_bytes),
+            ("grpc.max_receive_message_length", cfg.server.max_message_bytes),
+            ("grpc.max_concurrent_streams", cfg.server.max_concurrent_streams),
+            ("grpc.so_reuseport", 0),
+        ]
+        server = grpc.aio.server(options=options)
+        scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(
+            SchedulerServicer(app, executor, notifier, policy_name=self.policy.name, clock_now=self.clock.now), server
+        )
+        agent_pb2_grpc.add_AgentServiceServicer_to_server(
+            AgentServicer(app, executor, notifier, report_interval_s=cfg.agents.report_interval_s,
+                          grace_period_s=cfg.scheduling.default_grace_period_s),
+            server,
+        )
+        inference_pb2_grpc.add_InferenceServiceServicer_to_server(InferenceServicer(app, executor, notifier), server)
+        health_servicer = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        reflection.enable_server_reflection((*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+        self.port = server.add_insecure_port(cfg.server.listen)
+        if self.port == 0:
+            raise OSError(f"cannot listen on {cfg.server.listen}")
+        await server.start()
+        for name in ("", *SERVICE_NAMES):
+            await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        cycle = SchedulingCycle(app, self.policy, self.clock, seed=cfg.scheduling.seed)
+        cycle_task = asyncio.create_task(self._cycle_loop(cycle, notifier, executor))
+        log.info("scheduler started", listen=cfg.server.listen, port=self.port, epoch=epoch,
+                 policy=self.policy.name, database=self.engine.url.render_as_string(hide_password=True))
+        self._started.set()
+        await self._stop.wait()
+
+        log.info("scheduler stopping", grace_s=cfg.server.shutdown_grace_s)
+        await health_servicer.enter_graceful_shutdown()
+        cycle_task.cancel()
+        await server.stop(cfg.server.shutdown_grace_s)
+        try:
+            await cycle_task
+        except asyncio.CancelledError:
+            pass
+        executor.shutdown(wait=True, cancel_futures=True)
+        self.engine.dispose()
+        log.info("scheduler stopped")
+
+    async def _cycle_loop(self, cycle: SchedulingCycle, notifier: AsyncNotifier, executor: ThreadPoolExecutor) -> None:
+        """Run a cycle on every trigger (coalesced) and at least every ``cycle_interval_s``."""
+        loop = asyncio.get_running_loop()
+        seen = -1
+        while True:
+            seen = notifier.cycle.version
+            try:
+                report = await loop.run_in_executor(executor, cycle.run_once)
+                if report.result.started or report.result.rejected:
+                    log.info("cycle", jobs=report.snapshot_jobs, started=len(report.result.started),
+                             rejected=list(report.result.rejected), decide_ms=round(report.decide_s * 1e3, 2),
+                             total_ms=round(report.total_s * 1e3, 2))
+            except Exception:  # noqa: BLE001 - a failed cycle is logged and retried, never fatal
+                log.exception("scheduling cycle failed; retrying at the next tick")
+            await notifier.cycle.wait_newer(seen, timeout=self.config.scheduling.cycle_interval_s)
+
+    def stop(self) -> None:
+        """Ask a running service to shut down gracefully (thread-safe)."""
+        if self._loop is not None and self._stop is not None and not self._loop.is_closed():
+            try:
+                self._loop.call_soon_threadsafe(self._stop.set)
+            except RuntimeError:
+                pass  # the loop closed meanwhile: already stopped
+
+
+@dataclass
+class ServerHandle:
+    service: SchedulerService
+    thread: threading.Thread
+    address: str
+
+    def stop(self) -> None:
+        self.service.stop()
+        self.thread.join(timeout=30)
+
+
+def serve_in_background(config: SchedulerConfig, *, ready_timeout: float = 30.0) -> ServerHandle:
+    """Start a scheduler in a daemon thread; returns once it accepts connections."""
+    service = SchedulerService(config)
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            asyncio.run(service.run())
+        except BaseException as exc:  # surfaced to the caller below
+            errors.append(exc)
+            service._started.set()
+
+    thread = threading.Thread(target=target, name="aryl-scheduler", daemon=True)
+    thread.start()
+    if not service._started.wait(ready_timeout):
+        raise TimeoutError("scheduler did not start in time")
+    if errors:
+        raise errors[0]
+    host = config.server.listen.rsplit(":", 1)[0]
+    return ServerHandle(service, thread, f"{host}:{service.port}")

@@ -1,0 +1,1 @@
+"""Persistent state: SQLAlchemy models (``models``) and the engine/session factory (``db``)."""
