@@ -1,0 +1,65 @@
+"""One typed config object from file + environment, with errors that name the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from scheduler_service.config import ConfigError, SchedulerConfig, env_var_names, load_config
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in env_var_names(SchedulerConfig) | {"ARYL_CONFIG"}:
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_defaults_use_the_embedded_sqlite_database() -> None:
+    config = load_config()
+    assert config.database.url.startswith("sqlite:///")
+    assert config.scheduling.policy == "fifo"
+
+
+def test_file_then_environment_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "aryl.toml"
+    path.write_text('[server]\nlisten = "0.0.0.0:6000"\n[scheduling]\ncycle_interval_s = 9\n')
+    monkeypatch.setenv("ARYL_SCHEDULING__CYCLE_INTERVAL_S", "3.5")
+    config = load_config(path)
+    assert config.server.listen == "0.0.0.0:6000"  # from the file
+    assert config.scheduling.cycle_interval_s == 3.5  # the environment wins
+    monkeypatch.setenv("ARYL_CONFIG", str(path))
+    assert load_config().server.listen == "0.0.0.0:6000"
+
+
+def test_yaml_files_work(tmp_path: Path) -> None:
+    path = tmp_path / "aryl.yaml"
+    path.write_text("logging:\n  format: json\n")
+    assert load_config(path).logging.format == "json"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("[server]\nlisten_port = 1\n", "server.listen_port"),
+        ("[agents]\nlost_after_s = -1\n", "agents.lost_after_s"),
+        ("[logging]\nformat = 'xml'\n", "logging.format"),
+        ("nonsense = [", "not valid toml"),
+    ],
+)
+def test_bad_files_name_the_key(tmp_path: Path, text: str, expected: str) -> None:
+    path = tmp_path / "aryl.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=expected):
+        load_config(path)
+
+
+def test_bad_environment_value_names_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ARYL_SERVER__WORKER_THREADS", "zero")
+    with pytest.raises(ConfigError, match="server.worker_threads"):
+        load_config()
+
+
+def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config(tmp_path / "absent.toml")
