@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import sqlalchemy as sa
@@ -32,25 +33,32 @@ def _postgres_unavailable(reason: str) -> None:
     pytest.skip(f"PostgreSQL unreachable ({reason}); set ARYL_TEST_DATABASE_URL")
 
 
-@pytest.fixture(scope="session")
-def postgres_database() -> Iterator[str]:
-    """A fresh, empty PostgreSQL database for this test session; yields its URL."""
+@contextmanager
+def scratch_postgres(prefix: str) -> Iterator[str]:
+    """Create an empty PostgreSQL database named ``<prefix>_<random>`` next to the admin URL's
+    database; yield its URL; drop it afterwards. Skips (fails under CI=true) when unreachable."""
     admin_url = make_url(postgres_admin_url())
     admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    name = f"aryl_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    name = f"{prefix}_{os.getpid()}_{uuid.uuid4().hex[:8]}"
     try:
         with admin.connect() as conn:
             conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
     except sa.exc.OperationalError as exc:
         admin.dispose()
         _postgres_unavailable(str(exc.orig).strip().splitlines()[0])
-    url = admin_url.set(database=name).render_as_string(hide_password=False)
     try:
-        yield url
+        yield admin_url.set(database=name).render_as_string(hide_password=False)
     finally:
         with admin.connect() as conn:
             conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def postgres_database() -> Iterator[str]:
+    """A fresh, empty PostgreSQL database for this test session; yields its URL."""
+    with scratch_postgres("aryl_test") as url:
+        yield url
 
 
 @pytest.fixture(scope="session")
