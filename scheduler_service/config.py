@@ -26,11 +26,33 @@ class ConfigError(Exception):
     """The configuration file or environment is invalid; the message says which key and why."""
 
 
-class _Section(BaseModel):
+class ConfigSection(BaseModel):
+    """One section of a config: unknown keys are errors, values never change after start-up."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class ServerConfig(_Section):
+class ArylSettings(BaseSettings):
+    """Base of every Aryl program's config (scheduler, agent, router): ``ARYL_<SECTION>__<KEY>``
+    variables override the file's values (passed as init values), which override the defaults."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_nested_delimiter=ENV_NESTED_DELIMITER, extra="forbid", frozen=True
+    )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (env_settings, init_settings)
+
+
+class ServerConfig(ConfigSection):
     listen: str = Field("127.0.0.1:50051", description="host:port the gRPC server binds")
     max_message_bytes: int = Field(16 * 1024 * 1024, gt=0, description="max gRPC message size, both ways")
     worker_threads: int = Field(16, gt=0, description="threads serving unary RPCs")
@@ -43,56 +65,43 @@ def default_database_url() -> str:
     return f"sqlite:///{Path('.aryl') / 'aryl.db'}"
 
 
-class DatabaseConfig(_Section):
+class DatabaseConfig(ConfigSection):
     url: str = Field(default_factory=default_database_url, description="SQLAlchemy URL")
     auto_migrate: bool = Field(True, description="run Alembic migrations to head at start-up")
     statement_timeout_ms: int = Field(5000, gt=0, description="per-statement deadline (PostgreSQL)")
     pool_size: int = Field(20, gt=0)
 
 
-class SchedulingConfig(_Section):
+class SchedulingConfig(ConfigSection):
     policy: str = Field("fifo", description="registered policy name")
     cycle_interval_s: float = Field(2.0, gt=0, description="periodic cycle tick; events also trigger cycles")
+    min_cycle_gap_s: float = Field(
+        0.05, ge=0, description="least time between two cycles: a burst of events is batched into one cycle"
+    )
     seed: int = Field(0, description="seed handed to the policy; same snapshot + seed -> same plan")
     default_grace_period_s: float = Field(30.0, ge=0, description="SIGTERM -> SIGKILL for workers")
     worker_base_port: int = Field(29500, gt=0, lt=65536, description="MASTER_PORT base for jobs")
 
 
-class AgentsConfig(_Section):
+class AgentsConfig(ConfigSection):
     report_interval_s: float = Field(5.0, gt=0, description="how often agents report status")
     lost_after_s: float = Field(30.0, gt=0, description="silence after which a server is LOST")
     rpc_timeout_s: float = Field(5.0, gt=0, description="deadline on internal calls")
 
 
-class LoggingConfig(_Section):
+class LoggingConfig(ConfigSection):
     format: Literal["console", "json"] = "console"
     level: Literal["debug", "info", "warning", "error"] = "info"
 
 
-class SchedulerConfig(BaseSettings):
+class SchedulerConfig(ArylSettings):
     """Everything the scheduler service can be told. One instance, built at start-up."""
-
-    model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX, env_nested_delimiter=ENV_NESTED_DELIMITER, extra="forbid", frozen=True
-    )
 
     server: ServerConfig = ServerConfig()
     database: DatabaseConfig = DatabaseConfig()
     scheduling: SchedulingConfig = SchedulingConfig()
     agents: AgentsConfig = AgentsConfig()
     logging: LoggingConfig = LoggingConfig()
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # The environment overrides the file (passed as init values), which overrides defaults.
-        return (env_settings, init_settings)
 
 
 def read_config_file(path: str | os.PathLike[str] | None) -> dict[str, Any]:
@@ -129,6 +138,31 @@ def load_settings(cls: type[T], path: str | os.PathLike[str] | None = None) -> T
 
 def load_config(path: str | os.PathLike[str] | None = None) -> SchedulerConfig:
     return load_settings(SchedulerConfig, path)
+
+
+def apply_overrides(config: T, overrides: dict[str, dict[str, Any]]) -> T:
+    """``config`` with ``{section: {key: value}}`` laid over it, validated; ConfigError on bad values.
+
+    Used for command-line flags, which must beat the environment: rebuilding a settings object
+    would let ``ARYL_*`` variables win again, so each touched section is re-validated on its own.
+    ``None`` values (flags not given) are ignored.
+    """
+    updates: dict[str, BaseModel] = {}
+    for section, values in overrides.items():
+        given = {k: v for k, v in values.items() if v is not None}
+        current = getattr(config, section, None)
+        if not isinstance(current, BaseModel):
+            raise ConfigError(f"unknown configuration section {section!r}")
+        if not given:
+            continue
+        try:
+            updates[section] = type(current).model_validate({**current.model_dump(), **given})
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{section}.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+            )
+            raise ConfigError(f"invalid command-line option: {problems}") from exc
+    return config.model_copy(update=updates)
 
 
 def env_var_names(cls: type[BaseSettings]) -> set[str]:

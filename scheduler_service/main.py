@@ -10,7 +10,7 @@ import sys
 import structlog
 
 from migrations import upgrade
-from scheduler_service.config import ConfigError, SchedulerConfig, load_config
+from scheduler_service.config import ConfigError, SchedulerConfig, apply_overrides, load_config
 from scheduler_service.core.registry import UnknownPolicy
 from scheduler_service.logs import configure_logging
 
@@ -27,17 +27,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def build_config(args: argparse.Namespace) -> SchedulerConfig:
-    config = load_config(args.config)
-    overrides = {
-        "server": {"listen": args.listen},
-        "database": {"url": args.database_url},
-        "scheduling": {"policy": args.policy},
-    }
-    updates = {
-        section: getattr(config, section).model_copy(update={k: v for k, v in values.items() if v is not None})
-        for section, values in overrides.items()
-    }
-    return config.model_copy(update=updates)
+    return apply_overrides(
+        load_config(args.config),
+        {
+            "server": {"listen": args.listen},
+            "database": {"url": args.database_url},
+            "scheduling": {"policy": args.policy},
+        },
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

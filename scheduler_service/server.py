@@ -114,7 +114,6 @@ class SchedulerService:
     async def _cycle_loop(self, cycle: SchedulingCycle, notifier: AsyncNotifier, executor: ThreadPoolExecutor) -> None:
         """Run a cycle on every trigger (coalesced) and at least every ``cycle_interval_s``."""
         loop = asyncio.get_running_loop()
-        seen = -1
         while True:
             seen = notifier.cycle.version
             try:
@@ -125,6 +124,8 @@ class SchedulerService:
                              total_ms=round(report.total_s * 1e3, 2))
             except Exception:  # noqa: BLE001 - a failed cycle is logged and retried, never fatal
                 log.exception("scheduling cycle failed; retrying at the next tick")
+            # Batch a burst of triggers (e.g. many submissions) into the next cycle.
+            await asyncio.sleep(self.config.scheduling.min_cycle_gap_s)
             await notifier.cycle.wait_newer(seen, timeout=self.config.scheduling.cycle_interval_s)
 
     def stop(self) -> None:

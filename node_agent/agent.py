@@ -1,0 +1,276 @@
+"""The node agent's control loop: register the server, report its status, receive its desired state.
+
+Nouns: a *session* is one registration with the scheduler and what runs on it: a thread that
+watches the desired-state stream and a loop that reports status every ``report_interval``. Any
+failure in a session (scheduler unreachable, stream broken, report refused) ends it; the agent
+then waits with exponential backoff and jitter and registers again, which is idempotent on the
+scheduler's side (the hostname is the server's identity).
+
+What this agent version does NOT do: run workers. It records the desired state it accepts and
+reports that generation as observed, with no workers running; starting, stopping and resizing
+worker processes arrives with process execution. It never decides anything either: placement,
+loans and health verdicts are the scheduler's.
+
+Every unary call carries a deadline (``rpc_timeout_s``); the stream has none, it lives as long as
+the session. Shutdown (``stop()``) ends the loops and cancels the stream; it completes within one
+RPC deadline.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import grpc
+import structlog
+from google.protobuf import duration_pb2
+
+from node_agent.config import AgentSection
+from node_agent.daemon import Backoff, aryl_version, describe_rpc_error, scheduler_channel
+from node_agent.desired import DesiredStateTracker, Verdict
+from node_agent.gpus import GpuBackend, GpuInfo, GpuSample
+from protos.aryl.v1 import agent_pb2, agent_pb2_grpc, types_pb2
+
+# Used when the scheduler's answer carries no report interval (it always should).
+DEFAULT_REPORT_INTERVAL_S = 5.0
+# Floor on the interval the scheduler asks for, so a bad value cannot make the agent spin.
+MIN_REPORT_INTERVAL_S = 0.1
+# Reports in a row that show a newer desired generation than the stream delivered before the
+# agent assumes the stream lost it and re-registers (which returns the current desired state).
+# One is normal: the report can overtake the stream push of the same commit.
+LAGGING_REPORTS_BEFORE_RESYNC = 2
+
+POOLS = {"training": types_pb2.POOL_TRAINING, "inference": types_pb2.POOL_INFERENCE}
+
+
+class SessionEnded(Exception):
+    """The current session with the scheduler is over; the agent will register again."""
+
+
+def gpu_info_message(gpu: GpuInfo) -> agent_pb2.GpuInfo:
+    return agent_pb2.GpuInfo(
+        index=gpu.index, uuid=gpu.uuid, model=gpu.model, memory_total_bytes=gpu.memory_total_bytes
+    )
+
+
+def gpu_status_message(sample: GpuSample) -> agent_pb2.GpuStatus:
+    return agent_pb2.GpuStatus(
+        index=sample.index,
+        utilization=sample.utilization,
+        memory_used_bytes=sample.memory_used_bytes,
+        temperature_c=sample.temperature_c,
+        healthy=sample.healthy,
+        health_reason=sample.health_reason,
+        ecc_uncorrectable=sample.ecc_uncorrectable,
+        retired_pages=sample.retired_pages,
+    )
+
+
+class Agent:
+    """One server's agent. ``run()`` blocks until ``stop()``, which any other thread may call."""
+
+    def __init__(
+        self,
+        config: AgentSection,
+        gpus: GpuBackend,
+        *,
+        backoff: Backoff | None = None,
+        version: str | None = None,
+    ) -> None:
+        self.config = config
+        self.gpus = gpus
+        self.desired = DesiredStateTracker()
+        self.version = version or aryl_version()
+        self._backoff = backoff or Backoff(config.reconnect_max_backoff_s)
+        self._inventory = gpus.inventory()
+        self._stopping = threading.Event()
+        # The current session's "over" flag and stream, so stop() can end them from another thread.
+        self._session_over = threading.Event()
+        self._stream: grpc.Call | None = None
+        self._stream_lock = threading.Lock()
+        self._log = structlog.get_logger("node_agent").bind(hostname=config.hostname, pool=config.pool)
+
+    # ---------------------------------------------------------------------------------------------
+    # lifecycle
+
+    def run(self) -> None:
+        """Register, run sessions, reconnect on failure; return once ``stop()`` was called."""
+        self._log.info(
+            "agent starting",
+            scheduler=self.config.scheduler_address,
+            gpus=len(self._inventory),
+            gpu_backend=self.gpus.name,
+            version=self.version,
+        )
+        channel = scheduler_channel(self.config.scheduler_address, self.config.reconnect_max_backoff_s)
+        try:
+            while not self._stopping.is_set():
+                try:
+                    self._run_session(agent_pb2_grpc.AgentServiceStub(channel))
+                except SessionEnded as exc:
+                    if self._stopping.is_set():
+                        break
+                    delay = self._backoff.next_delay()
+                    self._log.warning(
+                        "no session with the scheduler, registering again",
+                        why=str(exc),
+                        retry_in_s=round(delay, 2),
+                        attempt=self._backoff.failures,
+                    )
+                    self._stopping.wait(delay)
+        finally:
+            self._cancel_stream()
+            channel.close()
+            self._log.info("agent stopped", observed_generation=self.desired.observed_generation)
+
+    def stop(self) -> None:
+        """Ask ``run()`` to return: ends the report loop and cancels the stream. Thread-safe; not for
+        use inside a signal handler (it takes locks), see ``daemon.run_until_signalled``."""
+        self._stopping.set()
+        self._session_over.set()
+        self._cancel_stream()
+
+    def _cancel_stream(self) -> None:
+        with self._stream_lock:
+            stream = self._stream
+        if stream is not None:
+            stream.cancel()
+
+    # ---------------------------------------------------------------------------------------------
+    # one session
+
+    def _run_session(self, stub: agent_pb2_grpc.AgentServiceStub) -> None:
+        """Register, then watch and report until something fails (SessionEnded) or the agent stops."""
+        registered = self._register(stub)
+        over = self._session_over = threading.Event()
+        if self._stopping.is_set():  # stop() came during the registration call
+            return
+        server_id = registered.server_id
+        interval = self._interval(registered.report_interval)
+        if registered.HasField("desired"):
+            self._accept(registered.desired, source="registration")
+        self._log.info(
+            "registered with the scheduler",
+            server_id=server_id,
+            scheduler_epoch=registered.scheduler_epoch,
+            report_interval_s=interval,
+        )
+
+        why: list[str] = []  # the watcher's reason, when it is what ends the session
+        watcher = threading.Thread(
+            target=self._watch, args=(stub, server_id, over, why), name="desired-state-watch", daemon=True
+        )
+        watcher.start()
+        try:
+            lagging = 0
+            while not over.is_set():
+                response = self._report(stub, server_id)
+                # Reset only once a report went through, so a scheduler that accepts registrations
+                # but fails everything after them still sees the backoff grow.
+                self._backoff.reset()
+                if response.HasField("report_interval"):
+                    interval = self._interval(response.report_interval)
+                lagging = lagging + 1 if response.desired_generation > self.desired.observed_generation else 0
+                if lagging >= LAGGING_REPORTS_BEFORE_RESYNC:
+                    raise SessionEnded(
+                        f"scheduler has desired generation {response.desired_generation} but the stream "
+                        f"delivered only {self.desired.observed_generation}; resynchronising"
+                    )
+                over.wait(interval)
+            if not self._stopping.is_set():
+                raise SessionEnded(why[0] if why else "desired-state stream ended")
+        finally:
+            over.set()
+            self._cancel_stream()
+            watcher.join(timeout=self.config.rpc_timeout_s)
+
+    def _register(self, stub: agent_pb2_grpc.AgentServiceStub) -> agent_pb2.RegisterServerResponse:
+        request = agent_pb2.RegisterServerRequest(
+            hostname=self.config.hostname,
+            pool=POOLS[self.config.pool],
+            gpus=[gpu_info_message(g) for g in self._inventory],
+            agent_address=self.config.agent_address,
+            agent_version=self.version,
+        )
+        try:
+            response = stub.RegisterServer(request, timeout=self.config.rpc_timeout_s)
+        except grpc.RpcError as exc:
+            raise SessionEnded(f"registration failed: {describe_rpc_error(exc)}") from exc
+        if not self.desired.observe_epoch(response.scheduler_epoch):
+            raise SessionEnded(
+                f"scheduler answered with epoch {response.scheduler_epoch}, older than epoch "
+                f"{self.desired.newest_epoch} already seen: a deposed scheduler; waiting for the current one "
+                "(restart this agent if the scheduler's database was deliberately reset)"
+            )
+        return response
+
+    def _report(self, stub: agent_pb2_grpc.AgentServiceStub, server_id: str) -> agent_pb2.ReportStatusResponse:
+        request = agent_pb2.ReportStatusRequest(
+            server_id=server_id,
+            scheduler_epoch=self.desired.newest_epoch,
+            gpus=[gpu_status_message(s) for s in self.gpus.sample()],
+            workers=[],  # no process execution in this agent version: nothing runs
+            observed_generation=self.desired.observed_generation,
+        )
+        try:
+            return stub.ReportStatus(request, timeout=self.config.rpc_timeout_s)
+        except grpc.RpcError as exc:
+            raise SessionEnded(f"status report failed: {describe_rpc_error(exc)}") from exc
+
+    def _watch(
+        self, stub: agent_pb2_grpc.AgentServiceStub, server_id: str, over: threading.Event, why: list[str]
+    ) -> None:
+        """Thread body: apply each pushed desired state; end the session when the stream ends."""
+        stream = stub.WatchDesiredState(agent_pb2.WatchDesiredStateRequest(server_id=server_id))
+        with self._stream_lock:
+            self._stream = stream
+        try:
+            if over.is_set():  # the session ended before the stream was published for cancelling
+                return
+            for desired in stream:
+                self._accept(desired, source="stream")
+            why.append("desired-state stream closed by the scheduler")
+        except grpc.RpcError as exc:
+            if not over.is_set():
+                why.append(f"desired-state stream failed: {describe_rpc_error(exc)}")
+        finally:
+            stream.cancel()
+            with self._stream_lock:
+                if self._stream is stream:
+                    self._stream = None
+            over.set()
+
+    # ---------------------------------------------------------------------------------------------
+    # desired state
+
+    def _accept(self, desired: agent_pb2.DesiredState, *, source: str) -> Verdict:
+        verdict = self.desired.offer(desired)
+        fields = {
+            "source": source,
+            "scheduler_epoch": desired.scheduler_epoch,
+            "generation": desired.generation,
+        }
+        if verdict is Verdict.STALE_EPOCH:
+            self._log.warning(
+                "refused desired state from a stale scheduler epoch", newest_epoch=self.desired.newest_epoch, **fields
+            )
+        elif verdict is Verdict.OLD_GENERATION:
+            self._log.debug(
+                "ignored duplicate or out-of-order desired state",
+                observed_generation=self.desired.observed_generation,
+                **fields,
+            )
+        else:
+            # Accepted generations are new by construction, so this logs once per generation.
+            self._log.info(
+                f"desired state received: {len(desired.workers)} workers "
+                "(process execution not implemented in this agent version)",
+                server_state=types_pb2.ServerState.Name(desired.server_state),
+                new_epoch=verdict is Verdict.ACCEPTED_NEW_EPOCH,
+                **fields,
+            )
+        return verdict
+
+    @staticmethod
+    def _interval(duration: duration_pb2.Duration) -> float:
+        seconds = duration.ToTimedelta().total_seconds()
+        return max(MIN_REPORT_INTERVAL_S, seconds) if seconds > 0 else DEFAULT_REPORT_INTERVAL_S
