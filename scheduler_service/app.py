@@ -272,39 +272,51 @@ class SchedulerApp:
     # -- jobs -----------------------------------------------------------------------------------
 
     def submit_job(self, sub: JobSubmission) -> JobRecord:
+        [result] = self.submit_jobs([sub])
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def submit_jobs(self, subs: Sequence[JobSubmission]) -> list[JobRecord | AlreadyExists]:
+        """Queue several jobs in one transaction (group commit: the API batches concurrent
+        SubmitJob calls). A duplicate idempotency key fails only its own submission."""
         now = self._clock.now()
-
-        def work(session: Session) -> m.Job:
-            job = m.Job(
-                name=sub.name, user=sub.user, queue=sub.queue, command=list(sub.command), env=dict(sub.env),
-                gpus_per_worker=sub.gpus_per_worker, min_workers=sub.min_workers, max_workers=sub.max_workers,
-                priority=sub.priority, deadline=sub.deadline, throughput=sub.throughput,
-                max_runtime_s=sub.max_runtime_s, restart_policy=sub.restart_policy, max_restarts=sub.max_restarts,
-                idempotency_key=sub.idempotency_key, state=JobState.PENDING, state_reason=Reason.SUBMITTED,
-                state_message="queued", pending_reason="", num_workers=0, restarts=0, preemptions=0,
-                submitted_at=now,
-            )
-            session.add(job)
-            session.flush()
-            self._event(
-                session, "JOB_SUBMITTED", job_id=job.id, to_state=JobState.PENDING, reason=Reason.SUBMITTED,
-                message=f"{sub.name} by {sub.user} in queue {sub.queue}: {sub.min_workers}..{sub.max_workers} "
-                f"worker(s) x {sub.gpus_per_worker} GPU(s)",
-            )
-            return job
-
+        rows = [_job_row(sub, now) for sub in subs]
         try:
-            job = self._tx(work)
+            ids = self._tx(lambda session: self._insert_jobs(session, rows))
         except IntegrityError as exc:
-            existing = self._job_by_key(sub.idempotency_key) if sub.idempotency_key else None
-            if existing is not None:
-                raise AlreadyExists(
-                    f"idempotency_key {sub.idempotency_key!r} was already used by job {existing}"
-                ) from exc
-            raise
+            if len(subs) == 1:
+                return [self._duplicate_key_error(subs[0], exc)]
+            # Some key collided: retry one by one so only the duplicates fail.
+            return [r for sub in subs for r in self.submit_jobs([sub])]
         self.notifier.events_appended()
         self.notifier.cycle_requested()
-        return JobRecord(job, ())
+        return [JobRecord(m.Job(id=job_id, version=1, **row), ()) for job_id, row in zip(ids, rows)]
+
+    def _insert_jobs(self, session: Session, rows: list[dict[str, Any]]) -> list[int]:
+        # Core INSERT ... RETURNING in one round trip for the whole batch ("insertmanyvalues").
+        ids = list(
+            session.scalars(
+                sa.insert(m.Job).returning(m.Job.id, sort_by_parameter_order=True), [{**r, "version": 1} for r in rows]
+            )
+        )
+        session.execute(
+            sa.insert(m.Event),
+            [
+                dict(time=row["submitted_at"], kind="JOB_SUBMITTED", job_id=job_id, server_id=None, from_state="",
+                     to_state=JobState.PENDING, reason=Reason.SUBMITTED, details={},
+                     message=f"{row['name']} by {row['user']} in queue {row['queue']}: {row['min_workers']}.."
+                     f"{row['max_workers']} worker(s) x {row['gpus_per_worker']} GPU(s)")
+                for job_id, row in zip(ids, rows)
+            ],
+        )
+        return ids
+
+    def _duplicate_key_error(self, sub: JobSubmission, exc: IntegrityError) -> AlreadyExists:
+        existing = self._job_by_key(sub.idempotency_key) if sub.idempotency_key else None
+        if existing is None:
+            raise exc  # not a key collision: a real integrity problem, let it surface
+        return AlreadyExists(f"idempotency_key {sub.idempotency_key!r} was already used by job {existing}")
 
     def _job_by_key(self, key: str) -> int | None:
         return self._read(lambda s: s.scalar(sa.select(m.Job.id).where(m.Job.idempotency_key == key)))
@@ -698,21 +710,27 @@ class SchedulerApp:
                 )
                 for s in session.scalars(sa.select(m.Server).order_by(m.Server.id))
             )
+            j = m.Job.__table__.c
+            # Core rows with only the columns the policy needs: no ORM identity map, no command/env.
+            active = session.execute(
+                sa.select(j.id, j.state, j.gpus_per_worker, j.min_workers, j.max_workers, j.priority,
+                          j.submitted_at, j.throughput, j.pending_reason)
+                .where(j.state.in_([str(s) for s in ACTIVE_JOB_STATES]))
+                .order_by(j.id)
+            )
             jobs = tuple(
                 JobView(
-                    job_id=j.id, state=JobState(j.state), gpus_per_worker=j.gpus_per_worker,
-                    min_workers=j.min_workers, max_workers=j.max_workers, priority=j.priority,
-                    submitted_at=j.submitted_at,
+                    job_id=row.id, state=JobState(row.state), gpus_per_worker=row.gpus_per_worker,
+                    min_workers=row.min_workers, max_workers=row.max_workers, priority=row.priority,
+                    submitted_at=row.submitted_at,
                     workers=tuple(
-                        WorkerView(rank, rows[0].server_id, tuple(sorted(r.gpu_index for r in rows)))
-                        for rank, rows in sorted(by_job[j.id].items())
-                    ),
-                    estimated_runtime_s=(j.throughput or {}).get("estimated_runtime_s"),
-                    pending_reason=j.pending_reason,
+                        WorkerView(rank, ranks[0].server_id, tuple(sorted(r.gpu_index for r in ranks)))
+                        for rank, ranks in sorted(by_job[row.id].items())
+                    ) if row.id in by_job else (),
+                    estimated_runtime_s=(row.throughput or {}).get("estimated_runtime_s"),
+                    pending_reason=row.pending_reason,
                 )
-                for j in session.scalars(
-                    sa.select(m.Job).where(m.Job.state.in_([str(s) for s in ACTIVE_JOB_STATES])).order_by(m.Job.id)
-                )
+                for row in active
             )
             demand = session.scalar(sa.select(m.DemandReport).order_by(m.DemandReport.id.desc()).limit(1))
             return ClusterSnapshot(
@@ -768,19 +786,35 @@ class SchedulerApp:
         session.flush()
 
     def _apply_pending(self, session: Session, pending: Sequence[KeepPending]) -> None:
+        """Record new pending reasons in bulk: one UPDATE and one events INSERT for all of them."""
         if not pending:
             return
-        jobs = {
-            j.id: j
-            for j in session.scalars(sa.select(m.Job).where(m.Job.id.in_([p.job_id for p in pending])))
-        }
-        for item in pending:
-            job = jobs.get(item.job_id)
-            text = f"{item.reason}: {item.message}"[:1024]
-            if job is None or job.state != JobState.PENDING or job.pending_reason == text:
-                continue  # record a pending reason only when it changes, not every cycle
-            job.pending_reason = text
-            self._event(session, "JOB_PENDING_REASON", job_id=job.id, reason=item.reason, message=item.message)
+        jobs = m.Job.__table__
+        still_pending = set(
+            session.scalars(
+                sa.select(jobs.c.id)
+                .where(jobs.c.id.in_([p.job_id for p in pending]), jobs.c.state == JobState.PENDING)
+                .with_for_update()
+            )
+        )
+        items = [p for p in pending if p.job_id in still_pending]
+        if not items:
+            return
+        session.execute(
+            sa.update(jobs)
+            .where(jobs.c.id == sa.bindparam("job_id"))
+            .values(pending_reason=sa.bindparam("why"), version=jobs.c.version + 1),
+            [{"job_id": p.job_id, "why": p.summary} for p in items],
+        )
+        now = self._clock.now()
+        session.execute(
+            sa.insert(m.Event),
+            [
+                dict(time=now, kind="JOB_PENDING_REASON", job_id=p.job_id, server_id=None, from_state="",
+                     to_state="", reason=p.reason, message=p.message[:2048], details={})
+                for p in items
+            ],
+        )
 
 
 class _Refused(Exception):
@@ -823,3 +857,14 @@ def _summarize(job: m.Job, decisions: Sequence[m.Event]) -> str:
     if state == JobState.PREEMPTED:
         return f"Preempted: {job.state_reason}: {job.state_message}"
     return f"{state.title()}: {job.state_reason}: {job.state_message}"
+
+
+def _job_row(sub: JobSubmission, now: float) -> dict[str, Any]:
+    return dict(
+        name=sub.name, user=sub.user, queue=sub.queue, command=list(sub.command), env=dict(sub.env),
+        gpus_per_worker=sub.gpus_per_worker, min_workers=sub.min_workers, max_workers=sub.max_workers,
+        priority=sub.priority, deadline=sub.deadline, throughput=sub.throughput, max_runtime_s=sub.max_runtime_s,
+        restart_policy=sub.restart_policy, max_restarts=sub.max_restarts, idempotency_key=sub.idempotency_key,
+        state=JobState.PENDING, state_reason=Reason.SUBMITTED, state_message="queued", pending_reason="",
+        num_workers=0, restarts=0, preemptions=0, submitted_at=now, started_at=None, finished_at=None,
+    )

@@ -8,7 +8,7 @@ in-memory ClusterState and a virtual clock. There is no simulation branch here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from scheduler_service.core.clock import Clock
@@ -42,7 +42,15 @@ class SchedulingCycle:
         start = self._clock.monotonic()
         snapshot = self.state.snapshot(seed=self._seed)
         decided = self._clock.monotonic()
-        plan = self.policy.schedule(snapshot)
+        plan = only_changed_reasons(self.policy.schedule(snapshot), snapshot)
         decide_s = self._clock.monotonic() - decided
         result = self.state.apply(plan)
         return CycleReport(len(snapshot.jobs), plan, result, decide_s, self._clock.monotonic() - start)
+
+
+def only_changed_reasons(plan: Plan, snapshot: ClusterSnapshot) -> Plan:
+    """Drop pending reasons equal to what the job already shows: a reason is recorded (and an
+    event written) when it changes, not on every cycle."""
+    shown = {job.job_id: job.pending_reason for job in snapshot.jobs}
+    changed = tuple(p for p in plan.pending if shown.get(p.job_id) != p.summary)
+    return replace(plan, pending=changed)

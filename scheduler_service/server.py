@@ -22,6 +22,7 @@ from migrations import upgrade
 from protos.aryl.v1 import agent_pb2, agent_pb2_grpc, inference_pb2, inference_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from scheduler_service.api.servicers import AgentServicer, InferenceServicer, SchedulerServicer
 from scheduler_service.app import SchedulerApp
+from scheduler_service.batching import GroupCommitter
 from scheduler_service.clock import SystemClock
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.cycle import SchedulingCycle
@@ -74,8 +75,11 @@ class SchedulerService:
             ("grpc.so_reuseport", 0),
         ]
         server = grpc.aio.server(options=options)
+        submissions = GroupCommitter(app.submit_jobs, max_batch=256, name="aryl-submit")
         scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(
-            SchedulerServicer(app, executor, notifier, policy_name=self.policy.name, clock_now=self.clock.now), server
+            SchedulerServicer(app, executor, notifier, policy_name=self.policy.name, clock_now=self.clock.now,
+                              submissions=submissions),
+            server,
         )
         agent_pb2_grpc.add_AgentServiceServicer_to_server(
             AgentServicer(app, executor, notifier, report_interval_s=cfg.agents.report_interval_s,
@@ -107,6 +111,7 @@ class SchedulerService:
             await cycle_task
         except asyncio.CancelledError:
             pass
+        submissions.close()
         executor.shutdown(wait=True, cancel_futures=True)
         self.engine.dispose()
         log.info("scheduler stopped")

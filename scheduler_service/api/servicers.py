@@ -26,7 +26,8 @@ from protos.aryl.v1 import (
 )
 from scheduler_service.api import convert, validation
 from scheduler_service.api.status import rpc
-from scheduler_service.app import SchedulerApp
+from scheduler_service.app import JobRecord, JobSubmission, SchedulerApp
+from scheduler_service.batching import GroupCommitter
 from scheduler_service.errors import InvalidArgument
 from scheduler_service.notify import AsyncNotifier
 
@@ -49,31 +50,42 @@ class _Base:
 
 
 class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
-    def __init__(self, *args: Any, policy_name: str, clock_now: Callable[[], float]) -> None:
+    def __init__(
+        self, *args: Any, policy_name: str, clock_now: Callable[[], float],
+        submissions: GroupCommitter[JobSubmission, JobRecord],
+    ) -> None:
         super().__init__(*args)
         self.policy_name = policy_name
         self._now = clock_now
+        self._submissions = submissions
 
     @rpc
     async def SubmitJob(self, request: scheduler_pb2.SubmitJobRequest, context: Any) -> scheduler_pb2.SubmitJobResponse:
         submission = validation.job_submission(request.spec, request.idempotency_key, now=self._now())
-        record = await self.run(self.app.submit_job, submission)
+        record = await asyncio.wrap_future(self._submissions.submit(submission))
         return scheduler_pb2.SubmitJobResponse(job=convert.job(record))
 
     @rpc
     async def GetJob(self, request: scheduler_pb2.GetJobRequest, context: Any) -> scheduler_pb2.GetJobResponse:
         job_id = validation.job_id("job_id", request.job_id)
-        record, events = await self.run(self.app.get_job, job_id, include_events=request.include_events)
-        return scheduler_pb2.GetJobResponse(job=convert.job(record), events=[convert.event(e) for e in events])
+
+        def answer() -> scheduler_pb2.GetJobResponse:
+            record, events = self.app.get_job(job_id, include_events=request.include_events)
+            return scheduler_pb2.GetJobResponse(job=convert.job(record), events=[convert.event(e) for e in events])
+
+        return await self.run(answer)
 
     @rpc
     async def ListJobs(self, request: scheduler_pb2.ListJobsRequest, context: Any) -> scheduler_pb2.ListJobsResponse:
         flt = validation.job_filter(request.states, request.user, request.queue)
         token = validation.text("page_token", request.page_token, max_len=256)
-        records, next_token = await self.run(
-            self.app.list_jobs, flt, page_size=request.page_size, page_token=token
-        )
-        return scheduler_pb2.ListJobsResponse(jobs=[convert.job(r) for r in records], next_page_token=next_token)
+
+        def answer() -> scheduler_pb2.ListJobsResponse:
+            # Converted in the worker thread: building 100s of messages must not stall the event loop.
+            records, next_token = self.app.list_jobs(flt, page_size=request.page_size, page_token=token)
+            return scheduler_pb2.ListJobsResponse(jobs=[convert.job(r) for r in records], next_page_token=next_token)
+
+        return await self.run(answer)
 
     @rpc
     async def CancelJob(self, request: scheduler_pb2.CancelJobRequest, context: Any) -> scheduler_pb2.CancelJobResponse:
@@ -96,11 +108,11 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
             cursor = await self.run(self.app.last_event_id)
         while True:
             seen = self.notifier.events.version
-            batch = await self.run(self.app.events_after, cursor, job_id=job_id, server_id=server_id)
-            for row in batch:
+            rows = await self.run(self.app.events_after, cursor, job_id=job_id, server_id=server_id)
+            for row in rows:
                 yield convert.event(row)
                 cursor = row.id
-            if not batch:
+            if not rows:
                 await self.notifier.events.wait_newer(seen, timeout=STREAM_POLL_S)
 
     @rpc
@@ -113,8 +125,9 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
         self, request: scheduler_pb2.ListServersRequest, context: Any
     ) -> scheduler_pb2.ListServersResponse:
         pool = validation.pool("pool", request.pool, required=False)
-        records = await self.run(self.app.list_servers, pool)
-        return scheduler_pb2.ListServersResponse(servers=[convert.server(r) for r in records])
+        return await self.run(
+            lambda: scheduler_pb2.ListServersResponse(servers=[convert.server(r) for r in self.app.list_servers(pool)])
+        )
 
     @rpc
     async def ListLoans(self, request: scheduler_pb2.ListLoansRequest, context: Any) -> scheduler_pb2.ListLoansResponse:

@@ -48,6 +48,11 @@ class KeepPending:
     reason: Reason
     message: str
 
+    @property
+    def summary(self) -> str:
+        """The text stored as the job's pending reason (and shown by ExplainJob)."""
+        return f"{self.reason}: {self.message}"[:1024]
+
 
 @dataclass(frozen=True, slots=True)
 class Plan:

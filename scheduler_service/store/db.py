@@ -27,7 +27,9 @@ def create_engine_for(url: str, *, statement_timeout_ms: int = 5000, pool_size: 
             url,
             pool_size=pool_size,
             max_overflow=pool_size,
-            pool_pre_ping=True,
+            # No pre-ping (a round trip per checkout); recycle instead, and a dead connection's error
+            # surfaces as one failed request that the client may retry.
+            pool_recycle=1800,
             connect_args={"options": f"-c statement_timeout={statement_timeout_ms}", "connect_timeout": 5},
         )
     raise ValueError(f"unsupported database {parsed.get_backend_name()!r}: use postgresql or sqlite")

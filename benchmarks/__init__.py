@@ -1,0 +1,32 @@
+"""Aryl's benchmarks: measured figures of the running service, each next to a reference from the same run.
+
+Nouns:
+- A *benchmark* is one named measurement (``submit_throughput``, ``list_jobs_latency``) that drives the
+  real service the way users do and prints what it saw. Run them with ``python -m benchmarks``.
+- A *figure* is one line of output: a JSON object with ``name``, ``value`` and ``unit``, the parameters
+  it was measured under (``in_flight``, ``jobs``, ...) and a *reference*: a figure for the same work
+  measured in the same run by a simpler path (``reference_name``, ``reference_value``,
+  ``reference_unit``), so a number always comes with something to compare it to on this machine.
+- A *target* is the figure the project aims for (``target``, in the figure's unit), where one exists.
+
+Benchmarks never assert on time: they print figures (stdout, one JSON object per line) and log
+progress to stderr. They must never touch a database they did not create.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+
+def emit_figure(name: str, value: float, unit: str, **fields: Any) -> None:
+    """Print one figure as a JSON line on stdout (and nothing else goes to stdout)."""
+    line = {"name": name, "value": _round(value), "unit": unit}
+    line.update({key: _round(v) for key, v in fields.items() if v is not None})
+    print(json.dumps(line), file=sys.stdout, flush=True)
+
+
+def _round(value: Any) -> Any:
+    # Four significant digits are more than a benchmark on a shared machine can defend.
+    return float(f"{value:.4g}") if isinstance(value, float) else value

@@ -1,0 +1,66 @@
+"""``python -m benchmarks`` (``make bench``): run the benchmarks; one JSON figure per line on stdout.
+
+Progress and the scheduler's own warnings go to stderr, so stdout can be piped straight into a file
+or a tracker. Exits 1 when a benchmark could not run (never because a figure was slow).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from benchmarks.bench_service import BENCHMARKS, FULL, QUICK, Benchmark, BenchContext
+
+DEFAULT_ADMIN_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
+log = logging.getLogger("aryl.bench")
+
+
+def registry() -> dict[str, Benchmark]:
+    by_name: dict[str, Benchmark] = {}
+    for bench in BENCHMARKS:
+        if bench.name in by_name:
+            raise ValueError(f"two benchmarks are named {bench.name!r}")
+        by_name[bench.name] = bench
+    return by_name
+
+
+def parse_args(argv: list[str] | None, names: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks", description="Aryl benchmarks: one JSON figure per line on stdout.",
+        epilog="Benchmarks: " + "; ".join(f"{b.name}: {b.summary}" for b in BENCHMARKS),
+    )
+    parser.add_argument("--only", action="append", choices=names, metavar="NAME",
+                        help=f"run only this benchmark (repeatable; one of: {', '.join(names)})")
+    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke test, not a measurement")
+    parser.add_argument(
+        "--database-url", default=os.environ.get("ARYL_BENCH_DATABASE_URL", DEFAULT_ADMIN_URL),
+        help="PostgreSQL URL allowed to create databases; each benchmark creates, migrates and drops its own "
+             "aryl_bench_<random> next to it (default: $ARYL_BENCH_DATABASE_URL, else %(default)s)",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    by_name = registry()
+    args = parse_args(argv, list(by_name))
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
+    ctx = BenchContext(admin_url=args.database_url, sizes=QUICK if args.quick else FULL)
+    failed = []
+    for name in args.only or list(by_name):
+        # Other work on the machine moves every figure; say how busy it was.
+        log.info("running %s (%s sizes); load average %.2f on %d CPUs", name,
+                 "quick" if args.quick else "full", os.getloadavg()[0], os.cpu_count() or 0)
+        try:
+            by_name[name].run(ctx)
+        except Exception:  # noqa: BLE001 - one broken benchmark must not hide the others' figures
+            log.exception("benchmark %s failed", name)
+            failed.append(name)
+    if failed:
+        log.error("failed: %s", ", ".join(failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
