@@ -17,7 +17,11 @@ import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
 from migrations import upgrade
+from scheduler_service.logs import configure_logging
 from scheduler_service.store.models import Base
+
+# In-process schedulers log through structlog: keep test output to warnings, on stderr.
+configure_logging("console", "warning")
 
 DEFAULT_PG_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")

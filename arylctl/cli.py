@@ -1,0 +1,847 @@
+"""``arylctl``: the command line over the scheduler's gRPC API (kubectl/squeue-like).
+
+Every command is a thin layer over :class:`arylctl.client.ArylClient`: it parses flags, makes
+one or a few calls, and prints the result as an aligned table (default), or as JSON/YAML
+(``-o json|yaml``: the protobuf messages as ``MessageToDict`` writes them, a list for list
+commands). It never decides anything and never retries.
+
+Exit codes: 0 success; 1 the server refused or failed (``error: <server message> (CODE)`` on
+stderr); 2 bad usage or INVALID_ARGUMENT; 3 the scheduler is unreachable; 130 interrupted.
+An RPC failure never prints a Python traceback.
+
+Examples::
+
+    arylctl submit --name bert --gpus-per-worker 8 --min-workers 1 --max-workers 4 -- python train.py
+    arylctl submit -f job.yaml --priority 5
+    arylctl jobs --state pending --state running
+    arylctl events --job 42 --follow
+    arylctl -o json cluster
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import itertools
+import json
+import os
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final, TextIO
+
+import grpc
+import yaml
+from google.protobuf.duration_pb2 import Duration
+from google.protobuf.json_format import MessageToDict
+from google.protobuf.message import Message
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from arylctl.client import (
+    DEFAULT_ADDRESS,
+    RESTART_POLICIES,
+    ArylClient,
+    ArylError,
+    default_address,
+    job_spec_from_mapping,
+)
+from protos.aryl.v1 import scheduler_pb2, types_pb2
+
+__all__ = ["UsageError", "build_parser", "format_table", "main", "parse_args"]
+
+PROG: Final = "arylctl"
+# `events` without --follow: the log has no end marker, so "caught up" means the stream was
+# quiet this long (the connection is established before the clock starts).
+EVENTS_IDLE_S: Final = 0.5
+LIST_ALL_PAGE_SIZE: Final = 1000  # the server's maximum; fewer round trips for --all
+
+EXIT_OK: Final = 0
+EXIT_FAILED: Final = 1
+EXIT_USAGE: Final = 2
+EXIT_UNAVAILABLE: Final = 3
+EXIT_INTERRUPTED: Final = 130
+
+
+class UsageError(Exception):
+    """The command line (or a spec file it names) is wrong; the message says how."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Formatting
+
+
+def format_table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+    """Plain-text columns aligned on the widest cell, two spaces apart; the last column ragged."""
+    cells = [list(headers)] + [["" if value is None else str(value) for value in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in cells]
+    return "\n".join(lines)
+
+
+def format_fields(fields: Iterable[tuple[str, object]]) -> str:
+    """``Label:  value`` lines with the values aligned."""
+    pairs = [(label + ":", "" if value is None else str(value)) for label, value in fields]
+    width = max((len(label) for label, _ in pairs), default=0)
+    return "\n".join(f"{label.ljust(width)}  {value}".rstrip() for label, value in pairs)
+
+
+def enum_name(enum: Any, value: int) -> str:
+    """``JOB_STATE_RUNNING`` -> ``RUNNING``: the name without the prefix its UNSPECIFIED value shares."""
+    prefix = enum.Name(0).removesuffix("UNSPECIFIED")
+    try:
+        return enum.Name(value).removeprefix(prefix)
+    except ValueError:  # a value from a newer server
+        return str(value)
+
+
+_STATE_PREFIXES: Final = tuple(
+    enum.Name(0).removesuffix("UNSPECIFIED")
+    for enum in (types_pb2.JobState, types_pb2.ServerState, types_pb2.LoanState)
+)
+
+
+def short_state(name: str) -> str:
+    """An event's from/to state string without its enum prefix."""
+    for prefix in _STATE_PREFIXES:
+        if name.startswith(prefix):
+            return name.removeprefix(prefix)
+    return name
+
+
+def local_time(ts: Timestamp) -> str:
+    """A timestamp as local ISO time to the second; ``-`` when unset."""
+    if ts.seconds == 0 and ts.nanos == 0:
+        return "-"
+    return ts.ToDatetime(tzinfo=dt.timezone.utc).astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
+def age(ts: Timestamp, now: dt.datetime | None = None) -> str:
+    """How long ago, coarsely (``42s``, ``5m``, ``3h``, ``2d``); ``-`` when unset."""
+    if ts.seconds == 0 and ts.nanos == 0:
+        return "-"
+    now = now or dt.datetime.now(dt.timezone.utc)
+    return seconds_text(max(0.0, (now - ts.ToDatetime(tzinfo=dt.timezone.utc)).total_seconds()), coarse=True)
+
+
+def seconds_text(seconds: float, *, coarse: bool = False) -> str:
+    """``5400`` -> ``1h30m``; coarse keeps only the largest unit."""
+    remaining = int(round(seconds))
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        count, remaining = divmod(remaining, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    if not parts:
+        return "0s"
+    return parts[0] if coarse else "".join(parts)
+
+
+def duration_text(duration: Duration) -> str:
+    return seconds_text(duration.ToTimedelta().total_seconds()) if duration.ByteSize() else "-"
+
+
+def to_dict(message: Message) -> dict[str, Any]:
+    return MessageToDict(message, preserving_proto_field_name=True)
+
+
+class Output:
+    """Where a command's result goes (``stream``, in the format chosen with ``-o``) and where
+    notes for the human go (``notes``: "No jobs found." and the like, never mixed into data)."""
+
+    def __init__(self, fmt: str, stream: TextIO, notes: TextIO) -> None:
+        self.fmt = fmt
+        self.stream = stream
+        self.notes = notes
+
+    def note(self, text: str) -> None:
+        print(text, file=self.notes)
+
+    def emit(self, data: Message | Sequence[Message], table: Callable[[], str]) -> None:
+        """One result: a message (or a list of them for list commands); ``table`` renders it."""
+        if self.fmt == "table":
+            text = table()
+            if text:
+                print(text, file=self.stream)
+            return
+        payload: Any = to_dict(data) if isinstance(data, Message) else [to_dict(item) for item in data]
+        self._dump(payload)
+
+    def emit_stream_item(self, message: Message) -> None:
+        """One item of an unbounded stream: a JSON line, or a YAML document."""
+        if self.fmt == "json":
+            print(json.dumps(to_dict(message)), file=self.stream, flush=True)
+        else:
+            print("---", file=self.stream)
+            self._dump(to_dict(message))
+            self.stream.flush()
+
+    def _dump(self, payload: Any) -> None:
+        if self.fmt == "json":
+            print(json.dumps(payload, indent=2), file=self.stream)
+        else:
+            print(yaml.safe_dump(payload, sort_keys=False).rstrip("\n"), file=self.stream)
+
+
+# ---------------------------------------------------------------------------------------------
+# Rows
+
+
+def _workers_text(job: types_pb2.Job) -> str:
+    spec = job.spec
+    wanted = str(spec.min_workers) if spec.max_workers <= spec.min_workers else f"{spec.min_workers}-{spec.max_workers}"
+    return f"{job.num_workers}/{wanted}"
+
+
+def _job_reason(job: types_pb2.Job) -> str:
+    if job.state == types_pb2.JOB_STATE_PENDING and job.pending_reason:
+        return job.pending_reason
+    return job.reason
+
+
+JOB_HEADERS: Final = ("ID", "NAME", "USER", "QUEUE", "STATE", "WORKERS", "GPUS/W", "PRIO", "SUBMITTED", "REASON")
+
+
+def _job_row(job: types_pb2.Job) -> list[object]:
+    spec = job.spec
+    return [
+        job.job_id,
+        spec.name,
+        spec.user,
+        spec.queue,
+        enum_name(types_pb2.JobState, job.state),
+        _workers_text(job),
+        spec.gpus_per_worker,
+        spec.priority,
+        local_time(job.submitted_at),
+        _job_reason(job),
+    ]
+
+
+EVENT_HEADERS: Final = ("ID", "TIME", "KIND", "JOB", "SERVER", "CHANGE", "REASON", "MESSAGE")
+# Streamed rows cannot be aligned on the widest cell; these widths fit typical values.
+EVENT_STREAM_WIDTHS: Final = (6, 19, 22, 12, 12, 22, 20, 0)
+
+
+def _change_text(event: types_pb2.Event) -> str:
+    if not event.from_state and not event.to_state:
+        return ""
+    return f"{short_state(event.from_state) or '-'} -> {short_state(event.to_state) or '-'}"
+
+
+def _event_row(event: types_pb2.Event) -> list[object]:
+    return [
+        event.event_id,
+        local_time(event.time),
+        enum_name(types_pb2.EventKind, event.kind),
+        event.job_id,
+        event.server_id,
+        _change_text(event),
+        event.reason,
+        event.message,
+    ]
+
+
+def _stream_line(row: Sequence[object], widths: Sequence[int]) -> str:
+    return "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+
+
+# ---------------------------------------------------------------------------------------------
+# Commands. Each takes (client, parsed args, output) and returns an exit code.
+
+
+def _read_spec_file(path: str) -> dict[str, Any]:
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    except OSError as exc:
+        raise UsageError(f"cannot read spec file {path}: {exc.strerror or exc}") from exc
+    try:
+        data = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        kind = "JSON" if path.endswith(".json") else "YAML"
+        raise UsageError(f"spec file {path} is not valid {kind}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise UsageError(f"spec file {path} must hold a mapping of job spec keys, got {type(data).__name__}")
+    return data
+
+
+# submit flag (argparse dest) -> job spec key, for flags that override a spec file's value.
+_SUBMIT_FLAG_KEYS: Final = {
+    "name": "name",
+    "user": "user",
+    "queue": "queue",
+    "gpus_per_worker": "gpus_per_worker",
+    "min_workers": "min_workers",
+    "max_workers": "max_workers",
+    "priority": "priority",
+    "deadline": "deadline",
+    "max_runtime": "max_runtime_s",
+    "restart_policy": "restart_policy",
+    "max_restarts": "max_restarts",
+    "estimated_runtime": "estimated_runtime_s",
+}
+
+
+def submit_spec_mapping(args: argparse.Namespace) -> dict[str, Any]:
+    """The job spec keys from ``-f`` overlaid with the flags given (env entries merge per name)."""
+    data = _read_spec_file(args.file) if args.file else {}
+    for flag, key in _SUBMIT_FLAG_KEYS.items():
+        value = getattr(args, flag)
+        if value is not None:
+            data[key] = value
+    if args.env:
+        env = data.get("env") or {}
+        if not isinstance(env, Mapping):
+            raise UsageError(f"spec file {args.file}: 'env' must be a mapping, got {env!r}")
+        data["env"] = {**env, **dict(args.env)}
+    if args.command:
+        data["command"] = args.command
+    if data.get("name") is None:
+        raise UsageError("submit needs a job name: --name NAME (or 'name' in the -f file)")
+    if not data.get("command"):
+        raise UsageError(
+            f"submit needs a command: {PROG} submit [flags] -- PROGRAM [ARGS...] (or 'command' in the -f file)"
+        )
+    return data
+
+
+def job_summary_table(job: types_pb2.Job) -> str:
+    """What submit and cancel print: the job's id, name and state."""
+    row = (job.job_id, job.spec.name, enum_name(types_pb2.JobState, job.state))
+    return format_table(("ID", "NAME", "STATE"), [row])
+
+
+def cmd_submit(client: ArylClient, args: argparse.Namespace, out: Output) -> int:
+    try:
+        spec = job_spec_from_mapping(submit_spec_mapping(args))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    job = client.submit_job(spec, idempotency_key=args.idempotency_key)
+    out.emit(job, lambda: job_summary_table(job))
+    return EXIT_OK
+
+
+def cmd_jobs(client: ArylClient, args: argparse.Namespace, out: Output) -> int:
+    filters: dict[str, Any] = {"states": args.states or (), "user": args.user, "queue": args.queue}
+    if args.all:
+        jobs = list(client.iter_jobs(page_size=LIST_ALL_PAGE_SIZE, **filters))
+    elif args.limit is not None:
+        pages = client.iter_jobs(page_size=min(args.limit, LIST_ALL_PAGE_SIZE), **filters)
+        jobs = list(itertools.islice(pages, args.limit))
+    else:
+        page = client.list_jobs(**filters)
+        jobs = list(page.jobs)
+        if page.next_page_token:
+            out.note(f"(showing the newest {len(jobs)} jobs; --all for every job, --limit N for N)")
+
+    def table() -> str:
+        if not jobs:
+            out.note("No jobs found.")
+            return ""
+        return format_table(JOB_HEADERS, [_job_row(job) for job in jobs])
+
+    out.emit(jobs, table)
+    return EXIT_OK
+
+
+def describe_job(response: scheduler_pb2.GetJobResponse) -> str:
+    job, spec = response.job, response.job.spec
+    fields: list[tuple[str, object]] = [
+        ("Job", job.job_id),
+        ("Name", spec.name),
+        ("User", spec.user),
+        ("Queue", spec.queue),
+        ("State", enum_name(types_pb2.JobState, job.state)),
+        ("Reason", job.reason or "-"),
+        ("Message", job.message or "-"),
+    ]
+    if job.pending_reason:
+        fields.append(("Pending reason", job.pending_reason))
+    fields += [
+        ("Command", " ".join(spec.command)),
+        ("Workers", f"{job.num_workers} running (min {spec.min_workers}, max {spec.max_workers})"),
+        ("GPUs per worker", spec.gpus_per_worker),
+        ("Priority", spec.priority),
+        ("Restart policy", f"{enum_name(types_pb2.RestartPolicy, spec.restart_policy)} (max {spec.max_restarts})"),
+        ("Deadline", local_time(spec.deadline) if spec.HasField("deadline") else "-"),
+        ("Max runtime", duration_text(spec.max_runtime)),
+        ("Estimated runtime", duration_text(spec.throughput.estimated_runtime)),
+    ]
+    if spec.throughput.points:
+        points = ", ".join(f"{p.workers}w: {p.samples_per_second:g}/s" for p in spec.throughput.points)
+        fields.append(("Throughput", points))
+    if spec.throughput.total_work:
+        fields.append(("Total work", f"{spec.throughput.total_work:g}"))
+    if spec.env:
+        fields.append(("Env", " ".join(f"{k}={v}" for k, v in sorted(spec.env.items()))))
+    fields += [
+        ("Submitted", local_time(job.submitted_at)),
+        ("Started", local_time(job.started_at)),
+        ("Finished", local_time(job.finished_at)),
+        ("Restarts", job.restarts),
+        ("Preemptions", job.preemptions),
+    ]
+    if job.idempotency_key:
+        fields.append(("Idempotency key", job.idempotency_key))
+    sections = [format_fields(fields)]
+    if job.workers:
+        rows = [(w.rank, w.server_id, ",".join(str(i) for i in w.gpu_indices)) for w in job.workers]
+        sections.append("Workers:\n" + format_table(("RANK", "SERVER", "GPUS"), rows))
+    events = [_event_row(e) for e in response.events]
+    sections.append("Events:\n" + (format_table(EVENT_HEADERS, events) if events else "(none)"))
+    return "\n\n".join(sections)
+
+
+def cmd_job(client: ArylClient, args: argparse.Namespace, out: Output) -> int:
+    response = client.get_job(args.job_id, include_events=True)
+    out.emit(response, lambda: describe_job(response))
+    return EXIT_OK
+
+
+def cmd_cancel(client: ArylClient, args: argparse.Namespace, out: Output) -> int:
+    job = client.cancel_job(args.job_id, reason=args.reason)
+    out.emit(job, lambda: job_summary_table(job))
+    return EXIT_OK
+
+
+def _demand_text(demand: types_pb2.InferenceDemand) -> str:
+    if not demand.source and not demand.servers_needed and not demand.HasField("reported_at"):
+        return "none reported"
+    return (
+        f"{demand.servers_needed} server(s) needed, {demand.observed_rps:g} rps "
+        f"(from {demand.source or '?'} at {local_time(demand.reported_at)})"
+    )
+
+
+def describe_cluster(cluster: scheduler_pb2.GetClusterResponse) -> str:
+    summary = format_fields(
+        [
+            ("Policy", cluster.policy or "-"),
+            ("Scheduler epoch", cluster.scheduler_epoch),
+            ("Active loans", cluster.active_loans),
+            ("Inference demand", _demand_text(cluster.demand)),
+        ]
+    )
+    pools = format_table(
+        ("POOL", "SERVERS", "GPUS", "USED", "LOANED", "UNAVAILABLE"),
+        [
+            (enum_name(types_pb2.Pool, p.pool), p.servers, p.gpus_total, p.gpus_used, p.gpus_loaned, p.gpus_unavailable)
+            for p in cluster.pools
+        ],
+    )
+    jobs = format_table(("STATE", "JOBS"), [(enum_name(types_pb2.JobState, c.state), c.count) for c in cluster.jobs])
+    return "\n\n".join([summary, pools, jobs])
+
+
+def cmd_cluster(client: ArylClient, args: argparse.Namespace, out: Output) -> int:
+    cluster = client.get_cluster()
+    out.emit(cluster, lambda: describe_cluster(cluster))
+    return EXIT_OK
+
+
+SERVER_HEADERS: Final = ("ID", "POOL", "STATE", "GPUS", "HEALTHY", "LAST SEEN", "REASON")
+
+
+def _server_row(server: types_pb2.Server, now: dt.datetime) -> list[object]:
+    return [
+        server.server_id,
+        enum_name(types_pb2.Pool, server.pool),
+        enum_name(types_pb2.ServerState, server.state),
+        f"{server.gpus_used}/{server.gpus_total}",
+        server.gpus_healthy,
+        age(server.last_seen_at, now) + (" ago" if server.HasField("last_seen_at") else ""),
+        server.state_reason,
+    ]
+
+
+def cmd_servers(client: ArylClient, args: argparse.Namespace, out: Output) -> int:
+    servers = client.list_servers(pool=args.pool)
+    now = dt.datetime.now(dt.timezone.utc)
+
+    def table() -> str:
+        if not servers:
+            out.note("No servers registered.")
+            return ""
+        return format_table(SERVER_HEADERS, [_server_row(s, now) for s in servers])
+
+    out.emit(servers, table)
+    return EXIT_OK
+
+
+def cmd_loans(client: ArylClient, args: argparse.Namespace, out: Output) -> int:
+    loans = client.list_loans(include_returned=args.all)
+
+    def table() -> str:
+        if not loans:
+            out.note("No loans." if args.all else "No active loans (--all includes returned ones).")
+            return ""
+        rows = [
+            (
+                loan.loan_id,
+                loan.server_id,
+                enum_name(types_pb2.LoanState, loan.state),
+                local_time(loan.started_at),
+                local_time(loan.ended_at),
+                local_time(loan.hard_deadline),
+                loan.reason,
+            )
+            for loan in loans
+        ]
+        return format_table(("LOAN", "SERVER", "STATE", "STARTED", "ENDED", "HARD DEADLINE", "REASON"), rows)
+
+    out.emit(loans, table)
+    return EXIT_OK
+
+
+def cmd_events(client: ArylClient, args: argparse.Namespace, out: Output) -> int:
+    stream = client.watch_events(
+        after_event_id=args.since,
+        job_id=args.job,
+        server_id=args.server_filter,
+        idle_timeout=None if args.follow else EVENTS_IDLE_S,
+    )
+    with stream:
+        if not args.follow:
+            events = list(stream)
+
+            def table() -> str:
+                if not events:
+                    out.note(f"No events after event {args.since}.")
+                    return ""
+                return format_table(EVENT_HEADERS, [_event_row(e) for e in events])
+
+            out.emit(events, table)
+            return EXIT_OK
+        try:
+            if out.fmt == "table":
+                print(_stream_line(EVENT_HEADERS, EVENT_STREAM_WIDTHS), file=out.stream, flush=True)
+            for event in stream:
+                if out.fmt == "table":
+                    print(_stream_line(_event_row(event), EVENT_STREAM_WIDTHS), file=out.stream, flush=True)
+                else:
+                    out.emit_stream_item(event)
+        except KeyboardInterrupt:
+            pass  # --follow ends with Ctrl-C; that is success
+    return EXIT_OK
+
+
+def describe_explanation(response: scheduler_pb2.ExplainJobResponse) -> str:
+    job = response.job
+    head = f"Job {job.job_id} ({job.spec.name}): {response.summary or enum_name(types_pb2.JobState, job.state)}"
+    if not response.decisions:
+        return head + "\n\nNo decisions recorded."
+    rows = [(local_time(e.time), e.reason, e.message) for e in response.decisions]
+    return head + "\n\n" + format_table(("TIME", "REASON", "MESSAGE"), rows)
+
+
+def cmd_explain(client: ArylClient, args: argparse.Namespace, out: Output) -> int:
+    response = client.explain_job(args.job_id)
+    out.emit(response, lambda: describe_explanation(response))
+    return EXIT_OK
+
+
+def cmd_demand_set(client: ArylClient, args: argparse.Namespace, out: Output) -> int:
+    response = client.report_demand(args.servers_needed, observed_rps=args.rps, source=args.source)
+    out.emit(
+        response,
+        lambda: format_fields(
+            [
+                ("Inference demand", _demand_text(response.demand)),
+                ("Servers serving", response.servers_serving),
+                ("Servers loaned", response.servers_loaned),
+            ]
+        ),
+    )
+    return EXIT_OK
+
+
+def cmd_demand_get(client: ArylClient, args: argparse.Namespace, out: Output) -> int:
+    demand = client.get_demand()
+    out.emit(demand, lambda: format_fields([("Inference demand", _demand_text(demand))]))
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument parsing
+
+
+def _job_state(text: str) -> list[int]:
+    states = []
+    for name in filter(None, (part.strip() for part in text.split(","))):
+        try:
+            states.append(types_pb2.JobState.Value("JOB_STATE_" + name.upper()))
+        except ValueError:
+            choices = ", ".join(enum_name(types_pb2.JobState, v).lower() for v in types_pb2.JobState.values() if v)
+            raise argparse.ArgumentTypeError(f"unknown job state {name!r} (choose from {choices})") from None
+    return states
+
+
+def _pool(text: str) -> int:
+    try:
+        return types_pb2.Pool.Value("POOL_" + text.upper())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"unknown pool {text!r} (choose from training, inference)") from None
+
+
+def _env_pair(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return name, value
+
+
+def _iso_time(text: str) -> dt.datetime:
+    try:
+        return dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an ISO 8601 time like 2025-01-31T18:00:00Z, got {text!r}") from None
+
+
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):  # also refuses nan
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
+def _positive(text: str) -> float:
+    value = _non_negative(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = _count(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
+def _add_global_options(parser: argparse.ArgumentParser, *, defaults: bool, server: bool = True) -> None:
+    # Accepted before and after the subcommand. On subcommands the defaults are SUPPRESSed so
+    # that an option left out there does not overwrite the one given before the subcommand.
+    def default(value: object) -> object:
+        return value if defaults else argparse.SUPPRESS
+
+    if server:
+        parser.add_argument(
+            "--server",
+            default=default(None),
+            metavar="HOST:PORT",
+            help=f"scheduler address (default: $ARYL_SERVER, else {DEFAULT_ADDRESS})",
+        )
+    parser.add_argument(
+        "-o", "--output", choices=("table", "json", "yaml"), default=default("table"), help="output format"
+    )
+    parser.add_argument(
+        "--timeout", type=_positive, default=default(10.0), metavar="SECONDS", help="deadline of each call"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Command line for the Aryl elastic GPU scheduler.",
+        allow_abbrev=False,
+    )
+    _add_global_options(parser, defaults=True)
+    common = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    _add_global_options(common, defaults=False)
+    # `events --server ID` filters by server, so there the address goes before the subcommand.
+    common_without_server = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    _add_global_options(common_without_server, defaults=False, server=False)
+    commands = parser.add_subparsers(dest="command_name", metavar="COMMAND", required=True)
+
+    def add(
+        name: str, handler: Callable[..., int] | None, help_text: str, *, parent: argparse.ArgumentParser = common,
+        **kwargs: Any,
+    ) -> argparse.ArgumentParser:
+        sub = commands.add_parser(
+            name, help=help_text, description=help_text, parents=[parent], allow_abbrev=False, **kwargs
+        )
+        if handler is not None:
+            sub.set_defaults(handler=handler)
+        return sub
+
+    submit = add(
+        "submit",
+        cmd_submit,
+        "queue a job",
+        usage=f"{PROG} submit [-f FILE] [flags] [-- PROGRAM [ARGS...]]",
+        epilog="Flags given with -f override the file's values; --env entries are merged into its env.",
+    )
+    submit.add_argument("-f", "--file", help="job spec file (YAML, or JSON when named *.json; - for stdin)")
+    submit.add_argument("--name")
+    submit.add_argument("--user", help="default: your login name")
+    submit.add_argument("--queue", help="default: default")
+    submit.add_argument("--gpus-per-worker", type=_count, metavar="N")
+    submit.add_argument("--min-workers", type=_count, metavar="N")
+    submit.add_argument("--max-workers", type=_count, metavar="N", help="default: --min-workers (inelastic)")
+    submit.add_argument("--priority", type=_int, metavar="N", help="higher runs first among equals")
+    submit.add_argument("--env", type=_env_pair, action="append", metavar="NAME=VALUE", help="repeatable")
+    submit.add_argument("--deadline", type=_iso_time, metavar="ISO8601", help="local time unless an offset is given")
+    submit.add_argument("--max-runtime", type=_non_negative, metavar="SECONDS")
+    submit.add_argument("--restart-policy", choices=sorted(RESTART_POLICIES))
+    submit.add_argument("--max-restarts", type=_count, metavar="N")
+    submit.add_argument("--estimated-runtime", type=_non_negative, metavar="SECONDS", help="at min workers")
+    submit.add_argument("--idempotency-key", default="", metavar="KEY", help="a resubmission with it is refused")
+
+    jobs = add("jobs", cmd_jobs, "list jobs, newest first")
+    jobs.add_argument(
+        "--state", dest="state_lists", type=_job_state, action="append", metavar="STATE",
+        help="pending, running, scaling, preempted, completed, failed, cancelled (repeatable, or comma-separated)",
+    )
+    jobs.add_argument("--user", default="")
+    jobs.add_argument("--queue", default="")
+    limits = jobs.add_mutually_exclusive_group()
+    limits.add_argument("--limit", type=_positive_int, metavar="N", help="at most N jobs (following pages)")
+    limits.add_argument("--all", action="store_true", help="every matching job (following pages)")
+
+    add("job", cmd_job, "describe a job: its fields, workers and events").add_argument("job_id", metavar="ID")
+
+    cancel = add("cancel", cmd_cancel, "cancel a job")
+    cancel.add_argument("job_id", metavar="ID")
+    cancel.add_argument("--reason", default="", help="recorded in the event log")
+
+    add("cluster", cmd_cluster, "capacity per pool, jobs per state, inference demand, policy")
+
+    servers = add("servers", cmd_servers, "list servers")
+    servers.add_argument("--pool", type=_pool, default=types_pb2.POOL_UNSPECIFIED, metavar="training|inference")
+
+    add("loans", cmd_loans, "list loans of inference servers to training").add_argument(
+        "--all", action="store_true", help="include returned loans"
+    )
+
+    events = add(
+        "events",
+        cmd_events,
+        "show the event log",
+        parent=common_without_server,
+        epilog=(
+            "Replays the events after --since (default 0: the whole log). Without --follow it stops once "
+            f"the log has been quiet for {EVENTS_IDLE_S:g}s (caught up); with --follow it keeps streaming "
+            "new events until Ctrl-C (-o json then prints one JSON object per line, -o yaml one document "
+            "per event). The scheduler address goes before the subcommand here: "
+            f"{PROG} --server HOST:PORT events --server SERVER_ID."
+        ),
+    )
+    events.add_argument("--job", default="", metavar="ID", help="only this job's events")
+    events.add_argument("--server", dest="server_filter", default="", metavar="ID", help="only this server's events")
+    events.add_argument("-f", "--follow", action="store_true", help="keep streaming new events")
+    events.add_argument("--since", type=_count, default=0, metavar="EVENT_ID", help="replay events after this id")
+
+    add("explain", cmd_explain, "why a job is pending or was preempted").add_argument("job_id", metavar="ID")
+
+    demand = add("demand", None, "report or show inference demand")
+    demand_commands = demand.add_subparsers(dest="demand_command", metavar="set|get", required=True)
+    demand_set = demand_commands.add_parser(
+        "set", parents=[common], help="report how many inference servers must be serving", allow_abbrev=False
+    )
+    demand_set.set_defaults(handler=cmd_demand_set)
+    demand_set.add_argument("servers_needed", type=_count, metavar="N")
+    demand_set.add_argument("--rps", type=_non_negative, default=0.0, metavar="X", help="observed requests per second")
+    demand_set.add_argument("--source", default="arylctl", help="who reports (default: arylctl)")
+    demand_get = demand_commands.add_parser(
+        "get", parents=[common], help="show the last reported demand", allow_abbrev=False
+    )
+    demand_get.set_defaults(handler=cmd_demand_get)
+    return parser
+
+
+def _split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Split at the first ``--``: what follows is the job's argv, untouched by argparse."""
+    argv = list(argv)
+    if "--" not in argv:
+        return argv, []
+    at = argv.index("--")
+    return argv[:at], argv[at + 1 :]
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = build_parser()
+    own, command = _split_command(argv)
+    args = parser.parse_args(own)
+    if command and args.command_name != "submit":
+        parser.error(f"{args.command_name} takes no arguments after --")
+    args.command = command
+    if args.command_name == "jobs":
+        args.states = [state for states in args.state_lists or () for state in states]
+    return args
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry point
+
+
+def _report_rpc_error(exc: ArylError, address: str, timeout: float, stderr: TextIO) -> int:
+    print(f"error: {exc.message} ({exc.code.name})", file=stderr)
+    if exc.code == grpc.StatusCode.UNAVAILABLE:
+        print(
+            f"hint: no scheduler answered at {address}; check --server or the ARYL_SERVER environment variable",
+            file=stderr,
+        )
+        return EXIT_UNAVAILABLE
+    if exc.code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        print(f"hint: the call took longer than {timeout:g}s; raise --timeout if the scheduler is busy", file=stderr)
+    return EXIT_USAGE if exc.code == grpc.StatusCode.INVALID_ARGUMENT else EXIT_FAILED
+
+
+def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
+    """Run one arylctl command; returns the exit code (see the module docstring).
+
+    ``stdout``/``stderr`` (default: the process's) receive the command's results and its
+    errors; argparse's usage and help text always go to the process's streams.
+    """
+    try:
+        args = parse_args(sys.argv[1:] if argv is None else argv)
+    except SystemExit as exc:  # argparse: --help (0) or a usage error (2), already printed
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    stdout = stdout or sys.stdout
+    stderr = stderr or sys.stderr
+    address = args.server or default_address()
+    out = Output(args.output, stdout, stderr)
+    try:
+        with ArylClient(address, timeout=args.timeout) as client:
+            return args.handler(client, args, out)
+    except ArylError as exc:
+        return _report_rpc_error(exc, address, args.timeout, stderr)
+    except UsageError as exc:
+        print(f"error: {exc}", file=stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `arylctl jobs | head`: the reader left; not an error worth a trace
+        _silence_stdout()
+        return EXIT_OK
+
+
+def _silence_stdout() -> None:
+    # Python flushes stdout again at exit and would report the broken pipe; point it at devnull.
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+if __name__ == "__main__":  # pragma: no cover - `python -m arylctl.cli`
+    sys.exit(main())

@@ -1,0 +1,695 @@
+"""The typed Python client of the Aryl scheduler: submit and watch training jobs from Python.
+
+Nouns: a *job spec* (:class:`JobSpec`) is what a user asks for — a command, a GPU shape
+(``gpus_per_worker`` × ``min_workers..max_workers``) and hints; a *job* (:class:`Job`) is the
+scheduler's record of it (id, state, placement); an *event* is one entry of the scheduler's
+append-only log of state changes, each with a reason code.
+
+Usage::
+
+    from arylctl.client import ArylClient, NotFound, job_spec
+
+    spec = job_spec(
+        name="resnet50",
+        command=["torchrun", "train.py", "--epochs", "90"],
+        gpus_per_worker=4,
+        min_workers=1,
+        max_workers=4,  # elastic: the scheduler may grow it to 4 workers
+        estimated_runtime_s=3600,
+    )
+    with ArylClient("scheduler.example:50051") as aryl:
+        job = aryl.submit_job(spec, idempotency_key="resnet50-run-7")
+        print(job.job_id, job.state)
+        # The job's log from the start, then live; breaking out of the loop ends the stream.
+        for event in aryl.watch_events(after_event_id=0, job_id=job.job_id):
+            print(event.event_id, event.reason, event.message)
+            if event.to_state in ("COMPLETED", "FAILED", "CANCELLED"):
+                break
+        try:
+            aryl.cancel_job(job.job_id, reason="done experimenting")
+        except NotFound:
+            pass
+
+Methods take keyword arguments and return the protobuf messages of ``protos/aryl/v1`` (read
+``types.proto`` for the fields). The address defaults to ``$ARYL_SERVER``, else
+``127.0.0.1:50051``. Every unary call carries a deadline (``timeout``, seconds); event streams
+do not, and are cancelled by :meth:`EventStream.cancel`, by leaving a ``with`` block or by
+breaking out of the loop and dropping the stream.
+
+Failures arrive as :class:`ArylError` subclasses carrying the gRPC status ``code`` and the
+server's ``message`` — never as raw ``grpc.RpcError``.
+
+What this module must never do: decide anything (validation of a spec is the server's job; the
+helpers here only build messages and reject what cannot be expressed in one), or retry a call
+on its own — a retried ``submit_job`` is only safe with an ``idempotency_key``, and that choice
+belongs to the caller (an ``AlreadyExists`` on retry means the first attempt was accepted).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import getpass
+import math
+import os
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from types import TracebackType
+from queue import Empty, SimpleQueue
+from typing import Any, Final
+
+import grpc
+from google.protobuf.duration_pb2 import Duration
+
+from protos.aryl.v1 import (
+    inference_pb2,
+    inference_pb2_grpc,
+    scheduler_pb2,
+    scheduler_pb2_grpc,
+    types_pb2,
+)
+
+__all__ = [
+    "DEFAULT_ADDRESS",
+    "MAX_MESSAGE_BYTES",
+    "Aborted",
+    "AlreadyExists",
+    "ArylClient",
+    "ArylError",
+    "DeadlineExceeded",
+    "EventStream",
+    "FailedPrecondition",
+    "InvalidArgument",
+    "NotFound",
+    "Unavailable",
+    "default_address",
+    "job_spec",
+    "job_spec_from_mapping",
+]
+
+DEFAULT_ADDRESS: Final = "127.0.0.1:50051"
+SERVER_ENV_VAR: Final = "ARYL_SERVER"
+# Same as the server's default (scheduler_service.config.ServerConfig.max_message_bytes): a
+# ListJobs page of 1000 jobs with long commands and env must not trip gRPC's 4 MiB default.
+MAX_MESSAGE_BYTES: Final = 16 * 1024 * 1024
+
+JobSpec = types_pb2.JobSpec
+Job = types_pb2.Job
+Event = types_pb2.Event
+Server = types_pb2.Server
+Loan = types_pb2.Loan
+
+
+def default_address() -> str:
+    """The scheduler address used when none is given: ``$ARYL_SERVER``, else 127.0.0.1:50051."""
+    return os.environ.get(SERVER_ENV_VAR) or DEFAULT_ADDRESS
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors
+
+
+class ArylError(Exception):
+    """A call to the scheduler failed. ``code`` is the gRPC status, ``message`` the server's words."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(f"{message} ({code.name})")
+        self.code = code
+        self.message = message
+
+
+class InvalidArgument(ArylError):
+    """The request is malformed (e.g. ``min_workers=0``); the message names the bad field."""
+
+
+class NotFound(ArylError):
+    """The job (or other object) does not exist."""
+
+
+class AlreadyExists(ArylError):
+    """The idempotency key was used before: the earlier submission was accepted."""
+
+
+class FailedPrecondition(ArylError):
+    """The object is in a state that refuses the call (e.g. cancelling a finished job)."""
+
+
+class Unavailable(ArylError):
+    """The scheduler cannot be reached (wrong address, not running, network down)."""
+
+
+class DeadlineExceeded(ArylError):
+    """The call did not finish within the client's timeout."""
+
+
+class Aborted(ArylError):
+    """A concurrent change won a race on the server; retrying the call is safe."""
+
+
+_ERROR_BY_CODE: Final[Mapping[grpc.StatusCode, type[ArylError]]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
+    grpc.StatusCode.NOT_FOUND: NotFound,
+    grpc.StatusCode.ALREADY_EXISTS: AlreadyExists,
+    grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition,
+    grpc.StatusCode.ABORTED: Aborted,
+    grpc.StatusCode.UNAVAILABLE: Unavailable,
+    grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
+}
+
+
+def _translate(exc: grpc.RpcError) -> ArylError:
+    """The typed exception for a failed call (``grpc.RpcError`` raised by calls is a ``grpc.Call``)."""
+    code, details = (exc.code(), exc.details()) if isinstance(exc, grpc.Call) else (None, None)
+    code = code or grpc.StatusCode.UNKNOWN
+    return _ERROR_BY_CODE.get(code, ArylError)(code, details or code.name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Event streams
+
+
+_END: Final = object()  # queue marker: the stream is over (after its events or its error)
+
+
+def _pump(call: Any, events: SimpleQueue[object]) -> None:
+    """Move a call's events into a queue. Holds no reference to the EventStream, so that a
+    stream dropped by its user is garbage-collected and its ``__del__`` cancels the call."""
+    try:
+        for event in call:
+            events.put(event)
+    except grpc.RpcError as exc:
+        events.put(exc)
+    finally:
+        events.put(_END)
+
+
+class EventStream(Iterator[types_pb2.Event]):
+    """Events from ``WatchEvents``, in order; iterate it, and cancel it when done.
+
+    Without ``idle_timeout`` the stream runs until the server ends it or it is cancelled. With
+    ``idle_timeout`` (seconds) iteration also stops once no event has arrived for that long — the
+    way to say "replay the log and stop when caught up", since the log has no end marker.
+    A stream cancelled by this side (``cancel()``, ``with``, closing the client) ends iteration
+    quietly; any other failure raises :class:`ArylError`.
+    """
+
+    def __init__(self, call: Any, *, idle_timeout: float | None, client_closed: threading.Event) -> None:
+        self._call = call
+        self._idle_timeout = idle_timeout
+        self._client_closed = client_closed
+        self._cancelled = False
+        self._done = False
+        # A reader thread hands events over through a queue so that the wait for the next event
+        # can time out (grpc's own iterator cannot) and Ctrl-C interrupts the wait.
+        self._events: SimpleQueue[object] = SimpleQueue()
+        threading.Thread(target=_pump, args=(call, self._events), name="aryl-watch-events", daemon=True).start()
+
+    def __iter__(self) -> EventStream:
+        return self
+
+    def __next__(self) -> types_pb2.Event:
+        if self._done:
+            raise StopIteration
+        try:
+            item = self._events.get(timeout=self._idle_timeout)
+        except Empty:
+            self.cancel()
+            raise StopIteration from None
+        if isinstance(item, types_pb2.Event):
+            return item
+        self._done = True
+        ended_here = self._cancelled or self._client_closed.is_set()
+        if isinstance(item, grpc.RpcError) and not ended_here:
+            raise _translate(item) from item
+        raise StopIteration
+
+    def cancel(self) -> None:
+        """Stop the stream; iteration then ends. Idempotent, callable from any thread."""
+        self._cancelled = True
+        self._done = True
+        self._call.cancel()
+
+    def __enter__(self) -> EventStream:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.cancel()
+
+    def __del__(self) -> None:
+        # A loop that breaks out and drops the stream must not leave the server streaming forever.
+        call = getattr(self, "_call", None)
+        if call is not None:
+            try:
+                call.cancel()
+            except Exception:  # noqa: BLE001 - interpreter shutdown; nothing left to clean up
+                pass
+
+
+# ---------------------------------------------------------------------------------------------
+# The client
+
+
+class ArylClient:
+    """A connection to one scheduler (``SchedulerService`` and ``InferenceService``).
+
+    Thread-safe: one client may be shared by threads. Close it (or use ``with``) when done.
+    """
+
+    def __init__(self, address: str | None = None, *, timeout: float = 10.0) -> None:
+        if timeout <= 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+        self.address = address or default_address()
+        self.timeout = timeout
+        self._channel = grpc.insecure_channel(
+            self.address,
+            options=[
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ],
+        )
+        self._closed = threading.Event()
+        self._scheduler = scheduler_pb2_grpc.SchedulerServiceStub(self._channel)
+        self._inference = inference_pb2_grpc.InferenceServiceStub(self._channel)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the channel; open event streams end. Idempotent."""
+        self._closed.set()
+        self._channel.close()
+
+    def __enter__(self) -> ArylClient:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"ArylClient({self.address!r}, timeout={self.timeout})"
+
+    def _unary(self, method: Any, request: Any) -> Any:
+        try:
+            return method(request, timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise _translate(exc) from exc
+
+    # -- jobs ----------------------------------------------------------------------------------
+
+    def submit_job(self, spec: types_pb2.JobSpec, *, idempotency_key: str = "") -> types_pb2.Job:
+        """Queue a job; returns it as recorded (PENDING, with its ``job_id``).
+
+        ``idempotency_key`` (<= 128 chars) makes a retry safe: a second submission with the same
+        key raises :class:`AlreadyExists` instead of queueing the job twice.
+        """
+        request = scheduler_pb2.SubmitJobRequest(spec=spec, idempotency_key=idempotency_key)
+        return self._unary(self._scheduler.SubmitJob, request).job
+
+    def get_job(self, job_id: str, *, include_events: bool = False) -> scheduler_pb2.GetJobResponse:
+        """One job; with ``include_events`` also its events from the log, oldest first."""
+        request = scheduler_pb2.GetJobRequest(job_id=job_id, include_events=include_events)
+        return self._unary(self._scheduler.GetJob, request)
+
+    def list_jobs(
+        self,
+        *,
+        states: Sequence[int] = (),
+        user: str = "",
+        queue: str = "",
+        page_size: int = 0,
+        page_token: str = "",
+    ) -> scheduler_pb2.ListJobsResponse:
+        """One page of jobs, newest first. ``states`` are ``types_pb2.JobState`` values (empty: all);
+        ``page_size`` 0 means the server's default (100, at most 1000)."""
+        request = scheduler_pb2.ListJobsRequest(
+            states=list(states), user=user, queue=queue, page_size=page_size, page_token=page_token
+        )
+        return self._unary(self._scheduler.ListJobs, request)
+
+    def iter_jobs(
+        self, *, states: Sequence[int] = (), user: str = "", queue: str = "", page_size: int = 0
+    ) -> Iterator[types_pb2.Job]:
+        """All jobs matching the filters, newest first, fetching pages as iteration goes."""
+        token = ""
+        while True:
+            page = self.list_jobs(states=states, user=user, queue=queue, page_size=page_size, page_token=token)
+            yield from page.jobs
+            if not page.next_page_token:
+                return
+            if page.next_page_token == token:
+                raise ArylError(grpc.StatusCode.INTERNAL, f"server repeated page token {token!r}")
+            token = page.next_page_token
+
+    def cancel_job(self, job_id: str, *, reason: str = "") -> types_pb2.Job:
+        """Cancel a job (its workers get SIGTERM, then SIGKILL after the grace period).
+
+        Raises :class:`FailedPrecondition` when the job has already finished.
+        """
+        request = scheduler_pb2.CancelJobRequest(job_id=job_id, reason=reason)
+        return self._unary(self._scheduler.CancelJob, request).job
+
+    def explain_job(self, job_id: str) -> scheduler_pb2.ExplainJobResponse:
+        """Why a job is pending or was preempted: a summary and the recorded decisions."""
+        return self._unary(self._scheduler.ExplainJob, scheduler_pb2.ExplainJobRequest(job_id=job_id))
+
+    # -- events --------------------------------------------------------------------------------
+
+    def watch_events(
+        self,
+        *,
+        after_event_id: int | None = None,
+        job_id: str = "",
+        server_id: str = "",
+        idle_timeout: float | None = None,
+    ) -> EventStream:
+        """Stream events from the log: first those with ``event_id > after_event_id`` (``None``:
+        none, only new events; 0: the whole log), then new ones as they happen.
+
+        The stream has no deadline. With ``idle_timeout`` it ends after that many seconds without
+        an event (replay-until-caught-up); the wait for the connection itself is bounded by the
+        client's ``timeout`` and does not count as idle time.
+        """
+        request = scheduler_pb2.WatchEventsRequest(job_id=job_id, server_id=server_id)
+        if after_event_id is not None:
+            request.after_event_id = after_event_id
+        if idle_timeout is not None:
+            self._wait_until_connected()
+        call = self._scheduler.WatchEvents(request)
+        return EventStream(call, idle_timeout=idle_timeout, client_closed=self._closed)
+
+    def _wait_until_connected(self) -> None:
+        """Block until the channel is connected; fail as fast as a unary call would when the
+        first connection attempt fails (a refused port must not cost the whole timeout)."""
+        settled = threading.Event()
+        states: list[grpc.ChannelConnectivity] = []
+        connectivity = grpc.ChannelConnectivity
+        final = (connectivity.READY, connectivity.TRANSIENT_FAILURE, connectivity.SHUTDOWN)
+
+        def on_change(state: grpc.ChannelConnectivity) -> None:
+            if state in final:
+                states.append(state)
+                settled.set()
+
+        self._channel.subscribe(on_change, try_to_connect=True)
+        try:
+            if not settled.wait(self.timeout):
+                raise DeadlineExceeded(
+                    grpc.StatusCode.DEADLINE_EXCEEDED, f"no connection to {self.address} within {self.timeout:g}s"
+                )
+        finally:
+            self._channel.unsubscribe(on_change)
+        if states[0] != connectivity.READY:
+            raise Unavailable(grpc.StatusCode.UNAVAILABLE, f"failed to connect to {self.address}")
+
+    # -- cluster -------------------------------------------------------------------------------
+
+    def get_cluster(self) -> scheduler_pb2.GetClusterResponse:
+        """Capacity per pool, job counts by state, inference demand, policy and epoch."""
+        return self._unary(self._scheduler.GetCluster, scheduler_pb2.GetClusterRequest())
+
+    def list_servers(self, *, pool: int = types_pb2.POOL_UNSPECIFIED) -> list[types_pb2.Server]:
+        """Servers with their GPUs; ``pool`` is a ``types_pb2.Pool`` value (unspecified: all)."""
+        response = self._unary(self._scheduler.ListServers, scheduler_pb2.ListServersRequest(pool=pool))
+        return list(response.servers)
+
+    def list_loans(self, *, include_returned: bool = False) -> list[types_pb2.Loan]:
+        """Loans of inference servers to training; active and reclaiming ones unless told otherwise."""
+        request = scheduler_pb2.ListLoansRequest(include_returned=include_returned)
+        return list(self._unary(self._scheduler.ListLoans, request).loans)
+
+    # -- inference demand ----------------------------------------------------------------------
+
+    def report_demand(
+        self, servers_needed: int, *, observed_rps: float = 0.0, source: str = "arylctl"
+    ) -> inference_pb2.ReportDemandResponse:
+        """Tell the scheduler how many inference servers must be serving (it loans the rest)."""
+        request = inference_pb2.ReportDemandRequest(
+            servers_needed=servers_needed, observed_rps=observed_rps, source=source
+        )
+        return self._unary(self._inference.ReportDemand, request)
+
+    def get_demand(self) -> types_pb2.InferenceDemand:
+        """The inference demand last reported."""
+        return self._unary(self._inference.GetDemand, inference_pb2.GetDemandRequest()).demand
+
+
+# ---------------------------------------------------------------------------------------------
+# Spec helpers
+
+RESTART_POLICIES: Final[Mapping[str, int]] = {
+    "never": types_pb2.RESTART_POLICY_NEVER,
+    "on_failure": types_pb2.RESTART_POLICY_ON_FAILURE,
+}
+
+
+def _current_user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no login name and no passwd entry (some containers)
+        return ""
+
+
+def _duration(key: str, seconds: float) -> Any:
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"{key} must be a finite number of seconds >= 0, got {seconds!r}")
+    duration = Duration()
+    duration.FromNanoseconds(round(seconds * 1e9))
+    return duration
+
+
+def job_spec(
+    *,
+    name: str,
+    command: Sequence[str],
+    user: str | None = None,
+    queue: str = "default",
+    gpus_per_worker: int = 1,
+    min_workers: int = 1,
+    max_workers: int | None = None,
+    priority: int = 0,
+    env: Mapping[str, str] | None = None,
+    deadline: dt.datetime | None = None,
+    max_runtime_s: float | None = None,
+    restart_policy: str = "on_failure",
+    max_restarts: int = 0,
+    estimated_runtime_s: float | None = None,
+    throughput_points: Mapping[int, float] | None = None,
+    total_work: float | None = None,
+) -> types_pb2.JobSpec:
+    """Build a :class:`JobSpec`.
+
+    ``command`` is an argv list (``["python", "train.py"]``), not a shell string. ``user``
+    defaults to the login name. ``max_workers`` defaults to ``min_workers`` (an inelastic job).
+    A naive ``deadline`` is local time. ``restart_policy`` is ``"never"`` or ``"on_failure"``.
+    ``throughput_points`` maps a worker count to samples/s; with ``total_work`` (same unit) the
+    scheduler estimates completion times, else it uses ``estimated_runtime_s`` at min_workers.
+
+    Raises ``ValueError`` naming the argument for what no JobSpec can express; whether the spec
+    is acceptable (e.g. ``min_workers >= 1``) is for the server to say.
+    """
+    if isinstance(command, (str, bytes)) or not all(isinstance(arg, str) for arg in command):
+        raise ValueError(f"command must be a list of strings (an argv), got {command!r}")
+    if restart_policy not in RESTART_POLICIES:
+        raise ValueError(f"restart_policy must be one of {sorted(RESTART_POLICIES)}, got {restart_policy!r}")
+    if env is not None:
+        for env_key, env_value in env.items():
+            if not isinstance(env_key, str) or not isinstance(env_value, str):
+                raise ValueError(f"env must map strings to strings, got {env_key!r}: {env_value!r}")
+    try:
+        spec = types_pb2.JobSpec(
+            name=name,
+            user=_current_user() if user is None else user,
+            queue=queue,
+            command=list(command),
+            env=dict(env or {}),
+            restart_policy=RESTART_POLICIES[restart_policy],
+        )
+        # One field at a time so that an out-of-range value is reported under its own name.
+        for key, value in (
+            ("gpus_per_worker", gpus_per_worker),
+            ("min_workers", min_workers),
+            ("max_workers", min_workers if max_workers is None else max_workers),
+            ("priority", priority),
+            ("max_restarts", max_restarts),
+        ):
+            _set_int(spec, key, value)
+    except TypeError as exc:
+        raise ValueError(f"invalid job spec: {exc}") from exc
+    if deadline is not None:
+        if not isinstance(deadline, dt.datetime):
+            raise ValueError(f"deadline must be a datetime, got {deadline!r}")
+        spec.deadline.FromDatetime(deadline.astimezone(dt.timezone.utc))
+    if max_runtime_s is not None:
+        spec.max_runtime.CopyFrom(_duration("max_runtime_s", max_runtime_s))
+    if estimated_runtime_s is not None:
+        spec.throughput.estimated_runtime.CopyFrom(_duration("estimated_runtime_s", estimated_runtime_s))
+    if total_work is not None:
+        if not math.isfinite(total_work) or total_work < 0:
+            raise ValueError(f"total_work must be a finite number >= 0, got {total_work!r}")
+        spec.throughput.total_work = total_work
+    for workers, samples_per_second in sorted((throughput_points or {}).items()):
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"throughput_points keys must be worker counts >= 1, got {workers!r}")
+        if not math.isfinite(samples_per_second) or samples_per_second < 0:
+            raise ValueError(
+                f"throughput_points[{workers}] must be samples/s >= 0, got {samples_per_second!r}"
+            )
+        spec.throughput.points.add(workers=workers, samples_per_second=samples_per_second)
+    return spec
+
+
+def _set_int(spec: types_pb2.JobSpec, key: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{key} must be an integer, got {value!r}")
+    try:
+        setattr(spec, key, value)
+    except ValueError:
+        kind = "an integer >= 0" if key != "priority" else "a 32-bit integer"
+        raise ValueError(f"{key} must be {kind}, got {value!r}") from None
+
+
+# job_spec_from_mapping: one converter per key, from what YAML/JSON produce to job_spec's types.
+
+
+def _as_str(key: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"job spec key {key!r}: expected a string, got {value!r}")
+    return value
+
+
+def _as_int(key: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"job spec key {key!r}: expected an integer, got {value!r}")
+    return value
+
+
+def _float(value: object) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        # PyYAML follows YAML 1.1, which reads `5.0e6` (no sign in the exponent) as a string.
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def _as_seconds(key: str, value: object) -> float:
+    seconds = _float(value)
+    if seconds is None:
+        raise ValueError(f"job spec key {key!r}: expected a number of seconds, got {value!r}")
+    return seconds
+
+
+def _as_number(key: str, value: object) -> float:
+    number = _float(value)
+    if number is None:
+        raise ValueError(f"job spec key {key!r}: expected a number, got {value!r}")
+    return number
+
+
+def _as_command(key: str, value: object) -> list[str]:
+    if isinstance(value, str) or not isinstance(value, list) or not all(isinstance(a, str) for a in value):
+        raise ValueError(f"job spec key {key!r}: expected a list of strings (an argv), got {value!r}")
+    return value
+
+
+def _as_env(key: str, value: object) -> dict[str, str]:
+    if not isinstance(value, Mapping):
+        raise ValueError(f"job spec key {key!r}: expected a mapping of NAME: value, got {value!r}")
+    env: dict[str, str] = {}
+    for name, item in value.items():
+        # YAML turns `OMP_NUM_THREADS: 4` into an int; numbers are unambiguous, booleans are not
+        # (true -> "True"? "true"? "1"?), so those must be quoted.
+        if isinstance(item, bool) or not isinstance(item, (str, int, float)) or not isinstance(name, str):
+            raise ValueError(f"job spec key {key!r}: {name!r} must be a string (quote it), got {item!r}")
+        env[name] = str(item)
+    return env
+
+
+def _as_datetime(key: str, value: object) -> dt.datetime:
+    if isinstance(value, dt.datetime):  # YAML parses unquoted timestamps itself
+        return value
+    if isinstance(value, str):
+        try:
+            return dt.datetime.fromisoformat(value)
+        except ValueError:
+            pass
+    raise ValueError(f"job spec key {key!r}: expected an ISO 8601 time like 2025-01-31T18:00:00Z, got {value!r}")
+
+
+def _as_throughput_points(key: str, value: object) -> dict[int, float]:
+    if not isinstance(value, Mapping):
+        raise ValueError(f"job spec key {key!r}: expected a mapping of workers: samples_per_second, got {value!r}")
+    points: dict[int, float] = {}
+    for workers, speed in value.items():
+        try:  # JSON object keys are always strings
+            count = int(workers) if not isinstance(workers, bool) else None
+        except (TypeError, ValueError):
+            count = None
+        samples_per_second = _float(speed)
+        if count is None or samples_per_second is None:
+            raise ValueError(f"job spec key {key!r}: expected workers: samples_per_second, got {workers!r}: {speed!r}")
+        points[count] = samples_per_second
+    return points
+
+
+_SPEC_KEYS: Final[Mapping[str, Any]] = {
+    "name": _as_str,
+    "command": _as_command,
+    "user": _as_str,
+    "queue": _as_str,
+    "gpus_per_worker": _as_int,
+    "min_workers": _as_int,
+    "max_workers": _as_int,
+    "priority": _as_int,
+    "env": _as_env,
+    "deadline": _as_datetime,
+    "max_runtime_s": _as_seconds,
+    "restart_policy": _as_str,
+    "max_restarts": _as_int,
+    "estimated_runtime_s": _as_seconds,
+    "throughput_points": _as_throughput_points,
+    "total_work": _as_number,
+}
+SPEC_KEYS: Final = tuple(_SPEC_KEYS)
+_REQUIRED_SPEC_KEYS: Final = ("name", "command")
+
+
+def job_spec_from_mapping(data: Mapping[str, Any]) -> types_pb2.JobSpec:
+    """Build a :class:`JobSpec` from a parsed YAML/JSON spec file with :func:`job_spec`'s keys.
+
+    Example file::
+
+        name: resnet50
+        command: [torchrun, train.py]
+        gpus_per_worker: 4
+        min_workers: 1
+        max_workers: 4
+        env: {NCCL_DEBUG: INFO}
+        throughput_points: {1: 410.0, 2: 790.0, 4: 1500.0}
+        total_work: 1.2e7
+
+    Raises ``ValueError`` naming the key for an unknown key (a typo must not silently fall back
+    to a default), a missing ``name``/``command``, or a value of the wrong type. A key set to
+    null means "use the default".
+    """
+    if not isinstance(data, Mapping):
+        raise ValueError(f"a job spec must be a mapping of keys to values, got {type(data).__name__}")
+    unknown = sorted(str(key) for key in data if key not in _SPEC_KEYS)
+    if unknown:
+        raise ValueError(
+            f"unknown job spec key {unknown[0]!r}" + (f" (and {unknown[1:]})" if len(unknown) > 1 else "")
+            + f"; valid keys: {', '.join(SPEC_KEYS)}"
+        )
+    missing = [key for key in _REQUIRED_SPEC_KEYS if data.get(key) is None]
+    if missing:
+        raise ValueError(f"job spec key {missing[0]!r} is required")
+    kwargs = {key: _SPEC_KEYS[key](key, value) for key, value in data.items() if value is not None}
+    try:
+        return job_spec(**kwargs)
+    except ValueError as exc:
+        raise ValueError(f"job spec: {exc}") from exc
