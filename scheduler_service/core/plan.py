@@ -19,6 +19,21 @@ class Reason(StrEnum):
     BLOCKED_BY_EARLIER_JOB = "BLOCKED_BY_EARLIER_JOB"  # FIFO: an earlier job waits first
     NO_TRAINING_CAPACITY = "NO_TRAINING_CAPACITY"  # no schedulable server exists at all
     WORKER_TOO_LARGE = "WORKER_TOO_LARGE"          # no server has gpus_per_worker healthy GPUs
+    WAITING_FOR_RESERVATION = "WAITING_FOR_RESERVATION"  # GPUs are held for a starving job
+    # Why a job started or changed size:
+    BACKFILLED = "BACKFILLED"                      # started ahead of a waiting job it does not delay
+    RESERVATION_HONOURED = "RESERVATION_HONOURED"  # a starving job got the GPUs held for it
+    SCALED_OUT = "SCALED_OUT"                      # spare GPUs cut its completion time most
+    SCALED_IN = "SCALED_IN"                        # its extra workers were worth more elsewhere
+    SCALED_IN_FOR_BASE_DEMAND = "SCALED_IN_FOR_BASE_DEMAND"  # a queued job's minimum needed them
+    SCALED_IN_FOR_RECLAIM = "SCALED_IN_FOR_RECLAIM"  # its loaned server went back to inference
+    PREEMPTED_FOR_RECLAIM = "PREEMPTED_FOR_RECLAIM"  # reclaim left it below min_workers
+    # Servers and loans:
+    LOANED_IDLE_SERVER = "LOANED_IDLE_SERVER"      # inference had more servers than it needed
+    LOAN_ACTIVE = "LOAN_ACTIVE"                    # drained: training may use it now
+    LOAN_CANCELLED = "LOAN_CANCELLED"              # demand rose while it was still draining
+    RECLAIMED_FOR_INFERENCE = "RECLAIMED_FOR_INFERENCE"  # inference demand rose
+    RETURNED_TO_SERVING = "RETURNED_TO_SERVING"    # vacated by training: serving again
     # Applier refusals:
     STALE_PLAN = "STALE_PLAN"
 
@@ -41,6 +56,44 @@ class StartJob:
 
 
 @dataclass(frozen=True, slots=True)
+class ScaleJob:
+    """Restart a running elastic job at a new world size. ``workers`` is its complete new placement
+    (ranks 0..n-1); a worker that stays keeps its server and GPUs. Shrinking drops the highest ranks."""
+
+    job_id: int
+    workers: tuple[WorkerPlacement, ...]
+    reason: Reason
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptJob:
+    """Stop every worker of a running job and requeue it; it resumes from its checkpoint."""
+
+    job_id: int
+    reason: Reason
+    message: str
+
+
+class LoanStep(StrEnum):
+    LOAN = "LOAN"          # SERVING -> DRAINING: the router stops sending it new requests
+    ACTIVATE = "ACTIVATE"  # DRAINING -> LOANED: drained; training may be placed on it
+    CANCEL = "CANCEL"      # DRAINING -> SERVING: demand rose before the loan began
+    RECLAIM = "RECLAIM"    # LOANED -> RECLAIMING: its workers are stopped by this same plan
+    RETURN = "RETURN"      # RECLAIMING -> SERVING: the agent confirmed it runs no training
+
+
+@dataclass(frozen=True, slots=True)
+class ServerAction:
+    """A step of the loan cycle for one inference server; ``kind`` says which (see ``LoanStep``)."""
+
+    server_id: str
+    kind: LoanStep
+    reason: Reason
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
 class KeepPending:
     """The job stays queued; ``message`` tells the user why, in numbers."""
 
@@ -56,18 +109,28 @@ class KeepPending:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
+    """Applied in this order, so GPUs freed by one action can be used by a later one:
+    preemptions, scales that shrink, starts, scales that grow; then server (loan) steps."""
+
     starts: tuple[StartJob, ...] = ()
+    scales: tuple[ScaleJob, ...] = ()
+    preemptions: tuple[PreemptJob, ...] = ()
+    server_actions: tuple[ServerAction, ...] = ()
     pending: tuple[KeepPending, ...] = ()
 
     @property
     def is_empty(self) -> bool:
-        return not self.starts and not self.pending
+        return not (self.starts or self.scales or self.preemptions or self.server_actions or self.pending)
 
 
 @dataclass(frozen=True, slots=True)
 class ApplyResult:
-    """What the applier committed, and what it refused (job id, why) after re-checking fresh state."""
+    """What the applier committed, and what it refused (job or server id, why) after re-checking
+    fresh state."""
 
     started: tuple[int, ...]
-    rejected: tuple[tuple[int, str], ...]
+    rejected: tuple[tuple[int | str, str], ...]
     touched_servers: frozenset[str]
+    scaled: tuple[int, ...] = ()
+    preempted: tuple[int, ...] = ()
+    server_steps: tuple[tuple[str, str], ...] = ()  # (server id, LoanStep)

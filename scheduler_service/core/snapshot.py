@@ -19,6 +19,9 @@ class ServerView:
     unhealthy_gpus: frozenset[int] = frozenset()
     # gpu index -> job id holding it
     allocated: tuple[tuple[int, int], ...] = ()
+    state_since: float = 0.0            # when it entered its current state
+    loan_started_at: float | None = None  # while DRAINING/LOANED/RECLAIMING: when the loan began
+    agent_converged: bool = True        # the agent has applied the newest desired state
 
     @property
     def free_gpus(self) -> tuple[int, ...]:
@@ -50,6 +53,17 @@ class JobView:
     workers: tuple[WorkerView, ...] = ()
     estimated_runtime_s: float | None = None
     pending_reason: str = ""
+    # Throughput hints as declared: ((workers, samples_per_second), ...) and total work (0: unknown).
+    throughput_points: tuple[tuple[int, float], ...] = ()
+    total_work: float = 0.0
+    work_done: float = 0.0               # progress reported by the job, same unit as total_work
+    started_at: float | None = None      # first start
+    last_resized_at: float | None = None  # last start, restart or resize (anti-thrashing)
+    last_checkpoint_at: float | None = None
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.workers)
 
     @property
     def is_elastic(self) -> bool:
