@@ -11,11 +11,14 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from dataclasses import fields
+from typing import Any, Literal, TypeVar, get_type_hints
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from scheduler_service.core.params import PolicyParams
 
 ENV_PREFIX = "ARYL_"
 T = TypeVar("T", bound="BaseSettings")
@@ -83,6 +86,15 @@ class SchedulingConfig(ConfigSection):
     worker_base_port: int = Field(29500, gt=0, lt=65536, description="MASTER_PORT base for jobs")
 
 
+# The policies' tunables, as a config section with exactly PolicyParams' fields and defaults.
+PolicyConfig = create_model(
+    "PolicyConfig",
+    __base__=ConfigSection,
+    __doc__="Tunables of the scheduling policy (scheduler_service.core.params.PolicyParams).",
+    **{f.name: (get_type_hints(PolicyParams)[f.name], f.default) for f in fields(PolicyParams)},
+)
+
+
 class AgentsConfig(ConfigSection):
     report_interval_s: float = Field(5.0, gt=0, description="how often agents report status")
     lost_after_s: float = Field(30.0, gt=0, description="silence after which a server is LOST")
@@ -100,6 +112,7 @@ class SchedulerConfig(ArylSettings):
     server: ServerConfig = ServerConfig()
     database: DatabaseConfig = DatabaseConfig()
     scheduling: SchedulingConfig = SchedulingConfig()
+    policy: PolicyConfig = PolicyConfig()  # type: ignore[valid-type]
     agents: AgentsConfig = AgentsConfig()
     logging: LoggingConfig = LoggingConfig()
 

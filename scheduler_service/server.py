@@ -27,6 +27,7 @@ from scheduler_service.clock import SystemClock
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.cycle import SchedulingCycle
 from scheduler_service.notify import AsyncNotifier
+from scheduler_service.core.params import PolicyParams
 from scheduler_service.policies import create_policy
 from scheduler_service.store.db import create_engine_for, session_factory
 
@@ -43,7 +44,8 @@ class SchedulerService:
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
         self.clock = SystemClock()
-        self.policy = create_policy(config.scheduling.policy)  # fail fast on an unknown name
+        # Fail fast on an unknown name or a bad tunable.
+        self.policy = create_policy(config.scheduling.policy, PolicyParams(**config.policy.model_dump()))
         self.engine = create_engine_for(
             config.database.url,
             statement_timeout_ms=config.database.statement_timeout_ms,

@@ -51,10 +51,10 @@ def test_server_lifecycle_follows_the_loan_cycle() -> None:
 
 def test_registry_refuses_duplicates_and_names_the_known_policies() -> None:
     registry = PolicyRegistry()
-    registry.register("a")(lambda: object())
+    registry.register("a")(lambda params: object())
     with pytest.raises(ValueError, match="already registered"):
-        registry.register("a")(lambda: object())
-    with pytest.raises(UnknownPolicy, match="registered: a"):
+        registry.register("a")(lambda params: object())
+    with pytest.raises(UnknownPolicy, match="registered: a$"):
         registry.create("b")
 
 

@@ -7,11 +7,12 @@ A worker never spans servers; a gang is placed whole or not at all.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from scheduler_service.core.plan import Reason, WorkerPlacement
 from scheduler_service.core.snapshot import ClusterSnapshot, JobView, ServerView
+from scheduler_service.lifecycle import Pool
 
 # (server, its GPUs still free in this plan, gpus_per_worker) -> may a worker go there?
 ServerCheck = Callable[[ServerView, Sequence[int], int], bool]
@@ -25,10 +26,28 @@ FEASIBILITY: tuple[tuple[str, ServerCheck], ...] = (
 )
 
 
-def best_fit_score(free_after: int, server: ServerView) -> tuple[int, str]:
-    """Lower is better. Best fit: leave the fewest GPUs free on the chosen server, so large
-    free blocks stay intact for large workers; the server id breaks ties deterministically."""
-    return (free_after, server.server_id)
+# Which servers a worker should prefer (lower is better), before best fit.
+Preference = Callable[[ServerView], int]
+
+
+def no_preference(server: ServerView) -> int:
+    return 0
+
+
+def prefer_training_owned(server: ServerView) -> int:
+    """Inelastic jobs and base workers: stay off loaned servers, so a reclaim cannot kill them."""
+    return 0 if server.pool == Pool.TRAINING else 1
+
+
+def prefer_loaned(server: ServerView) -> int:
+    """Elastic extra workers: go to loaned servers first, so a reclaim only shrinks their jobs."""
+    return 0 if server.pool == Pool.INFERENCE else 1
+
+
+def best_fit_score(free_after: int, server: ServerView, preference: Preference = no_preference) -> tuple[int, int, str]:
+    """Lower is better. The pool preference first; then best fit: leave the fewest GPUs free on the
+    chosen server, so large free blocks stay intact for large workers; the server id breaks ties."""
+    return (preference(server), free_after, server.server_id)
 
 
 @dataclass
@@ -49,20 +68,35 @@ class FreeCapacity:
     def largest_block(self) -> int:
         return max((len(g) for g in self.free.values()), default=0)
 
-    def place_gang(self, job: JobView, num_workers: int, first_rank: int = 0) -> tuple[WorkerPlacement, ...] | None:
+    def copy(self) -> FreeCapacity:
+        return FreeCapacity({sid: list(g) for sid, g in self.free.items()}, self.servers)
+
+    def release(self, server_id: str, gpus: Iterable[int]) -> None:
+        """Give GPUs back (a worker removed in this plan)."""
+        if server_id in self.free:
+            self.free[server_id] = sorted({*self.free[server_id], *gpus})
+
+    def place_gang(
+        self, job: JobView, num_workers: int, first_rank: int = 0, *,
+        preference: Preference = no_preference, exclude: frozenset[str] = frozenset(),
+    ) -> tuple[WorkerPlacement, ...] | None:
         """Place ``num_workers`` workers of ``job`` (best fit, one at a time); all or nothing.
-        On success the GPUs are taken from this capacity; on failure nothing changes."""
+        On success the GPUs are taken from this capacity; on failure nothing changes.
+        ``exclude``: servers held for someone else (a reservation)."""
         trial = {sid: list(g) for sid, g in self.free.items()}
         placed: list[WorkerPlacement] = []
         for rank in range(first_rank, first_rank + num_workers):
             candidates = [
                 self.servers[sid]
                 for sid in sorted(trial)
-                if _feasible(self.servers[sid], trial[sid], job.gpus_per_worker)
+                if sid not in exclude and _feasible(self.servers[sid], trial[sid], job.gpus_per_worker)
             ]
             if not candidates:
                 return None
-            best = min(candidates, key=lambda s: best_fit_score(len(trial[s.server_id]) - job.gpus_per_worker, s))
+            best = min(
+                candidates,
+                key=lambda s: best_fit_score(len(trial[s.server_id]) - job.gpus_per_worker, s, preference),
+            )
             taken, trial[best.server_id] = trial[best.server_id][: job.gpus_per_worker], trial[best.server_id][job.gpus_per_worker :]
             placed.append(WorkerPlacement(rank=rank, server_id=best.server_id, gpu_indices=tuple(taken)))
         self.free = trial

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
+from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.plan import Plan
 from scheduler_service.core.snapshot import ClusterSnapshot
 
@@ -18,7 +19,7 @@ class Policy(Protocol):
     def schedule(self, snapshot: ClusterSnapshot) -> Plan: ...
 
 
-PolicyFactory = Callable[..., Policy]
+PolicyFactory = Callable[[PolicyParams], Policy]
 
 
 class UnknownPolicy(KeyError):
@@ -39,12 +40,12 @@ class PolicyRegistry:
 
         return add
 
-    def create(self, name: str, **params: Any) -> Policy:
+    def create(self, name: str, params: PolicyParams | None = None) -> Policy:
         try:
             factory = self._factories[name]
         except KeyError:
             raise UnknownPolicy(f"unknown policy {name!r}; registered: {', '.join(self.names())}") from None
-        return factory(**params)
+        return factory(params or PolicyParams())
 
     def names(self) -> list[str]:
         return sorted(self._factories)

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.registry import Policy, policies
-from scheduler_service.policies import fifo  # noqa: F401  (registers "fifo")
+from scheduler_service.policies import aryl, fifo  # noqa: F401  (registers the policies)
 
 
-def create_policy(name: str, **params: Any) -> Policy:
+def create_policy(name: str, params: PolicyParams | None = None) -> Policy:
     """The registered policy ``name``; UnknownPolicy (listing the names) otherwise."""
-    return policies.create(name, **params)
+    return policies.create(name, params)

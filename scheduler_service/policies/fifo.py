@@ -19,9 +19,10 @@ def queue_order(job: JobView) -> tuple[int, float, int]:
     return (-job.priority, job.submitted_at, job.job_id)
 
 
-@policies.register("fifo")
 @dataclass(frozen=True)
 class FifoPolicy:
+    """Uses none of the tunables in PolicyParams."""
+
     name: str = "fifo"
 
     def schedule(self, snapshot: ClusterSnapshot) -> Plan:
@@ -46,3 +47,6 @@ class FifoPolicy:
                 StartJob(job.job_id, workers, Reason.PLACED, f"placed {len(workers)} worker(s) on {where}")
             )
         return Plan(starts=tuple(starts), pending=tuple(pending))
+
+
+policies.register("fifo")(lambda params: FifoPolicy())

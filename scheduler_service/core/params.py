@@ -1,0 +1,29 @@
+"""The tunables every policy is built with (one typed object; each policy uses what applies to it).
+
+The service builds it from its config's ``[policy]`` section; the simulator from its arguments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PolicyParams:
+    loan_buffer_servers: int = 1       # serving servers kept beyond demand before any loan
+    loan_idle_s: float = 300.0         # a server must have been serving this long to be loaned
+    min_loan_s: float = 600.0          # younger loans are reclaimed only when older ones do not suffice
+    drain_timeout_s: float = 30.0      # DRAINING -> LOANED after this (until the router acknowledges)
+    starvation_s: float = 3600.0       # a job waiting this long gets a reservation
+    min_resize_interval_s: float = 300.0  # anti-thrashing: no voluntary resize sooner than this
+    restart_cost_s: float = 60.0       # a restart's cost, in seconds of completion time
+    default_runtime_s: float = 3600.0  # run-time estimate for jobs that declare none
+    amdahl_alpha: float = 0.05         # speed-up model for jobs that declare no throughput points
+    max_extra_options: int = 64        # knapsack options per elastic job (k = 1..this)
+
+    def __post_init__(self) -> None:
+        for name, value in vars(self).items():
+            if value < 0:
+                raise ValueError(f"policy.{name} must be >= 0 (got {value})")
+        if not 1 <= self.max_extra_options <= 126:
+            raise ValueError(f"policy.max_extra_options must be between 1 and 126 (got {self.max_extra_options})")

@@ -1,0 +1,85 @@
+"""Throughput model per job: speed vs number of workers, and the completion-time estimates built on it.
+
+A job's speed at ``w`` workers comes from the points the user declared (piecewise-linear between
+them, proportional below the first, extended with the last segment's slope -- never decreasing --
+above the last), or, without points, from Amdahl's law with a serial fraction ``alpha``. Speeds are in
+the job's own unit (samples/s); without points they are relative (1 worker = 1.0).
+
+The remaining work is ``total_work - work_done`` when the job declared both points and total work;
+otherwise it is derived from the estimated run time at ``min_workers`` (declared, or the policy's
+default), minus what the job did so far. ``remaining_time(w)`` is then ``remaining_work / speed(w)``.
+
+Pure: no I/O, no clock (``now`` is passed in).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from dataclasses import dataclass
+
+from scheduler_service.core.snapshot import JobView
+
+
+@dataclass(frozen=True, slots=True)
+class ThroughputModel:
+    points: tuple[tuple[int, float], ...] = ()
+    alpha: float = 0.05  # Amdahl serial fraction, used when no points are declared
+
+    def speed(self, workers: int) -> float:
+        if workers <= 0:
+            return 0.0
+        if not self.points:
+            return workers / (1.0 + self.alpha * (workers - 1))
+        xs = [w for w, _ in self.points]
+        ys = [s for _, s in self.points]
+        if workers <= xs[0]:
+            return ys[0] * workers / xs[0]
+        if workers >= xs[-1]:
+            if len(xs) == 1:  # one point: Amdahl through it
+                return ys[0] * self._amdahl_ratio(workers, xs[0])
+            slope = max(0.0, (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]))
+            return ys[-1] + slope * (workers - xs[-1])
+        i = bisect_left(xs, workers)
+        if xs[i] == workers:
+            return ys[i]
+        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+        return y0 + (y1 - y0) * (workers - x0) / (x1 - x0)
+
+    def _amdahl_ratio(self, workers: int, base: int) -> float:
+        def amdahl(w: int) -> float:
+            return w / (1.0 + self.alpha * (w - 1))
+
+        return amdahl(workers) / amdahl(base)
+
+
+@dataclass(frozen=True, slots=True)
+class JobEstimate:
+    """Remaining work of a job and the model to turn it into time at any worker count."""
+
+    model: ThroughputModel
+    remaining_work: float
+
+    def remaining_time(self, workers: int) -> float:
+        speed = self.model.speed(workers)
+        return self.remaining_work / speed if speed > 0 else float("inf")
+
+    def remaining_gpu_time(self, workers: int, gpus_per_worker: int) -> float:
+        return self.remaining_time(workers) * workers * gpus_per_worker
+
+    def jct_reduction(self, workers: int, extra: int) -> float:
+        """Seconds of completion time saved by running with ``extra`` more workers."""
+        return self.remaining_time(workers) - self.remaining_time(workers + extra)
+
+
+def estimate(job: JobView, *, now: float, default_runtime_s: float, alpha: float) -> JobEstimate:
+    model = ThroughputModel(points=job.throughput_points, alpha=alpha)
+    if job.throughput_points and job.total_work > 0:
+        return JobEstimate(model, max(job.total_work - job.work_done, 0.0))
+    runtime = job.estimated_runtime_s if job.estimated_runtime_s else default_runtime_s
+    total = runtime * model.speed(job.min_workers)
+    done = job.work_done
+    if not done and job.workers and job.last_resized_at is not None:
+        # No progress reported: assume it has been running at its current size since its last resize.
+        done = max(now - job.last_resized_at, 0.0) * model.speed(job.num_workers)
+    # Never estimate zero: a job past its estimate still needs some time (10% of the estimate).
+    return JobEstimate(model, max(total - done, 0.1 * total))

@@ -1,0 +1,465 @@
+"""The Aryl policy (our reconstruction of Lyra, EuroSys'23) and the baselines that share its parts.
+
+One cycle, in order (each step works on the state the previous ones left):
+
+0. **Loan cycle.** From the inference demand: drained loans become active; loans still draining are
+   cancelled first when inference needs servers back; then loaned servers are **reclaimed** greedily
+   on server preemption cost (``solvers.reclaim``): elastic jobs that stay at or above
+   ``min_workers`` are scaled in, the others preempted and requeued. Vacated reclaimed servers return
+   to serving. Idle inference servers beyond demand + a buffer, idle long enough, are **loaned**
+   while training has work for them (hysteresis: the buffer is the band between loan and reclaim).
+1. **Base demands.** The queue in order: starving jobs first (waited past ``starvation_s``), then
+   priority, then shortest estimated remaining GPU-time, then arrival. Each job gets ``min_workers``
+   as a gang, or waits; later jobs backfill around a waiting one, except onto the servers reserved
+   for the first starving job that does not fit. Base workers prefer training-owned servers. A gang
+   may take GPUs from other jobs' elastic *extra* workers (they are scaled in for it).
+2. **Elastic extras.** A multiple-choice knapsack (``solvers.knapsack``) over the elastic jobs: option
+   k = k more workers than ``min_workers``, weight k x gpus_per_worker, value = JCT reduction minus a
+   restart cost when the size changes. Capacity: the GPUs left after step 1, including loaned ones and
+   those extras already hold. Extra workers prefer loaned servers, so a reclaim shrinks, not kills.
+   A job resized less than ``min_resize_interval_s`` ago keeps its size (anti-thrashing).
+
+Variants (same code, same placement, so comparisons isolate the mechanism): ``aryl`` (loaning and
+elasticity), ``aryl-noloan``, ``aryl-noelastic``, and ``sjf`` (neither: separate clusters, jobs run at
+``min_workers``).
+
+Pure: no I/O, no wall clock; deterministic for a given snapshot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from math import ceil
+
+import numpy as np
+
+from scheduler_service.core.params import PolicyParams
+from scheduler_service.core.placement import FreeCapacity, prefer_loaned, prefer_training_owned
+from scheduler_service.core.plan import (
+    KeepPending,
+    LoanStep,
+    Plan,
+    PreemptJob,
+    Reason,
+    ScaleJob,
+    ServerAction,
+    StartJob,
+    WorkerPlacement,
+)
+from scheduler_service.core.registry import policies
+from scheduler_service.core.snapshot import ClusterSnapshot, JobView, ServerView
+from scheduler_service.core.throughput import JobEstimate, estimate
+from scheduler_service.lifecycle import JobState, Pool, ServerState
+from scheduler_service.solvers.knapsack import solve_knapsack
+from scheduler_service.solvers.reclaim import ReclaimInstance, reclaim_greedy
+
+RUNNING_STATES = (JobState.RUNNING, JobState.SCALING)
+
+
+@dataclass
+class _Worker:
+    server_id: str
+    gpus: tuple[int, ...]
+
+
+@dataclass
+class _Job:
+    """A running job as this cycle's plan changes it."""
+
+    view: JobView
+    workers: list[_Worker]
+    reason: Reason | None = None
+    message: str = ""
+
+    @property
+    def extras(self) -> int:
+        return len(self.workers) - self.view.min_workers
+
+
+@dataclass
+class _Cycle:
+    """Scratch state of one scheduling cycle, computed once and changed step by step."""
+
+    snapshot: ClusterSnapshot
+    servers: dict[str, ServerView]
+    server_state: dict[str, ServerState]
+    running: dict[int, _Job]
+    estimates: dict[int, JobEstimate]
+    capacity: FreeCapacity = field(init=False)
+    starts: list[StartJob] = field(default_factory=list)
+    preemptions: list[PreemptJob] = field(default_factory=list)
+    server_actions: list[ServerAction] = field(default_factory=list)
+    pending: list[KeepPending] = field(default_factory=list)
+    reserved: frozenset[str] = frozenset()
+    reserved_for: int | None = None
+
+    def training_capable(self, server_id: str) -> bool:
+        return self.server_state[server_id] in (ServerState.TRAINING, ServerState.LOANED)
+
+    def rebuild_capacity(self) -> None:
+        views = {
+            sid: ServerView(s.server_id, s.pool, self.server_state[sid], s.gpu_indices, s.unhealthy_gpus,
+                            self._allocated(sid), s.state_since, s.loan_started_at, s.agent_converged)
+            for sid, s in self.servers.items()
+        }
+        self.capacity = FreeCapacity.of(ClusterSnapshot(self.snapshot.now, tuple(views.values()), ()))
+
+    def _allocated(self, server_id: str) -> tuple[tuple[int, int], ...]:
+        return tuple(
+            (gpu, job.view.job_id)
+            for job in self.running.values()
+            for w in job.workers
+            if w.server_id == server_id
+            for gpu in w.gpus
+        )
+
+    def act(self, server_id: str, step: LoanStep, target: ServerState, reason: Reason, message: str) -> None:
+        self.server_actions.append(ServerAction(server_id, step, reason, message))
+        self.server_state[server_id] = target
+
+
+class ArylPolicy:
+    def __init__(self, name: str, params: PolicyParams, *, loaning: bool, elastic: bool) -> None:
+        self.name = name
+        self.params = params
+        self.loaning = loaning
+        self.elastic = elastic
+
+    def schedule(self, snapshot: ClusterSnapshot) -> Plan:
+        p = self.params
+        cycle = _Cycle(
+            snapshot=snapshot,
+            servers={s.server_id: s for s in snapshot.servers},
+            server_state={s.server_id: s.state for s in snapshot.servers},
+            running={
+                j.job_id: _Job(j, [_Worker(w.server_id, w.gpu_indices) for w in sorted(j.workers, key=lambda w: w.rank)])
+                for j in snapshot.jobs
+                if j.state in RUNNING_STATES and j.workers
+            },
+            estimates={
+                j.job_id: estimate(j, now=snapshot.now, default_runtime_s=p.default_runtime_s, alpha=p.amdahl_alpha)
+                for j in snapshot.jobs
+            },
+        )
+        if self.loaning:
+            self._loan_cycle(cycle)
+        cycle.rebuild_capacity()
+        self._base_demands(cycle)
+        if self.elastic:
+            self._elastic_extras(cycle)
+        return Plan(
+            starts=tuple(cycle.starts),
+            scales=tuple(self._scales(cycle)),
+            preemptions=tuple(cycle.preemptions),
+            server_actions=tuple(cycle.server_actions),
+            pending=tuple(cycle.pending),
+        )
+
+    # -- step 0: loans and reclaims --------------------------------------------------------------
+
+    def _loan_cycle(self, cycle: _Cycle) -> None:
+        p, snap = self.params, cycle.snapshot
+        inference = [s for s in snap.servers if s.pool == Pool.INFERENCE]
+        by_state: dict[ServerState, list[ServerView]] = {}
+        for s in sorted(inference, key=lambda s: (s.state_since, s.server_id)):
+            by_state.setdefault(s.state, []).append(s)
+        # Vacated reclaimed servers serve again once their agent confirms it stopped the workers.
+        for s in by_state.get(ServerState.RECLAIMING, []):
+            if not s.allocated and s.agent_converged:
+                cycle.act(s.server_id, LoanStep.RETURN, ServerState.SERVING, Reason.RETURNED_TO_SERVING,
+                          "training workers stopped; serving inference again")
+        if snap.demand is None:
+            return  # no demand signal yet: never loan blind
+        needed = snap.demand.servers_needed
+        serving = sum(1 for st in cycle.server_state.values() if st == ServerState.SERVING)
+        coming_back = sum(1 for s in by_state.get(ServerState.RECLAIMING, []) if cycle.server_state[s.server_id] == ServerState.RECLAIMING)
+        deficit = needed - serving - coming_back
+        draining = by_state.get(ServerState.DRAINING, [])
+        if deficit > 0:
+            for s in reversed(draining):  # the most recent loans are the cheapest to cancel
+                if deficit == 0:
+                    break
+                cycle.act(s.server_id, LoanStep.CANCEL, ServerState.SERVING, Reason.LOAN_CANCELLED,
+                          f"inference needs {needed} server(s) again")
+                deficit -= 1
+            if deficit > 0:
+                self._reclaim(cycle, by_state.get(ServerState.LOANED, []), deficit, needed)
+        for s in draining:
+            if cycle.server_state[s.server_id] == ServerState.DRAINING and snap.now - s.state_since >= p.drain_timeout_s:
+                cycle.act(s.server_id, LoanStep.ACTIVATE, ServerState.LOANED, Reason.LOAN_ACTIVE,
+                          f"drained for {p.drain_timeout_s:.0f}s; lent to training")
+        surplus = serving - needed - p.loan_buffer_servers
+        if deficit <= 0 and surplus > 0:
+            self._loan(cycle, by_state.get(ServerState.SERVING, []), surplus, needed)
+
+    def _reclaim(self, cycle: _Cycle, loaned: list[ServerView], count: int, needed: int) -> None:
+        p, now = self.params, cycle.snapshot.now
+        # Loans younger than min_loan_s are taken only when the older ones do not suffice.
+        old = [s for s in loaned if s.loan_started_at is None or now - s.loan_started_at >= p.min_loan_s]
+        candidates = old if len(old) >= count else loaned
+        count = min(count, len(candidates))
+        if count == 0:
+            return
+        index = {s.server_id: i for i, s in enumerate(candidates)}
+        jobs = sorted(
+            (j for j in cycle.running.values() if any(w.server_id in index for w in j.workers)),
+            key=lambda j: j.view.job_id,
+        )
+        triples: dict[tuple[int, int], int] = {}
+        for ji, job in enumerate(jobs):
+            for w in job.workers:
+                if w.server_id in index:
+                    key = (ji, index[w.server_id])
+                    triples[key] = triples.get(key, 0) + 1
+        instance = ReclaimInstance.from_triples(
+            [(j, s, n) for (j, s), n in sorted(triples.items())],
+            n_servers=len(candidates),
+            job_workers=[len(j.workers) for j in jobs],
+            job_min=[j.view.min_workers for j in jobs],
+            job_cost=[self._work_lost(j, now) for j in jobs],
+            scale_in_cost=[p.restart_cost_s * j.view.gpus_per_worker for j in jobs],
+        )
+        outcome = reclaim_greedy(instance, count)
+        picked = [candidates[int(i)].server_id for i in outcome.servers]
+        chosen = set(picked)
+        for ji, job in enumerate(jobs):
+            if outcome.preempted[ji]:
+                cycle.preemptions.append(
+                    PreemptJob(job.view.job_id, Reason.PREEMPTED_FOR_RECLAIM,
+                               f"its loaned server(s) {', '.join(sorted(chosen & {w.server_id for w in job.workers}))} "
+                               f"went back to inference; below min_workers={job.view.min_workers}, requeued")
+                )
+                del cycle.running[job.view.job_id]
+            elif any(w.server_id in chosen for w in job.workers):
+                job.workers = [w for w in job.workers if w.server_id not in chosen]
+                job.reason = Reason.SCALED_IN_FOR_RECLAIM
+                job.message = f"scaled in to {len(job.workers)} worker(s): loaned server(s) went back to inference"
+        for server_id in picked:
+            cycle.act(server_id, LoanStep.RECLAIM, ServerState.RECLAIMING, Reason.RECLAIMED_FOR_INFERENCE,
+                      f"inference needs {needed} serving server(s)")
+
+    @staticmethod
+    def _work_lost(job: _Job, now: float) -> float:
+        """GPU-seconds lost if the job is preempted now: work since its last checkpoint or resize."""
+        view = job.view
+        since = max(t for t in (view.last_checkpoint_at, view.last_resized_at, view.started_at, 0.0) if t is not None)
+        return max(now - since, 1.0) * len(job.workers) * view.gpus_per_worker
+
+    def _loan(self, cycle: _Cycle, serving: list[ServerView], surplus: int, needed: int) -> None:
+        p, snap = self.params, cycle.snapshot
+        demand = self._training_demand_gpus(cycle)
+        if demand <= 0:
+            return
+        idle = [s for s in serving if snap.now - s.state_since >= p.loan_idle_s and not s.unhealthy_gpus]
+        for s in idle[:surplus]:  # longest idle first
+            if demand <= 0:
+                break
+            cycle.act(s.server_id, LoanStep.LOAN, ServerState.DRAINING, Reason.LOANED_IDLE_SERVER,
+                      f"inference needs {needed} server(s) + {p.loan_buffer_servers} spare; training waits for "
+                      f"{demand} GPU(s)")
+            demand -= len(s.gpu_indices)
+
+    def _training_demand_gpus(self, cycle: _Cycle) -> int:
+        """GPUs training could use now beyond what is free on training-capable servers."""
+        snap = cycle.snapshot
+        pending = sum(j.min_workers * j.gpus_per_worker for j in snap.pending_jobs())
+        growth = sum(
+            (j.view.max_workers - len(j.workers)) * j.view.gpus_per_worker
+            for j in cycle.running.values()
+        ) if self.elastic else 0
+        free = sum(
+            len(s.free_gpus) for s in snap.servers
+            if cycle.server_state[s.server_id] in (ServerState.TRAINING, ServerState.LOANED, ServerState.DRAINING)
+        )
+        return pending + growth - free
+
+    # -- step 1: base demands --------------------------------------------------------------------
+
+    def _base_demands(self, cycle: _Cycle) -> None:
+        p, snap = self.params, cycle.snapshot
+
+        def starving(job: JobView) -> bool:
+            return snap.now - job.submitted_at >= p.starvation_s
+
+        def order(job: JobView) -> tuple[bool, int, float, float, int]:
+            gpu_time = cycle.estimates[job.job_id].remaining_gpu_time(job.min_workers, job.gpus_per_worker)
+            return (not starving(job), -job.priority, gpu_time, job.submitted_at, job.job_id)
+
+        waiting_before: JobView | None = None
+        for job in sorted(snap.pending_jobs(), key=order):
+            workers = cycle.capacity.place_gang(job, job.min_workers, preference=prefer_training_owned,
+                                                exclude=cycle.reserved)
+            if workers is None:
+                workers = self._place_over_extras(cycle, job)
+            if workers is not None:
+                if waiting_before is None:
+                    reason, why = Reason.PLACED, ""
+                else:
+                    reason, why = Reason.BACKFILLED, f"; backfilled ahead of job {waiting_before.job_id}"
+                where = ", ".join(sorted({w.server_id for w in workers}))
+                cycle.starts.append(StartJob(job.job_id, workers, reason,
+                                             f"placed {len(workers)} worker(s) on {where}{why}"))
+                cycle.running[job.job_id] = _Job(job, [_Worker(w.server_id, w.gpu_indices) for w in workers])
+                continue
+            waiting_before = waiting_before or job
+            if cycle.reserved and job.job_id != cycle.reserved_for:
+                reason, message = cycle.capacity.explain_unplaceable(job, job.min_workers)
+                if reason == Reason.WAITING_FOR_GANG:
+                    reason = Reason.WAITING_FOR_RESERVATION
+                    message += f"; server(s) {', '.join(sorted(cycle.reserved))} are held for a starving job"
+                cycle.pending.append(KeepPending(job.job_id, reason, message))
+                continue
+            reason, message = cycle.capacity.explain_unplaceable(job, job.min_workers)
+            if starving(job) and not cycle.reserved:
+                cycle.reserved = self._reserve(cycle, job)
+                if cycle.reserved:
+                    cycle.reserved_for = job.job_id
+                    message += (f"; waiting {snap.now - job.submitted_at:.0f}s: server(s) "
+                                f"{', '.join(sorted(cycle.reserved))} are reserved for it")
+            cycle.pending.append(KeepPending(job.job_id, reason, message))
+
+    def _place_over_extras(self, cycle: _Cycle, job: JobView) -> tuple[WorkerPlacement, ...] | None:
+        """Place a gang on free GPUs plus those of other jobs' extra workers, scaling those in."""
+        extras = [
+            (other, w) for other in cycle.running.values() if other.extras > 0
+            for w in other.workers[other.view.min_workers:]
+        ]
+        if not extras:
+            return None
+        trial = cycle.capacity.copy()
+        for _, w in extras:
+            trial.release(w.server_id, w.gpus)
+        placed = trial.place_gang(job, job.min_workers, preference=prefer_training_owned, exclude=cycle.reserved)
+        if placed is None:
+            return None
+        taken = {(w.server_id, g) for w in placed for g in w.gpu_indices}
+        for other, w in extras:
+            if any((w.server_id, g) in taken for g in w.gpus):
+                other.workers.remove(w)
+                other.reason = other.reason or Reason.SCALED_IN_FOR_BASE_DEMAND
+                other.message = other.message or f"scaled in to {len(other.workers)} worker(s) so job {job.job_id} can start"
+                cycle.capacity.release(w.server_id, [g for g in w.gpus if (w.server_id, g) not in taken])
+        for w in placed:
+            cycle.capacity.free[w.server_id] = [g for g in cycle.capacity.free[w.server_id] if g not in w.gpu_indices]
+        return placed
+
+    def _reserve(self, cycle: _Cycle, job: JobView) -> frozenset[str]:
+        """Servers that together could hold the job's gang once their workers finish."""
+        slots, chosen = 0, []
+        for s in sorted(cycle.capacity.servers.values(), key=lambda s: (-len(s.gpu_indices), s.server_id)):
+            usable = len(s.gpu_indices) - len(s.unhealthy_gpus)
+            if usable >= job.gpus_per_worker:
+                chosen.append(s.server_id)
+                slots += usable // job.gpus_per_worker
+            if slots >= job.min_workers:
+                return frozenset(chosen)
+        return frozenset()
+
+    # -- step 2: elastic extras ------------------------------------------------------------------
+
+    def _elastic_extras(self, cycle: _Cycle) -> None:
+        p, now = self.params, cycle.snapshot.now
+        def locked(job: _Job) -> bool:
+            """Anti-thrashing: resized recently, and nothing forced a change this cycle."""
+            at = job.view.last_resized_at
+            return job.reason is None and at is not None and now - at < p.min_resize_interval_s
+
+        jobs = sorted(
+            (j for j in cycle.running.values() if j.view.max_workers > j.view.min_workers and not locked(j)),
+            key=lambda j: j.view.job_id,
+        )
+        if not jobs:
+            return
+        # The knapsack's capacity: free GPUs plus those the extras hold now (they may move).
+        for job in jobs:
+            for w in job.workers[job.view.min_workers:]:
+                cycle.capacity.release(w.server_id, w.gpus)
+        capacity = sum(len(g) for sid, g in cycle.capacity.free.items() if sid not in cycle.reserved)
+        k_max = max(min(j.view.max_workers - j.view.min_workers, p.max_extra_options) for j in jobs)
+        weights = np.zeros((len(jobs), k_max), np.int64)
+        values = np.full((len(jobs), k_max), -1.0)
+        counts = np.zeros(len(jobs), np.int64)
+        for g, job in enumerate(jobs):
+            view = job.view
+            est = cycle.estimates[view.job_id]
+            current = job.extras
+            counts[g] = min(view.max_workers - view.min_workers, p.max_extra_options)
+            # Changing size costs a restart; shifting the whole group by that cost keeps option 0 at 0.
+            shift = p.restart_cost_s if current > 0 else 0.0
+            for k in range(1, int(counts[g]) + 1):
+                weights[g, k - 1] = k * view.gpus_per_worker
+                gain = est.jct_reduction(view.min_workers, k) + shift
+                values[g, k - 1] = gain if k == current else gain - p.restart_cost_s
+        solution = solve_knapsack(weights, values, counts, capacity)
+        # Shrink first (frees GPUs), then grow, most valuable growth first.
+        targets = {job.view.job_id: int(solution.choice[g]) for g, job in enumerate(jobs)}
+        kept: dict[int, list[_Worker]] = {}
+        for job in jobs:
+            extras = job.workers[job.view.min_workers:]
+            keep = [w for w in extras if all(g in cycle.capacity.free.get(w.server_id, ()) for g in w.gpus)]
+            keep = keep[: targets[job.view.job_id]]
+            for w in keep:
+                cycle.capacity.free[w.server_id] = [g for g in cycle.capacity.free[w.server_id] if g not in w.gpus]
+            kept[job.view.job_id] = keep
+        for job in sorted(jobs, key=lambda j: -self._value_per_gpu(cycle, j, targets[j.view.job_id])):
+            view = job.view
+            target, keep = targets[view.job_id], kept[view.job_id]
+            new = ()
+            if target > len(keep):
+                for extra in range(target - len(keep), 0, -1):  # as many as fit, if fragmentation bites
+                    new = cycle.capacity.place_gang(view, extra, preference=prefer_loaned, exclude=cycle.reserved) or ()
+                    if new:
+                        break
+            before = len(job.workers)
+            job.workers = job.workers[: view.min_workers] + keep + [_Worker(w.server_id, w.gpu_indices) for w in new]
+            if len(job.workers) != before and job.reason is not None:
+                job.message += f"; {len(job.workers)} worker(s) after sharing out the spare GPUs"
+            elif len(job.workers) != before:
+                grew = len(job.workers) > before
+                job.reason = Reason.SCALED_OUT if grew else Reason.SCALED_IN
+                est = cycle.estimates[view.job_id]
+                job.message = (
+                    f"{before} -> {len(job.workers)} worker(s): estimated completion "
+                    f"{est.remaining_time(before):.0f}s -> {est.remaining_time(len(job.workers)):.0f}s"
+                )
+
+    def _value_per_gpu(self, cycle: _Cycle, job: _Job, target: int) -> float:
+        if target <= 0:
+            return 0.0
+        gain = cycle.estimates[job.view.job_id].jct_reduction(job.view.min_workers, target)
+        return gain / (target * job.view.gpus_per_worker)
+
+    # -- the plan's job changes ------------------------------------------------------------------
+
+    def _scales(self, cycle: _Cycle) -> list[ScaleJob]:
+        started = {s.job_id for s in cycle.starts}
+        scales = []
+        for job_id, job in sorted(cycle.running.items()):
+            before = [(w.rank, w.server_id, w.gpu_indices) for w in sorted(job.view.workers, key=lambda w: w.rank)]
+            after = [(rank, w.server_id, w.gpus) for rank, w in enumerate(job.workers)]
+            if job_id in started:
+                if len(job.workers) != job.view.min_workers:
+                    # A job started this cycle and grown at once: start it at its full size.
+                    cycle.starts = [
+                        StartJob(s.job_id, tuple(WorkerPlacement(r, sid, g) for r, sid, g in after), s.reason,
+                                 s.message + f"; {len(after)} worker(s) with elastic extras")
+                        if s.job_id == job_id else s
+                        for s in cycle.starts
+                    ]
+                continue
+            if after != before:
+                scales.append(
+                    ScaleJob(job_id, tuple(WorkerPlacement(r, sid, g) for r, sid, g in after),
+                             job.reason or Reason.SCALED_OUT, job.message)
+                )
+        return scales
+
+
+def _register(name: str, *, loaning: bool, elastic: bool) -> None:
+    policies.register(name)(lambda params: ArylPolicy(name, params, loaning=loaning, elastic=elastic))
+
+
+_register("aryl", loaning=True, elastic=True)
+_register("aryl-noloan", loaning=False, elastic=True)
+_register("aryl-noelastic", loaning=True, elastic=False)
+_register("sjf", loaning=False, elastic=False)  # separate clusters: the paper's baseline
