@@ -15,6 +15,7 @@ import hashlib
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Protocol, TypeVar
 
 import sqlalchemy as sa
@@ -23,12 +24,31 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.orm.exc import StaleDataError
 
 from scheduler_service.core.clock import Clock
-from scheduler_service.core.plan import ApplyResult, KeepPending, Plan, Reason, StartJob
-from scheduler_service.core.snapshot import ClusterSnapshot, DemandView, JobView, ServerView, WorkerView
+from scheduler_service.core.plan import (
+    ApplyResult,
+    KeepPending,
+    LoanStep,
+    Plan,
+    PreemptJob,
+    Reason,
+    ScaleJob,
+    ServerAction,
+    StartJob,
+    WorkerPlacement,
+)
+from scheduler_service.core.snapshot import (
+    TRAINING_CAPABLE_STATES,
+    ClusterSnapshot,
+    DemandView,
+    JobView,
+    ServerView,
+    WorkerView,
+)
 from scheduler_service.errors import Aborted, AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from scheduler_service.lifecycle import (
     JOB_LIFECYCLE,
     SERVER_LIFECYCLE,
+    IllegalTransition,
     JobState,
     Pool,
     ServerState,
@@ -41,6 +61,34 @@ T = TypeVar("T")
 MAX_PAGE_SIZE = 1000
 DEFAULT_PAGE_SIZE = 100
 ACTIVE_JOB_STATES = (JobState.PENDING, JobState.RUNNING, JobState.SCALING, JobState.PREEMPTED)
+# Server states in which the server has an open loan (LOST/UNHEALTHY servers may too; they show none).
+ON_LOAN_STATES = frozenset({ServerState.DRAINING, ServerState.LOANED, ServerState.RECLAIMING})
+
+
+class LoanState(StrEnum):
+    """``loans.state``: ACTIVE from LOAN until RECLAIM, RECLAIMING until RETURN, then RETURNED."""
+
+    ACTIVE = "ACTIVE"
+    RECLAIMING = "RECLAIMING"
+    RETURNED = "RETURNED"
+
+
+@dataclass(frozen=True)
+class _LoanStepRule:
+    target: ServerState                # the server's state after the step
+    loan_before: LoanState | None      # the open loan the step needs (None: there must be none)
+    loan_after: LoanState              # what that loan becomes (LOAN: the new loan's state)
+    must_be_vacated: bool = False      # the server may hold no allocations (after the plan's job actions)
+
+
+# The loan cycle as data; the server side of each step is checked by SERVER_LIFECYCLE as well.
+_LOAN_STEPS = {
+    LoanStep.LOAN: _LoanStepRule(ServerState.DRAINING, None, LoanState.ACTIVE),
+    LoanStep.ACTIVATE: _LoanStepRule(ServerState.LOANED, LoanState.ACTIVE, LoanState.ACTIVE),
+    LoanStep.CANCEL: _LoanStepRule(ServerState.SERVING, LoanState.ACTIVE, LoanState.RETURNED),
+    LoanStep.RECLAIM: _LoanStepRule(ServerState.RECLAIMING, LoanState.ACTIVE, LoanState.RECLAIMING, True),
+    LoanStep.RETURN: _LoanStepRule(ServerState.SERVING, LoanState.RECLAIMING, LoanState.RETURNED, True),
+}
 
 
 class Notifier(Protocol):
@@ -253,6 +301,7 @@ class SchedulerApp:
         )
         server.state = target
         server.state_reason = message[:1024]
+        server.state_changed_at = self._clock.now()
 
     # -- scheduler term -------------------------------------------------------------------------
 
@@ -405,16 +454,22 @@ class SchedulerApp:
 
     def _release_workers(self, session: Session, job: m.Job) -> set[str]:
         """Free a job's GPUs; bump the desired generation of every server it ran on."""
-        servers = set(
-            session.scalars(sa.select(m.Allocation.server_id).where(m.Allocation.job_id == job.id).distinct())
-        )
-        session.execute(sa.delete(m.Allocation).where(m.Allocation.job_id == job.id))
+        servers = self._free_allocations(session, job.id)
         job.num_workers = 0
         self._bump_generations(session, servers)
         return servers
 
+    @staticmethod
+    def _free_allocations(session: Session, job_id: int) -> set[str]:
+        """Delete a job's allocations; returns the servers they were on."""
+        a = m.Allocation.__table__.c
+        return set(session.scalars(sa.delete(m.Allocation.__table__).where(a.job_id == job_id).returning(a.server_id)))
+
     def _bump_generations(self, session: Session, server_ids: Iterable[str]) -> None:
-        for server in session.scalars(sa.select(m.Server).where(m.Server.id.in_(sorted(server_ids)))):
+        ids = sorted(server_ids)
+        if not ids:
+            return
+        for server in session.scalars(sa.select(m.Server).where(m.Server.id.in_(ids))):
             server.desired_generation += 1
 
     def _after_commit(self, touched_servers: Iterable[str]) -> None:
@@ -517,6 +572,7 @@ class SchedulerApp:
                     id=reg.hostname, hostname=reg.hostname, pool=reg.pool, state=home_state(reg.pool),
                     state_reason="registered", agent_address=reg.agent_address, agent_version=reg.agent_version,
                     registered_at=now, last_seen_at=now, desired_generation=1, observed_generation=0,
+                    state_changed_at=now,
                 )
                 session.add(server)
                 session.flush()
@@ -691,32 +747,48 @@ class SchedulerApp:
     # -- the scheduling cycle's ports -----------------------------------------------------------
 
     def snapshot(self, seed: int = 0) -> ClusterSnapshot:
-        """The frozen view the policy decides on: schedulable state only, read in one transaction."""
+        """The frozen view the policy decides on: schedulable state only, read in one transaction.
+
+        Core rows with only the columns the policy needs (no ORM identity map, no command/env): this
+        runs every cycle over every active job."""
 
         def work(session: Session) -> ClusterSnapshot:
-            gpus: dict[str, list[m.Gpu]] = defaultdict(list)
-            for gpu in session.scalars(sa.select(m.Gpu).order_by(m.Gpu.server_id, m.Gpu.index)):
-                gpus[gpu.server_id].append(gpu)
-            alloc_rows = list(session.scalars(sa.select(m.Allocation)))
+            g, a, s, ln, j = (t.__table__.c for t in (m.Gpu, m.Allocation, m.Server, m.Loan, m.Job))
+            gpus: dict[str, list[tuple[int, bool]]] = defaultdict(list)
+            for server_id, index, healthy in session.execute(
+                sa.select(g.server_id, g.index, g.healthy).order_by(g.server_id, g.index)
+            ):
+                gpus[server_id].append((index, healthy))
             by_server: dict[str, list[tuple[int, int]]] = defaultdict(list)
-            by_job: dict[int, dict[int, list[m.Allocation]]] = defaultdict(lambda: defaultdict(list))
-            for a in alloc_rows:
-                by_server[a.server_id].append((a.gpu_index, a.job_id))
-                by_job[a.job_id][a.rank].append(a)
+            # job id -> rank -> (server id, [gpu index, ...])
+            by_job: dict[int, dict[int, tuple[str, list[int]]]] = defaultdict(dict)
+            for job_id, rank, server_id, gpu_index in session.execute(
+                sa.select(a.job_id, a.rank, a.server_id, a.gpu_index)
+            ):
+                by_server[server_id].append((gpu_index, job_id))
+                by_job[job_id].setdefault(rank, (server_id, []))[1].append(gpu_index)
+            loan_started = dict(
+                session.execute(sa.select(ln.server_id, ln.started_at).where(ln.state != LoanState.RETURNED)).all()
+            )
             servers = tuple(
                 ServerView(
-                    server_id=s.id, pool=Pool(s.pool), state=ServerState(s.state),
-                    gpu_indices=tuple(g.index for g in gpus[s.id]),
-                    unhealthy_gpus=frozenset(g.index for g in gpus[s.id] if not g.healthy),
-                    allocated=tuple(sorted(by_server[s.id])),
+                    server_id=row.id, pool=Pool(row.pool), state=ServerState(row.state),
+                    gpu_indices=tuple(index for index, _ in gpus[row.id]),
+                    unhealthy_gpus=frozenset(index for index, healthy in gpus[row.id] if not healthy),
+                    allocated=tuple(sorted(by_server[row.id])),
+                    state_since=row.state_changed_at,
+                    loan_started_at=loan_started.get(row.id) if row.state in ON_LOAN_STATES else None,
+                    agent_converged=row.observed_generation >= row.desired_generation,
                 )
-                for s in session.scalars(sa.select(m.Server).order_by(m.Server.id))
+                for row in session.execute(
+                    sa.select(s.id, s.pool, s.state, s.state_changed_at, s.observed_generation,
+                              s.desired_generation).order_by(s.id)
+                )
             )
-            j = m.Job.__table__.c
-            # Core rows with only the columns the policy needs: no ORM identity map, no command/env.
             active = session.execute(
                 sa.select(j.id, j.state, j.gpus_per_worker, j.min_workers, j.max_workers, j.priority,
-                          j.submitted_at, j.throughput, j.pending_reason)
+                          j.submitted_at, j.throughput, j.pending_reason, j.work_done, j.started_at,
+                          j.last_resized_at, j.last_checkpoint_at)
                 .where(j.state.in_([str(s) for s in ACTIVE_JOB_STATES]))
                 .order_by(j.id)
             )
@@ -726,11 +798,19 @@ class SchedulerApp:
                     min_workers=row.min_workers, max_workers=row.max_workers, priority=row.priority,
                     submitted_at=row.submitted_at,
                     workers=tuple(
-                        WorkerView(rank, ranks[0].server_id, tuple(sorted(r.gpu_index for r in ranks)))
-                        for rank, ranks in sorted(by_job[row.id].items())
+                        WorkerView(rank, server_id, tuple(sorted(indices)))
+                        for rank, (server_id, indices) in sorted(by_job[row.id].items())
                     ) if row.id in by_job else (),
                     estimated_runtime_s=(row.throughput or {}).get("estimated_runtime_s"),
                     pending_reason=row.pending_reason,
+                    throughput_points=tuple(
+                        (int(workers), float(speed)) for workers, speed in (row.throughput or {}).get("points", ())
+                    ),
+                    total_work=float((row.throughput or {}).get("total_work", 0.0)),
+                    work_done=row.work_done,
+                    started_at=row.started_at,
+                    last_resized_at=row.last_resized_at,
+                    last_checkpoint_at=row.last_checkpoint_at,
                 )
                 for row in active
             )
@@ -743,49 +823,196 @@ class SchedulerApp:
         return self._read(work)
 
     def apply(self, plan: Plan) -> ApplyResult:
-        """Commit ``plan`` in one transaction. Each start is re-checked against fresh state inside a
-        savepoint; a start that no longer fits (job not pending, GPU taken) is refused alone."""
-        started: list[int] = []
-        rejected: list[tuple[int, str]] = []
-        touched: set[str] = set()
+        """Commit ``plan`` in one transaction, in the order ``Plan`` documents: preemptions, scales that
+        shrink, starts, scales that grow (so GPUs freed by one action serve a later one); then the server
+        (loan) steps, which therefore see the allocations this plan's job actions left; then pending
+        reasons. One exception: ACTIVATE steps go first. They only make a drained server usable, and a
+        policy may lend a server to training and place workers on it in the same plan.
 
-        def work(session: Session) -> None:
-            started.clear(), rejected.clear(), touched.clear()
-            for action in plan.starts:
+        Each action is re-checked against fresh state inside its own savepoint and refused alone, with
+        the reason in ``ApplyResult.rejected``, when that state no longer allows it: the job or server is
+        not in the state the action expects (the lifecycle tables refuse the move), a planned GPU is held
+        by another worker (the unique key), missing or unhealthy, a new worker's server cannot run
+        training, or a server to reclaim or return still holds workers.
+
+        Every server whose allocations or state changed gets one desired-generation bump; its agent
+        hears of it only after commit."""
+        if plan.is_empty:
+            return ApplyResult((), (), frozenset())
+
+        def work(session: Session) -> _Applied:
+            out = _Applied()  # per attempt: a retried transaction starts over
+            now = self._clock.now()
+
+            def attempt(key: int | str, step: Callable[..., Iterable[str]], *args: Any) -> bool:
                 try:
                     with session.begin_nested():
-                        self._apply_start(session, action)
-                    started.append(action.job_id)
-                    touched.update(w.server_id for w in action.workers)
-                except (IntegrityError, StaleDataError, _Refused) as exc:
-                    rejected.append((action.job_id, _refusal_message(exc)))
-            self._bump_generations(session, touched)
-            self._apply_pending(session, plan.pending)
+                        servers = set(step(session, *args))
+                        session.flush()  # constraint and version checks fire here, inside the savepoint
+                except (IntegrityError, StaleDataError, IllegalTransition, _Refused) as exc:
+                    out.rejected.append((key, _refusal_message(exc, server_step=isinstance(key, str))))
+                    return False
+                out.touched.update(servers)
+                return True
 
-        self._tx(work)
-        if started:
-            self._after_commit(touched)
+            for activation in [a for a in plan.server_actions if a.kind == LoanStep.ACTIVATE]:
+                if attempt(activation.server_id, self._apply_server_step, activation, now):
+                    out.server_steps.append((activation.server_id, str(activation.kind)))
+
+            job_ids = sorted({a.job_id for a in (*plan.preemptions, *plan.scales, *plan.starts)})
+            # One query for every job the plan names; the dict keeps them alive (the identity map is weak).
+            jobs: dict[int, m.Job] = {}
+            if job_ids:
+                jobs = {job.id: job for job in session.scalars(sa.select(m.Job).where(m.Job.id.in_(job_ids)))}
+            placement = _PlacementCheck.load(session, (*plan.starts, *plan.scales))
+
+            # Shrink or grow is judged on fresh state (the job's current world size), before anything moves.
+            shrinks = {
+                s.job_id for s in plan.scales if s.job_id in jobs and len(s.workers) < jobs[s.job_id].num_workers
+            }
+
+            for preempt in plan.preemptions:
+                if attempt(preempt.job_id, self._apply_preemption, jobs.get(preempt.job_id), preempt):
+                    out.preempted.append(preempt.job_id)
+            for scale in [s for s in plan.scales if s.job_id in shrinks]:
+                if attempt(scale.job_id, self._apply_scale, jobs.get(scale.job_id), scale, placement, now):
+                    out.scaled.append(scale.job_id)
+            for start in plan.starts:
+                if attempt(start.job_id, self._apply_start, jobs.get(start.job_id), start, placement, now):
+                    out.started.append(start.job_id)
+            for scale in [s for s in plan.scales if s.job_id not in shrinks]:
+                if attempt(scale.job_id, self._apply_scale, jobs.get(scale.job_id), scale, placement, now):
+                    out.scaled.append(scale.job_id)
+            for loan_step in [a for a in plan.server_actions if a.kind != LoanStep.ACTIVATE]:
+                if attempt(loan_step.server_id, self._apply_server_step, loan_step, now):
+                    out.server_steps.append((loan_step.server_id, str(loan_step.kind)))
+            self._bump_generations(session, out.touched)
+            self._apply_pending(session, plan.pending)
+            return out
+
+        out = self._tx(work)
+        if out.started or out.scaled or out.preempted or out.server_steps:
+            self._after_commit(out.touched)
         elif plan.pending:
             self.notifier.events_appended()
-        return ApplyResult(tuple(started), tuple(rejected), frozenset(touched))
+        return ApplyResult(
+            tuple(out.started), tuple(out.rejected), frozenset(out.touched),
+            scaled=tuple(out.scaled), preempted=tuple(out.preempted), server_steps=tuple(out.server_steps),
+        )
 
-    def _apply_start(self, session: Session, action: StartJob) -> None:
-        job = session.get(m.Job, action.job_id)
+    def _apply_preemption(self, session: Session, job: m.Job | None, action: PreemptJob) -> set[str]:
+        """Stop every worker and requeue: RUNNING -> PREEMPTED -> PENDING, both recorded with the
+        action's reason; the reason also becomes the pending reason ExplainJob shows."""
+        if job is None or not JobState(job.state).holds_gpus:
+            raise _Refused(f"job {action.job_id} is {_state_of(job)}, not running: there is nothing to preempt")
+        servers = self._free_allocations(session, job.id)
+        job.num_workers = 0
+        job.preemptions += 1
+        job.pending_reason = f"{action.reason}: {action.message}"[:1024]
+        self._set_job_state(session, job, JobState.PREEMPTED, action.reason, action.message)
+        self._set_job_state(session, job, JobState.PENDING, action.reason, f"requeued: {action.message}")
+        return servers
+
+    def _apply_scale(
+        self, session: Session, job: m.Job | None, action: ScaleJob, placement: _PlacementCheck, now: float
+    ) -> set[str]:
+        """Replace the job's allocations with exactly the planned placement (workers that stay keep
+        their rows) and record RUNNING -> SCALING -> RUNNING. A resize is not a restart: ``restarts``
+        counts failures only."""
+        if job is None or job.state != JobState.RUNNING:
+            raise _Refused(f"job {action.job_id} is {_state_of(job)}, not running: it cannot be resized")
+        a = m.Allocation.__table__.c
+        current = session.execute(
+            sa.select(a.id, a.rank, a.server_id, a.gpu_index).where(a.job_id == job.id)
+        ).all()
+        planned = {(w.rank, w.server_id, index) for w in action.workers for index in w.gpu_indices}
+        held = {(row.rank, row.server_id, row.gpu_index) for row in current}
+        placement.check(job, action.workers, new_gpus={(s, index) for _, s, index in planned - held})
+        # Delete before insert: a GPU that changes rank within the job must be free again first.
+        gone = [row.id for row in current if (row.rank, row.server_id, row.gpu_index) not in planned]
+        if gone:
+            session.execute(sa.delete(m.Allocation.__table__).where(a.id.in_(gone)))
+        self._insert_allocations(session, job.id, sorted(planned - held), now)
+        self._set_job_state(session, job, JobState.SCALING, action.reason, action.message)
+        job.num_workers = len(action.workers)
+        job.last_resized_at = now
+        self._set_job_state(
+            session, job, JobState.RUNNING, action.reason, f"{action.message} (now {len(action.workers)} worker(s))"
+        )
+        # Every worker restarts at the new world size, so every server it ran or runs on changes.
+        return {row.server_id for row in current} | {w.server_id for w in action.workers}
+
+    def _apply_start(
+        self, session: Session, job: m.Job | None, action: StartJob, placement: _PlacementCheck, now: float
+    ) -> set[str]:
         if job is None or job.state != JobState.PENDING:
-            raise _Refused(f"job {action.job_id} is no longer pending")
-        now = self._clock.now()
-        for worker in action.workers:
-            for index in worker.gpu_indices:
-                session.add(
-                    m.Allocation(job_id=job.id, rank=worker.rank, server_id=worker.server_id,
-                                 gpu_index=index, allocated_at=now)
-                )
-        session.flush()  # the unique (server_id, gpu_index) key refuses a GPU already held
+            raise _Refused(f"job {action.job_id} is no longer pending (it is {_state_of(job)})")
+        planned = [(w.rank, w.server_id, index) for w in action.workers for index in w.gpu_indices]
+        placement.check(job, action.workers, new_gpus={(s, index) for _, s, index in planned})
+        self._insert_allocations(session, job.id, planned, now)  # the unique key refuses a GPU already held
         job.num_workers = len(action.workers)
         job.started_at = job.started_at or now
+        job.last_resized_at = now
         job.pending_reason = ""
         self._set_job_state(session, job, JobState.RUNNING, action.reason, action.message)
-        session.flush()
+        return {w.server_id for w in action.workers}
+
+    @staticmethod
+    def _insert_allocations(
+        session: Session, job_id: int, gpus: Sequence[tuple[int, str, int]], now: float
+    ) -> None:
+        """One INSERT for all (rank, server id, gpu index) rows of a job."""
+        if gpus:
+            session.execute(
+                sa.insert(m.Allocation.__table__),
+                [dict(job_id=job_id, rank=rank, server_id=server_id, gpu_index=index, allocated_at=now)
+                 for rank, server_id, index in gpus],
+            )
+
+    def _apply_server_step(self, session: Session, action: ServerAction, now: float) -> set[str]:
+        """One step of the loan cycle (see ``_LOAN_STEPS``): the server's transition, its loan row, and
+        LOAN_STARTED / LOAN_ENDED events."""
+        rule = _LOAN_STEPS[action.kind]
+        server = session.get(m.Server, action.server_id)
+        if server is None:
+            raise _Refused(f"server {action.server_id} is not registered")
+        SERVER_LIFECYCLE.check(server.state, rule.target)  # an illegal move is the first thing to report
+        loan = session.scalar(
+            sa.select(m.Loan).where(m.Loan.server_id == server.id, m.Loan.state != LoanState.RETURNED)
+        )
+        if (loan.state if loan else None) != rule.loan_before:
+            raise _Refused(
+                f"server {server.id} has an open {loan.state} loan" if loan and rule.loan_before is None
+                else f"server {server.id} has no {rule.loan_before} loan (found: {loan.state if loan else 'none'})"
+            )
+        if rule.must_be_vacated:
+            holders = sorted(set(session.scalars(
+                sa.select(m.Allocation.job_id).where(m.Allocation.server_id == server.id)
+            )))
+            if holders:
+                raise _Refused(
+                    f"server {server.id} still runs workers of job(s) {', '.join(map(str, holders))} "
+                    f"after this plan's job actions; {action.kind} needs it vacated"
+                )
+        self._set_server_state(session, server, rule.target, action.reason, action.message)
+        summary = f"{action.reason}: {action.message}"[:1024]
+        if loan is None:
+            loan = m.Loan(server_id=server.id, state=rule.loan_after, reason=summary, started_at=now, ended_at=None)
+            session.add(loan)
+            session.flush()  # the loan's id, for the event; the one-open-loan index checks here
+            self._event(session, "LOAN_STARTED", server_id=server.id, reason=action.reason,
+                        message=action.message[:2048], details={"loan_id": str(loan.id)})
+        elif rule.loan_after != loan.state:
+            loan.state = rule.loan_after
+            if rule.loan_after == LoanState.RETURNED:
+                loan.ended_at = now
+                loan.reason = summary
+                self._event(
+                    session, "LOAN_ENDED", server_id=server.id, reason=action.reason,
+                    message=f"{action.message} (loaned for {now - loan.started_at:.0f}s)"[:2048],
+                    details={"loan_id": str(loan.id)},
+                )
+        return {server.id}
 
     def _apply_pending(self, session: Session, pending: Sequence[KeepPending]) -> None:
         """Record new pending reasons in bulk: one UPDATE and one events INSERT for all of them."""
@@ -820,14 +1047,74 @@ class SchedulerApp:
 
 
 class _Refused(Exception):
-    pass
+    """A plan action that fresh state no longer allows; ``str()`` says why, for ``ApplyResult.rejected``."""
 
 
-def _refusal_message(exc: Exception) -> str:
+@dataclass
+class _Applied:
+    """What one attempt of an ``apply`` transaction committed, and what it refused."""
+
+    started: list[int] = field(default_factory=list)
+    scaled: list[int] = field(default_factory=list)
+    preempted: list[int] = field(default_factory=list)
+    server_steps: list[tuple[str, str]] = field(default_factory=list)
+    rejected: list[tuple[int | str, str]] = field(default_factory=list)
+    touched: set[str] = field(default_factory=set)
+
+
+@dataclass(frozen=True)
+class _PlacementCheck:
+    """Fresh facts about the servers a plan places workers on, read once per ``apply``: which can run
+    training, and which of their GPUs exist and are healthy. Server states do not change during the job
+    actions (loan steps other than ACTIVATE come after them), so one read serves every action."""
+
+    server_states: dict[str, str]
+    healthy_gpus: frozenset[tuple[str, int]]
+
+    @classmethod
+    def load(cls, session: Session, actions: Sequence[StartJob | ScaleJob]) -> _PlacementCheck:
+        server_ids = sorted({w.server_id for action in actions for w in action.workers})
+        if not server_ids:
+            return cls({}, frozenset())
+        s, g = m.Server.__table__.c, m.Gpu.__table__.c
+        states = dict(session.execute(sa.select(s.id, s.state).where(s.id.in_(server_ids))).all())
+        healthy = session.execute(
+            sa.select(g.server_id, g.index).where(g.server_id.in_(server_ids), g.healthy)
+        )
+        return cls(states, frozenset((server_id, index) for server_id, index in healthy))
+
+    def check(self, job: m.Job, workers: Sequence[WorkerPlacement], new_gpus: set[tuple[str, int]]) -> None:
+        """Refuse a placement that breaks the job's shape, or puts a new worker where training cannot
+        run. ``new_gpus``: the (server, GPU) pairs the job does not hold yet (kept workers stay put)."""
+        if sorted(w.rank for w in workers) != list(range(len(workers))):
+            raise _Refused(f"job {job.id}: planned ranks {sorted(w.rank for w in workers)} are not 0..n-1")
+        if not job.min_workers <= len(workers) <= job.max_workers:
+            raise _Refused(
+                f"job {job.id}: {len(workers)} worker(s) planned, outside {job.min_workers}..{job.max_workers}"
+            )
+        for w in workers:
+            if len(set(w.gpu_indices)) != job.gpus_per_worker:
+                raise _Refused(f"job {job.id}: rank {w.rank} has {len(set(w.gpu_indices))} GPU(s), "
+                               f"needs {job.gpus_per_worker}")
+        for server_id, index in sorted(new_gpus):
+            state = self.server_states.get(server_id)
+            if state not in TRAINING_CAPABLE_STATES:
+                raise _Refused(f"server {server_id} is {state or 'not registered'}: training cannot run on it")
+            if (server_id, index) not in self.healthy_gpus:
+                raise _Refused(f"GPU {index} of server {server_id} is unhealthy or missing")
+
+
+def _state_of(job: m.Job | None) -> str:
+    return job.state if job is not None else "not found"
+
+
+def _refusal_message(exc: Exception, *, server_step: bool = False) -> str:
     if isinstance(exc, IntegrityError):
+        if server_step:  # the one-open-loan-per-server index: a concurrent LOAN won
+            return f"{Reason.STALE_PLAN}: the server's loan changed while the plan was made"
         return f"{Reason.STALE_PLAN}: a planned GPU is already held by another worker"
     if isinstance(exc, StaleDataError):
-        return f"{Reason.STALE_PLAN}: the job changed while the plan was made"
+        return f"{Reason.STALE_PLAN}: the job or server changed while the plan was made"
     return f"{Reason.STALE_PLAN}: {exc}"
 
 

@@ -303,27 +303,31 @@ def reclaim_cost_of(instance: ReclaimInstance, servers: Iterable[int]) -> Reclai
 
 
 def reclaim_greedy_reference(instance: ReclaimInstance, n_reclaim: int) -> ReclaimOutcome:
-    """The greedy in plain Python on the dense ``workers_on`` matrix, recomputing every job's state and
-    every server's marginal from scratch after each pick: ``O(n_reclaim * J * L)``."""
+    """The greedy in plain Python, recomputing every job's state and every server's marginal from
+    scratch after each pick (no incremental bookkeeping): ``O(n_reclaim * (J + nnz))``."""
     n = _check_count(instance, n_reclaim)
-    dense = instance.dense().tolist()
-    job_workers = [int(x) for x in instance.job_workers]
-    job_min = [int(x) for x in instance.job_min]
-    job_cost = [float(x) for x in instance.job_cost]
-    scale_in = [float(x) for x in instance.scale_in_cost]
-    n_jobs, n_servers = instance.n_jobs, instance.n_servers
+    on_server = [
+        list(zip(instance.server_job[a:b].tolist(), instance.server_workers[a:b].tolist()))
+        for a, b in zip(instance.server_ptr[:-1].tolist(), instance.server_ptr[1:].tolist())
+    ]
+    job_workers = instance.job_workers.tolist()
+    job_min = instance.job_min.tolist()
+    job_cost = instance.job_cost.tolist()
+    scale_in = instance.scale_in_cost.tolist()
     picks: list[int] = []
     for _ in range(n):
-        removed = [sum(dense[j][s] for s in picks) for j in range(n_jobs)]
-        preempted = [removed[j] > 0 and job_workers[j] - removed[j] < job_min[j] for j in range(n_jobs)]
+        removed = [0] * instance.n_jobs
+        for s in picks:
+            for j, w in on_server[s]:
+                removed[j] += w
+        preempted = [r > 0 and job_workers[j] - r < job_min[j] for j, r in enumerate(removed)]
         best, best_cost = -1, 0.0
-        for s in range(n_servers):
+        for s in range(instance.n_servers):
             if s in picks:
                 continue
             cost = 0.0
-            for j in range(n_jobs):
-                w = dense[j][s]
-                if w == 0 or preempted[j]:
+            for j, w in on_server[s]:  # ascending job order, as the kernel sums
+                if preempted[j]:
                     continue
                 if job_workers[j] - removed[j] - w < job_min[j]:
                     cost += job_cost[j] - scale_in[j] * removed[j]

@@ -83,6 +83,12 @@ class Job(Base):
     started_at: Mapped[float | None] = mapped_column(Double)
     finished_at: Mapped[float | None] = mapped_column(Double)
     version: Mapped[int] = mapped_column(Integer, default=1)
+    # Last start, restart or resize: the policy leaves recently resized jobs alone (anti-thrashing).
+    last_resized_at: Mapped[float | None] = mapped_column(Double)
+    # Progress as the job reports it, in the unit of its throughput hints' ``total_work``.
+    work_done: Mapped[float] = mapped_column(Double, default=0.0, server_default="0")
+    # Work since the last checkpoint is what a preemption loses.
+    last_checkpoint_at: Mapped[float | None] = mapped_column(Double)
 
     __table_args__ = (
         CheckConstraint("gpus_per_worker >= 1", name="gpus_per_worker_positive"),
@@ -99,6 +105,10 @@ class Job(Base):
     )
     # Optimistic concurrency: every UPDATE checks and bumps ``version`` (StaleDataError on a race).
     __mapper_args__ = {"version_id_col": version}
+
+
+def _registered_at(context: Any) -> float:
+    return context.get_current_parameters()["registered_at"]
 
 
 class Server(Base):
@@ -118,6 +128,9 @@ class Server(Base):
     desired_generation: Mapped[int] = mapped_column(BigInteger, default=1)
     observed_generation: Mapped[int] = mapped_column(BigInteger, default=0)
     version: Mapped[int] = mapped_column(Integer, default=1)
+    # When it entered its current state (loan hysteresis, drain timeouts). Defaults to its registration
+    # time; the server default 0 ("unknown") only serves rows written without the models.
+    state_changed_at: Mapped[float] = mapped_column(Double, default=_registered_at, server_default="0")
 
     __table_args__ = (
         CheckConstraint("pool IN ('TRAINING','INFERENCE')", name="pool_known"),

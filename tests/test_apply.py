@@ -1,0 +1,574 @@
+"""The applier: ``SchedulerApp.apply`` commits a Plan's preemptions, scales, starts and loan steps in one
+transaction, refuses each stale action alone, and ``snapshot`` shows the policy what it needs.
+
+Every test runs on SQLite and on PostgreSQL (``database_url``) through the application layer, with a
+manual clock so times can be asserted exactly. Plans are written by hand: these tests check the
+applier's contract, not any policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import pytest
+from sqlalchemy.orm import Session
+
+from scheduler_service.app import (
+    GpuReport,
+    JobSubmission,
+    SchedulerApp,
+    ServerRegistration,
+    StatusReport,
+)
+from scheduler_service.core.plan import (
+    ApplyResult,
+    LoanStep,
+    Plan,
+    PreemptJob,
+    Reason,
+    ScaleJob,
+    ServerAction,
+    StartJob,
+    WorkerPlacement,
+)
+from scheduler_service.lifecycle import JobState, Pool, ServerState
+from scheduler_service.store.db import create_engine_for, session_factory
+from scheduler_service.store.models import Allocation
+
+T0 = 1_700_000_000.0
+
+
+class ManualClock:
+    """The Clock port, moved by hand."""
+
+    def __init__(self, now: float = T0) -> None:
+        self.time = now
+
+    def now(self) -> float:
+        return self.time
+
+    def monotonic(self) -> float:
+        return self.time - T0
+
+    def advance(self, seconds: float) -> float:
+        self.time += seconds
+        return self.time
+
+
+class RecordingNotifier:
+    def __init__(self) -> None:
+        self.desired: list[set[str]] = []
+
+    def events_appended(self) -> None:
+        pass
+
+    def desired_state_changed(self, server_ids: Iterable[str]) -> None:
+        self.desired.append(set(server_ids))
+
+    def cycle_requested(self) -> None:
+        pass
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def notifier() -> RecordingNotifier:
+    return RecordingNotifier()
+
+
+@pytest.fixture
+def app(database_url: str, clock: ManualClock, notifier: RecordingNotifier) -> Iterator[SchedulerApp]:
+    engine = create_engine_for(database_url)
+    yield SchedulerApp(session_factory(engine), clock, notifier=notifier)
+    engine.dispose()
+
+
+# --- builders -------------------------------------------------------------------------------------
+
+
+def register(app: SchedulerApp, name: str, *, pool: Pool = Pool.TRAINING, gpus: int = 4) -> None:
+    app.register_server(
+        ServerRegistration(
+            hostname=name, pool=pool, agent_address=f"{name}:7000", agent_version="test",
+            gpus=tuple(GpuReport(i, f"GPU-{name}-{i}", "Fake-GPU", 80 << 30) for i in range(gpus)),
+        )
+    )
+
+
+def submit(app: SchedulerApp, name: str = "job", *, gpus: int = 1, workers: int = 1, max_workers: int = 0,
+           throughput: dict | None = None) -> int:
+    return app.submit_job(
+        JobSubmission(
+            name=name, user="alice", queue="default", command=("python", "train.py"), env={},
+            gpus_per_worker=gpus, min_workers=workers, max_workers=max_workers or workers,
+            throughput=throughput or {},
+        )
+    ).job.id
+
+
+def placed(*workers: tuple[str, tuple[int, ...]]) -> tuple[WorkerPlacement, ...]:
+    """Workers in rank order: ``placed(("s1", (0,)), ("s2", (1,)))`` is rank 0 on s1 GPU 0, rank 1 on s2."""
+    return tuple(WorkerPlacement(rank, server, gpus) for rank, (server, gpus) in enumerate(workers))
+
+
+def start(job_id: int, *workers: tuple[str, tuple[int, ...]]) -> StartJob:
+    return StartJob(job_id, placed(*workers), Reason.PLACED, "test placement")
+
+
+def scale(job_id: int, *workers: tuple[str, tuple[int, ...]], reason: Reason = Reason.SCALED_OUT) -> ScaleJob:
+    return ScaleJob(job_id, placed(*workers), reason, f"to {len(workers)} worker(s)")
+
+
+def step(server_id: str, kind: LoanStep, reason: Reason = Reason.LOAN_ACTIVE) -> ServerAction:
+    return ServerAction(server_id, kind, reason, f"{kind.lower()} {server_id}")
+
+
+def applied(app: SchedulerApp, **actions) -> ApplyResult:
+    return app.apply(Plan(**{k: tuple(v) for k, v in actions.items()}))
+
+
+def allocations(app: SchedulerApp, job_id: int) -> set[tuple[int, str, int]]:
+    record, _ = app.get_job(job_id)
+    return {(a.rank, a.server_id, a.gpu_index) for a in record.allocations}
+
+
+def job_row(app: SchedulerApp, job_id: int):
+    return app.get_job(job_id)[0].job
+
+
+def transitions(app: SchedulerApp, job_id: int) -> list[tuple[str, str, str]]:
+    _, events = app.get_job(job_id, include_events=True)
+    return [(e.from_state, e.to_state, e.reason) for e in events if e.kind == "JOB_STATE_CHANGED"]
+
+
+def server_row(app: SchedulerApp, server_id: str):
+    return next(r.server for r in app.list_servers() if r.server.id == server_id)
+
+
+def generation(app: SchedulerApp, server_id: str) -> int:
+    return server_row(app, server_id).desired_generation
+
+
+def server_events(app: SchedulerApp, server_id: str) -> list[tuple[str, str, str, str]]:
+    return [(e.kind, e.from_state, e.to_state, e.reason) for e in app.events_after(0, server_id=server_id)
+            if e.kind != "SERVER_REGISTERED"]
+
+
+def loans(app: SchedulerApp) -> list[tuple[str, str, float, float | None]]:
+    return sorted((l.server_id, l.state, l.started_at, l.ended_at) for l in app.list_loans(include_returned=True))
+
+
+# --- preemption -----------------------------------------------------------------------------------
+
+
+def test_preemption_frees_the_gpus_and_requeues_the_job_with_an_explanation(
+    app: SchedulerApp, clock: ManualClock, notifier: RecordingNotifier
+) -> None:
+    register(app, "s1", gpus=2)
+    register(app, "s2", gpus=2)
+    job = submit(app, workers=2, max_workers=2)
+    assert applied(app, starts=[start(job, ("s1", (0,)), ("s2", (0,)))]).started == (job,)
+    before = {s: generation(app, s) for s in ("s1", "s2")}
+    clock.advance(60)
+
+    result = applied(app, preemptions=[PreemptJob(job, Reason.PREEMPTED_FOR_RECLAIM, "server s2 went back")])
+
+    assert result.preempted == (job,) and result.rejected == ()
+    assert result.touched_servers == {"s1", "s2"}
+    assert allocations(app, job) == set()
+    row = job_row(app, job)
+    assert (row.state, row.num_workers, row.preemptions, row.restarts) == ("PENDING", 0, 1, 0)
+    assert row.pending_reason == "PREEMPTED_FOR_RECLAIM: server s2 went back"
+    assert transitions(app, job)[-2:] == [
+        ("RUNNING", "PREEMPTED", "PREEMPTED_FOR_RECLAIM"),
+        ("PREEMPTED", "PENDING", "PREEMPTED_FOR_RECLAIM"),
+    ]
+    explanation = app.explain_job(job)
+    assert "requeued after preemption: server s2 went back" in explanation.summary
+    # Each server it ran on is told once, after commit.
+    assert {s: generation(app, s) for s in ("s1", "s2")} == {s: g + 1 for s, g in before.items()}
+    assert notifier.desired[-1] == {"s1", "s2"}
+    # The freed GPUs are free again: another job can take them in the next plan.
+    other = submit(app, "other", gpus=2)
+    assert applied(app, starts=[start(other, ("s1", (0, 1)))]).started == (other,)
+
+
+def test_preempting_a_job_that_is_not_running_is_refused(app: SchedulerApp) -> None:
+    job = submit(app)
+
+    result = applied(app, preemptions=[PreemptJob(job, Reason.PREEMPTED_FOR_RECLAIM, "stale")])
+
+    assert result.preempted == ()
+    assert result.rejected == ((job, f"STALE_PLAN: job {job} is PENDING, not running: there is nothing to preempt"),)
+    assert job_row(app, job).preemptions == 0
+
+
+# --- scaling --------------------------------------------------------------------------------------
+
+
+def test_scale_out_then_in_replaces_allocations_and_world_size_and_keeps_staying_workers(
+    app: SchedulerApp, clock: ManualClock
+) -> None:
+    register(app, "s1", gpus=2)
+    register(app, "s2", gpus=2)
+    job = submit(app, workers=1, max_workers=4)
+    applied(app, starts=[start(job, ("s1", (0,)))])
+    first_allocated_at = app.get_job(job)[0].allocations[0].allocated_at
+    assert job_row(app, job).last_resized_at == T0
+    s2_before = generation(app, "s2")
+
+    out_at = clock.advance(100)
+    result = applied(app, scales=[scale(job, ("s1", (0,)), ("s1", (1,)), ("s2", (0,)))])
+
+    assert result.scaled == (job,) and result.rejected == ()
+    assert allocations(app, job) == {(0, "s1", 0), (1, "s1", 1), (2, "s2", 0)}
+    record = app.get_job(job)[0]
+    kept = next(a for a in record.allocations if a.rank == 0)
+    assert kept.allocated_at == first_allocated_at  # the staying worker's row was not rewritten
+    row = record.job
+    assert (row.state, row.num_workers, row.restarts, row.last_resized_at, row.started_at) == (
+        "RUNNING", 3, 0, out_at, T0)
+    assert generation(app, "s2") == s2_before + 1
+    # Agents see the new world size on every server the job runs on.
+    for server_id, ranks in (("s1", [(0, 0), (1, 1)]), ("s2", [(2, 0)])):
+        desired = app.desired_state(server_id)
+        assert [(w.rank, w.local_rank, w.world_size) for w in desired.workers] == [(r, lr, 3) for r, lr in ranks]
+        assert {w.master_addr for w in desired.workers} == {"s1:7000"}
+
+    in_at = clock.advance(100)
+    result = applied(app, scales=[scale(job, ("s1", (0,)), ("s1", (1,)), reason=Reason.SCALED_IN)])
+
+    assert result.scaled == (job,)
+    assert result.touched_servers == {"s1", "s2"}  # s2 lost its worker; s1's workers restart at size 2
+    assert allocations(app, job) == {(0, "s1", 0), (1, "s1", 1)}
+    assert (job_row(app, job).num_workers, job_row(app, job).last_resized_at) == (2, in_at)
+    assert app.desired_state("s2").workers == ()
+    assert [w.world_size for w in app.desired_state("s1").workers] == [2, 2]
+    assert transitions(app, job) == [
+        ("PENDING", "RUNNING", "PLACED"),
+        ("RUNNING", "SCALING", "SCALED_OUT"),
+        ("SCALING", "RUNNING", "SCALED_OUT"),
+        ("RUNNING", "SCALING", "SCALED_IN"),
+        ("SCALING", "RUNNING", "SCALED_IN"),
+    ]
+
+
+def test_shrinks_run_before_starts_so_freed_gpus_can_be_reused_in_the_same_plan(app: SchedulerApp) -> None:
+    register(app, "s1", gpus=2)
+    elastic = submit(app, "elastic", workers=1, max_workers=2)
+    applied(app, starts=[start(elastic, ("s1", (0,)), ("s1", (1,)))])
+    waiting = submit(app, "waiting")
+
+    # Listed start-first on purpose: the applier still shrinks first.
+    result = applied(
+        app,
+        starts=[start(waiting, ("s1", (1,)))],
+        scales=[scale(elastic, ("s1", (0,)), reason=Reason.SCALED_IN_FOR_BASE_DEMAND)],
+    )
+
+    assert (result.started, result.scaled, result.rejected) == ((waiting,), (elastic,), ())
+    assert allocations(app, elastic) == {(0, "s1", 0)}
+    assert allocations(app, waiting) == {(0, "s1", 1)}
+
+
+def test_preemptions_run_before_starts_so_freed_gpus_can_be_reused_in_the_same_plan(app: SchedulerApp) -> None:
+    register(app, "s1", gpus=1)
+    victim = submit(app, "victim")
+    applied(app, starts=[start(victim, ("s1", (0,)))])
+    urgent = submit(app, "urgent")
+
+    result = applied(
+        app,
+        starts=[start(urgent, ("s1", (0,)))],
+        preemptions=[PreemptJob(victim, Reason.PREEMPTED_FOR_RECLAIM, "make room")],
+    )
+
+    assert (result.started, result.preempted, result.rejected) == ((urgent,), (victim,), ())
+    assert allocations(app, urgent) == {(0, "s1", 0)}
+
+
+def test_a_stale_scale_is_refused_alone_while_the_rest_of_the_plan_commits(app: SchedulerApp) -> None:
+    register(app, "s1", gpus=4)
+    stale = submit(app, "stale", workers=1, max_workers=2)
+    applied(app, starts=[start(stale, ("s1", (0,)))])
+    app.cancel_job(stale, "user changed their mind")
+    fresh = submit(app, "fresh")
+
+    result = applied(app, scales=[scale(stale, ("s1", (0,)), ("s1", (1,)))], starts=[start(fresh, ("s1", (0,)))])
+
+    assert result.scaled == ()
+    assert result.rejected == ((stale, f"STALE_PLAN: job {stale} is CANCELLED, not running: it cannot be resized"),)
+    assert result.started == (fresh,)
+    assert allocations(app, stale) == set()
+    assert allocations(app, fresh) == {(0, "s1", 0)}
+    assert job_row(app, stale).state == "CANCELLED"
+
+
+@pytest.mark.parametrize(
+    ("workers", "why"),
+    [
+        ((("s1", (0,)), ("s1", (1,)), ("s1", (2,))), "job {job}: 3 worker(s) planned, outside 1..2"),
+        ((("s1", (0, 1)),), "job {job}: rank 0 has 2 GPU(s), needs 1"),
+        ((("s1", (0,)), ("s9", (0,))), "server s9 is not registered: training cannot run on it"),
+        ((("s1", (0,)), ("s1", (7,))), "GPU 7 of server s1 is unhealthy or missing"),
+    ],
+    ids=["above_max", "wrong_gpus_per_worker", "unknown_server", "missing_gpu"],
+)
+def test_a_malformed_scale_is_refused_and_the_job_keeps_running_as_it_was(
+    app: SchedulerApp, workers: tuple, why: str
+) -> None:
+    register(app, "s1", gpus=4)
+    job = submit(app, workers=1, max_workers=2)
+    applied(app, starts=[start(job, ("s1", (0,)))])
+
+    result = applied(app, scales=[scale(job, *workers)])
+
+    assert result.rejected == ((job, "STALE_PLAN: " + why.format(job=job)),)
+    assert allocations(app, job) == {(0, "s1", 0)}
+    assert (job_row(app, job).state, job_row(app, job).num_workers) == ("RUNNING", 1)
+
+
+# --- double booking -------------------------------------------------------------------------------
+
+
+def test_a_plan_that_double_books_a_gpu_commits_only_the_first_action(app: SchedulerApp) -> None:
+    register(app, "s1", gpus=2)
+    first, second = submit(app, "first"), submit(app, "second")
+    elastic = submit(app, "elastic", workers=1, max_workers=2)
+    applied(app, starts=[start(elastic, ("s1", (1,)))])
+
+    result = applied(
+        app,
+        starts=[start(first, ("s1", (0,))), start(second, ("s1", (0,)))],
+        scales=[scale(elastic, ("s1", (1,)), ("s1", (0,)))],  # grows after the starts: GPU 0 is gone by then
+    )
+
+    assert result.started == (first,)
+    assert result.scaled == ()
+    assert result.rejected == (
+        (second, "STALE_PLAN: a planned GPU is already held by another worker"),
+        (elastic, "STALE_PLAN: a planned GPU is already held by another worker"),
+    )
+    assert allocations(app, first) == {(0, "s1", 0)}
+    assert allocations(app, second) == set()
+    assert allocations(app, elastic) == {(0, "s1", 1)}
+    assert (job_row(app, second).state, job_row(app, elastic).num_workers) == ("PENDING", 1)
+    assert transitions(app, elastic)[-1] == ("PENDING", "RUNNING", "PLACED")  # no SCALING recorded
+
+
+# --- the loan cycle -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("vacate", ["preempt", "scale_in"])
+def test_the_full_loan_cycle(app: SchedulerApp, clock: ManualClock, notifier: RecordingNotifier, vacate: str) -> None:
+    register(app, "train-1", gpus=2)
+    register(app, "inf-1", pool=Pool.INFERENCE, gpus=2)
+    job = submit(app, workers=1, max_workers=4)
+    applied(app, starts=[start(job, ("train-1", (0,)), ("train-1", (1,)))])
+
+    loan_at = clock.advance(10)
+    result = applied(app, server_actions=[step("inf-1", LoanStep.LOAN, Reason.LOANED_IDLE_SERVER)])
+    assert result.server_steps == (("inf-1", "LOAN"),) and result.rejected == ()
+    assert server_row(app, "inf-1").state == "DRAINING"
+    assert loans(app) == [("inf-1", "ACTIVE", loan_at, None)]
+    view = app.snapshot().server("inf-1")
+    assert (view.state, view.state_since, view.loan_started_at) == (ServerState.DRAINING, loan_at, loan_at)
+
+    # Lent and used in one plan: ACTIVATE is applied before the plan's placements.
+    activate_at = clock.advance(30)
+    result = applied(
+        app,
+        server_actions=[step("inf-1", LoanStep.ACTIVATE)],
+        scales=[scale(job, ("train-1", (0,)), ("train-1", (1,)), ("inf-1", (0,)), ("inf-1", (1,)))],
+    )
+    assert (result.server_steps, result.scaled, result.rejected) == ((("inf-1", "ACTIVATE"),), (job,), ())
+    view = app.snapshot().server("inf-1")
+    assert (view.state, view.state_since, view.loan_started_at) == (ServerState.LOANED, activate_at, loan_at)
+    assert view.allocated == ((0, job), (1, job))
+    assert [w.world_size for w in app.desired_state("inf-1").workers] == [4, 4]
+
+    reclaim_at = clock.advance(300)
+    vacating = (
+        {"preemptions": [PreemptJob(job, Reason.PREEMPTED_FOR_RECLAIM, "inf-1 went back to inference")]}
+        if vacate == "preempt"
+        else {"scales": [scale(job, ("train-1", (0,)), ("train-1", (1,)), reason=Reason.SCALED_IN_FOR_RECLAIM)]}
+    )
+    result = applied(
+        app, server_actions=[step("inf-1", LoanStep.RECLAIM, Reason.RECLAIMED_FOR_INFERENCE)], **vacating
+    )
+    assert result.server_steps == (("inf-1", "RECLAIM"),) and result.rejected == ()
+    assert "inf-1" in result.touched_servers and "inf-1" in notifier.desired[-1]
+    assert server_row(app, "inf-1").state == "RECLAIMING"
+    assert loans(app) == [("inf-1", "RECLAIMING", loan_at, None)]
+    assert app.desired_state("inf-1").workers == ()
+    if vacate == "preempt":
+        assert job_row(app, job).state == "PENDING"
+    else:
+        assert (job_row(app, job).state, job_row(app, job).num_workers) == ("RUNNING", 2)
+    view = app.snapshot().server("inf-1")
+    assert (view.state_since, view.loan_started_at, view.agent_converged) == (reclaim_at, loan_at, False)
+
+    # The agent confirms it stopped the workers, then the server serves again.
+    app.report_status(StatusReport("inf-1", app.epoch, (), server_row(app, "inf-1").desired_generation))
+    assert app.snapshot().server("inf-1").agent_converged
+    return_at = clock.advance(5)
+    result = applied(app, server_actions=[step("inf-1", LoanStep.RETURN, Reason.RETURNED_TO_SERVING)])
+    assert result.server_steps == (("inf-1", "RETURN"),) and result.rejected == ()
+    assert server_row(app, "inf-1").state == "SERVING"
+    assert loans(app) == [("inf-1", "RETURNED", loan_at, return_at)]
+    view = app.snapshot().server("inf-1")
+    assert (view.state, view.state_since, view.loan_started_at) == (ServerState.SERVING, return_at, None)
+
+    assert server_events(app, "inf-1") == [
+        ("SERVER_STATE_CHANGED", "SERVING", "DRAINING", "LOANED_IDLE_SERVER"),
+        ("LOAN_STARTED", "", "", "LOANED_IDLE_SERVER"),
+        ("SERVER_STATE_CHANGED", "DRAINING", "LOANED", "LOAN_ACTIVE"),
+        ("SERVER_STATE_CHANGED", "LOANED", "RECLAIMING", "RECLAIMED_FOR_INFERENCE"),
+        ("SERVER_STATE_CHANGED", "RECLAIMING", "SERVING", "RETURNED_TO_SERVING"),
+        ("LOAN_ENDED", "", "", "RETURNED_TO_SERVING"),
+    ]
+
+
+def test_a_loan_cancelled_while_draining_returns_the_server_and_ends_the_loan(
+    app: SchedulerApp, clock: ManualClock
+) -> None:
+    register(app, "inf-1", pool=Pool.INFERENCE)
+    applied(app, server_actions=[step("inf-1", LoanStep.LOAN, Reason.LOANED_IDLE_SERVER)])
+    cancel_at = clock.advance(20)
+
+    result = applied(app, server_actions=[step("inf-1", LoanStep.CANCEL, Reason.LOAN_CANCELLED)])
+
+    assert result.server_steps == (("inf-1", "CANCEL"),)
+    assert server_row(app, "inf-1").state == "SERVING"
+    assert loans(app) == [("inf-1", "RETURNED", T0, cancel_at)]
+    assert [e[0] for e in server_events(app, "inf-1")][-2:] == ["SERVER_STATE_CHANGED", "LOAN_ENDED"]
+    # A new loan may start later: only open loans are limited to one per server.
+    assert applied(app, server_actions=[step("inf-1", LoanStep.LOAN)]).server_steps == (("inf-1", "LOAN"),)
+
+
+def test_a_reclaim_of_a_server_that_still_holds_workers_is_refused_and_changes_nothing_there(
+    app: SchedulerApp, clock: ManualClock
+) -> None:
+    register(app, "inf-1", pool=Pool.INFERENCE, gpus=2)
+    register(app, "train-1", gpus=1)
+    applied(app, server_actions=[step("inf-1", LoanStep.LOAN)])
+    applied(app, server_actions=[step("inf-1", LoanStep.ACTIVATE)])
+    job = submit(app, "on-loan", workers=2, max_workers=2)
+    applied(app, starts=[start(job, ("inf-1", (0,)), ("inf-1", (1,)))])
+    other = submit(app, "other")
+    before = (server_row(app, "inf-1").state, generation(app, "inf-1"), loans(app), server_events(app, "inf-1"))
+    clock.advance(60)
+
+    # The plan reclaims inf-1 without vacating it; the unrelated start still commits.
+    result = applied(
+        app, server_actions=[step("inf-1", LoanStep.RECLAIM, Reason.RECLAIMED_FOR_INFERENCE)],
+        starts=[start(other, ("train-1", (0,)))],
+    )
+
+    assert result.server_steps == ()
+    assert result.rejected == (
+        ("inf-1", f"STALE_PLAN: server inf-1 still runs workers of job(s) {job} after this plan's job actions; "
+                  "RECLAIM needs it vacated"),
+    )
+    assert result.started == (other,)
+    assert "inf-1" not in result.touched_servers
+    after = (server_row(app, "inf-1").state, generation(app, "inf-1"), loans(app), server_events(app, "inf-1"))
+    assert after == before
+    assert before[0] == "LOANED"
+    assert allocations(app, job) == {(0, "inf-1", 0), (1, "inf-1", 1)}
+
+
+def test_return_is_refused_while_workers_remain(app: SchedulerApp, database_url: str) -> None:
+    register(app, "inf-1", pool=Pool.INFERENCE, gpus=1)
+    for kind in (LoanStep.LOAN, LoanStep.ACTIVATE, LoanStep.RECLAIM):
+        applied(app, server_actions=[step("inf-1", kind)])
+    # No plan can place a worker on a RECLAIMING server; write one behind the applier's back (say, a
+    # worker the applier did not know of) to show RETURN checks the allocations itself.
+    job = submit(app)
+    engine = create_engine_for(database_url)
+    with Session(engine) as session, session.begin():
+        session.add(Allocation(job_id=job, rank=0, server_id="inf-1", gpu_index=0, allocated_at=T0))
+    engine.dispose()
+
+    result = applied(app, server_actions=[step("inf-1", LoanStep.RETURN, Reason.RETURNED_TO_SERVING)])
+
+    assert result.rejected == (
+        ("inf-1", f"STALE_PLAN: server inf-1 still runs workers of job(s) {job} after this plan's job actions; "
+                  "RETURN needs it vacated"),
+    )
+    assert server_row(app, "inf-1").state == "RECLAIMING"
+    assert loans(app) == [("inf-1", "RECLAIMING", T0, None)]
+
+
+def test_activate_on_a_serving_server_is_an_illegal_transition(app: SchedulerApp) -> None:
+    register(app, "inf-1", pool=Pool.INFERENCE)
+    before = generation(app, "inf-1")
+
+    result = applied(app, server_actions=[step("inf-1", LoanStep.ACTIVATE)])
+
+    assert result.server_steps == ()
+    assert result.rejected == (("inf-1", "STALE_PLAN: server cannot go from SERVING to LOANED"),)
+    assert server_row(app, "inf-1").state == "SERVING"
+    assert generation(app, "inf-1") == before
+    assert loans(app) == [] and server_events(app, "inf-1") == []
+
+
+def test_a_training_server_cannot_be_loaned(app: SchedulerApp) -> None:
+    register(app, "train-1")
+
+    result = applied(app, server_actions=[step("train-1", LoanStep.LOAN)])
+
+    assert result.rejected == (("train-1", "STALE_PLAN: server cannot go from TRAINING to DRAINING"),)
+    assert loans(app) == []
+
+
+def test_workers_are_not_placed_on_a_draining_server_the_plan_does_not_activate(app: SchedulerApp) -> None:
+    register(app, "inf-1", pool=Pool.INFERENCE, gpus=1)
+    applied(app, server_actions=[step("inf-1", LoanStep.LOAN)])
+    job = submit(app)
+
+    result = applied(app, starts=[start(job, ("inf-1", (0,)))])
+
+    assert result.rejected == ((job, "STALE_PLAN: server inf-1 is DRAINING: training cannot run on it"),)
+    assert allocations(app, job) == set() and job_row(app, job).state == "PENDING"
+
+
+def test_a_step_for_an_unknown_server_is_refused(app: SchedulerApp) -> None:
+    result = applied(app, server_actions=[step("ghost", LoanStep.LOAN)])
+
+    assert result.rejected == (("ghost", "STALE_PLAN: server ghost is not registered"),)
+
+
+# --- the snapshot ---------------------------------------------------------------------------------
+
+
+def test_the_snapshot_shows_progress_throughput_and_times(app: SchedulerApp, clock: ManualClock) -> None:
+    register(app, "s1", gpus=2)
+    hints = {"points": [[1, 100.0], [2, 180.0]], "total_work": 1e6, "estimated_runtime_s": 3600.0}
+    job = submit(app, workers=1, max_workers=2, throughput=hints)
+    plain = submit(app, "plain")
+
+    view = {j.job_id: j for j in app.snapshot().jobs}
+    assert view[job].throughput_points == ((1, 100.0), (2, 180.0))
+    assert (view[job].total_work, view[job].estimated_runtime_s, view[job].work_done) == (1e6, 3600.0, 0.0)
+    assert (view[job].started_at, view[job].last_resized_at, view[job].last_checkpoint_at) == (None, None, None)
+    assert (view[plain].throughput_points, view[plain].total_work) == ((), 0.0)
+
+    start_at = clock.advance(5)
+    applied(app, starts=[start(job, ("s1", (0,)))])
+    resize_at = clock.advance(5)
+    applied(app, scales=[scale(job, ("s1", (0,)), ("s1", (1,)))])
+
+    snapshot = app.snapshot()
+    running = next(j for j in snapshot.jobs if j.job_id == job)
+    assert (running.state, running.num_workers) == (JobState.RUNNING, 2)
+    assert (running.started_at, running.last_resized_at) == (start_at, resize_at)
+    s1 = snapshot.server("s1")
+    assert s1.state_since == T0  # registration; training servers never change state here
+    assert s1.loan_started_at is None
+    assert not s1.agent_converged  # the scale bumped the generation; the agent has not caught up
+    app.report_status(StatusReport("s1", app.epoch, (), server_row(app, "s1").desired_generation))
+    assert app.snapshot().server("s1").agent_converged
