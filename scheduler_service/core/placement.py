@@ -1,105 +1,125 @@
-"""Placement: where a job's workers go, as a short pipeline declared in one place.
-
-Feasibility checks filter servers, then a scorer ranks the survivors; every policy shares this so
+"""Placement: where a job's workers go, declared in one place and shared by every policy, so that
 comparisons between policies isolate their queueing and scaling mechanisms, not placement.
-A worker never spans servers; a gang is placed whole or not at all.
+
+The pipeline, in order (each step with its reason):
+1. *Runs training* (filter, when the capacity is built): training runs only on training-owned
+   servers and on inference servers while loaned.
+2. *Not reserved* (filter, per call): servers held for a starving job are skipped.
+3. *Fits one worker* (filter): a worker needs all its GPUs on one server (NCCL within a host; one
+   failure domain), healthy and free.
+4. *Pool preference* (rank): base and inelastic workers prefer training-owned servers (a reclaim
+   cannot touch them); elastic extras prefer loaned servers (a reclaim only shrinks their job).
+5. *Best fit* (rank): the server left with the fewest free GPUs, so large free blocks stay intact
+   for large workers; the server id breaks ties deterministically.
+
+A gang is placed whole or not at all. ``FreeCapacity`` keeps servers bucketed by (pool, free GPUs),
+so a placement costs O(distinct free counts), not O(servers): a cycle places thousands of jobs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from bisect import insort
+from collections.abc import Iterable
 
 from scheduler_service.core.plan import Reason, WorkerPlacement
 from scheduler_service.core.snapshot import ClusterSnapshot, JobView, ServerView
 from scheduler_service.lifecycle import Pool
 
-# (server, its GPUs still free in this plan, gpus_per_worker) -> may a worker go there?
-ServerCheck = Callable[[ServerView, Sequence[int], int], bool]
-
-# The feasibility pipeline, in order.
-FEASIBILITY: tuple[tuple[str, ServerCheck], ...] = (
-    # Training may run only on training-owned servers and on inference servers while loaned.
-    ("runs_training", lambda server, free, gpus: server.runs_training),
-    # A worker needs all its GPUs on one server (NCCL within a host; simpler failure domain).
-    ("fits_one_worker", lambda server, free, gpus: len(free) >= gpus),
-)
+# Preferred pool first (step 4). None: no preference.
+TRAINING_FIRST = (Pool.TRAINING, Pool.INFERENCE)  # base workers, inelastic jobs
+LOANED_FIRST = (Pool.INFERENCE, Pool.TRAINING)    # elastic extra workers
+ANY_POOL = (None,)
 
 
-# Which servers a worker should prefer (lower is better), before best fit.
-Preference = Callable[[ServerView], int]
-
-
-def no_preference(server: ServerView) -> int:
-    return 0
-
-
-def prefer_training_owned(server: ServerView) -> int:
-    """Inelastic jobs and base workers: stay off loaned servers, so a reclaim cannot kill them."""
-    return 0 if server.pool == Pool.TRAINING else 1
-
-
-def prefer_loaned(server: ServerView) -> int:
-    """Elastic extra workers: go to loaned servers first, so a reclaim only shrinks their jobs."""
-    return 0 if server.pool == Pool.INFERENCE else 1
-
-
-def best_fit_score(free_after: int, server: ServerView, preference: Preference = no_preference) -> tuple[int, int, str]:
-    """Lower is better. The pool preference first; then best fit: leave the fewest GPUs free on the
-    chosen server, so large free blocks stay intact for large workers; the server id breaks ties."""
-    return (preference(server), free_after, server.server_id)
-
-
-@dataclass
 class FreeCapacity:
-    """A mutable working copy of free GPUs per schedulable server, for planning several jobs."""
+    """Free healthy GPUs per schedulable server, as a plan consumes and releases them."""
 
-    free: dict[str, list[int]]
-    servers: dict[str, ServerView]
+    def __init__(self, free: dict[str, list[int]], servers: dict[str, ServerView]) -> None:
+        self.servers = servers
+        self._free = {sid: sorted(g) for sid, g in free.items()}
+        self._buckets: dict[tuple[Pool, int], list[str]] = {}
+        for sid in sorted(self._free):
+            if self._free[sid]:
+                self._buckets.setdefault((servers[sid].pool, len(self._free[sid])), []).append(sid)
+        self.total = sum(len(g) for g in self._free.values())
+        self._biggest_server = max((len(s.gpu_indices) - len(s.unhealthy_gpus) for s in servers.values()), default=0)
 
     @classmethod
     def of(cls, snapshot: ClusterSnapshot) -> FreeCapacity:
-        schedulable = {s.server_id: s for s in snapshot.servers if s.runs_training}
-        return cls(free={sid: list(s.free_gpus) for sid, s in schedulable.items()}, servers=schedulable)
+        schedulable = {s.server_id: s for s in snapshot.servers if s.runs_training}  # step 1
+        return cls({sid: list(s.free_gpus) for sid, s in schedulable.items()}, schedulable)
 
-    def total_free(self) -> int:
-        return sum(len(g) for g in self.free.values())
+    def free(self, server_id: str) -> tuple[int, ...]:
+        return tuple(self._free.get(server_id, ()))
+
+    def free_on(self, server_ids: Iterable[str]) -> int:
+        return sum(len(self._free.get(sid, ())) for sid in server_ids)
 
     def largest_block(self) -> int:
-        return max((len(g) for g in self.free.values()), default=0)
+        return max((count for (_, count), sids in self._buckets.items() if sids), default=0)
+
+    def servers_with_free(self) -> int:
+        return sum(len(sids) for sids in self._buckets.values())
 
     def copy(self) -> FreeCapacity:
-        return FreeCapacity({sid: list(g) for sid, g in self.free.items()}, self.servers)
+        return FreeCapacity(self._free, self.servers)
+
+    # -- taking and giving back -------------------------------------------------------------------
+
+    def _move(self, server_id: str, new_free: list[int]) -> None:
+        pool = self.servers[server_id].pool
+        old = self._free[server_id]
+        if old:
+            self._buckets[(pool, len(old))].remove(server_id)
+        if new_free:
+            insort(self._buckets.setdefault((pool, len(new_free)), []), server_id)
+        self.total += len(new_free) - len(old)
+        self._free[server_id] = new_free
+
+    def take(self, server_id: str, gpus: Iterable[int]) -> None:
+        taken = set(gpus)
+        self._move(server_id, [g for g in self._free[server_id] if g not in taken])
 
     def release(self, server_id: str, gpus: Iterable[int]) -> None:
-        """Give GPUs back (a worker removed in this plan)."""
-        if server_id in self.free:
-            self.free[server_id] = sorted({*self.free[server_id], *gpus})
+        """Give GPUs back (a worker removed by this plan)."""
+        if server_id in self._free:
+            self._move(server_id, sorted({*self._free[server_id], *gpus}))
+
+    # -- placing ----------------------------------------------------------------------------------
+
+    def _best_server(self, gpus: int, pools: tuple[Pool | None, ...], exclude: frozenset[str]) -> str | None:
+        counts = sorted({count for (_, count), sids in self._buckets.items() if count >= gpus and sids})
+        for pool in pools:  # step 4: preferred pool first
+            group = tuple(Pool) if pool is None else (pool,)
+            for count in counts:  # step 5: best fit, the fewest free GPUs that still fit
+                best = None
+                for p in group:
+                    for sid in self._buckets.get((p, count), ()):
+                        if sid not in exclude:  # step 2
+                            best = sid if best is None else min(best, sid)
+                            break
+                if best is not None:
+                    return best
+        return None
 
     def place_gang(
         self, job: JobView, num_workers: int, first_rank: int = 0, *,
-        preference: Preference = no_preference, exclude: frozenset[str] = frozenset(),
+        pools: tuple[Pool | None, ...] = ANY_POOL, exclude: frozenset[str] = frozenset(),
     ) -> tuple[WorkerPlacement, ...] | None:
-        """Place ``num_workers`` workers of ``job`` (best fit, one at a time); all or nothing.
-        On success the GPUs are taken from this capacity; on failure nothing changes.
-        ``exclude``: servers held for someone else (a reservation)."""
-        trial = {sid: list(g) for sid, g in self.free.items()}
+        """Place ``num_workers`` workers of ``job``, one at a time; all or nothing. On success the
+        GPUs are taken from this capacity; on failure nothing changes."""
+        if num_workers * job.gpus_per_worker > self.total:
+            return None
         placed: list[WorkerPlacement] = []
         for rank in range(first_rank, first_rank + num_workers):
-            candidates = [
-                self.servers[sid]
-                for sid in sorted(trial)
-                if sid not in exclude and _feasible(self.servers[sid], trial[sid], job.gpus_per_worker)
-            ]
-            if not candidates:
+            sid = self._best_server(job.gpus_per_worker, pools, exclude)
+            if sid is None:
+                for w in placed:  # roll back
+                    self.release(w.server_id, w.gpu_indices)
                 return None
-            best = min(
-                candidates,
-                key=lambda s: best_fit_score(len(trial[s.server_id]) - job.gpus_per_worker, s, preference),
-            )
-            taken, trial[best.server_id] = trial[best.server_id][: job.gpus_per_worker], trial[best.server_id][job.gpus_per_worker :]
-            placed.append(WorkerPlacement(rank=rank, server_id=best.server_id, gpu_indices=tuple(taken)))
-        self.free = trial
+            gpus = tuple(self._free[sid][: job.gpus_per_worker])
+            self.take(sid, gpus)
+            placed.append(WorkerPlacement(rank=rank, server_id=sid, gpu_indices=gpus))
         return tuple(placed)
 
     def explain_unplaceable(self, job: JobView, num_workers: int) -> tuple[Reason, str]:
@@ -107,18 +127,13 @@ class FreeCapacity:
         need = f"needs {num_workers} worker(s) x {job.gpus_per_worker} GPU(s) as a gang"
         if not self.servers:
             return Reason.NO_TRAINING_CAPACITY, f"{need}; no server can run training right now"
-        biggest_server = max(len(s.gpu_indices) - len(s.unhealthy_gpus) for s in self.servers.values())
-        if biggest_server < job.gpus_per_worker:
+        if self._biggest_server < job.gpus_per_worker:
             return (
                 Reason.WORKER_TOO_LARGE,
-                f"{need}; the largest schedulable server has {biggest_server} healthy GPU(s)",
+                f"{need}; the largest schedulable server has {self._biggest_server} healthy GPU(s)",
             )
         return (
             Reason.WAITING_FOR_GANG,
-            f"{need}; free now: {self.total_free()} GPU(s) on {sum(1 for g in self.free.values() if g)} "
-            f"server(s), largest block {self.largest_block()}",
+            f"{need}; free now: {self.total} GPU(s) on {self.servers_with_free()} server(s), "
+            f"largest block {self.largest_block()}",
         )
-
-
-def _feasible(server: ServerView, free: Sequence[int], gpus_per_worker: int) -> bool:
-    return all(check(server, free, gpus_per_worker) for _, check in FEASIBILITY)

@@ -34,7 +34,7 @@ from math import ceil
 import numpy as np
 
 from scheduler_service.core.params import PolicyParams
-from scheduler_service.core.placement import FreeCapacity, prefer_loaned, prefer_training_owned
+from scheduler_service.core.placement import LOANED_FIRST, TRAINING_FIRST, FreeCapacity
 from scheduler_service.core.plan import (
     KeepPending,
     LoanStep,
@@ -97,21 +97,17 @@ class _Cycle:
         return self.server_state[server_id] in (ServerState.TRAINING, ServerState.LOANED)
 
     def rebuild_capacity(self) -> None:
-        views = {
-            sid: ServerView(s.server_id, s.pool, self.server_state[sid], s.gpu_indices, s.unhealthy_gpus,
-                            self._allocated(sid), s.state_since, s.loan_started_at, s.agent_converged)
-            for sid, s in self.servers.items()
+        """Free GPUs on the servers that may run training once this cycle's loan steps are done."""
+        held: dict[str, set[int]] = {}
+        for job in self.running.values():
+            for w in job.workers:
+                held.setdefault(w.server_id, set()).update(w.gpus)
+        schedulable = {sid: s for sid, s in self.servers.items() if self.training_capable(sid)}
+        free = {
+            sid: [g for g in s.gpu_indices if g not in s.unhealthy_gpus and g not in held.get(sid, ())]
+            for sid, s in schedulable.items()
         }
-        self.capacity = FreeCapacity.of(ClusterSnapshot(self.snapshot.now, tuple(views.values()), ()))
-
-    def _allocated(self, server_id: str) -> tuple[tuple[int, int], ...]:
-        return tuple(
-            (gpu, job.view.job_id)
-            for job in self.running.values()
-            for w in job.workers
-            if w.server_id == server_id
-            for gpu in w.gpus
-        )
+        self.capacity = FreeCapacity(free, schedulable)
 
     def act(self, server_id: str, step: LoanStep, target: ServerState, reason: Reason, message: str) -> None:
         self.server_actions.append(ServerAction(server_id, step, reason, message))
@@ -286,11 +282,18 @@ class ArylPolicy:
             return (not starving(job), -job.priority, gpu_time, job.submitted_at, job.job_id)
 
         waiting_before: JobView | None = None
+        # Gang shapes (gpus per worker, workers) that fit nowhere, not even over extras. Free GPUs plus
+        # extras only shrink during this step, so any shape at least as large fails too.
+        no_fit: list[tuple[int, int]] = []
         for job in sorted(snap.pending_jobs(), key=order):
-            workers = cycle.capacity.place_gang(job, job.min_workers, preference=prefer_training_owned,
+            workers = cycle.capacity.place_gang(job, job.min_workers, pools=TRAINING_FIRST,
                                                 exclude=cycle.reserved)
-            if workers is None:
+            if workers is None and not any(
+                g <= job.gpus_per_worker and n <= job.min_workers for g, n in no_fit
+            ):
                 workers = self._place_over_extras(cycle, job)
+                if workers is None:
+                    no_fit.append((job.gpus_per_worker, job.min_workers))
             if workers is not None:
                 if waiting_before is None:
                     reason, why = Reason.PLACED, ""
@@ -329,7 +332,7 @@ class ArylPolicy:
         trial = cycle.capacity.copy()
         for _, w in extras:
             trial.release(w.server_id, w.gpus)
-        placed = trial.place_gang(job, job.min_workers, preference=prefer_training_owned, exclude=cycle.reserved)
+        placed = trial.place_gang(job, job.min_workers, pools=TRAINING_FIRST, exclude=cycle.reserved)
         if placed is None:
             return None
         taken = {(w.server_id, g) for w in placed for g in w.gpu_indices}
@@ -340,7 +343,7 @@ class ArylPolicy:
                 other.message = other.message or f"scaled in to {len(other.workers)} worker(s) so job {job.job_id} can start"
                 cycle.capacity.release(w.server_id, [g for g in w.gpus if (w.server_id, g) not in taken])
         for w in placed:
-            cycle.capacity.free[w.server_id] = [g for g in cycle.capacity.free[w.server_id] if g not in w.gpu_indices]
+            cycle.capacity.take(w.server_id, w.gpu_indices)
         return placed
 
     def _reserve(self, cycle: _Cycle, job: JobView) -> frozenset[str]:
@@ -374,7 +377,7 @@ class ArylPolicy:
         for job in jobs:
             for w in job.workers[job.view.min_workers:]:
                 cycle.capacity.release(w.server_id, w.gpus)
-        capacity = sum(len(g) for sid, g in cycle.capacity.free.items() if sid not in cycle.reserved)
+        capacity = cycle.capacity.total - cycle.capacity.free_on(cycle.reserved)
         k_max = max(min(j.view.max_workers - j.view.min_workers, p.max_extra_options) for j in jobs)
         weights = np.zeros((len(jobs), k_max), np.int64)
         values = np.full((len(jobs), k_max), -1.0)
@@ -396,10 +399,10 @@ class ArylPolicy:
         kept: dict[int, list[_Worker]] = {}
         for job in jobs:
             extras = job.workers[job.view.min_workers:]
-            keep = [w for w in extras if all(g in cycle.capacity.free.get(w.server_id, ()) for g in w.gpus)]
+            keep = [w for w in extras if set(w.gpus) <= set(cycle.capacity.free(w.server_id))]
             keep = keep[: targets[job.view.job_id]]
             for w in keep:
-                cycle.capacity.free[w.server_id] = [g for g in cycle.capacity.free[w.server_id] if g not in w.gpus]
+                cycle.capacity.take(w.server_id, w.gpus)
             kept[job.view.job_id] = keep
         for job in sorted(jobs, key=lambda j: -self._value_per_gpu(cycle, j, targets[j.view.job_id])):
             view = job.view
@@ -407,7 +410,7 @@ class ArylPolicy:
             new = ()
             if target > len(keep):
                 for extra in range(target - len(keep), 0, -1):  # as many as fit, if fragmentation bites
-                    new = cycle.capacity.place_gang(view, extra, preference=prefer_loaned, exclude=cycle.reserved) or ()
+                    new = cycle.capacity.place_gang(view, extra, pools=LOANED_FIRST, exclude=cycle.reserved) or ()
                     if new:
                         break
             before = len(job.workers)
