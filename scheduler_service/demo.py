@@ -107,7 +107,7 @@ def run(workdir: Path) -> int:
     env.pop("ARYL_CONFIG", None)
     db_url = f"sqlite:///{workdir / 'aryl.db'}"
     with ExitStack() as stack:
-        say(f"Starting the scheduler on {address} (database {db_url}, policy fifo)")
+        say(f"Starting the scheduler on {address} (database {db_url}, policy aryl)")
         start(stack, "scheduler", [str(BIN / "aryl-scheduler"), "--listen", address, "--database-url", db_url],
               workdir, env)
         client = stack.enter_context(ArylClient(address, timeout=5))

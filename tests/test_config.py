@@ -18,7 +18,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_defaults_use_the_embedded_sqlite_database() -> None:
     config = load_config()
     assert config.database.url.startswith("sqlite:///")
-    assert config.scheduling.policy == "fifo"
+    assert config.scheduling.policy == "aryl"
 
 
 def test_file_then_environment_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -43,7 +43,9 @@ def test_job_is_placed_when_a_server_has_free_gpus(scheduler, stub) -> None:
     assert [(s.server_id, s.gpus_used, s.gpus_total) for s in servers] == [("train-1", 4, 4)]
 
 
-def test_pending_job_explains_why_and_fifo_blocks_later_jobs(scheduler, stub) -> None:
+def test_pending_job_explains_why_and_fifo_blocks_later_jobs(scheduler_factory) -> None:
+    scheduler = scheduler_factory(scheduling={"policy": "fifo"})
+    channel, stub = scheduler_stub(scheduler.address)
     register_fake_server(scheduler.address, "train-1", gpus=2)
     big = submit(stub, job_spec("big", gpus=2, workers=2))
     small = submit(stub, job_spec("small", gpus=1))
@@ -61,6 +63,7 @@ def test_pending_job_explains_why_and_fifo_blocks_later_jobs(scheduler, stub) ->
     )
     assert small_why.startswith("BLOCKED_BY_EARLIER_JOB")
     assert job_state(stub, small.job_id) == PENDING
+    channel.close()
 
 
 def test_cancel_frees_gpus_for_the_next_job_and_cannot_repeat(scheduler, stub) -> None:
@@ -221,7 +224,7 @@ def test_demand_reports_show_in_the_cluster_summary(scheduler, stub) -> None:
     assert (reply.servers_serving, reply.servers_loaned) == (1, 0)
     cluster = stub.GetCluster(scheduler_pb2.GetClusterRequest(), timeout=5)
     assert cluster.demand.servers_needed == 1
-    assert cluster.policy == "fifo"
+    assert cluster.policy == "aryl"
     pools = {p.pool: p for p in cluster.pools}
     assert pools[types_pb2.POOL_INFERENCE].gpus_total == 8
 
