@@ -1,9 +1,12 @@
 """``aryl-demo`` (``make demo``): a local Aryl cluster on one machine, no GPU needed.
 
-It starts real processes -- the scheduler on the embedded SQLite default, and node agents with
-fake GPUs (two training servers, one inference server) -- submits a handful of demo jobs through the
-Python client, shows them placed with ``arylctl``'s own tables, cancels one so a waiting job moves
-in, prints a summary, and shuts everything down by itself.
+It starts real processes -- the scheduler (Aryl policy) on the embedded SQLite default, and node
+agents with fake GPUs (two training servers, one inference server) -- submits a handful of demo jobs
+through the Python client and shows them placed with ``arylctl``'s own tables. Then inference load
+drops (a demand report): the idle inference server is loaned, a waiting job starts on it and an
+elastic job scales out; load rises: the server is reclaimed (the elastic job shrinks, the inelastic
+one is preempted and requeued) and serves again once its agent confirms. A cancellation lets the
+requeued job back in; a summary follows, and everything shuts down by itself.
 """
 
 from __future__ import annotations
@@ -37,6 +40,20 @@ JOBS = (
     ("gpt-small", 2, 1, 1),
     ("vit-huge", 4, 1, 1),  # the training pool is full by now: waits until bert-large is cancelled
 )
+
+
+# Production defaults wait minutes before loaning or resizing (anti-flapping); the demo compresses time.
+DEMO_SETTINGS = {
+    "ARYL_LOGGING__LEVEL": "info",
+    "ARYL_AGENTS__REPORT_INTERVAL_S": "0.5",
+    "ARYL_SCHEDULING__CYCLE_INTERVAL_S": "0.5",
+    "ARYL_POLICY__LOAN_BUFFER_SERVERS": "0",
+    "ARYL_POLICY__LOAN_IDLE_S": "1",
+    "ARYL_POLICY__DRAIN_TIMEOUT_S": "1",
+    "ARYL_POLICY__MIN_LOAN_S": "0",
+    "ARYL_POLICY__MIN_RESIZE_INTERVAL_S": "0",
+    "ARYL_POLICY__RESTART_COST_S": "1",
+}
 
 
 def free_port() -> int:
@@ -103,7 +120,7 @@ def run(workdir: Path) -> int:
     started = time.monotonic()
     port = free_port()
     address = f"127.0.0.1:{port}"
-    env = {**os.environ, "ARYL_LOGGING__LEVEL": "info", "ARYL_AGENTS__REPORT_INTERVAL_S": "1"}
+    env = {**os.environ, **DEMO_SETTINGS}
     env.pop("ARYL_CONFIG", None)
     db_url = f"sqlite:///{workdir / 'aryl.db'}"
     with ExitStack() as stack:
@@ -136,7 +153,31 @@ def run(workdir: Path) -> int:
         say("Why is vit-huge waiting?")
         show(address, "explain", ids["vit-huge"])
 
-        say("Cancelling bert-large: its GPUs free up and vit-huge's gang fits")
+        infer = SERVERS[2][0]
+
+        def server_state(server_id: str) -> int:
+            return next(s.state for s in client.list_servers() if s.server_id == server_id)
+
+        say("Inference load drops: the router reports 0 servers needed -> the idle inference server is loaned")
+        client.report_demand(0, observed_rps=3.0, source="aryl-demo")
+        wait_until(lambda: server_state(infer) == types_pb2.SERVER_STATE_LOANED, 30, "the loan")
+        wait_until(lambda: client.get_job(ids["vit-huge"]).job.state == types_pb2.JOB_STATE_RUNNING, 30,
+                   "vit-huge to start on the loaned server")
+        wait_until(lambda: client.get_job(ids["resnet50"]).job.num_workers > 2, 30, "resnet50 to scale out")
+        time.sleep(0.5)
+        show(address, "jobs")
+        show(address, "loans")
+
+        say("Inference load spikes: 1 server needed -> reclaim; elastic resnet50 shrinks, inelastic vit-huge "
+            "is preempted and requeued")
+        client.report_demand(1, observed_rps=250.0, source="aryl-demo")
+        wait_until(lambda: server_state(infer) == types_pb2.SERVER_STATE_SERVING, 30,
+                   "the agent to vacate the server and the server to serve again")
+        time.sleep(0.5)
+        show(address, "jobs")
+        show(address, "explain", ids["vit-huge"])
+
+        say("Cancelling bert-large: its GPUs free up and the requeued vit-huge runs again")
         client.cancel_job(ids["bert-large"], reason="demo: make room")
         wait_until(lambda: client.get_job(ids["vit-huge"]).job.state == types_pb2.JOB_STATE_RUNNING, 30,
                    "vit-huge to be placed")
@@ -158,8 +199,10 @@ def run(workdir: Path) -> int:
         print(f"   jobs submitted: {len(jobs)}, running: {len(running)}, "
               f"cancelled: {sum(j.state == types_pb2.JOB_STATE_CANCELLED for j in jobs)}, "
               f"pending: {sum(j.state == types_pb2.JOB_STATE_PENDING for j in jobs)}")
-        print(f"   training GPUs used: {train.gpus_used}/{train.gpus_total}; "
-              f"inference servers stay serving (loaning arrives with the Aryl policy)")
+        loans = client.list_loans(include_returned=True)
+        print(f"   training GPUs used: {train.gpus_used}/{train.gpus_total}; loans made: {len(loans)}, "
+              f"returned: {sum(loan.state == types_pb2.LOAN_STATE_RETURNED for loan in loans)}; "
+              f"preemptions: {sum(j.preemptions for j in jobs)}")
         print(f"   agents converged: desired == observed state generation on every server {desired}")
         print(f"   scheduler epoch {cluster.scheduler_epoch}; logs in {workdir}")
         print(f"   demo finished in {time.monotonic() - started:.1f}s", flush=True)
