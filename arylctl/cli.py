@@ -539,6 +539,27 @@ def cmd_explain(client: ArylClient, args: argparse.Namespace, out: Output) -> in
     return EXIT_OK
 
 
+def describe_reclaim_preview(response: scheduler_pb2.PreviewReclaimResponse) -> str:
+    fields = format_fields(
+        [
+            ("Loaned servers", response.loaned_servers),
+            ("Would reclaim", ", ".join(response.server_ids) or "-"),
+            ("Would preempt", ", ".join(f"job {j}" for j in response.preempted_job_ids) or "none"),
+            ("Cost", f"{response.cost_gpu_seconds:.0f} GPU-seconds"),
+        ]
+    )
+    if not response.scaled_in:
+        return fields
+    rows = [(s.job_id, s.workers_before, s.workers_after) for s in response.scaled_in]
+    return fields + "\n\nScaled in:\n" + format_table(("JOB", "WORKERS", "AFTER"), rows)
+
+
+def cmd_reclaim_preview(client: ArylClient, args: argparse.Namespace, out: Output) -> int:
+    response = client.preview_reclaim(args.servers)
+    out.emit(response, lambda: describe_reclaim_preview(response))
+    return EXIT_OK
+
+
 def cmd_demand_set(client: ArylClient, args: argparse.Namespace, out: Output) -> int:
     response = client.report_demand(args.servers_needed, observed_rps=args.rps, source=args.source)
     out.emit(
@@ -751,6 +772,8 @@ def build_parser() -> argparse.ArgumentParser:
     events.add_argument("--since", type=_count, default=0, metavar="EVENT_ID", help="replay events after this id")
 
     add("explain", cmd_explain, "why a job is pending or was preempted").add_argument("job_id", metavar="ID")
+    add("reclaim-preview", cmd_reclaim_preview,
+        "dry run: what reclaiming N loaned servers would do now").add_argument("servers", type=int, metavar="N")
 
     demand = add("demand", None, "report or show inference demand")
     demand_commands = demand.add_subparsers(dest="demand_command", metavar="set|get", required=True)

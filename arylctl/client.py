@@ -354,6 +354,10 @@ class ArylClient:
         """Why a job is pending or was preempted: a summary and the recorded decisions."""
         return self._unary(self._scheduler.ExplainJob, scheduler_pb2.ExplainJobRequest(job_id=job_id))
 
+    def preview_reclaim(self, servers: int) -> scheduler_pb2.PreviewReclaimResponse:
+        """Dry run: what reclaiming ``servers`` loaned servers would do now. Changes nothing."""
+        return self._unary(self._scheduler.PreviewReclaim, scheduler_pb2.PreviewReclaimRequest(servers=servers))
+
     # -- events --------------------------------------------------------------------------------
 
     def watch_events(

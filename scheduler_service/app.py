@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.orm.exc import StaleDataError
 
 from scheduler_service.core.clock import Clock
+from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.plan import (
     ApplyResult,
     KeepPending,
@@ -54,6 +55,7 @@ from scheduler_service.lifecycle import (
     ServerState,
     home_state,
 )
+from scheduler_service.policies.aryl import ReclaimDecision, preview_reclaim
 from scheduler_service.store import models as m
 
 T = TypeVar("T")
@@ -743,6 +745,12 @@ class SchedulerApp:
         return self._read(
             lambda s: s.scalar(sa.select(m.DemandReport).order_by(m.DemandReport.id.desc()).limit(1))
         )
+
+    def preview_reclaim(self, servers: int, params: PolicyParams) -> tuple[ReclaimDecision, int]:
+        """Dry run of a reclaim of ``servers`` loaned servers on the current state; writes nothing."""
+        snapshot = self.snapshot()
+        loaned = sum(1 for s in snapshot.servers if s.state == ServerState.LOANED)
+        return preview_reclaim(snapshot, servers, params), loaned
 
     # -- the scheduling cycle's ports -----------------------------------------------------------
 

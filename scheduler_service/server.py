@@ -45,7 +45,8 @@ class SchedulerService:
         self.config = config
         self.clock = SystemClock()
         # Fail fast on an unknown name or a bad tunable.
-        self.policy = create_policy(config.scheduling.policy, PolicyParams(**config.policy.model_dump()))
+        self.policy_params = PolicyParams(**config.policy.model_dump())
+        self.policy = create_policy(config.scheduling.policy, self.policy_params)
         self.engine = create_engine_for(
             config.database.url,
             statement_timeout_ms=config.database.statement_timeout_ms,
@@ -80,7 +81,7 @@ class SchedulerService:
         submissions = GroupCommitter(app.submit_jobs, max_batch=256, name="aryl-submit")
         scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(
             SchedulerServicer(app, executor, notifier, policy_name=self.policy.name, clock_now=self.clock.now,
-                              submissions=submissions),
+                              submissions=submissions, policy_params=self.policy_params),
             server,
         )
         agent_pb2_grpc.add_AgentServiceServicer_to_server(

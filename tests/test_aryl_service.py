@@ -60,6 +60,13 @@ def test_loan_scale_out_reclaim_and_return(scheduler_factory) -> None:
     )
     assert {w.server_id for w in grown.workers} == {"train-1", "infer-1", "infer-2"}
 
+    # The dry run says what a reclaim would do, and changes nothing.
+    preview = stub.PreviewReclaim(scheduler_pb2.PreviewReclaimRequest(servers=1), timeout=5)
+    assert preview.loaned_servers == 2 and len(preview.server_ids) == 1
+    assert list(preview.preempted_job_ids) == []
+    assert [(s.job_id, s.workers_before, s.workers_after) for s in preview.scaled_in] == [(job.job_id, 6, 4)]
+    assert stub.GetJob(scheduler_pb2.GetJobRequest(job_id=job.job_id), timeout=5).job.num_workers == 6
+
     # Load rises: inference needs both servers back; the job shrinks instead of dying.
     report_demand(scheduler.address, 2)
     shrunk = wait_for(
@@ -103,3 +110,18 @@ def test_reclaim_preempts_an_inelastic_job_and_requeues_it(scheduler_factory) ->
     summary = stub.ExplainJob(scheduler_pb2.ExplainJobRequest(job_id=job.job_id), timeout=5).summary
     assert "PREEMPTED_FOR_RECLAIM" in summary or "preemption" in summary
     channel.close()
+
+
+def test_reclaim_preview_from_the_cli(scheduler_factory) -> None:
+    import io
+
+    from arylctl import cli
+
+    scheduler = scheduler_factory(policy=FAST_LOANS)
+    register_fake_server(scheduler.address, "infer-1", pool="inference", gpus=4)
+    out, err = io.StringIO(), io.StringIO()
+    assert cli.main(["--server", scheduler.address, "reclaim-preview", "1"], stdout=out, stderr=err) == 0
+    assert "Loaned servers" in out.getvalue() and "Would preempt" in out.getvalue()
+    err = io.StringIO()
+    assert cli.main(["--server", scheduler.address, "reclaim-preview", "0"], stdout=io.StringIO(), stderr=err) == 2
+    assert "servers: must be between 1 and 100000" in err.getvalue()

@@ -28,6 +28,7 @@ from scheduler_service.api import convert, validation
 from scheduler_service.api.status import rpc
 from scheduler_service.app import JobRecord, JobSubmission, SchedulerApp
 from scheduler_service.batching import GroupCommitter
+from scheduler_service.core.params import PolicyParams
 from scheduler_service.errors import InvalidArgument
 from scheduler_service.notify import AsyncNotifier
 
@@ -52,10 +53,11 @@ class _Base:
 class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
     def __init__(
         self, *args: Any, policy_name: str, clock_now: Callable[[], float],
-        submissions: GroupCommitter[JobSubmission, JobRecord],
+        submissions: GroupCommitter[JobSubmission, JobRecord], policy_params: PolicyParams,
     ) -> None:
         super().__init__(*args)
         self.policy_name = policy_name
+        self._policy_params = policy_params
         self._now = clock_now
         self._submissions = submissions
 
@@ -143,6 +145,25 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
         return scheduler_pb2.ExplainJobResponse(
             job=convert.job(explanation.record), summary=explanation.summary,
             decisions=[convert.event(e) for e in explanation.decisions],
+        )
+
+
+    @rpc
+    async def PreviewReclaim(
+        self, request: scheduler_pb2.PreviewReclaimRequest, context: Any
+    ) -> scheduler_pb2.PreviewReclaimResponse:
+        if not 1 <= request.servers <= 100_000:
+            raise InvalidArgument("servers", f"must be between 1 and 100000 (got {request.servers})")
+        decision, loaned = await self.run(self.app.preview_reclaim, request.servers, self._policy_params)
+        return scheduler_pb2.PreviewReclaimResponse(
+            server_ids=decision.servers,
+            preempted_job_ids=[str(j) for j in decision.preempted],
+            scaled_in=[
+                scheduler_pb2.ScaleInPreview(job_id=str(j), workers_before=before, workers_after=after)
+                for j, before, after in decision.scaled_in
+            ],
+            cost_gpu_seconds=decision.cost_gpu_s,
+            loaned_servers=loaned,
         )
 
 

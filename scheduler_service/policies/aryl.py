@@ -114,6 +114,75 @@ class _Cycle:
         self.server_state[server_id] = target
 
 
+@dataclass(frozen=True)
+class ReclaimDecision:
+    """Which loaned servers to return, and what that does to the jobs on them."""
+
+    servers: tuple[str, ...]                       # in pick order
+    preempted: tuple[int, ...]                     # job ids, requeued
+    scaled_in: tuple[tuple[int, int, int], ...]    # (job id, workers before, workers after)
+    cost_gpu_s: float                              # work lost + restart costs, GPU-seconds
+
+
+def choose_reclaim(running: dict[int, _Job], loaned: list[ServerView], count: int, params: PolicyParams,
+                   now: float) -> ReclaimDecision:
+    """Greedy on server preemption cost (solvers.reclaim), recomputed after each pick. Loans younger
+    than ``min_loan_s`` are taken only when the older ones do not suffice."""
+    old = [s for s in loaned if s.loan_started_at is None or now - s.loan_started_at >= params.min_loan_s]
+    candidates = old if len(old) >= count else loaned
+    count = min(count, len(candidates))
+    if count <= 0:
+        return ReclaimDecision((), (), (), 0.0)
+    index = {s.server_id: i for i, s in enumerate(candidates)}
+    jobs = sorted(
+        (j for j in running.values() if any(w.server_id in index for w in j.workers)), key=lambda j: j.view.job_id
+    )
+    triples: dict[tuple[int, int], int] = {}
+    for ji, job in enumerate(jobs):
+        for w in job.workers:
+            if w.server_id in index:
+                key = (ji, index[w.server_id])
+                triples[key] = triples.get(key, 0) + 1
+    instance = ReclaimInstance.from_triples(
+        [(j, s, n) for (j, s), n in sorted(triples.items())],
+        n_servers=len(candidates),
+        job_workers=[len(j.workers) for j in jobs],
+        job_min=[j.view.min_workers for j in jobs],
+        job_cost=[_work_lost(j, now) for j in jobs],
+        scale_in_cost=[params.restart_cost_s * j.view.gpus_per_worker for j in jobs],
+    )
+    outcome = reclaim_greedy(instance, count)
+    return ReclaimDecision(
+        servers=tuple(candidates[int(i)].server_id for i in outcome.servers),
+        preempted=tuple(jobs[ji].view.job_id for ji in range(len(jobs)) if outcome.preempted[ji]),
+        scaled_in=tuple(
+            (jobs[ji].view.job_id, len(jobs[ji].workers), int(outcome.new_workers[ji]))
+            for ji in range(len(jobs))
+            if not outcome.preempted[ji] and int(outcome.new_workers[ji]) < len(jobs[ji].workers)
+        ),
+        cost_gpu_s=float(outcome.total_cost),
+    )
+
+
+def _work_lost(job: _Job, now: float) -> float:
+    """GPU-seconds lost if the job is preempted now: work since its last checkpoint or resize."""
+    view = job.view
+    since = max(t for t in (view.last_checkpoint_at, view.last_resized_at, view.started_at, 0.0) if t is not None)
+    return max(now - since, 1.0) * len(job.workers) * view.gpus_per_worker
+
+
+def preview_reclaim(snapshot: ClusterSnapshot, count: int, params: PolicyParams) -> ReclaimDecision:
+    """Dry run: what reclaiming ``count`` loaned servers would do now. Changes nothing."""
+    running = {
+        j.job_id: _Job(j, [_Worker(w.server_id, w.gpu_indices) for w in sorted(j.workers, key=lambda w: w.rank)])
+        for j in snapshot.jobs
+        if j.state in RUNNING_STATES and j.workers
+    }
+    loaned = sorted((s for s in snapshot.servers if s.state == ServerState.LOANED),
+                    key=lambda s: (s.state_since, s.server_id))
+    return choose_reclaim(running, loaned, count, params, snapshot.now)
+
+
 class ArylPolicy:
     def __init__(self, name: str, params: PolicyParams, *, loaning: bool, elastic: bool) -> None:
         self.name = name
@@ -189,57 +258,24 @@ class ArylPolicy:
             self._loan(cycle, by_state.get(ServerState.SERVING, []), surplus, needed)
 
     def _reclaim(self, cycle: _Cycle, loaned: list[ServerView], count: int, needed: int) -> None:
-        p, now = self.params, cycle.snapshot.now
-        # Loans younger than min_loan_s are taken only when the older ones do not suffice.
-        old = [s for s in loaned if s.loan_started_at is None or now - s.loan_started_at >= p.min_loan_s]
-        candidates = old if len(old) >= count else loaned
-        count = min(count, len(candidates))
-        if count == 0:
-            return
-        index = {s.server_id: i for i, s in enumerate(candidates)}
-        jobs = sorted(
-            (j for j in cycle.running.values() if any(w.server_id in index for w in j.workers)),
-            key=lambda j: j.view.job_id,
-        )
-        triples: dict[tuple[int, int], int] = {}
-        for ji, job in enumerate(jobs):
-            for w in job.workers:
-                if w.server_id in index:
-                    key = (ji, index[w.server_id])
-                    triples[key] = triples.get(key, 0) + 1
-        instance = ReclaimInstance.from_triples(
-            [(j, s, n) for (j, s), n in sorted(triples.items())],
-            n_servers=len(candidates),
-            job_workers=[len(j.workers) for j in jobs],
-            job_min=[j.view.min_workers for j in jobs],
-            job_cost=[self._work_lost(j, now) for j in jobs],
-            scale_in_cost=[p.restart_cost_s * j.view.gpus_per_worker for j in jobs],
-        )
-        outcome = reclaim_greedy(instance, count)
-        picked = [candidates[int(i)].server_id for i in outcome.servers]
-        chosen = set(picked)
-        for ji, job in enumerate(jobs):
-            if outcome.preempted[ji]:
-                cycle.preemptions.append(
-                    PreemptJob(job.view.job_id, Reason.PREEMPTED_FOR_RECLAIM,
-                               f"its loaned server(s) {', '.join(sorted(chosen & {w.server_id for w in job.workers}))} "
-                               f"went back to inference; below min_workers={job.view.min_workers}, requeued")
-                )
-                del cycle.running[job.view.job_id]
-            elif any(w.server_id in chosen for w in job.workers):
-                job.workers = [w for w in job.workers if w.server_id not in chosen]
-                job.reason = Reason.SCALED_IN_FOR_RECLAIM
-                job.message = f"scaled in to {len(job.workers)} worker(s): loaned server(s) went back to inference"
-        for server_id in picked:
+        decision = choose_reclaim(cycle.running, loaned, count, self.params, cycle.snapshot.now)
+        chosen = set(decision.servers)
+        for job_id in decision.preempted:
+            job = cycle.running.pop(job_id)
+            cycle.preemptions.append(
+                PreemptJob(job_id, Reason.PREEMPTED_FOR_RECLAIM,
+                           f"its loaned server(s) {', '.join(sorted(chosen & {w.server_id for w in job.workers}))} "
+                           f"went back to inference; below min_workers={job.view.min_workers}, requeued")
+            )
+        for job_id, _, after in decision.scaled_in:
+            job = cycle.running[job_id]
+            job.workers = [w for w in job.workers if w.server_id not in chosen]
+            assert len(job.workers) == after
+            job.reason = Reason.SCALED_IN_FOR_RECLAIM
+            job.message = f"scaled in to {after} worker(s): loaned server(s) went back to inference"
+        for server_id in decision.servers:
             cycle.act(server_id, LoanStep.RECLAIM, ServerState.RECLAIMING, Reason.RECLAIMED_FOR_INFERENCE,
                       f"inference needs {needed} serving server(s)")
-
-    @staticmethod
-    def _work_lost(job: _Job, now: float) -> float:
-        """GPU-seconds lost if the job is preempted now: work since its last checkpoint or resize."""
-        view = job.view
-        since = max(t for t in (view.last_checkpoint_at, view.last_resized_at, view.started_at, 0.0) if t is not None)
-        return max(now - since, 1.0) * len(job.workers) * view.gpus_per_worker
 
     def _loan(self, cycle: _Cycle, serving: list[ServerView], surplus: int, needed: int) -> None:
         p, snap = self.params, cycle.snapshot

@@ -166,3 +166,33 @@ class ExplainJobResponse(_message.Message):
     summary: str
     decisions: _containers.RepeatedCompositeFieldContainer[_types_pb2.Event]
     def __init__(self, job: _Optional[_Union[_types_pb2.Job, _Mapping]] = ..., summary: _Optional[str] = ..., decisions: _Optional[_Iterable[_Union[_types_pb2.Event, _Mapping]]] = ...) -> None: ...
+
+class PreviewReclaimRequest(_message.Message):
+    __slots__ = ("servers",)
+    SERVERS_FIELD_NUMBER: _ClassVar[int]
+    servers: int
+    def __init__(self, servers: _Optional[int] = ...) -> None: ...
+
+class ScaleInPreview(_message.Message):
+    __slots__ = ("job_id", "workers_before", "workers_after")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_AFTER_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    workers_before: int
+    workers_after: int
+    def __init__(self, job_id: _Optional[str] = ..., workers_before: _Optional[int] = ..., workers_after: _Optional[int] = ...) -> None: ...
+
+class PreviewReclaimResponse(_message.Message):
+    __slots__ = ("server_ids", "preempted_job_ids", "scaled_in", "cost_gpu_seconds", "loaned_servers")
+    SERVER_IDS_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTED_JOB_IDS_FIELD_NUMBER: _ClassVar[int]
+    SCALED_IN_FIELD_NUMBER: _ClassVar[int]
+    COST_GPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LOANED_SERVERS_FIELD_NUMBER: _ClassVar[int]
+    server_ids: _containers.RepeatedScalarFieldContainer[str]
+    preempted_job_ids: _containers.RepeatedScalarFieldContainer[str]
+    scaled_in: _containers.RepeatedCompositeFieldContainer[ScaleInPreview]
+    cost_gpu_seconds: float
+    loaned_servers: int
+    def __init__(self, server_ids: _Optional[_Iterable[str]] = ..., preempted_job_ids: _Optional[_Iterable[str]] = ..., scaled_in: _Optional[_Iterable[_Union[ScaleInPreview, _Mapping]]] = ..., cost_gpu_seconds: _Optional[float] = ..., loaned_servers: _Optional[int] = ...) -> None: ...

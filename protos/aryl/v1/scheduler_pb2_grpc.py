@@ -80,6 +80,11 @@ class SchedulerServiceStub:
                 request_serializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.ExplainJobRequest.SerializeToString,
                 response_deserializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.ExplainJobResponse.FromString,
                 _registered_method=True)
+        self.PreviewReclaim = channel.unary_unary(
+                '/aryl.v1.SchedulerService/PreviewReclaim',
+                request_serializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.PreviewReclaimRequest.SerializeToString,
+                response_deserializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.PreviewReclaimResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServiceServicer:
@@ -144,6 +149,14 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PreviewReclaim(self, request, context):
+        """Dry run: what reclaiming N loaned servers would do now (which servers, which jobs would be
+        preempted or scaled in). Changes nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -191,6 +204,11 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.ExplainJob,
                     request_deserializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.ExplainJobRequest.FromString,
                     response_serializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.ExplainJobResponse.SerializeToString,
+            ),
+            'PreviewReclaim': grpc.unary_unary_rpc_method_handler(
+                    servicer.PreviewReclaim,
+                    request_deserializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.PreviewReclaimRequest.FromString,
+                    response_serializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.PreviewReclaimResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -436,6 +454,33 @@ class SchedulerService:
             '/aryl.v1.SchedulerService/ExplainJob',
             protos_dot_aryl_dot_v1_dot_scheduler__pb2.ExplainJobRequest.SerializeToString,
             protos_dot_aryl_dot_v1_dot_scheduler__pb2.ExplainJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PreviewReclaim(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/aryl.v1.SchedulerService/PreviewReclaim',
+            protos_dot_aryl_dot_v1_dot_scheduler__pb2.PreviewReclaimRequest.SerializeToString,
+            protos_dot_aryl_dot_v1_dot_scheduler__pb2.PreviewReclaimResponse.FromString,
             options,
             channel_credentials,
             insecure,
