@@ -8,20 +8,22 @@ PostgreSQL tests fail instead of skipping when the server is unreachable.
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
 import sqlalchemy as sa
+import structlog
 from sqlalchemy.engine import make_url
 
 from migrations import upgrade
-from scheduler_service.logs import configure_logging
 from scheduler_service.store.models import Base
 
-# In-process schedulers log through structlog: keep test output to warnings, on stderr.
-configure_logging("console", "warning")
+# In-process schedulers log through structlog: send it to stderr, never into a command's stdout.
+# (structlog's other defaults stay: no level filter and no logger caching, so capture_logs() works.)
+structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=sys.stderr))
 
 DEFAULT_PG_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
