@@ -1,0 +1,48 @@
+"""The simulator's input values: trace jobs and inference demand. Plain frozen data, no I/O."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class TraceJob:
+    """One training job of a trace, already mapped to what the scheduler sees.
+
+    ``work`` is in samples (or any unit) at ``throughput`` samples/s; a job completes when it has done
+    ``work`` units. ``throughput`` gives the job's speed at several worker counts (at least at
+    ``min_workers``); between and beyond the points the core's ThroughputModel interpolates.
+    """
+
+    job_id: int                     # 1.. in trace order
+    name: str
+    submit_time: float              # seconds since the trace's start
+    gpus_per_worker: int
+    min_workers: int
+    max_workers: int                # == min_workers: inelastic
+    work: float                     # total work units
+    throughput: tuple[tuple[int, float], ...]  # ((workers, units/s), ...), ascending workers
+    model: str = ""                 # e.g. "bert", "imagenet", "philly"
+    deadline: float | None = None   # seconds since the trace's start
+    priority: int = 0
+
+    def runtime_at(self, workers: int) -> float:
+        """Seconds to finish from scratch at ``workers`` workers (declared points only)."""
+        speed = dict(self.throughput).get(workers)
+        if speed is None:
+            raise KeyError(f"job {self.job_id}: no throughput point at {workers} workers")
+        return self.work / speed
+
+
+@dataclass(frozen=True, slots=True)
+class DemandPoint:
+    time: float              # seconds since the trace's start
+    servers_needed: int
+    rate_rps: float = 0.0    # the request rate behind it (for plots)
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSpec:
+    training_servers: int
+    inference_servers: int
+    gpus_per_server: int = 8
