@@ -277,7 +277,10 @@ class SchedulerApp:
         raise AssertionError("unreachable")
 
     def _read(self, work: Callable[[Session], T]) -> T:
+        """A read-only unit of work on one consistent view (several queries, no torn reads)."""
         with self._sessions() as session:
+            if session.get_bind().dialect.name == "postgresql":
+                session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
             return work(session)
 
     def _event(self, session: Session, kind: str, **fields: Any) -> None:
@@ -610,6 +613,13 @@ class SchedulerApp:
 
     def _sync_gpus(self, session: Session, server: m.Server, reported: Sequence[GpuReport]) -> None:
         existing = {g.index: g for g in session.scalars(sa.select(m.Gpu).where(m.Gpu.server_id == server.id))}
+        # GPUs may come back in another order after a reboot: park changed UUIDs first so swapping two
+        # of this server's UUIDs never trips the unique key half-way.
+        moved = [(existing[g.index], g) for g in reported if g.index in existing and existing[g.index].uuid != g.uuid]
+        for row, _ in moved:
+            row.uuid = f"~moving:{server.id}:{row.index}"
+        if moved:
+            session.flush()
         for gpu in reported:
             row = existing.pop(gpu.index, None)
             if row is None:
@@ -644,10 +654,10 @@ class SchedulerApp:
             server.last_seen_at = now
             server.observed_generation = max(server.observed_generation, report.observed_generation)
             gpus = {g.index: g for g in session.scalars(sa.select(m.Gpu).where(m.Gpu.server_id == server.id))}
-            for sample in report.gpus:
+            for position, sample in enumerate(report.gpus):
                 gpu = gpus.get(sample.index)
                 if gpu is None:
-                    raise InvalidArgument(f"gpus[{sample.index}]", f"GPU {sample.index} was not registered")
+                    raise InvalidArgument(f"gpus[{position}].index", f"GPU {sample.index} was not registered")
                 gpu.utilization = sample.utilization
                 gpu.memory_used_bytes = sample.memory_used_bytes
                 gpu.temperature_c = sample.temperature_c
@@ -1138,6 +1148,8 @@ def _decode_page_token(token: str, flt: JobFilter) -> int:
         raise InvalidArgument("page_token", "is not a token returned by ListJobs") from None
     if version != "v1" or digest != flt.digest():
         raise InvalidArgument("page_token", "was issued for a different filter; start again without it")
+    if not 0 < before <= 2**63 - 1:
+        raise InvalidArgument("page_token", "is not a token returned by ListJobs")
     return before
 
 

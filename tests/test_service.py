@@ -256,3 +256,17 @@ def test_health_and_reflection_are_served(scheduler) -> None:
         )
         names = {s.name for r in responses for s in r.list_services_response.service}
     assert {"aryl.v1.SchedulerService", "aryl.v1.AgentService", "aryl.v1.InferenceService"} <= names
+
+
+def test_gpus_reported_in_another_order_after_a_reboot_are_accepted(scheduler, stub) -> None:
+    register_fake_server(scheduler.address, "train-1", gpus=2)
+    with grpc.insecure_channel(scheduler.address) as channel:
+        agent_pb2_grpc.AgentServiceStub(channel).RegisterServer(
+            agent_pb2.RegisterServerRequest(
+                hostname="train-1", pool=types_pb2.POOL_TRAINING,
+                gpus=[agent_pb2.GpuInfo(index=0, uuid="GPU-train-1-1"), agent_pb2.GpuInfo(index=1, uuid="GPU-train-1-0")],
+            ),
+            timeout=5,
+        )
+    [server] = stub.ListServers(scheduler_pb2.ListServersRequest(), timeout=5).servers
+    assert [g.uuid for g in server.gpus] == ["GPU-train-1-1", "GPU-train-1-0"]

@@ -17,9 +17,10 @@ from scheduler_service.errors import InvalidArgument
 from scheduler_service.lifecycle import JobState, Pool
 
 NAME_MAX = 253
-IDENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@+-]*$")
-HOSTNAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Matched with fullmatch: "$" would also accept a trailing newline.
+IDENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]*")
+HOSTNAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Set by the agent for every worker (the job contract); a job may not override them.
 RESERVED_ENV = frozenset({"WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES"})
 MAX_WORKERS = 4096
@@ -50,7 +51,7 @@ def text(field: str, value: str, *, max_len: int, required: bool = False, patter
         raise InvalidArgument(field, f"must be at most {max_len} characters (got {len(value)})")
     if any(ord(c) < 32 or ord(c) == 127 for c in value):
         raise InvalidArgument(field, "must not contain control characters")
-    if pattern is not None and not pattern.match(value):
+    if pattern is not None and not pattern.fullmatch(value):
         raise InvalidArgument(field, f"{value!r} is not valid{': ' + hint if hint else ''}")
     return value
 
@@ -86,11 +87,21 @@ def _duration(field: str, value: duration_pb2.Duration) -> float:
     return seconds
 
 
+# Times are stored as float seconds; the last second of 9999 would round past Timestamp's range.
+MAX_TIMESTAMP_S = 253402300798  # 9999-12-31T23:59:58Z
+MAX_INT64 = 2**63 - 1
+
+
 def _timestamp(field: str, value: timestamp_pb2.Timestamp) -> float:
-    # The range protobuf's Timestamp allows: 0001-01-01 .. 9999-12-31.
-    if not -62135596800 <= value.seconds <= 253402300799 or not 0 <= value.nanos < 10**9:
-        raise InvalidArgument(field, "is not a valid timestamp")
+    if not -62135596800 <= value.seconds <= MAX_TIMESTAMP_S or not 0 <= value.nanos < 10**9:
+        raise InvalidArgument(field, "is not a valid timestamp (0001-01-01 .. 9999-12-31T23:59:58Z)")
     return value.seconds + value.nanos / 1e9
+
+
+def _bytes(field: str, value: int) -> int:
+    if value > MAX_INT64:
+        raise InvalidArgument(field, f"must be at most {MAX_INT64} (got {value})")
+    return value
 
 
 def _enum(field: str, value: int, allowed: Iterable[int], enum_type) -> int:  # type: ignore[no-untyped-def]
@@ -117,7 +128,7 @@ def job_submission(spec: types_pb2.JobSpec, idempotency_key: str, *, now: float)
     if len(spec.env) > MAX_ENV:
         raise InvalidArgument("spec.env", f"must have at most {MAX_ENV} variables")
     for key, value in spec.env.items():
-        if not ENV_KEY.match(key):
+        if not ENV_KEY.fullmatch(key):
             raise InvalidArgument(f"spec.env[{key[:40]!r}]", "is not a valid variable name ([A-Za-z_][A-Za-z0-9_]*)")
         if key in RESERVED_ENV or key.startswith("ARYL_"):
             raise InvalidArgument(f"spec.env[{key!r}]", "is set by Aryl for every worker and cannot be overridden")
@@ -211,7 +222,8 @@ def registration(req: agent_pb2.RegisterServerRequest) -> ServerRegistration:
             raise InvalidArgument(f"gpus[{i}].uuid", f"GPU UUID {uuid} is listed twice")
         indices.add(g.index)
         uuids.add(uuid)
-        gpus.append(GpuReport(g.index, uuid, text(f"gpus[{i}].model", g.model, max_len=128), g.memory_total_bytes))
+        gpus.append(GpuReport(g.index, uuid, text(f"gpus[{i}].model", g.model, max_len=128),
+                              _bytes(f"gpus[{i}].memory_total_bytes", g.memory_total_bytes)))
     return ServerRegistration(
         hostname=hostname, pool=server_pool, gpus=tuple(gpus),
         agent_address=text("agent_address", req.agent_address, max_len=NAME_MAX) or hostname,
@@ -225,7 +237,8 @@ def status_report(req: agent_pb2.ReportStatusRequest) -> StatusReport:
         if not (math.isfinite(g.utilization) and math.isfinite(g.temperature_c)):
             raise InvalidArgument(f"gpus[{i}]", "utilization and temperature must be finite numbers")
         samples.append(
-            GpuSample(g.index, min(max(g.utilization, 0.0), 1.0), g.memory_used_bytes, g.temperature_c, g.healthy,
+            GpuSample(g.index, min(max(g.utilization, 0.0), 1.0), _bytes(f"gpus[{i}].memory_used_bytes", g.memory_used_bytes),
+                      g.temperature_c, g.healthy,
                       text(f"gpus[{i}].health_reason", g.health_reason, max_len=256))
         )
     return StatusReport(server_id("server_id", req.server_id), req.scheduler_epoch, tuple(samples),
