@@ -29,6 +29,7 @@ from scheduler_service.cycle import SchedulingCycle
 from scheduler_service.notify import AsyncNotifier
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.policies import create_policy
+from scheduler_service.solvers import warm_up as warm_up_solvers
 from scheduler_service.store.db import create_engine_for, session_factory
 
 log = structlog.get_logger("aryl.scheduler")
@@ -70,6 +71,7 @@ class SchedulerService:
             worker_base_port=cfg.scheduling.worker_base_port,
         )
         epoch = await asyncio.to_thread(app.start_term, socket.gethostname())
+        await asyncio.to_thread(warm_up_solvers)  # the first cycle must not pay numba's compile time
         executor = ThreadPoolExecutor(max_workers=cfg.server.worker_threads, thread_name_prefix="aryl-rpc")
         options = [
             ("grpc.max_send_message_length", cfg.server.max_message_bytes),
@@ -156,7 +158,7 @@ class ServerHandle:
         self.thread.join(timeout=30)
 
 
-def serve_in_background(config: SchedulerConfig, *, ready_timeout: float = 30.0) -> ServerHandle:
+def serve_in_background(config: SchedulerConfig, *, ready_timeout: float = 120.0) -> ServerHandle:
     """Start a scheduler in a daemon thread; returns once it accepts connections."""
     service = SchedulerService(config)
     errors: list[BaseException] = []

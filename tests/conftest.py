@@ -144,3 +144,12 @@ def scheduler_factory(database_url: str):
 def scheduler(scheduler_factory):
     """A running scheduler; ``.address`` is "127.0.0.1:PORT". Runs on SQLite and PostgreSQL."""
     return scheduler_factory()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def compiled_solvers() -> None:
+    """Compile the numba kernels once, up front (a cold on-disk cache costs seconds), so that no
+    test's timing-sensitive wait absorbs the compile."""
+    from scheduler_service.solvers import warm_up
+
+    warm_up()

@@ -58,3 +58,14 @@ __all__ = [
     "solve_knapsack_brute_force",
     "solve_knapsack_reference",
 ]
+
+
+def warm_up() -> None:
+    """Compile (or load from the on-disk cache) every kernel with a tiny instance, so that the first
+    scheduling cycle does not pay numba's compile time (seconds on a cold cache)."""
+    import numpy as np
+
+    solve_knapsack(np.ones((1, 1), np.int64), np.ones((1, 1)), np.ones(1, np.int64), 1)
+    instance = ReclaimInstance.from_triples([(0, 0, 1)], n_servers=1, job_workers=[1], job_min=[1],
+                                            job_cost=[1.0], scale_in_cost=[1.0])
+    reclaim_greedy(instance, 1)
