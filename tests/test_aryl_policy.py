@@ -14,7 +14,7 @@ from scheduler_service.lifecycle import JobState, Pool, ServerState
 from scheduler_service.policies import create_policy
 
 NOW = 100_000.0
-VARIANTS = ("aryl", "aryl-noloan", "aryl-noelastic", "sjf", "fifo")
+VARIANTS = ("aryl", "aryl-noloan", "aryl-noelastic", "sjf", "fifo", "aryl-naivereclaim")
 
 
 def train(sid: str, gpus: int = 4, **kw) -> ServerView:
@@ -269,3 +269,15 @@ def test_every_plan_keeps_the_invariants_and_is_deterministic(name: str, snap: C
     # Every job that stays pending is explained.
     placed = {s.job_id for s in first.starts}
     assert {j.job_id for j in snap.pending_jobs()} - placed == {p.job_id for p in first.pending}
+
+
+def test_naive_reclaim_takes_the_latest_loan_even_when_that_preempts() -> None:
+    servers = [train("t", gpus=4), infer("old", ServerState.LOANED, gpus=4, since=NOW - 9000),
+               infer("new", ServerState.LOANED, gpus=4, since=NOW - 7200)]
+    elastic = running(1, [("t", (0, 1)), ("old", (0, 1)), ("old", (2, 3))], low=1, high=3, resized=NOW - 7200)
+    inelastic = running(2, [("new", (0, 1, 2, 3))], low=1, resized=NOW - 7200)
+    snap = snapshot(servers, [elastic, inelastic], demand=1)
+    assert steps(plan("aryl", snap)) == [("old", LoanStep.RECLAIM)] and plan("aryl", snap).preemptions == ()
+    naive = plan("aryl-naivereclaim", snap)
+    assert steps(naive) == [("new", LoanStep.RECLAIM)]
+    assert [p.job_id for p in naive.preemptions] == [2]

@@ -59,7 +59,7 @@ def test_unknown_policy_is_refused_at_start_up(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 2
-    assert "unknown policy 'nope'; registered: aryl, aryl-noelastic, aryl-noloan, fifo, sjf" in result.stderr
+    assert "unknown policy 'nope'; registered: aryl, aryl-naivereclaim, aryl-noelastic, aryl-noloan, fifo, sjf" in result.stderr
 
 
 def test_migrate_command_creates_the_schema(tmp_path: Path) -> None:

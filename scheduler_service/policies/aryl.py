@@ -20,8 +20,8 @@ One cycle, in order (each step works on the state the previous ones left):
    A job resized less than ``min_resize_interval_s`` ago keeps its size (anti-thrashing).
 
 Variants (same code, same placement, so comparisons isolate the mechanism): ``aryl`` (loaning and
-elasticity), ``aryl-noloan``, ``aryl-noelastic``, and ``sjf`` (neither: separate clusters, jobs run at
-``min_workers``).
+elasticity), ``aryl-noloan``, ``aryl-noelastic``, ``sjf`` (neither: separate clusters, jobs run at
+``min_workers``), and ``aryl-naivereclaim`` (``aryl`` with a naive reclaim: most recently loaned first).
 
 Pure: no I/O, no wall clock; deterministic for a given snapshot.
 """
@@ -51,7 +51,7 @@ from scheduler_service.core.snapshot import ClusterSnapshot, JobView, ServerView
 from scheduler_service.core.throughput import JobEstimate, estimate
 from scheduler_service.lifecycle import JobState, Pool, ServerState
 from scheduler_service.solvers.knapsack import solve_knapsack
-from scheduler_service.solvers.reclaim import ReclaimInstance, reclaim_greedy
+from scheduler_service.solvers.reclaim import ReclaimInstance, reclaim_greedy, reclaim_most_recent_first
 
 RUNNING_STATES = (JobState.RUNNING, JobState.SCALING)
 
@@ -125,9 +125,10 @@ class ReclaimDecision:
 
 
 def choose_reclaim(running: dict[int, _Job], loaned: list[ServerView], count: int, params: PolicyParams,
-                   now: float) -> ReclaimDecision:
+                   now: float, *, naive: bool = False) -> ReclaimDecision:
     """Greedy on server preemption cost (solvers.reclaim), recomputed after each pick. Loans younger
-    than ``min_loan_s`` are taken only when the older ones do not suffice."""
+    than ``min_loan_s`` are taken only when the older ones do not suffice. ``naive``: the baseline
+    the greedy is measured against -- the most recently loaned servers, whatever runs on them."""
     old = [s for s in loaned if s.loan_started_at is None or now - s.loan_started_at >= params.min_loan_s]
     candidates = old if len(old) >= count else loaned
     count = min(count, len(candidates))
@@ -151,7 +152,11 @@ def choose_reclaim(running: dict[int, _Job], loaned: list[ServerView], count: in
         job_cost=[_work_lost(j, now) for j in jobs],
         scale_in_cost=[params.restart_cost_s * j.view.gpus_per_worker for j in jobs],
     )
-    outcome = reclaim_greedy(instance, count)
+    if naive:
+        loaned_at = [s.loan_started_at if s.loan_started_at is not None else s.state_since for s in candidates]
+        outcome = reclaim_most_recent_first(instance, count, loaned_at)
+    else:
+        outcome = reclaim_greedy(instance, count)
     return ReclaimDecision(
         servers=tuple(candidates[int(i)].server_id for i in outcome.servers),
         preempted=tuple(jobs[ji].view.job_id for ji in range(len(jobs)) if outcome.preempted[ji]),
@@ -184,11 +189,13 @@ def preview_reclaim(snapshot: ClusterSnapshot, count: int, params: PolicyParams)
 
 
 class ArylPolicy:
-    def __init__(self, name: str, params: PolicyParams, *, loaning: bool, elastic: bool) -> None:
+    def __init__(self, name: str, params: PolicyParams, *, loaning: bool, elastic: bool,
+                 naive_reclaim: bool = False) -> None:
         self.name = name
         self.params = params
         self.loaning = loaning
         self.elastic = elastic
+        self.naive_reclaim = naive_reclaim
 
     def schedule(self, snapshot: ClusterSnapshot) -> Plan:
         p = self.params
@@ -258,7 +265,8 @@ class ArylPolicy:
             self._loan(cycle, by_state.get(ServerState.SERVING, []), surplus, needed)
 
     def _reclaim(self, cycle: _Cycle, loaned: list[ServerView], count: int, needed: int) -> None:
-        decision = choose_reclaim(cycle.running, loaned, count, self.params, cycle.snapshot.now)
+        decision = choose_reclaim(cycle.running, loaned, count, self.params, cycle.snapshot.now,
+                                  naive=self.naive_reclaim)
         chosen = set(decision.servers)
         for job_id in decision.preempted:
             job = cycle.running.pop(job_id)
@@ -494,11 +502,15 @@ class ArylPolicy:
         return scales
 
 
-def _register(name: str, *, loaning: bool, elastic: bool) -> None:
-    policies.register(name)(lambda params: ArylPolicy(name, params, loaning=loaning, elastic=elastic))
+def _register(name: str, *, loaning: bool, elastic: bool, naive_reclaim: bool = False) -> None:
+    policies.register(name)(
+        lambda params: ArylPolicy(name, params, loaning=loaning, elastic=elastic, naive_reclaim=naive_reclaim)
+    )
 
 
 _register("aryl", loaning=True, elastic=True)
 _register("aryl-noloan", loaning=False, elastic=True)
 _register("aryl-noelastic", loaning=True, elastic=False)
 _register("sjf", loaning=False, elastic=False)  # separate clusters: the paper's baseline
+# The reclaim ablation: the full policy, but reclaim takes the most recently loaned servers back.
+_register("aryl-naivereclaim", loaning=True, elastic=True, naive_reclaim=True)
