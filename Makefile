@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench protos clean
+.PHONY: demo test bench protos evaluation clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -21,6 +21,11 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks
+
+# Regenerates docs/evaluation.md from the public traces in ../shared (set SHARED=... elsewhere).
+SHARED ?= ../shared
+evaluation: $(STAMP)
+	$(BIN)/python -m simulator.evaluation --shared $(SHARED)
 
 protos: $(STAMP)
 	$(BIN)/python -m protos.generate

@@ -36,6 +36,7 @@ from scheduler_service.core.plan import (
     ServerAction,
     StartJob,
     WorkerPlacement,
+    releases_gpus,
 )
 from scheduler_service.core.snapshot import (
     TRAINING_CAPABLE_STATES,
@@ -884,10 +885,14 @@ class SchedulerApp:
                 jobs = {job.id: job for job in session.scalars(sa.select(m.Job).where(m.Job.id.in_(job_ids)))}
             placement = _PlacementCheck.load(session, (*plan.starts, *plan.scales))
 
-            # Shrink or grow is judged on fresh state (the job's current world size), before anything moves.
-            shrinks = {
-                s.job_id for s in plan.scales if s.job_id in jobs and len(s.workers) < jobs[s.job_id].num_workers
-            }
+            # Scales that give up GPUs go before the starts (judged on fresh state, before anything moves).
+            held: dict[int, list[tuple[str, int]]] = defaultdict(list)
+            for alloc in session.execute(
+                sa.select(m.Allocation.job_id, m.Allocation.server_id, m.Allocation.gpu_index)
+                .where(m.Allocation.job_id.in_([s.job_id for s in plan.scales]))
+            ):
+                held[alloc.job_id].append((alloc.server_id, alloc.gpu_index))
+            shrinks = {s.job_id for s in plan.scales if s.job_id in jobs and releases_gpus(held[s.job_id], s)}
 
             for preempt in plan.preemptions:
                 if attempt(preempt.job_id, self._apply_preemption, jobs.get(preempt.job_id), preempt):

@@ -4,6 +4,7 @@ log and in ExplainJob. Planning never writes; the applier commits a plan and rep
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -66,6 +67,14 @@ class ScaleJob:
     message: str
 
 
+def releases_gpus(held: Iterable[tuple[str, int]], scale: ScaleJob) -> bool:
+    """Does ``scale`` give up any GPU its job holds now (``held``: (server, gpu) pairs)? Such scales
+    are applied before the plan's starts -- whatever their worker count -- since a start may have
+    been planned onto exactly those GPUs."""
+    kept = {(w.server_id, g) for w in scale.workers for g in w.gpu_indices}
+    return any(pair not in kept for pair in held)
+
+
 @dataclass(frozen=True, slots=True)
 class PreemptJob:
     """Stop every worker of a running job and requeue it; it resumes from its checkpoint."""
@@ -109,8 +118,9 @@ class KeepPending:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """Applied in this order, so GPUs freed by one action can be used by a later one:
-    preemptions, scales that shrink, starts, scales that grow; then server (loan) steps."""
+    """Applied in this order, so GPUs freed by one action can be used by a later one: ACTIVATE loan
+    steps; preemptions; scales that release GPUs (``releases_gpus``); starts; the other scales; then
+    the other loan steps."""
 
     starts: tuple[StartJob, ...] = ()
     scales: tuple[ScaleJob, ...] = ()

@@ -219,9 +219,10 @@ class ArylPolicy:
         self._base_demands(cycle)
         if self.elastic:
             self._elastic_extras(cycle)
+        scales = tuple(self._scales(cycle))  # first: it may grow this cycle's starts to full size
         return Plan(
             starts=tuple(cycle.starts),
-            scales=tuple(self._scales(cycle)),
+            scales=scales,
             preemptions=tuple(cycle.preemptions),
             server_actions=tuple(cycle.server_actions),
             pending=tuple(cycle.pending),

@@ -1,0 +1,254 @@
+"""``aryl-sim``: replay a job trace and an inference-load series through the scheduler's own cycle.
+
+Subcommands:
+- ``run``: one policy;
+- ``compare``: several policies on the same inputs, side by side, with ratios to the first.
+
+Both print a table to stdout (progress and timings go to stderr) and, with ``--out DIR``, write
+``jobs-<policy>.csv``, ``utilization-<policy>.csv``, ``summary.json`` and the plots (``jct_cdf.png``,
+``utilization.png``, ``loans.png``); see ``simulator.results`` for the metrics.
+
+This module only translates arguments into calls of the loaders, ``simulate`` and the result
+writers; it never decides anything about scheduling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from scheduler_service.core.params import PolicyParams
+from scheduler_service.core.registry import policies
+from simulator.engine import SimulationResult, simulate
+from simulator.load import demand_from_rate, diurnal_demand, load_servegen_rate
+from simulator.model import ClusterSpec, DemandPoint, TraceJob
+from simulator.results import format_table, summarize, write_outputs
+from simulator.traces import JobMapping, TraceFormatError, load_generic_csv, load_philly, load_pollux_workload
+
+DEFAULT_COMPARE = "fifo,aryl-noloan,aryl-noelastic,aryl"
+LOAD_MARGIN_DAYS = 30  # the inference load covers the trace's span plus this (then holds its last value)
+
+
+class UsageError(Exception):
+    """A bad argument value; the message says which and what is allowed."""
+
+
+def _params_help() -> str:
+    defaults = PolicyParams()
+    lines = ["policy parameters (--param KEY=VALUE; defaults):"]
+    for f in dataclasses.fields(PolicyParams):
+        lines.append(f"  {f.name} = {getattr(defaults, f.name)}")
+    return "\n".join(lines)
+
+
+def parse_params(items: Sequence[str]) -> PolicyParams:
+    """``KEY=VALUE`` strings into a validated PolicyParams (keys are its field names; ``-`` works as ``_``)."""
+    defaults = PolicyParams()
+    known = {f.name for f in dataclasses.fields(PolicyParams)}
+    values: dict[str, float | int] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            raise UsageError(f"--param {item!r}: expected KEY=VALUE")
+        if key not in known:
+            raise UsageError(f"--param {key}: unknown policy parameter; known: {', '.join(sorted(known))}")
+        kind = type(getattr(defaults, key))
+        try:
+            values[key] = kind(text)
+        except ValueError:
+            raise UsageError(f"--param {key}={text}: expected {kind.__name__}") from None
+    try:
+        return PolicyParams(**values)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text}")
+    return value
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    trace = parser.add_argument_group("job trace")
+    trace.add_argument("--trace-format", choices=("philly", "pollux", "generic"), required=True,
+                       help="philly: the Pollux-preprocessed Philly CSV; pollux: a Pollux workload CSV "
+                            "(needs --profiles-dir); generic: the README's job CSV")
+    trace.add_argument("--trace", type=Path, required=True, help="the trace file (plain or .gz)")
+    trace.add_argument("--limit", type=_positive_int, default=None,
+                       help="keep only the first N jobs of the trace (default: all)")
+    trace.add_argument("--seed", type=int, default=0,
+                       help="seed of the job mapping's keyed draws, the diurnal noise and every snapshot "
+                            "(default: 0)")
+    trace.add_argument("--elastic-share", type=float, default=0.5,
+                       help="fraction of jobs made elastic (default: 0.5)")
+    trace.add_argument("--max-scale", type=int, default=4,
+                       help="elastic jobs: max_workers = min_workers x this, then capped (default: 4)")
+    trace.add_argument("--throughput-model", default="amdahl",
+                       help="amdahl | pollux-gputime | pollux-random | a Pollux profile name (default: amdahl; "
+                            "Pollux profiles need --profiles-dir)")
+    trace.add_argument("--profiles-dir", type=Path, default=None,
+                       help="the Pollux throughput profiles directory (default: none)")
+    trace.add_argument("--philly-time-origin", choices=("first_job", "midnight"), default="first_job",
+                       help="philly: t = 0 at the first job, or at midnight of its day (default: first_job)")
+
+    load = parser.add_argument_group("inference load (one of; default: --diurnal)")
+    source = load.add_mutually_exclusive_group()
+    source.add_argument("--servegen", type=Path, default=None,
+                        help="ServeGen's servegen_total_rate_10min.csv: request rate -> servers needed")
+    source.add_argument("--diurnal", action="store_true",
+                        help="a synthetic daily curve (20%%..100%% of the inference servers, peak at 20h, "
+                             "5%% noise; the default)")
+    source.add_argument("--no-inference-load", action="store_true",
+                        help="inference needs no servers at all: every inference server beyond the loan "
+                             "buffer may be loaned")
+    load.add_argument("--servegen-model", default="m-small", help="ServeGen model (default: m-small)")
+    load.add_argument("--servegen-category", default="language", help="ServeGen category (default: language)")
+    load.add_argument("--peak-quantile", type=float, default=1.0,
+                      help="ServeGen: the rate quantile that needs the whole inference cluster (default: 1.0)")
+    load.add_argument("--headroom", type=float, default=0.2,
+                      help="ServeGen: servers needed = ceil(rate x (1 + headroom) / per-server rate) "
+                           "(default: 0.2)")
+
+    cluster = parser.add_argument_group("cluster")
+    cluster.add_argument("--training-servers", type=_positive_int, default=100,
+                         help="training-owned servers (default: 100)")
+    cluster.add_argument("--inference-servers", type=_positive_int, default=25,
+                         help="inference servers (default: 25)")
+    cluster.add_argument("--gpus-per-server", type=int, default=8, help="GPUs per server (default: 8)")
+
+    sim = parser.add_argument_group("simulation")
+    sim.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                     help="a policy parameter (repeatable; see the list below)")
+    sim.add_argument("--cycle-interval", type=float, default=300.0,
+                     help="periodic cycle tick, virtual seconds; events also trigger cycles (default: 300)")
+    sim.add_argument("--min-cycle-gap", type=float, default=0.0,
+                     help="least virtual time between two cycles; events in between are batched into the "
+                          "next cycle (default: 0 = a cycle at every event instant)")
+    sim.add_argument("--restart-overhead", type=float, default=30.0,
+                     help="seconds without progress after every start, restart and resize (default: 30)")
+    sim.add_argument("--checkpoint-interval", type=float, default=1800.0,
+                     help="seconds between a running job's checkpoints; a preemption loses the work since "
+                          "the last one (default: 1800)")
+    sim.add_argument("--max-time", type=float, default=None,
+                     help="stop at this virtual time, seconds (default: none; runs end when every job "
+                          "completed, or when the remaining jobs can never be placed)")
+    sim.add_argument("--check", action="store_true",
+                     help="assert that every plan passes the core's invariant checker (slower)")
+    sim.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
+                     help="a progress bar on stderr, shown only on a terminal (default: on)")
+
+    out = parser.add_argument_group("output")
+    out.add_argument("--out", type=Path, default=None,
+                     help="write CSVs, summary.json and plots into this directory (default: print only)")
+    out.add_argument("--no-plots", action="store_true", help="with --out: skip the PNG plots")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="aryl-sim",
+        description="Trace-driven simulation of the Aryl scheduler: the service's own scheduling cycle and "
+                    "policies, a virtual clock and simulated agents.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    epilog = _params_help() + f"\n\npolicies: {', '.join(policies.names())}"
+    run = sub.add_parser("run", help="simulate one policy", epilog=epilog,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    run.add_argument("--policy", default="aryl", help=f"the policy (default: aryl; one of {', '.join(policies.names())})")
+    _add_common(run)
+    compare = sub.add_parser("compare", help="simulate several policies on the same inputs", epilog=epilog,
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
+    compare.add_argument("--policies", default=DEFAULT_COMPARE,
+                         help=f"comma-separated policies; ratios are to the first (default: {DEFAULT_COMPARE})")
+    _add_common(compare)
+    return parser
+
+
+def load_jobs(args: argparse.Namespace) -> list[TraceJob]:
+    mapping = JobMapping(seed=args.seed, elastic_share=args.elastic_share, max_scale=args.max_scale,
+                         throughput_model=args.throughput_model, gpus_per_server=args.gpus_per_server)
+    if args.trace_format == "philly":
+        return load_philly(args.trace, mapping=mapping, profiles_dir=args.profiles_dir, limit=args.limit,
+                           time_origin=args.philly_time_origin)
+    if args.trace_format == "pollux":
+        if args.profiles_dir is None:
+            raise UsageError("--trace-format pollux needs --profiles-dir")
+        return load_pollux_workload(args.trace, profiles_dir=args.profiles_dir, mapping=mapping, limit=args.limit)
+    return load_generic_csv(args.trace, mapping=mapping, profiles_dir=args.profiles_dir, limit=args.limit)
+
+
+def load_demand(args: argparse.Namespace, jobs: Sequence[TraceJob]) -> list[DemandPoint]:
+    """The inference demand over the trace's span plus LOAD_MARGIN_DAYS (then held at its last value)."""
+    if args.no_inference_load:
+        return [DemandPoint(0.0, 0, 0.0)]
+    if args.inference_servers == 0:
+        return []
+    span_s = (max((j.submit_time for j in jobs), default=0.0)) + LOAD_MARGIN_DAYS * 86400.0
+    if args.servegen is not None:
+        series = load_servegen_rate(args.servegen, category=args.servegen_category, model=args.servegen_model)
+        return demand_from_rate(series, inference_servers=args.inference_servers, headroom=args.headroom,
+                                peak_quantile=args.peak_quantile, duration_s=span_s)
+    return diurnal_demand(inference_servers=args.inference_servers, days=math.ceil(span_s / 86400.0), seed=args.seed)
+
+
+def _policy_names(args: argparse.Namespace) -> list[str]:
+    names = [args.policy] if args.command == "run" else [n.strip() for n in args.policies.split(",") if n.strip()]
+    known = set(policies.names())
+    for name in names:
+        if name not in known:
+            raise UsageError(f"unknown policy {name!r}; registered: {', '.join(policies.names())}")
+    if len(set(names)) != len(names):
+        raise UsageError(f"a policy is listed twice in {names}")
+    if not names:
+        raise UsageError("no policy given")
+    return names
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        names = _policy_names(args)
+        params = parse_params(args.param)
+        if args.gpus_per_server < 1:
+            raise UsageError("--gpus-per-server must be >= 1")
+        if args.training_servers + args.inference_servers == 0:
+            raise UsageError("the cluster has no servers")
+        started = time.perf_counter()
+        jobs = load_jobs(args)
+        demand = load_demand(args, jobs)
+        print(f"loaded {len(jobs)} job(s) and {len(demand)} demand point(s) in "
+              f"{time.perf_counter() - started:.1f}s", file=sys.stderr)
+        spec = ClusterSpec(args.training_servers, args.inference_servers, args.gpus_per_server)
+        results: list[SimulationResult] = []
+        for name in names:
+            result = simulate(
+                jobs, demand, spec, name, params, seed=args.seed, cycle_interval_s=args.cycle_interval,
+                restart_overhead_s=args.restart_overhead, checkpoint_interval_s=args.checkpoint_interval,
+                min_cycle_gap_s=args.min_cycle_gap, max_time_s=args.max_time, check_plans=args.check,
+                progress=args.progress,
+            )
+            print(f"{name}: {result.cycles} cycles, {result.stop_reason}, {result.wall_s:.1f}s", file=sys.stderr)
+            results.append(result)
+    except (UsageError, TraceFormatError, ValueError, OSError) as exc:
+        print(f"aryl-sim: error: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, UsageError) else 1
+    if args.out is not None:
+        summaries = write_outputs(results, args.out, plots=not args.no_plots)
+        print(f"wrote {args.out}", file=sys.stderr)
+    else:
+        summaries = {r.policy: summarize(r) for r in results}
+    sys.stdout.write(format_table(summaries))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

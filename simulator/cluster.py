@@ -1,0 +1,666 @@
+"""The simulated cluster: the scheduling cycle's ``ClusterState`` port, in memory, with simulated agents.
+
+``snapshot()`` and ``apply()`` have the service's semantics (``scheduler_service.app.SchedulerApp``);
+only the storage differs (dicts instead of tables) and the agents, which are simulated. The policy and
+the cycle cannot tell the two apart. What this module must never do: decide anything (placement,
+loans, sizes are the policy's) or look at which policy runs.
+
+Nouns:
+- *Segment*: the stretch of a job's life at one placement, from a start or resize until the next
+  resize, preemption or completion. Within a segment the job runs at one true speed,
+  ``ThroughputModel(points=trace.throughput).speed(workers)``, so progress is linear and the
+  completion time exact.
+- *Simulated agents*, the assumptions (each documented where it is applied):
+  - every desired-state change is carried out at once; agents always report converged
+    (``agent_converged`` is True), so a RECLAIMING server is vacated at once and returns to serving at
+    the next cycle;
+  - a start, restart or resize costs ``restart_overhead_s`` without progress at the segment's start;
+  - a job checkpoints every ``checkpoint_interval_s`` after the start of its segment, and at every
+    graceful resize (a ScaleJob: checkpoint, stop, restart at the new size -- torchrun elastic);
+  - a preemption loses the work done since the last checkpoint; the job resumes from it when placed
+    again;
+  - progress reporting is perfect: ``work_done`` in the snapshot is the job's true progress at ``now``.
+- *GPU-seconds lost* per job: the GPU time of the work a preemption threw away (productive seconds
+  since the last checkpoint x the segment's GPUs) plus the GPU time of restart overheads (the
+  overhead seconds actually spent, x the segment's GPUs).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from math import floor
+
+from scheduler_service.core.clock import Clock
+from scheduler_service.core.plan import (
+    ApplyResult,
+    KeepPending,
+    LoanStep,
+    Plan,
+    PreemptJob,
+    Reason,
+    ScaleJob,
+    ServerAction,
+    StartJob,
+    WorkerPlacement,
+    releases_gpus,
+)
+from scheduler_service.core.snapshot import (
+    TRAINING_CAPABLE_STATES,
+    ClusterSnapshot,
+    DemandView,
+    JobView,
+    ServerView,
+    WorkerView,
+)
+from scheduler_service.core.throughput import ThroughputModel
+from scheduler_service.lifecycle import (
+    JOB_LIFECYCLE,
+    SERVER_LIFECYCLE,
+    IllegalTransition,
+    JobState,
+    Pool,
+    ServerState,
+    home_state,
+)
+from simulator.model import ClusterSpec, DemandPoint, TraceJob
+
+# The loan cycle as data, as the service's applier has it (scheduler_service.app._LOAN_STEPS):
+# step -> (server state after it, open loan it needs (None: none), the loan's state after it,
+# the server must hold no workers). Loan states: "ACTIVE" from LOAN to RECLAIM, "RECLAIMING" until
+# RETURN, then the loan is closed (None).
+_ACTIVE, _RECLAIMING = "ACTIVE", "RECLAIMING"
+_LOAN_STEPS: dict[LoanStep, tuple[ServerState, str | None, str | None, bool]] = {
+    LoanStep.LOAN: (ServerState.DRAINING, None, _ACTIVE, False),
+    LoanStep.ACTIVATE: (ServerState.LOANED, _ACTIVE, _ACTIVE, False),
+    LoanStep.CANCEL: (ServerState.SERVING, _ACTIVE, None, False),
+    LoanStep.RECLAIM: (ServerState.RECLAIMING, _ACTIVE, _RECLAIMING, True),
+    LoanStep.RETURN: (ServerState.SERVING, _RECLAIMING, None, True),
+}
+_ON_LOAN_STATES = frozenset({ServerState.DRAINING, ServerState.LOANED, ServerState.RECLAIMING})
+
+
+# ---------------------------------------------------------------------------------------------
+# What the simulation records (filled in as it runs; read by simulator.results)
+
+
+@dataclass(slots=True)
+class JobOutcome:
+    """One trace job's history. Times are seconds since the trace's start; ``start``/``end`` are None
+    while the job has not started/finished (a run stopped by a guard leaves them so)."""
+
+    job_id: int
+    name: str
+    submit: float
+    gpus_per_worker: int
+    min_workers: int
+    max_workers: int
+    start: float | None = None          # first start
+    end: float | None = None            # completion
+    preemptions: int = 0
+    scale_outs: int = 0                 # resizes to more workers
+    scale_ins: int = 0                  # resizes to fewer workers
+    moves: int = 0                      # resizes to the same number of workers elsewhere
+    lost_work_gpu_s: float = 0.0        # GPU time of work thrown away by preemptions
+    overhead_gpu_s: float = 0.0         # GPU time spent restarting (starts, restarts, resizes)
+
+    @property
+    def gpu_seconds_lost(self) -> float:
+        return self.lost_work_gpu_s + self.overhead_gpu_s
+
+    @property
+    def queue_s(self) -> float | None:
+        """First start minus submission."""
+        return None if self.start is None else self.start - self.submit
+
+    @property
+    def jct_s(self) -> float | None:
+        """Completion minus submission."""
+        return None if self.end is None else self.end - self.submit
+
+
+@dataclass(slots=True)
+class ServerOutcome:
+    server_id: str
+    pool: Pool
+    loans: int = 0      # LOAN steps committed (a loan begun; a cancelled one counts too)
+    reclaims: int = 0   # RECLAIM steps committed
+
+
+@dataclass(frozen=True, slots=True)
+class UtilisationSample:
+    """The cluster's usage from ``time`` until the next sample (piecewise constant), in GPUs unless
+    named otherwise."""
+
+    time: float
+    training_gpus: int          # training-pool GPUs allocated to training jobs
+    inference_gpus: int         # inference-pool GPUs serving inference: min(needed, SERVING) x GPUs/server
+    loaned_training_gpus: int   # inference-pool GPUs allocated to training jobs (on loan)
+    loaned_servers: int         # inference servers in state LOANED
+    servers_needed: int         # the inference demand signal (0 before the first demand point)
+    rate_rps: float             # the request rate behind it
+
+
+# ---------------------------------------------------------------------------------------------
+# The in-memory state
+
+
+class _Refused(Exception):
+    """A plan action that fresh state does not allow; ``str()`` says why (as the service's applier)."""
+
+
+@dataclass(slots=True)
+class _Server:
+    server_id: str
+    pool: Pool
+    gpu_indices: tuple[int, ...]
+    state: ServerState
+    state_since: float = 0.0
+    loan: str | None = None              # the open loan's state: _ACTIVE, _RECLAIMING, or None
+    loan_started_at: float | None = None
+    allocated: dict[int, int] = field(default_factory=dict)  # gpu index -> job id
+    view: ServerView | None = None       # cached; None when stale
+
+    def build_view(self) -> ServerView:
+        if self.view is None:
+            self.view = ServerView(
+                server_id=self.server_id, pool=self.pool, state=self.state, gpu_indices=self.gpu_indices,
+                allocated=tuple(sorted(self.allocated.items())), state_since=self.state_since,
+                loan_started_at=self.loan_started_at if self.state in _ON_LOAN_STATES else None,
+                agent_converged=True,  # simulated agents apply every desired state at once
+            )
+        return self.view
+
+
+@dataclass(slots=True)
+class _Job:
+    trace: TraceJob
+    outcome: JobOutcome
+    model: ThroughputModel
+    state: JobState = JobState.PENDING
+    workers: tuple[WorkerView, ...] = ()
+    pending_reason: str = ""
+    started_at: float | None = None
+    last_resized_at: float | None = None
+    # The last checkpoint before the current segment (or the one it resumed from): time and work.
+    checkpoint_at: float | None = None
+    checkpoint_work: float = 0.0
+    # The current segment (meaningful while running): it began at ``seg_start`` with ``seg_work``
+    # done, progresses at ``seg_speed`` from ``seg_start + overhead``, on ``seg_gpus`` GPUs.
+    seg_start: float = 0.0
+    seg_work: float = 0.0
+    seg_speed: float = 0.0
+    seg_gpus: int = 0
+    seg_version: int = 0                 # bumped whenever the segment ends (invalidates its completion)
+    view: JobView | None = None          # cached view of a job that is not running; None when stale
+
+    @property
+    def running(self) -> bool:
+        return self.state.holds_gpus
+
+
+class SimulatedCluster:
+    """The ``ClusterState`` port (``snapshot`` + ``apply``) over an in-memory cluster, plus what the
+    engine drives: ``submit`` (a job arrives), ``set_demand`` (the inference demand changes),
+    ``complete_due`` (jobs that finished their work by now)."""
+
+    def __init__(
+        self,
+        spec: ClusterSpec,
+        clock: Clock,
+        *,
+        restart_overhead_s: float = 30.0,
+        checkpoint_interval_s: float = 1800.0,
+    ) -> None:
+        if restart_overhead_s < 0:
+            raise ValueError(f"restart_overhead_s must be >= 0 (got {restart_overhead_s})")
+        if not checkpoint_interval_s > 0:
+            raise ValueError(f"checkpoint_interval_s must be > 0 (got {checkpoint_interval_s})")
+        if spec.gpus_per_server < 1 or spec.training_servers < 0 or spec.inference_servers < 0:
+            raise ValueError(f"invalid cluster spec {spec}")
+        self.spec = spec
+        self._clock = clock
+        self.restart_overhead_s = float(restart_overhead_s)
+        self.checkpoint_interval_s = float(checkpoint_interval_s)
+        gpus = tuple(range(spec.gpus_per_server))
+        servers = [_Server(f"t{k:04d}", Pool.TRAINING, gpus, home_state(Pool.TRAINING))
+                   for k in range(spec.training_servers)]
+        servers += [_Server(f"i{k:04d}", Pool.INFERENCE, gpus, home_state(Pool.INFERENCE))
+                    for k in range(spec.inference_servers)]
+        servers.sort(key=lambda s: s.server_id)  # the service lists servers by id
+        self._servers: dict[str, _Server] = {s.server_id: s for s in servers}
+        self.server_outcomes: dict[str, ServerOutcome] = {s.server_id: ServerOutcome(s.server_id, s.pool)
+                                                          for s in servers}
+        # Active jobs (PENDING, RUNNING, SCALING) by id, kept in id order (the service's snapshot order).
+        self._active: dict[int, _Job] = {}
+        self._active_in_order = True
+        self._running: dict[int, _Job] = {}
+        self.outcomes: dict[int, JobOutcome] = {}
+        self._completions: list[tuple[float, int, int]] = []  # heap of (end time, job id, segment version)
+        self._demand: DemandView | None = None
+        self._demand_rate = 0.0
+        # Levels for the utilisation series, kept up to date as allocations and server states change.
+        self._allocated_gpus = {Pool.TRAINING: 0, Pool.INFERENCE: 0}
+        self._inference_states = {state: 0 for state in ServerState}
+        for s in servers:
+            if s.pool == Pool.INFERENCE:
+                self._inference_states[s.state] += 1
+        self.samples: list[UtilisationSample] = []
+        self.rejected_actions = 0
+        self._server_views: tuple[ServerView, ...] | None = None  # cached; None when a server changed
+
+    # -- what the engine drives -------------------------------------------------------------------
+
+    @property
+    def now(self) -> float:
+        return self._clock.now()
+
+    @property
+    def active_jobs(self) -> int:
+        return len(self._active)
+
+    @property
+    def running_jobs(self) -> int:
+        return len(self._running)
+
+    def submit(self, trace: TraceJob) -> None:
+        """A trace job arrives (now): PENDING, like a fresh submission to the service."""
+        if trace.job_id in self.outcomes:
+            raise ValueError(f"job {trace.job_id} is submitted twice")
+        if trace.min_workers < 1 or trace.max_workers < trace.min_workers or trace.gpus_per_worker < 1:
+            raise ValueError(f"job {trace.job_id}: invalid shape {trace.gpus_per_worker} GPU(s) x "
+                             f"{trace.min_workers}..{trace.max_workers} workers")
+        if not trace.work > 0:
+            raise ValueError(f"job {trace.job_id}: work must be > 0 (got {trace.work})")
+        model = ThroughputModel(points=trace.throughput)
+        if model.speed(trace.min_workers) <= 0:
+            raise ValueError(f"job {trace.job_id}: no progress at {trace.min_workers} worker(s)")
+        outcome = JobOutcome(trace.job_id, trace.name, trace.submit_time, trace.gpus_per_worker,
+                             trace.min_workers, trace.max_workers)
+        self.outcomes[trace.job_id] = outcome
+        if self._active and trace.job_id < next(reversed(self._active)):
+            self._active_in_order = False
+        self._active[trace.job_id] = _Job(trace, outcome, model)
+
+    def set_demand(self, point: DemandPoint) -> None:
+        """The router's latest signal: inference needs ``servers_needed`` serving servers."""
+        self._demand = DemandView(point.servers_needed, point.rate_rps, point.time)
+        self._demand_rate = point.rate_rps
+
+    def next_completion(self) -> float | None:
+        """When the next running job finishes its work (None: no job is running)."""
+        heap = self._completions
+        while heap:
+            end, job_id, version = heap[0]
+            job = self._running.get(job_id)
+            if job is not None and job.seg_version == version:
+                return end
+            heapq.heappop(heap)  # a segment that ended early (resized or preempted)
+        return None
+
+    def complete_due(self) -> list[int]:
+        """Complete every running job whose work is done by now; returns their ids (ascending)."""
+        now, done = self.now, []
+        while (end := self.next_completion()) is not None and end <= now:
+            _, job_id, _ = heapq.heappop(self._completions)
+            job = self._running[job_id]
+            self._end_segment(job, end)
+            JOB_LIFECYCLE.check(job.state, JobState.COMPLETED)
+            job.state = JobState.COMPLETED
+            self._free(job)
+            del self._running[job_id]
+            del self._active[job_id]
+            job.outcome.end = end
+            done.append(job_id)
+        return sorted(done)
+
+    def sample(self) -> None:
+        """Record the utilisation levels from now on (a new sample only when a level changed)."""
+        serving = self._inference_states[ServerState.SERVING]
+        needed = self._demand.servers_needed if self._demand else 0
+        sample = UtilisationSample(
+            time=self.now,
+            training_gpus=self._allocated_gpus[Pool.TRAINING],
+            inference_gpus=min(max(needed, 0), serving) * self.spec.gpus_per_server,
+            loaned_training_gpus=self._allocated_gpus[Pool.INFERENCE],
+            loaned_servers=self._inference_states[ServerState.LOANED],
+            servers_needed=needed,
+            rate_rps=self._demand_rate,
+        )
+        if self.samples:
+            last = self.samples[-1]
+            if _same_levels(sample, last):
+                return
+            if last.time == sample.time:
+                self.samples[-1] = sample  # the last word at one instant holds from then on
+                return
+        self.samples.append(sample)
+
+    # -- the port: snapshot -----------------------------------------------------------------------
+
+    def snapshot(self, seed: int = 0) -> ClusterSnapshot:
+        """Every server, and the active jobs (PENDING, RUNNING, SCALING) in id order, as the service's
+        snapshot shows them; running jobs' progress is exact at ``now``."""
+        now = self.now
+        if not self._active_in_order:
+            self._active = dict(sorted(self._active.items()))
+            self._active_in_order = True
+        # The hot loop of a simulation (every active job, every cycle): _work_at and _last_checkpoint
+        # inlined (same arithmetic, same order), JobView built positionally (its field order; a test
+        # compares the result field by field). A job holds workers exactly while it runs.
+        overhead, interval, view_of = self.restart_overhead_s, self.checkpoint_interval_s, JobView
+        views = []
+        append = views.append
+        for job in self._active.values():
+            if not job.workers:
+                append(job.view or self._idle_view(job))
+                continue
+            t = job.trace
+            since = now - job.seg_start
+            productive = since - overhead
+            work = job.seg_work + job.seg_speed * productive if productive > 0 else job.seg_work
+            periods = floor(since / interval)
+            append(view_of(
+                t.job_id, job.state, t.gpus_per_worker, t.min_workers, t.max_workers, t.priority, t.submit_time,
+                job.workers, None, job.pending_reason, t.throughput, t.work, work if work < t.work else t.work,
+                job.started_at, job.last_resized_at,
+                job.seg_start + periods * interval if periods >= 1 else job.checkpoint_at,
+            ))
+        jobs = tuple(views)
+        if self._server_views is None:
+            self._server_views = tuple(s.build_view() for s in self._servers.values())
+        return ClusterSnapshot(now=now, servers=self._server_views, jobs=jobs, demand=self._demand, seed=seed)
+
+    def _idle_view(self, job: _Job) -> JobView:
+        if job.view is None:
+            t = job.trace
+            job.view = JobView(
+                job_id=t.job_id, state=job.state, gpus_per_worker=t.gpus_per_worker,
+                min_workers=t.min_workers, max_workers=t.max_workers, priority=t.priority,
+                submitted_at=t.submit_time, pending_reason=job.pending_reason,
+                throughput_points=t.throughput, total_work=t.work, work_done=job.checkpoint_work,
+                started_at=job.started_at, last_resized_at=job.last_resized_at,
+                last_checkpoint_at=job.checkpoint_at,
+            )
+        return job.view
+
+    # -- progress within a segment ----------------------------------------------------------------
+
+    def _work_at(self, job: _Job, when: float) -> float:
+        productive = when - job.seg_start - self.restart_overhead_s
+        if productive <= 0:
+            return job.seg_work
+        return min(job.seg_work + job.seg_speed * productive, job.trace.work)
+
+    def _last_checkpoint(self, job: _Job, when: float) -> tuple[float | None, float]:
+        """(time, work) of the newest checkpoint at ``when``: periodic ones every interval after the
+        segment's start, else the one the segment began from."""
+        periods = floor((when - job.seg_start) / self.checkpoint_interval_s)
+        if periods >= 1:
+            at = job.seg_start + periods * self.checkpoint_interval_s
+            return at, self._work_at(job, at)
+        return job.checkpoint_at, job.checkpoint_work
+
+    def _begin_segment(self, job: _Job, now: float, workers: tuple[WorkerView, ...], work: float) -> None:
+        """The job (re)starts now at ``workers`` from ``work`` done; schedule its completion."""
+        job.workers = workers
+        job.seg_start = now
+        job.seg_work = work
+        job.seg_speed = job.model.speed(len(workers))
+        job.seg_gpus = len(workers) * job.trace.gpus_per_worker
+        job.last_resized_at = now
+        job.view = None
+        if job.seg_speed > 0:
+            end = now + self.restart_overhead_s + (job.trace.work - work) / job.seg_speed
+            heapq.heappush(self._completions, (end, job.trace.job_id, job.seg_version))
+
+    def _end_segment(self, job: _Job, now: float) -> None:
+        """Close the running segment at ``now``: charge the restart overhead it actually spent."""
+        job.outcome.overhead_gpu_s += min(self.restart_overhead_s, now - job.seg_start) * job.seg_gpus
+        job.seg_version += 1
+
+    # -- allocations ------------------------------------------------------------------------------
+
+    def _free(self, job: _Job) -> set[str]:
+        servers = set()
+        for w in job.workers:
+            server = self._servers[w.server_id]
+            for gpu in w.gpu_indices:
+                if server.allocated.get(gpu) == job.trace.job_id:
+                    del server.allocated[gpu]
+                    self._allocated_gpus[server.pool] -= 1
+            server.view = None
+            servers.add(w.server_id)
+        self._server_views = None
+        job.workers = ()
+        return servers
+
+    def _take(self, job: _Job, workers: Iterable[WorkerView]) -> None:
+        for w in workers:
+            server = self._servers[w.server_id]
+            for gpu in w.gpu_indices:
+                server.allocated[gpu] = job.trace.job_id
+                self._allocated_gpus[server.pool] += 1
+            server.view = None
+        self._server_views = None
+
+    # -- the port: apply --------------------------------------------------------------------------
+
+    def apply(self, plan: Plan) -> ApplyResult:
+        """Apply ``plan`` as the service's applier does (``SchedulerApp.apply``): ACTIVATE steps first;
+        then preemptions, scales that shrink, starts, scales that grow; then the other loan steps; then
+        pending reasons. Each action is re-checked against the state the earlier ones left and refused
+        alone (``ApplyResult.rejected``, reason STALE_PLAN) when that state no longer allows it."""
+        if plan.is_empty:
+            return ApplyResult((), (), frozenset())
+        now = self.now
+        started: list[int] = []
+        scaled: list[int] = []
+        preempted: list[int] = []
+        steps: list[tuple[str, str]] = []
+        rejected: list[tuple[int | str, str]] = []
+        touched: set[str] = set()
+
+        def attempt(key: int | str, step, *args) -> bool:  # noqa: ANN001 - a local helper
+            try:
+                touched.update(step(*args))
+            except (IllegalTransition, _Refused) as exc:
+                rejected.append((key, f"{Reason.STALE_PLAN}: {exc}"))
+                return False
+            return True
+
+        for action in plan.server_actions:
+            if action.kind == LoanStep.ACTIVATE and attempt(action.server_id, self._apply_server_step, action, now):
+                steps.append((action.server_id, str(action.kind)))
+        # Scales that give up GPUs go before the starts (judged on fresh state, before anything moves).
+        shrinks = {
+            s.job_id for s in plan.scales
+            if s.job_id in self._active and releases_gpus(
+                [(w.server_id, g) for w in self._active[s.job_id].workers for g in w.gpu_indices], s)
+        }
+        for action in plan.preemptions:
+            if attempt(action.job_id, self._apply_preemption, action, now):
+                preempted.append(action.job_id)
+        for action in plan.scales:
+            if action.job_id in shrinks and attempt(action.job_id, self._apply_scale, action, now):
+                scaled.append(action.job_id)
+        for action in plan.starts:
+            if attempt(action.job_id, self._apply_start, action, now):
+                started.append(action.job_id)
+        for action in plan.scales:
+            if action.job_id not in shrinks and attempt(action.job_id, self._apply_scale, action, now):
+                scaled.append(action.job_id)
+        for action in plan.server_actions:
+            if action.kind != LoanStep.ACTIVATE and attempt(action.server_id, self._apply_server_step, action, now):
+                steps.append((action.server_id, str(action.kind)))
+        self._apply_pending(plan.pending)
+        self.rejected_actions += len(rejected)
+        return ApplyResult(tuple(started), tuple(rejected), frozenset(touched), scaled=tuple(scaled),
+                           preempted=tuple(preempted), server_steps=tuple(steps))
+
+    def _set_job_state(self, job: _Job, target: JobState) -> None:
+        JOB_LIFECYCLE.check(job.state, target)
+        job.state = target
+        job.view = None
+
+    def _apply_preemption(self, action: PreemptJob, now: float) -> set[str]:
+        """Stop every worker and requeue (RUNNING -> PREEMPTED -> PENDING). The job falls back to its
+        last checkpoint; the work since is lost."""
+        job = self._active.get(action.job_id)
+        if job is None or not job.running:
+            raise _Refused(f"job {action.job_id} is {_state_of(job)}, not running: there is nothing to preempt")
+        checkpoint_at, checkpoint_work = self._last_checkpoint(job, now)
+        lost_work = self._work_at(job, now) - checkpoint_work
+        if lost_work > 0 and job.seg_speed > 0:
+            job.outcome.lost_work_gpu_s += lost_work / job.seg_speed * job.seg_gpus
+        self._end_segment(job, now)
+        servers = self._free(job)
+        job.checkpoint_at, job.checkpoint_work = checkpoint_at, checkpoint_work
+        job.outcome.preemptions += 1
+        job.pending_reason = f"{action.reason}: {action.message}"[:1024]
+        self._set_job_state(job, JobState.PREEMPTED)
+        self._set_job_state(job, JobState.PENDING)
+        del self._running[action.job_id]
+        return servers
+
+    def _apply_scale(self, action: ScaleJob, now: float) -> set[str]:
+        """Restart the job at its new placement (RUNNING -> SCALING -> RUNNING): a graceful resize
+        checkpoints first, so no work is lost; the new segment pays the restart overhead."""
+        job = self._active.get(action.job_id)
+        if job is None or job.state != JobState.RUNNING:
+            raise _Refused(f"job {action.job_id} is {_state_of(job)}, not running: it cannot be resized")
+        held = {(w.rank, w.server_id, g) for w in job.workers for g in w.gpu_indices}
+        planned = [(w.rank, w.server_id, g) for w in action.workers for g in w.gpu_indices]
+        new = [p for p in planned if p not in held]
+        self._check_placement(job, action.workers, {(s, g) for _, s, g in new})
+        # Delete before insert: a GPU that changes rank within the job is free again first.
+        kept = {(s, g) for _, s, g in set(planned) & held}
+        self._check_unique([(s, g) for _, s, g in new], kept_by_self=kept, job_id=action.job_id)
+        before = len(job.workers)
+        work = self._work_at(job, now)
+        self._end_segment(job, now)
+        old_servers = self._free(job)
+        workers = _worker_views(action.workers)
+        self._take(job, workers)
+        self._set_job_state(job, JobState.SCALING)
+        job.checkpoint_at, job.checkpoint_work = now, work  # the graceful resize's checkpoint
+        self._begin_segment(job, now, workers, work)
+        self._set_job_state(job, JobState.RUNNING)
+        after = len(workers)
+        if after > before:
+            job.outcome.scale_outs += 1
+        elif after < before:
+            job.outcome.scale_ins += 1
+        else:
+            job.outcome.moves += 1
+        # Every worker restarts at the new world size, so every server it ran or runs on changes.
+        return old_servers | {w.server_id for w in workers}
+
+    def _apply_start(self, action: StartJob, now: float) -> set[str]:
+        """Place a pending job's gang; it resumes from its last checkpoint (from scratch the first time)."""
+        job = self._active.get(action.job_id)
+        if job is None or job.state != JobState.PENDING:
+            raise _Refused(f"job {action.job_id} is no longer pending (it is {_state_of(job)})")
+        planned = [(w.server_id, g) for w in action.workers for g in w.gpu_indices]
+        self._check_placement(job, action.workers, set(planned))
+        self._check_unique(planned, kept_by_self=set(), job_id=action.job_id)
+        workers = _worker_views(action.workers)
+        self._take(job, workers)
+        if job.started_at is None:
+            job.started_at = now
+            job.outcome.start = now
+        job.pending_reason = ""
+        self._set_job_state(job, JobState.RUNNING)
+        self._begin_segment(job, now, workers, job.checkpoint_work)
+        self._running[action.job_id] = job
+        return {w.server_id for w in workers}
+
+    def _check_placement(self, job: _Job, workers: tuple[WorkerPlacement, ...], new_gpus: set[tuple[str, int]]) -> None:
+        """The service's _PlacementCheck: the job's shape, and new GPUs only where training may run."""
+        t = job.trace
+        ranks = sorted(w.rank for w in workers)
+        if ranks != list(range(len(workers))):
+            raise _Refused(f"job {t.job_id}: planned ranks {ranks} are not 0..n-1")
+        if not t.min_workers <= len(workers) <= t.max_workers:
+            raise _Refused(f"job {t.job_id}: {len(workers)} worker(s) planned, outside {t.min_workers}..{t.max_workers}")
+        for w in workers:
+            if len(set(w.gpu_indices)) != t.gpus_per_worker:
+                raise _Refused(f"job {t.job_id}: rank {w.rank} has {len(set(w.gpu_indices))} GPU(s), "
+                               f"needs {t.gpus_per_worker}")
+        for server_id, index in sorted(new_gpus):
+            server = self._servers.get(server_id)
+            if server is None or server.state not in TRAINING_CAPABLE_STATES:
+                state = server.state if server else "not registered"
+                raise _Refused(f"server {server_id} is {state}: training cannot run on it")
+            if index not in server.gpu_indices:
+                raise _Refused(f"GPU {index} of server {server_id} is unhealthy or missing")
+
+    def _check_unique(self, new: list[tuple[str, int]], *, kept_by_self: set[tuple[str, int]], job_id: int) -> None:
+        """The service's unique key on (server, GPU): a new worker GPU must be free once the job's own
+        dropped workers are gone, and may appear only once."""
+        seen = set(kept_by_self)
+        for server_id, index in new:
+            holder = self._servers[server_id].allocated.get(index)
+            if (server_id, index) in seen or (holder is not None and holder != job_id):
+                raise _Refused("a planned GPU is already held by another worker")
+            seen.add((server_id, index))
+
+    def _apply_server_step(self, action: ServerAction, now: float) -> set[str]:
+        """One step of the loan cycle, checked as the service checks it: the server's lifecycle first,
+        then the open loan the step needs, then (RECLAIM, RETURN) that no workers are left on it."""
+        target, loan_before, loan_after, must_be_vacated = _LOAN_STEPS[action.kind]
+        server = self._servers.get(action.server_id)
+        if server is None:
+            raise _Refused(f"server {action.server_id} is not registered")
+        SERVER_LIFECYCLE.check(server.state, target)
+        if server.loan != loan_before:
+            raise _Refused(
+                f"server {server.server_id} has an open {server.loan} loan" if server.loan and loan_before is None
+                else f"server {server.server_id} has no {loan_before} loan (found: {server.loan or 'none'})"
+            )
+        if must_be_vacated and server.allocated:
+            holders = ", ".join(map(str, sorted(set(server.allocated.values()))))
+            raise _Refused(f"server {server.server_id} still runs workers of job(s) {holders} after this plan's "
+                           f"job actions; {action.kind} needs it vacated")
+        if server.pool == Pool.INFERENCE:
+            self._inference_states[server.state] -= 1
+            self._inference_states[target] += 1
+        server.state = target
+        server.state_since = now
+        if loan_before is None:
+            server.loan_started_at = now
+        server.loan = loan_after
+        if loan_after is None:
+            server.loan_started_at = None
+        server.view = None
+        self._server_views = None
+        if action.kind == LoanStep.LOAN:
+            self.server_outcomes[server.server_id].loans += 1
+        elif action.kind == LoanStep.RECLAIM:
+            self.server_outcomes[server.server_id].reclaims += 1
+        return {server.server_id}
+
+    def _apply_pending(self, pending: tuple[KeepPending, ...]) -> None:
+        """Record the pending reasons of jobs that are still pending after this plan."""
+        for p in pending:
+            job = self._active.get(p.job_id)
+            if job is not None and job.state == JobState.PENDING:
+                job.pending_reason = p.summary
+                job.view = None
+
+
+def _state_of(job: _Job | None) -> str:
+    return str(job.state) if job is not None else "not found"
+
+
+def _worker_views(workers: tuple[WorkerPlacement, ...]) -> tuple[WorkerView, ...]:
+    """The placement as the service's snapshot shows it: by rank, each worker's GPUs ascending."""
+    return tuple(WorkerView(w.rank, w.server_id, tuple(sorted(w.gpu_indices)))
+                 for w in sorted(workers, key=lambda w: w.rank))
+
+
+def _same_levels(a: UtilisationSample, b: UtilisationSample) -> bool:
+    return (a.training_gpus, a.inference_gpus, a.loaned_training_gpus, a.loaned_servers, a.servers_needed,
+            a.rate_rps) == (b.training_gpus, b.inference_gpus, b.loaned_training_gpus, b.loaned_servers,
+                            b.servers_needed, b.rate_rps)

@@ -1,0 +1,238 @@
+"""The discrete-event engine: replays a trace through the service's own scheduling cycle.
+
+``simulate`` wires the ports -- a ``VirtualClock``, a ``SimulatedCluster`` (the ``ClusterState``) --
+to ``scheduler_service.cycle.SchedulingCycle`` and a policy from ``scheduler_service.policies``, all
+imported, none copied, and then moves virtual time from event to event:
+
+- **events**: job arrivals (``submit_time``), job completions (exact: the remaining work at the
+  segment's true speed, after its restart overhead), inference-demand changes;
+- **cycles**: as in the service (``scheduler_service.server``), a cycle runs on events and at least
+  every ``cycle_interval_s`` (the periodic tick, so that time-based thresholds -- loan idle time, drain
+  timeout, anti-thrashing, starvation -- take effect without events). Events at one instant are
+  processed together, then one cycle runs. ``min_cycle_gap_s`` is the service's setting of the same
+  name: with it > 0 a cycle runs no sooner than that after the previous one, and the events in
+  between are batched into it (their state changes -- an arrival, a completion -- still happen at
+  their own instant). Default 0: every event instant gets its cycle.
+
+The run ends when every job has completed, or at a guard: ``max_time_s`` (virtual seconds), or a
+*stall* -- nothing running, no event left, and no cycle committed anything for longer than the
+largest time threshold of the policy parameters plus two ticks (jobs no cluster state can ever place).
+``SimulationResult.stop_reason`` says which.
+
+Deterministic: the same inputs and seed give the same result (no wall clock in anything recorded,
+no set or dict order that depends on hashing). What this module must never do: decide, or branch on
+the policy -- it only moves time and calls the cycle.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from bisect import bisect_right
+from dataclasses import dataclass, field
+
+from scheduler_service.core.invariants import check_plan
+from scheduler_service.core.params import PolicyParams
+from scheduler_service.core.plan import ApplyResult, Plan
+from scheduler_service.core.snapshot import ClusterSnapshot
+from scheduler_service.cycle import ClusterState, SchedulingCycle
+from scheduler_service.policies import create_policy
+from simulator.clock import VirtualClock
+from simulator.cluster import JobOutcome, ServerOutcome, SimulatedCluster, UtilisationSample
+from simulator.model import ClusterSpec, DemandPoint, TraceJob
+
+_NEVER = float("inf")
+
+__all__ = ["PlanInvariantError", "SchedulingCycle", "SimulationResult", "simulate"]
+
+
+class PlanInvariantError(AssertionError):
+    """A policy produced a plan that breaks the core's invariants (``check_plan``)."""
+
+
+@dataclass(frozen=True)
+class SimulationResult:
+    """Everything one run produced. ``jobs`` in job-id order, ``servers`` in server-id order,
+    ``utilisation`` in time order (piecewise constant: each sample holds until the next)."""
+
+    policy: str
+    seed: int
+    spec: ClusterSpec
+    params: PolicyParams
+    settings: dict[str, float]         # cycle_interval_s, restart_overhead_s, checkpoint_interval_s, ...
+    jobs: tuple[JobOutcome, ...]
+    servers: tuple[ServerOutcome, ...]
+    utilisation: tuple[UtilisationSample, ...]
+    end_time: float                    # virtual time when the run stopped (the last completion if all did)
+    stop_reason: str                   # "completed", "max_time" or "stalled"
+    cycles: int                        # scheduling cycles run
+    rejected_actions: int              # plan actions the applier refused (0 in a sound run)
+    wall_s: float = field(default=0.0, compare=False)  # host seconds taken (never written to result files)
+
+
+class PlanChecker:
+    """A ``ClusterState`` decorator that asserts every plan passes ``check_plan`` against the snapshot
+    it was made from, before applying it. A port wrapper, not a simulation branch: it works around any
+    ClusterState. (A sound plan may still see actions refused by the applier, which applies in a fixed
+    order; those are counted in ``SimulationResult.rejected_actions``.)"""
+
+    def __init__(self, state: ClusterState) -> None:
+        self._state = state
+        self._snapshot: ClusterSnapshot | None = None
+        self.plans_checked = 0
+
+    def snapshot(self, seed: int = 0) -> ClusterSnapshot:
+        self._snapshot = self._state.snapshot(seed=seed)
+        return self._snapshot
+
+    def apply(self, plan: Plan) -> ApplyResult:
+        assert self._snapshot is not None, "apply() before snapshot()"
+        problems = check_plan(self._snapshot, plan)
+        if problems:
+            raise PlanInvariantError(f"plan at t={self._snapshot.now} breaks invariants: {problems[:5]}")
+        self.plans_checked += 1
+        return self._state.apply(plan)
+
+
+def simulate(
+    jobs: list[TraceJob],
+    demand: list[DemandPoint],
+    spec: ClusterSpec,
+    policy: str,
+    params: PolicyParams,
+    *,
+    seed: int,
+    cycle_interval_s: float = 300.0,
+    restart_overhead_s: float = 30.0,
+    checkpoint_interval_s: float = 1800.0,
+    min_cycle_gap_s: float = 0.0,
+    max_time_s: float | None = None,
+    check_plans: bool = False,
+    progress: bool = False,
+) -> SimulationResult:
+    """Replay ``jobs`` (arrivals at ``submit_time``) and ``demand`` (inference servers needed, a step
+    function of time; empty: no demand signal, so a loaning policy never loans) on a cluster of
+    ``spec`` under ``policy`` (a registered name) built with ``params``.
+
+    ``seed`` is handed to every snapshot (policies that randomise use it). ``check_plans``: assert
+    that every plan passes ``check_plan`` (slower; tests use it).
+    ``progress``: a tqdm bar on stderr (only when stderr is a terminal)."""
+    if not cycle_interval_s > 0:
+        raise ValueError(f"cycle_interval_s must be > 0 (got {cycle_interval_s})")
+    if min_cycle_gap_s < 0:
+        raise ValueError(f"min_cycle_gap_s must be >= 0 (got {min_cycle_gap_s})")
+    for job in jobs:
+        if job.submit_time < 0:
+            raise ValueError(f"job {job.job_id}: submit_time {job.submit_time} is before the trace's start (0)")
+    wall_start = time.perf_counter()
+    clock = VirtualClock(0.0)
+    cluster = SimulatedCluster(spec, clock, restart_overhead_s=restart_overhead_s,
+                               checkpoint_interval_s=checkpoint_interval_s)
+    state: ClusterState = PlanChecker(cluster) if check_plans else cluster
+    cycle = SchedulingCycle(state, create_policy(policy, params), clock, seed=seed)
+
+    arrivals = sorted(jobs, key=lambda j: (j.submit_time, j.job_id))
+    points = sorted(demand, key=lambda p: p.time)  # stable: of points at one time, the last one wins
+    stall_after_s = max(params.starvation_s, params.loan_idle_s, params.min_loan_s, params.drain_timeout_s,
+                        params.min_resize_interval_s) + 2 * cycle_interval_s
+
+    bar = _progress_bar(len(arrivals), progress)
+    next_arrival = next_point = 0
+    cycles = 0
+    last_cycle: float | None = None
+    trigger_at: float | None = None        # the first event since the last cycle
+    last_change = 0.0                      # when a cycle last committed anything
+    stop_reason = "completed"
+    try:
+        while True:
+            completion = cluster.next_completion()
+            if completion is None and next_arrival == len(arrivals) and cluster.active_jobs == 0:
+                break
+            now = min(
+                _next_cycle(last_cycle, trigger_at, cycle_interval_s, min_cycle_gap_s),
+                completion if completion is not None else _NEVER,
+                arrivals[next_arrival].submit_time if next_arrival < len(arrivals) else _NEVER,
+                points[next_point].time if next_point < len(points) else _NEVER,
+            )
+            if max_time_s is not None and now > max_time_s:
+                clock.advance_to(max(max_time_s, clock.now()))
+                stop_reason = "max_time"
+                break
+            clock.advance_to(now)
+
+            # Events at this instant: demand, completions, arrivals. Each one triggers a cycle.
+            if next_point < len(points) and points[next_point].time <= now:
+                next_point = bisect_right(points, now, lo=next_point, key=lambda p: p.time)
+                cluster.set_demand(points[next_point - 1])
+                trigger_at = now if trigger_at is None else trigger_at
+            done = cluster.complete_due()
+            if done:
+                trigger_at = now if trigger_at is None else trigger_at
+                if bar is not None:
+                    bar.update(len(done))
+            while next_arrival < len(arrivals) and arrivals[next_arrival].submit_time <= now:
+                cluster.submit(arrivals[next_arrival])
+                next_arrival += 1
+                trigger_at = now if trigger_at is None else trigger_at
+
+            if now >= _next_cycle(last_cycle, trigger_at, cycle_interval_s, min_cycle_gap_s):
+                report = cycle.run_once()
+                cycles += 1
+                last_cycle, trigger_at = now, None
+                result = report.result
+                if result.started or result.scaled or result.preempted or result.server_steps:
+                    last_change = now
+            cluster.sample()
+
+            idle = (cluster.running_jobs == 0 and next_arrival == len(arrivals) and next_point == len(points))
+            if idle and cluster.active_jobs and now - last_change > stall_after_s:
+                stop_reason = "stalled"
+                break
+    finally:
+        if bar is not None:
+            bar.close()
+
+    outcomes = dict(cluster.outcomes)
+    for job in arrivals[next_arrival:]:  # a guard stopped the run before these arrived
+        outcomes[job.job_id] = JobOutcome(job.job_id, job.name, job.submit_time, job.gpus_per_worker,
+                                          job.min_workers, job.max_workers)
+    return SimulationResult(
+        policy=policy,
+        seed=seed,
+        spec=spec,
+        params=params,
+        settings={
+            "cycle_interval_s": float(cycle_interval_s),
+            "restart_overhead_s": float(restart_overhead_s),
+            "checkpoint_interval_s": float(checkpoint_interval_s),
+            "min_cycle_gap_s": float(min_cycle_gap_s),
+        },
+        jobs=tuple(outcomes[job_id] for job_id in sorted(outcomes)),
+        servers=tuple(cluster.server_outcomes[sid] for sid in sorted(cluster.server_outcomes)),
+        utilisation=tuple(cluster.samples),
+        end_time=clock.now(),
+        stop_reason=stop_reason,
+        cycles=cycles,
+        rejected_actions=cluster.rejected_actions,
+        wall_s=time.perf_counter() - wall_start,
+    )
+
+
+def _next_cycle(last_cycle: float | None, trigger_at: float | None, interval_s: float, gap_s: float) -> float:
+    """When the next cycle is due: after an event, as soon as the gap since the last cycle allows;
+    without one, a tick ``interval_s`` after the last cycle (never before the first event)."""
+    if trigger_at is not None:
+        return trigger_at if last_cycle is None else max(trigger_at, last_cycle + gap_s)
+    return _NEVER if last_cycle is None else last_cycle + interval_s
+
+
+def _progress_bar(total: int, wanted: bool):  # noqa: ANN202 - tqdm or None
+    if not wanted or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    # An explicit size: a terminal that reports none (a 0 x 0 pty) makes tqdm draw nothing at all.
+    size = shutil.get_terminal_size((100, 24))
+    return tqdm(total=total, unit="job", desc="simulating", file=sys.stderr, ncols=size.columns or 100,
+                nrows=size.lines or 24)

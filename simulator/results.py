@@ -1,0 +1,344 @@
+"""From ``SimulationResult`` to what a reader looks at: per-job CSV, summary metrics, a comparison
+table and plots. Pure functions of the results; every file is deterministic (fixed float formatting,
+sorted keys, PNGs without timestamps or version metadata), so two runs of the same inputs and seed
+produce byte-identical files.
+
+Metrics (``summarize``), all in seconds unless named otherwise:
+
+- ``jobs_total``: jobs in the trace; ``jobs_completed``: those that finished before the run stopped.
+- ``avg_jct_s``, ``median_jct_s``, ``p95_jct_s``: job completion time = completion - submission, over
+  completed jobs. Percentiles interpolate linearly between order statistics (NumPy's default).
+- ``avg_queue_s``, ``p95_queue_s``: queueing time = first start - submission, over completed jobs
+  (later waits after a preemption count towards JCT, not here).
+- ``makespan_s``: when the run stopped -- the last completion when every job completed.
+- ``gpu_utilization`` (fractions of GPU-time over [0, makespan], from the piecewise-constant
+  utilisation series):
+  - ``training``: training-pool GPUs allocated to jobs / training-pool GPUs;
+  - ``inference``: inference-pool GPUs in use -- serving inference, min(servers needed, SERVING
+    servers) x GPUs per server, plus allocated to loaned training -- / inference-pool GPUs;
+  - ``loaned_training``: the second part alone (inference-pool GPUs allocated to training) /
+    inference-pool GPUs;
+  - ``overall``: all GPUs in use (the three above) / all GPUs.
+  A pool with no GPUs reports 0.
+- ``loans``: loans begun (LOAN steps committed; a loan cancelled while draining counts);
+  ``reclaims``: RECLAIM steps committed.
+- ``preemptions``, ``scale_ins``, ``scale_outs``: over all jobs (a resize to the same size elsewhere
+  is neither).
+- ``gpu_hours_lost``: GPU time lost, over all jobs: work a preemption threw away (since the job's last
+  checkpoint) plus restart overheads of starts, restarts and resizes, in GPU-hours.
+- ``stop_reason``, ``cycles``, ``rejected_actions``: how the run ended, how many scheduling cycles ran,
+  and how many plan actions the applier refused.
+
+Must never: run a simulation or touch scheduler state.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from simulator.engine import SimulationResult
+
+FLOAT_DIGITS = 4          # decimals of every float in summary.json
+CSV_FLOAT_FORMAT = "{:.3f}"
+JOB_CSV_COLUMNS = ("job_id", "name", "submit", "start", "end", "queue_s", "jct_s", "preemptions", "scale_outs",
+                   "scale_ins", "gpu_seconds_lost")
+UTILISATION_CSV_COLUMNS = ("time", "training_gpus", "inference_gpus", "loaned_training_gpus", "loaned_servers",
+                           "servers_needed", "rate_rps")
+# Rows of the comparison table: (summary key, label, format). Nested keys with a dot.
+TABLE_ROWS = (
+    ("jobs_completed", "jobs completed", "{:.0f}"),
+    ("avg_jct_s", "avg JCT (h)", "hours"),
+    ("median_jct_s", "median JCT (h)", "hours"),
+    ("p95_jct_s", "p95 JCT (h)", "hours"),
+    ("avg_queue_s", "avg queueing (h)", "hours"),
+    ("p95_queue_s", "p95 queueing (h)", "hours"),
+    ("makespan_s", "makespan (h)", "hours"),
+    ("gpu_utilization.training", "GPU util training", "{:.3f}"),
+    ("gpu_utilization.inference", "GPU util inference", "{:.3f}"),
+    ("gpu_utilization.overall", "GPU util overall", "{:.3f}"),
+    ("loans", "loans", "{:.0f}"),
+    ("reclaims", "reclaims", "{:.0f}"),
+    ("preemptions", "preemptions", "{:.0f}"),
+    ("scale_outs", "scale-outs", "{:.0f}"),
+    ("scale_ins", "scale-ins", "{:.0f}"),
+    ("gpu_hours_lost", "GPU-hours lost", "{:.1f}"),
+)
+
+
+# -- per job ------------------------------------------------------------------------------------
+
+
+def _fmt(value: float | None) -> str:
+    return "" if value is None else CSV_FLOAT_FORMAT.format(value)
+
+
+def jobs_csv(result: SimulationResult) -> str:
+    """One row per job, in job-id order; times in seconds since the trace's start, empty when the job
+    never started / finished."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(JOB_CSV_COLUMNS)
+    for j in result.jobs:
+        writer.writerow((j.job_id, j.name, _fmt(j.submit), _fmt(j.start), _fmt(j.end), _fmt(j.queue_s),
+                         _fmt(j.jct_s), j.preemptions, j.scale_outs, j.scale_ins, _fmt(j.gpu_seconds_lost)))
+    return out.getvalue()
+
+
+def utilisation_csv(result: SimulationResult) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(UTILISATION_CSV_COLUMNS)
+    for s in result.utilisation:
+        writer.writerow((_fmt(s.time), s.training_gpus, s.inference_gpus, s.loaned_training_gpus, s.loaned_servers,
+                         s.servers_needed, _fmt(s.rate_rps)))
+    return out.getvalue()
+
+
+# -- summary --------------------------------------------------------------------------------------
+
+
+def _round(value: float | None) -> float | None:
+    if value is None:
+        return None
+    rounded = round(float(value), FLOAT_DIGITS)
+    return 0.0 if rounded == 0 else rounded  # no "-0.0"
+
+
+def _integrals(result: SimulationResult) -> dict[str, float]:
+    """GPU-seconds of each utilisation level over [0, end_time]."""
+    samples = result.utilisation
+    end = result.end_time
+    if not samples or end <= 0:
+        return {"training": 0.0, "inference": 0.0, "loaned_training": 0.0}
+    times = np.array([s.time for s in samples] + [end], dtype=float)
+    durations = np.clip(np.diff(np.minimum(times, end)), 0.0, None)
+    level = {
+        "training": np.array([s.training_gpus for s in samples], dtype=float),
+        "inference": np.array([s.inference_gpus for s in samples], dtype=float),
+        "loaned_training": np.array([s.loaned_training_gpus for s in samples], dtype=float),
+    }
+    return {name: float(np.dot(values, durations)) for name, values in level.items()}
+
+
+def gpu_utilization(result: SimulationResult) -> dict[str, float]:
+    spec, end = result.spec, result.end_time
+    training_gpus = spec.training_servers * spec.gpus_per_server
+    inference_gpus = spec.inference_servers * spec.gpus_per_server
+    used = _integrals(result)
+
+    def share(gpu_s: float, gpus: int) -> float:
+        return gpu_s / (gpus * end) if gpus > 0 and end > 0 else 0.0
+
+    return {
+        "training": share(used["training"], training_gpus),
+        "inference": share(used["inference"] + used["loaned_training"], inference_gpus),
+        "loaned_training": share(used["loaned_training"], inference_gpus),
+        "overall": share(sum(used.values()), training_gpus + inference_gpus),
+    }
+
+
+def summarize(result: SimulationResult) -> dict[str, object]:
+    """The metrics defined in this module's docstring, floats rounded to FLOAT_DIGITS decimals."""
+    done = [j for j in result.jobs if j.end is not None]
+    jct = np.array([j.jct_s for j in done], dtype=float)
+    queue = np.array([j.queue_s for j in done], dtype=float)
+
+    def stat(values: np.ndarray, kind: str) -> float | None:
+        if values.size == 0:
+            return None
+        if kind == "mean":
+            return _round(float(values.mean()))
+        return _round(float(np.percentile(values, {"median": 50, "p95": 95}[kind])))
+
+    return {
+        "policy": result.policy,
+        "jobs_total": len(result.jobs),
+        "jobs_completed": len(done),
+        "avg_jct_s": stat(jct, "mean"),
+        "median_jct_s": stat(jct, "median"),
+        "p95_jct_s": stat(jct, "p95"),
+        "avg_queue_s": stat(queue, "mean"),
+        "p95_queue_s": stat(queue, "p95"),
+        "makespan_s": _round(result.end_time),
+        "gpu_utilization": {k: _round(v) for k, v in sorted(gpu_utilization(result).items())},
+        "loans": sum(s.loans for s in result.servers),
+        "reclaims": sum(s.reclaims for s in result.servers),
+        "preemptions": sum(j.preemptions for j in result.jobs),
+        "scale_outs": sum(j.scale_outs for j in result.jobs),
+        "scale_ins": sum(j.scale_ins for j in result.jobs),
+        "gpu_hours_lost": _round(sum(j.gpu_seconds_lost for j in result.jobs) / 3600.0),
+        "stop_reason": result.stop_reason,
+        "cycles": result.cycles,
+        "rejected_actions": result.rejected_actions,
+    }
+
+
+def summary_json(summaries: Mapping[str, Mapping[str, object]]) -> str:
+    """``{policy: summary}`` as JSON with sorted keys and a trailing newline."""
+    return json.dumps(summaries, indent=2, sort_keys=True) + "\n"
+
+
+def _lookup(summary: Mapping[str, object], key: str) -> float | None:
+    value: object = summary
+    for part in key.split("."):
+        if not isinstance(value, Mapping):
+            return None
+        value = value.get(part)
+    return value if isinstance(value, (int, float)) else None
+
+
+def format_table(summaries: Mapping[str, Mapping[str, object]]) -> str:
+    """Policies side by side (in the mapping's order); from the second column on, each value is
+    followed by its ratio to the first policy's, e.g. ``1.23 (x0.85)``."""
+    names = list(summaries)
+    baseline = summaries[names[0]] if names else {}
+    header = ["metric", *names]
+    rows = [header]
+    for key, label, fmt in TABLE_ROWS:
+        row = [label]
+        base = _lookup(baseline, key)
+        for index, name in enumerate(names):
+            value = _lookup(summaries[name], key)
+            if value is None:
+                row.append("-")
+                continue
+            text = f"{value / 3600.0:.2f}" if fmt == "hours" else fmt.format(value)
+            if index > 0 and base:
+                text += f" (x{value / base:.2f})"
+            row.append(text)
+        rows.append(row)
+    widths = [max(len(r[c]) for r in rows) for c in range(len(header))]
+    lines = ["  ".join(cell.ljust(widths[0]) if c == 0 else cell.rjust(widths[c]) for c, cell in enumerate(r)).rstrip()
+             for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines) + "\n"
+
+
+# -- plots ----------------------------------------------------------------------------------------
+
+_PNG_METADATA = {"Software": None}  # no version string: byte-identical PNGs across runs
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path) -> None:  # noqa: ANN001 - a matplotlib Figure
+    fig.savefig(path, format="png", dpi=100, metadata=_PNG_METADATA)
+    _pyplot().close(fig)
+
+
+def plot_jct_cdf(results: Sequence[SimulationResult], path: Path) -> None:
+    """The CDF of job completion times (hours, log scale), one line per policy."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for result in results:
+        jct = np.sort(np.array([j.jct_s for j in result.jobs if j.end is not None], dtype=float)) / 3600.0
+        if jct.size:
+            ax.step(np.maximum(jct, 1e-3), np.arange(1, jct.size + 1) / jct.size, where="post", label=result.policy)
+    ax.set_xscale("log")
+    ax.set_xlabel("job completion time (hours)")
+    ax.set_ylabel("fraction of jobs")
+    ax.set_title("JCT CDF")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    _save(fig, path)
+
+
+def _series(result: SimulationResult) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Sample times (hours) with the end time appended, and each level repeated for the end."""
+    samples = result.utilisation
+    times = np.array([s.time for s in samples] + [result.end_time], dtype=float) / 3600.0
+
+    def column(name: str) -> np.ndarray:
+        values = [getattr(s, name) for s in samples]
+        return np.array(values + values[-1:], dtype=float)
+
+    names = ("training_gpus", "inference_gpus", "loaned_training_gpus", "loaned_servers", "servers_needed")
+    return times, {name: column(name) for name in names}
+
+
+def plot_utilisation(results: Sequence[SimulationResult], path: Path) -> None:
+    """GPU utilisation over time per policy: training pool (allocated / its GPUs) and inference pool
+    (serving + loaned training / its GPUs)."""
+    plt = _pyplot()
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    for result in results:
+        if not result.utilisation:
+            continue
+        times, levels = _series(result)
+        spec = result.spec
+        if spec.training_servers:
+            top.step(times, levels["training_gpus"] / (spec.training_servers * spec.gpus_per_server), where="post",
+                     label=result.policy, linewidth=0.8)
+        if spec.inference_servers:
+            used = levels["inference_gpus"] + levels["loaned_training_gpus"]
+            bottom.step(times, used / (spec.inference_servers * spec.gpus_per_server), where="post",
+                        label=result.policy, linewidth=0.8)
+    top.set_ylabel("training pool")
+    bottom.set_ylabel("inference pool")
+    bottom.set_xlabel("time (hours)")
+    for ax in (top, bottom):
+        ax.set_ylim(0, 1.05)
+        ax.grid(True, alpha=0.3)
+        ax.legend(loc="lower right", fontsize="small")
+    top.set_title("GPU utilisation")
+    fig.tight_layout()
+    _save(fig, path)
+
+
+def plot_loans(results: Sequence[SimulationResult], path: Path) -> None:
+    """Loaned inference servers per policy against the inference demand (servers needed)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    demand_drawn = False
+    for result in results:
+        if not result.utilisation:
+            continue
+        times, levels = _series(result)
+        if not demand_drawn:
+            ax.step(times, levels["servers_needed"], where="post", color="black", linewidth=1.0,
+                    label="inference demand (servers needed)")
+            ax.axhline(result.spec.inference_servers, color="gray", linestyle="--", linewidth=0.8,
+                       label="inference servers")
+            demand_drawn = True
+        ax.step(times, levels["loaned_servers"], where="post", linewidth=0.8, label=f"loaned ({result.policy})")
+    ax.set_xlabel("time (hours)")
+    ax.set_ylabel("servers")
+    ax.set_title("Loaned servers vs inference demand")
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="upper right", fontsize="small")
+    fig.tight_layout()
+    _save(fig, path)
+
+
+# -- all outputs of a run -------------------------------------------------------------------------
+
+
+def write_outputs(results: Sequence[SimulationResult], out_dir: Path, *, plots: bool = True) -> dict[str, dict]:
+    """Write ``jobs-<policy>.csv``, ``utilization-<policy>.csv``, ``summary.json`` ({policy: summary}) and,
+    with ``plots``, ``jct_cdf.png``, ``utilization.png``, ``loans.png`` into ``out_dir``. Returns the
+    summaries (in the order of ``results``)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summaries = {r.policy: summarize(r) for r in results}
+    for result in results:
+        (out_dir / f"jobs-{result.policy}.csv").write_text(jobs_csv(result), encoding="utf-8")
+        (out_dir / f"utilization-{result.policy}.csv").write_text(utilisation_csv(result), encoding="utf-8")
+    (out_dir / "summary.json").write_text(summary_json(summaries), encoding="utf-8")
+    if plots:
+        plot_jct_cdf(results, out_dir / "jct_cdf.png")
+        plot_utilisation(results, out_dir / "utilization.png")
+        plot_loans(results, out_dir / "loans.png")
+    return summaries
