@@ -26,6 +26,7 @@ from sqlalchemy.orm.exc import StaleDataError
 from scheduler_service.core.clock import Clock
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.plan import (
+    ApplyLog,
     ApplyResult,
     KeepPending,
     LoanStep,
@@ -36,7 +37,7 @@ from scheduler_service.core.plan import (
     ServerAction,
     StartJob,
     WorkerPlacement,
-    releases_gpus,
+    apply_order,
 )
 from scheduler_service.core.snapshot import (
     TRAINING_CAPABLE_STATES,
@@ -842,11 +843,10 @@ class SchedulerApp:
         return self._read(work)
 
     def apply(self, plan: Plan) -> ApplyResult:
-        """Commit ``plan`` in one transaction, in the order ``Plan`` documents: preemptions, scales that
-        shrink, starts, scales that grow (so GPUs freed by one action serve a later one); then the server
-        (loan) steps, which therefore see the allocations this plan's job actions left; then pending
-        reasons. One exception: ACTIVATE steps go first. They only make a drained server usable, and a
-        policy may lend a server to training and place workers on it in the same plan.
+        """Commit ``plan`` in one transaction, in ``core.plan.apply_order`` (shared with the simulator):
+        ACTIVATE steps, preemptions, scales that release GPUs, starts, other scales, other loan steps --
+        so GPUs freed by one action serve a later one and loan steps see what the job actions left;
+        then pending reasons.
 
         Each action is re-checked against fresh state inside its own savepoint and refused alone, with
         the reason in ``ApplyResult.rejected``, when that state no longer allows it: the job or server is
@@ -859,69 +859,50 @@ class SchedulerApp:
         if plan.is_empty:
             return ApplyResult((), (), frozenset())
 
-        def work(session: Session) -> _Applied:
-            out = _Applied()  # per attempt: a retried transaction starts over
+        def work(session: Session) -> ApplyLog:
+            log = ApplyLog()  # per attempt: a retried transaction starts over
             now = self._clock.now()
-
-            def attempt(key: int | str, step: Callable[..., Iterable[str]], *args: Any) -> bool:
-                try:
-                    with session.begin_nested():
-                        servers = set(step(session, *args))
-                        session.flush()  # constraint and version checks fire here, inside the savepoint
-                except (IntegrityError, StaleDataError, IllegalTransition, _Refused) as exc:
-                    out.rejected.append((key, _refusal_message(exc, server_step=isinstance(key, str))))
-                    return False
-                out.touched.update(servers)
-                return True
-
-            for activation in [a for a in plan.server_actions if a.kind == LoanStep.ACTIVATE]:
-                if attempt(activation.server_id, self._apply_server_step, activation, now):
-                    out.server_steps.append((activation.server_id, str(activation.kind)))
-
             job_ids = sorted({a.job_id for a in (*plan.preemptions, *plan.scales, *plan.starts)})
             # One query for every job the plan names; the dict keeps them alive (the identity map is weak).
             jobs: dict[int, m.Job] = {}
             if job_ids:
                 jobs = {job.id: job for job in session.scalars(sa.select(m.Job).where(m.Job.id.in_(job_ids)))}
-            placement = _PlacementCheck.load(session, (*plan.starts, *plan.scales))
-
-            # Scales that give up GPUs go before the starts (judged on fresh state, before anything moves).
+            placement: _PlacementCheck | None = None  # read after the ACTIVATE steps, which come first
             held: dict[int, list[tuple[str, int]]] = defaultdict(list)
             for alloc in session.execute(
                 sa.select(m.Allocation.job_id, m.Allocation.server_id, m.Allocation.gpu_index)
                 .where(m.Allocation.job_id.in_([s.job_id for s in plan.scales]))
             ):
                 held[alloc.job_id].append((alloc.server_id, alloc.gpu_index))
-            shrinks = {s.job_id for s in plan.scales if s.job_id in jobs and releases_gpus(held[s.job_id], s)}
 
-            for preempt in plan.preemptions:
-                if attempt(preempt.job_id, self._apply_preemption, jobs.get(preempt.job_id), preempt):
-                    out.preempted.append(preempt.job_id)
-            for scale in [s for s in plan.scales if s.job_id in shrinks]:
-                if attempt(scale.job_id, self._apply_scale, jobs.get(scale.job_id), scale, placement, now):
-                    out.scaled.append(scale.job_id)
-            for start in plan.starts:
-                if attempt(start.job_id, self._apply_start, jobs.get(start.job_id), start, placement, now):
-                    out.started.append(start.job_id)
-            for scale in [s for s in plan.scales if s.job_id not in shrinks]:
-                if attempt(scale.job_id, self._apply_scale, jobs.get(scale.job_id), scale, placement, now):
-                    out.scaled.append(scale.job_id)
-            for loan_step in [a for a in plan.server_actions if a.kind != LoanStep.ACTIVATE]:
-                if attempt(loan_step.server_id, self._apply_server_step, loan_step, now):
-                    out.server_steps.append((loan_step.server_id, str(loan_step.kind)))
-            self._bump_generations(session, out.touched)
+            for action in apply_order(plan, held):
+                try:
+                    with session.begin_nested():
+                        if not isinstance(action, ServerAction) and placement is None:
+                            placement = _PlacementCheck.load(session, (*plan.starts, *plan.scales))
+                        if isinstance(action, ServerAction):
+                            servers = self._apply_server_step(session, action, now)
+                        elif isinstance(action, PreemptJob):
+                            servers = self._apply_preemption(session, jobs.get(action.job_id), action)
+                        elif isinstance(action, ScaleJob):
+                            servers = self._apply_scale(session, jobs.get(action.job_id), action, placement, now)
+                        else:
+                            servers = self._apply_start(session, jobs.get(action.job_id), action, placement, now)
+                        session.flush()  # constraint and version checks fire here, inside the savepoint
+                except (IntegrityError, StaleDataError, IllegalTransition, _Refused) as exc:
+                    log.refused(action, _refusal_message(exc, server_step=isinstance(action, ServerAction)))
+                    continue
+                log.applied(action, servers)
+            self._bump_generations(session, log.touched)
             self._apply_pending(session, plan.pending)
-            return out
+            return log
 
-        out = self._tx(work)
-        if out.started or out.scaled or out.preempted or out.server_steps:
-            self._after_commit(out.touched)
+        log = self._tx(work)
+        if log.changed:
+            self._after_commit(log.touched)
         elif plan.pending:
             self.notifier.events_appended()
-        return ApplyResult(
-            tuple(out.started), tuple(out.rejected), frozenset(out.touched),
-            scaled=tuple(out.scaled), preempted=tuple(out.preempted), server_steps=tuple(out.server_steps),
-        )
+        return log.result()
 
     def _apply_preemption(self, session: Session, job: m.Job | None, action: PreemptJob) -> set[str]:
         """Stop every worker and requeue: RUNNING -> PREEMPTED -> PENDING, both recorded with the
@@ -1074,17 +1055,6 @@ class _Refused(Exception):
 
 
 @dataclass
-class _Applied:
-    """What one attempt of an ``apply`` transaction committed, and what it refused."""
-
-    started: list[int] = field(default_factory=list)
-    scaled: list[int] = field(default_factory=list)
-    preempted: list[int] = field(default_factory=list)
-    server_steps: list[tuple[str, str]] = field(default_factory=list)
-    rejected: list[tuple[int | str, str]] = field(default_factory=list)
-    touched: set[str] = field(default_factory=set)
-
-
 @dataclass(frozen=True)
 class _PlacementCheck:
     """Fresh facts about the servers a plan places workers on, read once per ``apply``: which can run

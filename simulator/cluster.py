@@ -34,6 +34,7 @@ from math import floor
 
 from scheduler_service.core.clock import Clock
 from scheduler_service.core.plan import (
+    ApplyLog,
     ApplyResult,
     KeepPending,
     LoanStep,
@@ -44,7 +45,7 @@ from scheduler_service.core.plan import (
     ServerAction,
     StartJob,
     WorkerPlacement,
-    releases_gpus,
+    apply_order,
 )
 from scheduler_service.core.snapshot import (
     TRAINING_CAPABLE_STATES,
@@ -448,56 +449,35 @@ class SimulatedCluster:
     # -- the port: apply --------------------------------------------------------------------------
 
     def apply(self, plan: Plan) -> ApplyResult:
-        """Apply ``plan`` as the service's applier does (``SchedulerApp.apply``): ACTIVATE steps first;
-        then preemptions, scales that shrink, starts, scales that grow; then the other loan steps; then
-        pending reasons. Each action is re-checked against the state the earlier ones left and refused
+        """Apply ``plan`` as the service's applier does (``SchedulerApp.apply``), in the shared
+        ``core.plan.apply_order``; then pending reasons. Each action is re-checked against the state the earlier ones left and refused
         alone (``ApplyResult.rejected``, reason STALE_PLAN) when that state no longer allows it."""
         if plan.is_empty:
             return ApplyResult((), (), frozenset())
         now = self.now
-        started: list[int] = []
-        scaled: list[int] = []
-        preempted: list[int] = []
-        steps: list[tuple[str, str]] = []
-        rejected: list[tuple[int | str, str]] = []
-        touched: set[str] = set()
-
-        def attempt(key: int | str, step, *args) -> bool:  # noqa: ANN001 - a local helper
-            try:
-                touched.update(step(*args))
-            except (IllegalTransition, _Refused) as exc:
-                rejected.append((key, f"{Reason.STALE_PLAN}: {exc}"))
-                return False
-            return True
-
-        for action in plan.server_actions:
-            if action.kind == LoanStep.ACTIVATE and attempt(action.server_id, self._apply_server_step, action, now):
-                steps.append((action.server_id, str(action.kind)))
-        # Scales that give up GPUs go before the starts (judged on fresh state, before anything moves).
-        shrinks = {
-            s.job_id for s in plan.scales
-            if s.job_id in self._active and releases_gpus(
-                [(w.server_id, g) for w in self._active[s.job_id].workers for g in w.gpu_indices], s)
+        log = ApplyLog()
+        held = {
+            s.job_id: [(w.server_id, g) for w in self._active[s.job_id].workers for g in w.gpu_indices]
+            for s in plan.scales
+            if s.job_id in self._active
         }
-        for action in plan.preemptions:
-            if attempt(action.job_id, self._apply_preemption, action, now):
-                preempted.append(action.job_id)
-        for action in plan.scales:
-            if action.job_id in shrinks and attempt(action.job_id, self._apply_scale, action, now):
-                scaled.append(action.job_id)
-        for action in plan.starts:
-            if attempt(action.job_id, self._apply_start, action, now):
-                started.append(action.job_id)
-        for action in plan.scales:
-            if action.job_id not in shrinks and attempt(action.job_id, self._apply_scale, action, now):
-                scaled.append(action.job_id)
-        for action in plan.server_actions:
-            if action.kind != LoanStep.ACTIVATE and attempt(action.server_id, self._apply_server_step, action, now):
-                steps.append((action.server_id, str(action.kind)))
+        for action in apply_order(plan, held):
+            try:
+                if isinstance(action, ServerAction):
+                    servers = self._apply_server_step(action, now)
+                elif isinstance(action, PreemptJob):
+                    servers = self._apply_preemption(action, now)
+                elif isinstance(action, ScaleJob):
+                    servers = self._apply_scale(action, now)
+                else:
+                    servers = self._apply_start(action, now)
+            except (IllegalTransition, _Refused) as exc:
+                log.refused(action, f"{Reason.STALE_PLAN}: {exc}")
+                continue
+            log.applied(action, servers)
         self._apply_pending(plan.pending)
-        self.rejected_actions += len(rejected)
-        return ApplyResult(tuple(started), tuple(rejected), frozenset(touched), scaled=tuple(scaled),
-                           preempted=tuple(preempted), server_steps=tuple(steps))
+        self.rejected_actions += len(log.rejected)
+        return log.result()
 
     def _set_job_state(self, job: _Job, target: JobState) -> None:
         JOB_LIFECYCLE.check(job.state, target)

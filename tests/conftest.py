@@ -19,6 +19,7 @@ import structlog
 from sqlalchemy.engine import make_url
 
 from migrations import upgrade
+from scheduler_service.config import SchedulerConfig
 from scheduler_service.store.models import Base
 
 # In-process schedulers log through structlog: send it to stderr, never into a command's stdout.
@@ -108,9 +109,7 @@ def postgres_url(migrated_postgres: str) -> str:
 # A real scheduler gRPC server on loopback (port chosen by the OS), over the migrated database.
 
 
-def scheduler_config(database_url: str, **sections: dict) -> "SchedulerConfig":
-    from scheduler_service.config import SchedulerConfig
-
+def scheduler_config(database_url: str, **sections: dict) -> SchedulerConfig:
     base = {
         "server": {"listen": "127.0.0.1:0", "shutdown_grace_s": 0.5, "worker_threads": 8},
         "database": {"url": database_url, "auto_migrate": False},

@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-import grpc
 import structlog
 
 from protos.aryl.v1 import (

@@ -4,8 +4,8 @@ log and in ExplainJob. Planning never writes; the applier commits a plan and rep
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 
@@ -144,3 +144,59 @@ class ApplyResult:
     scaled: tuple[int, ...] = ()
     preempted: tuple[int, ...] = ()
     server_steps: tuple[tuple[str, str], ...] = ()  # (server id, LoanStep)
+
+
+Action = StartJob | ScaleJob | PreemptJob | ServerAction
+
+
+def apply_order(plan: Plan, held: Mapping[int, Iterable[tuple[str, int]]]) -> tuple[Action, ...]:
+    """The plan's actions in the order every applier (service and simulator) applies them, so GPUs
+    freed by one action can serve a later one: ACTIVATE loan steps (a start may land on the newly
+    loaned server); preemptions; scales that release GPUs (``held``: each job's (server, gpu) pairs
+    now); starts; the other scales; the other loan steps."""
+    releasing = {s.job_id for s in plan.scales if releases_gpus(held.get(s.job_id, ()), s)}
+    activations = tuple(a for a in plan.server_actions if a.kind == LoanStep.ACTIVATE)
+    return (
+        *activations,
+        *plan.preemptions,
+        *(s for s in plan.scales if s.job_id in releasing),
+        *plan.starts,
+        *(s for s in plan.scales if s.job_id not in releasing),
+        *(a for a in plan.server_actions if a.kind != LoanStep.ACTIVATE),
+    )
+
+
+@dataclass
+class ApplyLog:
+    """What an applier committed so far, action by action; ``result()`` freezes it."""
+
+    started: list[int] = field(default_factory=list)
+    scaled: list[int] = field(default_factory=list)
+    preempted: list[int] = field(default_factory=list)
+    server_steps: list[tuple[str, str]] = field(default_factory=list)
+    rejected: list[tuple[int | str, str]] = field(default_factory=list)
+    touched: set[str] = field(default_factory=set)
+
+    def applied(self, action: Action, servers: Iterable[str]) -> None:
+        self.touched.update(servers)
+        if isinstance(action, StartJob):
+            self.started.append(action.job_id)
+        elif isinstance(action, ScaleJob):
+            self.scaled.append(action.job_id)
+        elif isinstance(action, PreemptJob):
+            self.preempted.append(action.job_id)
+        else:
+            self.server_steps.append((action.server_id, str(action.kind)))
+
+    def refused(self, action: Action, why: str) -> None:
+        self.rejected.append((action.server_id if isinstance(action, ServerAction) else action.job_id, why))
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.started or self.scaled or self.preempted or self.server_steps)
+
+    def result(self) -> ApplyResult:
+        return ApplyResult(
+            tuple(self.started), tuple(self.rejected), frozenset(self.touched), scaled=tuple(self.scaled),
+            preempted=tuple(self.preempted), server_steps=tuple(self.server_steps),
+        )

@@ -29,7 +29,6 @@ Pure: no I/O, no wall clock; deterministic for a given snapshot.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from math import ceil
 
 import numpy as np
 
