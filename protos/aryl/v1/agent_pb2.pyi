@@ -37,18 +37,22 @@ class GpuInfo(_message.Message):
     def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., model: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ...) -> None: ...
 
 class RegisterServerRequest(_message.Message):
-    __slots__ = ("hostname", "pool", "gpus", "agent_address", "agent_version")
+    __slots__ = ("hostname", "pool", "gpus", "agent_address", "agent_version", "logs_address", "inference_endpoint")
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     AGENT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    LOGS_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    INFERENCE_ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     hostname: str
     pool: _types_pb2.Pool
     gpus: _containers.RepeatedCompositeFieldContainer[GpuInfo]
     agent_address: str
     agent_version: str
-    def __init__(self, hostname: _Optional[str] = ..., pool: _Optional[_Union[_types_pb2.Pool, str]] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., agent_address: _Optional[str] = ..., agent_version: _Optional[str] = ...) -> None: ...
+    logs_address: str
+    inference_endpoint: str
+    def __init__(self, hostname: _Optional[str] = ..., pool: _Optional[_Union[_types_pb2.Pool, str]] = ..., gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., agent_address: _Optional[str] = ..., agent_version: _Optional[str] = ..., logs_address: _Optional[str] = ..., inference_endpoint: _Optional[str] = ...) -> None: ...
 
 class RegisterServerResponse(_message.Message):
     __slots__ = ("server_id", "scheduler_epoch", "report_interval", "desired")
@@ -83,20 +87,28 @@ class GpuStatus(_message.Message):
     def __init__(self, index: _Optional[int] = ..., utilization: _Optional[float] = ..., memory_used_bytes: _Optional[int] = ..., temperature_c: _Optional[float] = ..., healthy: _Optional[bool] = ..., health_reason: _Optional[str] = ..., ecc_uncorrectable: _Optional[int] = ..., retired_pages: _Optional[int] = ...) -> None: ...
 
 class WorkerStatus(_message.Message):
-    __slots__ = ("job_id", "rank", "phase", "exit_code", "progress", "samples_per_second")
+    __slots__ = ("job_id", "rank", "phase", "exit_code", "progress", "samples_per_second", "incarnation", "checkpoint_progress", "message", "stop_requested")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    STOP_REQUESTED_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     rank: int
     phase: WorkerPhase
     exit_code: int
     progress: float
     samples_per_second: float
-    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., phase: _Optional[_Union[WorkerPhase, str]] = ..., exit_code: _Optional[int] = ..., progress: _Optional[float] = ..., samples_per_second: _Optional[float] = ...) -> None: ...
+    incarnation: int
+    checkpoint_progress: float
+    message: str
+    stop_requested: bool
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., phase: _Optional[_Union[WorkerPhase, str]] = ..., exit_code: _Optional[int] = ..., progress: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., incarnation: _Optional[int] = ..., checkpoint_progress: _Optional[float] = ..., message: _Optional[str] = ..., stop_requested: _Optional[bool] = ...) -> None: ...
 
 class ReportStatusRequest(_message.Message):
     __slots__ = ("server_id", "scheduler_epoch", "gpus", "workers", "observed_generation")
@@ -127,7 +139,7 @@ class WatchDesiredStateRequest(_message.Message):
     def __init__(self, server_id: _Optional[str] = ...) -> None: ...
 
 class DesiredWorker(_message.Message):
-    __slots__ = ("job_id", "rank", "world_size", "local_rank", "gpu_indices", "command", "env", "master_addr", "master_port", "grace_period")
+    __slots__ = ("job_id", "rank", "world_size", "local_rank", "gpu_indices", "command", "env", "master_addr", "master_port", "grace_period", "incarnation")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -145,6 +157,7 @@ class DesiredWorker(_message.Message):
     MASTER_ADDR_FIELD_NUMBER: _ClassVar[int]
     MASTER_PORT_FIELD_NUMBER: _ClassVar[int]
     GRACE_PERIOD_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     rank: int
     world_size: int
@@ -155,7 +168,8 @@ class DesiredWorker(_message.Message):
     master_addr: str
     master_port: int
     grace_period: _duration_pb2.Duration
-    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., local_rank: _Optional[int] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., grace_period: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    incarnation: int
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., local_rank: _Optional[int] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., grace_period: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class DesiredState(_message.Message):
     __slots__ = ("server_id", "scheduler_epoch", "generation", "server_state", "workers")
@@ -170,3 +184,27 @@ class DesiredState(_message.Message):
     server_state: _types_pb2.ServerState
     workers: _containers.RepeatedCompositeFieldContainer[DesiredWorker]
     def __init__(self, server_id: _Optional[str] = ..., scheduler_epoch: _Optional[int] = ..., generation: _Optional[int] = ..., server_state: _Optional[_Union[_types_pb2.ServerState, str]] = ..., workers: _Optional[_Iterable[_Union[DesiredWorker, _Mapping]]] = ...) -> None: ...
+
+class ReadWorkerLogRequest(_message.Message):
+    __slots__ = ("job_id", "rank", "offset", "max_bytes")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    rank: int
+    offset: int
+    max_bytes: int
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., offset: _Optional[int] = ..., max_bytes: _Optional[int] = ...) -> None: ...
+
+class ReadWorkerLogResponse(_message.Message):
+    __slots__ = ("data", "offset", "next_offset", "size")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    offset: int
+    next_offset: int
+    size: int
+    def __init__(self, data: _Optional[bytes] = ..., offset: _Optional[int] = ..., next_offset: _Optional[int] = ..., size: _Optional[int] = ...) -> None: ...

@@ -181,3 +181,81 @@ class AgentService:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class WorkerLogServiceStub:
+    """Served by each node agent (RegisterServerRequest.logs_address): the scheduler reads worker logs
+    through it for GetJobLogs. Logs are per (job, rank), appended across incarnations.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.ReadWorkerLog = channel.unary_unary(
+                '/aryl.v1.WorkerLogService/ReadWorkerLog',
+                request_serializer=protos_dot_aryl_dot_v1_dot_agent__pb2.ReadWorkerLogRequest.SerializeToString,
+                response_deserializer=protos_dot_aryl_dot_v1_dot_agent__pb2.ReadWorkerLogResponse.FromString,
+                _registered_method=True)
+
+
+class WorkerLogServiceServicer:
+    """Served by each node agent (RegisterServerRequest.logs_address): the scheduler reads worker logs
+    through it for GetJobLogs. Logs are per (job, rank), appended across incarnations.
+    """
+
+    def ReadWorkerLog(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_WorkerLogServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'ReadWorkerLog': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReadWorkerLog,
+                    request_deserializer=protos_dot_aryl_dot_v1_dot_agent__pb2.ReadWorkerLogRequest.FromString,
+                    response_serializer=protos_dot_aryl_dot_v1_dot_agent__pb2.ReadWorkerLogResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'aryl.v1.WorkerLogService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('aryl.v1.WorkerLogService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class WorkerLogService:
+    """Served by each node agent (RegisterServerRequest.logs_address): the scheduler reads worker logs
+    through it for GetJobLogs. Logs are per (job, rank), appended across incarnations.
+    """
+
+    @staticmethod
+    def ReadWorkerLog(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/aryl.v1.WorkerLogService/ReadWorkerLog',
+            protos_dot_aryl_dot_v1_dot_agent__pb2.ReadWorkerLogRequest.SerializeToString,
+            protos_dot_aryl_dot_v1_dot_agent__pb2.ReadWorkerLogResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

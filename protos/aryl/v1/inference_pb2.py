@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from protos.aryl.v1 import types_pb2 as protos_dot_aryl_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eprotos/aryl/v1/inference.proto\x12\x07\x61ryl.v1\x1a\x1aprotos/aryl/v1/types.proto\"S\n\x13ReportDemandRequest\x12\x16\n\x0eservers_needed\x18\x01 \x01(\r\x12\x14\n\x0cobserved_rps\x18\x02 \x01(\x01\x12\x0e\n\x06source\x18\x03 \x01(\t\"q\n\x14ReportDemandResponse\x12(\n\x06\x64\x65mand\x18\x01 \x01(\x0b\x32\x18.aryl.v1.InferenceDemand\x12\x17\n\x0fservers_serving\x18\x02 \x01(\r\x12\x16\n\x0eservers_loaned\x18\x03 \x01(\r\"\x12\n\x10GetDemandRequest\"=\n\x11GetDemandResponse\x12(\n\x06\x64\x65mand\x18\x01 \x01(\x0b\x32\x18.aryl.v1.InferenceDemand2\xa3\x01\n\x10InferenceService\x12K\n\x0cReportDemand\x12\x1c.aryl.v1.ReportDemandRequest\x1a\x1d.aryl.v1.ReportDemandResponse\x12\x42\n\tGetDemand\x12\x19.aryl.v1.GetDemandRequest\x1a\x1a.aryl.v1.GetDemandResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eprotos/aryl/v1/inference.proto\x12\x07\x61ryl.v1\x1a\x1aprotos/aryl/v1/types.proto\"S\n\x13ReportDemandRequest\x12\x16\n\x0eservers_needed\x18\x01 \x01(\r\x12\x14\n\x0cobserved_rps\x18\x02 \x01(\x01\x12\x0e\n\x06source\x18\x03 \x01(\t\"q\n\x14ReportDemandResponse\x12(\n\x06\x64\x65mand\x18\x01 \x01(\x0b\x32\x18.aryl.v1.InferenceDemand\x12\x17\n\x0fservers_serving\x18\x02 \x01(\r\x12\x16\n\x0eservers_loaned\x18\x03 \x01(\r\"\x12\n\x10GetDemandRequest\"=\n\x11GetDemandResponse\x12(\n\x06\x64\x65mand\x18\x01 \x01(\x0b\x32\x18.aryl.v1.InferenceDemand\")\n\x17WatchServingPoolRequest\x12\x0e\n\x06source\x18\x01 \x01(\t\"Z\n\x0eRoutableServer\x12\x11\n\tserver_id\x18\x01 \x01(\t\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\x12#\n\x05state\x18\x03 \x01(\x0e\x32\x14.aryl.v1.ServerState\"H\n\x0bServingPool\x12(\n\x07servers\x18\x01 \x03(\x0b\x32\x17.aryl.v1.RoutableServer\x12\x0f\n\x07version\x18\x02 \x01(\x03\"9\n\x14ReportDrainedRequest\x12\x11\n\tserver_id\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\"<\n\x15ReportDrainedResponse\x12#\n\x05state\x18\x01 \x01(\x0e\x32\x14.aryl.v1.ServerState2\xc1\x02\n\x10InferenceService\x12K\n\x0cReportDemand\x12\x1c.aryl.v1.ReportDemandRequest\x1a\x1d.aryl.v1.ReportDemandResponse\x12\x42\n\tGetDemand\x12\x19.aryl.v1.GetDemandRequest\x1a\x1a.aryl.v1.GetDemandResponse\x12L\n\x10WatchServingPool\x12 .aryl.v1.WatchServingPoolRequest\x1a\x14.aryl.v1.ServingPool0\x01\x12N\n\rReportDrained\x12\x1d.aryl.v1.ReportDrainedRequest\x1a\x1e.aryl.v1.ReportDrainedResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,6 +40,16 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETDEMANDREQUEST']._serialized_end=289
   _globals['_GETDEMANDRESPONSE']._serialized_start=291
   _globals['_GETDEMANDRESPONSE']._serialized_end=352
-  _globals['_INFERENCESERVICE']._serialized_start=355
-  _globals['_INFERENCESERVICE']._serialized_end=518
+  _globals['_WATCHSERVINGPOOLREQUEST']._serialized_start=354
+  _globals['_WATCHSERVINGPOOLREQUEST']._serialized_end=395
+  _globals['_ROUTABLESERVER']._serialized_start=397
+  _globals['_ROUTABLESERVER']._serialized_end=487
+  _globals['_SERVINGPOOL']._serialized_start=489
+  _globals['_SERVINGPOOL']._serialized_end=561
+  _globals['_REPORTDRAINEDREQUEST']._serialized_start=563
+  _globals['_REPORTDRAINEDREQUEST']._serialized_end=620
+  _globals['_REPORTDRAINEDRESPONSE']._serialized_start=622
+  _globals['_REPORTDRAINEDRESPONSE']._serialized_end=682
+  _globals['_INFERENCESERVICE']._serialized_start=685
+  _globals['_INFERENCESERVICE']._serialized_end=1006
 # @@protoc_insertion_point(module_scope)

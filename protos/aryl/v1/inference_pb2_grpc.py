@@ -44,6 +44,16 @@ class InferenceServiceStub:
                 request_serializer=protos_dot_aryl_dot_v1_dot_inference__pb2.GetDemandRequest.SerializeToString,
                 response_deserializer=protos_dot_aryl_dot_v1_dot_inference__pb2.GetDemandResponse.FromString,
                 _registered_method=True)
+        self.WatchServingPool = channel.unary_stream(
+                '/aryl.v1.InferenceService/WatchServingPool',
+                request_serializer=protos_dot_aryl_dot_v1_dot_inference__pb2.WatchServingPoolRequest.SerializeToString,
+                response_deserializer=protos_dot_aryl_dot_v1_dot_inference__pb2.ServingPool.FromString,
+                _registered_method=True)
+        self.ReportDrained = channel.unary_unary(
+                '/aryl.v1.InferenceService/ReportDrained',
+                request_serializer=protos_dot_aryl_dot_v1_dot_inference__pb2.ReportDrainedRequest.SerializeToString,
+                response_deserializer=protos_dot_aryl_dot_v1_dot_inference__pb2.ReportDrainedResponse.FromString,
+                _registered_method=True)
 
 
 class InferenceServiceServicer:
@@ -61,6 +71,23 @@ class InferenceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchServingPool(self, request, context):
+        """The inference servers a router may know about, pushed in full whenever the set or a state
+        changes (first message: the current set). Route new requests only to SERVING ones; a DRAINING
+        server gets no new requests and, once its in-flight requests are done, is reported drained.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportDrained(self, request, context):
+        """The router has stopped routing to a DRAINING server and nothing is in flight there any more:
+        the scheduler may now loan it. FAILED_PRECONDITION when the server is not DRAINING.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InferenceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -73,6 +100,16 @@ def add_InferenceServiceServicer_to_server(servicer, server):
                     servicer.GetDemand,
                     request_deserializer=protos_dot_aryl_dot_v1_dot_inference__pb2.GetDemandRequest.FromString,
                     response_serializer=protos_dot_aryl_dot_v1_dot_inference__pb2.GetDemandResponse.SerializeToString,
+            ),
+            'WatchServingPool': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchServingPool,
+                    request_deserializer=protos_dot_aryl_dot_v1_dot_inference__pb2.WatchServingPoolRequest.FromString,
+                    response_serializer=protos_dot_aryl_dot_v1_dot_inference__pb2.ServingPool.SerializeToString,
+            ),
+            'ReportDrained': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportDrained,
+                    request_deserializer=protos_dot_aryl_dot_v1_dot_inference__pb2.ReportDrainedRequest.FromString,
+                    response_serializer=protos_dot_aryl_dot_v1_dot_inference__pb2.ReportDrainedResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -129,6 +166,60 @@ class InferenceService:
             '/aryl.v1.InferenceService/GetDemand',
             protos_dot_aryl_dot_v1_dot_inference__pb2.GetDemandRequest.SerializeToString,
             protos_dot_aryl_dot_v1_dot_inference__pb2.GetDemandResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchServingPool(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/aryl.v1.InferenceService/WatchServingPool',
+            protos_dot_aryl_dot_v1_dot_inference__pb2.WatchServingPoolRequest.SerializeToString,
+            protos_dot_aryl_dot_v1_dot_inference__pb2.ServingPool.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportDrained(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/aryl.v1.InferenceService/ReportDrained',
+            protos_dot_aryl_dot_v1_dot_inference__pb2.ReportDrainedRequest.SerializeToString,
+            protos_dot_aryl_dot_v1_dot_inference__pb2.ReportDrainedResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -196,3 +196,29 @@ class PreviewReclaimResponse(_message.Message):
     cost_gpu_seconds: float
     loaned_servers: int
     def __init__(self, server_ids: _Optional[_Iterable[str]] = ..., preempted_job_ids: _Optional[_Iterable[str]] = ..., scaled_in: _Optional[_Iterable[_Union[ScaleInPreview, _Mapping]]] = ..., cost_gpu_seconds: _Optional[float] = ..., loaned_servers: _Optional[int] = ...) -> None: ...
+
+class GetJobLogsRequest(_message.Message):
+    __slots__ = ("job_id", "rank", "offset", "max_bytes")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    rank: int
+    offset: int
+    max_bytes: int
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., offset: _Optional[int] = ..., max_bytes: _Optional[int] = ...) -> None: ...
+
+class GetJobLogsResponse(_message.Message):
+    __slots__ = ("data", "offset", "next_offset", "size", "server_id")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    SERVER_ID_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    offset: int
+    next_offset: int
+    size: int
+    server_id: str
+    def __init__(self, data: _Optional[bytes] = ..., offset: _Optional[int] = ..., next_offset: _Optional[int] = ..., size: _Optional[int] = ..., server_id: _Optional[str] = ...) -> None: ...

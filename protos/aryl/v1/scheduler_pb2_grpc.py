@@ -85,6 +85,11 @@ class SchedulerServiceStub:
                 request_serializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.PreviewReclaimRequest.SerializeToString,
                 response_deserializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.PreviewReclaimResponse.FromString,
                 _registered_method=True)
+        self.GetJobLogs = channel.unary_unary(
+                '/aryl.v1.SchedulerService/GetJobLogs',
+                request_serializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.GetJobLogsRequest.SerializeToString,
+                response_deserializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.GetJobLogsResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServiceServicer:
@@ -157,6 +162,14 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetJobLogs(self, request, context):
+        """A worker's stdout/stderr, read from the agent of the server it ran on. NOT_FOUND when the job
+        or rank never ran; UNAVAILABLE when that server's agent cannot be reached.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -209,6 +222,11 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.PreviewReclaim,
                     request_deserializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.PreviewReclaimRequest.FromString,
                     response_serializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.PreviewReclaimResponse.SerializeToString,
+            ),
+            'GetJobLogs': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetJobLogs,
+                    request_deserializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.GetJobLogsRequest.FromString,
+                    response_serializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.GetJobLogsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -481,6 +499,33 @@ class SchedulerService:
             '/aryl.v1.SchedulerService/PreviewReclaim',
             protos_dot_aryl_dot_v1_dot_scheduler__pb2.PreviewReclaimRequest.SerializeToString,
             protos_dot_aryl_dot_v1_dot_scheduler__pb2.PreviewReclaimResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetJobLogs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/aryl.v1.SchedulerService/GetJobLogs',
+            protos_dot_aryl_dot_v1_dot_scheduler__pb2.GetJobLogsRequest.SerializeToString,
+            protos_dot_aryl_dot_v1_dot_scheduler__pb2.GetJobLogsResponse.FromString,
             options,
             channel_credentials,
             insecure,
