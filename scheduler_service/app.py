@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -48,6 +49,7 @@ from scheduler_service.core.snapshot import (
     WorkerView,
 )
 from scheduler_service.errors import Aborted, AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from scheduler_service.worker_outcomes import Verdict, describe_exit, judge_exits
 from scheduler_service.lifecycle import (
     JOB_LIFECYCLE,
     SERVER_LIFECYCLE,
@@ -163,6 +165,8 @@ class ServerRegistration:
     gpus: tuple[GpuReport, ...]
     agent_address: str
     agent_version: str
+    logs_address: str = ""
+    inference_endpoint: str = ""
 
 
 @dataclass(frozen=True)
@@ -176,11 +180,28 @@ class GpuSample:
 
 
 @dataclass(frozen=True)
+class WorkerReport:
+    """One worker as its agent reports it; (job_id, rank, incarnation) identifies it."""
+
+    job_id: int
+    rank: int
+    incarnation: int
+    phase: str  # STARTING, RUNNING, STOPPING, EXITED
+    exit_code: int = 0  # with EXITED; negative: killed by that signal
+    progress: float = 0.0
+    samples_per_second: float = 0.0
+    checkpoint_progress: float = 0.0
+    message: str = ""
+    stop_requested: bool = False  # EXITED because the agent stopped it, not a crash
+
+
+@dataclass(frozen=True)
 class StatusReport:
     server_id: str
     scheduler_epoch: int
     gpus: tuple[GpuSample, ...]
     observed_generation: int
+    workers: tuple[WorkerReport, ...] = ()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -204,6 +225,7 @@ class DesiredWorkerSpec:
     env: dict[str, str]
     master_addr: str
     master_port: int
+    incarnation: int = 0
 
 
 @dataclass(frozen=True)
@@ -264,6 +286,12 @@ class SchedulerApp:
         self.notifier: Notifier = notifier or NullNotifier()
         self._worker_base_port = worker_base_port
         self.epoch = 0
+        # Liveness, on this process's monotonic clock only (never the agents' clocks, never the
+        # database's wall times): when each server was last heard from. A server not heard from since
+        # this scheduler started counts from the start, so a restart gives every agent a full grace.
+        self._heard_from: dict[str, float] = {}
+        self._heard_lock = threading.Lock()
+        self._started_mono = clock.monotonic()
 
     # -- plumbing -------------------------------------------------------------------------------
 
@@ -579,7 +607,7 @@ class SchedulerApp:
                     id=reg.hostname, hostname=reg.hostname, pool=reg.pool, state=home_state(reg.pool),
                     state_reason="registered", agent_address=reg.agent_address, agent_version=reg.agent_version,
                     registered_at=now, last_seen_at=now, desired_generation=1, observed_generation=0,
-                    state_changed_at=now,
+                    state_changed_at=now, logs_address=reg.logs_address, inference_endpoint=reg.inference_endpoint,
                 )
                 session.add(server)
                 session.flush()
@@ -595,6 +623,8 @@ class SchedulerApp:
                     )
                 server.agent_address = reg.agent_address
                 server.agent_version = reg.agent_version
+                server.logs_address = reg.logs_address
+                server.inference_endpoint = reg.inference_endpoint
                 server.last_seen_at = now
                 if server.state == ServerState.LOST:
                     self._set_server_state(
@@ -610,6 +640,7 @@ class SchedulerApp:
             raise AlreadyExists(
                 f"a GPU UUID reported by {reg.hostname} is already registered to another server"
             ) from exc
+        self._heard(reg.hostname)
         self._after_commit(touched)
         return self.desired_state(reg.hostname)
 
@@ -640,12 +671,16 @@ class SchedulerApp:
         session.flush()
 
     def report_status(self, report: StatusReport) -> int:
-        """Record an agent's report; returns the server's desired generation."""
+        """Record an agent's report (GPU telemetry and health, what its workers do); returns the
+        server's desired generation. A server that was LOST comes back to its home state."""
         now = self._clock.now()
-        health_changed = False
+        cycle_needed = False
+        touched: set[str] = set()
 
         def work(session: Session) -> int:
-            nonlocal health_changed
+            nonlocal cycle_needed
+            touched.clear()
+            cycle_needed = False
             server = session.get(m.Server, report.server_id)
             if server is None:
                 raise NotFound(f"server {report.server_id} is not registered; register it first")
@@ -655,6 +690,12 @@ class SchedulerApp:
                 )
             server.last_seen_at = now
             server.observed_generation = max(server.observed_generation, report.observed_generation)
+            if server.state == ServerState.LOST:
+                self._set_server_state(
+                    session, server, home_state(server.pool), "AGENT_RECONNECTED", "agent reported again"
+                )
+                touched.add(server.id)  # new generation: what ran there before it was lost must stop
+                cycle_needed = True
             gpus = {g.index: g for g in session.scalars(sa.select(m.Gpu).where(m.Gpu.server_id == server.id))}
             for position, sample in enumerate(report.gpus):
                 gpu = gpus.get(sample.index)
@@ -664,7 +705,7 @@ class SchedulerApp:
                 gpu.memory_used_bytes = sample.memory_used_bytes
                 gpu.temperature_c = sample.temperature_c
                 if gpu.healthy != sample.healthy:
-                    health_changed = True
+                    cycle_needed = True
                     gpu.healthy = sample.healthy
                     gpu.health_reason = sample.health_reason[:256]
                     self._event(
@@ -672,13 +713,100 @@ class SchedulerApp:
                         reason="GPU_HEALTHY" if sample.healthy else "GPU_UNHEALTHY",
                         message=f"GPU {sample.index}: {sample.health_reason or 'healthy again'}",
                     )
+            if report.workers and self._record_workers(session, server.id, report.workers, now, touched):
+                cycle_needed = True
+            self._bump_generations(session, touched)
             return server.desired_generation
 
         generation = self._tx(work)
-        if health_changed:
+        self._heard(report.server_id)
+        if touched:
+            self._after_commit(touched)  # also requests a cycle
+        elif cycle_needed:
             self.notifier.events_appended()
             self.notifier.cycle_requested()
         return generation
+
+    def _record_workers(
+        self, session: Session, server_id: str, workers: Sequence[WorkerReport], now: float, touched: set[str]
+    ) -> bool:
+        """Progress, checkpoints and exits of the workers this server runs for the jobs' current
+        incarnations (reports about older incarnations or ranks placed elsewhere are history and
+        ignored). Returns True when a job ended or was requeued (GPUs freed: a cycle is due)."""
+        job_ids = sorted({w.job_id for w in workers})
+        jobs = {job.id: job for job in session.scalars(sa.select(m.Job).where(m.Job.id.in_(job_ids)))}
+        placed = {
+            (row.job_id, row.rank)
+            for row in session.execute(
+                sa.select(m.Allocation.job_id, m.Allocation.rank)
+                .where(m.Allocation.server_id == server_id, m.Allocation.job_id.in_(job_ids))
+            )
+        }
+        decided = False
+        for job_id in job_ids:
+            job = jobs.get(job_id)
+            if job is None or not JobState(job.state).holds_gpus:
+                continue
+            current = [
+                w for w in workers
+                if w.job_id == job_id and w.incarnation == job.incarnation and (job_id, w.rank) in placed
+            ]
+            if not current:
+                continue
+            self._record_progress(session, job, current, now)
+            exits = {int(rank): code for rank, code in (job.worker_exits or {}).items()}
+            new_exits = [
+                w for w in current
+                if w.phase == "EXITED" and not w.stop_requested and w.rank not in exits
+            ]
+            if not new_exits:
+                continue
+            for w in new_exits:
+                exits[w.rank] = w.exit_code
+                self._event(
+                    session, "WORKER_EXITED", job_id=job.id, server_id=server_id,
+                    reason="WORKER_SUCCEEDED" if w.exit_code == 0 else "WORKER_FAILED",
+                    message=f"rank {w.rank} (incarnation {w.incarnation}) {describe_exit(w.exit_code)}"
+                            + (f": {w.message}" if w.message else ""),
+                    details={"rank": str(w.rank), "exit_code": str(w.exit_code), "incarnation": str(w.incarnation)},
+                )
+            job.worker_exits = {str(rank): code for rank, code in sorted(exits.items())}
+            verdict, why = judge_exits(
+                exits, num_workers=job.num_workers, restart_policy=job.restart_policy,
+                restarts=job.restarts, max_restarts=job.max_restarts,
+            )
+            if verdict is None:
+                continue
+            touched |= self._free_allocations(session, job.id)
+            job.num_workers = 0
+            if verdict is Verdict.COMPLETED:
+                job.finished_at = now
+                self._set_job_state(session, job, JobState.COMPLETED, "WORKERS_SUCCEEDED", why)
+            elif verdict is Verdict.FAILED:
+                job.finished_at = now
+                self._set_job_state(session, job, JobState.FAILED, "WORKER_FAILED", why)
+            else:
+                job.restarts += 1
+                job.pending_reason = f"RESTARTING: {why}"[:1024]
+                self._set_job_state(session, job, JobState.PENDING, "RESTARTING", why)
+            decided = True
+        return decided
+
+    @staticmethod
+    def _record_progress(session: Session, job: m.Job, current: Sequence[WorkerReport], now: float) -> None:
+        """Progress is telemetry, not a state change: written without the optimistic version bump, so
+        a report never makes a concurrent plan's action on the same job fail as stale."""
+        progress = max(w.progress for w in current)
+        checkpoint = max(w.checkpoint_progress for w in current)
+        values: dict[str, Any] = {}
+        if progress != job.work_done and (progress > 0 or job.work_done > 0):
+            values["work_done"] = progress  # may go down: a restart resumes from the last checkpoint
+        if checkpoint > 0 and checkpoint != job.checkpoint_work:
+            values["checkpoint_work"] = checkpoint
+            values["last_checkpoint_at"] = now  # the scheduler's clock: when it learnt of the checkpoint
+        if values:
+            session.execute(sa.update(m.Job.__table__).where(m.Job.__table__.c.id == job.id).values(**values))
+            session.expire(job, list(values))
 
     def desired_state(self, server_id: str) -> DesiredServerState:
         def work(session: Session) -> DesiredServerState:
@@ -716,11 +844,133 @@ class SchedulerApp:
                         job_id=jid, rank=rank, world_size=job.num_workers, local_rank=local_rank[jid],
                         gpu_indices=tuple(gpus), command=tuple(job.command), env=dict(job.env),
                         master_addr=masters.get(jid, server.agent_address),
-                        master_port=self._worker_base_port + jid % 10000,
+                        master_port=self._worker_base_port + jid % 10000, incarnation=job.incarnation,
                     )
                 )
                 local_rank[jid] += 1
             return DesiredServerState(server.id, self.epoch, server.desired_generation, server.state, tuple(specs))
+
+        return self._read(work)
+
+    # -- liveness -------------------------------------------------------------------------------
+
+    def _heard(self, server_id: str) -> None:
+        with self._heard_lock:
+            self._heard_from[server_id] = self._clock.monotonic()
+
+    def _silence(self, server_id: str) -> float:
+        """Seconds since this scheduler last heard from the server (or since it started)."""
+        with self._heard_lock:
+            heard = self._heard_from.get(server_id, self._started_mono)
+        return self._clock.monotonic() - heard
+
+    def sweep_lost(self, lost_after_s: float) -> list[str]:
+        """Mark LOST every server whose agent has been silent for more than ``lost_after_s`` on this
+        scheduler's monotonic clock; requeue or shrink the jobs that ran there. Returns their ids."""
+        candidates = self._read(
+            lambda session: list(session.scalars(sa.select(m.Server.id).where(m.Server.state != ServerState.LOST)))
+        )
+        lost: list[str] = []
+        for server_id in candidates:
+            silence = self._silence(server_id)
+            if silence <= lost_after_s:
+                continue
+            touched: set[str] = set()
+
+            def work(session: Session, server_id: str = server_id, silence: float = silence) -> bool:
+                touched.clear()
+                server = session.get(m.Server, server_id)
+                # Re-checked inside the transaction: a report may have arrived meanwhile.
+                if server is None or server.state == ServerState.LOST or self._silence(server_id) <= lost_after_s:
+                    return False
+                touched.update(self._mark_lost(session, server, silence, lost_after_s))
+                self._bump_generations(session, touched)
+                return True
+
+            if self._tx(work):
+                lost.append(server_id)
+                self._after_commit(touched)
+        if lost:
+            self.notifier.cycle_requested()
+        return lost
+
+    def _mark_lost(self, session: Session, server: m.Server, silence: float, lost_after_s: float) -> set[str]:
+        now = self._clock.now()
+        server.state_before_fault = server.state
+        self._set_server_state(
+            session, server, ServerState.LOST, "AGENT_SILENT",
+            f"no report from the agent for {silence:.0f}s (lost after {lost_after_s:g}s)",
+        )
+        loan = session.scalar(
+            sa.select(m.Loan).where(m.Loan.server_id == server.id, m.Loan.state != LoanState.RETURNED)
+        )
+        if loan is not None:  # a lost server is no use to training; inference gets it back when it returns
+            loan.state, loan.ended_at, loan.reason = LoanState.RETURNED, now, "SERVER_LOST: agent silent"
+            self._event(session, "LOAN_ENDED", server_id=server.id, reason="SERVER_LOST",
+                        message=f"server lost while on loan (loaned for {now - loan.started_at:.0f}s)",
+                        details={"loan_id": str(loan.id)})
+        touched = {server.id}
+        job_ids = sorted(set(session.scalars(
+            sa.select(m.Allocation.job_id).where(m.Allocation.server_id == server.id)
+        )))
+        for job in session.scalars(sa.select(m.Job).where(m.Job.id.in_(job_ids)).order_by(m.Job.id)):
+            touched |= self._evict_from_lost_server(session, job, server.id, now)
+        return touched
+
+    def _evict_from_lost_server(self, session: Session, job: m.Job, server_id: str, now: float) -> set[str]:
+        """A job with workers on a lost server: shrink it to the workers it has elsewhere when that is
+        still at least ``min_workers`` (ranks renumbered densely, a new incarnation), else requeue it."""
+        allocations = list(session.scalars(sa.select(m.Allocation).where(m.Allocation.job_id == job.id)))
+        servers = {a.server_id for a in allocations}
+        remaining = sorted({a.rank for a in allocations if a.server_id != server_id}
+                           - {a.rank for a in allocations if a.server_id == server_id})
+        message = f"server {server_id} lost (agent silent)"
+        if job.state == JobState.RUNNING and len(remaining) >= job.min_workers:
+            renumber = {old: new for new, old in enumerate(remaining)}
+            workers = []
+            for a in allocations:
+                if a.server_id == server_id or a.rank not in renumber:
+                    session.delete(a)
+                else:
+                    a.rank = renumber[a.rank]
+                    workers.append(a)
+            session.flush()
+            self._set_job_state(session, job, JobState.SCALING, "SERVER_LOST", message)
+            self._new_incarnation(job, workers)
+            job.num_workers = len(remaining)
+            job.last_resized_at = now
+            self._set_job_state(session, job, JobState.RUNNING, "SERVER_LOST",
+                                f"{message}; continues with {len(remaining)} worker(s)")
+            return servers
+        self._free_allocations(session, job.id)
+        job.num_workers = 0
+        job.preemptions += 1
+        job.pending_reason = f"SERVER_LOST: {message}"[:1024]
+        self._set_job_state(session, job, JobState.PREEMPTED, "SERVER_LOST", message)
+        self._set_job_state(session, job, JobState.PENDING, "SERVER_LOST", f"requeued: {message}")
+        return servers
+
+    # -- worker logs ----------------------------------------------------------------------------
+
+    def job_log_source(self, job_id: int, rank: int) -> tuple[str, str]:
+        """(server id, agent logs address) of where ``rank`` of the job ran most recently."""
+
+        def work(session: Session) -> tuple[str, str]:
+            job = self._load_job(session, job_id)
+            server_id = (job.rank_servers or {}).get(str(rank))
+            if server_id is None:
+                ran = sorted(int(r) for r in (job.rank_servers or {}))
+                raise NotFound(
+                    f"job {job_id} has no rank {rank} that ever ran"
+                    + (f" (ranks that ran: {', '.join(map(str, ran))})" if ran else f" (it is {job.state})")
+                )
+            server = session.get(m.Server, server_id)
+            if server is None or not server.logs_address:
+                raise FailedPrecondition(
+                    f"the agent of server {server_id} does not serve worker logs (agent.logs_port = -1, "
+                    "or an agent version without log serving); read them on the server"
+                )
+            return server_id, server.logs_address
 
         return self._read(work)
 
@@ -938,6 +1188,7 @@ class SchedulerApp:
             session.execute(sa.delete(m.Allocation.__table__).where(a.id.in_(gone)))
         self._insert_allocations(session, job.id, sorted(planned - held), now)
         self._set_job_state(session, job, JobState.SCALING, action.reason, action.message)
+        self._new_incarnation(job, action.workers)
         job.num_workers = len(action.workers)
         job.last_resized_at = now
         self._set_job_state(
@@ -954,12 +1205,21 @@ class SchedulerApp:
         planned = [(w.rank, w.server_id, index) for w in action.workers for index in w.gpu_indices]
         placement.check(job, action.workers, new_gpus={(s, index) for _, s, index in planned})
         self._insert_allocations(session, job.id, planned, now)  # the unique key refuses a GPU already held
+        self._new_incarnation(job, action.workers)
         job.num_workers = len(action.workers)
         job.started_at = job.started_at or now
         job.last_resized_at = now
         job.pending_reason = ""
         self._set_job_state(session, job, JobState.RUNNING, action.reason, action.message)
         return {w.server_id for w in action.workers}
+
+    @staticmethod
+    def _new_incarnation(job: m.Job, workers: Iterable[Any]) -> None:
+        """Every worker of the job (re)starts: a new incarnation, no exits yet, and where each rank
+        now runs (merged into the history, so logs of ranks a shrink removed stay findable)."""
+        job.incarnation = (job.incarnation or 0) + 1
+        job.worker_exits = None
+        job.rank_servers = {**(job.rank_servers or {}), **{str(w.rank): w.server_id for w in workers}}
 
     @staticmethod
     def _insert_allocations(

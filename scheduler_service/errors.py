@@ -28,3 +28,7 @@ class FailedPrecondition(AppError):
 
 class Aborted(AppError):
     """A concurrent change won the race; retrying the request is safe."""
+
+
+class Unavailable(AppError):
+    """A part the request needs (e.g. a server's agent) cannot be reached now; retry later."""

@@ -59,6 +59,8 @@ def job(record: JobRecord) -> types_pb2.Job:
         submitted_at=timestamp(row.submitted_at), started_at=timestamp(row.started_at),
         finished_at=timestamp(row.finished_at), restarts=row.restarts, preemptions=row.preemptions,
         idempotency_key=row.idempotency_key or "", version=row.version,
+        progress=row.work_done or 0.0, incarnation=row.incarnation or 0,
+        last_checkpoint_at=timestamp(row.last_checkpoint_at),
     )
 
 
@@ -137,7 +139,7 @@ def desired_state(state: DesiredServerState, *, grace_period_s: float) -> agent_
             agent_pb2.DesiredWorker(
                 job_id=str(w.job_id), rank=w.rank, world_size=w.world_size, local_rank=w.local_rank,
                 gpu_indices=w.gpu_indices, command=w.command, env=w.env, master_addr=w.master_addr,
-                master_port=w.master_port, grace_period=duration(grace_period_s),
+                master_port=w.master_port, grace_period=duration(grace_period_s), incarnation=w.incarnation,
             )
             for w in state.workers
         ],

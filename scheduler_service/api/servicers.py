@@ -24,6 +24,7 @@ from protos.aryl.v1 import (
     types_pb2,
 )
 from scheduler_service.api import convert, validation
+from scheduler_service.api.agent_logs import AgentLogReader
 from scheduler_service.api.status import rpc
 from scheduler_service.app import JobRecord, JobSubmission, SchedulerApp
 from scheduler_service.batching import GroupCommitter
@@ -53,8 +54,10 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
     def __init__(
         self, *args: Any, policy_name: str, clock_now: Callable[[], float],
         submissions: GroupCommitter[JobSubmission, JobRecord], policy_params: PolicyParams,
+        log_reader: AgentLogReader | None = None,
     ) -> None:
         super().__init__(*args)
+        self._logs = log_reader or AgentLogReader(timeout_s=5.0)
         self.policy_name = policy_name
         self._policy_params = policy_params
         self._now = clock_now
@@ -163,6 +166,16 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
             ],
             cost_gpu_seconds=decision.cost_gpu_s,
             loaned_servers=loaned,
+        )
+
+
+    @rpc
+    async def GetJobLogs(self, request: scheduler_pb2.GetJobLogsRequest, context: Any) -> scheduler_pb2.GetJobLogsResponse:
+        job_id = validation.job_id("job_id", request.job_id)
+        server_id, address = await self.run(self.app.job_log_source, job_id, request.rank)
+        chunk = await self._logs.read(server_id, address, job_id, request.rank, request.offset, request.max_bytes)
+        return scheduler_pb2.GetJobLogsResponse(
+            data=chunk.data, offset=chunk.offset, next_offset=chunk.next_offset, size=chunk.size, server_id=server_id
         )
 
 

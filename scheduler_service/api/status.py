@@ -17,7 +17,14 @@ import grpc
 import structlog
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
-from scheduler_service.errors import Aborted, AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from scheduler_service.errors import (
+    Aborted,
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    Unavailable,
+)
 from scheduler_service.lifecycle import IllegalTransition
 
 log = structlog.get_logger("aryl.api")
@@ -29,6 +36,7 @@ _CODES: dict[type[Exception], grpc.StatusCode] = {
     FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
     IllegalTransition: grpc.StatusCode.FAILED_PRECONDITION,
     Aborted: grpc.StatusCode.ABORTED,
+    Unavailable: grpc.StatusCode.UNAVAILABLE,
 }
 
 

@@ -12,7 +12,15 @@ from collections.abc import Iterable
 from google.protobuf import duration_pb2, timestamp_pb2
 
 from protos.aryl.v1 import agent_pb2, types_pb2
-from scheduler_service.app import GpuReport, GpuSample, JobFilter, JobSubmission, ServerRegistration, StatusReport
+from scheduler_service.app import (
+    GpuReport,
+    GpuSample,
+    JobFilter,
+    JobSubmission,
+    ServerRegistration,
+    StatusReport,
+    WorkerReport,
+)
 from scheduler_service.errors import InvalidArgument
 from scheduler_service.lifecycle import JobState, Pool
 
@@ -228,6 +236,36 @@ def registration(req: agent_pb2.RegisterServerRequest) -> ServerRegistration:
         hostname=hostname, pool=server_pool, gpus=tuple(gpus),
         agent_address=text("agent_address", req.agent_address, max_len=NAME_MAX) or hostname,
         agent_version=text("agent_version", req.agent_version, max_len=64),
+        logs_address=text("logs_address", req.logs_address, max_len=NAME_MAX, pattern=_HOST_PORT,
+                          hint="expected host:port"),
+        inference_endpoint=text("inference_endpoint", req.inference_endpoint, max_len=512, pattern=_HTTP_URL,
+                                hint="expected an http(s):// URL"),
+    )
+
+
+_HOST_PORT = re.compile(r"[A-Za-z0-9._\-\[\]:]+:[0-9]{1,5}")
+_HTTP_URL = re.compile(r"https?://[^\s]+")
+_PHASES = {
+    agent_pb2.WORKER_PHASE_STARTING: "STARTING",
+    agent_pb2.WORKER_PHASE_RUNNING: "RUNNING",
+    agent_pb2.WORKER_PHASE_STOPPING: "STOPPING",
+    agent_pb2.WORKER_PHASE_EXITED: "EXITED",
+}
+MAX_WORKERS_PER_REPORT = 4096
+
+
+def worker_report(field: str, w: agent_pb2.WorkerStatus) -> WorkerReport:
+    if w.phase not in _PHASES:
+        raise InvalidArgument(f"{field}.phase", f"must be STARTING, RUNNING, STOPPING or EXITED (got {w.phase})")
+    return WorkerReport(
+        job_id=job_id(f"{field}.job_id", w.job_id), rank=w.rank, incarnation=w.incarnation,
+        phase=_PHASES[w.phase], exit_code=w.exit_code,
+        progress=finite(f"{field}.progress", w.progress),
+        samples_per_second=finite(f"{field}.samples_per_second", w.samples_per_second),
+        checkpoint_progress=finite(f"{field}.checkpoint_progress", w.checkpoint_progress),
+        # Free text from a worker's environment: bounded, control characters replaced, never refused.
+        message="".join(c if c.isprintable() else " " for c in w.message[:512]),
+        stop_requested=w.stop_requested,
     )
 
 
@@ -241,5 +279,8 @@ def status_report(req: agent_pb2.ReportStatusRequest) -> StatusReport:
                       g.temperature_c, g.healthy,
                       text(f"gpus[{i}].health_reason", g.health_reason, max_len=256))
         )
+    if len(req.workers) > MAX_WORKERS_PER_REPORT:
+        raise InvalidArgument("workers", f"at most {MAX_WORKERS_PER_REPORT} workers per report")
+    workers = tuple(worker_report(f"workers[{i}]", w) for i, w in enumerate(req.workers))
     return StatusReport(server_id("server_id", req.server_id), req.scheduler_epoch, tuple(samples),
-                        req.observed_generation)
+                        req.observed_generation, workers)

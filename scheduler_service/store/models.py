@@ -89,6 +89,15 @@ class Job(Base):
     work_done: Mapped[float] = mapped_column(Double, default=0.0, server_default="0")
     # Work since the last checkpoint is what a preemption loses.
     last_checkpoint_at: Mapped[float | None] = mapped_column(Double)
+    # Bumped whenever the job's workers must (re)start (a start or a resize); agents identify a worker
+    # by (job, rank, incarnation), so reports about an older incarnation are recognised as history.
+    incarnation: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    # Progress at the last checkpoint the workers reported (``last_checkpoint_at`` is when it was seen).
+    checkpoint_work: Mapped[float | None] = mapped_column(Double)
+    # Exit status per rank (as a string key) of the current incarnation's workers that have exited.
+    worker_exits: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # Rank (string key) -> server of the latest placement; kept after the job ends, to find its logs.
+    rank_servers: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
     __table_args__ = (
         CheckConstraint("gpus_per_worker >= 1", name="gpus_per_worker_positive"),
@@ -131,6 +140,11 @@ class Server(Base):
     # When it entered its current state (loan hysteresis, drain timeouts). Defaults to its registration
     # time; the server default 0 ("unknown") only serves rows written without the models.
     state_changed_at: Mapped[float] = mapped_column(Double, default=_registered_at, server_default="0")
+    # Empty or None: not served / not an inference server (nullable so the migration needs no default).
+    logs_address: Mapped[str | None] = mapped_column(String(253))
+    inference_endpoint: Mapped[str | None] = mapped_column(String(512))
+    # When the router acknowledged that this DRAINING server has nothing in flight (None: not yet).
+    drained_at: Mapped[float | None] = mapped_column(Double)
 
     __table_args__ = (
         CheckConstraint("pool IN ('TRAINING','INFERENCE')", name="pool_known"),

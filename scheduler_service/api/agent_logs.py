@@ -1,0 +1,55 @@
+"""Reading a worker's log from the agent that ran it (for ``GetJobLogs``).
+
+Logs stay on the GPU server that ran the worker; each agent serves them with WorkerLogService at
+the ``logs_address`` it registered. The scheduler only locates the right agent and relays one
+bounded read: it never stores logs. Channels to agents are cached per address and closed on shutdown.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from protos.aryl.v1 import agent_pb2, agent_pb2_grpc
+from scheduler_service.errors import InvalidArgument, NotFound, Unavailable
+
+DEFAULT_READ_BYTES = 64 * 1024
+MAX_READ_BYTES = 1024 * 1024
+
+
+class AgentLogReader:
+    def __init__(self, *, timeout_s: float) -> None:
+        self._timeout = timeout_s
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    def _stub(self, address: str) -> agent_pb2_grpc.WorkerLogServiceStub:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = grpc.aio.insecure_channel(
+                address, options=[("grpc.max_receive_message_length", 2 * MAX_READ_BYTES)]
+            )
+        return agent_pb2_grpc.WorkerLogServiceStub(channel)
+
+    async def read(
+        self, server_id: str, address: str, job_id: int, rank: int, offset: int, max_bytes: int
+    ) -> agent_pb2.ReadWorkerLogResponse:
+        if max_bytes > MAX_READ_BYTES:
+            raise InvalidArgument("max_bytes", f"must be at most {MAX_READ_BYTES} (got {max_bytes})")
+        request = agent_pb2.ReadWorkerLogRequest(
+            job_id=str(job_id), rank=rank, offset=offset, max_bytes=max_bytes or DEFAULT_READ_BYTES
+        )
+        try:
+            return await self._stub(address).ReadWorkerLog(request, timeout=self._timeout)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                raise NotFound(f"server {server_id}: {exc.details()}") from None
+            if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                raise InvalidArgument("offset", exc.details() or "refused by the agent") from None
+            raise Unavailable(
+                f"cannot read the log from the agent of server {server_id} at {address}: "
+                f"{exc.code().name} {exc.details() or ''}".rstrip()
+            ) from None
+
+    async def close(self) -> None:
+        for channel in self._channels.values():
+            await channel.close()
+        self._channels.clear()
