@@ -379,6 +379,9 @@ def describe_job(response: scheduler_pb2.GetJobResponse) -> str:
         ("Finished", local_time(job.finished_at)),
         ("Restarts", job.restarts),
         ("Preemptions", job.preemptions),
+        ("Progress", f"{job.progress:g}" + (f" of {spec.throughput.total_work:g}" if spec.throughput.total_work else "")),
+        ("Incarnation", job.incarnation),
+        ("Last checkpoint", local_time(job.last_checkpoint_at)),
     ]
     if job.idempotency_key:
         fields.append(("Idempotency key", job.idempotency_key))
@@ -394,6 +397,40 @@ def describe_job(response: scheduler_pb2.GetJobResponse) -> str:
 def cmd_job(client: ArylClient, args: argparse.Namespace, out: Output) -> int:
     response = client.get_job(args.job_id, include_events=True)
     out.emit(response, lambda: describe_job(response))
+    return EXIT_OK
+
+
+LOG_TAIL_WINDOW = 1024 * 1024  # bytes read from the end to find the last --tail lines
+
+
+def cmd_logs(client: ArylClient, args: argparse.Namespace, out: Output) -> int:
+    """A worker's stdout/stderr (raw text; -o does not apply), from the agent that ran it."""
+
+    def write(data: bytes) -> None:
+        out.stream.write(data.decode("utf-8", "replace"))
+        out.stream.flush()
+
+    offset = 0
+    if args.tail is not None:
+        chunk = client.read_job_log(args.job_id, rank=args.rank, offset=-LOG_TAIL_WINDOW, max_bytes=LOG_TAIL_WINDOW)
+        lines = chunk.data.decode("utf-8", "replace").splitlines(keepends=True)
+        write("".join(lines[-args.tail:] if args.tail else []).encode())
+        offset = chunk.next_offset
+    if args.follow:
+        try:
+            for data in client.follow_job_log(args.job_id, rank=args.rank, offset=offset, poll_s=args.poll):
+                write(data)
+        except KeyboardInterrupt:
+            pass
+        return EXIT_OK
+    if args.tail is not None:
+        return EXIT_OK
+    while True:
+        chunk = client.read_job_log(args.job_id, rank=args.rank, offset=offset)
+        write(chunk.data)
+        offset = chunk.next_offset
+        if not chunk.data or offset >= chunk.size:
+            break
     return EXIT_OK
 
 
@@ -449,7 +486,9 @@ def _server_row(server: types_pb2.Server, now: dt.datetime) -> list[object]:
         f"{server.gpus_used}/{server.gpus_total}",
         server.gpus_healthy,
         age(server.last_seen_at, now) + (" ago" if server.HasField("last_seen_at") else ""),
-        server.state_reason,
+        "; ".join([server.state_reason] * bool(server.state_reason) + [
+            f"GPU {g.index}: {g.health_reason or 'unhealthy'}" for g in server.gpus if not g.healthy
+        ]),
     ]
 
 
@@ -772,6 +811,15 @@ def build_parser() -> argparse.ArgumentParser:
     events.add_argument("--since", type=_count, default=0, metavar="EVENT_ID", help="replay events after this id")
 
     add("explain", cmd_explain, "why a job is pending or was preempted").add_argument("job_id", metavar="ID")
+
+    logs = add("logs", cmd_logs, "show a worker's output (stdout and stderr), read from its server's agent",
+               epilog="Logs stay on the server that ran the worker; each incarnation (start, resize, "
+                      "restart) of the job appends to the same per-rank log under a header line.")
+    logs.add_argument("job_id", metavar="ID")
+    logs.add_argument("--rank", type=_count, default=0, metavar="N", help="which worker (default 0)")
+    logs.add_argument("--tail", type=_count, metavar="LINES", help="only the last LINES lines")
+    logs.add_argument("-f", "--follow", action="store_true", help="keep printing new output until Ctrl-C")
+    logs.add_argument("--poll", type=_positive, default=1.0, metavar="SECONDS", help=argparse.SUPPRESS)
     add("reclaim-preview", cmd_reclaim_preview,
         "dry run: what reclaiming N loaned servers would do now").add_argument("servers", type=int, metavar="N")
 

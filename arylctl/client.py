@@ -358,6 +358,29 @@ class ArylClient:
         """Dry run: what reclaiming ``servers`` loaned servers would do now. Changes nothing."""
         return self._unary(self._scheduler.PreviewReclaim, scheduler_pb2.PreviewReclaimRequest(servers=servers))
 
+    def read_job_log(
+        self, job_id: str, *, rank: int = 0, offset: int = 0, max_bytes: int = 0
+    ) -> scheduler_pb2.GetJobLogsResponse:
+        """One chunk of a worker's stdout/stderr from the agent of the server it ran on. ``offset``
+        < 0 reads that many bytes before the end; continue from the answer's ``next_offset``."""
+        request = scheduler_pb2.GetJobLogsRequest(job_id=job_id, rank=rank, offset=offset, max_bytes=max_bytes)
+        return self._unary(self._scheduler.GetJobLogs, request)
+
+    def follow_job_log(
+        self, job_id: str, *, rank: int = 0, offset: int = 0, poll_s: float = 1.0,
+        stop: threading.Event | None = None,
+    ) -> Iterator[bytes]:
+        """Yield the log from ``offset`` on, then new output as it is written, until ``stop`` is set
+        (or forever). Polls with the offset, so nothing is read twice or skipped."""
+        stop = stop or threading.Event()
+        while not stop.is_set():
+            chunk = self.read_job_log(job_id, rank=rank, offset=offset)
+            if chunk.data:
+                yield chunk.data
+            offset = chunk.next_offset
+            if chunk.next_offset >= chunk.size:
+                stop.wait(poll_s)
+
     # -- events --------------------------------------------------------------------------------
 
     def watch_events(

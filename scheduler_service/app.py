@@ -337,6 +337,7 @@ class SchedulerApp:
         server.state = target
         server.state_reason = message[:1024]
         server.state_changed_at = self._clock.now()
+        server.drained_at = None  # a drain acknowledgement holds for one DRAINING spell only
 
     # -- scheduler term -------------------------------------------------------------------------
 
@@ -1002,6 +1003,46 @@ class SchedulerApp:
         self.notifier.events_appended()
         self.notifier.cycle_requested()
         return result
+
+    def serving_pool(self) -> tuple[int, list[tuple[str, str, str]]]:
+        """The inference servers a router may know: (server id, endpoint, state) of SERVING and
+        DRAINING servers that registered an endpoint, and a version that grows with every change."""
+
+        def work(session: Session) -> tuple[int, list[tuple[str, str, str]]]:
+            s = m.Server.__table__.c
+            rows = session.execute(
+                sa.select(s.id, s.inference_endpoint, s.state)
+                .where(s.pool == Pool.INFERENCE, s.state.in_([ServerState.SERVING, ServerState.DRAINING]),
+                       s.inference_endpoint.is_not(None), s.inference_endpoint != "")
+                .order_by(s.id)
+            ).all()
+            version = session.scalar(sa.select(sa.func.coalesce(sa.func.max(m.Event.id), 0)))
+            return int(version or 0), [(r.id, r.inference_endpoint, r.state) for r in rows]
+
+        return self._read(work)
+
+    def report_drained(self, server_id: str, source: str) -> str:
+        """The router routes nothing to this DRAINING server any more and nothing is in flight there:
+        the policy may loan it now instead of waiting for the drain timeout. Idempotent."""
+
+        def work(session: Session) -> str:
+            server = session.get(m.Server, server_id)
+            if server is None:
+                raise NotFound(f"server {server_id} is not registered")
+            if server.state != ServerState.DRAINING:
+                raise FailedPrecondition(
+                    f"server {server_id} is {server.state}, not DRAINING: there is no drain to acknowledge"
+                )
+            if server.drained_at is None:
+                server.drained_at = self._clock.now()
+                self._event(session, "SERVER_DRAINED", server_id=server.id, reason="DRAINED",
+                            message=f"no inference requests in flight (reported by {source})")
+            return server.state
+
+        state = self._tx(work)
+        self.notifier.events_appended()
+        self.notifier.cycle_requested()
+        return state
 
     def latest_demand(self) -> m.DemandReport | None:
         return self._read(

@@ -239,3 +239,36 @@ class InferenceServicer(_Base, inference_pb2_grpc.InferenceServiceServicer):
     @rpc
     async def GetDemand(self, request: inference_pb2.GetDemandRequest, context: Any) -> inference_pb2.GetDemandResponse:
         return inference_pb2.GetDemandResponse(demand=convert.demand(await self.run(self.app.latest_demand)))
+
+    @rpc
+    async def WatchServingPool(
+        self, request: inference_pb2.WatchServingPoolRequest, context: Any
+    ) -> AsyncIterator[inference_pb2.ServingPool]:
+        source = validation.text("source", request.source, max_len=253) or context.peer()[:253]
+        log.info("serving pool watched", source=source)
+        sent: list[tuple[str, str, str]] | None = None
+        while True:
+            seen = self.notifier.events.version  # every server state change appends an event
+            version, servers = await self.run(self.app.serving_pool)
+            if servers != sent:
+                yield inference_pb2.ServingPool(
+                    version=version,
+                    servers=[
+                        inference_pb2.RoutableServer(
+                            server_id=sid, endpoint=endpoint, state=types_pb2.ServerState.Value(f"SERVER_STATE_{state}")
+                        )
+                        for sid, endpoint, state in servers
+                    ],
+                )
+                sent = servers
+            await self.notifier.events.wait_newer(seen, timeout=STREAM_POLL_S)
+
+    @rpc
+    async def ReportDrained(
+        self, request: inference_pb2.ReportDrainedRequest, context: Any
+    ) -> inference_pb2.ReportDrainedResponse:
+        server_id = validation.server_id("server_id", request.server_id)
+        source = validation.text("source", request.source, max_len=253) or context.peer()[:253]
+        state = await self.run(self.app.report_drained, server_id, source)
+        return inference_pb2.ReportDrainedResponse(state=types_pb2.ServerState.Value(f"SERVER_STATE_{state}"))
+
