@@ -1090,10 +1090,11 @@ class SchedulerApp:
                     state_since=row.state_changed_at,
                     loan_started_at=loan_started.get(row.id) if row.state in ON_LOAN_STATES else None,
                     agent_converged=row.observed_generation >= row.desired_generation,
+                    drained=row.drained_at is not None,
                 )
                 for row in session.execute(
                     sa.select(s.id, s.pool, s.state, s.state_changed_at, s.observed_generation,
-                              s.desired_generation).order_by(s.id)
+                              s.desired_generation, s.drained_at).order_by(s.id)
                 )
             )
             active = session.execute(
