@@ -690,7 +690,10 @@ class SchedulerApp:
                     f"stale scheduler epoch {report.scheduler_epoch} (current {self.epoch}); register again"
                 )
             server.last_seen_at = now
-            server.observed_generation = max(server.observed_generation, report.observed_generation)
+            if report.observed_generation > server.observed_generation:
+                server.observed_generation = report.observed_generation
+                # A reclaimed server waits for exactly this confirmation to serve again; routing too.
+                cycle_needed = cycle_needed or server.state in (ServerState.RECLAIMING, ServerState.SERVING)
             if server.state == ServerState.LOST:
                 self._set_server_state(
                     session, server, home_state(server.pool), "AGENT_RECONNECTED", "agent reported again"
@@ -1006,14 +1009,19 @@ class SchedulerApp:
 
     def serving_pool(self) -> tuple[int, list[tuple[str, str, str]]]:
         """The inference servers a router may know: (server id, endpoint, state) of SERVING and
-        DRAINING servers that registered an endpoint, and a version that grows with every change."""
+        DRAINING servers that registered an endpoint and whose agent has applied the newest desired
+        state, and a version that grows with every change."""
 
         def work(session: Session) -> tuple[int, list[tuple[str, str, str]]]:
             s = m.Server.__table__.c
             rows = session.execute(
                 sa.select(s.id, s.inference_endpoint, s.state)
                 .where(s.pool == Pool.INFERENCE, s.state.in_([ServerState.SERVING, ServerState.DRAINING]),
-                       s.inference_endpoint.is_not(None), s.inference_endpoint != "")
+                       s.inference_endpoint.is_not(None), s.inference_endpoint != "",
+                       # SERVING: routable only once its agent confirmed the newest desired state, so a
+                       # server that ran training (a returned loan, a lost server back) has no workers left.
+                       # DRAINING: listed regardless, so the router stops routing there and acknowledges.
+                       sa.or_(s.state == ServerState.DRAINING, s.observed_generation >= s.desired_generation))
                 .order_by(s.id)
             ).all()
             version = session.scalar(sa.select(sa.func.coalesce(sa.func.max(m.Event.id), 0)))

@@ -18,9 +18,11 @@ S = types_pb2
 ACK_ONLY = {"loan_idle_s": 0, "drain_timeout_s": 3600, "min_loan_s": 0, "loan_buffer_servers": 0}
 
 
-def register_inference_server(address: str, hostname: str, endpoint: str) -> None:
+def register_inference_server(address: str, hostname: str, endpoint: str, *, converge: bool = True) -> None:
+    """Register as an agent would, then (``converge``) report the desired generation as applied."""
     with grpc.insecure_channel(address) as channel:
-        agent_pb2_grpc.AgentServiceStub(channel).RegisterServer(
+        agent = agent_pb2_grpc.AgentServiceStub(channel)
+        registered = agent.RegisterServer(
             agent_pb2.RegisterServerRequest(
                 hostname=hostname, pool=S.POOL_INFERENCE, agent_address=hostname, agent_version="test",
                 inference_endpoint=endpoint,
@@ -28,6 +30,10 @@ def register_inference_server(address: str, hostname: str, endpoint: str) -> Non
             ),
             timeout=5,
         )
+        if converge:
+            agent.ReportStatus(agent_pb2.ReportStatusRequest(
+                server_id=hostname, scheduler_epoch=registered.scheduler_epoch,
+                observed_generation=registered.desired.generation), timeout=5)
 
 
 class PoolWatch:
@@ -105,11 +111,16 @@ def test_pool_watch_drain_acknowledgement_and_loan(scheduler_factory) -> None:
         channel.close()
 
 
-def test_servers_without_an_endpoint_are_not_routable_and_bad_endpoints_are_refused(scheduler) -> None:
+def test_only_servers_with_an_endpoint_and_a_converged_agent_are_routable(scheduler) -> None:
     register_inference_server(scheduler.address, "no-endpoint", "")
+    register_inference_server(scheduler.address, "unconfirmed", "http://127.0.0.1:9009", converge=False)
     watch = PoolWatch(scheduler.address)
     try:
         assert not watch.next_where(lambda u: True, "the first update").servers
+        # The agent confirms the desired state (no training workers there): now it is routable.
+        register_inference_server(scheduler.address, "unconfirmed", "http://127.0.0.1:9009")
+        update = watch.next_where(lambda u: u.servers, "a routable server")
+        assert [s.server_id for s in update.servers] == ["unconfirmed"]
     finally:
         watch.close()
     with pytest.raises(grpc.RpcError) as err:

@@ -14,6 +14,9 @@ class PolicyParams:
     loan_idle_s: float = 300.0         # a server must have been serving this long to be loaned
     min_loan_s: float = 600.0          # younger loans are reclaimed only when older ones do not suffice
     drain_timeout_s: float = 30.0      # DRAINING -> LOANED after this (until the router acknowledges)
+    # A reclaim's hard deadline: a RECLAIMING server whose agent has not confirmed the training workers
+    # gone by then goes back to inference anyway (routing still waits for the agent's confirmation).
+    reclaim_deadline_s: float = 120.0
     starvation_s: float = 3600.0       # a job waiting this long gets a reservation
     min_resize_interval_s: float = 300.0  # anti-thrashing: no voluntary resize sooner than this
     restart_cost_s: float = 60.0       # a restart's cost, in seconds of completion time
