@@ -866,7 +866,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def _report_rpc_error(exc: ArylError, address: str, timeout: float, stderr: TextIO) -> int:
     print(f"error: {exc.message} ({exc.code.name})", file=stderr)
-    if exc.code == grpc.StatusCode.UNAVAILABLE:
+    if exc.code == grpc.StatusCode.UNAVAILABLE and not exc.from_scheduler:
         print(
             f"hint: no scheduler answered at {address}; check --server or the ARYL_SERVER environment variable",
             file=stderr,

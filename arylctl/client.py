@@ -111,10 +111,12 @@ def default_address() -> str:
 class ArylError(Exception):
     """A call to the scheduler failed. ``code`` is the gRPC status, ``message`` the server's words."""
 
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+    def __init__(self, code: grpc.StatusCode, message: str, *, from_scheduler: bool = False) -> None:
         super().__init__(f"{message} ({code.name})")
         self.code = code
         self.message = message
+        # The scheduler itself answered with this status (as opposed to gRPC failing to reach it).
+        self.from_scheduler = from_scheduler
 
 
 class InvalidArgument(ArylError):
@@ -160,7 +162,9 @@ def _translate(exc: grpc.RpcError) -> ArylError:
     """The typed exception for a failed call (``grpc.RpcError`` raised by calls is a ``grpc.Call``)."""
     code, details = (exc.code(), exc.details()) if isinstance(exc, grpc.Call) else (None, None)
     code = code or grpc.StatusCode.UNKNOWN
-    return _ERROR_BY_CODE.get(code, ArylError)(code, details or code.name)
+    trailing = exc.trailing_metadata() if isinstance(exc, grpc.Call) else None
+    answered = any(key == "aryl-answered-by" for key, _ in trailing or ())
+    return _ERROR_BY_CODE.get(code, ArylError)(code, details or code.name, from_scheduler=answered)
 
 
 # ---------------------------------------------------------------------------------------------

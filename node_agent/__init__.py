@@ -5,10 +5,15 @@ Nouns: the *server* is the machine (its hostname is its id); its *GPUs* come fro
 fenced by *scheduler epoch* and ordered by *generation*; a *session* is one registration and the
 status reports and desired-state stream that follow it.
 
-Modules: ``config`` (typed settings), ``gpus`` (inventory and health), ``desired`` (which desired
-states to accept), ``agent`` (the control loop), ``daemon`` (backoff, channel, signals),
-``main`` (the ``aryl-agent`` command).
+A *worker* is one process of a training job, identified by (job, rank, incarnation); the agent
+runs each under a *shim* that records its exit, keeps *worker records* in a *state file* so a
+restarted agent adopts running workers, and serves worker *logs* to the scheduler.
 
-The agent reports and obeys; it never decides placement, loans or health verdicts. This version
-does not execute worker processes yet: it records the desired state and reports no workers.
+Modules: ``config`` (typed settings), ``gpus`` (inventory and health), ``desired`` (which desired
+states to accept), ``workers`` (worker records, on-disk layout), ``supervisor`` (starts and stops
+worker processes), ``shim`` (the per-worker parent process), ``contract`` (what a training program
+sees; importable without Aryl), ``logs`` (the worker-log service), ``agent`` (the control loop),
+``daemon`` (backoff, channel, signals), ``main`` (the ``aryl-agent`` command).
+
+The agent reports and obeys; it never decides placement, loans, restarts or health verdicts.
 """

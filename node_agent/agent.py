@@ -6,14 +6,18 @@ failure in a session (scheduler unreachable, stream broken, report refused) ends
 then waits with exponential backoff and jitter and registers again, which is idempotent on the
 scheduler's side (the hostname is the server's identity).
 
-What this agent version does NOT do: run workers. It records the desired state it accepts and
-reports that generation as observed, with no workers running; starting, stopping and resizing
-worker processes arrives with process execution. It never decides anything either: placement,
-loans and health verdicts are the scheduler's.
+Workers: every accepted desired state is handed to the *supervisor* (``node_agent.supervisor``),
+whose own thread starts and stops worker processes; the report loop sends what it sees, and the
+generation it has acted on as ``observed_generation``. A *log service* (``node_agent.logs``) lets the
+scheduler read worker logs; its address goes out with the registration. Workers outlive sessions
+(the scheduler being unreachable stops nothing) and, by default, the agent itself: on shutdown they
+keep running and the next agent adopts them (``agent.stop_workers_on_exit`` changes that).
+
+It never decides anything: placement, loans, restarts and health verdicts are the scheduler's.
 
 Every unary call carries a deadline (``rpc_timeout_s``); the stream has none, it lives as long as
 the session. Shutdown (``stop()``) ends the loops and cancels the stream; it completes within one
-RPC deadline.
+RPC deadline (plus the workers' grace periods when ``stop_workers_on_exit`` is set).
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ from node_agent.config import AgentSection
 from node_agent.daemon import Backoff, aryl_version, describe_rpc_error, scheduler_channel
 from node_agent.desired import DesiredStateTracker, Verdict
 from node_agent.gpus import GpuBackend, GpuInfo, GpuSample
+from node_agent.logs import serve_worker_logs
+from node_agent.supervisor import Supervisor, WorkerView
+from node_agent.workers import Phase
 from protos.aryl.v1 import agent_pb2, agent_pb2_grpc, types_pb2
 
 # Used when the scheduler's answer carries no report interval (it always should).
@@ -40,6 +47,12 @@ MIN_REPORT_INTERVAL_S = 0.1
 LAGGING_REPORTS_BEFORE_RESYNC = 2
 
 POOLS = {"training": types_pb2.POOL_TRAINING, "inference": types_pb2.POOL_INFERENCE}
+PHASES = {
+    Phase.STARTING: agent_pb2.WORKER_PHASE_STARTING,
+    Phase.RUNNING: agent_pb2.WORKER_PHASE_RUNNING,
+    Phase.STOPPING: agent_pb2.WORKER_PHASE_STOPPING,
+    Phase.EXITED: agent_pb2.WORKER_PHASE_EXITED,
+}
 
 
 class SessionEnded(Exception):
@@ -65,6 +78,21 @@ def gpu_status_message(sample: GpuSample) -> agent_pb2.GpuStatus:
     )
 
 
+def worker_status_message(view: WorkerView) -> agent_pb2.WorkerStatus:
+    return agent_pb2.WorkerStatus(
+        job_id=view.id.job_id,
+        rank=view.id.rank,
+        incarnation=view.id.incarnation,
+        phase=PHASES[view.phase],
+        exit_code=view.exit_code if view.phase is Phase.EXITED else 0,
+        progress=view.progress.progress,
+        samples_per_second=view.progress.samples_per_second,
+        checkpoint_progress=view.progress.checkpoint_progress,
+        message=view.message,
+        stop_requested=view.stop_requested,
+    )
+
+
 class Agent:
     """One server's agent. ``run()`` blocks until ``stop()``, which any other thread may call."""
 
@@ -79,6 +107,10 @@ class Agent:
         self.config = config
         self.gpus = gpus
         self.desired = DesiredStateTracker()
+        # Set when there is news worth reporting before the next interval (convergence, an exit).
+        self._report_now = threading.Event()
+        self.supervisor = Supervisor(config, self.desired, on_change=self._report_now.set)
+        self.logs_address = ""  # host:port of the worker-log service once it runs
         self.version = version or aryl_version()
         self._backoff = backoff or Backoff(config.reconnect_max_backoff_s)
         self._inventory = gpus.inventory()
@@ -101,6 +133,8 @@ class Agent:
             gpu_backend=self.gpus.name,
             version=self.version,
         )
+        self.supervisor.start()
+        logs_server = self._serve_logs()
         channel = scheduler_channel(self.config.scheduler_address, self.config.reconnect_max_backoff_s)
         try:
             while not self._stopping.is_set():
@@ -120,14 +154,33 @@ class Agent:
         finally:
             self._cancel_stream()
             channel.close()
-            self._log.info("agent stopped", observed_generation=self.desired.observed_generation)
+            if logs_server is not None:
+                logs_server.stop(grace=0)
+            self.supervisor.close(stop_workers=self.config.stop_workers_on_exit)
+            self._log.info("agent stopped", observed_generation=self.supervisor.observed_generation)
 
     def stop(self) -> None:
         """Ask ``run()`` to return: ends the report loop and cancels the stream. Thread-safe; not for
         use inside a signal handler (it takes locks), see ``daemon.run_until_signalled``."""
         self._stopping.set()
         self._session_over.set()
+        self._report_now.set()
         self._cancel_stream()
+
+    def _serve_logs(self) -> grpc.Server | None:
+        """Start the worker-log service unless ``logs_port`` is -1; a port that cannot be bound is
+        logged and the agent runs on without serving logs (they stay on disk)."""
+        if self.config.logs_port < 0:
+            return None
+        try:
+            server, port = serve_worker_logs(
+                self.supervisor.layout, self.config.hostname, self.config.logs_listen_host, self.config.logs_port
+            )
+        except (OSError, RuntimeError) as exc:
+            self._log.error("cannot serve worker logs; the scheduler will not be able to show them", reason=str(exc))
+            return None
+        self.logs_address = f"{self.config.agent_address}:{port}"
+        return server
 
     def _cancel_stream(self) -> None:
         with self._stream_lock:
@@ -175,7 +228,8 @@ class Agent:
                         f"scheduler has desired generation {response.desired_generation} but the stream "
                         f"delivered only {self.desired.observed_generation}; resynchronising"
                     )
-                over.wait(interval)
+                self._report_now.wait(interval)
+                self._report_now.clear()
             if not self._stopping.is_set():
                 raise SessionEnded(why[0] if why else "desired-state stream ended")
         finally:
@@ -190,6 +244,8 @@ class Agent:
             gpus=[gpu_info_message(g) for g in self._inventory],
             agent_address=self.config.agent_address,
             agent_version=self.version,
+            logs_address=self.logs_address,
+            inference_endpoint=self.config.inference_endpoint,
         )
         try:
             response = stub.RegisterServer(request, timeout=self.config.rpc_timeout_s)
@@ -208,8 +264,8 @@ class Agent:
             server_id=server_id,
             scheduler_epoch=self.desired.newest_epoch,
             gpus=[gpu_status_message(s) for s in self.gpus.sample()],
-            workers=[],  # no process execution in this agent version: nothing runs
-            observed_generation=self.desired.observed_generation,
+            workers=[worker_status_message(view) for view in self.supervisor.statuses()],
+            observed_generation=self.supervisor.observed_generation,
         )
         try:
             return stub.ReportStatus(request, timeout=self.config.rpc_timeout_s)
@@ -238,6 +294,7 @@ class Agent:
                 if self._stream is stream:
                     self._stream = None
             over.set()
+            self._report_now.set()  # the report loop notices the session's end at once
 
     # ---------------------------------------------------------------------------------------------
     # desired state
@@ -261,9 +318,9 @@ class Agent:
             )
         else:
             # Accepted generations are new by construction, so this logs once per generation.
+            self.supervisor.wake()
             self._log.info(
-                f"desired state received: {len(desired.workers)} workers "
-                "(process execution not implemented in this agent version)",
+                f"desired state received: {len(desired.workers)} workers",
                 server_state=types_pb2.ServerState.Name(desired.server_state),
                 new_epoch=verdict is Verdict.ACCEPTED_NEW_EPOCH,
                 **fields,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
@@ -34,11 +35,50 @@ class AgentSection(ConfigSection):
     )
     rpc_timeout_s: float = Field(5.0, gt=0, description="deadline of every unary call to the scheduler")
     reconnect_max_backoff_s: float = Field(10.0, gt=0, description="cap of the reconnect backoff")
+    work_dir: str = Field(
+        "",
+        description="where the agent keeps worker logs, its state file and exit records (and checkpoints unless "
+        "checkpoint_root is set); empty: .aryl/agent-<hostname> under the working directory",
+    )
+    checkpoint_root: str = Field(
+        "",
+        description="parent of each job's ARYL_CHECKPOINT_DIR (<root>/<job_id>); production points it at a "
+        "filesystem shared by all servers so a job resumes wherever it restarts; empty: <work_dir>/checkpoints",
+    )
+    stop_grace_s: float = Field(
+        30.0, ge=0, description="SIGTERM-to-SIGKILL grace for workers whose desired state names no grace period"
+    )
+    stop_workers_on_exit: bool = Field(
+        False,
+        description="stop all workers when the agent shuts down; default false: workers keep running and a "
+        "restarted agent adopts them (an agent upgrade does not interrupt training)",
+    )
+    reconcile_interval_s: float = Field(
+        0.5, gt=0, description="how often the agent checks its worker processes (exits, grace deadlines)"
+    )
+    logs_port: int = Field(
+        0, ge=-1, le=65535, description="port of the worker-log service the scheduler reads; 0: any free port; "
+        "-1: do not serve logs"
+    )
+    logs_listen_host: str = Field("0.0.0.0", min_length=1, description="interface the worker-log service binds")
+    inference_endpoint: str = Field(
+        "", description="inference servers: base URL of the local model server, passed to the router"
+    )
 
     @property
     def agent_address(self) -> str:
         """What the scheduler is told as this server's address: ``advertise_address`` or the hostname."""
         return self.advertise_address or self.hostname
+
+    @property
+    def work_path(self) -> Path:
+        """``work_dir``, or its default for this hostname; absolute (workers may run elsewhere)."""
+        return Path(self.work_dir or f".aryl/agent-{self.hostname}").resolve()
+
+    @property
+    def checkpoint_path(self) -> Path:
+        """Parent of the jobs' checkpoint directories: ``checkpoint_root`` or ``<work_dir>/checkpoints``."""
+        return Path(self.checkpoint_root).resolve() if self.checkpoint_root else self.work_path / "checkpoints"
 
 
 class GpusSection(ConfigSection):

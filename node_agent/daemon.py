@@ -55,6 +55,9 @@ class Backoff:
         self._failures = 0
 
 
+KEEPALIVE_TIME_MS = 10_000
+
+
 def scheduler_channel(address: str, max_reconnect_backoff_s: float) -> grpc.Channel:
     """An insecure channel to the scheduler whose own reconnect backoff is capped like ours.
 
@@ -68,6 +71,11 @@ def scheduler_channel(address: str, max_reconnect_backoff_s: float) -> grpc.Chan
             ("grpc.initial_reconnect_backoff_ms", min(500, max_ms)),
             ("grpc.min_reconnect_backoff_ms", min(500, max_ms)),
             ("grpc.max_reconnect_backoff_ms", max_ms),
+            # Keepalive pings notice a dead scheduler (or a silently dropped connection) within ~15 s
+            # even while the desired-state stream is idle; the scheduler permits this ping rate.
+            ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+            ("grpc.keepalive_timeout_ms", 5_000),
+            ("grpc.keepalive_permit_without_calls", 1),
         ],
     )
 

@@ -1,7 +1,11 @@
 """``aryl-agent``: the node agent daemon, one per GPU server.
 
     aryl-agent [--config FILE] [--scheduler HOST:PORT] [--hostname NAME] [--pool training|inference]
-               [--fake-gpus N | --gpu-backend auto|nvml|fake]
+               [--fake-gpus N | --gpu-backend auto|nvml|fake] [--work-dir DIR]
+
+Workers keep running when the agent stops (SIGTERM/SIGINT): the next agent started with the same
+work directory adopts them, so upgrading the agent does not interrupt training. Set
+``agent.stop_workers_on_exit`` to stop them (with their grace periods) instead.
 
 Flags beat ``ARYL_*`` environment variables, which beat the config file. Exit status: 0 after a
 clean shutdown (SIGTERM/SIGINT), 1 when the GPU backend cannot start, 2 for invalid configuration.
@@ -31,6 +35,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--scheduler", metavar="HOST:PORT", help="scheduler address (agent.scheduler_address)")
     parser.add_argument("--hostname", help="this server's name, its server_id (agent.hostname)")
     parser.add_argument("--pool", choices=["training", "inference"], help="agent.pool")
+    parser.add_argument("--work-dir", metavar="DIR", help="worker logs, state and checkpoints (agent.work_dir)")
     gpus = parser.add_mutually_exclusive_group()
     gpus.add_argument("--fake-gpus", type=int, metavar="N", help="pretend to have N GPUs (implies --gpu-backend fake)")
     gpus.add_argument("--gpu-backend", choices=["auto", "nvml", "fake"], help="gpus.backend")
@@ -41,7 +46,12 @@ def cli_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     """The config keys the command line sets, as ``{section: {key: value}}``."""
     agent = {
         key: value
-        for key, value in (("scheduler_address", args.scheduler), ("hostname", args.hostname), ("pool", args.pool))
+        for key, value in (
+            ("scheduler_address", args.scheduler),
+            ("hostname", args.hostname),
+            ("pool", args.pool),
+            ("work_dir", args.work_dir),
+        )
         if value is not None
     }
     gpus: dict[str, Any] = {}

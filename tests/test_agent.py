@@ -543,9 +543,14 @@ def fake_scheduler() -> Iterator[FakeScheduler]:
 
 
 class RunningAgent:
-    def __init__(self, address: str, hostname: str = "fake-node", gpus: int = 2) -> None:
+    def __init__(self, address: str, work_dir: Path, hostname: str = "fake-node", gpus: int = 2) -> None:
         config = AgentSection(
-            scheduler_address=address, hostname=hostname, rpc_timeout_s=2.0, reconnect_max_backoff_s=0.2
+            scheduler_address=address,
+            hostname=hostname,
+            rpc_timeout_s=2.0,
+            reconnect_max_backoff_s=0.2,
+            work_dir=str(work_dir),
+            reconcile_interval_s=0.05,
         )
         self.backend = FakeBackend(hostname, count=gpus)
         self.agent = Agent(config, self.backend, backoff=Backoff(0.2, initial_s=0.02), version="test")
@@ -559,8 +564,8 @@ class RunningAgent:
 
 
 @pytest.fixture
-def running_agent(fake_scheduler: FakeScheduler) -> Iterator[RunningAgent]:
-    agent = RunningAgent(f"127.0.0.1:{fake_scheduler.port}")
+def running_agent(fake_scheduler: FakeScheduler, tmp_path: Path) -> Iterator[RunningAgent]:
+    agent = RunningAgent(f"127.0.0.1:{fake_scheduler.port}", tmp_path / "agent")
     yield agent
     agent.stop()
 
@@ -573,6 +578,7 @@ def test_agent_registers_its_gpus_and_reports_status(
     (registration,) = service.registrations
     assert registration.hostname == "fake-node" and registration.pool == types_pb2.POOL_TRAINING
     assert registration.agent_address == "fake-node" and registration.agent_version == "test"
+    assert registration.logs_address.startswith("fake-node:") and registration.inference_endpoint == ""
     assert [g.uuid for g in registration.gpus] == [fake_gpu_uuid("fake-node", i) for i in range(2)]
     report = service.reports[-1]
     assert report.server_id == "fake-node" and report.scheduler_epoch == 5
@@ -600,7 +606,7 @@ def test_agent_reports_the_generation_it_accepted_and_fences_stale_epochs(
     assert all(r.observed_generation in (0, 1, 2) for r in service.reports)
     received = [e for e in logs if e["event"].startswith("desired state received")]
     assert [e["generation"] for e in received] == [1, 2]  # once per generation; dup and stale dropped
-    assert "2 workers (process execution not implemented" in received[0]["event"]
+    assert received[0]["event"] == "desired state received: 2 workers"
     assert any(e["event"].startswith("refused desired state from a stale scheduler epoch") for e in logs)
 
 
@@ -633,8 +639,8 @@ def test_agent_refuses_a_deposed_scheduler_at_registration(
         assert not deposed.service.reports and not deposed.service.streams_opened
 
 
-def test_agent_stops_promptly_while_the_scheduler_is_unreachable() -> None:
-    agent = RunningAgent("127.0.0.1:1")
+def test_agent_stops_promptly_while_the_scheduler_is_unreachable(tmp_path: Path) -> None:
+    agent = RunningAgent("127.0.0.1:1", tmp_path / "agent")
     time.sleep(0.3)  # let it fail and back off a few times (not an assertion)
     started = time.monotonic()
     agent.stop()
@@ -691,6 +697,7 @@ def test_agent_daemon_registers_with_a_real_scheduler_and_exits_cleanly(schedule
         "--hostname", "t-agent-1",
         "--pool", "training",
         "--fake-gpus", "4",
+        "--work-dir", str(tmp_path / "agent"),
     ]
     channel, stub = scheduler_stub(scheduler.address)
     with channel, running_daemon(args, log_path) as check_alive:

@@ -636,7 +636,8 @@ def report_status_cases(draw: st.DrawFn, epoch: int) -> Case:
     ), max_size=5))
     workers = draw(st.lists(st.builds(
         agent_pb2.WorkerStatus, job_id=job_ids(), rank=UINT32, phase=st.integers(0, 4) | INT32, exit_code=INT32,
-        progress=DOUBLES, samples_per_second=DOUBLES,
+        progress=DOUBLES, samples_per_second=DOUBLES, checkpoint_progress=DOUBLES, incarnation=UINT64,
+        message=strings(600), stop_requested=st.booleans(),
     ), max_size=3))
     request = agent_pb2.ReportStatusRequest(
         server_id=draw(mostly(st.sampled_from(REGISTERED), HOSTNAMES | strings())),
@@ -650,6 +651,17 @@ def report_status_cases(draw: st.DrawFn, epoch: int) -> Case:
             problems.append(f"gpus[{i}]")
         if g.memory_used_bytes > INT64_MAX:
             problems.append(f"gpus[{i}].memory_used_bytes")
+    if len(workers) > 4096:
+        problems.append("workers")
+    for i, w in enumerate(workers):
+        if not is_job_id(w.job_id):
+            problems.append(f"workers[{i}].job_id")
+        if w.phase not in (1, 2, 3, 4):
+            problems.append(f"workers[{i}].phase")
+        for name in ("progress", "samples_per_second", "checkpoint_progress"):
+            value = getattr(w, name)
+            if not math.isfinite(value) or value < 0:
+                problems.append(f"workers[{i}].{name}")
     # A well-formed report can still name a GPU that was never registered: the server's call.
     return Case(request, frozenset({INVALID}) if problems else None, tuple(problems))
 

@@ -29,6 +29,8 @@ from scheduler_service.lifecycle import IllegalTransition
 
 log = structlog.get_logger("aryl.api")
 
+ANSWERED_BY_KEY = "aryl-answered-by"  # trailing metadata on every error the scheduler itself returns
+
 _CODES: dict[type[Exception], grpc.StatusCode] = {
     InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
     NotFound: grpc.StatusCode.NOT_FOUND,
@@ -48,14 +50,16 @@ async def _abort(context: grpc.aio.ServicerContext, exc: Exception, method: str)
         await context.abort(grpc.StatusCode.INTERNAL, f"internal error (reference {ref}); see the scheduler log")
         return
     message = str(exc)
-    trailing: tuple[tuple[str, bytes], ...] = ()
+    # Marks an answer of the scheduler itself, so a client can tell "the scheduler says a part it
+    # needs is UNAVAILABLE" from "no scheduler answered" (gRPC's own UNAVAILABLE).
+    trailing: tuple[tuple[str, str | bytes], ...] = ((ANSWERED_BY_KEY, "aryl-scheduler"),)
     if isinstance(exc, InvalidArgument):
         detail = error_details_pb2.BadRequest(
             field_violations=[error_details_pb2.BadRequest.FieldViolation(field=exc.field, description=exc.reason)]
         )
         status = status_pb2.Status(code=code_pb2.INVALID_ARGUMENT, message=message)
         status.details.add().Pack(detail)
-        trailing = (("grpc-status-details-bin", status.SerializeToString()),)
+        trailing += (("grpc-status-details-bin", status.SerializeToString()),)
     await context.abort(code, message, trailing_metadata=trailing)
 
 

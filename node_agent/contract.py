@@ -1,0 +1,117 @@
+"""The job contract: what the node agent gives each training worker, and how a worker talks back.
+
+Pure standard library on purpose: a training program may import this module, or copy the few lines
+it needs, without installing Aryl. It must never import anything from Aryl or outside the stdlib.
+
+Environment the agent sets for every worker (on top of its own environment and the job's ``env``):
+
+- ``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``: the PyTorch elastic
+  conventions (``torch.distributed.init_process_group("nccl")`` reads them as they are);
+- ``CUDA_VISIBLE_DEVICES``: the worker's GPU indices, comma-separated (empty: no GPU), with
+  ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` so the indices mean the GPUs the agent registered;
+- ``ARYL_JOB_ID`` and ``ARYL_INCARNATION``: which job and which (re)start of it this is; the
+  incarnation changes whenever the job's workers restart (new start, resize, restart after failure);
+- ``ARYL_CHECKPOINT_DIR``: a directory that outlives this process; save checkpoints there and resume
+  from them on start (the same job restarts there at another world size after a resize);
+- ``ARYL_PROGRESS_FILE``: where ``report_progress`` writes (the agent reads it at each status report).
+
+Signals: SIGTERM means "checkpoint and exit within the grace period" (exit status 0 is fine: the
+agent reports that it stopped the worker); SIGKILL follows when the grace period is over. The
+worker's whole process group receives both.
+
+Exit status: 0 when the work is done; anything else is a failure the scheduler may restart from the
+last checkpoint (with a new incarnation). The agent never restarts a worker by itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+WORLD_SIZE = "WORLD_SIZE"
+RANK = "RANK"
+LOCAL_RANK = "LOCAL_RANK"
+MASTER_ADDR = "MASTER_ADDR"
+MASTER_PORT = "MASTER_PORT"
+CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+CUDA_DEVICE_ORDER = "CUDA_DEVICE_ORDER"
+JOB_ID = "ARYL_JOB_ID"
+INCARNATION = "ARYL_INCARNATION"
+CHECKPOINT_DIR = "ARYL_CHECKPOINT_DIR"
+PROGRESS_FILE = "ARYL_PROGRESS_FILE"
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What a worker reports: ``progress`` in the unit of the job's total work (e.g. steps),
+    its current throughput, and the progress saved by its last checkpoint (0: none yet)."""
+
+    progress: float = 0.0
+    samples_per_second: float = 0.0
+    checkpoint_progress: float = 0.0
+
+
+def world_size() -> int:
+    return int(os.environ.get(WORLD_SIZE, "1"))
+
+
+def rank() -> int:
+    return int(os.environ.get(RANK, "0"))
+
+
+def local_rank() -> int:
+    return int(os.environ.get(LOCAL_RANK, "0"))
+
+
+def job_id() -> str:
+    return os.environ.get(JOB_ID, "")
+
+
+def incarnation() -> int:
+    return int(os.environ.get(INCARNATION, "0"))
+
+
+def checkpoint_dir(default: str = "checkpoints") -> Path:
+    """``ARYL_CHECKPOINT_DIR``, or ``default`` when running outside Aryl; created if missing."""
+    path = Path(os.environ.get(CHECKPOINT_DIR) or default)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def report_progress(
+    progress: float,
+    samples_per_second: float = 0.0,
+    checkpoint_progress: float = 0.0,
+    *,
+    path: str | os.PathLike[str] | None = None,
+) -> None:
+    """Tell the agent how far the worker is. Cheap enough to call every step.
+
+    Writes ``{"progress", "samples_per_second", "checkpoint_progress"}`` as JSON to ``path``
+    (default ``$ARYL_PROGRESS_FILE``) atomically: a temporary file then ``os.replace``, so the agent
+    never reads half a report. Does nothing when there is nowhere to write (outside Aryl).
+    """
+    target = path or os.environ.get(PROGRESS_FILE)
+    if not target:
+        return
+    report = Progress(float(progress), float(samples_per_second), float(checkpoint_progress))
+    temporary = f"{target}.tmp.{os.getpid()}"
+    with open(temporary, "w", encoding="utf-8") as file:
+        json.dump(asdict(report), file)
+    os.replace(temporary, target)
+
+
+def read_progress(path: str | os.PathLike[str]) -> Progress | None:
+    """The last progress written to ``path``; None when there is none or it is not valid."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            data = json.load(file)
+        return Progress(
+            float(data.get("progress", 0.0)),
+            float(data.get("samples_per_second", 0.0)),
+            float(data.get("checkpoint_progress", 0.0)),
+        )
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None

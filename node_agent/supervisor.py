@@ -1,0 +1,454 @@
+"""The worker supervisor: converges this server's worker processes to the accepted desired state.
+
+Nouns (records, shim, state file: see ``node_agent.workers``): the *reconciler* is one thread that,
+on every accepted desired state and every ``reconcile_interval_s``, (1) notes which worker
+processes have exited, (2) converges, (3) sends SIGKILL to workers whose grace period is over, and
+(4) saves the state file. Only that thread starts or signals processes, so neither the
+desired-state watcher nor the report loop ever waits for a process; ``statuses()`` only reads.
+
+Convergence, idempotent by worker identity ``(job_id, rank, incarnation)``:
+- a desired worker with no record is started, unless a worker being stopped still holds the same
+  (job, rank) or one of its GPUs: then it waits in STARTING until that one has exited;
+- a live worker no longer desired is stopped: SIGTERM to its shim, which relays it to the whole
+  process group; SIGKILL to the group after the grace period;
+- a desired worker that EXITED is not restarted (the scheduler restarts by bumping the incarnation);
+  it is reported as EXITED as long as it is desired; once no longer desired, it is reported once
+  more and forgotten.
+
+Until the first desired state is accepted nothing is stopped: a restarted agent keeps the workers
+it adopted from the state file running while it reconnects. Workers also keep running while the
+scheduler is unreachable: the last accepted desired state stays in force. ``close()`` leaves them
+running unless asked to stop them (``agent.stop_workers_on_exit``).
+
+This module never decides what should run; it only makes it so.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import structlog
+
+from node_agent import contract
+from node_agent.config import AgentSection
+from node_agent.desired import DesiredStateTracker
+from node_agent.workers import (
+    DEFAULT_MASTER_PORT,
+    Phase,
+    StateFileError,
+    WorkDir,
+    Worker,
+    WorkerId,
+    WorkerSpec,
+    describe_exit,
+    desired_specs,
+    load_state,
+    process_alive,
+    process_start_ticks,
+    read_exit_file,
+    save_state,
+)
+
+SHIM = Path(__file__).with_name("shim.py")
+EXIT_CANNOT_START = 127
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextmanager
+def signals_blocked(signals: tuple[signal.Signals, ...]) -> Iterator[None]:
+    """Block ``signals`` in the calling thread (children inherit the mask); pending ones arrive after."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    """One worker as reported to the scheduler (``agent_pb2.WorkerStatus`` without the protobuf)."""
+
+    id: WorkerId
+    phase: Phase
+    exit_code: int
+    message: str
+    stop_requested: bool
+    progress: contract.Progress
+
+
+def worker_environment(
+    spec: WorkerSpec, layout: WorkDir, base: Mapping[str, str], default_master_addr: str
+) -> dict[str, str]:
+    """The worker's environment: the agent's, then the job's, then the contract's variables
+    (``node_agent.contract``), which nothing may override."""
+    env = {**base, **dict(spec.env)}
+    env.update({
+        contract.WORLD_SIZE: str(spec.world_size),
+        contract.RANK: str(spec.id.rank),
+        contract.LOCAL_RANK: str(spec.local_rank),
+        contract.MASTER_ADDR: spec.master_addr or default_master_addr,
+        contract.MASTER_PORT: str(spec.master_port or DEFAULT_MASTER_PORT),
+        contract.CUDA_VISIBLE_DEVICES: ",".join(str(i) for i in spec.gpu_indices),
+        contract.CUDA_DEVICE_ORDER: "PCI_BUS_ID",  # NVML's indices (node_agent.gpus)
+        contract.JOB_ID: spec.id.job_id,
+        contract.INCARNATION: str(spec.id.incarnation),
+        contract.CHECKPOINT_DIR: str(layout.checkpoint_dir(spec.id.job_id)),
+        contract.PROGRESS_FILE: str(layout.progress_file(spec.id)),
+    })
+    return env
+
+
+class Supervisor:
+    """Runs the desired workers of one server (module doc). ``start()`` adopts what a previous
+    agent left and starts the reconciler; ``wake()`` after accepting a desired state; ``close()``."""
+
+    def __init__(
+        self, config: AgentSection, desired: DesiredStateTracker, *, clock: Callable[[], float] = time.time,
+        on_change: Callable[[], None] | None = None,
+    ) -> None:
+        self.layout = WorkDir(config.work_path, config.checkpoint_path)
+        self._config = config
+        self._desired = desired
+        self._clock = clock
+        self._workers: dict[WorkerId, Worker] = {}
+        self._popens: dict[WorkerId, subprocess.Popen[bytes]] = {}  # shims this agent started
+        self._progress: dict[WorkerId, contract.Progress] = {}  # last progress read, per worker
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closing = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._observed_generation = 0
+        self._dirty = False
+        # Called (outside the lock) after a pass that converged to a new generation or saw a worker
+        # exit, so the agent reports at once instead of at its next interval: a reclaim waits for it.
+        self._on_change = on_change
+        self._exits_seen = 0
+        self._log = structlog.get_logger("node_agent.supervisor").bind(hostname=config.hostname)
+
+    # ---------------------------------------------------------------------------------------------
+    # lifecycle
+
+    def start(self) -> None:
+        """Create the work directory, adopt the workers of a previous agent, start the reconciler."""
+        self.layout.run_dir.mkdir(parents=True, exist_ok=True)
+        self._adopt()
+        self.reconcile()
+        self._thread = threading.Thread(target=self._reconcile_forever, name="worker-reconciler", daemon=True)
+        self._thread.start()
+
+    def wake(self) -> None:
+        """A new desired state was accepted: reconcile now rather than at the next tick."""
+        self._wake.set()
+
+    def close(self, *, stop_workers: bool = False) -> None:
+        """End the reconciler. Workers keep running (a successor adopts them) unless ``stop_workers``:
+        then they are stopped with their grace periods, and this returns once all have exited."""
+        self._closing.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+        if stop_workers:
+            self._stop_all()
+        with self._lock:
+            self._save()
+        self._log.info(
+            "worker supervisor closed",
+            workers_left_running=sum(w.live for w in self._workers.values()),
+        )
+
+    @property
+    def observed_generation(self) -> int:
+        """The newest desired generation this server has converged to: its workers started and every
+        worker it no longer wants has exited (not merely been signalled). The scheduler waits for this
+        before it gives a reclaimed server back to inference."""
+        with self._lock:
+            return self._observed_generation
+
+    # ---------------------------------------------------------------------------------------------
+    # what the report loop reads
+
+    def statuses(self) -> list[WorkerView]:
+        """Every worker still desired, live, or exited but not reported yet; marks the exits reported."""
+        with self._lock:
+            views = [self._view(worker) for worker in sorted(self._workers.values(), key=lambda w: w.id)]
+            for worker in self._workers.values():
+                worker.reported_exit = worker.phase is Phase.EXITED
+        return views
+
+    def _view(self, worker: Worker) -> WorkerView:
+        progress = contract.read_progress(self.layout.progress_file(worker.id))
+        if progress is not None:
+            self._progress[worker.id] = progress
+        return WorkerView(
+            id=worker.id,
+            phase=worker.phase,
+            exit_code=worker.exit_code,
+            message=worker.message,
+            stop_requested=worker.stop_requested,
+            progress=self._progress.get(worker.id, contract.Progress()),
+        )
+
+    # ---------------------------------------------------------------------------------------------
+    # the reconciler
+
+    def _reconcile_forever(self) -> None:
+        while not self._closing.is_set():
+            self._wake.wait(self._config.reconcile_interval_s)
+            self._wake.clear()
+            if self._closing.is_set():
+                break
+            try:
+                self.reconcile()
+            except Exception:  # a bug must not end supervision of running workers
+                self._log.exception("reconciling workers failed; retrying at the next tick")
+
+    def reconcile(self) -> None:
+        """One pass (module doc). Called by the reconciler thread; tests may call it directly."""
+        with self._lock:
+            before = (self._observed_generation, self._exits_seen)
+            # Read under the lock: a pass must never act on a state older than one already acted on.
+            state = self._desired.latest
+            self._note_exits()
+            if state is not None:
+                self._converge(desired_specs(state, self._config.stop_grace_s))
+                if not any(w.phase is Phase.STOPPING for w in self._workers.values()):
+                    self._observed_generation = state.generation
+            self._escalate()
+            if self._dirty:
+                self._save()
+            changed = (self._observed_generation, self._exits_seen) != before
+        if changed and self._on_change is not None:
+            self._on_change()
+
+    def _converge(self, desired: dict[WorkerId, WorkerSpec]) -> None:
+        for worker in list(self._workers.values()):
+            if worker.id not in desired:
+                self._retire(worker)
+        for spec in desired.values():
+            worker = self._workers.get(spec.id)
+            if worker is None:
+                worker = self._workers[spec.id] = Worker(spec)
+            if worker.phase is Phase.STARTING:
+                self._start_when_free(worker)
+
+    def _retire(self, worker: Worker) -> None:
+        """``worker`` is no longer desired: stop it, or forget it once its exit has been reported."""
+        if worker.phase is Phase.RUNNING:
+            self._stop(worker)
+        elif worker.phase is Phase.STARTING or (worker.phase is Phase.EXITED and worker.reported_exit):
+            self._forget(worker)
+
+    def _start_when_free(self, worker: Worker) -> None:
+        blocker = self._blocker(worker.spec)
+        if blocker is None:
+            self._launch(worker)
+        else:
+            worker.message = f"waiting for worker {blocker.id} to exit"
+
+    def _blocker(self, spec: WorkerSpec) -> Worker | None:
+        """A worker being stopped that holds ``spec``'s (job, rank) or one of its GPUs. (Live workers
+        that are not desired are all STOPPING once ``_retire`` ran.)"""
+        gpus = set(spec.gpu_indices)
+        for other in self._workers.values():
+            same_rank = (other.id.job_id, other.id.rank) == (spec.id.job_id, spec.id.rank)
+            if other.phase is Phase.STOPPING and (same_rank or gpus & set(other.spec.gpu_indices)):
+                return other
+        return None
+
+    # ---------------------------------------------------------------------------------------------
+    # processes
+
+    def _launch(self, worker: Worker) -> None:
+        """Start ``worker``'s shim; a worker that cannot start is EXITED with status 127 and a reason."""
+        spec, log = worker.spec, self._log.bind(worker=str(worker.id))
+        self._dirty = True
+        worker.started_at = self._clock()
+        problem = "the desired state gives no job id" if not spec.id.job_id else ""
+        problem = problem or ("the desired state gives no command" if not spec.command else "")
+        popen = None
+        try:
+            popen = None if problem else self._spawn(spec)
+        except OSError as exc:
+            problem = str(exc)
+        if popen is None:
+            worker.exited(EXIT_CANNOT_START, f"cannot start the worker: {problem}")
+            log.error("worker not started", reason=problem)
+            return
+        self._popens[spec.id] = popen
+        worker.pid, worker.start_ticks = popen.pid, process_start_ticks(popen.pid)
+        worker.phase, worker.message = Phase.RUNNING, ""
+        log.info(
+            "worker started",
+            pid=popen.pid,
+            world_size=spec.world_size,
+            gpus=list(spec.gpu_indices),
+            command=shlex.join(spec.command),
+            log_file=str(self.layout.log_file(spec.id.job_id, spec.id.rank)),
+        )
+
+    def _spawn(self, spec: WorkerSpec) -> subprocess.Popen[bytes]:
+        """Prepare the worker's directories and log, then start the shim leading a new session."""
+        exit_file = self.layout.exit_file(spec.id)
+        exit_file.parent.mkdir(parents=True, exist_ok=True)
+        exit_file.unlink(missing_ok=True)
+        self.layout.checkpoint_dir(spec.id.job_id).mkdir(parents=True, exist_ok=True)
+        log_path = self.layout.log_file(spec.id.job_id, spec.id.rank)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = worker_environment(spec, self.layout, os.environ, self._config.agent_address)
+        with log_path.open("ab") as output:
+            output.write(self._log_header(spec).encode())
+            output.flush()
+            with signals_blocked(STOP_SIGNALS):  # inherited: the shim unblocks them when it can relay
+                return subprocess.Popen(
+                    [sys.executable, "-I", str(SHIM), "--exit-file", str(exit_file), "--", *spec.command],
+                    stdin=subprocess.DEVNULL,
+                    stdout=output,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,  # the shim leads a new process group: stopping reaches the tree
+                )
+
+    def _log_header(self, spec: WorkerSpec) -> str:
+        now = datetime.fromtimestamp(self._clock(), UTC).isoformat(timespec="seconds")
+        return (
+            f"===== {now} aryl-agent: incarnation {spec.id.incarnation}, rank {spec.id.rank} of world size "
+            f"{spec.world_size}, GPUs [{','.join(map(str, spec.gpu_indices))}]: {shlex.join(spec.command)}\n"
+        )
+
+    def _stop(self, worker: Worker) -> None:
+        worker.phase, worker.stop_requested = Phase.STOPPING, True
+        worker.stop_deadline = self._clock() + worker.spec.grace_s
+        self._dirty = True
+        self._signal(worker, signal.SIGTERM)
+        self._log.info("stopping worker (SIGTERM)", worker=str(worker.id), pid=worker.pid, grace_s=worker.spec.grace_s)
+
+    def _escalate(self) -> None:
+        now = self._clock()
+        for worker in self._workers.values():
+            if worker.phase is Phase.STOPPING and not worker.killed and now >= worker.stop_deadline:
+                worker.killed, self._dirty = True, True
+                self._kill_group(worker)
+                self._log.warning(
+                    "worker ignored SIGTERM for its grace period: SIGKILL to its process group",
+                    worker=str(worker.id),
+                    pid=worker.pid,
+                    grace_s=worker.spec.grace_s,
+                )
+
+    def _signal(self, worker: Worker, signum: signal.Signals) -> None:
+        if self._process_alive(worker):
+            try:
+                os.kill(worker.pid, signum)
+            except ProcessLookupError:
+                pass  # exited meanwhile; noted at the next pass
+
+    def _kill_group(self, worker: Worker) -> None:
+        """SIGKILL to the worker's process group (the shim's pid), unless that pid now names another
+        process: a group that still has members keeps its id from being reused, so then it is gone."""
+        if worker.pid <= 0 or (not self._process_alive(worker) and process_start_ticks(worker.pid) is not None):
+            return
+        try:
+            os.killpg(worker.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass  # the group is gone already
+
+    def _process_alive(self, worker: Worker) -> bool:
+        if worker.pid <= 0:  # never spawned (or a damaged record): pid 0 would mean the agent's own group
+            return False
+        popen = self._popens.get(worker.id)
+        if popen is not None:
+            return popen.poll() is None
+        return process_alive(worker.pid, worker.start_ticks)
+
+    def _note_exits(self) -> None:
+        for worker in self._workers.values():
+            if worker.live and not self._process_alive(worker):
+                self._record_exit(worker)
+
+    def _record_exit(self, worker: Worker) -> None:
+        """The shim of ``worker`` is gone: take the exit status it recorded and say what happened."""
+        popen = self._popens.pop(worker.id, None)
+        recorded = read_exit_file(self.layout.exit_file(worker.id))
+        if recorded is not None:
+            exit_code, message = recorded[0], recorded[1] or describe_exit(recorded[0])
+        else:
+            # Only a signal the shim does not handle (SIGKILL, mostly) ends it without a record; its
+            # command's processes may remain.
+            exit_code = popen.returncode if popen is not None and popen.returncode < 0 else -signal.SIGKILL
+            message = f"the worker's shim was {describe_exit(exit_code)} before it recorded an exit status"
+            if not worker.killed:
+                self._kill_group(worker)
+        if worker.killed:
+            message = f"killed with SIGKILL after the {worker.spec.grace_s:g} s grace period"
+        elif worker.stop_requested:
+            message = f"stopped by the agent (SIGTERM): {message}"
+        worker.exited(exit_code, message)
+        self._exits_seen += 1
+        self._dirty = True
+        self._log.info("worker exited", worker=str(worker.id), exit_code=exit_code, why=message)
+
+    def _stop_all(self) -> None:
+        """Stop every live worker (grace, then SIGKILL) and wait until all have exited."""
+        self._log.info("stopping all workers before the agent exits")
+        while True:
+            with self._lock:
+                self._note_exits()
+                for worker in self._workers.values():
+                    if worker.phase is Phase.RUNNING:
+                        self._stop(worker)
+                self._escalate()
+                if not any(w.live for w in self._workers.values()):
+                    return
+            time.sleep(min(0.1, self._config.reconcile_interval_s))
+
+    # ---------------------------------------------------------------------------------------------
+    # the state file
+
+    def _adopt(self) -> None:
+        """Take over the records a previous agent saved; live workers keep running, their exits
+        are noted at the next pass (from the shim's exit file)."""
+        try:
+            records = load_state(self.layout.state_file)
+        except StateFileError as exc:
+            aside = self.layout.state_file.with_suffix(f".unreadable-{int(self._clock())}")
+            self.layout.state_file.replace(aside)
+            self._log.error("state file unreadable: moved aside, workers of the previous agent not adopted",
+                            reason=str(exc), moved_to=str(aside))
+            return
+        with self._lock:
+            for worker in records:
+                self._workers[worker.id] = worker
+                alive = worker.live and self._process_alive(worker)
+                self._log.info(
+                    "adopted worker" if alive else "found worker of the previous agent",
+                    worker=str(worker.id),
+                    phase=worker.phase.value,
+                    pid=worker.pid,
+                    running=alive,
+                )
+
+    def _forget(self, worker: Worker) -> None:
+        del self._workers[worker.id]
+        self._progress.pop(worker.id, None)
+        self._popens.pop(worker.id, None)
+        self._dirty = True
+        if worker.phase is Phase.EXITED:
+            last_of_job = not any(other.id.job_id == worker.id.job_id for other in self._workers.values())
+            self.layout.forget(worker.id, last_of_job=last_of_job)
+
+    def _save(self) -> None:
+        """Persist every record with a process or an exit (pending STARTING ones are re-derived)."""
+        workers = [w for w in self._workers.values() if w.phase is not Phase.STARTING]
+        save_state(self.layout.state_file, workers)
+        self._dirty = False

@@ -1,0 +1,279 @@
+"""Worker records and where the agent keeps them on disk. No threads, no decisions.
+
+Nouns:
+- a *worker* is one process of a training job on this server, identified by ``(job_id, rank,
+  incarnation)`` (``WorkerId``); the scheduler bumps the incarnation whenever the job's workers
+  must (re)start, so two incarnations of one rank are two different workers;
+- a *worker spec* (``WorkerSpec``) is what the desired state says about a worker: command, world
+  size, GPUs, environment, grace period;
+- a *worker record* (``Worker``) is what the agent knows about one worker: its phase (STARTING:
+  desired but not spawned yet, e.g. waiting for an older incarnation to vacate its GPUs; RUNNING;
+  STOPPING: SIGTERM sent, grace period running; EXITED), its shim process and its exit;
+- the *shim* (``node_agent/shim.py``) is the process-group leader the agent spawns per worker; it
+  runs the command and records its exit status in the worker's *exit file*;
+- the *state file* (``<work_dir>/run/workers.json``) holds every record that has a process or an
+  exit, so a restarted agent re-adopts running workers and does not restart exited ones.
+
+On-disk layout (``WorkDir``)::
+
+    <work_dir>/logs/<job>/rank-<r>.log                   output of every incarnation, appended
+    <work_dir>/run/workers.json                          the state file
+    <work_dir>/run/<job>/rank-<r>.inc-<i>.exit.json      written by the shim when the command ends
+    <work_dir>/run/<job>/rank-<r>.inc-<i>.progress.json  ARYL_PROGRESS_FILE
+    <checkpoint_root>/<job>/                             ARYL_CHECKPOINT_DIR
+
+``<job>`` is the job id with anything but letters, digits, ``-``, ``_`` and inner dots
+percent-escaped, so no job id can name a path outside its directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from google.protobuf import duration_pb2
+
+from protos.aryl.v1 import agent_pb2
+
+STATE_FILE_VERSION = 1
+DEFAULT_MASTER_PORT = 29500  # torchrun's default
+
+
+class Phase(StrEnum):
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    STOPPING = "STOPPING"
+    EXITED = "EXITED"
+
+
+LIVE_PHASES = (Phase.RUNNING, Phase.STOPPING)
+
+
+@dataclass(frozen=True, order=True)
+class WorkerId:
+    job_id: str
+    rank: int
+    incarnation: int
+
+    def __str__(self) -> str:
+        return f"{self.job_id}/rank-{self.rank}/inc-{self.incarnation}"
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """One desired worker, translated from ``agent_pb2.DesiredWorker``."""
+
+    id: WorkerId
+    world_size: int
+    local_rank: int
+    gpu_indices: tuple[int, ...]
+    command: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+    master_addr: str
+    master_port: int
+    grace_s: float
+
+    @classmethod
+    def from_message(cls, worker: agent_pb2.DesiredWorker, default_grace_s: float) -> WorkerSpec:
+        return cls(
+            id=WorkerId(worker.job_id, worker.rank, worker.incarnation),
+            world_size=worker.world_size or 1,
+            local_rank=worker.local_rank,
+            gpu_indices=tuple(worker.gpu_indices),
+            command=tuple(worker.command),
+            env=tuple(sorted(worker.env.items())),
+            master_addr=worker.master_addr,
+            master_port=worker.master_port,
+            grace_s=grace_seconds(worker.grace_period, default_grace_s),
+        )
+
+
+def grace_seconds(duration: duration_pb2.Duration, default_s: float) -> float:
+    """The desired grace period; unset or zero means the agent's default."""
+    seconds = duration.ToTimedelta().total_seconds()
+    return seconds if seconds > 0 else default_s
+
+
+def desired_specs(state: agent_pb2.DesiredState | None, default_grace_s: float) -> dict[WorkerId, WorkerSpec]:
+    """The workers ``state`` wants on this server, by identity (a repeated identity counts once)."""
+    specs: dict[WorkerId, WorkerSpec] = {}
+    for worker in state.workers if state is not None else ():
+        spec = WorkerSpec.from_message(worker, default_grace_s)
+        specs.setdefault(spec.id, spec)
+    return specs
+
+
+def path_component(job_id: str) -> str:
+    """``job_id`` as one safe file name (see the module doc). The empty id, which is never started,
+    becomes ``%``, a name no escaped id can have."""
+    if not job_id:
+        return "%"
+    name = quote(job_id, safe="-_.")
+    return "%2E" + name[1:] if name.startswith(".") else name
+
+
+@dataclass(frozen=True)
+class WorkDir:
+    """The agent's directories (module doc); absolute paths."""
+
+    root: Path
+    checkpoint_root: Path
+
+    @property
+    def run_dir(self) -> Path:
+        return self.root / "run"
+
+    @property
+    def state_file(self) -> Path:
+        return self.run_dir / "workers.json"
+
+    def log_file(self, job_id: str, rank: int) -> Path:
+        return self.root / "logs" / path_component(job_id) / f"rank-{rank}.log"
+
+    def exit_file(self, worker: WorkerId) -> Path:
+        return self.run_dir / path_component(worker.job_id) / f"rank-{worker.rank}.inc-{worker.incarnation}.exit.json"
+
+    def progress_file(self, worker: WorkerId) -> Path:
+        return (
+            self.run_dir / path_component(worker.job_id) / f"rank-{worker.rank}.inc-{worker.incarnation}.progress.json"
+        )
+
+    def checkpoint_dir(self, job_id: str) -> Path:
+        return self.checkpoint_root / path_component(job_id)
+
+    def forget(self, worker: WorkerId, *, last_of_job: bool) -> None:
+        """Remove a dropped worker's exit and progress files (never its log or checkpoints), and the
+        job's run directory with the job's last worker."""
+        for path in (self.exit_file(worker), self.progress_file(worker)):
+            path.unlink(missing_ok=True)
+        if last_of_job:
+            try:
+                self.exit_file(worker).parent.rmdir()
+            except OSError:
+                pass  # something else is in there; leave it
+
+
+@dataclass
+class Worker:
+    """What the agent knows about one worker (module doc). Mutated only by the supervisor."""
+
+    spec: WorkerSpec
+    phase: Phase = Phase.STARTING
+    pid: int = 0  # the shim's pid, which is also the worker's process group id
+    start_ticks: int | None = None  # the shim's start time (/proc), guards against pid reuse
+    started_at: float = 0.0
+    exit_code: int = 0
+    message: str = ""
+    stop_requested: bool = False
+    stop_deadline: float = 0.0  # wall clock: SIGKILL when STOPPING past it
+    killed: bool = False  # the agent sent SIGKILL
+    reported_exit: bool = field(default=False, compare=False)  # included in a report since EXITED
+
+    @property
+    def id(self) -> WorkerId:
+        return self.spec.id
+
+    @property
+    def live(self) -> bool:
+        return self.phase in LIVE_PHASES
+
+    def exited(self, exit_code: int, message: str) -> None:
+        self.phase, self.exit_code, self.message = Phase.EXITED, exit_code, message
+        self.reported_exit = False
+
+    def to_record(self) -> dict[str, Any]:
+        record = asdict(self)
+        del record["reported_exit"]
+        return record
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> Worker:
+        spec = dict(record["spec"])
+        spec["id"] = WorkerId(**spec["id"])
+        spec["gpu_indices"] = tuple(spec["gpu_indices"])
+        spec["command"] = tuple(spec["command"])
+        spec["env"] = tuple((k, v) for k, v in spec["env"])
+        fields = {k: v for k, v in record.items() if k != "spec"}
+        return cls(spec=WorkerSpec(**spec), **{**fields, "phase": Phase(fields["phase"])})
+
+
+def describe_exit(exit_code: int) -> str:
+    """``exited with status 3`` / ``killed by SIGSEGV``, for the status message and logs."""
+    if exit_code >= 0:
+        return f"exited with status {exit_code}"
+    try:
+        return f"killed by {signal.Signals(-exit_code).name}"
+    except ValueError:
+        return f"killed by signal {-exit_code}"
+
+
+def read_exit_file(path: Path) -> tuple[int, str] | None:
+    """``(exit_code, message)`` as the shim recorded it; None when it recorded nothing."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return int(data["exit_code"]), str(data.get("message", ""))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def save_state(path: Path, workers: list[Worker]) -> None:
+    """Write the state file atomically (temporary file, fsync, rename)."""
+    document = {"version": STATE_FILE_VERSION, "workers": [w.to_record() for w in workers]}
+    temporary = path.with_suffix(".json.tmp")
+    with temporary.open("w", encoding="utf-8") as file:
+        json.dump(document, file, indent=1, sort_keys=True)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temporary, path)
+
+
+class StateFileError(Exception):
+    """The state file exists but cannot be read; the agent moves it aside and starts empty."""
+
+
+def load_state(path: Path) -> list[Worker]:
+    """The records a previous agent left; empty when there is no state file."""
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError) as exc:
+        raise StateFileError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(document, dict) or document.get("version") != STATE_FILE_VERSION:
+        raise StateFileError(f"{path} is not a version-{STATE_FILE_VERSION} state file")
+    try:
+        return [Worker.from_record(record) for record in document["workers"]]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise StateFileError(f"{path} has an invalid worker record: {exc!r}") from exc
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """When ``pid`` started (clock ticks since boot, /proc/<pid>/stat field 22); None if it is gone
+    or has exited (zombie), or where there is no /proc."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as file:
+            fields = file.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    if fields[0] in ("Z", "X"):  # exited, not reaped yet
+        return None
+    return int(fields[19])  # fields after "(comm)" start at field 3 (state)
+
+
+def process_alive(pid: int, start_ticks: int | None) -> bool:
+    """Whether ``pid`` is still the process that started at ``start_ticks`` (not a reused pid)."""
+    if start_ticks is None or not Path("/proc").is_dir():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    return process_start_ticks(pid) == start_ticks

@@ -1,0 +1,235 @@
+"""End to end with real processes: a real scheduler (PostgreSQL, real gRPC), real ``aryl-agent``
+daemons with fake GPUs, and ``examples/train.py`` as the job. Covers what a user relies on: a job
+runs to completion and its logs can be read; a crash follows the restart policy; an agent killed
+with -9 loses its server, the job resumes from its checkpoint elsewhere and the agent, back, stops
+what no longer belongs there; an elastic resize keeps the progress; a scheduler restart leaves the
+workers running; a worker ignoring SIGTERM is killed after the grace period. No process outlives a
+test (checked through /proc).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from arylctl.cli import main as arylctl
+from arylctl.client import ArylClient
+from protos.aryl.v1 import types_pb2
+from scheduler_service.server import serve_in_background
+from tests.conftest import scheduler_config
+from tests.helpers import job_spec, wait_for
+
+REPO = Path(__file__).resolve().parent.parent
+TRAIN = str(REPO / "examples" / "train.py")
+J = types_pb2
+
+pytestmark = pytest.mark.postgres
+
+
+def processes_mentioning(marker: str) -> list[int]:
+    """Pids of live processes whose environment or command line mentions ``marker``."""
+    needle = marker.encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            if needle in Path(f"/proc/{entry}/environ").read_bytes() or needle in Path(f"/proc/{entry}/cmdline").read_bytes():
+                status = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                if status != "Z":
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+class Cluster:
+    """A scheduler and agent daemons under one temporary directory."""
+
+    def __init__(self, tmp_path: Path, database_url: str) -> None:
+        self.tmp = tmp_path
+        self.url = database_url
+        self.scheduler = None
+        self.agents: dict[str, subprocess.Popen[bytes]] = {}
+        self.checkpoints = tmp_path / "checkpoints"  # shared by all agents, as a shared filesystem would be
+
+    def start_scheduler(self, **sections: dict) -> None:
+        base = {"agents": {"report_interval_s": 0.3, "lost_after_s": 3.0},
+                "scheduling": {"cycle_interval_s": 0.2, "default_grace_period_s": 5.0},
+                "policy": {"min_resize_interval_s": 0, "restart_cost_s": 0}}
+        if self.scheduler is not None:  # a restart: same address, so the agents find it again
+            base["server"] = {"listen": self.scheduler.address}
+        for name, values in sections.items():
+            base.setdefault(name, {}).update(values)
+        self.scheduler = serve_in_background(scheduler_config(self.url, **base))
+        self.client = ArylClient(self.scheduler.address, timeout=10)
+
+    def stop_scheduler(self) -> None:
+        self.client.close()
+        self.scheduler.stop()
+
+    def start_agent(self, hostname: str, gpus: int = 2) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ARYL_")}
+        env.update(ARYL_AGENT__RECONCILE_INTERVAL_S="0.1", ARYL_AGENT__CHECKPOINT_ROOT=str(self.checkpoints),
+                   ARYL_AGENT__LOGS_LISTEN_HOST="127.0.0.1", ARYL_AGENT__ADVERTISE_ADDRESS="127.0.0.1",
+                   ARYL_LOGGING__LEVEL="info", ARYL_E2E_MARKER=str(self.tmp))
+        args = [sys.executable, "-m", "node_agent.main", "--scheduler", self.scheduler.address,
+                "--hostname", hostname, "--fake-gpus", str(gpus), "--work-dir", str(self.tmp / f"agent-{hostname}")]
+        with (self.tmp / f"{hostname}.log").open("ab") as log:
+            self.agents[hostname] = subprocess.Popen(args, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    def kill_agent(self, hostname: str) -> None:
+        agent = self.agents.pop(hostname)
+        agent.kill()
+        agent.wait(timeout=10)
+
+    def job(self, job_id: str) -> types_pb2.Job:
+        return self.client.get_job(job_id).job
+
+    def wait_job(self, job_id: str, check, what: str, timeout: float = 60) -> types_pb2.Job:
+        return wait_for(lambda: j if check(j := self.job(job_id)) else None, timeout=timeout, interval=0.2,
+                        what=f"job {job_id}: {what}")
+
+    def submit(self, name: str, *train_args: str, **fields) -> str:
+        spec = job_spec(name, **fields)
+        del spec.command[:]
+        spec.command.extend([sys.executable, TRAIN, *train_args])
+        return self.client.submit_job(spec).job_id
+
+    def close(self) -> None:
+        """Stop the agents, and with them (stop_workers_on_exit is off) kill what they left."""
+        for agent in self.agents.values():
+            agent.send_signal(signal.SIGTERM)
+        for agent in self.agents.values():
+            try:
+                agent.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                agent.kill()
+        if self.scheduler is not None and self.scheduler.thread.is_alive():
+            self.stop_scheduler()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, postgres_url: str) -> Iterator[Cluster]:
+    c = Cluster(tmp_path, postgres_url)
+    yield c
+    c.close()
+    # Agents leave workers running on purpose (an agent upgrade must not kill training): end them
+    # here, then insist that nothing of this test is left.
+    for pid in processes_mentioning(str(tmp_path)):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    wait_for(lambda: not processes_mentioning(str(tmp_path)), timeout=10, what="no processes left")
+
+
+def logs(cluster: Cluster, job_id: str, *args: str) -> str:
+    out, err = io.StringIO(), io.StringIO()
+    code = arylctl(["--server", cluster.scheduler.address, "logs", job_id, *args], stdout=out, stderr=err)
+    assert code == 0, err.getvalue()
+    return out.getvalue()
+
+
+def test_a_job_runs_to_completion_reports_progress_and_its_logs_can_be_read(cluster: Cluster) -> None:
+    cluster.start_scheduler()
+    cluster.start_agent("node-a")
+    cluster.start_agent("node-b")
+    job_id = cluster.submit("two-ranks", "--total-steps", "12", "--step-time", "0.3", "--log-every", "4",
+                            workers=2, gpus=2)
+    job = cluster.wait_job(job_id, lambda j: j.state == J.JOB_STATE_COMPLETED, "completed")
+    assert job.progress == 12 and not job.workers
+    assert job.incarnation == 1 and job.restarts == 0
+    rank1 = logs(cluster, job_id, "--rank", "1")
+    assert "[rank 1/2] starting at step 0" in rank1 and "done: step 12" in rank1
+    assert logs(cluster, job_id, "--tail", "1").strip().endswith("checkpointed at 12")
+
+
+def test_a_crash_is_restarted_under_on_failure_and_fails_when_restarts_run_out(cluster: Cluster) -> None:
+    cluster.start_scheduler()
+    cluster.start_agent("node-a")
+    job_id = cluster.submit("crashy", "--total-steps", "50", "--step-time", "0.05", "--fail-at-step", "3",
+                            max_restarts=1, restart_policy=J.RESTART_POLICY_ON_FAILURE)
+    job = cluster.wait_job(job_id, lambda j: j.state == J.JOB_STATE_FAILED, "failed")
+    assert job.restarts == 1 and job.incarnation == 2
+    assert "rank 0 failed (exit status 3)" in job.message
+    assert logs(cluster, job_id).count("injected failure at step 3") == 2
+
+
+def test_a_killed_agent_loses_its_server_and_the_job_resumes_from_its_checkpoint(cluster: Cluster) -> None:
+    cluster.start_scheduler()
+    cluster.start_agent("node-a")
+    job_id = cluster.submit("resumable", "--total-steps", "100000", "--step-time", "0.05", "--checkpoint-every", "5")
+    cluster.wait_job(job_id, lambda j: j.progress >= 20, "progress past step 20")
+    cluster.start_agent("node-b")
+    wait_for(lambda: len(cluster.client.list_servers()) == 2, what="node-b registered")
+
+    cluster.kill_agent("node-a")  # kill -9: its worker keeps running, but the scheduler hears nothing
+    job = cluster.wait_job(job_id, lambda j: j.incarnation == 2 and j.state == J.JOB_STATE_RUNNING,
+                           "restarted on node-b", timeout=30)
+    assert [w.server_id for w in job.workers] == ["node-b"] and job.preemptions == 1
+    servers = {s.server_id: s for s in cluster.client.list_servers()}
+    assert servers["node-a"].state == J.SERVER_STATE_LOST
+    log_b = wait_for(lambda: text if "(incarnation 2)" in (text := logs(cluster, job_id)) else None,
+                     what="the new incarnation's log")
+    resumed_at = int(log_b.split("starting at step ")[-1].split()[0])
+    assert resumed_at >= 20  # from the checkpoint, not from scratch
+
+    # node-a's agent comes back, adopts the old worker and stops it: it no longer belongs there.
+    cluster.start_agent("node-a")
+    wait_for(lambda: {s.server_id: s.state for s in cluster.client.list_servers()}["node-a"] == J.SERVER_STATE_TRAINING,
+             what="node-a back")
+    old_log = cluster.tmp / "agent-node-a" / "logs" / job_id / "rank-0.log"
+    wait_for(lambda: "preempted (SIGTERM)" in old_log.read_text(), timeout=20, what="the old worker stopped")
+
+
+def test_an_elastic_job_scales_out_and_keeps_its_progress(cluster: Cluster) -> None:
+    cluster.start_scheduler()
+    cluster.start_agent("node-a", gpus=1)
+    job_id = cluster.submit("elastic", "--total-steps", "100000", "--step-time", "0.05", "--checkpoint-every", "5",
+                            workers=1, max_workers=3)
+    cluster.wait_job(job_id, lambda j: j.progress >= 15, "progress past step 15")
+    cluster.start_agent("node-b", gpus=2)
+    job = cluster.wait_job(job_id, lambda j: j.num_workers == 3 and j.incarnation >= 2, "scaled out to 3", timeout=30)
+    before = job.progress
+    assert before >= 15
+    # The new world of 3 resumes from the checkpoint and carries on: progress never restarts at 0.
+    job = cluster.wait_job(job_id, lambda j: j.progress >= before + 10, "progress after the resize")
+    for rank in range(3):
+        text = wait_for(lambda r=rank: t if "/3] starting" in (t := logs(cluster, job_id, "--rank", str(r))) else None,
+                        what=f"rank {rank} started in the world of 3")
+        assert int(text.split("/3] starting at step ")[-1].split()[0]) >= 15
+
+
+def test_workers_keep_running_through_a_scheduler_restart(cluster: Cluster) -> None:
+    cluster.start_scheduler()
+    cluster.start_agent("node-a")
+    job_id = cluster.submit("steady", "--total-steps", "80", "--step-time", "0.1")
+    cluster.wait_job(job_id, lambda j: j.progress >= 5, "progress")
+    log = cluster.tmp / "agent-node-a" / "logs" / job_id / "rank-0.log"
+    cluster.stop_scheduler()
+    cluster.start_scheduler()  # a new term (epoch); the agent re-registers with backoff
+    job = cluster.wait_job(job_id, lambda j: j.state == J.JOB_STATE_COMPLETED, "completed after the restart")
+    assert job.incarnation == 1 and job.restarts == 0 and job.progress == 80
+    assert log.read_text().count("starting at step") == 1  # never restarted
+
+
+def test_a_worker_ignoring_sigterm_is_killed_after_the_grace_period(cluster: Cluster) -> None:
+    cluster.start_scheduler(scheduling={"default_grace_period_s": 1.0})
+    cluster.start_agent("node-a")
+    job_id = cluster.submit("stubborn", "--total-steps", "100000", "--step-time", "0.05", "--ignore-sigterm")
+    cluster.wait_job(job_id, lambda j: j.progress >= 3, "progress")
+    cluster.client.cancel_job(job_id, reason="test")
+    log = cluster.tmp / "agent-node-a" / "logs" / job_id / "rank-0.log"
+    wait_for(lambda: not [p for p in processes_mentioning(str(cluster.tmp)) if "train.py" in
+                          Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")],
+             timeout=15, what="the worker killed")
+    assert "done" not in log.read_text() and "preempted" not in log.read_text()  # it never saw a clean end
+    assert cluster.job(job_id).state == J.JOB_STATE_CANCELLED
