@@ -112,8 +112,9 @@ def _free_loopback_port() -> int:
 class SchedulerProcess:
     """The scheduler service as a child process on a free loopback port, over ``database_url``."""
 
-    def __init__(self, database_url: str) -> None:
+    def __init__(self, database_url: str, settings: dict[str, str] | None = None) -> None:
         self.database_url = database_url
+        self.settings = settings or {}  # extra ARYL_* variables (e.g. policy tunables)
         self.address = ""
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -126,7 +127,7 @@ class SchedulerProcess:
         self.address = f"127.0.0.1:{_free_loopback_port()}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("ARYL_BENCH_")}
         # The schema is already migrated; warnings only, so logging is not part of the measurement.
-        env.update(ARYL_DATABASE__AUTO_MIGRATE="false", ARYL_LOGGING__LEVEL="warning")
+        env.update(ARYL_DATABASE__AUTO_MIGRATE="false", ARYL_LOGGING__LEVEL="warning", **self.settings)
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "scheduler_service.main", "--listen", self.address,
              "--database-url", self.database_url],

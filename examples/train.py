@@ -38,6 +38,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--log-every", type=int, default=10, help="steps between progress lines")
     parser.add_argument("--fail-at-step", type=int, default=0, help="exit with status 3 at this step (0: never)")
     parser.add_argument("--ignore-sigterm", action="store_true", help="ignore SIGTERM (to test SIGKILL)")
+    parser.add_argument("--checkpoint-time", type=float, default=0.0,
+                        help="seconds a checkpoint on SIGTERM takes (a real model's save is not instant)")
     return parser.parse_args(argv)
 
 
@@ -130,6 +132,8 @@ def train(args: argparse.Namespace) -> int:
         report_progress(step, samples_per_second, checkpointed)
         if step % args.log_every == 0:
             say(f"step {step}/{args.total_steps}, {samples_per_second:.0f} samples/s")
+    if Preempted.requested and args.checkpoint_time > 0:
+        time.sleep(args.checkpoint_time)  # writing the model state out
     if rank == 0 and step != checkpointed:
         save_checkpoint(step)
         checkpointed = step

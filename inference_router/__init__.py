@@ -1,14 +1,20 @@
-"""Aryl inference router -- in this version ONLY a demand reporter; it does not route requests yet.
+"""Aryl inference router (``aryl-router``): an asyncio HTTP reverse proxy in front of the inference
+servers that turns the load it sees into the scheduler's demand signal.
 
-What it does now: every ``router.report_interval_s`` it calls the scheduler's
-``InferenceService.ReportDemand`` with a fixed ``router.servers_needed`` (and an observed request
-rate of 0), so the scheduler knows how many inference servers must stay serving and may loan the
-rest to training. Calls have deadlines and are retried with backoff; SIGTERM/SIGINT stop it cleanly.
+Nouns:
+- *backend*: one inference server the router may send requests to (``server_id``, base URL). Its
+  routing state comes from the scheduler's serving pool (``WatchServingPool``): ``SERVING`` gets
+  requests, ``DRAINING`` gets none and is reported drained (``ReportDrained``) once nothing is in
+  flight there, a server missing from the pool gets nothing. Or from ``router.static_backends``.
+- *health*: passive (consecutive transport failures eject a backend for a cool-down) and active
+  (a periodic ``GET <endpoint><health_path>``); an unhealthy backend keeps its pool state.
+- *demand*: the number of inference servers that must be serving -- static (``servers_needed``) or
+  measured (``ceil(rate * (1 + headroom) / server_capacity_rps)`` with hysteresis and forecasts).
+  The *source* names the reporter in the scheduler's event log.
 
-What it does not do yet (a later issue): proxy inference requests to the servers in the serving
-pool, measure load, derive ``servers_needed`` from it with headroom and hysteresis, and drain a
-server from routing before it is loaned.
+Modules: ``config`` (typed settings), ``pool`` (backends, balancing; no I/O), ``proxy`` (forwarding
+one request), ``demand`` (rates, latency, the need; pure arithmetic), ``scheduler_link`` (the gRPC
+calls), ``router`` (the event loop that wires them), ``main`` (the CLI).
 
-Nouns: *demand* is the number of inference servers that must be serving; the *source* names the
-reporter in the scheduler's event log.
+The router never decides loans or reclaims; it routes, measures and reports.
 """

@@ -1,49 +1,82 @@
-"""``aryl-router``: the inference router daemon (for now only its demand reporter; see the package doc).
+"""``aryl-router``: the inference router daemon (an HTTP reverse proxy that reports demand; see the package doc).
 
-    aryl-router [--config FILE] [--scheduler HOST:PORT] [--servers-needed N] [--interval SECONDS]
-                [--source NAME]
+    aryl-router [--config FILE] [--listen HOST:PORT] [--scheduler HOST:PORT | --no-scheduler]
+                [--backend URL ...] [--servers-needed N | --capacity-rps RPS] [--headroom H]
+                [--min-servers N] [--scale-down-delay SECONDS] [--interval SECONDS] [--source NAME]
+                [--health-path PATH]
 
 Flags beat ``ARYL_*`` environment variables, which beat the config file. Exit status: 0 after a
-clean shutdown (SIGTERM/SIGINT), 2 for invalid configuration.
+clean shutdown (SIGTERM/SIGINT: stop accepting, finish in-flight requests within
+``router.shutdown_timeout_s``), 1 when the listen address cannot be bound, 2 for invalid configuration.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import signal
 import sys
 from typing import Any
 
 from inference_router.config import load_router_config
-from inference_router.demand import DemandReporter
-from node_agent.daemon import run_until_signalled
+from inference_router.router import ListenError, serve
 from scheduler_service.config import ConfigError
 from scheduler_service.logs import configure_logging
 
-EXIT_OK, EXIT_CONFIG = 0, 2
+EXIT_OK, EXIT_BIND, EXIT_CONFIG = 0, 1, 2
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="aryl-router", description="Aryl inference router (this version: reports a static demand only)."
+        prog="aryl-router",
+        description="Aryl inference router: proxies HTTP requests to the serving inference servers and "
+        "reports to the scheduler how many servers the load needs.",
     )
     parser.add_argument("--config", help="TOML or YAML config file (default: $ARYL_CONFIG)")
+    parser.add_argument("--listen", metavar="HOST:PORT", help="HTTP address to serve on (router.listen)")
     parser.add_argument("--scheduler", metavar="HOST:PORT", help="scheduler address (router.scheduler_address)")
-    parser.add_argument("--servers-needed", type=int, metavar="N", help="router.servers_needed")
-    parser.add_argument("--interval", type=float, metavar="SECONDS", help="router.report_interval_s")
+    parser.add_argument("--no-scheduler", action="store_true",
+                        help="no scheduler: route to --backend URLs only and report nothing")
+    parser.add_argument("--backend", action="append", metavar="URL",
+                        help="static backend base URL instead of the scheduler's pool (repeatable; "
+                        "router.static_backends)")
+    parser.add_argument("--servers-needed", type=int, metavar="N", help="static demand (router.servers_needed)")
+    parser.add_argument("--capacity-rps", type=float, metavar="RPS",
+                        help="requests/s one server sustains: derive the demand from load (router.server_capacity_rps)")
+    parser.add_argument("--headroom", type=float, metavar="H", help="router.headroom (0.2 = 20%% spare)")
+    parser.add_argument("--min-servers", type=int, metavar="N", help="router.min_servers")
+    parser.add_argument("--scale-down-delay", type=float, metavar="SECONDS", help="router.scale_down_delay_s")
+    parser.add_argument("--interval", type=float, metavar="SECONDS", help="router.report_interval_s (heartbeat)")
     parser.add_argument("--source", help="router.source")
+    parser.add_argument("--health-path", metavar="PATH", help="router.health_path (e.g. /healthz)")
     return parser.parse_args(argv)
 
 
 def cli_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     """The config keys the command line sets, as ``{section: {key: value}}``."""
     pairs = (
-        ("scheduler_address", args.scheduler),
+        ("listen", args.listen),
+        ("scheduler_address", "" if args.no_scheduler else args.scheduler),
+        ("static_backends", args.backend),
         ("servers_needed", args.servers_needed),
+        ("server_capacity_rps", args.capacity_rps),
+        ("headroom", args.headroom),
+        ("min_servers", args.min_servers),
+        ("scale_down_delay_s", args.scale_down_delay),
         ("report_interval_s", args.interval),
         ("source", args.source),
+        ("health_path", args.health_path),
     )
     router = {key: value for key, value in pairs if value is not None}
     return {"router": router} if router else {}
+
+
+async def run_until_signalled(config: Any) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await serve(config, stop)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,8 +87,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"aryl-router: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     configure_logging(config.logging.format, config.logging.level)
-    reporter = DemandReporter(config.router)
-    run_until_signalled(reporter.run, reporter.stop)
+    try:
+        asyncio.run(run_until_signalled(config.router))
+    except ListenError as exc:
+        print(f"aryl-router: {exc}", file=sys.stderr)
+        return EXIT_BIND
     return EXIT_OK
 
 

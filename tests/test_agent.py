@@ -724,9 +724,10 @@ def test_agent_daemon_registers_with_a_real_scheduler_and_exits_cleanly(schedule
 
 
 def test_router_daemon_reports_demand_to_a_real_scheduler_and_exits_cleanly(scheduler, tmp_path: Path) -> None:
-    # (The router's only job in this version; it shares the agent's daemon plumbing.)
+    # Static demand mode against a real scheduler (the proxy itself is tested in tests/test_router.py).
     args = [
         console_script("aryl-router"),
+        "--listen", "127.0.0.1:0",
         "--scheduler", scheduler.address,
         "--servers-needed", "3",
         "--source", "test-router",

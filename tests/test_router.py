@@ -1,0 +1,876 @@
+"""The inference router: proxying, least-outstanding balancing, retries, health, drains, demand.
+
+Everything runs over real loopback sockets: the router's aiohttp server, in-process aiohttp backends
+(or real ``examples/inference_server.py`` processes), and a small fake scheduler -- a real grpc.aio
+``InferenceService`` server that implements WatchServingPool / ReportDrained / ReportDemand the way
+the contract in ``inference.proto`` says. The demand arithmetic is driven by made-up times. No test
+asserts on how long anything took; waits poll a condition with a generous timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import grpc
+import pytest
+from aiohttp import web
+
+from inference_router.config import RouterSection, check_router_section, load_router_config
+from inference_router.demand import DemandEstimator, LoadMeter, RateEwma, TimeOfDayProfile, percentile, servers_for
+from inference_router.main import cli_overrides, parse_args
+from inference_router.pool import BackendPool, PoolMember, PoolUpdate, RoutingState
+from inference_router.proxy import request_headers
+from inference_router.router import Router
+from protos.aryl.v1 import inference_pb2, inference_pb2_grpc, types_pb2
+from scheduler_service.config import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE_SERVER = ROOT / "examples" / "inference_server.py"
+SERVING, DRAINING, LOANED = (types_pb2.SERVER_STATE_SERVING, types_pb2.SERVER_STATE_DRAINING,
+                             types_pb2.SERVER_STATE_LOANED)
+
+
+def run(coro: Awaitable[None], timeout: float = 120.0) -> None:
+    async def bounded() -> None:
+        await asyncio.wait_for(coro, timeout)
+
+    asyncio.run(bounded())
+
+
+async def until(predicate: Callable[[], object], *, timeout: float = 15.0, what: str = "condition") -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+def router_section(**values: object) -> RouterSection:
+    base: dict[str, object] = {
+        "listen": "127.0.0.1:0", "scheduler_address": "", "health_check_interval_s": 0,
+        "shutdown_timeout_s": 5, "connect_timeout_s": 2, "source": "test-router",
+    }
+    base.update(values)
+    return RouterSection(**base)
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on (connections to it are refused)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---------------------------------------------------------------------------------------------
+# Fakes over real sockets
+
+
+class FakeBackend:
+    """An in-process HTTP backend; ``hold()`` parks requests until ``release()``."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.arrivals = 0
+        self.in_flight = 0
+        self.healthy = True
+        self.last_headers: dict[str, str] = {}
+        self._gate: asyncio.Event | None = None
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    def hold(self) -> None:
+        self._gate = asyncio.Event()
+
+    def release(self) -> None:
+        if self._gate is not None:
+            self._gate.set()
+        self._gate = None
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        self.arrivals += 1
+        self.in_flight += 1
+        self.last_headers = dict(request.headers)
+        try:
+            body = await request.read()
+            if self._gate is not None:
+                await self._gate.wait()
+            if request.path == "/echo":
+                return web.Response(body=body, headers={"X-Backend": self.name, "Connection": "keep-alive",
+                                                        "Keep-Alive": "timeout=5", "X-Custom": "kept"})
+            return web.json_response({"backend": self.name, "path": request.path_qs, "body_len": len(body)})
+        finally:
+            self.in_flight -= 1
+
+    async def _health(self, _request: web.Request) -> web.Response:
+        return web.json_response({"ok": self.healthy}, status=200 if self.healthy else 503)
+
+    async def start(self) -> FakeBackend:
+        app = web.Application(client_max_size=64 << 20)
+        app.router.add_get("/healthz", self._health)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+        return self
+
+    async def stop(self) -> None:
+        self.release()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
+class FakeScheduler(inference_pb2_grpc.InferenceServiceServicer):
+    """The scheduler's side of the router contract, in memory, behind a real grpc.aio server.
+
+    ReportDrained moves a DRAINING server to LOANED (it leaves the pool) and answers
+    FAILED_PRECONDITION otherwise; ``drained_errors`` scripts failures to answer first.
+    """
+
+    def __init__(self) -> None:
+        self.servers: dict[str, tuple[str, int]] = {}
+        self.version = 0
+        self.drained_calls: list[str] = []
+        self.drained_errors: list[grpc.StatusCode] = []
+        self.demand_calls: list[tuple[int, float, str]] = []
+        self.watchers = 0
+        self._changed: asyncio.Condition | None = None
+        self._server: grpc.aio.Server | None = None
+        self.address = ""
+
+    def set(self, **states: tuple[str, int]) -> None:
+        """Replace the pool: ``set(a=(url, SERVING), ...)`` and push it to watchers."""
+        self.servers = dict(states)
+        self._bump()
+
+    def change(self, server_id: str, state: int | None, endpoint: str | None = None) -> None:
+        if state is None:
+            self.servers.pop(server_id, None)
+        else:
+            self.servers[server_id] = (endpoint or self.servers[server_id][0], state)
+        self._bump()
+
+    def _bump(self) -> None:
+        self.version += 1
+        assert self._changed is not None
+        changed = self._changed
+
+        async def notify() -> None:
+            async with changed:
+                changed.notify_all()
+
+        asyncio.get_running_loop().create_task(notify())
+
+    def _message(self) -> inference_pb2.ServingPool:
+        return inference_pb2.ServingPool(
+            servers=[inference_pb2.RoutableServer(server_id=sid, endpoint=url, state=state)
+                     for sid, (url, state) in sorted(self.servers.items()) if state in (SERVING, DRAINING)],
+            version=self.version,
+        )
+
+    async def WatchServingPool(self, request, context):  # noqa: N802 - gRPC method name
+        assert self._changed is not None
+        self.watchers += 1
+        sent = -1
+        while True:
+            async with self._changed:
+                await self._changed.wait_for(lambda: self.version != sent)
+                sent, message = self.version, self._message()
+            yield message
+
+    async def ReportDrained(self, request, context):  # noqa: N802
+        self.drained_calls.append(request.server_id)
+        if self.drained_errors:
+            await context.abort(self.drained_errors.pop(0), "scripted failure")
+        url, state = self.servers.get(request.server_id, ("", LOANED))
+        if state != DRAINING:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{request.server_id} is not DRAINING")
+        self.change(request.server_id, LOANED)
+        return inference_pb2.ReportDrainedResponse(state=LOANED)
+
+    async def ReportDemand(self, request, context):  # noqa: N802
+        self.demand_calls.append((request.servers_needed, request.observed_rps, request.source))
+        return inference_pb2.ReportDemandResponse(
+            demand=types_pb2.InferenceDemand(servers_needed=request.servers_needed, source=request.source),
+            servers_serving=sum(1 for _, s in self.servers.values() if s == SERVING),
+        )
+
+    async def start(self, port: int = 0) -> FakeScheduler:
+        self._changed = asyncio.Condition()
+        self._server = grpc.aio.server()
+        inference_pb2_grpc.add_InferenceServiceServicer_to_server(self, self._server)
+        port = self._server.add_insecure_port(f"127.0.0.1:{port}")
+        await self._server.start()
+        self.address = f"127.0.0.1:{port}"
+        return self
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            await self._server.stop(0)
+
+
+async def started_router(config: RouterSection, **ports: object) -> Router:
+    router = Router.from_config(config, **ports)
+    await router.start()
+    await until(lambda: len(router.pool.backends) == len(config.static_backends), what="the static pool")
+    return router
+
+
+@dataclass
+class Rig:
+    """A started router over in-process backends, with a client session; the fake scheduler if any."""
+
+    router: Router
+    backends: dict[str, FakeBackend]
+    scheduler: FakeScheduler | None
+    session: aiohttp.ClientSession
+
+    async def infer(self, path: str = "/v1/infer") -> tuple[int, dict]:
+        async with self.session.post(self.router.url + path, json={"input": "x"}) as response:
+            return response.status, await response.json()
+
+    async def infer_many(self, n: int) -> list[tuple[int, dict]]:
+        return [await self.infer() for _ in range(n)]
+
+    async def backends_used(self, n: int) -> set[str]:
+        results = await self.infer_many(n)
+        assert {status for status, _ in results} == {200}, results
+        return {body["backend"] for _, body in results}
+
+    async def publish(self, **states: tuple[str, int]) -> None:
+        """Set the fake scheduler's pool and wait until the router has it."""
+        assert self.scheduler is not None
+        self.scheduler.set(**states)
+        version = self.scheduler.version
+        await until(lambda: self.router.pool.version >= version, what=f"pool version {version} at the router")
+
+    async def change(self, server_id: str, state: int | None, endpoint: str | None = None) -> None:
+        assert self.scheduler is not None
+        self.scheduler.change(server_id, state, endpoint)
+        version = self.scheduler.version
+        await until(lambda: self.router.pool.version >= version, what=f"pool version {version} at the router")
+
+
+@contextlib.asynccontextmanager
+async def rig(*names: str, scheduled: bool = False, extra_backends: tuple[str, ...] = (),
+              ports: dict[str, object] | None = None, **config: object) -> AsyncIterator[Rig]:
+    """Backends named ``names``; a router over them (static), or over a fake scheduler's pool
+    (``scheduled``: the pool starts empty, fill it with ``Rig.publish``)."""
+    scheduler = await FakeScheduler().start() if scheduled else None
+    backends = {name: await FakeBackend(name).start() for name in names}
+    if scheduler is not None:
+        config = {"scheduler_address": scheduler.address, "servers_needed": 1, **config}
+    else:
+        config = {"static_backends": [*extra_backends, *(b.url for b in backends.values())], **config}
+    router = await started_router(router_section(**config), **(ports or {}))
+    try:
+        async with aiohttp.ClientSession() as session:
+            yield Rig(router, backends, scheduler, session)
+    finally:
+        await router.stop()
+        if scheduler is not None:
+            await scheduler.stop()
+        for backend in backends.values():
+            await backend.stop()
+
+
+# ---------------------------------------------------------------------------------------------
+# Balancing
+
+
+def test_pick_prefers_fewest_in_flight_and_breaks_ties_round_robin_by_id() -> None:
+    async def scenario() -> None:
+        pool = BackendPool(unhealthy_after_failures=3, unhealthy_cooldown_s=10)
+        pool.apply(PoolUpdate(tuple(PoolMember(s, f"http://{s}", RoutingState.SERVING) for s in "cab"), 1))
+        assert [pool.pick(0).server_id for _ in range(4)] == ["a", "b", "c", "a"]
+        pool.begin(pool.backends["a"])
+        pool.begin(pool.backends["b"])
+        assert pool.pick(0).server_id == "c"          # the only idle one, whatever the rotation
+        pool.begin(pool.backends["c"])
+        pool.begin(pool.backends["c"])
+        assert {pool.pick(0).server_id, pool.pick(0).server_id} == {"a", "b"}
+        assert pool.pick(0, exclude={"a", "b"}).server_id == "c"
+
+    run(scenario())
+
+
+def test_requests_go_to_the_backend_with_the_fewest_outstanding() -> None:
+    async def scenario() -> None:
+        async with rig("a", "b", "c") as r:
+            a, b, c = r.backends.values()
+            for backend in (a, b, c):
+                backend.hold()
+            held = [asyncio.create_task(r.infer()) for _ in range(6)]
+            await until(lambda: a.in_flight + b.in_flight + c.in_flight == 6, what="6 requests in flight")
+            assert [a.in_flight, b.in_flight, c.in_flight] == [2, 2, 2]
+            a.release()                                # a finishes its two; b and c still hold two each
+            await until(lambda: r.router.pool.backends[a.url].in_flight == 0, what="the router to see a idle")
+            assert [body["backend"] for _, body in await r.infer_many(3)] == ["a", "a", "a"]
+            b.release()
+            c.release()
+            assert all(status == 200 for status, _ in await asyncio.gather(*held))
+
+    run(scenario())
+
+
+# ---------------------------------------------------------------------------------------------
+# Proxying
+
+
+def test_headers_bodies_and_query_strings_pass_through() -> None:
+    async def scenario() -> None:
+        async with rig("a") as r:
+            payload = os.urandom(3 << 20)    # streamed both ways, not buffered whole
+            async with r.session.post(r.router.url + "/echo?x=1&y=%20z", data=payload,
+                                      headers={"X-Request": "r", "Keep-Alive": "timeout=1",
+                                               "X-Forwarded-For": "10.9.9.9"}) as response:
+                assert response.status == 200
+                assert await response.read() == payload
+                assert response.headers["X-Custom"] == "kept" and response.headers["X-Backend"] == "a"
+                assert "Keep-Alive" not in response.headers
+            sent = r.backends["a"].last_headers
+            assert sent["X-Request"] == "r" and "Keep-Alive" not in sent
+            assert sent["X-Forwarded-For"] == "10.9.9.9, 127.0.0.1"
+            assert sent["X-Forwarded-Host"] == r.router.url.removeprefix("http://")
+            async with r.session.get(r.router.url + "/q?x=1&y=%20z") as response:
+                assert (await response.json())["path"] == "/q?x=1&y=%20z"
+
+    run(scenario())
+
+
+def test_hop_by_hop_headers_named_by_connection_are_dropped() -> None:
+    async def scenario() -> None:
+        app = web.Application()
+
+        async def capture(request: web.Request) -> web.Response:
+            headers = request_headers(request)
+            return web.json_response(sorted(k.lower() for k in headers))
+
+        app.router.add_get("/", capture)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        try:
+            async with aiohttp.ClientSession() as session:
+                async with session.get(f"http://127.0.0.1:{runner.addresses[0][1]}/",
+                                       headers={"Connection": "keep-alive, X-Secret", "X-Secret": "s",
+                                                "Upgrade": "h2c", "X-Kept": "k"}) as response:
+                    names = await response.json()
+            assert "x-kept" in names and "x-forwarded-for" in names
+            assert not {"x-secret", "upgrade", "connection", "host"} & set(names)
+        finally:
+            await runner.cleanup()
+
+    run(scenario())
+
+
+def test_a_dead_backend_is_retried_elsewhere_and_ejected_without_client_visible_failures() -> None:
+    async def scenario() -> None:
+        dead = f"http://127.0.0.1:{free_port()}"
+        async with rig("live", extra_backends=(dead,), unhealthy_after_failures=2, unhealthy_cooldown_s=300) as r:
+            assert await r.backends_used(10) == {"live"}         # every request answered 200
+            stats = r.router.stats()
+            dead_stats = next(b for b in stats["backends"] if b["endpoint"] == dead)
+            assert dead_stats["failures"] == 2 and not dead_stats["healthy"]    # ejected after 2, then skipped
+            assert stats["retries"] == 2 and stats["responses_failed"] == 0
+            assert r.backends["live"].arrivals == 10
+
+    run(scenario())
+
+
+def test_no_backend_gives_503_and_unreachable_backends_give_502_with_a_json_reason() -> None:
+    async def scenario() -> None:
+        dead = [f"http://127.0.0.1:{free_port()}" for _ in range(2)]
+        async with rig(scheduled=True) as r:
+            await r.publish()
+            status, body = await r.infer()
+            assert status == 503 and body["error"] == "no_backend_available" and "empty" in body["detail"]
+            await r.publish(d1=(dead[0], SERVING), d2=(dead[1], SERVING))
+            status, body = await r.infer()
+            assert status == 502 and body["error"] == "backend_unreachable" and len(body["attempts"]) == 2
+            await r.publish(d1=(dead[0], DRAINING), d2=(dead[1], DRAINING))
+            status, body = await r.infer()
+            assert status == 503 and body["error"] == "no_backend_available"
+            assert r.router.stats()["responses_failed"] == 3
+
+    run(scenario())
+
+
+def test_a_backend_gone_silent_after_the_request_was_sent_gives_504_and_no_retry() -> None:
+    async def scenario() -> None:
+        async with rig("a", "b", request_timeout_s=0.3) as r:
+            for backend in r.backends.values():
+                backend.hold()
+            status, body = await r.infer()
+            assert status == 504 and body["error"] == "backend_timeout"
+            assert sum(b.arrivals for b in r.backends.values()) == 1     # a POST that was sent is not retried
+            for backend in r.backends.values():
+                backend.release()
+
+    run(scenario())
+
+
+def test_active_health_checks_take_a_failing_backend_out_and_put_it_back() -> None:
+    async def scenario() -> None:
+        async with rig("a", "b", health_check_interval_s=0.05) as r:
+            b = r.backends["b"]
+            b.healthy = False
+            await until(lambda: not r.router.pool.backends[b.url].active_ok, what="b's health check to fail")
+            assert await r.backends_used(6) == {"a"}
+            b.healthy = True
+            await until(lambda: r.router.pool.backends[b.url].active_ok, what="b's health check to pass")
+            assert await r.backends_used(6) == {"a", "b"}
+
+    run(scenario())
+
+
+def test_stop_finishes_in_flight_requests_and_refuses_new_connections() -> None:
+    async def scenario() -> None:
+        async with rig("a") as r:
+            backend = r.backends["a"]
+            backend.hold()
+            pending = asyncio.create_task(r.infer())
+            await until(lambda: backend.in_flight == 1, what="the request at the backend")
+            stopping = asyncio.create_task(r.router.stop())
+            await until(lambda: r.router._runner is not None and not r.router._runner.sites, what="listener closed")
+            with pytest.raises(aiohttp.ClientConnectionError):
+                async with aiohttp.ClientSession() as fresh:
+                    await fresh.get(r.router.url + "/v1/infer")
+            backend.release()
+            status, body = await pending
+            assert status == 200 and body["backend"] == "a"
+            await stopping
+
+    run(scenario())
+
+
+# ---------------------------------------------------------------------------------------------
+# The serving pool from the scheduler: drains and removals
+
+
+def test_draining_backend_finishes_in_flight_gets_nothing_new_and_is_reported_drained_once() -> None:
+    async def scenario() -> None:
+        async with rig("a", "b", scheduled=True) as r:
+            a, b, scheduler = r.backends["a"], r.backends["b"], r.scheduler
+            assert scheduler is not None
+            await r.publish(a=(a.url, SERVING), b=(b.url, SERVING))
+            a.hold()
+            b.hold()
+            held = [asyncio.create_task(r.infer()) for _ in range(4)]
+            await until(lambda: a.in_flight == 2 and b.in_flight == 2, what="two requests held at each backend")
+            a.release()
+            await r.change("b", DRAINING)
+            b_arrivals = b.arrivals
+            assert await r.backends_used(10) == {"a"}
+            assert b.arrivals == b_arrivals and r.router.pool.backends["b"].requests == 2
+            await asyncio.sleep(0.2)              # give a premature report every chance to happen
+            assert scheduler.drained_calls == []
+            b.release()
+            assert [status for status, _ in await asyncio.gather(*held)] == [200] * 4  # b's in-flight finished
+            await until(lambda: scheduler.drained_calls == ["b"], what="ReportDrained(b)")
+            await until(lambda: "b" not in r.router.pool.backends, what="b loaned (gone from the pool)")
+            assert await r.backends_used(5) == {"a"} and b.arrivals == b_arrivals
+            await asyncio.sleep(0.2)
+            assert scheduler.drained_calls == ["b"]             # exactly once
+            assert r.router.stats()["responses_failed"] == 0
+
+    run(scenario())
+
+
+def test_drain_report_retries_while_unavailable_and_gives_up_on_failed_precondition() -> None:
+    async def scenario() -> None:
+        async with rig("a", "b", scheduled=True, reconnect_max_backoff_s=0.2) as r:
+            a, b, scheduler = r.backends["a"], r.backends["b"], r.scheduler
+            assert scheduler is not None
+            scheduler.drained_errors = [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNAVAILABLE]
+            scheduler.set(a=(a.url, DRAINING), b=(b.url, SERVING))
+            await until(lambda: scheduler.drained_calls == ["a", "a", "a"], what="two retries, then success")
+            await until(lambda: "a" not in r.router.pool.backends, what="a loaned")
+            # (the scheduler publishes the loan before its answer reaches the router; both count)
+            await until(lambda: r.router.drains_reported == ["a"], what="the answer recorded")
+            scheduler.drained_errors = [grpc.StatusCode.FAILED_PRECONDITION]
+            await r.change("b", DRAINING)
+            await until(lambda: len(scheduler.drained_calls) == 4, what="b's report")
+            await asyncio.sleep(0.5)
+            assert scheduler.drained_calls == ["a", "a", "a", "b"]    # refused: not retried
+            assert r.router.drains_reported == ["a"] and not r.router._drain_tasks
+
+    run(scenario())
+
+
+def test_a_server_removed_from_the_pool_gets_nothing_and_a_returning_one_stops_draining() -> None:
+    async def scenario() -> None:
+        async with rig("a", "b", scheduled=True) as r:
+            a, b, scheduler = r.backends["a"], r.backends["b"], r.scheduler
+            assert scheduler is not None
+            await r.publish(a=(a.url, SERVING), b=(b.url, SERVING))
+            assert await r.backends_used(4) == {"a", "b"}
+            await r.change("b", None)
+            b_arrivals = b.arrivals
+            assert await r.backends_used(8) == {"a"} and b.arrivals == b_arrivals
+            # DRAINING, then SERVING again before its report: the drain is called off.
+            a.hold()
+            held = asyncio.create_task(r.infer())
+            await until(lambda: a.in_flight == 1, what="a request held at a")
+            await r.change("b", SERVING, b.url)
+            await r.change("a", DRAINING)
+            await r.change("a", SERVING)
+            a.release()
+            assert (await held)[0] == 200
+            await asyncio.sleep(0.2)
+            assert scheduler.drained_calls == []
+
+    run(scenario())
+
+
+def test_the_router_keeps_its_pool_while_the_scheduler_is_away_and_resubscribes() -> None:
+    async def scenario() -> None:
+        async with rig("a", scheduled=True, reconnect_max_backoff_s=0.3) as r:
+            assert r.scheduler is not None
+            await r.publish(a=(r.backends["a"].url, SERVING))
+            port = int(r.scheduler.address.rsplit(":", 1)[1])
+            await r.scheduler.stop()
+            assert await r.backends_used(2) == {"a"}              # still routed to the last known pool
+            replacement = await FakeScheduler().start(port)
+            try:
+                replacement.set(a=(r.backends["a"].url, DRAINING))
+                await until(lambda: replacement.drained_calls == ["a"], timeout=30, what="the resubscribed watch")
+            finally:
+                await replacement.stop()
+
+    run(scenario())
+
+
+# ---------------------------------------------------------------------------------------------
+# End to end: the real aryl-router and example inference servers, under continuous load
+
+
+def start_example_server(service_time_ms: float, server_id: str) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen(
+        [sys.executable, str(EXAMPLE_SERVER), "--port", "0", "--service-time-ms", str(service_time_ms),
+         "--concurrency", "4", "--server-id", server_id],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line.startswith("listening on "), line
+    return proc, line.split()[-1]
+
+
+def stop_process(proc: subprocess.Popen) -> int:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
+
+
+def test_no_request_fails_while_a_server_is_drained_and_another_added_under_load(tmp_path: Path) -> None:
+    servers = {name: start_example_server(5, name) for name in ("s1", "s2", "s3")}
+    router_proc: subprocess.Popen | None = None
+    port = free_port()
+
+    async def scenario() -> None:
+        nonlocal router_proc
+        scheduler = await FakeScheduler().start()
+        scheduler.set(s1=(servers["s1"][1], SERVING), s2=(servers["s2"][1], SERVING))
+        log = (tmp_path / "router.log").open("wb")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ARYL_")}
+        router_proc = subprocess.Popen(
+            [str(Path(sys.executable).parent / "aryl-router"), "--listen", f"127.0.0.1:{port}",
+             "--scheduler", scheduler.address, "--servers-needed", "2", "--interval", "0.5",
+             "--source", "e2e-router"],
+            stdout=log, stderr=subprocess.STDOUT, env=env,
+        )
+        url = f"http://127.0.0.1:{port}"
+        statuses: list[int] = []
+        stop = asyncio.Event()
+
+        async def client(session: aiohttp.ClientSession) -> None:
+            while not stop.is_set():
+                async with session.post(url + "/v1/infer", json={"input": "abc"}) as response:
+                    body = await response.json()
+                    statuses.append(response.status)
+                    assert response.status != 200 or body["output"] == "cba", body
+
+        async def stats(session: aiohttp.ClientSession) -> dict:
+            async with session.get(url + "/aryl/stats") as response:
+                return await response.json()
+
+        async def served(session: aiohttp.ClientSession, name: str) -> int:
+            async with session.get(servers[name][1] + "/stats") as response:
+                return (await response.json())["served"]
+
+        try:
+            async with aiohttp.ClientSession() as session:
+                async def ready() -> bool:
+                    try:
+                        return len((await stats(session))["backends"]) == 2
+                    except aiohttp.ClientConnectionError:
+                        return False
+
+                for _ in range(600):
+                    assert router_proc.poll() is None, (tmp_path / "router.log").read_text()
+                    if await ready():
+                        break
+                    await asyncio.sleep(0.05)
+                clients = [asyncio.create_task(client(session)) for _ in range(6)]
+                await until(lambda: len(statuses) > 100, what="load flowing")
+                scheduler.change("s1", DRAINING)              # drained: ReportDrained -> LOANED (gone)
+                await until(lambda: scheduler.drained_calls == ["s1"], what="s1 reported drained")
+                s1_served = await served(session, "s1")
+                mark = len(statuses)
+                scheduler.change("s3", SERVING, servers["s3"][1])
+                await until(lambda: len(statuses) > mark + 200, what="load after the change")
+                await until(lambda: scheduler.demand_calls, what="a demand report")
+                stop.set()
+                await asyncio.gather(*clients)
+                final = await stats(session)
+                assert await served(session, "s1") == s1_served     # nothing after it was drained
+                assert await served(session, "s3") > 0
+            assert statuses and set(statuses) == {200}, {s: statuses.count(s) for s in set(statuses)}
+            assert final["responses_failed"] == 0
+            assert [b["server_id"] for b in final["backends"]] == ["s2", "s3"]
+            assert scheduler.drained_calls == ["s1"]
+            assert {(n, src) for n, _, src in scheduler.demand_calls} == {(2, "e2e-router")}
+        finally:
+            await scheduler.stop()
+
+    try:
+        run(scenario())
+        assert router_proc is not None and stop_process(router_proc) == 0, (tmp_path / "router.log").read_text()
+    finally:
+        if router_proc is not None and router_proc.poll() is None:
+            router_proc.kill()
+        for proc, _ in servers.values():
+            stop_process(proc)
+
+
+# ---------------------------------------------------------------------------------------------
+# Demand: the arithmetic, on made-up times
+
+
+def measured(**values: object) -> RouterSection:
+    base: dict[str, object] = {"server_capacity_rps": 10.0, "headroom": 0.0, "min_servers": 1,
+                               "scale_down_delay_s": 60.0}
+    base.update(values)
+    return router_section(**base)
+
+
+def test_rate_windows_count_whole_seconds_and_the_start_is_not_underestimated() -> None:
+    meter = LoadMeter(10, 60, started_at=1000.0)
+    for k in range(20):                 # 20 requests in [1000, 1002)
+        meter.record_arrival(1000.0 + k * 0.1)
+    assert meter.short_rate(1001.9) == pytest.approx(20 / 1.9)      # since the start, not / 10
+    early = LoadMeter(10, 60, started_at=1000.0)
+    for k in range(3):
+        early.record_arrival(1000.0 + k * 0.1)
+    assert early.short_rate(1000.2) == pytest.approx(3 / 1.0)       # never divided by less than 1 s
+    for t in range(1002, 1100):         # then 5 requests/s for a long time
+        for k in range(5):
+            meter.record_arrival(t + k * 0.2)
+    assert meter.short_rate(1099.9) == pytest.approx(5.0)
+    assert meter.long_rate(1099.9) == pytest.approx(5.0)
+    assert meter.short_rate(1105.5) == pytest.approx(4 * 5 / 10)    # 1096..1099 still in the 10 s window
+    assert meter.long_rate(1200.0) == 0.0
+    assert meter.total_arrivals == 20 + 98 * 5
+
+
+def test_latency_percentiles_cover_the_short_window() -> None:
+    meter = LoadMeter(10, 60, started_at=0.0)
+    for k in range(100):
+        meter.record_latency(5.0, (k + 1) / 1000)
+    assert meter.latency_percentiles(5.5, 50, 99) == [pytest.approx(0.050), pytest.approx(0.099)]
+    assert meter.latency_percentiles(30.0, 50) == [None]            # aged out
+    assert percentile([], 50) is None and percentile([1.0], 99) == 1.0
+
+
+def test_servers_for_applies_headroom_capacity_and_minimum() -> None:
+    assert servers_for(0.0, headroom=0.2, capacity_rps=10, min_servers=1) == 1
+    assert servers_for(0.0, headroom=0.2, capacity_rps=10, min_servers=0) == 0
+    assert servers_for(50.0, headroom=0.0, capacity_rps=10, min_servers=1) == 5     # exactly full: no extra
+    assert servers_for(50.0, headroom=0.2, capacity_rps=10, min_servers=1) == 6
+    assert servers_for(50.1, headroom=0.0, capacity_rps=10, min_servers=1) == 6
+    assert servers_for(30.0 * 1.1 / 1.1, headroom=0.1, capacity_rps=11, min_servers=1) == 3  # float noise
+    assert servers_for(5.0, headroom=0.0, capacity_rps=10, min_servers=4) == 4
+
+
+def test_hysteresis_scales_up_at_once_and_down_only_after_the_delay_to_the_windows_maximum() -> None:
+    est = DemandEstimator(measured(scale_down_delay_s=60.0))
+    need = lambda t, rate: est.evaluate(t, 0.0, rate, rate).servers_needed  # noqa: E731
+    assert need(0, 45) == 5
+    assert need(1, 95) == 10                      # up: immediately
+    assert need(10, 35) == 10                     # lower need (4) starts the delay
+    assert need(40, 55) == 10                     # still lower (6), inside the delay
+    assert need(69, 25) == 10                     # 59 s below: not yet
+    assert need(70, 25) == 6                      # 60 s below: down to the window's highest need (6), not 3
+    assert need(71, 25) == 6                      # a new delay starts for 6 -> 3
+    assert need(100, 75) == 8                     # a rise cancels the pending scale-down at once
+    assert need(159, 5) == 8 and need(218, 5) == 8
+    assert need(219, 5) == 1                      # min_servers
+    assert need(300, 0) == 1
+
+
+def test_scale_down_delay_zero_follows_the_load() -> None:
+    est = DemandEstimator(measured(scale_down_delay_s=0.0))
+    assert [est.evaluate(t, 0, r, r).servers_needed for t, r in enumerate([30, 80, 20, 0])] == [3, 8, 2, 1]
+
+
+def test_ewma_forecast_only_adds_capacity_and_decays_with_its_time_constant() -> None:
+    ewma = RateEwma(tau_s=10.0)
+    assert ewma.update(0.0, 100.0) == 100.0
+    assert ewma.update(10.0, 0.0) == pytest.approx(100.0 * math.exp(-1))
+    est = DemandEstimator(measured(forecast_ewma_tau_s=10.0, scale_down_delay_s=0.0))
+    assert est.evaluate(0, 0, 100, 100).servers_needed == 10
+    after_dip = est.evaluate(1, 0, 5, 5)
+    assert after_dip.forecast_rate == pytest.approx(5 + 95 * math.exp(-0.1))
+    assert after_dip.raw_need == after_dip.servers_needed == 10      # a 1 s dip releases nothing
+    assert est.evaluate(100, 0, 5, 5).servers_needed == 1             # a lasting one does
+    assert est.evaluate(101, 0, 200, 200).servers_needed == 20        # rises are never delayed
+
+
+def test_time_of_day_profile_learns_day_over_day_and_asks_for_servers_before_the_daily_peak() -> None:
+    profile = TimeOfDayProfile(buckets_per_hour=1, weight=0.5)
+    day = 86_400.0
+    hour = 3_600.0
+    assert profile.forecast(0, hour) is None                 # nothing learned yet
+    for t in range(0, 24):                                   # day 1: 10 rps, except 100 rps at 12:00-13:00
+        profile.observe(t * hour, 100.0 if t == 12 else 10.0)
+    profile.observe(day, 10.0)                               # closes the last bucket
+    assert profile.buckets[12] == 100.0 and profile.buckets[11] == 10.0
+    assert profile.forecast(day + 11.5 * hour, 0) == 10.0
+    assert profile.forecast(day + 11.5 * hour, hour) == 100.0  # 12:00 is within the look-ahead
+    for t in range(1, 24):                                   # day 2: the peak was only 50 rps
+        profile.observe(day + t * hour, 50.0 if t == 12 else 10.0)
+    assert profile.buckets[12] == pytest.approx(75.0)        # blended, weight 0.5 for the new day
+
+    est = DemandEstimator(measured(time_of_day_profile=True, forecast_horizon_s=hour, scale_down_delay_s=0.0))
+    for t in range(0, 25):
+        est.evaluate(t * hour, t * hour, 10.0, 100.0 if t == 12 else 10.0)
+    before_peak = est.evaluate(25 * hour, day + 11.25 * hour, 10.0, 10.0)
+    assert before_peak.forecast_rate == 100.0 and before_peak.servers_needed == 10
+    assert est.evaluate(26 * hour, day + 14 * hour, 10.0, 10.0).servers_needed == 1
+
+
+def test_measured_demand_is_reported_when_it_changes_and_as_a_heartbeat() -> None:
+    async def scenario() -> None:
+        now = [1000.0]
+        async with rig("a", scheduled=True, servers_needed=None, server_capacity_rps=10.0, headroom=0.0,
+                       min_servers=1, scale_down_delay_s=0.0, evaluate_interval_s=0.02, report_interval_s=0.2,
+                       ports={"clock": lambda: now[0]}) as r:
+            scheduler = r.scheduler
+            assert scheduler is not None
+            await r.publish(a=(r.backends["a"].url, SERVING))
+            await until(lambda: scheduler.demand_calls, what="the first report")
+            assert scheduler.demand_calls[0][0] == 1
+            assert await r.backends_used(35) == {"a"}
+            # Reported at once when the need changes (the rate may still have been rising then) ...
+            await until(lambda: scheduler.demand_calls[-1][0] == 4, what="the new need reported")
+            for _ in range(2):                                   # ... and, unchanged, re-sent every 0.2 s
+                reports = len(scheduler.demand_calls)
+                await asyncio.sleep(0.1)
+                assert len(scheduler.demand_calls) == reports    # the injected clock stands still
+                now[0] += 0.25
+                await until(lambda: len(scheduler.demand_calls) == reports + 1, what="a heartbeat")
+                assert scheduler.demand_calls[-1][:2] == (4, 35.0)
+            now[0] += 100.0                                     # the load is gone
+            await until(lambda: scheduler.demand_calls[-1][0] == 1, what="the lower need reported")
+            stats = r.router.stats()
+            assert stats["demand"]["mode"] == "measured" and stats["demand"]["servers_needed"] == 1
+
+    run(scenario())
+
+
+# ---------------------------------------------------------------------------------------------
+# Configuration and command line
+
+
+def test_config_requires_a_demand_mode_with_a_scheduler_and_backends_without_one(monkeypatch) -> None:
+    for key in [k for k in os.environ if k.startswith("ARYL_")]:
+        monkeypatch.delenv(key)
+    with pytest.raises(ConfigError, match="servers_needed is required"):
+        load_router_config(None, {})
+    assert load_router_config(None, {"router": {"server_capacity_rps": 50.0}}).router.servers_needed is None
+    with pytest.raises(ConfigError, match="static_backends is required"):
+        load_router_config(None, {"router": {"scheduler_address": ""}})
+    check_router_section(router_section(static_backends=["http://h:1"]))
+    with pytest.raises(ConfigError, match="static_backends"):
+        load_router_config(None, {"router": {"static_backends": ["h:1"], "servers_needed": 1}})
+    with pytest.raises(ConfigError, match="listen"):
+        load_router_config(None, {"router": {"listen": "nowhere", "servers_needed": 1}})
+    monkeypatch.setenv("ARYL_ROUTER__STATIC_BACKENDS", '["http://10.0.0.7:8000", "http://10.0.0.8:8000"]')
+    monkeypatch.setenv("ARYL_ROUTER__SERVER_CAPACITY_RPS", "25")
+    config = load_router_config()
+    assert config.router.static_backends == ["http://10.0.0.7:8000", "http://10.0.0.8:8000"]
+    monkeypatch.setenv("ARYL_ROUTER__HEALTHPATH", "/x")
+    with pytest.raises(ConfigError):
+        load_router_config()
+
+
+def test_cli_flags_map_to_config_keys() -> None:
+    args = parse_args(["--listen", "0.0.0.0:9000", "--no-scheduler", "--backend", "http://a:1", "--backend",
+                       "http://b:1", "--capacity-rps", "40", "--headroom", "0.5", "--min-servers", "2",
+                       "--health-path", "/ready"])
+    assert cli_overrides(args) == {"router": {
+        "listen": "0.0.0.0:9000", "scheduler_address": "", "static_backends": ["http://a:1", "http://b:1"],
+        "server_capacity_rps": 40.0, "headroom": 0.5, "min_servers": 2, "health_path": "/ready"}}
+    assert RouterSection().listen == "127.0.0.1:8080" and RouterSection().health_path == "/healthz"
+
+
+def test_router_cli_refuses_bad_config_and_serves_static_backends_until_sigterm(tmp_path: Path) -> None:
+    aryl_router = str(Path(sys.executable).parent / "aryl-router")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ARYL_")}
+    bad = subprocess.run([aryl_router, "--no-scheduler"], capture_output=True, text=True, env=env, timeout=60)
+    assert bad.returncode == 2 and "static_backends is required" in bad.stderr
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = subprocess.run([aryl_router, "--no-scheduler", "--backend", "http://127.0.0.1:1", "--listen",
+                               f"127.0.0.1:{taken.getsockname()[1]}"], capture_output=True, text=True, env=env,
+                              timeout=60)
+    assert busy.returncode == 1 and "cannot serve on" in busy.stderr
+    server, server_url = start_example_server(0, "solo")
+    port = free_port()
+    router = subprocess.Popen([aryl_router, "--no-scheduler", "--backend", server_url, "--listen",
+                               f"127.0.0.1:{port}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    try:
+        async def scenario() -> None:
+            async with aiohttp.ClientSession() as session:
+                for _ in range(600):
+                    assert router.poll() is None
+                    try:
+                        async with session.get(f"http://127.0.0.1:{port}/aryl/healthz") as response:
+                            if response.status == 200:
+                                break
+                    except aiohttp.ClientConnectionError:
+                        await asyncio.sleep(0.05)
+                async with session.post(f"http://127.0.0.1:{port}/v1/infer", json={"input": "ab"}) as response:
+                    assert response.status == 200 and (await response.json())["output"] == "ba"
+                async with session.post(f"http://127.0.0.1:{port}/v1/infer", data=b"{") as response:
+                    assert response.status == 400      # the backend's answer, relayed as is
+                async with session.get(f"http://127.0.0.1:{port}/aryl/stats") as response:
+                    stats = json.loads(await response.text())
+                assert stats["backends"][0]["requests"] == 2 and stats["demand"]["mode"] == "off"
+
+        run(scenario())
+        assert stop_process(router) == 0
+    finally:
+        if router.poll() is None:
+            router.kill()
+        stop_process(server)
