@@ -192,6 +192,15 @@ class DemandEstimator:
         self.current: int | None = None
         # (time, raw need) while the need is below ``current``; emptied when it is not
         self._lower_since: deque[tuple[float, int]] = deque()
+        self._hold_until = -math.inf
+
+    def hold_at_least(self, now: float, servers: int) -> None:
+        """Start from ``servers`` (what serves when the router starts) and do not go below it before
+        the short window has filled: a router that just started has measured nothing, and reporting
+        ``min_servers`` then would have the scheduler loan servers that are busy."""
+        if self.current is None or servers > self.current:
+            self.current = servers
+        self._hold_until = now + self.config.short_window_s
 
     def evaluate(self, now: float, wall: float, short_rate: float, long_rate: float) -> DemandEstimate:
         cfg = self.config
@@ -211,6 +220,8 @@ class DemandEstimator:
         return DemandEstimate(short_rate, long_rate, forecast_rate, raw, self._hysteresis(now, raw))
 
     def _hysteresis(self, now: float, raw: int) -> int:
+        if self.current is not None and now < self._hold_until:
+            raw = max(raw, self.current)  # warming up: the rate is not measured yet
         if self.current is None or raw >= self.current:
             self.current = raw             # up (or equal): at once
             self._lower_since.clear()

@@ -33,7 +33,7 @@ from aiohttp import web
 
 from inference_router.config import RouterSection, split_host_port
 from inference_router.demand import DemandEstimate, DemandEstimator, LoadMeter
-from inference_router.pool import Backend, BackendPool, PoolSource, RoutingState, StaticPoolSource
+from inference_router.pool import Backend, BackendPool, PoolSource, PoolUpdate, RoutingState, StaticPoolSource
 from inference_router.proxy import Outcome, forward, json_error
 from inference_router.scheduler_link import Refused, Retryable, SchedulerLink, capped_backoff
 
@@ -94,6 +94,7 @@ class Router:
         self._runner: web.AppRunner | None = None
         self.address: tuple[str, int] | None = None
         self._stopped = False
+        self._pool_known = asyncio.Event()  # set by the first pool update
 
     @classmethod
     def from_config(cls, config: RouterSection, **ports: object) -> Router:
@@ -170,10 +171,18 @@ class Router:
     async def _run_pool_source(self) -> None:
         while True:
             try:
-                await self.pool_source.run(self.pool.apply)
+                await self.pool_source.run(self._apply_pool)
             except Exception:  # a bug in a source must not leave the router deaf to pool changes forever
                 self._log.exception("the pool source failed; routing to the last known pool and restarting it")
             await asyncio.sleep(self.config.reconnect_max_backoff_s)
+
+    def _apply_pool(self, update: PoolUpdate) -> None:
+        self.pool.apply(update)
+        if not self._pool_known.is_set():
+            self._pool_known.set()
+            if self.estimator is not None:  # measured demand starts from what serves now
+                serving = sum(1 for m in update.members if m.state is RoutingState.SERVING)
+                self.estimator.hold_at_least(self.clock(), max(serving, self.config.min_servers))
 
     # -- pool changes: health checks and drains ----------------------------------------------------
 
@@ -331,6 +340,8 @@ class Router:
         backoff = capped_backoff(cfg.reconnect_max_backoff_s)
         last_at = -math.inf
         retry_at = -math.inf
+        if self.estimator is not None:
+            await self._pool_known.wait()  # measured demand needs to know what serves (hold_at_least)
         while True:
             needed, rps = self.evaluate_demand()
             now = self.clock()

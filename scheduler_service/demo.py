@@ -1,17 +1,25 @@
-"""``aryl-demo`` (``make demo``): a local Aryl cluster on one machine, no GPU needed.
+"""``aryl-demo`` (``make demo``): the whole Aryl story on one machine, with fake GPUs, in real processes.
 
-It starts real processes -- the scheduler (Aryl policy) on the embedded SQLite default, and node
-agents with fake GPUs (two training servers, one inference server) -- submits a handful of demo jobs
-through the Python client and shows them placed with ``arylctl``'s own tables. Then inference load
-drops (a demand report): the idle inference server is loaned, a waiting job starts on it and an
-elastic job scales out; load rises: the server is reclaimed (the elastic job shrinks, the inelastic
-one is preempted and requeued) and serves again once its agent confirms. A cancellation lets the
-requeued job back in; a summary follows, and everything shuts down by itself.
+Started here: the scheduler (Aryl policy, embedded SQLite), node agents for two training servers
+and three inference servers, a tiny inference server behind each inference server's agent, and
+``aryl-router`` in front of them. A synthetic day of inference traffic goes through the router
+(a load generator in this process), and real training programs (``examples/train.py``) run as jobs.
+
+The day: at midday traffic is high and every inference server serves; in the evening traffic
+falls, the router's demand drops, idle inference servers are drained (the router stops sending
+them requests and acknowledges) and loaned to training, where a waiting job starts and an elastic
+job scales out (restarting from its checkpoint at the new size); next morning a spike comes, the
+loaned servers are reclaimed (the elastic job scales in, the inelastic one is preempted and
+requeued) and serve again once their agents confirm the workers are gone. A timeline of the
+scheduler's events and the traffic is printed throughout, then a summary: not one inference request
+may fail. Everything stops by itself, well within three minutes. ``arylctl --server ADDRESS ...``
+shows the state live meanwhile (the address is printed first).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import shutil
 import signal
@@ -23,6 +31,7 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
@@ -32,27 +41,38 @@ from protos.aryl.v1 import types_pb2
 
 T = TypeVar("T")
 BIN = Path(sys.executable).parent
-SERVERS = (("demo-train-1", "training", 4), ("demo-train-2", "training", 4), ("demo-infer-1", "inference", 8))
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "examples"
+TRAINING = (("train-1", 4), ("train-2", 4))
+INFERENCE = (("infer-1", 4), ("infer-2", 4), ("infer-3", 4))
+CAPACITY_RPS = 20.0  # what one inference server serves (the router's per-server capacity)
+# The traffic of a compressed day, in requests per second through the router.
+MIDDAY_RPS, EVENING_RPS, MORNING_SPIKE_RPS = 42.0, 12.0, 45.0
 JOBS = (
-    # name, gpus per worker, min workers, max workers
-    ("bert-large", 2, 2, 2),
-    ("resnet50", 1, 2, 4),
-    ("gpt-small", 2, 1, 1),
-    ("vit-huge", 4, 1, 1),  # the training pool is full by now: waits until bert-large is cancelled
+    # name, gpus per worker, min workers, max workers, steps (a step takes 1 s / world size)
+    ("bert-large", 2, 2, 2, 600),
+    ("resnet50", 1, 2, 8, 3000),
+    ("vit-huge", 4, 1, 1, 600),  # the training pool is full: waits for a loan
 )
-
 
 # Production defaults wait minutes before loaning or resizing (anti-flapping); the demo compresses time.
 DEMO_SETTINGS = {
     "ARYL_LOGGING__LEVEL": "info",
     "ARYL_AGENTS__REPORT_INTERVAL_S": "0.5",
     "ARYL_SCHEDULING__CYCLE_INTERVAL_S": "0.5",
+    "ARYL_SCHEDULING__DEFAULT_GRACE_PERIOD_S": "5",
     "ARYL_POLICY__LOAN_BUFFER_SERVERS": "0",
     "ARYL_POLICY__LOAN_IDLE_S": "1",
-    "ARYL_POLICY__DRAIN_TIMEOUT_S": "1",
+    "ARYL_POLICY__DRAIN_TIMEOUT_S": "20",  # the router's acknowledgement comes first
     "ARYL_POLICY__MIN_LOAN_S": "0",
     "ARYL_POLICY__MIN_RESIZE_INTERVAL_S": "0",
     "ARYL_POLICY__RESTART_COST_S": "1",
+    "ARYL_AGENT__ADVERTISE_ADDRESS": "127.0.0.1",
+    "ARYL_AGENT__LOGS_LISTEN_HOST": "127.0.0.1",
+    "ARYL_AGENT__RECONCILE_INTERVAL_S": "0.2",
+    "ARYL_ROUTER__SHORT_WINDOW_S": "3",
+    "ARYL_ROUTER__EVALUATE_INTERVAL_S": "0.5",
+    "ARYL_ROUTER__HEALTH_CHECK_INTERVAL_S": "1",
 }
 
 
@@ -76,19 +96,40 @@ def wait_until(predicate: Callable[[], T], timeout: float, what: str) -> T:
         time.sleep(0.1)
 
 
+class Clock:
+    """Seconds since the demo started, for the timeline."""
+
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+
+    def __str__(self) -> str:
+        return f"{time.monotonic() - self.start:6.1f}s"
+
+
+CLOCK = Clock()
+PRINT_LOCK = threading.Lock()
+
+
+def line(text: str) -> None:
+    with PRINT_LOCK:
+        print(f"[{CLOCK}] {text}", flush=True)
+
+
 def say(text: str) -> None:
-    print(f"\n== {text}", flush=True)
+    with PRINT_LOCK:
+        print(f"\n[{CLOCK}] == {text}", flush=True)
 
 
 def show(address: str, *args: str) -> None:
-    print(f"$ arylctl {' '.join(args)}", flush=True)
-    cli.main(["--server", address, *args])
+    with PRINT_LOCK:
+        print(f"$ arylctl {' '.join(args)}", flush=True)
+        cli.main(["--server", address, *args])
 
 
 def start(stack: ExitStack, name: str, argv: list[str], log_dir: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
     log = (log_dir / f"{name}.log").open("wb")
     stack.callback(log.close)
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=log_dir)
     stack.callback(stop_process, proc)
     return proc
 
@@ -103,126 +144,296 @@ def stop_process(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-def timeline(client: ArylClient, stop: threading.Event) -> None:
-    """Print every event as it is committed (the event log, streamed)."""
+@dataclass
+class DemoOutcome:
+    """What the demo observed, for its summary and for tests/test_demo.py."""
+
+    requests_sent: int = 0
+    requests_ok: int = 0
+    requests_failed: list[str] = field(default_factory=list)
+    loans_made: int = 0
+    servers_reclaimed: int = 0
+    # Requests each loaned server's model server answered while the server was on loan (must be 0).
+    served_while_loaned: dict[str, int] = field(default_factory=dict)
+    jobs: dict[str, types_pb2.Job] = field(default_factory=dict)
+    resnet_scaled_out_to: int = 0
+    resnet_progress_before_reclaim: float = 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Inference traffic
+
+
+@dataclass
+class Traffic:
+    """An open-loop load generator: ``rate`` requests per second through the router, counted."""
+
+    url: str
+    rate: float = 0.0
+    sent: int = 0
+    ok: int = 0
+    failed: list[str] = field(default_factory=list)
+    served_by: dict[str, int] = field(default_factory=dict)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        asyncio.run(self._run())
+
+    async def _run(self) -> None:
+        import aiohttp
+
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+            tasks: set[asyncio.Task[None]] = set()
+            next_at = time.monotonic()
+            while not self.stop.is_set():
+                if self.rate > 0:
+                    task = asyncio.create_task(self._one(session))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+                    next_at += 1.0 / self.rate
+                else:
+                    next_at = time.monotonic() + 0.1
+                await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+            if tasks:
+                await asyncio.gather(*tasks)
+
+    async def _one(self, session) -> None:  # type: ignore[no-untyped-def]
+        self.sent += 1
+        try:
+            async with session.post(f"{self.url}/v1/infer", json={"input": f"request {self.sent}"}) as response:
+                body = await response.json(content_type=None)
+                if response.status == 200:
+                    self.ok += 1
+                    server = str(body.get("server_id", "?"))
+                    self.served_by[server] = self.served_by.get(server, 0) + 1
+                else:
+                    self.failed.append(f"HTTP {response.status}: {body}")
+        except Exception as exc:  # noqa: BLE001 - every failure is counted and shown in the summary
+            self.failed.append(f"{type(exc).__name__}: {exc}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The timeline: the scheduler's event log, streamed
+
+
+SHOWN_EVENTS = {"JOB_STATE_CHANGED", "LOAN_STARTED", "LOAN_ENDED", "DEMAND_CHANGED", "SERVER_STATE_CHANGED",
+                "SERVER_DRAINED", "WORKER_EXITED"}
+
+
+def timeline(client: ArylClient, names: dict[str, str], stop: threading.Event) -> None:
     try:
         for event in client.watch_events(after_event_id=0):
             if stop.is_set():
                 return
-            who = f"job {event.job_id}" if event.job_id else event.server_id or "scheduler"
-            kind = types_pb2.EventKind.Name(event.kind).removeprefix("EVENT_KIND_").lower()
-            print(f"   [event {event.event_id:>3}] {kind:<20} {who:<14} {event.reason:<22} {event.message}", flush=True)
+            kind = types_pb2.EventKind.Name(event.kind).removeprefix("EVENT_KIND_")
+            if kind not in SHOWN_EVENTS:
+                continue
+            who = names.get(event.job_id, f"job {event.job_id}") if event.job_id else event.server_id or "scheduler"
+            change = f"{event.from_state}->{event.to_state}" if event.to_state else kind.lower()
+            line(f"  event  {who:<11} {change:<22} {event.reason:<24} {event.message[:90]}")
     except Exception:  # noqa: BLE001 - the stream ends when the scheduler stops
         return
 
 
-def run(workdir: Path) -> int:
-    started = time.monotonic()
-    port = free_port()
-    address = f"127.0.0.1:{port}"
-    env = {**os.environ, **DEMO_SETTINGS}
+def traffic_reporter(traffic: Traffic, client: ArylClient, stop: threading.Event) -> None:
+    while not stop.wait(5.0):
+        try:
+            demand = client.get_demand()
+            serving = sum(s.state == types_pb2.SERVER_STATE_SERVING for s in client.list_servers(
+                pool=types_pb2.POOL_INFERENCE))
+            line(f"  load   {traffic.rate:4.0f} req/s offered, router asks for {demand.servers_needed} "
+                 f"server(s), {serving} serving; requests ok {traffic.ok}, failed {len(traffic.failed)}")
+        except Exception:  # noqa: BLE001 - the scheduler may be stopping
+            return
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def model_served(port: int) -> int:
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=2) as response:
+        return int(json.load(response)["served"])
+
+
+def run(workdir: Path) -> DemoOutcome:
+    workdir.mkdir(parents=True, exist_ok=True)
+    outcome = DemoOutcome()
+    address = f"127.0.0.1:{free_port()}"
+    router_port = free_port()
+    # One checkpoint directory for all agents: what a shared filesystem is to a real cluster, so a
+    # job resumes wherever its rank 0 lands.
+    env = {**os.environ, **DEMO_SETTINGS, "ARYL_AGENT__CHECKPOINT_ROOT": str(workdir / "checkpoints")}
     env.pop("ARYL_CONFIG", None)
     db_url = f"sqlite:///{workdir / 'aryl.db'}"
     with ExitStack() as stack:
-        say(f"Starting the scheduler on {address} (database {db_url}, policy aryl)")
+        say(f"Scheduler on {address} (database {db_url}, policy aryl). Watch live from another terminal: "
+            f"arylctl --server {address} jobs | servers | loans | events -f")
         start(stack, "scheduler", [str(BIN / "aryl-scheduler"), "--listen", address, "--database-url", db_url],
               workdir, env)
         client = stack.enter_context(ArylClient(address, timeout=5))
         wait_until(client.get_cluster, 60, "the scheduler to answer")
-        stop_timeline = threading.Event()
-        stack.callback(stop_timeline.set)
-        threading.Thread(target=timeline, args=(client, stop_timeline), daemon=True).start()
 
-        say("Starting node agents with fake GPUs (real processes)")
-        for hostname, pool, gpus in SERVERS:
+        say("Node agents with fake GPUs: 2 training servers, 3 inference servers, each inference server "
+            "running a small model server")
+        for hostname, gpus in TRAINING:
             start(stack, hostname, [str(BIN / "aryl-agent"), "--scheduler", address, "--hostname", hostname,
-                                    "--pool", pool, "--fake-gpus", str(gpus)], workdir, env)
-        wait_until(lambda: len(client.list_servers()) == len(SERVERS), 60, "all agents to register")
-        time.sleep(0.5)
-        show(address, "servers")
+                                    "--pool", "training", "--fake-gpus", str(gpus), "--work-dir",
+                                    str(workdir / hostname)], workdir, env)
+        model_ports: dict[str, int] = {}
+        for hostname, gpus in INFERENCE:
+            port = model_ports[hostname] = free_port()
+            start(stack, f"{hostname}-model", [sys.executable, str(EXAMPLES / "inference_server.py"), "--port",
+                                               str(port), "--server-id", hostname, "--service-time-ms", "30"],
+                  workdir, env)
+            start(stack, hostname, [str(BIN / "aryl-agent"), "--scheduler", address, "--hostname", hostname,
+                                    "--pool", "inference", "--fake-gpus", str(gpus), "--work-dir",
+                                    str(workdir / hostname)],
+                  workdir, {**env, "ARYL_AGENT__INFERENCE_ENDPOINT": f"http://127.0.0.1:{port}"})
+        wait_until(lambda: len(client.list_servers()) == len(TRAINING) + len(INFERENCE), 60, "all agents")
 
-        say("Submitting demo jobs through the Python client")
+        say(f"aryl-router on http://127.0.0.1:{router_port}: follows the serving pool, {CAPACITY_RPS:g} req/s "
+            "per server, 20% headroom, turns traffic into demand")
+        start(stack, "router", [str(BIN / "aryl-router"), "--listen", f"127.0.0.1:{router_port}",
+                                "--scheduler", address, "--capacity-rps", str(CAPACITY_RPS), "--headroom", "0.2",
+                                "--min-servers", "1", "--scale-down-delay", "4", "--interval", "2"], workdir, env)
+        traffic = Traffic(f"http://127.0.0.1:{router_port}")
+        wait_until(lambda: _router_ready(router_port, len(INFERENCE)), 60, "the router to route to 3 servers")
+        stop_background = threading.Event()
+        stack.callback(stop_background.set)
+        names: dict[str, str] = {}
+        threading.Thread(target=timeline, args=(client, names, stop_background), daemon=True).start()
+        threading.Thread(target=traffic.run, daemon=True).start()
+        stack.callback(traffic.stop.set)
+        threading.Thread(target=traffic_reporter, args=(traffic, client, stop_background), daemon=True).start()
+
+        say(f"Midday: {MIDDAY_RPS:g} req/s -> all 3 inference servers needed. Submitting training jobs "
+            "(examples/train.py, real processes)")
+        traffic.rate = MIDDAY_RPS
         ids = {}
-        for name, gpus, low, high in JOBS:
-            job = client.submit_job(job_spec(name=name, command=["python", "train.py", f"--model={name}"],
-                                             user="demo", gpus_per_worker=gpus, min_workers=low, max_workers=high))
+        for name, gpus, low, high, steps in JOBS:
+            command = [sys.executable, str(EXAMPLES / "train.py"), "--total-steps", str(steps), "--step-time", "1",
+                       "--checkpoint-every", "5", "--log-every", "20"]
+            job = client.submit_job(job_spec(name=name, command=command, user="demo", gpus_per_worker=gpus,
+                                             min_workers=low, max_workers=high))
             ids[name] = job.job_id
-        wait_until(lambda: client.get_job(ids["vit-huge"]).job.pending_reason, 30, "the first scheduling decisions")
-        time.sleep(0.3)
+            names[job.job_id] = name
+        wait_until(lambda: client.get_job(ids["vit-huge"]).job.pending_reason, 30, "the first decisions")
+        wait_until(lambda: client.get_demand().servers_needed == 3, 30, "the router to ask for 3 servers")
+        time.sleep(4)  # a few seconds of midday traffic, measured by the router
         show(address, "jobs")
-        say("Why is vit-huge waiting?")
-        show(address, "explain", ids["vit-huge"])
 
-        infer = SERVERS[2][0]
+        def job(name: str) -> types_pb2.Job:
+            return client.get_job(ids[name]).job
 
-        def server_state(server_id: str) -> int:
-            return next(s.state for s in client.list_servers() if s.server_id == server_id)
+        def loaned() -> int:
+            return sum(s.state == types_pb2.SERVER_STATE_LOANED for s in client.list_servers())
 
-        say("Inference load drops: the router reports 0 servers needed -> the idle inference server is loaned")
-        client.report_demand(0, observed_rps=3.0, source="aryl-demo")
-        wait_until(lambda: server_state(infer) == types_pb2.SERVER_STATE_LOANED, 30, "the loan")
-        wait_until(lambda: client.get_job(ids["vit-huge"]).job.state == types_pb2.JOB_STATE_RUNNING, 30,
-                   "vit-huge to start on the loaned server")
-        wait_until(lambda: client.get_job(ids["resnet50"]).job.num_workers > 2, 30, "resnet50 to scale out")
-        time.sleep(0.5)
+        say(f"Evening: traffic falls to {EVENING_RPS:g} req/s -> the router needs 1 server; 2 are drained "
+            "(no new requests, in-flight ones finish), acknowledged, and loaned to training")
+        traffic.rate = EVENING_RPS
+        wait_until(lambda: loaned() == 2, 60, "two loaned servers")
+        on_loan = sorted(s.server_id for s in client.list_servers() if s.state == types_pb2.SERVER_STATE_LOANED)
+        served_at_loan = {sid: model_served(model_ports[sid]) for sid in on_loan}
+        wait_until(lambda: job("vit-huge").state == types_pb2.JOB_STATE_RUNNING, 30, "vit-huge on a loan")
+        wait_until(lambda: job("resnet50").num_workers > 4, 30, "resnet50 to scale out onto the loan")
+        resized = job("resnet50")
+        wait_until(lambda: job("resnet50").progress > 0 and job("resnet50").incarnation == resized.incarnation, 30,
+                   "the resized resnet50 to report progress")
+        time.sleep(3)
         show(address, "jobs")
         show(address, "loans")
+        say("resnet50 restarted at its new size from its checkpoint (its log):")
+        show(address, "logs", ids["resnet50"], "--tail", "4")
+        outcome.resnet_scaled_out_to = job("resnet50").num_workers
+        outcome.resnet_progress_before_reclaim = job("resnet50").progress
+        outcome.served_while_loaned = {sid: model_served(model_ports[sid]) - served_at_loan[sid] for sid in on_loan}
+        line(f"  while on loan, {', '.join(on_loan)} answered "
+             f"{sum(outcome.served_while_loaned.values())} inference request(s): the router sent them none")
 
-        say("Inference load spikes: 1 server needed -> reclaim; elastic resnet50 shrinks, inelastic vit-huge "
-            "is preempted and requeued")
-        client.report_demand(1, observed_rps=250.0, source="aryl-demo")
-        wait_until(lambda: server_state(infer) == types_pb2.SERVER_STATE_SERVING, 30,
-                   "the agent to vacate the server and the server to serve again")
-        time.sleep(0.5)
+        say(f"Next morning: a spike to {MORNING_SPIKE_RPS:g} req/s -> 3 servers needed at once; the loaned servers "
+            "are reclaimed: resnet50 scales in, vit-huge is preempted (checkpointed) and requeued")
+        traffic.rate = MORNING_SPIKE_RPS
+        wait_until(lambda: loaned() == 0 and _router_ready(router_port, len(INFERENCE)), 60,
+                   "the reclaimed servers to serve again")
+        time.sleep(3)
         show(address, "jobs")
         show(address, "explain", ids["vit-huge"])
 
-        say("Cancelling bert-large: its GPUs free up and the requeued vit-huge runs again")
-        client.cancel_job(ids["bert-large"], reason="demo: make room")
-        wait_until(lambda: client.get_job(ids["vit-huge"]).job.state == types_pb2.JOB_STATE_RUNNING, 30,
-                   "vit-huge to be placed")
-        time.sleep(0.3)
-        show(address, "jobs")
-        show(address, "cluster")
-
-        wait_until(
-            lambda: all(s.observed_generation == s.desired_generation for s in client.list_servers()), 30,
-            "every agent to acknowledge its desired state",
-        )
-        say("Summary")
-        cluster = client.get_cluster()
-        train = next(p for p in cluster.pools if p.pool == types_pb2.POOL_TRAINING)
-        jobs = list(client.iter_jobs())
-        running = [j for j in jobs if j.state == types_pb2.JOB_STATE_RUNNING]
-        servers = client.list_servers()
-        desired = {s.server_id: s.observed_generation for s in servers}
-        print(f"   jobs submitted: {len(jobs)}, running: {len(running)}, "
-              f"cancelled: {sum(j.state == types_pb2.JOB_STATE_CANCELLED for j in jobs)}, "
-              f"pending: {sum(j.state == types_pb2.JOB_STATE_PENDING for j in jobs)}")
+        traffic.rate = 0
+        time.sleep(1.5)
+        stop_background.set()
+        outcome.jobs = {name: job(name) for name in ids}
         loans = client.list_loans(include_returned=True)
-        print(f"   training GPUs used: {train.gpus_used}/{train.gpus_total}; loans made: {len(loans)}, "
-              f"returned: {sum(loan.state == types_pb2.LOAN_STATE_RETURNED for loan in loans)}; "
-              f"preemptions: {sum(j.preemptions for j in jobs)}")
-        print(f"   agents converged: desired == observed state generation on every server {desired}")
-        print(f"   scheduler epoch {cluster.scheduler_epoch}; logs in {workdir}")
-        print(f"   demo finished in {time.monotonic() - started:.1f}s", flush=True)
-        stop_timeline.set()
-        say("Shutting down agents and scheduler")
-    return 0
+        events = list(client.watch_events(after_event_id=0, idle_timeout=1.0))
+        outcome.loans_made = len(loans)
+        outcome.servers_reclaimed = sum(e.to_state == "RECLAIMING" for e in events)
+        outcome.requests_sent, outcome.requests_ok = traffic.sent, traffic.ok
+        outcome.requests_failed = list(traffic.failed)
+        summarize(outcome, workdir)
+        say("Shutting down router, model servers, agents (their workers with them) and scheduler")
+        _stop_workers(workdir)
+    return outcome
+
+
+def summarize(outcome: DemoOutcome, workdir: Path) -> None:
+    say("Summary")
+    print(f"   inference requests: {outcome.requests_sent} sent through the router, {outcome.requests_ok} ok, "
+          f"{len(outcome.requests_failed)} failed; answered by loaned servers while on loan: "
+          f"{sum(outcome.served_while_loaned.values())}")
+    for failure in outcome.requests_failed[:5]:
+        print(f"     failed: {failure}")
+    print(f"   loans: {outcome.loans_made} made; servers reclaimed: {outcome.servers_reclaimed}")
+    for name, j in outcome.jobs.items():
+        print(f"   {name:<11} {types_pb2.JobState.Name(j.state).removeprefix('JOB_STATE_'):<9} "
+              f"workers {j.num_workers}, incarnation {j.incarnation}, preemptions {j.preemptions}, "
+              f"progress {j.progress:g} steps")
+    print(f"   resnet50 grew to {outcome.resnet_scaled_out_to} workers on the loans and kept its progress across "
+          f"resizes: {outcome.resnet_progress_before_reclaim:g} steps before the reclaim, "
+          f"{outcome.jobs['resnet50'].progress:g} at the end")
+    print(f"   logs and database in {workdir}; demo took {time.monotonic() - CLOCK.start:.0f}s", flush=True)
+
+
+def _router_ready(port: int, servers: int) -> bool:
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/aryl/stats", timeout=2) as response:
+        stats = json.load(response)
+    backends = stats.get("backends", [])
+    return sum(1 for b in backends if b.get("state") == "SERVING" and b.get("healthy", True)) >= servers
+
+
+def _stop_workers(workdir: Path) -> None:
+    """Agents leave training workers running when they stop (so an agent upgrade does not kill
+    training); the demo is over, so its workers go too: every process group started under workdir."""
+    needle = str(workdir).encode()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if needle in Path(f"/proc/{entry}/environ").read_bytes() and b"node_agent/shim.py" in \
+                        Path(f"/proc/{entry}/cmdline").read_bytes():
+                    os.killpg(int(entry), signal.SIGTERM)
+            except OSError:
+                continue
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="aryl-demo", description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", type=Path, help="keep database and logs here (default: a fresh temp dir)")
     args = parser.parse_args(argv)
-    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="aryl-demo-"))
+    workdir = (args.workdir or Path(tempfile.mkdtemp(prefix="aryl-demo-"))).resolve()
     if args.workdir and workdir.exists():
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     try:
-        return run(workdir)
+        outcome = run(workdir)
+        return 0 if not outcome.requests_failed and not any(outcome.served_while_loaned.values()) else 1
     except TimeoutError as exc:
         print(f"aryl-demo: {exc}; see the logs in {workdir}", file=sys.stderr)
+        _stop_workers(workdir)
         return 1
 
 

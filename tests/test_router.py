@@ -727,6 +727,15 @@ def test_hysteresis_scales_up_at_once_and_down_only_after_the_delay_to_the_windo
     assert need(300, 0) == 1
 
 
+def test_a_starting_router_holds_what_serves_until_its_window_has_filled() -> None:
+    est = DemandEstimator(measured(scale_down_delay_s=0.0, short_window_s=10.0))
+    est.hold_at_least(100.0, 3)  # three servers serve when the first pool arrives
+    need = lambda t, rate: est.evaluate(t, 0.0, rate, rate).servers_needed  # noqa: E731
+    assert need(100.5, 0) == 3 and need(109.9, 5) == 3   # nothing measured yet: no scale-down
+    assert need(105, 95) == 10                            # but a rise counts at once
+    assert need(110, 5) == 1                              # window full: the load decides
+
+
 def test_scale_down_delay_zero_follows_the_load() -> None:
     est = DemandEstimator(measured(scale_down_delay_s=0.0))
     assert [est.evaluate(t, 0, r, r).servers_needed for t, r in enumerate([30, 80, 20, 0])] == [3, 8, 2, 1]
