@@ -13,9 +13,11 @@ RUN pip install /src && rm -rf /src
 
 # Run as an unprivileged user. Its home is the working directory, so the embedded SQLite default
 # (./.aryl/aryl.db) is writable when no database URL is configured.
-RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin aryl
+RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin aryl \
+    && mkdir -p /var/lib/aryl/agent /var/lib/aryl/checkpoints && chown -R aryl /var/lib/aryl
+# Agents' work (worker logs, state) and shared checkpoints; named volumes inherit this ownership.
 USER aryl
 WORKDIR /home/aryl
 
-EXPOSE 50051
+EXPOSE 50051 50052 8080
 CMD ["aryl-scheduler", "--help"]
