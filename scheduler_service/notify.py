@@ -3,13 +3,28 @@
 A ``Signal`` is a version counter: writers (any thread) bump it after commit; readers remember the
 version they saw, re-read the database, and wait for a newer one. A missed wake-up only delays a
 reader until its poll timeout; it never loses data, because the database is re-read every time.
+
+A ``DesiredStateFeed`` fans the desired state of servers out to the agent streams that watch them:
+after a commit, one batched read serves every touched server, however many streams wait.
+
+Never: hold domain state of its own beyond the last state read for a watched server, or decide
+anything; the database stays the single source of truth.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
+
+import structlog
+
+from scheduler_service.errors import NotFound
+
+log = structlog.get_logger("aryl.notify")
 
 
 class Signal:
@@ -20,11 +35,12 @@ class Signal:
 
     def bump_threadsafe(self) -> None:
         try:
-            self._loop.call_soon_threadsafe(self._bump)
+            self._loop.call_soon_threadsafe(self.bump)
         except RuntimeError:
             pass  # the loop is closed: the service is shutting down, nobody is waiting
 
-    def _bump(self) -> None:
+    def bump(self) -> None:
+        """Wake every waiter; only on the loop's own thread."""
         self.version += 1
         for waiter in self._waiters:
             if not waiter.done():
@@ -45,15 +61,126 @@ class Signal:
             self._waiters.discard(waiter)
 
 
+class Generational(Protocol):
+    @property
+    def generation(self) -> int: ...
+
+
+S = TypeVar("S", bound=Generational)
+
+
+@dataclass
+class _Slot(Generic[S]):
+    """What the feed knows of one watched server: its last read state, or why the read failed."""
+
+    signal: Signal
+    state: S | None = None
+    error: BaseException | None = None
+    watchers: int = 0
+
+
+@dataclass
+class DesiredStateFeed(Generic[S]):
+    """Serves ``watch(server_id)`` streams from batched reads.
+
+    ``load(server_ids)`` reads the desired state of each registered server among ``server_ids`` in
+    one consistent read (a server missing from its answer is not registered). It runs on
+    ``executor``. Reads are sequential: servers touched while one runs are read together by the
+    next, so a burst of decisions costs a few reads, not one per server, and a stream never reads
+    the database itself. A stream's periodic re-read (``refresh_s``) joins the next batch the same
+    way. A state never replaces a newer generation of the same server."""
+
+    loop: asyncio.AbstractEventLoop
+    load: Callable[[Sequence[str]], Mapping[str, S]]
+    executor: Executor | None = None
+    _slots: dict[str, _Slot[S]] = field(default_factory=dict)
+    _dirty: set[str] = field(default_factory=set)
+    _reader: asyncio.Task[None] | None = None
+
+    def changed_threadsafe(self, server_ids: Iterable[str]) -> None:
+        """After commit, from any thread: these servers' desired state may have changed."""
+        ids = tuple(server_ids)
+        if ids:
+            try:
+                self.loop.call_soon_threadsafe(self._request, ids)
+            except RuntimeError:
+                pass  # the loop is closed: the service is shutting down, nobody is waiting
+
+    def _request(self, server_ids: Iterable[str]) -> None:
+        self._dirty.update(s for s in server_ids if s in self._slots)  # unwatched servers cost nothing
+        if self._dirty and (self._reader is None or self._reader.done()):
+            self._reader = self.loop.create_task(self._read_dirty())
+
+    async def _read_dirty(self) -> None:
+        while self._dirty:
+            batch = sorted(self._dirty)
+            self._dirty.clear()
+            try:
+                states = await self.loop.run_in_executor(self.executor, self.load, batch)
+            except Exception as exc:  # noqa: BLE001 - handed to the streams that waited for this read
+                log.warning("desired-state read failed", servers=len(batch), error=repr(exc))
+                states, error = {}, exc
+            else:
+                error = None
+            for server_id in batch:
+                slot = self._slots.get(server_id)
+                if slot is None:
+                    continue  # its last stream closed during the read
+                state = states.get(server_id)
+                if error is not None:
+                    slot.error = error
+                elif state is None:
+                    slot.error = NotFound(f"server {server_id} is not registered")
+                elif slot.state is None or state.generation >= slot.state.generation:
+                    slot.state, slot.error = state, None
+                slot.signal.bump()
+
+    async def watch(self, server_id: str, *, refresh_s: float) -> AsyncIterator[S]:
+        """Yield the server's desired state now and whenever its generation changes; re-read it at
+        least every ``refresh_s`` (covers writes this process was not told about). Raises what the
+        read raised, or ``NotFound`` for a server that is not registered."""
+        slot = self._slots.get(server_id)
+        if slot is None:
+            slot = self._slots[server_id] = _Slot(Signal(self.loop))
+        slot.watchers += 1
+        try:
+            seen = slot.signal.version
+            self._request((server_id,))
+            sent: int | None = None
+            while True:
+                await slot.signal.wait_newer(seen, timeout=refresh_s)
+                if slot.signal.version == seen:  # nothing read meanwhile: ask for a re-read
+                    self._request((server_id,))
+                    continue
+                seen = slot.signal.version
+                if slot.error is not None:
+                    raise slot.error
+                if slot.state is not None and slot.state.generation != sent:
+                    sent = slot.state.generation
+                    yield slot.state
+        finally:
+            slot.watchers -= 1
+            if slot.watchers == 0:
+                del self._slots[server_id]
+
+
 class AsyncNotifier:
-    """The service's ``Notifier``: event-log, per-server desired-state and cycle-trigger signals."""
+    """The service's ``Notifier``: event-log and cycle-trigger signals, and the desired-state feed."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self.events = Signal(loop)
         self.cycle = Signal(loop)
+        self.desired_states: DesiredStateFeed[Any] | None = None  # set by serve_desired_states()
         self._servers: dict[str, Signal] = {}
         self._lock = threading.Lock()
+
+    def serve_desired_states(
+        self, load: Callable[[Sequence[str]], Mapping[str, S]], executor: Executor | None
+    ) -> DesiredStateFeed[S]:
+        """Start fanning desired state out to watchers; ``load`` as in ``DesiredStateFeed``."""
+        self.desired_states = DesiredStateFeed(self._loop, load, executor)
+        return self.desired_states
 
     def server(self, server_id: str) -> Signal:
         with self._lock:
@@ -66,8 +193,16 @@ class AsyncNotifier:
         self.events.bump_threadsafe()
 
     def desired_state_changed(self, server_ids: Iterable[str]) -> None:
-        for server_id in server_ids:
-            self.server(server_id).bump_threadsafe()
+        ids = tuple(server_ids)
+        if self.desired_states is not None:
+            self.desired_states.changed_threadsafe(ids)
+        with self._lock:
+            signals = [s for s in map(self._servers.get, ids) if s is not None]
+        if signals:
+            try:  # one wake-up of the loop for the whole commit, not one per server
+                self._loop.call_soon_threadsafe(lambda: [s.bump() for s in signals])
+            except RuntimeError:
+                pass  # the loop is closed: the service is shutting down, nobody is waiting
 
     def cycle_requested(self) -> None:
         self.cycle.bump_threadsafe()

@@ -20,6 +20,7 @@ from grpc_reflection.v1alpha import reflection
 
 from migrations import upgrade
 from protos.aryl.v1 import agent_pb2, agent_pb2_grpc, inference_pb2, inference_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+from scheduler_service.api.agent_logs import AgentLogReader
 from scheduler_service.api.servicers import AgentServicer, InferenceServicer, SchedulerServicer
 from scheduler_service.app import SchedulerApp
 from scheduler_service.batching import GroupCommitter
@@ -78,12 +79,17 @@ class SchedulerService:
             ("grpc.max_receive_message_length", cfg.server.max_message_bytes),
             ("grpc.max_concurrent_streams", cfg.server.max_concurrent_streams),
             ("grpc.so_reuseport", 0),
+            # Agents ping every 10 s (node_agent.daemon.KEEPALIVE_TIME_MS), also between calls.
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+            ("grpc.http2.max_ping_strikes", 0),
         ]
         server = grpc.aio.server(options=options)
         submissions = GroupCommitter(app.submit_jobs, max_batch=256, name="aryl-submit")
+        log_reader = AgentLogReader(timeout_s=cfg.agents.rpc_timeout_s)
         scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(
             SchedulerServicer(app, executor, notifier, policy_name=self.policy.name, clock_now=self.clock.now,
-                              submissions=submissions, policy_params=self.policy_params),
+                              submissions=submissions, policy_params=self.policy_params, log_reader=log_reader),
             server,
         )
         agent_pb2_grpc.add_AgentServiceServicer_to_server(
@@ -103,6 +109,7 @@ class SchedulerService:
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
         cycle = SchedulingCycle(app, self.policy, self.clock, seed=cfg.scheduling.seed)
         cycle_task = asyncio.create_task(self._cycle_loop(cycle, notifier, executor))
+        liveness_task = asyncio.create_task(self._liveness_loop(app, executor))
         log.info("scheduler started", listen=cfg.server.listen, port=self.port, epoch=epoch,
                  policy=self.policy.name, database=self.engine.url.render_as_string(hide_password=True))
         self._started.set()
@@ -111,11 +118,14 @@ class SchedulerService:
         log.info("scheduler stopping", grace_s=cfg.server.shutdown_grace_s)
         await health_servicer.enter_graceful_shutdown()
         cycle_task.cancel()
+        liveness_task.cancel()
         await server.stop(cfg.server.shutdown_grace_s)
-        try:
-            await cycle_task
-        except asyncio.CancelledError:
-            pass
+        for task in (cycle_task, liveness_task):
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        await log_reader.close()
         submissions.close()
         executor.shutdown(wait=True, cancel_futures=True)
         self.engine.dispose()
@@ -137,6 +147,20 @@ class SchedulerService:
             # Batch a burst of triggers (e.g. many submissions) into the next cycle.
             await asyncio.sleep(self.config.scheduling.min_cycle_gap_s)
             await notifier.cycle.wait_newer(seen, timeout=self.config.scheduling.cycle_interval_s)
+
+    async def _liveness_loop(self, app: SchedulerApp, executor: ThreadPoolExecutor) -> None:
+        """Mark servers LOST whose agents are silent past ``agents.lost_after_s`` (this process's
+        monotonic clock), checking a few times per grace period."""
+        loop = asyncio.get_running_loop()
+        lost_after = self.config.agents.lost_after_s
+        while True:
+            await asyncio.sleep(min(1.0, lost_after / 4))
+            try:
+                lost = await loop.run_in_executor(executor, app.sweep_lost, lost_after)
+                if lost:
+                    log.warning("servers lost: their agents are silent", servers=lost, lost_after_s=lost_after)
+            except Exception:  # noqa: BLE001 - retried at the next check, never fatal
+                log.exception("liveness check failed; retrying")
 
     def stop(self) -> None:
         """Ask a running service to shut down gracefully (thread-safe)."""

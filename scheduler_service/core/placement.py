@@ -37,20 +37,58 @@ class FreeCapacity:
     def __init__(self, free: dict[str, list[int]], servers: dict[str, ServerView]) -> None:
         self.servers = servers
         self._free = {sid: sorted(g) for sid, g in free.items()}
-        self._buckets: dict[tuple[Pool, int], list[str]] = {}
-        for sid in sorted(self._free):
-            if self._free[sid]:
-                self._buckets.setdefault((servers[sid].pool, len(self._free[sid])), []).append(sid)
-        self.total = sum(len(g) for g in self._free.values())
-        self._biggest_server = max((len(s.gpu_indices) - len(s.unhealthy_gpus) for s in servers.values()), default=0)
+        self._index()
+
+    def _index(self) -> None:
+        """Buckets and total from ``_free`` (each list ascending)."""
+        buckets: dict[tuple[Pool, int], list[str]] = {}
+        total, free, servers = 0, self._free, self.servers
+        for sid in sorted(free):  # each bucket in server-id order
+            count = len(free[sid])
+            if count:
+                total += count
+                bucket = buckets.get((servers[sid].pool, count))
+                if bucket is None:
+                    buckets[(servers[sid].pool, count)] = [sid]
+                else:
+                    bucket.append(sid)
+        self._buckets = buckets
+        self.total = total
+        self._biggest: int | None = None
 
     @classmethod
     def of(cls, snapshot: ClusterSnapshot) -> FreeCapacity:
         schedulable = {s.server_id: s for s in snapshot.servers if s.runs_training}  # step 1
         return cls({sid: list(s.free_gpus) for sid, s in schedulable.items()}, schedulable)
 
+    @classmethod
+    def without(cls, servers: Iterable[ServerView], held: dict[str, set[int]]) -> FreeCapacity:
+        """The healthy GPUs of ``servers`` (the schedulable ones) except those in ``held`` (by server)."""
+        capacity = object.__new__(cls)
+        capacity.servers, capacity._free = {}, {}
+        for s in servers:
+            taken = held.get(s.server_id)
+            capacity.servers[s.server_id] = s
+            capacity._free[s.server_id] = (sorted(g for g in s.healthy_gpus if g not in taken) if taken
+                                           else sorted(s.healthy_gpus))
+        capacity._index()
+        return capacity
+
+    @property
+    def _biggest_server(self) -> int:
+        """Healthy GPUs of the largest schedulable server (worked out when an explanation needs it)."""
+        if self._biggest is None:
+            self._biggest = max((len(s.gpu_indices) - len(s.unhealthy_gpus) for s in self.servers.values()),
+                                default=0)
+        return self._biggest
+
     def free(self, server_id: str) -> tuple[int, ...]:
         return tuple(self._free.get(server_id, ()))
+
+    def free_set(self, server_id: str) -> set[int] | None:
+        """The server's free GPUs as a new set (None: the server cannot run training now)."""
+        gpus = self._free.get(server_id)
+        return None if gpus is None else set(gpus)
 
     def free_on(self, server_ids: Iterable[str]) -> int:
         return sum(len(self._free.get(sid, ())) for sid in server_ids)
@@ -62,7 +100,14 @@ class FreeCapacity:
         return sum(len(sids) for sids in self._buckets.values())
 
     def copy(self) -> FreeCapacity:
-        return FreeCapacity(self._free, self.servers)
+        twin = object.__new__(FreeCapacity)
+        twin.servers = self.servers
+        twin._free = {sid: list(gpus) for sid, gpus in self._free.items()}
+        # Each bucket is kept sorted by server id (insort), so this is what a rebuild would give.
+        twin._buckets = {key: list(sids) for key, sids in self._buckets.items() if sids}
+        twin.total = self.total
+        twin._biggest = self._biggest
+        return twin
 
     # -- taking and giving back -------------------------------------------------------------------
 
@@ -79,6 +124,24 @@ class FreeCapacity:
     def take(self, server_id: str, gpus: Iterable[int]) -> None:
         taken = set(gpus)
         self._move(server_id, [g for g in self._free[server_id] if g not in taken])
+
+    def set_free(self, server_id: str, gpus: Iterable[int]) -> None:
+        """Make ``gpus`` the server's free GPUs: the net effect of several takes and releases at once."""
+        new_free = sorted(gpus)
+        if server_id in self._free and new_free != self._free[server_id]:
+            self._move(server_id, new_free)
+
+    def release_many(self, workers: Iterable[tuple[str, Iterable[int]]]) -> None:
+        """``release`` of several workers' (server, GPUs) at once: one update per server."""
+        union: dict[str, set[int]] = {}
+        for server_id, gpus in workers:
+            if server_id in self._free:
+                free = union.get(server_id)
+                if free is None:
+                    free = union[server_id] = set(self._free[server_id])
+                free.update(gpus)
+        for server_id, free in union.items():
+            self.set_free(server_id, free)
 
     def release(self, server_id: str, gpus: Iterable[int]) -> None:
         """Give GPUs back (a worker removed by this plan)."""

@@ -22,12 +22,28 @@ class ServerView:
     state_since: float = 0.0            # when it entered its current state
     loan_started_at: float | None = None  # while DRAINING/LOANED/RECLAIMING: when the loan began
     agent_converged: bool = True        # the agent has applied the newest desired state
+    drained: bool = False               # DRAINING: the router reports nothing in flight there any more
+    # Derived from the fields above on first use (a view is immutable): a policy reads them every cycle.
+    _healthy: tuple[int, ...] | None = field(default=None, init=False, repr=False, compare=False)
+    _free: tuple[int, ...] | None = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def healthy_gpus(self) -> tuple[int, ...]:
+        """Healthy GPU indices, in ``gpu_indices`` order."""
+        if self._healthy is None:
+            unhealthy = self.unhealthy_gpus
+            object.__setattr__(self, "_healthy", tuple(i for i in self.gpu_indices if i not in unhealthy)
+                               if unhealthy else self.gpu_indices)
+        return self._healthy
 
     @property
     def free_gpus(self) -> tuple[int, ...]:
         """Healthy, unallocated GPU indices, ascending."""
-        taken = {index for index, _ in self.allocated}
-        return tuple(i for i in self.gpu_indices if i not in taken and i not in self.unhealthy_gpus)
+        if self._free is None:
+            taken = {index for index, _ in self.allocated}
+            object.__setattr__(self, "_free", tuple(i for i in self.gpu_indices
+                                                    if i not in taken and i not in self.unhealthy_gpus))
+        return self._free
 
     @property
     def runs_training(self) -> bool:

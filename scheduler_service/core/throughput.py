@@ -9,13 +9,18 @@ The remaining work is ``total_work - work_done`` when the job declared both poin
 otherwise it is derived from the estimated run time at ``min_workers`` (declared, or the policy's
 default), minus what the job did so far. ``remaining_time(w)`` is then ``remaining_work / speed(w)``.
 
+Speeds are memoised: a model remembers each speed it computed, and ``model_for`` hands out one model
+per (points, alpha), so a scheduler that estimates the same jobs every cycle interpolates each
+curve once. Memos of pure functions, bounded; they change no result.
+
 Pure: no I/O, no clock (``now`` is passed in).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import lru_cache
 
 from scheduler_service.core.snapshot import JobView
 
@@ -24,8 +29,24 @@ from scheduler_service.core.snapshot import JobView
 class ThroughputModel:
     points: tuple[tuple[int, float], ...] = ()
     alpha: float = 0.05  # Amdahl serial fraction, used when no points are declared
+    _speeds: dict[int, float] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _rows: dict[tuple[int, int], tuple[float, ...]] = field(default_factory=dict, init=False, repr=False,
+                                                            compare=False)
 
     def speed(self, workers: int) -> float:
+        known = self._speeds.get(workers)
+        if known is None:
+            known = self._speeds[workers] = self._speed(workers)
+        return known
+
+    def speeds(self, first: int, count: int) -> tuple[float, ...]:
+        """``(speed(first), speed(first + 1), ..., speed(first + count - 1))``."""
+        row = self._rows.get((first, count))
+        if row is None:
+            row = self._rows[(first, count)] = tuple(self.speed(w) for w in range(first, first + count))
+        return row
+
+    def _speed(self, workers: int) -> float:
         if workers <= 0:
             return 0.0
         if not self.points:
@@ -70,9 +91,22 @@ class JobEstimate:
         """Seconds of completion time saved by running with ``extra`` more workers."""
         return self.remaining_time(workers) - self.remaining_time(workers + extra)
 
+    def jct_reductions(self, workers: int, most: int) -> list[float]:
+        """``[jct_reduction(workers, k) for k in 1..most]`` (the same arithmetic, computed at once)."""
+        work, inf = self.remaining_work, float("inf")
+        now, *more = self.model.speeds(workers, most + 1)
+        now = work / now if now > 0 else inf
+        return [now - (work / s if s > 0 else inf) for s in more]
+
+
+@lru_cache(maxsize=16384)
+def model_for(points: tuple[tuple[int, float], ...], alpha: float) -> ThroughputModel:
+    """The (shared, memoising) model of a speed curve; equal inputs give the same object."""
+    return ThroughputModel(points=points, alpha=alpha)
+
 
 def estimate(job: JobView, *, now: float, default_runtime_s: float, alpha: float) -> JobEstimate:
-    model = ThroughputModel(points=job.throughput_points, alpha=alpha)
+    model = model_for(job.throughput_points, alpha)
     if job.throughput_points and job.total_work > 0:
         return JobEstimate(model, max(job.total_work - job.work_done, 0.0))
     runtime = job.estimated_runtime_s if job.estimated_runtime_s else default_runtime_s

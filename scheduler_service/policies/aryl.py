@@ -46,19 +46,23 @@ from scheduler_service.core.plan import (
     WorkerPlacement,
 )
 from scheduler_service.core.registry import policies
-from scheduler_service.core.snapshot import ClusterSnapshot, JobView, ServerView
+from scheduler_service.core.snapshot import ClusterSnapshot, JobView, ServerView, WorkerView
 from scheduler_service.core.throughput import JobEstimate, estimate
 from scheduler_service.lifecycle import JobState, Pool, ServerState
 from scheduler_service.solvers.knapsack import solve_knapsack
 from scheduler_service.solvers.reclaim import ReclaimInstance, reclaim_greedy, reclaim_most_recent_first
 
 RUNNING_STATES = (JobState.RUNNING, JobState.SCALING)
+_TRAINING_CAPABLE = (ServerState.TRAINING, ServerState.LOANED)
+_TRAINING_OR_DRAINING = (ServerState.TRAINING, ServerState.LOANED, ServerState.DRAINING)
+
+# A worker as the plan holds it, in rank order within its job: the snapshot's own (a WorkerView) while
+# it stays, or a new placement. Never changed in place; only server_id and gpu_indices are read.
+_Worker = WorkerView | WorkerPlacement
 
 
-@dataclass
-class _Worker:
-    server_id: str
-    gpus: tuple[int, ...]
+def _rank(worker: WorkerView) -> int:
+    return worker.rank
 
 
 @dataclass
@@ -83,7 +87,8 @@ class _Cycle:
     servers: dict[str, ServerView]
     server_state: dict[str, ServerState]
     running: dict[int, _Job]
-    estimates: dict[int, JobEstimate]
+    params: PolicyParams
+    estimates: dict[int, JobEstimate] = field(default_factory=dict)  # filled on first use (estimate())
     capacity: FreeCapacity = field(init=False)
     starts: list[StartJob] = field(default_factory=list)
     preemptions: list[PreemptJob] = field(default_factory=list)
@@ -93,20 +98,32 @@ class _Cycle:
     reserved_for: int | None = None
 
     def training_capable(self, server_id: str) -> bool:
-        return self.server_state[server_id] in (ServerState.TRAINING, ServerState.LOANED)
+        return self.server_state[server_id] in _TRAINING_CAPABLE
+
+    def estimate(self, job: JobView) -> JobEstimate:
+        """The job's remaining work and speed curve at ``now``; computed once per cycle, and only for
+        the jobs a step asks about (the queue, the elastic jobs), not every active job."""
+        known = self.estimates.get(job.job_id)
+        if known is None:
+            p = self.params
+            known = self.estimates[job.job_id] = estimate(job, now=self.snapshot.now,
+                                                          default_runtime_s=p.default_runtime_s,
+                                                          alpha=p.amdahl_alpha)
+        return known
 
     def rebuild_capacity(self) -> None:
         """Free GPUs on the servers that may run training once this cycle's loan steps are done."""
         held: dict[str, set[int]] = {}
         for job in self.running.values():
             for w in job.workers:
-                held.setdefault(w.server_id, set()).update(w.gpus)
-        schedulable = {sid: s for sid, s in self.servers.items() if self.training_capable(sid)}
-        free = {
-            sid: [g for g in s.gpu_indices if g not in s.unhealthy_gpus and g not in held.get(sid, ())]
-            for sid, s in schedulable.items()
-        }
-        self.capacity = FreeCapacity(free, schedulable)
+                on_server = held.get(w.server_id)
+                if on_server is None:
+                    held[w.server_id] = set(w.gpu_indices)
+                else:
+                    on_server.update(w.gpu_indices)
+        state = self.server_state
+        self.capacity = FreeCapacity.without(
+            (s for sid, s in self.servers.items() if state[sid] in _TRAINING_CAPABLE), held)
 
     def act(self, server_id: str, step: LoanStep, target: ServerState, reason: Reason, message: str) -> None:
         self.server_actions.append(ServerAction(server_id, step, reason, message))
@@ -148,7 +165,9 @@ def choose_reclaim(running: dict[int, _Job], loaned: list[ServerView], count: in
         n_servers=len(candidates),
         job_workers=[len(j.workers) for j in jobs],
         job_min=[j.view.min_workers for j in jobs],
-        job_cost=[_work_lost(j, now) for j in jobs],
+        # A preemption loses the work since the checkpoint and pays a restart, like a scale-in does;
+        # so even a job that has just checkpointed is cheaper to shrink than to requeue.
+        job_cost=[_work_lost(j, now) + params.restart_cost_s * len(j.workers) * j.view.gpus_per_worker for j in jobs],
         scale_in_cost=[params.restart_cost_s * j.view.gpus_per_worker for j in jobs],
     )
     if naive:
@@ -175,13 +194,18 @@ def _work_lost(job: _Job, now: float) -> float:
     return max(now - since, 1.0) * len(job.workers) * view.gpus_per_worker
 
 
-def preview_reclaim(snapshot: ClusterSnapshot, count: int, params: PolicyParams) -> ReclaimDecision:
-    """Dry run: what reclaiming ``count`` loaned servers would do now. Changes nothing."""
-    running = {
-        j.job_id: _Job(j, [_Worker(w.server_id, w.gpu_indices) for w in sorted(j.workers, key=lambda w: w.rank)])
+def _running_jobs(snapshot: ClusterSnapshot) -> dict[int, _Job]:
+    """The running jobs of the snapshot, each with its workers in rank order."""
+    return {
+        j.job_id: _Job(j, sorted(j.workers, key=_rank) if len(j.workers) > 1 else list(j.workers))
         for j in snapshot.jobs
         if j.state in RUNNING_STATES and j.workers
     }
+
+
+def preview_reclaim(snapshot: ClusterSnapshot, count: int, params: PolicyParams) -> ReclaimDecision:
+    """Dry run: what reclaiming ``count`` loaned servers would do now. Changes nothing."""
+    running = _running_jobs(snapshot)
     loaned = sorted((s for s in snapshot.servers if s.state == ServerState.LOANED),
                     key=lambda s: (s.state_since, s.server_id))
     return choose_reclaim(running, loaned, count, params, snapshot.now)
@@ -197,20 +221,12 @@ class ArylPolicy:
         self.naive_reclaim = naive_reclaim
 
     def schedule(self, snapshot: ClusterSnapshot) -> Plan:
-        p = self.params
         cycle = _Cycle(
             snapshot=snapshot,
             servers={s.server_id: s for s in snapshot.servers},
             server_state={s.server_id: s.state for s in snapshot.servers},
-            running={
-                j.job_id: _Job(j, [_Worker(w.server_id, w.gpu_indices) for w in sorted(j.workers, key=lambda w: w.rank)])
-                for j in snapshot.jobs
-                if j.state in RUNNING_STATES and j.workers
-            },
-            estimates={
-                j.job_id: estimate(j, now=snapshot.now, default_runtime_s=p.default_runtime_s, alpha=p.amdahl_alpha)
-                for j in snapshot.jobs
-            },
+            running=_running_jobs(snapshot),
+            params=self.params,
         )
         if self.loaning:
             self._loan_cycle(cycle)
@@ -235,11 +251,18 @@ class ArylPolicy:
         by_state: dict[ServerState, list[ServerView]] = {}
         for s in sorted(inference, key=lambda s: (s.state_since, s.server_id)):
             by_state.setdefault(s.state, []).append(s)
-        # Vacated reclaimed servers serve again once their agent confirms it stopped the workers.
+        # Vacated reclaimed servers serve again once their agent confirms it stopped the workers, or
+        # at the reclaim's hard deadline (the router still routes there only once the agent confirms).
         for s in by_state.get(ServerState.RECLAIMING, []):
-            if not s.allocated and s.agent_converged:
+            if s.allocated:
+                continue
+            if s.agent_converged:
                 cycle.act(s.server_id, LoanStep.RETURN, ServerState.SERVING, Reason.RETURNED_TO_SERVING,
                           "training workers stopped; serving inference again")
+            elif snap.now - s.state_since >= p.reclaim_deadline_s:
+                cycle.act(s.server_id, LoanStep.RETURN, ServerState.SERVING, Reason.RETURNED_TO_SERVING,
+                          f"reclaim deadline of {p.reclaim_deadline_s:.0f}s passed before the agent confirmed "
+                          "the workers stopped; returned to inference by force")
         if snap.demand is None:
             return  # no demand signal yet: never loan blind
         needed = snap.demand.servers_needed
@@ -257,7 +280,14 @@ class ArylPolicy:
             if deficit > 0:
                 self._reclaim(cycle, by_state.get(ServerState.LOANED, []), deficit, needed)
         for s in draining:
-            if cycle.server_state[s.server_id] == ServerState.DRAINING and snap.now - s.state_since >= p.drain_timeout_s:
+            if cycle.server_state[s.server_id] != ServerState.DRAINING:
+                continue
+            # The router's acknowledgement is the normal path; the timeout covers deployments without
+            # a router (demand reported by hand or by the user's own load balancer).
+            if s.drained:
+                cycle.act(s.server_id, LoanStep.ACTIVATE, ServerState.LOANED, Reason.LOAN_ACTIVE,
+                          "the router reports no requests in flight; lent to training")
+            elif snap.now - s.state_since >= p.drain_timeout_s:
                 cycle.act(s.server_id, LoanStep.ACTIVATE, ServerState.LOANED, Reason.LOAN_ACTIVE,
                           f"drained for {p.drain_timeout_s:.0f}s; lent to training")
         surplus = serving - needed - p.loan_buffer_servers
@@ -307,10 +337,10 @@ class ArylPolicy:
             (j.view.max_workers - len(j.workers)) * j.view.gpus_per_worker
             for j in cycle.running.values()
         ) if self.elastic else 0
-        free = sum(
-            len(s.free_gpus) for s in snap.servers
-            if cycle.server_state[s.server_id] in (ServerState.TRAINING, ServerState.LOANED, ServerState.DRAINING)
-        )
+        free, state = 0, cycle.server_state
+        for s in snap.servers:
+            if state[s.server_id] in _TRAINING_OR_DRAINING:
+                free += len(s.free_gpus)
         return pending + growth - free
 
     # -- step 1: base demands --------------------------------------------------------------------
@@ -322,7 +352,7 @@ class ArylPolicy:
             return snap.now - job.submitted_at >= p.starvation_s
 
         def order(job: JobView) -> tuple[bool, int, float, float, int]:
-            gpu_time = cycle.estimates[job.job_id].remaining_gpu_time(job.min_workers, job.gpus_per_worker)
+            gpu_time = cycle.estimate(job).remaining_gpu_time(job.min_workers, job.gpus_per_worker)
             return (not starving(job), -job.priority, gpu_time, job.submitted_at, job.job_id)
 
         waiting_before: JobView | None = None
@@ -346,7 +376,7 @@ class ArylPolicy:
                 where = ", ".join(sorted({w.server_id for w in workers}))
                 cycle.starts.append(StartJob(job.job_id, workers, reason,
                                              f"placed {len(workers)} worker(s) on {where}{why}"))
-                cycle.running[job.job_id] = _Job(job, [_Worker(w.server_id, w.gpu_indices) for w in workers])
+                cycle.running[job.job_id] = _Job(job, list(workers))
                 continue
             waiting_before = waiting_before or job
             if cycle.reserved and job.job_id != cycle.reserved_for:
@@ -374,18 +404,17 @@ class ArylPolicy:
         if not extras:
             return None
         trial = cycle.capacity.copy()
-        for _, w in extras:
-            trial.release(w.server_id, w.gpus)
+        trial.release_many((w.server_id, w.gpu_indices) for _, w in extras)
         placed = trial.place_gang(job, job.min_workers, pools=TRAINING_FIRST, exclude=cycle.reserved)
         if placed is None:
             return None
         taken = {(w.server_id, g) for w in placed for g in w.gpu_indices}
         for other, w in extras:
-            if any((w.server_id, g) in taken for g in w.gpus):
+            if any((w.server_id, g) in taken for g in w.gpu_indices):
                 other.workers.remove(w)
                 other.reason = other.reason or Reason.SCALED_IN_FOR_BASE_DEMAND
                 other.message = other.message or f"scaled in to {len(other.workers)} worker(s) so job {job.job_id} can start"
-                cycle.capacity.release(w.server_id, [g for g in w.gpus if (w.server_id, g) not in taken])
+                cycle.capacity.release(w.server_id, [g for g in w.gpu_indices if (w.server_id, g) not in taken])
         for w in placed:
             cycle.capacity.take(w.server_id, w.gpu_indices)
         return placed
@@ -417,38 +446,61 @@ class ArylPolicy:
         )
         if not jobs:
             return
-        # The knapsack's capacity: free GPUs plus those the extras hold now (they may move).
+        # The knapsack's capacity: free GPUs plus those the extras hold now (they may move). Worked out
+        # on the side -- each touched server's free GPUs as if every extra were released -- and only
+        # the net change is written back once the kept extras are known: most extras stay put.
+        free_cap = cycle.capacity
+        released: dict[str, set[int]] = {}
         for job in jobs:
             for w in job.workers[job.view.min_workers:]:
-                cycle.capacity.release(w.server_id, w.gpus)
-        capacity = cycle.capacity.total - cycle.capacity.free_on(cycle.reserved)
-        k_max = max(min(j.view.max_workers - j.view.min_workers, p.max_extra_options) for j in jobs)
-        weights = np.zeros((len(jobs), k_max), np.int64)
-        values = np.full((len(jobs), k_max), -1.0)
-        counts = np.zeros(len(jobs), np.int64)
-        for g, job in enumerate(jobs):
-            view = job.view
-            est = cycle.estimates[view.job_id]
-            current = job.extras
-            counts[g] = min(view.max_workers - view.min_workers, p.max_extra_options)
+                free = released.get(w.server_id)
+                if free is None:
+                    free = free_cap.free_set(w.server_id)
+                    if free is None:
+                        continue  # not schedulable: its GPUs are not this cycle's to share out
+                    released[w.server_id] = free
+                free.update(w.gpu_indices)
+        total = free_cap.total + sum(len(free) for free in released.values()) - free_cap.free_on(released)
+        reserved = sum(len(released[sid]) if sid in released else len(free_cap.free(sid)) for sid in cycle.reserved)
+        capacity = total - reserved
+        counts = [min(j.view.max_workers - j.view.min_workers, p.max_extra_options) for j in jobs]
+        k_max = max(counts)
+        # Option k of job g: k more workers. gains[g][k - 1]: the JCT reduction it buys.
+        gains = [cycle.estimate(j.view).jct_reductions(j.view.min_workers, n) for j, n in zip(jobs, counts)]
+        weights, values = [], []
+        restart = p.restart_cost_s
+        rows: dict[tuple[int, int], list[int]] = {}  # weights by (gpus per worker, count): few distinct
+        for job, count, gain in zip(jobs, counts, gains):
+            current, per_worker = len(job.workers) - job.view.min_workers, job.view.gpus_per_worker
             # Changing size costs a restart; shifting the whole group by that cost keeps option 0 at 0.
-            shift = p.restart_cost_s if current > 0 else 0.0
-            for k in range(1, int(counts[g]) + 1):
-                weights[g, k - 1] = k * view.gpus_per_worker
-                gain = est.jct_reduction(view.min_workers, k) + shift
-                values[g, k - 1] = gain if k == current else gain - p.restart_cost_s
-        solution = solve_knapsack(weights, values, counts, capacity)
+            shift = restart if current > 0 else 0.0
+            padding = k_max - count  # slots beyond the job's count are ignored by the solver
+            row = rows.get((per_worker, count))
+            if row is None:
+                row = rows[(per_worker, count)] = [k * per_worker for k in range(1, count + 1)] + [0] * padding
+            weights.append(row)
+            values.append([g + shift if k == current else g + shift - restart for k, g in enumerate(gain, 1)]
+                          + [-1.0] * padding)
+        solution = solve_knapsack(np.array(weights, np.int64), np.array(values, np.float64),
+                                  np.array(counts, np.int64), capacity)
         # Shrink first (frees GPUs), then grow, most valuable growth first.
-        targets = {job.view.job_id: int(solution.choice[g]) for g, job in enumerate(jobs)}
+        choice = solution.choice.tolist()
+        targets = {job.view.job_id: choice[g] for g, job in enumerate(jobs)}
+        value_per_gpu = {  # of the chosen option
+            job.view.job_id: gain[target - 1] / (target * job.view.gpus_per_worker) if target > 0 else 0.0
+            for job, gain, target in zip(jobs, gains, choice)
+        }
         kept: dict[int, list[_Worker]] = {}
         for job in jobs:
             extras = job.workers[job.view.min_workers:]
-            keep = [w for w in extras if set(w.gpus) <= set(cycle.capacity.free(w.server_id))]
+            keep = [w for w in extras if w.server_id in released and released[w.server_id].issuperset(w.gpu_indices)]
             keep = keep[: targets[job.view.job_id]]
             for w in keep:
-                cycle.capacity.take(w.server_id, w.gpus)
+                released[w.server_id].difference_update(w.gpu_indices)
             kept[job.view.job_id] = keep
-        for job in sorted(jobs, key=lambda j: -self._value_per_gpu(cycle, j, targets[j.view.job_id])):
+        for server_id, free in released.items():  # the net change: extras dropped free their GPUs
+            free_cap.set_free(server_id, free)
+        for job in sorted(jobs, key=lambda j: -value_per_gpu[j.view.job_id]):
             view = job.view
             target, keep = targets[view.job_id], kept[view.job_id]
             new = ()
@@ -458,23 +510,17 @@ class ArylPolicy:
                     if new:
                         break
             before = len(job.workers)
-            job.workers = job.workers[: view.min_workers] + keep + [_Worker(w.server_id, w.gpu_indices) for w in new]
+            job.workers = job.workers[: view.min_workers] + keep + list(new)
             if len(job.workers) != before and job.reason is not None:
                 job.message += f"; {len(job.workers)} worker(s) after sharing out the spare GPUs"
             elif len(job.workers) != before:
                 grew = len(job.workers) > before
                 job.reason = Reason.SCALED_OUT if grew else Reason.SCALED_IN
-                est = cycle.estimates[view.job_id]
+                est = cycle.estimate(view)
                 job.message = (
                     f"{before} -> {len(job.workers)} worker(s): estimated completion "
                     f"{est.remaining_time(before):.0f}s -> {est.remaining_time(len(job.workers)):.0f}s"
                 )
-
-    def _value_per_gpu(self, cycle: _Cycle, job: _Job, target: int) -> float:
-        if target <= 0:
-            return 0.0
-        gain = cycle.estimates[job.view.job_id].jct_reduction(job.view.min_workers, target)
-        return gain / (target * job.view.gpus_per_worker)
 
     # -- the plan's job changes ------------------------------------------------------------------
 
@@ -482,8 +528,10 @@ class ArylPolicy:
         started = {s.job_id for s in cycle.starts}
         scales = []
         for job_id, job in sorted(cycle.running.items()):
+            if job_id not in started and _unchanged(job):
+                continue
             before = [(w.rank, w.server_id, w.gpu_indices) for w in sorted(job.view.workers, key=lambda w: w.rank)]
-            after = [(rank, w.server_id, w.gpus) for rank, w in enumerate(job.workers)]
+            after = [(rank, w.server_id, w.gpu_indices) for rank, w in enumerate(job.workers)]
             if job_id in started:
                 if len(job.workers) != job.view.min_workers:
                     # A job started this cycle and grown at once: start it at its full size.
@@ -500,6 +548,17 @@ class ArylPolicy:
                              job.reason or Reason.SCALED_OUT, job.message)
                 )
         return scales
+
+
+def _unchanged(job: _Job) -> bool:
+    """Does the job still hold exactly the snapshot's workers, ranks 0..n-1? (Then it needs no scale.)"""
+    workers, shown = job.workers, job.view.workers
+    if len(workers) != len(shown):
+        return False
+    for rank, (a, b) in enumerate(zip(workers, shown)):
+        if a is not b or a.rank != rank:
+            return False
+    return True
 
 
 def _register(name: str, *, loaning: bool, elastic: bool, naive_reclaim: bool = False) -> None:
