@@ -69,11 +69,15 @@ class SchedulerService:
         notifier = AsyncNotifier(loop)
         app = SchedulerApp(
             session_factory(self.engine), self.clock, notifier=notifier,
-            worker_base_port=cfg.scheduling.worker_base_port,
+            worker_base_port=cfg.scheduling.worker_base_port, telemetry_write_s=cfg.agents.telemetry_write_s,
         )
         epoch = await asyncio.to_thread(app.start_term, socket.gethostname())
         await asyncio.to_thread(warm_up_solvers)  # the first cycle must not pay numba's compile time
         executor = ThreadPoolExecutor(max_workers=cfg.server.worker_threads, thread_name_prefix="aryl-rpc")
+        # One batched read per burst of decisions feeds every agent stream (scheduler_service.notify),
+        # on a thread of its own: a push must not queue behind 100s of status reports.
+        desired_reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aryl-desired")
+        notifier.serve_desired_states(app.desired_states, desired_reader)
         options = [
             ("grpc.max_send_message_length", cfg.server.max_message_bytes),
             ("grpc.max_receive_message_length", cfg.server.max_message_bytes),
@@ -128,6 +132,7 @@ class SchedulerService:
         await log_reader.close()
         submissions.close()
         executor.shutdown(wait=True, cancel_futures=True)
+        desired_reader.shutdown(wait=True, cancel_futures=True)
         self.engine.dispose()
         log.info("scheduler stopped")
 

@@ -114,7 +114,7 @@ def scheduler_config(database_url: str, **sections: dict) -> SchedulerConfig:
         "server": {"listen": "127.0.0.1:0", "shutdown_grace_s": 0.5, "worker_threads": 8},
         "database": {"url": database_url, "auto_migrate": False},
         "scheduling": {"cycle_interval_s": 0.2},
-        "agents": {"report_interval_s": 0.5},
+        "agents": {"report_interval_s": 0.5, "telemetry_write_s": 0.2},
         "logging": {"level": "warning"},
     }
     for name, values in sections.items():

@@ -61,7 +61,7 @@ class Cluster:
         self.checkpoints = tmp_path / "checkpoints"  # shared by all agents, as a shared filesystem would be
 
     def start_scheduler(self, **sections: dict) -> None:
-        base = {"agents": {"report_interval_s": 0.3, "lost_after_s": 3.0},
+        base = {"agents": {"report_interval_s": 0.3, "lost_after_s": 3.0, "telemetry_write_s": 1.0},
                 "scheduling": {"cycle_interval_s": 0.2, "default_grace_period_s": 5.0},
                 "policy": {"min_resize_interval_s": 0, "restart_cost_s": 0}}
         if self.scheduler is not None:  # a restart: same address, so the agents find it again

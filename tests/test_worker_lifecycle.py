@@ -255,3 +255,24 @@ def _app(scheduler) -> SchedulerApp:
     engine = create_engine_for(scheduler.service.config.database.url)
     app = SchedulerApp(session_factory(engine), scheduler.service.clock)
     return app
+
+
+def test_reports_that_say_nothing_new_skip_the_database_until_the_telemetry_interval(scheduler_factory) -> None:
+    scheduler = scheduler_factory(agents={"telemetry_write_s": 3600})
+    channel, stub = scheduler_stub(scheduler.address)
+    epoch = register_fake_server(scheduler.address, "gpu-1", gpus=2).scheduler_epoch
+    agent = Agent(scheduler.address, "gpu-1", epoch)
+    try:
+        job_id = submit(stub, job_spec("quiet"))
+        running(stub, job_id)
+        agent.report(worker(job_id, 0, 1, progress=1.0))  # first report: written
+        assert get_job(stub, job_id).progress == 1.0
+        agent.report(worker(job_id, 0, 1, progress=2.0))  # nothing new: answered from memory
+        assert get_job(stub, job_id).progress == 1.0
+        # An exit is news: written at once (with the progress it carries), and the job completes.
+        agent.report(worker(job_id, 0, 1, EXITED, exit_code=0, progress=3.0))
+        job = get_job(stub, job_id)
+        assert job.state == J.JOB_STATE_COMPLETED and job.progress == 3.0
+    finally:
+        agent.close()
+        channel.close()

@@ -211,15 +211,9 @@ class AgentServicer(_Base, agent_pb2_grpc.AgentServiceServicer):
         self, request: agent_pb2.WatchDesiredStateRequest, context: Any
     ) -> AsyncIterator[agent_pb2.DesiredState]:
         server_id = validation.server_id("server_id", request.server_id)
-        signal = self.notifier.server(server_id)
-        sent = -1
-        while True:
-            seen = signal.version
-            desired = await self.run(self.app.desired_state, server_id)
-            if desired.generation != sent:
-                yield convert.desired_state(desired, grace_period_s=self._grace)
-                sent = desired.generation
-            await signal.wait_newer(seen, timeout=STREAM_POLL_S)
+        assert self.notifier.desired_states is not None, "the service serves desired states before agents"
+        async for desired in self.notifier.desired_states.watch(server_id, refresh_s=STREAM_POLL_S):
+            yield convert.desired_state(desired, grace_period_s=self._grace)
 
 
 class InferenceServicer(_Base, inference_pb2_grpc.InferenceServiceServicer):

@@ -69,8 +69,12 @@ class FreeCapacity:
         for s in servers:
             taken = held.get(s.server_id)
             capacity.servers[s.server_id] = s
-            capacity._free[s.server_id] = (sorted(g for g in s.healthy_gpus if g not in taken) if taken
-                                           else sorted(s.healthy_gpus))
+            if not taken:
+                capacity._free[s.server_id] = sorted(s.healthy_gpus)
+            elif taken == s.allocated_gpus:  # as the snapshot shows it (the usual case): its own free list
+                capacity._free[s.server_id] = sorted(s.free_gpus)
+            else:
+                capacity._free[s.server_id] = sorted(g for g in s.healthy_gpus if g not in taken)
         capacity._index()
         return capacity
 

@@ -26,6 +26,14 @@ class ServerView:
     # Derived from the fields above on first use (a view is immutable): a policy reads them every cycle.
     _healthy: tuple[int, ...] | None = field(default=None, init=False, repr=False, compare=False)
     _free: tuple[int, ...] | None = field(default=None, init=False, repr=False, compare=False)
+    _allocated: frozenset[int] | None = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def allocated_gpus(self) -> frozenset[int]:
+        """Indices of the GPUs allocated to a job."""
+        if self._allocated is None:
+            object.__setattr__(self, "_allocated", frozenset(index for index, _ in self.allocated))
+        return self._allocated
 
     @property
     def healthy_gpus(self) -> tuple[int, ...]:

@@ -65,7 +65,7 @@ def _rank(worker: WorkerView) -> int:
     return worker.rank
 
 
-@dataclass
+@dataclass(slots=True)
 class _Job:
     """A running job as this cycle's plan changes it."""
 
@@ -79,7 +79,7 @@ class _Job:
         return len(self.workers) - self.view.min_workers
 
 
-@dataclass
+@dataclass(slots=True)
 class _Cycle:
     """Scratch state of one scheduling cycle, computed once and changed step by step."""
 
@@ -527,9 +527,9 @@ class ArylPolicy:
     def _scales(self, cycle: _Cycle) -> list[ScaleJob]:
         started = {s.job_id for s in cycle.starts}
         scales = []
-        for job_id, job in sorted(cycle.running.items()):
-            if job_id not in started and _unchanged(job):
-                continue
+        changed = sorted((job_id, job) for job_id, job in cycle.running.items()
+                         if job_id in started or not _unchanged(job))
+        for job_id, job in changed:
             before = [(w.rank, w.server_id, w.gpu_indices) for w in sorted(job.view.workers, key=lambda w: w.rank)]
             after = [(rank, w.server_id, w.gpu_indices) for rank, w in enumerate(job.workers)]
             if job_id in started:
