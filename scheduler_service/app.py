@@ -294,6 +294,7 @@ class SchedulerApp:
         notifier: Notifier | None = None,
         worker_base_port: int = 29500,
         telemetry_write_s: float = 15.0,
+        reclaim_deadline_s: float = PolicyParams.reclaim_deadline_s,
     ) -> None:
         self._sessions = sessions
         self._clock = clock
@@ -310,6 +311,7 @@ class SchedulerApp:
         self._digests: dict[str, _ReportDigest] = {}
         # A report that says nothing new is still written at least this often (GPU load, progress).
         self._telemetry_write_s = telemetry_write_s
+        self._reclaim_deadline_s = reclaim_deadline_s
 
     # -- plumbing -------------------------------------------------------------------------------
 
@@ -1424,6 +1426,10 @@ class SchedulerApp:
                         message=action.message[:2048], details={"loan_id": str(loan.id)})
         elif rule.loan_after != loan.state:
             loan.state = rule.loan_after
+            if action.kind == LoanStep.RECLAIM:
+                # The reclaim's hard deadline: past it the server goes back to inference even without
+                # the agent's confirmation (the policy's ``reclaim_deadline_s``).
+                loan.hard_deadline = now + self._reclaim_deadline_s
             if rule.loan_after == LoanState.RETURNED:
                 loan.ended_at = now
                 loan.reason = summary

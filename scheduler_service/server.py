@@ -70,6 +70,7 @@ class SchedulerService:
         app = SchedulerApp(
             session_factory(self.engine), self.clock, notifier=notifier,
             worker_base_port=cfg.scheduling.worker_base_port, telemetry_write_s=cfg.agents.telemetry_write_s,
+            reclaim_deadline_s=self.policy_params.reclaim_deadline_s,
         )
         epoch = await asyncio.to_thread(app.start_term, socket.gethostname())
         await asyncio.to_thread(warm_up_solvers)  # the first cycle must not pay numba's compile time

@@ -76,6 +76,8 @@ def test_loan_scale_out_reclaim_and_return(scheduler_factory) -> None:
     assert {w.server_id for w in shrunk.workers} == {"train-1"}
     assert shrunk.state == types_pb2.JOB_STATE_RUNNING and shrunk.preemptions == 0
     assert {servers_by_id(stub)[s].state for s in ("infer-1", "infer-2")} == {types_pb2.SERVER_STATE_RECLAIMING}
+    reclaiming = stub.ListLoans(scheduler_pb2.ListLoansRequest(), timeout=5).loans
+    assert all(loan.HasField("hard_deadline") for loan in reclaiming)  # when inference may force it back
 
     # The agents confirm they stopped the workers; the servers serve inference again.
     acknowledge_desired_state(scheduler.address, epoch, ["infer-1", "infer-2"], stub)
