@@ -895,10 +895,11 @@ class SchedulerApp:
     def _record_progress(session: Session, job: m.Job, current: Sequence[WorkerReport], now: float) -> None:
         """Progress is telemetry, not a state change: written without the optimistic version bump, so
         a report never makes a concurrent plan's action on the same job fail as stale."""
-        progress = max(w.progress for w in current)
-        checkpoint = max(w.checkpoint_progress for w in current)
+        # A worker that has not written progress yet reports 0: that says nothing about the job.
+        progress = max((w.progress for w in current), default=0.0)
+        checkpoint = max((w.checkpoint_progress for w in current), default=0.0)
         values: dict[str, Any] = {}
-        if progress != job.work_done and (progress > 0 or job.work_done > 0):
+        if progress > 0 and progress != job.work_done:
             values["work_done"] = progress  # may go down: a restart resumes from the last checkpoint
         if checkpoint > 0 and checkpoint != job.checkpoint_work:
             values["checkpoint_work"] = checkpoint
