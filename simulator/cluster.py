@@ -249,7 +249,11 @@ class SimulatedCluster:
                 self._inference_states[s.state] += 1
         self.samples: list[UtilisationSample] = []
         self.rejected_actions = 0
-        self._server_views: tuple[ServerView, ...] | None = None  # cached; None when a server changed
+        # The snapshot's server views, in id order; entries of servers changed since the last snapshot
+        # are rebuilt then (``_stale_servers``), the others reused.
+        self._server_views: tuple[ServerView, ...] = tuple(s.build_view() for s in servers)
+        self._server_slot = {s.server_id: i for i, s in enumerate(servers)}
+        self._stale_servers: set[str] = set()
 
     # -- what the engine drives -------------------------------------------------------------------
 
@@ -369,8 +373,12 @@ class SimulatedCluster:
                 job.seg_start + periods * interval if periods >= 1 else job.checkpoint_at,
             ))
         jobs = tuple(views)
-        if self._server_views is None:
-            self._server_views = tuple(s.build_view() for s in self._servers.values())
+        if self._stale_servers:
+            views = list(self._server_views)
+            for server_id in self._stale_servers:
+                views[self._server_slot[server_id]] = self._servers[server_id].build_view()
+            self._server_views = tuple(views)
+            self._stale_servers.clear()
         return ClusterSnapshot(now=now, servers=self._server_views, jobs=jobs, demand=self._demand, seed=seed)
 
     def _idle_view(self, job: _Job) -> JobView:
@@ -433,7 +441,7 @@ class SimulatedCluster:
                     self._allocated_gpus[server.pool] -= 1
             server.view = None
             servers.add(w.server_id)
-        self._server_views = None
+        self._stale_servers.update(servers)
         job.workers = ()
         return servers
 
@@ -444,7 +452,7 @@ class SimulatedCluster:
                 server.allocated[gpu] = job.trace.job_id
                 self._allocated_gpus[server.pool] += 1
             server.view = None
-        self._server_views = None
+            self._stale_servers.add(w.server_id)
 
     # -- the port: apply --------------------------------------------------------------------------
 
@@ -614,7 +622,7 @@ class SimulatedCluster:
         if loan_after is None:
             server.loan_started_at = None
         server.view = None
-        self._server_views = None
+        self._stale_servers.add(server.server_id)
         if action.kind == LoanStep.LOAN:
             self.server_outcomes[server.server_id].loans += 1
         elif action.kind == LoanStep.RECLAIM:

@@ -10,8 +10,9 @@ Scenarios (all seeded, deterministic):
    training cluster, with ServeGen ``m-small`` LLM load scaled to an inference cluster. Policies:
    ``sjf`` (separate clusters: the baseline), ``aryl-noloan``, ``aryl-noelastic``, ``aryl``, and
    ``aryl-naivereclaim`` (reclaim most-recently-loaned first) for the reclaim comparison.
-2. **Sensitivity**: ``aryl`` vs ``sjf`` with a smaller and a larger inference cluster, and with a
-   lower and a higher share of elastic jobs.
+2. **Sensitivity**: ``aryl`` vs ``sjf`` with the inference cluster two steps smaller and larger
+   (20, 30, 50, 60 servers; headline 40), and the share of elastic jobs two steps lower and higher
+   (0%, 25%, 75%, 100%; headline 50%).
 3. **Pollux workloads**: the 8 ``workloads-realistic`` traces on 64 GPUs (16 x 4, as in the Pollux
    paper's simulator), next to the Pollux authors' results in ``pollux-data/results-jobload`` and the
    reference re-runs in ``pollux-data/reference-runs``.
@@ -53,8 +54,12 @@ SETUP = Setup()
 HEADLINE_POLICIES = ("sjf", "aryl-noloan", "aryl-noelastic", "aryl", "aryl-naivereclaim")
 PARAMS = PolicyParams()
 # Cycles at least 60 s apart (events in between are batched into the next cycle), like the Pollux
-# simulator's 60 s scheduling interval; at 0 (a cycle per event) one aryl run of 15 days takes ~5 min.
+# simulator's 60 s scheduling interval; at 0 (a cycle per event: ~61k cycles instead of ~22k) one aryl
+# run of 15 days takes about 3x longer (benchmarks/bench_sim.py measures both).
 CYCLE_GAP_S = 60.0
+# The sensitivity steps (section 2): one setting varied at a time, the others as in SETUP.
+INFERENCE_STEPS = (20, 30, 50, 60)
+ELASTIC_STEPS = (0.0, 0.25, 0.75, 1.0)
 
 
 READING = """
@@ -70,9 +75,9 @@ READING = """
   gain is the comparison that matters.
 - `aryl` vs `aryl-naivereclaim` isolates the reclaim choice: the greedy preempts fewer jobs and loses
   fewer GPU-hours on the same loans.
-- Known gaps: the sensitivity study has one step in each direction only; cycles are batched at least
-  60 s apart (a cycle per event takes ~5x longer to simulate and changes average JCT by ~1% on this
-  trace, measured while building the simulator).
+- Known gaps: the sensitivity study varies one setting at a time, two steps each way; cycles are
+  batched at least 60 s apart (a cycle per event takes ~3x longer to simulate and changes average JCT
+  by ~1% on this trace, measured while building the simulator).
 """
 
 
@@ -178,8 +183,8 @@ vs {naive['gpu_hours_lost']:.0f}, scale-ins {aryl['scale_ins']} vs {naive['scale
 
 def sensitivity(shared: Path, headline_summaries: dict | None) -> tuple[str, dict]:
     rows, raw = [], {}
-    variants = [("inference servers", replace(SETUP, inference_servers=20)),
-                ("elastic share", replace(SETUP, elastic_share=0.75))]
+    variants = [("inference servers", replace(SETUP, inference_servers=n)) for n in INFERENCE_STEPS]
+    variants += [("elastic share", replace(SETUP, elastic_share=share)) for share in ELASTIC_STEPS]
     if headline_summaries:
         variants.insert(0, ("headline setup", SETUP))
     for label, setup in variants:

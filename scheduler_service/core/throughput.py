@@ -94,8 +94,8 @@ class JobEstimate:
     def jct_reductions(self, workers: int, most: int) -> list[float]:
         """``[jct_reduction(workers, k) for k in 1..most]`` (the same arithmetic, computed at once)."""
         work, inf = self.remaining_work, float("inf")
-        now, *more = self.model.speeds(workers, most + 1)
-        now = work / now if now > 0 else inf
+        base, *more = self.model.speeds(workers, most + 1)
+        now = work / base if base > 0 else inf  # remaining_time(workers)
         return [now - (work / s if s > 0 else inf) for s in more]
 
 

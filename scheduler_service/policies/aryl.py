@@ -29,6 +29,7 @@ Pure: no I/O, no wall clock; deterministic for a given snapshot.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 import numpy as np
 
@@ -61,8 +62,7 @@ _TRAINING_OR_DRAINING = (ServerState.TRAINING, ServerState.LOANED, ServerState.D
 _Worker = WorkerView | WorkerPlacement
 
 
-def _rank(worker: WorkerView) -> int:
-    return worker.rank
+_rank, _server_id, _state = attrgetter("rank"), attrgetter("server_id"), attrgetter("state")
 
 
 @dataclass(slots=True)
@@ -223,8 +223,8 @@ class ArylPolicy:
     def schedule(self, snapshot: ClusterSnapshot) -> Plan:
         cycle = _Cycle(
             snapshot=snapshot,
-            servers={s.server_id: s for s in snapshot.servers},
-            server_state={s.server_id: s.state for s in snapshot.servers},
+            servers=dict(zip(map(_server_id, snapshot.servers), snapshot.servers)),
+            server_state=dict(zip(map(_server_id, snapshot.servers), map(_state, snapshot.servers))),
             running=_running_jobs(snapshot),
             params=self.params,
         )
@@ -266,7 +266,7 @@ class ArylPolicy:
         if snap.demand is None:
             return  # no demand signal yet: never loan blind
         needed = snap.demand.servers_needed
-        serving = sum(1 for st in cycle.server_state.values() if st == ServerState.SERVING)
+        serving = list(cycle.server_state.values()).count(ServerState.SERVING)
         coming_back = sum(1 for s in by_state.get(ServerState.RECLAIMING, []) if cycle.server_state[s.server_id] == ServerState.RECLAIMING)
         deficit = needed - serving - coming_back
         draining = by_state.get(ServerState.DRAINING, [])
@@ -503,6 +503,8 @@ class ArylPolicy:
         for job in sorted(jobs, key=lambda j: -value_per_gpu[j.view.job_id]):
             view = job.view
             target, keep = targets[view.job_id], kept[view.job_id]
+            if target == len(keep) == job.extras:
+                continue  # keeps exactly the extras it has
             new = ()
             if target > len(keep):
                 for extra in range(target - len(keep), 0, -1):  # as many as fit, if fragmentation bites
