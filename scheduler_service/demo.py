@@ -270,6 +270,9 @@ def run(workdir: Path) -> DemoOutcome:
     env.pop("ARYL_CONFIG", None)
     db_url = f"sqlite:///{workdir / 'aryl.db'}"
     with ExitStack() as stack:
+        # Registered first, so it runs last: after the scheduler and agents are down, nothing can
+        # start a worker any more.
+        stack.callback(_stop_workers, workdir)
         say(f"Scheduler on {address} (database {db_url}, policy aryl). Watch live from another terminal: "
             f"arylctl --server {address} jobs | servers | loans | events -f")
         start(stack, "scheduler", [str(BIN / "aryl-scheduler"), "--listen", address, "--database-url", db_url],
@@ -375,7 +378,6 @@ def run(workdir: Path) -> DemoOutcome:
         outcome.requests_failed = list(traffic.failed)
         summarize(outcome, workdir)
         say("Shutting down router, model servers, agents (their workers with them) and scheduler")
-        _stop_workers(workdir)
     return outcome
 
 

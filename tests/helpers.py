@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 import grpc
@@ -60,3 +62,20 @@ def wait_for(predicate: Callable[[], T], *, timeout: float = 10.0, interval: flo
 
 def job_state(stub: scheduler_pb2_grpc.SchedulerServiceStub, job_id: str) -> int:
     return stub.GetJob(scheduler_pb2.GetJobRequest(job_id=job_id), timeout=5).job.state
+
+
+def processes_mentioning(marker: str) -> list[int]:
+    """Pids of live processes whose environment or command line mentions ``marker``."""
+    needle = marker.encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            if needle in Path(f"/proc/{entry}/environ").read_bytes() or needle in Path(f"/proc/{entry}/cmdline").read_bytes():
+                status = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                if status != "Z":
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found

@@ -27,7 +27,7 @@ from node_agent.logs import MAX_CHUNK_BYTES, read_chunk, serve_worker_logs
 from node_agent.supervisor import Supervisor, WorkerView
 from node_agent.workers import Phase, WorkDir, WorkerId, load_state, path_component
 from protos.aryl.v1 import agent_pb2, agent_pb2_grpc
-from tests.helpers import wait_for
+from tests.helpers import processes_mentioning, wait_for
 from tests.test_agent import FakeScheduler
 
 REPO = Path(__file__).resolve().parent.parent
@@ -69,20 +69,6 @@ def train(*args: str) -> list[str]:
 
 def python(code: str, *args: str) -> list[str]:
     return [sys.executable, "-c", code, *args]
-
-
-def processes_mentioning(marker: str) -> list[int]:
-    """Pids of live processes whose environment contains ``marker``."""
-    found = []
-    needle = marker.encode()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if needle in Path(f"/proc/{entry}/environ").read_bytes():
-                    found.append(int(entry))
-            except OSError:
-                continue
-    return found
 
 
 @pytest.fixture

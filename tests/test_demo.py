@@ -10,6 +10,7 @@ from pathlib import Path
 
 from protos.aryl.v1 import types_pb2
 from scheduler_service.demo import run
+from tests.helpers import processes_mentioning, wait_for
 
 
 def test_the_demo_story_loans_scales_reclaims_and_fails_no_request(tmp_path: Path) -> None:
@@ -25,3 +26,5 @@ def test_the_demo_story_loans_scales_reclaims_and_fails_no_request(tmp_path: Pat
     assert resnet.progress >= outcome.resnet_progress_before_reclaim  # resizes resume from checkpoints
     assert vit.preemptions == 1                                # the one job reclaim could not shrink
     assert bert.preemptions == 0 and bert.incarnation == 1     # untouched on the training pool
+    # The demo leaves nothing running: daemons stopped, then every worker they started.
+    wait_for(lambda: not processes_mentioning(str(tmp_path)), timeout=20, what="no demo process left")

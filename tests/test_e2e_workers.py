@@ -24,30 +24,13 @@ from arylctl.client import ArylClient
 from protos.aryl.v1 import types_pb2
 from scheduler_service.server import serve_in_background
 from tests.conftest import scheduler_config
-from tests.helpers import job_spec, wait_for
+from tests.helpers import job_spec, processes_mentioning, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 TRAIN = str(REPO / "examples" / "train.py")
 J = types_pb2
 
 pytestmark = pytest.mark.postgres
-
-
-def processes_mentioning(marker: str) -> list[int]:
-    """Pids of live processes whose environment or command line mentions ``marker``."""
-    needle = marker.encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            if needle in Path(f"/proc/{entry}/environ").read_bytes() or needle in Path(f"/proc/{entry}/cmdline").read_bytes():
-                status = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
-                if status != "Z":
-                    found.append(int(entry))
-        except OSError:
-            continue
-    return found
 
 
 class Cluster:
