@@ -113,7 +113,10 @@ class SchedulerService:
         for name in ("", *SERVICE_NAMES):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
         cycle = SchedulingCycle(app, self.policy, self.clock, seed=cfg.scheduling.seed)
-        cycle_task = asyncio.create_task(self._cycle_loop(cycle, notifier, executor))
+        # The cycle on a thread of its own: it never waits for a free RPC thread behind a burst of
+        # status reports, and cycles never overlap (one decides at a time).
+        cycle_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aryl-cycle")
+        cycle_task = asyncio.create_task(self._cycle_loop(cycle, notifier, cycle_thread))
         liveness_task = asyncio.create_task(self._liveness_loop(app, executor))
         log.info("scheduler started", listen=cfg.server.listen, port=self.port, epoch=epoch,
                  policy=self.policy.name, database=self.engine.url.render_as_string(hide_password=True))
@@ -133,6 +136,7 @@ class SchedulerService:
         await log_reader.close()
         submissions.close()
         executor.shutdown(wait=True, cancel_futures=True)
+        cycle_thread.shutdown(wait=True, cancel_futures=True)
         desired_reader.shutdown(wait=True, cancel_futures=True)
         self.engine.dispose()
         log.info("scheduler stopped")
