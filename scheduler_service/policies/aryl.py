@@ -256,13 +256,14 @@ class ArylPolicy:
         for s in by_state.get(ServerState.RECLAIMING, []):
             if s.allocated:
                 continue
-            if s.agent_converged:
-                cycle.act(s.server_id, LoanStep.RETURN, ServerState.SERVING, Reason.RETURNED_TO_SERVING,
-                          "training workers stopped; serving inference again")
-            elif snap.now - s.state_since >= p.reclaim_deadline_s:
-                cycle.act(s.server_id, LoanStep.RETURN, ServerState.SERVING, Reason.RETURNED_TO_SERVING,
-                          f"reclaim deadline of {p.reclaim_deadline_s:.0f}s passed before the agent confirmed "
-                          "the workers stopped; returned to inference by force")
+            why = (
+                "training workers stopped; serving inference again" if s.agent_converged
+                else f"reclaim deadline of {p.reclaim_deadline_s:.0f}s passed before the agent confirmed the "
+                     "workers stopped; returned to inference by force"
+                if snap.now - s.state_since >= p.reclaim_deadline_s else None
+            )
+            if why is not None:
+                cycle.act(s.server_id, LoanStep.RETURN, ServerState.SERVING, Reason.RETURNED_TO_SERVING, why)
         if snap.demand is None:
             return  # no demand signal yet: never loan blind
         needed = snap.demand.servers_needed
@@ -284,12 +285,13 @@ class ArylPolicy:
                 continue
             # The router's acknowledgement is the normal path; the timeout covers deployments without
             # a router (demand reported by hand or by the user's own load balancer).
-            if s.drained:
-                cycle.act(s.server_id, LoanStep.ACTIVATE, ServerState.LOANED, Reason.LOAN_ACTIVE,
-                          "the router reports no requests in flight; lent to training")
-            elif snap.now - s.state_since >= p.drain_timeout_s:
-                cycle.act(s.server_id, LoanStep.ACTIVATE, ServerState.LOANED, Reason.LOAN_ACTIVE,
-                          f"drained for {p.drain_timeout_s:.0f}s; lent to training")
+            why = (
+                "the router reports no requests in flight; lent to training" if s.drained
+                else f"drained for {p.drain_timeout_s:.0f}s; lent to training"
+                if snap.now - s.state_since >= p.drain_timeout_s else None
+            )
+            if why is not None:
+                cycle.act(s.server_id, LoanStep.ACTIVATE, ServerState.LOANED, Reason.LOAN_ACTIVE, why)
         surplus = serving - needed - p.loan_buffer_servers
         if deficit <= 0 and surplus > 0:
             self._loan(cycle, by_state.get(ServerState.SERVING, []), surplus, needed)
