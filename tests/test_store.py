@@ -364,3 +364,26 @@ def test_events_are_append_only(engine: sa.Engine, write) -> None:
     with Session(engine) as session, session.begin():
         make_event(session, kind="JOB_SCALED")
     assert count(engine, Event) == 2
+
+
+@pytest.mark.postgres
+def test_a_concurrent_change_to_a_versioned_row_is_detected_even_in_a_batched_flush(postgres_url: str) -> None:
+    """Optimistic concurrency holds with the engine's batched executemany (PostgreSQL only; SQLite
+    serialises writers anyway): a flush that updates several versioned rows still finds the one
+    another transaction changed meanwhile."""
+    from sqlalchemy.orm.exc import StaleDataError
+
+    engine = create_engine_for(postgres_url)
+    try:
+        with Session(engine) as session, session.begin():
+            ids = [make_job(session, name=f"job-{i}").id for i in range(3)]
+        with Session(engine) as first, Session(engine) as second:
+            mine = first.scalars(sa.select(Job).where(Job.id.in_(ids)).order_by(Job.id)).all()
+            with second.begin():
+                second.get(Job, ids[1]).priority = 7  # commits: version 1 -> 2
+            for job in mine:
+                job.priority = 3
+            with pytest.raises(StaleDataError):
+                first.commit()
+    finally:
+        engine.dispose()

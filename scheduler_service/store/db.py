@@ -30,6 +30,10 @@ def create_engine_for(url: str, *, statement_timeout_ms: int = 5000, pool_size: 
             # No pre-ping (a round trip per checkout); recycle instead, and a dead connection's error
             # surfaces as one failed request that the client may retry.
             pool_recycle=1800,
+            # psycopg2's own executemany is a loop of round trips; batch UPDATEs too (every status
+            # report updates a server's GPUs in one executemany). The ORM still checks versioned
+            # rows one by one, as this mode cannot count rows per statement.
+            executemany_mode="values_plus_batch",
             connect_args={"options": f"-c statement_timeout={statement_timeout_ms}", "connect_timeout": 5},
         )
     raise ValueError(f"unsupported database {parsed.get_backend_name()!r}: use postgresql or sqlite")
