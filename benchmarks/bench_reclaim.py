@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -183,8 +184,6 @@ def reclaim_latency(ctx: BenchContext) -> None:
 
 def _stop_all(agents: list[subprocess.Popen[bytes]]) -> None:
     """Agents leave workers running by design; stop agents and their workers for good here."""
-    import signal
-
     for agent in agents:
         agent.send_signal(signal.SIGTERM)
         try:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import shutil
 import signal
@@ -29,11 +30,14 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
+
+import aiohttp
 
 from arylctl import cli
 from arylctl.client import ArylClient, job_spec
@@ -181,8 +185,6 @@ class Traffic:
         asyncio.run(self._run())
 
     async def _run(self) -> None:
-        import aiohttp
-
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
             tasks: set[asyncio.Task[None]] = set()
             next_at = time.monotonic()
@@ -198,7 +200,7 @@ class Traffic:
             if tasks:
                 await asyncio.gather(*tasks)
 
-    async def _one(self, session) -> None:  # type: ignore[no-untyped-def]
+    async def _one(self, session: aiohttp.ClientSession) -> None:
         self.sent += 1
         try:
             async with session.post(f"{self.url}/v1/infer", json={"input": f"request {self.sent}"}) as response:
@@ -252,9 +254,6 @@ def traffic_reporter(traffic: Traffic, client: ArylClient, stop: threading.Event
 
 
 def model_served(port: int) -> int:
-    import json
-    import urllib.request
-
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=2) as response:
         return int(json.load(response)["served"])
 
@@ -400,9 +399,6 @@ def summarize(outcome: DemoOutcome, workdir: Path) -> None:
 
 
 def _router_ready(port: int, servers: int) -> bool:
-    import json
-    import urllib.request
-
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/aryl/stats", timeout=2) as response:
         stats = json.load(response)
     backends = stats.get("backends", [])
