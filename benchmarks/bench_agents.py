@@ -10,9 +10,11 @@ Nouns:
   shards so the load generator is not one GIL, and none of them is the scheduler's.
 - A *decision* is a committed change to a server's desired workers: a scheduling cycle committing
   a plan that starts a job there, or a CancelJob committing the release of a job's GPUs (each
-  writes the job's ``JOB_STATE_CHANGED`` event, to ``RUNNING`` or ``CANCELLED``). Its time is the
-  latest event time its transaction stamped (scheduler wall clock), just before the final flush
-  and commit: see ``push_latencies``.
+  writes the job's ``JOB_STATE_CHANGED`` event, to ``RUNNING`` or ``CANCELLED``). Its time is when
+  the scheduler recorded it in its transaction (the event's time, scheduler wall clock); the rest
+  of that transaction (generation bumps, the commit) counts in the latency: see ``push_latencies``.
+  The time the scheduler spends deciding and applying the rest of a plan before it records a
+  start does not (a plan's many starts are recorded together, near its end).
 - The *push latency* of a decision is the agent's ``time.time()`` when the first desired state
   that shows the change (the job's worker appearing or disappearing) came out of its stream, minus
   the decision's time. Every process runs on this machine, so the two clocks are the same clock.
@@ -403,11 +405,11 @@ class Decisions:
 
 
 def push_latencies(engine: sa.Engine, arrivals: dict[tuple[str, str], float]) -> Decisions:
-    """Push latency of every decision the agents saw: arrival minus the decision's commit time.
+    """Push latency of every decision the agents saw: arrival minus the time it was recorded.
 
-    A commit's time is the latest ``time`` among the events its transaction wrote (rows of one
-    transaction share ``xmin``; the event log is append-only, so ``xmin`` is the writing one): the
-    last thing the transaction stamped before it committed. The placements of one plan share it."""
+    That time is the latest ``time`` among the events written with the decision (rows written
+    together share ``xmin``, the writing transaction's or savepoint's id; the event log is
+    append-only, so ``xmin`` is the writing one). The starts of one plan are written together."""
     stamped: dict[tuple[str, str], tuple[float, str]] = {}
     last_event: dict[str, float] = {}
     with engine.connect() as conn:

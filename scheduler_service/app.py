@@ -11,10 +11,11 @@ Never: decide placement here (the policy does), or talk gRPC (the api package do
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol, TypeVar
@@ -102,6 +103,7 @@ class Notifier(Protocol):
 
     def events_appended(self) -> None: ...
     def desired_state_changed(self, server_ids: Iterable[str]) -> None: ...
+    def desired_states_committed(self, states: Mapping[str, DesiredServerState]) -> None: ...
     def cycle_requested(self) -> None: ...
 
 
@@ -110,6 +112,9 @@ class NullNotifier:
         pass
 
     def desired_state_changed(self, server_ids: Iterable[str]) -> None:
+        pass
+
+    def desired_states_committed(self, states: Mapping[str, DesiredServerState]) -> None:
         pass
 
     def cycle_requested(self) -> None:
@@ -312,15 +317,25 @@ class SchedulerApp:
         # A report that says nothing new is still written at least this often (GPU load, progress).
         self._telemetry_write_s = telemetry_write_s
         self._reclaim_deadline_s = reclaim_deadline_s
+        # Per thread: the servers whose desired state the last ``_tx`` on this thread pushed itself.
+        self._local = threading.local()
 
     # -- plumbing -------------------------------------------------------------------------------
 
     def _tx(self, work: Callable[[Session], T], *, retries: int = 3) -> T:
-        """Run ``work`` in one transaction; retry on an optimistic-concurrency conflict."""
+        """Run ``work`` in one transaction; retry on an optimistic-concurrency conflict. The desired
+        states ``_bump_generations`` read inside the transaction are handed to the notifier right after
+        commit (and ``_after_commit`` does not ask for them again)."""
+        self._local.published = frozenset()
         for attempt in range(retries):
             try:
                 with self._sessions.begin() as session:
-                    return work(session)
+                    result = work(session)
+                states = session.info.pop(_DESIRED_STATES, None)
+                if states:
+                    self.notifier.desired_states_committed(states)
+                    self._local.published = frozenset(states)
+                return result
             except StaleDataError:
                 if attempt == retries - 1:
                     raise Aborted("a concurrent change modified the same object; retry") from None
@@ -489,31 +504,54 @@ class SchedulerApp:
         return self._read(work)
 
     def cancel_job(self, job_id: int, reason: str) -> JobRecord:
+        result = self.cancel_jobs([(job_id, reason)])[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def cancel_jobs(self, requests: Sequence[tuple[int, str]]) -> list[JobRecord | NotFound | FailedPrecondition]:
+        """Cancel several jobs, each ``(job id, reason)``, in one transaction (group commit: the API
+        batches concurrent CancelJob calls). A job that does not exist or has already ended fails only
+        its own request; the same job twice is cancelled once and the second request is refused."""
         touched: set[str] = set()
 
-        def work(session: Session) -> m.Job:
-            job = self._load_job(session, job_id)
-            state = JobState(job.state)
-            if state.is_terminal:
-                raise FailedPrecondition(f"job {job_id} is already {state}; only active jobs can be cancelled")
-            touched.update(self._release_workers(session, job))
-            self._set_job_state(
-                session, job, JobState.CANCELLED, Reason.CANCELLED_BY_USER, reason or "cancelled by user"
-            )
-            job.finished_at = self._clock.now()
-            job.pending_reason = ""
-            return job
+        def work(session: Session) -> list[m.Job | NotFound | FailedPrecondition]:
+            touched.clear()
+            now = self._clock.now()
+            ids = sorted({job_id for job_id, _ in requests})
+            jobs = {job.id: job for job in session.scalars(sa.select(m.Job).where(m.Job.id.in_(ids)))}
+            results: list[m.Job | NotFound | FailedPrecondition] = []
+            cancelled: set[int] = set()
+            for job_id, reason in requests:
+                job = jobs.get(job_id)
+                if job is None:
+                    results.append(NotFound(f"job {job_id} not found"))
+                    continue
+                state = JobState(job.state)
+                if state.is_terminal:  # also the second request for a job this batch cancels
+                    results.append(FailedPrecondition(
+                        f"job {job_id} is already {state}; only active jobs can be cancelled"))
+                    continue
+                cancelled.add(job_id)
+                job.num_workers = 0
+                self._set_job_state(
+                    session, job, JobState.CANCELLED, Reason.CANCELLED_BY_USER, reason or "cancelled by user"
+                )
+                job.finished_at = now
+                job.pending_reason = ""
+                results.append(job)
+            if cancelled:  # every cancelled job's GPUs in one statement
+                a = m.Allocation.__table__.c
+                touched.update(session.scalars(
+                    sa.delete(m.Allocation.__table__).where(a.job_id.in_(sorted(cancelled))).returning(a.server_id)
+                ))
+            self._bump_generations(session, touched)
+            return results
 
-        job = self._tx(work)
-        self._after_commit(touched)
-        return JobRecord(job, ())
-
-    def _release_workers(self, session: Session, job: m.Job) -> set[str]:
-        """Free a job's GPUs; bump the desired generation of every server it ran on."""
-        servers = self._free_allocations(session, job.id)
-        job.num_workers = 0
-        self._bump_generations(session, servers)
-        return servers
+        results = self._tx(work)
+        if any(isinstance(r, m.Job) for r in results):
+            self._after_commit(touched)
+        return [JobRecord(r, ()) if isinstance(r, m.Job) else r for r in results]
 
     @staticmethod
     def _free_allocations(session: Session, job_id: int) -> set[str]:
@@ -522,17 +560,33 @@ class SchedulerApp:
         return set(session.scalars(sa.delete(m.Allocation.__table__).where(a.job_id == job_id).returning(a.server_id)))
 
     def _bump_generations(self, session: Session, server_ids: Iterable[str]) -> None:
+        """One desired-generation bump per server, in one statement. The version moves too, so a
+        concurrent writer that read a server before this commit fails its optimistic check."""
         ids = sorted(server_ids)
         if not ids:
             return
-        for server in session.scalars(sa.select(m.Server).where(m.Server.id.in_(ids))):
-            server.desired_generation += 1
+        s = m.Server.__table__
+        session.flush()  # pending ORM changes to these rows first, with their own version checks
+        session.execute(
+            sa.update(s).where(s.c.id.in_(ids))
+            .values(desired_generation=s.c.desired_generation + 1, version=s.c.version + 1)
+        )
+        for server_id in ids:  # objects of these rows in this session are reloaded on next use
+            server = session.identity_map.get(session.identity_key(m.Server, server_id))  # type: ignore[arg-type]
+            if server is not None:
+                session.expire(server)
+        # What the agents must be told, read now from this transaction (every change to these servers is
+        # made by now: bumping is a transaction's last change to them) and pushed right after commit, so
+        # a push does not wait for a second read after commit. ``_tx`` hands them over.
+        session.info.setdefault(_DESIRED_STATES, {}).update(self._desired_states_in(session, ids))
 
     def _after_commit(self, touched_servers: Iterable[str]) -> None:
         touched = list(touched_servers)
+        published = getattr(self._local, "published", frozenset())
         self._forget_digests(touched)
-        if touched:
-            self.notifier.desired_state_changed(touched)
+        unread = [server_id for server_id in touched if server_id not in published]
+        if unread:
+            self.notifier.desired_state_changed(unread)
         self.notifier.events_appended()
         self.notifier.cycle_requested()
 
@@ -700,12 +754,17 @@ class SchedulerApp:
         Most reports say nothing new: the same generation, the same GPU health, no worker exit. Those
         are answered from memory (``_ReportDigest``) and their telemetry (GPU load, progress, last
         seen) is written at most every ``telemetry_write_s``; liveness is in memory anyway. So a
-        fleet of 1,000s of agents costs the database little. Anything that may need a decision (a new
-        observed generation, a health change, an exit) goes through the full path at once."""
-        digest = self._report_digest(report)
+        fleet of 1,000s of agents costs the database little. A report whose only news is a newer
+        observed generation writes just that (one statement). Anything else that may need a decision
+        (a health change, an exit, a LOST server reporting again) goes through the full path at once."""
+        answer = self.answer_from_memory(report)
+        if answer is not None:
+            return answer
+        digest = self._unchanged_since_digest(report)
         if digest is not None:
-            self._heard(report.server_id)
-            return digest
+            answer = self._record_observed_generation(report, digest)
+            if answer is not None:
+                return answer
         now = self._clock.now()
         cycle_needed = False
         touched: set[str] = set()
@@ -772,22 +831,66 @@ class SchedulerApp:
             self.notifier.cycle_requested()
         return generation
 
-    def _report_digest(self, report: StatusReport) -> int | None:
-        """The desired generation to answer ``report`` with when it carries nothing that needs the
-        database now (see ``report_status``); None when it must take the full path."""
+    def answer_from_memory(self, report: StatusReport) -> int | None:
+        """``report_status``'s fast path, safe on any thread and touching no database: when ``report``
+        carries nothing that needs the database now, record that the server was heard from and return
+        the desired generation to answer with; otherwise None (call ``report_status``)."""
+        digest = self._unchanged_since_digest(report)
+        if digest is None or report.observed_generation > digest.observed_generation:
+            return None
+        self._heard(report.server_id)
+        return digest.desired_generation
+
+    def _unchanged_since_digest(self, report: StatusReport) -> _ReportDigest | None:
+        """The server's digest when ``report`` says nothing new but (perhaps) a newer observed
+        generation: same epoch, same GPU health, no exit the scheduler did not ask for, and telemetry
+        written recently. None when it must take the full path."""
         with self._heard_lock:
             digest = self._digests.get(report.server_id)
         if (
             digest is None
             or digest.epoch != self.epoch
             or report.scheduler_epoch != self.epoch
-            or report.observed_generation > digest.observed_generation
             or self._clock.monotonic() - digest.written_at >= self._telemetry_write_s
             or _health_of(report) != digest.health
             or any(w.phase == "EXITED" and not w.stop_requested for w in report.workers)
         ):
             return None
-        return digest.desired_generation
+        return digest
+
+    def _record_observed_generation(self, report: StatusReport, digest: _ReportDigest) -> int | None:
+        """A report whose only news is a newer observed generation (the agent converged after a push:
+        100s of them follow a burst of decisions): one UPDATE of the server's heartbeat columns, no
+        telemetry (written on its own schedule). Returns the desired generation, or None when the
+        server turned out to be LOST (the full path brings it back)."""
+        s = m.Server.__table__
+
+        def work(session: Session) -> Any:
+            if session.get_bind().dialect.name == "postgresql":
+                session.execute(sa.text("SET LOCAL synchronous_commit TO OFF"))  # as telemetry: see report_status
+            return session.execute(
+                sa.update(s).where(s.c.id == report.server_id, s.c.state != ServerState.LOST)
+                .values(last_seen_at=self._clock.now(), observed_generation=sa.case(
+                    (s.c.observed_generation < report.observed_generation, report.observed_generation),
+                    else_=s.c.observed_generation,
+                ))
+                .returning(s.c.state, s.c.observed_generation, s.c.desired_generation)
+            ).one_or_none()
+
+        row = self._tx(work)
+        if row is None:
+            return None
+        self._heard(report.server_id)
+        with self._heard_lock:
+            if self._digests.get(report.server_id) is digest:  # not forgotten by a commit meanwhile
+                self._digests[report.server_id] = dataclasses.replace(
+                    digest, observed_generation=row.observed_generation, desired_generation=row.desired_generation
+                )
+        if row.state in (ServerState.RECLAIMING, ServerState.SERVING):
+            # A reclaimed server waits for exactly this confirmation to serve again; routing too.
+            self.notifier.events_appended()
+            self.notifier.cycle_requested()
+        return int(row.desired_generation)
 
     def _forget_digests(self, server_ids: Iterable[str]) -> None:
         """Their state or desired generation changed: the next report of each takes the full path."""
@@ -918,52 +1021,54 @@ class SchedulerApp:
         """The desired state of each registered server among ``server_ids``, from one consistent
         read: three queries however many servers (the agent streams' fan-out after a commit)."""
         ids = sorted(set(server_ids))
+        return self._read(lambda session: self._desired_states_in(session, ids))
 
-        def work(session: Session) -> dict[str, DesiredServerState]:
-            servers = {s.id: s for s in session.scalars(sa.select(m.Server).where(m.Server.id.in_(ids)))}
-            here = list(
-                session.execute(
-                    sa.select(m.Allocation, m.Job)
-                    .join(m.Job, m.Job.id == m.Allocation.job_id)
-                    .where(m.Allocation.server_id.in_(list(servers)))
-                    .order_by(m.Allocation.server_id, m.Allocation.job_id, m.Allocation.rank, m.Allocation.gpu_index)
-                )
-            ) if servers else []
-            job_ids = sorted({job.id for _, job in here})
-            # MASTER_ADDR: the server of rank 0 of each job.
-            masters = dict(
-                session.execute(
-                    sa.select(m.Allocation.job_id, m.Server.agent_address)
-                    .join(m.Server, m.Server.id == m.Allocation.server_id)
-                    .where(m.Allocation.job_id.in_(job_ids), m.Allocation.rank == 0)
-                ).all()
-            ) if job_ids else {}
-            workers: dict[str, dict[tuple[int, int], list[int]]] = defaultdict(lambda: defaultdict(list))
-            jobs: dict[int, m.Job] = {}
-            for alloc, job in here:
-                workers[alloc.server_id][(job.id, alloc.rank)].append(alloc.gpu_index)
-                jobs[job.id] = job
-            states = {}
-            for server in servers.values():
-                specs = []
-                local_rank: dict[int, int] = defaultdict(int)
-                for (jid, rank), gpus in sorted(workers[server.id].items()):
-                    job = jobs[jid]
-                    specs.append(
-                        DesiredWorkerSpec(
-                            job_id=jid, rank=rank, world_size=job.num_workers, local_rank=local_rank[jid],
-                            gpu_indices=tuple(gpus), command=tuple(job.command), env=dict(job.env),
-                            master_addr=masters.get(jid, server.agent_address),
-                            master_port=self._worker_base_port + jid % 10000, incarnation=job.incarnation,
-                        )
+    def _desired_states_in(self, session: Session, ids: Sequence[str]) -> dict[str, DesiredServerState]:
+        """``desired_states`` inside ``session`` (also a writing transaction, before its commit). Core
+        rows with only the columns an agent needs: this runs after every commit that touches servers."""
+        s, a, j = (t.__table__.c for t in (m.Server, m.Allocation, m.Job))
+        servers = session.execute(
+            sa.select(s.id, s.agent_address, s.desired_generation, s.state).where(s.id.in_(ids)).order_by(s.id)
+        ).all()
+        here = session.execute(
+            sa.select(a.server_id, a.job_id, a.rank, a.gpu_index, j.num_workers, j.command, j.env, j.incarnation)
+            .join(m.Job.__table__, j.id == a.job_id)
+            .where(a.server_id.in_([row.id for row in servers]))
+            .order_by(a.server_id, a.job_id, a.rank, a.gpu_index)
+        ).all() if servers else []
+        job_ids = sorted({row.job_id for row in here})
+        # MASTER_ADDR: the server of rank 0 of each job.
+        masters = dict(
+            session.execute(
+                sa.select(a.job_id, s.agent_address)
+                .join(m.Server.__table__, s.id == a.server_id)
+                .where(a.job_id.in_(job_ids), a.rank == 0)
+            ).all()
+        ) if job_ids else {}
+        workers: dict[str, dict[tuple[int, int], list[int]]] = defaultdict(lambda: defaultdict(list))
+        jobs: dict[int, Any] = {}
+        for row in here:
+            workers[row.server_id][(row.job_id, row.rank)].append(row.gpu_index)
+            jobs[row.job_id] = row
+        states = {}
+        for server in servers:
+            specs = []
+            local_rank: dict[int, int] = defaultdict(int)
+            for (jid, rank), gpus in sorted(workers[server.id].items()):
+                job = jobs[jid]
+                specs.append(
+                    DesiredWorkerSpec(
+                        job_id=jid, rank=rank, world_size=job.num_workers, local_rank=local_rank[jid],
+                        gpu_indices=tuple(gpus), command=tuple(job.command), env=dict(job.env),
+                        master_addr=masters.get(jid, server.agent_address),
+                        master_port=self._worker_base_port + jid % 10000, incarnation=job.incarnation,
                     )
-                    local_rank[jid] += 1
-                states[server.id] = DesiredServerState(
-                    server.id, self.epoch, server.desired_generation, server.state, tuple(specs)
                 )
-            return states
-
-        return self._read(work)
+                local_rank[jid] += 1
+            states[server.id] = DesiredServerState(
+                server.id, self.epoch, server.desired_generation, server.state, tuple(specs)
+            )
+        return states
 
     # -- liveness -------------------------------------------------------------------------------
 
@@ -1284,7 +1389,16 @@ class SchedulerApp:
             ):
                 held[alloc.job_id].append((alloc.server_id, alloc.gpu_index))
 
-            for action in apply_order(plan, held):
+            order = apply_order(plan, held)
+            together: set[int] = set()  # the starts applied as one batch (see _apply_starts_together)
+            if len(plan.starts) >= _BATCH_STARTS_FROM:
+                placement = _PlacementCheck.load(session, (*plan.starts, *plan.scales))
+            for action in order:
+                if isinstance(action, StartJob) and not together and len(plan.starts) >= _BATCH_STARTS_FROM:
+                    assert placement is not None
+                    together = self._apply_starts_together(session, plan.starts, jobs, placement, now, log)
+                if isinstance(action, StartJob) and action.job_id in together:
+                    continue
                 try:
                     with session.begin_nested():
                         if not isinstance(action, ServerAction) and placement is None:
@@ -1371,6 +1485,81 @@ class SchedulerApp:
         job.pending_reason = ""
         self._set_job_state(session, job, JobState.RUNNING, action.reason, action.message)
         return {w.server_id for w in action.workers}
+
+    def _apply_starts_together(
+        self, session: Session, starts: Sequence[StartJob], jobs: dict[int, m.Job], placement: _PlacementCheck,
+        now: float, log: ApplyLog,
+    ) -> set[int]:
+        """Apply ``starts`` in one savepoint with a fixed number of statements, however many there are
+        (one plan after a burst of submissions starts 100s of jobs); returns the ids applied.
+
+        Does exactly what ``_apply_start`` does per start, and re-checks the same things: starts refused
+        in Python (job no longer pending, bad shape, server or GPU unusable) are left out here and
+        refused by the one-by-one path. When the database refuses the batch (a GPU already held, a job
+        changed since it was read) the savepoint is rolled back and nothing is applied: the caller
+        applies every start alone, so the culprit is refused alone, with its reason."""
+        ready: list[tuple[StartJob, m.Job, list[tuple[int, str, int]]]] = []
+        for action in starts:
+            job = jobs.get(action.job_id)
+            if job is None or job.state != JobState.PENDING:
+                continue
+            planned = [(w.rank, w.server_id, index) for w in action.workers for index in w.gpu_indices]
+            try:
+                placement.check(job, action.workers, new_gpus={(s, index) for _, s, index in planned})
+                JOB_LIFECYCLE.check(job.state, JobState.RUNNING)
+            except (_Refused, IllegalTransition):
+                continue
+            ready.append((action, job, planned))
+        if not ready:
+            return set()
+        j = m.Job.__table__
+        try:
+            with session.begin_nested():
+                # The rows stay locked until commit, so the versions compared here are the ones written.
+                current = {
+                    row.id: row for row in session.execute(
+                        sa.select(j.c.id, j.c.version, j.c.state)
+                        .where(j.c.id.in_([job.id for _, job, _ in ready])).with_for_update()
+                    )
+                }
+                if any(
+                    (row := current.get(job.id)) is None or row.version != job.version or row.state != job.state
+                    for _, job, _ in ready
+                ):
+                    raise _Refused("a job changed since it was read")
+                session.execute(sa.insert(m.Allocation.__table__), [
+                    dict(job_id=job.id, rank=rank, server_id=server_id, gpu_index=index, allocated_at=now)
+                    for _, job, planned in ready for rank, server_id, index in planned
+                ])
+                session.execute(
+                    sa.update(j).where(j.c.id == sa.bindparam("b_id")).values(
+                        state=JobState.RUNNING, state_reason=sa.bindparam("b_reason"),
+                        state_message=sa.bindparam("b_message"), pending_reason="",
+                        num_workers=sa.bindparam("b_workers"), incarnation=sa.bindparam("b_incarnation"),
+                        worker_exits=None, rank_servers=sa.bindparam("b_rank_servers"),
+                        started_at=sa.func.coalesce(j.c.started_at, now), last_resized_at=now,
+                        version=j.c.version + 1,
+                    ),
+                    [
+                        dict(b_id=job.id, b_reason=action.reason, b_message=action.message[:1024],
+                             b_workers=len(action.workers), b_incarnation=(job.incarnation or 0) + 1,
+                             b_rank_servers={**(job.rank_servers or {}),
+                                             **{str(w.rank): w.server_id for w in action.workers}})
+                        for action, job, _ in ready
+                    ],
+                )
+                recorded = self._clock.now()  # events are stamped when recorded, as one start at a time is
+                session.execute(sa.insert(m.Event.__table__), [
+                    dict(time=recorded, kind="JOB_STATE_CHANGED", job_id=job.id, server_id=None, from_state=job.state,
+                         to_state=JobState.RUNNING, reason=action.reason, message=action.message[:2048], details={})
+                    for action, job, _ in ready
+                ])
+        except (IntegrityError, _Refused):
+            return set()
+        for action, job, _ in ready:
+            session.expire(job)  # written above without the ORM: reloaded if a later action touches it
+            log.applied(action, {w.server_id for w in action.workers})
+        return {action.job_id for action, _, _ in ready}
 
     @staticmethod
     def _new_incarnation(job: m.Job, workers: Iterable[Any]) -> None:
@@ -1471,6 +1660,13 @@ class SchedulerApp:
                 for p in items
             ],
         )
+
+
+# session.info key: desired states read inside a transaction, pushed after its commit (see ``_tx``).
+_DESIRED_STATES = "aryl.desired_states"
+
+# A plan with at least this many starts applies them as one batch (``_apply_starts_together``).
+_BATCH_STARTS_FROM = 2
 
 
 class _Refused(Exception):

@@ -81,6 +81,12 @@ class SchedulingConfig(ConfigSection):
     min_cycle_gap_s: float = Field(
         0.05, ge=0, description="least time between two cycles: a burst of events is batched into one cycle"
     )
+    max_cycle_duty: float = Field(
+        0.5, gt=0, le=1,
+        description="during a burst of events, cycles take at most this share of the time: after a cycle that "
+                    "took T seconds the next starts no sooner than T x (1/share - 1) later (and min_cycle_gap_s), "
+                    "leaving the rest to status reports and pushes on a large cluster",
+    )
     seed: int = Field(0, description="seed handed to the policy; same snapshot + seed -> same plan")
     default_grace_period_s: float = Field(30.0, ge=0, description="SIGTERM -> SIGKILL for workers")
     worker_base_port: int = Field(29500, gt=0, lt=65536, description="MASTER_PORT base for jobs")
@@ -102,6 +108,12 @@ class AgentsConfig(ConfigSection):
         15.0, ge=0, description="reports that change nothing are written at most this often (GPU load, progress)"
     )
     rpc_timeout_s: float = Field(5.0, gt=0, description="deadline on internal calls")
+    desired_state_refresh_s: float = Field(
+        30.0, gt=0,
+        description="each agent stream re-reads its desired state at least this often (jittered), covering writes "
+                    "this process was not told about; pushes after this scheduler's own commits are immediate, and an "
+                    "agent whose stream lags the generation in its report replies resynchronises by itself",
+    )
 
 
 class LoggingConfig(ConfigSection):

@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     from scheduler_service.server import SchedulerService
 
     try:
-        service = SchedulerService(config)
+        service = SchedulerService(config, tune_gc=True)
     except (UnknownPolicy, ValueError) as exc:
         print(f"aryl-scheduler: {exc}", file=sys.stderr)
         return 2

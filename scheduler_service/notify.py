@@ -14,6 +14,7 @@ anything; the database stays the single source of truth.
 from __future__ import annotations
 
 import asyncio
+import random
 import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
@@ -106,6 +107,24 @@ class DesiredStateFeed(Generic[S]):
             except RuntimeError:
                 pass  # the loop is closed: the service is shutting down, nobody is waiting
 
+    def publish_threadsafe(self, states: Mapping[str, S]) -> None:
+        """After commit, from any thread: these are the servers' desired states as committed (read in
+        the committing transaction); watchers get them without another read."""
+        if states:
+            try:
+                self.loop.call_soon_threadsafe(self._publish, dict(states))
+            except RuntimeError:
+                pass  # the loop is closed: the service is shutting down, nobody is waiting
+
+    def _publish(self, states: Mapping[str, S]) -> None:
+        for server_id, state in states.items():
+            slot = self._slots.get(server_id)
+            if slot is None:
+                continue  # nobody watches it
+            if slot.state is None or state.generation >= slot.state.generation:
+                slot.state, slot.error = state, None
+                slot.signal.bump()
+
     def _request(self, server_ids: Iterable[str]) -> None:
         self._dirty.update(s for s in server_ids if s in self._slots)  # unwatched servers cost nothing
         if self._dirty and (self._reader is None or self._reader.done()):
@@ -136,8 +155,9 @@ class DesiredStateFeed(Generic[S]):
                 slot.signal.bump()
 
     async def watch(self, server_id: str, *, refresh_s: float) -> AsyncIterator[S]:
-        """Yield the server's desired state now and whenever its generation changes; re-read it at
-        least every ``refresh_s`` (covers writes this process was not told about). Raises what the
+        """Yield the server's desired state now and whenever its generation changes; re-read it
+        every ``refresh_s`` or so (covers writes this process was not told about; each wait is drawn
+        from 0.5..1.0 x ``refresh_s`` so 1,000s of streams do not re-read in step). Raises what the
         read raised, or ``NotFound`` for a server that is not registered."""
         slot = self._slots.get(server_id)
         if slot is None:
@@ -148,7 +168,7 @@ class DesiredStateFeed(Generic[S]):
             self._request((server_id,))
             sent: int | None = None
             while True:
-                await slot.signal.wait_newer(seen, timeout=refresh_s)
+                await slot.signal.wait_newer(seen, timeout=refresh_s * random.uniform(0.5, 1.0))
                 if slot.signal.version == seen:  # nothing read meanwhile: ask for a re-read
                     self._request((server_id,))
                     continue
@@ -196,6 +216,9 @@ class AsyncNotifier:
         ids = tuple(server_ids)
         if self.desired_states is not None:
             self.desired_states.changed_threadsafe(ids)
+        self._bump_servers(ids)
+
+    def _bump_servers(self, ids: Sequence[str]) -> None:
         with self._lock:
             signals = [s for s in map(self._servers.get, ids) if s is not None]
         if signals:
@@ -203,6 +226,11 @@ class AsyncNotifier:
                 self._loop.call_soon_threadsafe(lambda: [s.bump() for s in signals])
             except RuntimeError:
                 pass  # the loop is closed: the service is shutting down, nobody is waiting
+
+    def desired_states_committed(self, states: Mapping[str, Any]) -> None:
+        if self.desired_states is not None:
+            self.desired_states.publish_threadsafe(states)
+        self._bump_servers(tuple(states))
 
     def cycle_requested(self) -> None:
         self.cycle.bump_threadsafe()

@@ -8,7 +8,7 @@ applier's contract, not any policy.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 
 import pytest
 from sqlalchemy.orm import Session
@@ -64,6 +64,9 @@ class RecordingNotifier:
 
     def desired_state_changed(self, server_ids: Iterable[str]) -> None:
         self.desired.append(set(server_ids))
+
+    def desired_states_committed(self, states: Mapping[str, object]) -> None:
+        self.desired.append(set(states))
 
     def cycle_requested(self) -> None:
         pass
@@ -357,6 +360,92 @@ def test_a_plan_that_double_books_a_gpu_commits_only_the_first_action(app: Sched
     assert allocations(app, elastic) == {(0, "s1", 1)}
     assert (job_row(app, second).state, job_row(app, elastic).num_workers) == ("PENDING", 1)
     assert transitions(app, elastic)[-1] == ("PENDING", "RUNNING", "PLACED")  # no SCALING recorded
+
+
+# --- many starts in one plan (applied as one batch) -----------------------------------------------
+
+
+def _start_record(app: SchedulerApp, job_id: int) -> tuple:
+    row = job_row(app, job_id)
+    return (row.state, row.num_workers, row.incarnation, row.started_at, row.last_resized_at, row.pending_reason,
+            row.worker_exits, row.rank_servers, row.state_reason, row.state_message)
+
+
+def test_many_starts_record_exactly_what_one_start_at_a_time_records(
+    app: SchedulerApp, clock: ManualClock, notifier: RecordingNotifier
+) -> None:
+    for name in ("s1", "s2", "s3"):
+        register(app, name, gpus=2)
+    alone = submit(app, "alone", workers=2)
+    assert applied(app, starts=[start(alone, ("s1", (0,)), ("s2", (0,)))]).started == (alone,)
+    one_by_one = _start_record(app, alone)
+    applied(app, preemptions=[PreemptJob(alone, Reason.PREEMPTED_FOR_RECLAIM, "make room")])
+    clock.advance(60)
+    jobs = [submit(app, f"batch-{i}", workers=2) for i in range(3)]
+    before = {s: generation(app, s) for s in ("s1", "s2", "s3")}
+
+    result = applied(app, starts=[
+        start(jobs[0], ("s1", (0,)), ("s2", (0,))),
+        start(jobs[1], ("s2", (1,)), ("s3", (0,))),
+        start(jobs[2], ("s3", (1,)), ("s1", (1,))),
+        start(alone, ("s1", (0,)), ("s2", (0,))),  # held by jobs[0]: the batch falls back, this one is refused
+    ])
+    assert result.started == tuple(jobs) and result.rejected == (
+        (alone, "STALE_PLAN: a planned GPU is already held by another worker"),
+    )
+
+    # Free s1/s2 GPU 0 and start two jobs together, one of them restarted after its preemption.
+    applied(app, preemptions=[PreemptJob(jobs[0], Reason.PREEMPTED_FOR_RECLAIM, "make room")])
+    register(app, "s4", gpus=1)
+    again = submit(app, "again")
+    clock.advance(60)
+    result = applied(app, starts=[start(alone, ("s1", (0,)), ("s2", (0,))), start(again, ("s4", (0,)))])
+    assert result == ApplyResult((alone, again), (), frozenset({"s1", "s2", "s4"}))
+    assert allocations(app, alone) == {(0, "s1", 0), (1, "s2", 0)}
+    # The same columns as one start at a time, except the restart's incarnation; started_at is the first start.
+    state, workers, incarnation, started_at, resized_at, pending, exits, ranks, why, message = _start_record(app, alone)
+    assert (state, workers, incarnation, started_at) == ("RUNNING", 2, one_by_one[2] + 1, one_by_one[3])
+    assert (resized_at, pending, exits, ranks, why, message) == (clock.time, "", None, *one_by_one[7:])
+    assert transitions(app, again) == [("PENDING", "RUNNING", "PLACED")]
+    assert transitions(app, alone)[-1] == ("PENDING", "RUNNING", "PLACED")
+    # Every touched server is told once per plan, after commit, with one generation bump per plan.
+    assert notifier.desired[-1] == {"s1", "s2", "s4"}
+    assert generation(app, "s3") == before["s3"] + 1  # the first batch only
+
+
+def test_a_job_that_left_pending_after_the_plan_is_refused_alone_in_a_batch(app: SchedulerApp) -> None:
+    register(app, "s1", gpus=4)
+    jobs = [submit(app, f"j{i}") for i in range(4)]
+    app.cancel_job(jobs[2], "changed my mind")
+
+    result = applied(app, starts=[start(j, ("s1", (i,))) for i, j in enumerate(jobs)])
+
+    assert result.started == (jobs[0], jobs[1], jobs[3])
+    assert result.rejected == ((jobs[2], "STALE_PLAN: job %d is no longer pending (it is CANCELLED)" % jobs[2]),)
+    assert allocations(app, jobs[2]) == set()
+    assert [job_row(app, j).incarnation for j in jobs] == [1, 1, 0, 1]
+
+
+def test_cancels_in_one_batch_each_get_their_own_answer(app: SchedulerApp, notifier: RecordingNotifier) -> None:
+    register(app, "s1", gpus=2)
+    register(app, "s2", gpus=2)
+    running, queued, done = submit(app, "running", workers=2), submit(app, "queued"), submit(app, "done")
+    applied(app, starts=[start(running, ("s1", (0,)), ("s2", (1,)))])
+    app.cancel_job(done, "first")
+    before = {s: generation(app, s) for s in ("s1", "s2")}
+
+    results = app.cancel_jobs([(running, "a"), (queued, ""), (running, "again"), (done, "x"), (999_999, "y")])
+
+    assert [type(r).__name__ for r in results] == [
+        "JobRecord", "JobRecord", "FailedPrecondition", "FailedPrecondition", "NotFound"]
+    assert "already CANCELLED" in str(results[2]) and "job 999999 not found" in str(results[4])
+    assert [job_row(app, j).state for j in (running, queued, done)] == ["CANCELLED"] * 3
+    assert allocations(app, running) == set()
+    assert transitions(app, running)[-1] == ("RUNNING", "CANCELLED", "CANCELLED_BY_USER")
+    assert app.get_job(queued)[0].job.state_message == "cancelled by user"
+    # One bump per server for the whole batch, and the agents are told once.
+    assert {s: generation(app, s) for s in ("s1", "s2")} == {s: g + 1 for s, g in before.items()}
+    assert notifier.desired[-1] == {"s1", "s2"}
 
 
 # --- the loan cycle -------------------------------------------------------------------------------

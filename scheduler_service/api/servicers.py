@@ -55,6 +55,7 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
         self, *args: Any, policy_name: str, clock_now: Callable[[], float],
         submissions: GroupCommitter[JobSubmission, JobRecord], policy_params: PolicyParams,
         log_reader: AgentLogReader | None = None,
+        cancellations: GroupCommitter[tuple[int, str], JobRecord] | None = None,
     ) -> None:
         super().__init__(*args)
         self._logs = log_reader or AgentLogReader(timeout_s=5.0)
@@ -62,6 +63,7 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
         self._policy_params = policy_params
         self._now = clock_now
         self._submissions = submissions
+        self._cancellations = cancellations
 
     @rpc
     async def SubmitJob(self, request: scheduler_pb2.SubmitJobRequest, context: Any) -> scheduler_pb2.SubmitJobResponse:
@@ -95,7 +97,10 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
     async def CancelJob(self, request: scheduler_pb2.CancelJobRequest, context: Any) -> scheduler_pb2.CancelJobResponse:
         job_id = validation.job_id("job_id", request.job_id)
         reason = validation.text("reason", request.reason, max_len=1024)
-        record = await self.run(self.app.cancel_job, job_id, reason)
+        if self._cancellations is None:
+            record = await self.run(self.app.cancel_job, job_id, reason)
+        else:  # concurrent cancels share one transaction
+            record = await asyncio.wrap_future(self._cancellations.submit((job_id, reason)))
         return scheduler_pb2.CancelJobResponse(job=convert.job(record))
 
     @rpc
@@ -180,9 +185,12 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
 
 
 class AgentServicer(_Base, agent_pb2_grpc.AgentServiceServicer):
-    def __init__(self, *args: Any, report_interval_s: float, grace_period_s: float) -> None:
+    def __init__(
+        self, *args: Any, report_interval_s: float, grace_period_s: float, desired_state_refresh_s: float = 30.0
+    ) -> None:
         super().__init__(*args)
         self._report_interval = report_interval_s
+        self._refresh_s = desired_state_refresh_s
         self._grace = grace_period_s
 
     @rpc
@@ -201,7 +209,11 @@ class AgentServicer(_Base, agent_pb2_grpc.AgentServiceServicer):
     @rpc
     async def ReportStatus(self, request: agent_pb2.ReportStatusRequest, context: Any) -> agent_pb2.ReportStatusResponse:
         report = validation.status_report(request)
-        generation = await self.run(self.app.report_status, report)
+        # Most reports say nothing new and are answered from memory, here on the loop: a thread hop
+        # per report would cost more than the answer (1,000s of agents report every few seconds).
+        generation = self.app.answer_from_memory(report)
+        if generation is None:
+            generation = await self.run(self.app.report_status, report)
         return agent_pb2.ReportStatusResponse(
             desired_generation=generation, report_interval=convert.duration(self._report_interval)
         )
@@ -212,7 +224,7 @@ class AgentServicer(_Base, agent_pb2_grpc.AgentServiceServicer):
     ) -> AsyncIterator[agent_pb2.DesiredState]:
         server_id = validation.server_id("server_id", request.server_id)
         assert self.notifier.desired_states is not None, "the service serves desired states before agents"
-        async for desired in self.notifier.desired_states.watch(server_id, refresh_s=STREAM_POLL_S):
+        async for desired in self.notifier.desired_states.watch(server_id, refresh_s=self._refresh_s):
             yield convert.desired_state(desired, grace_period_s=self._grace)
 
 
