@@ -788,10 +788,7 @@ class SchedulerApp:
             session.execute(
                 sa.update(servers).where(servers.c.id == server.id).values(
                     last_seen_at=now,
-                    observed_generation=sa.case(
-                        (servers.c.observed_generation < report.observed_generation, report.observed_generation),
-                        else_=servers.c.observed_generation,
-                    ),
+                    observed_generation=_at_least(servers.c.observed_generation, report.observed_generation),
                 )
             )
             if report.observed_generation > server.observed_generation:
@@ -870,10 +867,8 @@ class SchedulerApp:
                 session.execute(sa.text("SET LOCAL synchronous_commit TO OFF"))  # as telemetry: see report_status
             return session.execute(
                 sa.update(s).where(s.c.id == report.server_id, s.c.state != ServerState.LOST)
-                .values(last_seen_at=self._clock.now(), observed_generation=sa.case(
-                    (s.c.observed_generation < report.observed_generation, report.observed_generation),
-                    else_=s.c.observed_generation,
-                ))
+                .values(last_seen_at=self._clock.now(),
+                        observed_generation=_at_least(s.c.observed_generation, report.observed_generation))
                 .returning(s.c.state, s.c.observed_generation, s.c.desired_generation)
             ).one_or_none()
 
@@ -1389,20 +1384,18 @@ class SchedulerApp:
             ):
                 held[alloc.job_id].append((alloc.server_id, alloc.gpu_index))
 
-            order = apply_order(plan, held)
-            together: set[int] = set()  # the starts applied as one batch (see _apply_starts_together)
-            if len(plan.starts) >= _BATCH_STARTS_FROM:
-                placement = _PlacementCheck.load(session, (*plan.starts, *plan.scales))
-            for action in order:
-                if isinstance(action, StartJob) and not together and len(plan.starts) >= _BATCH_STARTS_FROM:
+            together: set[int] | None = None  # the starts applied as one batch (_apply_starts_together)
+            for action in apply_order(plan, held):
+                if not isinstance(action, ServerAction) and placement is None:
+                    placement = _PlacementCheck.load(session, (*plan.starts, *plan.scales))
+                if isinstance(action, StartJob) and together is None:
                     assert placement is not None
-                    together = self._apply_starts_together(session, plan.starts, jobs, placement, now, log)
+                    together = (self._apply_starts_together(session, plan.starts, jobs, placement, now, log)
+                                if len(plan.starts) >= _BATCH_STARTS_FROM else set())
                 if isinstance(action, StartJob) and action.job_id in together:
                     continue
                 try:
                     with session.begin_nested():
-                        if not isinstance(action, ServerAction) and placement is None:
-                            placement = _PlacementCheck.load(session, (*plan.starts, *plan.scales))
                         if isinstance(action, ServerAction):
                             servers = self._apply_server_step(session, action, now)
                         elif isinstance(action, PreemptJob):
@@ -1714,6 +1707,11 @@ class _PlacementCheck:
                 raise _Refused(f"server {server_id} is {state or 'not registered'}: training cannot run on it")
             if (server_id, index) not in self.healthy_gpus:
                 raise _Refused(f"GPU {index} of server {server_id} is unhealthy or missing")
+
+
+def _at_least(column: Any, value: int) -> Any:
+    """SQL for ``max(column, value)`` on both databases (a generation never goes back)."""
+    return sa.case((column < value, value), else_=column)
 
 
 def _state_of(job: m.Job | None) -> str:

@@ -413,6 +413,17 @@ def test_many_starts_record_exactly_what_one_start_at_a_time_records(
     assert generation(app, "s3") == before["s3"] + 1  # the first batch only
 
 
+def test_a_batch_of_starts_may_land_on_a_server_the_same_plan_activates(app: SchedulerApp) -> None:
+    register(app, "inf-1", pool=Pool.INFERENCE, gpus=2)
+    applied(app, server_actions=[step("inf-1", LoanStep.LOAN, Reason.LOANED_IDLE_SERVER)])
+    jobs = [submit(app, f"j{i}") for i in range(2)]
+
+    result = applied(app, server_actions=[step("inf-1", LoanStep.ACTIVATE)],
+                     starts=[start(j, ("inf-1", (i,))) for i, j in enumerate(jobs)])
+
+    assert (result.server_steps, result.started, result.rejected) == ((("inf-1", "ACTIVATE"),), tuple(jobs), ())
+
+
 def test_a_job_that_left_pending_after_the_plan_is_refused_alone_in_a_batch(app: SchedulerApp) -> None:
     register(app, "s1", gpus=4)
     jobs = [submit(app, f"j{i}") for i in range(4)]
