@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import hashlib
 import threading
 from collections import defaultdict
@@ -317,6 +318,8 @@ class SchedulerApp:
         # A report that says nothing new is still written at least this often (GPU load, progress).
         self._telemetry_write_s = telemetry_write_s
         self._reclaim_deadline_s = reclaim_deadline_s
+        # The server views of the last snapshot with what each was built from (reused when unchanged).
+        self._server_views: dict[str, tuple[tuple[Any, ...], ServerView]] = {}
         # Per thread: the servers whose desired state the last ``_tx`` on this thread pushed itself.
         self._local = threading.local()
 
@@ -352,14 +355,18 @@ class SchedulerApp:
         session.add(m.Event(time=self._clock.now(), kind=kind, details=fields.pop("details", {}), **fields))
 
     def _set_job_state(self, session: Session, job: m.Job, target: JobState, reason: str, message: str) -> None:
+        self._job_state_event(session, job, target, reason, message)
+        job.state = target
+        job.state_reason = reason
+        job.state_message = message[:1024]
+
+    def _job_state_event(self, session: Session, job: m.Job, target: JobState, reason: str, message: str) -> None:
+        """The event of a job's state change, checked against the lifecycle (the change is the caller's)."""
         JOB_LIFECYCLE.check(job.state, target)
         self._event(
             session, "JOB_STATE_CHANGED", job_id=job.id, from_state=job.state, to_state=target,
             reason=reason, message=message[:2048],
         )
-        job.state = target
-        job.state_reason = reason
-        job.state_message = message[:1024]
 
     def _set_server_state(
         self, session: Session, server: m.Server, target: ServerState, reason: str, message: str
@@ -519,34 +526,46 @@ class SchedulerApp:
             touched.clear()
             now = self._clock.now()
             ids = sorted({job_id for job_id, _ in requests})
-            jobs = {job.id: job for job in session.scalars(sa.select(m.Job).where(m.Job.id.in_(ids)))}
-            results: list[m.Job | NotFound | FailedPrecondition] = []
-            cancelled: set[int] = set()
+            # Locked in id order (as an apply locks them): the set-based UPDATE below then needs no
+            # per-row version check, which would cost a round trip per job.
+            jobs = {job.id: job for job in session.scalars(
+                sa.select(m.Job).where(m.Job.id.in_(ids)).order_by(m.Job.id).with_for_update()
+            )}
+            results: list[int | NotFound | FailedPrecondition] = []
+            messages: dict[int, str] = {}
             for job_id, reason in requests:
                 job = jobs.get(job_id)
                 if job is None:
                     results.append(NotFound(f"job {job_id} not found"))
                     continue
-                state = JobState(job.state)
+                state = JobState.CANCELLED if job_id in messages else JobState(job.state)
                 if state.is_terminal:  # also the second request for a job this batch cancels
                     results.append(FailedPrecondition(
                         f"job {job_id} is already {state}; only active jobs can be cancelled"))
                     continue
-                cancelled.add(job_id)
-                job.num_workers = 0
-                self._set_job_state(
-                    session, job, JobState.CANCELLED, Reason.CANCELLED_BY_USER, reason or "cancelled by user"
-                )
-                job.finished_at = now
-                job.pending_reason = ""
-                results.append(job)
-            if cancelled:  # every cancelled job's GPUs in one statement
-                a = m.Allocation.__table__.c
-                touched.update(session.scalars(
-                    sa.delete(m.Allocation.__table__).where(a.job_id.in_(sorted(cancelled))).returning(a.server_id)
-                ))
+                message = reason or "cancelled by user"
+                self._job_state_event(session, job, JobState.CANCELLED, Reason.CANCELLED_BY_USER, message)
+                messages[job_id] = message[:1024]
+                results.append(job_id)
+            if not messages:
+                return [r for r in results if not isinstance(r, int)]
+            session.flush()  # the events, in one statement
+            # Every cancelled job in one statement, and every cancelled job's GPUs in another.
+            j, a = m.Job.__table__.c, m.Allocation.__table__.c
+            cancelled = sorted(messages)
+            updated = {job.id: job for job in session.scalars(
+                sa.update(m.Job).where(m.Job.id.in_(cancelled))
+                .values(state=JobState.CANCELLED, state_reason=Reason.CANCELLED_BY_USER,
+                        state_message=sa.case(messages, value=j.id), num_workers=0, finished_at=now,
+                        pending_reason="", version=j.version + 1)
+                .returning(m.Job),
+                execution_options={"synchronize_session": False, "populate_existing": True},
+            )}
+            touched.update(session.scalars(
+                sa.delete(m.Allocation.__table__).where(a.job_id.in_(cancelled)).returning(a.server_id)
+            ))
             self._bump_generations(session, touched)
-            return results
+            return [updated[r] if isinstance(r, int) else r for r in results]
 
         results = self._tx(work)
         if any(isinstance(r, m.Job) for r in results):
@@ -567,18 +586,20 @@ class SchedulerApp:
             return
         s = m.Server.__table__
         session.flush()  # pending ORM changes to these rows first, with their own version checks
-        session.execute(
+        # What the agents must be told is read now, in this transaction (bumping is a transaction's last
+        # change to these servers), and pushed right after commit, so a push never waits for a second
+        # read after commit; ``_tx`` hands it over. The bump returns the servers' part of it: each round
+        # trip here is time every agent of the decision waits.
+        bumped = session.execute(
             sa.update(s).where(s.c.id.in_(ids))
             .values(desired_generation=s.c.desired_generation + 1, version=s.c.version + 1)
-        )
+            .returning(*_DESIRED_SERVER_COLUMNS)
+        ).all()
         for server_id in ids:  # objects of these rows in this session are reloaded on next use
             server = session.identity_map.get(session.identity_key(m.Server, server_id))  # type: ignore[arg-type]
             if server is not None:
                 session.expire(server)
-        # What the agents must be told, read now from this transaction (every change to these servers is
-        # made by now: bumping is a transaction's last change to them) and pushed right after commit, so
-        # a push does not wait for a second read after commit. ``_tx`` hands them over.
-        session.info.setdefault(_DESIRED_STATES, {}).update(self._desired_states_in(session, ids))
+        session.info.setdefault(_DESIRED_STATES, {}).update(self._desired_states_of(session, bumped))
 
     def _after_commit(self, touched_servers: Iterable[str]) -> None:
         touched = list(touched_servers)
@@ -1019,47 +1040,52 @@ class SchedulerApp:
         return self._read(lambda session: self._desired_states_in(session, ids))
 
     def _desired_states_in(self, session: Session, ids: Sequence[str]) -> dict[str, DesiredServerState]:
-        """``desired_states`` inside ``session`` (also a writing transaction, before its commit). Core
-        rows with only the columns an agent needs: this runs after every commit that touches servers."""
-        s, a, j = (t.__table__.c for t in (m.Server, m.Allocation, m.Job))
-        servers = session.execute(
-            sa.select(s.id, s.agent_address, s.desired_generation, s.state).where(s.id.in_(ids)).order_by(s.id)
-        ).all()
-        here = session.execute(
-            sa.select(a.server_id, a.job_id, a.rank, a.gpu_index, j.num_workers, j.command, j.env, j.incarnation)
-            .join(m.Job.__table__, j.id == a.job_id)
-            .where(a.server_id.in_([row.id for row in servers]))
-            .order_by(a.server_id, a.job_id, a.rank, a.gpu_index)
-        ).all() if servers else []
-        job_ids = sorted({row.job_id for row in here})
+        """``desired_states`` inside ``session``. Core rows with only the columns an agent needs."""
+        s = m.Server.__table__.c
+        return self._desired_states_of(
+            session, session.execute(sa.select(*_DESIRED_SERVER_COLUMNS).where(s.id.in_(ids))).all()
+        )
+
+    def _desired_states_of(self, session: Session, servers: Sequence[Any]) -> dict[str, DesiredServerState]:
+        """The desired state of each server row (``_DESIRED_SERVER_COLUMNS``), with its workers read in one
+        query (also inside a writing transaction, before its commit: this runs for every decision)."""
+        if not servers:
+            return {}
+        a, j = (t.__table__.c for t in (m.Allocation, m.Job))
+        a0, s0 = m.Allocation.__table__.alias("rank0"), m.Server.__table__.alias("rank0_server")
         # MASTER_ADDR: the server of rank 0 of each job.
-        masters = dict(
-            session.execute(
-                sa.select(a.job_id, s.agent_address)
-                .join(m.Server.__table__, s.id == a.server_id)
-                .where(a.job_id.in_(job_ids), a.rank == 0)
-            ).all()
-        ) if job_ids else {}
-        workers: dict[str, dict[tuple[int, int], list[int]]] = defaultdict(lambda: defaultdict(list))
-        jobs: dict[int, Any] = {}
+        master = (
+            sa.select(s0.c.agent_address).join(a0, s0.c.id == a0.c.server_id)
+            .where(a0.c.job_id == a.job_id, a0.c.rank == 0).limit(1).scalar_subquery()
+        )
+        # One row per worker (its GPUs aggregated): a job's command and environment are decoded once
+        # per worker, not once per GPU.
+        here = session.execute(
+            sa.select(a.server_id, a.job_id, a.rank,
+                      sa.func.aggregate_strings(sa.cast(a.gpu_index, sa.String), ",").label("gpus"),
+                      j.num_workers, j.command, j.env, j.incarnation, master.label("master_addr"))
+            .join(m.Job.__table__, j.id == a.job_id)
+            .where(a.server_id.in_(sorted(row.id for row in servers)))
+            .group_by(a.server_id, a.job_id, a.rank, j.id)
+            .order_by(a.server_id, a.job_id, a.rank)
+        ).all()
+        workers: dict[str, list[Any]] = defaultdict(list)
         for row in here:
-            workers[row.server_id][(row.job_id, row.rank)].append(row.gpu_index)
-            jobs[row.job_id] = row
+            workers[row.server_id].append(row)
         states = {}
-        for server in servers:
+        for server in sorted(servers, key=lambda row: row.id):
             specs = []
             local_rank: dict[int, int] = defaultdict(int)
-            for (jid, rank), gpus in sorted(workers[server.id].items()):
-                job = jobs[jid]
+            for w in workers[server.id]:
                 specs.append(
                     DesiredWorkerSpec(
-                        job_id=jid, rank=rank, world_size=job.num_workers, local_rank=local_rank[jid],
-                        gpu_indices=tuple(gpus), command=tuple(job.command), env=dict(job.env),
-                        master_addr=masters.get(jid, server.agent_address),
-                        master_port=self._worker_base_port + jid % 10000, incarnation=job.incarnation,
+                        job_id=w.job_id, rank=w.rank, world_size=w.num_workers, local_rank=local_rank[w.job_id],
+                        gpu_indices=tuple(sorted(int(g) for g in w.gpus.split(","))), command=tuple(w.command),
+                        env=dict(w.env), master_addr=w.master_addr or server.agent_address,
+                        master_port=self._worker_base_port + w.job_id % 10000, incarnation=w.incarnation,
                     )
                 )
-                local_rank[jid] += 1
+                local_rank[w.job_id] += 1
             states[server.id] = DesiredServerState(
                 server.id, self.epoch, server.desired_generation, server.state, tuple(specs)
             )
@@ -1282,11 +1308,6 @@ class SchedulerApp:
 
         def work(session: Session) -> ClusterSnapshot:
             g, a, s, ln, j = (t.__table__.c for t in (m.Gpu, m.Allocation, m.Server, m.Loan, m.Job))
-            gpus: dict[str, list[tuple[int, bool]]] = defaultdict(list)
-            for server_id, index, healthy in session.execute(
-                sa.select(g.server_id, g.index, g.healthy).order_by(g.server_id, g.index)
-            ):
-                gpus[server_id].append((index, healthy))
             by_server: dict[str, list[tuple[int, int]]] = defaultdict(list)
             # job id -> rank -> (server id, [gpu index, ...])
             by_job: dict[int, dict[int, tuple[str, list[int]]]] = defaultdict(dict)
@@ -1298,22 +1319,34 @@ class SchedulerApp:
             loan_started = dict(
                 session.execute(sa.select(ln.server_id, ln.started_at).where(ln.state != LoanState.RETURNED)).all()
             )
-            servers = tuple(
-                ServerView(
+            # A server's GPUs come aggregated with its row (one row per server, not per GPU), and a view
+            # whose inputs are what they were last cycle is reused as it is, with what it has derived.
+            gpus = (
+                sa.select(g.server_id,
+                          sa.func.aggregate_strings(sa.cast(g.index, sa.String), ",").label("indices"),
+                          sa.func.aggregate_strings(
+                              sa.case((g.healthy, None), else_=sa.cast(g.index, sa.String)), ",").label("unhealthy"))
+                .group_by(g.server_id).subquery()
+            )
+            views: dict[str, tuple[tuple[Any, ...], ServerView]] = {}
+            for row in session.execute(
+                sa.select(s.id, s.pool, s.state, s.state_changed_at, s.observed_generation, s.desired_generation,
+                          s.drained_at, gpus.c.indices, gpus.c.unhealthy)
+                .outerjoin(gpus, gpus.c.server_id == s.id).order_by(s.id)
+            ):
+                allocated = tuple(sorted(by_server[row.id])) if row.id in by_server else ()
+                key = (*row, allocated, loan_started.get(row.id))
+                cached = self._server_views.get(row.id)
+                views[row.id] = cached if cached is not None and cached[0] == key else (key, ServerView(
                     server_id=row.id, pool=Pool(row.pool), state=ServerState(row.state),
-                    gpu_indices=tuple(index for index, _ in gpus[row.id]),
-                    unhealthy_gpus=frozenset(index for index, healthy in gpus[row.id] if not healthy),
-                    allocated=tuple(sorted(by_server[row.id])),
-                    state_since=row.state_changed_at,
+                    gpu_indices=_index_list(row.indices), unhealthy_gpus=frozenset(_index_list(row.unhealthy)),
+                    allocated=allocated, state_since=row.state_changed_at,
                     loan_started_at=loan_started.get(row.id) if row.state in ON_LOAN_STATES else None,
                     agent_converged=row.observed_generation >= row.desired_generation,
                     drained=row.drained_at is not None,
-                )
-                for row in session.execute(
-                    sa.select(s.id, s.pool, s.state, s.state_changed_at, s.observed_generation,
-                              s.desired_generation, s.drained_at).order_by(s.id)
-                )
-            )
+                ))
+            self._server_views = views  # only this cycle's servers: a removed server is forgotten
+            servers = tuple(view for _, view in views.values())
             active = session.execute(
                 sa.select(j.id, j.state, j.gpus_per_worker, j.min_workers, j.max_workers, j.priority,
                           j.submitted_at, j.throughput, j.pending_reason, j.work_done, j.started_at,
@@ -1657,6 +1690,10 @@ class SchedulerApp:
 
 # session.info key: desired states read inside a transaction, pushed after its commit (see ``_tx``).
 _DESIRED_STATES = "aryl.desired_states"
+# A server's part of its desired state (``_desired_states_of``).
+_DESIRED_SERVER_COLUMNS = tuple(
+    m.Server.__table__.c[name] for name in ("id", "agent_address", "desired_generation", "state")
+)
 
 # A plan with at least this many starts applies them as one batch (``_apply_starts_together``).
 _BATCH_STARTS_FROM = 2
@@ -1707,6 +1744,12 @@ class _PlacementCheck:
                 raise _Refused(f"server {server_id} is {state or 'not registered'}: training cannot run on it")
             if (server_id, index) not in self.healthy_gpus:
                 raise _Refused(f"GPU {index} of server {server_id} is unhealthy or missing")
+
+
+@functools.lru_cache(maxsize=1024)
+def _index_list(aggregated: str | None) -> tuple[int, ...]:
+    """GPU indices aggregated as text (``"3,0,1"``), ascending; most servers share a few such lists."""
+    return tuple(sorted(int(i) for i in aggregated.split(","))) if aggregated else ()
 
 
 def _at_least(column: Any, value: int) -> Any:

@@ -197,18 +197,21 @@ class SchedulerService:
 
 # Young-generation collections every this many net allocations (CPython's default is 700): a
 # scheduler serving 1,000s of agents allocates protobufs and rows fast, and each collection is a
-# pause of the event loop that pushes desired states.
-GC_YOUNG_THRESHOLD = 50_000
+# pause of the event loop that pushes desired states. Not much higher: a young collection's pause
+# grows faster than its threshold (at 50,000 they took 40-150 ms each on a 2-core machine, and
+# more collector time in all than at 5,000).
+GC_YOUNG_THRESHOLD = 5_000
 
 
 def tune_garbage_collector() -> None:
     """Keep the garbage collector's pauses off the push path: what start-up loaded (libraries, numba's
     compiled solvers, configuration) lives as long as the process, so it is moved out of the
     collector's reach (``gc.freeze``) instead of being rescanned by every full collection, and
-    young collections run less often. Measured with 1,000 simulated agents over about 70 s (4 waves
-    of 100 decisions): before, 10 full collections with pauses of up to 236 ms (2.0 s in all) and
-    2,164 young ones (1.0 s); after, 4 collections in all, the longest 85 ms, and the event loop's
-    lag p99 fell from about 190 ms to 72 ms."""
+    young collections run less often. Measured (after the freeze) with 1,000 simulated agents over 30
+    waves of 100 decisions, about 45 s: at CPython's young threshold of 700 (one run), 2,373 pauses,
+    2.7 s in all, the longest 96 ms, push p99 93 ms; at 5,000 (three runs), about 200 pauses, 0.85-1.1 s
+    in all, the longest 60-89 ms, push p99 69-71 ms; at 50,000 (three runs), 1.7-2.3 s in all, young
+    pauses up to 178 ms, push p99 101-105 ms."""
     gc.collect()
     gc.freeze()
     _, older, oldest = gc.get_threshold()

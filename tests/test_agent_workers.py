@@ -320,9 +320,8 @@ def test_closing_with_stop_workers_stops_them_and_leaves_no_process_group(nodes)
     node.wait_phase(Phase.RUNNING, rank=1)
     pgids = [node.pid(rank=0), node.pid(rank=1)]
     node.close(stop_workers=True)
-    for pgid in pgids:
-        with pytest.raises(ProcessLookupError):
-            os.killpg(pgid, 0)
+    for pgid in pgids:  # the worker killed after its grace may linger as a zombie until init reaps it
+        assert_group_gone(pgid)
 
 
 def test_a_worker_leaves_no_processes_behind_when_it_exits(nodes, tmp_path: Path) -> None:

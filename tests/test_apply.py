@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from scheduler_service.app import (
     GpuReport,
+    GpuSample,
     JobSubmission,
     SchedulerApp,
     ServerRegistration,
@@ -58,6 +59,7 @@ class ManualClock:
 class RecordingNotifier:
     def __init__(self) -> None:
         self.desired: list[set[str]] = []
+        self.committed: list[Mapping[str, object]] = []  # the states pushed straight from commits
 
     def events_appended(self) -> None:
         pass
@@ -67,6 +69,7 @@ class RecordingNotifier:
 
     def desired_states_committed(self, states: Mapping[str, object]) -> None:
         self.desired.append(set(states))
+        self.committed.append(dict(states))
 
     def cycle_requested(self) -> None:
         pass
@@ -259,6 +262,26 @@ def test_scale_out_then_in_replaces_allocations_and_world_size_and_keeps_staying
     ]
 
 
+def test_the_desired_state_lists_each_worker_once_with_its_gpus_in_order(
+    app: SchedulerApp, notifier: RecordingNotifier
+) -> None:
+    register(app, "s1", gpus=12)
+    register(app, "s2", gpus=4)
+    job = submit(app, gpus=2, workers=3)
+    other = submit(app, "other", gpus=1)
+    # Ranks 0 and 1 on s1 with GPUs given out of order (and past 9, where text order is not number order).
+    applied(app, starts=[start(job, ("s1", (10, 2)), ("s1", (3, 1)), ("s2", (2, 0))), start(other, ("s1", (11,)))])
+
+    s1, s2 = app.desired_state("s1"), app.desired_state("s2")
+    assert [(w.job_id, w.rank, w.local_rank, w.world_size, w.gpu_indices, w.master_addr) for w in s1.workers] == [
+        (job, 0, 0, 3, (2, 10), "s1:7000"), (job, 1, 1, 3, (1, 3), "s1:7000"), (other, 0, 0, 1, (11,), "s1:7000")]
+    assert [(w.rank, w.local_rank, w.gpu_indices, w.master_addr) for w in s2.workers] == [(2, 0, (0, 2), "s1:7000")]
+    assert [w.command for w in s1.workers + s2.workers] == [("python", "train.py")] * 4
+    # What the committing transaction pushed is what a later read says.
+    pushed = notifier.committed[-1]
+    assert (pushed["s1"], pushed["s2"]) == (s1, s2)
+
+
 def test_shrinks_run_before_starts_so_freed_gpus_can_be_reused_in_the_same_plan(app: SchedulerApp) -> None:
     register(app, "s1", gpus=2)
     elastic = submit(app, "elastic", workers=1, max_workers=2)
@@ -444,6 +467,7 @@ def test_cancels_in_one_batch_each_get_their_own_answer(app: SchedulerApp, notif
     applied(app, starts=[start(running, ("s1", (0,)), ("s2", (1,)))])
     app.cancel_job(done, "first")
     before = {s: generation(app, s) for s in ("s1", "s2")}
+    versions = {j: job_row(app, j).version for j in (running, queued)}
 
     results = app.cancel_jobs([(running, "a"), (queued, ""), (running, "again"), (done, "x"), (999_999, "y")])
 
@@ -453,7 +477,14 @@ def test_cancels_in_one_batch_each_get_their_own_answer(app: SchedulerApp, notif
     assert [job_row(app, j).state for j in (running, queued, done)] == ["CANCELLED"] * 3
     assert allocations(app, running) == set()
     assert transitions(app, running)[-1] == ("RUNNING", "CANCELLED", "CANCELLED_BY_USER")
-    assert app.get_job(queued)[0].job.state_message == "cancelled by user"
+    # Each cancelled job is written with its own request's reason, in the answer as in the database.
+    assert [(r.job.state, r.job.state_message, r.job.num_workers) for r in results[:2]] == [
+        ("CANCELLED", "a", 0), ("CANCELLED", "cancelled by user", 0)]
+    for job_id, message in ((running, "a"), (queued, "cancelled by user")):
+        row = job_row(app, job_id)
+        assert (row.state_message, row.finished_at, row.pending_reason, row.num_workers) == (message, T0, "", 0)
+        assert row.version == versions[job_id] + 1  # a writer holding the old version fails its check
+    assert app.get_job(running, include_events=True)[1][-1].message == "a"
     # One bump per server for the whole batch, and the agents are told once.
     assert {s: generation(app, s) for s in ("s1", "s2")} == {s: g + 1 for s, g in before.items()}
     assert notifier.desired[-1] == {"s1", "s2"}
@@ -672,3 +703,37 @@ def test_the_snapshot_shows_progress_throughput_and_times(app: SchedulerApp, clo
     assert not s1.agent_converged  # the scale bumped the generation; the agent has not caught up
     app.report_status(StatusReport("s1", app.epoch, (), server_row(app, "s1").desired_generation))
     assert app.snapshot().server("s1").agent_converged
+
+
+def test_a_snapshot_reuses_the_views_of_unchanged_servers_and_rebuilds_the_rest(
+    app: SchedulerApp, database_url: str, clock: ManualClock
+) -> None:
+    register(app, "s1", gpus=3)
+    register(app, "s2", gpus=3)
+    register(app, "s3", gpus=3)
+    first = app.snapshot()
+    assert first.server("s1").free_gpus == (0, 1, 2)
+
+    def gpus(*unhealthy: int) -> tuple[GpuSample, ...]:
+        return tuple(GpuSample(i, 0.0, 0, 40.0, i not in unhealthy, "ECC" if i in unhealthy else "") for i in range(3))
+
+    generation_s1 = server_row(app, "s1").desired_generation
+    app.report_status(StatusReport("s1", app.epoch, gpus(1), generation_s1))  # a GPU goes bad
+    job = submit(app)
+    applied(app, starts=[start(job, ("s2", (2,)))])
+
+    second = app.snapshot()
+    assert second.server("s3") is first.server("s3")  # nothing about it changed
+    assert (second.server("s1").unhealthy_gpus, second.server("s1").free_gpus) == (frozenset({1}), (0, 2))
+    assert (second.server("s2").allocated, second.server("s2").free_gpus) == (((2, job),), (0, 1))
+
+    app.report_status(StatusReport("s1", app.epoch, gpus(), generation_s1))  # and recovers
+    app.cancel_job(job, "done")
+    third = app.snapshot()
+    assert (third.server("s1").unhealthy_gpus, third.server("s1").free_gpus) == (frozenset(), (0, 1, 2))
+    assert (third.server("s2").allocated, third.server("s2").free_gpus) == ((), (0, 1, 2))
+    engine = create_engine_for(database_url)  # a scheduler that has never taken a snapshot sees the same
+    try:
+        assert SchedulerApp(session_factory(engine), clock).snapshot().servers == third.servers
+    finally:
+        engine.dispose()
