@@ -22,7 +22,8 @@ from enum import StrEnum
 from typing import Any, Protocol, TypeVar
 
 import sqlalchemy as sa
-from sqlalchemy.exc import IntegrityError
+import structlog
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.orm.exc import StaleDataError
 
@@ -65,6 +66,8 @@ from scheduler_service.policies.aryl import ReclaimDecision, preview_reclaim
 from scheduler_service.store import models as m
 
 T = TypeVar("T")
+
+log = structlog.get_logger("aryl.app")
 
 MAX_PAGE_SIZE = 1000
 DEFAULT_PAGE_SIZE = 100
@@ -326,9 +329,11 @@ class SchedulerApp:
     # -- plumbing -------------------------------------------------------------------------------
 
     def _tx(self, work: Callable[[Session], T], *, retries: int = 3) -> T:
-        """Run ``work`` in one transaction; retry on an optimistic-concurrency conflict. The desired
-        states ``_bump_generations`` read inside the transaction are handed to the notifier right after
-        commit (and ``_after_commit`` does not ask for them again)."""
+        """Run ``work`` in one transaction; retry on an optimistic-concurrency conflict, and when
+        PostgreSQL aborted it to break a deadlock with a concurrent transaction (which then went on:
+        e.g. a status report locks a server, then a job; an apply or a cancel locks jobs, then their
+        servers). The desired states ``_bump_generations`` read inside the transaction are handed to
+        the notifier right after commit (and ``_after_commit`` does not ask for them again)."""
         self._local.published = frozenset()
         for attempt in range(retries):
             try:
@@ -342,6 +347,13 @@ class SchedulerApp:
             except StaleDataError:
                 if attempt == retries - 1:
                     raise Aborted("a concurrent change modified the same object; retry") from None
+            except DBAPIError as exc:
+                if getattr(exc.orig, "pgcode", None) not in _LOST_TO_A_CONCURRENT_TRANSACTION:
+                    raise
+                log.info("transaction aborted by the database; retrying", attempt=attempt + 1,
+                         reason=str(exc.orig).splitlines()[0])
+                if attempt == retries - 1:
+                    raise Aborted("the database aborted this change in favour of a concurrent one; retry") from None
         raise AssertionError("unreachable")
 
     def _read(self, work: Callable[[Session], T]) -> T:
@@ -1688,6 +1700,9 @@ class SchedulerApp:
         )
 
 
+# PostgreSQL's serialization_failure and deadlock_detected: the transaction lost to a concurrent one,
+# and running it again is safe.
+_LOST_TO_A_CONCURRENT_TRANSACTION = frozenset({"40001", "40P01"})
 # session.info key: desired states read inside a transaction, pushed after its commit (see ``_tx``).
 _DESIRED_STATES = "aryl.desired_states"
 # A server's part of its desired state (``_desired_states_of``).

@@ -8,9 +8,12 @@ applier's contract, not any policy.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterable, Iterator, Mapping
 
 import pytest
+import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from scheduler_service.app import (
@@ -735,5 +738,45 @@ def test_a_snapshot_reuses_the_views_of_unchanged_servers_and_rebuilds_the_rest(
     engine = create_engine_for(database_url)  # a scheduler that has never taken a snapshot sees the same
     try:
         assert SchedulerApp(session_factory(engine), clock).snapshot().servers == third.servers
+    finally:
+        engine.dispose()
+
+
+# --- concurrency ----------------------------------------------------------------------------------
+
+
+def waiting_for_a_lock(engine: sa.Engine) -> int:
+    with engine.connect() as probe:  # its own transaction: pg_stat_activity is read once per transaction
+        return probe.scalar(sa.text(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+        ))
+
+
+def test_a_change_the_database_aborts_to_break_a_deadlock_is_run_again(postgres_url: str, clock: ManualClock) -> None:
+    engine = create_engine_for(postgres_url)
+    app = SchedulerApp(session_factory(engine), clock)
+    register(app, "s1", gpus=2)
+    job = submit(app)
+    applied(app, starts=[start(job, ("s1", (0,)))])
+    outcome: list[object] = []
+    try:
+        with engine.connect() as rival:
+            rival.execute(sa.text("UPDATE servers SET version = version WHERE id = 's1'"))  # holds s1's row
+            # The cancel locks the job, then waits for s1 (to bump its generation)...
+            canceller = threading.Thread(target=lambda: outcome.append(app.cancel_jobs([(job, "bye")])[0]))
+            canceller.start()
+            deadline = time.monotonic() + 30
+            while not waiting_for_a_lock(engine):
+                assert time.monotonic() < deadline, "the cancel never waited for the server's lock"
+                time.sleep(0.05)
+            # ...while the rival, holding s1, wants the job: a deadlock. PostgreSQL aborts the cancel (it
+            # waited first), the rival goes on and commits, and the cancel runs again.
+            rival.execute(sa.text("UPDATE jobs SET priority = priority + 1 WHERE id = :id"), {"id": job})
+            rival.commit()
+            canceller.join(timeout=60)
+        assert [type(r).__name__ for r in outcome] == ["JobRecord"]
+        assert outcome[0].job.state == "CANCELLED" and outcome[0].job.priority == 1  # saw the rival's change
+        assert allocations(app, job) == set()
+        assert transitions(app, job)[-1] == ("RUNNING", "CANCELLED", "CANCELLED_BY_USER")
     finally:
         engine.dispose()
