@@ -198,7 +198,7 @@ class SchedulerService:
 # Young-generation collections every this many net allocations (CPython's default is 700): a
 # scheduler serving 1,000s of agents allocates protobufs and rows fast, and each collection is a
 # pause of the event loop that pushes desired states. Not much higher: a young collection's pause
-# grows faster than its threshold (at 50,000 they took 40-150 ms each on a 2-core machine, and
+# grows faster than its threshold (at 50,000 they took 20-105 ms each on a 2-core machine, and
 # more collector time in all than at 5,000).
 GC_YOUNG_THRESHOLD = 5_000
 
@@ -210,8 +210,8 @@ def tune_garbage_collector() -> None:
     young collections run less often. Measured (after the freeze) with 1,000 simulated agents over 30
     waves of 100 decisions, about 45 s: at CPython's young threshold of 700 (one run), 2,373 pauses,
     2.7 s in all, the longest 96 ms, push p99 93 ms; at 5,000 (three runs), about 200 pauses, 0.85-1.1 s
-    in all, the longest 60-89 ms, push p99 69-71 ms; at 50,000 (three runs), 1.7-2.3 s in all, young
-    pauses up to 178 ms, push p99 101-105 ms."""
+    in all, the longest 60-89 ms, push p99 69-71 ms; at 50,000 (three runs), 1.7-2.3 s in all, the
+    longest 150-178 ms, push p99 101-105 ms."""
     gc.collect()
     gc.freeze()
     _, older, oldest = gc.get_threshold()
