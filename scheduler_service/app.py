@@ -1092,7 +1092,7 @@ class SchedulerApp:
                 specs.append(
                     DesiredWorkerSpec(
                         job_id=w.job_id, rank=w.rank, world_size=w.num_workers, local_rank=local_rank[w.job_id],
-                        gpu_indices=tuple(sorted(int(g) for g in w.gpus.split(","))), command=tuple(w.command),
+                        gpu_indices=_index_list(w.gpus), command=tuple(w.command),
                         env=dict(w.env), master_addr=w.master_addr or server.agent_address,
                         master_port=self._worker_base_port + w.job_id % 10000, incarnation=w.incarnation,
                     )
