@@ -9,7 +9,6 @@ applier's contract, not any policy.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterable, Iterator, Mapping
 
 import pytest
@@ -38,6 +37,7 @@ from scheduler_service.core.plan import (
 from scheduler_service.lifecycle import JobState, Pool, ServerState
 from scheduler_service.store.db import create_engine_for, session_factory
 from scheduler_service.store.models import Allocation
+from tests.helpers import wait_for
 
 T0 = 1_700_000_000.0
 
@@ -745,36 +745,61 @@ def test_a_snapshot_reuses_the_views_of_unchanged_servers_and_rebuilds_the_rest(
 # --- concurrency ----------------------------------------------------------------------------------
 
 
-def waiting_for_a_lock(engine: sa.Engine) -> int:
+def backend_pid(connection: sa.Connection) -> int:
+    return connection.scalar(sa.text("SELECT pg_backend_pid()"))
+
+
+def blocked_by(engine: sa.Engine, holder: int) -> set[int]:
+    """The backends waiting for a lock that backend ``holder`` holds."""
     with engine.connect() as probe:  # its own transaction: pg_stat_activity is read once per transaction
-        return probe.scalar(sa.text(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
-        ))
+        return set(probe.scalars(sa.text(
+            "SELECT pid FROM pg_stat_activity WHERE CAST(:holder AS integer) = ANY(pg_blocking_pids(pid))"
+        ), {"holder": holder}))
 
 
 def test_a_change_the_database_aborts_to_break_a_deadlock_is_run_again(postgres_url: str, clock: ManualClock) -> None:
+    """PostgreSQL breaks a deadlock by aborting the backend whose own check finds it; each waiting
+    backend checks once, ``deadlock_timeout`` after it began to wait. So the cancel is made the victim
+    by construction, whatever the machine's speed: the rival waits first and checks only after 10
+    minutes, and the cancel's last wait is the one that closes the cycle (its check, 1 s later, finds it)."""
     engine = create_engine_for(postgres_url)
     app = SchedulerApp(session_factory(engine), clock)
     register(app, "s1", gpus=2)
     job = submit(app)
     applied(app, starts=[start(job, ("s1", (0,)))])
     outcome: list[object] = []
+
+    def cancel() -> None:
+        try:
+            outcome.append(app.cancel_jobs([(job, "bye")])[0])
+        except Exception as exc:  # shown by the assertion below (without the retry: DeadlockDetected)
+            outcome.append(exc)
+
     try:
-        with engine.connect() as rival:
+        with engine.connect() as rival, engine.connect() as gate:
+            rival.execute(sa.text("SET LOCAL deadlock_timeout = '10min'"))  # never the one that checks
             rival.execute(sa.text("UPDATE servers SET version = version WHERE id = 's1'"))  # holds s1's row
-            # The cancel locks the job, then waits for s1 (to bump its generation)...
-            canceller = threading.Thread(target=lambda: outcome.append(app.cancel_jobs([(job, "bye")])[0]))
+            gate.execute(sa.text("SELECT 1 FROM allocations WHERE job_id = :id FOR UPDATE"), {"id": job})
+            # The cancel locks the job, then stops at its allocation (the gate holds it)...
+            canceller = threading.Thread(target=cancel)
             canceller.start()
-            deadline = time.monotonic() + 30
-            while not waiting_for_a_lock(engine):
-                assert time.monotonic() < deadline, "the cancel never waited for the server's lock"
-                time.sleep(0.05)
-            # ...while the rival, holding s1, wants the job: a deadlock. PostgreSQL aborts the cancel (it
-            # waited first), the rival goes on and commits, and the cancel runs again.
-            rival.execute(sa.text("UPDATE jobs SET priority = priority + 1 WHERE id = :id"), {"id": job})
-            rival.commit()
+            gate_pid, rival_pid = backend_pid(gate), backend_pid(rival)
+            (cancel_pid,) = wait_for(lambda: blocked_by(engine, gate_pid), timeout=30, interval=0.02,
+                                     what="the cancel to wait for the gate")
+            # ...the rival, holding s1, waits for the job...
+            wants_the_job = threading.Thread(target=lambda: (
+                rival.execute(sa.text("UPDATE jobs SET priority = priority + 1 WHERE id = :id"), {"id": job}),
+                rival.commit(),
+            ))
+            wants_the_job.start()
+            wait_for(lambda: rival_pid in blocked_by(engine, cancel_pid), timeout=30, interval=0.02,
+                     what="the rival to wait for the job")
+            # ...and the gate opens: the cancel goes on to bump s1's generation and waits for the rival,
+            # a deadlock. The cancel is aborted, the rival goes on and commits, and the cancel runs again.
+            gate.commit()
+            wants_the_job.join(timeout=60)
             canceller.join(timeout=60)
-        assert [type(r).__name__ for r in outcome] == ["JobRecord"]
+        assert [type(r).__name__ for r in outcome] == ["JobRecord"], outcome
         assert outcome[0].job.state == "CANCELLED" and outcome[0].job.priority == 1  # saw the rival's change
         assert allocations(app, job) == set()
         assert transitions(app, job)[-1] == ("RUNNING", "CANCELLED", "CANCELLED_BY_USER")
