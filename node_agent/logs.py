@@ -7,7 +7,9 @@ offset that many bytes before the end (clamped to the start); ``max_bytes`` 0 me
 capped at 1 MiB. Reading never blocks for more output: followers poll with ``next_offset``.
 
 Errors: NOT_FOUND when this server has no log for the (job, rank); INVALID_ARGUMENT for an empty
-job id or an offset past the end of the log. Reads only; it never touches processes.
+job id; OUT_OF_RANGE for an offset past the end of the log (a well-formed request that may succeed
+once the log has grown, as gRPC's guide has it for reading past end-of-file). Reads only; it never
+touches processes.
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ class LogNotFound(Exception):
     pass
 
 
+class OffsetPastEnd(ValueError):
+    """An offset beyond the log's current end; the log may grow past it later."""
+
+
 @dataclass(frozen=True)
 class LogChunk:
     data: bytes
@@ -39,15 +45,14 @@ class LogChunk:
 
 
 def read_chunk(path: Path, offset: int, max_bytes: int) -> LogChunk:
-    """The chunk of ``path`` the module doc describes. Raises LogNotFound, or ValueError for an
-    offset past the end."""
+    """The chunk of ``path`` the module doc describes. Raises LogNotFound, or OffsetPastEnd."""
     limit = min(max_bytes or DEFAULT_CHUNK_BYTES, MAX_CHUNK_BYTES)
     try:
         with path.open("rb") as file:
             size = file.seek(0, 2)
             start = max(0, size + offset) if offset < 0 else offset
             if start > size:
-                raise ValueError(f"offset {offset} is past the end of the log ({size} bytes)")
+                raise OffsetPastEnd(f"offset {offset} is past the end of the log ({size} bytes)")
             file.seek(start)
             data = file.read(min(limit, size - start))
     except FileNotFoundError as exc:
@@ -74,8 +79,8 @@ class WorkerLogService(agent_pb2_grpc.WorkerLogServiceServicer):
                 f"server {self._hostname} has no log for job {request.job_id!r} rank {request.rank} "
                 "(the worker never ran here, or its log was removed)",
             )
-        except ValueError as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except OffsetPastEnd as exc:
+            context.abort(grpc.StatusCode.OUT_OF_RANGE, str(exc))
         return agent_pb2.ReadWorkerLogResponse(
             data=chunk.data, offset=chunk.offset, next_offset=chunk.next_offset, size=chunk.size
         )
