@@ -139,6 +139,26 @@ def test_a_queued_gang_takes_gpus_from_extra_workers() -> None:
     assert [s.job_id for s in result.starts] == [2]
 
 
+@pytest.mark.parametrize(("loaned", "queued", "message"), [
+    # One gang takes two extras at once.
+    (False, [pending(2, gpus=2)], "scaled in to 2 worker(s) so job 2 can start"),
+    # Two gangs take one extra each: scaled in for a base demand, and then again.
+    (False, [pending(2), pending(3)], "scaled in to 2 worker(s) so jobs 2, 3 can start"),
+    # Scaled in off a reclaimed server, and then for a base demand.
+    (True, [pending(2)], "scaled in to 3 worker(s): loaned server(s) went back to inference, and so job 2 can start"),
+])
+def test_a_job_scaled_in_more_than_once_is_told_its_final_size(loaned: bool, queued: list[JobView],
+                                                                message: str) -> None:
+    """The applier appends "(now N worker(s))" to the scale's message: the message names that N too."""
+    servers = [train("t")] + ([infer("i", ServerState.LOANED, gpus=2, since=NOW - 7200)] if loaned else [])
+    placement = [("t", (g,)) for g in range(4)] + ([("i", (0,)), ("i", (1,))] if loaned else [])
+    elastic = running(1, placement, low=1, high=len(placement), resized=NOW - 7200)
+    result = plan("aryl", snapshot(servers, [elastic, *queued], demand=1 if loaned else 0))
+    assert sorted(s.job_id for s in result.starts) == [j.job_id for j in queued]
+    [scale] = result.scales
+    assert (scale.job_id, len(scale.workers), scale.message) == (1, int(message.split()[3]), message)
+
+
 def test_a_restart_must_pay_for_itself() -> None:
     job = running(1, [("t", (0,))], low=1, high=2, runtime=30)  # almost done: not worth a restart
     assert plan("aryl-noloan", snapshot([train("t")], [job]), restart_cost_s=60).scales == ()

@@ -73,10 +73,26 @@ class _Job:
     workers: list[_Worker]
     reason: Reason | None = None
     message: str = ""
+    reclaimed: bool = False  # scaled in off loaned servers going back to inference
+    made_room_for: list[int] = field(default_factory=list)  # queued jobs that took its extras' GPUs
 
     @property
     def extras(self) -> int:
         return len(self.workers) - self.view.min_workers
+
+    def scaled_in(self, reason: Reason) -> None:
+        """Say why this cycle forced the job smaller, at the size it has now. A later step may shrink it
+        again (another queued gang takes more extras): each step rewrites the message, so it names the
+        size the plan ends with, as the "(now N worker(s))" the applier appends does. The first forced
+        step's reason stays the job's reason."""
+        self.reason = self.reason or reason
+        message = f"scaled in to {len(self.workers)} worker(s)"
+        if self.reclaimed:
+            message += ": loaned server(s) went back to inference"
+        if self.made_room_for:
+            jobs = f"job{'s' if len(self.made_room_for) > 1 else ''} {', '.join(map(str, self.made_room_for))}"
+            message += f"{', and' if self.reclaimed else ''} so {jobs} can start"
+        self.message = message
 
 
 @dataclass(slots=True)
@@ -311,8 +327,8 @@ class ArylPolicy:
             job = cycle.running[job_id]
             job.workers = [w for w in job.workers if w.server_id not in chosen]
             assert len(job.workers) == after
-            job.reason = Reason.SCALED_IN_FOR_RECLAIM
-            job.message = f"scaled in to {after} worker(s): loaned server(s) went back to inference"
+            job.reclaimed = True
+            job.scaled_in(Reason.SCALED_IN_FOR_RECLAIM)
         for server_id in decision.servers:
             cycle.act(server_id, LoanStep.RECLAIM, ServerState.RECLAIMING, Reason.RECLAIMED_FOR_INFERENCE,
                       f"inference needs {needed} serving server(s)")
@@ -411,12 +427,15 @@ class ArylPolicy:
         if placed is None:
             return None
         taken = {(w.server_id, g) for w in placed for g in w.gpu_indices}
+        shrunk: dict[int, _Job] = {}
         for other, w in extras:
             if any((w.server_id, g) in taken for g in w.gpu_indices):
                 other.workers.remove(w)
-                other.reason = other.reason or Reason.SCALED_IN_FOR_BASE_DEMAND
-                other.message = other.message or f"scaled in to {len(other.workers)} worker(s) so job {job.job_id} can start"
+                shrunk[other.view.job_id] = other
                 cycle.capacity.release(w.server_id, [g for g in w.gpu_indices if (w.server_id, g) not in taken])
+        for other in shrunk.values():  # once all its taken extras are gone: the message names the size left
+            other.made_room_for.append(job.job_id)
+            other.scaled_in(Reason.SCALED_IN_FOR_BASE_DEMAND)
         for w in placed:
             cycle.capacity.take(w.server_id, w.gpu_indices)
         return placed
