@@ -319,10 +319,10 @@ def run(workdir: Path) -> DemoOutcome:
         for name, gpus, low, high, steps in JOBS:
             command = [sys.executable, str(EXAMPLES / "train.py"), "--total-steps", str(steps), "--step-time", "1",
                        "--checkpoint-every", "5", "--log-every", "20"]
-            job = client.submit_job(job_spec(name=name, command=command, user="demo", gpus_per_worker=gpus,
-                                             min_workers=low, max_workers=high))
-            ids[name] = job.job_id
-            names[job.job_id] = name
+            submitted = client.submit_job(job_spec(name=name, command=command, user="demo", gpus_per_worker=gpus,
+                                                   min_workers=low, max_workers=high))
+            ids[name] = submitted.job_id
+            names[submitted.job_id] = name
         wait_until(lambda: client.get_job(ids["vit-huge"]).job.pending_reason, 30, "the first decisions")
         wait_until(lambda: client.get_demand().servers_needed == 3, 30, "the router to ask for 3 servers")
         time.sleep(4)  # a few seconds of midday traffic, measured by the router

@@ -1,7 +1,7 @@
 """The router's typed configuration: defaults < config file < ``ARYL_*`` environment < CLI flags.
 
-Same conventions as the scheduler and the agent: sections, ``ARYL_<SECTION>__<KEY>`` variables
-(e.g. ``ARYL_ROUTER__SERVERS_NEEDED``; lists as JSON, e.g.
+Same conventions as the scheduler and the agent (one loader, ``aryl_common.config``): sections,
+``ARYL_<SECTION>__<KEY>`` variables (e.g. ``ARYL_ROUTER__SERVERS_NEEDED``; lists as JSON, e.g.
 ``ARYL_ROUTER__STATIC_BACKENDS='["http://10.0.0.7:8000"]'``), unknown keys are errors. Nothing else
 in the router reads the environment.
 
@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
 
-from scheduler_service.config import (
+from aryl_common.config import (
     ArylSettings,
     ConfigError,
     ConfigSection,
@@ -88,13 +88,17 @@ class RouterSection(ConfigSection):
         300.0, ge=0, description="the need must stay lower this long before it is lowered (to the window's maximum)"
     )
     short_window_s: float = Field(10.0, gt=0, description="rate window that drives the need; latency percentiles")
-    long_window_s: float = Field(60.0, gt=0, description="rate window reported as observed_rps and learned by the profile")
+    long_window_s: float = Field(
+        60.0, gt=0, description="rate window reported as observed_rps and learned by the profile"
+    )
     evaluate_interval_s: float = Field(1.0, gt=0, description="how often the need is recomputed")
     report_interval_s: float = Field(10.0, gt=0, description="heartbeat: demand is re-reported at least this often")
     forecast_ewma_tau_s: float = Field(
         0.0, ge=0, description="forecast: EWMA of the rate with this time constant; the need covers it (0: off)"
     )
-    time_of_day_profile: bool = Field(False, description="forecast: learn the rate per time-of-day bucket, day over day")
+    time_of_day_profile: bool = Field(
+        False, description="forecast: learn the rate per time-of-day bucket, day over day"
+    )
     profile_buckets_per_hour: int = Field(1, ge=1, le=60, description="time-of-day profile resolution (24 x N)")
     profile_weight: float = Field(0.5, gt=0, le=1, description="weight of the latest day in a profile bucket")
     forecast_horizon_s: float = Field(900.0, ge=0, description="the profile's look-ahead: buckets up to now+horizon")

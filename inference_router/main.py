@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import sys
 from typing import Any
 
+from aryl_common.config import ConfigError
+from aryl_common.logs import configure_logging
+from aryl_common.signals import stop_on_signals
 from inference_router.config import load_router_config
 from inference_router.router import ListenError, serve
-from scheduler_service.config import ConfigError
-from scheduler_service.logs import configure_logging
 
 EXIT_OK, EXIT_BIND, EXIT_CONFIG = 0, 1, 2
 
@@ -73,9 +73,7 @@ def cli_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
 
 async def run_until_signalled(config: Any) -> None:
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop_on_signals(asyncio.get_running_loop(), stop.set)
     await serve(config, stop)
 
 

@@ -140,10 +140,10 @@ class BackendPool:
                 self.backends[member.server_id] = backend
                 changes.append((backend, None, False))
             elif backend.state is not member.state:
-                previous, backend.state = backend.state, member.state
+                was, backend.state = backend.state, member.state
                 if member.state is RoutingState.SERVING:
                     backend.drained_reported = False
-                changes.append((backend, previous, False))
+                changes.append((backend, was, False))
         for server_id in [s for s in self.backends if s not in seen]:
             backend = self.backends.pop(server_id)
             backend.left_pool = True

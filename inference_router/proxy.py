@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
-from multidict import CIMultiDict
+from multidict import CIMultiDict, MultiMapping
 from yarl import URL
 
 HOP_BY_HOP = frozenset({
@@ -47,8 +47,8 @@ BROKEN = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, aiohttp.Cli
 CLIENT_GONE = (ConnectionResetError, aiohttp.ClientConnectionResetError)
 
 
-def _without_hop_by_hop(headers: CIMultiDict[str] | object) -> CIMultiDict[str]:
-    items = list(headers.items())  # type: ignore[attr-defined]
+def _without_hop_by_hop(headers: MultiMapping[str]) -> CIMultiDict[str]:
+    items = list(headers.items())
     named = {
         token.strip().lower()
         for key, value in items

@@ -31,11 +31,12 @@ import aiohttp
 import structlog
 from aiohttp import web
 
+from aryl_common.backoff import Backoff
 from inference_router.config import RouterSection, split_host_port
 from inference_router.demand import DemandEstimate, DemandEstimator, LoadMeter
 from inference_router.pool import Backend, BackendPool, PoolSource, PoolUpdate, RoutingState, StaticPoolSource
 from inference_router.proxy import Outcome, forward, json_error
-from inference_router.scheduler_link import Refused, Retryable, SchedulerLink, capped_backoff
+from inference_router.scheduler_link import Refused, Retryable, SchedulerLink
 
 STATS_PATH = "/aryl/stats"
 HEALTH_PATH = "/aryl/healthz"
@@ -78,7 +79,8 @@ class Router:
                                 unhealthy_cooldown_s=config.unhealthy_cooldown_s)
         self.pool.listeners.append(self._on_pool_change)
         self.meter = LoadMeter(config.short_window_s, config.long_window_s, started_at=clock())
-        self.estimator = DemandEstimator(config) if config.servers_needed is None and config.server_capacity_rps else None
+        measured = config.servers_needed is None and bool(config.server_capacity_rps)
+        self.estimator = DemandEstimator(config) if measured else None
         self.last_estimate: DemandEstimate | None = None
         self.demand_reported: int | None = None
         self.demand_reports = 0
@@ -172,7 +174,7 @@ class Router:
         while True:
             try:
                 await self.pool_source.run(self._apply_pool)
-            except Exception:  # a bug in a source must not leave the router deaf to pool changes forever
+            except Exception:  # noqa: BLE001 - a bug in a source must not leave the router deaf to pool changes
                 self._log.exception("the pool source failed; routing to the last known pool and restarting it")
             await asyncio.sleep(self.config.reconnect_max_backoff_s)
 
@@ -227,7 +229,7 @@ class Router:
             if self.drain_reporter is None:
                 self._log.info("backend drained (no scheduler to tell)", server_id=sid)
                 return
-            backoff = capped_backoff(self.config.reconnect_max_backoff_s)
+            backoff = Backoff.capped(self.config.reconnect_max_backoff_s)
             while not backend.left_pool and backend.state is RoutingState.DRAINING:
                 backend.reporting_drained = True
                 try:
@@ -261,7 +263,7 @@ class Router:
                 async with self._session.get(backend.url + cfg.health_path, timeout=timeout) as response:
                     await response.read()
                     ok, why = 200 <= response.status < 300, f"HTTP {response.status}"
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            except (aiohttp.ClientError, TimeoutError) as exc:
                 ok, why = False, type(exc).__name__
             if ok != backend.active_ok:
                 (self._log.info if ok else self._log.warning)(
@@ -337,7 +339,7 @@ class Router:
     async def _demand_loop(self) -> None:
         assert self.demand_sink is not None
         cfg = self.config
-        backoff = capped_backoff(cfg.reconnect_max_backoff_s)
+        backoff = Backoff.capped(cfg.reconnect_max_backoff_s)
         last_at = -math.inf
         retry_at = -math.inf
         if self.estimator is not None:

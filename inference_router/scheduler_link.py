@@ -18,8 +18,9 @@ from collections.abc import Callable
 import grpc
 import structlog
 
+from aryl_common.backoff import Backoff
+from aryl_common.channels import scheduler_aio_channel
 from inference_router.pool import PoolMember, PoolUpdate, RoutingState
-from node_agent.daemon import Backoff
 from protos.aryl.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 
 # Codes after which a call may be sent again as it is; anything else is the scheduler refusing it.
@@ -53,11 +54,6 @@ class Refused(SchedulerCallError):
     """The scheduler rejected the call (e.g. FAILED_PRECONDITION: the server is no longer DRAINING)."""
 
 
-def capped_backoff(max_delay_s: float) -> Backoff:
-    """The daemons' backoff (0.5 s doubling, jittered), starting lower when the cap is below 0.5 s."""
-    return Backoff(max_delay_s, initial_s=min(0.5, max_delay_s))
-
-
 def _call_error(exc: grpc.aio.AioRpcError) -> SchedulerCallError:
     kind = Retryable if exc.code() in RETRYABLE else Refused
     return kind(exc.code(), exc.details() or "")
@@ -81,13 +77,9 @@ class SchedulerLink:
         self.source = source
         self.rpc_timeout_s = rpc_timeout_s
         self.max_backoff_s = max_backoff_s
-        max_ms = max(1, int(max_backoff_s * 1000))
-        # Cap gRPC's own reconnect backoff like ours (its default grows to 120 s).
-        self._channel = grpc.aio.insecure_channel(address, options=[
-            ("grpc.initial_reconnect_backoff_ms", min(500, max_ms)),
-            ("grpc.min_reconnect_backoff_ms", min(500, max_ms)),
-            ("grpc.max_reconnect_backoff_ms", max_ms),
-        ])
+        # The agent's channel options: gRPC's reconnect backoff capped like ours, keepalive pings so
+        # an idle pool watch notices a dead scheduler.
+        self._channel = scheduler_aio_channel(address, max_backoff_s)
         self._stub = inference_pb2_grpc.InferenceServiceStub(self._channel)
         self._log = structlog.get_logger("inference_router").bind(scheduler=address)
         self.pool_messages = 0
@@ -105,7 +97,7 @@ class SchedulerLink:
 
     async def run(self, apply: Callable[[PoolUpdate], None]) -> None:
         """Watch the serving pool until cancelled, reconnecting with backoff."""
-        backoff = capped_backoff(self.max_backoff_s)
+        backoff = Backoff.capped(self.max_backoff_s)
         while True:
             call = self._stub.WatchServingPool(inference_pb2.WatchServingPoolRequest(source=self.source))
             try:

@@ -13,7 +13,8 @@ Modules: ``config`` (typed settings), ``gpus`` (inventory and health), ``desired
 states to accept), ``workers`` (worker records, on-disk layout), ``supervisor`` (starts and stops
 worker processes), ``shim`` (the per-worker parent process), ``contract`` (what a training program
 sees; importable without Aryl), ``logs`` (the worker-log service), ``agent`` (the control loop),
-``daemon`` (backoff, channel, signals), ``main`` (the ``aryl-agent`` command).
+``main`` (the ``aryl-agent`` command). Backoff, the channel to the scheduler, signal handling,
+config loading and logging are ``aryl_common``'s.
 
 The agent reports and obeys; it never decides placement, loans, restarts or health verdicts.
 """

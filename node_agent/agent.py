@@ -23,13 +23,15 @@ RPC deadline (plus the workers' grace periods when ``stop_workers_on_exit`` is s
 from __future__ import annotations
 
 import threading
+from importlib import metadata
 
 import grpc
 import structlog
 from google.protobuf import duration_pb2
 
+from aryl_common.backoff import Backoff
+from aryl_common.channels import describe_rpc_error, scheduler_channel
 from node_agent.config import AgentSection
-from node_agent.daemon import Backoff, aryl_version, describe_rpc_error, scheduler_channel
 from node_agent.desired import DesiredStateTracker, Verdict
 from node_agent.gpus import GpuBackend, GpuInfo, GpuSample
 from node_agent.logs import serve_worker_logs
@@ -53,6 +55,14 @@ PHASES = {
     Phase.STOPPING: agent_pb2.WORKER_PHASE_STOPPING,
     Phase.EXITED: agent_pb2.WORKER_PHASE_EXITED,
 }
+
+
+def aryl_version() -> str:
+    """The installed package's version, reported to the scheduler with the registration."""
+    try:
+        return metadata.version("aryl")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
 
 
 class SessionEnded(Exception):
@@ -112,7 +122,7 @@ class Agent:
         self.supervisor = Supervisor(config, self.desired, on_change=self._report_now.set)
         self.logs_address = ""  # host:port of the worker-log service once it runs
         self.version = version or aryl_version()
-        self._backoff = backoff or Backoff(config.reconnect_max_backoff_s)
+        self._backoff = backoff or Backoff.capped(config.reconnect_max_backoff_s)
         self._inventory = gpus.inventory()
         self._stopping = threading.Event()
         # The current session's "over" flag and stream, so stop() can end them from another thread.
@@ -161,7 +171,7 @@ class Agent:
 
     def stop(self) -> None:
         """Ask ``run()`` to return: ends the report loop and cancels the stream. Thread-safe; not for
-        use inside a signal handler (it takes locks), see ``daemon.run_until_signalled``."""
+        use inside a signal handler (it takes locks), see ``aryl_common.signals.run_until_signalled``."""
         self._stopping.set()
         self._session_over.set()
         self._report_now.set()

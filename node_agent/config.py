@@ -1,9 +1,10 @@
 """The node agent's typed configuration: defaults < config file < ``ARYL_*`` environment < CLI flags.
 
-Same conventions as the scheduler (``scheduler_service.config``): sections, environment variables
-``ARYL_<SECTION>__<KEY>`` (e.g. ``ARYL_AGENT__SCHEDULER_ADDRESS``), unknown keys are errors, and
-nothing else in the agent reads the environment. Command-line flags are applied last, by
-``load_agent_config(path, overrides)``, so ``--scheduler`` beats ``ARYL_AGENT__SCHEDULER_ADDRESS``.
+Same conventions as the scheduler and the router (one loader, ``aryl_common.config``): sections,
+environment variables ``ARYL_<SECTION>__<KEY>`` (e.g. ``ARYL_AGENT__SCHEDULER_ADDRESS``), unknown
+keys are errors, and nothing else in the agent reads the environment. Command-line flags are
+applied last, by ``load_agent_config(path, overrides)``, so ``--scheduler`` beats
+``ARYL_AGENT__SCHEDULER_ADDRESS``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from scheduler_service.config import (
+from aryl_common.config import (
     ArylSettings,
     ConfigSection,
     LoggingConfig,

@@ -67,7 +67,7 @@ class WorkerLogService(agent_pb2_grpc.WorkerLogServiceServicer):
         self._layout = layout
         self._hostname = hostname
 
-    def ReadWorkerLog(self, request, context):  # noqa: N802 - gRPC method name
+    def ReadWorkerLog(self, request, context):  # gRPC's method name
         if not request.job_id:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "job_id is required")
         path = self._layout.log_file(request.job_id, request.rank)
@@ -81,9 +81,10 @@ class WorkerLogService(agent_pb2_grpc.WorkerLogServiceServicer):
             )
         except OffsetPastEnd as exc:
             context.abort(grpc.StatusCode.OUT_OF_RANGE, str(exc))
-        return agent_pb2.ReadWorkerLogResponse(
-            data=chunk.data, offset=chunk.offset, next_offset=chunk.next_offset, size=chunk.size
-        )
+        else:
+            return agent_pb2.ReadWorkerLogResponse(
+                data=chunk.data, offset=chunk.offset, next_offset=chunk.next_offset, size=chunk.size
+            )
 
 
 def serve_worker_logs(layout: WorkDir, hostname: str, host: str, port: int) -> tuple[grpc.Server, int]:

@@ -19,12 +19,12 @@ from typing import Any
 
 import structlog
 
+from aryl_common.config import ConfigError
+from aryl_common.logs import configure_logging
+from aryl_common.signals import run_until_signalled
 from node_agent.agent import Agent
 from node_agent.config import AgentConfig, load_agent_config
-from node_agent.daemon import run_until_signalled
 from node_agent.gpus import GpuBackendUnavailable, select_backend
-from scheduler_service.config import ConfigError
-from scheduler_service.logs import configure_logging
 
 EXIT_OK, EXIT_BACKEND, EXIT_CONFIG = 0, 1, 2
 

@@ -60,7 +60,7 @@ def relay_signals_to_group() -> list[int]:
     """SIGTERM/SIGINT to the shim go to its whole group, once: the shim receives its own relayed
     copy too, and ``echoes`` swallows it instead of relaying forever. Returns the list of signals
     relayed so far (a signal that came before the command started must still reach it)."""
-    echoes = {sig: 0 for sig in RELAYED_SIGNALS}
+    echoes: dict[int, int] = {sig: 0 for sig in RELAYED_SIGNALS}
     relayed: list[int] = []
 
     def relay(signum: int, _frame: object) -> None:
@@ -82,7 +82,7 @@ def relay_signals_to_group() -> list[int]:
 
 def group_members(pgid: int) -> list[int]:
     """Pids in process group ``pgid`` other than this one (Linux /proc; elsewhere: none known)."""
-    members = []
+    members: list[int] = []
     try:
         entries = os.listdir("/proc")
     except OSError:

@@ -40,6 +40,7 @@ from pathlib import Path
 
 import structlog
 
+from aryl_common.exits import describe_exit
 from node_agent import contract
 from node_agent.config import AgentSection
 from node_agent.desired import DesiredStateTracker
@@ -51,7 +52,6 @@ from node_agent.workers import (
     Worker,
     WorkerId,
     WorkerSpec,
-    describe_exit,
     desired_specs,
     load_state,
     process_alive,
@@ -210,7 +210,7 @@ class Supervisor:
                 break
             try:
                 self.reconcile()
-            except Exception:  # a bug must not end supervision of running workers
+            except Exception:  # noqa: BLE001 - a bug must not end supervision of running workers
                 self._log.exception("reconciling workers failed; retrying at the next tick")
 
     def reconcile(self) -> None:
@@ -236,11 +236,11 @@ class Supervisor:
             if worker.id not in desired:
                 self._retire(worker)
         for spec in desired.values():
-            worker = self._workers.get(spec.id)
-            if worker is None:
-                worker = self._workers[spec.id] = Worker(spec)
-            if worker.phase is Phase.STARTING:
-                self._start_when_free(worker)
+            current = self._workers.get(spec.id)
+            if current is None:
+                current = self._workers[spec.id] = Worker(spec)
+            if current.phase is Phase.STARTING:
+                self._start_when_free(current)
 
     def _retire(self, worker: Worker) -> None:
         """``worker`` is no longer desired: stop it, or forget it once its exit has been reported."""

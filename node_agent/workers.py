@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -201,16 +200,6 @@ class Worker:
         spec["env"] = tuple((k, v) for k, v in spec["env"])
         fields = {k: v for k, v in record.items() if k != "spec"}
         return cls(spec=WorkerSpec(**spec), **{**fields, "phase": Phase(fields["phase"])})
-
-
-def describe_exit(exit_code: int) -> str:
-    """``exited with status 3`` / ``killed by SIGSEGV``, for the status message and logs."""
-    if exit_code >= 0:
-        return f"exited with status {exit_code}"
-    try:
-        return f"killed by {signal.Signals(-exit_code).name}"
-    except ValueError:
-        return f"killed by signal {-exit_code}"
 
 
 def read_exit_file(path: Path) -> tuple[int, str] | None:

@@ -1,58 +1,24 @@
-"""Typed configuration, built once at start-up from a file (TOML or YAML) plus the environment.
+"""The scheduler service's typed configuration, built once at start-up from a file (TOML or YAML)
+plus the environment.
 
-Precedence, highest first: environment variables, the config file, the defaults below.
-Environment variables are ``ARYL_<SECTION>__<KEY>`` (e.g. ``ARYL_DATABASE__URL``); the file is
-named by ``--config`` or ``ARYL_CONFIG``. Unknown keys are errors, so a typo never silently falls
-back to a default. Nothing else in the service reads the environment.
+The sections below are the scheduler's own; how they are loaded is shared by every Aryl program
+(``aryl_common.config``). Precedence, highest first: environment variables, the config file, the
+defaults below. Environment variables are ``ARYL_<SECTION>__<KEY>`` (e.g. ``ARYL_DATABASE__URL``);
+the file is named by ``--config`` or ``ARYL_CONFIG``. Unknown keys are errors, so a typo never
+silently falls back to a default. Nothing else in the service reads the environment.
 """
 
 from __future__ import annotations
 
 import os
-import tomllib
-from pathlib import Path
 from dataclasses import fields
-from typing import Any, Literal, TypeVar, get_type_hints
+from pathlib import Path
+from typing import get_type_hints
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic import Field, create_model
 
+from aryl_common.config import ArylSettings, ConfigSection, LoggingConfig, load_settings
 from scheduler_service.core.params import PolicyParams
-
-ENV_PREFIX = "ARYL_"
-T = TypeVar("T", bound="BaseSettings")
-ENV_NESTED_DELIMITER = "__"
-
-
-class ConfigError(Exception):
-    """The configuration file or environment is invalid; the message says which key and why."""
-
-
-class ConfigSection(BaseModel):
-    """One section of a config: unknown keys are errors, values never change after start-up."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ArylSettings(BaseSettings):
-    """Base of every Aryl program's config (scheduler, agent, router): ``ARYL_<SECTION>__<KEY>``
-    variables override the file's values (passed as init values), which override the defaults."""
-
-    model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX, env_nested_delimiter=ENV_NESTED_DELIMITER, extra="forbid", frozen=True
-    )
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (env_settings, init_settings)
 
 
 class ServerConfig(ConfigSection):
@@ -93,7 +59,7 @@ class SchedulingConfig(ConfigSection):
 
 
 # The policies' tunables, as a config section with exactly PolicyParams' fields and defaults.
-PolicyConfig = create_model(
+PolicyConfig = create_model(  # type: ignore[call-overload]  # field definitions built from a dataclass
     "PolicyConfig",
     __base__=ConfigSection,
     __doc__="Tunables of the scheduling policy (scheduler_service.core.params.PolicyParams).",
@@ -116,92 +82,17 @@ class AgentsConfig(ConfigSection):
     )
 
 
-class LoggingConfig(ConfigSection):
-    format: Literal["console", "json"] = "console"
-    level: Literal["debug", "info", "warning", "error"] = "info"
-
-
 class SchedulerConfig(ArylSettings):
     """Everything the scheduler service can be told. One instance, built at start-up."""
 
     server: ServerConfig = ServerConfig()
     database: DatabaseConfig = DatabaseConfig()
     scheduling: SchedulingConfig = SchedulingConfig()
-    policy: PolicyConfig = PolicyConfig()  # type: ignore[valid-type]
+    policy: PolicyConfig = PolicyConfig()
     agents: AgentsConfig = AgentsConfig()
     logging: LoggingConfig = LoggingConfig()
 
 
-def read_config_file(path: str | os.PathLike[str] | None) -> dict[str, Any]:
-    """Parse a TOML (``.toml``) or YAML (anything else) config file into a dict."""
-    if path is None:
-        return {}
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {p}: {exc.strerror}") from exc
-    try:
-        data = tomllib.loads(text) if p.suffix == ".toml" else yaml.safe_load(text)
-    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(f"config file {p} is not valid {p.suffix.lstrip('.') or 'YAML'}: {exc}") from exc
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {p} must hold a mapping of sections, not {type(data).__name__}")
-    return data
-
-
-def load_settings(cls: type[T], path: str | os.PathLike[str] | None = None) -> T:
-    """Build ``cls`` from ``path`` (or ``$ARYL_CONFIG``) and the environment; ConfigError on bad input."""
-    path = path if path is not None else os.environ.get(f"{ENV_PREFIX}CONFIG") or None
-    try:
-        return cls(**read_config_file(path))
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
-        )
-        raise ConfigError(f"invalid configuration: {problems}") from exc
-
-
 def load_config(path: str | os.PathLike[str] | None = None) -> SchedulerConfig:
+    """File (or ``$ARYL_CONFIG``) + environment; ``aryl_common.config.ConfigError`` on bad input."""
     return load_settings(SchedulerConfig, path)
-
-
-def apply_overrides(config: T, overrides: dict[str, dict[str, Any]]) -> T:
-    """``config`` with ``{section: {key: value}}`` laid over it, validated; ConfigError on bad values.
-
-    Used for command-line flags, which must beat the environment: rebuilding a settings object
-    would let ``ARYL_*`` variables win again, so each touched section is re-validated on its own.
-    ``None`` values (flags not given) are ignored.
-    """
-    updates: dict[str, BaseModel] = {}
-    for section, values in overrides.items():
-        given = {k: v for k, v in values.items() if v is not None}
-        current = getattr(config, section, None)
-        if not isinstance(current, BaseModel):
-            raise ConfigError(f"unknown configuration section {section!r}")
-        if not given:
-            continue
-        try:
-            updates[section] = type(current).model_validate({**current.model_dump(), **given})
-        except ValidationError as exc:
-            problems = "; ".join(
-                f"{section}.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
-            )
-            raise ConfigError(f"invalid command-line option: {problems}") from exc
-    return config.model_copy(update=updates)
-
-
-def env_var_names(cls: type[BaseSettings]) -> set[str]:
-    """Every ``ARYL_SECTION__KEY`` variable ``cls`` understands (for docs and the compose check)."""
-    names = set()
-    for section, field in cls.model_fields.items():
-        sub = field.annotation
-        if isinstance(sub, type) and issubclass(sub, BaseModel):
-            names.update(
-                f"{ENV_PREFIX}{section.upper()}{ENV_NESTED_DELIMITER}{key.upper()}" for key in sub.model_fields
-            )
-        else:
-            names.add(f"{ENV_PREFIX}{section.upper()}")
-    return names

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import sys
 
 import structlog
 
+from aryl_common.config import ConfigError, apply_overrides
+from aryl_common.logs import configure_logging
+from aryl_common.signals import stop_on_signals
 from migrations import upgrade
-from scheduler_service.config import ConfigError, SchedulerConfig, apply_overrides, load_config
+from scheduler_service.config import SchedulerConfig, load_config
 from scheduler_service.core.registry import UnknownPolicy
-from scheduler_service.logs import configure_logging
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -58,9 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     async def serve() -> None:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, service.stop)
+        stop_on_signals(asyncio.get_running_loop(), service.stop)
         await service.run()
 
     try:

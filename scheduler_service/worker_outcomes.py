@@ -17,16 +17,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from enum import StrEnum
 
+from aryl_common.exits import describe_exit
+
+__all__ = ["Verdict", "describe_exit", "judge_exits"]  # describe_exit: one wording, the agent's too
+
 
 class Verdict(StrEnum):
     COMPLETED = "COMPLETED"
     RESTART = "RESTART"
     FAILED = "FAILED"
-
-
-def describe_exit(code: int) -> str:
-    """``exit 3`` / ``killed by signal 9``: Popen convention, a negative status is a signal."""
-    return f"killed by signal {-code}" if code < 0 else f"exit status {code}"
 
 
 def judge_exits(

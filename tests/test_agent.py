@@ -24,9 +24,11 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 
+from aryl_common.backoff import Backoff
+from aryl_common.config import ConfigError
+from aryl_common.signals import run_until_signalled
 from node_agent.agent import Agent
 from node_agent.config import AgentSection, GpusSection, load_agent_config
-from node_agent.daemon import Backoff, run_until_signalled
 from node_agent.desired import DesiredStateTracker, Verdict
 from node_agent.gpus import (
     FakeBackend,
@@ -39,9 +41,7 @@ from node_agent.gpus import (
 )
 from node_agent.main import cli_overrides, parse_args
 from protos.aryl.v1 import agent_pb2, agent_pb2_grpc, inference_pb2, inference_pb2_grpc, scheduler_pb2, types_pb2
-from scheduler_service.config import ConfigError
 from tests.helpers import scheduler_stub, wait_for
-
 
 
 @pytest.fixture(autouse=True)

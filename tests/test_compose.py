@@ -24,9 +24,10 @@ import pytest
 import yaml
 from pydantic_settings import BaseSettings
 
+from aryl_common.config import ConfigError, env_var_names
 from inference_router.config import RouterConfig, load_router_config
 from node_agent.config import AgentConfig, load_agent_config
-from scheduler_service.config import ConfigError, SchedulerConfig, env_var_names, load_config
+from scheduler_service.config import SchedulerConfig, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from scheduler_service.config import ConfigError, SchedulerConfig, env_var_names, load_config
+from aryl_common.config import ConfigError, env_var_names
+from scheduler_service.config import SchedulerConfig, load_config
 
 
 @pytest.fixture(autouse=True)

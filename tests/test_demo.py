@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from aryl_demo.demo import run
 from protos.aryl.v1 import types_pb2
-from scheduler_service.demo import run
 from tests.helpers import processes_mentioning, wait_for
 
 

@@ -142,7 +142,7 @@ def test_a_crash_is_restarted_under_on_failure_and_fails_when_restarts_run_out(c
                             max_restarts=1, restart_policy=J.RESTART_POLICY_ON_FAILURE)
     job = cluster.wait_job(job_id, lambda j: j.state == J.JOB_STATE_FAILED, "failed")
     assert job.restarts == 1 and job.incarnation == 2
-    assert "rank 0 failed (exit status 3)" in job.message
+    assert "rank 0 failed (exited with status 3)" in job.message
     assert logs(cluster, job_id).count("injected failure at step 3") == 2
 
 

@@ -27,6 +27,7 @@ import grpc
 import pytest
 from aiohttp import web
 
+from aryl_common.config import ConfigError
 from inference_router.config import RouterSection, check_router_section, load_router_config
 from inference_router.demand import DemandEstimator, LoadMeter, RateEwma, TimeOfDayProfile, percentile, servers_for
 from inference_router.main import cli_overrides, parse_args
@@ -34,7 +35,6 @@ from inference_router.pool import BackendPool, PoolMember, PoolUpdate, RoutingSt
 from inference_router.proxy import request_headers
 from inference_router.router import Router
 from protos.aryl.v1 import inference_pb2, inference_pb2_grpc, types_pb2
-from scheduler_service.config import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_SERVER = ROOT / "examples" / "inference_server.py"

@@ -115,7 +115,7 @@ def test_a_crash_restarts_the_job_under_on_failure_then_fails_it_when_restarts_r
     agent.report(worker(job_id, 0, 2, EXITED, exit_code=-9))
     job = get_job(stub, job_id)
     assert job.state == J.JOB_STATE_FAILED
-    assert "killed by signal 9" in job.message and "no restarts left" in job.message
+    assert "killed by SIGKILL" in job.message and "no restarts left" in job.message
 
 
 def test_never_policy_fails_at_once_and_agent_initiated_stops_are_not_failures(cluster) -> None:

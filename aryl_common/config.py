@@ -1,0 +1,133 @@
+"""The base of every Aryl program's typed configuration (scheduler, agent, router): a file (TOML or
+YAML) plus the environment, validated into one frozen object at start-up.
+
+Precedence, highest first: command-line flags (``apply_overrides``), environment variables, the
+config file, the defaults. Environment variables are ``ARYL_<SECTION>__<KEY>`` (e.g.
+``ARYL_DATABASE__URL``); the file is named by ``--config`` or ``ARYL_CONFIG``. Unknown keys are
+errors, so a typo never silently falls back to a default. Each program declares its own sections
+(``scheduler_service.config``, ``node_agent.config``, ``inference_router.config``); nothing else in
+a program reads the environment.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+ENV_PREFIX = "ARYL_"
+ENV_NESTED_DELIMITER = "__"
+T = TypeVar("T", bound="BaseSettings")
+
+
+class ConfigError(Exception):
+    """The configuration file or environment is invalid; the message says which key and why."""
+
+
+class ConfigSection(BaseModel):
+    """One section of a config: unknown keys are errors, values never change after start-up."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ArylSettings(BaseSettings):
+    """Base of every Aryl program's config (scheduler, agent, router): ``ARYL_<SECTION>__<KEY>``
+    variables override the file's values (passed as init values), which override the defaults."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_nested_delimiter=ENV_NESTED_DELIMITER, extra="forbid", frozen=True
+    )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (env_settings, init_settings)
+
+
+class LoggingConfig(ConfigSection):
+    """The ``[logging]`` section every program has (``aryl_common.logs.configure_logging``)."""
+
+    format: Literal["console", "json"] = "console"
+    level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+def read_config_file(path: str | os.PathLike[str] | None) -> dict[str, Any]:
+    """Parse a TOML (``.toml``) or YAML (anything else) config file into a dict."""
+    if path is None:
+        return {}
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {p}: {exc.strerror}") from exc
+    try:
+        data = tomllib.loads(text) if p.suffix == ".toml" else yaml.safe_load(text)
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(f"config file {p} is not valid {p.suffix.lstrip('.') or 'YAML'}: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {p} must hold a mapping of sections, not {type(data).__name__}")
+    return data
+
+
+def load_settings(cls: type[T], path: str | os.PathLike[str] | None = None) -> T:
+    """Build ``cls`` from ``path`` (or ``$ARYL_CONFIG``) and the environment; ConfigError on bad input."""
+    path = path if path is not None else os.environ.get(f"{ENV_PREFIX}CONFIG") or None
+    try:
+        return cls(**read_config_file(path))
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+        )
+        raise ConfigError(f"invalid configuration: {problems}") from exc
+
+
+def apply_overrides(config: T, overrides: dict[str, dict[str, Any]]) -> T:
+    """``config`` with ``{section: {key: value}}`` laid over it, validated; ConfigError on bad values.
+
+    Used for command-line flags, which must beat the environment: rebuilding a settings object
+    would let ``ARYL_*`` variables win again, so each touched section is re-validated on its own.
+    ``None`` values (flags not given) are ignored.
+    """
+    updates: dict[str, BaseModel] = {}
+    for section, values in overrides.items():
+        given = {k: v for k, v in values.items() if v is not None}
+        current = getattr(config, section, None)
+        if not isinstance(current, BaseModel):
+            raise ConfigError(f"unknown configuration section {section!r}")
+        if not given:
+            continue
+        try:
+            updates[section] = type(current).model_validate({**current.model_dump(), **given})
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{section}.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+            )
+            raise ConfigError(f"invalid command-line option: {problems}") from exc
+    return config.model_copy(update=updates)
+
+
+def env_var_names(cls: type[BaseSettings]) -> set[str]:
+    """Every ``ARYL_SECTION__KEY`` variable ``cls`` understands (for docs and the compose check)."""
+    names: set[str] = set()
+    for section, field in cls.model_fields.items():
+        sub = field.annotation
+        if isinstance(sub, type) and issubclass(sub, BaseModel):
+            names.update(
+                f"{ENV_PREFIX}{section.upper()}{ENV_NESTED_DELIMITER}{key.upper()}" for key in sub.model_fields
+            )
+        else:
+            names.add(f"{ENV_PREFIX}{section.upper()}")
+    return names

@@ -1,0 +1,33 @@
+"""``aryl_common``: the plumbing the scheduler, the agent and the router share (the parts their own
+tests do not already cover: the one wording of a worker's exit, and the capped backoff)."""
+
+from __future__ import annotations
+
+import pytest
+
+from aryl_common.backoff import Backoff
+from aryl_common.exits import describe_exit
+from scheduler_service.worker_outcomes import Verdict, judge_exits
+
+
+@pytest.mark.parametrize(
+    "status, words",
+    [(0, "exited with status 0"), (3, "exited with status 3"), (-9, "killed by SIGKILL"),
+     (-11, "killed by SIGSEGV"), (-200, "killed by signal 200")],
+)
+def test_an_exit_status_reads_the_same_wherever_it_is_described(status: int, words: str) -> None:
+    assert describe_exit(status) == words
+
+
+def test_the_scheduler_explains_a_failed_job_in_the_agents_words() -> None:
+    verdict, why = judge_exits({0: 0, 1: -9}, num_workers=2, restart_policy="NEVER", restarts=0, max_restarts=0)
+    assert verdict is Verdict.FAILED
+    assert why == "rank 1 failed (killed by SIGKILL); restart policy NEVER"
+
+
+def test_a_capped_backoff_below_its_default_start_starts_at_the_cap() -> None:
+    with pytest.raises(ValueError, match="initial_s"):
+        Backoff(0.2)
+    backoff = Backoff.capped(0.2)
+    assert all(0.1 <= backoff.next_delay() <= 0.2 for _ in range(5))
+    assert Backoff.capped(10.0).initial_s == 0.5

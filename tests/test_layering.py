@@ -1,0 +1,151 @@
+"""Which of Aryl's packages may import which, read from the source with ``ast``.
+
+The table is the architecture: the service, the agent, the router and the CLI each stand on
+``aryl_common`` (shared plumbing) and ``protos`` (the API), never on one another, so each can be
+built, tested and deployed without the others; the simulator drives the service's own core; only
+the demo ties everything together. Every import counts, at module level or inside a function.
+A new top-level package must be added to the table before its imports are allowed anywhere.
+
+``scheduler_service/core`` is also held to STYLE.md habit 1: no gRPC, SQLAlchemy, NVML, or wall clock.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+# package -> the other packages of ours it may import (itself always; third-party always).
+ANYTHING = None
+ALLOWED: dict[str, frozenset[str] | None] = {
+    "aryl_common": frozenset(),
+    "protos": frozenset(),
+    "scheduler_service": frozenset({"aryl_common", "protos", "migrations"}),
+    "migrations": frozenset({"scheduler_service"}),  # env.py reads the ORM models' metadata
+    "node_agent": frozenset({"aryl_common", "protos"}),
+    "inference_router": frozenset({"aryl_common", "protos"}),
+    "arylctl": frozenset({"aryl_common", "protos"}),
+    "simulator": frozenset({"scheduler_service", "aryl_common"}),
+    "aryl_demo": ANYTHING,
+    "benchmarks": ANYTHING,
+}
+# Import roots that are ours: every top-level package, plus the test and example trees.
+OUR_ROOTS = frozenset(ALLOWED) | {"tests", "examples"}
+
+CORE = REPO / "scheduler_service" / "core"
+# Modules the pure decision core must not import (roots; ``time``/``datetime`` are the wall clock).
+CORE_FORBIDDEN = frozenset({"grpc", "sqlalchemy", "pynvml", "time", "datetime"})
+
+
+def top_level_packages(root: Path = REPO) -> set[str]:
+    return {p.parent.name for p in root.glob("*/__init__.py")}
+
+
+def imported_modules(path: Path, root: Path) -> Iterator[tuple[int, str]]:
+    """``(line, dotted module)`` for every import in ``path``; relative imports resolved from ``root``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    module_parts = list(path.relative_to(root).with_suffix("").parts)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: stays inside the package it is written in
+                base = module_parts[: len(module_parts) - node.level]
+                yield node.lineno, ".".join([*base, node.module] if node.module else base)
+            elif node.module:
+                yield node.lineno, node.module
+
+
+def layering_violations(root: Path = REPO, allowed: dict[str, frozenset[str] | None] = ALLOWED) -> list[str]:
+    """``path:line: package imports other`` for every import the table does not allow."""
+    problems = []
+    for package in sorted(top_level_packages(root)):
+        permitted = allowed.get(package, frozenset())
+        if package not in allowed:
+            problems.append(f"{package}/: a top-level package missing from the layering table")
+        if permitted is ANYTHING:
+            continue
+        for path in sorted((root / package).rglob("*.py")):
+            for line, module in imported_modules(path, root):
+                target = module.split(".")[0]
+                if target in OUR_ROOTS and target != package and target not in permitted:
+                    problems.append(f"{path.relative_to(root)}:{line}: {package} imports {module}")
+    return problems
+
+
+def test_every_package_imports_only_what_the_layering_table_allows() -> None:
+    assert {"aryl_common", "scheduler_service", "node_agent", "inference_router", "arylctl"} <= top_level_packages()
+    assert layering_violations() == []
+
+
+def test_a_forbidden_import_is_reported(tmp_path: Path) -> None:
+    """The check can fail: a copy of the repository's packages with one forbidden import added."""
+    for package in top_level_packages():
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / "node_agent" / "agent.py").write_text("import os\nfrom aryl_common.backoff import Backoff\n")
+    (tmp_path / "inference_router" / "link.py").write_text("def f():\n    from node_agent.agent import x\n")
+    (tmp_path / "aryl_common" / "config.py").write_text("from scheduler_service.core import params\n")
+    (tmp_path / "scheduler_service" / "demo.py").write_text("import arylctl.cli\nfrom . import config\n")
+    assert sorted(layering_violations(tmp_path)) == [
+        "aryl_common/config.py:1: aryl_common imports scheduler_service.core",
+        "inference_router/link.py:2: inference_router imports node_agent.agent",
+        "scheduler_service/demo.py:1: scheduler_service imports arylctl.cli",
+    ]
+    (tmp_path / "newpkg").mkdir()
+    (tmp_path / "newpkg" / "__init__.py").write_text("")
+    assert "newpkg/: a top-level package missing from the layering table" in layering_violations(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "module, must_not_load",
+    [
+        ("node_agent.config", "scheduler_service"),
+        ("node_agent.main", "scheduler_service"),
+        ("inference_router.main", "scheduler_service"),
+        ("inference_router.main", "node_agent"),
+        ("aryl_common.config", "scheduler_service"),
+    ],
+)
+def test_importing_a_daemon_does_not_load_another_package(module: str, must_not_load: str) -> None:
+    """What the table says, checked at run time in a fresh interpreter (imports hidden in strings or
+    in third-party hooks would slip past the ``ast`` check)."""
+    probe = (
+        f"import sys, {module}\n"
+        f"loaded = sorted(m for m in sys.modules if m == {must_not_load!r} or m.startswith({must_not_load + '.'!r}))\n"
+        "print(','.join(loaded))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=60,
+                            check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "", f"importing {module} loaded {result.stdout.strip()}"
+
+
+def core_violations(core: Path = CORE) -> list[str]:
+    return [
+        f"{path.relative_to(core.parent.parent)}:{line}: imports {module}"
+        for path in sorted(core.rglob("*.py"))
+        for line, module in imported_modules(path, core.parent.parent)
+        if module.split(".")[0] in CORE_FORBIDDEN
+    ]
+
+
+def test_the_decision_core_imports_no_grpc_database_nvml_or_wall_clock(tmp_path: Path) -> None:
+    assert len(list(CORE.glob("*.py"))) > 3
+    assert core_violations() == []
+    # ... and the check can fail:
+    broken = tmp_path / "scheduler_service" / "core"
+    broken.mkdir(parents=True)
+    (broken / "plan.py").write_text("import time\nfrom datetime import UTC\ndef f():\n    import sqlalchemy.orm\n")
+    assert core_violations(broken) == [
+        "scheduler_service/core/plan.py:1: imports time",
+        "scheduler_service/core/plan.py:2: imports datetime",
+        "scheduler_service/core/plan.py:4: imports sqlalchemy.orm",
+    ]
