@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench protos evaluation clean
+.PHONY: demo test lint bench protos evaluation clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -16,8 +16,15 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/aryl-demo
 
-test: $(STAMP)
+# Lint, then types, then the tests; the first that fails stops the target (and CI, which runs `make test`).
+test: lint
 	$(BIN)/python -m pytest -q
+
+# ruff (pyflakes, pycodestyle, import order, bug patterns) and mypy (strict on core/, policies/, solvers/);
+# both read their settings from pyproject.toml. `$(BIN)/ruff check --fix` sorts imports and fixes the mechanical rest.
+lint: $(STAMP)
+	$(BIN)/ruff check --quiet .
+	$(BIN)/mypy
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks
@@ -31,4 +38,4 @@ protos: $(STAMP)
 	$(BIN)/python -m protos.generate
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info
+	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache *.egg-info

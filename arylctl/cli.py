@@ -112,20 +112,20 @@ def local_time(ts: Timestamp) -> str:
     """A timestamp as local ISO time to the second; ``-`` when unset."""
     if ts.seconds == 0 and ts.nanos == 0:
         return "-"
-    return ts.ToDatetime(tzinfo=dt.timezone.utc).astimezone().strftime("%Y-%m-%d %H:%M:%S")
+    return ts.ToDatetime(tzinfo=dt.UTC).astimezone().strftime("%Y-%m-%d %H:%M:%S")
 
 
 def age(ts: Timestamp, now: dt.datetime | None = None) -> str:
     """How long ago, coarsely (``42s``, ``5m``, ``3h``, ``2d``); ``-`` when unset."""
     if ts.seconds == 0 and ts.nanos == 0:
         return "-"
-    now = now or dt.datetime.now(dt.timezone.utc)
-    return seconds_text(max(0.0, (now - ts.ToDatetime(tzinfo=dt.timezone.utc)).total_seconds()), coarse=True)
+    now = now or dt.datetime.now(dt.UTC)
+    return seconds_text(max(0.0, (now - ts.ToDatetime(tzinfo=dt.UTC)).total_seconds()), coarse=True)
 
 
 def seconds_text(seconds: float, *, coarse: bool = False) -> str:
     """``5400`` -> ``1h30m``; coarse keeps only the largest unit."""
-    remaining = int(round(seconds))
+    remaining = round(seconds)
     parts = []
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
         count, remaining = divmod(remaining, size)
@@ -379,7 +379,8 @@ def describe_job(response: scheduler_pb2.GetJobResponse) -> str:
         ("Finished", local_time(job.finished_at)),
         ("Restarts", job.restarts),
         ("Preemptions", job.preemptions),
-        ("Progress", f"{job.progress:g}" + (f" of {spec.throughput.total_work:g}" if spec.throughput.total_work else "")),
+        ("Progress",
+         f"{job.progress:g}" + (f" of {spec.throughput.total_work:g}" if spec.throughput.total_work else "")),
         ("Incarnation", job.incarnation),
         ("Last checkpoint", local_time(job.last_checkpoint_at)),
     ]
@@ -494,7 +495,7 @@ def _server_row(server: types_pb2.Server, now: dt.datetime) -> list[object]:
 
 def cmd_servers(client: ArylClient, args: argparse.Namespace, out: Output) -> int:
     servers = client.list_servers(pool=args.pool)
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
 
     def table() -> str:
         if not servers:

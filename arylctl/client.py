@@ -53,8 +53,8 @@ import math
 import os
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from types import TracebackType
 from queue import Empty, SimpleQueue
+from types import TracebackType
 from typing import Any, Final
 
 import grpc
@@ -160,9 +160,15 @@ _ERROR_BY_CODE: Final[Mapping[grpc.StatusCode, type[ArylError]]] = {
 
 def _translate(exc: grpc.RpcError) -> ArylError:
     """The typed exception for a failed call (``grpc.RpcError`` raised by calls is a ``grpc.Call``)."""
-    code, details = (exc.code(), exc.details()) if isinstance(exc, grpc.Call) else (None, None)
+    # Seen as a plain object: grpc's type stubs give every RpcError a Call's methods, but at run time only
+    # the errors that calls raise have them.
+    call: object = exc
+    code: grpc.StatusCode | None = None
+    details: str | None = None
+    trailing: Sequence[tuple[str, str | bytes]] | None = None
+    if isinstance(call, grpc.Call):
+        code, details, trailing = call.code(), call.details(), call.trailing_metadata()
     code = code or grpc.StatusCode.UNKNOWN
-    trailing = exc.trailing_metadata() if isinstance(exc, grpc.Call) else None
     answered = any(key == "aryl-answered-by" for key, _ in trailing or ())
     return _ERROR_BY_CODE.get(code, ArylError)(code, details or code.name, from_scheduler=answered)
 
@@ -319,7 +325,7 @@ class ArylClient:
     def list_jobs(
         self,
         *,
-        states: Sequence[int] = (),
+        states: Sequence[types_pb2.JobState] = (),
         user: str = "",
         queue: str = "",
         page_size: int = 0,
@@ -333,7 +339,7 @@ class ArylClient:
         return self._unary(self._scheduler.ListJobs, request)
 
     def iter_jobs(
-        self, *, states: Sequence[int] = (), user: str = "", queue: str = "", page_size: int = 0
+        self, *, states: Sequence[types_pb2.JobState] = (), user: str = "", queue: str = "", page_size: int = 0
     ) -> Iterator[types_pb2.Job]:
         """All jobs matching the filters, newest first, fetching pages as iteration goes."""
         token = ""
@@ -440,7 +446,7 @@ class ArylClient:
         """Capacity per pool, job counts by state, inference demand, policy and epoch."""
         return self._unary(self._scheduler.GetCluster, scheduler_pb2.GetClusterRequest())
 
-    def list_servers(self, *, pool: int = types_pb2.POOL_UNSPECIFIED) -> list[types_pb2.Server]:
+    def list_servers(self, *, pool: types_pb2.Pool = types_pb2.POOL_UNSPECIFIED) -> list[types_pb2.Server]:
         """Servers with their GPUs; ``pool`` is a ``types_pb2.Pool`` value (unspecified: all)."""
         response = self._unary(self._scheduler.ListServers, scheduler_pb2.ListServersRequest(pool=pool))
         return list(response.servers)
@@ -469,7 +475,7 @@ class ArylClient:
 # ---------------------------------------------------------------------------------------------
 # Spec helpers
 
-RESTART_POLICIES: Final[Mapping[str, int]] = {
+RESTART_POLICIES: Final[Mapping[str, types_pb2.RestartPolicy]] = {
     "never": types_pb2.RESTART_POLICY_NEVER,
     "on_failure": types_pb2.RESTART_POLICY_ON_FAILURE,
 }
@@ -551,7 +557,7 @@ def job_spec(
     if deadline is not None:
         if not isinstance(deadline, dt.datetime):
             raise ValueError(f"deadline must be a datetime, got {deadline!r}")
-        spec.deadline.FromDatetime(deadline.astimezone(dt.timezone.utc))
+        spec.deadline.FromDatetime(deadline.astimezone(dt.UTC))
     if max_runtime_s is not None:
         spec.max_runtime.CopyFrom(_duration("max_runtime_s", max_runtime_s))
     if estimated_runtime_s is not None:

@@ -12,7 +12,7 @@ import os
 import sys
 
 from benchmarks import bench_agents, bench_cycle, bench_reclaim, bench_router, bench_service, bench_sim, bench_solvers
-from benchmarks.bench_service import FULL, QUICK, Benchmark, BenchContext
+from benchmarks.bench_service import FULL, QUICK, BenchContext, Benchmark
 
 BENCHMARKS = (
     bench_service.BENCHMARKS + bench_agents.BENCHMARKS + bench_solvers.BENCHMARKS + bench_cycle.BENCHMARKS
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
                  "quick" if args.quick else "full", os.getloadavg()[0], os.cpu_count() or 0)
         try:
             by_name[name].run(ctx)
-        except Exception:  # noqa: BLE001 - one broken benchmark must not hide the others' figures
+        except Exception:  # one broken benchmark must not hide the others' figures
             log.exception("benchmark %s failed", name)
             failed.append(name)
     if failed:

@@ -16,7 +16,7 @@ import statistics
 import time
 
 from benchmarks import emit_figure
-from benchmarks.bench_service import QUICK, Benchmark, BenchContext
+from benchmarks.bench_service import QUICK, BenchContext, Benchmark
 from scheduler_service.core import ClusterSnapshot, DemandView, JobView, ServerView, WorkerView
 from scheduler_service.core.invariants import check_plan
 from scheduler_service.core.params import PolicyParams
@@ -31,14 +31,16 @@ NOW = 1_000_000.0
 def synthetic_cluster(servers: int, jobs: int, seed: int = 0) -> ClusterSnapshot:
     rng = random.Random(seed)
     n_infer = servers // 5
-    views = [ServerView(f"t{k:04d}", Pool.TRAINING, ServerState.TRAINING, tuple(range(8))) for k in range(servers - n_infer)]
+    views = [ServerView(f"t{k:04d}", Pool.TRAINING, ServerState.TRAINING, tuple(range(8)))
+             for k in range(servers - n_infer)]
     for k in range(n_infer):
         loaned = k < n_infer // 2
         views.append(ServerView(f"i{k:04d}", Pool.INFERENCE, ServerState.LOANED if loaned else ServerState.SERVING,
                                 tuple(range(8)), state_since=NOW - rng.uniform(600, 7200),
                                 loan_started_at=NOW - rng.uniform(600, 7200) if loaned else None))
     capacity = FreeCapacity.of(ClusterSnapshot(NOW, tuple(views), ()))
-    job_views, held = [], {}
+    job_views: list[JobView] = []
+    held: dict[str, list[tuple[int, int]]] = {}
     for jid in range(1, jobs + 1):
         gpus = rng.choice([1, 1, 2, 4, 8])
         low = rng.randint(1, 4)
@@ -56,8 +58,8 @@ def synthetic_cluster(servers: int, jobs: int, seed: int = 0) -> ClusterSnapshot
                     held.setdefault(w.server_id, []).extend((g, jid) for g in w.gpu_indices)
         job_views.append(view)
     servers_out = tuple(
-        ServerView(s.server_id, s.pool, s.state, s.gpu_indices, s.unhealthy_gpus, tuple(sorted(held.get(s.server_id, []))),
-                   s.state_since, s.loan_started_at)
+        ServerView(s.server_id, s.pool, s.state, s.gpu_indices, s.unhealthy_gpus,
+                   tuple(sorted(held.get(s.server_id, []))), s.state_since, s.loan_started_at)
         for s in views
     )
     serving = sum(1 for s in views if s.state == ServerState.SERVING)

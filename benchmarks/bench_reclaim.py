@@ -30,7 +30,7 @@ from tempfile import TemporaryDirectory
 import grpc
 
 from benchmarks import emit_figure
-from benchmarks.bench_service import Benchmark, BenchContext, SchedulerProcess, percentile_ms, scratch_database
+from benchmarks.bench_service import BenchContext, Benchmark, SchedulerProcess, percentile_ms, scratch_database
 from protos.aryl.v1 import inference_pb2, inference_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc, types_pb2
 
 log = logging.getLogger("aryl.bench")
@@ -134,7 +134,7 @@ def _reclaim_latencies(address: str, iterations: int, checkpoint_s: float) -> li
             _wait(lambda: any(w.server_id == "bench-infer" for w in job().workers), "the scale-out")
             incarnation = job().incarnation
             for rank in sorted(w.rank for w in job().workers if w.server_id == "bench-infer"):
-                _wait(lambda r=rank: f"(incarnation {incarnation})" in _log_tail(scheduler, job_id, r),
+                _wait(lambda r=rank, i=incarnation: f"(incarnation {i})" in _log_tail(scheduler, job_id, r),
                       f"rank {rank} running on the loaned server")
             started = time.monotonic()
             demand(1)

@@ -11,8 +11,9 @@ then through the router; each phase is preceded by a 1 s warm-up that is not cou
 Figures: ``router_latency_p50`` / ``router_latency_p99`` (ms, through the router) with the direct
 call's percentile as reference and ``added_ms`` = the difference. ``generator_lag_p99_ms`` says how
 late the generator started its requests (if it is large, the machine was too busy to hold the rate
-and the figures understate queueing). ``errors`` counts non-200 answers and failed connections. ``router_cpu_ms_per_request`` is the
-router process's CPU time per request (from ``/proc``), which a busy machine moves far less than latency.
+and the figures understate queueing). ``errors`` counts non-200 answers and failed connections.
+``router_cpu_ms_per_request`` is the router process's CPU time per request (from ``/proc``), which a busy
+machine moves far less than latency.
 
 Never: assert on timings, or use a port it did not get from the OS.
 """
@@ -35,7 +36,7 @@ from pathlib import Path
 import aiohttp
 
 from benchmarks import emit_figure
-from benchmarks.bench_service import QUICK, Benchmark, BenchContext
+from benchmarks.bench_service import QUICK, BenchContext, Benchmark
 from inference_router.demand import percentile
 
 log = logging.getLogger("aryl.bench")
@@ -70,7 +71,7 @@ def _free_port() -> int:
 
 
 @contextmanager
-def _process(args: list[str]) -> Iterator[subprocess.Popen]:
+def _process(args: list[str]) -> Iterator[subprocess.Popen[bytes]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ARYL_")}
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     try:
@@ -85,12 +86,13 @@ def _process(args: list[str]) -> Iterator[subprocess.Popen]:
                 proc.wait()
 
 
-async def _wait_ready(url: str, proc: subprocess.Popen) -> None:
+async def _wait_ready(url: str, proc: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + READY_TIMEOUT_S
     async with aiohttp.ClientSession() as session:
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"{proc.args[1]} exited with {proc.returncode}: "
+                program = proc.args[1] if isinstance(proc.args, list) else proc.args  # _process passes a list
+                raise RuntimeError(f"{program!s} exited with {proc.returncode}: "
                                    f"{proc.stderr.read().decode()[-2000:] if proc.stderr else ''}")
             try:
                 async with session.get(url) as response:

@@ -149,7 +149,9 @@ class SchedulerProcess:
                 if self._proc is not None and self._proc.poll() is not None:
                     raise RuntimeError(f"the scheduler exited with code {self._proc.returncode} before serving")
                 try:
-                    reply = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
+                    # The stubs (types-grpcio-health-checking) declare HealthStub without its methods.
+                    reply = health.Check(  # type: ignore[attr-defined]
+                        health_pb2.HealthCheckRequest(service=""), timeout=1.0)
                     if reply.status == health_pb2.HealthCheckResponse.SERVING:
                         return
                 except grpc.RpcError:
@@ -338,7 +340,7 @@ def insert_ceiling(engine: Engine, requests: Sequence[scheduler_pb2.SubmitJobReq
         )
         for s in submissions
     ]
-    jobs, events = m.Job.__table__, m.Event.__table__
+    jobs, events = (m.Base.metadata.tables[model.__tablename__] for model in (m.Job, m.Event))
     start = time.perf_counter()
     for first in range(0, len(job_rows), CEILING_BATCH):
         batch = job_rows[first:first + CEILING_BATCH]
@@ -448,6 +450,7 @@ def list_jobs_latency(ctx: BenchContext) -> None:
                          sizes.stored_jobs, FILL_IN_FLIGHT, fill.jobs_per_s)
                 wait_until_idle(engine)
                 raw = engine.raw_connection()
+                assert raw.driver_connection is not None  # a connection checked out of the pool is open
                 raw.driver_connection.autocommit = True
                 cursor = raw.cursor()
                 with grpc.insecure_channel(scheduler.address) as channel:

@@ -6,7 +6,9 @@ store records every accepted move in the event log with its reason (the history)
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
+from typing import Generic, TypeVar
 
 
 class JobState(StrEnum):
@@ -54,22 +56,27 @@ class IllegalTransition(Exception):
         self.target = target
 
 
-class TransitionTable:
+_State = TypeVar("_State", bound=StrEnum)
+
+
+class TransitionTable(Generic[_State]):
     """Allowed moves ``from -> {to, ...}``. ``check`` raises IllegalTransition for anything else."""
 
-    def __init__(self, kind: str, moves: dict[StrEnum, frozenset[StrEnum]]) -> None:
+    def __init__(self, kind: str, moves: Mapping[_State, frozenset[_State]]) -> None:
         self.kind = kind
-        self._moves = moves
+        # Keyed as plain strings: callers pass states read back from the store as ``str``, and a StrEnum
+        # member hashes and compares like its value, so either finds the same entry.
+        self._moves: dict[str, frozenset[_State]] = {state: targets for state, targets in moves.items()}
 
     def allows(self, current: str, target: str) -> bool:
-        return target in self._moves.get(current, frozenset())  # type: ignore[operator]
+        return target in self._moves.get(current, frozenset())
 
     def check(self, current: str, target: str) -> None:
         if not self.allows(current, target):
             raise IllegalTransition(self.kind, current, target)
 
-    def targets(self, current: str) -> frozenset[StrEnum]:
-        return self._moves.get(current, frozenset())  # type: ignore[call-overload]
+    def targets(self, current: str) -> frozenset[_State]:
+        return self._moves.get(current, frozenset())
 
 
 J = JobState

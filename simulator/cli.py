@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.registry import policies
@@ -50,7 +51,7 @@ def parse_params(items: Sequence[str]) -> PolicyParams:
     """``KEY=VALUE`` strings into a validated PolicyParams (keys are its field names; ``-`` works as ``_``)."""
     defaults = PolicyParams()
     known = {f.name for f in dataclasses.fields(PolicyParams)}
-    values: dict[str, float | int] = {}
+    values: dict[str, Any] = {}  # each of its field's type (int or float), which a plain dict cannot say
     for item in items:
         key, sep, text = item.partition("=")
         key = key.strip().replace("-", "_")
@@ -162,7 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     epilog = _params_help() + f"\n\npolicies: {', '.join(policies.names())}"
     run = sub.add_parser("run", help="simulate one policy", epilog=epilog,
                          formatter_class=argparse.RawDescriptionHelpFormatter)
-    run.add_argument("--policy", default="aryl", help=f"the policy (default: aryl; one of {', '.join(policies.names())})")
+    run.add_argument("--policy", default="aryl",
+                     help=f"the policy (default: aryl; one of {', '.join(policies.names())})")
     _add_common(run)
     compare = sub.add_parser("compare", help="simulate several policies on the same inputs", epilog=epilog,
                              formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -31,7 +31,7 @@ from scheduler_service.core.params import PolicyParams
 from simulator.engine import SimulationResult, simulate
 from simulator.load import demand_from_rate, load_servegen_rate
 from simulator.model import ClusterSpec, DemandPoint, TraceJob
-from simulator.results import plot_jct_cdf, plot_loans, plot_utilisation, summarize
+from simulator.results import Summary, plot_jct_cdf, plot_loans, plot_utilisation, summarize
 from simulator.traces import JobMapping, load_philly, load_pollux_workload
 
 REPO = Path(__file__).resolve().parent.parent
@@ -120,7 +120,7 @@ def table(rows: list[list[str]], header: list[str]) -> str:
     return "\n".join(lines)
 
 
-def headline(shared: Path, assets: Path) -> tuple[str, dict]:
+def headline(shared: Path, assets: Path) -> tuple[str, dict[str, Summary]]:
     jobs, demand = philly_inputs(shared, SETUP)
     results = {name: run(jobs, demand, SETUP, name) for name in HEADLINE_POLICIES}
     summaries = {name: summarize(r) for name, r in results.items()}
@@ -129,7 +129,10 @@ def headline(shared: Path, assets: Path) -> tuple[str, dict]:
     plot_utilisation([results["sjf"], results["aryl"]], assets / "philly_utilization.png")
     plot_loans([results["aryl"]], assets / "philly_loans.png")
     base, aryl = summaries["sjf"], summaries["aryl"]
-    util = lambda s, k: s["gpu_utilization"][k]  # noqa: E731
+
+    def util(summary: Summary, kind: str) -> float:
+        return summary["gpu_utilization"][kind]
+
     rows = [
         [name, fmt_h(s["avg_jct_s"]), fmt_h(s["median_jct_s"]), fmt_h(s["p95_jct_s"]), fmt_h(s["avg_queue_s"]),
          f"{util(s, 'training'):.1%}", f"{util(s, 'inference'):.1%}", f"{util(s, 'overall'):.1%}",
@@ -181,8 +184,10 @@ vs {naive['gpu_hours_lost']:.0f}, scale-ins {aryl['scale_ins']} vs {naive['scale
     return text, summaries
 
 
-def sensitivity(shared: Path, headline_summaries: dict | None) -> tuple[str, dict]:
-    rows, raw = [], {}
+def sensitivity(shared: Path, headline_summaries: dict[str, Summary] | None
+                ) -> tuple[str, dict[str, dict[str, Summary]]]:
+    rows: list[list[str]] = []
+    raw: dict[str, dict[str, Summary]] = {}
     variants = [("inference servers", replace(SETUP, inference_servers=n)) for n in INFERENCE_STEPS]
     variants += [("elastic share", replace(SETUP, elastic_share=share)) for share in ELASTIC_STEPS]
     if headline_summaries:
@@ -208,20 +213,20 @@ def sensitivity(shared: Path, headline_summaries: dict | None) -> tuple[str, dic
     return "## 2. Sensitivity (aryl vs sjf, Philly 15 days)\n\n" + table(rows, header) + "\n", raw
 
 
-def pollux(shared: Path) -> tuple[str, dict]:
+def pollux(shared: Path) -> tuple[str, dict[str, dict[str, dict[str, float | None]]]]:
     folder = shared / "pollux-data/workloads-realistic"
     profiles = shared / "traces/pollux-throughput-profiles"
     spec = Setup(training_servers=16, inference_servers=0, gpus_per_server=4, elastic_share=1.0, max_scale=16)
     mapping = JobMapping(seed=0, elastic_share=spec.elastic_share, max_scale=spec.max_scale,
                          gpus_per_server=spec.gpus_per_server)
-    ours: dict[str, dict[str, float]] = {"sjf": {}, "aryl-noloan": {}}
+    ours: dict[str, dict[str, float | None]] = {"sjf": {}, "aryl-noloan": {}}
     for n in range(1, 9):
         jobs = load_pollux_workload(folder / f"workload-{n}.csv", profiles_dir=profiles, mapping=mapping)
         for policy in ours:
             result = simulate(jobs, [DemandPoint(0.0, 0, 0.0)], ClusterSpec(16, 0, 4), policy, PARAMS, seed=0,
                               min_cycle_gap_s=CYCLE_GAP_S)
             ours[policy][f"workload-{n}"] = summarize(result)["avg_jct_s"]
-    theirs = {}
+    theirs: dict[str, dict[str, float | None]] = {}
     for name in ("pollux-1.0", "tiresias-1.0", "optimus-1.0"):
         path = shared / "pollux-data/results-jobload" / name / "summary.json"
         if path.exists():
@@ -271,19 +276,20 @@ def main(argv: list[str] | None = None) -> int:
     assets = args.out / "evaluation"
     assets.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    sections, raw = [], {}
-    parts = {"headline": headline, "sensitivity": sensitivity, "pollux": pollux}
-    for name, build in parts.items():
-        if args.only and name not in args.only:
-            continue
-        if name == "headline":
-            text, data = build(args.shared, assets)
-        elif name == "sensitivity":
-            text, data = build(args.shared, raw.get("headline"))
-        else:
-            text, data = build(args.shared)
+    wanted = set(args.only or ("headline", "sensitivity", "pollux"))
+    sections: list[str] = []
+    raw: dict[str, object] = {}
+    headline_summaries: dict[str, Summary] | None = None  # the sensitivity section reuses its sjf runs
+    if "headline" in wanted:
+        text, headline_summaries = headline(args.shared, assets)
         sections.append(text)
-        raw[name] = data
+        raw["headline"] = headline_summaries
+    if "sensitivity" in wanted:
+        text, raw["sensitivity"] = sensitivity(args.shared, headline_summaries)
+        sections.append(text)
+    if "pollux" in wanted:
+        text, raw["pollux"] = pollux(args.shared)
+        sections.append(text)
     (assets / "summaries.json").write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n")
     doc = f"""# Evaluation
 

@@ -39,10 +39,15 @@ import io
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 
 from simulator.engine import SimulationResult
+
+if TYPE_CHECKING:  # matplotlib is imported when a plot is drawn, not when results are summarised
+    from matplotlib.figure import Figure
 
 FLOAT_DIGITS = 4          # decimals of every float in summary.json
 CSV_FLOAT_FORMAT = "{:.3f}"
@@ -103,9 +108,7 @@ def utilisation_csv(result: SimulationResult) -> str:
 # -- summary --------------------------------------------------------------------------------------
 
 
-def _round(value: float | None) -> float | None:
-    if value is None:
-        return None
+def _round(value: float) -> float:
     rounded = round(float(value), FLOAT_DIGITS)
     return 0.0 if rounded == 0 else rounded  # no "-0.0"
 
@@ -143,7 +146,32 @@ def gpu_utilization(result: SimulationResult) -> dict[str, float]:
     }
 
 
-def summarize(result: SimulationResult) -> dict[str, object]:
+class Summary(TypedDict):
+    """What ``summarize`` returns (one policy's entry in summary.json); the metrics are defined in this
+    module's docstring. A percentile or mean over no completed job is None."""
+
+    policy: str
+    jobs_total: int
+    jobs_completed: int
+    avg_jct_s: float | None
+    median_jct_s: float | None
+    p95_jct_s: float | None
+    avg_queue_s: float | None
+    p95_queue_s: float | None
+    makespan_s: float
+    gpu_utilization: dict[str, float]
+    loans: int
+    reclaims: int
+    preemptions: int
+    scale_outs: int
+    scale_ins: int
+    gpu_hours_lost: float
+    stop_reason: str
+    cycles: int
+    rejected_actions: int
+
+
+def summarize(result: SimulationResult) -> Summary:
     """The metrics defined in this module's docstring, floats rounded to FLOAT_DIGITS decimals."""
     done = [j for j in result.jobs if j.end is not None]
     jct = np.array([j.jct_s for j in done], dtype=float)
@@ -225,7 +253,8 @@ def format_table(summaries: Mapping[str, Mapping[str, object]]) -> str:
 _PNG_METADATA = {"Software": None}  # no version string: byte-identical PNGs across runs
 
 
-def _pyplot():
+def _pyplot() -> ModuleType:
+    """``matplotlib.pyplot`` on the file-only Agg backend (no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -234,7 +263,7 @@ def _pyplot():
     return plt
 
 
-def _save(fig, path: Path) -> None:  # noqa: ANN001 - a matplotlib Figure
+def _save(fig: Figure, path: Path) -> None:
     fig.savefig(path, format="png", dpi=100, metadata=_PNG_METADATA)
     _pyplot().close(fig)
 
@@ -327,7 +356,7 @@ def plot_loans(results: Sequence[SimulationResult], path: Path) -> None:
 # -- all outputs of a run -------------------------------------------------------------------------
 
 
-def write_outputs(results: Sequence[SimulationResult], out_dir: Path, *, plots: bool = True) -> dict[str, dict]:
+def write_outputs(results: Sequence[SimulationResult], out_dir: Path, *, plots: bool = True) -> dict[str, Summary]:
     """Write ``jobs-<policy>.csv``, ``utilization-<policy>.csv``, ``summary.json`` ({policy: summary}) and,
     with ``plots``, ``jct_cdf.png``, ``utilization.png``, ``loans.png`` into ``out_dir``. Returns the
     summaries (in the order of ``results``)."""

@@ -350,9 +350,9 @@ def _bsz_table(rows: list[tuple[int, float, float]]) -> tuple[np.ndarray, np.nda
     for bsz, step, sync in rows:
         by_bsz.setdefault(bsz, []).append((step, sync))
     keys = sorted(by_bsz)
-    step = [sum(s for s, _ in by_bsz[k]) / len(by_bsz[k]) for k in keys]
-    sync = [sum(y for _, y in by_bsz[k]) / len(by_bsz[k]) for k in keys]
-    return np.array(keys, dtype=float), np.array(step), np.array(sync)
+    steps = [sum(s for s, _ in by_bsz[k]) / len(by_bsz[k]) for k in keys]
+    syncs = [sum(y for _, y in by_bsz[k]) / len(by_bsz[k]) for k in keys]
+    return np.array(keys, dtype=float), np.array(steps), np.array(syncs)
 
 
 def load_pollux_profile(profiles_dir: str | Path, name: str) -> PolluxProfile:
@@ -723,7 +723,7 @@ def load_pollux_workload(
     if limit is not None:
         rows = rows[:limit]
     profiles = _profiles_for({r[3] for r in rows}, profiles_dir, "a Pollux workload")
-    jobs = []
+    jobs: list[TraceJob] = []
     for time, line, name, app, replicas, batch in rows:
         profile = profiles[app]
         if profile.goodput(replicas, profile.clamp_batch(batch)) is None:
@@ -858,7 +858,7 @@ def load_generic_csv(
     draft.sort(key=lambda d: d[0])
     if limit is not None:
         draft = draft[:limit]
-    jobs = []
+    jobs: list[TraceJob] = []
     for submit, line, name, gpw, base, top, duration, work, model, points, deadline, priority in draft:
         if not model and points is None:
             model = mapping.assign_model(name, (duration or 0.0) * base * gpw)

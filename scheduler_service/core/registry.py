@@ -14,7 +14,8 @@ class Policy(Protocol):
     """Contract: ``schedule`` is pure -- no I/O, no wall clock -- and deterministic for a given
     snapshot (including its seed). It may leave jobs pending but must explain each one."""
 
-    name: str
+    @property
+    def name(self) -> str: ...  # read-only to callers: a frozen dataclass's field satisfies it
 
     def schedule(self, snapshot: ClusterSnapshot) -> Plan: ...
 

@@ -239,8 +239,8 @@ class ArylPolicy:
     def schedule(self, snapshot: ClusterSnapshot) -> Plan:
         cycle = _Cycle(
             snapshot=snapshot,
-            servers=dict(zip(map(_server_id, snapshot.servers), snapshot.servers)),
-            server_state=dict(zip(map(_server_id, snapshot.servers), map(_state, snapshot.servers))),
+            servers=dict(zip(map(_server_id, snapshot.servers), snapshot.servers, strict=True)),
+            server_state=dict(zip(map(_server_id, snapshot.servers), map(_state, snapshot.servers), strict=True)),
             running=_running_jobs(snapshot),
             params=self.params,
         )
@@ -284,7 +284,8 @@ class ArylPolicy:
             return  # no demand signal yet: never loan blind
         needed = snap.demand.servers_needed
         serving = list(cycle.server_state.values()).count(ServerState.SERVING)
-        coming_back = sum(1 for s in by_state.get(ServerState.RECLAIMING, []) if cycle.server_state[s.server_id] == ServerState.RECLAIMING)
+        coming_back = sum(1 for s in by_state.get(ServerState.RECLAIMING, [])
+                          if cycle.server_state[s.server_id] == ServerState.RECLAIMING)
         deficit = needed - serving - coming_back
         draining = by_state.get(ServerState.DRAINING, [])
         if deficit > 0:
@@ -487,11 +488,12 @@ class ArylPolicy:
         counts = [min(j.view.max_workers - j.view.min_workers, p.max_extra_options) for j in jobs]
         k_max = max(counts)
         # Option k of job g: k more workers. gains[g][k - 1]: the JCT reduction it buys.
-        gains = [cycle.estimate(j.view).jct_reductions(j.view.min_workers, n) for j, n in zip(jobs, counts)]
+        gains = [cycle.estimate(j.view).jct_reductions(j.view.min_workers, n)
+                 for j, n in zip(jobs, counts, strict=True)]
         weights, values = [], []
         restart = p.restart_cost_s
         rows: dict[tuple[int, int], list[int]] = {}  # weights by (gpus per worker, count): few distinct
-        for job, count, gain in zip(jobs, counts, gains):
+        for job, count, gain in zip(jobs, counts, gains, strict=True):
             current, per_worker = len(job.workers) - job.view.min_workers, job.view.gpus_per_worker
             # Changing size costs a restart; shifting the whole group by that cost keeps option 0 at 0.
             shift = restart if current > 0 else 0.0
@@ -509,7 +511,7 @@ class ArylPolicy:
         targets = {job.view.job_id: choice[g] for g, job in enumerate(jobs)}
         value_per_gpu = {  # of the chosen option
             job.view.job_id: gain[target - 1] / (target * job.view.gpus_per_worker) if target > 0 else 0.0
-            for job, gain, target in zip(jobs, gains, choice)
+            for job, gain, target in zip(jobs, gains, choice, strict=True)
         }
         kept: dict[int, list[_Worker]] = {}
         for job in jobs:
@@ -526,7 +528,7 @@ class ArylPolicy:
             target, keep = targets[view.job_id], kept[view.job_id]
             if target == len(keep) == job.extras:
                 continue  # keeps exactly the extras it has
-            new = ()
+            new: tuple[WorkerPlacement, ...] = ()
             if target > len(keep):
                 for extra in range(target - len(keep), 0, -1):  # as many as fit, if fragmentation bites
                     new = cycle.capacity.place_gang(view, extra, pools=LOANED_FIRST, exclude=cycle.reserved) or ()
@@ -578,7 +580,7 @@ def _unchanged(job: _Job) -> bool:
     workers, shown = job.workers, job.view.workers
     if len(workers) != len(shown):
         return False
-    for rank, (a, b) in enumerate(zip(workers, shown)):
+    for rank, (a, b) in enumerate(zip(workers, shown, strict=True)):
         if a is not b or a.rank != rank:
             return False
     return True

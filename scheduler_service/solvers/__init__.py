@@ -16,6 +16,17 @@ servers as domain objects. Encoding a snapshot into arrays (and decoding the ans
 
 from __future__ import annotations
 
+from typing import TypeAlias
+
+import numpy as np
+import numpy.typing as npt
+
+# The dtypes the kernels compute in (the wrappers convert their inputs to them). Annotations only: numba
+# reads the arrays it is given, not these.
+IntArray: TypeAlias = npt.NDArray[np.int64]
+FloatArray: TypeAlias = npt.NDArray[np.float64]
+BoolArray: TypeAlias = npt.NDArray[np.bool_]
+
 
 class SolverInputError(ValueError):
     """The arrays handed to a solver are malformed. ``field`` names the argument, ``reason`` says what
@@ -27,7 +38,7 @@ class SolverInputError(ValueError):
         self.reason = reason
 
 
-# Defined before the submodules are imported: they import SolverInputError from this package.
+# Defined before the submodules are imported: they import SolverInputError and the array types from here.
 from scheduler_service.solvers.knapsack import (  # noqa: E402
     KnapsackSolution,
     solve_knapsack,
@@ -63,8 +74,6 @@ __all__ = [
 def warm_up() -> None:
     """Compile (or load from the on-disk cache) every kernel with a tiny instance, so that the first
     scheduling cycle does not pay numba's compile time (seconds on a cold cache)."""
-    import numpy as np
-
     solve_knapsack(np.ones((1, 1), np.int64), np.ones((1, 1)), np.ones(1, np.int64), 1)
     instance = ReclaimInstance.from_triples([(0, 0, 1)], n_servers=1, job_workers=[1], job_min=[1],
                                             job_cost=[1.0], scale_in_cost=[1.0])

@@ -69,9 +69,10 @@ import itertools
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 from numba import njit
 
-from scheduler_service.solvers import SolverInputError
+from scheduler_service.solvers import FloatArray, IntArray, SolverInputError
 
 MAX_OPTIONS = 126  # options per group: the choice table is int8 and option 0 takes one slot
 # Relative margin for the Lagrangian reduction: an option is dropped only if its bound is below the
@@ -91,7 +92,7 @@ class KnapsackSolution:
     the reductions, capacity in gcd units); they explain the running time and are not part of the answer.
     """
 
-    choice: np.ndarray      # int64[G], 0..counts[g]; 0 = add nothing
+    choice: IntArray        # int64[G], 0..counts[g]; 0 = add nothing
     total_value: float      # sum of the chosen values, left to right in group order
     total_weight: int       # sum of the chosen weights
     dp_groups: int = 0
@@ -102,7 +103,8 @@ class KnapsackSolution:
 # Input checks (shared by all three implementations)
 
 
-def _as_arrays(weights, values, counts, capacity) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+def _as_arrays(weights: npt.ArrayLike, values: npt.ArrayLike, counts: npt.ArrayLike, capacity: int
+               ) -> tuple[IntArray, FloatArray, IntArray, int]:
     w = np.asarray(weights)
     v = np.asarray(values)
     if w.ndim != 2:
@@ -132,7 +134,7 @@ def _as_arrays(weights, values, counts, capacity) -> tuple[np.ndarray, np.ndarra
     return w, v, np.ascontiguousarray(c), int(capacity)
 
 
-def _solution(w: np.ndarray, v: np.ndarray, choice: np.ndarray, dp_groups: int, dp_capacity: int
+def _solution(w: IntArray, v: FloatArray, choice: IntArray, dp_groups: int, dp_capacity: int
               ) -> KnapsackSolution:
     total_value, total_weight = _totals(w, v, choice)
     choice.setflags(write=False)
@@ -144,7 +146,7 @@ def _solution(w: np.ndarray, v: np.ndarray, choice: np.ndarray, dp_groups: int, 
 
 
 @njit(cache=True)
-def _totals(weights, values, choice):
+def _totals(weights: IntArray, values: FloatArray, choice: IntArray) -> tuple[float, int]:
     """Total value (left to right in group order) and total weight of ``choice``."""
     total_value = 0.0
     total_weight = 0
@@ -157,7 +159,8 @@ def _totals(weights, values, choice):
 
 
 @njit(cache=True)
-def _pareto_options(weights, values, counts, opt, ow, ov, nk):
+def _pareto_options(weights: IntArray, values: FloatArray, counts: IntArray, opt: IntArray, ow: IntArray,
+                    ov: FloatArray, nk: IntArray) -> None:
     """Per group, the options no other option of the group dominates, by ascending weight (and so by
     strictly ascending value). Writes option index / weight / value into ``opt``/``ow``/``ov`` rows and
     the number kept into ``nk``. The first kept option always has weight 0."""
@@ -198,7 +201,7 @@ def _pareto_options(weights, values, counts, opt, ow, ov, nk):
 
 
 @njit(cache=True)
-def _argmax_at(ow, ov, nk, lam, out):
+def _argmax_at(ow: IntArray, ov: FloatArray, nk: IntArray, lam: float, out: IntArray) -> tuple[float, int]:
     """Per-group maximiser of ``v - lam*w`` into ``out`` (ties: the lightest). Returns the sum of the
     maxima and the total weight of the maximisers."""
     total = 0.0
@@ -218,7 +221,8 @@ def _argmax_at(ow, ov, nk, lam, out):
 
 
 @njit(cache=True)
-def _lagrangian(ow, ov, nk, capacity):
+def _lagrangian(ow: IntArray, ov: FloatArray, nk: IntArray, capacity: int
+                ) -> tuple[float, FloatArray, IntArray, float]:
     """Multiplier, dual bound, reduced costs and a feasible rounded solution (module docstring, step 3).
 
     Returns ``(dual, rc, x, margin)``: ``rc[g, j] >= 0`` is option j's reduced cost, ``x`` a feasible
@@ -275,7 +279,7 @@ def _lagrangian(ow, ov, nk, capacity):
 
 
 @njit(cache=True)
-def _threshold_for(rc, nk, upper, wanted):
+def _threshold_for(rc: FloatArray, nk: IntArray, upper: float, wanted: int) -> float:
     """A reduced cost ``t <= upper`` such that about ``wanted`` options have ``0 < rc <= t`` (at least
     one). Bisection on the value, not a sort: a heuristic threshold needs no exact rank, and numba
     compiles a counting loop in a fraction of the time of its sort."""
@@ -298,7 +302,8 @@ def _threshold_for(rc, nk, upper, wanted):
 
 
 @njit(cache=True)
-def _restrict(opt, ow, ov, nk, rc, threshold):
+def _restrict(opt: IntArray, ow: IntArray, ov: FloatArray, nk: IntArray, rc: FloatArray, threshold: float
+              ) -> tuple[IntArray, IntArray, FloatArray, IntArray]:
     """Copies of the option rows keeping only options with reduced cost ``<= threshold``."""
     groups, width = ow.shape
     r_opt = np.empty((groups, width), np.int64)
@@ -318,7 +323,7 @@ def _restrict(opt, ow, ov, nk, rc, threshold):
 
 
 @njit(cache=True)
-def _lightest_fit(ow, capacity):
+def _lightest_fit(ow: IntArray, capacity: int) -> bool:
     """Whether every group's lightest option fits together. Always true after a correct reduction
     (the rounded feasible solution survives it); checked so that rounding can never cost exactness:
     on failure the caller solves the unreduced rows."""
@@ -329,14 +334,15 @@ def _lightest_fit(ow, capacity):
 
 
 @njit(cache=True)
-def _gcd(a, b):
+def _gcd(a: int, b: int) -> int:
     while b:
         a, b = b, a % b
     return a
 
 
 @njit(cache=True)
-def _solve_options(opt, ow, ov, nk, capacity, choice):
+def _solve_options(opt: IntArray, ow: IntArray, ov: FloatArray, nk: IntArray, capacity: int, choice: IntArray
+                   ) -> tuple[int, int]:
     """The optimal choice over the given option rows (ascending weight, strictly ascending value) into
     ``choice`` (original option indices). Returns (DP groups, DP capacity in gcd units), 0 when no DP
     was needed. Requires the lightest options of all groups to fit."""
@@ -366,7 +372,8 @@ def _solve_options(opt, ow, ov, nk, capacity, choice):
     cap = room // unit
     if spread <= cap:
         # Everything left fits: the heaviest option is the best one.
-        for g in core:
+        for i in range(n_core):
+            g = core[i]
             choice[g] = opt[g, nk[g] - 1]
         return 0, 0
 
@@ -421,7 +428,8 @@ def _solve_options(opt, ow, ov, nk, capacity, choice):
 
 
 @njit(cache=True)
-def _knapsack_kernel(weights, values, counts, capacity, reduce, first_core):
+def _knapsack_kernel(weights: IntArray, values: FloatArray, counts: IntArray, capacity: int, reduce: bool,
+                     first_core: int) -> tuple[IntArray, int, int]:
     """Returns (choice int64[G], DP groups, DP capacity in gcd units) of the last DP solved."""
     groups, slots = weights.shape
     choice = np.zeros(groups, np.int64)
@@ -477,7 +485,8 @@ def _knapsack_kernel(weights, values, counts, capacity, reduce, first_core):
     return choice, dp_groups, dp_cap
 
 
-def solve_knapsack(weights, values, counts, capacity: int, *, reduce: bool = True) -> KnapsackSolution:
+def solve_knapsack(weights: npt.ArrayLike, values: npt.ArrayLike, counts: npt.ArrayLike, capacity: int, *,
+                   reduce: bool = True) -> KnapsackSolution:
     """The optimal option per group (numba kernel). ``reduce=False`` skips the Lagrangian reduction
     (step 3), leaving a plain DP over the Pareto-pruned options: the same answer, for tests and for
     measuring what the reduction buys."""
@@ -490,7 +499,8 @@ def solve_knapsack(weights, values, counts, capacity: int, *, reduce: bool = Tru
 # Plain-Python reference and brute force
 
 
-def solve_knapsack_reference(weights, values, counts, capacity: int) -> KnapsackSolution:
+def solve_knapsack_reference(weights: npt.ArrayLike, values: npt.ArrayLike, counts: npt.ArrayLike, capacity: int
+                             ) -> KnapsackSolution:
     """The textbook DP in plain Python, no pruning: ``best[g][c]`` is the best value of groups ``g..``
     using exactly ``c`` GPUs; ``O(G * capacity * K)``. Same tie rule as the kernel."""
     w, v, cnt, cap = _as_arrays(weights, values, counts, capacity)
@@ -530,7 +540,8 @@ def solve_knapsack_reference(weights, values, counts, capacity: int) -> Knapsack
     return _solution(w, v, choice, groups, cap)
 
 
-def solve_knapsack_brute_force(weights, values, counts, capacity: int) -> KnapsackSolution:
+def solve_knapsack_brute_force(weights: npt.ArrayLike, values: npt.ArrayLike, counts: npt.ArrayLike, capacity: int
+                               ) -> KnapsackSolution:
     """Every combination of options (tiny instances only), ranked by the tie rule directly."""
     w, v, cnt, cap = _as_arrays(weights, values, counts, capacity)
     groups = w.shape[0]

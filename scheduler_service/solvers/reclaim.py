@@ -44,9 +44,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 from numba import njit
 
-from scheduler_service.solvers import SolverInputError
+from scheduler_service.solvers import BoolArray, FloatArray, IntArray, SolverInputError
 
 
 @dataclass(frozen=True)
@@ -54,16 +55,16 @@ class ReclaimInstance:
     """Loaned servers, the jobs on them, and what preempting or shrinking each job costs (arrays are
     read-only; build one with ``from_triples`` or ``from_dense``)."""
 
-    server_ptr: np.ndarray          # int64[L+1]
-    server_job: np.ndarray          # int64[nnz], ascending within each server
-    server_workers: np.ndarray      # int64[nnz], > 0
-    job_ptr: np.ndarray             # int64[J+1]
-    job_server: np.ndarray          # int64[nnz], ascending within each job
-    job_server_workers: np.ndarray  # int64[nnz], > 0
-    job_workers: np.ndarray         # int64[J]: current workers of each job, on all servers
-    job_min: np.ndarray             # int64[J]: min_workers (== job_workers for an inelastic job)
-    job_cost: np.ndarray            # float64[J]: cost of preempting the job (GPU-seconds of lost work)
-    scale_in_cost: np.ndarray       # float64[J]: cost per worker removed when the job only shrinks
+    server_ptr: IntArray            # int64[L+1]
+    server_job: IntArray            # int64[nnz], ascending within each server
+    server_workers: IntArray        # int64[nnz], > 0
+    job_ptr: IntArray               # int64[J+1]
+    job_server: IntArray            # int64[nnz], ascending within each job
+    job_server_workers: IntArray    # int64[nnz], > 0
+    job_workers: IntArray           # int64[J]: current workers of each job, on all servers
+    job_min: IntArray               # int64[J]: min_workers (== job_workers for an inelastic job)
+    job_cost: FloatArray            # float64[J]: cost of preempting the job (GPU-seconds of lost work)
+    scale_in_cost: FloatArray       # float64[J]: cost per worker removed when the job only shrinks
 
     @property
     def n_servers(self) -> int:
@@ -75,8 +76,8 @@ class ReclaimInstance:
 
     @classmethod
     def from_triples(cls, placements: Iterable[tuple[int, int, int]], *, n_servers: int,
-                     job_workers: Sequence[int] | np.ndarray, job_min: Sequence[int] | np.ndarray,
-                     job_cost: Sequence[float] | np.ndarray, scale_in_cost: Sequence[float] | np.ndarray,
+                     job_workers: Sequence[int] | IntArray, job_min: Sequence[int] | IntArray,
+                     job_cost: Sequence[float] | FloatArray, scale_in_cost: Sequence[float] | FloatArray,
                      ) -> ReclaimInstance:
         """From ``(job, server, workers)`` triples: job *job* runs *workers* workers on loaned server
         *server*. Triples with 0 workers are ignored; a (job, server) pair may appear only once."""
@@ -130,18 +131,19 @@ class ReclaimInstance:
         return cls(**arrays)
 
     @classmethod
-    def from_dense(cls, workers_on: np.ndarray, *, job_workers, job_min, job_cost, scale_in_cost
-                   ) -> ReclaimInstance:
+    def from_dense(cls, workers_on: IntArray, *, job_workers: Sequence[int] | IntArray,
+                   job_min: Sequence[int] | IntArray, job_cost: Sequence[float] | FloatArray,
+                   scale_in_cost: Sequence[float] | FloatArray) -> ReclaimInstance:
         """From ``workers_on`` int64[J, L]: workers of job *j* on loaned server *l*."""
         dense = np.asarray(workers_on)
         if dense.ndim != 2:
             raise SolverInputError("workers_on", f"must be 2-D [jobs, servers], got shape {dense.shape}")
         jobs, servers = np.nonzero(dense)
-        triples = zip(jobs.tolist(), servers.tolist(), dense[jobs, servers].tolist())
+        triples = zip(jobs.tolist(), servers.tolist(), dense[jobs, servers].tolist(), strict=True)
         return cls.from_triples(triples, n_servers=dense.shape[1], job_workers=job_workers, job_min=job_min,
                                 job_cost=job_cost, scale_in_cost=scale_in_cost)
 
-    def dense(self) -> np.ndarray:
+    def dense(self) -> IntArray:
         """``workers_on`` int64[J, L] (for tests and small cases)."""
         out = np.zeros((self.n_jobs, self.n_servers), np.int64)
         for j in range(self.n_jobs):
@@ -154,21 +156,21 @@ class ReclaimInstance:
 class ReclaimOutcome:
     """Servers to return and what returning them does to the jobs."""
 
-    servers: np.ndarray      # int64[n]: in pick order (greedy), or as given / ascending
-    preempted: np.ndarray    # bool[J]
-    new_workers: np.ndarray  # int64[J]: workers each job keeps (0 if preempted)
+    servers: IntArray        # int64[n]: in pick order (greedy), or as given / ascending
+    preempted: BoolArray     # bool[J]
+    new_workers: IntArray    # int64[J]: workers each job keeps (0 if preempted)
     total_cost: float        # reclaim_cost_of the server set
     preemptions: int
 
 
-def _int_array(field: str, values, length: int | None = None) -> np.ndarray:
+def _int_array(field: str, values: npt.ArrayLike, length: int | None = None) -> IntArray:
     arr = np.asarray(values)
     if arr.ndim != 1 or (length is not None and arr.shape[0] != length):
         raise SolverInputError(field, f"must be 1-D with {length} entries, got shape {arr.shape}")
     return arr.astype(np.int64)
 
 
-def _float_array(field: str, values, length: int) -> np.ndarray:
+def _float_array(field: str, values: npt.ArrayLike, length: int) -> FloatArray:
     arr = np.asarray(values, dtype=np.float64)
     if arr.shape != (length,):
         raise SolverInputError(field, f"must be 1-D with {length} entries, got shape {arr.shape}")
@@ -183,7 +185,7 @@ def _check_count(instance: ReclaimInstance, n_reclaim: int) -> int:
     return int(n_reclaim)
 
 
-def _outcome(servers: np.ndarray, preempted: np.ndarray, new_workers: np.ndarray, total_cost: float
+def _outcome(servers: IntArray, preempted: BoolArray, new_workers: IntArray, total_cost: float
              ) -> ReclaimOutcome:
     for arr in (servers, preempted, new_workers):
         arr.setflags(write=False)
@@ -195,8 +197,9 @@ def _outcome(servers: np.ndarray, preempted: np.ndarray, new_workers: np.ndarray
 
 
 @njit(cache=True)
-def _server_marginal(s, server_ptr, server_job, server_workers, job_workers, job_min, job_cost,
-                     scale_in_cost, removed, preempted):
+def _server_marginal(s: int, server_ptr: IntArray, server_job: IntArray, server_workers: IntArray,
+                     job_workers: IntArray, job_min: IntArray, job_cost: FloatArray, scale_in_cost: FloatArray,
+                     removed: IntArray, preempted: BoolArray) -> float:
     """cost(S + {s}) - cost(S), summed over s's jobs in ascending job order."""
     total = 0.0
     for e in range(server_ptr[s], server_ptr[s + 1]):
@@ -212,8 +215,10 @@ def _server_marginal(s, server_ptr, server_job, server_workers, job_workers, job
 
 
 @njit(cache=True)
-def _reclaim_greedy_kernel(server_ptr, server_job, server_workers, job_ptr, job_server, job_workers,
-                           job_min, job_cost, scale_in_cost, n_reclaim):
+def _reclaim_greedy_kernel(server_ptr: IntArray, server_job: IntArray, server_workers: IntArray, job_ptr: IntArray,
+                           job_server: IntArray, job_workers: IntArray, job_min: IntArray, job_cost: FloatArray,
+                           scale_in_cost: FloatArray, n_reclaim: int
+                           ) -> tuple[IntArray, BoolArray, IntArray, float]:
     n_servers = server_ptr.shape[0] - 1
     n_jobs = job_workers.shape[0]
     removed = np.zeros(n_jobs, np.int64)
@@ -307,8 +312,8 @@ def reclaim_greedy_reference(instance: ReclaimInstance, n_reclaim: int) -> Recla
     scratch after each pick (no incremental bookkeeping): ``O(n_reclaim * (J + nnz))``."""
     n = _check_count(instance, n_reclaim)
     on_server = [
-        list(zip(instance.server_job[a:b].tolist(), instance.server_workers[a:b].tolist()))
-        for a, b in zip(instance.server_ptr[:-1].tolist(), instance.server_ptr[1:].tolist())
+        list(zip(instance.server_job[a:b].tolist(), instance.server_workers[a:b].tolist(), strict=True))
+        for a, b in itertools.pairwise(instance.server_ptr.tolist())
     ]
     job_workers = instance.job_workers.tolist()
     job_min = instance.job_min.tolist()
@@ -352,7 +357,7 @@ def reclaim_exhaustive(instance: ReclaimInstance, n_reclaim: int) -> ReclaimOutc
     return best
 
 
-def reclaim_most_recent_first(instance: ReclaimInstance, n_reclaim: int, loaned_at: Sequence[float] | np.ndarray
+def reclaim_most_recent_first(instance: ReclaimInstance, n_reclaim: int, loaned_at: Sequence[float] | FloatArray
                               ) -> ReclaimOutcome:
     """Naive baseline: return the most recently loaned servers (latest ``loaned_at`` first; ties: the
     lower server index), whatever runs on them."""
