@@ -44,11 +44,16 @@ from simulator.model import ClusterSpec, DemandPoint, TraceJob
 
 _NEVER = float("inf")
 
-__all__ = ["PlanInvariantError", "SchedulingCycle", "SimulationResult", "simulate"]
+__all__ = ["PlanInvariantError", "PlanRefusedError", "SchedulingCycle", "SimulationResult", "simulate"]
 
 
 class PlanInvariantError(AssertionError):
     """A policy produced a plan that breaks the core's invariants (``check_plan``)."""
+
+
+class PlanRefusedError(AssertionError):
+    """The applier refused part of a plan that passed ``check_plan``: a defect of the apply order
+    (``core.plan.apply_order``) or of the applier's checks, never of the policy."""
 
 
 @dataclass(frozen=True)
@@ -67,15 +72,20 @@ class SimulationResult:
     end_time: float                    # virtual time when the run stopped (the last completion if all did)
     stop_reason: str                   # "completed", "max_time" or "stalled"
     cycles: int                        # scheduling cycles run
-    rejected_actions: int              # plan actions the applier refused (0 in a sound run)
+    # Plan actions the applier refused. A defect signal, always 0 in a sound run: nothing changes
+    # between a snapshot and its plan's apply here, so a valid plan is applied in full (with
+    # ``check_plans`` a refusal raises ``PlanRefusedError``). Not 0: a plan broke the invariants (run
+    # with ``check_plans`` to see which) or the applier refused a valid one.
+    rejected_actions: int
     wall_s: float = field(default=0.0, compare=False)  # host seconds taken (never written to result files)
 
 
 class PlanChecker:
     """A ``ClusterState`` decorator that asserts every plan passes ``check_plan`` against the snapshot
-    it was made from, before applying it. A port wrapper, not a simulation branch: it works around any
-    ClusterState. (A sound plan may still see actions refused by the applier, which applies in a fixed
-    order; those are counted in ``SimulationResult.rejected_actions``.)"""
+    it was made from, before applying it, and that the applier then refuses none of its actions. A port
+    wrapper, not a simulation branch. The second assertion holds for a state that changes only through
+    ``apply`` between a snapshot and its plan, as the simulated cluster does (the service's state does
+    not: an agent or a user may change it meanwhile, and a refusal there is the applier doing its job)."""
 
     def __init__(self, state: ClusterState) -> None:
         self._state = state
@@ -92,7 +102,11 @@ class PlanChecker:
         if problems:
             raise PlanInvariantError(f"plan at t={self._snapshot.now} breaks invariants: {problems[:5]}")
         self.plans_checked += 1
-        return self._state.apply(plan)
+        result = self._state.apply(plan)
+        if result.rejected:
+            raise PlanRefusedError(f"a valid plan at t={self._snapshot.now} was partly refused: "
+                                   f"{list(result.rejected[:5])}")
+        return result
 
 
 def simulate(
@@ -116,7 +130,7 @@ def simulate(
     ``spec`` under ``policy`` (a registered name) built with ``params``.
 
     ``seed`` is handed to every snapshot (policies that randomise use it). ``check_plans``: assert
-    that every plan passes ``check_plan`` (slower; tests use it).
+    that every plan passes ``check_plan`` and is then applied in full (slower; tests use it).
     ``progress``: a tqdm bar on stderr (only when stderr is a terminal)."""
     if not cycle_interval_s > 0:
         raise ValueError(f"cycle_interval_s must be > 0 (got {cycle_interval_s})")

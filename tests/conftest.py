@@ -7,58 +7,20 @@ PostgreSQL tests fail instead of skipping when the server is unreachable.
 
 from __future__ import annotations
 
-import os
 import sys
-import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
 import sqlalchemy as sa
 import structlog
-from sqlalchemy.engine import make_url
 
 from migrations import upgrade
-from scheduler_service.config import SchedulerConfig
 from scheduler_service.store.models import Base
+from tests.harness import scheduler_config, scratch_postgres
 
 # In-process schedulers log through structlog: send it to stderr, never into a command's stdout.
 # (structlog's other defaults stay: no level filter and no logger caching, so capture_logs() works.)
 structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=sys.stderr))
-
-DEFAULT_PG_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-
-
-def postgres_admin_url() -> str:
-    return os.environ.get("ARYL_TEST_DATABASE_URL", DEFAULT_PG_URL)
-
-
-def _postgres_unavailable(reason: str) -> None:
-    if IN_CI:
-        pytest.fail(f"PostgreSQL is required under CI=true but unreachable: {reason}", pytrace=False)
-    pytest.skip(f"PostgreSQL unreachable ({reason}); set ARYL_TEST_DATABASE_URL")
-
-
-@contextmanager
-def scratch_postgres(prefix: str) -> Iterator[str]:
-    """Create an empty PostgreSQL database named ``<prefix>_<random>`` next to the admin URL's
-    database; yield its URL; drop it afterwards. Skips (fails under CI=true) when unreachable."""
-    admin_url = make_url(postgres_admin_url())
-    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    name = f"{prefix}_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    try:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    except sa.exc.OperationalError as exc:
-        admin.dispose()
-        _postgres_unavailable(str(exc.orig).strip().splitlines()[0])
-    try:
-        yield admin_url.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 @pytest.fixture(scope="session")
@@ -106,20 +68,8 @@ def postgres_url(migrated_postgres: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# A real scheduler gRPC server on loopback (port chosen by the OS), over the migrated database.
-
-
-def scheduler_config(database_url: str, **sections: dict) -> SchedulerConfig:
-    base = {
-        "server": {"listen": "127.0.0.1:0", "shutdown_grace_s": 0.5, "worker_threads": 8},
-        "database": {"url": database_url, "auto_migrate": False},
-        "scheduling": {"cycle_interval_s": 0.2},
-        "agents": {"report_interval_s": 0.5, "telemetry_write_s": 0.2},
-        "logging": {"level": "warning"},
-    }
-    for name, values in sections.items():
-        base.setdefault(name, {}).update(values)
-    return SchedulerConfig(**base)
+# A real scheduler gRPC server on loopback (port chosen by the OS), over the migrated database
+# (configured by ``tests.harness.scheduler_config``).
 
 
 @pytest.fixture

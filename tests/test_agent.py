@@ -12,11 +12,9 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent import futures
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from queue import Empty, Queue
 from types import SimpleNamespace
 
 import grpc
@@ -40,8 +38,9 @@ from node_agent.gpus import (
     select_backend,
 )
 from node_agent.main import cli_overrides, parse_args
-from protos.aryl.v1 import agent_pb2, agent_pb2_grpc, inference_pb2, inference_pb2_grpc, scheduler_pb2, types_pb2
-from tests.helpers import scheduler_stub, wait_for
+from protos.aryl.v1 import agent_pb2, inference_pb2, inference_pb2_grpc, scheduler_pb2, types_pb2
+from tests.harness import FakeScheduler, desired_state, scheduler_stub
+from tests.helpers import wait_for
 
 
 @pytest.fixture(autouse=True)
@@ -389,12 +388,9 @@ def test_bad_config_exits_2(clean_env: pytest.MonkeyPatch, capsys: pytest.Captur
 
 
 def desired(epoch: int, generation: int, workers: int = 0) -> agent_pb2.DesiredState:
-    return agent_pb2.DesiredState(
-        server_id="s",
-        scheduler_epoch=epoch,
-        generation=generation,
-        workers=[agent_pb2.DesiredWorker(job_id="j", rank=r) for r in range(workers)],
-    )
+    """A desired state of ``workers`` bare workers: fencing reads only the epoch and the generation."""
+    return desired_state(generation, *(agent_pb2.DesiredWorker(job_id="j", rank=r) for r in range(workers)),
+                         epoch=epoch, server_id="s")
 
 
 def test_newer_generations_are_accepted_in_order() -> None:
@@ -487,52 +483,7 @@ def test_the_daemon_loop_reraises_what_run_raised() -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# The agent's control loop against an in-process fake AgentService
-
-
-class FakeAgentService(agent_pb2_grpc.AgentServiceServicer):
-    """Records what the agent sends; the test pushes desired states through ``push``."""
-
-    def __init__(self, epoch: int) -> None:
-        self.epoch = epoch
-        self.registrations: list[agent_pb2.RegisterServerRequest] = []
-        self.reports: list[agent_pb2.ReportStatusRequest] = []
-        self.streams_opened = 0
-        self._pushed: Queue[agent_pb2.DesiredState] = Queue()
-
-    def push(self, state: agent_pb2.DesiredState) -> None:
-        self._pushed.put(state)
-
-    def RegisterServer(self, request, context):  # noqa: N802 - gRPC method name
-        self.registrations.append(request)
-        response = agent_pb2.RegisterServerResponse(server_id=request.hostname, scheduler_epoch=self.epoch)
-        response.report_interval.FromMilliseconds(50)
-        return response
-
-    def ReportStatus(self, request, context):  # noqa: N802
-        self.reports.append(request)
-        return agent_pb2.ReportStatusResponse(desired_generation=request.observed_generation)
-
-    def WatchDesiredState(self, request, context):  # noqa: N802
-        self.streams_opened += 1
-        while context.is_active():
-            try:
-                yield self._pushed.get(timeout=0.05)
-            except Empty:
-                continue
-
-
-class FakeScheduler:
-    def __init__(self, epoch: int, port: int = 0) -> None:
-        self.service = FakeAgentService(epoch)
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
-        agent_pb2_grpc.add_AgentServiceServicer_to_server(self.service, self.server)
-        self.port = self.server.add_insecure_port(f"127.0.0.1:{port}")
-        assert self.port, f"cannot listen on port {port}"
-        self.server.start()
-
-    def stop(self) -> None:
-        self.server.stop(grace=0).wait()
+# The agent's control loop against an in-process fake AgentService (tests.harness.FakeScheduler)
 
 
 @pytest.fixture

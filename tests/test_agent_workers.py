@@ -27,8 +27,8 @@ from node_agent.logs import MAX_CHUNK_BYTES, OffsetPastEnd, read_chunk, serve_wo
 from node_agent.supervisor import Supervisor, WorkerView
 from node_agent.workers import Phase, WorkDir, WorkerId, load_state, path_component
 from protos.aryl.v1 import agent_pb2, agent_pb2_grpc
+from tests.harness import FakeScheduler, desired_state, desired_worker
 from tests.helpers import processes_mentioning, wait_for
-from tests.test_agent import FakeScheduler
 
 REPO = Path(__file__).resolve().parent.parent
 TRAIN = str(REPO / "examples" / "train.py")
@@ -37,30 +37,6 @@ WAIT_S = 30.0  # generous: the test machine is small and shared
 
 # --------------------------------------------------------------------------------------------------
 # builders and probes
-
-
-def desired_worker(
-    command: list[str],
-    *,
-    job: str = "job-a",
-    rank: int = 0,
-    incarnation: int = 1,
-    world_size: int = 1,
-    gpus: tuple[int, ...] = (0,),
-    grace_s: float = 0.0,
-    env: dict[str, str] | None = None,
-) -> agent_pb2.DesiredWorker:
-    worker = agent_pb2.DesiredWorker(
-        job_id=job, rank=rank, world_size=world_size, local_rank=rank, gpu_indices=list(gpus), command=command,
-        env=env or {}, master_addr="10.0.0.1", master_port=29400, incarnation=incarnation,
-    )
-    if grace_s:
-        worker.grace_period.FromMilliseconds(int(grace_s * 1000))
-    return worker
-
-
-def desired_state(generation: int, *workers: agent_pb2.DesiredWorker, epoch: int = 1) -> agent_pb2.DesiredState:
-    return agent_pb2.DesiredState(server_id="w-node", scheduler_epoch=epoch, generation=generation, workers=workers)
 
 
 def train(*args: str) -> list[str]:

@@ -23,40 +23,12 @@ from scheduler_service.app import (
     ServerRegistration,
     StatusReport,
 )
-from scheduler_service.core.plan import (
-    ApplyResult,
-    LoanStep,
-    Plan,
-    PreemptJob,
-    Reason,
-    ScaleJob,
-    ServerAction,
-    StartJob,
-    WorkerPlacement,
-)
+from scheduler_service.core.plan import ApplyResult, LoanStep, Plan, PreemptJob, Reason
 from scheduler_service.lifecycle import JobState, Pool, ServerState
 from scheduler_service.store.db import create_engine_for, session_factory
 from scheduler_service.store.models import Allocation
+from tests.harness import T0, ManualClock, scale, start, step
 from tests.helpers import wait_for
-
-T0 = 1_700_000_000.0
-
-
-class ManualClock:
-    """The Clock port, moved by hand."""
-
-    def __init__(self, now: float = T0) -> None:
-        self.time = now
-
-    def now(self) -> float:
-        return self.time
-
-    def monotonic(self) -> float:
-        return self.time - T0
-
-    def advance(self, seconds: float) -> float:
-        self.time += seconds
-        return self.time
 
 
 class RecordingNotifier:
@@ -116,23 +88,6 @@ def submit(app: SchedulerApp, name: str = "job", *, gpus: int = 1, workers: int 
             throughput=throughput or {},
         )
     ).job.id
-
-
-def placed(*workers: tuple[str, tuple[int, ...]]) -> tuple[WorkerPlacement, ...]:
-    """Workers in rank order: ``placed(("s1", (0,)), ("s2", (1,)))`` is rank 0 on s1 GPU 0, rank 1 on s2."""
-    return tuple(WorkerPlacement(rank, server, gpus) for rank, (server, gpus) in enumerate(workers))
-
-
-def start(job_id: int, *workers: tuple[str, tuple[int, ...]]) -> StartJob:
-    return StartJob(job_id, placed(*workers), Reason.PLACED, "test placement")
-
-
-def scale(job_id: int, *workers: tuple[str, tuple[int, ...]], reason: Reason = Reason.SCALED_OUT) -> ScaleJob:
-    return ScaleJob(job_id, placed(*workers), reason, f"to {len(workers)} worker(s)")
-
-
-def step(server_id: str, kind: LoanStep, reason: Reason = Reason.LOAN_ACTIVE) -> ServerAction:
-    return ServerAction(server_id, kind, reason, f"{kind.lower()} {server_id}")
 
 
 def applied(app: SchedulerApp, **actions) -> ApplyResult:
@@ -772,7 +727,7 @@ def test_a_change_the_database_aborts_to_break_a_deadlock_is_run_again(postgres_
     def cancel() -> None:
         try:
             outcome.append(app.cancel_jobs([(job, "bye")])[0])
-        except Exception as exc:  # shown by the assertion below (without the retry: DeadlockDetected)
+        except Exception as exc:  # noqa: BLE001 - shown by the assertion below (without the retry: DeadlockDetected)
             outcome.append(exc)
 
     try:

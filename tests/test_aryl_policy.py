@@ -6,59 +6,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduler_service.core import ClusterSnapshot, DemandView, JobView, Reason, ServerView, WorkerView
+from scheduler_service.core import ClusterSnapshot, JobView, Reason, ServerView, WorkerView
 from scheduler_service.core.invariants import check_plan
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.plan import LoanStep, Plan
-from scheduler_service.lifecycle import JobState, Pool, ServerState
+from scheduler_service.lifecycle import JobState, ServerState
 from scheduler_service.policies import create_policy
+from tests.harness import NOW, inference_server, pending_job, running_job, snapshot_of, training_server
 
-NOW = 100_000.0
 VARIANTS = ("aryl", "aryl-noloan", "aryl-noelastic", "sjf", "fifo", "aryl-naivereclaim")
-
-
-def train(sid: str, gpus: int = 4, **kw) -> ServerView:
-    return ServerView(sid, Pool.TRAINING, ServerState.TRAINING, tuple(range(gpus)), **kw)
-
-
-def infer(sid: str, state: ServerState = ServerState.SERVING, gpus: int = 8, *, since: float = 0.0,
-          loan_at: float | None = None, **kw) -> ServerView:
-    if state in (ServerState.LOANED, ServerState.DRAINING, ServerState.RECLAIMING) and loan_at is None:
-        loan_at = since
-    return ServerView(sid, Pool.INFERENCE, state, tuple(range(gpus)), state_since=since, loan_started_at=loan_at, **kw)
-
-
-def pending(jid: int, gpus: int = 1, workers: int = 1, max_workers: int | None = None, *, submitted: float | None = None,
-            runtime: float = 3600.0, priority: int = 0) -> JobView:
-    return JobView(jid, JobState.PENDING, gpus, workers, max_workers or workers, priority,
-                   NOW - 10 if submitted is None else submitted, estimated_runtime_s=runtime)
-
-
-def running(jid: int, placement: list[tuple[str, tuple[int, ...]]], *, low: int, high: int | None = None,
-            resized: float = 0.0, runtime: float = 3600.0) -> JobView:
-    gpus = len(placement[0][1])
-    return JobView(jid, JobState.RUNNING, gpus, low, high or low, 0, 0.0,
-                   workers=tuple(WorkerView(r, sid, g) for r, (sid, g) in enumerate(placement)),
-                   estimated_runtime_s=runtime, started_at=resized, last_resized_at=resized)
-
-
-def with_allocations(servers: list[ServerView], jobs: list[JobView]) -> tuple[ServerView, ...]:
-    held: dict[str, list[tuple[int, int]]] = {}
-    for j in jobs:
-        for w in j.workers:
-            held.setdefault(w.server_id, []).extend((g, j.job_id) for g in w.gpu_indices)
-    return tuple(
-        ServerView(s.server_id, s.pool, s.state, s.gpu_indices, s.unhealthy_gpus,
-                   tuple(sorted(held.get(s.server_id, []))), s.state_since, s.loan_started_at, s.agent_converged)
-        for s in servers
-    )
-
-
-def snapshot(servers: list[ServerView], jobs: list[JobView], demand: int | None = None) -> ClusterSnapshot:
-    return ClusterSnapshot(
-        now=NOW, servers=with_allocations(servers, jobs), jobs=tuple(jobs),
-        demand=None if demand is None else DemandView(demand, 10.0 * demand, NOW),
-    )
 
 
 def plan(name: str, snap: ClusterSnapshot, **params) -> Plan:
@@ -75,26 +31,27 @@ def steps(result: Plan) -> list[tuple[str, LoanStep]]:
 
 
 def test_shortest_job_first_with_arrival_breaking_ties() -> None:
-    jobs = [pending(1, runtime=7200, submitted=NOW - 30), pending(2, runtime=600, submitted=NOW - 20),
-            pending(3, runtime=600, submitted=NOW - 25)]
-    result = plan("sjf", snapshot([train("t", gpus=2)], jobs))
+    jobs = [pending_job(1, runtime=7200, submitted=NOW - 30), pending_job(2, runtime=600, submitted=NOW - 20),
+            pending_job(3, runtime=600, submitted=NOW - 25)]
+    result = plan("sjf", snapshot_of([training_server("t", gpus=2)], jobs))
     assert [s.job_id for s in result.starts] == [3, 2]
     assert [(p.job_id, p.reason) for p in result.pending] == [(1, Reason.WAITING_FOR_GANG)]
 
 
 def test_small_jobs_backfill_around_a_waiting_gang() -> None:
-    jobs = [pending(1, gpus=4, workers=2, runtime=60), pending(2, gpus=1, runtime=7200)]
-    result = plan("sjf", snapshot([train("a"), train("b", gpus=2)], jobs))
+    jobs = [pending_job(1, gpus=4, workers=2, runtime=60), pending_job(2, gpus=1, runtime=7200)]
+    result = plan("sjf", snapshot_of([training_server("a"), training_server("b", gpus=2)], jobs))
     [start] = result.starts
     assert (start.job_id, start.reason) == (2, Reason.BACKFILLED)
     assert "backfilled ahead of job 1" in start.message
 
 
 def test_a_starving_job_gets_a_reservation_that_backfill_respects() -> None:
-    busy = running(9, [("a", (0, 1))], low=1)
-    starving = pending(1, gpus=4, submitted=NOW - 7200, runtime=600)
-    small = pending(2, gpus=1, runtime=60)
-    result = plan("sjf", snapshot([train("a"), train("b", gpus=1)], [busy, starving, small]), starvation_s=3600)
+    busy = running_job(9, [("a", (0, 1))], low=1)
+    starving = pending_job(1, gpus=4, submitted=NOW - 7200, runtime=600)
+    small = pending_job(2, gpus=1, runtime=60)
+    servers = [training_server("a"), training_server("b", gpus=1)]
+    result = plan("sjf", snapshot_of(servers, [busy, starving, small]), starvation_s=3600)
     reasons = {p.job_id: p for p in result.pending}
     assert "reserved for it" in reasons[1].message
     # The small job may not take the reserved server's free GPUs; it goes to the other server.
@@ -103,8 +60,8 @@ def test_a_starving_job_gets_a_reservation_that_backfill_respects() -> None:
 
 
 def test_inelastic_jobs_prefer_training_owned_servers() -> None:
-    servers = [train("t", gpus=4), infer("i", ServerState.LOANED, gpus=4, since=NOW - 3600)]
-    result = plan("aryl", snapshot(servers, [pending(1, gpus=2)], demand=0))
+    servers = [training_server("t", gpus=4), inference_server("i", ServerState.LOANED, gpus=4, since=NOW - 3600)]
+    result = plan("aryl", snapshot_of(servers, [pending_job(1, gpus=2)], demand=0))
     assert [w.server_id for w in result.starts[0].workers] == ["t"]
 
 
@@ -113,12 +70,12 @@ def test_inelastic_jobs_prefer_training_owned_servers() -> None:
 
 def test_spare_gpus_go_to_the_job_they_help_most_and_extras_prefer_loaned_servers() -> None:
     # Job 1 scales almost linearly; job 2 barely gains from more workers.
-    linear = running(1, [("t", (0,))], low=1, high=4)
+    linear = running_job(1, [("t", (0,))], low=1, high=4)
     flat = JobView(2, JobState.RUNNING, 1, 1, 4, 0, 0.0, workers=(WorkerView(0, "t", (1,)),),
                    estimated_runtime_s=3600, throughput_points=((1, 100.0), (2, 101.0)), total_work=360000.0,
                    last_resized_at=0.0)
-    servers = [train("t", gpus=2), infer("i", ServerState.LOANED, gpus=2, since=NOW - 3600)]
-    result = plan("aryl", snapshot(servers, [linear, flat], demand=0))
+    servers = [training_server("t", gpus=2), inference_server("i", ServerState.LOANED, gpus=2, since=NOW - 3600)]
+    result = plan("aryl", snapshot_of(servers, [linear, flat], demand=0))
     [scale] = result.scales
     assert scale.job_id == 1 and scale.reason == Reason.SCALED_OUT
     assert sorted(w.server_id for w in scale.workers[1:]) == ["i", "i"]
@@ -126,14 +83,14 @@ def test_spare_gpus_go_to_the_job_they_help_most_and_extras_prefer_loaned_server
 
 
 def test_recently_resized_jobs_are_left_alone() -> None:
-    job = running(1, [("t", (0,))], low=1, high=4, resized=NOW - 10)
-    assert plan("aryl", snapshot([train("t")], [job]), min_resize_interval_s=300).scales == ()
-    assert plan("aryl", snapshot([train("t")], [job]), min_resize_interval_s=5).scales != ()
+    job = running_job(1, [("t", (0,))], low=1, high=4, resized=NOW - 10)
+    assert plan("aryl", snapshot_of([training_server("t")], [job]), min_resize_interval_s=300).scales == ()
+    assert plan("aryl", snapshot_of([training_server("t")], [job]), min_resize_interval_s=5).scales != ()
 
 
 def test_a_queued_gang_takes_gpus_from_extra_workers() -> None:
-    elastic = running(1, [("t", (0, 1)), ("t", (2, 3))], low=1, high=2, resized=NOW - 10)
-    result = plan("aryl-noloan", snapshot([train("t")], [elastic, pending(2, gpus=2)]))
+    elastic = running_job(1, [("t", (0, 1)), ("t", (2, 3))], low=1, high=2, resized=NOW - 10)
+    result = plan("aryl-noloan", snapshot_of([training_server("t")], [elastic, pending_job(2, gpus=2)]))
     [scale] = result.scales
     assert (scale.job_id, len(scale.workers), scale.reason) == (1, 1, Reason.SCALED_IN_FOR_BASE_DEMAND)
     assert [s.job_id for s in result.starts] == [2]
@@ -141,63 +98,65 @@ def test_a_queued_gang_takes_gpus_from_extra_workers() -> None:
 
 @pytest.mark.parametrize(("loaned", "queued", "message"), [
     # One gang takes two extras at once.
-    (False, [pending(2, gpus=2)], "scaled in to 2 worker(s) so job 2 can start"),
+    (False, [pending_job(2, gpus=2)], "scaled in to 2 worker(s) so job 2 can start"),
     # Two gangs take one extra each: scaled in for a base demand, and then again.
-    (False, [pending(2), pending(3)], "scaled in to 2 worker(s) so jobs 2, 3 can start"),
+    (False, [pending_job(2), pending_job(3)], "scaled in to 2 worker(s) so jobs 2, 3 can start"),
     # Scaled in off a reclaimed server, and then for a base demand.
-    (True, [pending(2)], "scaled in to 3 worker(s): loaned server(s) went back to inference, and so job 2 can start"),
+    (True, [pending_job(2)],
+     "scaled in to 3 worker(s): loaned server(s) went back to inference, and so job 2 can start"),
 ])
 def test_a_job_scaled_in_more_than_once_is_told_its_final_size(loaned: bool, queued: list[JobView],
                                                                 message: str) -> None:
     """The applier appends "(now N worker(s))" to the scale's message: the message names that N too."""
-    servers = [train("t")] + ([infer("i", ServerState.LOANED, gpus=2, since=NOW - 7200)] if loaned else [])
+    lent = [inference_server("i", ServerState.LOANED, gpus=2, since=NOW - 7200)] if loaned else []
+    servers = [training_server("t"), *lent]
     placement = [("t", (g,)) for g in range(4)] + ([("i", (0,)), ("i", (1,))] if loaned else [])
-    elastic = running(1, placement, low=1, high=len(placement), resized=NOW - 7200)
-    result = plan("aryl", snapshot(servers, [elastic, *queued], demand=1 if loaned else 0))
+    elastic = running_job(1, placement, low=1, high=len(placement), resized=NOW - 7200)
+    result = plan("aryl", snapshot_of(servers, [elastic, *queued], demand=1 if loaned else 0))
     assert sorted(s.job_id for s in result.starts) == [j.job_id for j in queued]
     [scale] = result.scales
     assert (scale.job_id, len(scale.workers), scale.message) == (1, int(message.split()[3]), message)
 
 
 def test_a_restart_must_pay_for_itself() -> None:
-    job = running(1, [("t", (0,))], low=1, high=2, runtime=30)  # almost done: not worth a restart
-    assert plan("aryl-noloan", snapshot([train("t")], [job]), restart_cost_s=60).scales == ()
+    job = running_job(1, [("t", (0,))], low=1, high=2, runtime=30)  # almost done: not worth a restart
+    assert plan("aryl-noloan", snapshot_of([training_server("t")], [job]), restart_cost_s=60).scales == ()
 
 
 # -- loans and reclaims ------------------------------------------------------------------------
 
 
 def test_idle_inference_servers_beyond_demand_and_buffer_are_loaned_when_training_waits() -> None:
-    servers = [train("t", gpus=1)] + [infer(f"i{k}", since=NOW - 3600) for k in range(4)]
-    jobs = [pending(1, gpus=8, workers=2)]
-    result = plan("aryl", snapshot(servers, jobs, demand=1), loan_buffer_servers=1)
+    servers = [training_server("t", gpus=1)] + [inference_server(f"i{k}", since=NOW - 3600) for k in range(4)]
+    jobs = [pending_job(1, gpus=8, workers=2)]
+    result = plan("aryl", snapshot_of(servers, jobs, demand=1), loan_buffer_servers=1)
     assert steps(result) == [("i0", LoanStep.LOAN), ("i1", LoanStep.LOAN)]  # 4 - 1 needed - 1 buffer
     assert result.server_actions[0].reason == Reason.LOANED_IDLE_SERVER
 
 
 def test_no_loans_without_training_demand_recent_activity_or_a_demand_signal() -> None:
-    idle = [infer(f"i{k}", since=NOW - 3600) for k in range(3)]
-    assert steps(plan("aryl", snapshot(idle, [], demand=0))) == []
-    assert steps(plan("aryl", snapshot(idle, [pending(1, gpus=8)], demand=None))) == []
-    fresh = [infer(f"i{k}", since=NOW - 10) for k in range(3)]
-    assert steps(plan("aryl", snapshot(fresh, [pending(1, gpus=8)], demand=0), loan_idle_s=300)) == []
+    idle = [inference_server(f"i{k}", since=NOW - 3600) for k in range(3)]
+    assert steps(plan("aryl", snapshot_of(idle, [], demand=0))) == []
+    assert steps(plan("aryl", snapshot_of(idle, [pending_job(1, gpus=8)], demand=None))) == []
+    fresh = [inference_server(f"i{k}", since=NOW - 10) for k in range(3)]
+    assert steps(plan("aryl", snapshot_of(fresh, [pending_job(1, gpus=8)], demand=0), loan_idle_s=300)) == []
     for name in ("sjf", "aryl-noloan"):
-        assert steps(plan(name, snapshot(idle, [pending(1, gpus=8)], demand=0))) == []
+        assert steps(plan(name, snapshot_of(idle, [pending_job(1, gpus=8)], demand=0))) == []
 
 
 def test_a_drained_loan_becomes_active_and_is_used() -> None:
-    servers = [infer("i", ServerState.DRAINING, since=NOW - 60)]
-    result = plan("aryl", snapshot(servers, [pending(1, gpus=8)], demand=0), drain_timeout_s=30)
+    servers = [inference_server("i", ServerState.DRAINING, since=NOW - 60)]
+    result = plan("aryl", snapshot_of(servers, [pending_job(1, gpus=8)], demand=0), drain_timeout_s=30)
     assert steps(result) == [("i", LoanStep.ACTIVATE)]
     assert [w.server_id for w in result.starts[0].workers] == ["i"]
 
 
 def test_reclaim_shrinks_elastic_jobs_instead_of_killing_inelastic_ones() -> None:
-    servers = [train("t", gpus=4), infer("i1", ServerState.LOANED, gpus=4, since=NOW - 7200),
-               infer("i2", ServerState.LOANED, gpus=4, since=NOW - 7200)]
-    elastic = running(1, [("t", (0, 1)), ("i1", (0, 1)), ("i1", (2, 3))], low=1, high=3, resized=NOW - 7200)
-    inelastic = running(2, [("i2", (0, 1, 2, 3))], low=1, resized=NOW - 7200)
-    result = plan("aryl", snapshot(servers, [elastic, inelastic], demand=1))
+    servers = [training_server("t", gpus=4), inference_server("i1", ServerState.LOANED, gpus=4, since=NOW - 7200),
+               inference_server("i2", ServerState.LOANED, gpus=4, since=NOW - 7200)]
+    elastic = running_job(1, [("t", (0, 1)), ("i1", (0, 1)), ("i1", (2, 3))], low=1, high=3, resized=NOW - 7200)
+    inelastic = running_job(2, [("i2", (0, 1, 2, 3))], low=1, resized=NOW - 7200)
+    result = plan("aryl", snapshot_of(servers, [elastic, inelastic], demand=1))
     assert steps(result) == [("i1", LoanStep.RECLAIM)]
     assert result.preemptions == ()
     [scale] = result.scales
@@ -207,31 +166,31 @@ def test_reclaim_shrinks_elastic_jobs_instead_of_killing_inelastic_ones() -> Non
 
 
 def test_reclaim_preempts_when_it_must_and_cancels_draining_loans_first() -> None:
-    servers = [infer("d", ServerState.DRAINING, since=NOW - 5),
-               infer("l", ServerState.LOANED, gpus=4, since=NOW - 7200)]
-    inelastic = running(2, [("l", (0, 1, 2, 3))], low=1, resized=NOW - 7200)
-    result = plan("aryl", snapshot(servers, [inelastic], demand=2))
+    servers = [inference_server("d", ServerState.DRAINING, since=NOW - 5),
+               inference_server("l", ServerState.LOANED, gpus=4, since=NOW - 7200)]
+    inelastic = running_job(2, [("l", (0, 1, 2, 3))], low=1, resized=NOW - 7200)
+    result = plan("aryl", snapshot_of(servers, [inelastic], demand=2))
     assert steps(result) == [("d", LoanStep.CANCEL), ("l", LoanStep.RECLAIM)]
     [preempt] = result.preemptions
     assert (preempt.job_id, preempt.reason) == (2, Reason.PREEMPTED_FOR_RECLAIM)
 
 
 def test_vacated_reclaimed_servers_return_to_serving_once_the_agent_confirms() -> None:
-    done = infer("r", ServerState.RECLAIMING, since=NOW - 5)
-    waiting = infer("w", ServerState.RECLAIMING, since=NOW - 5, agent_converged=False)
-    assert steps(plan("aryl", snapshot([done, waiting], [], demand=2))) == [("r", LoanStep.RETURN)]
+    done = inference_server("r", ServerState.RECLAIMING, since=NOW - 5)
+    waiting = inference_server("w", ServerState.RECLAIMING, since=NOW - 5, agent_converged=False)
+    assert steps(plan("aryl", snapshot_of([done, waiting], [], demand=2))) == [("r", LoanStep.RETURN)]
 
 
 def test_hysteresis_band_neither_loans_nor_reclaims() -> None:
-    servers = [infer("s1", since=NOW - 3600), infer("s2", since=NOW - 3600),
-               infer("l", ServerState.LOANED, since=NOW - 3600)]
-    assert steps(plan("aryl", snapshot(servers, [pending(1, gpus=8)], demand=1), loan_buffer_servers=1)) == []
+    servers = [inference_server("s1", since=NOW - 3600), inference_server("s2", since=NOW - 3600),
+               inference_server("l", ServerState.LOANED, since=NOW - 3600)]
+    assert steps(plan("aryl", snapshot_of(servers, [pending_job(1, gpus=8)], demand=1), loan_buffer_servers=1)) == []
 
 
 def test_variants_isolate_their_mechanism() -> None:
-    servers = [train("t", gpus=2)] + [infer(f"i{k}", since=NOW - 3600) for k in range(3)]
-    jobs = [running(1, [("t", (0,))], low=1, high=4), pending(2, gpus=8)]
-    snap = snapshot(servers, jobs, demand=0)
+    servers = [training_server("t", gpus=2)] + [inference_server(f"i{k}", since=NOW - 3600) for k in range(3)]
+    jobs = [running_job(1, [("t", (0,))], low=1, high=4), pending_job(2, gpus=8)]
+    snap = snapshot_of(servers, jobs, demand=0)
     assert plan("sjf", snap).scales == () and steps(plan("sjf", snap)) == []
     assert steps(plan("aryl-noloan", snap)) == [] and plan("aryl-noloan", snap).scales != ()
     assert steps(plan("aryl-noelastic", snap)) != [] and plan("aryl-noelastic", snap).scales == ()
@@ -245,12 +204,13 @@ def clusters(draw) -> ClusterSnapshot:
     servers: list[ServerView] = []
     for k in range(draw(st.integers(0, 4))):
         bad = frozenset(draw(st.sets(st.integers(0, 3), max_size=1)))
-        servers.append(train(f"t{k}", gpus=4, unhealthy_gpus=bad))
+        servers.append(training_server(f"t{k}", gpus=4, unhealthy_gpus=bad))
     states = [ServerState.SERVING, ServerState.LOANED, ServerState.DRAINING, ServerState.RECLAIMING]
     for k in range(draw(st.integers(0, 4))):
         state = draw(st.sampled_from(states))
-        servers.append(infer(f"i{k}", state, gpus=draw(st.sampled_from([4, 8])), since=NOW - draw(st.sampled_from([5, 4000])),
-                             agent_converged=draw(st.booleans())))
+        servers.append(inference_server(f"i{k}", state, gpus=draw(st.sampled_from([4, 8])),
+                                        since=NOW - draw(st.sampled_from([5, 4000])),
+                                        agent_converged=draw(st.booleans())))
     free = {s.server_id: [g for g in s.gpu_indices if g not in s.unhealthy_gpus]
             for s in servers if s.state in (ServerState.TRAINING, ServerState.LOANED)}
     jobs: list[JobView] = []
@@ -268,15 +228,15 @@ def clusters(draw) -> ClusterSnapshot:
             placement.append((sid, tuple(free[sid][:gpus])))
             free[sid] = free[sid][gpus:]
         if len(placement) >= low:
-            jobs.append(running(jid, placement, low=low, high=high, runtime=runtime,
+            jobs.append(running_job(jid, placement, low=low, high=high, runtime=runtime,
                                 resized=NOW - draw(st.sampled_from([10, 4000]))))
         else:
             for sid, g in placement:
                 free[sid] = sorted(free[sid] + list(g))
-            jobs.append(pending(jid, gpus, low, high, runtime=runtime,
+            jobs.append(pending_job(jid, gpus, low, high, runtime=runtime,
                                 submitted=NOW - draw(st.sampled_from([10, 5000]))))
     demand = draw(st.one_of(st.none(), st.integers(0, 5)))
-    return snapshot(servers, jobs, demand)
+    return snapshot_of(servers, jobs, demand)
 
 
 @pytest.mark.parametrize("name", VARIANTS)
@@ -292,11 +252,11 @@ def test_every_plan_keeps_the_invariants_and_is_deterministic(name: str, snap: C
 
 
 def test_naive_reclaim_takes_the_latest_loan_even_when_that_preempts() -> None:
-    servers = [train("t", gpus=4), infer("old", ServerState.LOANED, gpus=4, since=NOW - 9000),
-               infer("new", ServerState.LOANED, gpus=4, since=NOW - 7200)]
-    elastic = running(1, [("t", (0, 1)), ("old", (0, 1)), ("old", (2, 3))], low=1, high=3, resized=NOW - 7200)
-    inelastic = running(2, [("new", (0, 1, 2, 3))], low=1, resized=NOW - 7200)
-    snap = snapshot(servers, [elastic, inelastic], demand=1)
+    servers = [training_server("t", gpus=4), inference_server("old", ServerState.LOANED, gpus=4, since=NOW - 9000),
+               inference_server("new", ServerState.LOANED, gpus=4, since=NOW - 7200)]
+    elastic = running_job(1, [("t", (0, 1)), ("old", (0, 1)), ("old", (2, 3))], low=1, high=3, resized=NOW - 7200)
+    inelastic = running_job(2, [("new", (0, 1, 2, 3))], low=1, resized=NOW - 7200)
+    snap = snapshot_of(servers, [elastic, inelastic], demand=1)
     assert steps(plan("aryl", snap)) == [("old", LoanStep.RECLAIM)] and plan("aryl", snap).preemptions == ()
     naive = plan("aryl-naivereclaim", snap)
     assert steps(naive) == [("new", LoanStep.RECLAIM)]

@@ -6,7 +6,8 @@ from __future__ import annotations
 import grpc
 
 from protos.aryl.v1 import agent_pb2, agent_pb2_grpc, inference_pb2, inference_pb2_grpc, scheduler_pb2, types_pb2
-from tests.helpers import job_spec, register_fake_server, scheduler_stub, wait_for
+from tests.harness import job_spec, register_fake_server, scheduler_stub
+from tests.helpers import wait_for
 
 FAST_LOANS = {"loan_idle_s": 0, "drain_timeout_s": 0, "min_resize_interval_s": 0, "min_loan_s": 0,
               "loan_buffer_servers": 0, "restart_cost_s": 1}

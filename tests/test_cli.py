@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,7 +19,8 @@ import yaml
 
 from arylctl.cli import enum_name, format_table, main, parse_args, submit_spec_mapping
 from protos.aryl.v1 import types_pb2
-from tests.helpers import register_fake_server
+from tests.harness import register_fake_server
+from tests.helpers import free_port
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -36,9 +36,7 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 
 
 def closed_address() -> str:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{sock.getsockname()[1]}"
+    return f"127.0.0.1:{free_port()}"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime as dt
 import getpass
 import json
-import socket
 from collections.abc import Iterator
 
 import grpc
@@ -24,7 +23,8 @@ from arylctl.client import (
     job_spec_from_mapping,
 )
 from protos.aryl.v1 import types_pb2
-from tests.helpers import register_fake_server
+from tests.harness import register_fake_server
+from tests.helpers import free_port
 
 # ---------------------------------------------------------------------------------------------
 # Spec helpers (no server)
@@ -206,15 +206,8 @@ def test_address_defaults_to_env_then_localhost(monkeypatch: pytest.MonkeyPatch)
         assert (client.address, client.timeout) == ("other:1", 3)
 
 
-def closed_port() -> int:
-    """A local TCP port nothing listens on (bound, then released)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_unreachable_server_raises_unavailable() -> None:
-    with ArylClient(f"127.0.0.1:{closed_port()}", timeout=5) as client:
+    with ArylClient(f"127.0.0.1:{free_port()}", timeout=5) as client:
         with pytest.raises(Unavailable) as err:
             client.get_cluster()
     assert err.value.code == grpc.StatusCode.UNAVAILABLE
@@ -223,7 +216,7 @@ def test_unreachable_server_raises_unavailable() -> None:
 
 
 def test_unreachable_server_replay_raises_unavailable() -> None:
-    with ArylClient(f"127.0.0.1:{closed_port()}", timeout=1) as client:
+    with ArylClient(f"127.0.0.1:{free_port()}", timeout=1) as client:
         with pytest.raises(Unavailable):
             list(client.watch_events(after_event_id=0, idle_timeout=0.5))
 

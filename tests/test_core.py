@@ -4,30 +4,20 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler_service.core import ClusterSnapshot, JobView, PolicyRegistry, Reason, ServerView, UnknownPolicy
+from scheduler_service.core import PolicyRegistry, Reason, UnknownPolicy
 from scheduler_service.lifecycle import (
     JOB_LIFECYCLE,
     SERVER_LIFECYCLE,
     IllegalTransition,
     JobState,
-    Pool,
     ServerState,
 )
 from scheduler_service.policies import create_policy
-
-
-def server(sid: str, gpus: int = 4, *, pool: Pool = Pool.TRAINING, state: ServerState | None = None,
-           unhealthy: tuple[int, ...] = (), allocated: tuple[tuple[int, int], ...] = ()) -> ServerView:
-    state = state or (ServerState.TRAINING if pool == Pool.TRAINING else ServerState.SERVING)
-    return ServerView(sid, pool, state, tuple(range(gpus)), frozenset(unhealthy), allocated)
-
-
-def job(jid: int, gpus: int = 1, workers: int = 1, *, priority: int = 0, submitted: float | None = None) -> JobView:
-    return JobView(jid, JobState.PENDING, gpus, workers, workers, priority, float(jid if submitted is None else submitted))
+from tests.harness import inference_server, pending_job, snapshot_of, training_server
 
 
 def plan(servers, jobs):
-    return create_policy("fifo").schedule(ClusterSnapshot(now=100.0, servers=tuple(servers), jobs=tuple(jobs)))
+    return create_policy("fifo").schedule(snapshot_of(servers, jobs))
 
 
 def test_job_lifecycle_refuses_illegal_moves() -> None:
@@ -59,13 +49,14 @@ def test_registry_refuses_duplicates_and_names_the_known_policies() -> None:
 
 
 def test_best_fit_packs_the_fullest_server_that_fits() -> None:
-    result = plan([server("big", 8), server("small", 2, allocated=((0, 99),))], [job(1, gpus=1)])
+    servers = [training_server("big", 8), training_server("small", 2, allocated=((0, 99),))]
+    result = plan(servers, [pending_job(1, gpus=1)])
     [start] = result.starts
     assert [(w.server_id, w.gpu_indices) for w in start.workers] == [("small", (1,))]
 
 
 def test_gang_is_all_or_nothing() -> None:
-    result = plan([server("a", 2), server("b", 2)], [job(1, gpus=2, workers=3)])
+    result = plan([training_server("a", 2), training_server("b", 2)], [pending_job(1, gpus=2, workers=3)])
     assert result.starts == ()
     [pending] = result.pending
     assert pending.reason == Reason.WAITING_FOR_GANG
@@ -73,7 +64,7 @@ def test_gang_is_all_or_nothing() -> None:
 
 
 def test_workers_never_span_servers_and_ranks_are_dense() -> None:
-    result = plan([server("a", 3), server("b", 3)], [job(1, gpus=2, workers=2)])
+    result = plan([training_server("a", 3), training_server("b", 3)], [pending_job(1, gpus=2, workers=2)])
     [start] = result.starts
     assert [w.rank for w in start.workers] == [0, 1]
     assert {w.server_id for w in start.workers} == {"a", "b"}
@@ -81,33 +72,34 @@ def test_workers_never_span_servers_and_ranks_are_dense() -> None:
 
 
 def test_unhealthy_gpus_and_serving_inference_servers_are_not_used() -> None:
-    servers = [server("t", 2, unhealthy=(0,)), server("i", 8, pool=Pool.INFERENCE)]
-    result = plan(servers, [job(1, gpus=2)])
+    servers = [training_server("t", 2, unhealthy_gpus=frozenset({0})), inference_server("i", gpus=8)]
+    result = plan(servers, [pending_job(1, gpus=2)])
     assert result.starts == ()
     assert result.pending[0].reason == Reason.WORKER_TOO_LARGE
 
 
 def test_loaned_inference_servers_run_training() -> None:
-    result = plan([server("i", 8, pool=Pool.INFERENCE, state=ServerState.LOANED)], [job(1, gpus=8)])
+    result = plan([inference_server("i", ServerState.LOANED, gpus=8)], [pending_job(1, gpus=8)])
     assert [w.server_id for w in result.starts[0].workers] == ["i"]
 
 
 def test_no_training_capacity_is_explained() -> None:
-    result = plan([], [job(1)])
+    result = plan([], [pending_job(1)])
     assert result.pending[0].reason == Reason.NO_TRAINING_CAPACITY
 
 
 def test_fifo_orders_by_priority_then_arrival_and_blocks_behind_the_head() -> None:
-    jobs = [job(1, gpus=4, submitted=1), job(2, gpus=1, submitted=2), job(3, gpus=1, priority=5, submitted=3)]
-    result = plan([server("a", 4)], jobs)
+    jobs = [pending_job(1, gpus=4, submitted=1), pending_job(2, gpus=1, submitted=2),
+            pending_job(3, gpus=1, priority=5, submitted=3)]
+    result = plan([training_server("a", 4)], jobs)
     assert [s.job_id for s in result.starts] == [3]
     reasons = {p.job_id: p.reason for p in result.pending}
     assert reasons == {1: Reason.WAITING_FOR_GANG, 2: Reason.BLOCKED_BY_EARLIER_JOB}
 
 
 def test_plans_never_double_book_and_are_deterministic() -> None:
-    servers = [server(f"s{i}", 4, allocated=((0, 100 + i),)) for i in range(5)]
-    jobs = [job(i, gpus=1 + i % 3, workers=1 + i % 2) for i in range(1, 12)]
+    servers = [training_server(f"s{i}", 4, allocated=((0, 100 + i),)) for i in range(5)]
+    jobs = [pending_job(i, gpus=1 + i % 3, workers=1 + i % 2) for i in range(1, 12)]
     first, second = plan(servers, jobs), plan(servers, jobs)
     assert first == second
     used = [(w.server_id, g) for s in first.starts for w in s.workers for g in w.gpu_indices]

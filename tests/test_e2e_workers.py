@@ -23,8 +23,8 @@ from arylctl.cli import main as arylctl
 from arylctl.client import ArylClient
 from protos.aryl.v1 import types_pb2
 from scheduler_service.server import serve_in_background
-from tests.conftest import scheduler_config
-from tests.helpers import job_spec, processes_mentioning, wait_for
+from tests.harness import job_spec, scheduler_config
+from tests.helpers import processes_mentioning, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 TRAIN = str(REPO / "examples" / "train.py")

@@ -56,7 +56,7 @@ from protos.aryl.v1 import (
 from scheduler_service.api import validation
 from scheduler_service.errors import InvalidArgument
 from scheduler_service.store.models import Base
-from tests.helpers import register_fake_server
+from tests.harness import register_fake_server
 
 Code = grpc.StatusCode
 OK, INVALID = Code.OK, Code.INVALID_ARGUMENT

@@ -16,9 +16,9 @@ from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import make_url
 
-from tests.conftest import scratch_postgres
 from migrations import alembic_config, downgrade, upgrade
 from scheduler_service.store.models import Base
+from tests.harness import scratch_postgres
 
 MODEL_TABLES = frozenset(Base.metadata.tables)
 HEAD = ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()

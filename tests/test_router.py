@@ -35,6 +35,7 @@ from inference_router.pool import BackendPool, PoolMember, PoolUpdate, RoutingSt
 from inference_router.proxy import request_headers
 from inference_router.router import Router
 from protos.aryl.v1 import inference_pb2, inference_pb2_grpc, types_pb2
+from tests.helpers import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_SERVER = ROOT / "examples" / "inference_server.py"
@@ -65,13 +66,6 @@ def router_section(**values: object) -> RouterSection:
     }
     base.update(values)
     return RouterSection(**base)
-
-
-def free_port() -> int:
-    """A loopback port nothing listens on (connections to it are refused)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---------------------------------------------------------------------------------------------

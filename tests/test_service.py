@@ -10,7 +10,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from protos.aryl.v1 import agent_pb2, agent_pb2_grpc, inference_pb2, inference_pb2_grpc, scheduler_pb2, types_pb2
-from tests.helpers import job_spec, job_state, register_fake_server, scheduler_stub, wait_for
+from tests.harness import job_spec, job_state, register_fake_server, scheduler_stub
+from tests.helpers import wait_for
 
 RUNNING = types_pb2.JOB_STATE_RUNNING
 PENDING = types_pb2.JOB_STATE_PENDING

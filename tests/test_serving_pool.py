@@ -10,8 +10,9 @@ import threading
 import grpc
 import pytest
 
-from protos.aryl.v1 import agent_pb2, agent_pb2_grpc, inference_pb2, inference_pb2_grpc, scheduler_pb2, types_pb2
-from tests.helpers import job_spec, scheduler_stub, wait_for
+from protos.aryl.v1 import inference_pb2, inference_pb2_grpc, scheduler_pb2, types_pb2
+from tests.harness import job_spec, register_fake_server, scheduler_stub
+from tests.helpers import wait_for
 
 S = types_pb2
 # Loans as soon as demand allows, but a drain that nobody acknowledges would take an hour.
@@ -19,21 +20,9 @@ ACK_ONLY = {"loan_idle_s": 0, "drain_timeout_s": 3600, "min_loan_s": 0, "loan_bu
 
 
 def register_inference_server(address: str, hostname: str, endpoint: str, *, converge: bool = True) -> None:
-    """Register as an agent would, then (``converge``) report the desired generation as applied."""
-    with grpc.insecure_channel(address) as channel:
-        agent = agent_pb2_grpc.AgentServiceStub(channel)
-        registered = agent.RegisterServer(
-            agent_pb2.RegisterServerRequest(
-                hostname=hostname, pool=S.POOL_INFERENCE, agent_address=hostname, agent_version="test",
-                inference_endpoint=endpoint,
-                gpus=[agent_pb2.GpuInfo(index=0, uuid=f"GPU-{hostname}", model="Fake", memory_total_bytes=1 << 30)],
-            ),
-            timeout=5,
-        )
-        if converge:
-            agent.ReportStatus(agent_pb2.ReportStatusRequest(
-                server_id=hostname, scheduler_epoch=registered.scheduler_epoch,
-                observed_generation=registered.desired.generation), timeout=5)
+    """Register an inference server with one GPU as an agent would, then (``converge``) report its desired
+    generation as applied."""
+    register_fake_server(address, hostname, "inference", gpus=1, inference_endpoint=endpoint, converge=converge)
 
 
 class PoolWatch:

@@ -15,7 +15,8 @@ from protos.aryl.v1 import agent_pb2, agent_pb2_grpc, scheduler_pb2, types_pb2
 from scheduler_service.app import SchedulerApp
 from scheduler_service.store.db import create_engine_for, session_factory
 from scheduler_service.worker_outcomes import Verdict, judge_exits
-from tests.helpers import job_spec, register_fake_server, scheduler_stub, wait_for
+from tests.harness import ManualClock, job_spec, register_fake_server, scheduler_stub
+from tests.helpers import wait_for
 
 EXITED = agent_pb2.WORKER_PHASE_EXITED
 RUNNING = agent_pb2.WORKER_PHASE_RUNNING
@@ -197,16 +198,7 @@ def test_an_inelastic_job_on_a_lost_server_is_requeued(scheduler_factory) -> Non
 
 
 def test_liveness_uses_the_monotonic_clock_not_wall_time(database_url: str) -> None:
-    class Clock:
-        wall, mono = 1_000_000.0, 50.0
-
-        def now(self) -> float:
-            return self.wall
-
-        def monotonic(self) -> float:
-            return self.mono
-
-    clock = Clock()
+    clock = ManualClock()
     engine = create_engine_for(database_url)
     try:
         app = SchedulerApp(session_factory(engine), clock)
@@ -214,9 +206,9 @@ def test_liveness_uses_the_monotonic_clock_not_wall_time(database_url: str) -> N
         from scheduler_service.app import GpuReport, ServerRegistration
         from scheduler_service.lifecycle import Pool
         app.register_server(ServerRegistration("s1", Pool.TRAINING, (GpuReport(0, "u0", "m", 1),), "s1", "t"))
-        clock.wall += 3600  # the wall clock jumps an hour (NTP, a VM resumed): not silence
+        clock.jump_wall(3600)  # the wall clock jumps an hour (NTP, a VM resumed): not silence
         assert app.sweep_lost(30.0) == []
-        clock.mono += 31
+        clock.advance(31)
         assert app.sweep_lost(30.0) == ["s1"]
     finally:
         engine.dispose()

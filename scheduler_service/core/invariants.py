@@ -9,12 +9,14 @@ violations found (empty: the plan is sound):
   its minimum or above its maximum; ranks are 0..n-1;
 - training only on training-owned servers and on inference servers while loaned; reclaimed servers
   left empty; only existing, legal loan steps;
-- every job is acted on at most once per plan, and only from a state that allows the action.
+- every job is acted on at most once per plan, and only from a state that allows the action;
+- the plan can be applied one action at a time (``core.plan.apply_order``): no job actions whose GPU
+  moves form a cycle (scales that take each other's GPUs), which no order could apply in full.
 """
 
 from __future__ import annotations
 
-from scheduler_service.core.plan import LoanStep, Plan, WorkerPlacement
+from scheduler_service.core.plan import LoanStep, Plan, ServerAction, WorkerPlacement, unorderable
 from scheduler_service.core.snapshot import ClusterSnapshot
 from scheduler_service.lifecycle import SERVER_LIFECYCLE, JobState, ServerState
 
@@ -32,7 +34,7 @@ def check_plan(snapshot: ClusterSnapshot, plan: Plan) -> list[str]:
     servers = {s.server_id: s for s in snapshot.servers}
     jobs = {j.job_id: j for j in snapshot.jobs}
 
-    acted = [a.job_id for a in (*plan.starts, *plan.scales, *plan.preemptions)]
+    acted = [s.job_id for s in plan.starts] + [s.job_id for s in plan.scales] + [p.job_id for p in plan.preemptions]
     for job_id in {j for j in acted if acted.count(j) > 1}:
         problems.append(f"job {job_id} is acted on more than once")
 
@@ -61,11 +63,11 @@ def check_plan(snapshot: ClusterSnapshot, plan: Plan) -> list[str]:
         if s.job_id not in placement:
             problems.append(f"job {s.job_id} is scaled but not running")
         placement[s.job_id] = s.workers
-    for s in plan.starts:
-        job = jobs.get(s.job_id)
+    for start in plan.starts:
+        job = jobs.get(start.job_id)
         if job is None or job.state != JobState.PENDING:
-            problems.append(f"job {s.job_id} is started but not pending")
-        placement[s.job_id] = s.workers
+            problems.append(f"job {start.job_id} is started but not pending")
+        placement[start.job_id] = start.workers
 
     owner: dict[tuple[str, int], int] = {}
     for job_id, workers in placement.items():
@@ -104,4 +106,12 @@ def check_plan(snapshot: ClusterSnapshot, plan: Plan) -> list[str]:
             holders = {job for (server_id, _), job in owner.items() if server_id == sid}
             if holders:
                 problems.append(f"server {sid} is {st} but still runs job(s) {sorted(holders)}")
+    moved = {s.job_id for s in plan.scales} | {p.job_id for p in plan.preemptions}
+    held = {j.job_id: [(w.server_id, g) for w in j.workers for g in w.gpu_indices] for j in snapshot.jobs
+            if j.job_id in moved}
+    blocked = unorderable(plan, held)
+    if blocked:
+        names = [f"server {a.server_id}" if isinstance(a, ServerAction) else f"job {a.job_id}" for a in blocked]
+        problems.append(f"no order applies the plan one action at a time: {', '.join(names)} wait on a cycle of "
+                        "GPU moves (each takes a GPU another frees)")
     return problems

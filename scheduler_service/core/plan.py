@@ -4,6 +4,7 @@ log and in ExplainJob. Planning never writes; the applier commits a plan and rep
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -69,8 +70,8 @@ class ScaleJob:
 
 def releases_gpus(held: Iterable[tuple[str, int]], scale: ScaleJob) -> bool:
     """Does ``scale`` give up any GPU its job holds now (``held``: (server, gpu) pairs)? Such scales
-    are applied before the plan's starts -- whatever their worker count -- since a start may have
-    been planned onto exactly those GPUs."""
+    come before the plan's starts in ``apply_order`` -- whatever their worker count -- since a start
+    may have been planned onto exactly those GPUs."""
     kept = {(w.server_id, g) for w in scale.workers for g in w.gpu_indices}
     return any(pair not in kept for pair in held)
 
@@ -118,9 +119,8 @@ class KeepPending:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """Applied in this order, so GPUs freed by one action can be used by a later one: ACTIVATE loan
-    steps; preemptions; scales that release GPUs (``releases_gpus``); starts; the other scales; then
-    the other loan steps."""
+    """Checked as a whole (``core.invariants.check_plan``), applied one action at a time in
+    ``apply_order``: each action after those that free the GPUs it takes."""
 
     starts: tuple[StartJob, ...] = ()
     scales: tuple[ScaleJob, ...] = ()
@@ -150,10 +150,46 @@ Action = StartJob | ScaleJob | PreemptJob | ServerAction
 
 
 def apply_order(plan: Plan, held: Mapping[int, Iterable[tuple[str, int]]]) -> tuple[Action, ...]:
-    """The plan's actions in the order every applier (service and simulator) applies them, so GPUs
-    freed by one action can serve a later one: ACTIVATE loan steps (a start may land on the newly
-    loaned server); preemptions; scales that release GPUs (``held``: each job's (server, gpu) pairs
-    now); starts; the other scales; the other loan steps."""
+    """The plan's actions in the order every applier (service and simulator) applies them, one by one,
+    each re-checked against the state the earlier ones left (``held``: each scaled job's (server, gpu)
+    pairs now; a preempted job's too, where the caller has them).
+
+    Why a dependency order: a plan is checked as a whole (``core.invariants.check_plan``: no GPU
+    double-booked *after* it), but applied action by action, and each applier deletes a job's dropped
+    GPUs and inserts its new ones within that one action. So an action that takes a GPU must come
+    after the action that frees it:
+
+    - a preemption frees all its job's GPUs; a scale frees the GPUs it drops and takes the ones it adds
+      (a GPU it keeps, even under another rank, is neither); a start only takes;
+    - ACTIVATE steps come before every job action (a placement may land on the newly loaned server);
+      RECLAIM and RETURN come after the job actions that free GPUs on their server (it must be vacated).
+
+    The order is the plan's phases -- ACTIVATE steps; preemptions; scales that release GPUs
+    (``releases_gpus``); starts; the other scales; the other loan steps -- reordered only where an
+    action would otherwise come before one it depends on (Kahn's algorithm, always taking the
+    earliest ready action in phase order, so it is deterministic and equals the phase order whenever
+    that already works). Since only preemptions and releasing scales free GPUs, every start still comes
+    after every action that frees one, and the starts stay together (the service applies them as one
+    batch).
+
+    A cycle -- scales that take each other's GPUs (a swap, or A from B from C from A) -- has no order:
+    whichever applies first finds its GPU still held. ``check_plan`` reports such a plan as invalid
+    (policies must not make one); should one reach an applier anyway, its cycle's actions and
+    everything waiting on them come last, in phase order, where the applier refuses what it must, each
+    refusal counted, never hidden (``unorderable``)."""
+    ordered, blocked = _dependency_order(plan, held)
+    return (*ordered, *blocked)
+
+
+def unorderable(plan: Plan, held: Mapping[int, Iterable[tuple[str, int]]]) -> tuple[Action, ...]:
+    """The plan's actions that no one-by-one order can apply: GPU moves in a cycle (each takes a GPU
+    another frees), and the actions that wait on them. Empty for every plan an applier can apply in
+    full; ``apply_order`` says why."""
+    return _dependency_order(plan, held)[1]
+
+
+def _phase_order(plan: Plan, held: Mapping[int, Iterable[tuple[str, int]]]) -> tuple[Action, ...]:
+    """The plan's actions by phase (``apply_order``'s tie-break)."""
     releasing = {s.job_id for s in plan.scales if releases_gpus(held.get(s.job_id, ()), s)}
     activations = tuple(a for a in plan.server_actions if a.kind == LoanStep.ACTIVATE)
     return (
@@ -164,6 +200,61 @@ def apply_order(plan: Plan, held: Mapping[int, Iterable[tuple[str, int]]]) -> tu
         *(s for s in plan.scales if s.job_id not in releasing),
         *(a for a in plan.server_actions if a.kind != LoanStep.ACTIVATE),
     )
+
+
+def _dependency_order(
+    plan: Plan, held: Mapping[int, Iterable[tuple[str, int]]]
+) -> tuple[tuple[Action, ...], tuple[Action, ...]]:
+    """(the actions in dependency order, the actions left blocked by a cycle, in phase order)."""
+    base = _phase_order(plan, held)
+    # What each job action frees and takes, as (server, gpu) pairs.
+    freed_by: dict[tuple[str, int], int] = {}
+    takes: dict[int, set[tuple[str, int]]] = {}
+    frees_on: dict[str, set[int]] = {}        # server -> the actions that free GPUs on it
+    takes_on: dict[str, set[int]] = {}        # server -> the actions that take GPUs on it
+    for i, action in enumerate(base):
+        if isinstance(action, ServerAction):
+            continue
+        now = set(held.get(action.job_id, ()))
+        freed, taken = now, set[tuple[str, int]]()  # a preemption frees all its job's GPUs
+        if not isinstance(action, PreemptJob):
+            planned = {(w.server_id, g) for w in action.workers for g in w.gpu_indices}
+            freed, taken = (now - planned, planned - now) if isinstance(action, ScaleJob) else (set(), planned)
+        for pair in freed:
+            freed_by[pair] = i
+        for server_id, _ in freed:
+            frees_on.setdefault(server_id, set()).add(i)
+        for server_id, _ in taken:
+            takes_on.setdefault(server_id, set()).add(i)
+        takes[i] = taken
+    after: list[set[int]] = [set() for _ in base]   # i -> the actions that must come after it
+    for i, taken in takes.items():
+        for pair in taken:
+            j = freed_by.get(pair)
+            if j is not None and j != i:
+                after[j].add(i)
+    for i, action in enumerate(base):
+        if isinstance(action, ServerAction) and action.kind == LoanStep.ACTIVATE:
+            after[i].update(takes_on.get(action.server_id, ()))
+        elif isinstance(action, ServerAction) and action.kind in (LoanStep.RECLAIM, LoanStep.RETURN):
+            for j in frees_on.get(action.server_id, ()):
+                after[j].add(i)
+    waiting_on = [0] * len(base)
+    for successors in after:
+        for i in successors:
+            waiting_on[i] += 1
+    ready = [i for i, n in enumerate(waiting_on) if n == 0]
+    heapq.heapify(ready)
+    ordered: list[int] = []
+    while ready:
+        i = heapq.heappop(ready)
+        ordered.append(i)
+        for k in after[i]:
+            waiting_on[k] -= 1
+            if waiting_on[k] == 0:
+                heapq.heappush(ready, k)
+    done = set(ordered)
+    return tuple(base[i] for i in ordered), tuple(a for i, a in enumerate(base) if i not in done)
 
 
 @dataclass

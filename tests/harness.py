@@ -1,0 +1,345 @@
+"""Shared test builders: the small functions and fakes that make what a test feeds the code under test.
+
+One house for them, as Nomad's ``scheduler/tests`` and Ray autoscaler v2's ``tests/util.py`` are: a
+builder written once here is the same in every test module, so a change to a value type is made in one
+place, and no test module imports another. Sections, by what they build:
+
+- *Core values*: ``ServerView``/``JobView``/``ClusterSnapshot`` for the pure policies, and plan actions
+  (``StartJob``, ``ScaleJob``, ``ServerAction``) for the appliers. Hand-built snapshots are taken at
+  ``NOW``; GPUs are numbered ``0..gpus-1``.
+- *Time*: ``ManualClock``, the ``Clock`` port moved by hand.
+- *A scheduler over gRPC*: its configuration for tests, fake agent registrations and job specs.
+- *Agents*: desired states as the scheduler pushes them, and ``FakeScheduler``, an in-process
+  AgentService that records what an agent sends.
+- *Databases*: scratch PostgreSQL databases.
+
+Builders only build: they assert nothing about the code under test. Waiting and process helpers (no
+domain imports) are in ``tests/helpers.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import uuid
+from collections.abc import Iterable, Iterator
+from concurrent import futures
+from contextlib import contextmanager
+from queue import Empty, Queue
+from typing import Any
+
+import grpc
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import make_url
+
+from protos.aryl.v1 import agent_pb2, agent_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc, types_pb2
+from scheduler_service.config import SchedulerConfig
+from scheduler_service.core.plan import LoanStep, Reason, ScaleJob, ServerAction, StartJob, WorkerPlacement
+from scheduler_service.core.snapshot import ClusterSnapshot, DemandView, JobView, ServerView, WorkerView
+from scheduler_service.lifecycle import JobState, Pool, ServerState
+
+# --------------------------------------------------------------------------------------------------
+# Core values: snapshots for the policies
+
+NOW = 100_000.0  # the time of every hand-built snapshot
+
+# A loan has a start while the server is lent out (draining, loaned or being reclaimed).
+_LENT = (ServerState.DRAINING, ServerState.LOANED, ServerState.RECLAIMING)
+
+
+def training_server(sid: str, gpus: int = 4, **fields: Any) -> ServerView:
+    """A training-pool server in TRAINING with GPUs ``0..gpus-1``; ``fields`` are ServerView's others
+    (``unhealthy_gpus``, ``allocated``, ...)."""
+    return ServerView(sid, Pool.TRAINING, ServerState.TRAINING, tuple(range(gpus)), **fields)
+
+
+def inference_server(sid: str, state: ServerState = ServerState.SERVING, gpus: int = 8, *, since: float = 0.0,
+                     loan_at: float | None = None, **fields: Any) -> ServerView:
+    """An inference-pool server in ``state`` since ``since``. A lent server's loan began at ``loan_at``,
+    by default when it entered its state."""
+    if state in _LENT and loan_at is None:
+        loan_at = since
+    return ServerView(sid, Pool.INFERENCE, state, tuple(range(gpus)), state_since=since, loan_started_at=loan_at,
+                      **fields)
+
+
+def pending_job(jid: int, gpus: int = 1, workers: int = 1, max_workers: int | None = None, *,
+                submitted: float = NOW - 10, runtime: float = 3600.0, priority: int = 0) -> JobView:
+    """A queued job of ``workers`` (up to ``max_workers``) workers of ``gpus`` GPUs each, estimated to run
+    ``runtime`` seconds."""
+    return JobView(jid, JobState.PENDING, gpus, workers, max_workers or workers, priority, submitted,
+                   estimated_runtime_s=runtime)
+
+
+def running_job(jid: int, placement: list[tuple[str, tuple[int, ...]]], *, low: int, high: int | None = None,
+                resized: float = 0.0, runtime: float = 3600.0) -> JobView:
+    """A job running one worker per ``(server, gpu indices)`` of ``placement``, in rank order, between
+    ``low`` and ``high`` workers; started (and last resized) at ``resized``."""
+    return JobView(jid, JobState.RUNNING, len(placement[0][1]), low, high or low, 0, 0.0,
+                   workers=tuple(WorkerView(rank, sid, g) for rank, (sid, g) in enumerate(placement)),
+                   estimated_runtime_s=runtime, started_at=resized, last_resized_at=resized)
+
+
+def with_allocations(servers: Iterable[ServerView], jobs: Iterable[JobView]) -> tuple[ServerView, ...]:
+    """The servers with the GPUs the jobs' workers hold marked allocated (besides any already marked),
+    as the service's snapshot shows them."""
+    held: dict[str, set[tuple[int, int]]] = {}
+    for job in jobs:
+        for w in job.workers:
+            held.setdefault(w.server_id, set()).update((g, job.job_id) for g in w.gpu_indices)
+    return tuple(
+        dataclasses.replace(s, allocated=tuple(sorted(held[s.server_id].union(s.allocated))))
+        if s.server_id in held else s
+        for s in servers
+    )
+
+
+def snapshot_of(servers: Iterable[ServerView], jobs: Iterable[JobView], demand: int | None = None, *,
+                now: float = NOW) -> ClusterSnapshot:
+    """A snapshot at ``now`` (jobs' GPUs marked allocated); ``demand``: inference needs that many
+    servers (None: no demand reported yet)."""
+    jobs = tuple(jobs)
+    return ClusterSnapshot(
+        now=now, servers=with_allocations(servers, jobs), jobs=jobs,
+        demand=None if demand is None else DemandView(demand, 10.0 * demand, now),
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Core values: plan actions for the appliers
+
+
+def placed(*workers: tuple[str, tuple[int, ...]]) -> tuple[WorkerPlacement, ...]:
+    """Workers in rank order: ``placed(("s1", (0,)), ("s2", (1,)))`` is rank 0 on s1 GPU 0, rank 1 on s2."""
+    return tuple(WorkerPlacement(rank, server, gpus) for rank, (server, gpus) in enumerate(workers))
+
+
+def placed_on(server_id: str, *gpu_groups: tuple[int, ...]) -> tuple[WorkerPlacement, ...]:
+    """Workers in rank order, all on one server: one per group of GPU indices."""
+    return placed(*((server_id, gpus) for gpus in gpu_groups))
+
+
+def start(job_id: int, *workers: tuple[str, tuple[int, ...]]) -> StartJob:
+    return StartJob(job_id, placed(*workers), Reason.PLACED, "test placement")
+
+
+def scale(job_id: int, *workers: tuple[str, tuple[int, ...]], reason: Reason = Reason.SCALED_OUT) -> ScaleJob:
+    return ScaleJob(job_id, placed(*workers), reason, f"to {len(workers)} worker(s)")
+
+
+def step(server_id: str, kind: LoanStep, reason: Reason = Reason.LOAN_ACTIVE) -> ServerAction:
+    return ServerAction(server_id, kind, reason, f"{kind.lower()} {server_id}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Time
+
+T0 = 1_700_000_000.0  # ManualClock's wall time at its start
+
+
+class ManualClock:
+    """The Clock port, moved by hand: ``advance`` moves the wall and the monotonic clock together;
+    ``jump_wall`` moves the wall clock alone (NTP, a VM resumed). ``time`` is the wall time."""
+
+    def __init__(self, now: float = T0) -> None:
+        self.time = now
+        self._monotonic = 0.0
+
+    def now(self) -> float:
+        return self.time
+
+    def monotonic(self) -> float:
+        return self._monotonic
+
+    def advance(self, seconds: float) -> float:
+        """Returns the new wall time."""
+        self.time += seconds
+        self._monotonic += seconds
+        return self.time
+
+    def jump_wall(self, seconds: float) -> None:
+        self.time += seconds
+
+
+# --------------------------------------------------------------------------------------------------
+# A scheduler over gRPC
+
+POOLS = {"training": types_pb2.POOL_TRAINING, "inference": types_pb2.POOL_INFERENCE}
+
+
+def scheduler_config(database_url: str, **sections: dict) -> SchedulerConfig:
+    """A scheduler for tests: loopback on a port the OS picks, fast cycles and reports; ``sections``
+    override keys section by section (``policy={"loan_idle_s": 0}``)."""
+    base: dict[str, dict[str, Any]] = {
+        "server": {"listen": "127.0.0.1:0", "shutdown_grace_s": 0.5, "worker_threads": 8},
+        "database": {"url": database_url, "auto_migrate": False},
+        "scheduling": {"cycle_interval_s": 0.2},
+        "agents": {"report_interval_s": 0.5, "telemetry_write_s": 0.2},
+        "logging": {"level": "warning"},
+    }
+    for name, values in sections.items():
+        base.setdefault(name, {}).update(values)
+    return SchedulerConfig(**base)
+
+
+def register_fake_server(
+    address: str, hostname: str, pool: str = "training", gpus: int = 4, *, inference_endpoint: str = "",
+    converge: bool = False,
+) -> agent_pb2.RegisterServerResponse:
+    """Register a server with ``gpus`` fake GPUs through the AgentService, as an agent would; with
+    ``converge``, then report its desired generation as applied (as an agent that caught up does)."""
+    with grpc.insecure_channel(address) as channel:
+        agent = agent_pb2_grpc.AgentServiceStub(channel)
+        registered = agent.RegisterServer(
+            agent_pb2.RegisterServerRequest(
+                hostname=hostname,
+                pool=POOLS[pool],
+                gpus=[
+                    agent_pb2.GpuInfo(index=i, uuid=f"GPU-{hostname}-{i}", model="Fake-GPU",
+                                      memory_total_bytes=80 << 30)
+                    for i in range(gpus)
+                ],
+                agent_address=hostname,
+                agent_version="test",
+                inference_endpoint=inference_endpoint,
+            ),
+            timeout=10,
+        )
+        if converge:
+            agent.ReportStatus(agent_pb2.ReportStatusRequest(
+                server_id=hostname, scheduler_epoch=registered.scheduler_epoch,
+                observed_generation=registered.desired.generation), timeout=5)
+        return registered
+
+
+def job_spec(name: str = "job", *, user: str = "alice", gpus: int = 1, workers: int = 1, max_workers: int = 0,
+             **fields: Any) -> types_pb2.JobSpec:
+    return types_pb2.JobSpec(name=name, user=user, command=["python", "train.py"], gpus_per_worker=gpus,
+                             min_workers=workers, max_workers=max_workers, **fields)
+
+
+def scheduler_stub(address: str) -> tuple[grpc.Channel, scheduler_pb2_grpc.SchedulerServiceStub]:
+    channel = grpc.insecure_channel(address)
+    return channel, scheduler_pb2_grpc.SchedulerServiceStub(channel)
+
+
+def job_state(stub: scheduler_pb2_grpc.SchedulerServiceStub, job_id: str) -> int:
+    return stub.GetJob(scheduler_pb2.GetJobRequest(job_id=job_id), timeout=5).job.state
+
+
+# --------------------------------------------------------------------------------------------------
+# Agents
+
+
+def desired_worker(
+    command: list[str],
+    *,
+    job: str = "job-a",
+    rank: int = 0,
+    incarnation: int = 1,
+    world_size: int = 1,
+    gpus: tuple[int, ...] = (0,),
+    grace_s: float = 0.0,
+    env: dict[str, str] | None = None,
+) -> agent_pb2.DesiredWorker:
+    """A worker as the scheduler asks an agent to run it (rendezvous at 10.0.0.1:29400)."""
+    worker = agent_pb2.DesiredWorker(
+        job_id=job, rank=rank, world_size=world_size, local_rank=rank, gpu_indices=list(gpus), command=command,
+        env=env or {}, master_addr="10.0.0.1", master_port=29400, incarnation=incarnation,
+    )
+    if grace_s:
+        worker.grace_period.FromMilliseconds(int(grace_s * 1000))
+    return worker
+
+
+def desired_state(generation: int, *workers: agent_pb2.DesiredWorker, epoch: int = 1,
+                  server_id: str = "w-node") -> agent_pb2.DesiredState:
+    """What one server should run, as the scheduler of term ``epoch`` pushes it."""
+    return agent_pb2.DesiredState(server_id=server_id, scheduler_epoch=epoch, generation=generation, workers=workers)
+
+
+class FakeAgentService(agent_pb2_grpc.AgentServiceServicer):
+    """Records what the agent sends; the test pushes desired states through ``push``."""
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.registrations: list[agent_pb2.RegisterServerRequest] = []
+        self.reports: list[agent_pb2.ReportStatusRequest] = []
+        self.streams_opened = 0
+        self._pushed: Queue[agent_pb2.DesiredState] = Queue()
+
+    def push(self, state: agent_pb2.DesiredState) -> None:
+        self._pushed.put(state)
+
+    def RegisterServer(self, request, context):  # gRPC's method names
+        self.registrations.append(request)
+        response = agent_pb2.RegisterServerResponse(server_id=request.hostname, scheduler_epoch=self.epoch)
+        response.report_interval.FromMilliseconds(50)
+        return response
+
+    def ReportStatus(self, request, context):
+        self.reports.append(request)
+        return agent_pb2.ReportStatusResponse(desired_generation=request.observed_generation)
+
+    def WatchDesiredState(self, request, context):
+        self.streams_opened += 1
+        while context.is_active():
+            try:
+                yield self._pushed.get(timeout=0.05)
+            except Empty:
+                continue
+
+
+class FakeScheduler:
+    """A ``FakeAgentService`` (scheduler term ``epoch``) served on 127.0.0.1:``port`` (0: any free port)."""
+
+    def __init__(self, epoch: int, port: int = 0) -> None:
+        self.service = FakeAgentService(epoch)
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+        agent_pb2_grpc.add_AgentServiceServicer_to_server(self.service, self.server)
+        self.port = self.server.add_insecure_port(f"127.0.0.1:{port}")
+        assert self.port, f"cannot listen on port {port}"
+        self.server.start()
+
+    def stop(self) -> None:
+        self.server.stop(grace=0).wait()
+
+
+# --------------------------------------------------------------------------------------------------
+# Databases
+
+DEFAULT_PG_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def postgres_admin_url() -> str:
+    return os.environ.get("ARYL_TEST_DATABASE_URL", DEFAULT_PG_URL)
+
+
+def postgres_unavailable(reason: str) -> None:
+    """Skip the test; under CI=true, fail it (CI must run the PostgreSQL tests)."""
+    if IN_CI:
+        pytest.fail(f"PostgreSQL is required under CI=true but unreachable: {reason}", pytrace=False)
+    pytest.skip(f"PostgreSQL unreachable ({reason}); set ARYL_TEST_DATABASE_URL")
+
+
+@contextmanager
+def scratch_postgres(prefix: str) -> Iterator[str]:
+    """Create an empty PostgreSQL database named ``<prefix>_<random>`` next to the admin URL's
+    database; yield its URL; drop it afterwards. Skips (fails under CI=true) when unreachable."""
+    admin_url = make_url(postgres_admin_url())
+    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    name = f"{prefix}_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    try:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    except sa.exc.OperationalError as exc:
+        admin.dispose()
+        postgres_unavailable(str(exc.orig).strip().splitlines()[0])
+    try:
+        yield admin_url.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
