@@ -7,6 +7,7 @@ place, and no test module imports another. Sections, by what they build:
 - *Core values*: ``ServerView``/``JobView``/``ClusterSnapshot`` for the pure policies, and plan actions
   (``StartJob``, ``ScaleJob``, ``ServerAction``) for the appliers. Hand-built snapshots are taken at
   ``NOW``; GPUs are numbered ``0..gpus-1``.
+- *Simulator input*: trace jobs whose speed is easy to compute by hand.
 - *Time*: ``ManualClock``, the ``Clock`` port moved by hand.
 - *A scheduler over gRPC*: its configuration for tests, fake agent registrations and job specs.
 - *Agents*: desired states as the scheduler pushes them, and ``FakeScheduler``, an in-process
@@ -38,6 +39,7 @@ from scheduler_service.config import SchedulerConfig
 from scheduler_service.core.plan import LoanStep, Reason, ScaleJob, ServerAction, StartJob, WorkerPlacement
 from scheduler_service.core.snapshot import ClusterSnapshot, DemandView, JobView, ServerView, WorkerView
 from scheduler_service.lifecycle import JobState, Pool, ServerState
+from simulator.model import TraceJob
 
 # --------------------------------------------------------------------------------------------------
 # Core values: snapshots for the policies
@@ -73,10 +75,10 @@ def pending_job(jid: int, gpus: int = 1, workers: int = 1, max_workers: int | No
 
 
 def running_job(jid: int, placement: list[tuple[str, tuple[int, ...]]], *, low: int, high: int | None = None,
-                resized: float = 0.0, runtime: float = 3600.0) -> JobView:
+                resized: float = 0.0, runtime: float = 3600.0, state: JobState = JobState.RUNNING) -> JobView:
     """A job running one worker per ``(server, gpu indices)`` of ``placement``, in rank order, between
     ``low`` and ``high`` workers; started (and last resized) at ``resized``."""
-    return JobView(jid, JobState.RUNNING, len(placement[0][1]), low, high or low, 0, 0.0,
+    return JobView(jid, state, len(placement[0][1]), low, high or low, 0, 0.0,
                    workers=tuple(WorkerView(rank, sid, g) for rank, (sid, g) in enumerate(placement)),
                    estimated_runtime_s=runtime, started_at=resized, last_resized_at=resized)
 
@@ -130,6 +132,17 @@ def scale(job_id: int, *workers: tuple[str, tuple[int, ...]], reason: Reason = R
 
 def step(server_id: str, kind: LoanStep, reason: Reason = Reason.LOAN_ACTIVE) -> ServerAction:
     return ServerAction(server_id, kind, reason, f"{kind.lower()} {server_id}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Simulator input
+
+
+def linear_job(job_id: int, submit: float, gpus_per_worker: int, min_workers: int, max_workers: int,
+               work: float) -> TraceJob:
+    """A job whose speed is exactly its worker count (1 unit/s per worker)."""
+    points = tuple((w, float(w)) for w in range(min_workers, max_workers + 1))
+    return TraceJob(job_id, f"job-{job_id}", submit, gpus_per_worker, min_workers, max_workers, work, points)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -33,17 +33,14 @@ from simulator.clock import VirtualClock
 from simulator.cluster import SimulatedCluster
 from simulator.engine import PlanChecker, PlanRefusedError
 from simulator.model import ClusterSpec, TraceJob
+from tests.harness import linear_job, placed
 
 GPUS = 4
 
 
 def elastic_job(job_id: int, gpus_per_worker: int = 1, max_workers: int = 4) -> TraceJob:
-    points = tuple((w, float(w)) for w in range(1, max_workers + 1))
-    return TraceJob(job_id, f"job-{job_id}", 0.0, gpus_per_worker, 1, max_workers, 1e9, points)
-
-
-def placed(*workers: tuple[str, tuple[int, ...]]) -> tuple[WorkerPlacement, ...]:
-    return tuple(WorkerPlacement(rank, server_id, gpus) for rank, (server_id, gpus) in enumerate(workers))
+    """Submitted at 0, 1 to ``max_workers`` workers, linear speed-up, and too long to finish in a test."""
+    return linear_job(job_id, 0.0, gpus_per_worker, 1, max_workers, 1e9)
 
 
 def scale(job_id: int, *workers: tuple[str, tuple[int, ...]]) -> ScaleJob:

@@ -42,7 +42,7 @@ from simulator.cluster import SimulatedCluster
 from simulator.engine import SimulationResult, simulate
 from simulator.model import ClusterSpec, DemandPoint, TraceJob
 from simulator.results import format_table, jobs_csv, summarize, summary_json, write_outputs
-from tests.harness import placed_on
+from tests.harness import linear_job, placed_on
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -50,13 +50,6 @@ UPDATE_GOLDEN = os.environ.get("ARYL_UPDATE_GOLDEN", "") not in ("", "0")
 
 
 # -- builders ---------------------------------------------------------------------------------------
-
-
-def linear_job(job_id: int, submit: float, gpus_per_worker: int, min_workers: int, max_workers: int,
-               work: float) -> TraceJob:
-    """A job whose speed is exactly its worker count (1 unit/s per worker)."""
-    points = tuple((w, float(w)) for w in range(min_workers, max_workers + 1))
-    return TraceJob(job_id, f"job-{job_id}", submit, gpus_per_worker, min_workers, max_workers, work, points)
 
 
 def run(jobs: list[TraceJob], spec: ClusterSpec, policy: str, *, demand: list[DemandPoint] | None = None,
