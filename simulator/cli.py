@@ -26,8 +26,9 @@ from typing import Any
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.registry import policies
 from simulator.engine import SimulationResult, simulate
+from simulator.failures import FailureTraceError, load_failure_trace
 from simulator.load import demand_from_rate, diurnal_demand, load_servegen_rate
-from simulator.model import ClusterSpec, DemandPoint, TraceJob
+from simulator.model import ClusterSpec, DemandPoint, FailureRate, ServerFailure, TraceJob
 from simulator.results import format_table, summarize, write_outputs
 from simulator.traces import JobMapping, TraceFormatError, load_generic_csv, load_philly, load_pollux_workload
 
@@ -138,6 +139,10 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     sim.add_argument("--checkpoint-interval", type=float, default=1800.0,
                      help="seconds between a running job's checkpoints; a preemption loses the work since "
                           "the last one (default: 1800)")
+    sim.add_argument("--drain-ack", type=float, default=1.0,
+                     help="seconds after a loan begins at which the router acknowledges the drain (its "
+                          "in-flight requests done), so the loan is active at once; negative: no router, "
+                          "loans wait the policy's drain_timeout_s (default: 1)")
     sim.add_argument("--max-time", type=float, default=None,
                      help="stop at this virtual time, seconds (default: none; runs end when every job "
                           "completed, or when the remaining jobs can never be placed)")
@@ -145,6 +150,18 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
                      help="assert that every plan passes the core's invariant checker (slower)")
     sim.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
                      help="a progress bar on stderr, shown only on a terminal (default: on)")
+
+    faults = parser.add_argument_group("server failures (default: none)")
+    failure_source = faults.add_mutually_exclusive_group()
+    failure_source.add_argument("--server-mtbf-h", type=float, default=None,
+                                help="random failures: each server fails after an exponential time with this "
+                                     "mean, in hours, from the start and again from each repair; drawn from "
+                                     "--seed, the same for every policy")
+    failure_source.add_argument("--failure-trace", type=Path, default=None,
+                                help="failures from a CSV with the header time_s,server_id,down_s (server ids "
+                                     "t0000.. training, i0000.. inference)")
+    faults.add_argument("--server-repair-s", type=float, default=600.0,
+                        help="with --server-mtbf-h: seconds a failed server stays down (default: 600)")
 
     out = parser.add_argument_group("output")
     out.add_argument("--out", type=Path, default=None,
@@ -201,6 +218,19 @@ def load_demand(args: argparse.Namespace, jobs: Sequence[TraceJob]) -> list[Dema
     return diurnal_demand(inference_servers=args.inference_servers, days=math.ceil(span_s / 86400.0), seed=args.seed)
 
 
+def load_failures(args: argparse.Namespace) -> FailureRate | list[ServerFailure] | None:
+    """The server failures to inject: a rate, a trace, or none."""
+    if args.failure_trace is not None:
+        return load_failure_trace(args.failure_trace)
+    if args.server_mtbf_h is None:
+        return None
+    if not (math.isfinite(args.server_mtbf_h) and args.server_mtbf_h > 0):
+        raise UsageError(f"--server-mtbf-h must be > 0 (got {args.server_mtbf_h})")
+    if not (math.isfinite(args.server_repair_s) and args.server_repair_s > 0):
+        raise UsageError(f"--server-repair-s must be > 0 (got {args.server_repair_s})")
+    return FailureRate(mtbf_s=args.server_mtbf_h * 3600.0, repair_s=args.server_repair_s)
+
+
 def _policy_names(args: argparse.Namespace) -> list[str]:
     names = [args.policy] if args.command == "run" else [n.strip() for n in args.policies.split(",") if n.strip()]
     known = set(policies.names())
@@ -227,6 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         started = time.perf_counter()
         jobs = load_jobs(args)
         demand = load_demand(args, jobs)
+        failures = load_failures(args)
         print(f"loaded {len(jobs)} job(s) and {len(demand)} demand point(s) in "
               f"{time.perf_counter() - started:.1f}s", file=sys.stderr)
         spec = ClusterSpec(args.training_servers, args.inference_servers, args.gpus_per_server)
@@ -235,12 +266,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             result = simulate(
                 jobs, demand, spec, name, params, seed=args.seed, cycle_interval_s=args.cycle_interval,
                 restart_overhead_s=args.restart_overhead, checkpoint_interval_s=args.checkpoint_interval,
-                min_cycle_gap_s=args.min_cycle_gap, max_time_s=args.max_time, check_plans=args.check,
+                min_cycle_gap_s=args.min_cycle_gap, max_time_s=args.max_time,
+                drain_ack_s=args.drain_ack if args.drain_ack >= 0 else None, failures=failures,
+                check_plans=args.check,
                 progress=args.progress,
             )
             print(f"{name}: {result.cycles} cycles, {result.stop_reason}, {result.wall_s:.1f}s", file=sys.stderr)
             results.append(result)
-    except (UsageError, TraceFormatError, ValueError, OSError) as exc:
+    except (UsageError, TraceFormatError, FailureTraceError, ValueError, OSError) as exc:
         print(f"aryl-sim: error: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, UsageError) else 1
     if args.out is not None:

@@ -19,6 +19,17 @@ Nouns:
     graceful resize (a ScaleJob: checkpoint, stop, restart at the new size -- torchrun elastic);
   - a preemption loses the work done since the last checkpoint; the job resumes from it when placed
     again;
+  - the router acknowledges a drain ``drain_ack_s`` after the LOAN step (its in-flight requests
+    finish), as the service hears it from the router (``ServerView.drained``); None: no router, the
+    policy waits ``drain_timeout_s``;
+  - an injected *server failure* (``fail_server``) makes the server LOST, as the service's liveness
+    check does when an agent goes silent: its allocations stay in the snapshot until a plan evicts
+    them (the policy decides: ``scheduler_service.core.faults``), and an open loan ends. Its workers
+    died without a checkpoint, so a job shrunk or requeued off a LOST server falls back to its last
+    checkpoint -- told from this cluster's state (a dropped worker was on a LOST server), never from
+    the plan's reason. A repair (``repair_server``) brings it back to its home state; a server
+    repaired before any cycle evicted its jobs comes back with them (as a service's server whose
+    agent reports again first);
   - progress reporting is perfect: ``work_done`` in the snapshot is the job's true progress at ``now``.
 - *GPU-seconds lost* per job: the GPU time of the work a preemption threw away (productive seconds
   since the last checkpoint x the segment's GPUs) plus the GPU time of restart overheads (the
@@ -161,6 +172,7 @@ class _Server:
     loan: str | None = None              # the open loan's state: _ACTIVE, _RECLAIMING, or None
     loan_started_at: float | None = None
     allocated: dict[int, int] = field(default_factory=dict)  # gpu index -> job id
+    drained: bool = False                # DRAINING: the router acknowledged the drain
     view: ServerView | None = None       # cached; None when stale
 
     def build_view(self) -> ServerView:
@@ -170,6 +182,7 @@ class _Server:
                 allocated=tuple(sorted(self.allocated.items())), state_since=self.state_since,
                 loan_started_at=self.loan_started_at if self.state in _ON_LOAN_STATES else None,
                 agent_converged=True,  # simulated agents apply every desired state at once
+                drained=self.drained,
             )
         return self.view
 
@@ -213,6 +226,7 @@ class SimulatedCluster:
         *,
         restart_overhead_s: float = 30.0,
         checkpoint_interval_s: float = 1800.0,
+        drain_ack_s: float | None = 1.0,
     ) -> None:
         if restart_overhead_s < 0:
             raise ValueError(f"restart_overhead_s must be >= 0 (got {restart_overhead_s})")
@@ -224,6 +238,9 @@ class SimulatedCluster:
         self._clock = clock
         self.restart_overhead_s = float(restart_overhead_s)
         self.checkpoint_interval_s = float(checkpoint_interval_s)
+        # The router's drain acknowledgement, this long after a LOAN step; None (or < 0): no router.
+        self.drain_ack_s = float(drain_ack_s) if drain_ack_s is not None and drain_ack_s >= 0 else None
+        self._drain_acks: dict[str, float] = {}  # DRAINING server -> when the router acknowledges it
         gpus = tuple(range(spec.gpus_per_server))
         servers = [_Server(f"t{k:04d}", Pool.TRAINING, gpus, home_state(Pool.TRAINING))
                    for k in range(spec.training_servers)]
@@ -249,6 +266,8 @@ class SimulatedCluster:
                 self._inference_states[s.state] += 1
         self.samples: list[UtilisationSample] = []
         self.rejected_actions = 0
+        self.server_failures = 0    # failures that made a server LOST
+        self.fault_evictions = 0    # job actions that dropped workers on a LOST server (shrinks, requeues)
         # The snapshot's server views, in id order; entries of servers changed since the last snapshot
         # are rebuilt then (``_stale_servers``), the others reused.
         self._server_views: tuple[ServerView, ...] = tuple(s.build_view() for s in servers)
@@ -319,6 +338,58 @@ class SimulatedCluster:
             job.outcome.end = end
             done.append(job_id)
         return sorted(done)
+
+    def next_drain_ack(self) -> float | None:
+        """When the router next acknowledges a drain (None: no drain awaits one)."""
+        return min(self._drain_acks.values()) if self._drain_acks else None
+
+    def acknowledge_drains(self) -> list[str]:
+        """The router's acknowledgements due by now: those DRAINING servers are ``drained`` (the
+        policy may lend them at once). Returns their ids (ascending)."""
+        now = self.now
+        due = sorted(sid for sid, at in self._drain_acks.items() if at <= now)
+        for server_id in due:
+            del self._drain_acks[server_id]
+            server = self._servers[server_id]
+            server.drained = True
+            self._server_changed(server)
+        return due
+
+    def fail_server(self, server_id: str) -> None:
+        """The server dies: LOST, as the service marks a server whose agent went silent. Its
+        allocations stay (the next plan evicts them); an open loan ends, as in the service."""
+        server = self._servers[server_id]
+        self._move_server(server, ServerState.LOST, self.now)
+        server.loan, server.loan_started_at = None, None
+        self.server_failures += 1
+
+    def repair_server(self, server_id: str) -> None:
+        """The server is back, in its home state (the service: its agent reports again)."""
+        server = self._servers[server_id]
+        self._move_server(server, home_state(server.pool), self.now)
+
+    @property
+    def server_ids(self) -> tuple[str, ...]:
+        return tuple(self._servers)
+
+    def _move_server(self, server: _Server, target: ServerState, now: float) -> None:
+        """A server's state change through the lifecycle table, with what follows from it: the pool
+        levels, the drain acknowledgement (one per DRAINING spell), a stale view."""
+        SERVER_LIFECYCLE.check(server.state, target)
+        if server.pool == Pool.INFERENCE:
+            self._inference_states[server.state] -= 1
+            self._inference_states[target] += 1
+        server.state = target
+        server.state_since = now
+        server.drained = False
+        self._drain_acks.pop(server.server_id, None)
+        if target == ServerState.DRAINING and self.drain_ack_s is not None:
+            self._drain_acks[server.server_id] = now + self.drain_ack_s
+        self._server_changed(server)
+
+    def _server_changed(self, server: _Server) -> None:
+        server.view = None
+        self._stale_servers.add(server.server_id)
 
     def sample(self) -> None:
         """Record the utilisation levels from now on (a new sample only when a level changed)."""
@@ -498,10 +569,10 @@ class SimulatedCluster:
         job = self._active.get(action.job_id)
         if job is None or not job.running:
             raise _Refused(f"job {action.job_id} is {_state_of(job)}, not running: there is nothing to preempt")
+        if self._on_lost_server(w.server_id for w in job.workers):
+            self.fault_evictions += 1
         checkpoint_at, checkpoint_work = self._last_checkpoint(job, now)
-        lost_work = self._work_at(job, now) - checkpoint_work
-        if lost_work > 0 and job.seg_speed > 0:
-            job.outcome.lost_work_gpu_s += lost_work / job.seg_speed * job.seg_gpus
+        self._lose_work_since(job, checkpoint_work, now)
         self._end_segment(job, now)
         servers = self._free(job)
         job.checkpoint_at, job.checkpoint_work = checkpoint_at, checkpoint_work
@@ -514,25 +585,36 @@ class SimulatedCluster:
 
     def _apply_scale(self, action: ScaleJob, now: float) -> set[str]:
         """Restart the job at its new placement (RUNNING -> SCALING -> RUNNING): a graceful resize
-        checkpoints first, so no work is lost; the new segment pays the restart overhead."""
+        checkpoints first, so no work is lost; the new segment pays the restart overhead. A resize
+        that drops a worker on a LOST server is not graceful: that worker died, so the job restarts
+        from its last checkpoint and the work since is lost."""
         job = self._active.get(action.job_id)
         if job is None or job.state != JobState.RUNNING:
             raise _Refused(f"job {action.job_id} is {_state_of(job)}, not running: it cannot be resized")
         held = {(w.rank, w.server_id, g) for w in job.workers for g in w.gpu_indices}
         planned = [(w.rank, w.server_id, g) for w in action.workers for g in w.gpu_indices]
         new = [p for p in planned if p not in held]
-        self._check_placement(job, action.workers, {(s, g) for _, s, g in new})
+        # New GPUs are the (server, GPU) pairs the job does not hold yet: a worker that stays but is
+        # renumbered (a shrink off a lost server) keeps its GPUs and is not placed again.
+        held_pairs = {(s, g) for _, s, g in held}
+        self._check_placement(job, action.workers, {(s, g) for _, s, g in planned} - held_pairs)
         # Delete before insert: a GPU that changes rank within the job is free again first.
         kept = {(s, g) for _, s, g in set(planned) & held}
         self._check_unique([(s, g) for _, s, g in new], kept_by_self=kept, job_id=action.job_id)
         before = len(job.workers)
-        work = self._work_at(job, now)
+        dropped = held_pairs - {(s, g) for _, s, g in planned}
+        if self._on_lost_server(s for s, _ in dropped):
+            self.fault_evictions += 1
+            checkpoint_at, work = self._last_checkpoint(job, now)
+            self._lose_work_since(job, work, now)
+        else:
+            checkpoint_at, work = now, self._work_at(job, now)  # the graceful resize's checkpoint
         self._end_segment(job, now)
         old_servers = self._free(job)
         workers = _worker_views(action.workers)
         self._take(job, workers)
         self._set_job_state(job, JobState.SCALING)
-        job.checkpoint_at, job.checkpoint_work = now, work  # the graceful resize's checkpoint
+        job.checkpoint_at, job.checkpoint_work = checkpoint_at, work
         self._begin_segment(job, now, workers, work)
         self._set_job_state(job, JobState.RUNNING)
         after = len(workers)
@@ -544,6 +626,15 @@ class SimulatedCluster:
             job.outcome.moves += 1
         # Every worker restarts at the new world size, so every server it ran or runs on changes.
         return old_servers | {w.server_id for w in workers}
+
+    def _on_lost_server(self, server_ids: Iterable[str]) -> bool:
+        return any(self._servers[sid].state == ServerState.LOST for sid in server_ids)
+
+    def _lose_work_since(self, job: _Job, checkpoint_work: float, now: float) -> None:
+        """The job falls back to ``checkpoint_work``: charge the GPU time of the work done since."""
+        lost_work = self._work_at(job, now) - checkpoint_work
+        if lost_work > 0 and job.seg_speed > 0:
+            job.outcome.lost_work_gpu_s += lost_work / job.seg_speed * job.seg_gpus
 
     def _apply_start(self, action: StartJob, now: float) -> set[str]:
         """Place a pending job's gang; it resumes from its last checkpoint (from scratch the first time)."""
@@ -611,11 +702,7 @@ class SimulatedCluster:
             holders = ", ".join(map(str, sorted(set(server.allocated.values()))))
             raise _Refused(f"server {server.server_id} still runs workers of job(s) {holders} after this plan's "
                            f"job actions; {action.kind} needs it vacated")
-        if server.pool == Pool.INFERENCE:
-            self._inference_states[server.state] -= 1
-            self._inference_states[target] += 1
-        server.state = target
-        server.state_since = now
+        self._move_server(server, target, now)
         if loan_before is None:
             server.loan_started_at = now
         server.loan = loan_after

@@ -5,14 +5,19 @@ to ``scheduler_service.cycle.SchedulingCycle`` and a policy from ``scheduler_ser
 imported, none copied, and then moves virtual time from event to event:
 
 - **events**: job arrivals (``submit_time``), job completions (exact: the remaining work at the
-  segment's true speed, after its restart overhead), inference-demand changes;
+  segment's true speed, after its restart overhead), inference-demand changes, the router's drain
+  acknowledgements (``drain_ack_s`` after a loan begins), server failures and repairs
+  (``simulator.failures``);
 - **cycles**: as in the service (``scheduler_service.server``), a cycle runs on events and at least
   every ``cycle_interval_s`` (the periodic tick, so that time-based thresholds -- loan idle time, drain
   timeout, anti-thrashing, starvation -- take effect without events). Events at one instant are
   processed together, then one cycle runs. ``min_cycle_gap_s`` is the service's setting of the same
   name: with it > 0 a cycle runs no sooner than that after the previous one, and the events in
   between are batched into it (their state changes -- an arrival, a completion -- still happen at
-  their own instant). Default 0: every event instant gets its cycle.
+  their own instant). Default 0: every event instant gets its cycle. After a cycle that evicted jobs
+  from a LOST server, another cycle follows at once (as soon as the gap allows), so a requeued job
+  queues again without waiting for the tick: the service runs a cycle after every commit; this
+  engine does so only after evictions, so runs without failures cycle as before.
 
 The run ends when every job has completed, or at a guard: ``max_time_s`` (virtual seconds), or a
 *stall* -- nothing running, no event left, and no cycle committed anything for longer than the
@@ -30,6 +35,7 @@ import shutil
 import sys
 import time
 from bisect import bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from scheduler_service.core.invariants import check_plan
@@ -40,7 +46,8 @@ from scheduler_service.cycle import ClusterState, SchedulingCycle
 from scheduler_service.policies import create_policy
 from simulator.clock import VirtualClock
 from simulator.cluster import JobOutcome, ServerOutcome, SimulatedCluster, UtilisationSample
-from simulator.model import ClusterSpec, DemandPoint, TraceJob
+from simulator.failures import FAIL, FailureSchedule
+from simulator.model import ClusterSpec, DemandPoint, FailureRate, ServerFailure, TraceJob
 
 _NEVER = float("inf")
 
@@ -77,6 +84,8 @@ class SimulationResult:
     # ``check_plans`` a refusal raises ``PlanRefusedError``). Not 0: a plan broke the invariants (run
     # with ``check_plans`` to see which) or the applier refused a valid one.
     rejected_actions: int
+    server_failures: int = 0           # injected failures that made a server LOST
+    fault_evictions: int = 0           # jobs shrunk or requeued because a server they ran on was lost
     wall_s: float = field(default=0.0, compare=False)  # host seconds taken (never written to result files)
 
 
@@ -122,6 +131,8 @@ def simulate(
     checkpoint_interval_s: float = 1800.0,
     min_cycle_gap_s: float = 0.0,
     max_time_s: float | None = None,
+    drain_ack_s: float | None = 1.0,
+    failures: FailureRate | Sequence[ServerFailure] | None = None,
     check_plans: bool = False,
     progress: bool = False,
 ) -> SimulationResult:
@@ -129,7 +140,11 @@ def simulate(
     function of time; empty: no demand signal, so a loaning policy never loans) on a cluster of
     ``spec`` under ``policy`` (a registered name) built with ``params``.
 
-    ``seed`` is handed to every snapshot (policies that randomise use it). ``check_plans``: assert
+    ``seed`` is handed to every snapshot (policies that randomise use it) and seeds the failure
+    draws of a ``FailureRate``. ``drain_ack_s``: the router acknowledges a drain this long after the
+    loan begins (its in-flight requests finish; default 1 s); None or < 0: no router, so a policy
+    waits its ``drain_timeout_s``. ``failures``: servers that fail and come back, as a rate or a list
+    (``simulator.failures``); None: no failures. ``check_plans``: assert
     that every plan passes ``check_plan`` and is then applied in full (slower; tests use it).
     ``progress``: a tqdm bar on stderr (only when stderr is a terminal)."""
     if not cycle_interval_s > 0:
@@ -142,7 +157,8 @@ def simulate(
     wall_start = time.perf_counter()
     clock = VirtualClock(0.0)
     cluster = SimulatedCluster(spec, clock, restart_overhead_s=restart_overhead_s,
-                               checkpoint_interval_s=checkpoint_interval_s)
+                               checkpoint_interval_s=checkpoint_interval_s, drain_ack_s=drain_ack_s)
+    faults = FailureSchedule(failures, cluster.server_ids, seed=seed)
     state: ClusterState = PlanChecker(cluster) if check_plans else cluster
     cycle = SchedulingCycle(state, create_policy(policy, params), clock, seed=seed)
 
@@ -163,11 +179,14 @@ def simulate(
             completion = cluster.next_completion()
             if completion is None and next_arrival == len(arrivals) and cluster.active_jobs == 0:
                 break
+            drain_ack = cluster.next_drain_ack()
             now = min(
                 _next_cycle(last_cycle, trigger_at, cycle_interval_s, min_cycle_gap_s),
                 completion if completion is not None else _NEVER,
                 arrivals[next_arrival].submit_time if next_arrival < len(arrivals) else _NEVER,
                 points[next_point].time if next_point < len(points) else _NEVER,
+                drain_ack if drain_ack is not None else _NEVER,
+                faults.next_time(),
             )
             if max_time_s is not None and now > max_time_s:
                 clock.advance_to(max(max_time_s, clock.now()))
@@ -189,17 +208,27 @@ def simulate(
                 cluster.submit(arrivals[next_arrival])
                 next_arrival += 1
                 trigger_at = now if trigger_at is None else trigger_at
+            if drain_ack is not None and drain_ack <= now and cluster.acknowledge_drains():
+                trigger_at = now if trigger_at is None else trigger_at
+            for kind, server_id in faults.pop_due(now):
+                (cluster.fail_server if kind == FAIL else cluster.repair_server)(server_id)
+                trigger_at = now if trigger_at is None else trigger_at
 
             if now >= _next_cycle(last_cycle, trigger_at, cycle_interval_s, min_cycle_gap_s):
+                evicted = cluster.fault_evictions
                 report = cycle.run_once()
                 cycles += 1
                 last_cycle, trigger_at = now, None
                 result = report.result
                 if result.started or result.scaled or result.preempted or result.server_steps:
                     last_change = now
+                if cluster.fault_evictions > evicted:
+                    trigger_at = now  # requeued jobs queue again at once (see the module docstring)
             cluster.sample()
 
-            idle = (cluster.running_jobs == 0 and next_arrival == len(arrivals) and next_point == len(points))
+            # A server that is down will come back, which may let a waiting job run: not a stall.
+            idle = (cluster.running_jobs == 0 and next_arrival == len(arrivals) and next_point == len(points)
+                    and not faults.any_down)
             if idle and cluster.active_jobs and now - last_change > stall_after_s:
                 stop_reason = "stalled"
                 break
@@ -221,6 +250,7 @@ def simulate(
             "restart_overhead_s": float(restart_overhead_s),
             "checkpoint_interval_s": float(checkpoint_interval_s),
             "min_cycle_gap_s": float(min_cycle_gap_s),
+            "drain_ack_s": cluster.drain_ack_s if cluster.drain_ack_s is not None else -1.0,
         },
         jobs=tuple(outcomes[job_id] for job_id in sorted(outcomes)),
         servers=tuple(cluster.server_outcomes[sid] for sid in sorted(cluster.server_outcomes)),
@@ -229,6 +259,8 @@ def simulate(
         stop_reason=stop_reason,
         cycles=cycles,
         rejected_actions=cluster.rejected_actions,
+        server_failures=cluster.server_failures,
+        fault_evictions=cluster.fault_evictions,
         wall_s=time.perf_counter() - wall_start,
     )
 

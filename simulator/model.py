@@ -46,3 +46,22 @@ class ClusterSpec:
     training_servers: int
     inference_servers: int
     gpus_per_server: int = 8
+
+
+@dataclass(frozen=True, slots=True)
+class ServerFailure:
+    """One injected server failure: at ``time`` (seconds since the trace's start) the server dies --
+    its agent goes silent, so the scheduler sees it LOST -- and ``down_s`` later it is back."""
+
+    time: float
+    server_id: str
+    down_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class FailureRate:
+    """Random server failures: every server, from the start and again from each repair, runs for an
+    exponentially distributed time with mean ``mtbf_s`` before it fails, then is down ``repair_s``."""
+
+    mtbf_s: float
+    repair_s: float

@@ -25,7 +25,11 @@ Metrics (``summarize``), all in seconds unless named otherwise:
 - ``preemptions``, ``scale_ins``, ``scale_outs``: over all jobs (a resize to the same size elsewhere
   is neither).
 - ``gpu_hours_lost``: GPU time lost, over all jobs: work a preemption threw away (since the job's last
-  checkpoint) plus restart overheads of starts, restarts and resizes, in GPU-hours.
+  checkpoint) plus restart overheads of starts, restarts and resizes, in GPU-hours. A shrink off a
+  lost server throws work away too (its dead workers took no checkpoint).
+- ``server_failures``: injected server failures (``simulator.failures``); ``fault_evictions``: jobs
+  shrunk or requeued because a server they ran on was lost (also counted in ``scale_ins`` /
+  ``preemptions``).
 - ``stop_reason``, ``cycles``, ``rejected_actions``: how the run ended, how many scheduling cycles ran,
   and how many plan actions the applier refused.
 
@@ -67,6 +71,8 @@ TABLE_ROWS = (
     ("gpu_utilization.training", "GPU util training", "{:.3f}"),
     ("gpu_utilization.inference", "GPU util inference", "{:.3f}"),
     ("gpu_utilization.overall", "GPU util overall", "{:.3f}"),
+    ("server_failures", "server failures", "{:.0f}"),
+    ("fault_evictions", "fault evictions", "{:.0f}"),
     ("loans", "loans", "{:.0f}"),
     ("reclaims", "reclaims", "{:.0f}"),
     ("preemptions", "preemptions", "{:.0f}"),
@@ -166,6 +172,8 @@ class Summary(TypedDict):
     scale_outs: int
     scale_ins: int
     gpu_hours_lost: float
+    server_failures: int
+    fault_evictions: int
     stop_reason: str
     cycles: int
     rejected_actions: int
@@ -201,6 +209,8 @@ def summarize(result: SimulationResult) -> Summary:
         "scale_outs": sum(j.scale_outs for j in result.jobs),
         "scale_ins": sum(j.scale_ins for j in result.jobs),
         "gpu_hours_lost": _round(sum(j.gpu_seconds_lost for j in result.jobs) / 3600.0),
+        "server_failures": result.server_failures,
+        "fault_evictions": result.fault_evictions,
         "stop_reason": result.stop_reason,
         "cycles": result.cycles,
         "rejected_actions": result.rejected_actions,

@@ -264,33 +264,34 @@ def test_an_elastic_job_alone_starts_at_its_full_size() -> None:
 
 def test_loan_then_reclaim_preempts_an_inelastic_job_which_resumes_from_its_checkpoint() -> None:
     # One inference server, demand 0 -> 1 at 2000 s -> 0 at 5000 s; no loan buffer; checkpoints every
-    # 1000 s. Loaned at 300 s (idle 300 s), active at 600 s (drained 30 s), when the job starts.
-    # Reclaimed at 2000 s: preempted, loses 2000 - 1600 = 400 s x 8 GPUs; serving again at 2300 s
-    # (next tick). Loaned again at 5000 s, active at 5300 s: resumes from the checkpoint's
-    # 970 units, done at 5300 + 30 + 19030.
+    # 1000 s. Loaned at 300 s (idle 300 s), active at 301 s (the router acknowledges the drain after
+    # 1 s), when the job starts. Reclaimed at 2000 s: preempted, loses 1669 - 970 = 699 units, i.e.
+    # 699 s x 8 GPUs (the checkpoint at 1301 s); serving again at 2300 s (next tick). Loaned again at
+    # 5000 s, active at 5001 s: resumes from the checkpoint's 970 units, done at 5001 + 30 + 19030.
     result = run([linear_job(1, 0.0, 8, 1, 1, 20000.0)], ClusterSpec(0, 1), "aryl",
                  demand=[DemandPoint(0.0, 0), DemandPoint(2000.0, 1), DemandPoint(5000.0, 0)],
                  params=PolicyParams(loan_buffer_servers=0), checkpoint_interval_s=1000.0)
     job = result.jobs[0]
-    assert (job.start, job.end, job.preemptions) == (600.0, 24360.0, 1)
-    assert (job.lost_work_gpu_s, job.overhead_gpu_s) == (3200.0, 480.0)
+    assert (job.start, job.end, job.preemptions) == (301.0, 24061.0, 1)
+    assert (job.lost_work_gpu_s, job.overhead_gpu_s) == (699.0 * 8, 480.0)
     (server,) = result.servers
     assert (server.loans, server.reclaims) == (2, 1)
     loaned = [(s.time, s.loaned_servers, s.loaned_training_gpus, s.inference_gpus) for s in result.utilisation]
-    assert loaned == [(0.0, 0, 0, 0), (600.0, 1, 8, 0), (2000.0, 0, 0, 0), (2300.0, 0, 0, 8), (5000.0, 0, 0, 0),
-                      (5300.0, 1, 8, 0), (24360.0, 1, 0, 0)]
+    assert loaned == [(0.0, 0, 0, 0), (301.0, 1, 8, 0), (2000.0, 0, 0, 0), (2300.0, 0, 0, 8), (5000.0, 0, 0, 0),
+                      (5001.0, 1, 8, 0), (24061.0, 1, 0, 0)]
     summary = summarize(result)
     assert (summary["loans"], summary["reclaims"], summary["preemptions"]) == (2, 1, 1)
 
 
 def test_loan_then_reclaim_scales_in_an_elastic_job_without_losing_work() -> None:
-    # A training server holds the job's 8 base workers; the loaned inference server (active at 600 s)
-    # takes 8 extras; the reclaim at 2000 s scales the job back in to 8 (a graceful resize: nothing
-    # lost). Work: 8 x 570 + 16 x 1370 = 26480 by 2000 s; the other 133520 at 8/s after 30 s.
+    # A training server holds the job's 8 base workers; the loaned inference server (active at 301 s,
+    # drain acknowledged) takes 8 extras; the reclaim at 2000 s scales the job back in to 8 (a graceful
+    # resize: nothing lost). Work: 8 x 271 + 16 x 1669 = 28872 by 2000 s; the other 131128 at 8/s
+    # after 30 s.
     result = run([linear_job(1, 0.0, 1, 8, 16, 160000.0)], ClusterSpec(1, 1), "aryl",
                  demand=[DemandPoint(0.0, 0), DemandPoint(2000.0, 1)], params=PolicyParams(loan_buffer_servers=0))
     job = result.jobs[0]
-    assert (job.start, job.end, job.preemptions, job.scale_outs, job.scale_ins) == (0.0, 18720.0, 0, 1, 1)
+    assert (job.start, job.end, job.preemptions, job.scale_outs, job.scale_ins) == (0.0, 18421.0, 0, 1, 1)
     assert (job.lost_work_gpu_s, job.overhead_gpu_s) == (0.0, 30.0 * (8 + 16 + 8))
     assert [(s.server_id, s.loans, s.reclaims) for s in result.servers] == [("i0000", 1, 1), ("t0000", 0, 0)]
 

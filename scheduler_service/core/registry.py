@@ -1,10 +1,16 @@
-"""Policies plug in by name: a small Protocol and a registry that refuses duplicates."""
+"""Policies plug in by name: a small Protocol and a registry that refuses duplicates.
+
+Every policy the registry creates runs behind ``FaultsFirst``: the evictions of jobs on LOST servers
+(``core.faults``) come first, whatever the policy, so no policy can forget them and none copies them.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
+from scheduler_service.core.faults import plan_evictions
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.plan import Plan
 from scheduler_service.core.snapshot import ClusterSnapshot
@@ -18,6 +24,59 @@ class Policy(Protocol):
     def name(self) -> str: ...  # read-only to callers: a frozen dataclass's field satisfies it
 
     def schedule(self, snapshot: ClusterSnapshot) -> Plan: ...
+
+
+@dataclass(frozen=True)
+class ReclaimDecision:
+    """Which loaned servers to return, and what that does to the jobs on them."""
+
+    servers: tuple[str, ...]                       # in pick order
+    preempted: tuple[int, ...]                     # job ids, requeued
+    scaled_in: tuple[tuple[int, int, int], ...]    # (job id, workers before, workers after)
+    cost_gpu_s: float                              # work lost + restart costs, GPU-seconds
+
+
+@runtime_checkable
+class ReclaimPreviewer(Protocol):
+    """Optional, for policies that loan servers: the dry run of a reclaim (``PreviewReclaim``).
+
+    Contract: ``preview_reclaim`` is pure like ``schedule``, and answers what the policy's own
+    reclaim would choose if inference needed ``count`` loaned servers back now; it changes nothing.
+    A policy whose configuration does not loan raises ``ReclaimPreviewUnsupported``."""
+
+    def preview_reclaim(self, snapshot: ClusterSnapshot, count: int) -> ReclaimDecision: ...
+
+
+class ReclaimPreviewUnsupported(Exception):
+    """The configured policy never loans servers, so there is no reclaim of its to preview."""
+
+    def __init__(self, policy: str) -> None:
+        super().__init__(f"policy {policy!r} does not loan inference servers, so it has no reclaim to preview; "
+                         "configure a loaning policy (scheduling.policy) to use PreviewReclaim")
+        self.policy = policy
+
+
+class FaultsFirst:
+    """A policy as the registry hands it out: ``core.faults``' evictions first, then the policy on
+    the snapshot as those evictions leave it, merged into one plan (``Evictions.merge``)."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.name = policy.name
+
+    def schedule(self, snapshot: ClusterSnapshot) -> Plan:
+        evictions = plan_evictions(snapshot)
+        if evictions is None:
+            return self.policy.schedule(snapshot)
+        return evictions.merge(self.policy.schedule(evictions.after))
+
+    def preview_reclaim(self, snapshot: ClusterSnapshot, count: int) -> ReclaimDecision:
+        """The policy's own reclaim choice (``ReclaimPreviewer``), on the snapshot as this cycle's
+        evictions would leave it; ReclaimPreviewUnsupported when the policy has none."""
+        if not isinstance(self.policy, ReclaimPreviewer):
+            raise ReclaimPreviewUnsupported(self.name)
+        evictions = plan_evictions(snapshot)
+        return self.policy.preview_reclaim(snapshot if evictions is None else evictions.after, count)
 
 
 PolicyFactory = Callable[[PolicyParams], Policy]
@@ -41,12 +100,13 @@ class PolicyRegistry:
 
         return add
 
-    def create(self, name: str, params: PolicyParams | None = None) -> Policy:
+    def create(self, name: str, params: PolicyParams | None = None) -> FaultsFirst:
+        """The policy ``name`` built with ``params``, behind ``FaultsFirst``."""
         try:
             factory = self._factories[name]
         except KeyError:
             raise UnknownPolicy(f"unknown policy {name!r}; registered: {', '.join(self.names())}") from None
-        return factory(params or PolicyParams())
+        return FaultsFirst(factory(params or PolicyParams()))
 
     def names(self) -> list[str]:
         return sorted(self._factories)

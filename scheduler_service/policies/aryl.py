@@ -46,7 +46,7 @@ from scheduler_service.core.plan import (
     StartJob,
     WorkerPlacement,
 )
-from scheduler_service.core.registry import policies
+from scheduler_service.core.registry import ReclaimDecision, ReclaimPreviewUnsupported, policies
 from scheduler_service.core.snapshot import ClusterSnapshot, JobView, ServerView, WorkerView
 from scheduler_service.core.throughput import JobEstimate, estimate
 from scheduler_service.lifecycle import JobState, Pool, ServerState
@@ -146,16 +146,6 @@ class _Cycle:
         self.server_state[server_id] = target
 
 
-@dataclass(frozen=True)
-class ReclaimDecision:
-    """Which loaned servers to return, and what that does to the jobs on them."""
-
-    servers: tuple[str, ...]                       # in pick order
-    preempted: tuple[int, ...]                     # job ids, requeued
-    scaled_in: tuple[tuple[int, int, int], ...]    # (job id, workers before, workers after)
-    cost_gpu_s: float                              # work lost + restart costs, GPU-seconds
-
-
 def choose_reclaim(running: dict[int, _Job], loaned: list[ServerView], count: int, params: PolicyParams,
                    now: float, *, naive: bool = False) -> ReclaimDecision:
     """Greedy on server preemption cost (solvers.reclaim), recomputed after each pick. Loans younger
@@ -221,10 +211,13 @@ def _running_jobs(snapshot: ClusterSnapshot) -> dict[int, _Job]:
 
 def preview_reclaim(snapshot: ClusterSnapshot, count: int, params: PolicyParams) -> ReclaimDecision:
     """Dry run: what reclaiming ``count`` loaned servers would do now. Changes nothing."""
-    running = _running_jobs(snapshot)
-    loaned = sorted((s for s in snapshot.servers if s.state == ServerState.LOANED),
-                    key=lambda s: (s.state_since, s.server_id))
-    return choose_reclaim(running, loaned, count, params, snapshot.now)
+    return choose_reclaim(_running_jobs(snapshot), _loaned_oldest_first(snapshot), count, params, snapshot.now)
+
+
+def _loaned_oldest_first(snapshot: ClusterSnapshot) -> list[ServerView]:
+    """The LOANED servers in the order the reclaim considers them: longest in that state first."""
+    return sorted((s for s in snapshot.servers if s.state == ServerState.LOANED),
+                  key=lambda s: (s.state_since, s.server_id))
 
 
 class ArylPolicy:
@@ -258,6 +251,14 @@ class ArylPolicy:
             server_actions=tuple(cycle.server_actions),
             pending=tuple(cycle.pending),
         )
+
+    def preview_reclaim(self, snapshot: ClusterSnapshot, count: int) -> ReclaimDecision:
+        """Dry run (``core.registry.ReclaimPreviewer``): what this policy's reclaim would choose if
+        inference needed ``count`` loaned servers back now. Changes nothing."""
+        if not self.loaning:
+            raise ReclaimPreviewUnsupported(self.name)
+        return choose_reclaim(_running_jobs(snapshot), _loaned_oldest_first(snapshot), count, self.params,
+                              snapshot.now, naive=self.naive_reclaim)
 
     # -- step 0: loans and reclaims --------------------------------------------------------------
 

@@ -1,0 +1,119 @@
+"""Faults as policy input: what a scheduling cycle does with the jobs that ran on LOST servers.
+
+Nouns:
+- *LOST server*: one whose agent has gone silent (the service's liveness check marks it; the
+  simulator injects it). Marking it is all the outside world does: the server keeps its allocations
+  in the snapshot (``ServerView.state == LOST``) until a plan removes them. Its workers are gone --
+  without a graceful checkpoint -- whatever the plan says.
+- *Eviction*: the action this module decides for a job with a worker on a LOST server:
+  - a RUNNING job that keeps at least ``min_workers`` workers elsewhere shrinks to them
+    (``ScaleJob``): the survivors keep their servers and GPUs, renumbered 0..n-1 in their old rank
+    order (every worker restarts at the new world size, a new incarnation);
+  - any other such job -- too few workers left, or not RUNNING (a SCALING job is mid-restart and
+    cannot be resized) -- is requeued (``PreemptJob``);
+  both with reason ``SERVER_LOST``.
+
+Every registered policy applies this first (``core.registry`` wraps each policy it creates in
+``FaultsFirst``), so the service and the simulator run the same rule, and the policy's own steps
+decide on ``Evictions.after``: the snapshot as it will be once the evictions are applied -- the lost
+workers' GPUs and the requeued jobs' GPUs free, the shrunk jobs at their new size (just resized, so
+anti-thrashing leaves them be). A requeued job is left out of that snapshot, so it queues again only
+from the next cycle: its pending reason keeps saying why it was requeued, no plan acts on one job
+twice, and both drivers run a cycle again after a commit (the service on every commit, the
+simulator's engine after an eviction).
+
+Unhealthy GPUs are not faults in this sense: the snapshot marks them (``ServerView.unhealthy_gpus``),
+placement never chooses them, and a worker already on one runs on until its agent reports the
+worker's exit (then ``worker_outcomes`` and the restart policy decide), as before.
+
+Pure: reads the snapshot only; never I/O, never the wall clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from operator import attrgetter
+
+from scheduler_service.core.plan import Plan, PreemptJob, Reason, ScaleJob, WorkerPlacement
+from scheduler_service.core.snapshot import ClusterSnapshot, JobView, ServerView, WorkerView
+from scheduler_service.lifecycle import JobState, ServerState
+
+_rank = attrgetter("rank")
+
+
+@dataclass(frozen=True, slots=True)
+class Evictions:
+    """The evictions one cycle makes (in job-id order), and the snapshot its policy decides on after
+    them (``after``)."""
+
+    scales: tuple[ScaleJob, ...]
+    preemptions: tuple[PreemptJob, ...]
+    after: ClusterSnapshot
+
+    def merge(self, plan: Plan) -> Plan:
+        """This cycle's plan: the evictions plus ``plan`` (decided on ``after``). A job is acted on at
+        most once per plan, so where ``plan`` changes a job this eviction shrinks (another resize, or
+        a preemption) the two become one action: ``plan``'s placement or preemption, with the reason
+        ``SERVER_LOST`` (the change that came first) and both messages."""
+        shrunk = {s.job_id: s for s in self.scales}
+        then_scaled = {s.job_id: s for s in plan.scales if s.job_id in shrunk}
+        then_preempted = {p.job_id: p for p in plan.preemptions if p.job_id in shrunk}
+        if not then_scaled and not then_preempted:
+            scales, preemptions = (*self.scales, *plan.scales), (*self.preemptions, *plan.preemptions)
+        else:
+            scales = (
+                *(replace(then_scaled[s.job_id], reason=s.reason,
+                          message=f"{s.message}; {then_scaled[s.job_id].message}")
+                  if s.job_id in then_scaled else s
+                  for s in self.scales if s.job_id not in then_preempted),
+                *(s for s in plan.scales if s.job_id not in shrunk),
+            )
+            preemptions = (
+                *self.preemptions,
+                *(PreemptJob(s.job_id, s.reason, f"{s.message}; {then_preempted[s.job_id].message}")
+                  for s in self.scales if s.job_id in then_preempted),
+                *(p for p in plan.preemptions if p.job_id not in shrunk),
+            )
+        return replace(plan, scales=tuple(scales), preemptions=tuple(preemptions))
+
+
+def plan_evictions(snapshot: ClusterSnapshot) -> Evictions | None:
+    """The evictions for every job with a worker on a LOST server (see the module docstring); None
+    when there is none (the usual cycle: the snapshot is used as it is)."""
+    lost = {s.server_id for s in snapshot.servers if s.state == ServerState.LOST and s.allocated}
+    if not lost:
+        return None
+    scales: list[ScaleJob] = []
+    preemptions: list[PreemptJob] = []
+    jobs: list[JobView] = []
+    freed: dict[str, set[int]] = {}  # server -> GPUs the evictions free there
+    for job in snapshot.jobs:
+        gone = [w for w in job.workers if w.server_id in lost]
+        if not gone:
+            jobs.append(job)
+            continue
+        where = sorted({w.server_id for w in gone})
+        message = f"server{'s' if len(where) > 1 else ''} {', '.join(where)} lost (agent silent)"
+        survivors = sorted((w for w in job.workers if w.server_id not in lost), key=_rank)
+        if job.state == JobState.RUNNING and len(survivors) >= job.min_workers:
+            workers = tuple(WorkerView(rank, w.server_id, w.gpu_indices) for rank, w in enumerate(survivors))
+            scales.append(ScaleJob(
+                job.job_id, tuple(WorkerPlacement(w.rank, w.server_id, w.gpu_indices) for w in workers),
+                Reason.SERVER_LOST, f"{message}; continues with {len(workers)} worker(s)",
+            ))
+            jobs.append(replace(job, workers=workers, last_resized_at=snapshot.now))
+            released = gone
+        else:
+            preemptions.append(PreemptJob(job.job_id, Reason.SERVER_LOST, message))
+            released = list(job.workers)
+        for w in released:
+            freed.setdefault(w.server_id, set()).update(w.gpu_indices)
+    servers = tuple(_without(s, freed[s.server_id]) if s.server_id in freed else s for s in snapshot.servers)
+    after = ClusterSnapshot(now=snapshot.now, servers=servers, jobs=tuple(jobs), demand=snapshot.demand,
+                            seed=snapshot.seed)
+    return Evictions(tuple(scales), tuple(preemptions), after)
+
+
+def _without(server: ServerView, gpus: set[int]) -> ServerView:
+    """The server's view with ``gpus`` no longer allocated."""
+    return replace(server, allocated=tuple((gpu, job) for gpu, job in server.allocated if gpu not in gpus))
