@@ -35,7 +35,7 @@ from benchmarks import emit_figure
 from migrations import upgrade
 from protos.aryl.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2
 from scheduler_service.api import validation
-from scheduler_service.app import DEFAULT_PAGE_SIZE
+from scheduler_service.app.jobs import DEFAULT_PAGE_SIZE
 from scheduler_service.core.plan import Reason
 from scheduler_service.lifecycle import JobState
 from scheduler_service.store import models as m

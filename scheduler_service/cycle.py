@@ -2,8 +2,9 @@
 observe (snapshot) -> decide (policy) -> apply (one transaction) -> act (agents are told after commit).
 
 The cycle only talks to ports: a ``ClusterState`` (snapshot + apply) and the policy. The service's
-``SchedulerApp`` is the ClusterState and notifies agents itself after commit; a simulator supplies an
-in-memory ClusterState and a virtual clock. There is no simulation branch here.
+ClusterState is ``SchedulerApp.cluster`` (``scheduler_service.app.cluster``), which notifies agents
+itself after commit; a simulator supplies an in-memory ClusterState and a virtual clock. There is no
+simulation branch here.
 """
 
 from __future__ import annotations

@@ -134,13 +134,12 @@ class DesiredStateFeed(Generic[S]):
         while self._dirty:
             batch = sorted(self._dirty)
             self._dirty.clear()
+            error: Exception | None = None
             try:
                 states = await self.loop.run_in_executor(self.executor, self.load, batch)
             except Exception as exc:  # noqa: BLE001 - handed to the streams that waited for this read
                 log.warning("desired-state read failed", servers=len(batch), error=repr(exc))
                 states, error = {}, exc
-            else:
-                error = None
             for server_id in batch:
                 slot = self._slots.get(server_id)
                 if slot is None:
@@ -222,8 +221,13 @@ class AsyncNotifier:
         with self._lock:
             signals = [s for s in map(self._servers.get, ids) if s is not None]
         if signals:
+
+            def bump_all() -> None:
+                for signal in signals:
+                    signal.bump()
+
             try:  # one wake-up of the loop for the whole commit, not one per server
-                self._loop.call_soon_threadsafe(lambda: [s.bump() for s in signals])
+                self._loop.call_soon_threadsafe(bump_all)
             except RuntimeError:
                 pass  # the loop is closed: the service is shutting down, nobody is waiting
 

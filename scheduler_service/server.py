@@ -20,16 +20,24 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from migrations import upgrade
-from protos.aryl.v1 import agent_pb2, agent_pb2_grpc, inference_pb2, inference_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+from protos.aryl.v1 import (
+    agent_pb2,
+    agent_pb2_grpc,
+    inference_pb2,
+    inference_pb2_grpc,
+    scheduler_pb2,
+    scheduler_pb2_grpc,
+)
 from scheduler_service.api.agent_logs import AgentLogReader
 from scheduler_service.api.servicers import AgentServicer, InferenceServicer, SchedulerServicer
 from scheduler_service.app import SchedulerApp
+from scheduler_service.app.liveness import Liveness
 from scheduler_service.batching import GroupCommitter
 from scheduler_service.clock import SystemClock
 from scheduler_service.config import SchedulerConfig
+from scheduler_service.core.params import PolicyParams
 from scheduler_service.cycle import SchedulingCycle
 from scheduler_service.notify import AsyncNotifier
-from scheduler_service.core.params import PolicyParams
 from scheduler_service.policies import create_policy
 from scheduler_service.solvers import warm_up as warm_up_solvers
 from scheduler_service.store.db import create_engine_for, session_factory
@@ -76,7 +84,7 @@ class SchedulerService:
             worker_base_port=cfg.scheduling.worker_base_port, telemetry_write_s=cfg.agents.telemetry_write_s,
             reclaim_deadline_s=self.policy_params.reclaim_deadline_s,
         )
-        epoch = await asyncio.to_thread(app.start_term, socket.gethostname())
+        epoch = await asyncio.to_thread(app.term.start, socket.gethostname())
         await asyncio.to_thread(warm_up_solvers)  # the first cycle must not pay numba's compile time
         if self._tune_gc:
             tune_garbage_collector()
@@ -84,7 +92,7 @@ class SchedulerService:
         # One batched read per burst of decisions feeds every agent stream (scheduler_service.notify),
         # on a thread of its own: a push must not queue behind 100s of status reports.
         desired_reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aryl-desired")
-        notifier.serve_desired_states(app.desired_states, desired_reader)
+        notifier.serve_desired_states(app.agents.desired_states, desired_reader)
         options = [
             ("grpc.max_send_message_length", cfg.server.max_message_bytes),
             ("grpc.max_receive_message_length", cfg.server.max_message_bytes),
@@ -96,8 +104,8 @@ class SchedulerService:
             ("grpc.http2.max_ping_strikes", 0),
         ]
         server = grpc.aio.server(options=options)
-        submissions = GroupCommitter(app.submit_jobs, max_batch=256, name="aryl-submit")
-        cancellations = GroupCommitter(app.cancel_jobs, max_batch=256, name="aryl-cancel")
+        submissions = GroupCommitter(app.jobs.submit_many, max_batch=256, name="aryl-submit")
+        cancellations = GroupCommitter(app.jobs.cancel_many, max_batch=256, name="aryl-cancel")
         log_reader = AgentLogReader(timeout_s=cfg.agents.rpc_timeout_s)
         scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(
             SchedulerServicer(app, executor, notifier, policy_name=self.policy.name, clock_now=self.clock.now,
@@ -121,12 +129,12 @@ class SchedulerService:
         await server.start()
         for name in ("", *SERVICE_NAMES):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-        cycle = SchedulingCycle(app, self.policy, self.clock, seed=cfg.scheduling.seed)
+        cycle = SchedulingCycle(app.cluster, self.policy, self.clock, seed=cfg.scheduling.seed)
         # The cycle on a thread of its own: it never waits for a free RPC thread behind a burst of
         # status reports, and cycles never overlap (one decides at a time).
         cycle_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aryl-cycle")
         cycle_task = asyncio.create_task(self._cycle_loop(cycle, notifier, cycle_thread))
-        liveness_task = asyncio.create_task(self._liveness_loop(app, executor))
+        liveness_task = asyncio.create_task(self._liveness_loop(app.liveness, executor))
         log.info("scheduler started", listen=cfg.server.listen, port=self.port, epoch=epoch,
                  policy=self.policy.name, database=self.engine.url.render_as_string(hide_password=True))
         self._started.set()
@@ -165,14 +173,14 @@ class SchedulerService:
                     log.info("cycle", jobs=report.snapshot_jobs, started=len(report.result.started),
                              rejected=list(report.result.rejected), decide_ms=round(report.decide_s * 1e3, 2),
                              total_ms=round(report.total_s * 1e3, 2))
-            except Exception:  # noqa: BLE001 - a failed cycle is logged and retried, never fatal
+            except Exception:  # a failed cycle is logged and retried, never fatal
                 log.exception("scheduling cycle failed; retrying at the next tick")
             # Batch a burst of triggers (e.g. many submissions) into the next cycle, and keep cycles to
             # their share of the time however long they take (a large cluster's snapshot is not free).
             await asyncio.sleep(max(self.config.scheduling.min_cycle_gap_s, took * (1 / duty - 1)))
             await notifier.cycle.wait_newer(seen, timeout=self.config.scheduling.cycle_interval_s)
 
-    async def _liveness_loop(self, app: SchedulerApp, executor: ThreadPoolExecutor) -> None:
+    async def _liveness_loop(self, liveness: Liveness, executor: ThreadPoolExecutor) -> None:
         """Mark servers LOST whose agents are silent past ``agents.lost_after_s`` (this process's
         monotonic clock), checking a few times per grace period."""
         loop = asyncio.get_running_loop()
@@ -180,10 +188,10 @@ class SchedulerService:
         while True:
             await asyncio.sleep(min(1.0, lost_after / 4))
             try:
-                lost = await loop.run_in_executor(executor, app.sweep_lost, lost_after)
+                lost = await loop.run_in_executor(executor, liveness.sweep_lost, lost_after)
                 if lost:
                     log.warning("servers lost: their agents are silent", servers=lost, lost_after_s=lost_after)
-            except Exception:  # noqa: BLE001 - retried at the next check, never fatal
+            except Exception:  # retried at the next check, never fatal
                 log.exception("liveness check failed; retrying")
 
     def stop(self) -> None:
@@ -237,7 +245,7 @@ def serve_in_background(config: SchedulerConfig, *, ready_timeout: float = 120.0
     def target() -> None:
         try:
             asyncio.run(service.run())
-        except BaseException as exc:  # surfaced to the caller below
+        except BaseException as exc:  # noqa: BLE001 - surfaced to the caller below
             errors.append(exc)
             service._started.set()
 

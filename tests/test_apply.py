@@ -1,4 +1,4 @@
-"""The applier: ``SchedulerApp.apply`` commits a Plan's preemptions, scales, starts and loan steps in one
+"""The applier: ``SchedulerApp.cluster.apply`` commits a Plan's preemptions, scales, starts and loan steps in one
 transaction, refuses each stale action alone, and ``snapshot`` shows the policy what it needs.
 
 Every test runs on SQLite and on PostgreSQL (``database_url``) through the application layer, with a
@@ -15,16 +15,10 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from scheduler_service.app import (
-    GpuReport,
-    GpuSample,
-    JobSubmission,
-    SchedulerApp,
-    ServerRegistration,
-    StatusReport,
-)
+from scheduler_service.app import SchedulerApp
 from scheduler_service.core.plan import ApplyResult, LoanStep, Plan, PreemptJob, Reason
 from scheduler_service.lifecycle import JobState, Pool, ServerState
+from scheduler_service.records import GpuReport, GpuSample, JobSubmission, ServerRegistration, StatusReport
 from scheduler_service.store.db import create_engine_for, session_factory
 from scheduler_service.store.models import Allocation
 from tests.harness import T0, ManualClock, scale, start, step
@@ -71,7 +65,7 @@ def app(database_url: str, clock: ManualClock, notifier: RecordingNotifier) -> I
 
 
 def register(app: SchedulerApp, name: str, *, pool: Pool = Pool.TRAINING, gpus: int = 4) -> None:
-    app.register_server(
+    app.agents.register(
         ServerRegistration(
             hostname=name, pool=pool, agent_address=f"{name}:7000", agent_version="test",
             gpus=tuple(GpuReport(i, f"GPU-{name}-{i}", "Fake-GPU", 80 << 30) for i in range(gpus)),
@@ -81,35 +75,35 @@ def register(app: SchedulerApp, name: str, *, pool: Pool = Pool.TRAINING, gpus: 
 
 def submit(app: SchedulerApp, name: str = "job", *, gpus: int = 1, workers: int = 1, max_workers: int = 0,
            throughput: dict | None = None) -> int:
-    return app.submit_job(
+    return app.jobs.submit(
         JobSubmission(
             name=name, user="alice", queue="default", command=("python", "train.py"), env={},
             gpus_per_worker=gpus, min_workers=workers, max_workers=max_workers or workers,
             throughput=throughput or {},
         )
-    ).job.id
+    ).id
 
 
 def applied(app: SchedulerApp, **actions) -> ApplyResult:
-    return app.apply(Plan(**{k: tuple(v) for k, v in actions.items()}))
+    return app.cluster.apply(Plan(**{k: tuple(v) for k, v in actions.items()}))
 
 
 def allocations(app: SchedulerApp, job_id: int) -> set[tuple[int, str, int]]:
-    record, _ = app.get_job(job_id)
+    record, _ = app.jobs.get(job_id)
     return {(a.rank, a.server_id, a.gpu_index) for a in record.allocations}
 
 
 def job_row(app: SchedulerApp, job_id: int):
-    return app.get_job(job_id)[0].job
+    return app.jobs.get(job_id)[0]
 
 
 def transitions(app: SchedulerApp, job_id: int) -> list[tuple[str, str, str]]:
-    _, events = app.get_job(job_id, include_events=True)
+    _, events = app.jobs.get(job_id, include_events=True)
     return [(e.from_state, e.to_state, e.reason) for e in events if e.kind == "JOB_STATE_CHANGED"]
 
 
 def server_row(app: SchedulerApp, server_id: str):
-    return next(r.server for r in app.list_servers() if r.server.id == server_id)
+    return next(r for r in app.views.servers() if r.id == server_id)
 
 
 def generation(app: SchedulerApp, server_id: str) -> int:
@@ -117,12 +111,13 @@ def generation(app: SchedulerApp, server_id: str) -> int:
 
 
 def server_events(app: SchedulerApp, server_id: str) -> list[tuple[str, str, str, str]]:
-    return [(e.kind, e.from_state, e.to_state, e.reason) for e in app.events_after(0, server_id=server_id)
+    return [(e.kind, e.from_state, e.to_state, e.reason) for e in app.views.events_after(0, server_id=server_id)
             if e.kind != "SERVER_REGISTERED"]
 
 
 def loans(app: SchedulerApp) -> list[tuple[str, str, float, float | None]]:
-    return sorted((l.server_id, l.state, l.started_at, l.ended_at) for l in app.list_loans(include_returned=True))
+    return sorted((loan.server_id, loan.state, loan.started_at, loan.ended_at)
+                  for loan in app.views.loans(include_returned=True))
 
 
 # --- preemption -----------------------------------------------------------------------------------
@@ -150,7 +145,7 @@ def test_preemption_frees_the_gpus_and_requeues_the_job_with_an_explanation(
         ("RUNNING", "PREEMPTED", "PREEMPTED_FOR_RECLAIM"),
         ("PREEMPTED", "PENDING", "PREEMPTED_FOR_RECLAIM"),
     ]
-    explanation = app.explain_job(job)
+    explanation = app.jobs.explain(job)
     assert "requeued after preemption: server s2 went back" in explanation.summary
     # Each server it ran on is told once, after commit.
     assert {s: generation(app, s) for s in ("s1", "s2")} == {s: g + 1 for s, g in before.items()}
@@ -180,7 +175,7 @@ def test_scale_out_then_in_replaces_allocations_and_world_size_and_keeps_staying
     register(app, "s2", gpus=2)
     job = submit(app, workers=1, max_workers=4)
     applied(app, starts=[start(job, ("s1", (0,)))])
-    first_allocated_at = app.get_job(job)[0].allocations[0].allocated_at
+    first_allocated_at = app.jobs.get(job)[0].allocations[0].allocated_at
     assert job_row(app, job).last_resized_at == T0
     s2_before = generation(app, "s2")
 
@@ -189,16 +184,15 @@ def test_scale_out_then_in_replaces_allocations_and_world_size_and_keeps_staying
 
     assert result.scaled == (job,) and result.rejected == ()
     assert allocations(app, job) == {(0, "s1", 0), (1, "s1", 1), (2, "s2", 0)}
-    record = app.get_job(job)[0]
+    record = app.jobs.get(job)[0]
     kept = next(a for a in record.allocations if a.rank == 0)
     assert kept.allocated_at == first_allocated_at  # the staying worker's row was not rewritten
-    row = record.job
-    assert (row.state, row.num_workers, row.restarts, row.last_resized_at, row.started_at) == (
+    assert (record.state, record.num_workers, record.restarts, record.last_resized_at, record.started_at) == (
         "RUNNING", 3, 0, out_at, T0)
     assert generation(app, "s2") == s2_before + 1
     # Agents see the new world size on every server the job runs on.
     for server_id, ranks in (("s1", [(0, 0), (1, 1)]), ("s2", [(2, 0)])):
-        desired = app.desired_state(server_id)
+        desired = app.agents.desired_state(server_id)
         assert [(w.rank, w.local_rank, w.world_size) for w in desired.workers] == [(r, lr, 3) for r, lr in ranks]
         assert {w.master_addr for w in desired.workers} == {"s1:7000"}
 
@@ -209,8 +203,8 @@ def test_scale_out_then_in_replaces_allocations_and_world_size_and_keeps_staying
     assert result.touched_servers == {"s1", "s2"}  # s2 lost its worker; s1's workers restart at size 2
     assert allocations(app, job) == {(0, "s1", 0), (1, "s1", 1)}
     assert (job_row(app, job).num_workers, job_row(app, job).last_resized_at) == (2, in_at)
-    assert app.desired_state("s2").workers == ()
-    assert [w.world_size for w in app.desired_state("s1").workers] == [2, 2]
+    assert app.agents.desired_state("s2").workers == ()
+    assert [w.world_size for w in app.agents.desired_state("s1").workers] == [2, 2]
     assert transitions(app, job) == [
         ("PENDING", "RUNNING", "PLACED"),
         ("RUNNING", "SCALING", "SCALED_OUT"),
@@ -230,7 +224,7 @@ def test_the_desired_state_lists_each_worker_once_with_its_gpus_in_order(
     # Ranks 0 and 1 on s1 with GPUs given out of order (and past 9, where text order is not number order).
     applied(app, starts=[start(job, ("s1", (10, 2)), ("s1", (3, 1)), ("s2", (2, 0))), start(other, ("s1", (11,)))])
 
-    s1, s2 = app.desired_state("s1"), app.desired_state("s2")
+    s1, s2 = app.agents.desired_state("s1"), app.agents.desired_state("s2")
     assert [(w.job_id, w.rank, w.local_rank, w.world_size, w.gpu_indices, w.master_addr) for w in s1.workers] == [
         (job, 0, 0, 3, (2, 10), "s1:7000"), (job, 1, 1, 3, (1, 3), "s1:7000"), (other, 0, 0, 1, (11,), "s1:7000")]
     assert [(w.rank, w.local_rank, w.gpu_indices, w.master_addr) for w in s2.workers] == [(2, 0, (0, 2), "s1:7000")]
@@ -278,7 +272,7 @@ def test_a_stale_scale_is_refused_alone_while_the_rest_of_the_plan_commits(app: 
     register(app, "s1", gpus=4)
     stale = submit(app, "stale", workers=1, max_workers=2)
     applied(app, starts=[start(stale, ("s1", (0,)))])
-    app.cancel_job(stale, "user changed their mind")
+    app.jobs.cancel(stale, "user changed their mind")
     fresh = submit(app, "fresh")
 
     result = applied(app, scales=[scale(stale, ("s1", (0,)), ("s1", (1,)))], starts=[start(fresh, ("s1", (0,)))])
@@ -408,7 +402,7 @@ def test_a_batch_of_starts_may_land_on_a_server_the_same_plan_activates(app: Sch
 def test_a_job_that_left_pending_after_the_plan_is_refused_alone_in_a_batch(app: SchedulerApp) -> None:
     register(app, "s1", gpus=4)
     jobs = [submit(app, f"j{i}") for i in range(4)]
-    app.cancel_job(jobs[2], "changed my mind")
+    app.jobs.cancel(jobs[2], "changed my mind")
 
     result = applied(app, starts=[start(j, ("s1", (i,))) for i, j in enumerate(jobs)])
 
@@ -423,26 +417,26 @@ def test_cancels_in_one_batch_each_get_their_own_answer(app: SchedulerApp, notif
     register(app, "s2", gpus=2)
     running, queued, done = submit(app, "running", workers=2), submit(app, "queued"), submit(app, "done")
     applied(app, starts=[start(running, ("s1", (0,)), ("s2", (1,)))])
-    app.cancel_job(done, "first")
+    app.jobs.cancel(done, "first")
     before = {s: generation(app, s) for s in ("s1", "s2")}
     versions = {j: job_row(app, j).version for j in (running, queued)}
 
-    results = app.cancel_jobs([(running, "a"), (queued, ""), (running, "again"), (done, "x"), (999_999, "y")])
+    results = app.jobs.cancel_many([(running, "a"), (queued, ""), (running, "again"), (done, "x"), (999_999, "y")])
 
     assert [type(r).__name__ for r in results] == [
-        "JobRecord", "JobRecord", "FailedPrecondition", "FailedPrecondition", "NotFound"]
+        "JobInfo", "JobInfo", "FailedPrecondition", "FailedPrecondition", "NotFound"]
     assert "already CANCELLED" in str(results[2]) and "job 999999 not found" in str(results[4])
     assert [job_row(app, j).state for j in (running, queued, done)] == ["CANCELLED"] * 3
     assert allocations(app, running) == set()
     assert transitions(app, running)[-1] == ("RUNNING", "CANCELLED", "CANCELLED_BY_USER")
     # Each cancelled job is written with its own request's reason, in the answer as in the database.
-    assert [(r.job.state, r.job.state_message, r.job.num_workers) for r in results[:2]] == [
+    assert [(r.state, r.state_message, r.num_workers) for r in results[:2]] == [
         ("CANCELLED", "a", 0), ("CANCELLED", "cancelled by user", 0)]
     for job_id, message in ((running, "a"), (queued, "cancelled by user")):
         row = job_row(app, job_id)
         assert (row.state_message, row.finished_at, row.pending_reason, row.num_workers) == (message, T0, "", 0)
         assert row.version == versions[job_id] + 1  # a writer holding the old version fails its check
-    assert app.get_job(running, include_events=True)[1][-1].message == "a"
+    assert app.jobs.get(running, include_events=True)[1][-1].message == "a"
     # One bump per server for the whole batch, and the agents are told once.
     assert {s: generation(app, s) for s in ("s1", "s2")} == {s: g + 1 for s, g in before.items()}
     assert notifier.desired[-1] == {"s1", "s2"}
@@ -463,7 +457,7 @@ def test_the_full_loan_cycle(app: SchedulerApp, clock: ManualClock, notifier: Re
     assert result.server_steps == (("inf-1", "LOAN"),) and result.rejected == ()
     assert server_row(app, "inf-1").state == "DRAINING"
     assert loans(app) == [("inf-1", "ACTIVE", loan_at, None)]
-    view = app.snapshot().server("inf-1")
+    view = app.cluster.snapshot().server("inf-1")
     assert (view.state, view.state_since, view.loan_started_at) == (ServerState.DRAINING, loan_at, loan_at)
 
     # Lent and used in one plan: ACTIVATE is applied before the plan's placements.
@@ -474,10 +468,10 @@ def test_the_full_loan_cycle(app: SchedulerApp, clock: ManualClock, notifier: Re
         scales=[scale(job, ("train-1", (0,)), ("train-1", (1,)), ("inf-1", (0,)), ("inf-1", (1,)))],
     )
     assert (result.server_steps, result.scaled, result.rejected) == ((("inf-1", "ACTIVATE"),), (job,), ())
-    view = app.snapshot().server("inf-1")
+    view = app.cluster.snapshot().server("inf-1")
     assert (view.state, view.state_since, view.loan_started_at) == (ServerState.LOANED, activate_at, loan_at)
     assert view.allocated == ((0, job), (1, job))
-    assert [w.world_size for w in app.desired_state("inf-1").workers] == [4, 4]
+    assert [w.world_size for w in app.agents.desired_state("inf-1").workers] == [4, 4]
 
     reclaim_at = clock.advance(300)
     vacating = (
@@ -492,23 +486,23 @@ def test_the_full_loan_cycle(app: SchedulerApp, clock: ManualClock, notifier: Re
     assert "inf-1" in result.touched_servers and "inf-1" in notifier.desired[-1]
     assert server_row(app, "inf-1").state == "RECLAIMING"
     assert loans(app) == [("inf-1", "RECLAIMING", loan_at, None)]
-    assert app.desired_state("inf-1").workers == ()
+    assert app.agents.desired_state("inf-1").workers == ()
     if vacate == "preempt":
         assert job_row(app, job).state == "PENDING"
     else:
         assert (job_row(app, job).state, job_row(app, job).num_workers) == ("RUNNING", 2)
-    view = app.snapshot().server("inf-1")
+    view = app.cluster.snapshot().server("inf-1")
     assert (view.state_since, view.loan_started_at, view.agent_converged) == (reclaim_at, loan_at, False)
 
     # The agent confirms it stopped the workers, then the server serves again.
-    app.report_status(StatusReport("inf-1", app.epoch, (), server_row(app, "inf-1").desired_generation))
-    assert app.snapshot().server("inf-1").agent_converged
+    app.agents.report_status(StatusReport("inf-1", app.term.epoch, (), server_row(app, "inf-1").desired_generation))
+    assert app.cluster.snapshot().server("inf-1").agent_converged
     return_at = clock.advance(5)
     result = applied(app, server_actions=[step("inf-1", LoanStep.RETURN, Reason.RETURNED_TO_SERVING)])
     assert result.server_steps == (("inf-1", "RETURN"),) and result.rejected == ()
     assert server_row(app, "inf-1").state == "SERVING"
     assert loans(app) == [("inf-1", "RETURNED", loan_at, return_at)]
-    view = app.snapshot().server("inf-1")
+    view = app.cluster.snapshot().server("inf-1")
     assert (view.state, view.state_since, view.loan_started_at) == (ServerState.SERVING, return_at, None)
 
     assert server_events(app, "inf-1") == [
@@ -640,7 +634,7 @@ def test_the_snapshot_shows_progress_throughput_and_times(app: SchedulerApp, clo
     job = submit(app, workers=1, max_workers=2, throughput=hints)
     plain = submit(app, "plain")
 
-    view = {j.job_id: j for j in app.snapshot().jobs}
+    view = {j.job_id: j for j in app.cluster.snapshot().jobs}
     assert view[job].throughput_points == ((1, 100.0), (2, 180.0))
     assert (view[job].total_work, view[job].estimated_runtime_s, view[job].work_done) == (1e6, 3600.0, 0.0)
     assert (view[job].started_at, view[job].last_resized_at, view[job].last_checkpoint_at) == (None, None, None)
@@ -651,7 +645,7 @@ def test_the_snapshot_shows_progress_throughput_and_times(app: SchedulerApp, clo
     resize_at = clock.advance(5)
     applied(app, scales=[scale(job, ("s1", (0,)), ("s1", (1,)))])
 
-    snapshot = app.snapshot()
+    snapshot = app.cluster.snapshot()
     running = next(j for j in snapshot.jobs if j.job_id == job)
     assert (running.state, running.num_workers) == (JobState.RUNNING, 2)
     assert (running.started_at, running.last_resized_at) == (start_at, resize_at)
@@ -659,8 +653,8 @@ def test_the_snapshot_shows_progress_throughput_and_times(app: SchedulerApp, clo
     assert s1.state_since == T0  # registration; training servers never change state here
     assert s1.loan_started_at is None
     assert not s1.agent_converged  # the scale bumped the generation; the agent has not caught up
-    app.report_status(StatusReport("s1", app.epoch, (), server_row(app, "s1").desired_generation))
-    assert app.snapshot().server("s1").agent_converged
+    app.agents.report_status(StatusReport("s1", app.term.epoch, (), server_row(app, "s1").desired_generation))
+    assert app.cluster.snapshot().server("s1").agent_converged
 
 
 def test_a_snapshot_reuses_the_views_of_unchanged_servers_and_rebuilds_the_rest(
@@ -669,30 +663,30 @@ def test_a_snapshot_reuses_the_views_of_unchanged_servers_and_rebuilds_the_rest(
     register(app, "s1", gpus=3)
     register(app, "s2", gpus=3)
     register(app, "s3", gpus=3)
-    first = app.snapshot()
+    first = app.cluster.snapshot()
     assert first.server("s1").free_gpus == (0, 1, 2)
 
     def gpus(*unhealthy: int) -> tuple[GpuSample, ...]:
         return tuple(GpuSample(i, 0.0, 0, 40.0, i not in unhealthy, "ECC" if i in unhealthy else "") for i in range(3))
 
     generation_s1 = server_row(app, "s1").desired_generation
-    app.report_status(StatusReport("s1", app.epoch, gpus(1), generation_s1))  # a GPU goes bad
+    app.agents.report_status(StatusReport("s1", app.term.epoch, gpus(1), generation_s1))  # a GPU goes bad
     job = submit(app)
     applied(app, starts=[start(job, ("s2", (2,)))])
 
-    second = app.snapshot()
+    second = app.cluster.snapshot()
     assert second.server("s3") is first.server("s3")  # nothing about it changed
     assert (second.server("s1").unhealthy_gpus, second.server("s1").free_gpus) == (frozenset({1}), (0, 2))
     assert (second.server("s2").allocated, second.server("s2").free_gpus) == (((2, job),), (0, 1))
 
-    app.report_status(StatusReport("s1", app.epoch, gpus(), generation_s1))  # and recovers
-    app.cancel_job(job, "done")
-    third = app.snapshot()
+    app.agents.report_status(StatusReport("s1", app.term.epoch, gpus(), generation_s1))  # and recovers
+    app.jobs.cancel(job, "done")
+    third = app.cluster.snapshot()
     assert (third.server("s1").unhealthy_gpus, third.server("s1").free_gpus) == (frozenset(), (0, 1, 2))
     assert (third.server("s2").allocated, third.server("s2").free_gpus) == ((), (0, 1, 2))
     engine = create_engine_for(database_url)  # a scheduler that has never taken a snapshot sees the same
     try:
-        assert SchedulerApp(session_factory(engine), clock).snapshot().servers == third.servers
+        assert SchedulerApp(session_factory(engine), clock).cluster.snapshot().servers == third.servers
     finally:
         engine.dispose()
 
@@ -726,7 +720,7 @@ def test_a_change_the_database_aborts_to_break_a_deadlock_is_run_again(postgres_
 
     def cancel() -> None:
         try:
-            outcome.append(app.cancel_jobs([(job, "bye")])[0])
+            outcome.append(app.jobs.cancel_many([(job, "bye")])[0])
         except Exception as exc:  # noqa: BLE001 - shown by the assertion below (without the retry: DeadlockDetected)
             outcome.append(exc)
 
@@ -754,8 +748,8 @@ def test_a_change_the_database_aborts_to_break_a_deadlock_is_run_again(postgres_
             gate.commit()
             wants_the_job.join(timeout=60)
             canceller.join(timeout=60)
-        assert [type(r).__name__ for r in outcome] == ["JobRecord"], outcome
-        assert outcome[0].job.state == "CANCELLED" and outcome[0].job.priority == 1  # saw the rival's change
+        assert [type(r).__name__ for r in outcome] == ["JobInfo"], outcome
+        assert outcome[0].state == "CANCELLED" and outcome[0].priority == 1  # saw the rival's change
         assert allocations(app, job) == set()
         assert transitions(app, job)[-1] == ("RUNNING", "CANCELLED", "CANCELLED_BY_USER")
     finally:

@@ -137,9 +137,9 @@ def test_progress_and_checkpoints_are_recorded_from_the_current_incarnation_only
     agent.report(worker(job_id, 0, 1, progress=40.0, checkpoint_progress=30.0))
     agent.report(worker(job_id, 0, 7, progress=99.0))  # not this job's incarnation: ignored
     app = _app(scheduler)
-    record, _ = app.get_job(int(job_id))
-    assert record.job.work_done == 40.0
-    assert record.job.checkpoint_work == 30.0 and record.job.last_checkpoint_at is not None
+    record, _ = app.jobs.get(int(job_id))
+    assert record.work_done == 40.0
+    assert record.checkpoint_work == 30.0 and record.last_checkpoint_at is not None
 
 
 def test_reports_with_bad_workers_are_refused_with_the_field(cluster) -> None:
@@ -202,14 +202,14 @@ def test_liveness_uses_the_monotonic_clock_not_wall_time(database_url: str) -> N
     engine = create_engine_for(database_url)
     try:
         app = SchedulerApp(session_factory(engine), clock)
-        app.start_term("test")
-        from scheduler_service.app import GpuReport, ServerRegistration
+        app.term.start("test")
         from scheduler_service.lifecycle import Pool
-        app.register_server(ServerRegistration("s1", Pool.TRAINING, (GpuReport(0, "u0", "m", 1),), "s1", "t"))
+        from scheduler_service.records import GpuReport, ServerRegistration
+        app.agents.register(ServerRegistration("s1", Pool.TRAINING, (GpuReport(0, "u0", "m", 1),), "s1", "t"))
         clock.jump_wall(3600)  # the wall clock jumps an hour (NTP, a VM resumed): not silence
-        assert app.sweep_lost(30.0) == []
+        assert app.liveness.sweep_lost(30.0) == []
         clock.advance(31)
-        assert app.sweep_lost(30.0) == ["s1"]
+        assert app.liveness.sweep_lost(30.0) == ["s1"]
     finally:
         engine.dispose()
 

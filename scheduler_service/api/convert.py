@@ -1,4 +1,4 @@
-"""Application records -> protobuf messages. Pure translation, no decisions."""
+"""Plain values (``scheduler_service.records``) -> protobuf messages. Pure translation, no decisions."""
 
 from __future__ import annotations
 
@@ -7,8 +7,15 @@ from collections import defaultdict
 from google.protobuf import duration_pb2, timestamp_pb2
 
 from protos.aryl.v1 import agent_pb2, scheduler_pb2, types_pb2
-from scheduler_service.app import ClusterSummary, DesiredServerState, JobRecord, ServerRecord
-from scheduler_service.store import models as m
+from scheduler_service.records import (
+    ClusterSummary,
+    DemandInfo,
+    DesiredServerState,
+    EventInfo,
+    JobInfo,
+    LoanInfo,
+    ServerInfo,
+)
 
 _RESTART = {"ON_FAILURE": types_pb2.RESTART_POLICY_ON_FAILURE, "NEVER": types_pb2.RESTART_POLICY_NEVER}
 
@@ -17,22 +24,26 @@ def timestamp(seconds: float | None) -> timestamp_pb2.Timestamp | None:
     if seconds is None:
         return None
     ts = timestamp_pb2.Timestamp()
-    ts.FromNanoseconds(int(round(seconds * 1e9)))
+    ts.FromNanoseconds(round(seconds * 1e9))
     return ts
 
 
 def duration(seconds: float) -> duration_pb2.Duration:
     d = duration_pb2.Duration()
-    d.FromNanoseconds(int(round(seconds * 1e9)))
+    d.FromNanoseconds(round(seconds * 1e9))
     return d
 
 
-def job_state(name: str) -> int:
-    return types_pb2.JobState.Value(f"JOB_STATE_{name}")
+# Enum fields are set by label (protobuf checks the label): ``JOB_STATE_RUNNING`` for the state RUNNING.
+def job_state(name: str) -> str:
+    return f"JOB_STATE_{name}"
 
 
-def job(record: JobRecord) -> types_pb2.Job:
-    row = record.job
+def server_state(name: str) -> str:
+    return f"SERVER_STATE_{name}"
+
+
+def job(row: JobInfo) -> types_pb2.Job:
     throughput = row.throughput or {}
     hints = types_pb2.ThroughputHints(
         points=[types_pb2.ThroughputPoint(workers=w, samples_per_second=s) for w, s in throughput.get("points", [])],
@@ -47,7 +58,7 @@ def job(record: JobRecord) -> types_pb2.Job:
         restart_policy=_RESTART[row.restart_policy], max_restarts=row.max_restarts,
     )
     gpus_by_rank: dict[tuple[int, str], list[int]] = defaultdict(list)
-    for a in record.allocations:
+    for a in row.allocations:
         gpus_by_rank[(a.rank, a.server_id)].append(a.gpu_index)
     return types_pb2.Job(
         job_id=str(row.id), spec=spec, state=job_state(row.state), reason=row.state_reason,
@@ -59,53 +70,52 @@ def job(record: JobRecord) -> types_pb2.Job:
         submitted_at=timestamp(row.submitted_at), started_at=timestamp(row.started_at),
         finished_at=timestamp(row.finished_at), restarts=row.restarts, preemptions=row.preemptions,
         idempotency_key=row.idempotency_key or "", version=row.version,
-        progress=row.work_done or 0.0, incarnation=row.incarnation or 0,
+        progress=row.work_done, incarnation=row.incarnation,
         last_checkpoint_at=timestamp(row.last_checkpoint_at),
     )
 
 
-def event(row: m.Event) -> types_pb2.Event:
+def event(row: EventInfo) -> types_pb2.Event:
     return types_pb2.Event(
-        event_id=row.id, time=timestamp(row.time), kind=types_pb2.EventKind.Value(f"EVENT_KIND_{row.kind}"),
+        event_id=row.id, time=timestamp(row.time), kind=f"EVENT_KIND_{row.kind}",
         job_id=str(row.job_id) if row.job_id is not None else "", server_id=row.server_id or "",
         from_state=row.from_state, to_state=row.to_state, reason=row.reason, message=row.message,
         details={str(k): str(v) for k, v in (row.details or {}).items()},
     )
 
 
-def pool(name: str) -> int:
-    return types_pb2.Pool.Value(f"POOL_{name}")
+def pool(name: str) -> str:
+    return f"POOL_{name}"
 
 
-def server(record: ServerRecord) -> types_pb2.Server:
-    row = record.server
+def server(row: ServerInfo) -> types_pb2.Server:
     gpus = [
         types_pb2.Gpu(
             index=g.index, uuid=g.uuid, model=g.model, memory_total_bytes=g.memory_total_bytes, healthy=g.healthy,
-            health_reason=g.health_reason, job_id=str(record.holders[g.index]) if g.index in record.holders else "",
+            health_reason=g.health_reason, job_id=str(g.job_id) if g.job_id is not None else "",
             utilization=g.utilization, memory_used_bytes=g.memory_used_bytes, temperature_c=g.temperature_c,
         )
-        for g in record.gpus
+        for g in row.gpus
     ]
     return types_pb2.Server(
         server_id=row.id, hostname=row.hostname, pool=pool(row.pool),
-        state=types_pb2.ServerState.Value(f"SERVER_STATE_{row.state}"), state_reason=row.state_reason, gpus=gpus,
-        gpus_total=len(gpus), gpus_used=len(record.holders), gpus_healthy=sum(1 for g in record.gpus if g.healthy),
+        state=server_state(row.state), state_reason=row.state_reason, gpus=gpus,
+        gpus_total=len(gpus), gpus_used=row.gpus_used, gpus_healthy=sum(1 for g in row.gpus if g.healthy),
         registered_at=timestamp(row.registered_at), last_seen_at=timestamp(row.last_seen_at),
         desired_generation=row.desired_generation, observed_generation=row.observed_generation,
         agent_address=row.agent_address,
     )
 
 
-def loan(row: m.Loan) -> types_pb2.Loan:
+def loan(row: LoanInfo) -> types_pb2.Loan:
     return types_pb2.Loan(
-        loan_id=str(row.id), server_id=row.server_id, state=types_pb2.LoanState.Value(f"LOAN_STATE_{row.state}"),
+        loan_id=str(row.id), server_id=row.server_id, state=f"LOAN_STATE_{row.state}",
         reason=row.reason, started_at=timestamp(row.started_at), ended_at=timestamp(row.ended_at),
         hard_deadline=timestamp(row.hard_deadline),
     )
 
 
-def demand(row: m.DemandReport | None) -> types_pb2.InferenceDemand | None:
+def demand(row: DemandInfo | None) -> types_pb2.InferenceDemand | None:
     if row is None:
         return None
     return types_pb2.InferenceDemand(
@@ -134,7 +144,7 @@ def cluster(summary: ClusterSummary, *, policy: str, epoch: int) -> scheduler_pb
 def desired_state(state: DesiredServerState, *, grace_period_s: float) -> agent_pb2.DesiredState:
     return agent_pb2.DesiredState(
         server_id=state.server_id, scheduler_epoch=state.epoch, generation=state.generation,
-        server_state=types_pb2.ServerState.Value(f"SERVER_STATE_{state.server_state}"),
+        server_state=server_state(state.server_state),
         workers=[
             agent_pb2.DesiredWorker(
                 job_id=str(w.job_id), rank=w.rank, world_size=w.world_size, local_rank=w.local_rank,

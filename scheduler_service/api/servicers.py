@@ -1,6 +1,7 @@
 """The three gRPC services: user-facing SchedulerService, AgentService, InferenceService.
 
-Each method: validate -> call the application layer in a worker thread -> convert the answer.
+Each method: validate -> call the use case it needs (``scheduler_service.app``) in a worker thread ->
+convert the answer.
 Streams (WatchEvents, WatchDesiredState) wait on in-process wake-ups published after commits and
 re-read the database, which stays the single source of truth.
 """
@@ -26,11 +27,12 @@ from protos.aryl.v1 import (
 from scheduler_service.api import convert, validation
 from scheduler_service.api.agent_logs import AgentLogReader
 from scheduler_service.api.status import rpc
-from scheduler_service.app import JobRecord, JobSubmission, SchedulerApp
+from scheduler_service.app import SchedulerApp
 from scheduler_service.batching import GroupCommitter
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.errors import InvalidArgument
 from scheduler_service.notify import AsyncNotifier
+from scheduler_service.records import JobInfo, JobSubmission
 
 T = TypeVar("T")
 log = structlog.get_logger("aryl.api")
@@ -53,9 +55,9 @@ class _Base:
 class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
     def __init__(
         self, *args: Any, policy_name: str, clock_now: Callable[[], float],
-        submissions: GroupCommitter[JobSubmission, JobRecord], policy_params: PolicyParams,
+        submissions: GroupCommitter[JobSubmission, JobInfo], policy_params: PolicyParams,
         log_reader: AgentLogReader | None = None,
-        cancellations: GroupCommitter[tuple[int, str], JobRecord] | None = None,
+        cancellations: GroupCommitter[tuple[int, str], JobInfo] | None = None,
     ) -> None:
         super().__init__(*args)
         self._logs = log_reader or AgentLogReader(timeout_s=5.0)
@@ -76,7 +78,7 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
         job_id = validation.job_id("job_id", request.job_id)
 
         def answer() -> scheduler_pb2.GetJobResponse:
-            record, events = self.app.get_job(job_id, include_events=request.include_events)
+            record, events = self.app.jobs.get(job_id, include_events=request.include_events)
             return scheduler_pb2.GetJobResponse(job=convert.job(record), events=[convert.event(e) for e in events])
 
         return await self.run(answer)
@@ -88,7 +90,7 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
 
         def answer() -> scheduler_pb2.ListJobsResponse:
             # Converted in the worker thread: building 100s of messages must not stall the event loop.
-            records, next_token = self.app.list_jobs(flt, page_size=request.page_size, page_token=token)
+            records, next_token = self.app.jobs.page(flt, page_size=request.page_size, page_token=token)
             return scheduler_pb2.ListJobsResponse(jobs=[convert.job(r) for r in records], next_page_token=next_token)
 
         return await self.run(answer)
@@ -98,7 +100,7 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
         job_id = validation.job_id("job_id", request.job_id)
         reason = validation.text("reason", request.reason, max_len=1024)
         if self._cancellations is None:
-            record = await self.run(self.app.cancel_job, job_id, reason)
+            record = await self.run(self.app.jobs.cancel, job_id, reason)
         else:  # concurrent cancels share one transaction
             record = await asyncio.wrap_future(self._cancellations.submit((job_id, reason)))
         return scheduler_pb2.CancelJobResponse(job=convert.job(record))
@@ -114,10 +116,10 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
                 raise InvalidArgument("after_event_id", f"must be >= 0 (got {request.after_event_id})")
             cursor = request.after_event_id
         else:
-            cursor = await self.run(self.app.last_event_id)
+            cursor = await self.run(self.app.views.last_event_id)
         while True:
             seen = self.notifier.events.version
-            rows = await self.run(self.app.events_after, cursor, job_id=job_id, server_id=server_id)
+            rows = await self.run(self.app.views.events_after, cursor, job_id=job_id, server_id=server_id)
             for row in rows:
                 yield convert.event(row)
                 cursor = row.id
@@ -125,9 +127,11 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
                 await self.notifier.events.wait_newer(seen, timeout=STREAM_POLL_S)
 
     @rpc
-    async def GetCluster(self, request: scheduler_pb2.GetClusterRequest, context: Any) -> scheduler_pb2.GetClusterResponse:
-        summary = await self.run(self.app.cluster_summary)
-        return convert.cluster(summary, policy=self.policy_name, epoch=self.app.epoch)
+    async def GetCluster(
+        self, request: scheduler_pb2.GetClusterRequest, context: Any
+    ) -> scheduler_pb2.GetClusterResponse:
+        summary = await self.run(self.app.views.summary)
+        return convert.cluster(summary, policy=self.policy_name, epoch=self.app.term.epoch)
 
     @rpc
     async def ListServers(
@@ -135,12 +139,12 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
     ) -> scheduler_pb2.ListServersResponse:
         pool = validation.pool("pool", request.pool, required=False)
         return await self.run(
-            lambda: scheduler_pb2.ListServersResponse(servers=[convert.server(r) for r in self.app.list_servers(pool)])
+            lambda: scheduler_pb2.ListServersResponse(servers=[convert.server(r) for r in self.app.views.servers(pool)])
         )
 
     @rpc
     async def ListLoans(self, request: scheduler_pb2.ListLoansRequest, context: Any) -> scheduler_pb2.ListLoansResponse:
-        loans = await self.run(self.app.list_loans, request.include_returned)
+        loans = await self.run(self.app.views.loans, request.include_returned)
         return scheduler_pb2.ListLoansResponse(loans=[convert.loan(row) for row in loans])
 
     @rpc
@@ -148,9 +152,9 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
         self, request: scheduler_pb2.ExplainJobRequest, context: Any
     ) -> scheduler_pb2.ExplainJobResponse:
         job_id = validation.job_id("job_id", request.job_id)
-        explanation = await self.run(self.app.explain_job, job_id)
+        explanation = await self.run(self.app.jobs.explain, job_id)
         return scheduler_pb2.ExplainJobResponse(
-            job=convert.job(explanation.record), summary=explanation.summary,
+            job=convert.job(explanation.job), summary=explanation.summary,
             decisions=[convert.event(e) for e in explanation.decisions],
         )
 
@@ -161,7 +165,7 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
     ) -> scheduler_pb2.PreviewReclaimResponse:
         if not 1 <= request.servers <= 100_000:
             raise InvalidArgument("servers", f"must be between 1 and 100000 (got {request.servers})")
-        decision, loaned = await self.run(self.app.preview_reclaim, request.servers, self._policy_params)
+        decision, loaned = await self.run(self.app.inference.preview_reclaim, request.servers, self._policy_params)
         return scheduler_pb2.PreviewReclaimResponse(
             server_ids=decision.servers,
             preempted_job_ids=[str(j) for j in decision.preempted],
@@ -175,9 +179,11 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
 
 
     @rpc
-    async def GetJobLogs(self, request: scheduler_pb2.GetJobLogsRequest, context: Any) -> scheduler_pb2.GetJobLogsResponse:
+    async def GetJobLogs(
+        self, request: scheduler_pb2.GetJobLogsRequest, context: Any
+    ) -> scheduler_pb2.GetJobLogsResponse:
         job_id = validation.job_id("job_id", request.job_id)
-        server_id, address = await self.run(self.app.job_log_source, job_id, request.rank)
+        server_id, address = await self.run(self.app.jobs.log_source, job_id, request.rank)
         chunk = await self._logs.read(server_id, address, job_id, request.rank, request.offset, request.max_bytes)
         return scheduler_pb2.GetJobLogsResponse(
             data=chunk.data, offset=chunk.offset, next_offset=chunk.next_offset, size=chunk.size, server_id=server_id
@@ -198,7 +204,7 @@ class AgentServicer(_Base, agent_pb2_grpc.AgentServiceServicer):
         self, request: agent_pb2.RegisterServerRequest, context: Any
     ) -> agent_pb2.RegisterServerResponse:
         registration = validation.registration(request)
-        desired = await self.run(self.app.register_server, registration)
+        desired = await self.run(self.app.agents.register, registration)
         log.info("server registered", server=desired.server_id, pool=registration.pool, gpus=len(registration.gpus))
         return agent_pb2.RegisterServerResponse(
             server_id=desired.server_id, scheduler_epoch=desired.epoch,
@@ -207,13 +213,15 @@ class AgentServicer(_Base, agent_pb2_grpc.AgentServiceServicer):
         )
 
     @rpc
-    async def ReportStatus(self, request: agent_pb2.ReportStatusRequest, context: Any) -> agent_pb2.ReportStatusResponse:
+    async def ReportStatus(
+        self, request: agent_pb2.ReportStatusRequest, context: Any
+    ) -> agent_pb2.ReportStatusResponse:
         report = validation.status_report(request)
         # Most reports say nothing new and are answered from memory, here on the loop: a thread hop
         # per report would cost more than the answer (1,000s of agents report every few seconds).
-        generation = self.app.answer_from_memory(report)
+        generation = self.app.agents.answer_from_memory(report)
         if generation is None:
-            generation = await self.run(self.app.report_status, report)
+            generation = await self.run(self.app.agents.report_status, report)
         return agent_pb2.ReportStatusResponse(
             desired_generation=generation, report_interval=convert.duration(self._report_interval)
         )
@@ -237,14 +245,14 @@ class InferenceServicer(_Base, inference_pb2_grpc.InferenceServiceServicer):
             raise InvalidArgument("servers_needed", f"must be at most 100000 (got {request.servers_needed})")
         rps = validation.finite("observed_rps", request.observed_rps)
         source = validation.text("source", request.source, max_len=253) or context.peer()[:253]
-        report, serving, loaned = await self.run(self.app.report_demand, request.servers_needed, rps, source)
+        report, serving, loaned = await self.run(self.app.inference.report_demand, request.servers_needed, rps, source)
         return inference_pb2.ReportDemandResponse(
             demand=convert.demand(report), servers_serving=serving, servers_loaned=loaned
         )
 
     @rpc
     async def GetDemand(self, request: inference_pb2.GetDemandRequest, context: Any) -> inference_pb2.GetDemandResponse:
-        return inference_pb2.GetDemandResponse(demand=convert.demand(await self.run(self.app.latest_demand)))
+        return inference_pb2.GetDemandResponse(demand=convert.demand(await self.run(self.app.inference.latest_demand)))
 
     @rpc
     async def WatchServingPool(
@@ -255,13 +263,13 @@ class InferenceServicer(_Base, inference_pb2_grpc.InferenceServiceServicer):
         sent: list[tuple[str, str, str]] | None = None
         while True:
             seen = self.notifier.events.version  # every server state change appends an event
-            version, servers = await self.run(self.app.serving_pool)
+            version, servers = await self.run(self.app.inference.serving_pool)
             if servers != sent:
                 yield inference_pb2.ServingPool(
                     version=version,
                     servers=[
                         inference_pb2.RoutableServer(
-                            server_id=sid, endpoint=endpoint, state=types_pb2.ServerState.Value(f"SERVER_STATE_{state}")
+                            server_id=sid, endpoint=endpoint, state=convert.server_state(state)
                         )
                         for sid, endpoint, state in servers
                     ],
@@ -275,6 +283,6 @@ class InferenceServicer(_Base, inference_pb2_grpc.InferenceServiceServicer):
     ) -> inference_pb2.ReportDrainedResponse:
         server_id = validation.server_id("server_id", request.server_id)
         source = validation.text("source", request.source, max_len=253) or context.peer()[:253]
-        state = await self.run(self.app.report_drained, server_id, source)
-        return inference_pb2.ReportDrainedResponse(state=types_pb2.ServerState.Value(f"SERVER_STATE_{state}"))
+        state = await self.run(self.app.inference.report_drained, server_id, source)
+        return inference_pb2.ReportDrainedResponse(state=convert.server_state(state))
 

@@ -12,7 +12,9 @@ from collections.abc import Iterable
 from google.protobuf import duration_pb2, timestamp_pb2
 
 from protos.aryl.v1 import agent_pb2, types_pb2
-from scheduler_service.app import (
+from scheduler_service.errors import InvalidArgument
+from scheduler_service.lifecycle import JobState, Pool
+from scheduler_service.records import (
     GpuReport,
     GpuSample,
     JobFilter,
@@ -21,8 +23,6 @@ from scheduler_service.app import (
     StatusReport,
     WorkerReport,
 )
-from scheduler_service.errors import InvalidArgument
-from scheduler_service.lifecycle import JobState, Pool
 
 NAME_MAX = 253
 # Matched with fullmatch: "$" would also accept a trailing newline.

@@ -8,8 +8,9 @@ SAVEPOINTs work with the pysqlite driver). PostgreSQL gets a per-statement timeo
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -41,7 +42,7 @@ def create_engine_for(url: str, *, statement_timeout_ms: int = 5000, pool_size: 
 
 def _make_sqlite_transactional(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         # Take over transaction control from pysqlite (its implicit BEGIN breaks SAVEPOINT).
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
@@ -52,7 +53,7 @@ def _make_sqlite_transactional(engine: Engine) -> None:
         cursor.close()
 
     @event.listens_for(engine, "begin")
-    def _on_begin(conn) -> None:  # type: ignore[no-untyped-def]
+    def _on_begin(conn: Connection) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 

@@ -16,7 +16,7 @@ The schema is created only by the Alembic migrations in ``migrations/``; these m
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar, cast
 
 from sqlalchemy import (
     JSON,
@@ -30,6 +30,7 @@ from sqlalchemy import (
     Integer,
     MetaData,
     String,
+    Table,
     UniqueConstraint,
     text,
 )
@@ -49,7 +50,7 @@ NAMING_CONVENTION = {
 
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
-    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
+    type_annotation_map: ClassVar[dict[Any, Any]] = {dict[str, Any]: JSON, list[Any]: JSON}
 
 
 class Job(Base):
@@ -113,7 +114,7 @@ class Job(Base):
         Index("ix_jobs_queue_id", "queue", "id"),
     )
     # Optimistic concurrency: every UPDATE checks and bumps ``version`` (StaleDataError on a race).
-    __mapper_args__ = {"version_id_col": version}
+    __mapper_args__ = {"version_id_col": version}  # noqa: RUF012 - read once by the mapper
 
 
 def _registered_at(context: Any) -> float:
@@ -159,7 +160,7 @@ class Server(Base):
             name="state_matches_pool",
         ),
     )
-    __mapper_args__ = {"version_id_col": version}
+    __mapper_args__ = {"version_id_col": version}  # noqa: RUF012 - read once by the mapper
 
 
 class Gpu(Base):
@@ -264,3 +265,14 @@ class SchedulerTerm(Base):
     epoch: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     started_at: Mapped[float] = mapped_column(Double)
     holder: Mapped[str] = mapped_column(String(253), default="")
+
+
+# The models' Core tables, for the store's Core statements (batched INSERT/UPDATE/DELETE without the
+# ORM's per-row work). ``Model.__table__`` is typed as any FromClause; these are Tables.
+JOBS = cast(Table, Job.__table__)
+SERVERS = cast(Table, Server.__table__)
+GPUS = cast(Table, Gpu.__table__)
+ALLOCATIONS = cast(Table, Allocation.__table__)
+LOANS = cast(Table, Loan.__table__)
+EVENTS = cast(Table, Event.__table__)
+DEMAND_REPORTS = cast(Table, DemandReport.__table__)

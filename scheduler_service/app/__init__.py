@@ -1,0 +1,84 @@
+"""The application layer: the scheduler service's use cases, over the store, in transactions.
+
+One small class per use case, each built here from the same database sessions, clock and notifier:
+
+- ``jobs`` (``Jobs``): submit, cancel, get, list, explain, locate a rank's logs;
+- ``agents`` (``Agents``): register a server, record its status reports, its desired state;
+- ``inference`` (``Inference``): demand, drain acknowledgements, the serving pool, reclaim previews;
+- ``views`` (``ClusterViews``): servers, loans, the cluster summary, the event log;
+- ``liveness`` (``Liveness``): servers whose agents went silent become LOST;
+- ``term`` (``Term``): the scheduler's term and its epoch;
+- ``cluster`` (``DatabaseCluster``): the scheduling cycle's port (``snapshot`` + ``apply``).
+
+Servicers translate protobuf to the inputs of ``scheduler_service.records`` and call the use case
+they need (from worker threads); the scheduling cycle runs on ``cluster``. Each call is one
+transaction: it commits everything it changed (state + event log) or nothing. Notifications (agents'
+desired state, event watchers, cycle triggers) go out through the ``Notifier`` port only after commit.
+
+Never: decide placement here (the policy does), talk gRPC (the api package does), or hold SQL (the
+store does).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from scheduler_service.app.agents import Agents
+from scheduler_service.app.cluster import DatabaseCluster
+from scheduler_service.app.inference import Inference
+from scheduler_service.app.jobs import Jobs
+from scheduler_service.app.liveness import Liveness
+from scheduler_service.app.memory import Heartbeats, ReportDigests
+from scheduler_service.app.notices import Announcer, Notifier, NullNotifier
+from scheduler_service.app.term import Term
+from scheduler_service.app.views import ClusterViews
+from scheduler_service.core.clock import Clock
+from scheduler_service.core.params import PolicyParams
+from scheduler_service.store.agents import AgentStore
+from scheduler_service.store.applier import Applier
+from scheduler_service.store.changes import StateChanges
+from scheduler_service.store.desired import DesiredStates
+from scheduler_service.store.inference import InferenceStore
+from scheduler_service.store.jobs import JobStore
+from scheduler_service.store.liveness import LivenessStore
+from scheduler_service.store.snapshot import SnapshotReader
+from scheduler_service.store.transactions import Transactions
+
+
+class SchedulerApp:
+    """The use cases of one scheduler, composed. ``worker_base_port``: where a job's workers meet
+    (plus job id mod 10000); ``telemetry_write_s``: how often a status report that says nothing new
+    is still written; ``reclaim_deadline_s``: how long a reclaimed server waits for its agent."""
+
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        clock: Clock,
+        *,
+        notifier: Notifier | None = None,
+        worker_base_port: int = 29500,
+        telemetry_write_s: float = 15.0,
+        reclaim_deadline_s: float = PolicyParams.reclaim_deadline_s,
+    ) -> None:
+        self.notifier: Notifier = notifier or NullNotifier()
+        db = Transactions(sessions, publish=self.notifier.desired_states_committed)
+        changes = StateChanges(clock)
+        self.term = Term(db, changes, clock)
+        desired = DesiredStates(epoch=lambda: self.term.epoch, worker_base_port=worker_base_port)
+        heartbeats, digests = Heartbeats(clock), ReportDigests()
+        notices = Announcer(self.notifier, db, digests)
+        self.cluster = DatabaseCluster(
+            db, SnapshotReader(clock), Applier(changes, desired, clock, reclaim_deadline_s=reclaim_deadline_s),
+            notices,
+        )
+        self.jobs = Jobs(db, JobStore(changes, desired, clock), clock, notices)
+        self.agents = Agents(
+            db, AgentStore(changes, desired, clock), desired, clock, term=self.term, heartbeats=heartbeats,
+            digests=digests, notices=notices, telemetry_write_s=telemetry_write_s,
+        )
+        self.inference = Inference(db, InferenceStore(changes, clock), notices, snapshot=self.cluster.snapshot)
+        self.views = ClusterViews(db)
+        self.liveness = Liveness(db, LivenessStore(changes, desired, clock), heartbeats, notices)
+
+
+__all__ = ["Notifier", "NullNotifier", "SchedulerApp"]

@@ -1,0 +1,142 @@
+"""Agents: a server registers, reports its status, and is told its desired state.
+
+Most status reports say nothing new: the same generation, the same GPU health, no worker exit. Those
+are answered from memory (``ReportDigests``) and their telemetry (GPU load, progress, last seen) is
+written at most every ``telemetry_write_s``; liveness is in memory anyway. So a fleet of 1,000s of
+agents costs the database little. A report whose only news is a newer observed generation writes
+just that (one statement). Anything else that may need a decision (a health change, an exit, a LOST
+server reporting again) goes through the full path at once.
+
+Never: decide what a server runs (the policy does), or hold SQL (the store does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy.exc import IntegrityError
+
+from scheduler_service.app.memory import Heartbeats, ReportDigest, ReportDigests, health_of
+from scheduler_service.app.notices import Announcer
+from scheduler_service.app.term import Term
+from scheduler_service.core.clock import Clock
+from scheduler_service.errors import AlreadyExists, NotFound
+from scheduler_service.lifecycle import ServerState
+from scheduler_service.records import DesiredServerState, ServerRegistration, StatusReport
+from scheduler_service.store.agents import AgentStore
+from scheduler_service.store.desired import DesiredStates
+from scheduler_service.store.transactions import Transactions
+
+
+class Agents:
+    """``telemetry_write_s``: a report that says nothing new is still written at least this often."""
+
+    def __init__(
+        self, db: Transactions, store: AgentStore, desired: DesiredStates, clock: Clock, *, term: Term,
+        heartbeats: Heartbeats, digests: ReportDigests, notices: Announcer, telemetry_write_s: float,
+    ) -> None:
+        self._db = db
+        self._store = store
+        self._desired = desired
+        self._clock = clock
+        self._term = term
+        self._heartbeats = heartbeats
+        self._digests = digests
+        self._notices = notices
+        self._telemetry_write_s = telemetry_write_s
+
+    def register(self, reg: ServerRegistration) -> DesiredServerState:
+        now = self._clock.now()
+        try:
+            touched = self._db.write(lambda session: self._store.register(session, reg, now))
+        except IntegrityError as exc:
+            raise AlreadyExists(
+                f"a GPU UUID reported by {reg.hostname} is already registered to another server"
+            ) from exc
+        self._heartbeats.heard(reg.hostname)
+        self._digests.forget([reg.hostname])
+        self._notices.servers_changed(touched)
+        return self.desired_state(reg.hostname)
+
+    def report_status(self, report: StatusReport) -> int:
+        """Record an agent's report (GPU telemetry and health, what its workers do); returns the
+        server's desired generation. A server that was LOST comes back to its home state. Reports
+        that say nothing new take the fast paths (see the module's docstring)."""
+        answer = self.answer_from_memory(report)
+        if answer is not None:
+            return answer
+        digest = self._unchanged_since_digest(report)
+        if digest is not None:
+            answer = self._record_observed_generation(report, digest)
+            if answer is not None:
+                return answer
+        now = self._clock.now()
+        recorded = self._db.write(
+            lambda session: self._store.record_report(session, report, now, epoch=self._term.epoch)
+        )
+        self._heartbeats.heard(report.server_id)
+        if not recorded.touched and recorded.state != ServerState.LOST:
+            self._digests.put(report.server_id, ReportDigest(
+                epoch=self._term.epoch, observed_generation=recorded.observed_generation,
+                desired_generation=recorded.desired_generation, health=health_of(report),
+                written_at=self._clock.monotonic(),
+            ))
+        if recorded.touched:
+            self._notices.servers_changed(recorded.touched)  # also requests a cycle
+        elif recorded.cycle_needed:
+            self._notices.state_changed()
+        return recorded.desired_generation
+
+    def answer_from_memory(self, report: StatusReport) -> int | None:
+        """``report_status``'s fast path, safe on any thread and touching no database: when ``report``
+        carries nothing that needs the database now, record that the server was heard from and return
+        the desired generation to answer with; otherwise None (call ``report_status``)."""
+        digest = self._unchanged_since_digest(report)
+        if digest is None or report.observed_generation > digest.observed_generation:
+            return None
+        self._heartbeats.heard(report.server_id)
+        return digest.desired_generation
+
+    def _unchanged_since_digest(self, report: StatusReport) -> ReportDigest | None:
+        """The server's digest when ``report`` says nothing new but (perhaps) a newer observed
+        generation: same epoch, same GPU health, no exit the scheduler did not ask for, and telemetry
+        written recently. None when it must take the full path."""
+        digest = self._digests.get(report.server_id)
+        epoch = self._term.epoch
+        if (
+            digest is None
+            or digest.epoch != epoch
+            or report.scheduler_epoch != epoch
+            or self._clock.monotonic() - digest.written_at >= self._telemetry_write_s
+            or health_of(report) != digest.health
+            or any(w.phase == "EXITED" and not w.stop_requested for w in report.workers)
+        ):
+            return None
+        return digest
+
+    def _record_observed_generation(self, report: StatusReport, digest: ReportDigest) -> int | None:
+        """A report whose only news is a newer observed generation (the agent converged after a push:
+        100s of them follow a burst of decisions): one UPDATE of the server's heartbeat columns, no
+        telemetry (written on its own schedule). Returns the desired generation, or None when the
+        server turned out to be LOST (the full path brings it back)."""
+        row = self._db.write(lambda session: self._store.record_observed_generation(session, report))
+        if row is None:
+            return None
+        self._heartbeats.heard(report.server_id)
+        self._digests.advance(report.server_id, digest, observed=row.observed, desired=row.desired)
+        if row.state in (ServerState.RECLAIMING, ServerState.SERVING):
+            # A reclaimed server waits for exactly this confirmation to serve again; routing too.
+            self._notices.state_changed()
+        return int(row.desired)
+
+    def desired_state(self, server_id: str) -> DesiredServerState:
+        state = self.desired_states([server_id]).get(server_id)
+        if state is None:
+            raise NotFound(f"server {server_id} is not registered")
+        return state
+
+    def desired_states(self, server_ids: Sequence[str]) -> dict[str, DesiredServerState]:
+        """The desired state of each registered server among ``server_ids``, from one consistent
+        read: three queries however many servers (the agent streams' fan-out after a commit)."""
+        ids = sorted(set(server_ids))
+        return self._db.read(lambda session: self._desired.read(session, ids))

@@ -1,0 +1,130 @@
+"""Jobs: submit (one or a batch), cancel (one or a batch), get, list a page, explain, and find a
+rank's logs.
+
+Each call is one transaction; the agents of servers whose workers a cancel stopped, the event log
+and the cycle are told after commit.
+
+Never: decide placement (the policy does), or hold SQL (the store does).
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+
+from sqlalchemy.exc import IntegrityError
+
+from scheduler_service.app.notices import Announcer
+from scheduler_service.core.clock import Clock
+from scheduler_service.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from scheduler_service.lifecycle import JobState
+from scheduler_service.records import EventInfo, Explanation, JobFilter, JobInfo, JobSubmission
+from scheduler_service.store.jobs import JobStore
+from scheduler_service.store.transactions import Transactions
+
+MAX_PAGE_SIZE = 1000
+DEFAULT_PAGE_SIZE = 100
+
+
+class Jobs:
+    def __init__(self, db: Transactions, store: JobStore, clock: Clock, notices: Announcer) -> None:
+        self._db = db
+        self._store = store
+        self._clock = clock
+        self._notices = notices
+
+    def submit(self, sub: JobSubmission) -> JobInfo:
+        [result] = self.submit_many([sub])
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def submit_many(self, subs: Sequence[JobSubmission]) -> list[JobInfo | AlreadyExists]:
+        """Queue several jobs in one transaction (group commit: the API batches concurrent
+        SubmitJob calls). A duplicate idempotency key fails only its own submission."""
+        now = self._clock.now()
+        try:
+            jobs = self._db.write(lambda session: self._store.insert(session, subs, now))
+        except IntegrityError as exc:
+            if len(subs) == 1:
+                return [self._duplicate_key_error(subs[0], exc)]
+            # Some key collided: retry one by one so only the duplicates fail.
+            return [r for sub in subs for r in self.submit_many([sub])]
+        self._notices.state_changed()
+        return list(jobs)
+
+    def _duplicate_key_error(self, sub: JobSubmission, exc: IntegrityError) -> AlreadyExists:
+        key = sub.idempotency_key
+        existing = self._db.read(lambda session: self._store.id_by_key(session, key)) if key else None
+        if existing is None:
+            raise exc  # not a key collision: a real integrity problem, let it surface
+        return AlreadyExists(f"idempotency_key {sub.idempotency_key!r} was already used by job {existing}")
+
+    def get(self, job_id: int, *, include_events: bool = False) -> tuple[JobInfo, tuple[EventInfo, ...]]:
+        return self._db.read(lambda session: self._store.get(session, job_id, include_events=include_events))
+
+    def page(self, flt: JobFilter, *, page_size: int = 0, page_token: str = "") -> tuple[list[JobInfo], str]:
+        """One page of the jobs matching ``flt``, newest first, and the token of the next page ("" at
+        the end)."""
+        size = page_size or DEFAULT_PAGE_SIZE
+        if size > MAX_PAGE_SIZE:
+            raise InvalidArgument("page_size", f"must be at most {MAX_PAGE_SIZE} (got {size})")
+        before = _decode_page_token(page_token, flt) if page_token else None
+        jobs, more = self._db.read(lambda session: self._store.page(session, flt, size=size, before=before))
+        return jobs, _encode_page_token(jobs[-1].id, flt) if more else ""
+
+    def cancel(self, job_id: int, reason: str) -> JobInfo:
+        result = self.cancel_many([(job_id, reason)])[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def cancel_many(self, requests: Sequence[tuple[int, str]]) -> list[JobInfo | NotFound | FailedPrecondition]:
+        """Cancel several jobs, each ``(job id, reason)``, in one transaction (group commit: the API
+        batches concurrent CancelJob calls). A job that does not exist or has already ended fails only
+        its own request; the same job twice is cancelled once and the second request is refused."""
+        results, touched = self._db.write(lambda session: self._store.cancel(session, requests))
+        if any(isinstance(r, JobInfo) for r in results):
+            self._notices.servers_changed(touched)
+        return results
+
+    def explain(self, job_id: int) -> Explanation:
+        job, events = self.get(job_id, include_events=True)
+        decisions = tuple(e for e in events if e.reason)
+        return Explanation(job, _summarize(job, decisions), decisions)
+
+    def log_source(self, job_id: int, rank: int) -> tuple[str, str]:
+        """(server id, agent logs address) of where ``rank`` of the job ran most recently."""
+        return self._db.read(lambda session: self._store.log_source(session, job_id, rank))
+
+
+def _encode_page_token(last_id: int, flt: JobFilter) -> str:
+    return base64.urlsafe_b64encode(f"v1:{last_id}:{flt.digest()}".encode()).decode()
+
+
+def _decode_page_token(token: str, flt: JobFilter) -> int:
+    try:
+        version, last_id, digest = base64.urlsafe_b64decode(token.encode()).decode().split(":")
+        before = int(last_id)
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidArgument("page_token", "is not a token returned by ListJobs") from None
+    if version != "v1" or digest != flt.digest():
+        raise InvalidArgument("page_token", "was issued for a different filter; start again without it")
+    if not 0 < before <= 2**63 - 1:
+        raise InvalidArgument("page_token", "is not a token returned by ListJobs")
+    return before
+
+
+def _summarize(job: JobInfo, decisions: Sequence[EventInfo]) -> str:
+    state = JobState(job.state)
+    if state == JobState.PENDING:
+        why = job.pending_reason or "waiting for the next scheduling cycle"
+        preempted = [e for e in decisions if e.to_state == JobState.PREEMPTED]
+        if preempted:
+            return f"Pending (requeued after preemption: {preempted[-1].message}); {why}"
+        return f"Pending: {why}"
+    if state in (JobState.RUNNING, JobState.SCALING):
+        return f"{state.title()} with {job.num_workers} worker(s): {job.state_reason}: {job.state_message}"
+    if state == JobState.PREEMPTED:
+        return f"Preempted: {job.state_reason}: {job.state_message}"
+    return f"{state.title()}: {job.state_reason}: {job.state_message}"

@@ -1,0 +1,45 @@
+"""Liveness: servers whose agents have been silent too long are marked LOST.
+
+Silence is measured on this scheduler's monotonic clock only (``Heartbeats``), never on the agents'
+clocks or the database's wall times, so a clock jump is not silence and a restarted scheduler gives
+every agent a full grace period.
+
+Never: hold SQL (``store.liveness`` marks the server and, for now, moves its jobs).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from scheduler_service.app.memory import Heartbeats
+from scheduler_service.app.notices import Announcer
+from scheduler_service.store.liveness import LivenessStore
+from scheduler_service.store.transactions import Transactions
+
+
+class Liveness:
+    def __init__(self, db: Transactions, store: LivenessStore, heartbeats: Heartbeats, notices: Announcer) -> None:
+        self._db = db
+        self._store = store
+        self._heartbeats = heartbeats
+        self._notices = notices
+
+    def sweep_lost(self, lost_after_s: float) -> list[str]:
+        """Mark LOST every server whose agent has been silent for more than ``lost_after_s`` on this
+        scheduler's monotonic clock; requeue or shrink the jobs that ran there. Returns their ids."""
+        candidates = self._db.read(self._store.servers_not_lost)
+        lost: list[str] = []
+        for server_id in candidates:
+            silence = self._heartbeats.silence(server_id)
+            if silence <= lost_after_s:
+                continue
+            touched = self._db.write(functools.partial(
+                self._store.mark_lost, server_id=server_id, silence=silence, lost_after_s=lost_after_s,
+                silence_now=self._heartbeats.silence,
+            ))
+            if touched is not None:
+                lost.append(server_id)
+                self._notices.servers_changed(touched)
+        if lost:
+            self._notices.notifier.cycle_requested()
+        return lost

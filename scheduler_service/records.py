@@ -1,0 +1,290 @@
+"""Plain values that cross the service's layers: what the API hands the use cases (requests it has
+already validated) and what the store hands back (facts read from rows, built inside the store).
+
+Nouns: a *submission* is a job as its user asks for it; a *registration* and a *status report* are
+what an agent says about its server; ``JobInfo``, ``ServerInfo``, ``LoanInfo``, ``EventInfo`` and
+``DemandInfo`` are one row's facts as they were read; a *desired state* is what one server's agent
+must run (its workers, at a generation, under the scheduler's epoch).
+
+Never: import SQLAlchemy, the ORM models or protobuf, or decide anything. These are values: frozen,
+compared by content, safe to hand to any thread after their transaction has ended.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from scheduler_service.lifecycle import JobState, Pool, ServerState
+
+# ---------------------------------------------------------------------------------------------
+# Inputs (already validated by the API layer)
+
+
+@dataclass(frozen=True)
+class JobSubmission:
+    name: str
+    user: str
+    queue: str
+    command: tuple[str, ...]
+    env: dict[str, str]
+    gpus_per_worker: int
+    min_workers: int
+    max_workers: int
+    priority: int = 0
+    deadline: float | None = None
+    throughput: dict[str, Any] = field(default_factory=dict)
+    max_runtime_s: float | None = None
+    restart_policy: str = "ON_FAILURE"
+    max_restarts: int = 0
+    idempotency_key: str | None = None
+
+
+@dataclass(frozen=True)
+class JobFilter:
+    states: tuple[JobState, ...] = ()
+    user: str = ""
+    queue: str = ""
+
+    def digest(self) -> str:
+        raw = f"{sorted(self.states)}|{self.user}|{self.queue}".encode()
+        return hashlib.sha256(raw).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class GpuReport:
+    index: int
+    uuid: str
+    model: str
+    memory_total_bytes: int
+
+
+@dataclass(frozen=True)
+class ServerRegistration:
+    hostname: str
+    pool: Pool
+    gpus: tuple[GpuReport, ...]
+    agent_address: str
+    agent_version: str
+    logs_address: str = ""
+    inference_endpoint: str = ""
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    index: int
+    utilization: float
+    memory_used_bytes: int
+    temperature_c: float
+    healthy: bool
+    health_reason: str
+
+
+@dataclass(frozen=True)
+class WorkerReport:
+    """One worker as its agent reports it; (job_id, rank, incarnation) identifies it."""
+
+    job_id: int
+    rank: int
+    incarnation: int
+    phase: str  # STARTING, RUNNING, STOPPING, EXITED
+    exit_code: int = 0  # with EXITED; negative: killed by that signal
+    progress: float = 0.0
+    samples_per_second: float = 0.0
+    checkpoint_progress: float = 0.0
+    message: str = ""
+    stop_requested: bool = False  # EXITED because the agent stopped it, not a crash
+
+
+@dataclass(frozen=True)
+class StatusReport:
+    server_id: str
+    scheduler_epoch: int
+    gpus: tuple[GpuSample, ...]
+    observed_generation: int
+    workers: tuple[WorkerReport, ...] = ()
+
+
+# ---------------------------------------------------------------------------------------------
+# Results (read from the store)
+
+
+@dataclass(frozen=True)
+class AllocationInfo:
+    """One GPU held by one worker (rank) of a job."""
+
+    rank: int
+    server_id: str
+    gpu_index: int
+    allocated_at: float
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """A job as stored: its spec, its lifecycle state and, where the read asked for them, the GPUs
+    its workers hold (in rank, then GPU order)."""
+
+    id: int
+    name: str
+    user: str
+    queue: str
+    command: tuple[str, ...]
+    env: dict[str, str]
+    gpus_per_worker: int
+    min_workers: int
+    max_workers: int
+    priority: int
+    deadline: float | None
+    throughput: dict[str, Any]
+    max_runtime_s: float | None
+    restart_policy: str
+    max_restarts: int
+    idempotency_key: str | None
+    state: JobState
+    state_reason: str
+    state_message: str
+    pending_reason: str
+    num_workers: int
+    restarts: int
+    preemptions: int
+    submitted_at: float
+    started_at: float | None
+    finished_at: float | None
+    version: int
+    last_resized_at: float | None
+    work_done: float
+    last_checkpoint_at: float | None
+    incarnation: int
+    checkpoint_work: float | None
+    worker_exits: dict[str, int] | None  # rank (as text) -> exit status, this incarnation's exited workers
+    rank_servers: dict[str, str] | None  # rank (as text) -> server of its latest placement
+    allocations: tuple[AllocationInfo, ...] = ()
+
+
+@dataclass(frozen=True)
+class EventInfo:
+    """One entry of the event log: a state change or a decision, with its reason."""
+
+    id: int
+    time: float
+    kind: str
+    job_id: int | None
+    server_id: str | None
+    from_state: str
+    to_state: str
+    reason: str
+    message: str
+    details: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """A GPU as its agent last reported it, and the job holding it (None: free)."""
+
+    index: int
+    uuid: str
+    model: str
+    memory_total_bytes: int
+    healthy: bool
+    health_reason: str
+    utilization: float
+    memory_used_bytes: int
+    temperature_c: float
+    job_id: int | None
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    id: str
+    hostname: str
+    pool: Pool
+    state: ServerState
+    state_reason: str
+    state_before_fault: str | None
+    agent_address: str
+    agent_version: str
+    registered_at: float
+    last_seen_at: float
+    desired_generation: int
+    observed_generation: int
+    state_changed_at: float
+    logs_address: str | None
+    inference_endpoint: str | None
+    drained_at: float | None
+    gpus: tuple[GpuInfo, ...]  # in index order
+
+    @property
+    def gpus_used(self) -> int:
+        return sum(1 for g in self.gpus if g.job_id is not None)
+
+
+@dataclass(frozen=True)
+class LoanInfo:
+    """An inference server lent to training: ACTIVE until RECLAIM, RECLAIMING until RETURN, RETURNED."""
+
+    id: int
+    server_id: str
+    state: str
+    reason: str
+    started_at: float
+    ended_at: float | None
+    hard_deadline: float | None
+
+
+@dataclass(frozen=True)
+class DemandInfo:
+    """Inference demand as the router reported it (the newest report counts)."""
+
+    time: float
+    servers_needed: int
+    observed_rps: float
+    source: str
+
+
+@dataclass(frozen=True)
+class DesiredWorkerSpec:
+    job_id: int
+    rank: int
+    world_size: int
+    local_rank: int
+    gpu_indices: tuple[int, ...]
+    command: tuple[str, ...]
+    env: dict[str, str]
+    master_addr: str
+    master_port: int
+    incarnation: int = 0
+
+
+@dataclass(frozen=True)
+class DesiredServerState:
+    server_id: str
+    epoch: int
+    generation: int
+    server_state: str
+    workers: tuple[DesiredWorkerSpec, ...]
+
+
+@dataclass(frozen=True)
+class PoolStats:
+    pool: Pool
+    servers: int = 0
+    gpus_total: int = 0
+    gpus_used: int = 0
+    gpus_loaned: int = 0
+    gpus_unavailable: int = 0
+
+
+@dataclass(frozen=True)
+class ClusterSummary:
+    pools: tuple[PoolStats, ...]
+    jobs_by_state: dict[str, int]
+    demand: DemandInfo | None
+    active_loans: int
+
+
+@dataclass(frozen=True)
+class Explanation:
+    job: JobInfo
+    summary: str
+    decisions: tuple[EventInfo, ...]

@@ -1,0 +1,293 @@
+"""Agents in the store: a server's registration and GPU inventory, and what its status reports say
+(heartbeat, GPU telemetry and health, its workers' progress and exits, the generation it applied).
+
+Reports are the hot path (1,000s of agents, every few seconds): GPU telemetry is one executemany,
+heartbeat and progress columns are written without the row's optimistic version (a report must
+never make a concurrent decision on the same server or job fail as stale), and a report that only
+says the agent converged is one UPDATE.
+
+Never: commit, or decide more than a report forces: a worker's exit is judged by
+``worker_outcomes.judge_exits``; where jobs run is the policy's business.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from scheduler_service.core.clock import Clock
+from scheduler_service.errors import FailedPrecondition, InvalidArgument, NotFound
+from scheduler_service.lifecycle import JobState, ServerState, home_state
+from scheduler_service.records import GpuReport, GpuSample, ServerRegistration, StatusReport, WorkerReport
+from scheduler_service.store import models as m
+from scheduler_service.store.changes import StateChanges, at_least, free_allocations
+from scheduler_service.store.desired import DesiredStates
+from scheduler_service.store.transactions import commit_without_flush_wait
+from scheduler_service.worker_outcomes import Verdict, describe_exit, judge_exits
+
+
+@dataclass(frozen=True)
+class RecordedReport:
+    """What recording a full status report found and did."""
+
+    desired_generation: int
+    observed_generation: int  # after the report (a generation never goes back)
+    state: str  # the server's state after the report
+    touched: frozenset[str] = field(default_factory=frozenset)  # servers whose desired state changed
+    cycle_needed: bool = False  # something the policy must look at changed
+
+
+@dataclass(frozen=True)
+class Generations:
+    """A server's state with its observed and desired generations."""
+
+    state: str
+    observed: int
+    desired: int
+
+
+class AgentStore:
+    def __init__(self, changes: StateChanges, desired: DesiredStates, clock: Clock) -> None:
+        self._changes = changes
+        self._desired = desired
+        self._clock = clock
+
+    def register(self, session: Session, reg: ServerRegistration, now: float) -> set[str]:
+        """Add the server, or update a known one (a LOST server comes back to its home state, and its
+        desired state is sent again). Returns the servers whose desired generation was bumped by hand."""
+        touched: set[str] = set()
+        server = session.get(m.Server, reg.hostname)
+        if server is None:
+            server = m.Server(
+                id=reg.hostname, hostname=reg.hostname, pool=reg.pool, state=home_state(reg.pool),
+                state_reason="registered", agent_address=reg.agent_address, agent_version=reg.agent_version,
+                registered_at=now, last_seen_at=now, desired_generation=1, observed_generation=0,
+                state_changed_at=now, logs_address=reg.logs_address, inference_endpoint=reg.inference_endpoint,
+            )
+            session.add(server)
+            session.flush()
+            self._changes.event(
+                session, "SERVER_REGISTERED", server_id=server.id, to_state=server.state, reason="REGISTERED",
+                message=f"{reg.pool.lower()} server with {len(reg.gpus)} GPU(s), agent {reg.agent_version}",
+            )
+        else:
+            if server.pool != reg.pool:
+                raise FailedPrecondition(
+                    f"server {reg.hostname} is registered in pool {server.pool}, not {reg.pool}; "
+                    "a server cannot change pools"
+                )
+            server.agent_address = reg.agent_address
+            server.agent_version = reg.agent_version
+            server.logs_address = reg.logs_address
+            server.inference_endpoint = reg.inference_endpoint
+            server.last_seen_at = now
+            if server.state == ServerState.LOST:
+                self._changes.set_server_state(
+                    session, server, home_state(server.pool), "AGENT_RECONNECTED", "agent registered again"
+                )
+            server.desired_generation += 1  # resend desired state to the (re)started agent
+            touched.add(server.id)
+        self._sync_gpus(session, server, reg.gpus)
+        return touched
+
+    def _sync_gpus(self, session: Session, server: m.Server, reported: Sequence[GpuReport]) -> None:
+        existing = {g.index: g for g in session.scalars(sa.select(m.Gpu).where(m.Gpu.server_id == server.id))}
+        # GPUs may come back in another order after a reboot: park changed UUIDs first so swapping two
+        # of this server's UUIDs never trips the unique key half-way.
+        moved = [(existing[g.index], g) for g in reported if g.index in existing and existing[g.index].uuid != g.uuid]
+        for parked, _ in moved:
+            parked.uuid = f"~moving:{server.id}:{parked.index}"
+        if moved:
+            session.flush()
+        for gpu in reported:
+            row = existing.pop(gpu.index, None)
+            if row is None:
+                session.add(
+                    m.Gpu(server_id=server.id, index=gpu.index, uuid=gpu.uuid, model=gpu.model,
+                          memory_total_bytes=gpu.memory_total_bytes, healthy=True, health_reason="")
+                )
+            else:
+                row.uuid, row.model, row.memory_total_bytes = gpu.uuid, gpu.model, gpu.memory_total_bytes
+        for row in existing.values():  # GPUs the agent no longer sees stay listed but unusable
+            if row.healthy:
+                row.healthy = False
+                row.health_reason = "missing from the agent's inventory"
+                self._changes.event(session, "GPU_HEALTH_CHANGED", server_id=server.id, reason="GPU_MISSING",
+                                    message=f"GPU {row.index} missing from inventory")
+        session.flush()
+
+    def record_report(self, session: Session, report: StatusReport, now: float, *, epoch: int) -> RecordedReport:
+        """Everything ``report`` says, under the scheduler's ``epoch``: heartbeat, observed generation,
+        GPU telemetry and health, the workers' progress and exits. A server that was LOST comes back
+        to its home state."""
+        touched: set[str] = set()
+        cycle_needed = False
+        server = session.get(m.Server, report.server_id)
+        if server is None:
+            raise NotFound(f"server {report.server_id} is not registered; register it first")
+        if report.scheduler_epoch != epoch:
+            raise FailedPrecondition(
+                f"stale scheduler epoch {report.scheduler_epoch} (current {epoch}); register again"
+            )
+        # The heartbeat columns bypass the row's version: a report must never fail the optimistic
+        # check of the scheduler's own commits (desired generation, state), with 1,000s of agents
+        # reporting every few seconds.
+        servers = m.SERVERS
+        session.execute(
+            sa.update(servers).where(servers.c.id == server.id).values(
+                last_seen_at=now,
+                observed_generation=at_least(servers.c.observed_generation, report.observed_generation),
+            )
+        )
+        if report.observed_generation > server.observed_generation:
+            # A reclaimed server waits for exactly this confirmation to serve again; routing too.
+            cycle_needed = cycle_needed or server.state in (ServerState.RECLAIMING, ServerState.SERVING)
+        if server.state == ServerState.LOST:
+            self._changes.set_server_state(
+                session, server, home_state(server.pool), "AGENT_RECONNECTED", "agent reported again"
+            )
+            touched.add(server.id)  # new generation: what ran there before it was lost must stop
+            cycle_needed = True
+        if report.gpus and self._record_gpus(session, server.id, report.gpus):
+            cycle_needed = True
+        if report.workers and self._record_workers(session, server.id, report.workers, now, touched):
+            cycle_needed = True
+        self._desired.bump(session, touched)
+        if not touched and not cycle_needed:
+            commit_without_flush_wait(session)  # telemetry only
+        return RecordedReport(
+            state=server.state, observed_generation=max(server.observed_generation, report.observed_generation),
+            desired_generation=server.desired_generation, touched=frozenset(touched), cycle_needed=cycle_needed,
+        )
+
+    def record_observed_generation(self, session: Session, report: StatusReport) -> Generations | None:
+        """A report whose only news is a newer observed generation: one UPDATE of the server's
+        heartbeat columns, no telemetry. None when the server is LOST (the full path brings it back)."""
+        s = m.SERVERS
+        commit_without_flush_wait(session)  # as telemetry: see ``record_report``
+        row = session.execute(
+            sa.update(s).where(s.c.id == report.server_id, s.c.state != ServerState.LOST)
+            .values(last_seen_at=self._clock.now(),
+                    observed_generation=at_least(s.c.observed_generation, report.observed_generation))
+            .returning(s.c.state, s.c.observed_generation, s.c.desired_generation)
+        ).one_or_none()
+        return None if row is None else Generations(row.state, row.observed_generation, row.desired_generation)
+
+    def _record_gpus(self, session: Session, server_id: str, samples: Sequence[GpuSample]) -> bool:
+        """GPU telemetry in one executemany (the hot path of every report); a health change also gets
+        an event. Returns True when a GPU's health changed (placement must be reconsidered)."""
+        g = m.GPUS.c
+        healthy = {
+            index: ok for index, ok in session.execute(sa.select(g.index, g.healthy).where(g.server_id == server_id))
+        }
+        rows, changed = [], False
+        for position, sample in enumerate(samples):
+            if sample.index not in healthy:
+                raise InvalidArgument(f"gpus[{position}].index", f"GPU {sample.index} was not registered")
+            row = {"sid": server_id, "gidx": sample.index, "utilization": sample.utilization,
+                   "memory_used_bytes": sample.memory_used_bytes, "temperature_c": sample.temperature_c,
+                   "healthy": healthy[sample.index], "health_reason": None}
+            if healthy[sample.index] != sample.healthy:
+                changed = True
+                row["healthy"], row["health_reason"] = sample.healthy, sample.health_reason[:256]
+                self._changes.event(
+                    session, "GPU_HEALTH_CHANGED", server_id=server_id,
+                    reason="GPU_HEALTHY" if sample.healthy else "GPU_UNHEALTHY",
+                    message=f"GPU {sample.index}: {sample.health_reason or 'healthy again'}",
+                )
+            rows.append(row)
+        session.execute(
+            sa.update(m.GPUS)
+            .where(g.server_id == sa.bindparam("sid"), g.index == sa.bindparam("gidx"))
+            .values(utilization=sa.bindparam("utilization"), memory_used_bytes=sa.bindparam("memory_used_bytes"),
+                    temperature_c=sa.bindparam("temperature_c"), healthy=sa.bindparam("healthy"),
+                    health_reason=sa.func.coalesce(sa.bindparam("health_reason"), g.health_reason)),
+            rows,
+        )
+        return changed
+
+    def _record_workers(
+        self, session: Session, server_id: str, workers: Sequence[WorkerReport], now: float, touched: set[str]
+    ) -> bool:
+        """Progress, checkpoints and exits of the workers this server runs for the jobs' current
+        incarnations (reports about older incarnations or ranks placed elsewhere are history and
+        ignored). Returns True when a job ended or was requeued (GPUs freed: a cycle is due)."""
+        job_ids = sorted({w.job_id for w in workers})
+        jobs = {job.id: job for job in session.scalars(sa.select(m.Job).where(m.Job.id.in_(job_ids)))}
+        placed = {
+            (row.job_id, row.rank)
+            for row in session.execute(
+                sa.select(m.Allocation.job_id, m.Allocation.rank)
+                .where(m.Allocation.server_id == server_id, m.Allocation.job_id.in_(job_ids))
+            )
+        }
+        decided = False
+        for job_id in job_ids:
+            job = jobs.get(job_id)
+            if job is None or not JobState(job.state).holds_gpus:
+                continue
+            current = [
+                w for w in workers
+                if w.job_id == job_id and w.incarnation == job.incarnation and (job_id, w.rank) in placed
+            ]
+            if not current:
+                continue
+            self._record_progress(session, job, current, now)
+            exits = {int(rank): code for rank, code in (job.worker_exits or {}).items()}
+            new_exits = [
+                w for w in current
+                if w.phase == "EXITED" and not w.stop_requested and w.rank not in exits
+            ]
+            if not new_exits:
+                continue
+            for w in new_exits:
+                exits[w.rank] = w.exit_code
+                self._changes.event(
+                    session, "WORKER_EXITED", job_id=job.id, server_id=server_id,
+                    reason="WORKER_SUCCEEDED" if w.exit_code == 0 else "WORKER_FAILED",
+                    message=f"rank {w.rank} (incarnation {w.incarnation}) {describe_exit(w.exit_code)}"
+                            + (f": {w.message}" if w.message else ""),
+                    details={"rank": str(w.rank), "exit_code": str(w.exit_code), "incarnation": str(w.incarnation)},
+                )
+            job.worker_exits = {str(rank): code for rank, code in sorted(exits.items())}
+            verdict, why = judge_exits(
+                exits, num_workers=job.num_workers, restart_policy=job.restart_policy,
+                restarts=job.restarts, max_restarts=job.max_restarts,
+            )
+            if verdict is None:
+                continue
+            touched |= free_allocations(session, job.id)
+            job.num_workers = 0
+            if verdict is Verdict.COMPLETED:
+                job.finished_at = now
+                self._changes.set_job_state(session, job, JobState.COMPLETED, "WORKERS_SUCCEEDED", why)
+            elif verdict is Verdict.FAILED:
+                job.finished_at = now
+                self._changes.set_job_state(session, job, JobState.FAILED, "WORKER_FAILED", why)
+            else:
+                job.restarts += 1
+                job.pending_reason = f"RESTARTING: {why}"[:1024]
+                self._changes.set_job_state(session, job, JobState.PENDING, "RESTARTING", why)
+            decided = True
+        return decided
+
+    @staticmethod
+    def _record_progress(session: Session, job: m.Job, current: Sequence[WorkerReport], now: float) -> None:
+        """Progress is telemetry, not a state change: written without the optimistic version bump, so
+        a report never makes a concurrent plan's action on the same job fail as stale."""
+        # A worker that has not written progress yet reports 0: that says nothing about the job.
+        progress = max((w.progress for w in current), default=0.0)
+        checkpoint = max((w.checkpoint_progress for w in current), default=0.0)
+        values: dict[str, Any] = {}
+        if progress > 0 and progress != job.work_done:
+            values["work_done"] = progress  # may go down: a restart resumes from the last checkpoint
+        if checkpoint > 0 and checkpoint != job.checkpoint_work:
+            values["checkpoint_work"] = checkpoint
+            values["last_checkpoint_at"] = now  # the scheduler's clock: when it learnt of the checkpoint
+        if values:
+            session.execute(sa.update(m.JOBS).where(m.JOBS.c.id == job.id).values(**values))
+            session.expire(job, list(values))

@@ -1,0 +1,112 @@
+"""Desired state: what each server's agent must run, read from the allocations, and the generation
+bump that tells an agent its desired state changed.
+
+A bump is a transaction's last change to its servers: it returns their part of the desired state,
+whose workers are read at once, in the same transaction, and staged for ``Transactions`` to publish
+right after commit (each round trip here is time every agent of the decision waits).
+
+Never: decide what runs where (the plan did), or push anything itself.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from scheduler_service.records import DesiredServerState, DesiredWorkerSpec
+from scheduler_service.store import models as m
+from scheduler_service.store.changes import index_list
+from scheduler_service.store.transactions import stage_desired_states
+
+# A server's part of its desired state (``DesiredStates.of``).
+DESIRED_SERVER_COLUMNS = tuple(
+    m.SERVERS.c[name] for name in ("id", "agent_address", "desired_generation", "state")
+)
+
+
+class DesiredStates:
+    """``epoch``: the scheduler's current epoch (agents fence on it); a job's workers meet on
+    ``worker_base_port`` + (job id mod 10000)."""
+
+    def __init__(self, *, epoch: Callable[[], int], worker_base_port: int) -> None:
+        self._epoch = epoch
+        self._worker_base_port = worker_base_port
+
+    def bump(self, session: Session, server_ids: Iterable[str]) -> None:
+        """One desired-generation bump per server, in one statement. The version moves too, so a
+        concurrent writer that read a server before this commit fails its optimistic check."""
+        ids = sorted(server_ids)
+        if not ids:
+            return
+        s = m.SERVERS
+        session.flush()  # pending ORM changes to these rows first, with their own version checks
+        # What the agents must be told is read now, in this transaction (bumping is a transaction's last
+        # change to these servers), and pushed right after commit, so a push never waits for a second
+        # read after commit; ``Transactions.write`` hands it over. The bump returns the servers' part of
+        # it: each round trip here is time every agent of the decision waits.
+        bumped = session.execute(
+            sa.update(s).where(s.c.id.in_(ids))
+            .values(desired_generation=s.c.desired_generation + 1, version=s.c.version + 1)
+            .returning(*DESIRED_SERVER_COLUMNS)
+        ).all()
+        for server_id in ids:  # objects of these rows in this session are reloaded on next use
+            server = session.identity_map.get(session.identity_key(m.Server, server_id))
+            if server is not None:
+                session.expire(server)
+        stage_desired_states(session, self.of(session, bumped))
+
+    def read(self, session: Session, ids: Sequence[str]) -> dict[str, DesiredServerState]:
+        """The desired state of each registered server among ``ids``. Core rows with only the columns
+        an agent needs: three queries however many servers."""
+        s = m.SERVERS.c
+        return self.of(session, session.execute(sa.select(*DESIRED_SERVER_COLUMNS).where(s.id.in_(ids))).all())
+
+    def of(self, session: Session, servers: Sequence[Any]) -> dict[str, DesiredServerState]:
+        """The desired state of each server row (``DESIRED_SERVER_COLUMNS``), with its workers read in one
+        query (also inside a writing transaction, before its commit: this runs for every decision)."""
+        if not servers:
+            return {}
+        a, j = m.ALLOCATIONS.c, m.JOBS.c
+        a0, s0 = m.ALLOCATIONS.alias("rank0"), m.SERVERS.alias("rank0_server")
+        # MASTER_ADDR: the server of rank 0 of each job.
+        master = (
+            sa.select(s0.c.agent_address).join(a0, s0.c.id == a0.c.server_id)
+            .where(a0.c.job_id == a.job_id, a0.c.rank == 0).limit(1).scalar_subquery()
+        )
+        # One row per worker (its GPUs aggregated): a job's command and environment are decoded once
+        # per worker, not once per GPU.
+        here = session.execute(
+            sa.select(a.server_id, a.job_id, a.rank,
+                      sa.func.aggregate_strings(sa.cast(a.gpu_index, sa.String), ",").label("gpus"),
+                      j.num_workers, j.command, j.env, j.incarnation, master.label("master_addr"))
+            .join(m.JOBS, j.id == a.job_id)
+            .where(a.server_id.in_(sorted(row.id for row in servers)))
+            .group_by(a.server_id, a.job_id, a.rank, j.id)
+            .order_by(a.server_id, a.job_id, a.rank)
+        ).all()
+        workers: dict[str, list[Any]] = defaultdict(list)
+        for row in here:
+            workers[row.server_id].append(row)
+        epoch = self._epoch()
+        states = {}
+        for server in sorted(servers, key=lambda row: row.id):
+            specs = []
+            local_rank: dict[int, int] = defaultdict(int)
+            for w in workers[server.id]:
+                specs.append(
+                    DesiredWorkerSpec(
+                        job_id=w.job_id, rank=w.rank, world_size=w.num_workers, local_rank=local_rank[w.job_id],
+                        gpu_indices=index_list(w.gpus), command=tuple(w.command),
+                        env=dict(w.env), master_addr=w.master_addr or server.agent_address,
+                        master_port=self._worker_base_port + w.job_id % 10000, incarnation=w.incarnation,
+                    )
+                )
+                local_rank[w.job_id] += 1
+            states[server.id] = DesiredServerState(
+                server.id, epoch, server.desired_generation, server.state, tuple(specs)
+            )
+        return states

@@ -1,0 +1,201 @@
+"""Jobs in the store: submitting (batched), reading and listing, cancelling (batched), and where a
+rank's logs are.
+
+Submissions and cancellations come in batches (the API's group commit) and are written with a fixed
+number of statements however many there are: INSERT ... RETURNING in one round trip, one UPDATE and
+one DELETE for every cancelled job.
+
+Never: commit, or decide anything about a job but what its request asks.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from scheduler_service.core.clock import Clock
+from scheduler_service.core.plan import Reason
+from scheduler_service.errors import FailedPrecondition, NotFound
+from scheduler_service.lifecycle import JobState
+from scheduler_service.records import EventInfo, JobFilter, JobInfo, JobSubmission
+from scheduler_service.store import models as m
+from scheduler_service.store.changes import StateChanges, load_job
+from scheduler_service.store.desired import DesiredStates
+from scheduler_service.store.rows import Values, event_info, job_info
+
+
+class JobStore:
+    def __init__(self, changes: StateChanges, desired: DesiredStates, clock: Clock) -> None:
+        self._changes = changes
+        self._desired = desired
+        self._clock = clock
+
+    def insert(self, session: Session, subs: Sequence[JobSubmission], now: float) -> list[JobInfo]:
+        """Queue ``subs`` as PENDING jobs submitted at ``now``, each with its JOB_SUBMITTED event.
+        Raises IntegrityError when an idempotency key was used before."""
+        rows = [_job_row(sub, now) for sub in subs]
+        # Core INSERT ... RETURNING in one round trip for the whole batch ("insertmanyvalues").
+        # Core tables, not ORM entities: the ORM's bulk path costs more than the database here.
+        jobs, events = m.JOBS, m.EVENTS
+        ids = list(
+            session.scalars(
+                sa.insert(jobs).returning(jobs.c.id, sort_by_parameter_order=True), [{**r, "version": 1} for r in rows]
+            )
+        )
+        session.execute(
+            sa.insert(events),
+            [
+                dict(time=row["submitted_at"], kind="JOB_SUBMITTED", job_id=job_id, server_id=None, from_state="",
+                     to_state=JobState.PENDING, reason=Reason.SUBMITTED, details={},
+                     message=f"{row['name']} by {row['user']} in queue {row['queue']}: {row['min_workers']}.."
+                     f"{row['max_workers']} worker(s) x {row['gpus_per_worker']} GPU(s)")
+                for job_id, row in zip(ids, rows, strict=True)
+            ],
+        )
+        return [job_info({**row, **_NOT_WRITTEN_YET, "id": job_id, "version": 1})
+                for job_id, row in zip(ids, rows, strict=True)]
+
+    @staticmethod
+    def id_by_key(session: Session, key: str) -> int | None:
+        return session.scalar(sa.select(m.Job.id).where(m.Job.idempotency_key == key))
+
+    @staticmethod
+    def get(session: Session, job_id: int, *, include_events: bool) -> tuple[JobInfo, tuple[EventInfo, ...]]:
+        job = session.execute(sa.select(m.JOBS).where(m.JOBS.c.id == job_id)).one_or_none()
+        if job is None:
+            raise NotFound(f"job {job_id} not found")
+        allocations = _allocations(session, [job_id])[job_id]
+        events: tuple[EventInfo, ...] = ()
+        if include_events:
+            e = m.EVENTS.c
+            events = tuple(
+                event_info(row._mapping)
+                for row in session.execute(sa.select(m.EVENTS).where(e.job_id == job_id).order_by(e.id))
+            )
+        return job_info(job._mapping, allocations), events
+
+    @staticmethod
+    def page(session: Session, flt: JobFilter, *, size: int, before: int | None) -> tuple[list[JobInfo], bool]:
+        """Up to ``size`` jobs matching ``flt`` with ids below ``before``, newest first, and whether
+        more follow."""
+        j = m.JOBS.c
+        stmt = sa.select(m.JOBS)
+        if flt.states:
+            stmt = stmt.where(j.state.in_([str(s) for s in flt.states]))
+        if flt.user:
+            stmt = stmt.where(j.user == flt.user)
+        if flt.queue:
+            stmt = stmt.where(j.queue == flt.queue)
+        if before is not None:
+            stmt = stmt.where(j.id < before)
+        # Core rows, not ORM entities: a page is read-only, and a 1,000-job page costs half as much.
+        jobs = [row._mapping for row in session.execute(stmt.order_by(j.id.desc()).limit(size + 1))]
+        more = len(jobs) > size
+        jobs = jobs[:size]
+        allocations = _allocations(session, [job["id"] for job in jobs])
+        return [job_info(job, allocations[job["id"]]) for job in jobs], more
+
+    def cancel(
+        self, session: Session, requests: Sequence[tuple[int, str]]
+    ) -> tuple[list[JobInfo | NotFound | FailedPrecondition], set[str]]:
+        """Cancel each ``(job id, reason)``: one answer per request, and the servers whose workers
+        stopped. A job that does not exist or has already ended fails only its own request; the same
+        job twice is cancelled once and the second request is refused."""
+        now = self._clock.now()
+        ids = sorted({job_id for job_id, _ in requests})
+        # Locked in id order (as an apply locks them): the set-based UPDATE below then needs no
+        # per-row version check, which would cost a round trip per job.
+        jobs = {job.id: job for job in session.scalars(
+            sa.select(m.Job).where(m.Job.id.in_(ids)).order_by(m.Job.id).with_for_update()
+        )}
+        results: list[int | NotFound | FailedPrecondition] = []
+        messages: dict[int, str] = {}
+        for job_id, reason in requests:
+            job = jobs.get(job_id)
+            if job is None:
+                results.append(NotFound(f"job {job_id} not found"))
+                continue
+            state = JobState.CANCELLED if job_id in messages else JobState(job.state)
+            if state.is_terminal:  # also the second request for a job this batch cancels
+                results.append(FailedPrecondition(
+                    f"job {job_id} is already {state}; only active jobs can be cancelled"))
+                continue
+            message = reason or "cancelled by user"
+            self._changes.job_state_event(session, job, JobState.CANCELLED, Reason.CANCELLED_BY_USER, message)
+            messages[job_id] = message[:1024]
+            results.append(job_id)
+        if not messages:
+            return [r for r in results if not isinstance(r, int)], set()
+        session.flush()  # the events, in one statement
+        # Every cancelled job in one statement, and every cancelled job's GPUs in another.
+        j, a = m.JOBS.c, m.ALLOCATIONS.c
+        cancelled = sorted(messages)
+        updated = {row.id: job_info(row._mapping) for row in session.execute(
+            sa.update(m.JOBS).where(j.id.in_(cancelled))
+            .values(state=JobState.CANCELLED, state_reason=Reason.CANCELLED_BY_USER,
+                    state_message=sa.case(messages, value=j.id), num_workers=0, finished_at=now,
+                    pending_reason="", version=j.version + 1)
+            .returning(*m.JOBS.c)
+        )}
+        touched = set(session.scalars(
+            sa.delete(m.ALLOCATIONS).where(a.job_id.in_(cancelled)).returning(a.server_id)
+        ))
+        self._desired.bump(session, touched)
+        return [updated[r] if isinstance(r, int) else r for r in results], touched
+
+    @staticmethod
+    def log_source(session: Session, job_id: int, rank: int) -> tuple[str, str]:
+        """(server id, agent logs address) of where ``rank`` of the job ran most recently."""
+        job = load_job(session, job_id)
+        server_id = (job.rank_servers or {}).get(str(rank))
+        if server_id is None:
+            ran = sorted(int(r) for r in (job.rank_servers or {}))
+            raise NotFound(
+                f"job {job_id} has no rank {rank} that ever ran"
+                + (f" (ranks that ran: {', '.join(map(str, ran))})" if ran else f" (it is {job.state})")
+            )
+        server = session.get(m.Server, server_id)
+        if server is None or not server.logs_address:
+            raise FailedPrecondition(
+                f"the agent of server {server_id} does not serve worker logs (agent.logs_port = -1, "
+                "or an agent version without log serving); read them on the server"
+            )
+        return server_id, server.logs_address
+
+
+def _allocations(session: Session, job_ids: Sequence[int]) -> dict[int, list[Values]]:
+    """Each job's allocations, in rank then GPU order."""
+    by_job: dict[int, list[Values]] = defaultdict(list)
+    if job_ids:
+        a = m.ALLOCATIONS.c
+        rows = session.execute(
+            sa.select(a.job_id, a.rank, a.server_id, a.gpu_index, a.allocated_at)
+            .where(a.job_id.in_(job_ids))
+            .order_by(a.job_id, a.rank, a.gpu_index)
+        )
+        for row in rows:
+            values = row._mapping
+            by_job[values["job_id"]].append(values)
+    return by_job
+
+
+# The columns of a job that its INSERT leaves to the database's defaults, as the database fills them in.
+_NOT_WRITTEN_YET: dict[str, Any] = dict(
+    last_resized_at=None, work_done=0.0, last_checkpoint_at=None, incarnation=0, checkpoint_work=None,
+    worker_exits=None, rank_servers=None,
+)
+
+
+def _job_row(sub: JobSubmission, now: float) -> dict[str, Any]:
+    return dict(
+        name=sub.name, user=sub.user, queue=sub.queue, command=list(sub.command), env=dict(sub.env),
+        gpus_per_worker=sub.gpus_per_worker, min_workers=sub.min_workers, max_workers=sub.max_workers,
+        priority=sub.priority, deadline=sub.deadline, throughput=sub.throughput, max_runtime_s=sub.max_runtime_s,
+        restart_policy=sub.restart_policy, max_restarts=sub.max_restarts, idempotency_key=sub.idempotency_key,
+        state=JobState.PENDING, state_reason=Reason.SUBMITTED, state_message="queued", pending_reason="",
+        num_workers=0, restarts=0, preemptions=0, submitted_at=now, started_at=None, finished_at=None,
+    )

@@ -1,0 +1,92 @@
+"""Rows -> the plain values of ``scheduler_service.records``, built inside the store's transactions
+so that no row (and no session) leaves the store.
+
+The converters take a row's mapping (``row._mapping`` of a Core row, column name -> value): reads
+that return many rows (a page of jobs, the event log, every server's GPUs) select Core rows, and a
+mapping lookup costs a fraction of an ORM or named attribute access, which matters at 1,000 rows.
+
+Never: query (the callers read the rows), or change a value on the way (a value is the row as read).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from scheduler_service.lifecycle import JobState, Pool, ServerState
+from scheduler_service.records import (
+    AllocationInfo,
+    DemandInfo,
+    EventInfo,
+    GpuInfo,
+    JobInfo,
+    LoanInfo,
+    ServerInfo,
+)
+
+# A row as column name -> value (a Core row's ``_mapping``, whose keys SQLAlchemy types loosely).
+Values = Mapping[Any, Any]
+
+
+def job_info(row: Values, allocations: Iterable[Values] = ()) -> JobInfo:
+    """``allocations``: the job's ``allocations`` rows, in rank then GPU order."""
+    return JobInfo(
+        id=row["id"], name=row["name"], user=row["user"], queue=row["queue"], command=tuple(row["command"]),
+        env=row["env"], gpus_per_worker=row["gpus_per_worker"], min_workers=row["min_workers"],
+        max_workers=row["max_workers"], priority=row["priority"], deadline=row["deadline"],
+        throughput=row["throughput"] or {}, max_runtime_s=row["max_runtime_s"], restart_policy=row["restart_policy"],
+        max_restarts=row["max_restarts"], idempotency_key=row["idempotency_key"], state=JobState(row["state"]),
+        state_reason=row["state_reason"], state_message=row["state_message"], pending_reason=row["pending_reason"],
+        num_workers=row["num_workers"], restarts=row["restarts"], preemptions=row["preemptions"],
+        submitted_at=row["submitted_at"], started_at=row["started_at"], finished_at=row["finished_at"],
+        version=row["version"], last_resized_at=row["last_resized_at"], work_done=row["work_done"],
+        last_checkpoint_at=row["last_checkpoint_at"], incarnation=row["incarnation"],
+        checkpoint_work=row["checkpoint_work"], worker_exits=row["worker_exits"], rank_servers=row["rank_servers"],
+        allocations=tuple(
+            AllocationInfo(rank=a["rank"], server_id=a["server_id"], gpu_index=a["gpu_index"],
+                           allocated_at=a["allocated_at"])
+            for a in allocations
+        ),
+    )
+
+
+def event_info(row: Values) -> EventInfo:
+    return EventInfo(
+        id=row["id"], time=row["time"], kind=row["kind"], job_id=row["job_id"], server_id=row["server_id"],
+        from_state=row["from_state"], to_state=row["to_state"], reason=row["reason"], message=row["message"],
+        details=row["details"] or {},
+    )
+
+
+def server_info(row: Values, gpus: Iterable[Values], holders: Mapping[int, int]) -> ServerInfo:
+    """``gpus``: the server's ``gpus`` rows in index order; ``holders``: GPU index -> the job holding it."""
+    return ServerInfo(
+        id=row["id"], hostname=row["hostname"], pool=Pool(row["pool"]), state=ServerState(row["state"]),
+        state_reason=row["state_reason"], state_before_fault=row["state_before_fault"],
+        agent_address=row["agent_address"], agent_version=row["agent_version"], registered_at=row["registered_at"],
+        last_seen_at=row["last_seen_at"], desired_generation=row["desired_generation"],
+        observed_generation=row["observed_generation"], state_changed_at=row["state_changed_at"],
+        logs_address=row["logs_address"], inference_endpoint=row["inference_endpoint"], drained_at=row["drained_at"],
+        gpus=tuple(
+            GpuInfo(
+                index=g["index"], uuid=g["uuid"], model=g["model"], memory_total_bytes=g["memory_total_bytes"],
+                healthy=g["healthy"], health_reason=g["health_reason"], utilization=g["utilization"],
+                memory_used_bytes=g["memory_used_bytes"], temperature_c=g["temperature_c"],
+                job_id=holders.get(g["index"]),
+            )
+            for g in gpus
+        ),
+    )
+
+
+def loan_info(row: Values) -> LoanInfo:
+    return LoanInfo(
+        id=row["id"], server_id=row["server_id"], state=row["state"], reason=row["reason"],
+        started_at=row["started_at"], ended_at=row["ended_at"], hard_deadline=row["hard_deadline"],
+    )
+
+
+def demand_info(row: Values) -> DemandInfo:
+    return DemandInfo(
+        time=row["time"], servers_needed=row["servers_needed"], observed_rps=row["observed_rps"], source=row["source"]
+    )

@@ -1,0 +1,113 @@
+"""The snapshot reader: the frozen view (``core.snapshot.ClusterSnapshot``) a policy decides on,
+read from the store in one transaction.
+
+It runs every cycle over every server and active job, so it reads Core rows with only the columns the
+policy needs (no ORM identity map, no command or environment), a server's GPUs aggregated into its
+row, and keeps the server views of the last snapshot with what each was built from: a view whose
+inputs did not change is reused as it is, with what it has derived.
+
+Never: write, or decide anything.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from scheduler_service.core.clock import Clock
+from scheduler_service.core.snapshot import ClusterSnapshot, DemandView, JobView, ServerView, WorkerView
+from scheduler_service.lifecycle import JobState, Pool, ServerState
+from scheduler_service.store import models as m
+from scheduler_service.store.applier import LoanState
+from scheduler_service.store.changes import index_list
+
+ACTIVE_JOB_STATES = (JobState.PENDING, JobState.RUNNING, JobState.SCALING, JobState.PREEMPTED)
+# Server states in which the server has an open loan (LOST/UNHEALTHY servers may too; they show none).
+ON_LOAN_STATES = frozenset({ServerState.DRAINING, ServerState.LOANED, ServerState.RECLAIMING})
+
+
+class SnapshotReader:
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        # The server views of the last snapshot with what each was built from (reused when unchanged).
+        self._server_views: dict[str, tuple[tuple[Any, ...], ServerView]] = {}
+
+    def read(self, session: Session, seed: int = 0) -> ClusterSnapshot:
+        """The schedulable state: servers, active jobs, the latest inference demand, ``now``."""
+        g, a, s, ln, j = (t.c for t in (m.GPUS, m.ALLOCATIONS, m.SERVERS, m.LOANS, m.JOBS))
+        by_server: dict[str, list[tuple[int, int]]] = defaultdict(list)
+        # job id -> rank -> (server id, [gpu index, ...])
+        by_job: dict[int, dict[int, tuple[str, list[int]]]] = defaultdict(dict)
+        for job_id, rank, server_id, gpu_index in session.execute(
+            sa.select(a.job_id, a.rank, a.server_id, a.gpu_index)
+        ):
+            by_server[server_id].append((gpu_index, job_id))
+            by_job[job_id].setdefault(rank, (server_id, []))[1].append(gpu_index)
+        loan_started = dict(
+            session.execute(sa.select(ln.server_id, ln.started_at).where(ln.state != LoanState.RETURNED)).all()
+        )
+        # A server's GPUs come aggregated with its row (one row per server, not per GPU), and a view
+        # whose inputs are what they were last cycle is reused as it is, with what it has derived.
+        gpus = (
+            sa.select(g.server_id,
+                      sa.func.aggregate_strings(sa.cast(g.index, sa.String), ",").label("indices"),
+                      sa.func.aggregate_strings(
+                          sa.case((g.healthy, None), else_=sa.cast(g.index, sa.String)), ",").label("unhealthy"))
+            .group_by(g.server_id).subquery()
+        )
+        views: dict[str, tuple[tuple[Any, ...], ServerView]] = {}
+        for row in session.execute(
+            sa.select(s.id, s.pool, s.state, s.state_changed_at, s.observed_generation, s.desired_generation,
+                      s.drained_at, gpus.c.indices, gpus.c.unhealthy)
+            .outerjoin(gpus, gpus.c.server_id == s.id).order_by(s.id)
+        ):
+            allocated = tuple(sorted(by_server[row.id])) if row.id in by_server else ()
+            key = (*row, allocated, loan_started.get(row.id))
+            cached = self._server_views.get(row.id)
+            views[row.id] = cached if cached is not None and cached[0] == key else (key, ServerView(
+                server_id=row.id, pool=Pool(row.pool), state=ServerState(row.state),
+                gpu_indices=index_list(row.indices), unhealthy_gpus=frozenset(index_list(row.unhealthy)),
+                allocated=allocated, state_since=row.state_changed_at,
+                loan_started_at=loan_started.get(row.id) if row.state in ON_LOAN_STATES else None,
+                agent_converged=row.observed_generation >= row.desired_generation,
+                drained=row.drained_at is not None,
+            ))
+        self._server_views = views  # only this cycle's servers: a removed server is forgotten
+        servers = tuple(view for _, view in views.values())
+        active = session.execute(
+            sa.select(j.id, j.state, j.gpus_per_worker, j.min_workers, j.max_workers, j.priority,
+                      j.submitted_at, j.throughput, j.pending_reason, j.work_done, j.started_at,
+                      j.last_resized_at, j.last_checkpoint_at)
+            .where(j.state.in_([str(s) for s in ACTIVE_JOB_STATES]))
+            .order_by(j.id)
+        )
+        jobs = tuple(
+            JobView(
+                job_id=row.id, state=JobState(row.state), gpus_per_worker=row.gpus_per_worker,
+                min_workers=row.min_workers, max_workers=row.max_workers, priority=row.priority,
+                submitted_at=row.submitted_at,
+                workers=tuple(
+                    WorkerView(rank, server_id, tuple(sorted(indices)))
+                    for rank, (server_id, indices) in sorted(by_job[row.id].items())
+                ) if row.id in by_job else (),
+                estimated_runtime_s=(row.throughput or {}).get("estimated_runtime_s"),
+                pending_reason=row.pending_reason,
+                throughput_points=tuple(
+                    (int(workers), float(speed)) for workers, speed in (row.throughput or {}).get("points", ())
+                ),
+                total_work=float((row.throughput or {}).get("total_work", 0.0)),
+                work_done=row.work_done,
+                started_at=row.started_at,
+                last_resized_at=row.last_resized_at,
+                last_checkpoint_at=row.last_checkpoint_at,
+            )
+            for row in active
+        )
+        demand = session.scalar(sa.select(m.DemandReport).order_by(m.DemandReport.id.desc()).limit(1))
+        return ClusterSnapshot(
+            now=self._clock.now(), servers=servers, jobs=jobs, seed=seed,
+            demand=DemandView(demand.servers_needed, demand.observed_rps, demand.time) if demand else None,
+        )

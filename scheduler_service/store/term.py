@@ -1,0 +1,22 @@
+"""Scheduler terms in the store: one row per scheduler start, whose id is the epoch that fences
+agents against older schedulers.
+
+Never: commit.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy.orm import Session
+
+from scheduler_service.core.clock import Clock
+from scheduler_service.store import models as m
+from scheduler_service.store.changes import StateChanges
+
+
+def start_term(session: Session, changes: StateChanges, clock: Clock, holder: str) -> int:
+    """Record a new term held by ``holder``; returns its epoch."""
+    term = m.SchedulerTerm(started_at=clock.now(), holder=holder)
+    session.add(term)
+    session.flush()
+    changes.event(session, "SCHEDULER_STARTED", reason="STARTED", message=f"epoch {term.epoch} by {holder}")
+    return term.epoch
