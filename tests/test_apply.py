@@ -710,8 +710,9 @@ def test_a_change_the_database_aborts_to_break_a_deadlock_is_run_again(postgres_
     """PostgreSQL breaks a deadlock by aborting the backend whose own check finds it; each waiting
     backend checks once, ``deadlock_timeout`` after it began to wait. So the cancel is made the victim
     by construction, whatever the machine's speed: the rival waits first and checks only after 10
-    minutes, and the cancel's last wait is the one that closes the cycle (its check, 1 s later, finds it)."""
-    engine = create_engine_for(postgres_url)
+    minutes, and the cancel's last wait is the one that closes the cycle (its check, 1 s later, finds it).
+    Statements may wait a minute here (not the service's 5 s), so a slow machine only makes it slower."""
+    engine = create_engine_for(postgres_url, statement_timeout_ms=60_000)
     app = SchedulerApp(session_factory(engine), clock)
     register(app, "s1", gpus=2)
     job = submit(app)
