@@ -10,9 +10,10 @@ from collections.abc import Callable
 
 from scheduler_service.app.notices import Announcer
 from scheduler_service.core.params import PolicyParams
+from scheduler_service.core.registry import ReclaimDecision
 from scheduler_service.core.snapshot import ClusterSnapshot
 from scheduler_service.lifecycle import ServerState
-from scheduler_service.policies.aryl import ReclaimDecision, preview_reclaim
+from scheduler_service.policies.aryl import preview_reclaim
 from scheduler_service.records import DemandInfo
 from scheduler_service.store import views
 from scheduler_service.store.inference import InferenceStore
