@@ -149,3 +149,49 @@ def test_the_decision_core_imports_no_grpc_database_nvml_or_wall_clock(tmp_path:
         "scheduler_service/core/plan.py:2: imports datetime",
         "scheduler_service/core/plan.py:4: imports sqlalchemy.orm",
     ]
+
+
+# Inside the service: which of its parts may import which (docs/architecture.md has the same table).
+# Top-level modules (records, errors, lifecycle, worker_outcomes, ...) are listed by their own name.
+SERVICE = REPO / "scheduler_service"
+SERVICE_ALLOWED: dict[str, frozenset[str]] = {
+    "core": frozenset({"lifecycle"}),  # pure: nothing that does I/O or knows the drivers
+    "solvers": frozenset(),  # arrays in, arrays out
+    "policies": frozenset({"core", "solvers", "lifecycle"}),
+    "store": frozenset({"core", "lifecycle", "records", "errors", "worker_outcomes"}),
+    "app": frozenset({"store", "core", "lifecycle", "records", "errors"}),
+    "api": frozenset({"app", "core", "lifecycle", "records", "errors", "batching", "notify"}),
+}
+
+
+def service_layering_violations(service: Path = SERVICE) -> list[str]:
+    """``path:line: part imports scheduler_service.x`` for every import ``SERVICE_ALLOWED`` forbids."""
+    root = service.parent
+    problems = []
+    for part, permitted in sorted(SERVICE_ALLOWED.items()):
+        for path in sorted((service / part).rglob("*.py")):
+            for line, module in imported_modules(path, root):
+                names = module.split(".")
+                if names[0] != service.name or len(names) < 2:
+                    continue
+                if names[1] != part and names[1] not in permitted:
+                    problems.append(f"{path.relative_to(root)}:{line}: {part} imports {module}")
+    return problems
+
+
+def test_the_service_s_parts_import_only_what_their_table_allows() -> None:
+    assert service_layering_violations() == []
+
+
+def test_a_forbidden_import_inside_the_service_is_reported(tmp_path: Path) -> None:
+    service = tmp_path / "scheduler_service"
+    for part in SERVICE_ALLOWED:
+        (service / part).mkdir(parents=True)
+        (service / part / "__init__.py").write_text("")
+    (service / "core" / "plan.py").write_text("from scheduler_service.store import models\n")
+    (service / "api" / "servicers.py").write_text("from scheduler_service.app import jobs\n")
+    (service / "app" / "jobs.py").write_text("def f():\n    from scheduler_service.api import convert\n")
+    assert service_layering_violations(service) == [
+        "scheduler_service/app/jobs.py:2: app imports scheduler_service.api",
+        "scheduler_service/core/plan.py:1: core imports scheduler_service.store",
+    ]
