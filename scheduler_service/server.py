@@ -110,7 +110,7 @@ class SchedulerService:
         scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(
             SchedulerServicer(app, executor, notifier, policy_name=self.policy.name, clock_now=self.clock.now,
                               submissions=submissions, cancellations=cancellations,
-                              policy_params=self.policy_params, log_reader=log_reader),
+                              policy=self.policy, log_reader=log_reader),
             server,
         )
         agent_pb2_grpc.add_AgentServiceServicer_to_server(

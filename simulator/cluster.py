@@ -426,7 +426,7 @@ class SimulatedCluster:
         # inlined (same arithmetic, same order), JobView built positionally (its field order; a test
         # compares the result field by field). A job holds workers exactly while it runs.
         overhead, interval, view_of = self.restart_overhead_s, self.checkpoint_interval_s, JobView
-        views = []
+        views: list[JobView] = []
         append = views.append
         for job in self._active.values():
             if not job.workers:
@@ -445,10 +445,10 @@ class SimulatedCluster:
             ))
         jobs = tuple(views)
         if self._stale_servers:
-            views = list(self._server_views)
+            server_views = list(self._server_views)
             for server_id in self._stale_servers:
-                views[self._server_slot[server_id]] = self._servers[server_id].build_view()
-            self._server_views = tuple(views)
+                server_views[self._server_slot[server_id]] = self._servers[server_id].build_view()
+            self._server_views = tuple(server_views)
             self._stale_servers.clear()
         return ClusterSnapshot(now=now, servers=self._server_views, jobs=jobs, demand=self._demand, seed=seed)
 

@@ -1,6 +1,7 @@
 """Faults are policy input: the eviction decision for jobs on LOST servers (``core.faults``), applied
-first by every registered policy; the reclaim preview through the configured policy; and the
-simulator's injected failures and drain acknowledgements."""
+first by every registered policy; the reclaim preview through the configured policy; the simulator's
+injected failures and drain acknowledgements; and the service, whose liveness check only marks a
+server LOST and whose next cycle evicts (on SQLite and PostgreSQL, and over gRPC)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ import dataclasses
 import random
 from pathlib import Path
 
+import grpc
 import pytest
 
+from protos.aryl.v1 import scheduler_pb2
+from scheduler_service.app import SchedulerApp
 from scheduler_service.core.faults import Evictions, plan_evictions
 from scheduler_service.core.invariants import check_plan
 from scheduler_service.core.params import PolicyParams
@@ -25,16 +29,30 @@ from scheduler_service.core.plan import (
 )
 from scheduler_service.core.registry import PolicyRegistry, ReclaimPreviewUnsupported, policies
 from scheduler_service.core.snapshot import ClusterSnapshot, JobView, ServerView
-from scheduler_service.lifecycle import JobState, ServerState
+from scheduler_service.cycle import SchedulingCycle
+from scheduler_service.lifecycle import JobState, Pool, ServerState
 from scheduler_service.policies import create_policy
 from scheduler_service.policies.aryl import _running_jobs, choose_reclaim
+from scheduler_service.records import GpuReport, GpuSample, JobSubmission, ServerRegistration, StatusReport
+from scheduler_service.store.db import create_engine_for, session_factory
 from simulator.cli import main as cli_main
 from simulator.clock import VirtualClock
 from simulator.cluster import SimulatedCluster
 from simulator.engine import SimulationResult, simulate
 from simulator.failures import FailureSchedule, FailureTraceError, load_failure_trace
 from simulator.model import ClusterSpec, DemandPoint, FailureRate, ServerFailure, TraceJob
-from tests.harness import NOW, inference_server, linear_job, pending_job, running_job, snapshot_of, training_server
+from tests.harness import (
+    NOW,
+    ManualClock,
+    inference_server,
+    linear_job,
+    pending_job,
+    placed,
+    running_job,
+    scheduler_stub,
+    snapshot_of,
+    training_server,
+)
 
 LOST = ServerState.LOST
 
@@ -358,3 +376,53 @@ def test_the_cli_injects_failures_from_a_trace_or_a_rate(tmp_path: Path, capsys:
     failures.write_text("time_s,server_id\n1,t0000\n", encoding="utf-8")
     with pytest.raises(FailureTraceError, match="missing column"):
         load_failure_trace(failures)
+
+
+# -- the service: liveness only marks; the cycle's plan evicts ------------------------------------------
+
+
+def test_the_service_marks_a_silent_server_lost_and_its_next_cycle_shrinks_the_job(database_url: str) -> None:
+    # Ranks 0 and 2 on x, 1 and 3 on a; GPU 0 of a (rank 1's) has gone unhealthy meanwhile. x falls
+    # silent: liveness only marks it; the cycle shrinks the job to ranks 1, 3 -> 0, 1 on a. Renumbered
+    # workers keep their GPUs, so the unhealthy one is no new placement and the shrink is not refused.
+    clock = ManualClock()
+    engine = create_engine_for(database_url)
+    try:
+        app = SchedulerApp(session_factory(engine), clock)
+        app.term.start("test")
+        for name in ("a", "x"):
+            app.agents.register(ServerRegistration(
+                name, Pool.TRAINING, tuple(GpuReport(i, f"GPU-{name}-{i}", "m", 1) for i in range(2)), name, "t"))
+        job_id = app.jobs.submit(JobSubmission("elastic", "alice", "default", ("train",), {}, 1, 1, 4)).id
+        four = [("x", (0,)), ("a", (0,)), ("x", (1,)), ("a", (1,))]
+        assert app.cluster.apply(Plan(starts=(StartJob(job_id, placed(*four), Reason.PLACED, ""),))).started
+        clock.advance(31)
+        sick = (GpuSample(0, 0.0, 0, 40.0, False, "ECC"), GpuSample(1, 0.0, 0, 40.0, True, ""))
+        app.agents.report_status(StatusReport("a", app.term.epoch, sick, 0))
+
+        assert app.liveness.sweep_lost(30.0) == ["x"]
+        record, _ = app.jobs.get(job_id)
+        assert (record.state, record.num_workers) == ("RUNNING", 4)  # marking touches no job
+
+        report = SchedulingCycle(app.cluster, create_policy("aryl"), clock).run_once()
+        assert report.result.rejected == () and report.result.scaled == (job_id,)
+        record, events = app.jobs.get(job_id, include_events=True)
+        assert (record.state, record.num_workers) == ("RUNNING", 2)
+        assert sorted((a.rank, a.server_id, a.gpu_index) for a in record.allocations) == [(0, "a", 0), (1, "a", 1)]
+        assert [(e.from_state, e.to_state, e.reason) for e in events if e.kind == "JOB_STATE_CHANGED"][-2:] == [
+            ("RUNNING", "SCALING", "SERVER_LOST"), ("SCALING", "RUNNING", "SERVER_LOST")]
+        assert app.cluster.snapshot().server("x").allocated == ()
+    finally:
+        engine.dispose()
+
+
+def test_preview_reclaim_answers_failed_precondition_under_a_policy_that_does_not_loan(scheduler_factory) -> None:
+    scheduler = scheduler_factory(scheduling={"policy": "fifo"})
+    channel, stub = scheduler_stub(scheduler.address)
+    try:
+        with pytest.raises(grpc.RpcError) as err:
+            stub.PreviewReclaim(scheduler_pb2.PreviewReclaimRequest(servers=1), timeout=5)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "policy 'fifo' does not loan" in err.value.details()
+    finally:
+        channel.close()

@@ -29,7 +29,7 @@ from scheduler_service.api.agent_logs import AgentLogReader
 from scheduler_service.api.status import rpc
 from scheduler_service.app import SchedulerApp
 from scheduler_service.batching import GroupCommitter
-from scheduler_service.core.params import PolicyParams
+from scheduler_service.core.registry import ReclaimPreviewer
 from scheduler_service.errors import InvalidArgument
 from scheduler_service.notify import AsyncNotifier
 from scheduler_service.records import JobInfo, JobSubmission
@@ -55,14 +55,14 @@ class _Base:
 class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
     def __init__(
         self, *args: Any, policy_name: str, clock_now: Callable[[], float],
-        submissions: GroupCommitter[JobSubmission, JobInfo], policy_params: PolicyParams,
+        submissions: GroupCommitter[JobSubmission, JobInfo], policy: ReclaimPreviewer,
         log_reader: AgentLogReader | None = None,
         cancellations: GroupCommitter[tuple[int, str], JobInfo] | None = None,
     ) -> None:
         super().__init__(*args)
         self._logs = log_reader or AgentLogReader(timeout_s=5.0)
         self.policy_name = policy_name
-        self._policy_params = policy_params
+        self._policy = policy
         self._now = clock_now
         self._submissions = submissions
         self._cancellations = cancellations
@@ -165,7 +165,7 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
     ) -> scheduler_pb2.PreviewReclaimResponse:
         if not 1 <= request.servers <= 100_000:
             raise InvalidArgument("servers", f"must be between 1 and 100000 (got {request.servers})")
-        decision, loaned = await self.run(self.app.inference.preview_reclaim, request.servers, self._policy_params)
+        decision, loaned = await self.run(self.app.inference.preview_reclaim, request.servers, self._policy)
         return scheduler_pb2.PreviewReclaimResponse(
             server_ids=decision.servers,
             preempted_job_ids=[str(j) for j in decision.preempted],

@@ -9,11 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from scheduler_service.app.notices import Announcer
-from scheduler_service.core.params import PolicyParams
-from scheduler_service.core.registry import ReclaimDecision
+from scheduler_service.core.registry import ReclaimDecision, ReclaimPreviewer, ReclaimPreviewUnsupported
 from scheduler_service.core.snapshot import ClusterSnapshot
+from scheduler_service.errors import FailedPrecondition
 from scheduler_service.lifecycle import ServerState
-from scheduler_service.policies.aryl import preview_reclaim
 from scheduler_service.records import DemandInfo
 from scheduler_service.store import views
 from scheduler_service.store.inference import InferenceStore
@@ -54,8 +53,13 @@ class Inference:
         self._notices.state_changed()
         return state
 
-    def preview_reclaim(self, servers: int, params: PolicyParams) -> tuple[ReclaimDecision, int]:
-        """Dry run of a reclaim of ``servers`` loaned servers on the current state; writes nothing."""
+    def preview_reclaim(self, servers: int, policy: ReclaimPreviewer) -> tuple[ReclaimDecision, int]:
+        """Dry run on the current state: what ``policy`` (the configured one) would reclaim if inference
+        needed ``servers`` loaned servers back now, and how many are loaned; writes nothing.
+        FailedPrecondition when the policy never loans servers."""
         snapshot = self._snapshot()
         loaned = sum(1 for s in snapshot.servers if s.state == ServerState.LOANED)
-        return preview_reclaim(snapshot, servers, params), loaned
+        try:
+            return policy.preview_reclaim(snapshot, servers), loaned
+        except ReclaimPreviewUnsupported as exc:
+            raise FailedPrecondition(str(exc)) from None

@@ -1,10 +1,11 @@
-"""Liveness: servers whose agents have been silent too long are marked LOST.
+"""Liveness: servers whose agents have been silent too long are marked LOST, and a cycle is requested:
+its plan shrinks or requeues the jobs that ran there (``core.faults``, before any policy step).
 
 Silence is measured on this scheduler's monotonic clock only (``Heartbeats``), never on the agents'
 clocks or the database's wall times, so a clock jump is not silence and a restarted scheduler gives
 every agent a full grace period.
 
-Never: hold SQL (``store.liveness`` marks the server and, for now, moves its jobs).
+Never: hold SQL (``store.liveness`` marks the server), or move jobs (the policy does).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ class Liveness:
 
     def sweep_lost(self, lost_after_s: float) -> list[str]:
         """Mark LOST every server whose agent has been silent for more than ``lost_after_s`` on this
-        scheduler's monotonic clock; requeue or shrink the jobs that ran there. Returns their ids."""
+        scheduler's monotonic clock, and request a cycle, whose plan shrinks or requeues the jobs that
+        ran there. Returns their ids."""
         candidates = self._db.read(self._store.servers_not_lost)
         lost: list[str] = []
         for server_id in candidates:

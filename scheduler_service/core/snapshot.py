@@ -31,27 +31,31 @@ class ServerView:
     @property
     def allocated_gpus(self) -> frozenset[int]:
         """Indices of the GPUs allocated to a job."""
-        if self._allocated is None:
-            object.__setattr__(self, "_allocated", frozenset(index for index, _ in self.allocated))
-        return self._allocated
+        cached = self._allocated
+        if cached is None:
+            cached = frozenset(index for index, _ in self.allocated)
+            object.__setattr__(self, "_allocated", cached)
+        return cached
 
     @property
     def healthy_gpus(self) -> tuple[int, ...]:
         """Healthy GPU indices, in ``gpu_indices`` order."""
-        if self._healthy is None:
+        cached = self._healthy
+        if cached is None:
             unhealthy = self.unhealthy_gpus
-            object.__setattr__(self, "_healthy", tuple(i for i in self.gpu_indices if i not in unhealthy)
-                               if unhealthy else self.gpu_indices)
-        return self._healthy
+            cached = tuple(i for i in self.gpu_indices if i not in unhealthy) if unhealthy else self.gpu_indices
+            object.__setattr__(self, "_healthy", cached)
+        return cached
 
     @property
     def free_gpus(self) -> tuple[int, ...]:
         """Healthy, unallocated GPU indices, ascending."""
-        if self._free is None:
+        cached = self._free
+        if cached is None:
             taken = {index for index, _ in self.allocated}
-            object.__setattr__(self, "_free", tuple(i for i in self.gpu_indices
-                                                    if i not in taken and i not in self.unhealthy_gpus))
-        return self._free
+            cached = tuple(i for i in self.gpu_indices if i not in taken and i not in self.unhealthy_gpus)
+            object.__setattr__(self, "_free", cached)
+        return cached
 
     @property
     def runs_training(self) -> bool:

@@ -209,11 +209,6 @@ def _running_jobs(snapshot: ClusterSnapshot) -> dict[int, _Job]:
     }
 
 
-def preview_reclaim(snapshot: ClusterSnapshot, count: int, params: PolicyParams) -> ReclaimDecision:
-    """Dry run: what reclaiming ``count`` loaned servers would do now. Changes nothing."""
-    return choose_reclaim(_running_jobs(snapshot), _loaned_oldest_first(snapshot), count, params, snapshot.now)
-
-
 def _loaned_oldest_first(snapshot: ClusterSnapshot) -> list[ServerView]:
     """The LOANED servers in the order the reclaim considers them: longest in that state first."""
     return sorted((s for s in snapshot.servers if s.state == ServerState.LOANED),

@@ -177,7 +177,10 @@ class Applier:
         ).all()
         planned = {(w.rank, w.server_id, index) for w in action.workers for index in w.gpu_indices}
         held = {(row.rank, row.server_id, row.gpu_index) for row in current}
-        placement.check(job, action.workers, new_gpus={(s, index) for _, s, index in planned - held})
+        # New GPUs are the (server, GPU) pairs the job does not hold yet: a worker that stays but is
+        # renumbered (a shrink off a lost server) keeps its GPUs and is not placed again.
+        placement.check(job, action.workers, new_gpus={(s, index) for _, s, index in planned}
+                        - {(s, index) for _, s, index in held})
         # Delete before insert: a GPU that changes rank within the job must be free again first.
         gone = [row.id for row in current if (row.rank, row.server_id, row.gpu_index) not in planned]
         if gone:
