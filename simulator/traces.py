@@ -42,7 +42,8 @@ of the full trace. (``job_id`` is renumbered 1.. over the jobs kept.)
    ``max_workers == min_workers``. ``min_workers`` is always the trace's size: jobs never run below it.
 3. **Throughput model.** ``throughput_model`` names the assignment:
    - ``"amdahl"`` -- every job gets Amdahl's law over GPUs with serial fraction ``amdahl_alpha``:
-     ``S(n) = n / (1 + alpha (n - 1))``, the same formula as ``scheduler_service.core.throughput``.
+     ``S(n) = n / (1 + alpha (n - 1))``, the very function the policy uses
+     (``scheduler_service.core.throughput.amdahl_speedup``), here with ``n`` counting GPUs.
    - ``"pollux-gputime"`` -- Pollux's own rule for Philly jobs (``workload.py`` of the OSDI'21
      artifact), by the job's GPU-time at its base size: < 1 GPU-hour -> ``cifar10`` or ``ncf``,
      < 10 GPU-hours -> ``deepspeech2`` or ``bert``, < 100 -> ``yolov3``, otherwise ``imagenet``;
@@ -130,6 +131,7 @@ from pathlib import Path
 
 import numpy as np
 
+from scheduler_service.core.throughput import amdahl_speedup
 from simulator.model import TraceJob
 
 __all__ = [
@@ -408,10 +410,6 @@ def _load_pollux_profile(profiles_dir: str, name: str) -> PolluxProfile:
 # --------------------------------------------------------------------------------------------------
 
 
-def _amdahl(gpus: int, alpha: float) -> float:
-    return gpus / (1.0 + alpha * (gpus - 1))
-
-
 def _clean_curve(raw: Sequence[float | None]) -> list[float]:
     """Running maximum, cut at the first size reaching the maximum; ``None`` (not runnable) ends it.
     ``raw[0]`` (the base size) must be a number."""
@@ -426,8 +424,8 @@ def _clean_curve(raw: Sequence[float | None]) -> list[float]:
 
 @lru_cache(maxsize=4096)
 def _relative_amdahl_curve(gpw: int, base: int, top: int, alpha: float) -> tuple[float, ...]:
-    ref = _amdahl(base * gpw, alpha)
-    return tuple(_amdahl(w * gpw, alpha) / ref for w in range(base, top + 1))
+    ref = amdahl_speedup(base * gpw, alpha)
+    return tuple(amdahl_speedup(w * gpw, alpha) / ref for w in range(base, top + 1))
 
 
 def _profile_curve(profile: PolluxProfile, gpw: int, base: int, top: int, batch: int) -> list[float] | None:

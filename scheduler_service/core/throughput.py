@@ -2,8 +2,9 @@
 
 A job's speed at ``w`` workers comes from the points the user declared (piecewise-linear between
 them, proportional below the first, extended with the last segment's slope -- never decreasing --
-above the last), or, without points, from Amdahl's law with a serial fraction ``alpha``. Speeds are in
-the job's own unit (samples/s); without points they are relative (1 worker = 1.0).
+above the last), or, without points, from Amdahl's law with a serial fraction ``alpha``
+(``amdahl_speedup``). Speeds are in the job's own unit (samples/s); without points they are relative
+(1 worker = 1.0).
 
 The remaining work is ``total_work - work_done`` when the job declared both points and total work;
 otherwise it is derived from the estimated run time at ``min_workers`` (declared, or the policy's
@@ -23,6 +24,19 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from scheduler_service.core.snapshot import JobView
+
+
+def amdahl_speedup(n: int, alpha: float) -> float:
+    """Amdahl's law: the speed-up of ``n`` workers over one, ``n / (1 + alpha (n - 1))``, when a
+    fraction ``alpha`` of the work is serial (0: linear, 1: no gain). 1.0 at ``n = 1``; for ``alpha``
+    in [0, 1] it never decreases as ``n`` grows, and it tends to ``1 / alpha``.
+
+    The one definition of the formula. ``ThroughputModel`` uses it as a job's relative speed when the
+    job declared no points, and to extend a single declared point (the ratio of two speed-ups); the
+    simulator's trace loader (``simulator.traces``) uses it over GPUs, ``n`` = GPUs, to build the
+    declared curves of its jobs -- so the policy and the simulated truth agree on what Amdahl means.
+    """
+    return n / (1.0 + alpha * (n - 1))
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,14 +64,14 @@ class ThroughputModel:
         if workers <= 0:
             return 0.0
         if not self.points:
-            return workers / (1.0 + self.alpha * (workers - 1))
+            return amdahl_speedup(workers, self.alpha)
         xs = [w for w, _ in self.points]
         ys = [s for _, s in self.points]
         if workers <= xs[0]:
             return ys[0] * workers / xs[0]
         if workers >= xs[-1]:
-            if len(xs) == 1:  # one point: Amdahl through it
-                return ys[0] * self._amdahl_ratio(workers, xs[0])
+            if len(xs) == 1:  # one point: Amdahl through it (the ratio first: the same rounding as ever)
+                return ys[0] * (amdahl_speedup(workers, self.alpha) / amdahl_speedup(xs[0], self.alpha))
             slope = max(0.0, (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]))
             return ys[-1] + slope * (workers - xs[-1])
         i = bisect_left(xs, workers)
@@ -65,12 +79,6 @@ class ThroughputModel:
             return ys[i]
         x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
         return y0 + (y1 - y0) * (workers - x0) / (x1 - x0)
-
-    def _amdahl_ratio(self, workers: int, base: int) -> float:
-        def amdahl(w: int) -> float:
-            return w / (1.0 + self.alpha * (w - 1))
-
-        return amdahl(workers) / amdahl(base)
 
 
 @dataclass(frozen=True, slots=True)
