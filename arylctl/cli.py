@@ -7,6 +7,10 @@ commands). It never decides anything and never retries.
 
 Exit codes: 0 success; 1 the server refused or failed (``error: <server message> (CODE)`` on
 stderr); 2 bad usage or INVALID_ARGUMENT; 3 the scheduler is unreachable; 130 interrupted.
+OUT_OF_RANGE (a read past the end of a worker's log) is 1, not 2: ``logs`` reads from the start, the
+end (``--tail``) or where the previous answer ended, so it meets one only when the log changed under
+it (the rank moved to a server with a shorter log); the command line is fine and running it again
+works, which 2 would deny.
 An RPC failure never prints a Python traceback.
 
 Examples::
@@ -875,6 +879,9 @@ def _report_rpc_error(exc: ArylError, address: str, timeout: float, stderr: Text
         return EXIT_UNAVAILABLE
     if exc.code == grpc.StatusCode.DEADLINE_EXCEEDED:
         print(f"hint: the call took longer than {timeout:g}s; raise --timeout if the scheduler is busy", file=stderr)
+    if exc.code == grpc.StatusCode.OUT_OF_RANGE:
+        print("hint: the log became shorter than where arylctl was reading (the worker may have moved to "
+              "another server); run the command again to read it from the start", file=stderr)
     return EXIT_USAGE if exc.code == grpc.StatusCode.INVALID_ARGUMENT else EXIT_FAILED
 
 

@@ -80,6 +80,7 @@ __all__ = [
     "FailedPrecondition",
     "InvalidArgument",
     "NotFound",
+    "OutOfRange",
     "Unavailable",
     "default_address",
     "job_spec",
@@ -127,6 +128,11 @@ class NotFound(ArylError):
     """The job (or other object) does not exist."""
 
 
+class OutOfRange(ArylError):
+    """A well-formed request past the current end of something that grows (an offset past the end
+    of a worker's log): unlike :class:`InvalidArgument`, the same call may succeed later."""
+
+
 class AlreadyExists(ArylError):
     """The idempotency key was used before: the earlier submission was accepted."""
 
@@ -150,6 +156,7 @@ class Aborted(ArylError):
 _ERROR_BY_CODE: Final[Mapping[grpc.StatusCode, type[ArylError]]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
     grpc.StatusCode.NOT_FOUND: NotFound,
+    grpc.StatusCode.OUT_OF_RANGE: OutOfRange,
     grpc.StatusCode.ALREADY_EXISTS: AlreadyExists,
     grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition,
     grpc.StatusCode.ABORTED: Aborted,
@@ -372,7 +379,8 @@ class ArylClient:
         self, job_id: str, *, rank: int = 0, offset: int = 0, max_bytes: int = 0
     ) -> scheduler_pb2.GetJobLogsResponse:
         """One chunk of a worker's stdout/stderr from the agent of the server it ran on. ``offset``
-        < 0 reads that many bytes before the end; continue from the answer's ``next_offset``."""
+        < 0 reads that many bytes before the end; continue from the answer's ``next_offset``.
+        An offset past the end of the log raises :class:`OutOfRange`."""
         request = scheduler_pb2.GetJobLogsRequest(job_id=job_id, rank=rank, offset=offset, max_bytes=max_bytes)
         return self._unary(self._scheduler.GetJobLogs, request)
 

@@ -14,6 +14,16 @@ class InvalidArgument(AppError):
         self.reason = reason
 
 
+class OutOfRange(AppError):
+    """A well-formed request past the current end of something that may grow (e.g. an offset past
+    the end of a worker's log): unlike ``InvalidArgument``, the same request may succeed later."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+
 class NotFound(AppError):
     pass
 

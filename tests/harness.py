@@ -198,10 +198,11 @@ def scheduler_config(database_url: str, **sections: dict) -> SchedulerConfig:
 
 def register_fake_server(
     address: str, hostname: str, pool: str = "training", gpus: int = 4, *, inference_endpoint: str = "",
-    converge: bool = False,
+    logs_address: str = "", converge: bool = False,
 ) -> agent_pb2.RegisterServerResponse:
-    """Register a server with ``gpus`` fake GPUs through the AgentService, as an agent would; with
-    ``converge``, then report its desired generation as applied (as an agent that caught up does)."""
+    """Register a server with ``gpus`` fake GPUs through the AgentService, as an agent would (serving
+    worker logs at ``logs_address``, if given); with ``converge``, then report its desired generation
+    as applied (as an agent that caught up does)."""
     with grpc.insecure_channel(address) as channel:
         agent = agent_pb2_grpc.AgentServiceStub(channel)
         registered = agent.RegisterServer(
@@ -216,6 +217,7 @@ def register_fake_server(
                 agent_address=hostname,
                 agent_version="test",
                 inference_endpoint=inference_endpoint,
+                logs_address=logs_address,
             ),
             timeout=10,
         )

@@ -3,6 +3,10 @@
 Logs stay on the GPU server that ran the worker; each agent serves them with WorkerLogService at
 the ``logs_address`` it registered. The scheduler only locates the right agent and relays one
 bounded read: it never stores logs. Channels to agents are cached per address and closed on shutdown.
+
+The agent's answers are relayed as typed errors that name the server: NOT_FOUND (no log for the
+rank there), OUT_OF_RANGE (an offset past the end of the log, which may grow), INVALID_ARGUMENT;
+any other failure means the agent could not answer, UNAVAILABLE.
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from __future__ import annotations
 import grpc
 
 from protos.aryl.v1 import agent_pb2, agent_pb2_grpc
-from scheduler_service.errors import InvalidArgument, NotFound, Unavailable
+from scheduler_service.errors import InvalidArgument, NotFound, OutOfRange, Unavailable
 
 DEFAULT_READ_BYTES = 64 * 1024
 MAX_READ_BYTES = 1024 * 1024
@@ -42,7 +46,15 @@ class AgentLogReader:
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.NOT_FOUND:
                 raise NotFound(f"server {server_id}: {exc.details()}") from None
-            if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+            if exc.code() == grpc.StatusCode.OUT_OF_RANGE:
+                # The agent's words carry the log's size ("offset 99 is past the end of the log (6 bytes)").
+                past_end = exc.details() or f"offset {offset} is past the end of the log"
+                raise OutOfRange(
+                    "offset",
+                    f"job {job_id} rank {rank} on server {server_id}: {past_end}; read from an offset within "
+                    "the log (a negative one counts back from its end), or retry once the worker has written more",
+                ) from None
+            if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:  # agents before OUT_OF_RANGE sent it for offsets
                 raise InvalidArgument("offset", exc.details() or "refused by the agent") from None
             raise Unavailable(
                 f"cannot read the log from the agent of server {server_id} at {address}: "

@@ -1,8 +1,9 @@
 """Typed errors -> gRPC statuses, for every servicer method (unary and streaming).
 
-INVALID_ARGUMENT carries a google.rpc.BadRequest naming the field, so generic clients can read it;
-the plain details string always says the same for humans. Unexpected exceptions are logged with a
-reference and answered INTERNAL -- never a crash, never a Python traceback on the wire.
+INVALID_ARGUMENT and OUT_OF_RANGE carry a google.rpc.BadRequest naming the field (the detail Google's
+error model gives both), so generic clients can read it; the plain details string always says the
+same for humans. Unexpected exceptions are logged with a reference and answered INTERNAL -- never a
+crash, never a Python traceback on the wire.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from scheduler_service.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
+    OutOfRange,
     Unavailable,
 )
 from scheduler_service.lifecycle import IllegalTransition
@@ -33,12 +35,18 @@ ANSWERED_BY_KEY = "aryl-answered-by"  # trailing metadata on every error the sch
 
 _CODES: dict[type[Exception], grpc.StatusCode] = {
     InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
+    OutOfRange: grpc.StatusCode.OUT_OF_RANGE,
     NotFound: grpc.StatusCode.NOT_FOUND,
     AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
     FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
     IllegalTransition: grpc.StatusCode.FAILED_PRECONDITION,
     Aborted: grpc.StatusCode.ABORTED,
     Unavailable: grpc.StatusCode.UNAVAILABLE,
+}
+# The google.rpc.Code inside the details' Status, for the codes that carry a BadRequest.
+_RPC_CODE: dict[grpc.StatusCode, int] = {
+    grpc.StatusCode.INVALID_ARGUMENT: code_pb2.INVALID_ARGUMENT,
+    grpc.StatusCode.OUT_OF_RANGE: code_pb2.OUT_OF_RANGE,
 }
 
 
@@ -53,11 +61,11 @@ async def _abort(context: grpc.aio.ServicerContext, exc: Exception, method: str)
     # Marks an answer of the scheduler itself, so a client can tell "the scheduler says a part it
     # needs is UNAVAILABLE" from "no scheduler answered" (gRPC's own UNAVAILABLE).
     trailing: tuple[tuple[str, str | bytes], ...] = ((ANSWERED_BY_KEY, "aryl-scheduler"),)
-    if isinstance(exc, InvalidArgument):
+    if isinstance(exc, (InvalidArgument, OutOfRange)):
         detail = error_details_pb2.BadRequest(
             field_violations=[error_details_pb2.BadRequest.FieldViolation(field=exc.field, description=exc.reason)]
         )
-        status = status_pb2.Status(code=code_pb2.INVALID_ARGUMENT, message=message)
+        status = status_pb2.Status(code=_RPC_CODE[code], message=message)
         status.details.add().Pack(detail)
         trailing += (("grpc-status-details-bin", status.SerializeToString()),)
     await context.abort(code, message, trailing_metadata=trailing)
@@ -73,9 +81,9 @@ def rpc(method: Callable[..., Any]) -> Callable[..., Any]:
             try:
                 async for item in method(self, request, context):
                     yield item
+            except grpc.aio.AbortError:
+                raise
             except Exception as exc:  # noqa: BLE001 - mapped, never leaked
-                if isinstance(exc, grpc.aio.AbortError):
-                    raise
                 await _abort(context, exc, name)
 
         return stream
