@@ -6,6 +6,7 @@ scheduler, started as their console scripts.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -366,7 +367,7 @@ def test_invalid_configuration_is_a_config_error(
 
 
 def test_invalid_cli_value_is_a_config_error(clean_env: pytest.MonkeyPatch) -> None:
-    with pytest.raises(ConfigError, match="gpus.fake_count"):
+    with pytest.raises(ConfigError, match=re.escape("gpus.fake_count")):
         load_agent_config(overrides=cli_overrides(parse_args(["--fake-gpus", "-3"])))
 
 

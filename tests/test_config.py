@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -57,7 +58,7 @@ def test_bad_files_name_the_key(tmp_path: Path, text: str, expected: str) -> Non
 
 def test_bad_environment_value_names_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ARYL_SERVER__WORKER_THREADS", "zero")
-    with pytest.raises(ConfigError, match="server.worker_threads"):
+    with pytest.raises(ConfigError, match=re.escape("server.worker_threads")):
         load_config()
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
 
 from scheduler_service.core import PolicyRegistry, Reason, UnknownPolicy
@@ -31,7 +33,7 @@ def test_job_lifecycle_refuses_illegal_moves() -> None:
 
 def test_server_lifecycle_follows_the_loan_cycle() -> None:
     cycle = [ServerState.SERVING, ServerState.DRAINING, ServerState.LOANED, ServerState.RECLAIMING, ServerState.SERVING]
-    for current, target in zip(cycle, cycle[1:]):
+    for current, target in pairwise(cycle):
         SERVER_LIFECYCLE.check(current, target)
     with pytest.raises(IllegalTransition):
         SERVER_LIFECYCLE.check(ServerState.SERVING, ServerState.LOANED)  # must drain first
@@ -44,7 +46,7 @@ def test_registry_refuses_duplicates_and_names_the_known_policies() -> None:
     registry.register("a")(lambda params: object())
     with pytest.raises(ValueError, match="already registered"):
         registry.register("a")(lambda params: object())
-    with pytest.raises(UnknownPolicy, match="registered: a$"):
+    with pytest.raises(UnknownPolicy, match=r"registered: a$"):
         registry.create("b")
 
 

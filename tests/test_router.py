@@ -176,27 +176,27 @@ class FakeScheduler(inference_pb2_grpc.InferenceServiceServicer):
             version=self.version,
         )
 
-    async def WatchServingPool(self, request, context):  # noqa: N802 - gRPC method name
+    async def WatchServingPool(self, request, context):
         assert self._changed is not None
         self.watchers += 1
         sent = -1
         while True:
             async with self._changed:
-                await self._changed.wait_for(lambda: self.version != sent)
+                await self._changed.wait_for(lambda sent=sent: self.version != sent)
                 sent, message = self.version, self._message()
             yield message
 
-    async def ReportDrained(self, request, context):  # noqa: N802
+    async def ReportDrained(self, request, context):
         self.drained_calls.append(request.server_id)
         if self.drained_errors:
             await context.abort(self.drained_errors.pop(0), "scripted failure")
-        url, state = self.servers.get(request.server_id, ("", LOANED))
+        _, state = self.servers.get(request.server_id, ("", LOANED))
         if state != DRAINING:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{request.server_id} is not DRAINING")
         self.change(request.server_id, LOANED)
         return inference_pb2.ReportDrainedResponse(state=LOANED)
 
-    async def ReportDemand(self, request, context):  # noqa: N802
+    async def ReportDemand(self, request, context):
         self.demand_calls.append((request.servers_needed, request.observed_rps, request.source))
         return inference_pb2.ReportDemandResponse(
             demand=types_pb2.InferenceDemand(servers_needed=request.servers_needed, source=request.source),
@@ -586,7 +586,9 @@ def test_no_request_fails_while_a_server_is_drained_and_another_added_under_load
         scheduler.set(s1=(servers["s1"][1], SERVING), s2=(servers["s2"][1], SERVING))
         log = (tmp_path / "router.log").open("wb")
         env = {k: v for k, v in os.environ.items() if not k.startswith("ARYL_")}
-        router_proc = subprocess.Popen(
+        # Started from a thread: fork and exec block, and this loop also serves the fake scheduler.
+        router_proc = await asyncio.to_thread(
+            subprocess.Popen,
             [str(Path(sys.executable).parent / "aryl-router"), "--listen", f"127.0.0.1:{port}",
              "--scheduler", scheduler.address, "--servers-needed", "2", "--interval", "0.5",
              "--source", "e2e-router"],
@@ -753,7 +755,7 @@ def test_time_of_day_profile_learns_day_over_day_and_asks_for_servers_before_the
     day = 86_400.0
     hour = 3_600.0
     assert profile.forecast(0, hour) is None                 # nothing learned yet
-    for t in range(0, 24):                                   # day 1: 10 rps, except 100 rps at 12:00-13:00
+    for t in range(24):                                   # day 1: 10 rps, except 100 rps at 12:00-13:00
         profile.observe(t * hour, 100.0 if t == 12 else 10.0)
     profile.observe(day, 10.0)                               # closes the last bucket
     assert profile.buckets[12] == 100.0 and profile.buckets[11] == 10.0
@@ -764,7 +766,7 @@ def test_time_of_day_profile_learns_day_over_day_and_asks_for_servers_before_the
     assert profile.buckets[12] == pytest.approx(75.0)        # blended, weight 0.5 for the new day
 
     est = DemandEstimator(measured(time_of_day_profile=True, forecast_horizon_s=hour, scale_down_delay_s=0.0))
-    for t in range(0, 25):
+    for t in range(25):
         est.evaluate(t * hour, t * hour, 10.0, 100.0 if t == 12 else 10.0)
     before_peak = est.evaluate(25 * hour, day + 11.25 * hour, 10.0, 10.0)
     assert before_peak.forecast_rate == 100.0 and before_peak.servers_needed == 10
@@ -790,7 +792,7 @@ def test_measured_demand_is_reported_when_it_changes_and_as_a_heartbeat() -> Non
                 await asyncio.sleep(0.1)
                 assert len(scheduler.demand_calls) == reports    # the injected clock stands still
                 now[0] += 0.25
-                await until(lambda: len(scheduler.demand_calls) == reports + 1, what="a heartbeat")
+                await until(lambda reports=reports: len(scheduler.demand_calls) == reports + 1, what="a heartbeat")
                 assert scheduler.demand_calls[-1][:2] == (4, 35.0)
             now[0] += 100.0                                     # the load is gone
             await until(lambda: scheduler.demand_calls[-1][0] == 1, what="the lower need reported")
@@ -839,14 +841,15 @@ def test_cli_flags_map_to_config_keys() -> None:
 def test_router_cli_refuses_bad_config_and_serves_static_backends_until_sigterm(tmp_path: Path) -> None:
     aryl_router = str(Path(sys.executable).parent / "aryl-router")
     env = {k: v for k, v in os.environ.items() if not k.startswith("ARYL_")}
-    bad = subprocess.run([aryl_router, "--no-scheduler"], capture_output=True, text=True, env=env, timeout=60)
+    bad = subprocess.run([aryl_router, "--no-scheduler"], capture_output=True, text=True, env=env, timeout=60,
+                         check=False)
     assert bad.returncode == 2 and "static_backends is required" in bad.stderr
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         busy = subprocess.run([aryl_router, "--no-scheduler", "--backend", "http://127.0.0.1:1", "--listen",
                                f"127.0.0.1:{taken.getsockname()[1]}"], capture_output=True, text=True, env=env,
-                              timeout=60)
+                              timeout=60, check=False)
     assert busy.returncode == 1 and "cannot serve on" in busy.stderr
     server, server_url = start_example_server(0, "solo")
     port = free_port()

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from scheduler_service.solvers import (
     ReclaimInstance,
     SolverInputError,
+    knapsack,
     reclaim_cost_of,
     reclaim_exhaustive,
     reclaim_greedy,
@@ -25,7 +26,6 @@ from scheduler_service.solvers import (
     solve_knapsack_brute_force,
     solve_knapsack_reference,
 )
-from scheduler_service.solvers import knapsack
 
 # ---------------------------------------------------------------------------------------------
 # Multiple-choice knapsack

@@ -11,7 +11,8 @@ import math
 import os
 import time
 from collections import Counter
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -55,7 +56,8 @@ def philly_csv(rows: list[tuple[str, float, int, str]]) -> str:
 
 
 def many_philly_rows(n: int, *, gpus=(1, 1, 1, 2, 4, 8, 16)) -> list[tuple[str, float, int, str]]:
-    start = datetime(2017, 10, 10, 0, 0, 5)
+    # Formatted below without a zone, as Philly's log writes its times.
+    start = datetime(2017, 10, 10, 0, 0, 5, tzinfo=UTC)
     return [
         ((start + timedelta(seconds=37 * i)).strftime("%Y-%m-%d %H:%M:%S"), 60.0 + 13 * i,
          gpus[i % len(gpus)], "vc1" if i % 3 else "vc2")
@@ -104,7 +106,7 @@ def assert_points_sound(job: TraceJob) -> None:
     speeds = [s for _, s in job.throughput]
     assert workers == list(range(job.min_workers, job.max_workers + 1)), "one point per worker count"
     assert all(s > 0 for s in speeds)
-    assert all(b >= a for a, b in zip(speeds, speeds[1:])), f"speed must not fall: {job.throughput}"
+    assert all(b >= a for a, b in pairwise(speeds)), f"speed must not fall: {job.throughput}"
     assert job.work > 0 and job.runtime_at(job.min_workers) > 0
 
 

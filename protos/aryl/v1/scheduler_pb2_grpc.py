@@ -155,8 +155,9 @@ class SchedulerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def PreviewReclaim(self, request, context):
-        """Dry run: what reclaiming N loaned servers would do now (which servers, which jobs would be
-        preempted or scaled in). Changes nothing.
+        """Dry run: what the configured policy would do if inference took N loaned servers back now (which
+        servers, which jobs would be preempted or scaled in). Changes nothing. FAILED_PRECONDITION, naming
+        the policy, when the configured policy never loans servers.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
