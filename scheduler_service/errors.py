@@ -7,21 +7,22 @@ class AppError(Exception):
     """Base: ``str(err)`` is the message a user reads (via the gRPC status details)."""
 
 
-class InvalidArgument(AppError):
+class FieldError(AppError):
+    """An error about one field of the request: ``field`` names it, ``reason`` says what is wrong."""
+
     def __init__(self, field: str, reason: str) -> None:
         super().__init__(f"{field}: {reason}")
         self.field = field
         self.reason = reason
 
 
-class OutOfRange(AppError):
+class InvalidArgument(FieldError):
+    """A malformed request: it fails again until the field is fixed."""
+
+
+class OutOfRange(FieldError):
     """A well-formed request past the current end of something that may grow (e.g. an offset past
     the end of a worker's log): unlike ``InvalidArgument``, the same request may succeed later."""
-
-    def __init__(self, field: str, reason: str) -> None:
-        super().__init__(f"{field}: {reason}")
-        self.field = field
-        self.reason = reason
 
 
 class NotFound(AppError):

@@ -1,9 +1,10 @@
 """Typed errors -> gRPC statuses, for every servicer method (unary and streaming).
 
-INVALID_ARGUMENT and OUT_OF_RANGE carry a google.rpc.BadRequest naming the field (the detail Google's
-error model gives both), so generic clients can read it; the plain details string always says the
-same for humans. Unexpected exceptions are logged with a reference and answered INTERNAL -- never a
-crash, never a Python traceback on the wire.
+An error about one request field (``FieldError``: INVALID_ARGUMENT, OUT_OF_RANGE) carries a
+google.rpc.BadRequest naming the field (the detail Google's error model gives both), so generic
+clients can read it; the plain details string always says the same for humans. Unexpected
+exceptions are logged with a reference and answered INTERNAL -- never a crash, never a Python
+traceback on the wire.
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ from typing import Any
 
 import grpc
 import structlog
-from google.rpc import code_pb2, error_details_pb2, status_pb2
+from google.rpc import error_details_pb2, status_pb2
 
 from scheduler_service.errors import (
     Aborted,
     AlreadyExists,
     FailedPrecondition,
+    FieldError,
     InvalidArgument,
     NotFound,
     OutOfRange,
@@ -43,11 +45,6 @@ _CODES: dict[type[Exception], grpc.StatusCode] = {
     Aborted: grpc.StatusCode.ABORTED,
     Unavailable: grpc.StatusCode.UNAVAILABLE,
 }
-# The google.rpc.Code inside the details' Status, for the codes that carry a BadRequest.
-_RPC_CODE: dict[grpc.StatusCode, int] = {
-    grpc.StatusCode.INVALID_ARGUMENT: code_pb2.INVALID_ARGUMENT,
-    grpc.StatusCode.OUT_OF_RANGE: code_pb2.OUT_OF_RANGE,
-}
 
 
 async def _abort(context: grpc.aio.ServicerContext, exc: Exception, method: str) -> None:
@@ -61,11 +58,12 @@ async def _abort(context: grpc.aio.ServicerContext, exc: Exception, method: str)
     # Marks an answer of the scheduler itself, so a client can tell "the scheduler says a part it
     # needs is UNAVAILABLE" from "no scheduler answered" (gRPC's own UNAVAILABLE).
     trailing: tuple[tuple[str, str | bytes], ...] = ((ANSWERED_BY_KEY, "aryl-scheduler"),)
-    if isinstance(exc, (InvalidArgument, OutOfRange)):
+    if isinstance(exc, FieldError):
         detail = error_details_pb2.BadRequest(
             field_violations=[error_details_pb2.BadRequest.FieldViolation(field=exc.field, description=exc.reason)]
         )
-        status = status_pb2.Status(code=_RPC_CODE[code], message=message)
+        # gRPC's status codes and google.rpc.Code share their numbers (INVALID_ARGUMENT = 3, OUT_OF_RANGE = 11).
+        status = status_pb2.Status(code=code.value[0], message=message)
         status.details.add().Pack(detail)
         trailing += (("grpc-status-details-bin", status.SerializeToString()),)
     await context.abort(code, message, trailing_metadata=trailing)
