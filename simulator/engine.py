@@ -37,6 +37,7 @@ import time
 from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NoReturn
 
 from scheduler_service.core.invariants import check_plan
 from scheduler_service.core.params import PolicyParams
@@ -48,6 +49,9 @@ from simulator.clock import VirtualClock
 from simulator.cluster import JobOutcome, ServerOutcome, SimulatedCluster, UtilisationSample
 from simulator.failures import FAIL, FailureSchedule
 from simulator.model import ClusterSpec, DemandPoint, FailureRate, ServerFailure, TraceJob
+
+if TYPE_CHECKING:  # imported where used: tqdm loads only when a bar is drawn
+    from tqdm import tqdm
 
 _NEVER = float("inf")
 
@@ -273,7 +277,7 @@ def _next_cycle(last_cycle: float | None, trigger_at: float | None, interval_s: 
     return _NEVER if last_cycle is None else last_cycle + interval_s
 
 
-def _progress_bar(total: int, wanted: bool):  # noqa: ANN202 - tqdm or None
+def _progress_bar(total: int, wanted: bool) -> tqdm[NoReturn] | None:
     if not wanted or not sys.stderr.isatty():
         return None
     from tqdm import tqdm

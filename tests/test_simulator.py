@@ -393,7 +393,7 @@ def test_golden_trace_regression(tmp_path: Path) -> None:
 
 def test_table_puts_policies_side_by_side_with_ratios_to_the_first() -> None:
     table = format_table({"fifo": {"avg_jct_s": 7200.0, "loans": 0}, "aryl": {"avg_jct_s": 3600.0, "loans": 4}})
-    header, rule, *rows = table.splitlines()
+    header, _rule, *rows = table.splitlines()
     assert header.split() == ["metric", "fifo", "aryl"]
     assert "avg JCT (h)" in rows[1] and rows[1].split()[-3:] == ["2.00", "1.00", "(x0.50)"]
     assert rows[-6].split()[-2:] == ["0", "4"]  # loans: no ratio to a zero
