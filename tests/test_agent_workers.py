@@ -88,7 +88,8 @@ class Node:
         )
 
     def pid(self, job: str = "job-a", rank: int = 0, incarnation: int = 1) -> int:
-        (worker,) = [w for w in load_state(self.supervisor.layout.state_file) if w.id == WorkerId(job, rank, incarnation)]
+        wanted = WorkerId(job, rank, incarnation)
+        (worker,) = [w for w in load_state(self.supervisor.layout.state_file) if w.id == wanted]
         return worker.pid
 
     def close(self, *, stop_workers: bool) -> None:

@@ -407,7 +407,7 @@ def test_a_job_that_left_pending_after_the_plan_is_refused_alone_in_a_batch(app:
     result = applied(app, starts=[start(j, ("s1", (i,))) for i, j in enumerate(jobs)])
 
     assert result.started == (jobs[0], jobs[1], jobs[3])
-    assert result.rejected == ((jobs[2], "STALE_PLAN: job %d is no longer pending (it is CANCELLED)" % jobs[2]),)
+    assert result.rejected == ((jobs[2], f"STALE_PLAN: job {jobs[2]} is no longer pending (it is CANCELLED)"),)
     assert allocations(app, jobs[2]) == set()
     assert [job_row(app, j).incarnation for j in jobs] == [1, 1, 0, 1]
 

@@ -19,6 +19,10 @@ def servers_by_id(stub) -> dict[str, types_pb2.Server]:
     return {s.server_id: s for s in stub.ListServers(scheduler_pb2.ListServersRequest(), timeout=5).servers}
 
 
+def get_job(stub, job_id: str) -> types_pb2.Job:
+    return stub.GetJob(scheduler_pb2.GetJobRequest(job_id=job_id), timeout=5).job
+
+
 def report_demand(address: str, servers: int) -> None:
     with grpc.insecure_channel(address) as channel:
         inference_pb2_grpc.InferenceServiceStub(channel).ReportDemand(
@@ -56,7 +60,7 @@ def test_loan_scale_out_reclaim_and_return(scheduler_factory) -> None:
     wait_for(lambda: all(servers_by_id(stub)[s].state == LOANED for s in ("infer-1", "infer-2")),
              timeout=20, what="both inference servers to be loaned")
     grown = wait_for(
-        lambda: (j := stub.GetJob(scheduler_pb2.GetJobRequest(job_id=job.job_id), timeout=5).job).num_workers == 6 and j,
+        lambda: (j := get_job(stub, job.job_id)).num_workers == 6 and j,
         timeout=20, what="the job to scale out to 6 workers",
     )
     assert {w.server_id for w in grown.workers} == {"train-1", "infer-1", "infer-2"}
@@ -71,7 +75,7 @@ def test_loan_scale_out_reclaim_and_return(scheduler_factory) -> None:
     # Load rises: inference needs both servers back; the job shrinks instead of dying.
     report_demand(scheduler.address, 2)
     shrunk = wait_for(
-        lambda: (j := stub.GetJob(scheduler_pb2.GetJobRequest(job_id=job.job_id), timeout=5).job).num_workers == 2 and j,
+        lambda: (j := get_job(stub, job.job_id)).num_workers == 2 and j,
         timeout=20, what="the job to scale in to its training server",
     )
     assert {w.server_id for w in shrunk.workers} == {"train-1"}
@@ -106,7 +110,7 @@ def test_reclaim_preempts_an_inelastic_job_and_requeues_it(scheduler_factory) ->
              == types_pb2.JOB_STATE_RUNNING, timeout=20, what="the job to run on the loaned server")
     report_demand(scheduler.address, 1)
     requeued = wait_for(
-        lambda: (j := stub.GetJob(scheduler_pb2.GetJobRequest(job_id=job.job_id), timeout=5).job).preemptions == 1 and j,
+        lambda: (j := get_job(stub, job.job_id)).preemptions == 1 and j,
         timeout=20, what="the job to be preempted",
     )
     assert requeued.state == types_pb2.JOB_STATE_PENDING

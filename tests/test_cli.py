@@ -333,7 +333,7 @@ def test_events_replay_stops_when_caught_up(ctl) -> None:
     assert events[0]["kind"] == "EVENT_KIND_JOB_SUBMITTED"
 
     _, out, _ = ctl("-o", "json", "events")
-    submitted = [e for e in json.loads(out) if e.get("job_id") == first["job_id"]][0]
+    submitted = next(e for e in json.loads(out) if e.get("job_id") == first["job_id"])
     _, out, _ = ctl("-o", "json", "events", "--since", submitted["event_id"])
     assert all(int(e["event_id"]) > int(submitted["event_id"]) for e in json.loads(out))
 
@@ -399,8 +399,10 @@ def arylctl_executable() -> str:
 
 
 def arylctl(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    # check=False: the tests assert the exit code themselves (usage errors exit non-zero on purpose).
     return subprocess.run(
-        [arylctl_executable(), *argv], capture_output=True, text=True, timeout=60, env={**os.environ, **(env or {})}
+        [arylctl_executable(), *argv], capture_output=True, text=True, timeout=60, env={**os.environ, **(env or {})},
+        check=False,
     )
 
 

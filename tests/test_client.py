@@ -68,7 +68,7 @@ def test_job_spec_all_fields() -> None:
     )
     assert spec.priority == -3
     assert dict(spec.env) == {"NCCL_DEBUG": "INFO"}
-    assert spec.deadline.ToDatetime(tzinfo=dt.timezone.utc) == deadline
+    assert spec.deadline.ToDatetime(tzinfo=dt.UTC) == deadline
     assert spec.max_runtime.ToTimedelta() == dt.timedelta(seconds=7200.5)
     assert spec.restart_policy == types_pb2.RESTART_POLICY_NEVER
     assert spec.max_restarts == 2
@@ -78,9 +78,9 @@ def test_job_spec_all_fields() -> None:
 
 
 def test_job_spec_naive_deadline_is_local_time() -> None:
-    naive = dt.datetime(2030, 6, 1, 12, 0)
+    naive = dt.datetime(2030, 6, 1, 12, 0)  # noqa: DTZ001 - the naive time is the input under test
     spec = job_spec(name="j", command=["true"], deadline=naive)
-    assert spec.deadline.ToDatetime(tzinfo=dt.timezone.utc) == naive.astimezone()
+    assert spec.deadline.ToDatetime(tzinfo=dt.UTC) == naive.astimezone()
 
 
 @pytest.mark.parametrize(
@@ -139,7 +139,7 @@ def test_job_spec_from_yaml_mapping_equals_job_spec() -> None:
         max_workers=4,
         priority=5,
         env={"OMP_NUM_THREADS": "8", "NCCL_DEBUG": "INFO"},
-        deadline=dt.datetime(2030, 1, 31, 18, 0, tzinfo=dt.timezone.utc),
+        deadline=dt.datetime(2030, 1, 31, 18, 0, tzinfo=dt.UTC),
         max_runtime_s=86400,
         restart_policy="on_failure",
         max_restarts=3,
@@ -157,7 +157,7 @@ def test_job_spec_from_json_mapping_accepts_string_worker_counts_and_iso_deadlin
     )
     spec = job_spec_from_mapping(data)
     assert [(p.workers, p.samples_per_second) for p in spec.throughput.points] == [(1, 6.0), (2, 10.0)]
-    assert spec.deadline.ToDatetime(tzinfo=dt.timezone.utc) == dt.datetime(2030, 1, 31, 18, tzinfo=dt.timezone.utc)
+    assert spec.deadline.ToDatetime(tzinfo=dt.UTC) == dt.datetime(2030, 1, 31, 18, tzinfo=dt.UTC)
 
 
 def test_job_spec_from_mapping_null_means_default() -> None:

@@ -265,7 +265,8 @@ def test_gpus_reported_in_another_order_after_a_reboot_are_accepted(scheduler, s
         agent_pb2_grpc.AgentServiceStub(channel).RegisterServer(
             agent_pb2.RegisterServerRequest(
                 hostname="train-1", pool=types_pb2.POOL_TRAINING,
-                gpus=[agent_pb2.GpuInfo(index=0, uuid="GPU-train-1-1"), agent_pb2.GpuInfo(index=1, uuid="GPU-train-1-0")],
+                gpus=[agent_pb2.GpuInfo(index=0, uuid="GPU-train-1-1"),
+                      agent_pb2.GpuInfo(index=1, uuid="GPU-train-1-0")],
             ),
             timeout=5,
         )

@@ -84,11 +84,16 @@ def test_pool_watch_drain_acknowledgement_and_loan(scheduler_factory) -> None:
         draining = watch.next_where(lambda u: S.SERVER_STATE_DRAINING in states(u).values(), "a DRAINING server")
         server_id = next(sid for sid, st in states(draining).items() if st == S.SERVER_STATE_DRAINING)
         assert draining.version > first.version
-        servers = lambda: {s.server_id: s.state for s in stub.ListServers(scheduler_pb2.ListServersRequest(), timeout=5).servers}  # noqa: E731
+
+        def servers() -> dict[str, types_pb2.ServerState]:
+            listed = stub.ListServers(scheduler_pb2.ListServersRequest(), timeout=5).servers
+            return {s.server_id: s.state for s in listed}
+
         assert servers()[server_id] == S.SERVER_STATE_DRAINING  # the hour-long timeout holds it there
 
         # ... and once the router says nothing is in flight there, it is loaned and leaves the pool.
-        answer = watch.stub.ReportDrained(inference_pb2.ReportDrainedRequest(server_id=server_id, source="t"), timeout=5)
+        answer = watch.stub.ReportDrained(inference_pb2.ReportDrainedRequest(server_id=server_id, source="t"),
+                                          timeout=5)
         assert answer.state == S.SERVER_STATE_DRAINING
         watch.next_where(lambda u: server_id not in states(u), f"{server_id} out of the pool")
         wait_for(lambda: servers()[server_id] == S.SERVER_STATE_LOANED, what="the drained server loaned")

@@ -166,7 +166,7 @@ def test_an_allocation_of_a_gpu_that_does_not_exist_is_refused(
         make_server(session, "s1", gpus=4)
         job_id = make_job(session).id
 
-    with pytest.raises(sa.exc.IntegrityError, match="(?i)foreign key"):
+    with pytest.raises(sa.exc.IntegrityError, match=r"(?i)foreign key"):
         with Session(engine) as session, session.begin():
             make_allocation(session, job_id, server_id, gpu_index)
 
@@ -177,7 +177,7 @@ def test_an_allocation_for_a_job_that_does_not_exist_is_refused(engine: sa.Engin
     with Session(engine) as session, session.begin():
         make_server(session, "s1", gpus=1)
 
-    with pytest.raises(sa.exc.IntegrityError, match="(?i)foreign key"):
+    with pytest.raises(sa.exc.IntegrityError, match=r"(?i)foreign key"):
         with Session(engine) as session, session.begin():
             make_allocation(session, 12345, "s1", 0)
 

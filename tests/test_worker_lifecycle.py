@@ -163,7 +163,10 @@ def test_silent_agents_make_servers_lost_shrinking_elastic_jobs_and_requeueing_o
         elastic = submit(stub, job_spec("elastic", gpus=1, workers=1, max_workers=4))
         job = running(stub, elastic, 4)
         # Only "a" keeps reporting; "b" goes silent and is lost after 1 s on the scheduler's clock.
-        servers = lambda: {s.server_id: s for s in stub.ListServers(scheduler_pb2.ListServersRequest(), timeout=5).servers}  # noqa: E731
+
+        def servers() -> dict[str, types_pb2.Server]:
+            return {s.server_id: s for s in stub.ListServers(scheduler_pb2.ListServersRequest(), timeout=5).servers}
+
         wait_for(lambda: agents["a"].report() and servers()["b"].state == J.SERVER_STATE_LOST,
                  timeout=20, interval=0.2, what="server b lost")
         assert servers()["a"].state == J.SERVER_STATE_TRAINING

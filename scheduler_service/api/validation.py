@@ -10,6 +10,7 @@ import re
 from collections.abc import Iterable
 
 from google.protobuf import duration_pb2, timestamp_pb2
+from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
 
 from protos.aryl.v1 import agent_pb2, types_pb2
 from scheduler_service.errors import InvalidArgument
@@ -40,8 +41,8 @@ MAX_ENV_VALUE = 32 * 1024
 MAX_RESTARTS = 1000
 MAX_JOB_ID = 2**63 - 1
 JOB_STATE_NAMES = {v: JobState(n.removeprefix("JOB_STATE_")) for n, v in types_pb2.JobState.items() if v}
-POOL_NAMES = {types_pb2.POOL_TRAINING: Pool.TRAINING, types_pb2.POOL_INFERENCE: Pool.INFERENCE}
-RESTART_POLICIES = {
+POOL_NAMES: dict[int, Pool] = {types_pb2.POOL_TRAINING: Pool.TRAINING, types_pb2.POOL_INFERENCE: Pool.INFERENCE}
+RESTART_POLICIES: dict[int, str] = {
     types_pb2.RESTART_POLICY_UNSPECIFIED: "ON_FAILURE",
     types_pb2.RESTART_POLICY_ON_FAILURE: "ON_FAILURE",
     types_pb2.RESTART_POLICY_NEVER: "NEVER",
@@ -85,7 +86,7 @@ def finite(field: str, value: float, *, positive: bool = False) -> float:
 
 
 def _duration(field: str, value: duration_pb2.Duration) -> float:
-    if value.nanos and (value.seconds < 0) != (value.nanos < 0) or abs(value.nanos) >= 10**9:
+    if (value.nanos and (value.seconds < 0) != (value.nanos < 0)) or abs(value.nanos) >= 10**9:
         raise InvalidArgument(field, "is not a valid duration")
     seconds = value.seconds + value.nanos / 1e9
     if seconds < 0:
@@ -112,7 +113,7 @@ def _bytes(field: str, value: int) -> int:
     return value
 
 
-def _enum(field: str, value: int, allowed: Iterable[int], enum_type) -> int:  # type: ignore[no-untyped-def]
+def _enum(field: str, value: int, allowed: Iterable[int], enum_type: EnumTypeWrapper) -> int:
     if value not in allowed:
         names = ", ".join(enum_type.Name(v) for v in allowed if v)
         raise InvalidArgument(field, f"unknown value {value}; use one of {names}")
@@ -174,14 +175,16 @@ def job_submission(spec: types_pb2.JobSpec, idempotency_key: str, *, now: float)
     max_runtime = None
     if spec.HasField("max_runtime"):
         max_runtime = _duration("spec.max_runtime", spec.max_runtime) or None
-    policy = RESTART_POLICIES[_enum("spec.restart_policy", spec.restart_policy, RESTART_POLICIES, types_pb2.RestartPolicy)]
+    policy = RESTART_POLICIES[
+        _enum("spec.restart_policy", spec.restart_policy, RESTART_POLICIES, types_pb2.RestartPolicy)
+    ]
     restarts = _count("spec.max_restarts", spec.max_restarts, 0, MAX_RESTARTS)
-    key = text("idempotency_key", idempotency_key, max_len=128) or None
+    submission_key = text("idempotency_key", idempotency_key, max_len=128) or None
     return JobSubmission(
         name=name, user=user, queue=queue, command=tuple(spec.command), env=dict(spec.env),
         gpus_per_worker=gpus, min_workers=low, max_workers=high, priority=spec.priority, deadline=deadline,
         throughput=throughput, max_runtime_s=max_runtime, restart_policy=policy, max_restarts=restarts,
-        idempotency_key=key,
+        idempotency_key=submission_key,
     )
 
 
@@ -275,8 +278,8 @@ def status_report(req: agent_pb2.ReportStatusRequest) -> StatusReport:
         if not (math.isfinite(g.utilization) and math.isfinite(g.temperature_c)):
             raise InvalidArgument(f"gpus[{i}]", "utilization and temperature must be finite numbers")
         samples.append(
-            GpuSample(g.index, min(max(g.utilization, 0.0), 1.0), _bytes(f"gpus[{i}].memory_used_bytes", g.memory_used_bytes),
-                      g.temperature_c, g.healthy,
+            GpuSample(g.index, min(max(g.utilization, 0.0), 1.0),
+                      _bytes(f"gpus[{i}].memory_used_bytes", g.memory_used_bytes), g.temperature_c, g.healthy,
                       text(f"gpus[{i}].health_reason", g.health_reason, max_len=256))
         )
     if len(req.workers) > MAX_WORKERS_PER_REPORT:
