@@ -1,9 +1,12 @@
 """The simulated cluster: the scheduling cycle's ``ClusterState`` port, in memory, with simulated agents.
 
-``snapshot()`` and ``apply()`` have the service's semantics (``scheduler_service.app.SchedulerApp``);
+``snapshot()`` and ``apply()`` have the service's semantics (``scheduler_service.app.cluster``);
 only the storage differs (dicts instead of tables) and the agents, which are simulated. The policy and
-the cycle cannot tell the two apart. What this module must never do: decide anything (placement,
-loans, sizes are the policy's) or look at which policy runs.
+the cycle cannot tell the two apart. The applier's rules are not here but in
+``scheduler_service.core.apply_rules``, which the service's applier calls too (this module reads its
+dicts for them: ``_Facts``); ``tests/test_apply_contract.py`` holds the two appliers to the same
+results. What this module must never do: decide anything (placement, loans, sizes are the policy's)
+or look at which policy runs.
 
 Nouns:
 - *Segment*: the stretch of a job's life at one placement, from a start or resize until the next
@@ -30,6 +33,9 @@ Nouns:
     the plan's reason. A repair (``repair_server``) brings it back to its home state; a server
     repaired before any cycle evicted its jobs comes back with them (as a service's server whose
     agent reports again first);
+  - a GPU's health changes when ``set_gpu_health`` says so (the service hears it in an agent's
+    report): an unhealthy GPU shows in the snapshot and takes no new worker; a worker already on it
+    runs on;
   - progress reporting is perfect: ``work_done`` in the snapshot is the job's true progress at ``now``.
 - *GPU-seconds lost* per job: the GPU time of the work a preemption threw away (productive seconds
   since the last checkpoint x the segment's GPUs) plus the GPU time of restart overheads (the
@@ -39,11 +45,24 @@ Nouns:
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from math import floor
 
+from scheduler_service.core.apply_rules import (
+    JobFacts,
+    LoanState,
+    RefusalCode,
+    RefusalLog,
+    Refused,
+    check_loan_step,
+    check_preemption,
+    check_scale,
+    check_start,
+    reclaim_deadline,
+)
 from scheduler_service.core.clock import Clock
+from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.plan import (
     ApplyLog,
     ApplyResult,
@@ -51,7 +70,6 @@ from scheduler_service.core.plan import (
     LoanStep,
     Plan,
     PreemptJob,
-    Reason,
     ScaleJob,
     ServerAction,
     StartJob,
@@ -59,7 +77,6 @@ from scheduler_service.core.plan import (
     apply_order,
 )
 from scheduler_service.core.snapshot import (
-    TRAINING_CAPABLE_STATES,
     ClusterSnapshot,
     DemandView,
     JobView,
@@ -78,18 +95,6 @@ from scheduler_service.lifecycle import (
 )
 from simulator.model import ClusterSpec, DemandPoint, TraceJob
 
-# The loan cycle as data, as the service's applier has it (scheduler_service.app._LOAN_STEPS):
-# step -> (server state after it, open loan it needs (None: none), the loan's state after it,
-# the server must hold no workers). Loan states: "ACTIVE" from LOAN to RECLAIM, "RECLAIMING" until
-# RETURN, then the loan is closed (None).
-_ACTIVE, _RECLAIMING = "ACTIVE", "RECLAIMING"
-_LOAN_STEPS: dict[LoanStep, tuple[ServerState, str | None, str | None, bool]] = {
-    LoanStep.LOAN: (ServerState.DRAINING, None, _ACTIVE, False),
-    LoanStep.ACTIVATE: (ServerState.LOANED, _ACTIVE, _ACTIVE, False),
-    LoanStep.CANCEL: (ServerState.SERVING, _ACTIVE, None, False),
-    LoanStep.RECLAIM: (ServerState.RECLAIMING, _ACTIVE, _RECLAIMING, True),
-    LoanStep.RETURN: (ServerState.SERVING, _RECLAIMING, None, True),
-}
 _ON_LOAN_STATES = frozenset({ServerState.DRAINING, ServerState.LOANED, ServerState.RECLAIMING})
 
 
@@ -158,10 +163,6 @@ class UtilisationSample:
 # The in-memory state
 
 
-class _Refused(Exception):
-    """A plan action that fresh state does not allow; ``str()`` says why (as the service's applier)."""
-
-
 @dataclass(slots=True)
 class _Server:
     server_id: str
@@ -169,8 +170,10 @@ class _Server:
     gpu_indices: tuple[int, ...]
     state: ServerState
     state_since: float = 0.0
-    loan: str | None = None              # the open loan's state: _ACTIVE, _RECLAIMING, or None
+    loan: LoanState | None = None        # the open loan's state (ACTIVE, RECLAIMING); None: no open loan
     loan_started_at: float | None = None
+    reclaim_deadline: float | None = None  # the open loan's, from its RECLAIM step on
+    unhealthy: frozenset[int] = frozenset()
     allocated: dict[int, int] = field(default_factory=dict)  # gpu index -> job id
     drained: bool = False                # DRAINING: the router acknowledged the drain
     view: ServerView | None = None       # cached; None when stale
@@ -179,10 +182,12 @@ class _Server:
         if self.view is None:
             self.view = ServerView(
                 server_id=self.server_id, pool=self.pool, state=self.state, gpu_indices=self.gpu_indices,
-                allocated=tuple(sorted(self.allocated.items())), state_since=self.state_since,
+                unhealthy_gpus=self.unhealthy, allocated=tuple(sorted(self.allocated.items())),
+                state_since=self.state_since,
                 loan_started_at=self.loan_started_at if self.state in _ON_LOAN_STATES else None,
                 agent_converged=True,  # simulated agents apply every desired state at once
                 drained=self.drained,
+                reclaim_deadline=self.reclaim_deadline if self.state == ServerState.RECLAIMING else None,
             )
         return self.view
 
@@ -227,6 +232,7 @@ class SimulatedCluster:
         restart_overhead_s: float = 30.0,
         checkpoint_interval_s: float = 1800.0,
         drain_ack_s: float | None = 1.0,
+        reclaim_deadline_s: float = PolicyParams.reclaim_deadline_s,
     ) -> None:
         if restart_overhead_s < 0:
             raise ValueError(f"restart_overhead_s must be >= 0 (got {restart_overhead_s})")
@@ -238,6 +244,8 @@ class SimulatedCluster:
         self._clock = clock
         self.restart_overhead_s = float(restart_overhead_s)
         self.checkpoint_interval_s = float(checkpoint_interval_s)
+        # A RECLAIM step's hard deadline, as the service sets it (the policy's reclaim_deadline_s).
+        self.reclaim_deadline_s = float(reclaim_deadline_s)
         # The router's drain acknowledgement, this long after a LOAN step; None (or < 0): no router.
         self.drain_ack_s = float(drain_ack_s) if drain_ack_s is not None and drain_ack_s >= 0 else None
         self._drain_acks: dict[str, float] = {}  # DRAINING server -> when the router acknowledges it
@@ -360,13 +368,22 @@ class SimulatedCluster:
         allocations stay (the next plan evicts them); an open loan ends, as in the service."""
         server = self._servers[server_id]
         self._move_server(server, ServerState.LOST, self.now)
-        server.loan, server.loan_started_at = None, None
+        server.loan, server.loan_started_at, server.reclaim_deadline = None, None, None
         self.server_failures += 1
 
     def repair_server(self, server_id: str) -> None:
         """The server is back, in its home state (the service: its agent reports again)."""
         server = self._servers[server_id]
         self._move_server(server, home_state(server.pool), self.now)
+
+    def set_gpu_health(self, server_id: str, index: int, healthy: bool) -> None:
+        """A GPU's health as its agent reports it: an unhealthy one shows in the snapshot
+        (``ServerView.unhealthy_gpus``) and takes no new worker; a worker already on it runs on."""
+        server = self._servers[server_id]
+        if index not in server.gpu_indices:
+            raise ValueError(f"server {server_id} has no GPU {index}")
+        server.unhealthy = server.unhealthy - {index} if healthy else server.unhealthy | {index}
+        self._server_changed(server)
 
     @property
     def server_ids(self) -> tuple[str, ...]:
@@ -528,9 +545,11 @@ class SimulatedCluster:
     # -- the port: apply --------------------------------------------------------------------------
 
     def apply(self, plan: Plan) -> ApplyResult:
-        """Apply ``plan`` as the service's applier does (``SchedulerApp.apply``), in the shared
-        ``core.plan.apply_order``; then pending reasons. Each action is re-checked against the state the earlier ones left and refused
-        alone (``ApplyResult.rejected``, reason STALE_PLAN) when that state no longer allows it."""
+        """Apply ``plan`` as the service's applier does (``store.applier.Applier.apply``), in the shared
+        ``core.plan.apply_order``; then pending reasons. Each action is re-checked by
+        ``core.apply_rules`` against the state the earlier ones left and refused alone
+        (``ApplyResult.rejected``, reason STALE_PLAN, the rule's code in ``rejected_codes``) when that
+        state does not allow it."""
         if plan.is_empty:
             return ApplyResult((), (), frozenset())
         now = self.now
@@ -540,18 +559,23 @@ class SimulatedCluster:
             for s in plan.scales
             if s.job_id in self._active
         }
+        refusals = RefusalLog(log, plan, held)
+        facts = _Facts(self._servers, self._active, self.outcomes)
         for action in apply_order(plan, held):
             try:
                 if isinstance(action, ServerAction):
-                    servers = self._apply_server_step(action, now)
+                    servers = self._apply_server_step(facts, action, now)
                 elif isinstance(action, PreemptJob):
-                    servers = self._apply_preemption(action, now)
+                    servers = self._apply_preemption(facts, action, now)
                 elif isinstance(action, ScaleJob):
-                    servers = self._apply_scale(action, now)
+                    servers = self._apply_scale(facts, action, now)
                 else:
-                    servers = self._apply_start(action, now)
-            except (IllegalTransition, _Refused) as exc:
-                log.refused(action, f"{Reason.STALE_PLAN}: {exc}")
+                    servers = self._apply_start(facts, action, now)
+            except Refused as refusal:
+                refusals.refused(action, refusal)
+                continue
+            except IllegalTransition as exc:  # the rules check the lifecycles first: never expected
+                refusals.refused(action, Refused(RefusalCode.ILLEGAL_TRANSITION, str(exc)))
                 continue
             log.applied(action, servers)
         self._apply_pending(plan.pending)
@@ -563,12 +587,11 @@ class SimulatedCluster:
         job.state = target
         job.view = None
 
-    def _apply_preemption(self, action: PreemptJob, now: float) -> set[str]:
+    def _apply_preemption(self, facts: _Facts, action: PreemptJob, now: float) -> set[str]:
         """Stop every worker and requeue (RUNNING -> PREEMPTED -> PENDING). The job falls back to its
         last checkpoint; the work since is lost."""
-        job = self._active.get(action.job_id)
-        if job is None or not job.running:
-            raise _Refused(f"job {action.job_id} is {_state_of(job)}, not running: there is nothing to preempt")
+        check_preemption(facts, action)
+        job = self._active[action.job_id]
         if self._on_lost_server(w.server_id for w in job.workers):
             self.fault_evictions += 1
         checkpoint_at, checkpoint_work = self._last_checkpoint(job, now)
@@ -583,26 +606,16 @@ class SimulatedCluster:
         del self._running[action.job_id]
         return servers
 
-    def _apply_scale(self, action: ScaleJob, now: float) -> set[str]:
+    def _apply_scale(self, facts: _Facts, action: ScaleJob, now: float) -> set[str]:
         """Restart the job at its new placement (RUNNING -> SCALING -> RUNNING): a graceful resize
         checkpoints first, so no work is lost; the new segment pays the restart overhead. A resize
         that drops a worker on a LOST server is not graceful: that worker died, so the job restarts
         from its last checkpoint and the work since is lost."""
-        job = self._active.get(action.job_id)
-        if job is None or job.state != JobState.RUNNING:
-            raise _Refused(f"job {action.job_id} is {_state_of(job)}, not running: it cannot be resized")
-        held = {(w.rank, w.server_id, g) for w in job.workers for g in w.gpu_indices}
-        planned = [(w.rank, w.server_id, g) for w in action.workers for g in w.gpu_indices]
-        new = [p for p in planned if p not in held]
-        # New GPUs are the (server, GPU) pairs the job does not hold yet: a worker that stays but is
-        # renumbered (a shrink off a lost server) keeps its GPUs and is not placed again.
-        held_pairs = {(s, g) for _, s, g in held}
-        self._check_placement(job, action.workers, {(s, g) for _, s, g in planned} - held_pairs)
-        # Delete before insert: a GPU that changes rank within the job is free again first.
-        kept = {(s, g) for _, s, g in set(planned) & held}
-        self._check_unique([(s, g) for _, s, g in new], kept_by_self=kept, job_id=action.job_id)
+        check_scale(facts, action)
+        job = self._active[action.job_id]
+        held_pairs = {(w.server_id, g) for w in job.workers for g in w.gpu_indices}
         before = len(job.workers)
-        dropped = held_pairs - {(s, g) for _, s, g in planned}
+        dropped = held_pairs - {(w.server_id, g) for w in action.workers for g in w.gpu_indices}
         if self._on_lost_server(s for s, _ in dropped):
             self.fault_evictions += 1
             checkpoint_at, work = self._last_checkpoint(job, now)
@@ -636,14 +649,10 @@ class SimulatedCluster:
         if lost_work > 0 and job.seg_speed > 0:
             job.outcome.lost_work_gpu_s += lost_work / job.seg_speed * job.seg_gpus
 
-    def _apply_start(self, action: StartJob, now: float) -> set[str]:
+    def _apply_start(self, facts: _Facts, action: StartJob, now: float) -> set[str]:
         """Place a pending job's gang; it resumes from its last checkpoint (from scratch the first time)."""
-        job = self._active.get(action.job_id)
-        if job is None or job.state != JobState.PENDING:
-            raise _Refused(f"job {action.job_id} is no longer pending (it is {_state_of(job)})")
-        planned = [(w.server_id, g) for w in action.workers for g in w.gpu_indices]
-        self._check_placement(job, action.workers, set(planned))
-        self._check_unique(planned, kept_by_self=set(), job_id=action.job_id)
+        check_start(facts, action)
+        job = self._active[action.job_id]
         workers = _worker_views(action.workers)
         self._take(job, workers)
         if job.started_at is None:
@@ -655,59 +664,19 @@ class SimulatedCluster:
         self._running[action.job_id] = job
         return {w.server_id for w in workers}
 
-    def _check_placement(self, job: _Job, workers: tuple[WorkerPlacement, ...], new_gpus: set[tuple[str, int]]) -> None:
-        """The service's _PlacementCheck: the job's shape, and new GPUs only where training may run."""
-        t = job.trace
-        ranks = sorted(w.rank for w in workers)
-        if ranks != list(range(len(workers))):
-            raise _Refused(f"job {t.job_id}: planned ranks {ranks} are not 0..n-1")
-        if not t.min_workers <= len(workers) <= t.max_workers:
-            raise _Refused(f"job {t.job_id}: {len(workers)} worker(s) planned, outside {t.min_workers}..{t.max_workers}")
-        for w in workers:
-            if len(set(w.gpu_indices)) != t.gpus_per_worker:
-                raise _Refused(f"job {t.job_id}: rank {w.rank} has {len(set(w.gpu_indices))} GPU(s), "
-                               f"needs {t.gpus_per_worker}")
-        for server_id, index in sorted(new_gpus):
-            server = self._servers.get(server_id)
-            if server is None or server.state not in TRAINING_CAPABLE_STATES:
-                state = server.state if server else "not registered"
-                raise _Refused(f"server {server_id} is {state}: training cannot run on it")
-            if index not in server.gpu_indices:
-                raise _Refused(f"GPU {index} of server {server_id} is unhealthy or missing")
-
-    def _check_unique(self, new: list[tuple[str, int]], *, kept_by_self: set[tuple[str, int]], job_id: int) -> None:
-        """The service's unique key on (server, GPU): a new worker GPU must be free once the job's own
-        dropped workers are gone, and may appear only once."""
-        seen = set(kept_by_self)
-        for server_id, index in new:
-            holder = self._servers[server_id].allocated.get(index)
-            if (server_id, index) in seen or (holder is not None and holder != job_id):
-                raise _Refused("a planned GPU is already held by another worker")
-            seen.add((server_id, index))
-
-    def _apply_server_step(self, action: ServerAction, now: float) -> set[str]:
-        """One step of the loan cycle, checked as the service checks it: the server's lifecycle first,
-        then the open loan the step needs, then (RECLAIM, RETURN) that no workers are left on it."""
-        target, loan_before, loan_after, must_be_vacated = _LOAN_STEPS[action.kind]
-        server = self._servers.get(action.server_id)
-        if server is None:
-            raise _Refused(f"server {action.server_id} is not registered")
-        SERVER_LIFECYCLE.check(server.state, target)
-        if server.loan != loan_before:
-            raise _Refused(
-                f"server {server.server_id} has an open {server.loan} loan" if server.loan and loan_before is None
-                else f"server {server.server_id} has no {loan_before} loan (found: {server.loan or 'none'})"
-            )
-        if must_be_vacated and server.allocated:
-            holders = ", ".join(map(str, sorted(set(server.allocated.values()))))
-            raise _Refused(f"server {server.server_id} still runs workers of job(s) {holders} after this plan's "
-                           f"job actions; {action.kind} needs it vacated")
-        self._move_server(server, target, now)
-        if loan_before is None:
+    def _apply_server_step(self, facts: _Facts, action: ServerAction, now: float) -> set[str]:
+        """One step of the loan cycle (``core.apply_rules.LOAN_STEPS``): the server's transition and
+        its loan (begun, moved on, or closed), as the service records them."""
+        rule = check_loan_step(facts, action)
+        server = self._servers[action.server_id]
+        self._move_server(server, rule.target, now)
+        if rule.loan_before is None:
             server.loan_started_at = now
-        server.loan = loan_after
-        if loan_after is None:
-            server.loan_started_at = None
+        if rule.starts_reclaim_deadline:
+            server.reclaim_deadline = reclaim_deadline(now, self.reclaim_deadline_s)
+        server.loan = None if rule.loan_after == LoanState.RETURNED else rule.loan_after
+        if server.loan is None:
+            server.loan_started_at = server.reclaim_deadline = None
         server.view = None
         self._stale_servers.add(server.server_id)
         if action.kind == LoanStep.LOAN:
@@ -725,8 +694,47 @@ class SimulatedCluster:
                 job.view = None
 
 
-def _state_of(job: _Job | None) -> str:
-    return str(job.state) if job is not None else "not found"
+class _Facts:
+    """``core.apply_rules.ApplyFacts`` over the simulated cluster's dicts, read as the actions applied
+    so far left them. A finished job reads as COMPLETED (the service keeps its row; no other final
+    state happens here)."""
+
+    __slots__ = ("_active", "_outcomes", "_servers")
+
+    def __init__(self, servers: dict[str, _Server], active: dict[int, _Job], outcomes: dict[int, JobOutcome]) -> None:
+        self._servers = servers
+        self._active = active
+        self._outcomes = outcomes
+
+    def job(self, job_id: int) -> JobFacts | None:
+        job = self._active.get(job_id)
+        if job is not None:
+            t = job.trace
+            return JobFacts(job_id, job.state, t.gpus_per_worker, t.min_workers, t.max_workers)
+        done = self._outcomes.get(job_id)
+        if done is None or done.end is None:
+            return None
+        return JobFacts(job_id, JobState.COMPLETED, done.gpus_per_worker, done.min_workers, done.max_workers)
+
+    def server_state(self, server_id: str) -> ServerState | None:
+        server = self._servers.get(server_id)
+        return server.state if server is not None else None
+
+    def open_loan(self, server_id: str) -> LoanState | None:
+        server = self._servers.get(server_id)
+        return server.loan if server is not None else None
+
+    def gpu_usable(self, server_id: str, index: int) -> bool:
+        server = self._servers.get(server_id)
+        return server is not None and index in server.gpu_indices and index not in server.unhealthy
+
+    def gpu_holder(self, server_id: str, index: int) -> int | None:
+        server = self._servers.get(server_id)
+        return server.allocated.get(index) if server is not None else None
+
+    def jobs_on(self, server_id: str) -> Collection[int]:
+        server = self._servers.get(server_id)
+        return server.allocated.values() if server is not None else ()
 
 
 def _worker_views(workers: tuple[WorkerPlacement, ...]) -> tuple[WorkerView, ...]:

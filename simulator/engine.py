@@ -161,7 +161,8 @@ def simulate(
     wall_start = time.perf_counter()
     clock = VirtualClock(0.0)
     cluster = SimulatedCluster(spec, clock, restart_overhead_s=restart_overhead_s,
-                               checkpoint_interval_s=checkpoint_interval_s, drain_ack_s=drain_ack_s)
+                               checkpoint_interval_s=checkpoint_interval_s, drain_ack_s=drain_ack_s,
+                               reclaim_deadline_s=params.reclaim_deadline_s)
     faults = FailureSchedule(failures, cluster.server_ids, seed=seed)
     state: ClusterState = PlanChecker(cluster) if check_plans else cluster
     cycle = SchedulingCycle(state, create_policy(policy, params), clock, seed=seed)

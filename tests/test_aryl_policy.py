@@ -181,6 +181,19 @@ def test_vacated_reclaimed_servers_return_to_serving_once_the_agent_confirms() -
     assert steps(plan("aryl", snapshot_of([done, waiting], [], demand=2))) == [("r", LoanStep.RETURN)]
 
 
+def test_a_reclaimed_server_goes_back_at_its_hard_deadline_without_the_agents_confirmation() -> None:
+    # The deadline is the one the RECLAIM step set (ServerView.reclaim_deadline), not a time the policy
+    # works out again: long past the state change, before the deadline, the server still waits.
+    def reclaiming(sid: str, deadline: float | None) -> ServerView:
+        return inference_server(sid, ServerState.RECLAIMING, since=NOW - 7200, agent_converged=False,
+                                reclaim_deadline=deadline)
+
+    servers = [reclaiming("due", NOW), reclaiming("later", NOW + 1), reclaiming("none", None)]
+    result = plan("aryl", snapshot_of(servers, [], demand=3))
+    assert steps(result) == [("due", LoanStep.RETURN)]
+    assert "returned to inference by force" in result.server_actions[0].message
+
+
 def test_hysteresis_band_neither_loans_nor_reclaims() -> None:
     servers = [inference_server("s1", since=NOW - 3600), inference_server("s2", since=NOW - 3600),
                inference_server("l", ServerState.LOANED, since=NOW - 3600)]

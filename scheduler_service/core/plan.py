@@ -139,7 +139,8 @@ class Plan:
 @dataclass(frozen=True, slots=True)
 class ApplyResult:
     """What the applier committed, and what it refused (job or server id, why) after re-checking
-    fresh state."""
+    fresh state; ``rejected_codes`` names the rule that refused each, in ``rejected``'s order
+    (``core.apply_rules.RefusalCode``)."""
 
     started: tuple[int, ...]
     rejected: tuple[tuple[int | str, str], ...]
@@ -147,6 +148,7 @@ class ApplyResult:
     scaled: tuple[int, ...] = ()
     preempted: tuple[int, ...] = ()
     server_steps: tuple[tuple[str, str], ...] = ()  # (server id, LoanStep)
+    rejected_codes: tuple[str, ...] = ()
 
 
 Action = StartJob | ScaleJob | PreemptJob | ServerAction
@@ -269,6 +271,7 @@ class ApplyLog:
     preempted: list[int] = field(default_factory=list)
     server_steps: list[tuple[str, str]] = field(default_factory=list)
     rejected: list[tuple[int | str, str]] = field(default_factory=list)
+    rejected_codes: list[str] = field(default_factory=list)
     touched: set[str] = field(default_factory=set)
 
     def applied(self, action: Action, servers: Iterable[str]) -> None:
@@ -282,8 +285,9 @@ class ApplyLog:
         else:
             self.server_steps.append((action.server_id, str(action.kind)))
 
-    def refused(self, action: Action, why: str) -> None:
+    def refused(self, action: Action, why: str, *, code: str) -> None:
         self.rejected.append((action.server_id if isinstance(action, ServerAction) else action.job_id, why))
+        self.rejected_codes.append(code)
 
     @property
     def changed(self) -> bool:
@@ -293,4 +297,5 @@ class ApplyLog:
         return ApplyResult(
             tuple(self.started), tuple(self.rejected), frozenset(self.touched), scaled=tuple(self.scaled),
             preempted=tuple(self.preempted), server_steps=tuple(self.server_steps),
+            rejected_codes=tuple(self.rejected_codes),
         )

@@ -23,6 +23,9 @@ class ServerView:
     loan_started_at: float | None = None  # while DRAINING/LOANED/RECLAIMING: when the loan began
     agent_converged: bool = True        # the agent has applied the newest desired state
     drained: bool = False               # DRAINING: the router reports nothing in flight there any more
+    # RECLAIMING: when it goes back to inference without its agent's confirmation (set at the RECLAIM
+    # step, ``core.apply_rules.reclaim_deadline``; the service keeps it on the loan row).
+    reclaim_deadline: float | None = None
     # Derived from the fields above on first use (a view is immutable): a policy reads them every cycle.
     _healthy: tuple[int, ...] | None = field(default=None, init=False, repr=False, compare=False)
     _free: tuple[int, ...] | None = field(default=None, init=False, repr=False, compare=False)

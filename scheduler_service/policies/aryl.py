@@ -264,7 +264,8 @@ class ArylPolicy:
         for s in sorted(inference, key=lambda s: (s.state_since, s.server_id)):
             by_state.setdefault(s.state, []).append(s)
         # Vacated reclaimed servers serve again once their agent confirms it stopped the workers, or
-        # at the reclaim's hard deadline (the router still routes there only once the agent confirms).
+        # at the reclaim's hard deadline, set by the RECLAIM step (``core.apply_rules.reclaim_deadline``;
+        # the router still routes there only once the agent confirms).
         for s in by_state.get(ServerState.RECLAIMING, []):
             if s.allocated:
                 continue
@@ -272,7 +273,7 @@ class ArylPolicy:
                 "training workers stopped; serving inference again" if s.agent_converged
                 else f"reclaim deadline of {p.reclaim_deadline_s:.0f}s passed before the agent confirmed the "
                      "workers stopped; returned to inference by force"
-                if snap.now - s.state_since >= p.reclaim_deadline_s else None
+                if s.reclaim_deadline is not None and snap.now >= s.reclaim_deadline else None
             )
             if why is not None:
                 cycle.act(s.server_id, LoanStep.RETURN, ServerState.SERVING, Reason.RETURNED_TO_SERVING, why)

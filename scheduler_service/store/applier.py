@@ -1,10 +1,17 @@
 """The SQL applier: commits a scheduling ``Plan`` inside one transaction, re-checking every action
 against fresh state and refusing alone the ones that state no longer allows.
 
-Nouns: a *loan step* moves an inference server through the loan cycle (``_LOAN_STEPS``: LOAN,
-ACTIVATE, CANCEL, RECLAIM, RETURN) with its ``loans`` row (``LoanState``); a *placement check*
-(``_PlacementCheck``) holds the facts about the servers a plan places workers on; a *refusal*
-(``_Refused``) is an action fresh state no longer allows, reported in ``ApplyResult.rejected``.
+The rules are not here: ``core.apply_rules`` holds them once for this applier and the simulator's
+(a start's, a resize's, a preemption's preconditions, the loan cycle ``LOAN_STEPS``, the reclaim's
+hard deadline). This module reads what they ask about and writes what an allowed action does.
+
+Nouns: a *loan step* moves an inference server through the loan cycle (LOAN, ACTIVATE, CANCEL,
+RECLAIM, RETURN) with its ``loans`` row (``LoanState``); the *facts* (``_SessionFacts``) are what
+the rules read -- the plan's jobs, and the servers, GPUs, allocations and open loans it touches --
+loaded once per apply and kept up to date in memory as its actions apply; a *refusal*
+(``core.apply_rules.Refused``) is an action fresh state no longer allows, reported in
+``ApplyResult.rejected`` with its code. The database's unique keys and row versions stay the last
+guard: a change another transaction made since the facts were read is refused there, alone.
 
 Never: decide (the plan did; this only re-checks and writes), or commit: the caller's transaction
 does, and agents hear of the changes only after it.
@@ -13,31 +20,38 @@ does, and agents hear of the changes only after it.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
-from dataclasses import dataclass
-from enum import StrEnum
+from collections.abc import Collection, Iterable, Sequence
 
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.exc import StaleDataError
 
+from scheduler_service.core.apply_rules import (
+    LOAN_STEPS,
+    JobFacts,
+    LoanState,
+    RefusalCode,
+    RefusalLog,
+    Refused,
+    check_loan_step,
+    check_preemption,
+    check_scale,
+    check_start,
+    reclaim_deadline,
+)
 from scheduler_service.core.clock import Clock
 from scheduler_service.core.plan import (
     ApplyLog,
     KeepPending,
-    LoanStep,
     Plan,
     PreemptJob,
-    Reason,
     ScaleJob,
     ServerAction,
     StartJob,
-    WorkerPlacement,
     apply_order,
 )
-from scheduler_service.core.snapshot import TRAINING_CAPABLE_STATES
-from scheduler_service.lifecycle import JOB_LIFECYCLE, SERVER_LIFECYCLE, IllegalTransition, JobState, ServerState
+from scheduler_service.lifecycle import IllegalTransition, JobState, ServerState
 from scheduler_service.store import models as m
 from scheduler_service.store.changes import (
     StateChanges,
@@ -47,31 +61,7 @@ from scheduler_service.store.changes import (
 )
 from scheduler_service.store.desired import DesiredStates
 
-
-class LoanState(StrEnum):
-    """``loans.state``: ACTIVE from LOAN until RECLAIM, RECLAIMING until RETURN, then RETURNED."""
-
-    ACTIVE = "ACTIVE"
-    RECLAIMING = "RECLAIMING"
-    RETURNED = "RETURNED"
-
-
-@dataclass(frozen=True)
-class _LoanStepRule:
-    target: ServerState                # the server's state after the step
-    loan_before: LoanState | None      # the open loan the step needs (None: there must be none)
-    loan_after: LoanState              # what that loan becomes (LOAN: the new loan's state)
-    must_be_vacated: bool = False      # the server may hold no allocations (after the plan's job actions)
-
-
-# The loan cycle as data; the server side of each step is checked by SERVER_LIFECYCLE as well.
-_LOAN_STEPS = {
-    LoanStep.LOAN: _LoanStepRule(ServerState.DRAINING, None, LoanState.ACTIVE),
-    LoanStep.ACTIVATE: _LoanStepRule(ServerState.LOANED, LoanState.ACTIVE, LoanState.ACTIVE),
-    LoanStep.CANCEL: _LoanStepRule(ServerState.SERVING, LoanState.ACTIVE, LoanState.RETURNED),
-    LoanStep.RECLAIM: _LoanStepRule(ServerState.RECLAIMING, LoanState.ACTIVE, LoanState.RECLAIMING, True),
-    LoanStep.RETURN: _LoanStepRule(ServerState.SERVING, LoanState.RECLAIMING, LoanState.RETURNED, True),
-}
+_Pair = tuple[str, int]  # (server id, GPU index)
 
 # A plan with at least this many starts applies them as one batch (``_apply_starts_together``).
 _BATCH_STARTS_FROM = 2
@@ -79,7 +69,8 @@ _BATCH_STARTS_FROM = 2
 
 class Applier:
     """``reclaim_deadline_s``: how long after a RECLAIM the server goes back to inference even
-    without its agent's confirmation (the policy's ``reclaim_deadline_s``)."""
+    without its agent's confirmation (the policy's ``reclaim_deadline_s``; ``core.apply_rules
+    .reclaim_deadline``)."""
 
     def __init__(
         self, changes: StateChanges, desired: DesiredStates, clock: Clock, *, reclaim_deadline_s: float
@@ -95,66 +86,52 @@ class Applier:
         so GPUs freed by one action serve a later one and loan steps see what the job actions left;
         then pending reasons.
 
-        Each action is re-checked against fresh state inside its own savepoint and refused alone, with
-        the reason in ``ApplyResult.rejected``, when that state no longer allows it: the job or server is
-        not in the state the action expects (the lifecycle tables refuse the move), a planned GPU is held
-        by another worker (the unique key), missing or unhealthy, a new worker's server cannot run
-        training, or a server to reclaim or return still holds workers.
+        Each action is re-checked by ``core.apply_rules`` against the facts as the earlier actions left
+        them, then written inside its own savepoint, and refused alone, with the reason in
+        ``ApplyResult.rejected`` and the rule's code in ``ApplyResult.rejected_codes``, when that state
+        no longer allows it; so is one the database refuses (a unique key or row version: a change
+        another transaction made meanwhile).
 
         Every server whose allocations or state changed gets one desired-generation bump."""
         log = ApplyLog()  # per attempt: a retried transaction starts over
         now = self._clock.now()
-        job_ids = sorted({p.job_id for p in plan.preemptions} | {s.job_id for s in plan.scales}
-                         | {s.job_id for s in plan.starts})
-        # One query for every job the plan names; the dict keeps them alive (the identity map is weak).
-        jobs: dict[int, m.Job] = {}
-        if job_ids:
-            jobs = {job.id: job for job in session.scalars(sa.select(m.Job).where(m.Job.id.in_(job_ids)))}
-        placement: _PlacementCheck | None = None  # read after the ACTIVATE steps, which come first
-        held: dict[int, list[tuple[str, int]]] = defaultdict(list)
-        for alloc in session.execute(
-            sa.select(m.Allocation.job_id, m.Allocation.server_id, m.Allocation.gpu_index)
-            .where(m.Allocation.job_id.in_([s.job_id for s in plan.scales]))
-        ):
-            held[alloc.job_id].append((alloc.server_id, alloc.gpu_index))
-
+        facts = _SessionFacts.load(session, plan)
+        held = facts.held_by(s.job_id for s in plan.scales)
+        refusals = RefusalLog(log, plan, held)
         together: set[int] | None = None  # the starts applied as one batch (_apply_starts_together)
         for action in apply_order(plan, held):
-            if not isinstance(action, ServerAction) and placement is None:
-                placement = _PlacementCheck.load(session, (*plan.starts, *plan.scales))
             if isinstance(action, StartJob):
                 if together is None:
-                    assert placement is not None
-                    together = (self._apply_starts_together(session, plan.starts, jobs, placement, now, log)
+                    together = (self._apply_starts_together(session, plan.starts, facts, now, log)
                                 if len(plan.starts) >= _BATCH_STARTS_FROM else set())
                 if action.job_id in together:
                     continue
+            loan: m.Loan | None = None  # a loan step's loan row, as the step left it
             try:
                 with session.begin_nested():
                     if isinstance(action, ServerAction):
-                        servers = self._apply_server_step(session, action, now)
+                        servers, loan = self._apply_server_step(session, facts, action, now)
                     elif isinstance(action, PreemptJob):
-                        servers = self._apply_preemption(session, jobs.get(action.job_id), action)
+                        servers = self._apply_preemption(session, facts, action)
                     elif isinstance(action, ScaleJob):
-                        assert placement is not None
-                        servers = self._apply_scale(session, jobs.get(action.job_id), action, placement, now)
+                        servers = self._apply_scale(session, facts, action, now)
                     else:
-                        assert placement is not None
-                        servers = self._apply_start(session, jobs.get(action.job_id), action, placement, now)
+                        servers = self._apply_start(session, facts, action, now)
                     session.flush()  # constraint and version checks fire here, inside the savepoint
-            except (IntegrityError, StaleDataError, IllegalTransition, _Refused) as exc:
-                log.refused(action, _refusal_message(exc, server_step=isinstance(action, ServerAction)))
+            except (IntegrityError, StaleDataError, IllegalTransition, Refused) as exc:
+                refusals.refused(action, _refusal(exc, server_step=isinstance(action, ServerAction)))
                 continue
+            facts.applied(action, loan)
             log.applied(action, servers)
         self._desired.bump(session, log.touched)
         self._apply_pending(session, plan.pending)
         return log
 
-    def _apply_preemption(self, session: Session, job: m.Job | None, action: PreemptJob) -> set[str]:
+    def _apply_preemption(self, session: Session, facts: _SessionFacts, action: PreemptJob) -> set[str]:
         """Stop every worker and requeue: RUNNING -> PREEMPTED -> PENDING, both recorded with the
         action's reason; the reason also becomes the pending reason ExplainJob shows."""
-        if job is None or not JobState(job.state).holds_gpus:
-            raise _Refused(f"job {action.job_id} is {_state_of(job)}, not running: there is nothing to preempt")
+        check_preemption(facts, action)
+        job = facts.row(action.job_id)
         servers = free_allocations(session, job.id)
         job.num_workers = 0
         job.preemptions += 1
@@ -163,24 +140,18 @@ class Applier:
         self._changes.set_job_state(session, job, JobState.PENDING, action.reason, f"requeued: {action.message}")
         return servers
 
-    def _apply_scale(
-        self, session: Session, job: m.Job | None, action: ScaleJob, placement: _PlacementCheck, now: float
-    ) -> set[str]:
+    def _apply_scale(self, session: Session, facts: _SessionFacts, action: ScaleJob, now: float) -> set[str]:
         """Replace the job's allocations with exactly the planned placement (workers that stay keep
         their rows) and record RUNNING -> SCALING -> RUNNING. A resize is not a restart: ``restarts``
         counts failures only."""
-        if job is None or job.state != JobState.RUNNING:
-            raise _Refused(f"job {action.job_id} is {_state_of(job)}, not running: it cannot be resized")
+        check_scale(facts, action)
+        job = facts.row(action.job_id)
         a = m.ALLOCATIONS.c
         current = session.execute(
             sa.select(a.id, a.rank, a.server_id, a.gpu_index).where(a.job_id == job.id)
         ).all()
         planned = {(w.rank, w.server_id, index) for w in action.workers for index in w.gpu_indices}
         held = {(row.rank, row.server_id, row.gpu_index) for row in current}
-        # New GPUs are the (server, GPU) pairs the job does not hold yet: a worker that stays but is
-        # renumbered (a shrink off a lost server) keeps its GPUs and is not placed again.
-        placement.check(job, action.workers, new_gpus={(s, index) for _, s, index in planned}
-                        - {(s, index) for _, s, index in held})
         # Delete before insert: a GPU that changes rank within the job must be free again first.
         gone = [row.id for row in current if (row.rank, row.server_id, row.gpu_index) not in planned]
         if gone:
@@ -196,14 +167,11 @@ class Applier:
         # Every worker restarts at the new world size, so every server it ran or runs on changes.
         return {row.server_id for row in current} | {w.server_id for w in action.workers}
 
-    def _apply_start(
-        self, session: Session, job: m.Job | None, action: StartJob, placement: _PlacementCheck, now: float
-    ) -> set[str]:
-        if job is None or job.state != JobState.PENDING:
-            raise _Refused(f"job {action.job_id} is no longer pending (it is {_state_of(job)})")
+    def _apply_start(self, session: Session, facts: _SessionFacts, action: StartJob, now: float) -> set[str]:
+        check_start(facts, action)
+        job = facts.row(action.job_id)
         planned = [(w.rank, w.server_id, index) for w in action.workers for index in w.gpu_indices]
-        placement.check(job, action.workers, new_gpus={(s, index) for _, s, index in planned})
-        insert_allocations(session, job.id, planned, now)  # the unique key refuses a GPU already held
+        insert_allocations(session, job.id, planned, now)  # the unique key: a GPU taken meanwhile
         new_incarnation(job, action.workers)
         job.num_workers = len(action.workers)
         job.started_at = job.started_at or now
@@ -213,29 +181,25 @@ class Applier:
         return {w.server_id for w in action.workers}
 
     def _apply_starts_together(
-        self, session: Session, starts: Sequence[StartJob], jobs: dict[int, m.Job], placement: _PlacementCheck,
-        now: float, log: ApplyLog,
+        self, session: Session, starts: Sequence[StartJob], facts: _SessionFacts, now: float, log: ApplyLog,
     ) -> set[int]:
         """Apply ``starts`` in one savepoint with a fixed number of statements, however many there are
         (one plan after a burst of submissions starts 100s of jobs); returns the ids applied.
 
-        Does exactly what ``_apply_start`` does per start, and re-checks the same things: starts refused
-        in Python (job no longer pending, bad shape, server or GPU unusable) are left out here and
-        refused by the one-by-one path. When the database refuses the batch (a GPU already held, a job
-        changed since it was read) the savepoint is rolled back and nothing is applied: the caller
-        applies every start alone, so the culprit is refused alone, with its reason."""
-        ready: list[tuple[StartJob, m.Job, list[tuple[int, str, int]]]] = []
+        Does exactly what ``_apply_start`` does per start, and checks each with the same rule
+        (``check_start``), in order, each against the facts with the earlier starts' GPUs taken -- as
+        one start at a time sees them. Starts the rule refuses are left out here and refused by the
+        one-by-one path, with their reasons. When the database refuses the batch (a GPU taken or a job
+        changed by another transaction since the facts were read) the savepoint is rolled back and
+        nothing is applied: the caller applies every start alone, so the culprit is refused alone."""
+        ready: list[tuple[StartJob, m.Job]] = []
         for action in starts:
-            job = jobs.get(action.job_id)
-            if job is None or job.state != JobState.PENDING:
-                continue
-            planned = [(w.rank, w.server_id, index) for w in action.workers for index in w.gpu_indices]
             try:
-                placement.check(job, action.workers, new_gpus={(s, index) for _, s, index in planned})
-                JOB_LIFECYCLE.check(job.state, JobState.RUNNING)
-            except (_Refused, IllegalTransition):
+                check_start(facts, action)
+            except Refused:
                 continue
-            ready.append((action, job, planned))
+            facts.applied(action)  # the batch's later starts see these GPUs taken
+            ready.append((action, facts.row(action.job_id)))
         if not ready:
             return set()
         j = m.JOBS
@@ -245,17 +209,17 @@ class Applier:
                 current = {
                     row.id: row for row in session.execute(
                         sa.select(j.c.id, j.c.version, j.c.state)
-                        .where(j.c.id.in_([job.id for _, job, _ in ready])).with_for_update()
+                        .where(j.c.id.in_([job.id for _, job in ready])).with_for_update()
                     )
                 }
                 if any(
                     (row := current.get(job.id)) is None or row.version != job.version or row.state != job.state
-                    for _, job, _ in ready
+                    for _, job in ready
                 ):
-                    raise _Refused("a job changed since it was read")
+                    raise Refused(RefusalCode.CHANGED_CONCURRENTLY, "a job changed since it was read")
                 session.execute(sa.insert(m.ALLOCATIONS), [
-                    dict(job_id=job.id, rank=rank, server_id=server_id, gpu_index=index, allocated_at=now)
-                    for _, job, planned in ready for rank, server_id, index in planned
+                    dict(job_id=job.id, rank=w.rank, server_id=w.server_id, gpu_index=index, allocated_at=now)
+                    for action, job in ready for w in action.workers for index in w.gpu_indices
                 ])
                 session.execute(
                     sa.update(j).where(j.c.id == sa.bindparam("b_id")).values(
@@ -271,47 +235,32 @@ class Applier:
                              b_workers=len(action.workers), b_incarnation=(job.incarnation or 0) + 1,
                              b_rank_servers={**(job.rank_servers or {}),
                                              **{str(w.rank): w.server_id for w in action.workers}})
-                        for action, job, _ in ready
+                        for action, job in ready
                     ],
                 )
                 recorded = self._clock.now()  # events are stamped when recorded, as one start at a time is
                 session.execute(sa.insert(m.EVENTS), [
                     dict(time=recorded, kind="JOB_STATE_CHANGED", job_id=job.id, server_id=None, from_state=job.state,
                          to_state=JobState.RUNNING, reason=action.reason, message=action.message[:2048], details={})
-                    for action, job, _ in ready
+                    for action, job in ready
                 ])
-        except (IntegrityError, _Refused):
+        except (IntegrityError, Refused):
+            for action, _ in ready:
+                facts.undo_start(action)
             return set()
-        for action, job, _ in ready:
+        for action, job in ready:
             session.expire(job)  # written above without the ORM: reloaded if a later action touches it
             log.applied(action, {w.server_id for w in action.workers})
-        return {action.job_id for action, _, _ in ready}
+        return {action.job_id for action, _ in ready}
 
-    def _apply_server_step(self, session: Session, action: ServerAction, now: float) -> set[str]:
-        """One step of the loan cycle (see ``_LOAN_STEPS``): the server's transition, its loan row, and
-        LOAN_STARTED / LOAN_ENDED events."""
-        rule = _LOAN_STEPS[action.kind]
-        server = session.get(m.Server, action.server_id)
-        if server is None:
-            raise _Refused(f"server {action.server_id} is not registered")
-        SERVER_LIFECYCLE.check(server.state, rule.target)  # an illegal move is the first thing to report
-        loan = session.scalar(
-            sa.select(m.Loan).where(m.Loan.server_id == server.id, m.Loan.state != LoanState.RETURNED)
-        )
-        if (loan.state if loan else None) != rule.loan_before:
-            raise _Refused(
-                f"server {server.id} has an open {loan.state} loan" if loan and rule.loan_before is None
-                else f"server {server.id} has no {rule.loan_before} loan (found: {loan.state if loan else 'none'})"
-            )
-        if rule.must_be_vacated:
-            holders = sorted(set(session.scalars(
-                sa.select(m.Allocation.job_id).where(m.Allocation.server_id == server.id)
-            )))
-            if holders:
-                raise _Refused(
-                    f"server {server.id} still runs workers of job(s) {', '.join(map(str, holders))} "
-                    f"after this plan's job actions; {action.kind} needs it vacated"
-                )
+    def _apply_server_step(
+        self, session: Session, facts: _SessionFacts, action: ServerAction, now: float
+    ) -> tuple[set[str], m.Loan]:
+        """One step of the loan cycle (``core.apply_rules.LOAN_STEPS``): the server's transition, its
+        loan row (returned), and LOAN_STARTED / LOAN_ENDED events."""
+        rule = check_loan_step(facts, action)
+        server = facts.server_row(action.server_id)
+        loan = facts.loan_row(action.server_id)
         self._changes.set_server_state(session, server, rule.target, action.reason, action.message)
         summary = f"{action.reason}: {action.message}"[:1024]
         if loan is None:
@@ -322,10 +271,8 @@ class Applier:
                                 message=action.message[:2048], details={"loan_id": str(loan.id)})
         elif rule.loan_after != loan.state:
             loan.state = rule.loan_after
-            if action.kind == LoanStep.RECLAIM:
-                # The reclaim's hard deadline: past it the server goes back to inference even without
-                # the agent's confirmation (the policy's ``reclaim_deadline_s``).
-                loan.hard_deadline = now + self._reclaim_deadline_s
+            if rule.starts_reclaim_deadline:
+                loan.hard_deadline = reclaim_deadline(now, self._reclaim_deadline_s)
             if rule.loan_after == LoanState.RETURNED:
                 loan.ended_at = now
                 loan.reason = summary
@@ -334,7 +281,7 @@ class Applier:
                     message=f"{action.message} (loaned for {now - loan.started_at:.0f}s)"[:2048],
                     details={"loan_id": str(loan.id)},
                 )
-        return {server.id}
+        return {server.id}, loan
 
     def _apply_pending(self, session: Session, pending: Sequence[KeepPending]) -> None:
         """Record new pending reasons in bulk: one UPDATE and one events INSERT for all of them."""
@@ -368,61 +315,140 @@ class Applier:
         )
 
 
-class _Refused(Exception):
-    """A plan action that fresh state no longer allows; ``str()`` says why, for ``ApplyResult.rejected``."""
+class _SessionFacts:
+    """``core.apply_rules.ApplyFacts`` over the session: the plan's jobs (ORM rows, kept alive here:
+    the identity map is weak), and the servers it places workers on or steps through the loan cycle --
+    their states, usable GPUs, allocations and open loans -- read in a few queries per ``apply`` and
+    kept up to date in memory as each action commits to its savepoint (``applied``), so re-checking an
+    action costs no round trip. Allocations are read for those servers and for the plan's jobs
+    wherever they run; a GPU elsewhere reads as unheld, which the rules never ask about."""
 
-
-@dataclass(frozen=True)
-class _PlacementCheck:
-    """Fresh facts about the servers a plan places workers on, read once per ``apply``: which can run
-    training, and which of their GPUs exist and are healthy. Server states do not change during the job
-    actions (loan steps other than ACTIVATE come after them), so one read serves every action."""
-
-    server_states: dict[str, str]
-    healthy_gpus: frozenset[tuple[str, int]]
+    def __init__(self, jobs: dict[int, m.Job], states: dict[str, str], usable: set[_Pair],
+                 allocations: Iterable[tuple[str, int, int]], servers: dict[str, m.Server],
+                 loans: dict[str, m.Loan]) -> None:
+        self._jobs = jobs
+        self._states = states
+        self._usable = usable
+        self._servers = servers            # ORM rows of the servers the plan steps (it writes them)
+        self._loans = loans                # their open loans (ORM rows)
+        self._holders: dict[str, dict[int, int]] = defaultdict(dict)  # server -> GPU -> job
+        self._by_job: dict[int, set[_Pair]] = defaultdict(set)
+        for server_id, index, job_id in allocations:
+            self._holders[server_id][index] = job_id
+            self._by_job[job_id].add((server_id, index))
 
     @classmethod
-    def load(cls, session: Session, actions: Sequence[StartJob | ScaleJob]) -> _PlacementCheck:
-        server_ids = sorted({w.server_id for action in actions for w in action.workers})
-        if not server_ids:
-            return cls({}, frozenset())
-        s, g = m.SERVERS.c, m.GPUS.c
-        states = dict(session.execute(sa.select(s.id, s.state).where(s.id.in_(server_ids))).all())
-        healthy = session.execute(
-            sa.select(g.server_id, g.index).where(g.server_id.in_(server_ids), g.healthy)
-        )
-        return cls(states, frozenset((server_id, index) for server_id, index in healthy))
+    def load(cls, session: Session, plan: Plan) -> _SessionFacts:
+        job_ids = sorted({p.job_id for p in plan.preemptions} | {s.job_id for s in plan.scales}
+                         | {s.job_id for s in plan.starts})
+        placing: tuple[StartJob | ScaleJob, ...] = (*plan.starts, *plan.scales)
+        placed_on = sorted({w.server_id for action in placing for w in action.workers})
+        stepped = sorted({a.server_id for a in plan.server_actions})
+        touched = sorted({*placed_on, *stepped})
+        jobs: dict[int, m.Job] = {}
+        if job_ids:
+            jobs = {job.id: job for job in session.scalars(sa.select(m.Job).where(m.Job.id.in_(job_ids)))}
+        s, g, a = m.SERVERS.c, m.GPUS.c, m.ALLOCATIONS.c
+        servers: dict[str, m.Server] = {}
+        loans: dict[str, m.Loan] = {}
+        if stepped:
+            servers = {server.id: server
+                       for server in session.scalars(sa.select(m.Server).where(m.Server.id.in_(stepped)))}
+            loans = {loan.server_id: loan for loan in session.scalars(
+                sa.select(m.Loan).where(m.Loan.server_id.in_(stepped), m.Loan.state != LoanState.RETURNED))}
+        states = {sid: server.state for sid, server in servers.items()}
+        usable: set[_Pair] = set()
+        if placed_on:
+            states.update(session.execute(
+                sa.select(s.id, s.state).where(s.id.in_([sid for sid in placed_on if sid not in servers]))).all())
+            usable = {(sid, index) for sid, index in session.execute(
+                sa.select(g.server_id, g.index).where(g.server_id.in_(placed_on), g.healthy))}
+        allocations: list[tuple[str, int, int]] = []
+        if touched or job_ids:
+            allocations = [(row.server_id, row.gpu_index, row.job_id) for row in session.execute(
+                sa.select(a.server_id, a.gpu_index, a.job_id).where(sa.or_(a.server_id.in_(touched),
+                                                                           a.job_id.in_(job_ids))))]
+        return cls(jobs, states, usable, allocations, servers, loans)
 
-    def check(self, job: m.Job, workers: Sequence[WorkerPlacement], new_gpus: set[tuple[str, int]]) -> None:
-        """Refuse a placement that breaks the job's shape, or puts a new worker where training cannot
-        run. ``new_gpus``: the (server, GPU) pairs the job does not hold yet (kept workers stay put)."""
-        if sorted(w.rank for w in workers) != list(range(len(workers))):
-            raise _Refused(f"job {job.id}: planned ranks {sorted(w.rank for w in workers)} are not 0..n-1")
-        if not job.min_workers <= len(workers) <= job.max_workers:
-            raise _Refused(
-                f"job {job.id}: {len(workers)} worker(s) planned, outside {job.min_workers}..{job.max_workers}"
-            )
-        for w in workers:
-            if len(set(w.gpu_indices)) != job.gpus_per_worker:
-                raise _Refused(f"job {job.id}: rank {w.rank} has {len(set(w.gpu_indices))} GPU(s), "
-                               f"needs {job.gpus_per_worker}")
-        for server_id, index in sorted(new_gpus):
-            state = self.server_states.get(server_id)
-            if state not in TRAINING_CAPABLE_STATES:
-                raise _Refused(f"server {server_id} is {state or 'not registered'}: training cannot run on it")
-            if (server_id, index) not in self.healthy_gpus:
-                raise _Refused(f"GPU {index} of server {server_id} is unhealthy or missing")
+    # -- ApplyFacts --------------------------------------------------------------------------------
+
+    def job(self, job_id: int) -> JobFacts | None:
+        job = self._jobs.get(job_id)
+        if job is None:
+            return None
+        return JobFacts(job.id, JobState(job.state), job.gpus_per_worker, job.min_workers, job.max_workers)
+
+    def server_state(self, server_id: str) -> ServerState | None:
+        state = self._states.get(server_id)
+        return ServerState(state) if state is not None else None
+
+    def open_loan(self, server_id: str) -> LoanState | None:
+        loan = self._loans.get(server_id)
+        return LoanState(loan.state) if loan is not None else None
+
+    def gpu_usable(self, server_id: str, index: int) -> bool:
+        return (server_id, index) in self._usable
+
+    def gpu_holder(self, server_id: str, index: int) -> int | None:
+        return self._holders[server_id].get(index) if server_id in self._holders else None
+
+    def jobs_on(self, server_id: str) -> Collection[int]:
+        return self._holders[server_id].values() if server_id in self._holders else ()
+
+    # -- what the applier reads and writes ---------------------------------------------------------
+
+    def row(self, job_id: int) -> m.Job:
+        """The job's ORM row (the rules found it)."""
+        return self._jobs[job_id]
+
+    def server_row(self, server_id: str) -> m.Server:
+        return self._servers[server_id]
+
+    def loan_row(self, server_id: str) -> m.Loan | None:
+        return self._loans.get(server_id)
+
+    def held_by(self, job_ids: Iterable[int]) -> dict[int, list[_Pair]]:
+        """Each job's (server, GPU) pairs now (``apply_order``'s ``held``)."""
+        return {job_id: sorted(self._by_job[job_id]) for job_id in job_ids if job_id in self._by_job}
+
+    def applied(self, action: StartJob | ScaleJob | PreemptJob | ServerAction, loan: m.Loan | None = None) -> None:
+        """``action`` committed to its savepoint: a job action's GPUs change hands; a loan step moves
+        the server and its open loan (``loan``: the row the step wrote)."""
+        if isinstance(action, ServerAction):
+            rule = LOAN_STEPS[action.kind]
+            self._states[action.server_id] = rule.target
+            if rule.loan_after == LoanState.RETURNED or loan is None:
+                self._loans.pop(action.server_id, None)
+            else:
+                self._loans[action.server_id] = loan
+            return
+        for server_id, index in self._by_job.pop(action.job_id, set()):
+            if self._holders[server_id].get(index) == action.job_id:
+                del self._holders[server_id][index]
+        if isinstance(action, PreemptJob):
+            return
+        for w in action.workers:
+            for index in w.gpu_indices:
+                self._holders[w.server_id][index] = action.job_id
+                self._by_job[action.job_id].add((w.server_id, index))
+
+    def undo_start(self, action: StartJob) -> None:
+        """A start recorded by ``applied`` that the database then refused: its GPUs are free again."""
+        self._by_job.pop(action.job_id, None)
+        for w in action.workers:
+            for index in w.gpu_indices:
+                if self._holders[w.server_id].get(index) == action.job_id:
+                    del self._holders[w.server_id][index]
 
 
-def _state_of(job: m.Job | None) -> str:
-    return job.state if job is not None else "not found"
-
-
-def _refusal_message(exc: Exception, *, server_step: bool = False) -> str:
+def _refusal(exc: Exception, *, server_step: bool) -> Refused:
+    """The refusal of an action the rules or the database refused (its code and user-facing message)."""
+    if isinstance(exc, Refused):
+        return exc
+    if isinstance(exc, IllegalTransition):
+        return Refused(RefusalCode.ILLEGAL_TRANSITION, str(exc))
     if isinstance(exc, IntegrityError):
         if server_step:  # the one-open-loan-per-server index: a concurrent LOAN won
-            return f"{Reason.STALE_PLAN}: the server's loan changed while the plan was made"
-        return f"{Reason.STALE_PLAN}: a planned GPU is already held by another worker"
-    if isinstance(exc, StaleDataError):
-        return f"{Reason.STALE_PLAN}: the job or server changed while the plan was made"
-    return f"{Reason.STALE_PLAN}: {exc}"
+            return Refused(RefusalCode.LOAN_MISMATCH, "the server's loan changed while the plan was made")
+        return Refused(RefusalCode.GPU_HELD, "a planned GPU is already held by another worker")
+    return Refused(RefusalCode.CHANGED_CONCURRENTLY, "the job or server changed while the plan was made")

@@ -17,11 +17,11 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from scheduler_service.core.apply_rules import LoanState
 from scheduler_service.core.clock import Clock
 from scheduler_service.core.snapshot import ClusterSnapshot, DemandView, JobView, ServerView, WorkerView
 from scheduler_service.lifecycle import JobState, Pool, ServerState
 from scheduler_service.store import models as m
-from scheduler_service.store.applier import LoanState
 from scheduler_service.store.changes import index_list
 
 ACTIVE_JOB_STATES = (JobState.PENDING, JobState.RUNNING, JobState.SCALING, JobState.PREEMPTED)
@@ -46,9 +46,11 @@ class SnapshotReader:
         ):
             by_server[server_id].append((gpu_index, job_id))
             by_job[job_id].setdefault(rank, (server_id, []))[1].append(gpu_index)
-        loan_started = dict(
-            session.execute(sa.select(ln.server_id, ln.started_at).where(ln.state != LoanState.RETURNED)).all()
-        )
+        # Open loans: when each began, and a reclaimed one's hard deadline.
+        open_loans: dict[str, tuple[float, float | None]] = {
+            server_id: (started_at, hard_deadline) for server_id, started_at, hard_deadline in session.execute(
+                sa.select(ln.server_id, ln.started_at, ln.hard_deadline).where(ln.state != LoanState.RETURNED))
+        }
         # A server's GPUs come aggregated with its row (one row per server, not per GPU), and a view
         # whose inputs are what they were last cycle is reused as it is, with what it has derived.
         gpus = (
@@ -65,15 +67,17 @@ class SnapshotReader:
             .outerjoin(gpus, gpus.c.server_id == s.id).order_by(s.id)
         ):
             allocated = tuple(sorted(by_server[row.id])) if row.id in by_server else ()
-            key = (*row, allocated, loan_started.get(row.id))
+            loan = open_loans.get(row.id)
+            key = (*row, allocated, loan)
             cached = self._server_views.get(row.id)
             views[row.id] = cached if cached is not None and cached[0] == key else (key, ServerView(
                 server_id=row.id, pool=Pool(row.pool), state=ServerState(row.state),
                 gpu_indices=index_list(row.indices), unhealthy_gpus=frozenset(index_list(row.unhealthy)),
                 allocated=allocated, state_since=row.state_changed_at,
-                loan_started_at=loan_started.get(row.id) if row.state in ON_LOAN_STATES else None,
+                loan_started_at=loan[0] if loan is not None and row.state in ON_LOAN_STATES else None,
                 agent_converged=row.observed_generation >= row.desired_generation,
                 drained=row.drained_at is not None,
+                reclaim_deadline=loan[1] if loan is not None and row.state == ServerState.RECLAIMING else None,
             ))
         self._server_views = views  # only this cycle's servers: a removed server is forgotten
         servers = tuple(view for _, view in views.values())
