@@ -158,8 +158,11 @@ elastic (seeded hash per job) with `max_workers = {SETUP.max_scale} x min_worker
 speed-up by Amdahl's law (alpha = {PARAMS.amdahl_alpha}), work = the traced duration at the traced size.
 Simulator: restart/resize overhead 30 s, checkpoints every 30 min (preemption loses work since the last
 one), cycles on events but at least {CYCLE_GAP_S:.0f} s apart (events in between are batched), and at
-least every 300 s. Policy tunables: the defaults of
-`scheduler_service/core/params.py`. Seed {SETUP.seed}.
+least every 300 s. A loan's drain is acknowledged {results['aryl'].settings['drain_ack_s']:g} s after it begins
+(the simulated router: its in-flight requests finish; `drain_ack_s`); no server failures are injected.
+Policy tunables: the defaults of `scheduler_service/core/params.py`. Seed {SETUP.seed}. Plan actions
+the applier refused in these runs: {sum(r.rejected_actions for r in results.values())} (a valid plan is
+never refused; `simulator/engine.py`).
 
 {table(rows, header)}
 
