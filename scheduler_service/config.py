@@ -38,6 +38,15 @@ class DatabaseConfig(ConfigSection):
     url: str = Field(default_factory=default_database_url, description="SQLAlchemy URL")
     auto_migrate: bool = Field(True, description="run Alembic migrations to head at start-up")
     statement_timeout_ms: int = Field(5000, gt=0, description="per-statement deadline (PostgreSQL)")
+    lock_timeout_ms: int = Field(
+        5000, gt=0, description="longest a statement waits for a row or table lock before giving up (PostgreSQL)"
+    )
+    transaction_timeout_ms: int = Field(
+        30000, gt=0,
+        description="bound on every transaction, so none holds its locks for long: a statement issued past it is "
+                    "refused and the transaction rolled back (both databases); PostgreSQL also ends a session left "
+                    "idle inside a transaction this long",
+    )
     pool_size: int = Field(20, gt=0)
 
 

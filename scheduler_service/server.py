@@ -64,6 +64,8 @@ class SchedulerService:
         self.engine = create_engine_for(
             config.database.url,
             statement_timeout_ms=config.database.statement_timeout_ms,
+            lock_timeout_ms=config.database.lock_timeout_ms,
+            transaction_timeout_ms=config.database.transaction_timeout_ms,
             pool_size=config.database.pool_size,
         )
         self.port: int | None = None
