@@ -33,6 +33,7 @@ ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Set by the agent for every worker (the job contract); a job may not override them.
 RESERVED_ENV = frozenset({"WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES"})
 MAX_WORKERS = 4096
+MAX_GPUS_PER_SERVER = 1024  # a registration's inventory; a status report has at most one sample per GPU
 MAX_GPUS_PER_WORKER = 64
 MAX_ARGS = 1024
 MAX_ARG_LEN = 4096
@@ -218,14 +219,14 @@ def registration(req: agent_pb2.RegisterServerRequest) -> ServerRegistration:
     hostname = server_id("hostname", req.hostname)
     server_pool = pool("pool", req.pool, required=True)
     assert server_pool is not None
-    if len(req.gpus) > 1024:
-        raise InvalidArgument("gpus", "at most 1024 GPUs per server")
+    if len(req.gpus) > MAX_GPUS_PER_SERVER:
+        raise InvalidArgument("gpus", f"at most {MAX_GPUS_PER_SERVER} GPUs per server")
     indices: set[int] = set()
     uuids: set[str] = set()
     gpus = []
     for i, g in enumerate(req.gpus):
-        if g.index >= 1024:
-            raise InvalidArgument(f"gpus[{i}].index", f"must be below 1024 (got {g.index})")
+        if g.index >= MAX_GPUS_PER_SERVER:
+            raise InvalidArgument(f"gpus[{i}].index", f"must be below {MAX_GPUS_PER_SERVER} (got {g.index})")
         if g.index in indices:
             raise InvalidArgument(f"gpus[{i}].index", f"GPU index {g.index} is listed twice")
         uuid = text(f"gpus[{i}].uuid", g.uuid, max_len=128, required=True)
@@ -273,8 +274,20 @@ def worker_report(field: str, w: agent_pb2.WorkerStatus) -> WorkerReport:
 
 
 def status_report(req: agent_pb2.ReportStatusRequest) -> StatusReport:
+    # At most one sample per GPU, checked before anything else looks at the samples: the store
+    # writes each changed one (an UPDATE and an event) with the server's row locked, so 100,000
+    # samples in a 200 KB report would hold that lock for minutes. (The store checks the samples
+    # against the server's registered GPUs.)
+    if len(req.gpus) > MAX_GPUS_PER_SERVER:
+        raise InvalidArgument(
+            "gpus", f"at most one sample per GPU, and a server has at most {MAX_GPUS_PER_SERVER} (got {len(req.gpus)})"
+        )
     samples = []
+    indices: set[int] = set()
     for i, g in enumerate(req.gpus):
+        if g.index in indices:
+            raise InvalidArgument(f"gpus[{i}].index", f"GPU {g.index} is reported twice; one sample per GPU")
+        indices.add(g.index)
         if not (math.isfinite(g.utilization) and math.isfinite(g.temperature_c)):
             raise InvalidArgument(f"gpus[{i}]", "utilization and temperature must be finite numbers")
         samples.append(

@@ -184,10 +184,22 @@ class AgentStore:
         healthy = {
             index: ok for index, ok in session.execute(sa.select(g.index, g.healthy).where(g.server_id == server_id))
         }
-        rows, changed = [], False
+        # One sample per registered GPU at most, all checked before anything is written: each
+        # changed sample costs an event and an UPDATE under the server's row lock.
+        if len(samples) > len(healthy):
+            raise InvalidArgument(
+                "gpus", f"{len(samples)} GPU samples, but server {server_id} registered {len(healthy)} GPU(s); "
+                        "report at most one sample per registered GPU"
+            )
+        seen: set[int] = set()
         for position, sample in enumerate(samples):
             if sample.index not in healthy:
                 raise InvalidArgument(f"gpus[{position}].index", f"GPU {sample.index} was not registered")
+            if sample.index in seen:
+                raise InvalidArgument(f"gpus[{position}].index", f"GPU {sample.index} is reported twice")
+            seen.add(sample.index)
+        rows, changed = [], False
+        for sample in samples:
             row = {"sid": server_id, "gidx": sample.index, "utilization": sample.utilization,
                    "memory_used_bytes": sample.memory_used_bytes, "temperature_c": sample.temperature_c,
                    "healthy": healthy[sample.index], "health_reason": None}
