@@ -20,8 +20,8 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from protos.aryl.v1 import agent_pb2, agent_pb2_grpc
+from scheduler_service.store import db
 from scheduler_service.store import models as m
-from scheduler_service.store.db import TransactionTimedOut, create_engine_for, session_factory
 from scheduler_service.store.transactions import Transactions
 from tests.harness import register_fake_server
 
@@ -107,8 +107,8 @@ def test_a_gpu_reported_twice_or_more_samples_than_gpus_are_refused(scheduler, d
 
 
 def test_a_transaction_past_its_bound_is_rolled_back_and_frees_its_lock(database_url) -> None:
-    engine = create_engine_for(database_url, transaction_timeout_ms=400)
-    transactions = Transactions(session_factory(engine), publish=lambda _states: None)
+    engine = db.create_engine_for(database_url, transaction_timeout_ms=400)
+    transactions = Transactions(db.session_factory(engine), publish=lambda _states: None)
     try:
         transactions.write(lambda session: session.add(m.Server(
             id="node-1", hostname="node-1", pool="TRAINING", state="TRAINING", state_reason="test", agent_address="a",
@@ -124,7 +124,7 @@ def test_a_transaction_past_its_bound_is_rolled_back_and_frees_its_lock(database
                 time.sleep(0.01)
 
         started = time.monotonic()
-        with pytest.raises(TransactionTimedOut, match="400 ms"):
+        with pytest.raises(db.TransactionTimedOut, match="400 ms"):
             transactions.write(slow)
         assert locked.is_set()
         assert time.monotonic() - started < 2

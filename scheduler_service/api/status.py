@@ -2,9 +2,10 @@
 
 An error about one request field (``FieldError``: INVALID_ARGUMENT, OUT_OF_RANGE) carries a
 google.rpc.BadRequest naming the field (the detail Google's error model gives both), so generic
-clients can read it; the plain details string always says the same for humans. Unexpected
-exceptions are logged with a reference and answered INTERNAL -- never a crash, never a Python
-traceback on the wire.
+clients can read it; the plain details string always says the same for humans. A lost or refused
+database connection, or a database statement or lock timeout, that reaches here is UNAVAILABLE
+(retry), never INTERNAL. Unexpected exceptions are logged with a reference and answered INTERNAL --
+never a crash, never a Python traceback on the wire.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from scheduler_service.errors import (
     Unavailable,
 )
 from scheduler_service.lifecycle import IllegalTransition
+from scheduler_service.store.db import BUSY, UNREACHABLE, connection_lost, database_busy
 
 log = structlog.get_logger("aryl.api")
 
@@ -48,6 +50,11 @@ _CODES: dict[type[Exception], grpc.StatusCode] = {
 
 
 async def _abort(context: grpc.aio.ServicerContext, exc: Exception, method: str) -> None:
+    # ``store.transactions`` already answers these as Unavailable; this catches any database access
+    # outside it, so the client reads "retry" instead of "internal error".
+    if connection_lost(exc) or database_busy(exc):
+        log.warning("database unavailable", method=method, reason=str(exc).splitlines()[0])
+        exc = Unavailable(UNREACHABLE if connection_lost(exc) else BUSY)
     code = next((c for t, c in _CODES.items() if isinstance(exc, t)), None)
     if code is None:
         ref = uuid.uuid4().hex[:12]

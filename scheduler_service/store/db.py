@@ -93,7 +93,8 @@ def _bound_transactions(engine: Engine, transaction_timeout_ms: int) -> None:
     @event.listens_for(engine, "commit")
     @event.listens_for(engine, "rollback")
     def _on_end(conn: Connection) -> None:
-        conn.info.pop(_BEGAN_AT, None)
+        if not conn.invalidated:  # an invalidated connection's info goes with its DBAPI connection
+            conn.info.pop(_BEGAN_AT, None)
 
     @event.listens_for(engine, "before_cursor_execute")
     def _on_statement(conn: Connection, *_: Any) -> None:

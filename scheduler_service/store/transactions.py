@@ -6,6 +6,13 @@ serialization conflict), up to ``retries`` attempts. ``read`` runs a read-only u
 view. Desired states read inside a writing transaction (``stage_desired_states``) are handed to
 ``publish`` right after its commit, so agents hear of a decision without a second read.
 
+A lost database connection (the server ended it, it went away, a new one is refused) is answered
+``Unavailable`` ("the scheduler's database is unreachable; retry"), after one more try on a fresh
+connection where that is safe: a read, and a write whose transaction had not reached COMMIT (the
+database rolled it back). A connection lost during COMMIT is never retried here: the change may
+have been saved. A statement or lock timeout, or a transaction past its bound (``store.db``), is
+``Unavailable`` too, and not retried (it would wait as long again).
+
 The dialect branches of the service live here too (``is_postgresql``, ``commit_without_flush_wait``).
 
 Never: decide anything, or announce anything but the desired states staged here (the use cases
@@ -24,8 +31,9 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.orm.exc import StaleDataError
 
-from scheduler_service.errors import Aborted
+from scheduler_service.errors import Aborted, Unavailable
 from scheduler_service.records import DesiredServerState
+from scheduler_service.store.db import BUSY, UNREACHABLE, connection_lost, database_busy
 
 T = TypeVar("T")
 
@@ -51,14 +59,20 @@ class Transactions:
         """Run ``work`` in one transaction; retry on an optimistic-concurrency conflict, and when
         PostgreSQL aborted it to break a deadlock with a concurrent transaction (which then went on:
         e.g. a status report locks a server, then a job; an apply or a cancel locks jobs, then their
-        servers). The desired states ``stage_desired_states`` staged inside the transaction are handed
-        to ``publish`` right after commit (and ``published`` names their servers, so the caller does
+        servers); once more on a fresh connection when the connection was lost before COMMIT. The
+        desired states ``stage_desired_states`` staged inside the transaction are handed to
+        ``publish`` right after commit (and ``published`` names their servers, so the caller does
         not ask for them again)."""
         self._local.published = frozenset()
-        for attempt in range(retries):
+        attempt = 0
+        reconnected = False
+        while True:
+            committing = False
             try:
                 with self._sessions.begin() as session:
                     result = work(session)
+                    session.flush()  # every statement of the unit is sent; what follows is COMMIT
+                    committing = True
                 states = session.info.pop(_DESIRED_STATES, None)
                 if states:
                     self._publish(states)
@@ -68,13 +82,28 @@ class Transactions:
                 if attempt == retries - 1:
                     raise Aborted("a concurrent change modified the same object; retry") from None
             except DBAPIError as exc:
+                if connection_lost(exc):
+                    if committing:
+                        log.warning("database connection lost during COMMIT", reason=_first_line(exc))
+                        raise Unavailable(
+                            "the scheduler lost its database connection while saving this change, which may or may "
+                            "not have been saved: check before retrying"
+                        ) from exc
+                    if reconnected:
+                        raise Unavailable(UNREACHABLE) from exc
+                    # The database rolled the transaction back with the connection: running it again is safe.
+                    log.info("database connection lost; running the transaction again", reason=_first_line(exc))
+                    reconnected = True
+                    continue
+                if database_busy(exc):
+                    raise Unavailable(BUSY) from exc
                 if getattr(exc.orig, "pgcode", None) not in _LOST_TO_A_CONCURRENT_TRANSACTION:
                     raise
                 log.info("transaction aborted by the database; retrying", attempt=attempt + 1,
-                         reason=str(exc.orig).splitlines()[0])
+                         reason=_first_line(exc))
                 if attempt == retries - 1:
                     raise Aborted("the database aborted this change in favour of a concurrent one; retry") from None
-        raise AssertionError("unreachable")
+            attempt += 1
 
     @property
     def published(self) -> frozenset[str]:
@@ -82,11 +111,27 @@ class Transactions:
         return getattr(self._local, "published", frozenset())
 
     def read(self, work: Callable[[Session], T]) -> T:
-        """A read-only unit of work on one consistent view (several queries, no torn reads)."""
-        with self._sessions() as session:
-            if is_postgresql(session):
-                session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
-            return work(session)
+        """A read-only unit of work on one consistent view (several queries, no torn reads); once
+        more on a fresh connection when the connection was lost."""
+        for attempt in range(2):
+            try:
+                with self._sessions() as session:
+                    if is_postgresql(session):
+                        session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+                    return work(session)
+            except DBAPIError as exc:
+                if database_busy(exc):
+                    raise Unavailable(BUSY) from exc
+                if not connection_lost(exc):
+                    raise
+                if attempt == 1:
+                    raise Unavailable(UNREACHABLE) from exc
+                log.info("database connection lost; reading again", reason=_first_line(exc))
+        raise AssertionError("unreachable")
+
+
+def _first_line(exc: DBAPIError) -> str:
+    return (str(exc.orig).strip().splitlines() or [""])[0]
 
 
 def stage_desired_states(session: Session, states: Mapping[str, DesiredServerState]) -> None:

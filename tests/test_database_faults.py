@@ -1,0 +1,175 @@
+"""Database connection faults, for real, on PostgreSQL (issue 19: a lost connection came back to
+clients as INTERNAL and was not retried).
+
+The scheduler's own connections are ended with ``pg_terminate_backend`` (only in this test
+session's scratch database): the next call of every kind succeeds, the service running it once
+more on a fresh connection. With the database unreachable (the scheduler reaches PostgreSQL
+through a TCP relay the test closes) every call answers UNAVAILABLE with a message saying to
+retry, never INTERNAL; once the relay is back, calls succeed again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import make_url
+
+from protos.aryl.v1 import agent_pb2, agent_pb2_grpc, scheduler_pb2
+from scheduler_service.server import serve_in_background
+from tests.harness import job_spec, register_fake_server, scheduler_config, scheduler_stub
+
+pytestmark = pytest.mark.postgres
+
+UNREACHABLE = "the scheduler's database is unreachable; retry"
+
+
+class Relay:
+    """A TCP relay from a loopback port to PostgreSQL: ``close`` drops every connection through it
+    and refuses new ones (the database is unreachable); ``open`` listens on the same port again."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self._target = target
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self._listener: socket.socket | None = None
+        self.port = 0
+        self.open()
+
+    def open(self) -> None:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        self.port = listener.getsockname()[1]
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return  # closed
+            server = socket.create_connection(self._target)
+            with self._lock:
+                self._sockets += [client, server]
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                sink.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        assert self._listener is not None
+        # shutdown wakes the thread blocked in accept() (close alone leaves it accepting on Linux).
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
+        self._listener.close()
+        with self._lock:
+            sockets, self._sockets = self._sockets, []
+        for s in sockets:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+
+
+@contextlib.contextmanager
+def _scheduler(database_url: str) -> Iterator[str]:
+    # Cycles on their own only every minute: the calls under test, not a background cycle, should
+    # be the first to meet a dead connection.
+    handle = serve_in_background(scheduler_config(database_url, scheduling={"cycle_interval_s": 60.0},
+                                                  agents={"lost_after_s": 600.0}))
+    try:
+        yield handle.address
+    finally:
+        handle.stop()
+
+
+def _calls(address: str) -> dict[str, Callable[[], Any]]:
+    """One call of each kind: reads, writes through the group commit, an agent's writes."""
+    channel, stub = scheduler_stub(address)
+    agent = agent_pb2_grpc.AgentServiceStub(channel)
+    first = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=job_spec("first")), timeout=10).job
+    registered = register_fake_server(address, "node-1", gpus=2)
+    flips = itertools.count()
+
+    def report() -> agent_pb2.ReportStatusResponse:
+        # GPU 1's health flips each time, so the report is never answered from memory.
+        healthy = next(flips) % 2 == 1
+        return agent.ReportStatus(agent_pb2.ReportStatusRequest(
+            server_id="node-1", scheduler_epoch=registered.scheduler_epoch,
+            gpus=[agent_pb2.GpuStatus(index=0, healthy=True),
+                  agent_pb2.GpuStatus(index=1, healthy=healthy, health_reason="" if healthy else "XID 79")],
+        ), timeout=10)
+
+    return {
+        "ListJobs": lambda: stub.ListJobs(scheduler_pb2.ListJobsRequest(), timeout=10),
+        "GetJob": lambda: stub.GetJob(scheduler_pb2.GetJobRequest(job_id=first.job_id), timeout=10),
+        "ListServers": lambda: stub.ListServers(scheduler_pb2.ListServersRequest(), timeout=10),
+        "SubmitJob": lambda: stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=job_spec("next")), timeout=10),
+        "RegisterServer": lambda: register_fake_server(address, "node-1", gpus=2),
+        "ReportStatus": report,
+    }
+
+
+def _terminate_scheduler_connections(url: str) -> int:
+    """End every other session on the test's scratch database (the scheduler's); returns how many."""
+    admin = sa.create_engine(url, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            return int(conn.execute(sa.text(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )).scalar_one())
+    finally:
+        admin.dispose()
+
+
+def test_every_call_succeeds_after_the_schedulers_connections_are_terminated(postgres_url: str) -> None:
+    with _scheduler(postgres_url) as address:
+        calls = _calls(address)
+        for name, call in calls.items():
+            call()  # every kind has used a pooled connection before
+            assert _terminate_scheduler_connections(postgres_url) > 0
+            try:
+                call()
+            except grpc.RpcError as exc:
+                pytest.fail(f"{name} after pg_terminate_backend: {exc.code().name}: {exc.details()}")
+
+
+def test_calls_answer_unavailable_while_the_database_is_unreachable(postgres_url: str) -> None:
+    url = make_url(postgres_url)
+    relay = Relay((url.host or "127.0.0.1", url.port or 5432))
+    relayed = url.set(host="127.0.0.1", port=relay.port).render_as_string(hide_password=False)
+    try:
+        with _scheduler(relayed) as address:
+            calls = _calls(address)
+            relay.close()
+            for name, call in calls.items():
+                with pytest.raises(grpc.RpcError) as refused:
+                    call()
+                    pytest.fail(f"{name} answered while the database was unreachable")
+                assert refused.value.code() == grpc.StatusCode.UNAVAILABLE, (
+                    f"{name}: {refused.value.code().name}: {refused.value.details()}")
+                assert refused.value.details() == UNREACHABLE, name
+            relay.open()  # the database is back: so is the scheduler, without a restart
+            for call in calls.values():
+                call()
+    finally:
+        relay.close()
