@@ -5,7 +5,9 @@ The scheduler's own connections are ended with ``pg_terminate_backend`` (only in
 session's scratch database): the next call of every kind succeeds, the service running it once
 more on a fresh connection. With the database unreachable (the scheduler reaches PostgreSQL
 through a TCP relay the test closes) every call answers UNAVAILABLE with a message saying to
-retry, never INTERNAL; once the relay is back, calls succeed again.
+retry, never INTERNAL; once the relay is back, calls succeed again. On the store: a write whose
+connection is ended before COMMIT runs again on a fresh connection; one ended during COMMIT is
+not run again (it may have been saved) and answers UNAVAILABLE.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import contextlib
 import itertools
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -21,9 +24,14 @@ import grpc
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session
 
 from protos.aryl.v1 import agent_pb2, agent_pb2_grpc, scheduler_pb2
+from scheduler_service.errors import Unavailable
 from scheduler_service.server import serve_in_background
+from scheduler_service.store import models as m
+from scheduler_service.store.db import create_engine_for, session_factory
+from scheduler_service.store.transactions import Transactions
 from tests.harness import job_spec, register_fake_server, scheduler_config, scheduler_stub
 
 pytestmark = pytest.mark.postgres
@@ -173,3 +181,72 @@ def test_calls_answer_unavailable_while_the_database_is_unreachable(postgres_url
                 call()
     finally:
         relay.close()
+
+
+def _terminate(url: str, pid: int) -> None:
+    """End backend ``pid`` and wait until it is gone."""
+    admin = sa.create_engine(url, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+            deadline = time.monotonic() + 5
+            while conn.execute(sa.text("SELECT count(*) FROM pg_stat_activity WHERE pid = :pid"),
+                               {"pid": pid}).scalar_one():
+                assert time.monotonic() < deadline, f"backend {pid} still alive"
+                time.sleep(0.01)
+    finally:
+        admin.dispose()
+
+
+def _add_event(runs: list[int], reason: str) -> Callable[[Session], int]:
+    def work(session: Session) -> int:
+        runs.append(session.execute(sa.text("SELECT pg_backend_pid()")).scalar_one())
+        session.add(m.Event(time=0.0, kind="TEST", reason=reason, message="", details={}))
+        return runs[-1]
+    return work
+
+
+def _events(transactions: Transactions, reason: str) -> int:
+    return transactions.read(
+        lambda session: session.scalar(sa.select(sa.func.count()).select_from(m.Event).where(m.Event.reason == reason)))
+
+
+def test_a_write_whose_connection_is_lost_before_commit_runs_again(postgres_url: str) -> None:
+    engine = create_engine_for(postgres_url)
+    transactions = Transactions(session_factory(engine), publish=lambda _states: None)
+    runs: list[int] = []
+    add = _add_event(runs, "BEFORE_COMMIT")
+
+    def terminated_once(session: Session) -> int:
+        pid = add(session)
+        if len(runs) == 1:
+            _terminate(postgres_url, pid)  # mid-transaction: the database rolls it back
+        return pid
+
+    try:
+        transactions.write(terminated_once)
+        assert len(runs) == 2 and runs[0] != runs[1]  # again, on a fresh connection
+        assert _events(transactions, "BEFORE_COMMIT") == 1
+    finally:
+        engine.dispose()
+
+
+def test_a_write_whose_connection_is_lost_during_commit_is_not_run_again(postgres_url: str) -> None:
+    engine = create_engine_for(postgres_url)
+    transactions = Transactions(session_factory(engine), publish=lambda _states: None)
+    runs: list[int] = []
+    terminated: list[int] = []
+
+    @sa.event.listens_for(engine, "commit")
+    def _on_commit(_conn: sa.Connection) -> None:  # right before the DBAPI's COMMIT
+        if runs and not terminated:
+            terminated.append(runs[0])
+            _terminate(postgres_url, runs[0])
+
+    try:
+        with pytest.raises(Unavailable, match="may or may not have been saved"):
+            transactions.write(_add_event(runs, "DURING_COMMIT"))
+        assert len(runs) == 1  # whether it was saved is unknown to the scheduler: never blindly again
+        assert _events(transactions, "DURING_COMMIT") == 0  # (here it was not: COMMIT never arrived)
+    finally:
+        engine.dispose()
