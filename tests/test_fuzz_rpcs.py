@@ -647,6 +647,8 @@ def report_status_cases(draw: st.DrawFn, epoch: int) -> Case:
     problems = [f for f, ok in (("server_id", is_text(request.server_id, 253, required=True, pattern=HOSTNAME_RE)),)
                 if not ok]
     for i, g in enumerate(gpus):
+        if any(earlier.index == g.index for earlier in gpus[:i]):
+            problems.append(f"gpus[{i}].index")  # one sample per GPU
         if not (math.isfinite(g.utilization) and math.isfinite(g.temperature_c)) or not is_text(g.health_reason, 256):
             problems.append(f"gpus[{i}]")
         if g.memory_used_bytes > INT64_MAX:

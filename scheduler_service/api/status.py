@@ -53,7 +53,7 @@ async def _abort(context: grpc.aio.ServicerContext, exc: Exception, method: str)
     # ``store.transactions`` already answers these as Unavailable; this catches any database access
     # outside it, so the client reads "retry" instead of "internal error".
     if connection_lost(exc) or database_busy(exc):
-        log.warning("database unavailable", method=method, reason=str(exc).splitlines()[0])
+        log.warning("database unavailable", method=method, reason=(str(exc).splitlines() or [""])[0])
         exc = Unavailable(UNREACHABLE if connection_lost(exc) else BUSY)
     code = next((c for t, c in _CODES.items() if isinstance(exc, t)), None)
     if code is None:
