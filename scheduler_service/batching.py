@@ -4,6 +4,15 @@ Under load, many SubmitJob calls arrive at once; committing them one transaction
 round trips and per-transaction overhead. ``GroupCommitter`` hands whatever has queued up (up to
 ``max_batch``) to a batch function in one go; each caller gets its own result or exception through
 a Future. With one caller at a time it degenerates to one item per batch, with no added wait.
+
+A caller may give up at any time (its RPC cancelled: ``asyncio.wrap_future`` then cancels the
+Future). Before its batch runs, that takes its item out: it is never applied. Once its batch runs,
+the item can no longer be withdrawn (``Future.set_running_or_notify_cancel``): it is applied and its
+result delivered to no one, so the caller must look for it (a SubmitJob retried with the same
+idempotency key is refused with the job that has it). Never: let one caller, one batch or a batch
+function that breaks its contract stop the worker thread; every other caller waits on it. If the
+thread stops nonetheless, it fails every caller still waiting, refuses new ones, and tells its stop
+callbacks (the service reports NOT_SERVING).
 """
 
 from __future__ import annotations
@@ -11,63 +20,155 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from typing import Generic, TypeVar
+
+import structlog
+
+from scheduler_service.errors import Unavailable
 
 In = TypeVar("In")
 Out = TypeVar("Out")
 
-_STOP = object()
+log = structlog.get_logger("aryl.batching")
+
+# Called once, on the worker thread, when it stops: with None after ``close``, else with what stopped it.
+StopCallback = Callable[[BaseException | None], None]
 
 
 class GroupCommitter(Generic[In, Out]):
     def __init__(self, handle_batch: Callable[[Sequence[In]], Sequence[Out | Exception]], *,
                  max_batch: int = 256, name: str = "group-commit") -> None:
+        self.name = name
         self._handle_batch = handle_batch
         self._max_batch = max_batch
-        self._queue: queue.SimpleQueue[tuple[In, Future[Out]] | object] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[In, Future[Out]] | None] = queue.SimpleQueue()  # None: stop
+        # Guards ``_stopped`` and the queue's puts against the worker's last drain: no caller is
+        # queued after the worker has stopped, where no one would ever answer it.
+        self._lock = threading.Lock()
+        self._stopped = False
+        self._stop_error: BaseException | None = None
+        self._stop_callbacks: list[StopCallback] = []
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
+    @property
+    def alive(self) -> bool:
+        """Whether the worker still takes batches."""
+        with self._lock:
+            return not self._stopped
+
     def submit(self, item: In) -> Future[Out]:
+        """Queue ``item`` for the next batch. Raises ``Unavailable`` once the worker has stopped."""
         future: Future[Out] = Future()
-        self._queue.put((item, future))
+        with self._lock:
+            if self._stopped:
+                raise Unavailable(self._stopped_message())
+            self._queue.put((item, future))
         return future
 
+    def add_stop_callback(self, callback: StopCallback) -> None:
+        """Have ``callback`` called when the worker stops (at once, here, if it already has)."""
+        with self._lock:
+            if not self._stopped:
+                self._stop_callbacks.append(callback)
+                return
+        callback(self._stop_error)
+
     def close(self) -> None:
-        """Finish what is queued, then stop the worker."""
-        self._queue.put(_STOP)
+        """Finish what is queued, then stop the worker (callers queued after this are refused)."""
+        with self._lock:
+            if not self._stopped:
+                self._queue.put(None)
         self._thread.join()
 
     def _run(self) -> None:
+        error: BaseException | None = None
+        try:
+            self._serve()
+        except BaseException as exc:  # reported to the stop callbacks, who act on it
+            error = exc
+            log.critical("group-commit worker stopped", committer=self.name, exc_info=exc)
+        finally:
+            self._end(error)
+
+    def _serve(self) -> None:
         while True:
-            first = self._queue.get()
-            if first is _STOP:
-                return
-            batch = [first]
-            stop = False
-            while len(batch) < self._max_batch:
-                try:
-                    nxt = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is _STOP:
-                    stop = True
-                    break
-                batch.append(nxt)
-            self._complete(batch)  # type: ignore[arg-type]
+            batch, stop = self._next_batch()
+            try:
+                self._complete(batch)
+            except Exception as exc:  # a broken batch fails its own callers only; the next one is served
+                log.exception("group-commit batch failed", committer=self.name, size=len(batch))
+                _fail(batch, exc)
+            except BaseException:
+                _fail(batch, Unavailable(self._stopped_message()))
+                raise
             if stop:
                 return
 
+    def _next_batch(self) -> tuple[list[tuple[In, Future[Out]]], bool]:
+        """The next batch (waiting for its first item) and whether ``close`` came after it."""
+        batch: list[tuple[In, Future[Out]]] = []
+        stop = False
+        while len(batch) < self._max_batch:
+            try:
+                entry = self._queue.get() if not batch else self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if entry is None:
+                stop = True
+                break
+            batch.append(entry)
+        return batch, stop
+
     def _complete(self, batch: list[tuple[In, Future[Out]]]) -> None:
-        try:
-            results = self._handle_batch([item for item, _ in batch])
-        except Exception as exc:  # noqa: BLE001 - every caller of the batch gets the failure
-            for _, future in batch:
-                future.set_exception(exc)
+        # Callers that gave up already are dropped unapplied; the others can no longer give up, so
+        # each result below has a Future to go to.
+        live = [(item, future) for item, future in batch if future.set_running_or_notify_cancel()]
+        if not live:
             return
-        for (_, future), result in zip(batch, results, strict=True):
+        try:
+            results = self._handle_batch([item for item, _ in live])
+        except Exception as exc:  # noqa: BLE001 - every caller of the batch gets the failure
+            _fail(live, exc)
+            return
+        if len(results) != len(live):
+            raise ValueError(f"{self.name}: the batch function answered {len(results)} of {len(live)} items")
+        for (_, future), result in zip(live, results, strict=True):
             if isinstance(result, Exception):
                 future.set_exception(result)
             else:
                 future.set_result(result)
+
+    def _end(self, error: BaseException | None) -> None:
+        with self._lock:
+            self._stopped = True
+            self._stop_error = error
+            callbacks, self._stop_callbacks = self._stop_callbacks, []
+        refused = Unavailable(self._stopped_message())
+        while True:
+            try:
+                entry = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if entry is not None:
+                _fail([entry], refused)
+        for callback in callbacks:
+            try:
+                callback(error)
+            except Exception:  # one failing callback must not keep the others from being told
+                log.exception("group-commit stop callback failed", committer=self.name)
+
+    def _stopped_message(self) -> str:
+        return f"the scheduler's {self.name} worker has stopped; retry once the scheduler has restarted"
+
+
+def _fail(batch: Sequence[tuple[object, Future[Out]]], exc: BaseException) -> None:
+    """Fail every caller of ``batch`` still waiting (those that gave up or were answered are skipped)."""
+    for _, future in batch:
+        if future.done():
+            continue
+        try:
+            future.set_exception(exc)
+        except InvalidStateError:  # it gave up just now
+            pass

@@ -13,6 +13,7 @@ import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import structlog
@@ -69,6 +70,7 @@ class SchedulerService:
             pool_size=config.database.pool_size,
         )
         self.port: int | None = None
+        self.group_committers: tuple[GroupCommitter[Any, Any], ...] = ()  # SubmitJob's and CancelJob's, once running
         self._started = threading.Event()
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -131,6 +133,9 @@ class SchedulerService:
         await server.start()
         for name in ("", *SERVICE_NAMES):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self.group_committers = (submissions, cancellations)
+        for committer in self.group_committers:
+            self._watch_committer(committer, health_servicer, loop)
         cycle = SchedulingCycle(app.cluster, self.policy, self.clock, seed=cfg.scheduling.seed)
         # The cycle on a thread of its own: it never waits for a free RPC thread behind a burst of
         # status reports, and cycles never overlap (one decides at a time).
@@ -195,6 +200,28 @@ class SchedulerService:
                     log.warning("servers lost: their agents are silent", servers=lost, lost_after_s=lost_after)
             except Exception:  # retried at the next check, never fatal
                 log.exception("liveness check failed; retrying")
+
+    def _watch_committer(self, committer: GroupCommitter[Any, Any], health_servicer: health.aio.HealthServicer,
+                         loop: asyncio.AbstractEventLoop) -> None:
+        """Once ``committer``'s worker stops while the service runs, health says NOT_SERVING (overall and
+        for SchedulerService): every later SubmitJob or CancelJob is refused until a restart, which a
+        probe can now order. Its callers are refused at once by the committer itself."""
+
+        async def not_serving() -> None:
+            for name in ("", SERVICE_NAMES[0]):
+                await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+
+        def stopped(error: BaseException | None) -> None:  # on the committer's thread
+            if self._stop is None or self._stop.is_set():
+                return  # shutting down: health already says so
+            log.critical("a group-commit worker stopped; health says NOT_SERVING until a restart",
+                         committer=committer.name, error=repr(error))
+            try:
+                asyncio.run_coroutine_threadsafe(not_serving(), loop)
+            except RuntimeError:
+                pass  # the loop closed meanwhile: the service has stopped
+
+        committer.add_stop_callback(stopped)
 
     def stop(self) -> None:
         """Ask a running service to shut down gracefully (thread-safe)."""

@@ -70,6 +70,8 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
     @rpc
     async def SubmitJob(self, request: scheduler_pb2.SubmitJobRequest, context: Any) -> scheduler_pb2.SubmitJobResponse:
         submission = validation.job_submission(request.spec, request.idempotency_key, now=self._now())
+        # If the call is cancelled (deadline, client gone), wrap_future withdraws the submission unless
+        # its batch is already committing (then the job is queued: a retry with the same key finds it).
         record = await asyncio.wrap_future(self._submissions.submit(submission))
         return scheduler_pb2.SubmitJobResponse(job=convert.job(record))
 
@@ -101,7 +103,7 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
         reason = validation.text("reason", request.reason, max_len=1024)
         if self._cancellations is None:
             record = await self.run(self.app.jobs.cancel, job_id, reason)
-        else:  # concurrent cancels share one transaction
+        else:  # concurrent cancels share one transaction; a call cancelled first is withdrawn as above
             record = await asyncio.wrap_future(self._cancellations.submit((job_id, reason)))
         return scheduler_pb2.CancelJobResponse(job=convert.job(record))
 
