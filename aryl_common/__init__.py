@@ -9,7 +9,8 @@ variables; a *backoff* spaces out the retries after a failed call to the schedul
 
 Modules: ``backoff``, ``channels`` (the daemons' gRPC channel to the scheduler), ``signals``
 (SIGTERM/SIGINT to a clean stop), ``config`` (the file + environment loader every program's
-settings build on), ``logs`` (structlog set-up), ``exits`` (one wording for a worker's exit).
+settings build on), ``logs`` (structlog set-up), ``exits`` (one wording for a worker's exit),
+``entry`` (how every program ends on a failure: one line on stderr, shared exit statuses, ``--version``).
 
 Everything here is mechanism, never policy: it decides nothing about jobs, servers, loans or
 demand, and it imports nothing from Aryl's own packages (``scheduler_service``, ``node_agent``,

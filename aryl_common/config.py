@@ -3,10 +3,12 @@ YAML) plus the environment, validated into one frozen object at start-up.
 
 Precedence, highest first: command-line flags (``apply_overrides``), environment variables, the
 config file, the defaults. Environment variables are ``ARYL_<SECTION>__<KEY>`` (e.g.
-``ARYL_DATABASE__URL``); the file is named by ``--config`` or ``ARYL_CONFIG``. Unknown keys are
-errors, so a typo never silently falls back to a default. Each program declares its own sections
-(``scheduler_service.config``, ``node_agent.config``, ``inference_router.config``); nothing else in
-a program reads the environment.
+``ARYL_DATABASE__URL``), and only those: a variable naming a whole section (``ARYL_SERVER``) is not
+a daemon setting and is ignored, because ``ARYL_SERVER`` is the clients' scheduler address
+(``arylctl``), exported in the same shells that start daemons. The file is named by ``--config``
+or ``ARYL_CONFIG``. Unknown keys are errors, so a typo never silently falls back to a default.
+Each program declares its own sections (``scheduler_service.config``, ``node_agent.config``,
+``inference_router.config``); nothing else in a program reads the environment.
 """
 
 from __future__ import annotations
@@ -14,25 +16,45 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeGuard, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
+
+from aryl_common.entry import BadInput
 
 ENV_PREFIX = "ARYL_"
 ENV_NESTED_DELIMITER = "__"
 T = TypeVar("T", bound="BaseSettings")
 
 
-class ConfigError(Exception):
-    """The configuration file or environment is invalid; the message says which key and why."""
+class ConfigError(BadInput):
+    """The configuration file or environment is invalid; the message says which key and why (exit 2)."""
 
 
 class ConfigSection(BaseModel):
     """One section of a config: unknown keys are errors, values never change after start-up."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SectionKeyEnvSource(EnvSettingsSource):
+    """The environment, read as ``ARYL_<SECTION>__<KEY>`` variables only: the whole-section form
+    pydantic-settings also accepts (``ARYL_SERVER='{"listen": ...}'``) is ignored, so a client's
+    ``ARYL_SERVER=host:port`` in the same shell never reaches, let alone breaks, a daemon's
+    ``[server]`` section."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        value, key, is_complex = super().get_field_value(field, field_name)
+        if _is_section(field.annotation):
+            return None, key, is_complex  # its keys still come in through ARYL_<SECTION>__<KEY>
+        return value, key, is_complex
+
+
+def _is_section(annotation: object) -> TypeGuard[type[BaseModel]]:
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
 
 
 class ArylSettings(BaseSettings):
@@ -52,7 +74,7 @@ class ArylSettings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (env_settings, init_settings)
+        return (SectionKeyEnvSource(settings_cls), init_settings)
 
 
 class LoggingConfig(ConfigSection):
@@ -124,7 +146,7 @@ def env_var_names(cls: type[BaseSettings]) -> set[str]:
     names: set[str] = set()
     for section, field in cls.model_fields.items():
         sub = field.annotation
-        if isinstance(sub, type) and issubclass(sub, BaseModel):
+        if _is_section(sub):
             names.update(
                 f"{ENV_PREFIX}{section.upper()}{ENV_NESTED_DELIMITER}{key.upper()}" for key in sub.model_fields
             )

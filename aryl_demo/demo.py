@@ -39,6 +39,7 @@ from typing import TypeVar
 
 import aiohttp
 
+from aryl_common.entry import FatalError, add_standard_flags, run_guarded
 from arylctl import cli
 from arylctl.client import ArylClient, job_spec
 from protos.aryl.v1 import types_pb2
@@ -420,9 +421,16 @@ def _stop_workers(workdir: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Exit status (``aryl_common.entry``): 0 when the demo saw what it shows, 1 when it did not (or
+    timed out), with one line on stderr (``--debug`` or ``ARYL_DEBUG=1`` adds a traceback)."""
     parser = argparse.ArgumentParser(prog="aryl-demo", description=__doc__.splitlines()[0])
+    add_standard_flags(parser)
     parser.add_argument("--workdir", type=Path, help="keep database and logs here (default: a fresh temp dir)")
     args = parser.parse_args(argv)
+    return run_guarded("aryl-demo", lambda: _run_demo(args), debug=args.debug)
+
+
+def _run_demo(args: argparse.Namespace) -> int:
     workdir = (args.workdir or Path(tempfile.mkdtemp(prefix="aryl-demo-"))).resolve()
     if args.workdir and workdir.exists():
         shutil.rmtree(workdir)
@@ -431,9 +439,8 @@ def main(argv: list[str] | None = None) -> int:
         outcome = run(workdir)
         return 0 if not outcome.requests_failed and not any(outcome.served_while_loaned.values()) else 1
     except TimeoutError as exc:
-        print(f"aryl-demo: {exc}; see the logs in {workdir}", file=sys.stderr)
         _stop_workers(workdir)
-        return 1
+        raise FatalError(f"{exc}; see the logs in {workdir}") from exc
 
 
 if __name__ == "__main__":

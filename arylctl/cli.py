@@ -5,8 +5,10 @@ one or a few calls, and prints the result as an aligned table (default), or as J
 (``-o json|yaml``: the protobuf messages as ``MessageToDict`` writes them, a list for list
 commands). It never decides anything and never retries.
 
-Exit codes: 0 success; 1 the server refused or failed (``error: <server message> (CODE)`` on
-stderr); 2 bad usage or INVALID_ARGUMENT; 3 the scheduler is unreachable; 130 interrupted.
+Exit codes (those of every Aryl program, ``aryl_common.entry``): 0 success; 1 the server refused or
+failed (``error: <server message> (CODE)`` on stderr), or an unexpected error (a bug: one line,
+``--debug`` or ``ARYL_DEBUG=1`` adds the traceback); 2 bad usage or INVALID_ARGUMENT; 3 the
+scheduler is unreachable; 130 interrupted.
 OUT_OF_RANGE (a read past the end of a worker's log) is 1, not 2: ``logs`` reads from the start, the
 end (``--tail``) or where the previous answer ended, so it meets one only when the log changed under
 it (the rank moved to a server with a shorter log); the command line is fine and running it again
@@ -41,6 +43,7 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from aryl_common.entry import add_debug_flag, package_version, run_guarded
 from arylctl.client import (
     DEFAULT_ADDRESS,
     RESTART_POLICIES,
@@ -688,6 +691,18 @@ def _count(text: str) -> int:
     return value
 
 
+UINT32_MAX: Final = 2**32 - 1
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+
+def _uint32(text: str) -> int:
+    """A count the API carries as uint32 (workers, GPUs, servers, a rank)."""
+    value = _count(text)
+    if value > UINT32_MAX:
+        raise argparse.ArgumentTypeError(f"expected an integer from 0 to {UINT32_MAX}, got {text!r}")
+    return value
+
+
 def _positive_int(text: str) -> int:
     value = _count(text)
     if value < 1:
@@ -695,11 +710,14 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _int(text: str) -> int:
+def _int32(text: str) -> int:
     try:
-        return int(text)
+        value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not INT32_MIN <= value <= INT32_MAX:
+        raise argparse.ArgumentTypeError(f"expected an integer from {INT32_MIN} to {INT32_MAX}, got {text!r}")
+    return value
 
 
 def _add_global_options(parser: argparse.ArgumentParser, *, defaults: bool, server: bool = True) -> None:
@@ -721,6 +739,7 @@ def _add_global_options(parser: argparse.ArgumentParser, *, defaults: bool, serv
     parser.add_argument(
         "--timeout", type=_positive, default=default(10.0), metavar="SECONDS", help="deadline of each call"
     )
+    add_debug_flag(parser, default=default(False))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -729,6 +748,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Command line for the Aryl elastic GPU scheduler.",
         allow_abbrev=False,
     )
+    parser.add_argument("--version", action="version", version=f"{PROG} {package_version()}")
     _add_global_options(parser, defaults=True)
     common = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     _add_global_options(common, defaults=False)
@@ -759,15 +779,15 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--name")
     submit.add_argument("--user", help="default: your login name")
     submit.add_argument("--queue", help="default: default")
-    submit.add_argument("--gpus-per-worker", type=_count, metavar="N")
-    submit.add_argument("--min-workers", type=_count, metavar="N")
-    submit.add_argument("--max-workers", type=_count, metavar="N", help="default: --min-workers (inelastic)")
-    submit.add_argument("--priority", type=_int, metavar="N", help="higher runs first among equals")
+    submit.add_argument("--gpus-per-worker", type=_uint32, metavar="N")
+    submit.add_argument("--min-workers", type=_uint32, metavar="N")
+    submit.add_argument("--max-workers", type=_uint32, metavar="N", help="default: --min-workers (inelastic)")
+    submit.add_argument("--priority", type=_int32, metavar="N", help="higher runs first among equals")
     submit.add_argument("--env", type=_env_pair, action="append", metavar="NAME=VALUE", help="repeatable")
     submit.add_argument("--deadline", type=_iso_time, metavar="ISO8601", help="local time unless an offset is given")
     submit.add_argument("--max-runtime", type=_non_negative, metavar="SECONDS")
     submit.add_argument("--restart-policy", choices=sorted(RESTART_POLICIES))
-    submit.add_argument("--max-restarts", type=_count, metavar="N")
+    submit.add_argument("--max-restarts", type=_uint32, metavar="N")
     submit.add_argument("--estimated-runtime", type=_non_negative, metavar="SECONDS", help="at min workers")
     submit.add_argument("--idempotency-key", default="", metavar="KEY", help="a resubmission with it is refused")
 
@@ -821,12 +841,12 @@ def build_parser() -> argparse.ArgumentParser:
                epilog="Logs stay on the server that ran the worker; each incarnation (start, resize, "
                       "restart) of the job appends to the same per-rank log under a header line.")
     logs.add_argument("job_id", metavar="ID")
-    logs.add_argument("--rank", type=_count, default=0, metavar="N", help="which worker (default 0)")
+    logs.add_argument("--rank", type=_uint32, default=0, metavar="N", help="which worker (default 0)")
     logs.add_argument("--tail", type=_count, metavar="LINES", help="only the last LINES lines")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing new output until Ctrl-C")
     logs.add_argument("--poll", type=_positive, default=1.0, metavar="SECONDS", help=argparse.SUPPRESS)
     add("reclaim-preview", cmd_reclaim_preview,
-        "dry run: what reclaiming N loaned servers would do now").add_argument("servers", type=int, metavar="N")
+        "dry run: what reclaiming N loaned servers would do now").add_argument("servers", type=_uint32, metavar="N")
 
     demand = add("demand", None, "report or show inference demand")
     demand_commands = demand.add_subparsers(dest="demand_command", metavar="set|get", required=True)
@@ -834,7 +854,7 @@ def build_parser() -> argparse.ArgumentParser:
         "set", parents=[common], help="report how many inference servers must be serving", allow_abbrev=False
     )
     demand_set.set_defaults(handler=cmd_demand_set)
-    demand_set.add_argument("servers_needed", type=_count, metavar="N")
+    demand_set.add_argument("servers_needed", type=_uint32, metavar="N")
     demand_set.add_argument("--rps", type=_non_negative, default=0.0, metavar="X", help="observed requests per second")
     demand_set.add_argument("--source", default="arylctl", help="who reports (default: arylctl)")
     demand_get = demand_commands.add_parser(
@@ -895,8 +915,13 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
         args = parse_args(sys.argv[1:] if argv is None else argv)
     except SystemExit as exc:  # argparse: --help (0) or a usage error (2), already printed
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
-    stdout = stdout or sys.stdout
-    stderr = stderr or sys.stderr
+    err = stderr or sys.stderr
+    return run_guarded(PROG, lambda: _run(args, stdout or sys.stdout, err), debug=args.debug, stderr=err)
+
+
+def _run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
+    """One command, its expected failures reported as ``error: ...`` lines; the unexpected ones
+    (bugs) reach ``main``'s handler."""
     address = args.server or default_address()
     out = Output(args.output, stdout, stderr)
     try:

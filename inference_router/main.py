@@ -5,9 +5,10 @@
                 [--min-servers N] [--scale-down-delay SECONDS] [--interval SECONDS] [--source NAME]
                 [--health-path PATH]
 
-Flags beat ``ARYL_*`` environment variables, which beat the config file. Exit status: 0 after a
-clean shutdown (SIGTERM/SIGINT: stop accepting, finish in-flight requests within
-``router.shutdown_timeout_s``), 1 when the listen address cannot be bound, 2 for invalid configuration.
+Flags beat ``ARYL_<SECTION>__<KEY>`` environment variables, which beat the config file. Exit status
+(``aryl_common.entry``): 0 after a clean shutdown (SIGTERM/SIGINT: stop accepting, finish in-flight
+requests within ``router.shutdown_timeout_s``), 2 for invalid configuration or a listen address that
+cannot be bound; one line on stderr says why (``--debug`` or ``ARYL_DEBUG=1`` adds the traceback).
 """
 
 from __future__ import annotations
@@ -17,21 +18,22 @@ import asyncio
 import sys
 from typing import Any
 
-from aryl_common.config import ConfigError
+from aryl_common.entry import EXIT_OK, BadInput, add_standard_flags, run_guarded
 from aryl_common.logs import configure_logging
 from aryl_common.signals import stop_on_signals
 from inference_router.config import load_router_config
 from inference_router.router import ListenError, serve
 
-EXIT_OK, EXIT_BIND, EXIT_CONFIG = 0, 1, 2
+PROG = "aryl-router"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="aryl-router",
+        prog=PROG,
         description="Aryl inference router: proxies HTTP requests to the serving inference servers and "
         "reports to the scheduler how many servers the load needs.",
     )
+    add_standard_flags(parser)
     parser.add_argument("--config", help="TOML or YAML config file (default: $ARYL_CONFIG)")
     parser.add_argument("--listen", metavar="HOST:PORT", help="HTTP address to serve on (router.listen)")
     parser.add_argument("--scheduler", metavar="HOST:PORT", help="scheduler address (router.scheduler_address)")
@@ -79,17 +81,17 @@ async def run_until_signalled(config: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        config = load_router_config(args.config, cli_overrides(args))
-    except ConfigError as exc:
-        print(f"aryl-router: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
+    return run_guarded(PROG, lambda: run(args), debug=args.debug)
+
+
+def run(args: argparse.Namespace) -> int:
+    """The program; its failures are typed (``aryl_common.entry``) and reported by ``main``."""
+    config = load_router_config(args.config, cli_overrides(args))
     configure_logging(config.logging.format, config.logging.level)
     try:
         asyncio.run(run_until_signalled(config.router))
     except ListenError as exc:
-        print(f"aryl-router: {exc}", file=sys.stderr)
-        return EXIT_BIND
+        raise BadInput(f"{exc}; choose another address with --listen or router.listen") from exc
     return EXIT_OK
 
 

@@ -7,8 +7,10 @@ Workers keep running when the agent stops (SIGTERM/SIGINT): the next agent start
 work directory adopts them, so upgrading the agent does not interrupt training. Set
 ``agent.stop_workers_on_exit`` to stop them (with their grace periods) instead.
 
-Flags beat ``ARYL_*`` environment variables, which beat the config file. Exit status: 0 after a
-clean shutdown (SIGTERM/SIGINT), 1 when the GPU backend cannot start, 2 for invalid configuration.
+Flags beat ``ARYL_<SECTION>__<KEY>`` environment variables, which beat the config file. Exit status
+(``aryl_common.entry``): 0 after a clean shutdown (SIGTERM/SIGINT), 2 for invalid configuration, 3
+when the GPU backend cannot start (no NVML driver); one line on stderr says why (``--debug`` or
+``ARYL_DEBUG=1`` adds the traceback).
 """
 
 from __future__ import annotations
@@ -17,20 +19,19 @@ import argparse
 import sys
 from typing import Any
 
-import structlog
-
-from aryl_common.config import ConfigError
+from aryl_common.entry import EXIT_OK, Unreachable, add_standard_flags, run_guarded
 from aryl_common.logs import configure_logging
 from aryl_common.signals import run_until_signalled
 from node_agent.agent import Agent
 from node_agent.config import AgentConfig, load_agent_config
 from node_agent.gpus import GpuBackendUnavailable, select_backend
 
-EXIT_OK, EXIT_BACKEND, EXIT_CONFIG = 0, 1, 2
+PROG = "aryl-agent"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="aryl-agent", description="Aryl node agent (one per GPU server).")
+    parser = argparse.ArgumentParser(prog=PROG, description="Aryl node agent (one per GPU server).")
+    add_standard_flags(parser)
     parser.add_argument("--config", help="TOML or YAML config file (default: $ARYL_CONFIG)")
     parser.add_argument("--scheduler", metavar="HOST:PORT", help="scheduler address (agent.scheduler_address)")
     parser.add_argument("--hostname", help="this server's name, its server_id (agent.hostname)")
@@ -64,18 +65,18 @@ def cli_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        config: AgentConfig = load_agent_config(args.config, cli_overrides(args))
-    except ConfigError as exc:
-        print(f"aryl-agent: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
+    return run_guarded(PROG, lambda: run(args), debug=args.debug)
+
+
+def run(args: argparse.Namespace) -> int:
+    """The program; its failures are typed (``aryl_common.entry``) and reported by ``main``."""
+    config: AgentConfig = load_agent_config(args.config, cli_overrides(args))
     configure_logging(config.logging.format, config.logging.level)
-    log = structlog.get_logger("node_agent")
     try:
         gpus = select_backend(config.gpus, hostname=config.agent.hostname)
     except GpuBackendUnavailable as exc:
-        log.error("cannot start the GPU backend", reason=str(exc))
-        return EXIT_BACKEND
+        raise Unreachable(f"cannot start the GPU backend {config.gpus.backend!r}: {exc}; install the NVIDIA "
+                          "driver, or choose another with --gpu-backend or gpus.backend") from exc
     try:
         agent = Agent(config.agent, gpus)
         run_until_signalled(agent.run, agent.stop)

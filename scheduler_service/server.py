@@ -8,18 +8,24 @@ thread (tests, the demo). Health checking and server reflection are served so ge
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
 import socket
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
+import sqlalchemy.exc
 import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from sqlalchemy.engine import make_url
 
+from aryl_common.entry import BadInput, Unreachable, one_line
 from migrations import upgrade
 from protos.aryl.v1 import (
     agent_pb2,
@@ -52,6 +58,61 @@ SERVICE_NAMES = (
 )
 
 
+class ListenError(BadInput):
+    """``server.listen`` cannot be bound: taken, or not this machine's (exit 2: the fix is the address)."""
+
+
+class DatabaseUnreachable(Unreachable):
+    """The database of ``database.url`` cannot be reached or opened (exit 3)."""
+
+
+LISTEN_HINT = "choose another address with --listen or server.listen (ARYL_SERVER__LISTEN)"
+
+
+def probe_listen_address(listen: str) -> None:
+    """ListenError, naming the reason (in use, not this machine's), when ``host:port`` cannot be bound.
+
+    gRPC's own bind failure is a bare error on stderr from its C core plus an exception without the
+    reason, so the address is tried with a plain socket first (SO_REUSEADDR as gRPC sets it: a port
+    left in TIME_WAIT by a previous run is free). Forms other than ``host:port`` are left to gRPC."""
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit():
+        return
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host.strip("[]") or None, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as exc:  # socket.gaierror included: a host name that does not resolve
+        if exc.errno == errno.EAFNOSUPPORT:
+            return  # e.g. [::] on a host without IPv6, where gRPC falls back to IPv4
+        raise ListenError(f"cannot listen on {listen}: {exc.strerror or exc}; {LISTEN_HINT}") from exc
+
+
+def displayed_url(url: str) -> str:
+    """A database URL fit for a message: its password hidden (as given when it does not parse)."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except sqlalchemy.exc.ArgumentError:
+        return url
+
+
+@contextmanager
+def reaching_database(url: str) -> Iterator[None]:
+    """Turns SQLAlchemy's failure to connect (server down, database missing, file not openable) into
+    DatabaseUnreachable, whose one line names the database (password hidden) and what to check."""
+    try:
+        yield
+    except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError) as exc:
+        cause = one_line(str(exc.orig)) if exc.orig is not None else one_line(str(exc))
+        raise DatabaseUnreachable(
+            f"cannot reach the database {displayed_url(url)}: {cause}; check database.url (--database-url, "
+            "ARYL_DATABASE__URL) and that the database exists and its server is running"
+        ) from exc
+
+
 class SchedulerService:
     def __init__(self, config: SchedulerConfig, *, tune_gc: bool = False) -> None:
         """``tune_gc``: the service owns its process (``aryl-scheduler``), so it may tune the garbage
@@ -80,15 +141,24 @@ class SchedulerService:
         loop = asyncio.get_running_loop()
         self._loop = loop
         self._stop = asyncio.Event()
-        if cfg.database.auto_migrate:
-            await asyncio.to_thread(upgrade, cfg.database.url)
-        notifier = AsyncNotifier(loop)
-        app = SchedulerApp(
-            session_factory(self.engine), self.clock, notifier=notifier,
-            worker_base_port=cfg.scheduling.worker_base_port, telemetry_write_s=cfg.agents.telemetry_write_s,
-            reclaim_deadline_s=self.policy_params.reclaim_deadline_s,
-        )
-        epoch = await asyncio.to_thread(app.term.start, socket.gethostname())
+        # The port first, then the database, and only then the term: a start that cannot serve
+        # (address taken) or cannot reach its database fails before it writes SCHEDULER_STARTED.
+        server = self._bind_server()
+        try:
+            with reaching_database(cfg.database.url):
+                if cfg.database.auto_migrate:
+                    await asyncio.to_thread(upgrade, cfg.database.url)
+                notifier = AsyncNotifier(loop)
+                app = SchedulerApp(
+                    session_factory(self.engine), self.clock, notifier=notifier,
+                    worker_base_port=cfg.scheduling.worker_base_port, telemetry_write_s=cfg.agents.telemetry_write_s,
+                    reclaim_deadline_s=self.policy_params.reclaim_deadline_s,
+                )
+                epoch = await asyncio.to_thread(app.term.start, socket.gethostname())
+        except BaseException:
+            await server.stop(None)  # gives the port back
+            self.engine.dispose()
+            raise
         await asyncio.to_thread(warm_up_solvers)  # the first cycle must not pay numba's compile time
         if self._tune_gc:
             tune_garbage_collector()
@@ -97,17 +167,6 @@ class SchedulerService:
         # on a thread of its own: a push must not queue behind 100s of status reports.
         desired_reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aryl-desired")
         notifier.serve_desired_states(app.agents.desired_states, desired_reader)
-        options = [
-            ("grpc.max_send_message_length", cfg.server.max_message_bytes),
-            ("grpc.max_receive_message_length", cfg.server.max_message_bytes),
-            ("grpc.max_concurrent_streams", cfg.server.max_concurrent_streams),
-            ("grpc.so_reuseport", 0),
-            # Agents ping every 10 s (node_agent.daemon.KEEPALIVE_TIME_MS), also between calls.
-            ("grpc.keepalive_permit_without_calls", 1),
-            ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
-            ("grpc.http2.max_ping_strikes", 0),
-        ]
-        server = grpc.aio.server(options=options)
         submissions = GroupCommitter(app.jobs.submit_many, max_batch=256, name="aryl-submit")
         cancellations = GroupCommitter(app.jobs.cancel_many, max_batch=256, name="aryl-cancel")
         log_reader = AgentLogReader(timeout_s=cfg.agents.rpc_timeout_s)
@@ -127,9 +186,6 @@ class SchedulerService:
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         reflection.enable_server_reflection((*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-        self.port = server.add_insecure_port(cfg.server.listen)
-        if self.port == 0:
-            raise OSError(f"cannot listen on {cfg.server.listen}")
         await server.start()
         for name in ("", *SERVICE_NAMES):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -165,6 +221,30 @@ class SchedulerService:
         desired_reader.shutdown(wait=True, cancel_futures=True)
         self.engine.dispose()
         log.info("scheduler stopped")
+
+    def _bind_server(self) -> grpc.aio.Server:
+        """A gRPC server bound to ``server.listen``, its services not added yet; ListenError when the
+        address cannot be bound (in use, or not an address of this machine)."""
+        cfg = self.config
+        probe_listen_address(cfg.server.listen)
+        options = [
+            ("grpc.max_send_message_length", cfg.server.max_message_bytes),
+            ("grpc.max_receive_message_length", cfg.server.max_message_bytes),
+            ("grpc.max_concurrent_streams", cfg.server.max_concurrent_streams),
+            ("grpc.so_reuseport", 0),
+            # Agents ping every 10 s (node_agent.daemon.KEEPALIVE_TIME_MS), also between calls.
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+            ("grpc.http2.max_ping_strikes", 0),
+        ]
+        server = grpc.aio.server(options=options)
+        try:
+            self.port = server.add_insecure_port(cfg.server.listen)
+        except RuntimeError:  # grpc's "Failed to bind to address ..."
+            self.port = 0
+        if self.port == 0:  # taken between the probe and here, or a form only gRPC understands
+            raise ListenError(f"cannot listen on {cfg.server.listen}; {LISTEN_HINT}")
+        return server
 
     async def _cycle_loop(self, cycle: SchedulingCycle, notifier: AsyncNotifier, executor: ThreadPoolExecutor) -> None:
         """Run a cycle on every trigger (coalesced) and at least every ``cycle_interval_s``."""

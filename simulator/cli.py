@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from aryl_common.entry import BadInput, add_standard_flags, run_guarded
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.registry import policies
 from simulator.engine import SimulationResult, simulate
@@ -32,6 +33,7 @@ from simulator.model import ClusterSpec, DemandPoint, FailureRate, ServerFailure
 from simulator.results import format_table, summarize, write_outputs
 from simulator.traces import JobMapping, TraceFormatError, load_generic_csv, load_philly, load_pollux_workload
 
+PROG = "aryl-sim"
 DEFAULT_COMPARE = "fifo,aryl-noloan,aryl-noelastic,aryl"
 LOAD_MARGIN_DAYS = 30  # the inference load covers the trace's span plus this (then holds its last value)
 
@@ -171,11 +173,12 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="aryl-sim",
+        prog=PROG,
         description="Trace-driven simulation of the Aryl scheduler: the service's own scheduling cycle and "
                     "policies, a virtual clock and simulated agents.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_standard_flags(parser)
     sub = parser.add_subparsers(dest="command", required=True)
     epilog = _params_help() + f"\n\npolicies: {', '.join(policies.names())}"
     run = sub.add_parser("run", help="simulate one policy", epilog=epilog,
@@ -245,8 +248,13 @@ def _policy_names(args: argparse.Namespace) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    """Exit status (``aryl_common.entry``): 0 done, 2 bad input (flags, a trace or failure file, a
+    policy parameter), 1 an unexpected error; one line on stderr (``--debug`` adds the traceback)."""
+    args = build_parser().parse_args(argv)
+    return run_guarded(PROG, lambda: run(args), debug=args.debug)
+
+
+def run(args: argparse.Namespace) -> int:
     try:
         names = _policy_names(args)
         params = parse_params(args.param)
@@ -274,8 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{name}: {result.cycles} cycles, {result.stop_reason}, {result.wall_s:.1f}s", file=sys.stderr)
             results.append(result)
     except (UsageError, TraceFormatError, FailureTraceError, ValueError, OSError) as exc:
-        print(f"aryl-sim: error: {exc}", file=sys.stderr)
-        return 2 if isinstance(exc, UsageError) else 1
+        raise BadInput(f"error: {exc}") from exc
     if args.out is not None:
         summaries = write_outputs(results, args.out, plots=not args.no_plots)
         print(f"wrote {args.out}", file=sys.stderr)

@@ -850,7 +850,7 @@ def test_router_cli_refuses_bad_config_and_serves_static_backends_until_sigterm(
         busy = subprocess.run([aryl_router, "--no-scheduler", "--backend", "http://127.0.0.1:1", "--listen",
                                f"127.0.0.1:{taken.getsockname()[1]}"], capture_output=True, text=True, env=env,
                               timeout=60, check=False)
-    assert busy.returncode == 1 and "cannot serve on" in busy.stderr
+    assert busy.returncode == 2 and "cannot serve on" in busy.stderr
     server, server_url = start_example_server(0, "solo")
     port = free_port()
     router = subprocess.Popen([aryl_router, "--no-scheduler", "--backend", server_url, "--listen",
