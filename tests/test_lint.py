@@ -12,7 +12,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 # Made to be stacked: each use adds a case.
-STACKABLE = frozenset({"pytest.mark.parametrize", "example", "hypothesis.example"})
+# Decorators meant to be stacked: each application adds a case, an example, or (SQLAlchemy) a listener
+# for another event, so a repeat is not a mistake.
+STACKABLE = frozenset({"pytest.mark.parametrize", "example", "hypothesis.example", "event.listens_for"})
 
 
 def repeated_decorators(source: str) -> list[tuple[int, str, str]]:

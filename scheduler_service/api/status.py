@@ -20,6 +20,7 @@ import grpc
 import structlog
 from google.rpc import error_details_pb2, status_pb2
 
+from scheduler_service.app.failures import database_unavailable
 from scheduler_service.errors import (
     Aborted,
     AlreadyExists,
@@ -31,7 +32,6 @@ from scheduler_service.errors import (
     Unavailable,
 )
 from scheduler_service.lifecycle import IllegalTransition
-from scheduler_service.store.db import BUSY, UNREACHABLE, connection_lost, database_busy
 
 log = structlog.get_logger("aryl.api")
 
@@ -52,9 +52,10 @@ _CODES: dict[type[Exception], grpc.StatusCode] = {
 async def _abort(context: grpc.aio.ServicerContext, exc: Exception, method: str) -> None:
     # ``store.transactions`` already answers these as Unavailable; this catches any database access
     # outside it, so the client reads "retry" instead of "internal error".
-    if connection_lost(exc) or database_busy(exc):
+    unavailable = database_unavailable(exc)
+    if unavailable is not None:
         log.warning("database unavailable", method=method, reason=(str(exc).splitlines() or [""])[0])
-        exc = Unavailable(UNREACHABLE if connection_lost(exc) else BUSY)
+        exc = unavailable
     code = next((c for t, c in _CODES.items() if isinstance(exc, t)), None)
     if code is None:
         ref = uuid.uuid4().hex[:12]
