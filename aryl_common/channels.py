@@ -4,6 +4,11 @@ failed call is named in logs.
 One set of channel options for both daemons, blocking (``grpc``) or asyncio (``grpc.aio``), so
 they notice a dead scheduler and come back after a restart the same way. The scheduler's server
 options permit the keepalive rate set here (``scheduler_service/server.py``).
+
+It also holds the size bounds every hop agrees on: a job spec's cap (``MAX_JOB_SPEC_BYTES``,
+enforced by the scheduler's validation) and the largest desired state a server can be sent
+(``MAX_DESIRED_STATE_BYTES``), which daemons accept as their receive limit so that no desired
+state the scheduler may legitimately send can cut an agent off.
 """
 
 from __future__ import annotations
@@ -15,9 +20,31 @@ import grpc
 KEEPALIVE_TIME_MS = 10_000
 KEEPALIVE_TIMEOUT_MS = 5_000
 
+# A job spec's whole encoded size (name, command, environment, everything), refused above this by
+# the scheduler (scheduler_service/api/validation.py). Well under what every hop takes: Linux's
+# execve accepts ARG_MAX (~2 MiB by default: a quarter of the 8 MiB stack) for argv and envp
+# together and 128 KiB for one string, and the scheduler's messages default to 16 MiB.
+MAX_JOB_SPEC_BYTES = 256 * 1024
+# A server's desired state repeats each of its workers' command and environment. A worker holds at
+# least one GPU and a server registers at most this many (validation.MAX_GPUS_PER_SERVER), so that
+# is also the most workers one desired state can carry.
+MAX_WORKERS_PER_SERVER = 1024
+# What a DesiredWorker adds to its job's command and environment (ids, ranks, up to 64 GPU indices,
+# master address <= 253 characters, grace period), with room to spare; and the state's own header.
+DESIRED_WORKER_OVERHEAD_BYTES = 4 * 1024
+DESIRED_STATE_HEADER_BYTES = 64 * 1024
+# The largest desired state the scheduler can send a server (~254 MiB at the bounds above). Daemons
+# take it as their receive limit: gRPC's default (4 MiB) let an agent refuse its own desired state
+# (RESOURCE_EXHAUSTED on every registration), so it never saw another change. The limit only
+# bounds what may arrive; nothing is allocated ahead.
+MAX_DESIRED_STATE_BYTES = (
+    MAX_WORKERS_PER_SERVER * (MAX_JOB_SPEC_BYTES + DESIRED_WORKER_OVERHEAD_BYTES) + DESIRED_STATE_HEADER_BYTES
+)
+
 
 def scheduler_channel_options(max_reconnect_backoff_s: float) -> list[tuple[str, int]]:
-    """Channel options: gRPC's own reconnect backoff capped like ours, and keepalive pings.
+    """Channel options: gRPC's own reconnect backoff capped like ours, keepalive pings, and a
+    receive limit that takes any desired state the scheduler may send (``MAX_DESIRED_STATE_BYTES``).
 
     gRPC's default reconnect backoff grows to 120 s; without the cap a daemon would keep failing
     fast with UNAVAILABLE for up to two minutes after the scheduler came back.
@@ -30,6 +57,7 @@ def scheduler_channel_options(max_reconnect_backoff_s: float) -> list[tuple[str,
         ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
         ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
         ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.max_receive_message_length", MAX_DESIRED_STATE_BYTES),
     ]
 
 

@@ -25,6 +25,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from sqlalchemy.engine import make_url
 
+from aryl_common.channels import MAX_DESIRED_STATE_BYTES
 from aryl_common.entry import BadInput, Unreachable, one_line
 from migrations import upgrade
 from protos.aryl.v1 import (
@@ -228,7 +229,10 @@ class SchedulerService:
         cfg = self.config
         probe_listen_address(cfg.server.listen)
         options = [
-            ("grpc.max_send_message_length", cfg.server.max_message_bytes),
+            # A server's desired state may be larger than any request (workers x job specs at the
+            # cap), and agents accept up to MAX_DESIRED_STATE_BYTES; sending less would cut the
+            # server off. What the scheduler sends it builds itself, so this bounds nothing a client controls.
+            ("grpc.max_send_message_length", max(cfg.server.max_message_bytes, MAX_DESIRED_STATE_BYTES)),
             ("grpc.max_receive_message_length", cfg.server.max_message_bytes),
             ("grpc.max_concurrent_streams", cfg.server.max_concurrent_streams),
             ("grpc.so_reuseport", 0),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 
 from google.protobuf import duration_pb2, timestamp_pb2
 
@@ -43,7 +44,33 @@ def server_state(name: str) -> str:
     return f"SERVER_STATE_{name}"
 
 
+# A list view's command: whole arguments while they fit in this many characters (the first one
+# always, cut to it). Enough to recognise a job; GetJob has the whole command.
+LIST_COMMAND_CHARS = 256
+
+
+def job_summary(row: JobInfo) -> types_pb2.Job:
+    """``job`` as a list shows it: no environment and the command cut to a short prefix.
+
+    A spec may be up to 256 KiB, nearly all of it command and environment; a page of such jobs
+    would be tens of MiB per ListJobs (over the message limit for every caller) though no list
+    shows them."""
+    kept: list[str] = []
+    used = 0
+    for arg in row.command:
+        if kept and used + len(arg) > LIST_COMMAND_CHARS:
+            break
+        kept.append(arg[:LIST_COMMAND_CHARS])
+        used += len(arg)
+    return _job(row, command=kept, env={})
+
+
 def job(row: JobInfo) -> types_pb2.Job:
+    """The whole job, its spec as submitted (GetJob, SubmitJob, CancelJob)."""
+    return _job(row, command=row.command, env=row.env)
+
+
+def _job(row: JobInfo, *, command: Sequence[str], env: Mapping[str, str]) -> types_pb2.Job:
     throughput = row.throughput or {}
     hints = types_pb2.ThroughputHints(
         points=[types_pb2.ThroughputPoint(workers=w, samples_per_second=s) for w, s in throughput.get("points", [])],
@@ -51,7 +78,7 @@ def job(row: JobInfo) -> types_pb2.Job:
         estimated_runtime=duration(throughput["estimated_runtime_s"]) if "estimated_runtime_s" in throughput else None,
     )
     spec = types_pb2.JobSpec(
-        name=row.name, user=row.user, queue=row.queue, command=row.command, env=row.env,
+        name=row.name, user=row.user, queue=row.queue, command=command, env=env,
         gpus_per_worker=row.gpus_per_worker, min_workers=row.min_workers, max_workers=row.max_workers,
         priority=row.priority, deadline=timestamp(row.deadline), throughput=hints if throughput else None,
         max_runtime=duration(row.max_runtime_s) if row.max_runtime_s else None,

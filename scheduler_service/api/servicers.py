@@ -93,7 +93,9 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
         def answer() -> scheduler_pb2.ListJobsResponse:
             # Converted in the worker thread: building 100s of messages must not stall the event loop.
             records, next_token = self.app.jobs.page(flt, page_size=request.page_size, page_token=token)
-            return scheduler_pb2.ListJobsResponse(jobs=[convert.job(r) for r in records], next_page_token=next_token)
+            # The list view (no environment, a command prefix): GetJob has the whole spec.
+            jobs = [convert.job_summary(r) for r in records]
+            return scheduler_pb2.ListJobsResponse(jobs=jobs, next_page_token=next_token)
 
         return await self.run(answer)
 

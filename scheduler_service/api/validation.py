@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from google.protobuf import duration_pb2, timestamp_pb2
 from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
 
+from aryl_common.channels import MAX_JOB_SPEC_BYTES, MAX_WORKERS_PER_SERVER
 from protos.aryl.v1 import agent_pb2, types_pb2
 from scheduler_service.errors import InvalidArgument
 from scheduler_service.lifecycle import JobState, Pool
@@ -33,7 +34,9 @@ ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Set by the agent for every worker (the job contract); a job may not override them.
 RESERVED_ENV = frozenset({"WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES"})
 MAX_WORKERS = 4096
-MAX_GPUS_PER_SERVER = 1024  # a registration's inventory; a status report has at most one sample per GPU
+# A registration's inventory; a status report has at most one sample per GPU. Also the most
+# workers a server's desired state can carry, which sizes the agents' receive limit.
+MAX_GPUS_PER_SERVER = MAX_WORKERS_PER_SERVER
 MAX_GPUS_PER_WORKER = 64
 MAX_ARGS = 1024
 MAX_ARG_LEN = 4096
@@ -121,7 +124,33 @@ def _enum(field: str, value: int, allowed: Iterable[int], enum_type: EnumTypeWra
     return value
 
 
+def _spec_size(spec: types_pb2.JobSpec) -> None:
+    """The whole spec within ``MAX_JOB_SPEC_BYTES`` (encoded: UTF-8 bytes plus protobuf framing, a
+    little more than execve's argv + envp bytes for the same command and environment).
+
+    Each worker's desired state repeats its job's command and environment, so this cap is what
+    keeps a server's desired state, and the worker's execve, within what every hop accepts. The
+    refusal names the largest of the bulky fields, where shrinking helps most."""
+    total = spec.ByteSize()
+    if total <= MAX_JOB_SPEC_BYTES:
+        return
+    parts = {
+        "spec.env": sum(len(k.encode()) + len(v.encode()) for k, v in spec.env.items()),
+        "spec.command": sum(len(a.encode()) for a in spec.command),
+        "spec.name": len(spec.name.encode()),
+        "spec.throughput": spec.throughput.ByteSize(),
+    }
+    field = max(parts, key=lambda f: parts[f])
+    raise InvalidArgument(
+        field,
+        f"makes the job spec {total} bytes; a spec may be at most {MAX_JOB_SPEC_BYTES} bytes "
+        f"({MAX_JOB_SPEC_BYTES // 1024} KiB) in all, command and environment included ({field}: {parts[field]} bytes)",
+    )
+
+
 def job_submission(spec: types_pb2.JobSpec, idempotency_key: str, *, now: float) -> JobSubmission:
+    # First: it bounds the work every other check does.
+    _spec_size(spec)
     name = text("spec.name", spec.name, max_len=NAME_MAX, required=True)
     user = text("spec.user", spec.user, max_len=128, required=True, pattern=IDENT,
                 hint="letters, digits and . _ @ + -")

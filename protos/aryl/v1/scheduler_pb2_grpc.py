@@ -103,13 +103,16 @@ class SchedulerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetJob(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """The whole job, its spec as submitted (command and env included).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListJobs(self, request, context):
-        """Jobs, newest first, filtered by state/user/queue, paginated.
+        """Jobs, newest first, filtered by state/user/queue, paginated. A list view: each job's
+        spec.env is left empty and spec.command holds only a prefix (whole arguments while they fit in
+        256 characters, the first one always, cut to 256); GetJob has the whole spec.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
