@@ -82,6 +82,17 @@ def test_spare_gpus_go_to_the_job_they_help_most_and_extras_prefer_loaned_server
     assert "estimated completion" in scale.message
 
 
+def test_a_job_started_and_grown_at_once_is_told_the_size_it_starts_with() -> None:
+    """Issue 21: "placed 1 worker(s) on t; 4 worker(s) with elastic extras" read as two sizes. The start
+    names the size it starts with, then how it splits into the job's minimum and this cycle's extras."""
+    servers = [training_server("t", gpus=2), inference_server("i", ServerState.LOANED, gpus=2, since=NOW - 3600)]
+    result = plan("aryl", snapshot_of(servers, [pending_job(1, workers=1, max_workers=4)], demand=0))
+    [start] = result.starts
+    assert len(start.workers) == 4
+    assert start.message == ("placed 4 worker(s) on i, t: its minimum of 1 and 3 elastic extra(s) "
+                             "from this cycle's spare GPUs")
+
+
 def test_recently_resized_jobs_are_left_alone() -> None:
     job = running_job(1, [("t", (0,))], low=1, high=4, resized=NOW - 10)
     assert plan("aryl", snapshot_of([training_server("t")], [job]), min_resize_interval_s=300).scales == ()

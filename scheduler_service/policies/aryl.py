@@ -28,6 +28,7 @@ Pure: no I/O, no wall clock; deterministic for a given snapshot.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 
@@ -389,9 +390,7 @@ class ArylPolicy:
                     reason, why = Reason.PLACED, ""
                 else:
                     reason, why = Reason.BACKFILLED, f"; backfilled ahead of job {waiting_before.job_id}"
-                where = ", ".join(sorted({w.server_id for w in workers}))
-                cycle.starts.append(StartJob(job.job_id, workers, reason,
-                                             f"placed {len(workers)} worker(s) on {where}{why}"))
+                cycle.starts.append(StartJob(job.job_id, workers, reason, _placed(workers) + why))
                 cycle.running[job.job_id] = _Job(job, list(workers))
                 continue
             waiting_before = waiting_before or job
@@ -556,10 +555,14 @@ class ArylPolicy:
             after = [(rank, w.server_id, w.gpu_indices) for rank, w in enumerate(job.workers)]
             if job_id in started:
                 if len(job.workers) != job.view.min_workers:
-                    # A job started this cycle and grown at once: start it at its full size.
+                    # A job started this cycle and grown at once: start it at its full size, and say so
+                    # (the message names the size it starts with, not only its minimum).
+                    grown = tuple(WorkerPlacement(r, sid, g) for r, sid, g in after)
+                    extras = len(grown) - job.view.min_workers
                     cycle.starts = [
-                        StartJob(s.job_id, tuple(WorkerPlacement(r, sid, g) for r, sid, g in after), s.reason,
-                                 s.message + f"; {len(after)} worker(s) with elastic extras")
+                        StartJob(s.job_id, grown, s.reason,
+                                 f"{_placed(grown)}: its minimum of {job.view.min_workers} and {extras} elastic "
+                                 f"extra(s) from this cycle's spare GPUs{s.message.removeprefix(_placed(s.workers))}")
                         if s.job_id == job_id else s
                         for s in cycle.starts
                     ]
@@ -570,6 +573,11 @@ class ArylPolicy:
                              job.reason or Reason.SCALED_OUT, job.message)
                 )
         return scales
+
+
+def _placed(workers: Sequence[WorkerPlacement]) -> str:
+    """The start message's opening: how many workers, on which servers."""
+    return f"placed {len(workers)} worker(s) on {', '.join(sorted({w.server_id for w in workers}))}"
 
 
 def _unchanged(job: _Job) -> bool:
