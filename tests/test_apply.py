@@ -214,6 +214,29 @@ def test_scale_out_then_in_replaces_allocations_and_world_size_and_keeps_staying
     ]
 
 
+def test_explain_lists_each_resize_and_preemption_once_and_the_event_log_keeps_both_steps(
+    app: SchedulerApp, clock: ManualClock
+) -> None:
+    """Issue 21: RUNNING -> SCALING -> RUNNING (and RUNNING -> PREEMPTED -> PENDING) carry the
+    decision's reason twice; explain lists one line per decision, the event log keeps every step."""
+    register(app, "s1", gpus=2)
+    job = submit(app, workers=1, max_workers=2)
+    applied(app, starts=[start(job, ("s1", (0,)))])
+    clock.advance(100)
+    applied(app, scales=[scale(job, ("s1", (0,)), ("s1", (1,)))])
+    clock.advance(100)
+    applied(app, preemptions=[PreemptJob(job, Reason.PREEMPTED_FOR_RECLAIM, "server s1 went back")])
+
+    listed = [(e.reason, e.message) for e in app.jobs.explain(job).decisions if e.reason != "SUBMITTED"]
+    assert listed == [
+        ("PLACED", "test placement"),
+        ("SCALED_OUT", "to 2 worker(s) (now 2 worker(s))"),
+        ("PREEMPTED_FOR_RECLAIM", "requeued: server s1 went back"),
+    ]
+    assert "requeued after preemption: server s1 went back" in app.jobs.explain(job).summary
+    assert len(transitions(app, job)) == 5  # both steps of each change stay in the log
+
+
 def test_the_desired_state_lists_each_worker_once_with_its_gpus_in_order(
     app: SchedulerApp, notifier: RecordingNotifier
 ) -> None:

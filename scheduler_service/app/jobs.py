@@ -89,9 +89,13 @@ class Jobs:
         return results
 
     def explain(self, job_id: int) -> Explanation:
+        """The job, a summary, and one entry per decision. The event log records a resize as RUNNING ->
+        SCALING -> RUNNING and a preemption as RUNNING -> PREEMPTED -> PENDING, both steps with the
+        decision's reason; the listing shows the second step only (its message is the complete one).
+        ``GetJob(include_events)`` and the event stream keep both."""
         job, events = self.get(job_id, include_events=True)
         decisions = tuple(e for e in events if e.reason)
-        return Explanation(job, _summarize(job, decisions), decisions)
+        return Explanation(job, _summarize(job, decisions), _one_per_decision(decisions))
 
     def log_source(self, job_id: int, rank: int) -> tuple[str, str]:
         """(server id, agent logs address) of where ``rank`` of the job ran most recently."""
@@ -113,6 +117,20 @@ def _decode_page_token(token: str, flt: JobFilter) -> int:
     if not 0 < before <= 2**63 - 1:
         raise InvalidArgument("page_token", "is not a token returned by ListJobs")
     return before
+
+
+# States a job passes through within the one transaction that applies a decision.
+_PASSING_STATES = (JobState.SCALING, JobState.PREEMPTED)
+
+
+def _one_per_decision(decisions: Sequence[EventInfo]) -> tuple[EventInfo, ...]:
+    """The decisions without the first step of each two-step change: an event into a passing state
+    followed at once by the event out of it, for the same reason."""
+    return tuple(
+        e for e, then in zip(decisions, (*decisions[1:], None), strict=True)
+        if not (then is not None and e.to_state in _PASSING_STATES and then.from_state == e.to_state
+                and then.reason == e.reason and then.job_id == e.job_id)
+    )
 
 
 def _summarize(job: JobInfo, decisions: Sequence[EventInfo]) -> str:
