@@ -14,6 +14,12 @@ requeued) and serve again once their agents confirm the workers are gone. A time
 scheduler's events and the traffic is printed throughout, then a summary: not one inference request
 may fail. Everything stops by itself, well within three minutes. ``arylctl --server ADDRESS ...``
 shows the state live meanwhile (the address is printed first).
+
+Start-up says what it waits for (the scheduling kernels are compiled on the first run only, then
+each daemon), so no pause is silent. The database, logs and checkpoints live in a fresh
+``aryl-demo-*`` folder under the temporary directory, removed at the end unless ``--keep`` is given
+(or ``--workdir``, or the demo failed: then they are what explains it); the last line says where
+they are, or were.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from aryl_common.entry import FatalError, add_standard_flags, run_guarded
 from arylctl import cli
 from arylctl.client import ArylClient, job_spec
 from protos.aryl.v1 import types_pb2
+from scheduler_service.solvers import warm_up as warm_up_solvers
 
 T = TypeVar("T")
 BIN = Path(sys.executable).parent
@@ -224,17 +231,28 @@ SHOWN_EVENTS = {"JOB_STATE_CHANGED", "LOAN_STARTED", "LOAN_ENDED", "DEMAND_CHANG
                 "SERVER_DRAINED", "WORKER_EXITED"}
 
 
-def timeline(client: ArylClient, names: dict[str, str], stop: threading.Event) -> None:
+@dataclass
+class Timeline:
+    """The newest event id the timeline has printed (or skipped), so the story can wait for it."""
+
+    seen: int = 0
+
+    def caught_up(self, client: ArylClient) -> bool:
+        return not list(client.watch_events(after_event_id=self.seen, idle_timeout=0.2))
+
+
+def timeline(client: ArylClient, names: dict[str, str], stop: threading.Event, shown: Timeline) -> None:
     try:
         for event in client.watch_events(after_event_id=0):
             if stop.is_set():
                 return
+            shown.seen = max(shown.seen, event.event_id)
             kind = types_pb2.EventKind.Name(event.kind).removeprefix("EVENT_KIND_")
             if kind not in SHOWN_EVENTS:
                 continue
             who = names.get(event.job_id, f"job {event.job_id}") if event.job_id else event.server_id or "scheduler"
             change = f"{event.from_state}->{event.to_state}" if event.to_state else kind.lower()
-            line(f"  event  {who:<11} {change:<22} {event.reason:<24} {event.message[:90]}")
+            line(f"  event  {who:<11} {change:<22} {event.reason:<24} {event.message[:120]}")
     except Exception:  # noqa: BLE001 - the stream ends when the scheduler stops
         return
 
@@ -245,8 +263,9 @@ def traffic_reporter(traffic: Traffic, client: ArylClient, stop: threading.Event
             demand = client.get_demand()
             serving = sum(s.state == types_pb2.SERVER_STATE_SERVING for s in client.list_servers(
                 pool=types_pb2.POOL_INFERENCE))
-            line(f"  load   {traffic.rate:4.0f} req/s offered, router asks for {demand.servers_needed} "
-                 f"server(s), {serving} serving; requests ok {traffic.ok}, failed {len(traffic.failed)}")
+            line(f"  load   {traffic.rate:4.0f} req/s offered, router measured {demand.observed_rps:.1f} req/s and "
+                 f"asks for {demand.servers_needed} server(s), {serving} serving; requests ok {traffic.ok}, "
+                 f"failed {len(traffic.failed)}")
         except Exception:  # noqa: BLE001 - the scheduler may be stopping
             return
 
@@ -273,15 +292,25 @@ def run(workdir: Path) -> DemoOutcome:
         # Registered first, so it runs last: after the scheduler and agents are down, nothing can
         # start a worker any more.
         stack.callback(_stop_workers, workdir)
-        say(f"Scheduler on {address} (database {db_url}, policy aryl). Watch live from another terminal: "
-            f"arylctl --server {address} jobs | servers | loans | events -f")
+        say("Compiling the scheduling kernels (numba; first run only, ~20 s, then loaded from its cache)...")
+        began = time.monotonic()
+        warm_up_solvers()  # here, where the wait is announced: the scheduler then loads them from the cache
+        line(f"  kernels ready in {time.monotonic() - began:.1f}s")
+        say(f"Starting the scheduler on {address} (database {db_url}, policy aryl). Watch live from another "
+            f"terminal: arylctl --server {address} jobs | servers | loans | events -f")
         start(stack, "scheduler", [str(BIN / "aryl-scheduler"), "--listen", address, "--database-url", db_url],
               workdir, env)
         client = stack.enter_context(ArylClient(address, timeout=5))
         wait_until(client.get_cluster, 60, "the scheduler to answer")
+        line("  scheduler answering")
+        stop_background = threading.Event()
+        stack.callback(stop_background.set)
+        names: dict[str, str] = {}
+        shown = Timeline()
+        threading.Thread(target=timeline, args=(client, names, stop_background, shown), daemon=True).start()
 
-        say("Node agents with fake GPUs: 2 training servers, 3 inference servers, each inference server "
-            "running a small model server")
+        say("Starting node agents with fake GPUs: 2 training servers, 3 inference servers, each inference "
+            "server running a small model server")
         for hostname, gpus in TRAINING:
             start(stack, hostname, [str(BIN / "aryl-agent"), "--scheduler", address, "--hostname", hostname,
                                     "--pool", "training", "--fake-gpus", str(gpus), "--work-dir",
@@ -297,18 +326,19 @@ def run(workdir: Path) -> DemoOutcome:
                                     str(workdir / hostname)],
                   workdir, {**env, "ARYL_AGENT__INFERENCE_ENDPOINT": f"http://127.0.0.1:{port}"})
         wait_until(lambda: len(client.list_servers()) == len(TRAINING) + len(INFERENCE), 60, "all agents")
+        line(f"  {len(TRAINING) + len(INFERENCE)} agents registered")
 
-        say(f"aryl-router on http://127.0.0.1:{router_port}: follows the serving pool, {CAPACITY_RPS:g} req/s "
-            "per server, 20% headroom, turns traffic into demand")
+        say(f"Starting aryl-router on http://127.0.0.1:{router_port}: follows the serving pool, {CAPACITY_RPS:g} "
+            "req/s per server, 20% headroom, turns traffic into demand (before it has measured any, it asks "
+            "for the servers serving now)")
         start(stack, "router", [str(BIN / "aryl-router"), "--listen", f"127.0.0.1:{router_port}",
                                 "--scheduler", address, "--capacity-rps", str(CAPACITY_RPS), "--headroom", "0.2",
                                 "--min-servers", "1", "--scale-down-delay", "4", "--interval", "2"], workdir, env)
         traffic = Traffic(f"http://127.0.0.1:{router_port}")
         wait_until(lambda: _router_ready(router_port, len(INFERENCE)), 60, "the router to route to 3 servers")
-        stop_background = threading.Event()
-        stack.callback(stop_background.set)
-        names: dict[str, str] = {}
-        threading.Thread(target=timeline, args=(client, names, stop_background), daemon=True).start()
+        wait_until(lambda: client.get_demand().source.startswith("aryl-router"), 30, "the router's first demand")
+        # Its first report (made before any traffic) is shown here, not under the midday traffic.
+        wait_until(lambda: shown.caught_up(client), 30, "the timeline to catch up")
         threading.Thread(target=traffic.run, daemon=True).start()
         stack.callback(traffic.stop.set)
         threading.Thread(target=traffic_reporter, args=(traffic, client, stop_background), daemon=True).start()
@@ -396,7 +426,7 @@ def summarize(outcome: DemoOutcome, workdir: Path) -> None:
     print(f"   resnet50 grew to {outcome.resnet_scaled_out_to} workers on the loans and kept its progress across "
           f"resizes: {outcome.resnet_progress_before_reclaim:g} steps before the reclaim, "
           f"{outcome.jobs['resnet50'].progress:g} at the end")
-    print(f"   logs and database in {workdir}; demo took {time.monotonic() - CLOCK.start:.0f}s", flush=True)
+    print(f"   demo took {time.monotonic() - CLOCK.start:.0f}s", flush=True)
 
 
 def _router_ready(port: int, servers: int) -> bool:
@@ -420,12 +450,42 @@ def _stop_workers(workdir: Path) -> None:
                 continue
 
 
+def _processes_under(workdir: Path) -> bool:
+    """Is any live process (not a zombie) started with workdir in its environment? One could still
+    write a checkpoint or log there."""
+    needle = str(workdir).encode()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                if needle in Path(f"/proc/{entry}/environ").read_bytes() and \
+                        Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                    return True
+            except OSError:
+                continue
+    return False
+
+
+def _remove(workdir: Path) -> bool:
+    """Remove the demo's folder once nothing writes there any more; False if something still does."""
+    try:
+        wait_until(lambda: not _processes_under(workdir), 20, "the demo's workers to exit")
+    except TimeoutError:
+        return False
+    shutil.rmtree(workdir, ignore_errors=True)
+    return not workdir.exists()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Exit status (``aryl_common.entry``): 0 when the demo saw what it shows, 1 when it did not (or
     timed out), with one line on stderr (``--debug`` or ``ARYL_DEBUG=1`` adds a traceback)."""
     parser = argparse.ArgumentParser(prog="aryl-demo", description=__doc__.splitlines()[0])
     add_standard_flags(parser)
-    parser.add_argument("--workdir", type=Path, help="keep database and logs here (default: a fresh temp dir)")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the database, logs and checkpoints (default: removed at the end, unless the demo "
+                             "failed); the last line says where they are")
+    parser.add_argument("--workdir", type=Path,
+                        help="use and keep this folder, emptied first (default: a fresh aryl-demo-* folder in the "
+                             "temporary directory)")
     args = parser.parse_args(argv)
     return run_guarded("aryl-demo", lambda: _run_demo(args), debug=args.debug)
 
@@ -437,10 +497,21 @@ def _run_demo(args: argparse.Namespace) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     try:
         outcome = run(workdir)
-        return 0 if not outcome.requests_failed and not any(outcome.served_while_loaned.values()) else 1
     except TimeoutError as exc:
         _stop_workers(workdir)
-        raise FatalError(f"{exc}; see the logs in {workdir}") from exc
+        raise FatalError(f"{exc}; see the logs in {workdir}") from exc  # kept: they explain the failure
+    except BaseException:
+        _stop_workers(workdir)
+        print(f"logs and database kept in {workdir}", flush=True)
+        raise
+    ok = not outcome.requests_failed and not any(outcome.served_while_loaned.values())
+    if args.keep or args.workdir or not ok:
+        print(f"logs and database kept in {workdir}", flush=True)
+    elif _remove(workdir):
+        print(f"logs and database removed (they were in {workdir}); aryl-demo --keep keeps them", flush=True)
+    else:
+        print(f"logs and database left in {workdir}: a demo process still runs there", flush=True)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ class InferenceStore:
         if previous is None or previous.servers_needed != servers_needed:
             self._changes.event(
                 session, "DEMAND_CHANGED", reason="DEMAND_REPORTED",
-                message=f"inference needs {servers_needed} server(s) ({observed_rps:.1f} req/s, from {source})",
+                message=f"inference needs {servers_needed} server(s); {source} measured {observed_rps:.1f} req/s",
                 details={"servers_needed": str(servers_needed),
                          "previous": str(previous.servers_needed if previous else "")},
             )
