@@ -2,8 +2,16 @@
 
 Every command is a thin layer over :class:`arylctl.client.ArylClient`: it parses flags, makes
 one or a few calls, and prints the result as an aligned table (default), or as JSON/YAML
-(``-o json|yaml``: the protobuf messages as ``MessageToDict`` writes them, a list for list
-commands). It never decides anything and never retries.
+(``-o json|yaml``: the protobuf messages as ``MessageToDict`` writes them with the proto field
+names and every field, zero values included; a list for list commands). It never decides anything
+and never retries a call; the one exception is ``events --follow``, a stream meant to outlive a
+scheduler restart, which reconnects (with ``aryl_common.backoff.Backoff``) and resumes after the
+last event it printed.
+
+A job as ``-o json|yaml`` prints it (``arylctl job ID``, ``submit``, ``cancel``) is a valid
+``submit -f`` file: its ``spec`` is submitted, in the protobuf JSON spelling
+(``arylctl.client.normalize_job_spec_mapping``), and the job's read-only fields (``job_id``,
+``state``, ``events``, ...) are ignored with a note on stderr.
 
 Exit codes (those of every Aryl program, ``aryl_common.entry``): 0 success; 1 the server refused or
 failed (``error: <server message> (CODE)`` on stderr), or an unexpected error (a bug: one line,
@@ -21,6 +29,7 @@ Examples::
     arylctl submit -f job.yaml --priority 5
     arylctl jobs --state pending --state running
     arylctl events --job 42 --follow
+    arylctl job 42 -o yaml > job.yaml && arylctl submit -f job.yaml
     arylctl -o json cluster
 """
 
@@ -32,6 +41,7 @@ import itertools
 import json
 import os
 import sys
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, TextIO
@@ -43,14 +53,18 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from aryl_common.backoff import Backoff
 from aryl_common.entry import add_debug_flag, package_version, run_guarded
 from arylctl.client import (
     DEFAULT_ADDRESS,
     RESTART_POLICIES,
     ArylClient,
     ArylError,
+    DeadlineExceeded,
+    Unavailable,
     default_address,
     job_spec_from_mapping,
+    normalize_job_spec_mapping,
 )
 from protos.aryl.v1 import scheduler_pb2, types_pb2
 
@@ -61,6 +75,15 @@ PROG: Final = "arylctl"
 # quiet this long (the connection is established before the clock starts).
 EVENTS_IDLE_S: Final = 0.5
 LIST_ALL_PAGE_SIZE: Final = 1000  # the server's maximum; fewer round trips for --all
+# `events --follow` after losing its stream: the longest wait between reconnection attempts. It
+# retries until Ctrl-C: following is meant to outlive a scheduler restart or upgrade.
+EVENTS_RECONNECT_MAX_S: Final = 5.0
+# How a stream ends when its scheduler goes away (killed, restarted, stopped: its server cancels
+# open streams) rather than because the request is wrong.
+EVENTS_RECONNECT_CODES: Final = frozenset({
+    grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+})
 
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
@@ -148,7 +171,9 @@ def duration_text(duration: Duration) -> str:
 
 
 def to_dict(message: Message) -> dict[str, Any]:
-    return MessageToDict(message, preserving_proto_field_name=True)
+    # Every field, zero values included: a missing `priority` or `restarts` would read as "unknown".
+    # (Message fields that are not set, such as an absent deadline, still have no key.)
+    return MessageToDict(message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
 
 
 class Output:
@@ -288,9 +313,36 @@ _SUBMIT_FLAG_KEYS: Final = {
 }
 
 
-def submit_spec_mapping(args: argparse.Namespace) -> dict[str, Any]:
+READ_ONLY_NOTE_NAMES: Final = 4  # read-only keys named in the note about a job file; the rest counted
+
+
+def spec_of_file(data: Mapping[str, Any], path: str, note: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """The job spec keys of a spec file, which may also hold a whole job as ``-o json|yaml``
+    prints one: ``{job: {spec: ..., state: ...}, events: [...]}`` (``arylctl job``) or
+    ``{job_id: ..., spec: ..., state: ...}`` (``submit``/``cancel``). Of a job only the spec is
+    submitted; its read-only fields are ignored, with a note saying so."""
+    beside_job: list[str] = []
+    ignored: list[str] = []
+    if isinstance(data.get("job"), Mapping):
+        beside_job = [str(key) for key in data if key != "job"]
+        data = data["job"]
+    if isinstance(data.get("spec"), Mapping):
+        ignored = [str(key) for key in data if key != "spec"]
+        data = data["spec"]
+    ignored += beside_job  # the job's own fields first: job_id and state say what the file is
+    if ignored and note is not None:
+        named = ", ".join(ignored[:READ_ONLY_NOTE_NAMES])
+        more = f" and {len(ignored) - READ_ONLY_NOTE_NAMES} more" if len(ignored) > READ_ONLY_NOTE_NAMES else ""
+        note(f"note: {path} holds a job: submitting its spec, ignoring its read-only fields ({named}{more})")
+    try:
+        return normalize_job_spec_mapping(data)
+    except ValueError as exc:
+        raise UsageError(f"spec file {path}: {exc}") from exc
+
+
+def submit_spec_mapping(args: argparse.Namespace, note: Callable[[str], None] | None = None) -> dict[str, Any]:
     """The job spec keys from ``-f`` overlaid with the flags given (env entries merge per name)."""
-    data = _read_spec_file(args.file) if args.file else {}
+    data = spec_of_file(_read_spec_file(args.file), args.file, note) if args.file else {}
     for flag, key in _SUBMIT_FLAG_KEYS.items():
         value = getattr(args, flag)
         if value is not None:
@@ -319,7 +371,7 @@ def job_summary_table(job: types_pb2.Job) -> str:
 
 def cmd_submit(client: ArylClient, args: argparse.Namespace, out: Output) -> int:
     try:
-        spec = job_spec_from_mapping(submit_spec_mapping(args))
+        spec = job_spec_from_mapping(submit_spec_mapping(args, out.note))
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     job = client.submit_job(spec, idempotency_key=args.idempotency_key)
@@ -425,8 +477,12 @@ def cmd_logs(client: ArylClient, args: argparse.Namespace, out: Output) -> int:
         write("".join(lines[-args.tail:] if args.tail else []).encode())
         offset = chunk.next_offset
     if args.follow:
+        # Ends once the job has finished and its log is read to the end (a PENDING or PREEMPTED
+        # job may run again, so it is followed on), or with Ctrl-C.
         try:
-            for data in client.follow_job_log(args.job_id, rank=args.rank, offset=offset, poll_s=args.poll):
+            for data in client.follow_job_log(
+                args.job_id, rank=args.rank, offset=offset, poll_s=args.poll, until_finished=True
+            ):
                 write(data)
         except KeyboardInterrupt:
             pass
@@ -540,35 +596,81 @@ def cmd_loans(client: ArylClient, args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_events(client: ArylClient, args: argparse.Namespace, out: Output) -> int:
+    if args.follow:
+        return _follow_events(client, args, out)
     stream = client.watch_events(
-        after_event_id=args.since,
-        job_id=args.job,
-        server_id=args.server_filter,
-        idle_timeout=None if args.follow else EVENTS_IDLE_S,
+        after_event_id=args.since, job_id=args.job, server_id=args.server_id, idle_timeout=EVENTS_IDLE_S
     )
     with stream:
-        if not args.follow:
-            events = list(stream)
+        events = list(stream)
 
-            def table() -> str:
-                if not events:
-                    out.note(f"No events after event {args.since}.")
-                    return ""
-                return format_table(EVENT_HEADERS, [_event_row(e) for e in events])
+    def table() -> str:
+        if not events:
+            out.note(f"No events after event {args.since}.")
+            return ""
+        return format_table(EVENT_HEADERS, [_event_row(e) for e in events])
 
-            out.emit(events, table)
-            return EXIT_OK
-        try:
-            if out.fmt == "table":
-                print(_stream_line(EVENT_HEADERS, EVENT_STREAM_WIDTHS), file=out.stream, flush=True)
-            for event in stream:
-                if out.fmt == "table":
-                    print(_stream_line(_event_row(event), EVENT_STREAM_WIDTHS), file=out.stream, flush=True)
-                else:
-                    out.emit_stream_item(event)
-        except KeyboardInterrupt:
-            pass  # --follow ends with Ctrl-C; that is success
+    out.emit(events, table)
     return EXIT_OK
+
+
+def _follow_events(client: ArylClient, args: argparse.Namespace, out: Output) -> int:
+    """Stream events until Ctrl-C. A lost stream (the scheduler stopped, restarted or went out of
+    reach) is reopened after the last event printed, so a restart costs neither duplicates nor
+    gaps; one line on stderr says so. A scheduler unreachable at the start is an error (exit 3)."""
+    client.wait_until_connected()
+    after = args.since
+    backoff = Backoff.capped(EVENTS_RECONNECT_MAX_S)
+    current = client
+    announced = False  # the reconnection line of this outage is printed
+    try:
+        if out.fmt == "table":
+            print(_stream_line(EVENT_HEADERS, EVENT_STREAM_WIDTHS), file=out.stream, flush=True)
+        while True:
+            opened = time.monotonic()
+            try:
+                with current.watch_events(after_event_id=after, job_id=args.job, server_id=args.server_id) as stream:
+                    for event in stream:
+                        backoff.reset()
+                        announced = False
+                        if out.fmt == "table":
+                            print(_stream_line(_event_row(event), EVENT_STREAM_WIDTHS), file=out.stream, flush=True)
+                        else:
+                            out.emit_stream_item(event)
+                        after = event.event_id
+                lost = "the scheduler ended the stream"
+            except ArylError as exc:
+                if exc.code not in EVENTS_RECONNECT_CODES:
+                    raise
+                lost = f"{exc.message} ({exc.code.name})"
+            if time.monotonic() - opened > EVENTS_RECONNECT_MAX_S:
+                announced = False  # the stream was up: this is a new outage
+            if not announced:
+                out.note(f"{PROG}: lost the event stream from {current.address} ({lost}); reconnecting, "
+                         f"resuming after event {after} (Ctrl-C to stop)")
+                announced = True
+            current = _reconnect(current, backoff)
+    except KeyboardInterrupt:
+        pass  # --follow ends with Ctrl-C; that is success
+    finally:
+        if current is not client:
+            current.close()
+    return EXIT_OK
+
+
+def _reconnect(current: ArylClient, backoff: Backoff) -> ArylClient:
+    """A connected client to the same address, after as many backed-off attempts as it takes.
+
+    Each attempt is a new client: a fresh connection now, not gRPC's own reconnection schedule."""
+    while True:
+        time.sleep(backoff.next_delay())
+        current.close()
+        current = ArylClient(current.address, timeout=current.timeout)
+        try:
+            current.wait_until_connected()
+        except (Unavailable, DeadlineExceeded):
+            continue
+        return current
 
 
 def describe_explanation(response: scheduler_pb2.ExplainJobResponse) -> str:
@@ -720,19 +822,18 @@ def _int32(text: str) -> int:
     return value
 
 
-def _add_global_options(parser: argparse.ArgumentParser, *, defaults: bool, server: bool = True) -> None:
+def _add_global_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
     # Accepted before and after the subcommand. On subcommands the defaults are SUPPRESSed so
     # that an option left out there does not overwrite the one given before the subcommand.
     def default(value: object) -> object:
         return value if defaults else argparse.SUPPRESS
 
-    if server:
-        parser.add_argument(
-            "--server",
-            default=default(None),
-            metavar="HOST:PORT",
-            help=f"scheduler address (default: $ARYL_SERVER, else {DEFAULT_ADDRESS})",
-        )
+    parser.add_argument(
+        "--server",
+        default=default(None),
+        metavar="HOST:PORT",
+        help=f"scheduler address (default: $ARYL_SERVER, else {DEFAULT_ADDRESS})",
+    )
     parser.add_argument(
         "-o", "--output", choices=("table", "json", "yaml"), default=default("table"), help="output format"
     )
@@ -752,17 +853,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_global_options(parser, defaults=True)
     common = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     _add_global_options(common, defaults=False)
-    # `events --server ID` filters by server, so there the address goes before the subcommand.
-    common_without_server = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    _add_global_options(common_without_server, defaults=False, server=False)
     commands = parser.add_subparsers(dest="command_name", metavar="COMMAND", required=True)
 
-    def add(
-        name: str, handler: Callable[..., int] | None, help_text: str, *, parent: argparse.ArgumentParser = common,
-        **kwargs: Any,
-    ) -> argparse.ArgumentParser:
+    def add(name: str, handler: Callable[..., int] | None, help_text: str, **kwargs: Any) -> argparse.ArgumentParser:
         sub = commands.add_parser(
-            name, help=help_text, description=help_text, parents=[parent], allow_abbrev=False, **kwargs
+            name, help=help_text, description=help_text, parents=[common], allow_abbrev=False, **kwargs
         )
         if handler is not None:
             sub.set_defaults(handler=handler)
@@ -821,18 +916,18 @@ def build_parser() -> argparse.ArgumentParser:
         "events",
         cmd_events,
         "show the event log",
-        parent=common_without_server,
         epilog=(
             "Replays the events after --since (default 0: the whole log). Without --follow it stops once "
             f"the log has been quiet for {EVENTS_IDLE_S:g}s (caught up); with --follow it keeps streaming "
             "new events until Ctrl-C (-o json then prints one JSON object per line, -o yaml one document "
-            "per event). The scheduler address goes before the subcommand here: "
-            f"{PROG} --server HOST:PORT events --server SERVER_ID."
+            "per event). A followed stream that loses its scheduler (a restart) says so on stderr and "
+            f"reconnects, waiting up to {EVENTS_RECONNECT_MAX_S:g}s between attempts, until Ctrl-C; it "
+            "resumes after the last event it printed, so nothing is printed twice or skipped."
         ),
     )
     events.add_argument("--job", default="", metavar="ID", help="only this job's events")
-    events.add_argument("--server", dest="server_filter", default="", metavar="ID", help="only this server's events")
-    events.add_argument("-f", "--follow", action="store_true", help="keep streaming new events")
+    events.add_argument("--server-id", default="", metavar="ID", help="only this server's events")
+    events.add_argument("-f", "--follow", action="store_true", help="keep streaming new events (reconnecting)")
     events.add_argument("--since", type=_count, default=0, metavar="EVENT_ID", help="replay events after this id")
 
     add("explain", cmd_explain, "why a job is pending or was preempted").add_argument("job_id", metavar="ID")
@@ -843,7 +938,9 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("job_id", metavar="ID")
     logs.add_argument("--rank", type=_uint32, default=0, metavar="N", help="which worker (default 0)")
     logs.add_argument("--tail", type=_count, metavar="LINES", help="only the last LINES lines")
-    logs.add_argument("-f", "--follow", action="store_true", help="keep printing new output until Ctrl-C")
+    logs.add_argument("-f", "--follow", action="store_true",
+                      help="keep printing new output until the job has finished (or Ctrl-C); a pending or "
+                           "preempted job is followed on, since it may run again")
     logs.add_argument("--poll", type=_positive, default=1.0, metavar="SECONDS", help=argparse.SUPPRESS)
     add("reclaim-preview", cmd_reclaim_preview,
         "dry run: what reclaiming N loaned servers would do now").add_argument("servers", type=_uint32, metavar="N")

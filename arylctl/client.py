@@ -71,6 +71,7 @@ from protos.aryl.v1 import (
 __all__ = [
     "DEFAULT_ADDRESS",
     "MAX_MESSAGE_BYTES",
+    "TERMINAL_JOB_STATES",
     "Aborted",
     "AlreadyExists",
     "ArylClient",
@@ -85,9 +86,13 @@ __all__ = [
     "default_address",
     "job_spec",
     "job_spec_from_mapping",
+    "normalize_job_spec_mapping",
 ]
 
 DEFAULT_ADDRESS: Final = "127.0.0.1:50051"
+TERMINAL_JOB_STATES: Final = frozenset(
+    {types_pb2.JOB_STATE_COMPLETED, types_pb2.JOB_STATE_FAILED, types_pb2.JOB_STATE_CANCELLED}
+)
 SERVER_ENV_VAR: Final = "ARYL_SERVER"
 # Same as the server's default (scheduler_service.config.ServerConfig.max_message_bytes): a
 # ListJobs page of 1000 jobs with long commands and env must not trip gRPC's 4 MiB default.
@@ -281,6 +286,10 @@ class ArylClient:
         self._channel = grpc.insecure_channel(
             self.address,
             options=[
+                # A connection of its own, not one shared with other channels to the same address:
+                # a new client then really tries to connect (``arylctl events -f`` reconnects with
+                # its own backoff) instead of inheriting a shared connection's backoff (up to 2 min).
+                ("grpc.use_local_subchannel_pool", 1),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ],
@@ -386,18 +395,31 @@ class ArylClient:
 
     def follow_job_log(
         self, job_id: str, *, rank: int = 0, offset: int = 0, poll_s: float = 1.0,
-        stop: threading.Event | None = None,
+        stop: threading.Event | None = None, until_finished: bool = False,
     ) -> Iterator[bytes]:
         """Yield the log from ``offset`` on, then new output as it is written, until ``stop`` is set
-        (or forever). Polls with the offset, so nothing is read twice or skipped."""
+        (or forever). Polls with the offset, so nothing is read twice or skipped.
+
+        With ``until_finished`` it also ends once the job is in a terminal state (COMPLETED,
+        FAILED, CANCELLED) and the log has no more bytes: each time it reaches the end of the log
+        it asks for the job's state, and a finished job's log is read to its end once more (the
+        output written between the last read and the state check) before returning. A PENDING or
+        PREEMPTED job may run again, so it is followed on."""
         stop = stop or threading.Event()
+        finished = False
         while not stop.is_set():
             chunk = self.read_job_log(job_id, rank=rank, offset=offset)
             if chunk.data:
                 yield chunk.data
             offset = chunk.next_offset
-            if chunk.next_offset >= chunk.size:
-                stop.wait(poll_s)
+            if chunk.next_offset < chunk.size:
+                continue
+            if finished:
+                return  # at the end of the log, read after the job had finished: nothing can follow
+            if until_finished and self.get_job(job_id).job.state in TERMINAL_JOB_STATES:
+                finished = True  # one more read: output written since this chunk was read
+                continue
+            stop.wait(poll_s)
 
     # -- events --------------------------------------------------------------------------------
 
@@ -420,13 +442,16 @@ class ArylClient:
         if after_event_id is not None:
             request.after_event_id = after_event_id
         if idle_timeout is not None:
-            self._wait_until_connected()
+            self.wait_until_connected()
         call = self._scheduler.WatchEvents(request)
         return EventStream(call, idle_timeout=idle_timeout, client_closed=self._closed)
 
-    def _wait_until_connected(self) -> None:
+    def wait_until_connected(self) -> None:
         """Block until the channel is connected; fail as fast as a unary call would when the
-        first connection attempt fails (a refused port must not cost the whole timeout)."""
+        first connection attempt fails (a refused port must not cost the whole timeout).
+
+        Raises :class:`Unavailable` (the attempt failed) or :class:`DeadlineExceeded` (no answer
+        within the client's ``timeout``)."""
         settled = threading.Event()
         states: list[grpc.ChannelConnectivity] = []
         connectivity = grpc.ChannelConnectivity
@@ -702,6 +727,75 @@ _SPEC_KEYS: Final[Mapping[str, Any]] = {
 }
 SPEC_KEYS: Final = tuple(_SPEC_KEYS)
 _REQUIRED_SPEC_KEYS: Final = ("name", "command")
+_RESTART_POLICY_PREFIX: Final = "RESTART_POLICY_"
+# The protobuf JSON spelling of a JobSpec's nested throughput hints -> job_spec's flat keys.
+_THROUGHPUT_KEYS: Final = {
+    "estimated_runtime": "estimated_runtime_s",
+    "points": "throughput_points",
+    "total_work": "total_work",
+}
+
+
+def _proto_duration(key: str, value: object) -> float:
+    """A protobuf JSON duration (``"3600s"``, ``"1.500s"``) or a plain number, in seconds."""
+    seconds = _float(value[:-1] if isinstance(value, str) and value.endswith("s") else value)
+    if seconds is None:
+        raise ValueError(f"job spec key {key!r}: expected a duration like '3600s', got {value!r}")
+    return seconds
+
+
+def _proto_points(key: str, value: object) -> dict[int, object]:
+    """``[{workers: 2, samples_per_second: 790.0}, ...]`` (protobuf JSON) -> ``{2: 790.0, ...}``."""
+    if isinstance(value, Mapping):  # already job_spec's form
+        return dict(value)
+    if not isinstance(value, list) or not all(isinstance(point, Mapping) for point in value):
+        raise ValueError(f"job spec key {key!r}: expected a list of {{workers, samples_per_second}}, got {value!r}")
+    return {point.get("workers", 0): point.get("samples_per_second", 0.0) for point in value}
+
+
+def _set_once(out: dict[str, Any], key: str, value: object, spelled: str) -> None:
+    if out.get(key) is not None:
+        raise ValueError(f"job spec keys {key!r} and {spelled!r} say the same thing; give one")
+    out[key] = value
+
+
+def normalize_job_spec_mapping(data: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` with the protobuf JSON spellings of a JobSpec turned into :func:`job_spec`'s keys.
+
+    What ``arylctl -o json|yaml`` prints for a job's ``spec`` (``MessageToDict`` with the proto
+    field names) is thereby a valid spec file: ``max_runtime: 3600s`` becomes ``max_runtime_s``;
+    ``throughput: {estimated_runtime, points: [{workers, samples_per_second}], total_work}``
+    becomes ``estimated_runtime_s``, ``throughput_points`` and ``total_work``; and
+    ``restart_policy: RESTART_POLICY_ON_FAILURE`` becomes ``on_failure`` (``..._UNSPECIFIED``:
+    the default). Other keys are left as they are. Raises ``ValueError`` when both spellings of
+    one value are given.
+    """
+    out = dict(data)
+    if "max_runtime" in out:
+        value = out.pop("max_runtime")
+        if value is not None:
+            _set_once(out, "max_runtime_s", _proto_duration("max_runtime", value), "max_runtime")
+    throughput = out.pop("throughput", None)
+    if throughput is not None:
+        if not isinstance(throughput, Mapping):
+            raise ValueError(f"job spec key 'throughput': expected a mapping, got {throughput!r}")
+        unknown = sorted(str(key) for key in throughput if key not in _THROUGHPUT_KEYS)
+        if unknown:
+            raise ValueError(f"unknown job spec key 'throughput.{unknown[0]}'; valid: {', '.join(_THROUGHPUT_KEYS)}")
+        for sub, key in _THROUGHPUT_KEYS.items():
+            value = throughput.get(sub)
+            if value is None:
+                continue
+            if sub == "estimated_runtime":
+                value = _proto_duration("throughput.estimated_runtime", value)
+            elif sub == "points":
+                value = _proto_points("throughput.points", value)
+            _set_once(out, key, value, f"throughput.{sub}")
+    policy = out.get("restart_policy")
+    if isinstance(policy, str) and policy.upper().startswith(_RESTART_POLICY_PREFIX):
+        name = policy[len(_RESTART_POLICY_PREFIX):].lower()
+        out["restart_policy"] = None if name == "unspecified" else name
+    return out
 
 
 def job_spec_from_mapping(data: Mapping[str, Any]) -> types_pb2.JobSpec:
@@ -718,12 +812,16 @@ def job_spec_from_mapping(data: Mapping[str, Any]) -> types_pb2.JobSpec:
         throughput_points: {1: 410.0, 2: 790.0, 4: 1500.0}
         total_work: 1.2e7
 
+    The protobuf JSON spellings of the same fields (what ``arylctl -o json|yaml`` prints for a
+    job's spec) are accepted too: see :func:`normalize_job_spec_mapping`.
+
     Raises ``ValueError`` naming the key for an unknown key (a typo must not silently fall back
     to a default), a missing ``name``/``command``, or a value of the wrong type. A key set to
     null means "use the default".
     """
     if not isinstance(data, Mapping):
         raise ValueError(f"a job spec must be a mapping of keys to values, got {type(data).__name__}")
+    data = normalize_job_spec_mapping(data)
     unknown = sorted(str(key) for key in data if key not in _SPEC_KEYS)
     if unknown:
         raise ValueError(

@@ -67,8 +67,9 @@ def test_global_options_go_before_or_after_the_subcommand(monkeypatch: pytest.Mo
     assert (after.server, after.output, after.timeout) == ("a:1", "json", 3.0)
     plain = parse_args(["jobs"])
     assert (plain.server, plain.output, plain.timeout) == (None, "table", 10.0)
-    events = parse_args(["--server", "a:1", "events", "--server", "node-3"])  # there: a filter
-    assert (events.server, events.server_filter) == ("a:1", "node-3")
+    # --server is the scheduler address for every command, events included; the filter is --server-id.
+    events = parse_args(["events", "--server", "a:1", "--server-id", "node-3"])
+    assert (events.server, events.server_id) == ("a:1", "node-3")
 
 
 def test_jobs_state_filters_accept_repeats_and_commas() -> None:
@@ -229,6 +230,63 @@ def test_submit_via_json_file(ctl, tmp_path: Path) -> None:
     spec_file = tmp_path / "job.json"
     spec_file.write_text(json.dumps({"name": "from-json", "command": ["true"], "throughput_points": {"1": 5}}))
     assert submit_json(ctl, "-f", str(spec_file))["spec"]["name"] == "from-json"
+
+
+def test_json_and_yaml_print_zero_values(ctl) -> None:
+    job = submit_json(ctl, "--name", "zeros", "--priority", "0", "--", "true")
+    assert (job["spec"]["priority"], job["spec"]["max_restarts"], job["restarts"], job["num_workers"]) == (0, 0, 0, 0)
+    code, out, _ = ctl("-o", "yaml", "job", job["job_id"])
+    assert code == 0
+    described = yaml.safe_load(out)["job"]
+    assert (described["preemptions"], described["spec"]["env"], described["pending_reason"]) == (0, {}, "")
+    assert "deadline" not in described["spec"]  # an unset message field is absent, not a zero
+
+
+@pytest.mark.parametrize("fmt", ["yaml", "json"])
+def test_a_job_printed_with_o_is_a_submit_file(ctl, tmp_path: Path, fmt: str) -> None:
+    original = submit_json(
+        ctl, "--name", "again", "--user", "ada", "--queue", "nlp", "--gpus-per-worker", "2", "--min-workers", "1",
+        "--max-workers", "3", "--priority", "0", "--env", "A=1", "--deadline", "2030-01-31T18:00:00Z",
+        "--max-runtime", "7200.5", "--restart-policy", "on_failure", "--max-restarts", "2",
+        "--estimated-runtime", "600", "--", "python", "train.py",
+    )
+    code, printed, _ = ctl("-o", fmt, "job", original["job_id"])
+    assert code == 0
+    spec_file = tmp_path / f"job.{fmt}"
+    spec_file.write_text(printed)
+
+    code, out, err = ctl("-o", "json", "submit", "-f", str(spec_file))
+    assert code == 0, err
+    assert f"note: {spec_file} holds a job: submitting its spec, ignoring its read-only fields (job_id, " in err
+    copy = json.loads(out)
+    assert copy["job_id"] != original["job_id"]
+    assert copy["spec"] == original["spec"]
+
+    # What `submit -o` prints round-trips too, and flags still override the file's values.
+    spec_file.write_text(json.dumps(copy) if fmt == "json" else yaml.safe_dump(copy))
+    overridden = submit_json(ctl, "-f", str(spec_file), "--max-runtime", "60", "--restart-policy", "never")
+    assert (overridden["spec"]["max_runtime"], overridden["spec"]["restart_policy"]) == ("60s", "RESTART_POLICY_NEVER")
+    assert {**overridden["spec"], "max_runtime": "", "restart_policy": ""} == {
+        **original["spec"], "max_runtime": "", "restart_policy": ""}
+
+
+def test_a_spec_in_both_spellings_is_refused(ctl, tmp_path: Path) -> None:
+    spec_file = tmp_path / "job.yaml"
+    spec_file.write_text("name: n\ncommand: [true]\nmax_runtime: 60s\nmax_runtime_s: 60\n")
+    code, _, err = ctl("submit", "-f", str(spec_file))
+    assert code == 2
+    assert "'max_runtime_s' and 'max_runtime' say the same thing" in err
+
+
+def test_events_filter_by_server_id_and_server_stays_the_address(ctl, scheduler) -> None:
+    register_fake_server(scheduler.address, "train-1", gpus=1)
+    register_fake_server(scheduler.address, "train-2", gpus=1)
+    # --server after the subcommand is the scheduler's address here as everywhere (ctl gave another first).
+    code, out, err = ctl("--server", closed_address(), "-o", "json", "events", "--server", scheduler.address,
+                         "--server-id", "train-2")
+    assert code == 0, err
+    events = json.loads(out)
+    assert events and {e["server_id"] for e in events} == {"train-2"}
 
 
 def test_jobs_table_json_yaml_and_filters(ctl) -> None:
