@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import getpass
 import json
+import re
 from collections.abc import Iterator
 
 import grpc
@@ -158,6 +159,28 @@ def test_job_spec_from_json_mapping_accepts_string_worker_counts_and_iso_deadlin
     spec = job_spec_from_mapping(data)
     assert [(p.workers, p.samples_per_second) for p in spec.throughput.points] == [(1, 6.0), (2, 10.0)]
     assert spec.deadline.ToDatetime(tzinfo=dt.UTC) == dt.datetime(2030, 1, 31, 18, tzinfo=dt.UTC)
+
+
+def test_job_spec_from_mapping_takes_the_protobuf_json_spelling_of_a_spec() -> None:
+    from google.protobuf.json_format import MessageToDict
+
+    spec = job_spec(
+        name="j", command=["python", "t.py"], user="ada", gpus_per_worker=2, min_workers=1, max_workers=4,
+        priority=0, env={"A": "1"}, deadline=dt.datetime(2030, 1, 31, 18, tzinfo=dt.UTC), max_runtime_s=7200.25,
+        restart_policy="never", max_restarts=0, estimated_runtime_s=600, throughput_points={1: 5.0, 2: 9.5},
+        total_work=1e6,
+    )
+    printed = MessageToDict(spec, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    assert printed["max_runtime"] == "7200.250s" and printed["restart_policy"] == "RESTART_POLICY_NEVER"
+    assert job_spec_from_mapping(json.loads(json.dumps(printed))) == spec
+    assert job_spec_from_mapping(yaml.safe_load(yaml.safe_dump(printed))) == spec
+    unspecified = job_spec_from_mapping(
+        {"name": "j", "command": ["true"], "restart_policy": "RESTART_POLICY_UNSPECIFIED"})
+    assert unspecified.restart_policy == types_pb2.RESTART_POLICY_ON_FAILURE  # unspecified: the default
+    with pytest.raises(ValueError, match=re.escape("'throughput.speed'")):
+        job_spec_from_mapping({"name": "j", "command": ["true"], "throughput": {"speed": 1}})
+    with pytest.raises(ValueError, match=re.escape("'total_work' and 'throughput.total_work' say the same thing")):
+        job_spec_from_mapping({"name": "j", "command": ["true"], "total_work": 1, "throughput": {"total_work": 2}})
 
 
 def test_job_spec_from_mapping_null_means_default() -> None:
