@@ -31,8 +31,13 @@ class AgentSection(ConfigSection):
         default_factory=socket.gethostname, min_length=1, description="this server's name; becomes its server_id"
     )
     pool: Literal["training", "inference"] = Field("training", description="the pool this server belongs to")
+    # A host name or IPv4 address without a port: the agent appends its log port to it, and it is
+    # the workers' MASTER_ADDR as it stands ("10.0.0.7:50052" or "::1" would make neither work).
     advertise_address: str = Field(
-        "", description="address workers of other servers use to reach this one (MASTER_ADDR); empty: the hostname"
+        "",
+        pattern=r"^([A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?)?$",
+        description="host name or IPv4 address (no port) where the scheduler reads this server's worker logs "
+        "and other servers' workers reach it (MASTER_ADDR); empty: the hostname (--advertise-address)",
     )
     rpc_timeout_s: float = Field(5.0, gt=0, description="deadline of every unary call to the scheduler")
     reconnect_max_backoff_s: float = Field(10.0, gt=0, description="cap of the reconnect backoff")

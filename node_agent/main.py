@@ -1,7 +1,11 @@
 """``aryl-agent``: the node agent daemon, one per GPU server.
 
-    aryl-agent [--config FILE] [--scheduler HOST:PORT] [--hostname NAME] [--pool training|inference]
-               [--fake-gpus N | --gpu-backend auto|nvml|fake] [--work-dir DIR]
+    aryl-agent [--config FILE] [--scheduler HOST:PORT] [--hostname NAME] [--advertise-address HOST]
+               [--pool training|inference] [--fake-gpus N | --gpu-backend auto|nvml|fake] [--work-dir DIR]
+
+``--hostname`` is the server's name (its server id); ``--advertise-address`` is where others reach
+it: the scheduler reads worker logs there and workers of a job get it as ``MASTER_ADDR``. Without
+it the hostname is used, which must then resolve on the scheduler and on every other server.
 
 Workers keep running when the agent stops (SIGTERM/SIGINT): the next agent started with the same
 work directory adopts them, so upgrading the agent does not interrupt training. Set
@@ -35,6 +39,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--config", help="TOML or YAML config file (default: $ARYL_CONFIG)")
     parser.add_argument("--scheduler", metavar="HOST:PORT", help="scheduler address (agent.scheduler_address)")
     parser.add_argument("--hostname", help="this server's name, its server_id (agent.hostname)")
+    parser.add_argument(
+        "--advertise-address", metavar="HOST",
+        help="address (IP or DNS name) the scheduler and other servers' workers use to reach this server: "
+        "its log service and MASTER_ADDR (agent.advertise_address; default: the hostname)",
+    )
     parser.add_argument("--pool", choices=["training", "inference"], help="agent.pool")
     parser.add_argument("--work-dir", metavar="DIR", help="worker logs, state and checkpoints (agent.work_dir)")
     gpus = parser.add_mutually_exclusive_group()
@@ -50,6 +59,7 @@ def cli_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         for key, value in (
             ("scheduler_address", args.scheduler),
             ("hostname", args.hostname),
+            ("advertise_address", args.advertise_address),
             ("pool", args.pool),
             ("work_dir", args.work_dir),
         )

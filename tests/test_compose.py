@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -170,6 +171,51 @@ def dependency_problems(compose: dict[str, Any]) -> list[str]:
     return problems
 
 
+_VARIABLE = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>[^}]*))?\}")
+
+
+def interpolate(value: str, env: dict[str, str]) -> str:
+    """Compose's ``${VAR}`` / ``${VAR:-default}`` (the default also when VAR is set but empty)."""
+    return _VARIABLE.sub(lambda m: env.get(m["name"]) or (m["default"] or ""), value)
+
+
+def published_ports(service: dict[str, Any], env: dict[str, str]) -> list[tuple[str, str, str]]:
+    """``(host address, host port, container port)`` per published port; host address "" when the
+    entry names none (Docker then listens on every interface)."""
+    bindings = []
+    for entry in service.get("ports", []):
+        if isinstance(entry, dict):  # long syntax
+            bindings.append((str(entry.get("host_ip", "")), str(entry.get("published", "")), str(entry["target"])))
+            continue
+        parts = interpolate(str(entry), env).split("/")[0].rsplit(":", 2)
+        host_ip, host_port, target = [""] * (3 - len(parts)) + parts
+        bindings.append((host_ip.strip("[]"), host_port, target))
+    return bindings
+
+
+# Who may be reached from outside the host, where, and which variable moves it (see the top of
+# docker-compose.yml): the scheduler's unauthenticated control API on loopback, the router (the
+# inference clients' front door, with no control over jobs) on every interface; nothing else.
+PUBLISHED = {
+    "scheduler": ("ARYL_PUBLISH_ADDRESS", "127.0.0.1", "50051"),
+    "router": ("ARYL_ROUTER_PUBLISH_ADDRESS", "0.0.0.0", "8080"),
+}
+
+
+def port_binding_problems(compose: dict[str, Any], env: dict[str, str]) -> list[str]:
+    problems = []
+    for name, svc in compose["services"].items():
+        bindings = published_ports(svc, env)
+        if name not in PUBLISHED:
+            problems += [f"{name}: publishes {b}; only {sorted(PUBLISHED)} may" for b in bindings]
+            continue
+        variable, default, port = PUBLISHED[name]
+        expected = [(env.get(variable) or default, port, port)]
+        if bindings != expected:
+            problems.append(f"{name}: publishes {bindings}, expected {expected} ({variable}={env.get(variable)!r})")
+    return problems
+
+
 def dockerfile_problems(dockerfile: str, dockerignore: str) -> list[str]:
     lines = [line.strip() for line in dockerfile.splitlines() if line.strip() and not line.lstrip().startswith("#")]
     instructions = [(line.split(None, 1)[0].upper(), line.split(None, 1)[1] if " " in line else "") for line in lines]
@@ -245,6 +291,21 @@ def test_daemons_point_at_the_services_they_need() -> None:
     postgres = environment(services["postgres"])
     user, password, db = postgres["POSTGRES_USER"], postgres["POSTGRES_PASSWORD"], postgres["POSTGRES_DB"]
     assert scheduler_env["ARYL_DATABASE__URL"] == f"postgresql+psycopg2://{user}:{password}@postgres:5432/{db}"
+
+
+def test_scheduler_is_published_on_loopback_and_the_router_for_clients() -> None:
+    compose = load_compose()
+    assert published_ports(compose["services"]["scheduler"], {}) == [("127.0.0.1", "50051", "50051")]
+    assert published_ports(compose["services"]["router"], {}) == [("0.0.0.0", "8080", "8080")]
+    assert port_binding_problems(compose, {}) == []
+    # The documented variables move each binding, and only its own.
+    moved = {"ARYL_PUBLISH_ADDRESS": "10.0.0.5", "ARYL_ROUTER_PUBLISH_ADDRESS": "127.0.0.1"}
+    assert published_ports(compose["services"]["scheduler"], moved) == [("10.0.0.5", "50051", "50051")]
+    assert published_ports(compose["services"]["router"], moved) == [("127.0.0.1", "8080", "8080")]
+    assert port_binding_problems(compose, moved) == []
+    assert published_ports(compose["services"]["router"], {"ARYL_PUBLISH_ADDRESS": "10.0.0.5"})[0][0] == "0.0.0.0"
+    header = COMPOSE.read_text().split("services:", 1)[0]
+    assert "ARYL_PUBLISH_ADDRESS" in header and "ARYL_ROUTER_PUBLISH_ADDRESS" in header
 
 
 def test_image_installs_the_project() -> None:
@@ -358,6 +419,25 @@ def test_dependency_checker_rejects_a_scheduler_that_does_not_wait() -> None:
 
     assert dependency_problems(broken(started_only))
     assert dependency_problems(broken(no_healthcheck))
+
+
+@pytest.mark.parametrize(
+    ("service", "ports"),
+    [
+        ("scheduler", ["50051:50051"]),  # every interface, implicitly
+        ("scheduler", ["0.0.0.0:50051:50051"]),
+        ("scheduler", [{"target": 50051, "published": 50051}]),
+        ("scheduler", ["${ARYL_PUBLISH_ADDRESS:-0.0.0.0}:50051:50051"]),
+        ("router", ["127.0.0.1:8080:8080"]),  # ignores its variable's default
+        ("postgres", ["5432:5432"]),
+        ("agent-train-1", ["127.0.0.1:50052:50052"]),
+    ],
+)
+def test_port_checker_rejects_other_bindings(service: str, ports: list[Any]) -> None:
+    def publish(c: dict[str, Any]) -> None:
+        c["services"][service]["ports"] = ports
+
+    assert port_binding_problems(broken(publish), {})
 
 
 @pytest.mark.parametrize(

@@ -121,8 +121,12 @@ RESERVED_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"
 JOB_STATES = range(1, 8)  # JOB_STATE_PENDING .. JOB_STATE_CANCELLED
 
 
+# C0, DEL, C1 and the bidirectional overrides/isolates (validation.py's character rule).
+BIDI_CONTROLS = "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+
+
 def has_control(value: str) -> bool:
-    return any(ord(c) < 32 or ord(c) == 127 for c in value)
+    return any(ord(c) < 32 or 127 <= ord(c) < 160 or c in BIDI_CONTROLS for c in value)
 
 
 def is_text(value: str, max_len: int, *, required: bool = False, pattern: re.Pattern[str] | None = None) -> bool:
@@ -153,8 +157,10 @@ INT64 = wide(-(2**63), 2**63 - 1)
 UINT64 = wide(0, 2**64 - 1)
 DOUBLES = st.floats()  # NaN, infinities, negatives, -0.0, subnormals, huge
 FLOATS32 = st.floats(width=32)
-PRINTABLE = st.characters(exclude_categories=("Cc", "Cs"))
-CONTROL_CHARS = st.sampled_from(["\x00", "\x01", "\t", "\n", "\r", "\x1b", "\x7f"])
+PRINTABLE = st.characters(exclude_categories=("Cc", "Cs"), exclude_characters=BIDI_CONTROLS)
+# What a command argument or environment value may hold: printable text, tab, newline, CR.
+DATA = st.characters(exclude_categories=("Cc", "Cs"), exclude_characters=BIDI_CONTROLS, include_characters="\t\n\r")
+CONTROL_CHARS = st.sampled_from(["\x00", "\x01", "\t", "\n", "\r", "\x1b", "\x7f", "\x9b", "\u202e", "\u2066"])
 WITH_CONTROL = st.tuples(st.text(PRINTABLE, max_size=6), CONTROL_CHARS, st.text(max_size=6)).map("".join)
 IDENTS = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,15}", fullmatch=True)
 HOSTNAMES = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,15}", fullmatch=True)
@@ -333,11 +339,11 @@ def valid_specs(draw: st.DrawFn, *, small: bool = False) -> types_pb2.JobSpec:
         user=draw(IDENTS),
         queue=draw(st.just("") | IDENTS),
         command=[draw(st.text(PRINTABLE, min_size=1, max_size=20)),
-                 *draw(st.lists(st.text(st.characters(exclude_characters="\x00"), max_size=16), max_size=4))],
+                 *draw(st.lists(st.text(DATA, max_size=16), max_size=4))],
         env=draw(st.dictionaries(
             st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,11}", fullmatch=True).filter(
                 lambda k: k not in RESERVED_ENV and not k.startswith("ARYL_")),
-            st.text(st.characters(exclude_characters="\x00"), max_size=16), max_size=3)),
+            st.text(DATA, max_size=16), max_size=3)),
         gpus_per_worker=draw(st.integers(1, 4) if small else st.one_of(st.integers(1, 8), st.just(64))),
         min_workers=low,
         max_workers=draw(st.just(0) | st.integers(low, min(low + 2, 4096))),

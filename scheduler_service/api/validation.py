@@ -53,17 +53,44 @@ RESTART_POLICIES: dict[int, str] = {
 }
 
 
+# The character rule. Names and identifiers (a job's name, user and queue, environment variable
+# names, and every other short text field checked by ``text``) are shown to other people in
+# terminals, tables and logs, so they may contain none of: C0 controls (U+0000-U+001F, tab and
+# newline included), DEL (U+007F), C1 controls (U+0080-U+009F; U+009B is a one-byte ESC [ to many
+# terminals) and the Unicode bidirectional overrides, embeddings and isolates (U+202A-U+202E,
+# U+2066-U+2069), which make a string display in a different order from what it holds
+# ("Trojan Source"). Command arguments and environment VALUES are data handed to the program:
+# they may hold tab, newline and carriage return (a `bash -c` or `python -c` script, a PEM key),
+# and nothing else from that list (NUL cannot pass execve; a raw ESC or bidi control in a command
+# line only serves to make it display differently from what runs: a program that needs one can
+# write it as an escape, e.g. printf '\033'). Output (arylctl) escapes what it prints as well.
+_BIDI_CONTROLS = "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+_CONTROLS = "".join(chr(c) for c in (*range(0x20), *range(0x7F, 0xA0))) + _BIDI_CONTROLS
+CONTROL_CHARS = re.compile(f"[{re.escape(_CONTROLS)}]")
+# The same set less tab, newline and carriage return: for command arguments and environment values.
+DATA_CONTROL_CHARS = re.compile(f"[{re.escape(_CONTROLS.translate({9: None, 10: None, 13: None}))}]")
+
+
+def _refuse_controls(field: str, value: str, pattern: re.Pattern[str], allowed: str = "") -> None:
+    found = pattern.search(value)
+    if found is not None:
+        raise InvalidArgument(
+            field, f"must not contain control or bidirectional-override characters{allowed} "
+            f"(found U+{ord(found.group()):04X} at position {found.start()})",
+        )
+
+
 def text(field: str, value: str, *, max_len: int, required: bool = False, pattern: re.Pattern[str] | None = None,
          hint: str = "") -> str:
-    """A printable string: no control characters (PostgreSQL refuses NUL), bounded length."""
+    """A printable string: none of ``CONTROL_CHARS`` (PostgreSQL refuses NUL; the rest display
+    misleadingly), bounded length."""
     if not value:
         if required:
             raise InvalidArgument(field, "is required")
         return value
     if len(value) > max_len:
         raise InvalidArgument(field, f"must be at most {max_len} characters (got {len(value)})")
-    if any(ord(c) < 32 or ord(c) == 127 for c in value):
-        raise InvalidArgument(field, "must not contain control characters")
+    _refuse_controls(field, value, CONTROL_CHARS)
     if pattern is not None and not pattern.fullmatch(value):
         raise InvalidArgument(field, f"{value!r} is not valid{': ' + hint if hint else ''}")
     return value
@@ -148,6 +175,9 @@ def _spec_size(spec: types_pb2.JobSpec) -> None:
     )
 
 
+_DATA_ALLOWED = " other than tab, newline and carriage return"
+
+
 def job_submission(spec: types_pb2.JobSpec, idempotency_key: str, *, now: float) -> JobSubmission:
     # First: it bounds the work every other check does.
     _spec_size(spec)
@@ -162,17 +192,21 @@ def job_submission(spec: types_pb2.JobSpec, idempotency_key: str, *, now: float)
         raise InvalidArgument("spec.command", f"must have at most {MAX_ARGS} arguments")
     text("spec.command[0]", spec.command[0], max_len=MAX_ARG_LEN, required=True)
     for i, arg in enumerate(spec.command):
-        if len(arg) > MAX_ARG_LEN or "\x00" in arg:
-            raise InvalidArgument(f"spec.command[{i}]", f"must be at most {MAX_ARG_LEN} characters, without NUL")
+        if len(arg) > MAX_ARG_LEN:
+            raise InvalidArgument(f"spec.command[{i}]", f"must be at most {MAX_ARG_LEN} characters")
+        _refuse_controls(f"spec.command[{i}]", arg, DATA_CONTROL_CHARS, _DATA_ALLOWED)
     if len(spec.env) > MAX_ENV:
         raise InvalidArgument("spec.env", f"must have at most {MAX_ENV} variables")
     for key, value in spec.env.items():
+        # repr() writes the refused characters as escapes, so the field name is safe to print.
+        _refuse_controls(f"spec.env[{key[:40]!r}]", key, CONTROL_CHARS)
         if not ENV_KEY.fullmatch(key):
             raise InvalidArgument(f"spec.env[{key[:40]!r}]", "is not a valid variable name ([A-Za-z_][A-Za-z0-9_]*)")
         if key in RESERVED_ENV or key.startswith("ARYL_"):
             raise InvalidArgument(f"spec.env[{key!r}]", "is set by Aryl for every worker and cannot be overridden")
-        if len(value) > MAX_ENV_VALUE or "\x00" in value:
-            raise InvalidArgument(f"spec.env[{key!r}]", f"must be at most {MAX_ENV_VALUE} characters, without NUL")
+        if len(value) > MAX_ENV_VALUE:
+            raise InvalidArgument(f"spec.env[{key!r}]", f"must be at most {MAX_ENV_VALUE} characters")
+        _refuse_controls(f"spec.env[{key!r}]", value, DATA_CONTROL_CHARS, _DATA_ALLOWED)
     gpus = _count("spec.gpus_per_worker", spec.gpus_per_worker, 1, MAX_GPUS_PER_WORKER)
     low = _count("spec.min_workers", spec.min_workers, 1, MAX_WORKERS)
     high = spec.max_workers or low  # 0: inelastic, same as min_workers
