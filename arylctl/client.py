@@ -39,10 +39,15 @@ breaking out of the loop and dropping the stream.
 Failures arrive as :class:`ArylError` subclasses carrying the gRPC status ``code`` and the
 server's ``message`` — never as raw ``grpc.RpcError``.
 
+Retries: :meth:`ArylClient.submit_job` is the one call retried here, because it is made safe to
+retry: it always sends an idempotency key (a random one when the caller gives none), and the
+scheduler answers a resubmission with the same key and spec with the job the first try queued.
+A submission that failed UNAVAILABLE or DEADLINE_EXCEEDED (the scheduler may or may not have
+queued it) is tried again with the same key, ``SUBMIT_ATTEMPTS`` tries in all by default.
+
 What this module must never do: decide anything (validation of a spec is the server's job; the
-helpers here only build messages and reject what cannot be expressed in one), or retry a call
-on its own — a retried ``submit_job`` is only safe with an ``idempotency_key``, and that choice
-belongs to the caller (an ``AlreadyExists`` on retry means the first attempt was accepted).
+helpers here only build messages and reject what cannot be expressed in one), or retry any other
+call on its own — whether a retry is safe is the caller's to know.
 """
 
 from __future__ import annotations
@@ -51,7 +56,9 @@ import datetime as dt
 import getpass
 import math
 import os
+import secrets
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from queue import Empty, SimpleQueue
 from types import TracebackType
@@ -59,7 +66,9 @@ from typing import Any, Final
 
 import grpc
 from google.protobuf.duration_pb2 import Duration
+from google.rpc import error_details_pb2, status_pb2
 
+from aryl_common.backoff import Backoff
 from protos.aryl.v1 import (
     inference_pb2,
     inference_pb2_grpc,
@@ -71,6 +80,7 @@ from protos.aryl.v1 import (
 __all__ = [
     "DEFAULT_ADDRESS",
     "MAX_MESSAGE_BYTES",
+    "SUBMIT_ATTEMPTS",
     "TERMINAL_JOB_STATES",
     "Aborted",
     "AlreadyExists",
@@ -86,6 +96,7 @@ __all__ = [
     "default_address",
     "job_spec",
     "job_spec_from_mapping",
+    "new_idempotency_key",
     "normalize_job_spec_mapping",
 ]
 
@@ -97,6 +108,11 @@ SERVER_ENV_VAR: Final = "ARYL_SERVER"
 # Same as the server's default (scheduler_service.config.ServerConfig.max_message_bytes): a
 # ListJobs page of 1000 jobs with long commands and env must not trip gRPC's 4 MiB default.
 MAX_MESSAGE_BYTES: Final = 16 * 1024 * 1024
+# Tries of one submit_job in all when the scheduler is unreachable or does not answer in time,
+# each with the client's timeout, 0.25-0.5 s then 0.5-1 s apart (jittered).
+SUBMIT_ATTEMPTS: Final = 3
+# ResourceInfo.resource_type of the job an ALREADY_EXISTS answer to SubmitJob names.
+_JOB_RESOURCE_TYPE: Final = "aryl.v1.Job"
 
 JobSpec = types_pb2.JobSpec
 Job = types_pb2.Job
@@ -139,7 +155,10 @@ class OutOfRange(ArylError):
 
 
 class AlreadyExists(ArylError):
-    """The idempotency key was used before: the earlier submission was accepted."""
+    """The object exists already. From ``submit_job``: the user's idempotency key was used for
+    another spec, and ``job_id`` is the job that holds it (read from the status details)."""
+
+    job_id: str = ""
 
 
 class FailedPrecondition(ArylError):
@@ -182,7 +201,28 @@ def _translate(exc: grpc.RpcError) -> ArylError:
         code, details, trailing = call.code(), call.details(), call.trailing_metadata()
     code = code or grpc.StatusCode.UNKNOWN
     answered = any(key == "aryl-answered-by" for key, _ in trailing or ())
-    return _ERROR_BY_CODE.get(code, ArylError)(code, details or code.name, from_scheduler=answered)
+    error = _ERROR_BY_CODE.get(code, ArylError)(code, details or code.name, from_scheduler=answered)
+    if isinstance(error, AlreadyExists):
+        error.job_id = _existing_job_id(trailing or ())
+    return error
+
+
+def _existing_job_id(trailing: Sequence[tuple[str, str | bytes]]) -> str:
+    """The job an ALREADY_EXISTS status names in a google.rpc.ResourceInfo detail ("" if none)."""
+    for key, value in trailing:
+        if key != "grpc-status-details-bin" or not isinstance(value, bytes):
+            continue
+        status = status_pb2.Status.FromString(value)
+        for detail in status.details:
+            info = error_details_pb2.ResourceInfo()
+            if detail.Unpack(info) and info.resource_type == _JOB_RESOURCE_TYPE:
+                return info.resource_name
+    return ""
+
+
+def new_idempotency_key() -> str:
+    """A fresh random idempotency key (what ``submit_job`` sends when given none)."""
+    return secrets.token_hex(16)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -278,7 +318,11 @@ class ArylClient:
     Thread-safe: one client may be shared by threads. Close it (or use ``with``) when done.
     """
 
-    def __init__(self, address: str | None = None, *, timeout: float = 10.0) -> None:
+    def __init__(
+        self, address: str | None = None, *, timeout: float = 10.0,
+        interceptors: Sequence[grpc.UnaryUnaryClientInterceptor] = (),
+    ) -> None:
+        """``interceptors`` wrap every unary call (e.g. to add metadata, or to inject faults in tests)."""
         if timeout <= 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
         self.address = address or default_address()
@@ -295,8 +339,9 @@ class ArylClient:
             ],
         )
         self._closed = threading.Event()
-        self._scheduler = scheduler_pb2_grpc.SchedulerServiceStub(self._channel)
-        self._inference = inference_pb2_grpc.InferenceServiceStub(self._channel)
+        calls = grpc.intercept_channel(self._channel, *interceptors) if interceptors else self._channel
+        self._scheduler = scheduler_pb2_grpc.SchedulerServiceStub(calls)
+        self._inference = inference_pb2_grpc.InferenceServiceStub(calls)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -324,14 +369,33 @@ class ArylClient:
 
     # -- jobs ----------------------------------------------------------------------------------
 
-    def submit_job(self, spec: types_pb2.JobSpec, *, idempotency_key: str = "") -> types_pb2.Job:
+    def submit_job(
+        self, spec: types_pb2.JobSpec, *, idempotency_key: str = "", attempts: int = SUBMIT_ATTEMPTS
+    ) -> types_pb2.Job:
         """Queue a job; returns it as recorded (PENDING, with its ``job_id``).
 
-        ``idempotency_key`` (<= 128 chars) makes a retry safe: a second submission with the same
-        key raises :class:`AlreadyExists` instead of queueing the job twice.
+        The submission carries ``idempotency_key`` (<= 128 chars), or a fresh random one when it
+        is empty, and is tried up to ``attempts`` times in all, with that same key, while it fails
+        :class:`Unavailable` or :class:`DeadlineExceeded` (each try with the client's timeout):
+        the scheduler answers a resubmission of a job it already queued (same user, key and spec)
+        with that job, so a lost answer never queues the job twice. Keys are per user. Submitting
+        again with a key the user already used for a different spec raises
+        :class:`AlreadyExists`, whose ``job_id`` is the job that holds the key; with the same spec
+        it returns that job (as it is now, perhaps running) instead of queueing another.
         """
-        request = scheduler_pb2.SubmitJobRequest(spec=spec, idempotency_key=idempotency_key)
-        return self._unary(self._scheduler.SubmitJob, request).job
+        if attempts < 1:
+            raise ValueError(f"attempts must be >= 1, got {attempts}")
+        key = idempotency_key or new_idempotency_key()
+        request = scheduler_pb2.SubmitJobRequest(spec=spec, idempotency_key=key)
+        backoff = Backoff(1.0, initial_s=0.5)
+        for attempt in range(1, attempts + 1):
+            try:
+                return self._unary(self._scheduler.SubmitJob, request).job
+            except (Unavailable, DeadlineExceeded):
+                if attempt == attempts or self._closed.is_set():
+                    raise
+            time.sleep(backoff.next_delay())
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def get_job(self, job_id: str, *, include_events: bool = False) -> scheduler_pb2.GetJobResponse:
         """One job; with ``include_events`` also its events from the log, oldest first."""

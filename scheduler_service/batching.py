@@ -9,7 +9,7 @@ A caller may give up at any time (its RPC cancelled: ``asyncio.wrap_future`` the
 Future). Before its batch runs, that takes its item out: it is never applied. Once its batch runs,
 the item can no longer be withdrawn (``Future.set_running_or_notify_cancel``): it is applied and its
 result delivered to no one, so the caller must look for it (a SubmitJob retried with the same
-idempotency key is refused with the job that has it). Never: let one caller, one batch or a batch
+idempotency key and spec is answered with the job the first try queued). Never: let one caller, one batch or a batch
 function that breaks its contract stop the worker thread; every other caller waits on it. If the
 thread stops nonetheless, it fails every caller still waiting, refuses new ones, and tells its stop
 callbacks (the service reports NOT_SERVING).

@@ -370,7 +370,7 @@ def test_invalid_spec_rejected_by_the_server_exits_2(ctl) -> None:
 
 def test_duplicate_idempotency_key_exits_1(ctl) -> None:
     assert ctl("submit", "--name", "a", "--idempotency-key", "k1", "--", "true")[0] == 0
-    code, _, err = ctl("submit", "--name", "a", "--idempotency-key", "k1", "--", "true")
+    code, _, err = ctl("submit", "--name", "b", "--idempotency-key", "k1", "--", "true")  # another spec
     assert code == 1
     assert "ALREADY_EXISTS" in err
 

@@ -314,8 +314,8 @@ def test_typed_errors(client: ArylClient) -> None:
     assert "min_workers" in invalid.value.message  # the server names the bad field
 
     client.submit_job(small_spec("once"), idempotency_key="run-42")
-    with pytest.raises(AlreadyExists):
-        client.submit_job(small_spec("once"), idempotency_key="run-42")
+    with pytest.raises(AlreadyExists):  # another spec with the key (the same spec is a retry)
+        client.submit_job(small_spec("other"), idempotency_key="run-42")
 
     job = client.submit_job(small_spec("twice"))
     client.cancel_job(job.job_id)

@@ -13,7 +13,9 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+import grpc
 import structlog
+from google.rpc import error_details_pb2, status_pb2
 
 from protos.aryl.v1 import (
     agent_pb2,
@@ -26,8 +28,9 @@ from protos.aryl.v1 import (
 )
 from scheduler_service.api import convert, validation
 from scheduler_service.api.agent_logs import AgentLogReader
-from scheduler_service.api.status import rpc
+from scheduler_service.api.status import ANSWERED_BY_KEY, rpc
 from scheduler_service.app import SchedulerApp
+from scheduler_service.app.jobs import KeyInUse
 from scheduler_service.batching import GroupCommitter
 from scheduler_service.core.registry import ReclaimPreviewer
 from scheduler_service.errors import InvalidArgument
@@ -36,6 +39,9 @@ from scheduler_service.records import JobInfo, JobSubmission
 
 T = TypeVar("T")
 log = structlog.get_logger("aryl.api")
+
+# ResourceInfo.resource_type of the job named by an ALREADY_EXISTS answer to SubmitJob.
+JOB_RESOURCE_TYPE = "aryl.v1.Job"
 
 # How long a stream waits for a wake-up before re-reading anyway (covers writes by other processes).
 STREAM_POLL_S = 1.0
@@ -71,8 +77,21 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
     async def SubmitJob(self, request: scheduler_pb2.SubmitJobRequest, context: Any) -> scheduler_pb2.SubmitJobResponse:
         submission = validation.job_submission(request.spec, request.idempotency_key, now=self._now())
         # If the call is cancelled (deadline, client gone), wrap_future withdraws the submission unless
-        # its batch is already committing (then the job is queued: a retry with the same key finds it).
-        record = await asyncio.wrap_future(self._submissions.submit(submission))
+        # its batch is already committing (then the job is queued: a retry with the same key and spec
+        # is answered with it).
+        try:
+            record = await asyncio.wrap_future(self._submissions.submit(submission))
+        except KeyInUse as exc:
+            # The job holding the key, for programs as well as people: a google.rpc.ResourceInfo detail.
+            detail = error_details_pb2.ResourceInfo(
+                resource_type=JOB_RESOURCE_TYPE, resource_name=str(exc.job_id), owner=submission.user,
+                description=f"job {exc.job_id} holds idempotency_key {submission.idempotency_key!r}",
+            )
+            status = status_pb2.Status(code=grpc.StatusCode.ALREADY_EXISTS.value[0], message=str(exc))
+            status.details.add().Pack(detail)
+            await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(exc), trailing_metadata=(
+                (ANSWERED_BY_KEY, "aryl-scheduler"), ("grpc-status-details-bin", status.SerializeToString())))
+            raise  # not reached: abort raises
         return scheduler_pb2.SubmitJobResponse(job=convert.job(record))
 
     @rpc

@@ -10,6 +10,7 @@ Never: decide placement (the policy does), or hold SQL (the store does).
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Sequence
 
 from sqlalchemy.exc import IntegrityError
@@ -23,6 +24,19 @@ from scheduler_service.store.jobs import JobStore
 from scheduler_service.store.transactions import Transactions
 
 MAX_PAGE_SIZE = 1000
+
+# The spec of a job as submitted: a resubmission with the same key must match it on each of these.
+_SPEC_FIELDS = ("name", "user", "queue", "command", "env", "gpus_per_worker", "min_workers", "max_workers",
+                "priority", "deadline", "throughput", "max_runtime_s", "restart_policy", "max_restarts")
+
+
+class KeyInUse(AlreadyExists):
+    """The user's idempotency key names a job with a different spec; ``job_id`` is that job."""
+
+    def __init__(self, job_id: int, message: str) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+
 DEFAULT_PAGE_SIZE = 100
 
 
@@ -41,24 +55,31 @@ class Jobs:
 
     def submit_many(self, subs: Sequence[JobSubmission]) -> list[JobInfo | AlreadyExists]:
         """Queue several jobs in one transaction (group commit: the API batches concurrent
-        SubmitJob calls). A duplicate idempotency key fails only its own submission."""
+        SubmitJob calls). A submission whose user has used its idempotency key before is answered
+        by itself alone: with that job when the spec is the same (a retry), else ``KeyInUse``."""
         now = self._clock.now()
         try:
             jobs = self._db.write(lambda session: self._store.insert(session, subs, now))
         except IntegrityError as exc:
             if len(subs) == 1:
-                return [self._duplicate_key_error(subs[0], exc)]
-            # Some key collided: retry one by one so only the duplicates fail.
+                return [self._resubmission(subs[0], exc)]
+            # Some key collided: retry one by one so only the resubmissions are answered apart.
             return [r for sub in subs for r in self.submit_many([sub])]
         self._notices.state_changed()
         return list(jobs)
 
-    def _duplicate_key_error(self, sub: JobSubmission, exc: IntegrityError) -> AlreadyExists:
+    def _resubmission(self, sub: JobSubmission, exc: IntegrityError) -> JobInfo | AlreadyExists:
+        """The answer to ``sub`` when its insert broke a unique key: the job its user submitted with
+        its key, when the specs are the same (a client that could not tell whether its first try
+        landed retries with the same key), else ``KeyInUse`` naming that job."""
         key = sub.idempotency_key
-        existing = self._db.read(lambda session: self._store.id_by_key(session, key)) if key else None
+        existing = self._db.read(lambda session: self._store.by_key(session, sub.user, key)) if key else None
         if existing is None:
             raise exc  # not a key collision: a real integrity problem, let it surface
-        return AlreadyExists(f"idempotency_key {sub.idempotency_key!r} was already used by job {existing}")
+        if _same_spec(sub, existing):
+            return existing
+        return KeyInUse(existing.id, f"idempotency_key {key!r} of user {sub.user!r} was already used by job "
+                                     f"{existing.id} with a different spec; submit with another key to queue a new job")
 
     def get(self, job_id: int, *, include_events: bool = False) -> tuple[JobInfo, tuple[EventInfo, ...]]:
         return self._db.read(lambda session: self._store.get(session, job_id, include_events=include_events))
@@ -100,6 +121,14 @@ class Jobs:
     def log_source(self, job_id: int, rank: int) -> tuple[str, str]:
         """(server id, agent logs address) of where ``rank`` of the job ran most recently."""
         return self._db.read(lambda session: self._store.log_source(session, job_id, rank))
+
+
+def _same_spec(sub: JobSubmission, job: JobInfo) -> bool:
+    # Compared as stored: JSON columns read back as lists and plain dicts, never tuples.
+    def stored(value: object) -> object:
+        return json.loads(json.dumps(value))
+
+    return all(stored(getattr(sub, f)) == stored(getattr(job, f)) for f in _SPEC_FIELDS)
 
 
 def _encode_page_token(last_id: int, flt: JobFilter) -> str:

@@ -36,7 +36,7 @@ class JobStore:
 
     def insert(self, session: Session, subs: Sequence[JobSubmission], now: float) -> list[JobInfo]:
         """Queue ``subs`` as PENDING jobs submitted at ``now``, each with its JOB_SUBMITTED event.
-        Raises IntegrityError when an idempotency key was used before."""
+        Raises IntegrityError when a user's idempotency key was used before (by that user)."""
         rows = [_job_row(sub, now) for sub in subs]
         # Core INSERT ... RETURNING in one round trip for the whole batch ("insertmanyvalues").
         # Core tables, not ORM entities: the ORM's bulk path costs more than the database here.
@@ -60,8 +60,15 @@ class JobStore:
                 for job_id, row in zip(ids, rows, strict=True)]
 
     @staticmethod
-    def id_by_key(session: Session, key: str) -> int | None:
-        return session.scalar(sa.select(m.Job.id).where(m.Job.idempotency_key == key))
+    def by_key(session: Session, user: str, key: str) -> JobInfo | None:
+        """The job ``user`` submitted with idempotency key ``key``, as it is now (keys are per user)."""
+        j = m.JOBS.c
+        job = session.execute(
+            sa.select(m.JOBS).where(j.user == user, j.idempotency_key == key)
+        ).one_or_none()
+        if job is None:
+            return None
+        return job_info(job._mapping, _allocations(session, [job.id])[job.id])
 
     @staticmethod
     def get(session: Session, job_id: int, *, include_events: bool) -> tuple[JobInfo, tuple[EventInfo, ...]]:

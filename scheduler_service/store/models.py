@@ -71,7 +71,8 @@ class Job(Base):
     max_runtime_s: Mapped[float | None] = mapped_column(Double)
     restart_policy: Mapped[str] = mapped_column(String(16))
     max_restarts: Mapped[int] = mapped_column(Integer, default=0)
-    idempotency_key: Mapped[str | None] = mapped_column(String(128), unique=True)
+    # Unique per user (``uq_jobs_user_idempotency_key``): a retry finds its own job, never another user's.
+    idempotency_key: Mapped[str | None] = mapped_column(String(128))
 
     state: Mapped[str] = mapped_column(String(16))
     state_reason: Mapped[str] = mapped_column(String(64), default="")
@@ -109,6 +110,7 @@ class Job(Base):
             "state IN ('PENDING','RUNNING','SCALING','PREEMPTED','COMPLETED','FAILED','CANCELLED')",
             name="state_known",
         ),
+        UniqueConstraint("user", "idempotency_key"),
         Index("ix_jobs_state_id", "state", "id"),
         Index("ix_jobs_user_id", "user", "id"),
         Index("ix_jobs_queue_id", "queue", "id"),

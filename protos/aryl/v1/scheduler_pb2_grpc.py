@@ -96,7 +96,12 @@ class SchedulerServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
     def SubmitJob(self, request, context):
-        """Queue a job. ALREADY_EXISTS when idempotency_key was used before.
+        """Queue a job. Idempotency keys are per user (spec.user): a resubmission with a key its user
+        used before is answered with the job that has it, as it is now, when the spec is the same (a
+        retry: the first answer was lost), and queues nothing; with a different spec it is
+        ALREADY_EXISTS, naming that job in the message and in a google.rpc.ResourceInfo detail of the
+        status (grpc-status-details-bin): resource_type "aryl.v1.Job", resource_name its job_id,
+        owner the user.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
