@@ -41,9 +41,12 @@ import itertools
 import json
 import os
 import sys
+import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import unicodedata
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
+from queue import Empty, SimpleQueue
 from typing import Any, Final, TextIO
 
 import grpc
@@ -100,17 +103,46 @@ class UsageError(Exception):
 # Formatting
 
 
+# Characters that must not reach a terminal as they are: C0/C1 controls (ESC starts sequences that
+# move the cursor, recolour, retitle the window or worse), DEL, line/paragraph separators and the
+# invisible format characters (U+202E and the other bidi overrides reorder what follows).
+_UNPRINTABLE_CATEGORIES: Final = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"})
+
+
+def printable(value: object) -> str:
+    """``str(value)`` safe to print in a table or a text line: every control or invisible format
+    character becomes a visible escape (``\\x1b``, ``\\u202e``, ``\\n``: newlines too, since a value
+    is one cell). Used by every table and text renderer; never on ``logs`` (the worker's own
+    stream) nor on ``-o json|yaml`` (their encoders escape these already)."""
+    text = "" if value is None else str(value)
+    if text.isprintable():  # the common case, and it is fast
+        return text
+    return "".join(_escape(ch) for ch in text)
+
+
+def _escape(ch: str) -> str:
+    if unicodedata.category(ch) not in _UNPRINTABLE_CATEGORIES:
+        return ch  # e.g. a plain space, which isprintable() also counts as printable
+    code = ord(ch)
+    if ch in "\t\n\r":
+        return repr(ch)[1:-1]
+    if code <= 0xFF:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
+
 def format_table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
-    """Plain-text columns aligned on the widest cell, two spaces apart; the last column ragged."""
-    cells = [list(headers)] + [["" if value is None else str(value) for value in row] for row in rows]
+    """Plain-text columns aligned on the widest cell, two spaces apart; the last column ragged.
+    Cells go through :func:`printable`."""
+    cells = [list(headers)] + [[printable(value) for value in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in cells]
     return "\n".join(lines)
 
 
 def format_fields(fields: Iterable[tuple[str, object]]) -> str:
-    """``Label:  value`` lines with the values aligned."""
-    pairs = [(label + ":", "" if value is None else str(value)) for label, value in fields]
+    """``Label:  value`` lines with the values aligned (through :func:`printable`)."""
+    pairs = [(label + ":", printable(value)) for label, value in fields]
     width = max((len(label) for label, _ in pairs), default=0)
     return "\n".join(f"{label.ljust(width)}  {value}".rstrip() for label, value in pairs)
 
@@ -166,6 +198,22 @@ def seconds_text(seconds: float, *, coarse: bool = False) -> str:
     return parts[0] if coarse else "".join(parts)
 
 
+def elapsed_text(seconds: float) -> str:
+    """A span in its two largest units, the second zero-padded: ``42s``, ``3m12s``, ``2h05m``,
+    ``4d3h`` (days are not padded: ``4d03h`` reads as a typo)."""
+    total = max(0, int(seconds))
+    days, rest = divmod(total, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"
+
+
 def duration_text(duration: Duration) -> str:
     return seconds_text(duration.ToTimedelta().total_seconds()) if duration.ByteSize() else "-"
 
@@ -184,19 +232,51 @@ class Output:
         self.fmt = fmt
         self.stream = stream
         self.notes = notes
+        self._snapshots = 0  # renders printed by --watch so far
 
     def note(self, text: str) -> None:
         print(text, file=self.notes)
 
-    def emit(self, data: Message | Sequence[Message], table: Callable[[], str]) -> None:
-        """One result: a message (or a list of them for list commands); ``table`` renders it."""
+    def emit(
+        self,
+        data: Message | Sequence[Message],
+        table: Callable[[], str],
+        names: Callable[[], Iterable[str]] | None = None,
+    ) -> None:
+        """One result: a message (or a list of them for list commands); ``table`` renders it and
+        ``names`` gives its ids for ``-o name`` (commands without it are refused ``-o name``
+        before they call the server: ``NAME_COMMANDS``)."""
         if self.fmt == "table":
             text = table()
             if text:
                 print(text, file=self.stream)
             return
+        if self.fmt == "name":
+            if names is None:  # pragma: no cover - NAME_COMMANDS keeps this from happening
+                raise UsageError("-o name applies only to " + ", ".join(sorted(NAME_COMMANDS)))
+            for name in names():
+                print(printable(name), file=self.stream)
+            return
         payload: Any = to_dict(data) if isinstance(data, Message) else [to_dict(item) for item in data]
         self._dump(payload)
+
+    def emit_snapshot(
+        self, data: Sequence[Message], table: Callable[[], str], names: Callable[[], Iterable[str]]
+    ) -> None:
+        """One render of a watched list (``-w``): a table or ``-o name`` list after a blank line
+        (but the first); with ``-o json`` the list as one JSON line, with ``-o yaml`` one document."""
+        if self.fmt == "json":
+            print(json.dumps([to_dict(item) for item in data]), file=self.stream, flush=True)
+            return
+        if self.fmt == "yaml":
+            print("---", file=self.stream)
+            self._dump([to_dict(item) for item in data])
+        else:
+            if self._snapshots:
+                print(file=self.stream)
+            self.emit(data, table, names)
+        self._snapshots += 1
+        self.stream.flush()
 
     def emit_stream_item(self, message: Message) -> None:
         """One item of an unbounded stream: a JSON line, or a YAML document."""
@@ -230,10 +310,32 @@ def _job_reason(job: types_pb2.Job) -> str:
     return job.reason
 
 
-JOB_HEADERS: Final = ("ID", "NAME", "USER", "QUEUE", "STATE", "WORKERS", "GPUS/W", "PRIO", "SUBMITTED", "REASON")
+JOB_HEADERS: Final = (
+    "ID", "NAME", "USER", "QUEUE", "STATE", "WORKERS", "GPUS/W", "PRIO", "SUBMITTED", "ELAPSED", "REASON",
+)
 
 
-def _job_row(job: types_pb2.Job) -> list[object]:
+def _is_set(ts: Timestamp) -> bool:
+    return bool(ts.seconds or ts.nanos)
+
+
+def job_elapsed(job: types_pb2.Job, now: dt.datetime) -> str:
+    """The ELAPSED column, squeue's TIME made to say something for every state: a job that has
+    not started yet shows how long it has waited since submission; a started one how long since it
+    (first) started; a finished one its run time, start to finish (``-`` if it never started)."""
+    def seconds(ts: Timestamp, until: dt.datetime) -> float:
+        return (until - ts.ToDatetime(tzinfo=dt.UTC)).total_seconds()
+
+    if _is_set(job.finished_at):
+        if not _is_set(job.started_at):
+            return "-"
+        return elapsed_text(seconds(job.started_at, job.finished_at.ToDatetime(tzinfo=dt.UTC)))
+    if _is_set(job.started_at):
+        return elapsed_text(seconds(job.started_at, now))
+    return elapsed_text(seconds(job.submitted_at, now)) if _is_set(job.submitted_at) else "-"
+
+
+def _job_row(job: types_pb2.Job, now: dt.datetime) -> list[object]:
     spec = job.spec
     return [
         job.job_id,
@@ -245,6 +347,7 @@ def _job_row(job: types_pb2.Job) -> list[object]:
         spec.gpus_per_worker,
         spec.priority,
         local_time(job.submitted_at),
+        job_elapsed(job, now),
         _job_reason(job),
     ]
 
@@ -274,7 +377,7 @@ def _event_row(event: types_pb2.Event) -> list[object]:
 
 
 def _stream_line(row: Sequence[object], widths: Sequence[int]) -> str:
-    return "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+    return "  ".join(printable(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -381,24 +484,37 @@ def cmd_submit(client: ArylClient, args: argparse.Namespace, out: Output) -> int
 
 def cmd_jobs(client: ArylClient, args: argparse.Namespace, out: Output) -> int:
     filters: dict[str, Any] = {"states": args.states or (), "user": args.user, "queue": args.queue}
-    if args.all:
-        jobs = list(client.iter_jobs(page_size=LIST_ALL_PAGE_SIZE, **filters))
-    elif args.limit is not None:
-        pages = client.iter_jobs(page_size=min(args.limit, LIST_ALL_PAGE_SIZE), **filters)
-        jobs = list(itertools.islice(pages, args.limit))
-    else:
-        page = client.list_jobs(**filters)
-        jobs = list(page.jobs)
-        if page.next_page_token:
-            out.note(f"(showing the newest {len(jobs)} jobs; --all for every job, --limit N for N)")
 
-    def table() -> str:
-        if not jobs:
-            out.note("No jobs found.")
-            return ""
-        return format_table(JOB_HEADERS, [_job_row(job) for job in jobs])
+    def render(current: ArylClient, first: bool) -> None:
+        if args.all:
+            jobs = list(current.iter_jobs(page_size=LIST_ALL_PAGE_SIZE, **filters))
+        elif args.limit is not None:
+            pages = current.iter_jobs(page_size=min(args.limit, LIST_ALL_PAGE_SIZE), **filters)
+            jobs = list(itertools.islice(pages, args.limit))
+        else:
+            page = current.list_jobs(**filters)
+            jobs = list(page.jobs)
+            if page.next_page_token and first:
+                out.note(f"(showing the newest {len(jobs)} jobs; --all for every job, --limit N for N)")
+        now = dt.datetime.now(dt.UTC)
 
-    out.emit(jobs, table)
+        def table() -> str:
+            if not jobs:
+                out.note("No jobs found.")
+                return ""
+            return format_table(JOB_HEADERS, [_job_row(job, now) for job in jobs])
+
+        def names() -> list[str]:
+            return [job.job_id for job in jobs]
+
+        if args.watch:
+            out.emit_snapshot(jobs, table, names)
+        else:
+            out.emit(jobs, table, names)
+
+    if args.watch:
+        return _watch(client, out, render)
+    render(client, True)
     return EXIT_OK
 
 
@@ -557,17 +673,96 @@ def _server_row(server: types_pb2.Server, now: dt.datetime) -> list[object]:
 
 
 def cmd_servers(client: ArylClient, args: argparse.Namespace, out: Output) -> int:
-    servers = client.list_servers(pool=args.pool)
-    now = dt.datetime.now(dt.UTC)
+    def render(current: ArylClient, first: bool) -> None:
+        servers = current.list_servers(pool=args.pool)
+        now = dt.datetime.now(dt.UTC)
 
-    def table() -> str:
-        if not servers:
-            out.note("No servers registered.")
-            return ""
-        return format_table(SERVER_HEADERS, [_server_row(s, now) for s in servers])
+        def table() -> str:
+            if not servers:
+                out.note("No servers registered.")
+                return ""
+            return format_table(SERVER_HEADERS, [_server_row(s, now) for s in servers])
 
-    out.emit(servers, table)
+        def names() -> list[str]:
+            return [server.server_id for server in servers]
+
+        if args.watch:
+            out.emit_snapshot(servers, table, names)
+        else:
+            out.emit(servers, table, names)
+
+    if args.watch:
+        return _watch(client, out, render)
+    render(client, True)
     return EXIT_OK
+
+
+# `-w`: events that arrive within this long of each other are one change, rendered once (a
+# scheduling cycle writes several events in one transaction).
+WATCH_SETTLE_S: Final = 0.2
+_STREAM_END: Final = object()
+
+
+def _watch(client: ArylClient, out: Output, render: Callable[[ArylClient, bool], None]) -> int:
+    """``-w``: render now, then again after each change the event stream reports, until Ctrl-C
+    (exit 0). A lost stream (a scheduler restart) is reopened as ``events --follow`` does, and the
+    list rendered again once it is back, since changes may have happened meanwhile."""
+    client.wait_until_connected()
+    backoff = Backoff.capped(EVENTS_RECONNECT_MAX_S)
+    current = client
+    first = True
+    try:
+        while True:
+            try:
+                # Opened before the list is read, so that a change made after that read is not missed.
+                with current.watch_events() as stream:
+                    render(current, first)
+                    first = False
+                    for _ in _changes(stream):
+                        backoff.reset()
+                        render(current, first)
+                lost = "the scheduler ended the stream"
+            except ArylError as exc:
+                if exc.code not in EVENTS_RECONNECT_CODES:
+                    raise
+                lost = f"{exc.message} ({exc.code.name})"
+            out.note(f"{PROG}: lost the event stream from {current.address} ({lost}); reconnecting (Ctrl-C to stop)")
+            current = _reconnect(current, backoff)
+    except KeyboardInterrupt:
+        pass  # -w ends with Ctrl-C; that is success
+    finally:
+        if current is not client:
+            current.close()
+    return EXIT_OK
+
+
+def _changes(stream: Iterable[types_pb2.Event]) -> Iterator[None]:
+    """One item per burst of events (events within ``WATCH_SETTLE_S`` of each other); ends with
+    the stream, raising its error. A reader thread lets the wait for the burst's end time out."""
+    queue: SimpleQueue[object] = SimpleQueue()
+
+    def pump() -> None:
+        try:
+            for event in stream:
+                queue.put(event)
+        except ArylError as exc:
+            queue.put(exc)
+        finally:
+            queue.put(_STREAM_END)
+
+    threading.Thread(target=pump, name="arylctl-watch", daemon=True).start()
+    while True:
+        item = queue.get()
+        while isinstance(item, types_pb2.Event):
+            try:
+                item = queue.get(timeout=WATCH_SETTLE_S)
+            except Empty:
+                item = None
+        if isinstance(item, ArylError):
+            raise item
+        if item is _STREAM_END:
+            return
+        yield None
 
 
 def cmd_loans(client: ArylClient, args: argparse.Namespace, out: Output) -> int:
@@ -675,7 +870,8 @@ def _reconnect(current: ArylClient, backoff: Backoff) -> ArylClient:
 
 def describe_explanation(response: scheduler_pb2.ExplainJobResponse) -> str:
     job = response.job
-    head = f"Job {job.job_id} ({job.spec.name}): {response.summary or enum_name(types_pb2.JobState, job.state)}"
+    summary = response.summary or enum_name(types_pb2.JobState, job.state)
+    head = printable(f"Job {job.job_id} ({job.spec.name}): {summary}")
     if not response.decisions:
         return head + "\n\nNo decisions recorded."
     rows = [(local_time(e.time), e.reason, e.message) for e in response.decisions]
@@ -835,12 +1031,21 @@ def _add_global_options(parser: argparse.ArgumentParser, *, defaults: bool) -> N
         help=f"scheduler address (default: $ARYL_SERVER, else {DEFAULT_ADDRESS})",
     )
     parser.add_argument(
-        "-o", "--output", choices=("table", "json", "yaml"), default=default("table"), help="output format"
+        "-o", "--output", choices=("table", "json", "yaml", "name"), default=default("table"),
+        help="output format (name: one id per line, for jobs and servers)",
     )
     parser.add_argument(
         "--timeout", type=_positive, default=default(10.0), metavar="SECONDS", help="deadline of each call"
     )
     add_debug_flag(parser, default=default(False))
+
+
+WATCH_HELP: Final = (
+    "print the list, then again after each change the event log reports, until Ctrl-C "
+    "(-o json: one JSON list per line; -o yaml: one document per change)"
+)
+# The commands that have ids to print with `-o name`; the others refuse it before calling the server.
+NAME_COMMANDS: Final = frozenset({"jobs", "servers"})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -886,7 +1091,11 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--estimated-runtime", type=_non_negative, metavar="SECONDS", help="at min workers")
     submit.add_argument("--idempotency-key", default="", metavar="KEY", help="a resubmission with it is refused")
 
-    jobs = add("jobs", cmd_jobs, "list jobs, newest first")
+    jobs = add(
+        "jobs", cmd_jobs, "list jobs, newest first",
+        epilog="ELAPSED: how long a job has waited since submission until it starts, then how long since it "
+               "started; once finished, its run time (start to finish; - if it never started).",
+    )
     jobs.add_argument(
         "--state", dest="state_lists", type=_job_state, action="append", metavar="STATE",
         help="pending, running, scaling, preempted, completed, failed, cancelled (repeatable, or comma-separated)",
@@ -896,6 +1105,7 @@ def build_parser() -> argparse.ArgumentParser:
     limits = jobs.add_mutually_exclusive_group()
     limits.add_argument("--limit", type=_positive_int, metavar="N", help="at most N jobs (following pages)")
     limits.add_argument("--all", action="store_true", help="every matching job (following pages)")
+    jobs.add_argument("-w", "--watch", action="store_true", help=WATCH_HELP)
 
     add("job", cmd_job, "describe a job: its fields, workers and events").add_argument("job_id", metavar="ID")
 
@@ -907,6 +1117,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     servers = add("servers", cmd_servers, "list servers")
     servers.add_argument("--pool", type=_pool, default=types_pb2.POOL_UNSPECIFIED, metavar="training|inference")
+    servers.add_argument("-w", "--watch", action="store_true", help=WATCH_HELP)
 
     add("loans", cmd_loans, "list loans of inference servers to training").add_argument(
         "--all", action="store_true", help="include returned loans"
@@ -977,6 +1188,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     if command and args.command_name != "submit":
         parser.error(f"{args.command_name} takes no arguments after --")
     args.command = command
+    if args.output == "name" and args.command_name not in NAME_COMMANDS:
+        parser.error(f"-o name applies only to {' and '.join(sorted(NAME_COMMANDS))}")
     if args.command_name == "jobs":
         args.states = [state for states in args.state_lists or () for state in states]
     return args
