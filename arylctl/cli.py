@@ -1089,7 +1089,12 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--restart-policy", choices=sorted(RESTART_POLICIES))
     submit.add_argument("--max-restarts", type=_uint32, metavar="N")
     submit.add_argument("--estimated-runtime", type=_non_negative, metavar="SECONDS", help="at min workers")
-    submit.add_argument("--idempotency-key", default="", metavar="KEY", help="a resubmission with it is refused")
+    submit.add_argument(
+        "--idempotency-key", default="", metavar="KEY",
+        help="default: a random one. Per user: submitting again with it returns the job it queued "
+             "(same spec) or is refused naming that job (other spec). An unanswered submit is retried "
+             "with its key, 3 tries in all",
+    )
 
     jobs = add(
         "jobs", cmd_jobs, "list jobs, newest first",
