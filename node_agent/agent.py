@@ -23,7 +23,6 @@ RPC deadline (plus the workers' grace periods when ``stop_workers_on_exit`` is s
 from __future__ import annotations
 
 import threading
-from importlib import metadata
 
 import grpc
 import structlog
@@ -31,6 +30,7 @@ from google.protobuf import duration_pb2
 
 from aryl_common.backoff import Backoff
 from aryl_common.channels import describe_rpc_error, scheduler_channel
+from aryl_common.entry import package_version
 from node_agent.config import AgentSection
 from node_agent.desired import DesiredStateTracker, Verdict
 from node_agent.gpus import GpuBackend, GpuInfo, GpuSample
@@ -55,14 +55,6 @@ PHASES = {
     Phase.STOPPING: agent_pb2.WORKER_PHASE_STOPPING,
     Phase.EXITED: agent_pb2.WORKER_PHASE_EXITED,
 }
-
-
-def aryl_version() -> str:
-    """The installed package's version, reported to the scheduler with the registration."""
-    try:
-        return metadata.version("aryl")
-    except metadata.PackageNotFoundError:
-        return "0+unknown"
 
 
 class SessionEnded(Exception):
@@ -121,7 +113,7 @@ class Agent:
         self._report_now = threading.Event()
         self.supervisor = Supervisor(config, self.desired, on_change=self._report_now.set)
         self.logs_address = ""  # host:port of the worker-log service once it runs
-        self.version = version or aryl_version()
+        self.version = version or package_version()  # reported to the scheduler with the registration
         self._backoff = backoff or Backoff.capped(config.reconnect_max_backoff_s)
         self._inventory = gpus.inventory()
         self._stopping = threading.Event()
