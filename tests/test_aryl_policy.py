@@ -203,6 +203,7 @@ def test_a_reclaimed_server_goes_back_at_its_hard_deadline_without_the_agents_co
     result = plan("aryl", snapshot_of(servers, [], demand=3))
     assert steps(result) == [("due", LoanStep.RETURN)]
     assert "returned to inference by force" in result.server_actions[0].message
+    assert "reclaim deadline of 7200s passed" in result.server_actions[0].message  # the stored one
 
 
 def test_hysteresis_band_neither_loans_nor_reclaims() -> None:

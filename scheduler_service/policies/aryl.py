@@ -272,8 +272,9 @@ class ArylPolicy:
                 continue
             why = (
                 "training workers stopped; serving inference again" if s.agent_converged
-                else f"reclaim deadline of {p.reclaim_deadline_s:.0f}s passed before the agent confirmed the "
-                     "workers stopped; returned to inference by force"
+                # The stored deadline, not this policy's params: they may have changed since the RECLAIM.
+                else f"reclaim deadline of {s.reclaim_deadline - s.state_since:.0f}s passed before the agent "
+                     "confirmed the workers stopped; returned to inference by force"
                 if s.reclaim_deadline is not None and snap.now >= s.reclaim_deadline else None
             )
             if why is not None:

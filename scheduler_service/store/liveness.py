@@ -15,10 +15,10 @@ from collections.abc import Callable
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from scheduler_service.core.apply_rules import LoanState
 from scheduler_service.core.clock import Clock
 from scheduler_service.lifecycle import ServerState
 from scheduler_service.store import models as m
-from scheduler_service.store.applier import LoanState
 from scheduler_service.store.changes import StateChanges
 from scheduler_service.store.desired import DesiredStates
 

@@ -11,10 +11,10 @@ from collections import defaultdict
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from scheduler_service.core.apply_rules import LoanState
 from scheduler_service.lifecycle import Pool
 from scheduler_service.records import DemandInfo, EventInfo, LoanInfo, ServerInfo
 from scheduler_service.store import models as m
-from scheduler_service.store.applier import LoanState
 from scheduler_service.store.rows import Values, demand_info, event_info, loan_info, server_info
 
 
