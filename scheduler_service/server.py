@@ -25,7 +25,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from sqlalchemy.engine import make_url
 
-from aryl_common.channels import MAX_DESIRED_STATE_BYTES
+from aryl_common.channels import KEEPALIVE_TIME_MS, MAX_DESIRED_STATE_BYTES
 from aryl_common.entry import BadInput, Unreachable, one_line
 from migrations import upgrade
 from protos.aryl.v1 import (
@@ -236,9 +236,10 @@ class SchedulerService:
             ("grpc.max_receive_message_length", cfg.server.max_message_bytes),
             ("grpc.max_concurrent_streams", cfg.server.max_concurrent_streams),
             ("grpc.so_reuseport", 0),
-            # Agents ping every 10 s (node_agent.daemon.KEEPALIVE_TIME_MS), also between calls.
+            # Daemons ping every KEEPALIVE_TIME_MS (aryl_common.channels), also between calls; allow
+            # twice that rate so their pings are never taken for abuse.
             ("grpc.keepalive_permit_without_calls", 1),
-            ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+            ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_TIME_MS // 2),
             ("grpc.http2.max_ping_strikes", 0),
         ]
         server = grpc.aio.server(options=options)
