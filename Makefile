@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench protos evaluation clean
+.PHONY: demo test lint bench protos evaluation clean chaos soak soak-ci compose-test
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -17,8 +17,25 @@ demo: $(STAMP)
 	$(BIN)/aryl-demo
 
 # Lint, then types, then the tests; the first that fails stops the target (and CI, which runs `make test`).
+# The fault-injection cases in tests/chaos run here in their bounded form; `make chaos` runs the full set.
 test: lint
 	$(BIN)/python -m pytest -q
+	$(MAKE) --no-print-directory soak-ci
+
+# Fault injection, full run (100 scheduler kill points, 120 s partitions, ...): tests/chaos with ARYL_CHAOS=full.
+chaos: $(STAMP)
+	ARYL_CHAOS=full $(BIN)/python -m pytest -q tests/chaos
+
+# One hour at the L-scale fleet; figures and a plot under soak-results/. `soak-ci` is its 5-minute form.
+soak: $(STAMP)
+	$(BIN)/python -m benchmarks.soak --minutes 60 --out soak-results
+
+soak-ci: $(STAMP)
+	$(BIN)/python -m benchmarks.soak --minutes 5 --out soak-results
+
+# The docker-compose stack for real: images built, stack up, a job run, an agent restarted, all torn down.
+compose-test: $(STAMP)
+	bash deploy/compose-test.sh
 
 # ruff (pyflakes, pycodestyle, import order, bug patterns) and mypy (strict on core/, policies/, solvers/);
 # both read their settings from pyproject.toml. `$(BIN)/ruff check --fix` sorts imports and fixes the mechanical rest.
