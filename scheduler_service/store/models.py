@@ -32,6 +32,7 @@ from sqlalchemy import (
     String,
     Table,
     UniqueConstraint,
+    false,
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -100,6 +101,10 @@ class Job(Base):
     worker_exits: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     # Rank (string key) -> server of the latest placement; kept after the job ends, to find its logs.
     rank_servers: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # Where the workers start (absolute path on the server; NULL: the agent's per-job directory). With
+    # ``working_dir_if_exists`` it is a default used only where it exists; without, a server lacking it fails the job.
+    working_dir: Mapped[str | None] = mapped_column(String(4096))
+    working_dir_if_exists: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
     __table_args__ = (
         CheckConstraint("gpus_per_worker >= 1", name="gpus_per_worker_positive"),
