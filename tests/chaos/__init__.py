@@ -1,0 +1,1 @@
+"""Fault injection (issue 19): real processes on PostgreSQL under faults; see docs/chaos.md."""
