@@ -7,9 +7,12 @@ agents hear of an applied plan only after its commit.
 
 from __future__ import annotations
 
+from sqlalchemy.orm import Session
+
 from scheduler_service.app.notices import Announcer
-from scheduler_service.core.plan import ApplyResult, Plan
+from scheduler_service.core.plan import ApplyLog, ApplyResult, Plan
 from scheduler_service.core.snapshot import ClusterSnapshot
+from scheduler_service.kill_points import kill_point
 from scheduler_service.store.applier import Applier
 from scheduler_service.store.snapshot import SnapshotReader
 from scheduler_service.store.transactions import Transactions
@@ -32,9 +35,14 @@ class DatabaseCluster:
         touched server."""
         if plan.is_empty:
             return ApplyResult((), (), frozenset())
-        log = self._db.write(lambda session: self._applier.apply(session, plan))
+        log = self._db.write(lambda session: self._apply(session, plan))
         if log.changed:
             self._notices.servers_changed(log.touched)
         elif plan.pending:
             self._notices.notifier.events_appended()
         return log.result()
+
+    def _apply(self, session: Session, plan: Plan) -> ApplyLog:
+        log = self._applier.apply(session, plan)
+        kill_point("apply.written")  # tests only (kill_points)
+        return log

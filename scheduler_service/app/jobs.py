@@ -18,6 +18,7 @@ from sqlalchemy.exc import IntegrityError
 from scheduler_service.app.notices import Announcer
 from scheduler_service.core.clock import Clock
 from scheduler_service.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from scheduler_service.kill_points import kill_point
 from scheduler_service.lifecycle import JobState
 from scheduler_service.records import EventInfo, Explanation, JobFilter, JobInfo, JobSubmission
 from scheduler_service.store.jobs import JobStore
@@ -65,6 +66,7 @@ class Jobs:
                 return [self._resubmission(subs[0], exc)]
             # Some key collided: retry one by one so only the resubmissions are answered apart.
             return [r for sub in subs for r in self.submit_many([sub])]
+        kill_point("submit.committed")
         self._notices.state_changed()
         return list(jobs)
 

@@ -32,6 +32,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.orm.exc import StaleDataError
 
 from scheduler_service.errors import Aborted, Unavailable
+from scheduler_service.kill_points import kill_point
 from scheduler_service.records import DesiredServerState
 from scheduler_service.store.db import BUSY, UNREACHABLE, connection_lost, database_busy
 
@@ -75,6 +76,7 @@ class Transactions:
                     committing = True
                 states = session.info.pop(_DESIRED_STATES, None)
                 if states:
+                    kill_point("commit.before_push")  # tests only (kill_points)
                     self._publish(states)
                     self._local.published = frozenset(states)
                 return result
