@@ -87,7 +87,7 @@ class GpuStatus(_message.Message):
     def __init__(self, index: _Optional[int] = ..., utilization: _Optional[float] = ..., memory_used_bytes: _Optional[int] = ..., temperature_c: _Optional[float] = ..., healthy: _Optional[bool] = ..., health_reason: _Optional[str] = ..., ecc_uncorrectable: _Optional[int] = ..., retired_pages: _Optional[int] = ...) -> None: ...
 
 class WorkerStatus(_message.Message):
-    __slots__ = ("job_id", "rank", "phase", "exit_code", "progress", "samples_per_second", "incarnation", "checkpoint_progress", "message", "stop_requested")
+    __slots__ = ("job_id", "rank", "phase", "exit_code", "progress", "samples_per_second", "incarnation", "checkpoint_progress", "message", "stop_requested", "cannot_start")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
@@ -98,6 +98,7 @@ class WorkerStatus(_message.Message):
     CHECKPOINT_PROGRESS_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     STOP_REQUESTED_FIELD_NUMBER: _ClassVar[int]
+    CANNOT_START_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     rank: int
     phase: WorkerPhase
@@ -108,7 +109,8 @@ class WorkerStatus(_message.Message):
     checkpoint_progress: float
     message: str
     stop_requested: bool
-    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., phase: _Optional[_Union[WorkerPhase, str]] = ..., exit_code: _Optional[int] = ..., progress: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., incarnation: _Optional[int] = ..., checkpoint_progress: _Optional[float] = ..., message: _Optional[str] = ..., stop_requested: _Optional[bool] = ...) -> None: ...
+    cannot_start: bool
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., phase: _Optional[_Union[WorkerPhase, str]] = ..., exit_code: _Optional[int] = ..., progress: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., incarnation: _Optional[int] = ..., checkpoint_progress: _Optional[float] = ..., message: _Optional[str] = ..., stop_requested: _Optional[bool] = ..., cannot_start: _Optional[bool] = ...) -> None: ...
 
 class ReportStatusRequest(_message.Message):
     __slots__ = ("server_id", "scheduler_epoch", "gpus", "workers", "observed_generation")
@@ -139,7 +141,7 @@ class WatchDesiredStateRequest(_message.Message):
     def __init__(self, server_id: _Optional[str] = ...) -> None: ...
 
 class DesiredWorker(_message.Message):
-    __slots__ = ("job_id", "rank", "world_size", "local_rank", "gpu_indices", "command", "env", "master_addr", "master_port", "grace_period", "incarnation")
+    __slots__ = ("job_id", "rank", "world_size", "local_rank", "gpu_indices", "command", "env", "master_addr", "master_port", "grace_period", "incarnation", "working_dir", "working_dir_if_exists")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -158,6 +160,8 @@ class DesiredWorker(_message.Message):
     MASTER_PORT_FIELD_NUMBER: _ClassVar[int]
     GRACE_PERIOD_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    WORKING_DIR_FIELD_NUMBER: _ClassVar[int]
+    WORKING_DIR_IF_EXISTS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     rank: int
     world_size: int
@@ -169,7 +173,9 @@ class DesiredWorker(_message.Message):
     master_port: int
     grace_period: _duration_pb2.Duration
     incarnation: int
-    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., local_rank: _Optional[int] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., grace_period: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., incarnation: _Optional[int] = ...) -> None: ...
+    working_dir: str
+    working_dir_if_exists: bool
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., local_rank: _Optional[int] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., grace_period: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., incarnation: _Optional[int] = ..., working_dir: _Optional[str] = ..., working_dir_if_exists: _Optional[bool] = ...) -> None: ...
 
 class DesiredState(_message.Message):
     __slots__ = ("server_id", "scheduler_epoch", "generation", "server_state", "workers")

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from protos.aryl.v1 import agent_pb2 as protos_dot_aryl_dot_v1_dot_agent__pb2
+from protos.aryl.v1 import agent_pb2 as aryl_dot_v1_dot_agent__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in protos/aryl/v1/agent_pb2_grpc.py depends on'
+        + ' but the generated code in aryl/v1/agent_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,18 +36,18 @@ class AgentServiceStub:
         """
         self.RegisterServer = channel.unary_unary(
                 '/aryl.v1.AgentService/RegisterServer',
-                request_serializer=protos_dot_aryl_dot_v1_dot_agent__pb2.RegisterServerRequest.SerializeToString,
-                response_deserializer=protos_dot_aryl_dot_v1_dot_agent__pb2.RegisterServerResponse.FromString,
+                request_serializer=aryl_dot_v1_dot_agent__pb2.RegisterServerRequest.SerializeToString,
+                response_deserializer=aryl_dot_v1_dot_agent__pb2.RegisterServerResponse.FromString,
                 _registered_method=True)
         self.ReportStatus = channel.unary_unary(
                 '/aryl.v1.AgentService/ReportStatus',
-                request_serializer=protos_dot_aryl_dot_v1_dot_agent__pb2.ReportStatusRequest.SerializeToString,
-                response_deserializer=protos_dot_aryl_dot_v1_dot_agent__pb2.ReportStatusResponse.FromString,
+                request_serializer=aryl_dot_v1_dot_agent__pb2.ReportStatusRequest.SerializeToString,
+                response_deserializer=aryl_dot_v1_dot_agent__pb2.ReportStatusResponse.FromString,
                 _registered_method=True)
         self.WatchDesiredState = channel.unary_stream(
                 '/aryl.v1.AgentService/WatchDesiredState',
-                request_serializer=protos_dot_aryl_dot_v1_dot_agent__pb2.WatchDesiredStateRequest.SerializeToString,
-                response_deserializer=protos_dot_aryl_dot_v1_dot_agent__pb2.DesiredState.FromString,
+                request_serializer=aryl_dot_v1_dot_agent__pb2.WatchDesiredStateRequest.SerializeToString,
+                response_deserializer=aryl_dot_v1_dot_agent__pb2.DesiredState.FromString,
                 _registered_method=True)
 
 
@@ -77,18 +77,18 @@ def add_AgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'RegisterServer': grpc.unary_unary_rpc_method_handler(
                     servicer.RegisterServer,
-                    request_deserializer=protos_dot_aryl_dot_v1_dot_agent__pb2.RegisterServerRequest.FromString,
-                    response_serializer=protos_dot_aryl_dot_v1_dot_agent__pb2.RegisterServerResponse.SerializeToString,
+                    request_deserializer=aryl_dot_v1_dot_agent__pb2.RegisterServerRequest.FromString,
+                    response_serializer=aryl_dot_v1_dot_agent__pb2.RegisterServerResponse.SerializeToString,
             ),
             'ReportStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportStatus,
-                    request_deserializer=protos_dot_aryl_dot_v1_dot_agent__pb2.ReportStatusRequest.FromString,
-                    response_serializer=protos_dot_aryl_dot_v1_dot_agent__pb2.ReportStatusResponse.SerializeToString,
+                    request_deserializer=aryl_dot_v1_dot_agent__pb2.ReportStatusRequest.FromString,
+                    response_serializer=aryl_dot_v1_dot_agent__pb2.ReportStatusResponse.SerializeToString,
             ),
             'WatchDesiredState': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchDesiredState,
-                    request_deserializer=protos_dot_aryl_dot_v1_dot_agent__pb2.WatchDesiredStateRequest.FromString,
-                    response_serializer=protos_dot_aryl_dot_v1_dot_agent__pb2.DesiredState.SerializeToString,
+                    request_deserializer=aryl_dot_v1_dot_agent__pb2.WatchDesiredStateRequest.FromString,
+                    response_serializer=aryl_dot_v1_dot_agent__pb2.DesiredState.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -116,8 +116,8 @@ class AgentService:
             request,
             target,
             '/aryl.v1.AgentService/RegisterServer',
-            protos_dot_aryl_dot_v1_dot_agent__pb2.RegisterServerRequest.SerializeToString,
-            protos_dot_aryl_dot_v1_dot_agent__pb2.RegisterServerResponse.FromString,
+            aryl_dot_v1_dot_agent__pb2.RegisterServerRequest.SerializeToString,
+            aryl_dot_v1_dot_agent__pb2.RegisterServerResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -143,8 +143,8 @@ class AgentService:
             request,
             target,
             '/aryl.v1.AgentService/ReportStatus',
-            protos_dot_aryl_dot_v1_dot_agent__pb2.ReportStatusRequest.SerializeToString,
-            protos_dot_aryl_dot_v1_dot_agent__pb2.ReportStatusResponse.FromString,
+            aryl_dot_v1_dot_agent__pb2.ReportStatusRequest.SerializeToString,
+            aryl_dot_v1_dot_agent__pb2.ReportStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -170,8 +170,8 @@ class AgentService:
             request,
             target,
             '/aryl.v1.AgentService/WatchDesiredState',
-            protos_dot_aryl_dot_v1_dot_agent__pb2.WatchDesiredStateRequest.SerializeToString,
-            protos_dot_aryl_dot_v1_dot_agent__pb2.DesiredState.FromString,
+            aryl_dot_v1_dot_agent__pb2.WatchDesiredStateRequest.SerializeToString,
+            aryl_dot_v1_dot_agent__pb2.DesiredState.FromString,
             options,
             channel_credentials,
             insecure,
@@ -196,8 +196,8 @@ class WorkerLogServiceStub:
         """
         self.ReadWorkerLog = channel.unary_unary(
                 '/aryl.v1.WorkerLogService/ReadWorkerLog',
-                request_serializer=protos_dot_aryl_dot_v1_dot_agent__pb2.ReadWorkerLogRequest.SerializeToString,
-                response_deserializer=protos_dot_aryl_dot_v1_dot_agent__pb2.ReadWorkerLogResponse.FromString,
+                request_serializer=aryl_dot_v1_dot_agent__pb2.ReadWorkerLogRequest.SerializeToString,
+                response_deserializer=aryl_dot_v1_dot_agent__pb2.ReadWorkerLogResponse.FromString,
                 _registered_method=True)
 
 
@@ -217,8 +217,8 @@ def add_WorkerLogServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'ReadWorkerLog': grpc.unary_unary_rpc_method_handler(
                     servicer.ReadWorkerLog,
-                    request_deserializer=protos_dot_aryl_dot_v1_dot_agent__pb2.ReadWorkerLogRequest.FromString,
-                    response_serializer=protos_dot_aryl_dot_v1_dot_agent__pb2.ReadWorkerLogResponse.SerializeToString,
+                    request_deserializer=aryl_dot_v1_dot_agent__pb2.ReadWorkerLogRequest.FromString,
+                    response_serializer=aryl_dot_v1_dot_agent__pb2.ReadWorkerLogResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -248,8 +248,8 @@ class WorkerLogService:
             request,
             target,
             '/aryl.v1.WorkerLogService/ReadWorkerLog',
-            protos_dot_aryl_dot_v1_dot_agent__pb2.ReadWorkerLogRequest.SerializeToString,
-            protos_dot_aryl_dot_v1_dot_agent__pb2.ReadWorkerLogResponse.FromString,
+            aryl_dot_v1_dot_agent__pb2.ReadWorkerLogRequest.SerializeToString,
+            aryl_dot_v1_dot_agent__pb2.ReadWorkerLogResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from protos.aryl.v1 import inference_pb2 as protos_dot_aryl_dot_v1_dot_inference__pb2
+from protos.aryl.v1 import inference_pb2 as aryl_dot_v1_dot_inference__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in protos/aryl/v1/inference_pb2_grpc.py depends on'
+        + ' but the generated code in aryl/v1/inference_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,23 +36,23 @@ class InferenceServiceStub:
         """
         self.ReportDemand = channel.unary_unary(
                 '/aryl.v1.InferenceService/ReportDemand',
-                request_serializer=protos_dot_aryl_dot_v1_dot_inference__pb2.ReportDemandRequest.SerializeToString,
-                response_deserializer=protos_dot_aryl_dot_v1_dot_inference__pb2.ReportDemandResponse.FromString,
+                request_serializer=aryl_dot_v1_dot_inference__pb2.ReportDemandRequest.SerializeToString,
+                response_deserializer=aryl_dot_v1_dot_inference__pb2.ReportDemandResponse.FromString,
                 _registered_method=True)
         self.GetDemand = channel.unary_unary(
                 '/aryl.v1.InferenceService/GetDemand',
-                request_serializer=protos_dot_aryl_dot_v1_dot_inference__pb2.GetDemandRequest.SerializeToString,
-                response_deserializer=protos_dot_aryl_dot_v1_dot_inference__pb2.GetDemandResponse.FromString,
+                request_serializer=aryl_dot_v1_dot_inference__pb2.GetDemandRequest.SerializeToString,
+                response_deserializer=aryl_dot_v1_dot_inference__pb2.GetDemandResponse.FromString,
                 _registered_method=True)
         self.WatchServingPool = channel.unary_stream(
                 '/aryl.v1.InferenceService/WatchServingPool',
-                request_serializer=protos_dot_aryl_dot_v1_dot_inference__pb2.WatchServingPoolRequest.SerializeToString,
-                response_deserializer=protos_dot_aryl_dot_v1_dot_inference__pb2.ServingPool.FromString,
+                request_serializer=aryl_dot_v1_dot_inference__pb2.WatchServingPoolRequest.SerializeToString,
+                response_deserializer=aryl_dot_v1_dot_inference__pb2.ServingPool.FromString,
                 _registered_method=True)
         self.ReportDrained = channel.unary_unary(
                 '/aryl.v1.InferenceService/ReportDrained',
-                request_serializer=protos_dot_aryl_dot_v1_dot_inference__pb2.ReportDrainedRequest.SerializeToString,
-                response_deserializer=protos_dot_aryl_dot_v1_dot_inference__pb2.ReportDrainedResponse.FromString,
+                request_serializer=aryl_dot_v1_dot_inference__pb2.ReportDrainedRequest.SerializeToString,
+                response_deserializer=aryl_dot_v1_dot_inference__pb2.ReportDrainedResponse.FromString,
                 _registered_method=True)
 
 
@@ -93,23 +93,23 @@ def add_InferenceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'ReportDemand': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportDemand,
-                    request_deserializer=protos_dot_aryl_dot_v1_dot_inference__pb2.ReportDemandRequest.FromString,
-                    response_serializer=protos_dot_aryl_dot_v1_dot_inference__pb2.ReportDemandResponse.SerializeToString,
+                    request_deserializer=aryl_dot_v1_dot_inference__pb2.ReportDemandRequest.FromString,
+                    response_serializer=aryl_dot_v1_dot_inference__pb2.ReportDemandResponse.SerializeToString,
             ),
             'GetDemand': grpc.unary_unary_rpc_method_handler(
                     servicer.GetDemand,
-                    request_deserializer=protos_dot_aryl_dot_v1_dot_inference__pb2.GetDemandRequest.FromString,
-                    response_serializer=protos_dot_aryl_dot_v1_dot_inference__pb2.GetDemandResponse.SerializeToString,
+                    request_deserializer=aryl_dot_v1_dot_inference__pb2.GetDemandRequest.FromString,
+                    response_serializer=aryl_dot_v1_dot_inference__pb2.GetDemandResponse.SerializeToString,
             ),
             'WatchServingPool': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchServingPool,
-                    request_deserializer=protos_dot_aryl_dot_v1_dot_inference__pb2.WatchServingPoolRequest.FromString,
-                    response_serializer=protos_dot_aryl_dot_v1_dot_inference__pb2.ServingPool.SerializeToString,
+                    request_deserializer=aryl_dot_v1_dot_inference__pb2.WatchServingPoolRequest.FromString,
+                    response_serializer=aryl_dot_v1_dot_inference__pb2.ServingPool.SerializeToString,
             ),
             'ReportDrained': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportDrained,
-                    request_deserializer=protos_dot_aryl_dot_v1_dot_inference__pb2.ReportDrainedRequest.FromString,
-                    response_serializer=protos_dot_aryl_dot_v1_dot_inference__pb2.ReportDrainedResponse.SerializeToString,
+                    request_deserializer=aryl_dot_v1_dot_inference__pb2.ReportDrainedRequest.FromString,
+                    response_serializer=aryl_dot_v1_dot_inference__pb2.ReportDrainedResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -137,8 +137,8 @@ class InferenceService:
             request,
             target,
             '/aryl.v1.InferenceService/ReportDemand',
-            protos_dot_aryl_dot_v1_dot_inference__pb2.ReportDemandRequest.SerializeToString,
-            protos_dot_aryl_dot_v1_dot_inference__pb2.ReportDemandResponse.FromString,
+            aryl_dot_v1_dot_inference__pb2.ReportDemandRequest.SerializeToString,
+            aryl_dot_v1_dot_inference__pb2.ReportDemandResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -164,8 +164,8 @@ class InferenceService:
             request,
             target,
             '/aryl.v1.InferenceService/GetDemand',
-            protos_dot_aryl_dot_v1_dot_inference__pb2.GetDemandRequest.SerializeToString,
-            protos_dot_aryl_dot_v1_dot_inference__pb2.GetDemandResponse.FromString,
+            aryl_dot_v1_dot_inference__pb2.GetDemandRequest.SerializeToString,
+            aryl_dot_v1_dot_inference__pb2.GetDemandResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -191,8 +191,8 @@ class InferenceService:
             request,
             target,
             '/aryl.v1.InferenceService/WatchServingPool',
-            protos_dot_aryl_dot_v1_dot_inference__pb2.WatchServingPoolRequest.SerializeToString,
-            protos_dot_aryl_dot_v1_dot_inference__pb2.ServingPool.FromString,
+            aryl_dot_v1_dot_inference__pb2.WatchServingPoolRequest.SerializeToString,
+            aryl_dot_v1_dot_inference__pb2.ServingPool.FromString,
             options,
             channel_credentials,
             insecure,
@@ -218,8 +218,8 @@ class InferenceService:
             request,
             target,
             '/aryl.v1.InferenceService/ReportDrained',
-            protos_dot_aryl_dot_v1_dot_inference__pb2.ReportDrainedRequest.SerializeToString,
-            protos_dot_aryl_dot_v1_dot_inference__pb2.ReportDrainedResponse.FromString,
+            aryl_dot_v1_dot_inference__pb2.ReportDrainedRequest.SerializeToString,
+            aryl_dot_v1_dot_inference__pb2.ReportDrainedResponse.FromString,
             options,
             channel_credentials,
             insecure,

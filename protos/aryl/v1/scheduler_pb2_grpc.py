@@ -3,8 +3,8 @@
 import grpc
 import warnings
 
-from protos.aryl.v1 import scheduler_pb2 as protos_dot_aryl_dot_v1_dot_scheduler__pb2
-from protos.aryl.v1 import types_pb2 as protos_dot_aryl_dot_v1_dot_types__pb2
+from protos.aryl.v1 import scheduler_pb2 as aryl_dot_v1_dot_scheduler__pb2
+from protos.aryl.v1 import types_pb2 as aryl_dot_v1_dot_types__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -19,7 +19,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in protos/aryl/v1/scheduler_pb2_grpc.py depends on'
+        + ' but the generated code in aryl/v1/scheduler_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -37,58 +37,58 @@ class SchedulerServiceStub:
         """
         self.SubmitJob = channel.unary_unary(
                 '/aryl.v1.SchedulerService/SubmitJob',
-                request_serializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.SubmitJobRequest.SerializeToString,
-                response_deserializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.SubmitJobResponse.FromString,
+                request_serializer=aryl_dot_v1_dot_scheduler__pb2.SubmitJobRequest.SerializeToString,
+                response_deserializer=aryl_dot_v1_dot_scheduler__pb2.SubmitJobResponse.FromString,
                 _registered_method=True)
         self.GetJob = channel.unary_unary(
                 '/aryl.v1.SchedulerService/GetJob',
-                request_serializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.GetJobRequest.SerializeToString,
-                response_deserializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.GetJobResponse.FromString,
+                request_serializer=aryl_dot_v1_dot_scheduler__pb2.GetJobRequest.SerializeToString,
+                response_deserializer=aryl_dot_v1_dot_scheduler__pb2.GetJobResponse.FromString,
                 _registered_method=True)
         self.ListJobs = channel.unary_unary(
                 '/aryl.v1.SchedulerService/ListJobs',
-                request_serializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.ListJobsRequest.SerializeToString,
-                response_deserializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.ListJobsResponse.FromString,
+                request_serializer=aryl_dot_v1_dot_scheduler__pb2.ListJobsRequest.SerializeToString,
+                response_deserializer=aryl_dot_v1_dot_scheduler__pb2.ListJobsResponse.FromString,
                 _registered_method=True)
         self.CancelJob = channel.unary_unary(
                 '/aryl.v1.SchedulerService/CancelJob',
-                request_serializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.CancelJobRequest.SerializeToString,
-                response_deserializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.CancelJobResponse.FromString,
+                request_serializer=aryl_dot_v1_dot_scheduler__pb2.CancelJobRequest.SerializeToString,
+                response_deserializer=aryl_dot_v1_dot_scheduler__pb2.CancelJobResponse.FromString,
                 _registered_method=True)
         self.WatchEvents = channel.unary_stream(
                 '/aryl.v1.SchedulerService/WatchEvents',
-                request_serializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.WatchEventsRequest.SerializeToString,
-                response_deserializer=protos_dot_aryl_dot_v1_dot_types__pb2.Event.FromString,
+                request_serializer=aryl_dot_v1_dot_scheduler__pb2.WatchEventsRequest.SerializeToString,
+                response_deserializer=aryl_dot_v1_dot_types__pb2.Event.FromString,
                 _registered_method=True)
         self.GetCluster = channel.unary_unary(
                 '/aryl.v1.SchedulerService/GetCluster',
-                request_serializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.GetClusterRequest.SerializeToString,
-                response_deserializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.GetClusterResponse.FromString,
+                request_serializer=aryl_dot_v1_dot_scheduler__pb2.GetClusterRequest.SerializeToString,
+                response_deserializer=aryl_dot_v1_dot_scheduler__pb2.GetClusterResponse.FromString,
                 _registered_method=True)
         self.ListServers = channel.unary_unary(
                 '/aryl.v1.SchedulerService/ListServers',
-                request_serializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.ListServersRequest.SerializeToString,
-                response_deserializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.ListServersResponse.FromString,
+                request_serializer=aryl_dot_v1_dot_scheduler__pb2.ListServersRequest.SerializeToString,
+                response_deserializer=aryl_dot_v1_dot_scheduler__pb2.ListServersResponse.FromString,
                 _registered_method=True)
         self.ListLoans = channel.unary_unary(
                 '/aryl.v1.SchedulerService/ListLoans',
-                request_serializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.ListLoansRequest.SerializeToString,
-                response_deserializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.ListLoansResponse.FromString,
+                request_serializer=aryl_dot_v1_dot_scheduler__pb2.ListLoansRequest.SerializeToString,
+                response_deserializer=aryl_dot_v1_dot_scheduler__pb2.ListLoansResponse.FromString,
                 _registered_method=True)
         self.ExplainJob = channel.unary_unary(
                 '/aryl.v1.SchedulerService/ExplainJob',
-                request_serializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.ExplainJobRequest.SerializeToString,
-                response_deserializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.ExplainJobResponse.FromString,
+                request_serializer=aryl_dot_v1_dot_scheduler__pb2.ExplainJobRequest.SerializeToString,
+                response_deserializer=aryl_dot_v1_dot_scheduler__pb2.ExplainJobResponse.FromString,
                 _registered_method=True)
         self.PreviewReclaim = channel.unary_unary(
                 '/aryl.v1.SchedulerService/PreviewReclaim',
-                request_serializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.PreviewReclaimRequest.SerializeToString,
-                response_deserializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.PreviewReclaimResponse.FromString,
+                request_serializer=aryl_dot_v1_dot_scheduler__pb2.PreviewReclaimRequest.SerializeToString,
+                response_deserializer=aryl_dot_v1_dot_scheduler__pb2.PreviewReclaimResponse.FromString,
                 _registered_method=True)
         self.GetJobLogs = channel.unary_unary(
                 '/aryl.v1.SchedulerService/GetJobLogs',
-                request_serializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.GetJobLogsRequest.SerializeToString,
-                response_deserializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.GetJobLogsResponse.FromString,
+                request_serializer=aryl_dot_v1_dot_scheduler__pb2.GetJobLogsRequest.SerializeToString,
+                response_deserializer=aryl_dot_v1_dot_scheduler__pb2.GetJobLogsResponse.FromString,
                 _registered_method=True)
 
 
@@ -184,58 +184,58 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'SubmitJob': grpc.unary_unary_rpc_method_handler(
                     servicer.SubmitJob,
-                    request_deserializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.SubmitJobRequest.FromString,
-                    response_serializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.SubmitJobResponse.SerializeToString,
+                    request_deserializer=aryl_dot_v1_dot_scheduler__pb2.SubmitJobRequest.FromString,
+                    response_serializer=aryl_dot_v1_dot_scheduler__pb2.SubmitJobResponse.SerializeToString,
             ),
             'GetJob': grpc.unary_unary_rpc_method_handler(
                     servicer.GetJob,
-                    request_deserializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.GetJobRequest.FromString,
-                    response_serializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.GetJobResponse.SerializeToString,
+                    request_deserializer=aryl_dot_v1_dot_scheduler__pb2.GetJobRequest.FromString,
+                    response_serializer=aryl_dot_v1_dot_scheduler__pb2.GetJobResponse.SerializeToString,
             ),
             'ListJobs': grpc.unary_unary_rpc_method_handler(
                     servicer.ListJobs,
-                    request_deserializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.ListJobsRequest.FromString,
-                    response_serializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.ListJobsResponse.SerializeToString,
+                    request_deserializer=aryl_dot_v1_dot_scheduler__pb2.ListJobsRequest.FromString,
+                    response_serializer=aryl_dot_v1_dot_scheduler__pb2.ListJobsResponse.SerializeToString,
             ),
             'CancelJob': grpc.unary_unary_rpc_method_handler(
                     servicer.CancelJob,
-                    request_deserializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.CancelJobRequest.FromString,
-                    response_serializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.CancelJobResponse.SerializeToString,
+                    request_deserializer=aryl_dot_v1_dot_scheduler__pb2.CancelJobRequest.FromString,
+                    response_serializer=aryl_dot_v1_dot_scheduler__pb2.CancelJobResponse.SerializeToString,
             ),
             'WatchEvents': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchEvents,
-                    request_deserializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.WatchEventsRequest.FromString,
-                    response_serializer=protos_dot_aryl_dot_v1_dot_types__pb2.Event.SerializeToString,
+                    request_deserializer=aryl_dot_v1_dot_scheduler__pb2.WatchEventsRequest.FromString,
+                    response_serializer=aryl_dot_v1_dot_types__pb2.Event.SerializeToString,
             ),
             'GetCluster': grpc.unary_unary_rpc_method_handler(
                     servicer.GetCluster,
-                    request_deserializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.GetClusterRequest.FromString,
-                    response_serializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.GetClusterResponse.SerializeToString,
+                    request_deserializer=aryl_dot_v1_dot_scheduler__pb2.GetClusterRequest.FromString,
+                    response_serializer=aryl_dot_v1_dot_scheduler__pb2.GetClusterResponse.SerializeToString,
             ),
             'ListServers': grpc.unary_unary_rpc_method_handler(
                     servicer.ListServers,
-                    request_deserializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.ListServersRequest.FromString,
-                    response_serializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.ListServersResponse.SerializeToString,
+                    request_deserializer=aryl_dot_v1_dot_scheduler__pb2.ListServersRequest.FromString,
+                    response_serializer=aryl_dot_v1_dot_scheduler__pb2.ListServersResponse.SerializeToString,
             ),
             'ListLoans': grpc.unary_unary_rpc_method_handler(
                     servicer.ListLoans,
-                    request_deserializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.ListLoansRequest.FromString,
-                    response_serializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.ListLoansResponse.SerializeToString,
+                    request_deserializer=aryl_dot_v1_dot_scheduler__pb2.ListLoansRequest.FromString,
+                    response_serializer=aryl_dot_v1_dot_scheduler__pb2.ListLoansResponse.SerializeToString,
             ),
             'ExplainJob': grpc.unary_unary_rpc_method_handler(
                     servicer.ExplainJob,
-                    request_deserializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.ExplainJobRequest.FromString,
-                    response_serializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.ExplainJobResponse.SerializeToString,
+                    request_deserializer=aryl_dot_v1_dot_scheduler__pb2.ExplainJobRequest.FromString,
+                    response_serializer=aryl_dot_v1_dot_scheduler__pb2.ExplainJobResponse.SerializeToString,
             ),
             'PreviewReclaim': grpc.unary_unary_rpc_method_handler(
                     servicer.PreviewReclaim,
-                    request_deserializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.PreviewReclaimRequest.FromString,
-                    response_serializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.PreviewReclaimResponse.SerializeToString,
+                    request_deserializer=aryl_dot_v1_dot_scheduler__pb2.PreviewReclaimRequest.FromString,
+                    response_serializer=aryl_dot_v1_dot_scheduler__pb2.PreviewReclaimResponse.SerializeToString,
             ),
             'GetJobLogs': grpc.unary_unary_rpc_method_handler(
                     servicer.GetJobLogs,
-                    request_deserializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.GetJobLogsRequest.FromString,
-                    response_serializer=protos_dot_aryl_dot_v1_dot_scheduler__pb2.GetJobLogsResponse.SerializeToString,
+                    request_deserializer=aryl_dot_v1_dot_scheduler__pb2.GetJobLogsRequest.FromString,
+                    response_serializer=aryl_dot_v1_dot_scheduler__pb2.GetJobLogsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -263,8 +263,8 @@ class SchedulerService:
             request,
             target,
             '/aryl.v1.SchedulerService/SubmitJob',
-            protos_dot_aryl_dot_v1_dot_scheduler__pb2.SubmitJobRequest.SerializeToString,
-            protos_dot_aryl_dot_v1_dot_scheduler__pb2.SubmitJobResponse.FromString,
+            aryl_dot_v1_dot_scheduler__pb2.SubmitJobRequest.SerializeToString,
+            aryl_dot_v1_dot_scheduler__pb2.SubmitJobResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -290,8 +290,8 @@ class SchedulerService:
             request,
             target,
             '/aryl.v1.SchedulerService/GetJob',
-            protos_dot_aryl_dot_v1_dot_scheduler__pb2.GetJobRequest.SerializeToString,
-            protos_dot_aryl_dot_v1_dot_scheduler__pb2.GetJobResponse.FromString,
+            aryl_dot_v1_dot_scheduler__pb2.GetJobRequest.SerializeToString,
+            aryl_dot_v1_dot_scheduler__pb2.GetJobResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -317,8 +317,8 @@ class SchedulerService:
             request,
             target,
             '/aryl.v1.SchedulerService/ListJobs',
-            protos_dot_aryl_dot_v1_dot_scheduler__pb2.ListJobsRequest.SerializeToString,
-            protos_dot_aryl_dot_v1_dot_scheduler__pb2.ListJobsResponse.FromString,
+            aryl_dot_v1_dot_scheduler__pb2.ListJobsRequest.SerializeToString,
+            aryl_dot_v1_dot_scheduler__pb2.ListJobsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -344,8 +344,8 @@ class SchedulerService:
             request,
             target,
             '/aryl.v1.SchedulerService/CancelJob',
-            protos_dot_aryl_dot_v1_dot_scheduler__pb2.CancelJobRequest.SerializeToString,
-            protos_dot_aryl_dot_v1_dot_scheduler__pb2.CancelJobResponse.FromString,
+            aryl_dot_v1_dot_scheduler__pb2.CancelJobRequest.SerializeToString,
+            aryl_dot_v1_dot_scheduler__pb2.CancelJobResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -371,8 +371,8 @@ class SchedulerService:
             request,
             target,
             '/aryl.v1.SchedulerService/WatchEvents',
-            protos_dot_aryl_dot_v1_dot_scheduler__pb2.WatchEventsRequest.SerializeToString,
-            protos_dot_aryl_dot_v1_dot_types__pb2.Event.FromString,
+            aryl_dot_v1_dot_scheduler__pb2.WatchEventsRequest.SerializeToString,
+            aryl_dot_v1_dot_types__pb2.Event.FromString,
             options,
             channel_credentials,
             insecure,
@@ -398,8 +398,8 @@ class SchedulerService:
             request,
             target,
             '/aryl.v1.SchedulerService/GetCluster',
-            protos_dot_aryl_dot_v1_dot_scheduler__pb2.GetClusterRequest.SerializeToString,
-            protos_dot_aryl_dot_v1_dot_scheduler__pb2.GetClusterResponse.FromString,
+            aryl_dot_v1_dot_scheduler__pb2.GetClusterRequest.SerializeToString,
+            aryl_dot_v1_dot_scheduler__pb2.GetClusterResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -425,8 +425,8 @@ class SchedulerService:
             request,
             target,
             '/aryl.v1.SchedulerService/ListServers',
-            protos_dot_aryl_dot_v1_dot_scheduler__pb2.ListServersRequest.SerializeToString,
-            protos_dot_aryl_dot_v1_dot_scheduler__pb2.ListServersResponse.FromString,
+            aryl_dot_v1_dot_scheduler__pb2.ListServersRequest.SerializeToString,
+            aryl_dot_v1_dot_scheduler__pb2.ListServersResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -452,8 +452,8 @@ class SchedulerService:
             request,
             target,
             '/aryl.v1.SchedulerService/ListLoans',
-            protos_dot_aryl_dot_v1_dot_scheduler__pb2.ListLoansRequest.SerializeToString,
-            protos_dot_aryl_dot_v1_dot_scheduler__pb2.ListLoansResponse.FromString,
+            aryl_dot_v1_dot_scheduler__pb2.ListLoansRequest.SerializeToString,
+            aryl_dot_v1_dot_scheduler__pb2.ListLoansResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -479,8 +479,8 @@ class SchedulerService:
             request,
             target,
             '/aryl.v1.SchedulerService/ExplainJob',
-            protos_dot_aryl_dot_v1_dot_scheduler__pb2.ExplainJobRequest.SerializeToString,
-            protos_dot_aryl_dot_v1_dot_scheduler__pb2.ExplainJobResponse.FromString,
+            aryl_dot_v1_dot_scheduler__pb2.ExplainJobRequest.SerializeToString,
+            aryl_dot_v1_dot_scheduler__pb2.ExplainJobResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -506,8 +506,8 @@ class SchedulerService:
             request,
             target,
             '/aryl.v1.SchedulerService/PreviewReclaim',
-            protos_dot_aryl_dot_v1_dot_scheduler__pb2.PreviewReclaimRequest.SerializeToString,
-            protos_dot_aryl_dot_v1_dot_scheduler__pb2.PreviewReclaimResponse.FromString,
+            aryl_dot_v1_dot_scheduler__pb2.PreviewReclaimRequest.SerializeToString,
+            aryl_dot_v1_dot_scheduler__pb2.PreviewReclaimResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -533,8 +533,8 @@ class SchedulerService:
             request,
             target,
             '/aryl.v1.SchedulerService/GetJobLogs',
-            protos_dot_aryl_dot_v1_dot_scheduler__pb2.GetJobLogsRequest.SerializeToString,
-            protos_dot_aryl_dot_v1_dot_scheduler__pb2.GetJobLogsResponse.FromString,
+            aryl_dot_v1_dot_scheduler__pb2.GetJobLogsRequest.SerializeToString,
+            aryl_dot_v1_dot_scheduler__pb2.GetJobLogsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -126,7 +126,7 @@ class ThroughputHints(_message.Message):
     def __init__(self, points: _Optional[_Iterable[_Union[ThroughputPoint, _Mapping]]] = ..., total_work: _Optional[float] = ..., estimated_runtime: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "user", "queue", "command", "env", "gpus_per_worker", "min_workers", "max_workers", "priority", "deadline", "throughput", "max_runtime", "restart_policy", "max_restarts")
+    __slots__ = ("name", "user", "queue", "command", "env", "gpus_per_worker", "min_workers", "max_workers", "priority", "deadline", "throughput", "max_runtime", "restart_policy", "max_restarts", "working_dir", "working_dir_if_exists")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -148,6 +148,8 @@ class JobSpec(_message.Message):
     MAX_RUNTIME_FIELD_NUMBER: _ClassVar[int]
     RESTART_POLICY_FIELD_NUMBER: _ClassVar[int]
     MAX_RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    WORKING_DIR_FIELD_NUMBER: _ClassVar[int]
+    WORKING_DIR_IF_EXISTS_FIELD_NUMBER: _ClassVar[int]
     name: str
     user: str
     queue: str
@@ -162,7 +164,9 @@ class JobSpec(_message.Message):
     max_runtime: _duration_pb2.Duration
     restart_policy: RestartPolicy
     max_restarts: int
-    def __init__(self, name: _Optional[str] = ..., user: _Optional[str] = ..., queue: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., gpus_per_worker: _Optional[int] = ..., min_workers: _Optional[int] = ..., max_workers: _Optional[int] = ..., priority: _Optional[int] = ..., deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., throughput: _Optional[_Union[ThroughputHints, _Mapping]] = ..., max_runtime: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., restart_policy: _Optional[_Union[RestartPolicy, str]] = ..., max_restarts: _Optional[int] = ...) -> None: ...
+    working_dir: str
+    working_dir_if_exists: bool
+    def __init__(self, name: _Optional[str] = ..., user: _Optional[str] = ..., queue: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., gpus_per_worker: _Optional[int] = ..., min_workers: _Optional[int] = ..., max_workers: _Optional[int] = ..., priority: _Optional[int] = ..., deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., throughput: _Optional[_Union[ThroughputHints, _Mapping]] = ..., max_runtime: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., restart_policy: _Optional[_Union[RestartPolicy, str]] = ..., max_restarts: _Optional[int] = ..., working_dir: _Optional[str] = ..., working_dir_if_exists: _Optional[bool] = ...) -> None: ...
 
 class WorkerAllocation(_message.Message):
     __slots__ = ("rank", "server_id", "gpu_indices")
