@@ -105,6 +105,8 @@ class Job(Base):
     # ``working_dir_if_exists`` it is a default used only where it exists; without, a server lacking it fails the job.
     working_dir: Mapped[str | None] = mapped_column(String(4096))
     working_dir_if_exists: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # Why a running elastic job keeps its size (``REASON: message``; '' when nothing holds it back).
+    size_note: Mapped[str] = mapped_column(String(1024), default="", server_default=text("''"))
 
     __table_args__ = (
         CheckConstraint("gpus_per_worker >= 1", name="gpus_per_worker_positive"),
@@ -206,6 +208,33 @@ class Allocation(Base):
     )
 
 
+class MasterPort(Base):
+    """A job's rendezvous port (``MASTER_PORT``) on the server of its rank 0. The primary key is the
+    guarantee: one port of one server, at most one job. A row whose job no longer has rank 0 there is
+    stale and reused by the next allocation on that server (``store.ports``)."""
+
+    __tablename__ = "master_ports"
+
+    server_id: Mapped[str] = mapped_column(String(253), primary_key=True)
+    port: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("jobs.id", ondelete="CASCADE"), unique=True)
+    allocated_at: Mapped[float] = mapped_column(Double)
+
+    __table_args__ = (CheckConstraint("port >= 1 AND port <= 65535", name="port_valid"),)
+
+
+class SchedulerNote(Base):
+    """A standing cluster-level decision by topic (``LOANS``: why no server is loaned), with the time
+    it was first made; rewritten only when the decision changes."""
+
+    __tablename__ = "scheduler_notes"
+
+    topic: Mapped[str] = mapped_column(String(32), primary_key=True)
+    reason: Mapped[str] = mapped_column(String(64))
+    message: Mapped[str] = mapped_column(String(1024))
+    since: Mapped[float] = mapped_column(Double)
+
+
 class Loan(Base):
     __tablename__ = "loans"
 
@@ -281,5 +310,7 @@ SERVERS = cast(Table, Server.__table__)
 GPUS = cast(Table, Gpu.__table__)
 ALLOCATIONS = cast(Table, Allocation.__table__)
 LOANS = cast(Table, Loan.__table__)
+MASTER_PORTS = cast(Table, MasterPort.__table__)
+SCHEDULER_NOTES = cast(Table, SchedulerNote.__table__)
 EVENTS = cast(Table, Event.__table__)
 DEMAND_REPORTS = cast(Table, DemandReport.__table__)
