@@ -58,7 +58,13 @@ def run(args: argparse.Namespace) -> int:
     """The program; its failures are typed (``aryl_common.entry``) and reported by ``main``."""
     config = build_config(args)
     configure_logging(config.logging.format, config.logging.level)
-    from scheduler_service.server import SchedulerService, displayed_url, reaching_database
+    try:
+        from scheduler_service.server import SchedulerService, displayed_url, reaching_database
+    except ModuleNotFoundError as exc:  # the solvers' numba is an extra: aryl[scheduler]
+        if exc.name not in ("numba", "llvmlite"):
+            raise
+        missing = f"the scheduler needs {exc.name}, which is not installed: pip install 'aryl[scheduler]'"
+        raise BadInput(missing) from exc
 
     if args.command == "migrate":
         with reaching_database(config.database.url):
