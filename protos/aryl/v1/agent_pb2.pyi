@@ -214,3 +214,15 @@ class ReadWorkerLogResponse(_message.Message):
     next_offset: int
     size: int
     def __init__(self, data: _Optional[bytes] = ..., offset: _Optional[int] = ..., next_offset: _Optional[int] = ..., size: _Optional[int] = ...) -> None: ...
+
+class DeregisterRequest(_message.Message):
+    __slots__ = ("server_id", "reason")
+    SERVER_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    server_id: str
+    reason: str
+    def __init__(self, server_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class DeregisterResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

@@ -49,6 +49,11 @@ class AgentServiceStub:
                 request_serializer=aryl_dot_v1_dot_agent__pb2.WatchDesiredStateRequest.SerializeToString,
                 response_deserializer=aryl_dot_v1_dot_agent__pb2.DesiredState.FromString,
                 _registered_method=True)
+        self.Deregister = channel.unary_unary(
+                '/aryl.v1.AgentService/Deregister',
+                request_serializer=aryl_dot_v1_dot_agent__pb2.DeregisterRequest.SerializeToString,
+                response_deserializer=aryl_dot_v1_dot_agent__pb2.DeregisterResponse.FromString,
+                _registered_method=True)
 
 
 class AgentServiceServicer:
@@ -72,6 +77,16 @@ class AgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Deregister(self, request, context):
+        """The agent leaves the cluster (it was stopped, and stops its workers): the server becomes LOST
+        with admin_state LEFT at once, its jobs are shrunk or requeued (reason SERVER_LEFT, not a
+        failure) and nothing more is placed there until its agent registers again. NOT_FOUND for an
+        unknown server. Idempotent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -89,6 +104,11 @@ def add_AgentServiceServicer_to_server(servicer, server):
                     servicer.WatchDesiredState,
                     request_deserializer=aryl_dot_v1_dot_agent__pb2.WatchDesiredStateRequest.FromString,
                     response_serializer=aryl_dot_v1_dot_agent__pb2.DesiredState.SerializeToString,
+            ),
+            'Deregister': grpc.unary_unary_rpc_method_handler(
+                    servicer.Deregister,
+                    request_deserializer=aryl_dot_v1_dot_agent__pb2.DeregisterRequest.FromString,
+                    response_serializer=aryl_dot_v1_dot_agent__pb2.DeregisterResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -172,6 +192,33 @@ class AgentService:
             '/aryl.v1.AgentService/WatchDesiredState',
             aryl_dot_v1_dot_agent__pb2.WatchDesiredStateRequest.SerializeToString,
             aryl_dot_v1_dot_agent__pb2.DesiredState.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Deregister(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/aryl.v1.AgentService/Deregister',
+            aryl_dot_v1_dot_agent__pb2.DeregisterRequest.SerializeToString,
+            aryl_dot_v1_dot_agent__pb2.DeregisterResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -222,3 +222,55 @@ class GetJobLogsResponse(_message.Message):
     size: int
     server_id: str
     def __init__(self, data: _Optional[bytes] = ..., offset: _Optional[int] = ..., next_offset: _Optional[int] = ..., size: _Optional[int] = ..., server_id: _Optional[str] = ...) -> None: ...
+
+class CordonServerRequest(_message.Message):
+    __slots__ = ("server_id", "reason")
+    SERVER_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    server_id: str
+    reason: str
+    def __init__(self, server_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class UncordonServerRequest(_message.Message):
+    __slots__ = ("server_id",)
+    SERVER_ID_FIELD_NUMBER: _ClassVar[int]
+    server_id: str
+    def __init__(self, server_id: _Optional[str] = ...) -> None: ...
+
+class DrainServerRequest(_message.Message):
+    __slots__ = ("server_id", "reason", "timeout_seconds", "force")
+    SERVER_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    server_id: str
+    reason: str
+    timeout_seconds: float
+    force: bool
+    def __init__(self, server_id: _Optional[str] = ..., reason: _Optional[str] = ..., timeout_seconds: _Optional[float] = ..., force: _Optional[bool] = ...) -> None: ...
+
+class ServerAdminResponse(_message.Message):
+    __slots__ = ("server", "message")
+    SERVER_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    server: _types_pb2.Server
+    message: str
+    def __init__(self, server: _Optional[_Union[_types_pb2.Server, _Mapping]] = ..., message: _Optional[str] = ...) -> None: ...
+
+class DeleteServerRequest(_message.Message):
+    __slots__ = ("server_id", "force")
+    SERVER_ID_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    server_id: str
+    force: bool
+    def __init__(self, server_id: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
+
+class DeleteServerResponse(_message.Message):
+    __slots__ = ("deleted", "message", "server")
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    SERVER_FIELD_NUMBER: _ClassVar[int]
+    deleted: bool
+    message: str
+    server: _types_pb2.Server
+    def __init__(self, deleted: _Optional[bool] = ..., message: _Optional[str] = ..., server: _Optional[_Union[_types_pb2.Server, _Mapping]] = ...) -> None: ...

@@ -90,6 +90,26 @@ class SchedulerServiceStub:
                 request_serializer=aryl_dot_v1_dot_scheduler__pb2.GetJobLogsRequest.SerializeToString,
                 response_deserializer=aryl_dot_v1_dot_scheduler__pb2.GetJobLogsResponse.FromString,
                 _registered_method=True)
+        self.CordonServer = channel.unary_unary(
+                '/aryl.v1.SchedulerService/CordonServer',
+                request_serializer=aryl_dot_v1_dot_scheduler__pb2.CordonServerRequest.SerializeToString,
+                response_deserializer=aryl_dot_v1_dot_scheduler__pb2.ServerAdminResponse.FromString,
+                _registered_method=True)
+        self.UncordonServer = channel.unary_unary(
+                '/aryl.v1.SchedulerService/UncordonServer',
+                request_serializer=aryl_dot_v1_dot_scheduler__pb2.UncordonServerRequest.SerializeToString,
+                response_deserializer=aryl_dot_v1_dot_scheduler__pb2.ServerAdminResponse.FromString,
+                _registered_method=True)
+        self.DrainServer = channel.unary_unary(
+                '/aryl.v1.SchedulerService/DrainServer',
+                request_serializer=aryl_dot_v1_dot_scheduler__pb2.DrainServerRequest.SerializeToString,
+                response_deserializer=aryl_dot_v1_dot_scheduler__pb2.ServerAdminResponse.FromString,
+                _registered_method=True)
+        self.DeleteServer = channel.unary_unary(
+                '/aryl.v1.SchedulerService/DeleteServer',
+                request_serializer=aryl_dot_v1_dot_scheduler__pb2.DeleteServerRequest.SerializeToString,
+                response_deserializer=aryl_dot_v1_dot_scheduler__pb2.DeleteServerResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServiceServicer:
@@ -179,6 +199,44 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CordonServer(self, request, context):
+        """Servers an operator takes out (arylctl servers cordon|uncordon|drain|delete). Each writes an
+        event and answers with the server as it is now. NOT_FOUND when the server is not registered.
+        Cordon: no new worker or loan is placed there; what runs there keeps running.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UncordonServer(self, request, context):
+        """Undo a cordon or a drain: the server takes work again. FAILED_PRECONDITION for a server whose
+        agent deregistered (it comes back when its agent registers again) or that is being deleted.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DrainServer(self, request, context):
+        """Cordon, and move work off: elastic jobs shrink off it (requeued when fewer than min_workers
+        would be left elsewhere); the other jobs are left to finish, and requeued once the timeout
+        passes (force: now). A loaned inference server is reclaimed. Server.admin_state is DRAINING,
+        then DRAINED once nothing runs there.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteServer(self, request, context):
+        """Remove the server from the cluster and the listing (its GPUs and history of allocations; the
+        event log keeps its events). FAILED_PRECONDITION while workers run there, unless the server is
+        LOST or force is set: then its jobs are shrunk or requeued first and the server is removed once
+        nothing runs there (DeleteServerResponse.deleted is false meanwhile; admin_state DELETING). A
+        deleted server whose agent still runs registers again: stop the agent first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -236,6 +294,26 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.GetJobLogs,
                     request_deserializer=aryl_dot_v1_dot_scheduler__pb2.GetJobLogsRequest.FromString,
                     response_serializer=aryl_dot_v1_dot_scheduler__pb2.GetJobLogsResponse.SerializeToString,
+            ),
+            'CordonServer': grpc.unary_unary_rpc_method_handler(
+                    servicer.CordonServer,
+                    request_deserializer=aryl_dot_v1_dot_scheduler__pb2.CordonServerRequest.FromString,
+                    response_serializer=aryl_dot_v1_dot_scheduler__pb2.ServerAdminResponse.SerializeToString,
+            ),
+            'UncordonServer': grpc.unary_unary_rpc_method_handler(
+                    servicer.UncordonServer,
+                    request_deserializer=aryl_dot_v1_dot_scheduler__pb2.UncordonServerRequest.FromString,
+                    response_serializer=aryl_dot_v1_dot_scheduler__pb2.ServerAdminResponse.SerializeToString,
+            ),
+            'DrainServer': grpc.unary_unary_rpc_method_handler(
+                    servicer.DrainServer,
+                    request_deserializer=aryl_dot_v1_dot_scheduler__pb2.DrainServerRequest.FromString,
+                    response_serializer=aryl_dot_v1_dot_scheduler__pb2.ServerAdminResponse.SerializeToString,
+            ),
+            'DeleteServer': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteServer,
+                    request_deserializer=aryl_dot_v1_dot_scheduler__pb2.DeleteServerRequest.FromString,
+                    response_serializer=aryl_dot_v1_dot_scheduler__pb2.DeleteServerResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -535,6 +613,114 @@ class SchedulerService:
             '/aryl.v1.SchedulerService/GetJobLogs',
             aryl_dot_v1_dot_scheduler__pb2.GetJobLogsRequest.SerializeToString,
             aryl_dot_v1_dot_scheduler__pb2.GetJobLogsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CordonServer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/aryl.v1.SchedulerService/CordonServer',
+            aryl_dot_v1_dot_scheduler__pb2.CordonServerRequest.SerializeToString,
+            aryl_dot_v1_dot_scheduler__pb2.ServerAdminResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UncordonServer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/aryl.v1.SchedulerService/UncordonServer',
+            aryl_dot_v1_dot_scheduler__pb2.UncordonServerRequest.SerializeToString,
+            aryl_dot_v1_dot_scheduler__pb2.ServerAdminResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DrainServer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/aryl.v1.SchedulerService/DrainServer',
+            aryl_dot_v1_dot_scheduler__pb2.DrainServerRequest.SerializeToString,
+            aryl_dot_v1_dot_scheduler__pb2.ServerAdminResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteServer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/aryl.v1.SchedulerService/DeleteServer',
+            aryl_dot_v1_dot_scheduler__pb2.DeleteServerRequest.SerializeToString,
+            aryl_dot_v1_dot_scheduler__pb2.DeleteServerResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -243,7 +243,7 @@ class Gpu(_message.Message):
     def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., model: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., healthy: _Optional[bool] = ..., health_reason: _Optional[str] = ..., job_id: _Optional[str] = ..., utilization: _Optional[float] = ..., memory_used_bytes: _Optional[int] = ..., temperature_c: _Optional[float] = ...) -> None: ...
 
 class Server(_message.Message):
-    __slots__ = ("server_id", "hostname", "pool", "state", "state_reason", "gpus", "gpus_total", "gpus_used", "gpus_healthy", "registered_at", "last_seen_at", "desired_generation", "observed_generation", "agent_address")
+    __slots__ = ("server_id", "hostname", "pool", "state", "state_reason", "gpus", "gpus_total", "gpus_used", "gpus_healthy", "registered_at", "last_seen_at", "desired_generation", "observed_generation", "agent_address", "admin_state", "admin_reason")
     SERVER_ID_FIELD_NUMBER: _ClassVar[int]
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
@@ -258,6 +258,8 @@ class Server(_message.Message):
     DESIRED_GENERATION_FIELD_NUMBER: _ClassVar[int]
     OBSERVED_GENERATION_FIELD_NUMBER: _ClassVar[int]
     AGENT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    ADMIN_STATE_FIELD_NUMBER: _ClassVar[int]
+    ADMIN_REASON_FIELD_NUMBER: _ClassVar[int]
     server_id: str
     hostname: str
     pool: Pool
@@ -272,7 +274,9 @@ class Server(_message.Message):
     desired_generation: int
     observed_generation: int
     agent_address: str
-    def __init__(self, server_id: _Optional[str] = ..., hostname: _Optional[str] = ..., pool: _Optional[_Union[Pool, str]] = ..., state: _Optional[_Union[ServerState, str]] = ..., state_reason: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., gpus_total: _Optional[int] = ..., gpus_used: _Optional[int] = ..., gpus_healthy: _Optional[int] = ..., registered_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_seen_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., desired_generation: _Optional[int] = ..., observed_generation: _Optional[int] = ..., agent_address: _Optional[str] = ...) -> None: ...
+    admin_state: str
+    admin_reason: str
+    def __init__(self, server_id: _Optional[str] = ..., hostname: _Optional[str] = ..., pool: _Optional[_Union[Pool, str]] = ..., state: _Optional[_Union[ServerState, str]] = ..., state_reason: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., gpus_total: _Optional[int] = ..., gpus_used: _Optional[int] = ..., gpus_healthy: _Optional[int] = ..., registered_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_seen_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., desired_generation: _Optional[int] = ..., observed_generation: _Optional[int] = ..., agent_address: _Optional[str] = ..., admin_state: _Optional[str] = ..., admin_reason: _Optional[str] = ...) -> None: ...
 
 class Loan(_message.Message):
     __slots__ = ("loan_id", "server_id", "state", "reason", "started_at", "ended_at", "hard_deadline")
