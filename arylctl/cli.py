@@ -58,6 +58,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from aryl_common.backoff import Backoff
 from aryl_common.entry import add_debug_flag, package_version, run_guarded
+from arylctl import completion
 from arylctl.client import (
     DEFAULT_ADDRESS,
     RESTART_POLICIES,
@@ -1174,6 +1175,11 @@ def build_parser() -> argparse.ArgumentParser:
         "get", parents=[common], help="show the last reported demand", allow_abbrev=False
     )
     demand_get.set_defaults(handler=cmd_demand_get)
+
+    add("completion", None, "print a shell completion script",
+        epilog=f"bash: source <({PROG} completion bash), or save it in /etc/bash_completion.d/{PROG}. "
+               f"zsh: source <({PROG} completion zsh). Job ids and server names are completed from what "
+               f"the scheduler lists ({PROG} jobs|servers -o name).").add_argument("shell", choices=completion.SHELLS)
     return parser
 
 
@@ -1231,6 +1237,9 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
     except SystemExit as exc:  # argparse: --help (0) or a usage error (2), already printed
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     err = stderr or sys.stderr
+    if args.command_name == "completion":  # no scheduler involved
+        (stdout or sys.stdout).write(completion.script(build_parser(), args.shell))
+        return EXIT_OK
     return run_guarded(PROG, lambda: _run(args, stdout or sys.stdout, err), debug=args.debug, stderr=err)
 
 
