@@ -67,6 +67,7 @@ class EventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EVENT_KIND_SCHEDULER_STARTED: _ClassVar[EventKind]
     EVENT_KIND_WORKER_EXITED: _ClassVar[EventKind]
     EVENT_KIND_SERVER_DRAINED: _ClassVar[EventKind]
+    EVENT_KIND_SERVER_ADMIN_CHANGED: _ClassVar[EventKind]
 JOB_STATE_UNSPECIFIED: JobState
 JOB_STATE_PENDING: JobState
 JOB_STATE_RUNNING: JobState
@@ -106,6 +107,7 @@ EVENT_KIND_GPU_HEALTH_CHANGED: EventKind
 EVENT_KIND_SCHEDULER_STARTED: EventKind
 EVENT_KIND_WORKER_EXITED: EventKind
 EVENT_KIND_SERVER_DRAINED: EventKind
+EVENT_KIND_SERVER_ADMIN_CHANGED: EventKind
 
 class ThroughputPoint(_message.Message):
     __slots__ = ("workers", "samples_per_second")
