@@ -32,9 +32,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("command", nargs="?", choices=["serve", "migrate"], default="serve",
                         help="serve (default) or only run database migrations and exit")
     parser.add_argument("--config", help="TOML or YAML config file (default: $ARYL_CONFIG)")
-    parser.add_argument("--listen", help="host:port to serve on (server.listen)")
-    parser.add_argument("--database-url", help="SQLAlchemy URL (database.url)")
-    parser.add_argument("--policy", help="scheduling policy name (scheduling.policy)")
+    parser.add_argument("--listen", metavar="HOST:PORT", help="address to serve on (server.listen)")
+    parser.add_argument("--database-url", metavar="URL",
+                        help="SQLAlchemy URL, e.g. postgresql+psycopg2://aryl@db/aryl (database.url; "
+                             "default: SQLite in ./.aryl)")
+    parser.add_argument("--policy", metavar="NAME",
+                        help="scheduling policy, e.g. aryl or fifo (scheduling.policy); an unknown name is "
+                             "refused with the list of registered ones")
     return parser.parse_args(argv)
 
 
