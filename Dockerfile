@@ -1,23 +1,104 @@
-# One image for every Aryl daemon: aryl-scheduler, aryl-agent, aryl-router (and arylctl).
-# No ENTRYPOINT: docker-compose.yml (or `docker run aryl <command>`) names the program to run.
-FROM python:3.11-slim
+# Aryl's images, one target per role, each with only what its program needs:
+#
+#   docker build --target scheduler -t aryl-scheduler .   aryl-scheduler (+ numba for the solvers)
+#   docker build --target agent     -t aryl-agent .       aryl-agent, arylctl, examples/; base of job images
+#   docker build --target router    -t aryl-router .      aryl-router
+#
+# Every target runs its program under tini (PID 1: forwards signals, reaps orphaned processes) and
+# has a HEALTHCHECK (deploy/healthcheck.py). The base image is a build argument: the default is the
+# official Python image pinned to a release; any Debian-like image with python3 (>= 3.11) and the
+# venv module works (deploy/compose-test.sh builds one from Debian packages). No ENTRYPOINT besides
+# tini: docker-compose.yml (or `docker run IMAGE <command>`) names the program.
+#
+# Index access: pip reads PIP_INDEX_URL / PIP_EXTRA_INDEX_URL build arguments, and a CA bundle given
+# as the build secret `pip_cert` (`--secret id=pip_cert,src=/etc/ssl/certs/ca-certificates.crt`).
+ARG BASE_IMAGE=python:3.11.13-slim-bookworm
 
+# ---- the wheel: built once from the sources; no later stage sees the sources ----------------------
+FROM ${BASE_IMAGE} AS wheel
+ARG PIP_INDEX_URL
+ARG PIP_EXTRA_INDEX_URL
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
+WORKDIR /src
+COPY pyproject.toml README.md LICENSE* ./
+COPY protos protos
+COPY aryl_common aryl_common
+COPY scheduler_service scheduler_service
+COPY node_agent node_agent
+COPY inference_router inference_router
+COPY migrations migrations
+COPY arylctl arylctl
+COPY simulator simulator
+COPY aryl_demo aryl_demo
+RUN --mount=type=secret,id=pip_cert \
+    if [ -s /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi; \
+    python3 -m venv /tmp/build && /tmp/build/bin/pip wheel --no-deps --wheel-dir /wheels /src
+
+# ---- one virtual environment per role (the extras decide what it holds) --------------------------
+FROM ${BASE_IMAGE} AS venv-base
+ARG PIP_INDEX_URL
+ARG PIP_EXTRA_INDEX_URL
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
+RUN python3 -m venv /opt/aryl
+
+FROM venv-base AS venv-core
+RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels --mount=type=secret,id=pip_cert \
+    if [ -s /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi; \
+    /opt/aryl/bin/pip install /wheels/aryl-*.whl
+
+FROM venv-base AS venv-scheduler
+RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels --mount=type=secret,id=pip_cert \
+    if [ -s /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi; \
+    /opt/aryl/bin/pip install "$(ls /wheels/aryl-*.whl)[scheduler]"
+
+# ---- what every role's image has ------------------------------------------------------------------
+FROM ${BASE_IMAGE} AS runtime
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
-    PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
-
-# Install the project (a regular, non-editable install) and drop the sources afterwards.
-COPY . /src
-RUN pip install /src && rm -rf /src
-
+    PATH=/opt/aryl/bin:$PATH
+# tini (Debian's package); the base image may already carry it.
+RUN if ! command -v tini >/dev/null; then \
+        apt-get update && apt-get install -y --no-install-recommends tini && rm -rf /var/lib/apt/lists/*; \
+    fi
 # Run as an unprivileged user. Its home is the working directory, so the embedded SQLite default
 # (./.aryl/aryl.db) is writable when no database URL is configured.
 RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin aryl \
     && mkdir -p /var/lib/aryl/agent /var/lib/aryl/checkpoints && chown -R aryl /var/lib/aryl
-# Agents' work (worker logs, state) and shared checkpoints; named volumes inherit this ownership.
-USER aryl
+COPY deploy/healthcheck.py /usr/local/bin/aryl-healthcheck
+ENTRYPOINT ["tini", "--"]
 WORKDIR /home/aryl
 
-EXPOSE 50051 50052 8080
+# ---- the roles ------------------------------------------------------------------------------------
+FROM runtime AS router
+COPY --from=venv-core /opt/aryl /opt/aryl
+USER aryl
+EXPOSE 8080
+HEALTHCHECK --interval=10s --timeout=5s --start-period=10s --retries=3 CMD ["aryl-healthcheck", "router"]
+CMD ["aryl-router", "--help"]
+
+FROM runtime AS scheduler
+COPY --from=venv-scheduler /opt/aryl /opt/aryl
+USER aryl
+EXPOSE 50051
+HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 CMD ["aryl-healthcheck", "scheduler"]
 CMD ["aryl-scheduler", "--help"]
+
+# The agent's workers run in this image: the JOB_PACKAGES build argument adds the jobs' framework, or
+# a job image is `FROM aryl-agent` plus it (README, "Job images"); examples/ lies in the working
+# directory for `python examples/train.py`.
+FROM runtime AS agent
+ARG PIP_INDEX_URL
+ARG PIP_EXTRA_INDEX_URL
+# Python packages the jobs need (pip requirement specifiers, space-separated), e.g. "torch==2.5.1".
+ARG JOB_PACKAGES=""
+COPY --from=venv-core /opt/aryl /opt/aryl
+RUN --mount=type=secret,id=pip_cert \
+    if [ -n "$JOB_PACKAGES" ]; then \
+        if [ -s /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi; \
+        PIP_NO_CACHE_DIR=1 pip install $JOB_PACKAGES; \
+    fi
+COPY --chown=aryl examples examples
+USER aryl
+EXPOSE 50052
+HEALTHCHECK --interval=10s --timeout=5s --start-period=10s --retries=3 CMD ["aryl-healthcheck", "agent"]
+CMD ["aryl-agent", "--help"]

@@ -216,29 +216,84 @@ def port_binding_problems(compose: dict[str, Any], env: dict[str, str]) -> list[
     return problems
 
 
+ROLE_TARGETS = {"aryl-scheduler": "scheduler", "aryl-agent": "agent", "aryl-router": "router"}
+
+
+def dockerfile_stages(dockerfile: str) -> dict[str, list[tuple[str, str]]]:
+    """Instructions per build stage (``FROM ... AS name``), continuation lines joined; comments dropped.
+    The global ``ARG``s before the first ``FROM`` are the stage ``""``."""
+    joined = re.sub(r"\\\n", " ", dockerfile)
+    stages: dict[str, list[tuple[str, str]]] = {"": []}
+    current = ""
+    for raw in joined.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        op, _, arg = line.partition(" ")
+        if op.upper() == "FROM":
+            words = arg.split()
+            current = words[2] if len(words) >= 3 and words[1].upper() == "AS" else f"<{len(stages)}>"
+            stages[current] = []
+        stages[current].append((op.upper(), arg.strip()))
+    return stages
+
+
+def stage_chain(stages: dict[str, list[tuple[str, str]]], name: str) -> list[tuple[str, str]]:
+    """A stage's instructions after those of the stages it is built FROM (the effective image)."""
+    parent = stages[name][0][1].split()[0]
+    return (stage_chain(stages, parent) if parent in stages else []) + stages[name]
+
+
 def dockerfile_problems(dockerfile: str, dockerignore: str) -> list[str]:
-    lines = [line.strip() for line in dockerfile.splitlines() if line.strip() and not line.lstrip().startswith("#")]
-    instructions = [(line.split(None, 1)[0].upper(), line.split(None, 1)[1] if " " in line else "") for line in lines]
+    stages = dockerfile_stages(dockerfile)
     problems = []
-    if ("FROM", "python:3.11-slim") not in instructions:
-        problems.append("must build FROM python:3.11-slim")
-    if not any(op == "COPY" for op, _ in instructions):
-        problems.append("never COPYs the project into the image")
-    if not any(op == "RUN" and "pip install" in arg and "-e" not in arg.split() for op, arg in instructions):
-        problems.append("no RUN pip install of the project (a regular, non-editable install)")
-    users = [arg for op, arg in instructions if op == "USER"]
-    if not users or users[-1].split(":")[0] in ("root", "0"):
-        problems.append("must switch to a non-root USER")
-    if any(op == "ENTRYPOINT" for op, _ in instructions):
-        problems.append("must not set an ENTRYPOINT: compose names each service's program")
+    base_args = [arg for op, arg in stages[""] if op == "ARG" and arg.startswith("BASE_IMAGE=")]
+    if not base_args or not re.fullmatch(r"BASE_IMAGE=python:3\.11\.\d+-slim-bookworm(@sha256:[0-9a-f]{64})?",
+                                         base_args[0]):
+        problems.append("ARG BASE_IMAGE must default to a pinned python:3.11.N-slim-bookworm")
+    froms = [instructions[0][1].split()[0] for name, instructions in stages.items() if name]
+    if any(image not in stages and image != "${BASE_IMAGE}" for image in froms):
+        problems.append(f"every stage must build FROM ${{BASE_IMAGE}} or another stage: {froms}")
+    everything = [instruction for instructions in stages.values() for instruction in instructions]
+    if any(op == "RUN" and "rm -rf /src" in arg for op, arg in everything):
+        problems.append("COPY-then-rm of the sources does not shrink an image: build a wheel in a builder stage")
+    if not any(op == "RUN" and "pip wheel" in arg for op, arg in everything):
+        problems.append("no builder stage builds the project's wheel (pip wheel)")
+    for program, target in ROLE_TARGETS.items():
+        if target not in stages:
+            problems.append(f"no build target {target!r} for {program}")
+            continue
+        chain = stage_chain(stages, target)
+        copies = [arg for op, arg in chain if op == "COPY"]
+        if any(not arg.startswith("--from=") and arg.split()[0] in (".", "./") for arg in copies):
+            problems.append(f"{target}: COPYs the whole source tree into the image")
+        venvs = [arg.split()[0].removeprefix("--from=") for arg in copies if arg.startswith("--from=")]
+        installs = " ".join(arg for venv in venvs if venv in stages for op, arg in stage_chain(stages, venv)
+                            if op == "RUN" and "pip install" in arg)
+        if "aryl-*.whl" not in installs or " -e " in installs:
+            problems.append(f"{target}: does not install the built wheel (a regular, non-editable install)")
+        wants_numba = target == "scheduler"
+        if ("[scheduler]" in installs) != wants_numba:
+            problems.append(f"{target}: numba (aryl[scheduler]) must be in the scheduler's image only")
+        if "[sim]" in installs or "[dev]" in installs:
+            problems.append(f"{target}: installs the simulator's or the developers' extras")
+        users = [arg for op, arg in chain if op == "USER"]
+        if not users or users[-1].split(":")[0] in ("root", "0"):
+            problems.append(f"{target}: must switch to a non-root USER")
+        entrypoints = [arg for op, arg in chain if op == "ENTRYPOINT"]
+        if not entrypoints or entrypoints[-1].replace(" ", "") != '["tini","--"]':
+            problems.append(f"{target}: ENTRYPOINT must be tini alone (PID 1 reaps orphans; compose names the program)")
+        checks = [arg for op, arg in chain if op == "HEALTHCHECK"]
+        if not checks or f'"aryl-healthcheck", "{target}"' not in checks[-1]:
+            problems.append(f"{target}: no HEALTHCHECK running aryl-healthcheck {target}")
     ignored = {
         line.strip().rstrip("/") for line in dockerignore.splitlines() if line.strip() and not line.startswith("#")
     }
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    needed = {"pyproject.toml", project["project"]["readme"]} | {
+    needed = {"pyproject.toml", project["project"]["readme"], "deploy"} | {
         pattern.rstrip("*") for pattern in project["tool"]["setuptools"]["packages"]["find"]["include"]
     }
-    problems += [f".dockerignore excludes {name}, which pip install needs" for name in sorted(needed & ignored)]
+    problems += [f".dockerignore excludes {name}, which the image build needs" for name in sorted(needed & ignored)]
     problems += [f".dockerignore should exclude {name}" for name in (".git", ".venv") if name not in ignored]
     return problems
 
@@ -312,33 +367,98 @@ def test_image_installs_the_project() -> None:
     assert DOCKERFILE.exists() and DOCKERIGNORE.exists()
     assert dockerfile_problems(DOCKERFILE.read_text(), DOCKERIGNORE.read_text()) == []
     for name in COMMANDED:
-        assert load_compose()["services"][name].get("build") == ".", f"{name} does not build this Dockerfile"
+        service = load_compose()["services"][name]
+        target = ROLE_TARGETS[command_words(service)[0]]
+        assert service["build"]["context"] == ".", f"{name} does not build this Dockerfile"
+        assert service["build"]["target"] == target, f"{name} must build the {target} target"
+        assert service["image"] == f"aryl-{target}:local"
 
 
-def scheduler_healthcheck_code() -> str:
-    test = load_compose()["services"]["scheduler"]["healthcheck"]["test"]
-    assert test[:3] == ["CMD", "python", "-c"], test
-    return test[3]
+def test_extras_keep_numba_and_matplotlib_out_of_the_daemons() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    names = lambda requirements: {re.split(r"[<>=!~\[ ]", r, maxsplit=1)[0] for r in requirements}  # noqa: E731
+    assert not names(project["dependencies"]) & {"numba", "llvmlite", "matplotlib"}
+    extras = project["optional-dependencies"]
+    assert "numba" in names(extras["scheduler"])
+    assert {"numba", "matplotlib"} <= names(extras["sim"])
+    assert "aryl[scheduler,sim]" in extras["dev"]  # make demo / make test install .[dev]: they get everything
+
+
+def test_scheduler_without_numba_says_how_to_install_it_in_one_line() -> None:
+    hide_numba = (
+        "import sys; sys.modules['numba'] = None; from scheduler_service.main import main; "
+        "sys.exit(main(['--listen', '127.0.0.1:0', '--database-url', 'sqlite://']))"
+    )
+    result = subprocess.run([sys.executable, "-c", hide_numba], capture_output=True, text=True, timeout=60,
+                            check=False, cwd=ROOT)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "aryl-scheduler: the scheduler needs numba, which is not installed: pip install 'aryl[scheduler]'"
+    ]
+
+
+def test_agents_stop_their_workers_with_the_container_and_leave_them_time() -> None:
+    """A container's end kills every process in it: the agent stops its workers first (SIGTERM, the
+    grace period to checkpoint), and compose waits longer than that grace before SIGKILL."""
+    grace = AgentConfig().agent.stop_grace_s
+    for name, svc in services_running(load_compose(), "aryl-agent").items():
+        assert environment(svc)["ARYL_AGENT__STOP_WORKERS_ON_EXIT"] == "true", name
+        period = svc["stop_grace_period"]
+        assert period.endswith("s") and float(period[:-1]) > grace, (name, period, grace)
+
+
+def test_no_gpu_and_offline_overrides_fit_the_compose_file() -> None:
+    base = load_compose()["services"]
+    no_gpu = yaml.safe_load((ROOT / "deploy" / "compose.no-gpu.yml").read_text())["services"]
+    offline = yaml.safe_load((ROOT / "deploy" / "compose.offline.yml").read_text())["services"]
+    assert set(no_gpu) - set(base) == {"model-server"} and set(offline) <= set(base)
+    for name in ("agent-train-1", "agent-infer-1"):
+        merged = {**base[name], "environment": {**environment(base[name]), **environment(no_gpu[name])}}
+        assert environment(merged)["ARYL_GPUS__BACKEND"] == "fake"
+        assert environment_problems(name, merged) == []
+    endpoint = environment(no_gpu["agent-infer-1"])["ARYL_AGENT__INFERENCE_ENDPOINT"]
+    assert endpoint == "http://model-server:8000" and "--port 8000" in no_gpu["model-server"]["command"]
+
+
+def healthcheck(role: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """deploy/healthcheck.py (the images' aryl-healthcheck) as the container runs it, with ``env``."""
+    clean = {key: value for key, value in os.environ.items() if not key.startswith("ARYL_")}
+    return subprocess.run([sys.executable, str(ROOT / "deploy" / "healthcheck.py"), role], capture_output=True,
+                          text=True, timeout=30, check=False, env={**clean, **env})
+
+
+def test_compose_healthchecks_are_the_images_own() -> None:
+    services = load_compose()["services"]
+    assert services["scheduler"]["healthcheck"]["test"] == ["CMD", "aryl-healthcheck", "scheduler"]
 
 
 def test_scheduler_healthcheck_passes_against_a_real_scheduler(scheduler) -> None:
-    code = scheduler_healthcheck_code()
-    assert "127.0.0.1:50051" in code
-    healthy = subprocess.run(
-        [sys.executable, "-c", code.replace("127.0.0.1:50051", scheduler.address)], capture_output=True, timeout=30,
-        check=False,
-    )
-    assert healthy.returncode == 0, healthy.stderr.decode()[-2000:]
+    healthy = healthcheck("scheduler", {"ARYL_SERVER__LISTEN": f"0.0.0.0:{scheduler.address.rsplit(':', 1)[1]}"})
+    assert healthy.returncode == 0, healthy.stderr
 
 
-def test_scheduler_healthcheck_fails_without_a_scheduler() -> None:
-    down = subprocess.run(
-        [sys.executable, "-c", scheduler_healthcheck_code().replace("127.0.0.1:50051", "127.0.0.1:1")],
-        capture_output=True,
-        timeout=30,
-        check=False,
-    )
-    assert down.returncode != 0
+def test_healthchecks_fail_without_their_daemon() -> None:
+    down = {"scheduler": {"ARYL_SERVER__LISTEN": "0.0.0.0:1"}, "router": {"ARYL_ROUTER__LISTEN": "0.0.0.0:1"},
+            "agent": {"ARYL_AGENT__LOGS_PORT": "1"}}
+    for role, env in down.items():
+        result = healthcheck(role, env)
+        assert result.returncode == 1, (role, result.stderr)
+        assert result.stderr.startswith(f"aryl-healthcheck {role}: ") and result.stderr.count("\n") == 1
+    assert healthcheck("nonsense", {}).returncode == 2
+
+
+def test_agent_healthcheck_passes_against_a_serving_port() -> None:
+    from concurrent import futures
+
+    import grpc
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        assert healthcheck("agent", {"ARYL_AGENT__LOGS_PORT": str(port)}).returncode == 0
+    finally:
+        server.stop(None)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -443,15 +563,26 @@ def test_port_checker_rejects_other_bindings(service: str, ports: list[Any]) -> 
 @pytest.mark.parametrize(
     ("edit", "problem"),
     [
-        (lambda d: d.replace("python:3.11-slim", "python:3.12"), "FROM python:3.11-slim"),
-        (lambda d: d.replace("pip install /src", "echo skipped /src"), "pip install"),
-        (lambda d: d.replace("pip install /src", "pip install -e /src"), "pip install"),
-        (lambda d: d.replace("USER aryl", "USER root"), "non-root"),
-        (lambda d: d + "\nENTRYPOINT [\"aryl-scheduler\"]\n", "ENTRYPOINT"),
+        (lambda d: d.replace("python:3.11.13-slim-bookworm", "python:3.11-slim"), "pinned"),
+        (lambda d: d.replace("FROM ${BASE_IMAGE} AS runtime", "FROM python:3.12 AS runtime"), "FROM ${BASE_IMAGE}"),
+        (lambda d: d.replace("pip wheel", "pip download"), "wheel"),
+        (lambda d: d + "\nRUN pip install /src && rm -rf /src\n", "COPY-then-rm"),
+        (lambda d: d.replace("FROM runtime AS agent", "FROM runtime AS agent\nCOPY . /src"), "whole source tree"),
+        (lambda d: d.replace("/opt/aryl/bin/pip install /wheels/aryl-*.whl", "echo skipped"), "built wheel"),
+        (lambda d: d.replace("/opt/aryl/bin/pip install /wheels/aryl-*.whl", "pip install -e /src"), "built wheel"),
+        (lambda d: d.replace('/wheels/aryl-*.whl)[scheduler]"', '/wheels/aryl-*.whl)"'), "numba"),
+        (lambda d: d.replace("/opt/aryl/bin/pip install /wheels/aryl-*.whl", "pip install x.whl[sim]"), "simul"),
+        (lambda d: d.replace("USER aryl\nEXPOSE 8080", "USER root\nEXPOSE 8080"), "non-root"),
+        (lambda d: d.replace('ENTRYPOINT ["tini", "--"]', ""), "tini"),
+        (lambda d: d + '\nENTRYPOINT ["aryl-scheduler"]\n', "tini"),
+        (lambda d: d.replace('CMD ["aryl-healthcheck", "agent"]', "NONE"), "HEALTHCHECK"),
+        (lambda d: d.replace("AS router", "AS proxy"), "no build target 'router'"),
     ],
 )
 def test_dockerfile_checker_rejects_broken_images(edit: Callable[[str], str], problem: str) -> None:
-    problems = dockerfile_problems(edit(DOCKERFILE.read_text()), DOCKERIGNORE.read_text())
+    dockerfile = DOCKERFILE.read_text()
+    assert edit(dockerfile) != dockerfile
+    problems = dockerfile_problems(edit(dockerfile), DOCKERIGNORE.read_text())
     assert any(problem in p for p in problems), problems
 
 
