@@ -41,7 +41,9 @@ from google.protobuf import duration_pb2
 from protos.aryl.v1 import agent_pb2
 
 STATE_FILE_VERSION = 1
-DEFAULT_MASTER_PORT = 29500  # torchrun's default
+# Only when the desired state names no port (0): the scheduler assigns each job its own port on its rank 0's
+# server (scheduler_service.store.ports), so two jobs there never share one. 29500 is torchrun's default.
+DEFAULT_MASTER_PORT = 29500
 
 
 class Phase(StrEnum):

@@ -15,7 +15,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import get_type_hints
 
-from pydantic import Field, create_model
+from pydantic import Field, create_model, model_validator
 
 from aryl_common.config import ArylSettings, ConfigSection, LoggingConfig, load_settings
 from scheduler_service.core.params import PolicyParams
@@ -64,7 +64,26 @@ class SchedulingConfig(ConfigSection):
     )
     seed: int = Field(0, description="seed handed to the policy; same snapshot + seed -> same plan")
     default_grace_period_s: float = Field(30.0, ge=0, description="SIGTERM -> SIGKILL for workers")
-    worker_base_port: int = Field(29500, gt=0, lt=65536, description="MASTER_PORT base for jobs")
+    master_port_min: int = Field(
+        29500, gt=0, lt=65536,
+        description="lowest MASTER_PORT a job may get; each job gets one port of master_port_min..master_port_max "
+                    "not used by another job whose rank 0 runs on the same server",
+    )
+    master_port_max: int = Field(
+        29999, gt=0, lt=32768,
+        description="highest MASTER_PORT; below 32768, where Linux's ephemeral (client source) ports begin",
+    )
+
+    @model_validator(mode="after")
+    def _master_ports_ordered(self) -> SchedulingConfig:
+        if self.master_port_max < self.master_port_min:
+            raise ValueError(f"master_port_max ({self.master_port_max}) is below master_port_min "
+                             f"({self.master_port_min})")
+        return self
+
+    @property
+    def master_ports(self) -> range:
+        return range(self.master_port_min, self.master_port_max + 1)
 
 
 # The policies' tunables, as a config section with exactly PolicyParams' fields and defaults.

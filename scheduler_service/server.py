@@ -152,7 +152,7 @@ class SchedulerService:
                 notifier = AsyncNotifier(loop)
                 app = SchedulerApp(
                     session_factory(self.engine), self.clock, notifier=notifier,
-                    worker_base_port=cfg.scheduling.worker_base_port, telemetry_write_s=cfg.agents.telemetry_write_s,
+                    master_ports=cfg.scheduling.master_ports, telemetry_write_s=cfg.agents.telemetry_write_s,
                     reclaim_deadline_s=self.policy_params.reclaim_deadline_s,
                 )
                 epoch = await asyncio.to_thread(app.term.start, socket.gethostname())

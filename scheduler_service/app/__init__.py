@@ -41,14 +41,16 @@ from scheduler_service.store.desired import DesiredStates
 from scheduler_service.store.inference import InferenceStore
 from scheduler_service.store.jobs import JobStore
 from scheduler_service.store.liveness import LivenessStore
+from scheduler_service.store.ports import DEFAULT_MASTER_PORTS, MasterPorts
 from scheduler_service.store.snapshot import SnapshotReader
 from scheduler_service.store.transactions import Transactions
 
 
 class SchedulerApp:
-    """The use cases of one scheduler, composed. ``worker_base_port``: where a job's workers meet
-    (plus job id mod 10000); ``telemetry_write_s``: how often a status report that says nothing new
-    is still written; ``reclaim_deadline_s``: how long a reclaimed server waits for its agent."""
+    """The use cases of one scheduler, composed. ``master_ports``: the MASTER_PORT range a job's
+    workers meet on, one port per (rank 0's server, job) (``store.ports``); ``telemetry_write_s``: how
+    often a status report that says nothing new is still written; ``reclaim_deadline_s``: how long a
+    reclaimed server waits for its agent."""
 
     def __init__(
         self,
@@ -56,7 +58,7 @@ class SchedulerApp:
         clock: Clock,
         *,
         notifier: Notifier | None = None,
-        worker_base_port: int = 29500,
+        master_ports: range = DEFAULT_MASTER_PORTS,
         telemetry_write_s: float = 15.0,
         reclaim_deadline_s: float = PolicyParams.reclaim_deadline_s,
     ) -> None:
@@ -64,11 +66,12 @@ class SchedulerApp:
         db = Transactions(sessions, publish=self.notifier.desired_states_committed)
         changes = StateChanges(clock)
         self.term = Term(db, changes, clock)
-        desired = DesiredStates(epoch=lambda: self.term.epoch, worker_base_port=worker_base_port)
+        desired = DesiredStates(epoch=lambda: self.term.epoch)
         heartbeats, digests = Heartbeats(clock), ReportDigests()
         notices = Announcer(self.notifier, db, digests)
         self.cluster = DatabaseCluster(
-            db, SnapshotReader(clock), Applier(changes, desired, clock, reclaim_deadline_s=reclaim_deadline_s),
+            db, SnapshotReader(clock), Applier(changes, desired, clock, reclaim_deadline_s=reclaim_deadline_s,
+                                              ports=MasterPorts(master_ports)),
             notices,
         )
         self.jobs = Jobs(db, JobStore(changes, desired, clock), clock, notices)

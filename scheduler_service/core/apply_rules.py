@@ -78,6 +78,8 @@ class RefusalCode(StrEnum):
     # The service only: the database's versions or keys refused a write another transaction raced (the
     # last guard, behind these rules).
     CHANGED_CONCURRENTLY = "CHANGED_CONCURRENTLY"
+    # The service only: every MASTER_PORT of the configured range is held on the master server (``store.ports``).
+    MASTER_PORT_RANGE_FULL = "MASTER_PORT_RANGE_FULL"
 
 
 class Refused(Exception):

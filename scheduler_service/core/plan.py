@@ -22,6 +22,7 @@ class Reason(StrEnum):
     NO_TRAINING_CAPACITY = "NO_TRAINING_CAPACITY"  # no schedulable server exists at all
     WORKER_TOO_LARGE = "WORKER_TOO_LARGE"          # no server has gpus_per_worker healthy GPUs
     WAITING_FOR_RESERVATION = "WAITING_FOR_RESERVATION"  # GPUs are held for a starving job
+    WAITING_FOR_MASTER_PORT = "WAITING_FOR_MASTER_PORT"  # its master server has no free MASTER_PORT (service)
     # Why a job started or changed size:
     BACKFILLED = "BACKFILLED"                      # started ahead of a waiting job it does not delay
     RESERVATION_HONOURED = "RESERVATION_HONOURED"  # a starving job got the GPUs held for it

@@ -46,9 +46,11 @@ from scheduler_service.core.plan import (
     KeepPending,
     Plan,
     PreemptJob,
+    Reason,
     ScaleJob,
     ServerAction,
     StartJob,
+    WorkerPlacement,
     apply_order,
 )
 from scheduler_service.lifecycle import IllegalTransition, JobState, ServerState
@@ -60,6 +62,7 @@ from scheduler_service.store.changes import (
     new_incarnation,
 )
 from scheduler_service.store.desired import DesiredStates
+from scheduler_service.store.ports import MasterPorts
 
 _Pair = tuple[str, int]  # (server id, GPU index)
 
@@ -73,12 +76,14 @@ class Applier:
     .reclaim_deadline``)."""
 
     def __init__(
-        self, changes: StateChanges, desired: DesiredStates, clock: Clock, *, reclaim_deadline_s: float
+        self, changes: StateChanges, desired: DesiredStates, clock: Clock, *, reclaim_deadline_s: float,
+        ports: MasterPorts | None = None,
     ) -> None:
         self._changes = changes
         self._desired = desired
         self._clock = clock
         self._reclaim_deadline_s = reclaim_deadline_s
+        self._ports = ports or MasterPorts()
 
     def apply(self, session: Session, plan: Plan) -> ApplyLog:
         """Apply ``plan`` in ``session``, in ``core.plan.apply_order`` (shared with the simulator):
@@ -119,7 +124,13 @@ class Applier:
                         servers = self._apply_start(session, facts, action, now)
                     session.flush()  # constraint and version checks fire here, inside the savepoint
             except (IntegrityError, StaleDataError, IllegalTransition, Refused) as exc:
-                refusals.refused(action, _refusal(exc, server_step=isinstance(action, ServerAction)))
+                refusal = _refusal(exc, server_step=isinstance(action, ServerAction))
+                refusals.refused(action, refusal)
+                if refusal.code == RefusalCode.MASTER_PORT_RANGE_FULL and isinstance(action, StartJob):
+                    # Not a stale plan: the job waits, and says why once (the next cycle plans it again).
+                    waits = KeepPending(action.job_id, Reason.WAITING_FOR_MASTER_PORT, refusal.message)
+                    if facts.row(action.job_id).pending_reason != waits.summary:
+                        self._apply_pending(session, [waits])
                 continue
             facts.applied(action, loan)
             log.applied(action, servers)
@@ -157,6 +168,7 @@ class Applier:
         if gone:
             session.execute(sa.delete(m.ALLOCATIONS).where(a.id.in_(gone)))
         insert_allocations(session, job.id, sorted(planned - held), now)
+        self._ports.assign(session, [(job.id, _rank0_server(action.workers))], now)
         self._changes.set_job_state(session, job, JobState.SCALING, action.reason, action.message)
         new_incarnation(job, action.workers)
         job.num_workers = len(action.workers)
@@ -172,6 +184,7 @@ class Applier:
         job = facts.row(action.job_id)
         planned = [(w.rank, w.server_id, index) for w in action.workers for index in w.gpu_indices]
         insert_allocations(session, job.id, planned, now)  # the unique key: a GPU taken meanwhile
+        self._ports.assign(session, [(job.id, _rank0_server(action.workers))], now)
         new_incarnation(job, action.workers)
         job.num_workers = len(action.workers)
         job.started_at = job.started_at or now
@@ -221,6 +234,7 @@ class Applier:
                     dict(job_id=job.id, rank=w.rank, server_id=w.server_id, gpu_index=index, allocated_at=now)
                     for action, job in ready for w in action.workers for index in w.gpu_indices
                 ])
+                self._ports.assign(session, [(job.id, _rank0_server(action.workers)) for action, job in ready], now)
                 session.execute(
                     sa.update(j).where(j.c.id == sa.bindparam("b_id")).values(
                         state=JobState.RUNNING, state_reason=sa.bindparam("b_reason"),
@@ -439,6 +453,11 @@ class _SessionFacts:
             for index in w.gpu_indices:
                 if self._holders[w.server_id].get(index) == action.job_id:
                     del self._holders[w.server_id][index]
+
+
+def _rank0_server(workers: Sequence[WorkerPlacement]) -> str:
+    """Where the job's workers meet (MASTER_ADDR): the server of rank 0."""
+    return next(w.server_id for w in workers if w.rank == 0)
 
 
 def _refusal(exc: Exception, *, server_step: bool) -> Refused:

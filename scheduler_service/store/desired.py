@@ -29,12 +29,11 @@ DESIRED_SERVER_COLUMNS = tuple(
 
 
 class DesiredStates:
-    """``epoch``: the scheduler's current epoch (agents fence on it); a job's workers meet on
-    ``worker_base_port`` + (job id mod 10000)."""
+    """``epoch``: the scheduler's current epoch (agents fence on it). A job's workers meet on the port
+    ``store.ports`` assigned it on its rank 0's server."""
 
-    def __init__(self, *, epoch: Callable[[], int], worker_base_port: int) -> None:
+    def __init__(self, *, epoch: Callable[[], int]) -> None:
         self._epoch = epoch
-        self._worker_base_port = worker_base_port
 
     def bump(self, session: Session, server_ids: Iterable[str]) -> None:
         """One desired-generation bump per server, in one statement. The version moves too, so a
@@ -77,12 +76,16 @@ class DesiredStates:
             sa.select(s0.c.agent_address).join(a0, s0.c.id == a0.c.server_id)
             .where(a0.c.job_id == a.job_id, a0.c.rank == 0).limit(1).scalar_subquery()
         )
+        # MASTER_PORT: the job's port on that server (store.ports; 0 if it has none: the agent's default).
+        p = m.MASTER_PORTS.c
+        port = sa.select(p.port).where(p.job_id == a.job_id).limit(1).scalar_subquery()
         # One row per worker (its GPUs aggregated): a job's command and environment are decoded once
         # per worker, not once per GPU.
         here = session.execute(
             sa.select(a.server_id, a.job_id, a.rank,
                       sa.func.aggregate_strings(sa.cast(a.gpu_index, sa.String), ",").label("gpus"),
-                      j.num_workers, j.command, j.env, j.incarnation, master.label("master_addr"))
+                      j.num_workers, j.command, j.env, j.incarnation, master.label("master_addr"),
+                      port.label("master_port"))
             .join(m.JOBS, j.id == a.job_id)
             .where(a.server_id.in_(sorted(row.id for row in servers)))
             .group_by(a.server_id, a.job_id, a.rank, j.id)
@@ -102,7 +105,7 @@ class DesiredStates:
                         job_id=w.job_id, rank=w.rank, world_size=w.num_workers, local_rank=local_rank[w.job_id],
                         gpu_indices=index_list(w.gpus), command=tuple(w.command),
                         env=dict(w.env), master_addr=w.master_addr or server.agent_address,
-                        master_port=self._worker_base_port + w.job_id % 10000, incarnation=w.incarnation,
+                        master_port=w.master_port or 0, incarnation=w.incarnation,
                     )
                 )
                 local_rank[w.job_id] += 1
