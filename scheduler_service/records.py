@@ -13,6 +13,7 @@ compared by content, safe to hand to any thread after their transaction has ende
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -240,6 +241,23 @@ class DemandInfo:
     servers_needed: int
     observed_rps: float
     source: str
+
+
+# A list view's command: whole arguments while they fit in this many characters (the first one
+# always, cut to it). Enough to recognise a job; GetJob has the whole command.
+LIST_COMMAND_CHARS = 256
+
+
+def command_preview(command: Sequence[str]) -> list[str]:
+    """The command as a list of jobs shows it (stored with the job as ``command_preview``)."""
+    kept: list[str] = []
+    used = 0
+    for arg in command:
+        if kept and used + len(arg) > LIST_COMMAND_CHARS:
+            break
+        kept.append(arg[:LIST_COMMAND_CHARS])
+        used += len(arg)
+    return kept
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,9 @@ reused by the next allocation on that server. Jobs running when this revision is
 lowest free ports of the default range 29500-29999 on their rank 0's server.
 
 jobs: ``size_note`` -- why a running elastic job keeps its size this cycle (``REASON: message``, ''
-when nothing holds it back), as ``pending_reason`` is for a queued job.
+when nothing holds it back), as ``pending_reason`` is for a queued job; ``command_preview`` -- the
+command as list views show it (``records.command_preview``: whole arguments up to 256 characters),
+so a page of jobs never reads ``command`` or ``env`` (up to 256 KiB each); backfilled here.
 
 ``scheduler_notes``: the scheduler's standing cluster-level decisions by topic (``LOANS``: why no
 server is loaned now), shown by ``arylctl loans``.
@@ -55,11 +57,16 @@ def upgrade() -> None:
         sa.Column('since', sa.Double(), nullable=False),
         sa.PrimaryKeyConstraint('topic', name=op.f('pk_scheduler_notes')),
     )
+    bind = op.get_bind()
     with op.batch_alter_table('jobs') as batch:
         batch.add_column(sa.Column('size_note', sa.String(length=1024), server_default='', nullable=False))
+        batch.add_column(sa.Column('command_preview', sa.JSON(), nullable=True))
+    jobs = sa.table('jobs', sa.column('id', sa.BigInteger()), sa.column('command', sa.JSON()),
+                    sa.column('command_preview', sa.JSON()))
+    for job_id, command in bind.execute(sa.select(jobs.c.id, jobs.c.command)).all():
+        bind.execute(sa.update(jobs).where(jobs.c.id == job_id).values(command_preview=_preview(command or [])))
     # Running jobs keep meeting where they do now only until their next restart; give each a port that
     # no other job on its master server has, so the agents' next desired state is collision-free.
-    bind = op.get_bind()
     rows = bind.execute(sa.text(
         "SELECT job_id, server_id, MIN(allocated_at) FROM allocations WHERE rank = 0 "
         "GROUP BY job_id, server_id ORDER BY server_id, job_id"
@@ -77,11 +84,24 @@ def upgrade() -> None:
         used[server_id] = index + 1
 
 
+def _preview(command: list[str], chars: int = 256) -> list[str]:
+    """``scheduler_service.records.command_preview`` as of this revision (migrations import no app code)."""
+    kept: list[str] = []
+    used = 0
+    for arg in command:
+        if kept and used + len(arg) > chars:
+            break
+        kept.append(arg[:chars])
+        used += len(arg)
+    return kept
+
+
 def downgrade() -> None:
     bind = op.get_bind()
     if bind.dialect.name == "sqlite" and bind.exec_driver_sql("PRAGMA foreign_keys").scalar():
         raise RuntimeError("downgrade 0007 on SQLite needs PRAGMA foreign_keys=OFF (set outside a transaction)")
     with op.batch_alter_table('jobs') as batch:
+        batch.drop_column('command_preview')
         batch.drop_column('size_note')
     op.drop_table('scheduler_notes')
     op.drop_table('master_ports')

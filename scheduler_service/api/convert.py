@@ -16,6 +16,7 @@ from scheduler_service.records import (
     JobInfo,
     LoanInfo,
     ServerInfo,
+    command_preview,
 )
 
 _RESTART = {"ON_FAILURE": types_pb2.RESTART_POLICY_ON_FAILURE, "NEVER": types_pb2.RESTART_POLICY_NEVER}
@@ -44,25 +45,13 @@ def server_state(name: str) -> str:
     return f"SERVER_STATE_{name}"
 
 
-# A list view's command: whole arguments while they fit in this many characters (the first one
-# always, cut to it). Enough to recognise a job; GetJob has the whole command.
-LIST_COMMAND_CHARS = 256
-
-
 def job_summary(row: JobInfo) -> types_pb2.Job:
     """``job`` as a list shows it: no environment and the command cut to a short prefix.
 
     A spec may be up to 256 KiB, nearly all of it command and environment; a page of such jobs
     would be tens of MiB per ListJobs (over the message limit for every caller) though no list
     shows them."""
-    kept: list[str] = []
-    used = 0
-    for arg in row.command:
-        if kept and used + len(arg) > LIST_COMMAND_CHARS:
-            break
-        kept.append(arg[:LIST_COMMAND_CHARS])
-        used += len(arg)
-    return _job(row, command=kept, env={})
+    return _job(row, command=command_preview(row.command), env={})
 
 
 def job(row: JobInfo) -> types_pb2.Job:

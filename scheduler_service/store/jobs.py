@@ -21,7 +21,7 @@ from scheduler_service.core.clock import Clock
 from scheduler_service.core.plan import Reason
 from scheduler_service.errors import FailedPrecondition, NotFound
 from scheduler_service.lifecycle import JobState
-from scheduler_service.records import EventInfo, JobFilter, JobInfo, JobSubmission
+from scheduler_service.records import EventInfo, JobFilter, JobInfo, JobSubmission, command_preview
 from scheduler_service.store import models as m
 from scheduler_service.store.changes import StateChanges, load_job
 from scheduler_service.store.desired import DesiredStates
@@ -90,7 +90,7 @@ class JobStore:
         """Up to ``size`` jobs matching ``flt`` with ids below ``before``, newest first, and whether
         more follow."""
         j = m.JOBS.c
-        stmt = sa.select(m.JOBS)
+        stmt = sa.select(*_LIST_COLUMNS)
         if flt.states:
             stmt = stmt.where(j.state.in_([str(s) for s in flt.states]))
         if flt.user:
@@ -190,6 +190,14 @@ def _allocations(session: Session, job_ids: Sequence[int]) -> dict[int, list[Val
     return by_job
 
 
+# What a list page reads of each job: every column but the bulky spec ones (command and env, up to
+# 256 KiB a job): the command's preview stands in for the command (``records.command_preview``) and
+# the environment is left out (``rows.job_info`` reads it as empty), as ``api.convert.job_summary`` shows them.
+_LIST_COLUMNS = (
+    *(c for c in m.JOBS.c if c.name not in ("command", "env", "command_preview")),
+    m.JOBS.c.command_preview.label("command"),
+)
+
 # The columns of a job that its INSERT leaves to the database's defaults, as the database fills them in.
 _NOT_WRITTEN_YET: dict[str, Any] = dict(
     last_resized_at=None, work_done=0.0, last_checkpoint_at=None, incarnation=0, checkpoint_work=None,
@@ -200,6 +208,7 @@ _NOT_WRITTEN_YET: dict[str, Any] = dict(
 def _job_row(sub: JobSubmission, now: float) -> dict[str, Any]:
     return dict(
         name=sub.name, user=sub.user, queue=sub.queue, command=list(sub.command), env=dict(sub.env),
+        command_preview=command_preview(sub.command),
         gpus_per_worker=sub.gpus_per_worker, min_workers=sub.min_workers, max_workers=sub.max_workers,
         priority=sub.priority, deadline=sub.deadline, throughput=sub.throughput, max_runtime_s=sub.max_runtime_s,
         restart_policy=sub.restart_policy, max_restarts=sub.max_restarts, idempotency_key=sub.idempotency_key,

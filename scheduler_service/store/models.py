@@ -106,6 +106,8 @@ class Job(Base):
     working_dir: Mapped[str | None] = mapped_column(String(4096))
     working_dir_if_exists: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     # Why a running elastic job keeps its size (``REASON: message``; '' when nothing holds it back).
+    # The command as list views show it (``records.command_preview``): a page never reads command or env.
+    command_preview: Mapped[list[Any] | None] = mapped_column(JSON)
     size_note: Mapped[str] = mapped_column(String(1024), default="", server_default=text("''"))
 
     __table_args__ = (

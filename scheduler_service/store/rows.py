@@ -29,10 +29,11 @@ Values = Mapping[Any, Any]
 
 
 def job_info(row: Values, allocations: Iterable[Values] = ()) -> JobInfo:
-    """``allocations``: the job's ``allocations`` rows, in rank then GPU order."""
+    """``allocations``: the job's ``allocations`` rows, in rank then GPU order. A list page's row has no
+    ``env`` and the command's preview as ``command`` (``store.jobs._LIST_COLUMNS``)."""
     return JobInfo(
-        id=row["id"], name=row["name"], user=row["user"], queue=row["queue"], command=tuple(row["command"]),
-        env=row["env"], gpus_per_worker=row["gpus_per_worker"], min_workers=row["min_workers"],
+        id=row["id"], name=row["name"], user=row["user"], queue=row["queue"], command=tuple(row["command"] or ()),
+        env=row.get("env") or {}, gpus_per_worker=row["gpus_per_worker"], min_workers=row["min_workers"],
         max_workers=row["max_workers"], priority=row["priority"], deadline=row["deadline"],
         throughput=row["throughput"] or {}, max_runtime_s=row["max_runtime_s"], restart_policy=row["restart_policy"],
         max_restarts=row["max_restarts"], idempotency_key=row["idempotency_key"], state=JobState(row["state"]),
