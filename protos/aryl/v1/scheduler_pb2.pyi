@@ -1,4 +1,7 @@
+import datetime
+
 from protos.aryl.v1 import types_pb2 as _types_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -112,20 +115,22 @@ class JobStateCount(_message.Message):
     def __init__(self, state: _Optional[_Union[_types_pb2.JobState, str]] = ..., count: _Optional[int] = ...) -> None: ...
 
 class GetClusterResponse(_message.Message):
-    __slots__ = ("pools", "jobs", "demand", "policy", "scheduler_epoch", "active_loans")
+    __slots__ = ("pools", "jobs", "demand", "policy", "scheduler_epoch", "active_loans", "not_loaned")
     POOLS_FIELD_NUMBER: _ClassVar[int]
     JOBS_FIELD_NUMBER: _ClassVar[int]
     DEMAND_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     SCHEDULER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_LOANS_FIELD_NUMBER: _ClassVar[int]
+    NOT_LOANED_FIELD_NUMBER: _ClassVar[int]
     pools: _containers.RepeatedCompositeFieldContainer[PoolSummary]
     jobs: _containers.RepeatedCompositeFieldContainer[JobStateCount]
     demand: _types_pb2.InferenceDemand
     policy: str
     scheduler_epoch: int
     active_loans: int
-    def __init__(self, pools: _Optional[_Iterable[_Union[PoolSummary, _Mapping]]] = ..., jobs: _Optional[_Iterable[_Union[JobStateCount, _Mapping]]] = ..., demand: _Optional[_Union[_types_pb2.InferenceDemand, _Mapping]] = ..., policy: _Optional[str] = ..., scheduler_epoch: _Optional[int] = ..., active_loans: _Optional[int] = ...) -> None: ...
+    not_loaned: str
+    def __init__(self, pools: _Optional[_Iterable[_Union[PoolSummary, _Mapping]]] = ..., jobs: _Optional[_Iterable[_Union[JobStateCount, _Mapping]]] = ..., demand: _Optional[_Union[_types_pb2.InferenceDemand, _Mapping]] = ..., policy: _Optional[str] = ..., scheduler_epoch: _Optional[int] = ..., active_loans: _Optional[int] = ..., not_loaned: _Optional[str] = ...) -> None: ...
 
 class ListServersRequest(_message.Message):
     __slots__ = ("pool",)
@@ -146,10 +151,14 @@ class ListLoansRequest(_message.Message):
     def __init__(self, include_returned: _Optional[bool] = ...) -> None: ...
 
 class ListLoansResponse(_message.Message):
-    __slots__ = ("loans",)
+    __slots__ = ("loans", "not_loaned", "not_loaned_since")
     LOANS_FIELD_NUMBER: _ClassVar[int]
+    NOT_LOANED_FIELD_NUMBER: _ClassVar[int]
+    NOT_LOANED_SINCE_FIELD_NUMBER: _ClassVar[int]
     loans: _containers.RepeatedCompositeFieldContainer[_types_pb2.Loan]
-    def __init__(self, loans: _Optional[_Iterable[_Union[_types_pb2.Loan, _Mapping]]] = ...) -> None: ...
+    not_loaned: str
+    not_loaned_since: _timestamp_pb2.Timestamp
+    def __init__(self, loans: _Optional[_Iterable[_Union[_types_pb2.Loan, _Mapping]]] = ..., not_loaned: _Optional[str] = ..., not_loaned_since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class ExplainJobRequest(_message.Message):
     __slots__ = ("job_id",)
