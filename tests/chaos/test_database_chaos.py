@@ -15,9 +15,12 @@ Each ends with the invariants (``tests.chaos.invariants``).
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 import threading
 import time
+from pathlib import Path
 
 import grpc
 import pytest
@@ -27,8 +30,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from arylctl.client import ArylClient, ArylError, FailedPrecondition, Unavailable
 from protos.aryl.v1 import types_pb2
 from tests.chaos.conftest import InProcessCluster, RetryingClient, chaos_job, scaled, serving
-from tests.chaos.invariants import check_invariants, wait_workers_match
-from tests.helpers import wait_for
+from tests.chaos.invariants import check_invariants, database_workers, live_workers, violations, wait_workers_match
+from tests.helpers import processes_mentioning, wait_for
 
 pytestmark = pytest.mark.postgres
 
@@ -189,3 +192,54 @@ def test_rows_locked_past_the_lock_timeout_answer_unavailable_and_the_service_re
     finally:
         client.close()
         plain.close()
+
+
+def test_the_invariants_catch_what_they_claim_to(inprocess_cluster: InProcessCluster) -> None:
+    """The checks of every case above, shown to fail: a job lost, a submission stored twice, GPUs
+    held by an ended job, a worker that died unseen."""
+    cluster = inprocess_cluster
+    cluster.start(agents=1, gpus=2)
+    client = RetryingClient(cluster.address)
+    try:
+        ids = [client.submit(chaos_job(f"j{i}"), f"key-j{i}") for i in range(2)]
+        wait_for(lambda: len(database_workers(cluster.url)) == 2, timeout=CATCH_UP_S, what="both jobs placed")
+        running = wait_workers_match(cluster.url, cluster.marker, timeout=CATCH_UP_S)
+        assert violations(cluster.url, ids, submitted_names=["j0", "j1"]) == []
+        client.submit(chaos_job("j0"), "another-key")  # what a retry without its key would do
+    finally:
+        client.close()
+    assert cluster.handle is not None
+    cluster.handle.stop()  # from here the database is changed behind the scheduler's back
+
+    engine = sa.create_engine(cluster.url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text("UPDATE jobs SET state = 'CANCELLED' WHERE id = :id"), {"id": int(ids[1])})
+    finally:
+        engine.dispose()
+    broken = violations(cluster.url, [*ids, "424242"], submitted_names=["j0", "j1"])
+    assert broken == ["1 acknowledged job(s) lost: 424242", "1 submission(s) stored more than once: j0 x2",
+                      f"job {ids[1]} is CANCELLED but holds 1 GPU(s)"], broken
+    with pytest.raises(AssertionError, match="invariants broken"):
+        check_invariants(cluster.url, ids, submitted_names=["j0", "j1"])
+
+    victim = next(iter(live_workers(cluster.marker)))
+    assert victim in running
+    for pid in _worker_pids(cluster.marker, victim.job_id):
+        os.kill(pid, signal.SIGKILL)
+    with pytest.raises(AssertionError, match="wanted, not running"):
+        wait_workers_match(cluster.url, cluster.marker, timeout=1.0)
+
+
+def _worker_pids(marker: str, job_id: str) -> list[int]:
+    """The (non-shim) worker processes of ``job_id`` among those marked ``marker``."""
+    found = []
+    for pid in processes_mentioning(marker):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+            if f"ARYL_JOB_ID={job_id}\0".encode() in environ and b"shim.py" not in Path(
+                    f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
+        except OSError:
+            continue
+    return found
