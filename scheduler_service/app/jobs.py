@@ -17,6 +17,7 @@ from sqlalchemy.exc import IntegrityError
 
 from scheduler_service.app.notices import Announcer
 from scheduler_service.core.clock import Clock
+from scheduler_service.core.fit import never_fits
 from scheduler_service.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from scheduler_service.kill_points import kill_point
 from scheduler_service.lifecycle import JobState
@@ -54,10 +55,16 @@ class Jobs:
             raise result
         return result
 
-    def submit_many(self, subs: Sequence[JobSubmission]) -> list[JobInfo | AlreadyExists]:
+    def submit_many(self, subs: Sequence[JobSubmission]) -> list[JobInfo | AlreadyExists | FailedPrecondition]:
         """Queue several jobs in one transaction (group commit: the API batches concurrent
         SubmitJob calls). A submission whose user has used its idempotency key before is answered
-        by itself alone: with that job when the spec is the same (a retry), else ``KeyInUse``."""
+        by itself alone: with that job when the spec is the same (a retry), else ``KeyInUse``. One
+        whose gang can never fit the registered servers is refused alone (``never_fits``)."""
+        refused = self._never_fit(subs)
+        if refused:
+            fitting = [sub for i, sub in enumerate(subs) if i not in refused]
+            answers = iter(self.submit_many(fitting) if fitting else [])
+            return [refused[i] if i in refused else next(answers) for i in range(len(subs))]
         now = self._clock.now()
         try:
             jobs = self._db.write(lambda session: self._store.insert(session, subs, now))
@@ -69,6 +76,20 @@ class Jobs:
         kill_point("submit.committed")
         self._notices.state_changed()
         return list(jobs)
+
+    def _never_fit(self, subs: Sequence[JobSubmission]) -> dict[int, FailedPrecondition]:
+        """The submissions (by index) whose gang could not fit even if every registered server -- training
+        or inference, in any state -- were free (``core.fit``). With no server registered yet nothing is
+        refused: a cluster still starting (agents registering) is not known, and the job waits."""
+        server_gpus = self._db.read(self._store.server_gpu_counts)
+        refused = {}
+        for i, sub in enumerate(subs):
+            why = never_fits(sub.gpus_per_worker, sub.min_workers, server_gpus, servers="training + inference servers")
+            if why is not None:
+                refused[i] = FailedPrecondition(
+                    f"job {sub.name!r} can never run on this cluster: {why}; lower gpus_per_worker or min_workers, "
+                    "or register larger servers first")
+        return refused
 
     def _resubmission(self, sub: JobSubmission, exc: IntegrityError) -> JobInfo | AlreadyExists:
         """The answer to ``sub`` when its insert broke a unique key: the job its user submitted with

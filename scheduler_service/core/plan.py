@@ -21,6 +21,7 @@ class Reason(StrEnum):
     BLOCKED_BY_EARLIER_JOB = "BLOCKED_BY_EARLIER_JOB"  # FIFO: an earlier job waits first
     NO_TRAINING_CAPACITY = "NO_TRAINING_CAPACITY"  # no schedulable server exists at all
     WORKER_TOO_LARGE = "WORKER_TOO_LARGE"          # no server has gpus_per_worker healthy GPUs
+    CANNOT_FIT = "CANNOT_FIT"                      # too large for every server there is, all free (core.fit)
     WAITING_FOR_RESERVATION = "WAITING_FOR_RESERVATION"  # GPUs are held for a starving job
     WAITING_FOR_MASTER_PORT = "WAITING_FOR_MASTER_PORT"  # its master server has no free MASTER_PORT (service)
     # Why a job started or changed size:

@@ -34,6 +34,7 @@ from operator import attrgetter
 
 import numpy as np
 
+from scheduler_service.core.fit import never_fits
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.placement import LOANED_FIRST, TRAINING_FIRST, FreeCapacity
 from scheduler_service.core.plan import (
@@ -113,6 +114,7 @@ class _Cycle:
     pending: list[KeepPending] = field(default_factory=list)
     reserved: frozenset[str] = frozenset()
     reserved_for: int | None = None
+    server_gpus: list[int] | None = None  # GPUs of each server the policy may place on (``_unplaceable``)
 
     def training_capable(self, server_id: str) -> bool:
         return self.server_state[server_id] in _TRAINING_CAPABLE
@@ -396,20 +398,33 @@ class ArylPolicy:
                 continue
             waiting_before = waiting_before or job
             if cycle.reserved and job.job_id != cycle.reserved_for:
-                reason, message = cycle.capacity.explain_unplaceable(job, job.min_workers)
+                reason, message = self._unplaceable(cycle, job)
                 if reason == Reason.WAITING_FOR_GANG:
                     reason = Reason.WAITING_FOR_RESERVATION
                     message += f"; server(s) {', '.join(sorted(cycle.reserved))} are held for a starving job"
                 cycle.pending.append(KeepPending(job.job_id, reason, message))
                 continue
-            reason, message = cycle.capacity.explain_unplaceable(job, job.min_workers)
-            if starving(job) and not cycle.reserved:
+            reason, message = self._unplaceable(cycle, job)
+            if starving(job) and not cycle.reserved and reason != Reason.CANNOT_FIT:
                 cycle.reserved = self._reserve(cycle, job)
                 if cycle.reserved:
                     cycle.reserved_for = job.job_id
                     message += (f"; waiting {snap.now - job.submitted_at:.0f}s: server(s) "
                                 f"{', '.join(sorted(cycle.reserved))} are reserved for it")
             cycle.pending.append(KeepPending(job.job_id, reason, message))
+
+    def _unplaceable(self, cycle: _Cycle, job: JobView) -> tuple[Reason, str]:
+        """Why a queued job's gang is not placed this cycle: CANNOT_FIT when it would not fit even on
+        every server this policy may ever place on, all free (``core.fit``: the cluster shrank under
+        it, or SubmitJob could not know yet), else what the free capacity lacks now."""
+        if cycle.server_gpus is None:
+            cycle.server_gpus = [len(s.gpu_indices) for s in cycle.snapshot.servers
+                                 if s.pool == Pool.TRAINING or self.loaning]
+        why = never_fits(job.gpus_per_worker, job.min_workers, cycle.server_gpus,
+                         servers="training + inference servers" if self.loaning else "training servers")
+        if why is not None:
+            return Reason.CANNOT_FIT, f"can never fit the servers registered now: {why}"
+        return cycle.capacity.explain_unplaceable(job, job.min_workers)
 
     def _place_over_extras(self, cycle: _Cycle, job: JobView) -> tuple[WorkerPlacement, ...] | None:
         """Place a gang on free GPUs plus those of other jobs' extra workers, scaling those in."""

@@ -106,6 +106,13 @@ class JobStore:
         allocations = _allocations(session, [job["id"] for job in jobs])
         return [job_info(job, allocations[job["id"]]) for job in jobs], more
 
+    @staticmethod
+    def server_gpu_counts(session: Session) -> list[int]:
+        """How many GPUs each registered server has (any pool, any state): the largest shape a job may
+        take (``core.fit``)."""
+        g = m.GPUS.c
+        return list(session.scalars(sa.select(sa.func.count()).select_from(m.GPUS).group_by(g.server_id)))
+
     def cancel(
         self, session: Session, requests: Sequence[tuple[int, str]]
     ) -> tuple[list[JobInfo | NotFound | FailedPrecondition], set[str]]:
