@@ -87,6 +87,7 @@ EVENTS_RECONNECT_MAX_S: Final = 5.0
 EVENTS_RECONNECT_CODES: Final = frozenset({
     grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED,
     grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,  # the scheduler's watch-stream limit: a place frees up later
 })
 
 EXIT_OK: Final = 0

@@ -15,7 +15,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import get_type_hints
 
-from pydantic import Field, create_model, model_validator
+from pydantic import Field, create_model, field_validator, model_validator
 
 from aryl_common.config import ArylSettings, ConfigSection, LoggingConfig, load_settings
 from scheduler_service.core.params import PolicyParams
@@ -27,6 +27,16 @@ class ServerConfig(ConfigSection):
     worker_threads: int = Field(16, gt=0, description="threads serving unary RPCs")
     max_concurrent_streams: int = Field(4096, gt=0, description="WatchEvents/WatchDesiredState streams")
     shutdown_grace_s: float = Field(5.0, ge=0, description="time in-flight RPCs get on shutdown")
+    max_watch_streams: int = Field(
+        1024, gt=0,
+        description="WatchEvents and WatchServingPool streams open at once, from all clients; beyond it a new one is "
+                    "refused with RESOURCE_EXHAUSTED (agents' WatchDesiredState streams are not counted)",
+    )
+    max_watch_streams_per_client: int = Field(
+        64, gt=0,
+        description="WatchEvents and WatchServingPool streams open at once per client (the peer's host, every port "
+                    "and connection together); beyond it a new one is refused with RESOURCE_EXHAUSTED",
+    )
 
 
 def default_database_url() -> str:
@@ -110,6 +120,38 @@ class AgentsConfig(ConfigSection):
     )
 
 
+class EventsConfig(ConfigSection):
+    retention_days: int = Field(
+        30, ge=0,
+        description="events older than this many days are deleted, in batches, by the housekeeping loop (0: kept "
+                    "forever); at least 2, since the database refuses to delete events younger than a day",
+    )
+    prune_interval_s: float = Field(600.0, gt=0, description="how often the housekeeping loop prunes old events")
+    prune_batch: int = Field(
+        5000, gt=0, description="events deleted per transaction when pruning: short transactions, short locks"
+    )
+    watch_recheck_s: float = Field(
+        30.0, gt=0,
+        description="event and serving-pool streams are fed by one read after each change this scheduler commits; "
+                    "while any stream watches, that read also runs at least this often (covers writes by other "
+                    "processes; idle streams cost no database work of their own)",
+    )
+    watch_buffer: int = Field(
+        10000, gt=0,
+        description="recent events held in memory for event streams; a stream further behind reads the database",
+    )
+
+    @field_validator("retention_days")
+    @classmethod
+    def _retention_above_the_floor(cls, days: int) -> int:
+        if days == 1:
+            raise ValueError(
+                "must be 0 (keep forever) or at least 2: the database refuses to delete events younger than a day, "
+                "and a day's margin covers a clock difference between the scheduler and the database"
+            )
+        return days
+
+
 class SchedulerConfig(ArylSettings):
     """Everything the scheduler service can be told. One instance, built at start-up."""
 
@@ -118,6 +160,7 @@ class SchedulerConfig(ArylSettings):
     scheduling: SchedulingConfig = SchedulingConfig()
     policy: PolicyConfig = PolicyConfig()
     agents: AgentsConfig = AgentsConfig()
+    events: EventsConfig = EventsConfig()
     logging: LoggingConfig = LoggingConfig()
 
 

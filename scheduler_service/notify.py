@@ -14,9 +14,10 @@ anything; the database stays the single source of truth.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import random
 import threading
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
@@ -48,8 +49,8 @@ class Signal:
                 waiter.set_result(None)
         self._waiters.clear()
 
-    async def wait_newer(self, seen: int, timeout: float) -> None:
-        """Return once ``version > seen`` or after ``timeout`` seconds."""
+    async def wait_newer(self, seen: int, timeout: float | None) -> None:
+        """Return once ``version > seen`` or after ``timeout`` seconds (None: no timeout)."""
         if self.version > seen:
             return
         waiter = self._loop.create_future()
@@ -183,6 +184,212 @@ class DesiredStateFeed(Generic[S]):
                 del self._slots[server_id]
 
 
+class Identified(Protocol):
+    @property
+    def id(self) -> int: ...
+
+
+E = TypeVar("E", bound=Identified)
+T = TypeVar("T")
+
+
+class EventFeed(Generic[E]):
+    """Fans the event log's new entries out to every ``WatchEvents`` stream from one read per change.
+
+    While at least one stream watches, one reader (a task on the loop) reads the entries after the
+    newest it holds (``read_after(after_id, limit)``, on ``executor``) after each wake-up of
+    ``wake`` (published after every commit that appends events), and at least every ``recheck_s``
+    (the slow safety re-check: it covers writes this process was not told about, e.g. by another
+    process on the same database; a missed wake-up delays streams by at most that long). Wake-ups
+    during a read are coalesced into the next read. The last ``capacity`` or so entries stay in
+    memory, where streams filter them (``match``); a stream with nothing new costs no database work,
+    however many there are. A stream whose position is older than what memory holds (a replay from
+    ``after_event_id``, or a consumer slower than the buffer) pages through the database by itself
+    (``catch_up``) until it reaches the buffer. With no stream the feed reads nothing and holds
+    nothing; the first stream makes it read the log's newest id."""
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, wake: Signal, *, read_after: Callable[[int, int], Sequence[E]],
+        last_id: Callable[[], int], executor: Executor | None, recheck_s: float, capacity: int = 10_000,
+        page: int = 500,
+    ) -> None:
+        self._loop = loop
+        self._wake = wake
+        self._read_after = read_after
+        self._last_id = last_id
+        self._executor = executor
+        self.recheck_s = recheck_s
+        self._capacity = capacity
+        self._page = page
+        self.changed = Signal(loop)  # bumped after each read that found new entries
+        self.reads = 0  # database reads by the reader (tests and metrics: one per change, not per stream)
+        self._events: list[E] = []
+        self._ids: list[int] = []
+        self.floor = 0  # memory holds every entry with floor < id <= head
+        self.head = 0
+        self.watchers = 0
+        self._reader: asyncio.Task[None] | None = None
+        self._ready: asyncio.Future[None] | None = None
+
+    async def watch(
+        self, after: int | None, *, match: Callable[[E], bool],
+        catch_up: Callable[[int, int, int], Awaitable[Sequence[E]]],
+    ) -> AsyncIterator[E]:
+        """Yield the entries with id > ``after`` (None: from now on) that ``match``, in id order, then
+        new ones as they are read. ``catch_up(after_id, upto_id, limit)`` reads up to ``limit``
+        matching entries with after_id < id <= upto_id from the database, oldest first."""
+        self.watchers += 1
+        try:
+            await self._started()
+            position = self.head if after is None else after  # every entry <= position was considered
+            while True:
+                seen = self.changed.version
+                if position < self.floor:  # older than memory: page through the database up to it
+                    upto = self.floor
+                    rows = await catch_up(position, upto, self._page)
+                    for row in rows:
+                        yield row
+                    position = rows[-1].id if len(rows) >= self._page else upto
+                    continue
+                head = self.head
+                start = bisect.bisect_right(self._ids, position)
+                fresh = [e for e in self._events[start:] if e.id <= head and match(e)]
+                position = max(position, head)
+                for row in fresh:
+                    yield row
+                if not fresh:
+                    await self.changed.wait_newer(seen, timeout=None)
+        finally:
+            self.watchers -= 1
+
+    async def _started(self) -> None:
+        """Once the reader runs and knows the log's newest id (raises what that read raised)."""
+        if self._reader is None or self._reader.done():
+            self._ready = self._loop.create_future()
+            self._reader = self._loop.create_task(self._run(self._ready))
+        assert self._ready is not None
+        await asyncio.shield(self._ready)
+
+    async def _run(self, ready: asyncio.Future[None]) -> None:
+        try:
+            newest = await self._loop.run_in_executor(self._executor, self._last_id)
+        except Exception as exc:  # noqa: BLE001 - handed to the streams that wait for the start
+            ready.set_exception(exc)
+            ready.exception()  # retrieved: a start nobody waits for any more must not be logged as lost
+            return
+        self._events, self._ids = [], []
+        self.floor = self.head = newest
+        ready.set_result(None)
+        retry_s = min(1.0, self.recheck_s)
+        try:
+            while self.watchers:
+                seen = self._wake.version
+                try:
+                    await self._read_new()
+                    wait = self.recheck_s
+                except Exception as exc:  # noqa: BLE001 - streams wait; the next wake-up or retry reads again
+                    log.warning("event log read failed; retrying", error=repr(exc), retry_s=retry_s)
+                    wait = retry_s
+                await self._wake.wait_newer(seen, timeout=wait)
+        finally:
+            self._events, self._ids = [], []  # nobody watches: hold nothing
+
+    async def _read_new(self) -> None:
+        while True:
+            rows = await self._loop.run_in_executor(self._executor, self._read_after, self.head, self._page)
+            self.reads += 1
+            if not rows:
+                return
+            self._events.extend(rows)
+            self._ids.extend(row.id for row in rows)
+            self.head = rows[-1].id
+            if len(self._events) > 2 * self._capacity:  # trimmed in halves: amortised, and bisect stays valid
+                drop = len(self._events) - self._capacity
+                self.floor = self._ids[drop - 1]
+                del self._events[:drop], self._ids[:drop]
+            self.changed.bump()
+            if len(rows) < self._page:
+                return
+
+
+class SharedRead(Generic[T]):
+    """The answer of one read, shared by every stream that watches it: while any stream watches,
+    one reader (a task on the loop) re-reads it on ``executor`` after each wake-up of ``wake``
+    (coalesced) and at least every ``recheck_s``, and streams are woken only when ``key`` of the
+    answer changed. A stream costs no database work of its own."""
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, wake: Signal, read: Callable[[], T], *, executor: Executor | None,
+        recheck_s: float, key: Callable[[T], object] = lambda value: value,
+    ) -> None:
+        self._loop = loop
+        self._wake = wake
+        self._read = read
+        self._executor = executor
+        self.recheck_s = recheck_s
+        self._key = key
+        self.changed = Signal(loop)
+        self.reads = 0
+        self.value: T | None = None
+        self.watchers = 0
+        self._reader: asyncio.Task[None] | None = None
+        self._ready: asyncio.Future[None] | None = None
+
+    async def watch(self) -> AsyncIterator[T]:
+        """Yield the answer now (a fresh read when no stream watched) and again whenever it changes."""
+        self.watchers += 1
+        try:
+            if self._reader is None or self._reader.done():
+                self._ready = self._loop.create_future()
+                self._reader = self._loop.create_task(self._run(self._ready))
+            assert self._ready is not None
+            await asyncio.shield(self._ready)
+            sent: object = _NOTHING
+            while True:
+                seen = self.changed.version
+                value = self.value
+                assert value is not None
+                if self._key(value) != sent:
+                    sent = self._key(value)
+                    yield value
+                if self.changed.version == seen:
+                    await self.changed.wait_newer(seen, timeout=None)
+        finally:
+            self.watchers -= 1
+
+    async def _run(self, ready: asyncio.Future[None]) -> None:
+        retry_s = min(1.0, self.recheck_s)
+        while True:
+            seen = self._wake.version
+            try:
+                value = await self._loop.run_in_executor(self._executor, self._read)
+                self.reads += 1
+                wait = self.recheck_s
+            except Exception as exc:  # noqa: BLE001 - the first read's error goes to the streams waiting
+                if not ready.done():
+                    ready.set_exception(exc)
+                    ready.exception()
+                    return
+                log.warning("shared read failed; retrying", error=repr(exc), retry_s=retry_s)
+                wait = retry_s
+            else:
+                if self.value is None or self._key(value) != self._key(self.value):
+                    self.value = value
+                    self.changed.bump()
+                if not ready.done():
+                    ready.set_result(None)
+            if not self.watchers:
+                self.value = None  # nobody watches: the next stream gets a fresh read
+                return
+            await self._wake.wait_newer(seen, timeout=wait)
+            if not self.watchers:
+                self.value = None
+                return
+
+
+_NOTHING = object()
+
+
 class AsyncNotifier:
     """The service's ``Notifier``: event-log and cycle-trigger signals, and the desired-state feed."""
 
@@ -191,6 +398,8 @@ class AsyncNotifier:
         self.events = Signal(loop)
         self.cycle = Signal(loop)
         self.desired_states: DesiredStateFeed[Any] | None = None  # set by serve_desired_states()
+        self.event_log: EventFeed[Any] | None = None  # set by serve_event_log()
+        self.serving_pool: SharedRead[Any] | None = None  # set by serve_serving_pool()
         self._servers: dict[str, Signal] = {}
         self._lock = threading.Lock()
 
@@ -200,6 +409,25 @@ class AsyncNotifier:
         """Start fanning desired state out to watchers; ``load`` as in ``DesiredStateFeed``."""
         self.desired_states = DesiredStateFeed(self._loop, load, executor)
         return self.desired_states
+
+    def serve_event_log(
+        self, read_after: Callable[[int, int], Sequence[E]], last_id: Callable[[], int], executor: Executor | None,
+        *, recheck_s: float, capacity: int = 10_000,
+    ) -> EventFeed[E]:
+        """Start fanning the event log out to watchers, woken by ``events_appended``; as in ``EventFeed``."""
+        feed = EventFeed(self._loop, self.events, read_after=read_after, last_id=last_id, executor=executor,
+                         recheck_s=recheck_s, capacity=capacity)
+        self.event_log = feed
+        return feed
+
+    def serve_serving_pool(
+        self, read: Callable[[], T], executor: Executor | None, *, recheck_s: float, key: Callable[[T], object]
+    ) -> SharedRead[T]:
+        """Share one read of the serving pool among its watchers, re-read after every event-log change
+        (every server state change appends an event)."""
+        shared = SharedRead(self._loop, self.events, read, executor=executor, recheck_s=recheck_s, key=key)
+        self.serving_pool = shared
+        return shared
 
     def server(self, server_id: str) -> Signal:
         with self._lock:

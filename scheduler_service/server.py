@@ -38,8 +38,10 @@ from protos.aryl.v1 import (
 )
 from scheduler_service.api.agent_logs import AgentLogReader
 from scheduler_service.api.servicers import AgentServicer, InferenceServicer, SchedulerServicer
+from scheduler_service.api.stream_limits import StreamLimits
 from scheduler_service.app import SchedulerApp
 from scheduler_service.app.liveness import Liveness
+from scheduler_service.app.retention import EventRetention
 from scheduler_service.batching import GroupCommitter
 from scheduler_service.clock import SystemClock
 from scheduler_service.config import SchedulerConfig
@@ -133,6 +135,7 @@ class SchedulerService:
         )
         self.port: int | None = None
         self.group_committers: tuple[GroupCommitter[Any, Any], ...] = ()  # SubmitJob's and CancelJob's, once running
+        self.stream_limits: StreamLimits | None = None  # the open watch streams, once running
         self._started = threading.Event()
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -168,13 +171,23 @@ class SchedulerService:
         # on a thread of its own: a push must not queue behind 100s of status reports.
         desired_reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aryl-desired")
         notifier.serve_desired_states(app.agents.desired_states, desired_reader)
+        # Event and serving-pool streams: one read per change feeds all of them, however many, on a
+        # thread of its own; an idle stream reads nothing (scheduler_service.notify).
+        watch_reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aryl-watch")
+        notifier.serve_event_log(lambda after, limit: app.views.events_after(after, limit=limit),
+                                 app.views.last_event_id, watch_reader, recheck_s=cfg.events.watch_recheck_s,
+                                 capacity=cfg.events.watch_buffer)
+        notifier.serve_serving_pool(app.inference.serving_pool, watch_reader, recheck_s=cfg.events.watch_recheck_s,
+                                    key=lambda pool: pool[1])
+        stream_limits = self.stream_limits = StreamLimits(per_client=cfg.server.max_watch_streams_per_client,
+                                                          total=cfg.server.max_watch_streams)
         submissions = GroupCommitter(app.jobs.submit_many, max_batch=256, name="aryl-submit")
         cancellations = GroupCommitter(app.jobs.cancel_many, max_batch=256, name="aryl-cancel")
         log_reader = AgentLogReader(timeout_s=cfg.agents.rpc_timeout_s)
         scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(
             SchedulerServicer(app, executor, notifier, policy_name=self.policy.name, clock_now=self.clock.now,
                               submissions=submissions, cancellations=cancellations,
-                              policy=self.policy, log_reader=log_reader),
+                              policy=self.policy, log_reader=log_reader, stream_limits=stream_limits),
             server,
         )
         agent_pb2_grpc.add_AgentServiceServicer_to_server(
@@ -183,7 +196,9 @@ class SchedulerService:
                           grace_period_s=cfg.scheduling.default_grace_period_s),
             server,
         )
-        inference_pb2_grpc.add_InferenceServiceServicer_to_server(InferenceServicer(app, executor, notifier), server)
+        inference_pb2_grpc.add_InferenceServiceServicer_to_server(
+            InferenceServicer(app, executor, notifier, stream_limits=stream_limits), server
+        )
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         reflection.enable_server_reflection((*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
@@ -199,6 +214,7 @@ class SchedulerService:
         cycle_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aryl-cycle")
         cycle_task = asyncio.create_task(self._cycle_loop(cycle, notifier, cycle_thread))
         liveness_task = asyncio.create_task(self._liveness_loop(app.liveness, executor))
+        retention_task = asyncio.create_task(self._retention_loop(app.retention, executor))
         log.info("scheduler started", listen=cfg.server.listen, port=self.port, epoch=epoch,
                  policy=self.policy.name, database=self.engine.url.render_as_string(hide_password=True))
         self._started.set()
@@ -208,8 +224,9 @@ class SchedulerService:
         await health_servicer.enter_graceful_shutdown()
         cycle_task.cancel()
         liveness_task.cancel()
+        retention_task.cancel()
         await server.stop(cfg.server.shutdown_grace_s)
-        for task in (cycle_task, liveness_task):
+        for task in (cycle_task, liveness_task, retention_task):
             try:
                 await task
             except asyncio.CancelledError:
@@ -220,6 +237,7 @@ class SchedulerService:
         executor.shutdown(wait=True, cancel_futures=True)
         cycle_thread.shutdown(wait=True, cancel_futures=True)
         desired_reader.shutdown(wait=True, cancel_futures=True)
+        watch_reader.shutdown(wait=True, cancel_futures=True)
         self.engine.dispose()
         log.info("scheduler stopped")
 
@@ -285,6 +303,21 @@ class SchedulerService:
                     log.warning("servers lost: their agents are silent", servers=lost, lost_after_s=lost_after)
             except Exception:  # retried at the next check, never fatal
                 log.exception("liveness check failed; retrying")
+
+    async def _retention_loop(self, retention: EventRetention, executor: ThreadPoolExecutor) -> None:
+        """Every ``events.prune_interval_s``, delete events older than ``events.retention_days``, in
+        short batches (``app.retention``); a failure is logged and retried at the next run."""
+        loop = asyncio.get_running_loop()
+        events = self.config.events
+        while True:
+            await asyncio.sleep(events.prune_interval_s)
+            try:
+                deleted = await loop.run_in_executor(executor, lambda: retention.prune(
+                    now=self.clock.now(), retention_days=events.retention_days, batch=events.prune_batch))
+                if deleted:
+                    log.info("old events pruned", deleted=deleted, retention_days=events.retention_days)
+            except Exception:  # retried at the next run, never fatal
+                log.exception("event pruning failed; retrying at the next run")
 
     def _watch_committer(self, committer: GroupCommitter[Any, Any], health_servicer: health.aio.HealthServicer,
                          loop: asyncio.AbstractEventLoop) -> None:

@@ -2,8 +2,10 @@
 
 Each method: validate -> call the use case it needs (``scheduler_service.app``) in a worker thread ->
 convert the answer.
-Streams (WatchEvents, WatchDesiredState) wait on in-process wake-ups published after commits and
-re-read the database, which stays the single source of truth.
+Streams wait on in-process fan-outs fed after commits (``scheduler_service.notify``): one read per
+change serves every stream (the event log for WatchEvents, the serving pool for WatchServingPool, a
+server's desired state for WatchDesiredState), so an idle stream costs no database work and holds no
+thread (the server is asyncio). Watch streams are counted per client and in all (``stream_limits``).
 """
 
 from __future__ import annotations
@@ -29,13 +31,14 @@ from protos.aryl.v1 import (
 from scheduler_service.api import convert, validation
 from scheduler_service.api.agent_logs import AgentLogReader
 from scheduler_service.api.status import ANSWERED_BY_KEY, rpc
+from scheduler_service.api.stream_limits import StreamLimits, TooManyStreams
 from scheduler_service.app import SchedulerApp
 from scheduler_service.app.jobs import KeyInUse
 from scheduler_service.batching import GroupCommitter
 from scheduler_service.core.registry import ReclaimPreviewer
 from scheduler_service.errors import InvalidArgument
 from scheduler_service.notify import AsyncNotifier
-from scheduler_service.records import JobInfo, JobSubmission
+from scheduler_service.records import EventInfo, JobInfo, JobSubmission
 
 T = TypeVar("T")
 log = structlog.get_logger("aryl.api")
@@ -43,19 +46,28 @@ log = structlog.get_logger("aryl.api")
 # ResourceInfo.resource_type of the job named by an ALREADY_EXISTS answer to SubmitJob.
 JOB_RESOURCE_TYPE = "aryl.v1.Job"
 
-# How long a stream waits for a wake-up before re-reading anyway (covers writes by other processes).
-STREAM_POLL_S = 1.0
-
 
 class _Base:
-    def __init__(self, app: SchedulerApp, executor: ThreadPoolExecutor, notifier: AsyncNotifier) -> None:
+    def __init__(
+        self, app: SchedulerApp, executor: ThreadPoolExecutor, notifier: AsyncNotifier, *,
+        stream_limits: StreamLimits | None = None,
+    ) -> None:
         self.app = app
         self._executor = executor
         self.notifier = notifier
+        # Shared by the services whose watch streams count together (server.max_watch_streams*).
+        self.stream_limits = stream_limits or StreamLimits(per_client=64, total=1024)
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
+
+
+async def refuse_stream(context: Any, exc: TooManyStreams) -> None:
+    """RESOURCE_EXHAUSTED for a watch stream beyond a limit; the message names the limit and its setting."""
+    log.warning("watch stream refused", peer=context.peer(), reason=str(exc))
+    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc),
+                        trailing_metadata=((ANSWERED_BY_KEY, "aryl-scheduler"),))
 
 
 class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
@@ -64,8 +76,9 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
         submissions: GroupCommitter[JobSubmission, JobInfo], policy: ReclaimPreviewer,
         log_reader: AgentLogReader | None = None,
         cancellations: GroupCommitter[tuple[int, str], JobInfo] | None = None,
+        stream_limits: StreamLimits | None = None,
     ) -> None:
-        super().__init__(*args)
+        super().__init__(*args, stream_limits=stream_limits)
         self._logs = log_reader or AgentLogReader(timeout_s=5.0)
         self.policy_name = policy_name
         self._policy = policy
@@ -137,17 +150,26 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
         if request.HasField("after_event_id"):
             if request.after_event_id < 0:
                 raise InvalidArgument("after_event_id", f"must be >= 0 (got {request.after_event_id})")
-            cursor = request.after_event_id
+            after: int | None = request.after_event_id
         else:
-            cursor = await self.run(self.app.views.last_event_id)
-        while True:
-            seen = self.notifier.events.version
-            rows = await self.run(self.app.views.events_after, cursor, job_id=job_id, server_id=server_id)
-            for row in rows:
-                yield convert.event(row)
-                cursor = row.id
-            if not rows:
-                await self.notifier.events.wait_newer(seen, timeout=STREAM_POLL_S)
+            after = None  # from now on
+        feed = self.notifier.event_log
+        assert feed is not None, "the service serves the event log before streams"
+
+        def match(event: EventInfo) -> bool:
+            return (job_id is None or event.job_id == job_id) and (not server_id or event.server_id == server_id)
+
+        async def catch_up(after_id: int, upto: int, limit: int) -> list[EventInfo]:
+            return await self.run(
+                self.app.views.events_after, after_id, job_id=job_id, server_id=server_id, limit=limit, upto=upto
+            )
+
+        try:
+            with self.stream_limits.admit(context.peer()):
+                async for row in feed.watch(after, match=match, catch_up=catch_up):
+                    yield convert.event(row)
+        except TooManyStreams as exc:
+            await refuse_stream(context, exc)
 
     @rpc
     async def GetCluster(
@@ -282,23 +304,25 @@ class InferenceServicer(_Base, inference_pb2_grpc.InferenceServiceServicer):
         self, request: inference_pb2.WatchServingPoolRequest, context: Any
     ) -> AsyncIterator[inference_pb2.ServingPool]:
         source = validation.text("source", request.source, max_len=253) or context.peer()[:253]
-        log.info("serving pool watched", source=source)
-        sent: list[tuple[str, str, str]] | None = None
-        while True:
-            seen = self.notifier.events.version  # every server state change appends an event
-            version, servers = await self.run(self.app.inference.serving_pool)
-            if servers != sent:
-                yield inference_pb2.ServingPool(
-                    version=version,
-                    servers=[
-                        inference_pb2.RoutableServer(
-                            server_id=sid, endpoint=endpoint, state=convert.server_state(state)
-                        )
-                        for sid, endpoint, state in servers
-                    ],
-                )
-                sent = servers
-            await self.notifier.events.wait_newer(seen, timeout=STREAM_POLL_S)
+        pool = self.notifier.serving_pool
+        assert pool is not None, "the service serves the serving pool before streams"
+        try:
+            with self.stream_limits.admit(context.peer()):
+                log.info("serving pool watched", source=source)
+                # One shared read per change (every server state change appends an event), yielded when
+                # the servers changed.
+                async for version, servers in pool.watch():
+                    yield inference_pb2.ServingPool(
+                        version=version,
+                        servers=[
+                            inference_pb2.RoutableServer(
+                                server_id=sid, endpoint=endpoint, state=convert.server_state(state)
+                            )
+                            for sid, endpoint, state in servers
+                        ],
+                    )
+        except TooManyStreams as exc:
+            await refuse_stream(context, exc)
 
     @rpc
     async def ReportDrained(

@@ -7,6 +7,7 @@ One small class per use case, each built here from the same database sessions, c
 - ``inference`` (``Inference``): demand, drain acknowledgements, the serving pool, reclaim previews;
 - ``views`` (``ClusterViews``): servers, loans, the cluster summary, the event log;
 - ``liveness`` (``Liveness``): servers whose agents went silent become LOST;
+- ``retention`` (``EventRetention``): events past their retention are pruned, in short batches;
 - ``term`` (``Term``): the scheduler's term and its epoch;
 - ``cluster`` (``DatabaseCluster``): the scheduling cycle's port (``snapshot`` + ``apply``).
 
@@ -30,6 +31,7 @@ from scheduler_service.app.jobs import Jobs
 from scheduler_service.app.liveness import Liveness
 from scheduler_service.app.memory import Heartbeats, ReportDigests
 from scheduler_service.app.notices import Announcer, Notifier, NullNotifier
+from scheduler_service.app.retention import EventRetention
 from scheduler_service.app.term import Term
 from scheduler_service.app.views import ClusterViews
 from scheduler_service.core.clock import Clock
@@ -82,6 +84,7 @@ class SchedulerApp:
         self.inference = Inference(db, InferenceStore(changes, clock), notices, snapshot=self.cluster.snapshot)
         self.views = ClusterViews(db)
         self.liveness = Liveness(db, LivenessStore(changes, desired, clock), heartbeats, notices)
+        self.retention = EventRetention(db)
 
 
 __all__ = ["Notifier", "NullNotifier", "SchedulerApp"]

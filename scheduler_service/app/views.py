@@ -44,11 +44,12 @@ class ClusterViews:
         )
 
     def events_after(
-        self, after_id: int, *, job_id: int | None = None, server_id: str = "", limit: int = 500
+        self, after_id: int, *, job_id: int | None = None, server_id: str = "", limit: int = 500,
+        upto: int | None = None,
     ) -> list[EventInfo]:
-        return self._db.read(
-            lambda session: views.events_after(session, after_id, job_id=job_id, server_id=server_id, limit=limit)
-        )
+        return self._db.read(lambda session: views.events_after(
+            session, after_id, job_id=job_id, server_id=server_id, limit=limit, upto=upto
+        ))
 
     def last_event_id(self) -> int:
         return self._db.read(views.last_event_id)

@@ -60,11 +60,14 @@ def latest_demand(session: Session) -> DemandInfo | None:
 
 
 def events_after(
-    session: Session, after_id: int, *, job_id: int | None = None, server_id: str = "", limit: int = 500
+    session: Session, after_id: int, *, job_id: int | None = None, server_id: str = "", limit: int = 500,
+    upto: int | None = None,
 ) -> list[EventInfo]:
-    """Up to ``limit`` events after ``after_id`` (of one job or server), oldest first."""
+    """Up to ``limit`` events after ``after_id`` (and at most ``upto``; of one job or server), oldest first."""
     e = m.EVENTS.c
     stmt = sa.select(m.EVENTS).where(e.id > after_id)
+    if upto is not None:
+        stmt = stmt.where(e.id <= upto)
     if job_id is not None:
         stmt = stmt.where(e.job_id == job_id)
     if server_id:
