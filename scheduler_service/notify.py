@@ -5,7 +5,11 @@ version they saw, re-read the database, and wait for a newer one. A missed wake-
 reader until its poll timeout; it never loses data, because the database is re-read every time.
 
 A ``DesiredStateFeed`` fans the desired state of servers out to the agent streams that watch them:
-after a commit, one batched read serves every touched server, however many streams wait.
+after a commit, one batched read serves every touched server, however many streams wait. An
+``EventFeed`` does the same for the event log (WatchEvents: one read of the new entries per change,
+recent entries held in memory and filtered per stream), and a ``SharedRead`` for one answer that
+many streams watch (WatchServingPool). Streams with nothing new cost no database work; each feed
+re-reads at least every ``recheck_s`` while watched (writes by other processes), and nothing when not.
 
 Never: hold domain state of its own beyond the last state read for a watched server, or decide
 anything; the database stays the single source of truth.
