@@ -14,13 +14,21 @@
 # as the build secret `pip_cert` (`--secret id=pip_cert,src=/etc/ssl/certs/ca-certificates.crt`).
 ARG BASE_IMAGE=python:3.11.13-slim-bookworm
 
-# ---- the wheel: built once from the sources; no later stage sees the sources ----------------------
-FROM ${BASE_IMAGE} AS wheel
+# ---- the wheels: built from the sources in builder stages; no image holds the sources -------------
+# `deps`: the project's metadata without its packages, an empty wheel that requires what aryl
+# requires. Installing it first puts the dependencies in a layer that changes only with pyproject.toml.
+FROM ${BASE_IMAGE} AS deps
 ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
 WORKDIR /src
 COPY pyproject.toml README.md LICENSE* ./
+RUN --mount=type=secret,id=pip_cert \
+    if [ -s /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi; \
+    python3 -m venv /tmp/build && /tmp/build/bin/pip wheel --no-deps --wheel-dir /wheels /src
+
+# `wheel`: the project itself.
+FROM deps AS wheel
 COPY protos protos
 COPY aryl_common aryl_common
 COPY scheduler_service scheduler_service
@@ -32,24 +40,7 @@ COPY simulator simulator
 COPY aryl_demo aryl_demo
 RUN --mount=type=secret,id=pip_cert \
     if [ -s /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi; \
-    python3 -m venv /tmp/build && /tmp/build/bin/pip wheel --no-deps --wheel-dir /wheels /src
-
-# ---- one virtual environment per role (the extras decide what it holds) --------------------------
-FROM ${BASE_IMAGE} AS venv-base
-ARG PIP_INDEX_URL
-ARG PIP_EXTRA_INDEX_URL
-ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
-RUN python3 -m venv /opt/aryl
-
-FROM venv-base AS venv-core
-RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels --mount=type=secret,id=pip_cert \
-    if [ -s /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi; \
-    /opt/aryl/bin/pip install /wheels/aryl-*.whl
-
-FROM venv-base AS venv-scheduler
-RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels --mount=type=secret,id=pip_cert \
-    if [ -s /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi; \
-    /opt/aryl/bin/pip install "$(ls /wheels/aryl-*.whl)[scheduler]"
+    rm -rf /wheels && /tmp/build/bin/pip wheel --no-deps --wheel-dir /wheels /src
 
 # ---- what every role's image has ------------------------------------------------------------------
 FROM ${BASE_IMAGE} AS runtime
@@ -67,17 +58,32 @@ RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin aryl \
 COPY deploy/healthcheck.py /usr/local/bin/aryl-healthcheck
 ENTRYPOINT ["tini", "--"]
 WORKDIR /home/aryl
+ARG PIP_INDEX_URL
+ARG PIP_EXTRA_INDEX_URL
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
+RUN python3 -m venv /opt/aryl
+
+# The daemons without numba: the agent and the router (and arylctl). Dependencies, then the wheel.
+FROM runtime AS core
+RUN --mount=type=bind,from=deps,source=/wheels,target=/deps --mount=type=secret,id=pip_cert \
+    if [ -s /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi; \
+    pip install /deps/aryl-*.whl
+RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
+    pip install --no-deps --force-reinstall /wheels/aryl-*.whl
 
 # ---- the roles ------------------------------------------------------------------------------------
-FROM runtime AS router
-COPY --from=venv-core /opt/aryl /opt/aryl
+FROM core AS router
 USER aryl
 EXPOSE 8080
 HEALTHCHECK --interval=10s --timeout=5s --start-period=10s --retries=3 CMD ["aryl-healthcheck", "router"]
 CMD ["aryl-router", "--help"]
 
 FROM runtime AS scheduler
-COPY --from=venv-scheduler /opt/aryl /opt/aryl
+RUN --mount=type=bind,from=deps,source=/wheels,target=/deps --mount=type=secret,id=pip_cert \
+    if [ -s /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi; \
+    pip install "$(ls /deps/aryl-*.whl)[scheduler]"
+RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
+    pip install --no-deps --force-reinstall /wheels/aryl-*.whl
 USER aryl
 EXPOSE 50051
 HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 CMD ["aryl-healthcheck", "scheduler"]
@@ -86,16 +92,13 @@ CMD ["aryl-scheduler", "--help"]
 # The agent's workers run in this image: the JOB_PACKAGES build argument adds the jobs' framework, or
 # a job image is `FROM aryl-agent` plus it (README, "Job images"); examples/ lies in the working
 # directory for `python examples/train.py`.
-FROM runtime AS agent
-ARG PIP_INDEX_URL
-ARG PIP_EXTRA_INDEX_URL
+FROM core AS agent
 # Python packages the jobs need (pip requirement specifiers, space-separated), e.g. "torch==2.5.1".
 ARG JOB_PACKAGES=""
-COPY --from=venv-core /opt/aryl /opt/aryl
 RUN --mount=type=secret,id=pip_cert \
     if [ -n "$JOB_PACKAGES" ]; then \
         if [ -s /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi; \
-        PIP_NO_CACHE_DIR=1 pip install $JOB_PACKAGES; \
+        pip install $JOB_PACKAGES; \
     fi
 COPY --chown=aryl examples examples
 USER aryl

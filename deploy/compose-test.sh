@@ -115,16 +115,23 @@ fi
 
 # ---- 3. the role images --------------------------------------------------------------------------------
 build_args=(--build-arg "BASE_IMAGE=$BASE_IMAGE")
-index_url=${PIP_INDEX_URL:-$(pip3 config get global.index-url 2>/dev/null || true)}
-extra_url=${PIP_EXTRA_INDEX_URL:-$(pip3 config get global.extra-index-url 2>/dev/null || true)}
+# The host's index settings, network ones only (a file:// index on the host is not in the build).
+http_only() { tr ' ' '\n' | grep -E '^https?://' | paste -sd ' ' - || true; }
+index_url=$(echo "${PIP_INDEX_URL:-$(pip3 config get global.index-url 2>/dev/null || true)}" | http_only)
+extra_url=$(echo "${PIP_EXTRA_INDEX_URL:-$(pip3 config get global.extra-index-url 2>/dev/null || true)}" | http_only)
 [ -n "$index_url" ] && build_args+=(--build-arg "PIP_INDEX_URL=$index_url")
 [ -n "$extra_url" ] && build_args+=(--build-arg "PIP_EXTRA_INDEX_URL=$extra_url")
 cert=${PIP_CERT:-$(pip3 config get global.cert 2>/dev/null || true)}
 [ -s "$cert" ] || cert=/etc/ssl/certs/ca-certificates.crt
 [ -s "$cert" ] && build_args+=(--secret "id=pip_cert,src=$cert")
+# One snapshot of the working tree (tracked and untracked files, not the ignored ones) for all three
+# builds, so they share the wheel and its layers even while the tree is being edited.
+mkdir "$STATE/context"
+{ git ls-files -z --cached --others --exclude-standard 2>/dev/null || find . -path ./.git -prune -o -type f -print0; } \
+    | tar --null -T - --ignore-failed-read -c 2>/dev/null | tar -x -C "$STATE/context"
 for role in scheduler agent router; do
     say "building aryl-$role:local (target $role)"
-    "${BUILD[@]}" "${build_args[@]}" --target "$role" -t "aryl-$role:local" . >"$STATE/build-$role.log" 2>&1 \
+    "${BUILD[@]}" "${build_args[@]}" --target "$role" -t "aryl-$role:local" "$STATE/context" >"$STATE/build-$role.log" 2>&1 \
         || { tail -30 "$STATE/build-$role.log"; fail "building aryl-$role:local"; }
 done
 docker image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep -E '^aryl-' | sed 's/^/    /'
@@ -187,11 +194,14 @@ wait_for 60 "a request through the router reached the model server" routed
 routed | grep -q '"aryl"' || fail "the model server's answer: $(routed)"
 say "a request through the router reached the model server: $(routed)"
 
-job_state() { ctl jobs -o json | "$PYTHON" -c '
+field() {  # KEY: that field of the job in the JSON on stdin (arylctl -o json)
+    "$PYTHON" -c '
 import json, sys
-jobs = json.load(sys.stdin)
-jobs = jobs.get("jobs", jobs) if isinstance(jobs, dict) else jobs
-print(next((j.get("state", "") for j in jobs if str(j.get("id", j.get("job_id"))) == sys.argv[1]), ""))' "$1"; }
+data = json.load(sys.stdin)
+job = data.get("job", data)
+print(job.get(sys.argv[1], ""))' "$1"
+}
+job_state() { ctl job "$1" -o json | field state; }
 wait_state() {  # JOB STATE SECONDS
     for _ in $(seq "$3"); do
         state=$(job_state "$1" || true)
@@ -202,26 +212,26 @@ wait_state() {  # JOB STATE SECONDS
     ctl job "$1" || true
     fail "job $1 is not $2 after $3 s (state: ${state:-?})"
 }
-submit() { ctl submit -o name --chdir /home/aryl --gpus-per-worker 1 --min-workers 1 "$@"; }
+submit() { ctl submit -o json --chdir /home/aryl --gpus-per-worker 1 --min-workers 1 "$@"; }
 
-job=$(submit --name short -- python examples/train.py --total-steps 6 --step-time 0.5 --checkpoint-every 2)
+job=$(submit --name short -- python examples/train.py --total-steps 6 --step-time 0.5 --checkpoint-every 2 | field job_id)
 say "submitted job $job (6 steps)"
 wait_state "$job" COMPLETED 120
 ctl logs "$job" | grep -q "done: step 6" || { ctl logs "$job" || true; fail "job $job's log does not say it finished"; }
 say "job $job ran on an agent and COMPLETED"
 
 job=$(submit --name restarted --restart-policy on_failure --max-restarts 3 -- \
-    python examples/train.py --total-steps 40 --step-time 0.5 --checkpoint-every 4)
-say "submitted job $job (40 steps); restarting agent-train-1's container while it runs"
+    python examples/train.py --total-steps 60 --step-time 0.5 --checkpoint-every 4 | field job_id)
+say "submitted job $job (60 steps, 30 s); restarting agent-train-1's container while it runs"
 wait_state "$job" RUNNING 60
 sleep 6  # a few steps and checkpoints
-dc restart -t 45 agent-train-1 >/dev/null
+dc restart -t 45 agent-train-1 >/dev/null 2>&1
 say "agent-train-1 restarted"
 wait_state "$job" COMPLETED 180
 ctl job "$job" >"$STATE/job.txt" || true
 log=$(ctl logs "$job")
 grep -q "preempted (SIGTERM)" <<<"$log" || { echo "$log"; fail "job $job's worker was not stopped with SIGTERM"; }
-grep -Eq "starting at step [1-9][0-9]* of 40" <<<"$log" || { echo "$log"; fail "job $job did not resume from its checkpoint"; }
+grep -Eq "starting at step [1-9][0-9]* of 60" <<<"$log" || { echo "$log"; fail "job $job did not resume from its checkpoint"; }
 say "job $job: its worker was stopped cleanly with the container, restarted from its checkpoint, COMPLETED"
 grep -E "starting at step|preempted|done:" <<<"$log" | sed 's/^/    /'
 wait_healthy agent-train-1

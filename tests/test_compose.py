@@ -267,10 +267,8 @@ def dockerfile_problems(dockerfile: str, dockerignore: str) -> list[str]:
         copies = [arg for op, arg in chain if op == "COPY"]
         if any(not arg.startswith("--from=") and arg.split()[0] in (".", "./") for arg in copies):
             problems.append(f"{target}: COPYs the whole source tree into the image")
-        venvs = [arg.split()[0].removeprefix("--from=") for arg in copies if arg.startswith("--from=")]
-        installs = " ".join(arg for venv in venvs if venv in stages for op, arg in stage_chain(stages, venv)
-                            if op == "RUN" and "pip install" in arg)
-        if "aryl-*.whl" not in installs or " -e " in installs:
+        installs = " ".join(arg for op, arg in chain if op == "RUN" and "pip install" in arg)
+        if "from=wheel" not in installs or "/wheels/aryl-*.whl" not in installs or " -e " in installs:
             problems.append(f"{target}: does not install the built wheel (a regular, non-editable install)")
         wants_numba = target == "scheduler"
         if ("[scheduler]" in installs) != wants_numba:
@@ -567,11 +565,11 @@ def test_port_checker_rejects_other_bindings(service: str, ports: list[Any]) -> 
         (lambda d: d.replace("FROM ${BASE_IMAGE} AS runtime", "FROM python:3.12 AS runtime"), "FROM ${BASE_IMAGE}"),
         (lambda d: d.replace("pip wheel", "pip download"), "wheel"),
         (lambda d: d + "\nRUN pip install /src && rm -rf /src\n", "COPY-then-rm"),
-        (lambda d: d.replace("FROM runtime AS agent", "FROM runtime AS agent\nCOPY . /src"), "whole source tree"),
-        (lambda d: d.replace("/opt/aryl/bin/pip install /wheels/aryl-*.whl", "echo skipped"), "built wheel"),
-        (lambda d: d.replace("/opt/aryl/bin/pip install /wheels/aryl-*.whl", "pip install -e /src"), "built wheel"),
-        (lambda d: d.replace('/wheels/aryl-*.whl)[scheduler]"', '/wheels/aryl-*.whl)"'), "numba"),
-        (lambda d: d.replace("/opt/aryl/bin/pip install /wheels/aryl-*.whl", "pip install x.whl[sim]"), "simul"),
+        (lambda d: d.replace("FROM core AS agent", "FROM core AS agent\nCOPY . /src"), "whole source tree"),
+        (lambda d: d.replace("pip install --no-deps --force-reinstall /wheels/aryl-*.whl", "true"), "built wheel"),
+        (lambda d: d.replace("--force-reinstall /wheels/aryl-*.whl", "-e /src"), "built wheel"),
+        (lambda d: d.replace('"$(ls /deps/aryl-*.whl)[scheduler]"', "/deps/aryl-*.whl"), "numba"),
+        (lambda d: d.replace("pip install /deps/aryl-*.whl", "pip install /deps/aryl-*.whl[sim]"), "simul"),
         (lambda d: d.replace("USER aryl\nEXPOSE 8080", "USER root\nEXPOSE 8080"), "non-root"),
         (lambda d: d.replace('ENTRYPOINT ["tini", "--"]', ""), "tini"),
         (lambda d: d + '\nENTRYPOINT ["aryl-scheduler"]\n', "tini"),
