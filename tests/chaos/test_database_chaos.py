@@ -20,6 +20,7 @@ import random
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -59,7 +60,7 @@ class CheckedClient(RetryingClient):
         super().__init__(address)
         self.refusals: dict[str, int] = {}
 
-    def call(self, do, *, give_up=lambda: False):  # type: ignore[no-untyped-def]
+    def call(self, do: Callable[[ArylClient], object], *, give_up: Callable[[], bool] = lambda: False) -> object:
         def recorded(client: ArylClient) -> object:
             try:
                 return do(client)
