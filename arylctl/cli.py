@@ -62,9 +62,11 @@ from arylctl import completion
 from arylctl.client import (
     DEFAULT_ADDRESS,
     RESTART_POLICIES,
+    TERMINAL_JOB_STATES,
     ArylClient,
     ArylError,
     DeadlineExceeded,
+    NotFound,
     Unavailable,
     default_address,
     job_spec_from_mapping,
@@ -313,8 +315,19 @@ def _job_reason(job: types_pb2.Job) -> str:
 
 
 JOB_HEADERS: Final = (
-    "ID", "NAME", "USER", "QUEUE", "STATE", "WORKERS", "GPUS/W", "PRIO", "SUBMITTED", "ELAPSED", "REASON",
+    "ID", "NAME", "USER", "QUEUE", "STATE", "WORKERS", "GPUS/W", "PRIO", "COMMAND", "SUBMITTED", "ELAPSED", "REASON",
 )
+# The COMMAND column of `jobs`: a longer command is cut to this many characters, ending in "...";
+# `arylctl job ID` shows it whole.
+COMMAND_COLUMN_CHARS: Final = 40
+ELLIPSIS: Final = "..."
+
+
+def command_cell(command: Sequence[str]) -> str:
+    """``command`` as ``arylctl job`` shows it, escaped (:func:`printable`) before it is cut to
+    ``COMMAND_COLUMN_CHARS``, so an escape cannot make the cell longer."""
+    text = printable(" ".join(command))
+    return text if len(text) <= COMMAND_COLUMN_CHARS else text[: COMMAND_COLUMN_CHARS - len(ELLIPSIS)] + ELLIPSIS
 
 
 def _is_set(ts: Timestamp) -> bool:
@@ -348,6 +361,7 @@ def _job_row(job: types_pb2.Job, now: dt.datetime) -> list[object]:
         _workers_text(job),
         spec.gpus_per_worker,
         spec.priority,
+        command_cell(spec.command),
         local_time(job.submitted_at),
         job_elapsed(job, now),
         _job_reason(job),
@@ -459,6 +473,7 @@ def submit_spec_mapping(args: argparse.Namespace, note: Callable[[str], None] | 
         data["env"] = {**env, **dict(args.env)}
     if args.command:
         data["command"] = args.command
+    _set_working_dir(data, args.chdir, note)
     if data.get("name") is None:
         raise UsageError("submit needs a job name: --name NAME (or 'name' in the -f file)")
     if not data.get("command"):
@@ -468,6 +483,46 @@ def submit_spec_mapping(args: argparse.Namespace, note: Callable[[str], None] | 
     return data
 
 
+def _set_working_dir(data: dict[str, Any], chdir: str | None, note: Callable[[str], None] | None) -> None:
+    """``working_dir``: ``--chdir`` (required on the servers), else the file's, else the submit
+    directory as a default (``working_dir_if_exists``). A relative path is taken from the directory
+    arylctl runs in, as Slurm's ``--chdir`` is."""
+    if chdir is not None:
+        data["working_dir"], data["working_dir_if_exists"] = chdir, False
+    given = data.get("working_dir")
+    if isinstance(given, str) and given:
+        data["working_dir"] = os.path.abspath(given)
+        return
+    submit_dir = submit_directory()
+    if submit_dir is None:
+        if note is not None:
+            note("note: the submit directory cannot be sent as the job's working directory (unreadable, or "
+                 "not a printable path of at most 4096 characters); the workers start in the agent's directory "
+                 "for the job (--chdir DIR to choose one)")
+        return
+    data["working_dir"], data["working_dir_if_exists"] = submit_dir, True
+
+
+WORKING_DIR_MAX: Final = 4096  # the scheduler's limit (spec.working_dir)
+
+
+def submit_directory() -> str | None:
+    """The directory arylctl runs in, as the shell names it (``$PWD``, when it is the same directory:
+    a symlinked path such as ``/home/alice`` is more likely to exist on the servers than what it
+    resolves to); None when it cannot be sent (unreadable, too long, not printable)."""
+    try:
+        cwd = os.getcwd()
+    except OSError:
+        return None
+    pwd = os.environ.get("PWD", "")
+    try:
+        if pwd.startswith("/") and os.path.samefile(pwd, cwd):
+            cwd = pwd
+    except OSError:
+        pass
+    return cwd if len(cwd) <= WORKING_DIR_MAX and cwd.isprintable() else None
+
+
 def job_summary_table(job: types_pb2.Job) -> str:
     """What submit and cancel print: the job's id, name and state."""
     row = (job.job_id, job.spec.name, enum_name(types_pb2.JobState, job.state))
@@ -475,13 +530,61 @@ def job_summary_table(job: types_pb2.Job) -> str:
 
 
 def cmd_submit(client: ArylClient, args: argparse.Namespace, out: Output) -> int:
+    if args.wait and out.fmt != "table":
+        raise UsageError("--wait prints the job's log, not the job: leave out -o (or use arylctl job ID -o ...)")
     try:
         spec = job_spec_from_mapping(submit_spec_mapping(args, out.note))
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     job = client.submit_job(spec, idempotency_key=args.idempotency_key)
+    if args.wait:
+        out.note(f"job {job.job_id} ({printable(job.spec.name)}) submitted; its log (rank 0) follows until it ends "
+                 "(Ctrl-C detaches, the job keeps running)")
+        return wait_for_job(client, job.job_id, args, out)
     out.emit(job, lambda: job_summary_table(job))
     return EXIT_OK
+
+
+def wait_for_job(client: ArylClient, job_id: str, args: argparse.Namespace, out: Output) -> int:
+    """``submit --wait``: the log of rank 0 as ``logs -f`` prints it, from when the job starts until it
+    ends, then its outcome on stderr. 0 COMPLETED, 1 FAILED or CANCELLED; Ctrl-C detaches (130)
+    and says how to follow or cancel the job."""
+    try:
+        job = _follow_until_finished(client, job_id, args.poll, out)
+    except KeyboardInterrupt:
+        ctl = PROG + (f" --server {args.server}" if args.server else "")
+        out.note(f"\ndetached: job {job_id} keeps running. Follow it again: {ctl} logs -f {job_id}; "
+                 f"cancel it: {ctl} cancel {job_id}")
+        return EXIT_INTERRUPTED
+    state = enum_name(types_pb2.JobState, job.state)
+    out.note(f"job {job_id} {state}: {printable(job.message or job.reason)}")
+    return EXIT_OK if job.state == types_pb2.JOB_STATE_COMPLETED else EXIT_FAILED
+
+
+def _follow_until_finished(client: ArylClient, job_id: str, poll_s: float, out: Output) -> types_pb2.Job:
+    """Print rank 0's log once the job has started, until it has finished; return the finished job.
+    A job that ends without ever starting (cancelled while pending) has no log to print."""
+    offset, said_pending = 0, False
+    while True:
+        job = client.get_job(job_id).job
+        finished = job.state in TERMINAL_JOB_STATES
+        if _is_set(job.started_at):
+            try:
+                # Ends at the end of the log once the job has finished, like logs -f.
+                for data in client.follow_job_log(job_id, offset=offset, poll_s=poll_s, until_finished=True):
+                    out.stream.write(data.decode("utf-8", "replace"))
+                    out.stream.flush()
+                    offset += len(data)
+                return client.get_job(job_id).job
+            except NotFound:
+                pass  # placed, but its agent has not started the worker (and its log) yet
+        elif not said_pending and not finished:
+            out.note(f"job {job_id} is {enum_name(types_pb2.JobState, job.state)}: "
+                     f"{printable(job.pending_reason or job.message or 'waiting to be scheduled')}")
+            said_pending = True
+        if finished:
+            return job
+        time.sleep(poll_s)
 
 
 def cmd_jobs(client: ArylClient, args: argparse.Namespace, out: Output) -> int:
@@ -520,6 +623,14 @@ def cmd_jobs(client: ArylClient, args: argparse.Namespace, out: Output) -> int:
     return EXIT_OK
 
 
+def working_dir_text(spec: types_pb2.JobSpec) -> str:
+    if not spec.working_dir:
+        return "- (the agent's directory for the job)"
+    if spec.working_dir_if_exists:
+        return f"{spec.working_dir} (where it exists on the server, else the agent's directory for the job)"
+    return spec.working_dir
+
+
 def describe_job(response: scheduler_pb2.GetJobResponse) -> str:
     job, spec = response.job, response.job.spec
     fields: list[tuple[str, object]] = [
@@ -535,6 +646,7 @@ def describe_job(response: scheduler_pb2.GetJobResponse) -> str:
         fields.append(("Pending reason", job.pending_reason))
     fields += [
         ("Command", " ".join(spec.command)),
+        ("Working dir", working_dir_text(spec)),
         ("Workers", f"{job.num_workers} running (min {spec.min_workers}, max {spec.max_workers})"),
         ("GPUs per worker", spec.gpus_per_worker),
         ("Priority", spec.priority),
@@ -1075,9 +1187,27 @@ def build_parser() -> argparse.ArgumentParser:
         cmd_submit,
         "queue a job",
         usage=f"{PROG} submit [-f FILE] [flags] [-- PROGRAM [ARGS...]]",
-        epilog="Flags given with -f override the file's values; --env entries are merged into its env.",
+        epilog="Flags given with -f override the file's values; --env entries are merged into its env. "
+               "Working directory: with --chdir DIR (or working_dir in the file) the workers start in DIR, "
+               "which must exist on the servers: where it does not, the worker does not start and the job "
+               "FAILS, naming the directory and the server. Without either, the submit directory is sent "
+               "as a default (working_dir_if_exists): used where it exists on the server, else the worker "
+               "starts in the agent's directory for the job and its log says so. "
+               "--wait exit codes: 0 the job COMPLETED, 1 it FAILED or was CANCELLED, 130 detached "
+               "(Ctrl-C; the job keeps running), 2 and 3 as for every command.",
     )
     submit.add_argument("-f", "--file", help="job spec file (YAML, or JSON when named *.json; - for stdin)")
+    submit.add_argument(
+        "--chdir", metavar="DIR",
+        help="where the workers start, a path on the servers (relative: to the current directory); "
+             "required to exist there. Default: the current directory where it exists on the server",
+    )
+    submit.add_argument(
+        "--wait", action="store_true",
+        help="then print the job's log (rank 0) until the job ends; exit 0 if it COMPLETED, 1 if it FAILED "
+             "or was CANCELLED. Ctrl-C detaches without cancelling",
+    )
+    submit.add_argument("--poll", type=_positive, default=1.0, metavar="SECONDS", help=argparse.SUPPRESS)
     submit.add_argument("--name")
     submit.add_argument("--user", help="default: your login name")
     submit.add_argument("--queue", help="default: default")

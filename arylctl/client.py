@@ -611,6 +611,8 @@ def job_spec(
     estimated_runtime_s: float | None = None,
     throughput_points: Mapping[int, float] | None = None,
     total_work: float | None = None,
+    working_dir: str | None = None,
+    working_dir_if_exists: bool = False,
 ) -> types_pb2.JobSpec:
     """Build a :class:`JobSpec`.
 
@@ -619,6 +621,9 @@ def job_spec(
     A naive ``deadline`` is local time. ``restart_policy`` is ``"never"`` or ``"on_failure"``.
     ``throughput_points`` maps a worker count to samples/s; with ``total_work`` (same unit) the
     scheduler estimates completion times, else it uses ``estimated_runtime_s`` at min_workers.
+    ``working_dir`` is where the workers start, an absolute path on the servers: a server without
+    it fails the job, unless ``working_dir_if_exists`` (then it is a default, and such a server
+    starts the worker in the agent's directory for the job). None: the agent's directory for the job.
 
     Raises ``ValueError`` naming the argument for what no JobSpec can express; whether the spec
     is acceptable (e.g. ``min_workers >= 1``) is for the server to say.
@@ -627,6 +632,10 @@ def job_spec(
         raise ValueError(f"command must be a list of strings (an argv), got {command!r}")
     if restart_policy not in RESTART_POLICIES:
         raise ValueError(f"restart_policy must be one of {sorted(RESTART_POLICIES)}, got {restart_policy!r}")
+    if working_dir is not None and not isinstance(working_dir, str):
+        raise ValueError(f"working_dir must be a path (a string), got {working_dir!r}")
+    if not isinstance(working_dir_if_exists, bool):
+        raise ValueError(f"working_dir_if_exists must be true or false, got {working_dir_if_exists!r}")
     if env is not None:
         for env_key, env_value in env.items():
             if not isinstance(env_key, str) or not isinstance(env_value, str):
@@ -639,6 +648,8 @@ def job_spec(
             command=list(command),
             env=dict(env or {}),
             restart_policy=RESTART_POLICIES[restart_policy],
+            working_dir=working_dir or "",
+            working_dir_if_exists=working_dir_if_exists,
         )
         # One field at a time so that an out-of-range value is reported under its own name.
         for key, value in (
@@ -718,6 +729,12 @@ def _as_seconds(key: str, value: object) -> float:
     return seconds
 
 
+def _as_bool(key: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"job spec key {key!r}: expected true or false, got {value!r}")
+    return value
+
+
 def _as_number(key: str, value: object) -> float:
     number = _float(value)
     if number is None:
@@ -788,6 +805,8 @@ _SPEC_KEYS: Final[Mapping[str, Any]] = {
     "estimated_runtime_s": _as_seconds,
     "throughput_points": _as_throughput_points,
     "total_work": _as_number,
+    "working_dir": _as_str,
+    "working_dir_if_exists": _as_bool,
 }
 SPEC_KEYS: Final = tuple(_SPEC_KEYS)
 _REQUIRED_SPEC_KEYS: Final = ("name", "command")

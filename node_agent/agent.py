@@ -92,6 +92,7 @@ def worker_status_message(view: WorkerView) -> agent_pb2.WorkerStatus:
         checkpoint_progress=view.progress.checkpoint_progress,
         message=view.message,
         stop_requested=view.stop_requested,
+        cannot_start=view.cannot_start,
     )
 
 

@@ -85,6 +85,35 @@ class WorkerView:
     message: str
     stop_requested: bool
     progress: contract.Progress
+    cannot_start: bool = False
+
+
+def working_directory(spec: WorkerSpec, layout: WorkDir, hostname: str) -> tuple[Path | None, str]:
+    """Where ``spec``'s worker starts (``node_agent.workers``, "working directory") and a line for
+    its log saying why it starts elsewhere than asked; ``(None, why)`` when it cannot start here."""
+    job_dir = layout.job_dir(spec.id.job_id)
+    if not spec.working_dir:
+        return job_dir, ""
+    problem = _unusable_directory(spec.working_dir)
+    if not problem:
+        return Path(spec.working_dir), ""
+    if spec.working_dir_if_exists:
+        return job_dir, (
+            f"working directory {spec.working_dir} {problem} on {hostname} (it was a default, such as the "
+            f"directory arylctl submit ran in); running in the job's directory {job_dir}"
+        )
+    return None, f"working directory {spec.working_dir} {problem}"
+
+
+def _unusable_directory(path: str) -> str:
+    """Why the worker cannot start in ``path``, or "" when it can."""
+    if not os.path.exists(path):
+        return "does not exist"
+    if not os.path.isdir(path):
+        return "is not a directory"
+    if not os.access(path, os.X_OK):
+        return "cannot be entered by the agent's user"
+    return ""
 
 
 def worker_environment(
@@ -197,6 +226,7 @@ class Supervisor:
             message=worker.message,
             stop_requested=worker.stop_requested,
             progress=self._progress.get(worker.id, contract.Progress()),
+            cannot_start=worker.cannot_start,
         )
 
     # ---------------------------------------------------------------------------------------------
@@ -276,9 +306,13 @@ class Supervisor:
         worker.started_at = self._clock()
         problem = "the desired state gives no job id" if not spec.id.job_id else ""
         problem = problem or ("the desired state gives no command" if not spec.command else "")
+        cwd, note = working_directory(spec, self.layout, self._config.hostname)
+        if cwd is None and not problem:
+            self._refuse_start(worker, note)
+            return
         popen = None
         try:
-            popen = None if problem else self._spawn(spec)
+            popen = None if problem or cwd is None else self._spawn(spec, cwd, note)
         except OSError as exc:
             problem = str(exc)
         if popen is None:
@@ -294,20 +328,41 @@ class Supervisor:
             world_size=spec.world_size,
             gpus=list(spec.gpu_indices),
             command=shlex.join(spec.command),
+            cwd=str(cwd),
             log_file=str(self.layout.log_file(spec.id.job_id, spec.id.rank)),
         )
 
-    def _spawn(self, spec: WorkerSpec) -> subprocess.Popen[bytes]:
-        """Prepare the worker's directories and log, then start the shim leading a new session."""
+    def _refuse_start(self, worker: Worker, why: str) -> None:
+        """``worker`` cannot start here for a reason in its spec: EXITED, ``cannot_start`` (the job
+        fails rather than restarting into the same refusal), and its log says why."""
+        spec = worker.spec
+        worker.exited(EXIT_CANNOT_START, why)
+        worker.cannot_start = True
+        self._log.error("worker not started", worker=str(worker.id), reason=why)
+        try:
+            log_path = self.layout.log_file(spec.id.job_id, spec.id.rank)
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            with log_path.open("ab") as output:
+                output.write(self._log_header(spec).encode())
+                output.write(f"===== aryl-agent on {self._config.hostname}: not started: {why}\n".encode())
+        except OSError as exc:
+            self._log.warning("cannot write the worker's log", worker=str(worker.id), error=str(exc))
+
+    def _spawn(self, spec: WorkerSpec, cwd: Path, note: str) -> subprocess.Popen[bytes]:
+        """Prepare the worker's directories and log, then start the shim leading a new session in
+        ``cwd``; ``note`` (if any) goes to the log under the header."""
         exit_file = self.layout.exit_file(spec.id)
         exit_file.parent.mkdir(parents=True, exist_ok=True)
         exit_file.unlink(missing_ok=True)
         self.layout.checkpoint_dir(spec.id.job_id).mkdir(parents=True, exist_ok=True)
+        self.layout.job_dir(spec.id.job_id).mkdir(parents=True, exist_ok=True)
         log_path = self.layout.log_file(spec.id.job_id, spec.id.rank)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         env = worker_environment(spec, self.layout, os.environ, self._config.agent_address)
         with log_path.open("ab") as output:
             output.write(self._log_header(spec).encode())
+            if note:
+                output.write(f"===== aryl-agent on {self._config.hostname}: {note}\n".encode())
             output.flush()
             with signals_blocked(STOP_SIGNALS):  # inherited: the shim unblocks them when it can relay
                 return subprocess.Popen(
@@ -316,6 +371,7 @@ class Supervisor:
                     stdout=output,
                     stderr=subprocess.STDOUT,
                     env=env,
+                    cwd=cwd,
                     start_new_session=True,  # the shim leads a new process group: stopping reaches the tree
                 )
 

@@ -5,7 +5,11 @@ Nouns:
   incarnation)`` (``WorkerId``); the scheduler bumps the incarnation whenever the job's workers
   must (re)start, so two incarnations of one rank are two different workers;
 - a *worker spec* (``WorkerSpec``) is what the desired state says about a worker: command, world
-  size, GPUs, environment, grace period;
+  size, GPUs, environment, grace period, working directory;
+- a worker's *working directory* is its job's ``working_dir`` when that exists on this server, else
+  the job's directory here (``WorkDir.job_dir``): always, when the job gives none; when the job's
+  is only a default (``working_dir_if_exists``, e.g. the directory ``arylctl submit`` ran in); a
+  job that requires a directory this server lacks is not started here (``cannot_start``);
 - a *worker record* (``Worker``) is what the agent knows about one worker: its phase (STARTING:
   desired but not spawned yet, e.g. waiting for an older incarnation to vacate its GPUs; RUNNING;
   STOPPING: SIGTERM sent, grace period running; EXITED), its shim process and its exit;
@@ -17,6 +21,7 @@ Nouns:
 On-disk layout (``WorkDir``)::
 
     <work_dir>/logs/<job>/rank-<r>.log                   output of every incarnation, appended
+    <work_dir>/jobs/<job>/                               the job's directory (a working directory)
     <work_dir>/run/workers.json                          the state file
     <work_dir>/run/<job>/rank-<r>.inc-<i>.exit.json      written by the shim when the command ends
     <work_dir>/run/<job>/rank-<r>.inc-<i>.progress.json  ARYL_PROGRESS_FILE
@@ -79,6 +84,8 @@ class WorkerSpec:
     master_addr: str
     master_port: int
     grace_s: float
+    working_dir: str = ""  # absolute; empty: the job's directory (module doc)
+    working_dir_if_exists: bool = False
 
     @classmethod
     def from_message(cls, worker: agent_pb2.DesiredWorker, default_grace_s: float) -> WorkerSpec:
@@ -92,6 +99,8 @@ class WorkerSpec:
             master_addr=worker.master_addr,
             master_port=worker.master_port,
             grace_s=grace_seconds(worker.grace_period, default_grace_s),
+            working_dir=worker.working_dir,
+            working_dir_if_exists=worker.working_dir_if_exists,
         )
 
 
@@ -145,6 +154,9 @@ class WorkDir:
             self.run_dir / path_component(worker.job_id) / f"rank-{worker.rank}.inc-{worker.incarnation}.progress.json"
         )
 
+    def job_dir(self, job_id: str) -> Path:
+        return self.root / "jobs" / path_component(job_id)
+
     def checkpoint_dir(self, job_id: str) -> Path:
         return self.checkpoint_root / path_component(job_id)
 
@@ -173,6 +185,7 @@ class Worker:
     message: str = ""
     stop_requested: bool = False
     stop_deadline: float = 0.0  # wall clock: SIGKILL when STOPPING past it
+    cannot_start: bool = False  # EXITED without running, for a reason in its spec (no working directory here)
     killed: bool = False  # the agent sent SIGKILL
     reported_exit: bool = field(default=False, compare=False)  # included in a report since EXITED
 

@@ -40,6 +40,8 @@ class JobSubmission:
     restart_policy: str = "ON_FAILURE"
     max_restarts: int = 0
     idempotency_key: str | None = None
+    working_dir: str | None = None  # absolute path on the servers; None: the agent's per-job directory
+    working_dir_if_exists: bool = False  # working_dir is a default, used only where it exists
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,7 @@ class WorkerReport:
     checkpoint_progress: float = 0.0
     message: str = ""
     stop_requested: bool = False  # EXITED because the agent stopped it, not a crash
+    cannot_start: bool = False  # EXITED without running, for a reason in the spec (no working_dir there)
 
 
 @dataclass(frozen=True)
@@ -161,6 +164,8 @@ class JobInfo:
     worker_exits: dict[str, int] | None  # rank (as text) -> exit status, this incarnation's exited workers
     rank_servers: dict[str, str] | None  # rank (as text) -> server of its latest placement
     allocations: tuple[AllocationInfo, ...] = ()
+    working_dir: str | None = None
+    working_dir_if_exists: bool = False
 
 
 @dataclass(frozen=True)
@@ -272,6 +277,8 @@ class DesiredWorkerSpec:
     master_addr: str
     master_port: int
     incarnation: int = 0
+    working_dir: str = ""
+    working_dir_if_exists: bool = False
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,9 @@ crash). Pure: no I/O, no clock; the service records the verdict.
 - Any failed exit (non-zero, or killed by a signal the agent did not send) fails the incarnation:
   the job is restarted (requeued, ``restarts`` + 1) while its restart policy is ON_FAILURE and it
   has restarts left, else it FAILS. Its other workers are stopped because their allocations go.
+- A worker that could not start for a reason in the job's spec (``cannot_start``: its working
+  directory does not exist on its server) FAILS the job whatever its restart policy: a restart
+  would meet the same spec.
 - Every rank of the incarnation exited 0: the job COMPLETED.
 - Otherwise nothing is decided yet (some ranks still run).
 """
@@ -29,9 +32,14 @@ class Verdict(StrEnum):
 
 
 def judge_exits(
-    exits: Mapping[int, int], *, num_workers: int, restart_policy: str, restarts: int, max_restarts: int
+    exits: Mapping[int, int], *, num_workers: int, restart_policy: str, restarts: int, max_restarts: int,
+    cannot_start: Mapping[int, str] | None = None,
 ) -> tuple[Verdict | None, str]:
-    """The verdict on one incarnation from its exits so far (rank -> status), and why."""
+    """The verdict on one incarnation from its exits so far (rank -> status), and why.
+    ``cannot_start``: rank -> why, for the workers that could not start (module doc)."""
+    if cannot_start:
+        rank = min(cannot_start)
+        return Verdict.FAILED, f"rank {rank} could not start {cannot_start[rank]}; not restarted: the spec must change"
     failed = sorted((rank, code) for rank, code in exits.items() if code != 0)
     if failed:
         rank, code = failed[0]

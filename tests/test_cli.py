@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from arylctl.cli import enum_name, format_table, main, parse_args, submit_spec_mapping
+from arylctl.cli import enum_name, format_table, main, parse_args, submit_directory, submit_spec_mapping
 from protos.aryl.v1 import types_pb2
 from tests.harness import register_fake_server
 from tests.helpers import free_port
@@ -142,6 +142,9 @@ def test_flags_override_the_spec_file(tmp_path: Path) -> None:
         "command": ["python", "b.py"],
         "priority": 7,
         "env": {"A": "1", "B": "2"},
+        # Neither --chdir nor a working_dir in the file: the submit directory, as a default.
+        "working_dir": submit_directory(),
+        "working_dir_if_exists": True,
     }
 
 

@@ -261,3 +261,21 @@ def test_watch_renders_again_after_a_change_and_exits_0_on_ctrl_c(ctl, scheduler
             watcher.kill()
     assert watcher.returncode == 0, err
     assert "Traceback" not in err
+
+
+def test_jobs_table_cuts_long_commands_and_job_shows_them_whole(ctl) -> None:
+    long_arg = "--data=/datasets/" + "x" * 200
+    submit_json(ctl, "--name", "long", "--", "python", "train.py", long_arg)
+    submit_json(ctl, "--name", "short", "--", "python", "t.py")
+    code, out, err = ctl("jobs")
+    assert code == 0, err
+    header, *rows = out.splitlines()
+    start, end = header.index("COMMAND"), header.index("SUBMITTED")
+    cells = {row.split()[1]: row[start:end].rstrip() for row in rows}
+    assert cells["short"] == "python t.py"
+    assert cells["long"] == ("python train.py " + long_arg)[:37] + "..."
+    assert len(cells["long"]) == 40
+    job_id = next(row.split()[0] for row in rows if row.split()[1] == "long")
+    code, out, err = ctl("job", job_id)
+    assert code == 0, err
+    assert f"python train.py {long_arg}\n" in out

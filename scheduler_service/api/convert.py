@@ -72,6 +72,7 @@ def _job(row: JobInfo, *, command: Sequence[str], env: Mapping[str, str]) -> typ
         priority=row.priority, deadline=timestamp(row.deadline), throughput=hints if throughput else None,
         max_runtime=duration(row.max_runtime_s) if row.max_runtime_s else None,
         restart_policy=_RESTART[row.restart_policy], max_restarts=row.max_restarts,
+        working_dir=row.working_dir or "", working_dir_if_exists=row.working_dir_if_exists,
     )
     gpus_by_rank: dict[tuple[int, str], list[int]] = defaultdict(list)
     for a in row.allocations:
@@ -166,6 +167,7 @@ def desired_state(state: DesiredServerState, *, grace_period_s: float) -> agent_
                 job_id=str(w.job_id), rank=w.rank, world_size=w.world_size, local_rank=w.local_rank,
                 gpu_indices=w.gpu_indices, command=w.command, env=w.env, master_addr=w.master_addr,
                 master_port=w.master_port, grace_period=duration(grace_period_s), incarnation=w.incarnation,
+                working_dir=w.working_dir, working_dir_if_exists=w.working_dir_if_exists,
             )
             for w in state.workers
         ],

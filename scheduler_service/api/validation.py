@@ -43,6 +43,7 @@ MAX_ARG_LEN = 4096
 MAX_ENV = 256
 MAX_ENV_VALUE = 32 * 1024
 MAX_RESTARTS = 1000
+MAX_WORKING_DIR = 4096  # Linux's PATH_MAX, terminating NUL included
 MAX_JOB_ID = 2**63 - 1
 JOB_STATE_NAMES = {v: JobState(n.removeprefix("JOB_STATE_")) for n, v in types_pb2.JobState.items() if v}
 POOL_NAMES: dict[int, Pool] = {types_pb2.POOL_TRAINING: Pool.TRAINING, types_pb2.POOL_INFERENCE: Pool.INFERENCE}
@@ -244,12 +245,31 @@ def job_submission(spec: types_pb2.JobSpec, idempotency_key: str, *, now: float)
     ]
     restarts = _count("spec.max_restarts", spec.max_restarts, 0, MAX_RESTARTS)
     submission_key = text("idempotency_key", idempotency_key, max_len=128) or None
+    working_dir = _working_dir(spec)
     return JobSubmission(
         name=name, user=user, queue=queue, command=tuple(spec.command), env=dict(spec.env),
         gpus_per_worker=gpus, min_workers=low, max_workers=high, priority=spec.priority, deadline=deadline,
         throughput=throughput, max_runtime_s=max_runtime, restart_policy=policy, max_restarts=restarts,
-        idempotency_key=submission_key,
+        idempotency_key=submission_key, working_dir=working_dir,
+        working_dir_if_exists=spec.working_dir_if_exists,
     )
+
+
+def _working_dir(spec: types_pb2.JobSpec) -> str | None:
+    """An absolute path on the servers, or None (the agent's per-job directory). Not checked for
+    existence: that is each server's to say when it starts a worker."""
+    if not spec.working_dir:
+        if spec.working_dir_if_exists:
+            raise InvalidArgument("spec.working_dir_if_exists",
+                                  "needs spec.working_dir: the directory to use where it exists")
+        return None
+    # The path goes to chdir() as it is: control characters (NUL above all) could not name it faithfully.
+    path = text("spec.working_dir", spec.working_dir, max_len=MAX_WORKING_DIR)
+    if not path.startswith("/"):
+        raise InvalidArgument(
+            "spec.working_dir", f"{path[:80]!r} is not an absolute path: give it from the root, e.g. '/home/alice/proj'"
+        )
+    return path
 
 
 def job_filter(states: Iterable[int], user: str, queue: str) -> JobFilter:
@@ -332,7 +352,7 @@ def worker_report(field: str, w: agent_pb2.WorkerStatus) -> WorkerReport:
         checkpoint_progress=finite(f"{field}.checkpoint_progress", w.checkpoint_progress),
         # Free text from a worker's environment: bounded, control characters replaced, never refused.
         message="".join(c if c.isprintable() else " " for c in w.message[:512]),
-        stop_requested=w.stop_requested,
+        stop_requested=w.stop_requested, cannot_start=w.cannot_start,
     )
 
 

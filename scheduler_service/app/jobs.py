@@ -29,7 +29,8 @@ MAX_PAGE_SIZE = 1000
 
 # The spec of a job as submitted: a resubmission with the same key must match it on each of these.
 _SPEC_FIELDS = ("name", "user", "queue", "command", "env", "gpus_per_worker", "min_workers", "max_workers",
-                "priority", "deadline", "throughput", "max_runtime_s", "restart_policy", "max_restarts")
+                "priority", "deadline", "throughput", "max_runtime_s", "restart_policy", "max_restarts",
+                "working_dir", "working_dir_if_exists")
 
 
 class KeyInUse(AlreadyExists):

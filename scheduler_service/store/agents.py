@@ -269,6 +269,7 @@ class AgentStore:
             verdict, why = judge_exits(
                 exits, num_workers=job.num_workers, restart_policy=job.restart_policy,
                 restarts=job.restarts, max_restarts=job.max_restarts,
+                cannot_start={w.rank: f"on server {server_id}: {w.message}" for w in new_exits if w.cannot_start},
             )
             if verdict is None:
                 continue

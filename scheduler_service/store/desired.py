@@ -84,8 +84,8 @@ class DesiredStates:
         here = session.execute(
             sa.select(a.server_id, a.job_id, a.rank,
                       sa.func.aggregate_strings(sa.cast(a.gpu_index, sa.String), ",").label("gpus"),
-                      j.num_workers, j.command, j.env, j.incarnation, master.label("master_addr"),
-                      port.label("master_port"))
+                      j.num_workers, j.command, j.env, j.incarnation, j.working_dir, j.working_dir_if_exists,
+                      master.label("master_addr"), port.label("master_port"))
             .join(m.JOBS, j.id == a.job_id)
             .where(a.server_id.in_(sorted(row.id for row in servers)))
             .group_by(a.server_id, a.job_id, a.rank, j.id)
@@ -106,6 +106,7 @@ class DesiredStates:
                         gpu_indices=index_list(w.gpus), command=tuple(w.command),
                         env=dict(w.env), master_addr=w.master_addr or server.agent_address,
                         master_port=w.master_port or 0, incarnation=w.incarnation,
+                        working_dir=w.working_dir or "", working_dir_if_exists=w.working_dir_if_exists,
                     )
                 )
                 local_rank[w.job_id] += 1

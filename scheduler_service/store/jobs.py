@@ -219,6 +219,7 @@ def _job_row(sub: JobSubmission, now: float) -> dict[str, Any]:
         gpus_per_worker=sub.gpus_per_worker, min_workers=sub.min_workers, max_workers=sub.max_workers,
         priority=sub.priority, deadline=sub.deadline, throughput=sub.throughput, max_runtime_s=sub.max_runtime_s,
         restart_policy=sub.restart_policy, max_restarts=sub.max_restarts, idempotency_key=sub.idempotency_key,
+        working_dir=sub.working_dir, working_dir_if_exists=sub.working_dir_if_exists,
         state=JobState.PENDING, state_reason=Reason.SUBMITTED, state_message="queued", pending_reason="",
         num_workers=0, restarts=0, preemptions=0, submitted_at=now, started_at=None, finished_at=None,
     )
