@@ -21,7 +21,7 @@ import asyncio
 import bisect
 import random
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
@@ -206,16 +206,18 @@ class EventFeed(Generic[E]):
     (the slow safety re-check: it covers writes this process was not told about, e.g. by another
     process on the same database; a missed wake-up delays streams by at most that long). Wake-ups
     during a read are coalesced into the next read. The last ``capacity`` or so entries stay in
-    memory, where streams filter them (``match``); a stream with nothing new costs no database work,
-    however many there are. A stream whose position is older than what memory holds (a replay from
+    memory, where streams filter them (``match``). Each stream waits on one *topic* (e.g. "every
+    event", or one job's), and a read wakes only the streams of the topics its entries belong to
+    (``topics(entry)``): a stream with nothing new costs no database work and no wake-up, however
+    many there are. A stream whose position is older than what memory holds (a replay from
     ``after_event_id``, or a consumer slower than the buffer) pages through the database by itself
     (``catch_up``) until it reaches the buffer. With no stream the feed reads nothing and holds
     nothing; the first stream makes it read the log's newest id."""
 
     def __init__(
         self, loop: asyncio.AbstractEventLoop, wake: Signal, *, read_after: Callable[[int, int], Sequence[E]],
-        last_id: Callable[[], int], executor: Executor | None, recheck_s: float, capacity: int = 10_000,
-        page: int = 500,
+        last_id: Callable[[], int], executor: Executor | None, recheck_s: float,
+        topics: Callable[[E], Iterable[Hashable]], capacity: int = 10_000, page: int = 500,
     ) -> None:
         self._loop = loop
         self._wake = wake
@@ -225,7 +227,8 @@ class EventFeed(Generic[E]):
         self.recheck_s = recheck_s
         self._capacity = capacity
         self._page = page
-        self.changed = Signal(loop)  # bumped after each read that found new entries
+        self._topics = topics
+        self._waiting: dict[Hashable, set[asyncio.Future[None]]] = {}  # streams waiting, by topic
         self.reads = 0  # database reads by the reader (tests and metrics: one per change, not per stream)
         self._events: list[E] = []
         self._ids: list[int] = []
@@ -236,18 +239,18 @@ class EventFeed(Generic[E]):
         self._ready: asyncio.Future[None] | None = None
 
     async def watch(
-        self, after: int | None, *, match: Callable[[E], bool],
+        self, after: int | None, *, topic: Hashable, match: Callable[[E], bool],
         catch_up: Callable[[int, int, int], Awaitable[Sequence[E]]],
     ) -> AsyncIterator[E]:
         """Yield the entries with id > ``after`` (None: from now on) that ``match``, in id order, then
-        new ones as they are read. ``catch_up(after_id, upto_id, limit)`` reads up to ``limit``
-        matching entries with after_id < id <= upto_id from the database, oldest first."""
+        new ones as they are read. Every entry that ``match``es must have ``topic`` among its
+        ``topics``. ``catch_up(after_id, upto_id, limit)`` reads up to ``limit`` matching entries
+        with after_id < id <= upto_id from the database, oldest first."""
         self.watchers += 1
         try:
             await self._started()
             position = self.head if after is None else after  # every entry <= position was considered
             while True:
-                seen = self.changed.version
                 if position < self.floor:  # older than memory: page through the database up to it
                     upto = self.floor
                     rows = await catch_up(position, upto, self._page)
@@ -262,9 +265,21 @@ class EventFeed(Generic[E]):
                 for row in fresh:
                     yield row
                 if not fresh:
-                    await self.changed.wait_newer(seen, timeout=None)
+                    await self._new_entries(topic)
         finally:
             self.watchers -= 1
+
+    async def _new_entries(self, topic: Hashable) -> None:
+        """Once a read found entries of ``topic``."""
+        waiter = self._loop.create_future()
+        waiting = self._waiting.setdefault(topic, set())
+        waiting.add(waiter)
+        try:
+            await waiter
+        finally:
+            waiting.discard(waiter)
+            if not waiting and self._waiting.get(topic) is waiting:
+                del self._waiting[topic]
 
     async def _started(self) -> None:
         """Once the reader runs and knows the log's newest id (raises what that read raised)."""
@@ -311,7 +326,11 @@ class EventFeed(Generic[E]):
                 drop = len(self._events) - self._capacity
                 self.floor = self._ids[drop - 1]
                 del self._events[:drop], self._ids[:drop]
-            self.changed.bump()
+            touched = {topic for row in rows for topic in self._topics(row)}
+            for topic in touched & self._waiting.keys():
+                for waiter in self._waiting[topic]:
+                    if not waiter.done():
+                        waiter.set_result(None)
             if len(rows) < self._page:
                 return
 
@@ -416,11 +435,11 @@ class AsyncNotifier:
 
     def serve_event_log(
         self, read_after: Callable[[int, int], Sequence[E]], last_id: Callable[[], int], executor: Executor | None,
-        *, recheck_s: float, capacity: int = 10_000,
+        *, recheck_s: float, topics: Callable[[E], Iterable[Hashable]], capacity: int = 10_000,
     ) -> EventFeed[E]:
         """Start fanning the event log out to watchers, woken by ``events_appended``; as in ``EventFeed``."""
         feed = EventFeed(self._loop, self.events, read_after=read_after, last_id=last_id, executor=executor,
-                         recheck_s=recheck_s, capacity=capacity)
+                         recheck_s=recheck_s, topics=topics, capacity=capacity)
         self.event_log = feed
         return feed
 

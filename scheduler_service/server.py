@@ -37,7 +37,7 @@ from protos.aryl.v1 import (
     scheduler_pb2_grpc,
 )
 from scheduler_service.api.agent_logs import AgentLogReader
-from scheduler_service.api.servicers import AgentServicer, InferenceServicer, SchedulerServicer
+from scheduler_service.api.servicers import AgentServicer, InferenceServicer, SchedulerServicer, event_topics
 from scheduler_service.api.stream_limits import StreamLimits
 from scheduler_service.app import SchedulerApp
 from scheduler_service.app.liveness import Liveness
@@ -176,7 +176,7 @@ class SchedulerService:
         watch_reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aryl-watch")
         notifier.serve_event_log(lambda after, limit: app.views.events_after(after, limit=limit),
                                  app.views.last_event_id, watch_reader, recheck_s=cfg.events.watch_recheck_s,
-                                 capacity=cfg.events.watch_buffer)
+                                 topics=event_topics, capacity=cfg.events.watch_buffer)
         notifier.serve_serving_pool(app.inference.serving_pool, watch_reader, recheck_s=cfg.events.watch_recheck_s,
                                     key=lambda pool: pool[1])
         stream_limits = self.stream_limits = StreamLimits(per_client=cfg.server.max_watch_streams_per_client,

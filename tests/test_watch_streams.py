@@ -144,9 +144,16 @@ def test_streams_filtered_or_replayed_get_exactly_their_events(start_scheduler: 
             await _wait(lambda: bool(only_first), "the replay of the first job's events")
             second = await scheduler.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=job_spec("second")), timeout=30)
             await _wait(lambda: any(e.job_id == second.job.job_id for e in everything), "the second job's event")
+            replayed = len(only_first)
+            await scheduler.CancelJob(scheduler_pb2.CancelJobRequest(job_id=first.job.job_id), timeout=30)
+            await _wait(lambda: len(only_first) > replayed, "the first job's live event on its filtered stream")
+            await _wait(lambda: any(e.to_state == only_first[-1].to_state and e.job_id == first.job.job_id
+                                    for e in everything[-5:]), "the cancellation on the unfiltered stream")
             ids = [e.event_id for e in everything]
             assert ids == sorted(set(ids)), "each event once, in order"
             assert {e.job_id for e in only_first} == {first.job.job_id}
+            assert [e.event_id for e in only_first] == [e.event_id for e in everything
+                                                         if e.job_id == first.job.job_id]
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)

@@ -11,7 +11,7 @@ thread (the server is asyncio). Watch streams are counted per client and in all 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -43,6 +43,11 @@ from scheduler_service.records import EventInfo, JobInfo, JobSubmission
 T = TypeVar("T")
 log = structlog.get_logger("aryl.api")
 
+ALL_EVENTS = "all events"  # the WatchEvents topic of unfiltered streams
+
+# Converted events kept for WatchEvents streams (the newest; about what a burst of decisions writes).
+EVENT_MESSAGES_KEPT = 4096
+
 # ResourceInfo.resource_type of the job named by an ALREADY_EXISTS answer to SubmitJob.
 JOB_RESOURCE_TYPE = "aryl.v1.Job"
 
@@ -63,6 +68,23 @@ class _Base:
         return await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
 
 
+def event_topics(event: EventInfo) -> tuple[Hashable, ...]:
+    """The WatchEvents topics an event wakes (``notify.EventFeed``): every stream's, its job's, its server's."""
+    topics: tuple[Hashable, ...] = (ALL_EVENTS,)
+    if event.job_id is not None:
+        topics += (("job", event.job_id),)
+    if event.server_id:
+        topics += (("server", event.server_id),)
+    return topics
+
+
+def _stream_topic(job_id: int | None, server_id: str) -> Hashable:
+    """The topic a WatchEvents stream waits on: its job's, else its server's, else every event's."""
+    if job_id is not None:
+        return ("job", job_id)
+    return ("server", server_id) if server_id else ALL_EVENTS
+
+
 async def refuse_stream(context: Any, exc: TooManyStreams) -> None:
     """RESOURCE_EXHAUSTED for a watch stream beyond a limit; the message names the limit and its setting."""
     log.warning("watch stream refused", peer=context.peer(), reason=str(exc))
@@ -79,6 +101,9 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
         stream_limits: StreamLimits | None = None,
     ) -> None:
         super().__init__(*args, stream_limits=stream_limits)
+        # Each event converted once for all the streams that send it (1,000s may watch): insertion
+        # order, the oldest dropped beyond EVENT_MESSAGES_KEPT. Used on the event loop only.
+        self._event_messages: dict[int, types_pb2.Event] = {}
         self._logs = log_reader or AgentLogReader(timeout_s=5.0)
         self.policy_name = policy_name
         self._policy = policy
@@ -166,10 +191,19 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
 
         try:
             with self.stream_limits.admit(context.peer()):
-                async for row in feed.watch(after, match=match, catch_up=catch_up):
-                    yield convert.event(row)
+                topic = _stream_topic(job_id, server_id)
+                async for row in feed.watch(after, topic=topic, match=match, catch_up=catch_up):
+                    yield self._event_message(row)
         except TooManyStreams as exc:
             await refuse_stream(context, exc)
+
+    def _event_message(self, row: EventInfo) -> types_pb2.Event:
+        message = self._event_messages.get(row.id)
+        if message is None:
+            message = self._event_messages[row.id] = convert.event(row)
+            if len(self._event_messages) > EVENT_MESSAGES_KEPT:
+                del self._event_messages[next(iter(self._event_messages))]
+        return message
 
     @rpc
     async def GetCluster(
