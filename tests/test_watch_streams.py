@@ -22,7 +22,9 @@ from typing import Any
 import grpc
 import pytest
 import sqlalchemy as sa
+from structlog.testing import capture_logs
 
+from inference_router.scheduler_link import SchedulerLink
 from protos.aryl.v1 import inference_pb2, inference_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
 from scheduler_service.api.stream_limits import StreamLimits, TooManyStreams, client_of
 from scheduler_service.server import ServerHandle, serve_in_background
@@ -248,3 +250,30 @@ def test_arylctl_follow_backs_off_and_retries_while_the_stream_limit_is_reached(
         follow.send_signal(signal.SIGINT)
         assert follow.wait(timeout=30) == 0, stderr.read_text()
         channel.close()
+
+
+def test_the_router_s_pool_watch_backs_off_and_retries_while_the_stream_limit_is_reached(
+    start_scheduler: Any
+) -> None:
+    handle = start_scheduler(server={"max_watch_streams_per_client": 1})
+
+    async def scenario() -> None:
+        async with grpc.aio.insecure_channel(handle.address) as channel:
+            holder = scheduler_pb2_grpc.SchedulerServiceStub(channel).WatchEvents(scheduler_pb2.WatchEventsRequest())
+            holding = asyncio.create_task(_collect(holder, []))
+            await _wait(lambda: open_streams(handle) == 1, "the holding stream to be admitted")
+            updates: list[Any] = []
+            with capture_logs() as logs:
+                async with SchedulerLink(handle.address, source="test-router", rpc_timeout_s=5,
+                                         max_backoff_s=0.2) as link:
+                    watching = asyncio.create_task(link.run(updates.append))
+                    await _wait(lambda: sum("RESOURCE_EXHAUSTED" in str(e.get("error")) for e in logs) >= 2,
+                                "two refused attempts")
+                    assert not watching.done() and not updates
+                    holder.cancel()  # the place is free: the link's next attempt gets the pool
+                    await _wait(lambda: bool(updates), "the serving pool")
+                    watching.cancel()
+                    await asyncio.gather(watching, holding, return_exceptions=True)
+            assert any("max_watch_streams_per_client" in str(e.get("error")) for e in logs)
+
+    asyncio.run(scenario())
