@@ -53,6 +53,7 @@ from node_agent.workers import (
     WorkerId,
     WorkerSpec,
     desired_specs,
+    find_shim,
     load_state,
     process_alive,
     process_start_ticks,
@@ -144,12 +145,16 @@ class Supervisor:
 
     def __init__(
         self, config: AgentSection, desired: DesiredStateTracker, *, clock: Callable[[], float] = time.time,
-        on_change: Callable[[], None] | None = None,
+        monotonic: Callable[[], float] = time.monotonic, on_change: Callable[[], None] | None = None,
     ) -> None:
         self.layout = WorkDir(config.work_path, config.checkpoint_path)
         self._config = config
         self._desired = desired
+        # Wall time only for what people read (log headers, start times); grace deadlines run on the
+        # monotonic clock, so a wall-clock jump neither SIGKILLs a checkpointing worker early nor
+        # leaves a stuck one running for as long as the clock went back.
         self._clock = clock
+        self._monotonic = monotonic
         self._workers: dict[WorkerId, Worker] = {}
         self._popens: dict[WorkerId, subprocess.Popen[bytes]] = {}  # shims this agent started
         self._progress: dict[WorkerId, contract.Progress] = {}  # last progress read, per worker
@@ -159,6 +164,7 @@ class Supervisor:
         self._thread: threading.Thread | None = None
         self._observed_generation = 0
         self._dirty = False
+        self._save_failing = False  # the last save failed (logged once until one succeeds)
         # Called (outside the lock) after a pass that converged to a new generation or saw a worker
         # exit, so the agent reports at once instead of at its next interval: a reclaim waits for it.
         self._on_change = on_change
@@ -190,7 +196,7 @@ class Supervisor:
         if stop_workers:
             self._stop_all()
         with self._lock:
-            self._save()
+            self._save_or_warn()
         self._log.info(
             "worker supervisor closed",
             workers_left_running=sum(w.live for w in self._workers.values()),
@@ -256,7 +262,7 @@ class Supervisor:
                     self._observed_generation = state.generation
             self._escalate()
             if self._dirty:
-                self._save()
+                self._save_or_warn()
             changed = (self._observed_generation, self._exits_seen) != before
         if changed and self._on_change is not None:
             self._on_change()
@@ -364,6 +370,11 @@ class Supervisor:
             if note:
                 output.write(f"===== aryl-agent on {self._config.hostname}: {note}\n".encode())
             output.flush()
+            # Write-ahead: the worker is on disk as launching before its shim exists, so a successor of
+            # an agent killed right after the spawn adopts the shim instead of starting it twice. A
+            # worker that cannot be recorded (a full disk) is not started: OSError, "cannot start".
+            self._save()
+            self._dirty = True  # what the spawn leads to is saved at the end of the pass
             with signals_blocked(STOP_SIGNALS):  # inherited: the shim unblocks them when it can relay
                 return subprocess.Popen(
                     [sys.executable, "-I", str(SHIM), "--exit-file", str(exit_file), "--", *spec.command],
@@ -384,13 +395,13 @@ class Supervisor:
 
     def _stop(self, worker: Worker) -> None:
         worker.phase, worker.stop_requested = Phase.STOPPING, True
-        worker.stop_deadline = self._clock() + worker.spec.grace_s
+        worker.stop_deadline = self._monotonic() + worker.spec.grace_s
         self._dirty = True
         self._signal(worker, signal.SIGTERM)
         self._log.info("stopping worker (SIGTERM)", worker=str(worker.id), pid=worker.pid, grace_s=worker.spec.grace_s)
 
     def _escalate(self) -> None:
-        now = self._clock()
+        now = self._monotonic()
         for worker in self._workers.values():
             if worker.phase is Phase.STOPPING and not worker.killed and now >= worker.stop_deadline:
                 worker.killed, self._dirty = True, True
@@ -482,8 +493,15 @@ class Supervisor:
             self._log.error("state file unreadable: moved aside, workers of the previous agent not adopted",
                             reason=str(exc), moved_to=str(aside))
             return
+        latest_deadline = self._monotonic()
         with self._lock:
             for worker in records:
+                if worker.launching:
+                    self._resolve_launch(worker)
+                # A deadline beyond a whole grace period from now is not one of this boot's monotonic
+                # clock (a state file from an agent that stored wall time): the grace starts over.
+                if worker.phase is Phase.STOPPING:
+                    worker.stop_deadline = min(worker.stop_deadline, latest_deadline + worker.spec.grace_s)
                 self._workers[worker.id] = worker
                 alive = worker.live and self._process_alive(worker)
                 self._log.info(
@@ -493,6 +511,18 @@ class Supervisor:
                     pid=worker.pid,
                     running=alive,
                 )
+
+    def _resolve_launch(self, worker: Worker) -> None:
+        """``worker``'s previous agent stopped while spawning its shim: adopt the shim if it runs,
+        take its exit if it ran already, else it never started (it starts if still desired)."""
+        exit_file = self.layout.exit_file(worker.id)
+        pid = find_shim(exit_file)
+        if pid is not None:
+            worker.phase, worker.pid, worker.start_ticks = Phase.RUNNING, pid, process_start_ticks(pid)
+        elif exit_file.exists():
+            worker.phase, worker.pid = Phase.RUNNING, 0  # no process: the next pass records its exit
+        else:
+            worker.started_at = 0.0
 
     def _forget(self, worker: Worker) -> None:
         del self._workers[worker.id]
@@ -504,7 +534,23 @@ class Supervisor:
             self.layout.forget(worker.id, last_of_job=last_of_job)
 
     def _save(self) -> None:
-        """Persist every record with a process or an exit (pending STARTING ones are re-derived)."""
-        workers = [w for w in self._workers.values() if w.phase is not Phase.STARTING]
+        """Persist every record with a process or an exit, and the launching ones (pending STARTING
+        ones are re-derived from the desired state)."""
+        workers = [w for w in self._workers.values() if w.phase is not Phase.STARTING or w.launching]
         save_state(self.layout.state_file, workers)
         self._dirty = False
+        if self._save_failing:
+            self._save_failing = False
+            self._log.info("state file saved again", path=str(self.layout.state_file))
+
+    def _save_or_warn(self) -> None:
+        """``_save``; a failure (a full disk, a read-only filesystem) is logged once and retried at the
+        next pass while supervision and reports go on: only a restarted agent would miss the changes
+        since the last save (and no worker starts unrecorded: ``_spawn`` saves first)."""
+        try:
+            self._save()
+        except OSError as exc:
+            if not self._save_failing:
+                self._log.error("cannot save the state file; retrying at every pass", path=str(self.layout.state_file),
+                                reason=str(exc))
+            self._save_failing = True

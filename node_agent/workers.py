@@ -16,7 +16,8 @@ Nouns:
 - the *shim* (``node_agent/shim.py``) is the process-group leader the agent spawns per worker; it
   runs the command and records its exit status in the worker's *exit file*;
 - the *state file* (``<work_dir>/run/workers.json``) holds every record that has a process or an
-  exit, so a restarted agent re-adopts running workers and does not restart exited ones.
+  exit, and every worker whose shim is being spawned (saved before the spawn), so a restarted agent
+  re-adopts running workers, never starts one twice, and does not restart exited ones.
 
 On-disk layout (``WorkDir``)::
 
@@ -180,12 +181,12 @@ class Worker:
     phase: Phase = Phase.STARTING
     pid: int = 0  # the shim's pid, which is also the worker's process group id
     start_ticks: int | None = None  # the shim's start time (/proc), guards against pid reuse
-    started_at: float = 0.0
+    started_at: float = 0.0  # wall clock; set when its shim is about to be spawned (``launching``)
     exit_code: int = 0
     message: str = ""
     stop_requested: bool = False
-    stop_deadline: float = 0.0  # wall clock: SIGKILL when STOPPING past it
     cannot_start: bool = False  # EXITED without running, for a reason in its spec (no working directory here)
+    stop_deadline: float = 0.0  # time.monotonic() (system-wide, so a restarted agent shares it): SIGKILL past it
     killed: bool = False  # the agent sent SIGKILL
     reported_exit: bool = field(default=False, compare=False)  # included in a report since EXITED
 
@@ -196,6 +197,13 @@ class Worker:
     @property
     def live(self) -> bool:
         return self.phase in LIVE_PHASES
+
+    @property
+    def launching(self) -> bool:
+        """STARTING, and its shim about to be spawned or spawned already: saved (write-ahead) before
+        the spawn, so a successor of an agent killed in between looks for the shim (``find_shim``)
+        instead of starting the worker a second time."""
+        return self.phase is Phase.STARTING and self.started_at > 0
 
     def exited(self, exit_code: int, message: str) -> None:
         self.phase, self.exit_code, self.message = Phase.EXITED, exit_code, message
@@ -227,14 +235,19 @@ def read_exit_file(path: Path) -> tuple[int, str] | None:
 
 
 def save_state(path: Path, workers: list[Worker]) -> None:
-    """Write the state file atomically (temporary file, fsync, rename)."""
+    """Write the state file atomically (temporary file, fsync, rename). On failure (a full disk) the
+    previous state file stays as it was and the partial temporary file is removed."""
     document = {"version": STATE_FILE_VERSION, "workers": [w.to_record() for w in workers]}
     temporary = path.with_suffix(".json.tmp")
-    with temporary.open("w", encoding="utf-8") as file:
-        json.dump(document, file, indent=1, sort_keys=True)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temporary, path)
+    try:
+        with temporary.open("w", encoding="utf-8") as file:
+            json.dump(document, file, indent=1, sort_keys=True)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except OSError:
+        temporary.unlink(missing_ok=True)
+        raise
 
 
 class StateFileError(Exception):
@@ -255,6 +268,28 @@ def load_state(path: Path) -> list[Worker]:
         return [Worker.from_record(record) for record in document["workers"]]
     except (KeyError, TypeError, ValueError) as exc:
         raise StateFileError(f"{path} has an invalid worker record: {exc!r}") from exc
+
+
+def find_shim(exit_file: Path) -> int | None:
+    """The pid of a live shim started for ``exit_file`` (its command line names it: ``--exit-file
+    PATH``), or None: how a restarted agent finds a worker whose start its predecessor saved as under
+    way but not its pid (``Worker.launching``)."""
+    needle = b"\0--exit-file\0" + os.fsencode(exit_file) + b"\0"
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return None
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as file:
+                cmdline = file.read()
+        except OSError:
+            continue
+        if needle in cmdline and process_start_ticks(int(entry)) is not None:
+            return int(entry)
+    return None
 
 
 def process_start_ticks(pid: int) -> int | None:

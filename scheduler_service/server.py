@@ -45,6 +45,7 @@ from scheduler_service.app.retention import EventRetention
 from scheduler_service.batching import GroupCommitter
 from scheduler_service.clock import SystemClock
 from scheduler_service.config import SchedulerConfig
+from scheduler_service.core.clock import Clock
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.cycle import SchedulingCycle
 from scheduler_service.notify import AsyncNotifier
@@ -117,12 +118,13 @@ def reaching_database(url: str) -> Iterator[None]:
 
 
 class SchedulerService:
-    def __init__(self, config: SchedulerConfig, *, tune_gc: bool = False) -> None:
+    def __init__(self, config: SchedulerConfig, *, tune_gc: bool = False, clock: Clock | None = None) -> None:
         """``tune_gc``: the service owns its process (``aryl-scheduler``), so it may tune the garbage
-        collector for it (``tune_garbage_collector``); not for a service inside another program."""
+        collector for it (``tune_garbage_collector``); not for a service inside another program.
+        ``clock``: the system's unless given (tests jump its wall time, ``tests/chaos``)."""
         self.config = config
         self._tune_gc = tune_gc
-        self.clock = SystemClock()
+        self.clock: Clock = clock or SystemClock()
         # Fail fast on an unknown name or a bad tunable.
         self.policy_params = PolicyParams(**config.policy.model_dump())
         self.policy = create_policy(config.scheduling.policy, self.policy_params)
@@ -384,9 +386,11 @@ class ServerHandle:
         self.thread.join(timeout=30)
 
 
-def serve_in_background(config: SchedulerConfig, *, ready_timeout: float = 120.0) -> ServerHandle:
-    """Start a scheduler in a daemon thread; returns once it accepts connections."""
-    service = SchedulerService(config)
+def serve_in_background(config: SchedulerConfig, *, ready_timeout: float = 120.0,
+                        clock: Clock | None = None) -> ServerHandle:
+    """Start a scheduler in a daemon thread (on ``clock``, the system's by default); returns once it
+    accepts connections."""
+    service = SchedulerService(config, clock=clock)
     errors: list[BaseException] = []
 
     def target() -> None:
