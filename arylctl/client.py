@@ -548,6 +548,31 @@ class ArylClient:
         response = self._unary(self._scheduler.ListServers, scheduler_pb2.ListServersRequest(pool=pool))
         return list(response.servers)
 
+    def cordon_server(self, server_id: str, *, reason: str = "") -> scheduler_pb2.ServerAdminResponse:
+        """No new workers or loans on the server; what runs there keeps running. Raises
+        :class:`NotFound` for an unknown server."""
+        return self._unary(self._scheduler.CordonServer,
+                           scheduler_pb2.CordonServerRequest(server_id=server_id, reason=reason))
+
+    def uncordon_server(self, server_id: str) -> scheduler_pb2.ServerAdminResponse:
+        """Undo a cordon or a drain: the server takes new work again."""
+        return self._unary(self._scheduler.UncordonServer, scheduler_pb2.UncordonServerRequest(server_id=server_id))
+
+    def drain_server(
+        self, server_id: str, *, reason: str = "", timeout_s: float = 0.0, force: bool = False
+    ) -> scheduler_pb2.ServerAdminResponse:
+        """Cordon the server and move work off it: elastic jobs shrink off (or requeue); the others
+        finish there, or are requeued after ``timeout_s`` (0: no deadline), or now with ``force``."""
+        request = scheduler_pb2.DrainServerRequest(server_id=server_id, reason=reason, timeout_seconds=timeout_s,
+                                                   force=force)
+        return self._unary(self._scheduler.DrainServer, request)
+
+    def delete_server(self, server_id: str, *, force: bool = False) -> scheduler_pb2.DeleteServerResponse:
+        """Remove the server from the cluster. Raises :class:`FailedPrecondition` while workers run
+        there, unless the server is LOST or ``force`` (then its jobs move off first)."""
+        return self._unary(self._scheduler.DeleteServer,
+                           scheduler_pb2.DeleteServerRequest(server_id=server_id, force=force))
+
     def list_loans(self, *, include_returned: bool = False) -> list[types_pb2.Loan]:
         """Loans of inference servers to training; active and reclaiming ones unless told otherwise."""
         request = scheduler_pb2.ListLoansRequest(include_returned=include_returned)

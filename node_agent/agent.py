@@ -10,14 +10,21 @@ Workers: every accepted desired state is handed to the *supervisor* (``node_agen
 whose own thread starts and stops worker processes; the report loop sends what it sees, and the
 generation it has acted on as ``observed_generation``. A *log service* (``node_agent.logs``) lets the
 scheduler read worker logs; its address goes out with the registration. Workers outlive sessions
-(the scheduler being unreachable stops nothing) and, by default, the agent itself: on shutdown they
-keep running and the next agent adopts them (``agent.stop_workers_on_exit`` changes that).
+(the scheduler being unreachable stops nothing).
+
+Leaving: ``leave()`` (what SIGTERM/SIGINT do, ``node_agent.main``) ends the loops, tells the
+scheduler the server leaves the cluster (``Deregister``: its jobs are shrunk or requeued at once, not
+as failures, and nothing more is placed there), then stops the workers with their grace periods.
+``stop()`` (SIGTERM with ``agent.keep_workers_on_exit``) just ends the agent: the workers keep running
+and the next agent started with the same work directory adopts them (``agent.stop_workers_on_exit``
+stops them instead, without deregistering).
 
 It never decides anything: placement, loans, restarts and health verdicts are the scheduler's.
 
 Every unary call carries a deadline (``rpc_timeout_s``); the stream has none, it lives as long as
-the session. Shutdown (``stop()``) ends the loops and cancels the stream; it completes within one
-RPC deadline (plus the workers' grace periods when ``stop_workers_on_exit`` is set).
+the session. Shutdown (``stop()``, ``leave()``) ends the loops and cancels the stream; it completes
+within one RPC deadline (plus one for deregistering, and the workers' grace periods when they are
+stopped).
 """
 
 from __future__ import annotations
@@ -118,6 +125,7 @@ class Agent:
         self._backoff = backoff or Backoff.capped(config.reconnect_max_backoff_s)
         self._inventory = gpus.inventory()
         self._stopping = threading.Event()
+        self._leaving = False  # set by leave(): deregister and stop the workers on the way out
         # The current session's "over" flag and stream, so stop() can end them from another thread.
         self._session_over = threading.Event()
         self._stream: grpc.Call | None = None
@@ -156,10 +164,12 @@ class Agent:
                     self._stopping.wait(delay)
         finally:
             self._cancel_stream()
+            if self._leaving:
+                self._deregister(agent_pb2_grpc.AgentServiceStub(channel))
             channel.close()
             if logs_server is not None:
                 logs_server.stop(grace=0)
-            self.supervisor.close(stop_workers=self.config.stop_workers_on_exit)
+            self.supervisor.close(stop_workers=self._leaving or self.config.stop_workers_on_exit)
             self._log.info("agent stopped", observed_generation=self.supervisor.observed_generation)
 
     def stop(self) -> None:
@@ -169,6 +179,24 @@ class Agent:
         self._session_over.set()
         self._report_now.set()
         self._cancel_stream()
+
+    def leave(self) -> None:
+        """Like ``stop()``, and on the way out deregister from the scheduler and stop the workers (with
+        their grace periods): the server leaves the cluster. Thread-safe; not for a signal handler."""
+        self._leaving = True
+        self.stop()
+
+    def _deregister(self, stub: agent_pb2_grpc.AgentServiceStub) -> None:
+        """Tell the scheduler this server leaves (one attempt, one RPC deadline). If it cannot be told,
+        it marks the server LOST once the agent has been silent for its ``agents.lost_after_s``."""
+        request = agent_pb2.DeregisterRequest(server_id=self.config.hostname, reason="agent stopped")
+        try:
+            stub.Deregister(request, timeout=self.config.rpc_timeout_s)
+        except grpc.RpcError as exc:
+            self._log.warning("could not deregister; the scheduler will find the server lost when its agent "
+                              "stays silent", why=describe_rpc_error(exc))
+            return
+        self._log.info("deregistered: the server left the cluster; stopping its workers")
 
     def _serve_logs(self) -> grpc.Server | None:
         """Start the worker-log service unless ``logs_port`` is -1; a port that cannot be bound is

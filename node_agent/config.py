@@ -54,10 +54,16 @@ class AgentSection(ConfigSection):
     stop_grace_s: float = Field(
         30.0, ge=0, description="SIGTERM-to-SIGKILL grace for workers whose desired state names no grace period"
     )
+    keep_workers_on_exit: bool = Field(
+        False,
+        description="on SIGTERM/SIGINT leave the workers running for the next agent to adopt (an agent upgrade "
+        "does not interrupt training; --keep-workers); default false: the agent deregisters (the scheduler "
+        "shrinks or requeues its jobs at once and places nothing more there) and stops its workers",
+    )
     stop_workers_on_exit: bool = Field(
         False,
-        description="stop all workers when the agent shuts down; default false: workers keep running and a "
-        "restarted agent adopts them (an agent upgrade does not interrupt training)",
+        description="when the agent stops without leaving (keep_workers_on_exit, or stopped in-process): stop "
+        "its workers anyway, with their grace periods",
     )
     reconcile_interval_s: float = Field(
         0.5, gt=0, description="how often the agent checks its worker processes (exits, grace deadlines)"

@@ -2,14 +2,17 @@
 
     aryl-agent [--config FILE] [--scheduler HOST:PORT] [--hostname NAME] [--advertise-address HOST]
                [--pool training|inference] [--fake-gpus N | --gpu-backend auto|nvml|fake] [--work-dir DIR]
+               [--keep-workers]
 
 ``--hostname`` is the server's name (its server id); ``--advertise-address`` is where others reach
 it: the scheduler reads worker logs there and workers of a job get it as ``MASTER_ADDR``. Without
 it the hostname is used, which must then resolve on the scheduler and on every other server.
 
-Workers keep running when the agent stops (SIGTERM/SIGINT): the next agent started with the same
-work directory adopts them, so upgrading the agent does not interrupt training. Set
-``agent.stop_workers_on_exit`` to stop them (with their grace periods) instead.
+On SIGTERM/SIGINT the agent leaves the cluster: it tells the scheduler (which shrinks or requeues
+the server's jobs at once, not as failures, and places nothing more there until an agent registers
+again) and stops its workers with their grace periods. With ``--keep-workers``
+(``agent.keep_workers_on_exit``) it exits leaving its workers running instead: the next agent started
+with the same work directory adopts them, so upgrading the agent does not interrupt training.
 
 Flags beat ``ARYL_<SECTION>__<KEY>`` environment variables, which beat the config file. Exit status
 (``aryl_common.entry``): 0 after a clean shutdown (SIGTERM/SIGINT), 2 for invalid configuration, 3
@@ -46,6 +49,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--pool", choices=["training", "inference"], help="agent.pool")
     parser.add_argument("--work-dir", metavar="DIR", help="worker logs, state and checkpoints (agent.work_dir)")
+    parser.add_argument(
+        "--keep-workers", action="store_true", default=None,
+        help="on SIGTERM/SIGINT exit leaving the workers running for the next agent to adopt, instead of "
+        "deregistering and stopping them (agent.keep_workers_on_exit)",
+    )
     gpus = parser.add_mutually_exclusive_group()
     gpus.add_argument("--fake-gpus", type=int, metavar="N", help="pretend to have N GPUs (implies --gpu-backend fake)")
     gpus.add_argument("--gpu-backend", choices=["auto", "nvml", "fake"], help="gpus.backend")
@@ -62,6 +70,7 @@ def cli_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
             ("advertise_address", args.advertise_address),
             ("pool", args.pool),
             ("work_dir", args.work_dir),
+            ("keep_workers_on_exit", args.keep_workers),
         )
         if value is not None
     }
@@ -89,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
                           "driver, or choose another with --gpu-backend or gpus.backend") from exc
     try:
         agent = Agent(config.agent, gpus)
-        run_until_signalled(agent.run, agent.stop)
+        run_until_signalled(agent.run, agent.stop if config.agent.keep_workers_on_exit else agent.leave)
     finally:
         gpus.close()
     return EXIT_OK

@@ -219,10 +219,20 @@ class ServerInfo:
     inference_endpoint: str | None
     drained_at: float | None
     gpus: tuple[GpuInfo, ...]  # in index order
+    # ``core.snapshot.AdminState`` ('' schedulable, CORDONED, DRAINING, LEFT, DELETING), why, and a
+    # drain's deadline (None: none).
+    admin_state: str = ""
+    admin_reason: str = ""
+    drain_deadline: float | None = None
 
     @property
     def gpus_used(self) -> int:
         return sum(1 for g in self.gpus if g.job_id is not None)
+
+    @property
+    def admin_shown(self) -> str:
+        """The admin state as users see it: DRAINING becomes DRAINED once nothing runs there."""
+        return "DRAINED" if self.admin_state == "DRAINING" and not self.gpus_used else self.admin_state
 
 
 @dataclass(frozen=True)
@@ -313,3 +323,14 @@ class Explanation:
     job: JobInfo
     summary: str
     decisions: tuple[EventInfo, ...]
+
+
+@dataclass(frozen=True)
+class AdminChange:
+    """What an admin request did: ``message`` for the operator; ``deleted``: the row is gone;
+    ``touched``: servers whose desired state changed (their agents are told)."""
+
+    server_id: str
+    message: str
+    deleted: bool = False
+    touched: frozenset[str] = frozenset()

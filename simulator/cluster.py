@@ -77,6 +77,7 @@ from scheduler_service.core.plan import (
     apply_order,
 )
 from scheduler_service.core.snapshot import (
+    AdminState,
     ClusterSnapshot,
     DemandView,
     JobView,
@@ -176,6 +177,8 @@ class _Server:
     unhealthy: frozenset[int] = frozenset()
     allocated: dict[int, int] = field(default_factory=dict)  # gpu index -> job id
     drained: bool = False                # DRAINING: the router acknowledged the drain
+    admin: AdminState = AdminState.NONE  # an operator's cordon or drain (``set_admin``)
+    drain_deadline: float | None = None
     view: ServerView | None = None       # cached; None when stale
 
     def build_view(self) -> ServerView:
@@ -188,6 +191,7 @@ class _Server:
                 agent_converged=True,  # simulated agents apply every desired state at once
                 drained=self.drained,
                 reclaim_deadline=self.reclaim_deadline if self.state == ServerState.RECLAIMING else None,
+                admin=self.admin, drain_deadline=self.drain_deadline,
             )
         return self.view
 
@@ -375,6 +379,14 @@ class SimulatedCluster:
         """The server is back, in its home state (the service: its agent reports again)."""
         server = self._servers[server_id]
         self._move_server(server, home_state(server.pool), self.now)
+
+    def set_admin(self, server_id: str, admin: AdminState, drain_deadline: float | None = None) -> None:
+        """An operator cordons, drains or uncordons (NONE) the server, as ``arylctl servers`` does in
+        the service: the snapshot shows it (``ServerView.admin``) and the rules refuse new workers
+        and loans there (``core.apply_rules``); the policy moves workers off a draining one."""
+        server = self._servers[server_id]
+        server.admin, server.drain_deadline = admin, drain_deadline
+        self._server_changed(server)
 
     def set_gpu_health(self, server_id: str, index: int, healthy: bool) -> None:
         """A GPU's health as its agent reports it: an unhealthy one shows in the snapshot
@@ -719,6 +731,10 @@ class _Facts:
     def server_state(self, server_id: str) -> ServerState | None:
         server = self._servers.get(server_id)
         return server.state if server is not None else None
+
+    def server_cordoned(self, server_id: str) -> bool:
+        server = self._servers.get(server_id)
+        return server is not None and server.admin != AdminState.NONE
 
     def open_loan(self, server_id: str) -> LoanState | None:
         server = self._servers.get(server_id)

@@ -38,7 +38,7 @@ from scheduler_service.core.plan import (
     StartJob,
     WorkerPlacement,
 )
-from scheduler_service.core.snapshot import ClusterSnapshot
+from scheduler_service.core.snapshot import AdminState, ClusterSnapshot
 from scheduler_service.lifecycle import Pool, ServerState
 from scheduler_service.policies import create_policy
 from scheduler_service.records import GpuReport, GpuSample, JobSubmission, ServerRegistration, StatusReport
@@ -114,6 +114,15 @@ class ServiceSide:
                         for i in range(SPEC.gpus_per_server))
         self.app.agents.report_status(StatusReport(server_id, self.app.term.epoch, samples, 0))
 
+    def set_admin(self, server_id: str, admin: AdminState) -> None:
+        """An operator cordons (or drains) the server, or uncordons it (NONE), as arylctl does."""
+        if admin == AdminState.NONE:
+            self.app.server_admin.uncordon(server_id)
+        elif admin == AdminState.CORDONED:
+            self.app.server_admin.cordon(server_id, "contract test")
+        else:
+            self.app.server_admin.drain(server_id, "contract test")
+
     def fail_server(self, server_id: str) -> None:
         """The server's agent falls silent: every other live agent reports now, and the liveness sweep
         marks the one not heard from since the last step LOST."""
@@ -148,6 +157,9 @@ class SimulatorSide:
     def set_gpu_health(self, server_id: str, index: int, healthy: bool) -> None:
         self.cluster.set_gpu_health(server_id, index, healthy)
 
+    def set_admin(self, server_id: str, admin: AdminState) -> None:
+        self.cluster.set_admin(server_id, admin)
+
     def fail_server(self, server_id: str) -> None:
         self.cluster.fail_server(server_id)
 
@@ -162,7 +174,8 @@ def state_of(snapshot: ClusterSnapshot) -> dict[str, Any]:
 
     return {
         "servers": [(s.server_id, s.pool, s.state, s.gpu_indices, s.unhealthy_gpus, s.allocated,
-                     since(s.loan_started_at), since(s.reclaim_deadline)) for s in snapshot.servers],
+                     since(s.loan_started_at), since(s.reclaim_deadline), s.admin, since(s.drain_deadline))
+                    for s in snapshot.servers],
         "jobs": [(j.job_id, j.state, j.gpus_per_worker, j.min_workers, j.max_workers, since(j.submitted_at),
                   j.workers, j.pending_reason, since(j.started_at), since(j.last_resized_at)) for j in snapshot.jobs],
     }
@@ -194,6 +207,10 @@ def preempt(job_id: int) -> PreemptJob:
 
 def gpu_goes_bad(server_id: str, index: int) -> Callable[[Side], None]:
     return lambda side: side.set_gpu_health(server_id, index, False)
+
+
+def admin(server_id: str, state: AdminState) -> Callable[[Side], None]:
+    return lambda side: side.set_admin(server_id, state)
 
 
 def server_fails(server_id: str) -> Callable[[Side], None]:
@@ -238,6 +255,14 @@ SCRIPT = (
     ), pending=(KeepPending(5, Reason.WAITING_FOR_GANG, "needs 4 GPU(s)"),
                 KeepPending(1, Reason.WAITING_FOR_GANG, "started by this plan: not recorded"))),
          refused=((3, C.SERVER_CANNOT_TRAIN), (4, C.WRONG_GPU_COUNT), (5, C.RANKS_NOT_DENSE))),
+    # An operator cordons a training and an inference server: no new worker there, no loan of it (a
+    # worker already there keeps its GPUs: job 1 on t0000); uncordoned by the next step's events.
+    Step("a start on a cordoned server, a LOAN of a cordoned server", Plan(
+        starts=(start(2, ("t0000", (2, 3))),),
+        server_actions=(step("i0001", LoanStep.LOAN, Reason.LOANED_IDLE_SERVER),),
+    ), refused=((2, C.SERVER_CORDONED), ("i0001", C.SERVER_CORDONED)),
+         events=(admin("t0000", AdminState.CORDONED), admin("i0001", AdminState.CORDONED))),
+    Step("uncordoned", Plan(), events=(admin("t0000", AdminState.NONE), admin("i0001", AdminState.NONE))),
     # Starts alone (the one-by-one path).
     Step("a start of too many workers", Plan(starts=(
         start(6, ("t0000", (3,)), ("t0001", (1,)), ("t0001", (2,)), ("t0001", (3,)), ("i0000", (2,))),

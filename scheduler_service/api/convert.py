@@ -120,7 +120,7 @@ def server(row: ServerInfo) -> types_pb2.Server:
         gpus_total=len(gpus), gpus_used=row.gpus_used, gpus_healthy=sum(1 for g in row.gpus if g.healthy),
         registered_at=timestamp(row.registered_at), last_seen_at=timestamp(row.last_seen_at),
         desired_generation=row.desired_generation, observed_generation=row.observed_generation,
-        agent_address=row.agent_address,
+        agent_address=row.agent_address, admin_state=row.admin_shown, admin_reason=row.admin_reason,
     )
 
 

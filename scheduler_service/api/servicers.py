@@ -38,7 +38,7 @@ from scheduler_service.batching import GroupCommitter
 from scheduler_service.core.registry import ReclaimPreviewer
 from scheduler_service.errors import InvalidArgument
 from scheduler_service.notify import AsyncNotifier
-from scheduler_service.records import EventInfo, JobInfo, JobSubmission
+from scheduler_service.records import AdminChange, EventInfo, JobInfo, JobSubmission
 
 T = TypeVar("T")
 log = structlog.get_logger("aryl.api")
@@ -269,6 +269,57 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
         )
 
 
+    # -- servers an operator takes out (arylctl servers cordon|uncordon|drain|delete) ----------------
+
+    @rpc
+    async def CordonServer(
+        self, request: scheduler_pb2.CordonServerRequest, context: Any
+    ) -> scheduler_pb2.ServerAdminResponse:
+        server_id = validation.server_id("server_id", request.server_id)
+        reason = validation.text("reason", request.reason, max_len=1024)
+        return await self.run(self._admin_answer, lambda: self.app.server_admin.cordon(server_id, reason))
+
+    @rpc
+    async def UncordonServer(
+        self, request: scheduler_pb2.UncordonServerRequest, context: Any
+    ) -> scheduler_pb2.ServerAdminResponse:
+        server_id = validation.server_id("server_id", request.server_id)
+        return await self.run(self._admin_answer, lambda: self.app.server_admin.uncordon(server_id))
+
+    @rpc
+    async def DrainServer(
+        self, request: scheduler_pb2.DrainServerRequest, context: Any
+    ) -> scheduler_pb2.ServerAdminResponse:
+        server_id = validation.server_id("server_id", request.server_id)
+        reason = validation.text("reason", request.reason, max_len=1024)
+        timeout_s = validation.finite("timeout_seconds", request.timeout_seconds)
+        return await self.run(self._admin_answer, lambda: self.app.server_admin.drain(
+            server_id, reason, timeout_s=timeout_s, force=request.force))
+
+    @rpc
+    async def DeleteServer(
+        self, request: scheduler_pb2.DeleteServerRequest, context: Any
+    ) -> scheduler_pb2.DeleteServerResponse:
+        server_id = validation.server_id("server_id", request.server_id)
+
+        def answer() -> scheduler_pb2.DeleteServerResponse:
+            before = self.app.server_admin.server(server_id)
+            change = self.app.server_admin.delete(server_id, force=request.force)
+            now = self.app.server_admin.server(server_id) if not change.deleted else before
+            return scheduler_pb2.DeleteServerResponse(
+                deleted=change.deleted, message=change.message,
+                server=convert.server(now) if now is not None else None,
+            )
+
+        return await self.run(answer)
+
+    def _admin_answer(self, change: Callable[[], AdminChange]) -> scheduler_pb2.ServerAdminResponse:
+        done = change()
+        server = self.app.server_admin.server(done.server_id)
+        return scheduler_pb2.ServerAdminResponse(
+            server=convert.server(server) if server is not None else None, message=done.message)
+
+
 class AgentServicer(_Base, agent_pb2_grpc.AgentServiceServicer):
     def __init__(
         self, *args: Any, report_interval_s: float, grace_period_s: float, desired_state_refresh_s: float = 30.0
@@ -304,6 +355,14 @@ class AgentServicer(_Base, agent_pb2_grpc.AgentServiceServicer):
         return agent_pb2.ReportStatusResponse(
             desired_generation=generation, report_interval=convert.duration(self._report_interval)
         )
+
+    @rpc
+    async def Deregister(self, request: agent_pb2.DeregisterRequest, context: Any) -> agent_pb2.DeregisterResponse:
+        server_id = validation.server_id("server_id", request.server_id)
+        reason = validation.text("reason", request.reason, max_len=1024)
+        await self.run(self.app.agents.deregister, server_id, reason)
+        log.info("server deregistered: its agent left", server=server_id, reason=reason)
+        return agent_pb2.DeregisterResponse()
 
     @rpc
     async def WatchDesiredState(

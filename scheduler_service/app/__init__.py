@@ -7,6 +7,7 @@ One small class per use case, each built here from the same database sessions, c
 - ``inference`` (``Inference``): demand, drain acknowledgements, the serving pool, reclaim previews;
 - ``views`` (``ClusterViews``): servers, loans, the cluster summary, the event log;
 - ``liveness`` (``Liveness``): servers whose agents went silent become LOST;
+- ``server_admin`` (``ServerAdmin``): an operator's cordon, uncordon, drain and delete of a server;
 - ``retention`` (``EventRetention``): events past their retention are pruned, in short batches;
 - ``term`` (``Term``): the scheduler's term and its epoch;
 - ``cluster`` (``DatabaseCluster``): the scheduling cycle's port (``snapshot`` + ``apply``).
@@ -32,6 +33,7 @@ from scheduler_service.app.liveness import Liveness
 from scheduler_service.app.memory import Heartbeats, ReportDigests
 from scheduler_service.app.notices import Announcer, Notifier, NullNotifier
 from scheduler_service.app.retention import EventRetention
+from scheduler_service.app.server_admin import ServerAdmin
 from scheduler_service.app.term import Term
 from scheduler_service.app.views import ClusterViews
 from scheduler_service.core.clock import Clock
@@ -44,6 +46,7 @@ from scheduler_service.store.inference import InferenceStore
 from scheduler_service.store.jobs import JobStore
 from scheduler_service.store.liveness import LivenessStore
 from scheduler_service.store.ports import DEFAULT_MASTER_PORTS, MasterPorts
+from scheduler_service.store.server_admin import ServerAdminStore
 from scheduler_service.store.snapshot import SnapshotReader
 from scheduler_service.store.transactions import Transactions
 
@@ -77,13 +80,16 @@ class SchedulerApp:
             notices,
         )
         self.jobs = Jobs(db, JobStore(changes, desired, clock), clock, notices)
+        admin = ServerAdminStore(changes, desired, clock)
         self.agents = Agents(
             db, AgentStore(changes, desired, clock), desired, clock, term=self.term, heartbeats=heartbeats,
-            digests=digests, notices=notices, telemetry_write_s=telemetry_write_s,
+            digests=digests, notices=notices, telemetry_write_s=telemetry_write_s, admin=admin,
         )
+        self.server_admin = ServerAdmin(db, admin, notices)
         self.inference = Inference(db, InferenceStore(changes, clock), notices, snapshot=self.cluster.snapshot)
         self.views = ClusterViews(db)
-        self.liveness = Liveness(db, LivenessStore(changes, desired, clock), heartbeats, notices)
+        self.liveness = Liveness(db, LivenessStore(changes, desired, clock), heartbeats, notices,
+                                 remove_deleted=self.server_admin.remove_vacated)
         self.retention = EventRetention(db)
 
 

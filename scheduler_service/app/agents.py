@@ -25,6 +25,7 @@ from scheduler_service.lifecycle import ServerState
 from scheduler_service.records import DesiredServerState, ServerRegistration, StatusReport
 from scheduler_service.store.agents import AgentStore
 from scheduler_service.store.desired import DesiredStates
+from scheduler_service.store.server_admin import ServerAdminStore
 from scheduler_service.store.transactions import Transactions
 
 
@@ -34,9 +35,11 @@ class Agents:
     def __init__(
         self, db: Transactions, store: AgentStore, desired: DesiredStates, clock: Clock, *, term: Term,
         heartbeats: Heartbeats, digests: ReportDigests, notices: Announcer, telemetry_write_s: float,
+        admin: ServerAdminStore,
     ) -> None:
         self._db = db
         self._store = store
+        self._admin = admin
         self._desired = desired
         self._clock = clock
         self._term = term
@@ -128,6 +131,14 @@ class Agents:
             # A reclaimed server waits for exactly this confirmation to serve again; routing too.
             self._notices.state_changed()
         return int(row.desired)
+
+    def deregister(self, server_id: str, reason: str) -> None:
+        """The server's agent leaves the cluster (it was stopped and stops its workers): LOST and LEFT at
+        once, and a cycle is requested, whose plan shrinks or requeues its jobs (``core.faults``,
+        reason SERVER_LEFT: not a failure). It comes back when its agent registers again."""
+        change = self._db.write(lambda session: self._admin.deregister(session, server_id, reason))
+        self._digests.forget([server_id])
+        self._notices.servers_changed({server_id, *change.touched})
 
     def desired_state(self, server_id: str) -> DesiredServerState:
         state = self.desired_states([server_id]).get(server_id)

@@ -11,6 +11,7 @@ Never: hold SQL (``store.liveness`` marks the server), or move jobs (the policy 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 from scheduler_service.app.memory import Heartbeats
 from scheduler_service.app.notices import Announcer
@@ -19,8 +20,12 @@ from scheduler_service.store.transactions import Transactions
 
 
 class Liveness:
-    def __init__(self, db: Transactions, store: LivenessStore, heartbeats: Heartbeats, notices: Announcer) -> None:
+    def __init__(self, db: Transactions, store: LivenessStore, heartbeats: Heartbeats, notices: Announcer, *,
+                 remove_deleted: Callable[[], list[str]] | None = None) -> None:
         self._db = db
+        # Each sweep also removes the servers deleted by force (or while LOST) that nothing runs on any
+        # more (``ServerAdmin.remove_vacated``): their jobs were moved off by the cycles since.
+        self._remove_deleted = remove_deleted
         self._store = store
         self._heartbeats = heartbeats
         self._notices = notices
@@ -44,4 +49,6 @@ class Liveness:
                 self._notices.servers_changed(touched)
         if lost:
             self._notices.notifier.cycle_requested()
+        if self._remove_deleted is not None:
+            self._remove_deleted()
         return lost

@@ -66,6 +66,7 @@ class RefusalCode(StrEnum):
     WORKERS_OUT_OF_RANGE = "WORKERS_OUT_OF_RANGE"  # worker count outside min_workers..max_workers
     WRONG_GPU_COUNT = "WRONG_GPU_COUNT"            # a worker without exactly gpus_per_worker GPUs
     SERVER_CANNOT_TRAIN = "SERVER_CANNOT_TRAIN"    # a new GPU on a server that is not TRAINING/LOANED
+    SERVER_CORDONED = "SERVER_CORDONED"            # a new GPU on, or a LOAN of, a cordoned server
     GPU_UNUSABLE = "GPU_UNUSABLE"                  # a new GPU that is unhealthy or does not exist
     GPU_HELD = "GPU_HELD"                          # a planned GPU held by another job, or planned twice
     SERVER_NOT_REGISTERED = "SERVER_NOT_REGISTERED"  # a loan step for an unknown server
@@ -116,6 +117,8 @@ class ApplyFacts(Protocol):
 
     def server_state(self, server_id: str) -> ServerState | None: ...  # None: not registered
 
+    def server_cordoned(self, server_id: str) -> bool: ...  # an operator or its agent took it out (AdminState)
+
     def open_loan(self, server_id: str) -> LoanState | None: ...  # None: no loan that is not RETURNED
 
     def gpu_usable(self, server_id: str, index: int) -> bool: ...  # the GPU exists and is healthy
@@ -164,8 +167,8 @@ def check_preemption(facts: ApplyFacts, action: PreemptJob) -> JobFacts:
 def check_placement(facts: ApplyFacts, job: JobFacts, workers: Sequence[WorkerPlacement]) -> None:
     """The job's complete placement after the action, in this order (the first broken rule refuses):
     its shape (ranks 0..n-1, min..max workers, ``gpus_per_worker`` distinct GPUs each); each *new* GPU
-    -- a (server, GPU) pair the job does not hold yet -- on a server where training may run, and
-    usable; and every planned GPU free or the job's own, and planned once."""
+    -- a (server, GPU) pair the job does not hold yet -- on a server where training may run, not
+    cordoned, and usable; and every planned GPU free or the job's own, and planned once."""
     ranks = sorted(w.rank for w in workers)
     if ranks != list(range(len(workers))):
         raise Refused(RefusalCode.RANKS_NOT_DENSE, f"job {job.job_id}: planned ranks {ranks} are not 0..n-1")
@@ -182,6 +185,9 @@ def check_placement(facts: ApplyFacts, job: JobFacts, workers: Sequence[WorkerPl
         if state not in TRAINING_CAPABLE_STATES:
             raise Refused(RefusalCode.SERVER_CANNOT_TRAIN,
                           f"server {server_id} is {state or 'not registered'}: training cannot run on it")
+        if facts.server_cordoned(server_id):
+            raise Refused(RefusalCode.SERVER_CORDONED,
+                          f"server {server_id} is cordoned: no new worker may be placed there")
         if not facts.gpu_usable(server_id, index):
             raise Refused(RefusalCode.GPU_UNUSABLE, f"GPU {index} of server {server_id} is unhealthy or missing")
     # One GPU, at most one worker (the service's unique key is the last guard behind this).
@@ -231,8 +237,8 @@ LOAN_STEPS: Mapping[LoanStep, LoanStepRule] = {
 def check_loan_step(facts: ApplyFacts, action: ServerAction) -> LoanStepRule:
     """One step of the loan cycle, checked in this order: the server is registered; the lifecycle
     allows the move (an illegal move is the first thing to report); its open loan is the one the step
-    needs; a RECLAIM or RETURN finds no workers left on it (after the plan's job actions, which
-    ``apply_order`` puts first). Returns the step's rule."""
+    needs; a LOAN is of a server not cordoned; a RECLAIM or RETURN finds no workers left on it (after
+    the plan's job actions, which ``apply_order`` puts first). Returns the step's rule."""
     rule = LOAN_STEPS[action.kind]
     server_id = action.server_id
     state = facts.server_state(server_id)
@@ -247,6 +253,8 @@ def check_loan_step(facts: ApplyFacts, action: ServerAction) -> LoanStepRule:
             f"server {server_id} has an open {loan} loan" if loan and rule.loan_before is None
             else f"server {server_id} has no {rule.loan_before} loan (found: {loan or 'none'})",
         )
+    if action.kind == LoanStep.LOAN and facts.server_cordoned(server_id):
+        raise Refused(RefusalCode.SERVER_CORDONED, f"server {server_id} is cordoned: it may not be loaned")
     if rule.must_be_vacated:
         holders = sorted(set(facts.jobs_on(server_id)))
         if holders:

@@ -11,7 +11,13 @@ Nouns:
     order (every worker restarts at the new world size, a new incarnation);
   - any other such job -- too few workers left, or not RUNNING (a SCALING job is mid-restart and
     cannot be resized) -- is requeued (``PreemptJob``);
-  both with reason ``SERVER_LOST``.
+  both with reason ``SERVER_LOST`` -- or ``SERVER_LEFT`` where the agent deregistered (``AdminState.LEFT``:
+  it stopped its workers itself and said so).
+- *Drain*: a server an operator drains (``ServerView.draining``, not LOST): a RUNNING elastic job
+  with a worker there shrinks to its workers elsewhere (as above), or is requeued when fewer than
+  ``min_workers`` would be left; any other job is left to finish there until the drain's deadline
+  (``ServerView.drain_deadline``), then requeued; reason ``SERVER_DRAINING``. Nothing new is placed
+  there (the server is cordoned: ``core.placement``, ``core.apply_rules``).
 
 Every registered policy applies this first (``core.registry`` wraps each policy it creates in
 ``FaultsFirst``), so the service and the simulator run the same rule, and the policy's own steps
@@ -35,7 +41,7 @@ from dataclasses import dataclass, replace
 from operator import attrgetter
 
 from scheduler_service.core.plan import Plan, PreemptJob, Reason, ScaleJob, WorkerPlacement
-from scheduler_service.core.snapshot import ClusterSnapshot, JobView, ServerView, WorkerView
+from scheduler_service.core.snapshot import AdminState, ClusterSnapshot, JobView, ServerView, WorkerView
 from scheduler_service.lifecycle import JobState, ServerState
 
 _rank = attrgetter("rank")
@@ -78,40 +84,88 @@ class Evictions:
 
 
 def plan_evictions(snapshot: ClusterSnapshot) -> Evictions | None:
-    """The evictions for every job with a worker on a LOST server (see the module docstring); None
-    when there is none (the usual cycle: the snapshot is used as it is)."""
+    """The evictions for every job with a worker on a LOST server, or on a draining one (see the
+    module docstring); None when there is none (the usual cycle: the snapshot is used as it is)."""
     lost = {s.server_id for s in snapshot.servers if s.state == ServerState.LOST and s.allocated}
-    if not lost:
+    draining = {s.server_id for s in snapshot.servers
+                if s.draining and s.state != ServerState.LOST and s.allocated}
+    if not lost and not draining:
         return None
     scales: list[ScaleJob] = []
     preemptions: list[PreemptJob] = []
     jobs: list[JobView] = []
     freed: dict[str, set[int]] = {}  # server -> GPUs the evictions free there
     for job in snapshot.jobs:
-        gone = [w for w in job.workers if w.server_id in lost]
-        if not gone:
+        decided = _evict_lost(snapshot, job, lost) or _drain_off(snapshot, job, draining)
+        if decided is None:
             jobs.append(job)
             continue
-        where = sorted({w.server_id for w in gone})
-        message = f"server{'s' if len(where) > 1 else ''} {', '.join(where)} lost (agent silent)"
-        survivors = sorted((w for w in job.workers if w.server_id not in lost), key=_rank)
-        if job.state == JobState.RUNNING and len(survivors) >= job.min_workers:
-            workers = tuple(WorkerView(rank, w.server_id, w.gpu_indices) for rank, w in enumerate(survivors))
-            scales.append(ScaleJob(
-                job.job_id, tuple(WorkerPlacement(w.rank, w.server_id, w.gpu_indices) for w in workers),
-                Reason.SERVER_LOST, f"{message}; continues with {len(workers)} worker(s)",
-            ))
-            jobs.append(replace(job, workers=workers, last_resized_at=snapshot.now))
-            released = gone
-        else:
-            preemptions.append(PreemptJob(job.job_id, Reason.SERVER_LOST, message))
+        if isinstance(decided, PreemptJob):
+            preemptions.append(decided)
             released = list(job.workers)
+        else:
+            scales.append(decided)
+            kept = {(w.server_id, g) for w in decided.workers for g in w.gpu_indices}
+            released = [w for w in job.workers if (w.server_id, w.gpu_indices[0]) not in kept]
+            jobs.append(replace(job, workers=tuple(WorkerView(w.rank, w.server_id, w.gpu_indices)
+                                                   for w in decided.workers),
+                                last_resized_at=snapshot.now))
         for w in released:
             freed.setdefault(w.server_id, set()).update(w.gpu_indices)
+    if not scales and not preemptions:
+        return None
     servers = tuple(_without(s, freed[s.server_id]) if s.server_id in freed else s for s in snapshot.servers)
     after = ClusterSnapshot(now=snapshot.now, servers=servers, jobs=tuple(jobs), demand=snapshot.demand,
                             seed=snapshot.seed)
     return Evictions(tuple(scales), tuple(preemptions), after)
+
+
+def _evict_lost(snapshot: ClusterSnapshot, job: JobView, lost: set[str]) -> ScaleJob | PreemptJob | None:
+    """A job with a worker on a LOST server: shrunk to its survivors, or requeued. A server whose agent
+    deregistered (``AdminState.LEFT``) is named as having left, with reason SERVER_LEFT."""
+    gone = [w for w in job.workers if w.server_id in lost]
+    if not gone:
+        return None
+    where = sorted({w.server_id for w in gone})
+    left = all(snapshot.server(sid).admin == AdminState.LEFT for sid in where)
+    plural = "s" if len(where) > 1 else ""
+    message = (f"server{plural} {', '.join(where)} left the cluster (agent deregistered)" if left
+               else f"server{plural} {', '.join(where)} lost (agent silent)")
+    reason = Reason.SERVER_LEFT if left else Reason.SERVER_LOST
+    survivors = sorted((w for w in job.workers if w.server_id not in lost), key=_rank)
+    if job.state == JobState.RUNNING and len(survivors) >= job.min_workers:
+        return ScaleJob(job.job_id, _renumbered(survivors), reason,
+                        f"{message}; continues with {len(survivors)} worker(s)")
+    return PreemptJob(job.job_id, reason, message)
+
+
+def _drain_off(snapshot: ClusterSnapshot, job: JobView, draining: set[str]) -> ScaleJob | PreemptJob | None:
+    """A job with a worker on a draining server: a RUNNING elastic job shrinks to its workers elsewhere
+    when they keep ``min_workers``, and is requeued otherwise; any other job is left to finish until
+    the drain's deadline (``ServerView.drain_deadline``; None: no deadline) passes, then requeued. A
+    SCALING job is mid-restart: it is resized once it runs again."""
+    there = sorted({w.server_id for w in job.workers if w.server_id in draining})
+    if not there:
+        return None
+    message = f"server{'s' if len(there) > 1 else ''} {', '.join(there)} draining"
+    deadlines = [d for d in (snapshot.server(sid).drain_deadline for sid in there) if d is not None]
+    overdue = bool(deadlines) and snapshot.now >= min(deadlines)
+    if job.state == JobState.RUNNING and job.is_elastic:
+        survivors = sorted((w for w in job.workers if w.server_id not in draining), key=_rank)
+        if len(survivors) >= job.min_workers:
+            return ScaleJob(job.job_id, _renumbered(survivors), Reason.SERVER_DRAINING,
+                            f"{message}; continues with {len(survivors)} worker(s) elsewhere")
+        return PreemptJob(job.job_id, Reason.SERVER_DRAINING,
+                          f"{message}; fewer than min_workers={job.min_workers} would be left elsewhere, "
+                          "requeued")
+    if overdue and job.state.holds_gpus:
+        return PreemptJob(job.job_id, Reason.SERVER_DRAINING, f"{message}; the drain's deadline passed, requeued")
+    return None
+
+
+def _renumbered(survivors: list[WorkerView]) -> tuple[WorkerPlacement, ...]:
+    """The survivors keep their servers and GPUs, renumbered 0..n-1 in their old rank order."""
+    return tuple(WorkerPlacement(rank, w.server_id, w.gpu_indices) for rank, w in enumerate(survivors))
 
 
 def _without(server: ServerView, gpus: set[int]) -> ServerView:

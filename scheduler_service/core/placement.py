@@ -3,7 +3,8 @@ comparisons between policies isolate their queueing and scaling mechanisms, not 
 
 The pipeline, in order (each step with its reason):
 1. *Runs training* (filter, when the capacity is built): training runs only on training-owned
-   servers and on inference servers while loaned.
+   servers and on inference servers while loaned; and *not cordoned*: an operator took the server
+   out (``ServerView.cordoned``: cordoned, draining, left); the workers there stay, none is added.
 2. *Not reserved* (filter, per call): servers held for a starving job are skipped.
 3. *Fits one worker* (filter): a worker needs all its GPUs on one server (NCCL within a host; one
    failure domain), healthy and free.
@@ -58,15 +59,18 @@ class FreeCapacity:
 
     @classmethod
     def of(cls, snapshot: ClusterSnapshot) -> FreeCapacity:
-        schedulable = {s.server_id: s for s in snapshot.servers if s.runs_training}  # step 1
+        schedulable = {s.server_id: s for s in snapshot.servers if s.runs_training and not s.cordoned}  # step 1
         return cls({sid: list(s.free_gpus) for sid, s in schedulable.items()}, schedulable)
 
     @classmethod
     def without(cls, servers: Iterable[ServerView], held: dict[str, set[int]]) -> FreeCapacity:
-        """The healthy GPUs of ``servers`` (the schedulable ones) except those in ``held`` (by server)."""
+        """The healthy GPUs of ``servers`` (the schedulable ones; cordoned ones are left out: step 1)
+        except those in ``held`` (by server)."""
         capacity = object.__new__(cls)
         capacity.servers, capacity._free = {}, {}
         for s in servers:
+            if s.cordoned:
+                continue
             taken = held.get(s.server_id)
             capacity.servers[s.server_id] = s
             if not taken:

@@ -35,6 +35,11 @@ class Reason(StrEnum):
     # A server it ran on is LOST (its agent went silent): shrunk to its workers elsewhere when that
     # keeps min_workers, else requeued (core.faults decides, before any policy step).
     SERVER_LOST = "SERVER_LOST"
+    # Its agent deregistered (stopped its workers and left the cluster): as SERVER_LOST, at once.
+    SERVER_LEFT = "SERVER_LEFT"
+    # An operator drains a server it runs on (``arylctl servers drain``): an elastic job shrinks off it
+    # (requeued below min_workers); any job is requeued once the drain's deadline passes.
+    SERVER_DRAINING = "SERVER_DRAINING"
     # Servers and loans:
     LOANED_IDLE_SERVER = "LOANED_IDLE_SERVER"      # inference had more servers than it needed
     LOAN_ACTIVE = "LOAN_ACTIVE"                    # drained: training may use it now

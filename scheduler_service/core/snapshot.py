@@ -3,11 +3,30 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from scheduler_service.lifecycle import JobState, Pool, ServerState
 
 # Servers on which training workers may run: training-owned ones, and inference servers on loan.
 TRAINING_CAPABLE_STATES = frozenset({ServerState.TRAINING, ServerState.LOANED})
+
+
+class AdminState(StrEnum):
+    """What an operator (``arylctl servers cordon|drain|delete``) or a leaving agent asked of a server,
+    beside its state (the service's ``servers.admin_state``). Any but NONE *cordons* it: no new worker
+    is placed there and no loan begins there; the workers there keep running, except:
+    - DRAINING: elastic jobs shrink off it (or requeue when they would fall below ``min_workers``);
+      the other jobs are left to finish, and preempted once ``ServerView.drain_deadline`` passes;
+      a loaned inference server is reclaimed. DRAINED is DRAINING with nothing left there.
+    - LEFT: its agent deregistered (stopped its workers and left); the server is LOST as well.
+    - DELETING: ``servers delete --force`` of a server still running workers: drained at once, and
+      removed once nothing runs there."""
+
+    NONE = ""
+    CORDONED = "CORDONED"
+    DRAINING = "DRAINING"
+    LEFT = "LEFT"
+    DELETING = "DELETING"
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +45,9 @@ class ServerView:
     # RECLAIMING: when it goes back to inference without its agent's confirmation (set at the RECLAIM
     # step, ``core.apply_rules.reclaim_deadline``; the service keeps it on the loan row).
     reclaim_deadline: float | None = None
+    admin: AdminState = AdminState.NONE   # cordoned, draining, left (see ``AdminState``)
+    # DRAINING/DELETING: from when the jobs that cannot shrink off are preempted (None: never; they finish)
+    drain_deadline: float | None = None
     # Derived from the fields above on first use (a view is immutable): a policy reads them every cycle.
     _healthy: tuple[int, ...] | None = field(default=None, init=False, repr=False, compare=False)
     _free: tuple[int, ...] | None = field(default=None, init=False, repr=False, compare=False)
@@ -63,6 +85,16 @@ class ServerView:
     @property
     def runs_training(self) -> bool:
         return self.state in TRAINING_CAPABLE_STATES
+
+    @property
+    def cordoned(self) -> bool:
+        """Nothing new may be placed or loaned here (``AdminState``)."""
+        return self.admin != AdminState.NONE
+
+    @property
+    def draining(self) -> bool:
+        """Its workers are to move off (``AdminState.DRAINING``/``DELETING``; LEFT ones are LOST)."""
+        return self.admin in (AdminState.DRAINING, AdminState.DELETING)
 
 
 @dataclass(frozen=True, slots=True)

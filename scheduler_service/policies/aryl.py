@@ -281,6 +281,16 @@ class ArylPolicy:
             )
             if why is not None:
                 cycle.act(s.server_id, LoanStep.RETURN, ServerState.SERVING, Reason.RETURNED_TO_SERVING, why)
+        # Servers an operator took out: a loan still draining is cancelled (training may not use a
+        # cordoned server), and a drained one on loan is reclaimed the normal way (its jobs shrink or
+        # requeue as for any reclaim).
+        for s in by_state.get(ServerState.DRAINING, []):
+            if s.cordoned:
+                cycle.act(s.server_id, LoanStep.CANCEL, ServerState.SERVING, Reason.LOAN_CANCELLED,
+                          f"server {s.server_id} is cordoned ({s.admin}): not lent to training")
+        taken_out = [s for s in by_state.get(ServerState.LOANED, []) if s.draining]
+        if taken_out:
+            self._reclaim(cycle, taken_out, len(taken_out), why="an operator drains it")
         if snap.demand is None:
             return  # no demand signal yet: never loan blind
         needed = snap.demand.servers_needed
@@ -288,7 +298,7 @@ class ArylPolicy:
         coming_back = sum(1 for s in by_state.get(ServerState.RECLAIMING, [])
                           if cycle.server_state[s.server_id] == ServerState.RECLAIMING)
         deficit = needed - serving - coming_back
-        draining = by_state.get(ServerState.DRAINING, [])
+        draining = [s for s in by_state.get(ServerState.DRAINING, []) if not s.cordoned]
         if deficit > 0:
             for s in reversed(draining):  # the most recent loans are the cheapest to cancel
                 if deficit == 0:
@@ -297,7 +307,8 @@ class ArylPolicy:
                           f"inference needs {needed} server(s) again")
                 deficit -= 1
             if deficit > 0:
-                self._reclaim(cycle, by_state.get(ServerState.LOANED, []), deficit, needed)
+                self._reclaim(cycle, [s for s in by_state.get(ServerState.LOANED, []) if not s.draining], deficit,
+                              why=f"inference needs {needed} serving server(s)")
         for s in draining:
             if cycle.server_state[s.server_id] != ServerState.DRAINING:
                 continue
@@ -314,7 +325,7 @@ class ArylPolicy:
         if deficit <= 0 and surplus > 0:
             self._loan(cycle, by_state.get(ServerState.SERVING, []), surplus, needed)
 
-    def _reclaim(self, cycle: _Cycle, loaned: list[ServerView], count: int, needed: int) -> None:
+    def _reclaim(self, cycle: _Cycle, loaned: list[ServerView], count: int, *, why: str) -> None:
         decision = choose_reclaim(cycle.running, loaned, count, self.params, cycle.snapshot.now,
                                   naive=self.naive_reclaim)
         chosen = set(decision.servers)
@@ -332,15 +343,15 @@ class ArylPolicy:
             job.reclaimed = True
             job.scaled_in(Reason.SCALED_IN_FOR_RECLAIM)
         for server_id in decision.servers:
-            cycle.act(server_id, LoanStep.RECLAIM, ServerState.RECLAIMING, Reason.RECLAIMED_FOR_INFERENCE,
-                      f"inference needs {needed} serving server(s)")
+            cycle.act(server_id, LoanStep.RECLAIM, ServerState.RECLAIMING, Reason.RECLAIMED_FOR_INFERENCE, why)
 
     def _loan(self, cycle: _Cycle, serving: list[ServerView], surplus: int, needed: int) -> None:
         p, snap = self.params, cycle.snapshot
         demand = self._training_demand_gpus(cycle)
         if demand <= 0:
             return
-        idle = [s for s in serving if snap.now - s.state_since >= p.loan_idle_s and not s.unhealthy_gpus]
+        idle = [s for s in serving
+                if snap.now - s.state_since >= p.loan_idle_s and not s.unhealthy_gpus and not s.cordoned]
         for s in idle[:surplus]:  # longest idle first
             if demand <= 0:
                 break
@@ -359,7 +370,7 @@ class ArylPolicy:
         ) if self.elastic else 0
         free, state = 0, cycle.server_state
         for s in snap.servers:
-            if state[s.server_id] in _TRAINING_OR_DRAINING:
+            if state[s.server_id] in _TRAINING_OR_DRAINING and not s.cordoned:
                 free += len(s.free_gpus)
         return pending + growth - free
 
@@ -528,10 +539,18 @@ class ArylPolicy:
         kept: dict[int, list[_Worker]] = {}
         for job in jobs:
             extras = job.workers[job.view.min_workers:]
+            # Extras on a cordoned server stay where they are (cordon adds nothing, removes nothing;
+            # a drain's evictions came first): outside the knapsack, they fill the target first.
+            pinned = [w for w in extras if w.server_id not in released and cycle.servers[w.server_id].cordoned]
             keep = [w for w in extras if w.server_id in released and released[w.server_id].issuperset(w.gpu_indices)]
-            keep = keep[: targets[job.view.job_id]]
+            if pinned:  # in their rank order, as the others are
+                chosen = {id(w) for w in (*pinned, *keep[: max(0, targets[job.view.job_id] - len(pinned))])}
+                keep = [w for w in extras if id(w) in chosen]
+            else:
+                keep = keep[: targets[job.view.job_id]]
             for w in keep:
-                released[w.server_id].difference_update(w.gpu_indices)
+                if w.server_id in released:
+                    released[w.server_id].difference_update(w.gpu_indices)
             kept[job.view.job_id] = keep
         for server_id, free in released.items():  # the net change: extras dropped free their GPUs
             free_cap.set_free(server_id, free)

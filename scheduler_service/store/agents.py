@@ -20,6 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from scheduler_service.core.clock import Clock
+from scheduler_service.core.snapshot import AdminState
 from scheduler_service.errors import FailedPrecondition, InvalidArgument, NotFound
 from scheduler_service.lifecycle import JobState, ServerState, home_state
 from scheduler_service.records import GpuReport, GpuSample, ServerRegistration, StatusReport, WorkerReport
@@ -89,6 +90,10 @@ class AgentStore:
                 self._changes.set_server_state(
                     session, server, home_state(server.pool), "AGENT_RECONNECTED", "agent registered again"
                 )
+            if server.admin_state == AdminState.LEFT:  # its agent deregistered; it is back (a cordon stays)
+                self._changes.event(session, "SERVER_ADMIN_CHANGED", server_id=server.id, from_state=AdminState.LEFT,
+                                    to_state=AdminState.NONE, reason="REGISTERED", message="agent registered again")
+                server.admin_state, server.admin_reason, server.admin_changed_at = AdminState.NONE, "", now
             server.desired_generation += 1  # resend desired state to the (re)started agent
             touched.add(server.id)
         self._sync_gpus(session, server, reg.gpus)
@@ -129,6 +134,8 @@ class AgentStore:
         server = session.get(m.Server, report.server_id)
         if server is None:
             raise NotFound(f"server {report.server_id} is not registered; register it first")
+        if server.admin_state == AdminState.LEFT:
+            raise FailedPrecondition(f"server {report.server_id}'s agent deregistered; register again")
         if report.scheduler_epoch != epoch:
             raise FailedPrecondition(
                 f"stale scheduler epoch {report.scheduler_epoch} (current {epoch}); register again"

@@ -53,6 +53,7 @@ from scheduler_service.core.plan import (
     WorkerPlacement,
     apply_order,
 )
+from scheduler_service.core.snapshot import AdminState
 from scheduler_service.lifecycle import IllegalTransition, JobState, ServerState
 from scheduler_service.store import models as m
 from scheduler_service.store.changes import (
@@ -339,9 +340,10 @@ class _SessionFacts:
 
     def __init__(self, jobs: dict[int, m.Job], states: dict[str, str], usable: set[_Pair],
                  allocations: Iterable[tuple[str, int, int]], servers: dict[str, m.Server],
-                 loans: dict[str, m.Loan]) -> None:
+                 loans: dict[str, m.Loan], cordoned: set[str]) -> None:
         self._jobs = jobs
         self._states = states
+        self._cordoned = cordoned          # of the servers the plan places on or steps
         self._usable = usable
         self._servers = servers            # ORM rows of the servers the plan steps (it writes them)
         self._loans = loans                # their open loans (ORM rows)
@@ -371,10 +373,16 @@ class _SessionFacts:
             loans = {loan.server_id: loan for loan in session.scalars(
                 sa.select(m.Loan).where(m.Loan.server_id.in_(stepped), m.Loan.state != LoanState.RETURNED))}
         states = {sid: server.state for sid, server in servers.items()}
+        cordoned = {sid for sid, server in servers.items() if server.admin_state != AdminState.NONE}
         usable: set[_Pair] = set()
         if placed_on:
-            states.update(session.execute(
-                sa.select(s.id, s.state).where(s.id.in_([sid for sid in placed_on if sid not in servers]))).all())
+            unstepped = [sid for sid in placed_on if sid not in servers]
+            for sid, state, admin in session.execute(
+                sa.select(s.id, s.state, s.admin_state).where(s.id.in_(unstepped))
+            ):
+                states[sid] = state
+                if admin != AdminState.NONE:
+                    cordoned.add(sid)
             usable = {(sid, index) for sid, index in session.execute(
                 sa.select(g.server_id, g.index).where(g.server_id.in_(placed_on), g.healthy))}
         allocations: list[tuple[str, int, int]] = []
@@ -382,7 +390,7 @@ class _SessionFacts:
             allocations = [(row.server_id, row.gpu_index, row.job_id) for row in session.execute(
                 sa.select(a.server_id, a.gpu_index, a.job_id).where(sa.or_(a.server_id.in_(touched),
                                                                            a.job_id.in_(job_ids))))]
-        return cls(jobs, states, usable, allocations, servers, loans)
+        return cls(jobs, states, usable, allocations, servers, loans, cordoned)
 
     # -- ApplyFacts --------------------------------------------------------------------------------
 
@@ -395,6 +403,9 @@ class _SessionFacts:
     def server_state(self, server_id: str) -> ServerState | None:
         state = self._states.get(server_id)
         return ServerState(state) if state is not None else None
+
+    def server_cordoned(self, server_id: str) -> bool:
+        return server_id in self._cordoned
 
     def open_loan(self, server_id: str) -> LoanState | None:
         loan = self._loans.get(server_id)

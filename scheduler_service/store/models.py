@@ -157,6 +157,13 @@ class Server(Base):
     inference_endpoint: Mapped[str | None] = mapped_column(String(512))
     # When the router acknowledged that this DRAINING server has nothing in flight (None: not yet).
     drained_at: Mapped[float | None] = mapped_column(Double)
+    # What an operator or a leaving agent asked (``core.snapshot.AdminState``: '' schedulable, CORDONED,
+    # DRAINING, LEFT, DELETING), why and since when; DRAINING/DELETING: when the jobs that cannot shrink
+    # off are preempted (None: they are left to finish).
+    admin_state: Mapped[str] = mapped_column(String(16), default="", server_default=text("''"))
+    admin_reason: Mapped[str] = mapped_column(String(1024), default="", server_default=text("''"))
+    admin_changed_at: Mapped[float | None] = mapped_column(Double)
+    drain_deadline: Mapped[float | None] = mapped_column(Double)
 
     __table_args__ = (
         CheckConstraint("pool IN ('TRAINING','INFERENCE')", name="pool_known"),

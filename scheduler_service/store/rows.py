@@ -69,6 +69,7 @@ def server_info(row: Values, gpus: Iterable[Values], holders: Mapping[int, int])
         last_seen_at=row["last_seen_at"], desired_generation=row["desired_generation"],
         observed_generation=row["observed_generation"], state_changed_at=row["state_changed_at"],
         logs_address=row["logs_address"], inference_endpoint=row["inference_endpoint"], drained_at=row["drained_at"],
+        admin_state=row["admin_state"], admin_reason=row["admin_reason"], drain_deadline=row["drain_deadline"],
         gpus=tuple(
             GpuInfo(
                 index=g["index"], uuid=g["uuid"], model=g["model"], memory_total_bytes=g["memory_total_bytes"],

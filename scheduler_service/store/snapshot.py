@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from scheduler_service.core.apply_rules import LoanState
 from scheduler_service.core.clock import Clock
-from scheduler_service.core.snapshot import ClusterSnapshot, DemandView, JobView, ServerView, WorkerView
+from scheduler_service.core.snapshot import AdminState, ClusterSnapshot, DemandView, JobView, ServerView, WorkerView
 from scheduler_service.lifecycle import JobState, Pool, ServerState
 from scheduler_service.store import models as m
 from scheduler_service.store.changes import index_list
@@ -63,7 +63,7 @@ class SnapshotReader:
         views: dict[str, tuple[tuple[Any, ...], ServerView]] = {}
         for row in session.execute(
             sa.select(s.id, s.pool, s.state, s.state_changed_at, s.observed_generation, s.desired_generation,
-                      s.drained_at, gpus.c.indices, gpus.c.unhealthy)
+                      s.drained_at, s.admin_state, s.drain_deadline, gpus.c.indices, gpus.c.unhealthy)
             .outerjoin(gpus, gpus.c.server_id == s.id).order_by(s.id)
         ):
             allocated = tuple(sorted(by_server[row.id])) if row.id in by_server else ()
@@ -78,6 +78,7 @@ class SnapshotReader:
                 agent_converged=row.observed_generation >= row.desired_generation,
                 drained=row.drained_at is not None,
                 reclaim_deadline=loan[1] if loan is not None and row.state == ServerState.RECLAIMING else None,
+                admin=AdminState(row.admin_state), drain_deadline=row.drain_deadline,
             ))
         self._server_views = views  # only this cycle's servers: a removed server is forgotten
         servers = tuple(view for _, view in views.values())
