@@ -237,6 +237,7 @@ class EventFeed(Generic[E]):
         self.watchers = 0
         self._reader: asyncio.Task[None] | None = None
         self._ready: asyncio.Future[None] | None = None
+        self._gap: tuple[int, float] | None = None  # the first missing id after head, since when (loop time)
 
     async def watch(
         self, after: int | None, *, topic: Hashable, match: Callable[[E], bool],
@@ -304,8 +305,8 @@ class EventFeed(Generic[E]):
             while self.watchers:
                 seen = self._wake.version
                 try:
-                    await self._read_new()
-                    wait = self.recheck_s
+                    held = await self._read_new()
+                    wait = GAP_RECHECK_S if held else self.recheck_s
                 except Exception as exc:  # noqa: BLE001 - streams wait; the next wake-up or retry reads again
                     log.warning("event log read failed; retrying", error=repr(exc), retry_s=retry_s)
                     wait = retry_s
@@ -313,12 +314,14 @@ class EventFeed(Generic[E]):
         finally:
             self._events, self._ids = [], []  # nobody watches: hold nothing
 
-    async def _read_new(self) -> None:
+    async def _read_new(self) -> bool:
+        """Read what is new; True when held at a gap in the ids (read again soon)."""
         while True:
             rows = await self._loop.run_in_executor(self._executor, self._read_after, self.head, self._page)
             self.reads += 1
+            rows, held = self._up_to_a_gap(rows)
             if not rows:
-                return
+                return held
             self._events.extend(rows)
             self._ids.extend(row.id for row in rows)
             self.head = rows[-1].id
@@ -331,8 +334,39 @@ class EventFeed(Generic[E]):
                 for waiter in self._waiting[topic]:
                     if not waiter.done():
                         waiter.set_result(None)
-            if len(rows) < self._page:
-                return
+            if held or len(rows) < self._page:
+                return held
+
+    def _up_to_a_gap(self, rows: Sequence[E]) -> tuple[Sequence[E], bool]:
+        """``rows`` up to the first id missing after ``head``, and whether any were held back.
+
+        Ids are taken when an entry is written and become visible when its transaction commits, so
+        id 11 may commit after id 12: moving past 11 would lose it for every stream. The entries after
+        a missing id are held until it shows up, or for at most GAP_WAIT_S (a rolled-back write leaves
+        a gap for good; no transaction outlives database.transaction_timeout_ms, but waiting that long
+        on every rollback would stall streams)."""
+        expected = self.head + 1
+        for count, row in enumerate(rows):
+            if row.id != expected + count:
+                break
+        else:
+            self._gap = None
+            return rows, False
+        missing = expected + count
+        now = self._loop.time()
+        if self._gap is None or self._gap[0] != missing:
+            self._gap = (missing, now)
+        if now - self._gap[1] < GAP_WAIT_S:
+            return rows[:count], True
+        log.info("event ids skipped: their writes were rolled back or are still uncommitted", first_missing=missing)
+        self._gap = None
+        return rows, False
+
+
+# An event feed holds entries after a missing id (an uncommitted or rolled-back write) for at most
+# this long, reading again every GAP_RECHECK_S meanwhile.
+GAP_WAIT_S = 2.0
+GAP_RECHECK_S = 0.05
 
 
 class SharedRead(Generic[T]):

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,9 @@ from structlog.testing import capture_logs
 
 from inference_router.scheduler_link import SchedulerLink
 from protos.aryl.v1 import inference_pb2, inference_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+from scheduler_service import notify
 from scheduler_service.api.stream_limits import StreamLimits, TooManyStreams, client_of
+from scheduler_service.notify import EventFeed, Signal
 from scheduler_service.server import ServerHandle, serve_in_background
 from tests.harness import job_spec, scheduler_config
 from tests.helpers import wait_for
@@ -277,3 +280,65 @@ def test_the_router_s_pool_watch_backs_off_and_retries_while_the_stream_limit_is
             assert any("max_watch_streams_per_client" in str(e.get("error")) for e in logs)
 
     asyncio.run(scenario())
+
+
+@dataclass(frozen=True)
+class Entry:
+    id: int
+    job_id: int | None = None
+
+
+def _feed_scenario(committed: list[int], steps: Any) -> list[int]:
+    """Run an EventFeed over a fake log (``committed``: the ids visible so far) with one unfiltered
+    stream from the newest id (10); ``steps(committed, wake, got)`` changes the log and waits."""
+    got: list[int] = []
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        wake = Signal(loop)
+        feed: EventFeed[Entry] = EventFeed(
+            loop, wake, read_after=lambda after, limit: [Entry(i) for i in sorted(committed) if i > after][:limit],
+            last_id=lambda: 10, executor=None, recheck_s=30.0, topics=lambda entry: ("all",),
+        )
+
+        async def nothing(after: int, upto: int, limit: int) -> list[Entry]:
+            return []
+
+        async def stream() -> None:
+            async for entry in feed.watch(None, topic="all", match=lambda entry: True, catch_up=nothing):
+                got.append(entry.id)
+
+        task = asyncio.create_task(stream())
+        await _wait(lambda: feed.head == 10, "the feed to start")
+        await steps(committed, wake, got, feed)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(scenario())
+    return got
+
+
+def test_an_event_committed_after_a_newer_one_still_reaches_the_streams_in_order() -> None:
+    """Ids are taken at insert and seen at commit: id 11 may commit after 12. The feed holds 12 back
+    until 11 shows up instead of moving past 11 (which would lose it for every stream)."""
+
+    async def steps(committed: list[int], wake: Signal, got: list[int], feed: Any) -> None:
+        committed.append(12)  # 11's transaction is still open
+        wake.bump()
+        await _wait(lambda: feed.reads >= 1, "a read that sees 12 alone")
+        committed.append(11)
+        wake.bump()
+        await _wait(lambda: len(got) >= 2, "both events")
+
+    assert _feed_scenario([], steps) == [11, 12]
+
+
+def test_a_gap_left_by_a_rolled_back_write_is_passed_after_a_while(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(notify, "GAP_WAIT_S", 0.2)
+
+    async def steps(committed: list[int], wake: Signal, got: list[int], feed: Any) -> None:
+        committed.extend([12, 13])  # 11 was rolled back: it never commits
+        wake.bump()
+        await _wait(lambda: len(got) >= 2, "the events after the gap")
+
+    assert _feed_scenario([], steps) == [12, 13]
