@@ -749,6 +749,7 @@ def describe_cluster(cluster: scheduler_pb2.GetClusterResponse) -> str:
             ("Policy", cluster.policy or "-"),
             ("Scheduler epoch", cluster.scheduler_epoch),
             ("Active loans", cluster.active_loans),
+            *([("Not loaning", cluster.not_loaned)] if cluster.not_loaned else []),
             ("Inference demand", _demand_text(cluster.demand)),
         ]
     )
@@ -911,12 +912,16 @@ def _changes(stream: Iterable[types_pb2.Event]) -> Iterator[None]:
 
 
 def cmd_loans(client: ArylClient, args: argparse.Namespace, out: Output) -> int:
-    loans = client.list_loans(include_returned=args.all)
+    response = client.list_loans_response(include_returned=args.all)
+    loans = list(response.loans)
+    # The scheduler's standing reason for loaning no (further) server: a non-event, said once per decision.
+    why = (printable(f"Not loaning (since {local_time(response.not_loaned_since)}): {response.not_loaned}")
+           if response.not_loaned else "")
 
     def table() -> str:
         if not loans:
             out.note("No loans." if args.all else "No active loans (--all includes returned ones).")
-            return ""
+            return why
         rows = [
             (
                 loan.loan_id,
@@ -929,7 +934,8 @@ def cmd_loans(client: ArylClient, args: argparse.Namespace, out: Output) -> int:
             )
             for loan in loans
         ]
-        return format_table(("LOAN", "SERVER", "STATE", "STARTED", "ENDED", "HARD DEADLINE", "REASON"), rows)
+        listed = format_table(("LOAN", "SERVER", "STATE", "STARTED", "ENDED", "HARD DEADLINE", "REASON"), rows)
+        return f"{listed}\n\n{why}" if why else listed
 
     out.emit(loans, table)
     return EXIT_OK

@@ -575,8 +575,12 @@ class ArylClient:
 
     def list_loans(self, *, include_returned: bool = False) -> list[types_pb2.Loan]:
         """Loans of inference servers to training; active and reclaiming ones unless told otherwise."""
+        return list(self.list_loans_response(include_returned=include_returned).loans)
+
+    def list_loans_response(self, *, include_returned: bool = False) -> scheduler_pb2.ListLoansResponse:
+        """``list_loans`` with the scheduler's reason for loaning no (further) server (``not_loaned``)."""
         request = scheduler_pb2.ListLoansRequest(include_returned=include_returned)
-        return list(self._unary(self._scheduler.ListLoans, request).loans)
+        return self._unary(self._scheduler.ListLoans, request)
 
     # -- inference demand ----------------------------------------------------------------------
 

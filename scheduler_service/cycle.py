@@ -50,8 +50,14 @@ class SchedulingCycle:
 
 
 def only_changed_reasons(plan: Plan, snapshot: ClusterSnapshot) -> Plan:
-    """Drop pending reasons equal to what the job already shows: a reason is recorded (and an
-    event written) when it changes, not on every cycle."""
-    shown = {job.job_id: job.pending_reason for job in snapshot.jobs}
-    changed = tuple(p for p in plan.pending if shown.get(p.job_id) != p.summary)
-    return replace(plan, pending=changed)
+    """Drop pending reasons, size notes and the loan note equal to what is already shown: a reason is
+    recorded (and an event written) when it changes, not on every cycle."""
+    if not (plan.pending or plan.held or plan.loan_note is not None):
+        return plan
+    shown = {job.job_id: job for job in snapshot.jobs}
+    changed = tuple(p for p in plan.pending if (j := shown.get(p.job_id)) is None or j.pending_reason != p.summary)
+    held = tuple(h for h in plan.held if (j := shown.get(h.job_id)) is None or j.size_note != h.summary)
+    loan_note = plan.loan_note
+    if loan_note is not None and loan_note.summary == snapshot.loan_note:
+        loan_note = None
+    return replace(plan, pending=changed, held=held, loan_note=loan_note)

@@ -166,6 +166,7 @@ class JobInfo:
     allocations: tuple[AllocationInfo, ...] = ()
     working_dir: str | None = None
     working_dir_if_exists: bool = False
+    size_note: str = ""  # while RUNNING below max_workers: why the policy keeps its size ("REASON: message")
 
 
 @dataclass(frozen=True)
@@ -258,23 +259,6 @@ class DemandInfo:
     source: str
 
 
-# A list view's command: whole arguments while they fit in this many characters (the first one
-# always, cut to it). Enough to recognise a job; GetJob has the whole command.
-LIST_COMMAND_CHARS = 256
-
-
-def command_preview(command: Sequence[str]) -> list[str]:
-    """The command as a list of jobs shows it (stored with the job as ``command_preview``)."""
-    kept: list[str] = []
-    used = 0
-    for arg in command:
-        if kept and used + len(arg) > LIST_COMMAND_CHARS:
-            break
-        kept.append(arg[:LIST_COMMAND_CHARS])
-        used += len(arg)
-    return kept
-
-
 @dataclass(frozen=True)
 class DesiredWorkerSpec:
     job_id: int
@@ -311,11 +295,25 @@ class PoolStats:
 
 
 @dataclass(frozen=True)
+class LoanNoteInfo:
+    """Why the last scheduling cycle loaned no (further) server, and since when it says so."""
+
+    reason: str
+    message: str
+    since: float
+
+    @property
+    def summary(self) -> str:
+        return f"{self.reason}: {self.message}"
+
+
+@dataclass(frozen=True)
 class ClusterSummary:
     pools: tuple[PoolStats, ...]
     jobs_by_state: dict[str, int]
     demand: DemandInfo | None
     active_loans: int
+    not_loaned: LoanNoteInfo | None = None
 
 
 @dataclass(frozen=True)
@@ -323,6 +321,23 @@ class Explanation:
     job: JobInfo
     summary: str
     decisions: tuple[EventInfo, ...]
+
+
+# A list view's command: whole arguments while they fit in this many characters (the first one
+# always, cut to it). Enough to recognise a job; GetJob has the whole command.
+LIST_COMMAND_CHARS = 256
+
+
+def command_preview(command: Sequence[str]) -> list[str]:
+    """The command as a list of jobs shows it (stored with the job as ``command_preview``)."""
+    kept: list[str] = []
+    used = 0
+    for arg in command:
+        if kept and used + len(arg) > LIST_COMMAND_CHARS:
+            break
+        kept.append(arg[:LIST_COMMAND_CHARS])
+        used += len(arg)
+    return kept
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,9 @@ def test_pending_job_explains_why_and_fifo_blocks_later_jobs(scheduler_factory) 
     scheduler = scheduler_factory(scheduling={"policy": "fifo"})
     channel, stub = scheduler_stub(scheduler.address)
     register_fake_server(scheduler.address, "train-1", gpus=2)
+    register_fake_server(scheduler.address, "train-2", gpus=2)
+    holder = submit(stub, job_spec("holder", gpus=2))  # one server busy: the gang of two must wait
+    wait_for(lambda: job_state(stub, holder.job_id) == types_pb2.JOB_STATE_RUNNING, what="the holder to run")
     big = submit(stub, job_spec("big", gpus=2, workers=2))
     small = submit(stub, job_spec("small", gpus=1))
     explanation = wait_for(

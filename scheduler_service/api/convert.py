@@ -79,7 +79,8 @@ def _job(row: JobInfo, *, command: Sequence[str], env: Mapping[str, str]) -> typ
         gpus_by_rank[(a.rank, a.server_id)].append(a.gpu_index)
     return types_pb2.Job(
         job_id=str(row.id), spec=spec, state=job_state(row.state), reason=row.state_reason,
-        message=row.state_message, pending_reason=row.pending_reason, num_workers=row.num_workers,
+        message=row.state_message, pending_reason=row.pending_reason, size_note=row.size_note,
+        num_workers=row.num_workers,
         workers=[
             types_pb2.WorkerAllocation(rank=rank, server_id=sid, gpu_indices=sorted(g))
             for (rank, sid), g in sorted(gpus_by_rank.items())
@@ -155,6 +156,7 @@ def cluster(summary: ClusterSummary, *, policy: str, epoch: int) -> scheduler_pb
             for state, count in sorted(summary.jobs_by_state.items())
         ],
         demand=demand(summary.demand), policy=policy, scheduler_epoch=epoch, active_loans=summary.active_loans,
+        not_loaned=summary.not_loaned.summary if summary.not_loaned is not None else "",
     )
 
 

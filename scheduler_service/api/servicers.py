@@ -224,7 +224,11 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
     @rpc
     async def ListLoans(self, request: scheduler_pb2.ListLoansRequest, context: Any) -> scheduler_pb2.ListLoansResponse:
         loans = await self.run(self.app.views.loans, request.include_returned)
-        return scheduler_pb2.ListLoansResponse(loans=[convert.loan(row) for row in loans])
+        note = await self.run(self.app.views.loan_note)
+        return scheduler_pb2.ListLoansResponse(
+            loans=[convert.loan(row) for row in loans], not_loaned=note.summary if note is not None else "",
+            not_loaned_since=convert.timestamp(note.since) if note is not None else None,
+        )
 
     @rpc
     async def ExplainJob(

@@ -195,7 +195,9 @@ def _summarize(job: JobInfo, decisions: Sequence[EventInfo]) -> str:
             return f"Pending (requeued after preemption: {preempted[-1].message}); {why}"
         return f"Pending: {why}"
     if state in (JobState.RUNNING, JobState.SCALING):
-        return f"{state.title()} with {job.num_workers} worker(s): {job.state_reason}: {job.state_message}"
+        running = f"{state.title()} with {job.num_workers} worker(s): {job.state_reason}: {job.state_message}"
+        # Why it is not resized, when the policy keeps it below max_workers (a non-event, recorded once).
+        return f"{running}; {job.size_note}" if job.size_note else running
     if state == JobState.PREEMPTED:
         return f"Preempted: {job.state_reason}: {job.state_message}"
     return f"{state.title()}: {job.state_reason}: {job.state_message}"

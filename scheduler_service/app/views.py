@@ -6,7 +6,7 @@ Never: write, or hold SQL (``store.views`` does).
 from __future__ import annotations
 
 from scheduler_service.lifecycle import Pool, ServerState
-from scheduler_service.records import ClusterSummary, EventInfo, LoanInfo, PoolStats, ServerInfo
+from scheduler_service.records import ClusterSummary, EventInfo, LoanInfo, LoanNoteInfo, PoolStats, ServerInfo
 from scheduler_service.store import views
 from scheduler_service.store.transactions import Transactions
 
@@ -21,11 +21,15 @@ class ClusterViews:
     def loans(self, include_returned: bool) -> list[LoanInfo]:
         return self._db.read(lambda session: views.loans(session, include_returned))
 
+    def loan_note(self) -> LoanNoteInfo | None:
+        """Why the last cycle loaned no (further) server (None: it loaned one, or the policy does not say)."""
+        return self._db.read(views.loan_note)
+
     def summary(self) -> ClusterSummary:
         """Servers and GPUs per pool (used, loaned, unavailable), jobs per state, the latest demand,
         the open loans."""
         servers = self.servers()
-        counts, demand, loans = self._db.read(views.counts)
+        counts, demand, loans, note = self._db.read(lambda session: (*views.counts(session), views.loan_note(session)))
         pools = {p: dict(servers=0, gpus_total=0, gpus_used=0, gpus_loaned=0, gpus_unavailable=0) for p in Pool}
         for server in servers:
             stats = pools[server.pool]
@@ -41,6 +45,7 @@ class ClusterViews:
             jobs_by_state=counts,
             demand=demand,
             active_loans=loans,
+            not_loaned=note,
         )
 
     def events_after(

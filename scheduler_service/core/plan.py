@@ -46,6 +46,19 @@ class Reason(StrEnum):
     LOAN_CANCELLED = "LOAN_CANCELLED"              # demand rose while it was still draining
     RECLAIMED_FOR_INFERENCE = "RECLAIMED_FOR_INFERENCE"  # inference demand rose
     RETURNED_TO_SERVING = "RETURNED_TO_SERVING"    # vacated by training: serving again
+    # Why a running elastic job below max_workers keeps its size (a non-event, explained once per decision):
+    HELD_RESIZE_INTERVAL = "HELD_RESIZE_INTERVAL"  # resized less than policy.min_resize_interval_s ago
+    HELD_NO_GAIN = "HELD_NO_GAIN"                  # spare GPUs, but a worker more gains less than a restart costs
+    HELD_NO_SPARE_GPUS = "HELD_NO_SPARE_GPUS"      # no free GPU, or the free ones cut other jobs' times more
+    HELD_FRAGMENTED = "HELD_FRAGMENTED"            # spare GPUs, but no server has gpus_per_worker of them free
+    HELD_FOR_RESERVATION = "HELD_FOR_RESERVATION"  # the spare GPUs are held for a starving queued job
+    HELD_NOT_ELASTIC = "HELD_NOT_ELASTIC"          # the policy runs every job at min_workers
+    # Why a cycle loaned no (further) inference server (a cluster-level non-event):
+    NOT_LOANED_BY_POLICY = "NOT_LOANED_BY_POLICY"  # the policy never loans
+    NOT_LOANED_NO_DEMAND = "NOT_LOANED_NO_DEMAND"  # no inference demand reported yet: never loan blind
+    NOT_LOANED_NO_SURPLUS = "NOT_LOANED_NO_SURPLUS"  # inference needs every serving server (+ the buffer)
+    NOT_LOANED_NO_TRAINING_DEMAND = "NOT_LOANED_NO_TRAINING_DEMAND"  # training needs no more GPUs than are free
+    NOT_LOANED_NOT_IDLE = "NOT_LOANED_NOT_IDLE"    # the spare servers have not been idle long enough (or are unfit)
     # Applier refusals:
     STALE_PLAN = "STALE_PLAN"
 
@@ -128,6 +141,43 @@ class KeepPending:
 
 
 @dataclass(frozen=True, slots=True)
+class KeepSize:
+    """A running job keeps its size though it could run more workers; ``message`` says why. With
+    ``reason`` None it clears the job's standing note (it changed size, reached max_workers, or nothing
+    holds it back any more). Recorded, with an event, only when it differs from the job's note
+    (``cycle.only_changed_reasons``): once per decision, not once per cycle."""
+
+    job_id: int
+    reason: Reason | None
+    message: str = ""
+
+    @property
+    def summary(self) -> str:
+        """The text stored as the job's size note (and shown by ExplainJob); '' for a clearing one."""
+        return f"{self.reason}: {self.message}"[:1024] if self.reason is not None else ""
+
+
+@dataclass(frozen=True, slots=True)
+class LoanNote:
+    """Why this cycle loaned no (further) inference server; with ``reason`` None, that it loaned one
+    (the standing note is cleared). Recorded only when it changes, like ``KeepSize``."""
+
+    reason: Reason | None
+    message: str = ""
+
+    @property
+    def summary(self) -> str:
+        return f"{self.reason}: {self.message}"[:1024] if self.reason is not None else ""
+
+
+def clock_time(t: float) -> str:
+    """A UNIX time as the UTC time of day (``14:02:10 UTC``), for messages that must read the same on
+    every cycle of one decision (so no "N s ago"). Arithmetic only: the core reads no clock."""
+    seconds = int(t) % 86400
+    return f"{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d} UTC"
+
+
+@dataclass(frozen=True, slots=True)
 class Plan:
     """Checked as a whole (``core.invariants.check_plan``), applied one action at a time in
     ``apply_order``: each action after those that free the GPUs it takes."""
@@ -137,10 +187,13 @@ class Plan:
     preemptions: tuple[PreemptJob, ...] = ()
     server_actions: tuple[ServerAction, ...] = ()
     pending: tuple[KeepPending, ...] = ()
+    held: tuple[KeepSize, ...] = ()  # why running jobs keep their size (non-events)
+    loan_note: LoanNote | None = None  # why no server was loaned (None: the policy says nothing)
 
     @property
     def is_empty(self) -> bool:
-        return not (self.starts or self.scales or self.preemptions or self.server_actions or self.pending)
+        return not (self.starts or self.scales or self.preemptions or self.server_actions or self.pending
+                    or self.held or self.loan_note is not None)
 
 
 @dataclass(frozen=True, slots=True)

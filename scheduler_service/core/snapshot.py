@@ -123,6 +123,7 @@ class JobView:
     started_at: float | None = None      # first start
     last_resized_at: float | None = None  # last start, restart or resize (anti-thrashing)
     last_checkpoint_at: float | None = None
+    size_note: str = ""  # why it keeps its size, as last recorded (``core.plan.KeepSize.summary``)
 
     @property
     def num_workers(self) -> int:
@@ -147,6 +148,7 @@ class ClusterSnapshot:
     jobs: tuple[JobView, ...]
     demand: DemandView | None = None
     seed: int = 0
+    loan_note: str = ""  # why no server is loaned, as last recorded (``core.plan.LoanNote.summary``)
     _by_id: dict[str, ServerView] = field(default_factory=dict, compare=False, repr=False)
 
     def pending_jobs(self) -> tuple[JobView, ...]:

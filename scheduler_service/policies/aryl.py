@@ -39,6 +39,8 @@ from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.placement import LOANED_FIRST, TRAINING_FIRST, FreeCapacity
 from scheduler_service.core.plan import (
     KeepPending,
+    KeepSize,
+    LoanNote,
     LoanStep,
     Plan,
     PreemptJob,
@@ -47,6 +49,7 @@ from scheduler_service.core.plan import (
     ServerAction,
     StartJob,
     WorkerPlacement,
+    clock_time,
 )
 from scheduler_service.core.registry import ReclaimDecision, ReclaimPreviewUnsupported, policies
 from scheduler_service.core.snapshot import ClusterSnapshot, JobView, ServerView, WorkerView
@@ -115,6 +118,9 @@ class _Cycle:
     reserved: frozenset[str] = frozenset()
     reserved_for: int | None = None
     server_gpus: list[int] | None = None  # GPUs of each server the policy may place on (``_unplaceable``)
+    # Why a running job below max_workers keeps its size this cycle (``_elastic_extras``; ``_size_notes``).
+    holds: dict[int, tuple[Reason, str]] = field(default_factory=dict)
+    loan_note: LoanNote | None = None  # why no (further) server is loaned (``_loan_cycle``)
 
     def training_capable(self, server_id: str) -> bool:
         return self.server_state[server_id] in _TRAINING_CAPABLE
@@ -237,10 +243,18 @@ class ArylPolicy:
         )
         if self.loaning:
             self._loan_cycle(cycle)
+        else:
+            cycle.loan_note = LoanNote(Reason.NOT_LOANED_BY_POLICY,
+                                       f"policy {self.name!r} never loans inference servers to training")
         cycle.rebuild_capacity()
         self._base_demands(cycle)
         if self.elastic:
             self._elastic_extras(cycle)
+        else:
+            for job in cycle.running.values():
+                if len(job.workers) < job.view.max_workers:
+                    cycle.holds[job.view.job_id] = (
+                        Reason.HELD_NOT_ELASTIC, f"policy {self.name!r} runs jobs at min_workers (no elastic scaling)")
         scales = tuple(self._scales(cycle))  # first: it may grow this cycle's starts to full size
         return Plan(
             starts=tuple(cycle.starts),
@@ -248,6 +262,8 @@ class ArylPolicy:
             preemptions=tuple(cycle.preemptions),
             server_actions=tuple(cycle.server_actions),
             pending=tuple(cycle.pending),
+            held=_size_notes(cycle, scales),
+            loan_note=cycle.loan_note,
         )
 
     def preview_reclaim(self, snapshot: ClusterSnapshot, count: int) -> ReclaimDecision:
@@ -291,8 +307,11 @@ class ArylPolicy:
         taken_out = [s for s in by_state.get(ServerState.LOANED, []) if s.draining]
         if taken_out:
             self._reclaim(cycle, taken_out, len(taken_out), why="an operator drains it")
-        if snap.demand is None:
-            return  # no demand signal yet: never loan blind
+        if snap.demand is None:  # no demand signal yet: never loan blind
+            cycle.loan_note = LoanNote(Reason.NOT_LOANED_NO_DEMAND,
+                                       "no server loaned: no inference demand reported yet (loans follow the "
+                                       "router's demand signal)")
+            return
         needed = snap.demand.servers_needed
         serving = list(cycle.server_state.values()).count(ServerState.SERVING)
         coming_back = sum(1 for s in by_state.get(ServerState.RECLAIMING, [])
@@ -324,6 +343,12 @@ class ArylPolicy:
         surplus = serving - needed - p.loan_buffer_servers
         if deficit <= 0 and surplus > 0:
             self._loan(cycle, by_state.get(ServerState.SERVING, []), surplus, needed)
+        else:
+            cycle.loan_note = LoanNote(
+                Reason.NOT_LOANED_NO_SURPLUS,
+                f"{_no_loan(cycle)}: inference needs {needed} server(s) + {p.loan_buffer_servers} spare "
+                f"(policy.loan_buffer_servers); {serving} serving" + (f", {coming_back} coming back" if coming_back
+                                                                      else ""))
 
     def _reclaim(self, cycle: _Cycle, loaned: list[ServerView], count: int, *, why: str) -> None:
         decision = choose_reclaim(cycle.running, loaned, count, self.params, cycle.snapshot.now,
@@ -349,9 +374,21 @@ class ArylPolicy:
         p, snap = self.params, cycle.snapshot
         demand = self._training_demand_gpus(cycle)
         if demand <= 0:
+            cycle.loan_note = LoanNote(Reason.NOT_LOANED_NO_TRAINING_DEMAND,
+                                       f"{_no_loan(cycle)}: training needs no more GPUs than are free")
             return
         idle = [s for s in serving
                 if snap.now - s.state_since >= p.loan_idle_s and not s.unhealthy_gpus and not s.cordoned]
+        if not idle:
+            waiting = [s for s in serving if snap.now - s.state_since < p.loan_idle_s and not s.unhealthy_gpus]
+            cycle.loan_note = LoanNote(
+                Reason.NOT_LOANED_NOT_IDLE,
+                f"{_no_loan(cycle)}: {surplus} serving server(s) to spare, but "
+                + (f"none has served {p.loan_idle_s:.0f}s (policy.loan_idle_s) in its state yet; the first may "
+                   f"be loaned at {clock_time(min(s.state_since for s in waiting) + p.loan_idle_s)}" if waiting
+                   else "none is fit to lend (unhealthy GPUs, or taken out by an operator)"))
+            return
+        cycle.loan_note = LoanNote(None)  # loans this cycle: their LOAN events say why
         for s in idle[:surplus]:  # longest idle first
             if demand <= 0:
                 break
@@ -489,6 +526,15 @@ class ArylPolicy:
             (j for j in cycle.running.values() if j.view.max_workers > j.view.min_workers and not locked(j)),
             key=lambda j: j.view.job_id,
         )
+        for job in cycle.running.values():  # the locked ones below max_workers say so, if GPUs are spare
+            at = job.view.last_resized_at
+            if at is not None and len(job.workers) < job.view.max_workers and locked(job):
+                interval = p.min_resize_interval_s
+                cycle.holds[job.view.job_id] = (
+                    (Reason.HELD_RESIZE_INTERVAL,
+                     f"resized at {clock_time(at)}; resizes at most every {interval:.0f}s "
+                     f"(policy.min_resize_interval_s), next possible at {clock_time(at + interval)}")
+                    if _spare(cycle) >= job.view.gpus_per_worker else _no_spare(cycle))
         if not jobs:
             return
         # The knapsack's capacity: free GPUs plus those the extras hold now (they may move). Worked out
@@ -554,10 +600,13 @@ class ArylPolicy:
             kept[job.view.job_id] = keep
         for server_id, free in released.items():  # the net change: extras dropped free their GPUs
             free_cap.set_free(server_id, free)
+        held: list[_Job] = []  # below max_workers at the size it has: why is worked out once all have grown
         for job in sorted(jobs, key=lambda j: -value_per_gpu[j.view.job_id]):
             view = job.view
             target, keep = targets[view.job_id], kept[view.job_id]
             if target == len(keep) == job.extras:
+                if job.reason is None and len(job.workers) < view.max_workers:
+                    held.append(job)
                 continue  # keeps exactly the extras it has
             new: tuple[WorkerPlacement, ...] = ()
             if target > len(keep):
@@ -567,6 +616,8 @@ class ArylPolicy:
                         break
             before = len(job.workers)
             job.workers = job.workers[: view.min_workers] + keep + list(new)
+            if len(job.workers) == before and job.reason is None and before < view.max_workers:
+                held.append(job)
             if len(job.workers) != before and job.reason is not None:
                 job.message += f"; {len(job.workers)} worker(s) after sharing out the spare GPUs"
             elif len(job.workers) != before:
@@ -577,6 +628,17 @@ class ArylPolicy:
                     f"{before} -> {len(job.workers)} worker(s): estimated completion "
                     f"{est.remaining_time(before):.0f}s -> {est.remaining_time(len(job.workers)):.0f}s"
                 )
+        spare = _spare(cycle)
+        for job in held:  # the knapsack's answer, in the terms of what was left over
+            per_worker = job.view.gpus_per_worker
+            cycle.holds[job.view.job_id] = (
+                (Reason.HELD_NO_GAIN,
+                 f"another worker would not cut its estimated completion time by more than a restart costs "
+                 f"(policy.restart_cost_s = {p.restart_cost_s:.0f}s)")
+                if spare >= per_worker and cycle.capacity.largest_block() >= per_worker
+                else (Reason.HELD_FRAGMENTED, f"the spare GPUs are spread out: no server has {per_worker} of them free")
+                if spare >= per_worker else _no_spare(cycle)
+            )
 
     # -- the plan's job changes ------------------------------------------------------------------
 
@@ -608,6 +670,44 @@ class ArylPolicy:
                              job.reason or Reason.SCALED_OUT, job.message)
                 )
         return scales
+
+
+def _spare(cycle: _Cycle) -> int:
+    """Free GPUs now that are not held for a starving job."""
+    return cycle.capacity.total - cycle.capacity.free_on(cycle.reserved)
+
+
+def _no_spare(cycle: _Cycle) -> tuple[Reason, str]:
+    """Why a job gets no GPU more when none is spare: held for a starving job, or none left over."""
+    if cycle.reserved and cycle.capacity.free_on(cycle.reserved):
+        return (Reason.HELD_FOR_RESERVATION,
+                f"the spare GPUs are held for starving job {cycle.reserved_for} on server(s) "
+                f"{', '.join(sorted(cycle.reserved))}")
+    return (Reason.HELD_NO_SPARE_GPUS,
+            "no spare GPUs: each runs a job's minimum, or an extra worker that cuts its job's completion time more")
+
+
+def _size_notes(cycle: _Cycle, scales: Sequence[ScaleJob]) -> tuple[KeepSize, ...]:
+    """One note per running job below max_workers that keeps its size this cycle (``cycle.holds``), and
+    a clearing one for each job whose standing note no longer holds (it changed size, reached its
+    maximum, or nothing holds it back); ``cycle.only_changed_reasons`` keeps only the changes."""
+    changed = {s.job_id for s in scales} | {s.job_id for s in cycle.starts}
+    notes = []
+    for job_id, job in sorted(cycle.running.items()):
+        hold = cycle.holds.get(job_id) if job_id not in changed else None
+        if hold is not None:
+            view = job.view
+            notes.append(KeepSize(job_id, hold[0], f"held at {len(job.workers)} of {view.min_workers}-"
+                                                   f"{view.max_workers} worker(s): {hold[1]}"))
+        elif job.view.size_note:
+            notes.append(KeepSize(job_id, None))
+    return tuple(notes)
+
+
+def _no_loan(cycle: _Cycle) -> str:
+    """How a loan note begins: whether some server is lent already."""
+    lent = any(state in (ServerState.DRAINING, ServerState.LOANED) for state in cycle.server_state.values())
+    return "no further server loaned" if lent else "no server loaned"
 
 
 def _placed(workers: Sequence[WorkerPlacement]) -> str:

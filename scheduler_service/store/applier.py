@@ -44,6 +44,8 @@ from scheduler_service.core.clock import Clock
 from scheduler_service.core.plan import (
     ApplyLog,
     KeepPending,
+    KeepSize,
+    LoanNote,
     Plan,
     PreemptJob,
     Reason,
@@ -137,6 +139,9 @@ class Applier:
             log.applied(action, servers)
         self._desired.bump(session, log.touched)
         self._apply_pending(session, plan.pending)
+        self._apply_held(session, plan.held)
+        if plan.loan_note is not None:
+            self._apply_loan_note(session, plan.loan_note)
         return log
 
     def _apply_preemption(self, session: Session, facts: _SessionFacts, action: PreemptJob) -> set[str]:
@@ -148,6 +153,7 @@ class Applier:
         job.num_workers = 0
         job.preemptions += 1
         job.pending_reason = f"{action.reason}: {action.message}"[:1024]
+        job.size_note = ""  # it no longer runs: nothing holds its size
         self._changes.set_job_state(session, job, JobState.PREEMPTED, action.reason, action.message)
         self._changes.set_job_state(session, job, JobState.PENDING, action.reason, f"requeued: {action.message}")
         return servers
@@ -328,6 +334,44 @@ class Applier:
                 for p in items
             ],
         )
+
+
+    def _apply_held(self, session: Session, held: Sequence[KeepSize]) -> None:
+        """Record new size notes of running jobs in bulk (a JOB_SIZE_HELD event for each that says
+        something; a clearing one writes none): the decision not to resize, once per decision."""
+        jobs = m.JOBS
+        running = set(session.scalars(
+            sa.select(jobs.c.id).where(jobs.c.id.in_([h.job_id for h in held]),
+                                       jobs.c.state.in_([JobState.RUNNING, JobState.SCALING]))
+        )) if held else set()
+        items = [h for h in held if h.job_id in running]
+        if not items:
+            return
+        session.execute(
+            sa.update(jobs).where(jobs.c.id == sa.bindparam("job_id"))
+            .values(size_note=sa.bindparam("note"), version=jobs.c.version + 1),
+            [{"job_id": h.job_id, "note": h.summary} for h in items],
+        )
+        now = self._clock.now()
+        said = [h for h in items if h.reason is not None]
+        if said:
+            session.execute(sa.insert(m.EVENTS), [
+                dict(time=now, kind="JOB_SIZE_HELD", job_id=h.job_id, server_id=None, from_state="", to_state="",
+                     reason=h.reason, message=h.message[:2048], details={})
+                for h in said
+            ])
+
+    def _apply_loan_note(self, session: Session, note: LoanNote) -> None:
+        """Replace the standing loan note (a LOAN_DECISION event when it says something; a clearing
+        one deletes it)."""
+        n = m.SCHEDULER_NOTES
+        session.execute(sa.delete(n).where(n.c.topic == m.LOANS_TOPIC))
+        if note.reason is None:
+            return
+        now = self._clock.now()
+        session.execute(sa.insert(n).values(topic=m.LOANS_TOPIC, reason=note.reason, message=note.message[:1024],
+                                            since=now))
+        self._changes.event(session, "LOAN_DECISION", reason=note.reason, message=note.message[:2048])
 
 
 class _SessionFacts:

@@ -208,7 +208,7 @@ _LIST_COLUMNS = (
 # The columns of a job that its INSERT leaves to the database's defaults, as the database fills them in.
 _NOT_WRITTEN_YET: dict[str, Any] = dict(
     last_resized_at=None, work_done=0.0, last_checkpoint_at=None, incarnation=0, checkpoint_work=None,
-    worker_exits=None, rank_servers=None,
+    worker_exits=None, rank_servers=None, size_note="",
 )
 
 

@@ -232,6 +232,9 @@ class MasterPort(Base):
     __table_args__ = (CheckConstraint("port >= 1 AND port <= 65535", name="port_valid"),)
 
 
+LOANS_TOPIC = "LOANS"  # SchedulerNote: why the last cycle loaned no (further) server
+
+
 class SchedulerNote(Base):
     """A standing cluster-level decision by topic (``LOANS``: why no server is loaned), with the time
     it was first made; rewritten only when the decision changes."""

@@ -85,7 +85,7 @@ class SnapshotReader:
         active = session.execute(
             sa.select(j.id, j.state, j.gpus_per_worker, j.min_workers, j.max_workers, j.priority,
                       j.submitted_at, j.throughput, j.pending_reason, j.work_done, j.started_at,
-                      j.last_resized_at, j.last_checkpoint_at)
+                      j.last_resized_at, j.last_checkpoint_at, j.size_note)
             .where(j.state.in_([str(s) for s in ACTIVE_JOB_STATES]))
             .order_by(j.id)
         )
@@ -108,11 +108,15 @@ class SnapshotReader:
                 started_at=row.started_at,
                 last_resized_at=row.last_resized_at,
                 last_checkpoint_at=row.last_checkpoint_at,
+                size_note=row.size_note,
             )
             for row in active
         )
         demand = session.scalar(sa.select(m.DemandReport).order_by(m.DemandReport.id.desc()).limit(1))
+        n = m.SCHEDULER_NOTES.c
+        loan_note = session.execute(sa.select(n.reason, n.message).where(n.topic == m.LOANS_TOPIC)).first()
         return ClusterSnapshot(
             now=self._clock.now(), servers=servers, jobs=jobs, seed=seed,
+            loan_note=f"{loan_note.reason}: {loan_note.message}"[:1024] if loan_note is not None else "",
             demand=DemandView(demand.servers_needed, demand.observed_rps, demand.time) if demand else None,
         )

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from scheduler_service.core.apply_rules import LoanState
 from scheduler_service.lifecycle import Pool
-from scheduler_service.records import DemandInfo, EventInfo, LoanInfo, ServerInfo
+from scheduler_service.records import DemandInfo, EventInfo, LoanInfo, LoanNoteInfo, ServerInfo
 from scheduler_service.store import models as m
 from scheduler_service.store.rows import Values, demand_info, event_info, loan_info, server_info
 
@@ -42,6 +42,14 @@ def loans(session: Session, include_returned: bool) -> list[LoanInfo]:
     if not include_returned:
         stmt = stmt.where(ln.state != LoanState.RETURNED)
     return [loan_info(row._mapping) for row in session.execute(stmt)]
+
+
+def loan_note(session: Session) -> LoanNoteInfo | None:
+    """Why the last scheduling cycle loaned no (further) server (None: it loaned one, or its policy
+    does not say)."""
+    n = m.SCHEDULER_NOTES.c
+    row = session.execute(sa.select(n.reason, n.message, n.since).where(n.topic == m.LOANS_TOPIC)).first()
+    return LoanNoteInfo(row.reason, row.message, row.since) if row is not None else None
 
 
 def counts(session: Session) -> tuple[dict[str, int], DemandInfo | None, int]:
