@@ -38,7 +38,7 @@ class DatabaseCluster:
         log = self._db.write(lambda session: self._apply(session, plan))
         if log.changed:
             self._notices.servers_changed(log.touched)
-        elif plan.pending:
+        elif plan.pending or plan.held or plan.loan_note is not None:  # reasons recorded: events to watch
             self._notices.notifier.events_appended()
         return log.result()
 
