@@ -6,6 +6,8 @@ same server and the ports ran into Linux's ephemeral range (32768+)."""
 
 from __future__ import annotations
 
+import json
+
 import pydantic
 import pytest
 import sqlalchemy as sa
@@ -94,3 +96,33 @@ def test_the_database_refuses_two_jobs_on_one_port_of_one_server(database_url: s
 def test_a_range_into_the_ephemeral_ports_or_upside_down_is_refused(low: int, high: int, complaint: str) -> None:
     with pytest.raises(pydantic.ValidationError, match=complaint):
         scheduler_config("sqlite://", scheduling={"master_port_min": low, "master_port_max": high})
+
+
+def test_migration_0007_gives_running_jobs_distinct_ports_and_previews_and_goes_back(tmp_path) -> None:
+    from migrations import downgrade, upgrade
+
+    url = f"sqlite:///{tmp_path / 'aryl.db'}"
+    upgrade(url, "0006")
+    engine = sa.create_engine(url)
+    try:
+        with engine.begin() as conn:
+            # (SQLite enforces no foreign keys on this plain connection: no server or GPU rows needed.)
+            for gpu in (0, 1):
+                job = conn.execute(sa.text(
+                    "INSERT INTO jobs (name, \"user\", queue, command, env, gpus_per_worker, min_workers, "
+                    "max_workers, priority, throughput, restart_policy, max_restarts, state, state_reason, "
+                    "state_message, pending_reason, num_workers, restarts, preemptions, submitted_at, version) VALUES "
+                    "('j', 'u', 'q', :command, '{}', 1, 1, 1, 0, '{}', 'NEVER', 0, 'RUNNING', '', '', '', 1, 0, 0, "
+                    "0, 1) RETURNING id"), {"command": '["python", "' + "x" * 300 + '"]'}).scalar_one()
+                conn.execute(sa.text("INSERT INTO allocations (job_id, rank, server_id, gpu_index, allocated_at) "
+                                     "VALUES (:j, 0, 's', :g, 0)"), {"j": job, "g": gpu})
+        upgrade(url, "0007")
+        with engine.connect() as conn:
+            assert sorted(conn.execute(sa.text("SELECT port FROM master_ports WHERE server_id = 's'")).scalars()) \
+                == [29500, 29501]
+            previews = conn.execute(sa.text("SELECT command_preview FROM jobs")).scalars().all()
+            assert [json.loads(p) for p in previews] == [["python"], ["python"]]  # 256 characters at most
+        downgrade(url, "0006")
+        assert "master_ports" not in sa.inspect(engine).get_table_names()
+    finally:
+        engine.dispose()
