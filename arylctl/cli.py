@@ -1364,7 +1364,8 @@ def build_parser() -> argparse.ArgumentParser:
     events.add_argument("-f", "--follow", action="store_true", help="keep streaming new events (reconnecting)")
     events.add_argument("--since", type=_count, default=0, metavar="EVENT_ID", help="replay events after this id")
 
-    add("explain", cmd_explain, "why a job is pending, was preempted, or keeps its size").add_argument("job_id", metavar="ID")
+    add("explain", cmd_explain, "why a job is pending, was preempted, or keeps its size").add_argument(
+        "job_id", metavar="ID")
 
     logs = add("logs", cmd_logs, "show a worker's output (stdout and stderr), read from its server's agent",
                epilog="Logs stay on the server that ran the worker; each incarnation (start, resize, "
