@@ -243,6 +243,12 @@ def renumbered_survivor(result: ApplyResult, snapshot: ClusterSnapshot) -> None:
     assert [(w.rank, w.server_id, w.gpu_indices) for w in job.workers] == [(0, "t0000", (0,))]
 
 
+def no_elastic_work_on_t0000(result: ApplyResult, snapshot: ClusterSnapshot) -> None:
+    assert snapshot.server("t0000").admin == AdminState.DRAINING
+    assert result.preempted == (1, 4, 6, 7)  # elastic, all their workers there (t0001 is LOST): requeued
+    assert not [j.job_id for j in snapshot.jobs if j.is_elastic and any(w.server_id == "t0000" for w in j.workers)]
+
+
 SCRIPT = (
     # Starts, applied as one batch by the service: each checked in order, as one start at a time is. No
     # two share a GPU and no database constraint minds them: the rules alone refuse them.
@@ -325,6 +331,10 @@ SCRIPT = (
          check=renumbered_survivor),
     Step("the aryl policy's plan on the shared state", lambda snap: create_policy("aryl").schedule(snap),
          check=something_applied),
+    # An operator drains t0000: the policy's plan (core.faults first) moves the elastic jobs off it (no
+    # worker elsewhere: requeued) and places nothing there, on both sides alike.
+    Step("the aryl policy's plan with t0000 draining", lambda snap: create_policy("aryl").schedule(snap),
+         events=(admin("t0000", AdminState.DRAINING),), check=no_elastic_work_on_t0000),
 )
 
 
