@@ -79,9 +79,14 @@ class NetNamespace:
         _ip("link", "set", "dev", self.host_link, "up")
 
 
+class NamespaceUnavailable(RuntimeError):
+    """The namespace or its veth pair could not be made here (no CAP_NET_ADMIN/CAP_SYS_ADMIN, no veth)."""
+
+
 @contextmanager
 def network_namespace() -> Iterator[NetNamespace]:
-    """A fresh namespace joined to the host by a veth pair (module doc), removed afterwards."""
+    """A fresh namespace joined to the host by a veth pair (module doc), removed afterwards; raises
+    NamespaceUnavailable, having removed what it made, when it cannot be made."""
     tag = f"{os.getpid() % 10000}{uuid.uuid4().hex[:4]}"  # interface names are at most 15 characters
     subnet = _free_subnet()
     host, inside = (str(a) for a in list(subnet.hosts())[:2])
@@ -96,6 +101,11 @@ def network_namespace() -> Iterator[NetNamespace]:
         for args in (("addr", "add", f"{inside}/30", "dev", ns.inside_link),
                      ("link", "set", "dev", ns.inside_link, "up"), ("link", "set", "dev", "lo", "up")):
             _ip("-n", ns.name, *args)
+    except subprocess.CalledProcessError as exc:
+        _ip("link", "del", ns.host_link, check=False)
+        _ip("netns", "del", ns.name, check=False)
+        raise NamespaceUnavailable(f"`{' '.join(exc.cmd)}` failed: {exc.stderr.strip()}") from exc
+    try:
         yield ns
     finally:
         _ip("link", "del", ns.host_link, check=False)  # also removes the inside end
