@@ -587,3 +587,16 @@ def test_dockerfile_checker_rejects_broken_images(edit: Callable[[str], str], pr
 def test_dockerfile_checker_rejects_an_ignore_file_that_hides_the_sources() -> None:
     problems = dockerfile_problems(DOCKERFILE.read_text(), DOCKERIGNORE.read_text() + "\nnode_agent/\n")
     assert any("node_agent" in p for p in problems), problems
+
+
+def test_compose_test_script_parses_and_always_tears_down() -> None:
+    """`make compose-test` runs deploy/compose-test.sh (too slow and root-only for `make test`, which
+    checks its shape here): the scripts parse, and the teardown is an EXIT trap set before the stack starts."""
+    script = (ROOT / "deploy" / "compose-test.sh").read_text()
+    for path, shell in (("deploy/compose-test.sh", "bash"), ("deploy/postgres/entrypoint.sh", "sh")):
+        parsed = subprocess.run([shell, "-n", str(ROOT / path)], capture_output=True, text=True, check=False)
+        assert parsed.returncode == 0, (path, parsed.stderr)
+    assert script.index("trap teardown EXIT") < script.index(" up -d ")
+    assert "down -v --remove-orphans" in script
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^compose-test:.*\n\tbash deploy/compose-test\.sh$", makefile, re.MULTILINE)
