@@ -1,0 +1,271 @@
+"""The goodput job model in a cluster: Pollux workloads (``pollux-data/workloads*/workload-N.csv``) run on
+``nodes`` x ``gpus_per_node`` GPUs, a decision every ``interval_s``, each job's progress from its
+application's measured profile (``simulator.goodput_profiles``) and the goodput equations of
+``scheduler_service.core.goodput``. It reproduces the setting of the Pollux study's simulator (OSDI'21,
+section 5.3) so that Aryl's policies can be compared with the authors' published figures.
+
+Modelling choices (each is the authors'; each changes the figures):
+
+- **time**: fixed ticks of ``interval_s`` (60 s). Every job advances a tick, then the policy decides at
+  the tick's end on the jobs submitted by then and not completed; a job submitted mid-tick waits for the
+  next decision. Completion times are exact to the second (see below), so JCT is not a multiple of 60.
+- **restart**: every allocation change -- the first start included, and a move to other GPUs of the same
+  count -- costs ``restart_s`` (30 s) without progress, counted as attained service.
+- **progress** within a tick: at the configuration's true step time and true efficiency gain
+  (``Application.step_times`` and ``Application.gain``, gradient statistics of the current epoch),
+  ``gain / step_time`` iterations-at-initial-batch per second, piecewise by epoch: crossing an epoch
+  boundary takes ``round(to_go / rate)`` whole seconds and the new epoch's statistics apply from there;
+  the job completes when it finishes its last epoch.
+- **batch size**: fixed as the workload requests it (Tiresias, Optimus); split over the replicas as
+  ``core.goodput.split_batch`` (one GPU running more than the initial batch makes two passes), the atomic
+  batch cut so that the total stays within the largest validated batch.
+- **placement**: the policy returns, per job, one node index per GPU; the job's placement is the GPUs per
+  node in that order (consecutive equal indices), which sets its measured step time.
+- **NCF** jobs never get more than one GPU (Optimus).
+
+Policies: ``tiresias`` (``scheduler_service.policies.tiresias.tiresias_decide``, requested GPUs as the
+gang) and ``optimus`` (``scheduler_service.policies.optimus.optimus_allocate`` with the oracle: the true
+step time of a packed placement, ``max_gpus`` = batch size / smallest atomic batch, and the remaining
+iterations at the requested batch size, epoch-granular). The policy's decisions are the registered
+policies' own functions, imported, not copied.
+"""
+
+from __future__ import annotations
+
+import csv
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from scheduler_service.core.goodput import progress_rate, split_batch
+from scheduler_service.policies.optimus import OptimusJob, optimus_allocate, optimus_place
+from scheduler_service.policies.tiresias import TiresiasJob, TiresiasState, place_most_free, tiresias_decide
+from simulator.goodput_profiles import Application, load_application
+
+GOODPUT_POLICIES = ("tiresias", "optimus")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadJob:
+    name: str
+    submit_time: float
+    application: str
+    num_replicas: int   # GPUs requested (Tiresias' gang)
+    batch_size: int     # total batch size requested
+
+
+class WorkloadError(ValueError):
+    """A workload file is malformed; the message names the file and line."""
+
+
+def load_workload(path: str | Path) -> list[WorkloadJob]:
+    """``name,time,application,num_replicas,batch_size`` rows, in file order."""
+    path = Path(path)
+    jobs: list[WorkloadJob] = []
+    try:
+        with path.open(newline="") as handle:
+            reader = csv.DictReader(handle)
+            need = ("name", "time", "application", "num_replicas", "batch_size")
+            missing = [c for c in need if c not in (reader.fieldnames or ())]
+            if missing:
+                raise WorkloadError(f"{path}: missing column(s) {', '.join(missing)}")
+            for line, row in enumerate(reader, start=2):
+                try:
+                    jobs.append(WorkloadJob(row["name"], float(row["time"]), row["application"],
+                                            int(row["num_replicas"]), int(row["batch_size"])))
+                except ValueError as exc:
+                    raise WorkloadError(f"{path}:{line}: {exc}") from None
+    except OSError as exc:
+        raise WorkloadError(f"{path}: {exc.strerror or exc}") from exc
+    return jobs
+
+
+@dataclass(slots=True)
+class SimJob:
+    """A job's simulated state (the authors' ``Job``: placement, batch split, progress, epoch)."""
+
+    index: int
+    spec: WorkloadJob
+    app: Application
+    placement: tuple[int, ...] = ()
+    atomic_bsz: int = 0
+    accum_steps: int = 0
+    progress: float = 0.0
+    epoch: int = 0
+    restart_left: float = 0.0
+    attained_gpu_s: float = 0.0
+    completion_time: float | None = None
+    restarts: int = -1  # -1: never started
+
+    def set_batch(self) -> None:
+        replicas = sum(self.placement)
+        split = split_batch(self.spec.batch_size, replicas, self.app.max_atomic_bsz,
+                            init_bsz=self.app.init_batch_size, max_batch_size=self.app.max_batch_size)
+        self.atomic_bsz, self.accum_steps = split.atomic_bsz, split.accum_steps
+
+    def reallocate(self, placement: tuple[int, ...], restart_s: float) -> None:
+        self.placement = placement
+        if placement:
+            self.set_batch()
+            self.restart_left = restart_s
+            self.restarts += 1
+        else:
+            self.atomic_bsz = 0
+
+    def advance(self, start: float, seconds: float) -> None:
+        """Run from ``start`` for ``seconds`` (module doc: restart delay, then epoch by epoch)."""
+        if not self.placement or self.completion_time is not None:
+            return
+        gpus = sum(self.placement)
+        delay = min(self.restart_left, seconds)
+        self.restart_left -= delay
+        self.attained_gpu_s += delay * gpus
+        now, seconds = start + delay, seconds - delay
+        app = self.app
+        while seconds > 0 and self.completion_time is None:
+            batch = sum(self.placement) * self.atomic_bsz * (self.accum_steps + 1)
+            step, sync = app.step_times(self.placement, self.atomic_bsz)
+            rate = progress_rate(app.gain(batch, self.epoch), step + (step - sync) * self.accum_steps)
+            epoch_end = app.epoch_end(self.epoch)
+            if self.progress + rate * seconds < epoch_end:
+                self.progress += rate * seconds
+                self.attained_gpu_s += seconds * gpus
+                return
+            delta = round((epoch_end - self.progress) / rate)
+            self.epoch += 1
+            if self.epoch > app.completion_epoch:
+                self.completion_time = now + delta
+            self.progress = epoch_end
+            now += delta
+            self.attained_gpu_s += delta * gpus
+            seconds -= delta
+
+
+def _placement_of(nodes: list[int]) -> tuple[int, ...]:
+    """GPUs per node, in the order of ``nodes`` (one node index per GPU)."""
+    out: list[int] = []
+    for i, node in enumerate(nodes):
+        if i and node == nodes[i - 1]:
+            out[-1] += 1
+        else:
+            out.append(1)
+    return tuple(out)
+
+
+def _packed(gpus: int, per_node: int) -> tuple[int, ...]:
+    full, rest = divmod(gpus, per_node)
+    return (per_node,) * full + ((rest,) if rest else ())
+
+
+@dataclass
+class Decider:
+    """One policy's cycle over the simulated jobs: (active jobs, previous allocations, now) ->
+    allocations. Holds what the policy keeps between cycles (Tiresias' queues)."""
+
+    policy: str
+    nodes: int
+    gpus_per_node: int
+    tiresias_state: TiresiasState = field(default_factory=TiresiasState)
+    _oracle_memo: dict[tuple[str, int, int], float] = field(default_factory=dict)
+
+    def decide(self, active: list[SimJob], previous: dict[int, list[int]], now: float) -> dict[int, list[int]]:
+        capacity = {n: self.gpus_per_node for n in range(self.nodes)}
+        if self.policy == "tiresias":
+            return self._tiresias(active, previous, now, capacity)
+        return self._optimus(active, previous, capacity)
+
+    def _tiresias(self, active: list[SimJob], previous: dict[int, list[int]], now: float,
+                  capacity: dict[int, int]) -> dict[int, list[int]]:
+        self.tiresias_state, run = tiresias_decide(
+            self.tiresias_state, [TiresiasJob(j.index, j.spec.num_replicas) for j in active], now,
+            self.nodes * self.gpus_per_node)
+        kept = {k: previous[k] for k in run if previous.get(k)}
+        free = dict(capacity)
+        for servers in kept.values():
+            for s in servers:
+                free[s] -= 1
+        free = {s: n for s, n in free.items() if n > 0}
+        placed = dict(kept)
+        gpus = {j.index: j.spec.num_replicas for j in active}
+        for key in run:
+            if key not in placed:
+                placed[key] = place_most_free(free, gpus[key])
+        return placed
+
+    def _optimus(self, active: list[SimJob], previous: dict[int, list[int]], capacity: dict[int, int]
+                 ) -> dict[int, list[int]]:
+        jobs = [OptimusJob(j.index, 1 if j.app.name == "ncf" else j.spec.batch_size // j.app.min_atomic_bsz,
+                           self._remaining(j), self._oracle_step_time(j)) for j in active]
+        count = optimus_allocate(jobs, self.nodes * self.gpus_per_node)
+        return optimus_place(count, previous, capacity)
+
+    @staticmethod
+    def _remaining(job: SimJob) -> float:
+        app, batch = job.app, job.spec.batch_size
+        if app.completion_epoch <= job.epoch:
+            return 1.0
+        return app.iterations_after(batch, app.completion_epoch) - app.iterations_after(batch, job.epoch)
+
+    def _oracle_step_time(self, job: SimJob) -> Callable[[int], float]:
+        app, batch = job.app, job.spec.batch_size
+
+        def step_time(replicas: int) -> float:
+            key = (app.name, batch, replicas)
+            known = self._oracle_memo.get(key)
+            if known is None:
+                # The authors' oracle: a packed placement, and at least two passes on one GPU.
+                split = split_batch(batch, replicas, app.max_atomic_bsz, max_batch_size=app.max_batch_size,
+                                    init_bsz=0 if replicas == 1 else None)
+                step, sync = app.step_times(_packed(replicas, self.gpus_per_node), split.atomic_bsz)
+                known = self._oracle_memo[key] = step + (step - sync) * split.accum_steps
+            return known
+
+        return step_time
+
+
+@dataclass(frozen=True)
+class GoodputRunResult:
+    policy: str
+    jcts: dict[str, float]          # job name -> completion - submission, seconds
+    restarts: dict[str, int]
+    end_time: float
+    wall_s: float
+
+    @property
+    def average_jct(self) -> float:
+        return sum(self.jcts.values()) / len(self.jcts)
+
+
+def run_workload(workload: list[WorkloadJob], data_dir: str | Path, policy: str, *, nodes: int = 16,
+                 gpus_per_node: int = 4, interval_s: float = 60.0, restart_s: float = 30.0,
+                 max_time_s: float = 30 * 86400.0) -> GoodputRunResult:
+    """Simulate ``workload`` under ``policy`` (``GOODPUT_POLICIES``) until every job completed."""
+    if policy not in GOODPUT_POLICIES:
+        raise ValueError(f"the goodput job model runs {', '.join(GOODPUT_POLICIES)}, not {policy!r}")
+    started = time.perf_counter()
+    jobs = [SimJob(i, spec, load_application(data_dir, spec.application)) for i, spec in enumerate(workload)]
+    decider = Decider(policy, nodes, gpus_per_node)
+    allocations: dict[int, list[int]] = {}
+    now = 0.0
+    while any(j.completion_time is None for j in jobs):
+        if now >= max_time_s:
+            raise RuntimeError(f"{policy}: jobs still running at {max_time_s} s of simulated time")
+        for job in jobs:
+            job.advance(now, interval_s)
+        now += interval_s
+        active = [j for j in jobs if j.spec.submit_time <= now and j.completion_time is None]
+        if not active:
+            continue
+        previous = {j.index: allocations[j.index] for j in active if j.index in allocations}
+        decided = decider.decide(active, previous, now)
+        for job in active:
+            if decided.get(job.index) != previous.get(job.index):
+                job.reallocate(_placement_of(decided.get(job.index, [])), restart_s)
+        allocations = decided
+    return GoodputRunResult(
+        policy=policy,
+        jcts={j.spec.name: j.completion_time - j.spec.submit_time for j in jobs if j.completion_time is not None},
+        restarts={j.spec.name: max(j.restarts, 0) for j in jobs},
+        end_time=now, wall_s=time.perf_counter() - started,
+    )
