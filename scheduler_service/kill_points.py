@@ -3,7 +3,11 @@ for the fault-injection suite (``tests/chaos``, docs/chaos.md), where random tim
 point reliably.
 
 ``ARYL_FAULT_KILL_AT=<point>[:<n>]`` in the scheduler's environment: the process SIGKILLs itself the
-``n``-th time (default: the first) it reaches ``<point>``. Points:
+``n``-th time (default: the first) it reaches ``<point>``. ``ARYL_FAULT_KILL_AT=@<file>``: the same,
+read from the file's first line at every point reached, so a test can arm a running scheduler (an
+empty or missing file: disarmed); hits are counted from when the process first sees the file's
+current content (its whole content: a test writes a new second line to arm the same point again).
+Points:
 
 - ``submit.committed``: a batch of SubmitJobs is committed, its callers not answered yet;
 - ``apply.written``: a scheduling plan is written in its transaction, not committed yet;
@@ -20,19 +24,31 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from pathlib import Path
 
-_point, _, _nth = os.environ.get("ARYL_FAULT_KILL_AT", "").partition(":")
-_kill_at = int(_nth or "1") if _point else 0
-_hits = 0
+_SETTING = os.environ.get("ARYL_FAULT_KILL_AT", "")
+_FILE = Path(_SETTING[1:]) if _SETTING.startswith("@") else None
 _lock = threading.Lock()
+_armed = "" if _FILE else _SETTING  # the setting in force; with a file, its content when last read
+_hits = 0
 
 
 def kill_point(name: str) -> None:
     """Die here by SIGKILL if ``ARYL_FAULT_KILL_AT`` names this point and its count is reached."""
-    if name != _point:
+    if not _SETTING:
         return
-    global _hits  # noqa: PLW0603 - one counter per process, by design
+    global _armed, _hits  # noqa: PLW0603 - one counter per process, by design
     with _lock:
+        if _FILE is not None:
+            try:
+                content = _FILE.read_text()
+            except OSError:
+                content = ""
+            if content != _armed:
+                _armed, _hits = content, 0
+        point, _, nth = (_armed.splitlines() or [""])[0].strip().partition(":")
+        if name != point:
+            return
         _hits += 1
-        if _hits >= _kill_at:
+        if _hits >= int(nth or "1"):
             os.kill(os.getpid(), signal.SIGKILL)

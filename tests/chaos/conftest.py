@@ -121,8 +121,8 @@ class RetryingClient:
                 time.sleep(0.1)
         raise AssertionError("the scheduler did not answer for a minute")
 
-    def submit(self, spec: types_pb2.JobSpec, key: str) -> str:
-        job = self.call(lambda c: c.submit_job(spec, idempotency_key=key, attempts=1))
+    def submit(self, spec: types_pb2.JobSpec, key: str, *, give_up: Callable[[], bool] = lambda: False) -> str:
+        job = self.call(lambda c: c.submit_job(spec, idempotency_key=key, attempts=1), give_up=give_up)
         assert isinstance(job, types_pb2.Job)
         return job.job_id
 
@@ -140,12 +140,14 @@ class RetryingClient:
 
 class SchedulerProcess:
     """The real ``aryl-scheduler`` on PostgreSQL, always on one port so agents and clients find it again.
-    ``start(kill_at=...)`` sets the test-only ``ARYL_FAULT_KILL_AT`` (``scheduler_service.kill_points``)."""
+    Started with the test-only ``ARYL_FAULT_KILL_AT=@<kill_file>`` (``scheduler_service.kill_points``):
+    ``arm`` makes the running process SIGKILL itself at a named point, ``disarm`` undoes it."""
 
-    def __init__(self, database_url: str, logs: Path, **settings: str) -> None:
+    def __init__(self, database_url: str, logs: Path, kill_file: Path, **settings: str) -> None:
         self.url = database_url
         self.address = f"127.0.0.1:{free_port()}"
         self.logs = logs
+        self.kill_file = kill_file
         self.settings = {
             "ARYL_SERVER__LISTEN": self.address,
             "ARYL_SERVER__SHUTDOWN_GRACE_S": "0.5",
@@ -159,32 +161,37 @@ class SchedulerProcess:
             "ARYL_POLICY__MIN_RESIZE_INTERVAL_S": "0",
             "ARYL_POLICY__RESTART_COST_S": "0",
             "ARYL_LOGGING__LEVEL": "warning",
+            "ARYL_FAULT_KILL_AT": f"@{kill_file}",
             **settings,
         }
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
+        self.arms = 0
 
-    def start(self, *, kill_at: str = "", wait: bool = True) -> None:
+    def arm(self, point: str, nth: int = 1) -> None:
+        """The running scheduler dies the ``nth`` time from now that it reaches ``point``."""
+        self.arms += 1
+        self.kill_file.write_text(f"{point}:{nth}\narm {self.arms}\n")
+
+    def disarm(self) -> None:
+        self.kill_file.write_text("")
+
+    def start(self, *, wait: bool = True) -> None:
         assert self.proc is None or self.proc.poll() is not None, "the scheduler is running"
         env = {k: v for k, v in os.environ.items() if not k.startswith("ARYL_")}
         env.update(self.settings)
-        if kill_at:
-            env["ARYL_FAULT_KILL_AT"] = kill_at
         self.starts += 1
         with self.logs.open("ab") as log:
-            log.write(f"--- start {self.starts} kill_at={kill_at or '-'}\n".encode())
+            log.write(f"--- start {self.starts}\n".encode())
             log.flush()
             self.proc = subprocess.Popen([str(SCHEDULER_BIN)], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
         if wait:
             self.wait_serving()
 
-    def wait_serving(self, timeout: float = 90, *, or_exited: bool = False) -> None:
-        """Wait until it serves; with ``or_exited``, or until it has exited (a kill point reached early)."""
+    def wait_serving(self, timeout: float = 90) -> None:
         def up() -> bool:
             assert self.proc is not None
-            if self.proc.poll() is not None:
-                assert or_exited, f"the scheduler exited ({self.proc.returncode}); log: {self.logs}"
-                return True
+            assert self.proc.poll() is None, f"the scheduler exited ({self.proc.returncode}); log: {self.logs}"
             return serving(self.address)
         wait_for(up, timeout=timeout, interval=0.1, what="the scheduler to serve")
 
@@ -252,7 +259,7 @@ class ChaosCluster:
         self.tmp = tmp
         self.url = database_url
         self.marker = f"aryl-chaos-{tmp.name}-{os.getpid()}"
-        self.scheduler = SchedulerProcess(database_url, tmp / "scheduler.log")
+        self.scheduler = SchedulerProcess(database_url, tmp / "scheduler.log", tmp / "kill-at")
         self.agents = Agents(tmp, self.marker)
 
     def start(self, agents: int = 2, gpus: int = 4) -> None:

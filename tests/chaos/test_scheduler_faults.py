@@ -33,6 +33,7 @@ from tests.chaos.invariants import check_invariants, wait_workers_match
 pytestmark = pytest.mark.postgres
 
 KILL_POINTS = ("burst", "submit.committed", "apply.written", "commit.before_push")
+LIVE = (types_pb2.JOB_STATE_PENDING, types_pb2.JOB_STATE_RUNNING, types_pb2.JOB_STATE_SCALING)
 # A bound on waiting for the agents after a restart (reconnect backoff, re-registration, a cycle):
 # a failure bound, never a measurement.
 CATCH_UP_S = 60.0
@@ -47,6 +48,7 @@ class Workload:
         self.canceller = RetryingClient(address)
         self.acknowledged: dict[str, str] = {}  # name -> job id
         self.names: list[str] = []
+        self._unfinished: list[tuple[str, types_pb2.JobSpec]] = []
         self._lock = threading.Lock()
 
     def burst(self, round_no: int, jobs: int) -> list[threading.Thread]:
@@ -75,16 +77,37 @@ class Workload:
     def cancel_some(self, keep_active: int, *, give_up: Callable[[], bool] = lambda: False) -> None:
         """Cancel the oldest live jobs until at most ``keep_active`` remain (cycles then start others)."""
         client = self.canceller
-        listed = client.call(lambda c: list(c.iter_jobs()), give_up=give_up)
+        listed = client.call(lambda c: list(c.iter_jobs(states=LIVE)), give_up=give_up)
         assert isinstance(listed, list)
-        live = sorted((j for j in listed if j.state in (types_pb2.JOB_STATE_PENDING, types_pb2.JOB_STATE_RUNNING,
-                                                         types_pb2.JOB_STATE_SCALING)),
-                      key=lambda j: int(j.job_id))
+        live = sorted(listed, key=lambda j: int(j.job_id))
         for job in live[: max(0, len(live) - keep_active)]:
             try:
                 client.cancel(job.job_id, give_up=give_up)
             except NotFound as exc:  # every listed job exists: losing one is what this suite looks for
                 raise AssertionError(f"job {job.job_id} listed, then not found") from exc
+
+    def churn(self, name: str, give_up: Callable[[], bool]) -> None:
+        """Queue one job and cancel the oldest running one: the next cycle has a plan to apply (the
+        new job, or a waiting one, on the freed GPUs) and desired states to push. A submission cut off
+        by the scheduler's death is finished by ``finish_churn`` (same key) after its restart."""
+        self.names.append(name)
+        spec = chaos_job(name, workers=1, max_workers=self.rng.choice((1, 2)))
+        try:
+            self.acknowledged[name] = self.canceller.submit(spec, f"key-{name}", give_up=give_up)
+            running = self.canceller.call(
+                lambda c: list(c.iter_jobs(states=(types_pb2.JOB_STATE_RUNNING,))), give_up=give_up)
+            assert isinstance(running, list)
+            if running:
+                self.canceller.cancel(min(running, key=lambda j: int(j.job_id)).job_id, give_up=give_up)
+        except GaveUp:
+            if name not in self.acknowledged:
+                self._unfinished.append((name, spec))
+            raise
+
+    def finish_churn(self) -> None:
+        for name, spec in self._unfinished:
+            self.acknowledged[name] = self.canceller.submit(spec, f"key-{name}")
+        self._unfinished.clear()
 
     def close(self) -> None:
         for client in [*self.clients, self.canceller]:
@@ -113,19 +136,19 @@ def test_scheduler_killed_at_random_points_loses_duplicates_and_double_books_not
             # The first rounds take each kind in turn (so the bounded run hits every one), then seeded.
             kind = KILL_POINTS[round_no] if round_no < len(KILL_POINTS) else rng.choice(KILL_POINTS)
             nth = rng.randint(1, 3) if FULL else 1
+            began = time.monotonic()  # (phase durations are printed for whoever reads the log; never asserted)
             if kind != "burst":
-                scheduler.kill9()  # (a kill at a quiet moment, to restart with the hook armed)
-                scheduler.start(kill_at=f"{kind}:{nth}", wait=False)
-                scheduler.wait_serving(or_exited=True)
+                scheduler.arm(kind, nth)
             killer = _killer(chaos_cluster, rng.uniform(0.0, 1.5)) if kind == "burst" else None
             threads = work.burst(round_no, rng.randint(4, 8))
             if kind != "burst":
-                # Cancels free GPUs: cycles apply plans and push desired states until the point is hit.
+                # Churn (a new job, a running one cancelled) makes cycles apply plans and push desired
+                # states until the point is hit.
                 def dead() -> bool:
                     return scheduler.proc is not None and scheduler.proc.poll() is not None
-                for _ in range(300):
+                for step in range(300):
                     try:
-                        work.cancel_some(keep_active=rng.randint(2, 6), give_up=dead)
+                        work.churn(f"r{round_no}-c{step}", give_up=dead)
                     except GaveUp:
                         break
                     if dead():
@@ -138,13 +161,21 @@ def test_scheduler_killed_at_random_points_loses_duplicates_and_double_books_not
                 killer.join()
             assert scheduler.proc is not None and scheduler.proc.poll() is not None
             done.append(f"{kind}:{nth}" + ("" if scheduler.died_by_sigkill() else f" (exit {scheduler.proc.poll()})"))
+            died = time.monotonic()
+            scheduler.disarm()
             scheduler.start()
+            restarted = time.monotonic()
+            work.finish_churn()
             for t in threads:
                 t.join(timeout=120)
                 assert not t.is_alive(), "a client never got its submission answered"
             work.cancel_some(keep_active=6)
             check_invariants(chaos_cluster.url, work.acknowledged.values(), submitted_names=work.names)
+            checked = time.monotonic()
             wait_workers_match(chaos_cluster.url, chaos_cluster.marker, timeout=CATCH_UP_S)
+            print(f"round {round_no} {done[-1]}: died after {died - began:.1f}s, restarted in {restarted - died:.1f}s, "
+                  f"clients done in {checked - restarted:.1f}s, workers matched in {time.monotonic() - checked:.1f}s",
+                  flush=True)
         assert len(work.acknowledged) == len(work.names)
     finally:
         work.close()
