@@ -644,6 +644,8 @@ def describe_job(response: scheduler_pb2.GetJobResponse) -> str:
     ]
     if job.pending_reason:
         fields.append(("Pending reason", job.pending_reason))
+    if job.size_note and job.state in (types_pb2.JOB_STATE_RUNNING, types_pb2.JOB_STATE_SCALING):
+        fields.append(("Size held", job.size_note))  # why it runs below max_workers (explain has the history)
     fields += [
         ("Command", " ".join(spec.command)),
         ("Working dir", working_dir_text(spec)),

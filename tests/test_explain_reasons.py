@@ -165,6 +165,8 @@ def test_explain_and_loans_show_the_non_events_once(scheduler_factory, capsys) -
 
         code, out, _ = run(capsys, "--server", scheduler.address, "explain", elastic.job_id)
         assert code == 0 and "HELD_RESIZE_INTERVAL" in out and "next possible at" in out
+        code, out, _ = run(capsys, "--server", scheduler.address, "job", elastic.job_id)
+        assert code == 0 and "Size held" in out and "HELD_RESIZE_INTERVAL: held at 1 of 1-4 worker(s)" in out
 
         # The one inference server is the loan buffer: nothing is loaned, and `arylctl loans` says why.
         loans = stub.ListLoans(scheduler_pb2.ListLoansRequest(), timeout=5)
