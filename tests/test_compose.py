@@ -396,11 +396,11 @@ def test_scheduler_without_numba_says_how_to_install_it_in_one_line() -> None:
 
 
 def test_agents_stop_their_workers_with_the_container_and_leave_them_time() -> None:
-    """A container's end kills every process in it: the agent stops its workers first (SIGTERM, the
-    grace period to checkpoint), and compose waits longer than that grace before SIGKILL."""
+    """A container's end kills every process in it: the agent must not leave its workers for a successor
+    but stop them (SIGTERM, the grace period to checkpoint), and compose waits longer than that grace."""
     grace = AgentConfig().agent.stop_grace_s
     for name, svc in services_running(load_compose(), "aryl-agent").items():
-        assert environment(svc)["ARYL_AGENT__STOP_WORKERS_ON_EXIT"] == "true", name
+        assert environment(svc)["ARYL_AGENT__KEEP_WORKERS_ON_EXIT"] == "false", name
         period = svc["stop_grace_period"]
         assert period.endswith("s") and float(period[:-1]) > grace, (name, period, grace)
 
