@@ -33,17 +33,20 @@ class Verdict(StrEnum):
 
 def judge_exits(
     exits: Mapping[int, int], *, num_workers: int, restart_policy: str, restarts: int, max_restarts: int,
-    cannot_start: Mapping[int, str] | None = None,
+    cannot_start: Mapping[int, str] | None = None, reasons: Mapping[int, str] | None = None,
 ) -> tuple[Verdict | None, str]:
     """The verdict on one incarnation from its exits so far (rank -> status), and why.
-    ``cannot_start``: rank -> why, for the workers that could not start (module doc)."""
+    ``cannot_start``: rank -> why, for the workers that could not start (module doc). ``reasons``:
+    rank -> what its agent said about the exit (``No space left on device``), added to the failure
+    unless it only repeats the status."""
     if cannot_start:
         rank = min(cannot_start)
         return Verdict.FAILED, f"rank {rank} could not start {cannot_start[rank]}; not restarted: the spec must change"
     failed = sorted((rank, code) for rank, code in exits.items() if code != 0)
     if failed:
         rank, code = failed[0]
-        why = f"rank {rank} failed ({describe_exit(code)})"
+        said = (reasons or {}).get(rank, "")
+        why = f"rank {rank} failed ({describe_exit(code)}{f': {said}' if said and said != describe_exit(code) else ''})"
         if restart_policy == "ON_FAILURE" and restarts < max_restarts:
             return Verdict.RESTART, f"{why}; restart {restarts + 1} of {max_restarts}"
         if restart_policy == "ON_FAILURE":

@@ -277,6 +277,7 @@ class AgentStore:
                 exits, num_workers=job.num_workers, restart_policy=job.restart_policy,
                 restarts=job.restarts, max_restarts=job.max_restarts,
                 cannot_start={w.rank: f"on server {server_id}: {w.message}" for w in new_exits if w.cannot_start},
+                reasons={w.rank: w.message for w in new_exits},
             )
             if verdict is None:
                 continue

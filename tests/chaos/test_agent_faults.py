@@ -481,9 +481,11 @@ def test_a_full_work_directory_fails_the_job_with_the_reason_and_the_agent_keeps
 
         filler = fill(work)
         blocked = cluster.submit("blocked", workers=1, restart_policy=J.RESTART_POLICY_NEVER)
-        cluster.wait_job(blocked, lambda j: j.state == J.JOB_STATE_FAILED, "failed")
-        # The reason is the agent's, on the worker's exit event: it could not record the worker, so
-        # it did not start it.
+        failed = cluster.wait_job(blocked, lambda j: j.state == J.JOB_STATE_FAILED, "failed")
+        # The reason is the agent's: it could not record the worker, so it did not start it. The job
+        # says so, as does the worker's exit event.
+        assert "cannot start the worker" in failed.message and "No space left on device" in failed.message, (
+            failed.message)
         exits = [e.message for e in cluster.client.get_job(blocked, include_events=True).events
                  if e.kind == J.EVENT_KIND_WORKER_EXITED]
         assert len(exits) == 1 and "cannot start the worker" in exits[0], exits
