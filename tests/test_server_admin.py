@@ -4,7 +4,8 @@
 First the decisions, pure: placement and the aryl policy place nothing on a cordoned server and leave
 what runs there alone; a drain shrinks elastic jobs off (or requeues them below their minimum),
 leaves the others until its deadline, reclaims a loaned inference server; a deregistered server's
-jobs are evicted as SERVER_LEFT. Then the service end to end with real processes: a scheduler on
+jobs are evicted as SERVER_LEFT. The use cases on SQLite and PostgreSQL: their refusals, a forced
+delete and a deregistration through real cycles. Then the service end to end with real processes: a scheduler on
 PostgreSQL over real gRPC, ``aryl-agent`` daemons with fake GPUs running ``examples/train.py``, and
 the installed ``arylctl`` console script.
 """
@@ -22,13 +23,19 @@ from pathlib import Path
 import pytest
 
 from protos.aryl.v1 import types_pb2
+from scheduler_service.app import SchedulerApp
 from scheduler_service.core.faults import plan_evictions
-from scheduler_service.core.plan import LoanStep, PreemptJob, Reason, ScaleJob
+from scheduler_service.core.plan import LoanStep, Plan, PreemptJob, Reason, ScaleJob, StartJob
 from scheduler_service.core.snapshot import AdminState
-from scheduler_service.lifecycle import ServerState
+from scheduler_service.cycle import SchedulingCycle
+from scheduler_service.errors import FailedPrecondition, InvalidArgument, NotFound
+from scheduler_service.lifecycle import Pool, ServerState
 from scheduler_service.policies import create_policy
+from scheduler_service.records import GpuReport, JobSubmission, ServerRegistration, StatusReport
+from scheduler_service.store.db import create_engine_for, session_factory
 from tests.harness import (
     NOW,
+    ManualClock,
     inference_server,
     pending_job,
     placed,
@@ -289,3 +296,64 @@ def test_an_agent_told_to_keep_its_workers_leaves_them_running_for_the_next_agen
     progressed = cluster.wait_job(job.job_id, lambda j: j.progress > job.progress + 2, "progress after adoption")
     assert (progressed.state, progressed.incarnation, progressed.restarts, progressed.preemptions) == (
         J.JOB_STATE_RUNNING, job.incarnation, 0, 0)
+
+
+# -- the use cases on SQLite and PostgreSQL: refusals, delete --force, deregistration ---------------
+
+
+def test_the_admin_use_cases_refuse_what_they_must_and_delete_by_force_once_the_jobs_are_off(
+    database_url: str,
+) -> None:
+    clock = ManualClock()
+    engine = create_engine_for(database_url)
+    try:
+        app = SchedulerApp(session_factory(engine), clock)
+        app.term.start("test")
+        for name in ("a", "b"):
+            app.agents.register(ServerRegistration(
+                name, Pool.TRAINING, tuple(GpuReport(i, f"GPU-{name}-{i}", "m", 1) for i in range(2)), name, "t"))
+        rigid = app.jobs.submit(JobSubmission("rigid", "alice", "default", ("train",), {}, 2, 1, 1)).id
+        assert app.cluster.apply(Plan(starts=(StartJob(rigid, placed(("a", (0, 1))), Reason.PLACED, ""),))).started
+        cycle = SchedulingCycle(app.cluster, create_policy("aryl"), clock)
+
+        with pytest.raises(NotFound, match="server ghost is not registered"):
+            app.server_admin.cordon("ghost")
+        with pytest.raises(InvalidArgument, match="timeout_seconds"):
+            app.server_admin.drain("a", timeout_s=-1)
+        with pytest.raises(FailedPrecondition, match=f"still runs workers of job\\(s\\) {rigid}; drain it first"):
+            app.server_admin.delete("a")
+
+        # --force: DELETING (drained at once); the next cycle requeues the job; the sweep removes a.
+        change = app.server_admin.delete("a", force=True)
+        assert not change.deleted and app.server_admin.server("a").admin_state == AdminState.DELETING
+        with pytest.raises(FailedPrecondition, match="being deleted"):
+            app.server_admin.uncordon("a")
+        assert app.liveness.sweep_lost(1e9) == [] and app.server_admin.server("a") is not None  # jobs still there
+        report = cycle.run_once()
+        assert report.result.preempted == (rigid,) and report.result.started == ()  # nothing new on a
+        app.liveness.sweep_lost(1e9)
+        assert app.server_admin.server("a") is None
+        assert [s.id for s in app.views.servers()] == ["b"]
+        cycle.run_once()  # requeued: it starts on b
+        record, events = app.jobs.get(rigid, include_events=True)
+        assert record.state == "RUNNING" and {a.server_id for a in record.allocations} == {"b"}
+        assert record.restarts == 0 and record.preemptions == 1
+        assert any(e.reason == "SERVER_DRAINING" for e in events)
+
+        # b's agent leaves: LOST and LEFT at once, the job requeued as SERVER_LEFT; reports are refused.
+        app.agents.deregister("b", "agent stopped")
+        with pytest.raises(FailedPrecondition, match="deregistered"):
+            app.agents.report_status(StatusReport("b", app.term.epoch, (), 0))
+        with pytest.raises(FailedPrecondition, match="agent deregistered"):
+            app.server_admin.cordon("b")
+        assert cycle.run_once().result.preempted == (rigid,)
+        record, events = app.jobs.get(rigid, include_events=True)
+        assert (record.state, record.restarts) == ("PENDING", 0)
+        assert any(e.reason == "SERVER_LEFT" and "server b left the cluster" in e.message for e in events)
+        # Registering again brings it back, schedulable.
+        app.agents.register(ServerRegistration(
+            "b", Pool.TRAINING, tuple(GpuReport(i, f"GPU-b-{i}", "m", 1) for i in range(2)), "b", "t"))
+        server = app.server_admin.server("b")
+        assert (server.state, server.admin_state) == ("TRAINING", "")
+    finally:
+        engine.dispose()
