@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import sys
 import time
@@ -28,6 +29,9 @@ from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.registry import policies
 from simulator.engine import SimulationResult, simulate
 from simulator.failures import FailureTraceError, load_failure_trace
+from simulator.goodput_profiles import ProfileError
+from simulator.goodput_sim import GOODPUT_POLICIES, WorkloadError, format_summaries, load_workload, run_workload
+from simulator.goodput_sim import summary as goodput_summary
 from simulator.load import demand_from_rate, diurnal_demand, load_servegen_rate
 from simulator.model import ClusterSpec, DemandPoint, FailureRate, ServerFailure, TraceJob
 from simulator.results import format_table, summarize, write_outputs
@@ -86,6 +90,11 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
                        help="philly: the Pollux-preprocessed Philly CSV; pollux: a Pollux workload CSV "
                             "(needs --profiles-dir); generic: the README's job CSV")
     trace.add_argument("--trace", type=Path, required=True, help="the trace file (plain or .gz)")
+    trace.add_argument("--job-model", choices=("throughput", "goodput"), default="throughput",
+                       help="throughput: jobs as the scheduler sees them (the default); goodput: a Pollux workload "
+                            "under the Pollux goodput model (simulator.goodput_sim: --profiles-dir is "
+                            "pollux-data/traces, the cluster --training-servers x --gpus-per-server, a decision every "
+                            "--cycle-interval s, --restart-overhead per reallocation; policies tiresias, optimus)")
     trace.add_argument("--limit", type=_positive_int, default=None,
                        help="keep only the first N jobs of the trace (default: all)")
     trace.add_argument("--seed", type=int, default=0,
@@ -255,6 +264,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.job_model == "goodput":
+        return _run_goodput(args)
     try:
         names = _policy_names(args)
         params = parse_params(args.param)
@@ -289,6 +300,34 @@ def run(args: argparse.Namespace) -> int:
     else:
         summaries = {r.policy: summarize(r) for r in results}
     sys.stdout.write(format_table(summaries))
+    return 0
+
+
+def _run_goodput(args: argparse.Namespace) -> int:
+    """``--job-model goodput``: the Pollux workload through ``simulator.goodput_sim``."""
+    try:
+        names = _policy_names(args)
+        if args.trace_format != "pollux" or args.profiles_dir is None:
+            raise UsageError("--job-model goodput needs --trace-format pollux and --profiles-dir (pollux-data/traces)")
+        if any(name not in GOODPUT_POLICIES for name in names):
+            raise UsageError(f"--job-model goodput runs the policies {', '.join(GOODPUT_POLICIES)}")
+        workload = load_workload(args.trace)[: args.limit]
+        settings = {"nodes": args.training_servers, "gpus_per_node": args.gpus_per_server,
+                    "interval_s": args.cycle_interval, "restart_s": args.restart_overhead}
+        summaries = []
+        for name in names:
+            result = run_workload(workload, args.profiles_dir, name, nodes=args.training_servers,
+                                  gpus_per_node=args.gpus_per_server, interval_s=args.cycle_interval,
+                                  restart_s=args.restart_overhead)
+            print(f"{name}: {len(result.jcts)} jobs, {result.wall_s:.1f}s", file=sys.stderr)
+            summaries.append(goodput_summary(result, settings))
+    except (UsageError, WorkloadError, ProfileError, ValueError, OSError) as exc:
+        raise BadInput(f"error: {exc}") from exc
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "summary.json").write_text(json.dumps({s["policy"]: s for s in summaries}, indent=1) + "\n")
+        print(f"wrote {args.out}", file=sys.stderr)
+    sys.stdout.write(format_summaries(summaries))
     return 0
 
 

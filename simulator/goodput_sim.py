@@ -229,7 +229,7 @@ class GoodputRunResult:
     policy: str
     jcts: dict[str, float]          # job name -> completion - submission, seconds
     restarts: dict[str, int]
-    end_time: float
+    end_time: float                 # the last completion, seconds since the trace's start
     wall_s: float
 
     @property
@@ -267,5 +267,40 @@ def run_workload(workload: list[WorkloadJob], data_dir: str | Path, policy: str,
         policy=policy,
         jcts={j.spec.name: j.completion_time - j.spec.submit_time for j in jobs if j.completion_time is not None},
         restarts={j.spec.name: max(j.restarts, 0) for j in jobs},
-        end_time=now, wall_s=time.perf_counter() - started,
+        end_time=max(j.completion_time for j in jobs if j.completion_time is not None),
+        wall_s=time.perf_counter() - started,
     )
+
+
+def summary(result: GoodputRunResult, settings: dict[str, float]) -> dict[str, object]:
+    """The figures of one run (``aryl-sim --job-model goodput``), JSON-ready."""
+    jcts = sorted(result.jcts.values())
+    return {
+        "policy": result.policy, "job_model": "goodput", **settings,
+        "jobs": len(jcts), "avg_jct_s": round(result.average_jct, 3), "median_jct_s": _quantile(jcts, 0.5),
+        "p99_jct_s": _quantile(jcts, 0.99), "makespan_s": result.end_time,
+        "avg_restarts": round(sum(result.restarts.values()) / len(result.restarts), 3),
+        "wall_s": round(result.wall_s, 2), "jcts_s": dict(result.jcts),
+    }
+
+
+def _quantile(values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (as numpy's default)."""
+    position = (len(values) - 1) * q
+    low = int(position)
+    high = min(low + 1, len(values) - 1)
+    return values[low] + (values[high] - values[low]) * (position - low)
+
+
+def format_summaries(summaries: list[dict[str, object]]) -> str:
+    keys = ("jobs", "avg_jct_s", "median_jct_s", "p99_jct_s", "makespan_s", "avg_restarts", "wall_s")
+    width = max(12, *(len(str(s["policy"])) + 2 for s in summaries))
+    lines = ["metric".ljust(14) + "".join(str(s["policy"]).rjust(width) for s in summaries)]
+    for key in keys:
+        cells = []
+        for s in summaries:
+            value = s[key]
+            digits = 3 if key == "avg_restarts" else 1
+            cells.append((f"{value:.{digits}f}" if isinstance(value, float) else str(value)).rjust(width))
+        lines.append(key.ljust(14) + "".join(cells))
+    return "\n".join(lines) + "\n"

@@ -6,6 +6,7 @@ Pollux study's figures is ``test_pollux_reproduction.py``."""
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import os
 from pathlib import Path
@@ -39,6 +40,7 @@ from scheduler_service.policies.tiresias import (
     place_most_free,
     tiresias_decide,
 )
+from simulator.cli import main as cli_main
 from simulator.goodput_profiles import load_application, normalise_placement
 from simulator.goodput_sim import SimJob, WorkloadJob, _placement_of
 from tests.harness import NOW, pending_job, running_job, snapshot_of, training_server
@@ -260,3 +262,20 @@ def test_a_simulated_job_completes_after_its_last_epoch_at_the_profiles_speed() 
         t += 60.0
     assert job.completion_time == pytest.approx(30.0 + seconds, abs=2.0)  # 30 s restart, whole seconds per epoch
     assert job.attained_gpu_s == pytest.approx(job.completion_time)
+
+
+def test_aryl_sim_runs_a_pollux_workload_under_the_goodput_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                                                 ) -> None:
+    traces = traces_dir()
+    workload = traces.parent / "workloads" / "workload-6.csv"
+    common = ["--job-model", "goodput", "--trace-format", "pollux", "--trace", str(workload), "--profiles-dir",
+              str(traces), "--limit", "12", "--training-servers", "4", "--inference-servers", "0",
+              "--gpus-per-server", "4", "--cycle-interval", "60"]
+    assert cli_main(["compare", "--policies", "tiresias,optimus", *common, "--out", str(tmp_path)]) == 0
+    table = capsys.readouterr().out
+    assert table.splitlines()[0].split() == ["metric", "tiresias", "optimus"]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["tiresias"]["jobs"] == 12 and summary["optimus"]["nodes"] == 4
+    assert summary["tiresias"]["avg_jct_s"] == pytest.approx(sum(summary["tiresias"]["jcts_s"].values()) / 12)
+    assert cli_main(["run", "--policy", "aryl", *common]) == 2
+    assert "runs the policies tiresias, optimus" in capsys.readouterr().err
