@@ -29,6 +29,7 @@ from scheduler_service.core.goodput import (
     throughput,
 )
 from scheduler_service.core.invariants import check_plan
+from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.plan import Reason
 from scheduler_service.lifecycle import JobState
 from scheduler_service.policies import create_policy
@@ -41,9 +42,11 @@ from scheduler_service.policies.tiresias import (
     tiresias_decide,
 )
 from simulator.cli import main as cli_main
+from simulator.engine import simulate
 from simulator.goodput_profiles import load_application, normalise_placement
 from simulator.goodput_sim import SimJob, WorkloadJob, _placement_of
-from tests.harness import NOW, pending_job, running_job, snapshot_of, training_server
+from simulator.model import ClusterSpec
+from tests.harness import NOW, linear_job, pending_job, running_job, snapshot_of, training_server
 
 PERF = PerfParams(alpha_c=0.02, beta_c=0.001, alpha_n=0.05, beta_n=0.004, alpha_r=0.01, beta_r=0.001, gamma=2.0)
 
@@ -215,6 +218,18 @@ def test_registered_tiresias_preempts_a_job_past_the_threshold_for_a_new_one() -
     assert plan.preemptions == () and plan.starts == ()
     assert [(p.job_id, p.reason) for p in plan.pending] == [(2, Reason.WAITING_FOR_GANG)]
     assert young.jobs[0].state == JobState.RUNNING
+
+
+@pytest.mark.parametrize("name", ["tiresias", "optimus"])
+def test_the_registered_policies_run_a_trace_in_the_simulator_with_valid_plans(name: str) -> None:
+    # 2 servers x 4 GPUs; gangs of 1-2 workers of 1-4 GPUs, some elastic, arriving together and later
+    jobs = [linear_job(1, 0.0, 4, 1, 1, 4000.0), linear_job(2, 0.0, 1, 2, 6, 3000.0),
+            linear_job(3, 100.0, 2, 1, 2, 2000.0), linear_job(4, 200.0, 1, 1, 4, 1000.0),
+            linear_job(5, 300.0, 4, 2, 2, 1500.0)]
+    result = simulate(jobs, [], ClusterSpec(2, 0, gpus_per_server=4), name, PolicyParams(), seed=0,
+                      cycle_interval_s=60.0, check_plans=True)
+    assert result.stop_reason == "completed" and result.rejected_actions == 0
+    assert all(job.end is not None for job in result.jobs)
 
 
 # -- measured profiles and the simulated job (need the Pollux data) -------------------------------------
