@@ -17,12 +17,15 @@ from scheduler_service.core.goodput import (
     BatchSplit,
     GradParams,
     PerfParams,
+    StepSample,
     best_batch_size,
     efficiency,
     efficiency_gain,
+    fit_perf_params,
     geometric_candidates,
     goodput,
     network_time,
+    pass_time,
     progress_rate,
     split_batch,
     step_time,
@@ -128,6 +131,29 @@ def test_geometric_candidates_span_both_ends() -> None:
     values = geometric_candidates(128, 4096)
     assert len(values) == 50 and values[0] == 128 and values[-1] == 4096
     assert values[1] / values[0] == pytest.approx(values[-1] / values[-2])
+
+
+def test_fitting_recovers_the_step_time_parameters_from_exact_measurements() -> None:
+    true = PerfParams(0.02, 0.0008, 0.06, 0.003, 0.012, 0.0015, 2.5)
+    shapes = [(1, 1), (1, 2), (1, 4), (2, 4), (2, 8), (3, 12), (4, 16)]
+    samples = [StepSample(n, r, b, pass_time(true, b), step_time(true, n, r, b, 0))
+               for n, r in shapes for b in (32, 64, 128)]
+    fitted = fit_perf_params(samples)
+    for n, r in [*shapes, (8, 32)]:  # (8, 32): beyond the measurements
+        assert step_time(fitted, n, r, 96, 2) == pytest.approx(step_time(true, n, r, 96, 2), rel=1e-3)
+
+
+def test_fitting_fixes_what_the_measurements_cannot_tell() -> None:
+    true = PerfParams(0.02, 0.0008, 0.06, 0.003, 0.012, 0.0015, 2.5)
+    one_node = [StepSample(1, r, 64, pass_time(true, 64), step_time(true, 1, r, 64, 0)) for r in (1, 2, 4)]
+    fitted = fit_perf_params(one_node)
+    assert fitted.alpha_c == pytest.approx(pass_time(true, 64) / 2)      # one atomic batch size only
+    assert fitted.alpha_n >= 1.1 * fitted.alpha_r and fitted.beta_n >= 1.1 * fitted.beta_r  # no network seen
+    assert step_time(fitted, 1, 4, 64, 0) == pytest.approx(step_time(true, 1, 4, 64, 0), rel=0.02)
+    single = fit_perf_params([StepSample(1, 1, 64, 0.05, 0.05)])
+    assert (single.alpha_r, single.beta_r) == (1e-8, 1e-8)
+    with pytest.raises(ValueError, match="no samples"):
+        fit_perf_params([])
 
 
 # -- tiresias ------------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ measured profiles are loaded by the simulator (``simulator.goodput_model``), fit
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 # Tolerance of the ceil() operations that split a batch: 2048 / 16 must give 128, not 129.
@@ -186,3 +187,118 @@ def best_batch_size(perf: PerfParams, grad: GradParams, init_bsz: int, nodes: in
 def remaining_fraction(progress: float, target: float) -> float:
     """The share of a job's training target still to do (0 once reached)."""
     return max(0.0, 1.0 - progress / target) if target > 0 else 0.0
+
+
+# --------------------------------------------------------------------------------------------------
+# Fitting the step-time parameters to a job's measurements
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StepSample:
+    """One measured configuration: seconds of a plain pass and of a whole step (no accumulation)."""
+
+    nodes: int
+    replicas: int
+    atomic_bsz: float
+    pass_s: float
+    step_s: float
+
+
+_FLOOR = 1e-8  # the smallest value of a time parameter (and of an unobserved one)
+
+
+def _objective(perf: PerfParams, samples: Sequence[StepSample]) -> float:
+    """Root-mean-square log error of the pass and of the step times, plus two priors: ``gamma`` near 1
+    (easier to fit) and small retrogression terms (an optimistic model for unseen scales)."""
+    err_pass = err_step = 0.0
+    for s in samples:
+        err_pass += (math.log(pass_time(perf, s.atomic_bsz)) - math.log(s.pass_s)) ** 2
+        err_step += (math.log(step_time(perf, s.nodes, s.replicas, s.atomic_bsz, 0)) - math.log(s.step_s)) ** 2
+    n = len(samples)
+    retrogression = (perf.beta_n / perf.alpha_n) ** 2 + (perf.beta_r / perf.alpha_r) ** 2
+    prior = 1e-3 * (perf.gamma - 1.0) ** 2 + 1e-2 * retrogression
+    return math.sqrt(err_pass / n) + math.sqrt(err_step / n) + prior
+
+
+def fit_perf_params(samples: Sequence[StepSample], *, iterations: int = 1000, restarts: int = 4) -> PerfParams:
+    """The ``PerfParams`` that best explain ``samples`` (``_objective``), by Nelder-Mead over the
+    logarithms of the time parameters and a bounded ``gamma`` in [1, 10].
+
+    What the samples cannot tell is fixed, as Pollux does: with one atomic batch size only,
+    ``alpha_c`` is half the mean pass time; without a multi-node sample the cross-server terms, without
+    a multi-GPU single-node sample the in-server terms, and without a sample of more than 2 GPUs both
+    retrogression terms stay at their floor; and without a multi-node sample the cross-server terms are
+    then raised to at least 1.1 x the in-server ones (a network is no faster than a PCIe bus)."""
+    if not samples:
+        raise ValueError("no samples to fit")
+    fixed: dict[int, float] = {}
+    if len({s.atomic_bsz for s in samples}) == 1:
+        fixed[0] = sum(s.pass_s for s in samples) / len(samples) / 2
+    multi_node = any(s.nodes > 1 for s in samples)
+    if not multi_node:
+        fixed[2] = fixed[3] = _FLOOR
+    if not any(s.nodes == 1 and s.replicas > 1 for s in samples):
+        fixed[4] = fixed[5] = _FLOOR
+    if not any(s.replicas > 2 for s in samples):
+        fixed[3] = fixed[5] = _FLOOR
+    start = [1e-1, 1e-2, 1e-1, 1e-2, 1e-1, 1e-2, 1.0 + 1e-3]
+    free = [i for i in range(7) if i not in fixed]
+
+    def params_of(x: Sequence[float]) -> PerfParams:
+        values = dict(fixed)
+        for i, raw in zip(free, x, strict=True):
+            v = min(max(raw, -40.0), 40.0)  # exp() stays finite wherever the simplex wanders
+            values[i] = 1.0 + 9.0 / (1.0 + math.exp(-v)) if i == 6 else max(math.exp(v), _FLOOR)
+        return PerfParams(*(values.get(i, start[i]) for i in range(7)))
+
+    def encode(i: int) -> float:
+        if i == 6:
+            g = (start[6] - 1.0) / 9.0
+            return math.log(g / (1.0 - g))
+        return math.log(start[i])
+
+    best = [encode(i) for i in free]
+    for _ in range(restarts):  # a fresh simplex around the last best point: Nelder-Mead stalls in 7-D
+        best = _nelder_mead(lambda x: _objective(params_of(x), samples), best, iterations)
+    perf = params_of(best)
+    if not multi_node:
+        perf = PerfParams(perf.alpha_c, perf.beta_c, max(perf.alpha_n, perf.alpha_r * 1.1),
+                          max(perf.beta_n, perf.beta_r * 1.1), perf.alpha_r, perf.beta_r, perf.gamma)
+    return perf
+
+
+def _nelder_mead(f: Callable[[list[float]], float], x0: list[float], iterations: int, step: float = 0.5
+                 ) -> list[float]:
+    """Minimise ``f`` from ``x0`` (the standard reflection/expansion/contraction/shrink simplex)."""
+    n = len(x0)
+    if n == 0:
+        return []
+    simplex = [list(x0)] + [[x + (step if i == j else 0.0) for j, x in enumerate(x0)] for i in range(n)]
+    values = [f(p) for p in simplex]
+    for _ in range(iterations):
+        order = sorted(range(n + 1), key=lambda i: values[i])
+        simplex = [simplex[i] for i in order]
+        values = [values[i] for i in order]
+        if values[-1] - values[0] < 1e-12:
+            break
+        centroid = [sum(p[j] for p in simplex[:-1]) / n for j in range(n)]
+        worst = simplex[-1]
+        reflected = [c + (c - w) for c, w in zip(centroid, worst, strict=True)]
+        fr = f(reflected)
+        if fr < values[0]:
+            expanded = [c + 2.0 * (c - w) for c, w in zip(centroid, worst, strict=True)]
+            fe = f(expanded)
+            simplex[-1], values[-1] = (expanded, fe) if fe < fr else (reflected, fr)
+        elif fr < values[-2]:
+            simplex[-1], values[-1] = reflected, fr
+        else:
+            contracted = [c + 0.5 * (w - c) for c, w in zip(centroid, worst, strict=True)]
+            fc = f(contracted)
+            if fc < values[-1]:
+                simplex[-1], values[-1] = contracted, fc
+            else:
+                best = simplex[0]
+                simplex = [best] + [[b + 0.5 * (x - b) for b, x in zip(best, p, strict=True)] for p in simplex[1:]]
+                values = [values[0]] + [f(p) for p in simplex[1:]]
+    return simplex[min(range(n + 1), key=lambda i: values[i])]
