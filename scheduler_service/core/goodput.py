@@ -18,8 +18,12 @@ Nouns (the paper's, section 3):
 - **goodput** = throughput x efficiency, in samples-at-``B0`` per second; divided by ``B0`` it is the
   *progress rate* in iterations at ``B0`` per second, the unit a job's training target is counted in.
 
+- **fitting** (``fit_perf_params``): the seven parameters from a job's measured (configuration, pass time,
+  step time) samples, minimising the log errors with Pollux's priors, by a restarted Nelder-Mead (Pollux
+  uses L-BFGS-B with autograd gradients; the minimiser differs, the objective is the same).
+
 What this module must never do: read files, a clock or any cluster state. Pure functions of numbers;
-measured profiles are loaded by the simulator (``simulator.goodput_model``), fitted parameters are given.
+measured profiles are loaded by the simulator (``simulator.goodput_profiles``).
 """
 
 from __future__ import annotations
