@@ -22,13 +22,16 @@ ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
 WORKDIR /src
-COPY pyproject.toml README.md LICENSE* ./
+COPY pyproject.toml ./
+# Empty stand-ins for the files pyproject.toml names, so that this layer depends on it alone.
 RUN --mount=type=secret,id=pip_cert \
     if [ -s /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi; \
-    python3 -m venv /tmp/build && /tmp/build/bin/pip wheel --no-deps --wheel-dir /wheels /src
+    touch README.md LICENSE \
+    && python3 -m venv /tmp/build && /tmp/build/bin/pip wheel --no-deps --wheel-dir /wheels /src
 
 # `wheel`: the project itself.
 FROM deps AS wheel
+COPY README.md LICENSE ./
 COPY protos protos
 COPY aryl_common aryl_common
 COPY scheduler_service scheduler_service
