@@ -40,7 +40,7 @@ from pathlib import Path
 
 from scheduler_service.core.goodput import progress_rate, split_batch
 from scheduler_service.policies.optimus import OptimusJob, optimus_allocate, optimus_place
-from scheduler_service.policies.tiresias import TiresiasJob, TiresiasState, place_most_free, tiresias_decide
+from scheduler_service.policies.tiresias import TiresiasJob, TiresiasState, place_in_order, tiresias_decide
 from simulator.goodput_profiles import Application, load_application
 
 GOODPUT_POLICIES = ("tiresias", "optimus")
@@ -181,17 +181,7 @@ class Decider:
             self.tiresias_state, [TiresiasJob(j.index, j.spec.num_replicas) for j in active], now,
             self.nodes * self.gpus_per_node)
         kept = {k: previous[k] for k in run if previous.get(k)}
-        free = dict(capacity)
-        for servers in kept.values():
-            for s in servers:
-                free[s] -= 1
-        free = {s: n for s, n in free.items() if n > 0}
-        placed = dict(kept)
-        gpus = {j.index: j.spec.num_replicas for j in active}
-        for key in run:
-            if key not in placed:
-                placed[key] = place_most_free(free, gpus[key])
-        return placed
+        return place_in_order(run, {j.index: j.spec.num_replicas for j in active}, kept, capacity)
 
     def _optimus(self, active: list[SimJob], previous: dict[int, list[int]], capacity: dict[int, int]
                  ) -> dict[int, list[int]]:

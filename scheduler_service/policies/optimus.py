@@ -35,7 +35,7 @@ from scheduler_service.core.registry import policies
 from scheduler_service.core.snapshot import ClusterSnapshot, JobView
 from scheduler_service.core.throughput import ThroughputModel
 from scheduler_service.lifecycle import JobState
-from scheduler_service.policies.tiresias import _without, place_most_free
+from scheduler_service.policies.tiresias import _without, place_in_order
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,16 +85,7 @@ def optimus_place(count: Mapping[int, int], previous: Mapping[int, list[int]], c
     """Each job's GPUs (one server id per GPU), given its GPU ``count``, the ``previous`` placement and
     the GPUs per server (``capacity``, in server order)."""
     kept = {k: list(v) for k, v in previous.items() if count.get(k, 0) == len(v) and v}
-    free = dict(capacity)
-    for servers in kept.values():
-        for s in servers:
-            free[s] -= 1
-    free = {s: n for s, n in free.items() if n > 0}
-    placed = dict(kept)
-    for key in sorted(count, key=lambda k: count[k]):
-        if count[key] > 0 and key not in placed:
-            placed[key] = place_most_free(free, count[key])
-    return placed
+    return place_in_order(sorted(count, key=lambda k: count[k]), count, kept, capacity)
 
 
 # --------------------------------------------------------------------------------------------------

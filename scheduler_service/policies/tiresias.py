@@ -25,7 +25,7 @@ keeps the exact state between cycles.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from scheduler_service.core.placement import FreeCapacity
@@ -103,6 +103,23 @@ def place_most_free(free: dict[int, int], count: int) -> list[int]:
         taken.extend([server] * num)
         free[server] -= num
     return taken
+
+
+def place_in_order(order: Iterable[int], gpus: Mapping[int, int], kept: Mapping[int, list[int]],
+                   capacity: Mapping[int, int]) -> dict[int, list[int]]:
+    """Placements (one server per GPU) for the jobs of ``order`` that need ``gpus`` and are not ``kept``
+    where they are, in that order, each by ``place_most_free`` on what ``capacity`` (GPUs per server, in
+    server order) leaves after the kept ones; the kept ones included."""
+    free = dict(capacity)
+    for servers in kept.values():
+        for s in servers:
+            free[s] -= 1
+    free = {s: n for s, n in free.items() if n > 0}
+    placed = {k: list(v) for k, v in kept.items()}
+    for key in order:
+        if gpus[key] > 0 and key not in placed:
+            placed[key] = place_most_free(free, gpus[key])
+    return placed
 
 
 # --------------------------------------------------------------------------------------------------
