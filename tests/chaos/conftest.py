@@ -7,6 +7,9 @@ points, 2,000 watch streams, ...); otherwise (``make test``, CI) each case runs 
 few seconds. Seeds: ``ARYL_CHAOS_SEED`` (default 19) mixed with the test's name; the run's header and
 every failure print it, and the same seed replays the same faults at the same points.
 
+The policy keeps its default anti-thrashing settings (``min_resize_interval_s``, ``restart_cost_s``):
+with both at 0, two elastic jobs were seen swapping a GPU every cycle, so no state ever settled.
+
 Workers are ``sleep`` processes (cheap: the cases are about what runs where, not training); every
 agent and hence every worker carries ``invariants.MARKER_ENV`` = the test's marker, so
 ``invariants.live_workers`` finds them and the teardown ends whatever a test left.
@@ -158,8 +161,6 @@ class SchedulerProcess:
             "ARYL_AGENTS__REPORT_INTERVAL_S": str(REPORT_INTERVAL_S),
             "ARYL_AGENTS__LOST_AFTER_S": "10",
             "ARYL_AGENTS__TELEMETRY_WRITE_S": "1",
-            "ARYL_POLICY__MIN_RESIZE_INTERVAL_S": "0",
-            "ARYL_POLICY__RESTART_COST_S": "0",
             "ARYL_LOGGING__LEVEL": "warning",
             "ARYL_FAULT_KILL_AT": f"@{kill_file}",
             **settings,
@@ -302,7 +303,6 @@ class InProcessCluster:
         base: dict[str, dict] = {
             "agents": {"report_interval_s": REPORT_INTERVAL_S, "lost_after_s": 10.0, "telemetry_write_s": 1.0},
             "scheduling": {"cycle_interval_s": 0.2, "default_grace_period_s": 2.0},
-            "policy": {"min_resize_interval_s": 0, "restart_cost_s": 0},
         }
         for name, values in sections.items():
             base.setdefault(name, {}).update(values)

@@ -198,8 +198,32 @@ def wait_workers_match(db_url: str, marker: str, *, servers: Collection[str] | N
         if wanted == running and _converged(db_url, servers) and database_workers(db_url, servers) == wanted:
             return wanted
         if time.monotonic() > deadline:
+            jobs = {w.job_id for w in wanted ^ running}
             raise AssertionError(
                 f"workers do not match the database after {timeout}s:\n"
                 f"  wanted, not running: {sorted(wanted - running)}\n"
-                f"  running, not wanted: {sorted(running - wanted)}")
+                f"  running, not wanted: {sorted(running - wanted)}\n" + _diagnosis(db_url, jobs))
         time.sleep(interval)
+
+
+def _diagnosis(db_url: str, job_ids: Collection[str]) -> str:
+    """The servers' states and generations, and the last events of ``job_ids``: what a failure needs."""
+    engine = _engine(db_url)
+    try:
+        with engine.connect() as conn:
+            servers = conn.execute(sa.text("SELECT id, state, desired_generation, observed_generation, last_seen_at "
+                                           "FROM servers ORDER BY id")).all()
+            lines = [f"  server {r.id}: {r.state}, generation desired {r.desired_generation} observed "
+                     f"{r.observed_generation}, last seen {r.last_seen_at:.1f}" for r in servers]
+            for job_id in sorted(job_ids, key=int)[:5]:
+                job = conn.execute(sa.text("SELECT state, num_workers, incarnation, restarts FROM jobs WHERE id = :id"),
+                                   {"id": int(job_id)}).first()
+                lines.append(f"  job {job_id}: {job and tuple(job)}")
+                events = conn.execute(sa.text(
+                    "SELECT time, kind, from_state, to_state, reason, message FROM events WHERE job_id = :id "
+                    "ORDER BY id DESC LIMIT 8"), {"id": int(job_id)}).all()
+                lines += [f"    {e.time:.1f} {e.kind} {e.from_state}->{e.to_state} {e.reason}: {e.message[:160]}"
+                          for e in reversed(events)]
+    finally:
+        engine.dispose()
+    return "\n".join(lines)
