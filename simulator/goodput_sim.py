@@ -37,13 +37,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from scheduler_service.core.goodput import progress_rate, split_batch
 from scheduler_service.policies.optimus import OptimusJob, optimus_allocate, optimus_place
 from scheduler_service.policies.tiresias import TiresiasJob, TiresiasState, place_in_order, tiresias_decide
 from simulator.goodput_profiles import Application, load_application
-
-GOODPUT_POLICIES = ("tiresias", "optimus")
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,60 +157,70 @@ def _packed(gpus: int, per_node: int) -> tuple[int, ...]:
     return (per_node,) * full + ((rest,) if rest else ())
 
 
-@dataclass
-class Decider:
-    """One policy's cycle over the simulated jobs: (active jobs, previous allocations, now) ->
-    allocations. Holds what the policy keeps between cycles (Tiresias' queues)."""
+class Decider(Protocol):
+    """One policy's cycle over the simulated jobs: (active jobs in arrival order, their previous
+    allocations, now) -> allocations, one node index per GPU. Holds what the policy keeps between cycles."""
 
-    policy: str
+    def decide(self, active: list[SimJob], previous: dict[int, list[int]], now: float) -> dict[int, list[int]]: ...
+
+
+@dataclass
+class TiresiasDecider:
+    """``tiresias_decide`` on the requested GPUs as gangs; its queues carried from cycle to cycle."""
+
     nodes: int
     gpus_per_node: int
-    tiresias_state: TiresiasState = field(default_factory=TiresiasState)
-    _oracle_memo: dict[tuple[str, int, int], float] = field(default_factory=dict)
+    state: TiresiasState = field(default_factory=TiresiasState)
 
     def decide(self, active: list[SimJob], previous: dict[int, list[int]], now: float) -> dict[int, list[int]]:
-        capacity = {n: self.gpus_per_node for n in range(self.nodes)}
-        if self.policy == "tiresias":
-            return self._tiresias(active, previous, now, capacity)
-        return self._optimus(active, previous, capacity)
-
-    def _tiresias(self, active: list[SimJob], previous: dict[int, list[int]], now: float,
-                  capacity: dict[int, int]) -> dict[int, list[int]]:
-        self.tiresias_state, run = tiresias_decide(
-            self.tiresias_state, [TiresiasJob(j.index, j.spec.num_replicas) for j in active], now,
-            self.nodes * self.gpus_per_node)
+        self.state, run = tiresias_decide(self.state, [TiresiasJob(j.index, j.spec.num_replicas) for j in active],
+                                          now, self.nodes * self.gpus_per_node)
         kept = {k: previous[k] for k in run if previous.get(k)}
+        capacity = dict.fromkeys(range(self.nodes), self.gpus_per_node)
         return place_in_order(run, {j.index: j.spec.num_replicas for j in active}, kept, capacity)
 
-    def _optimus(self, active: list[SimJob], previous: dict[int, list[int]], capacity: dict[int, int]
-                 ) -> dict[int, list[int]]:
+
+@dataclass
+class OptimusOracleDecider:
+    """``optimus_allocate`` with the oracle's step times and remaining iterations (module doc)."""
+
+    nodes: int
+    gpus_per_node: int
+    _memo: dict[tuple[str, int, int], float] = field(default_factory=dict)
+
+    def decide(self, active: list[SimJob], previous: dict[int, list[int]], now: float) -> dict[int, list[int]]:
         jobs = [OptimusJob(j.index, 1 if j.app.name == "ncf" else j.spec.batch_size // j.app.min_atomic_bsz,
-                           self._remaining(j), self._oracle_step_time(j)) for j in active]
+                           self._remaining(j), self._step_time(j)) for j in active]
         count = optimus_allocate(jobs, self.nodes * self.gpus_per_node)
-        return optimus_place(count, previous, capacity)
+        return optimus_place(count, previous, dict.fromkeys(range(self.nodes), self.gpus_per_node))
 
     @staticmethod
     def _remaining(job: SimJob) -> float:
+        """Iterations left at the requested batch size, counted to the end of the current epoch."""
         app, batch = job.app, job.spec.batch_size
         if app.completion_epoch <= job.epoch:
             return 1.0
         return app.iterations_after(batch, app.completion_epoch) - app.iterations_after(batch, job.epoch)
 
-    def _oracle_step_time(self, job: SimJob) -> Callable[[int], float]:
+    def _step_time(self, job: SimJob) -> Callable[[int], float]:
         app, batch = job.app, job.spec.batch_size
 
         def step_time(replicas: int) -> float:
             key = (app.name, batch, replicas)
-            known = self._oracle_memo.get(key)
+            known = self._memo.get(key)
             if known is None:
                 # The authors' oracle: a packed placement, and at least two passes on one GPU.
                 split = split_batch(batch, replicas, app.max_atomic_bsz, max_batch_size=app.max_batch_size,
                                     init_bsz=0 if replicas == 1 else None)
                 step, sync = app.step_times(_packed(replicas, self.gpus_per_node), split.atomic_bsz)
-                known = self._oracle_memo[key] = step + (step - sync) * split.accum_steps
+                known = self._memo[key] = step + (step - sync) * split.accum_steps
             return known
 
         return step_time
+
+
+DECIDERS: dict[str, Callable[[int, int], Decider]] = {"tiresias": TiresiasDecider, "optimus": OptimusOracleDecider}
+GOODPUT_POLICIES = tuple(DECIDERS)
 
 
 @dataclass(frozen=True)
@@ -235,7 +244,7 @@ def run_workload(workload: list[WorkloadJob], data_dir: str | Path, policy: str,
         raise ValueError(f"the goodput job model runs {', '.join(GOODPUT_POLICIES)}, not {policy!r}")
     started = time.perf_counter()
     jobs = [SimJob(i, spec, load_application(data_dir, spec.application)) for i, spec in enumerate(workload)]
-    decider = Decider(policy, nodes, gpus_per_node)
+    decider = DECIDERS[policy](nodes, gpus_per_node)
     allocations: dict[int, list[int]] = {}
     now = 0.0
     while any(j.completion_time is None for j in jobs):
