@@ -237,7 +237,7 @@ def test_registered_tiresias_preempts_a_job_past_the_threshold_for_a_new_one() -
     snap = snapshot_of(servers, [old, new])
     plan = create_policy("tiresias").schedule(snap)
     assert check_plan(snap, plan) == []
-    assert [p.job_id for p in plan.preemptions] == [1]
+    assert [(p.job_id, p.reason) for p in plan.preemptions] == [(1, Reason.PREEMPTED_BY_POLICY)]
     assert [s.job_id for s in plan.starts] == [2]
     young = snapshot_of(servers, [running_job(1, [("a", (0, 1, 2, 3))], low=1, resized=NOW - 3600), new])
     plan = create_policy("tiresias").schedule(young)

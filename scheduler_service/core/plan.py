@@ -32,6 +32,7 @@ class Reason(StrEnum):
     SCALED_IN_FOR_BASE_DEMAND = "SCALED_IN_FOR_BASE_DEMAND"  # a queued job's minimum needed them
     SCALED_IN_FOR_RECLAIM = "SCALED_IN_FOR_RECLAIM"  # its loaned server went back to inference
     PREEMPTED_FOR_RECLAIM = "PREEMPTED_FOR_RECLAIM"  # reclaim left it below min_workers
+    PREEMPTED_BY_POLICY = "PREEMPTED_BY_POLICY"  # its GPUs went to jobs the policy ranks first (tiresias, optimus)
     # A server it ran on is LOST (its agent went silent): shrunk to its workers elsewhere when that
     # keeps min_workers, else requeued (core.faults decides, before any policy step).
     SERVER_LOST = "SERVER_LOST"

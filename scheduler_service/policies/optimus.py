@@ -142,7 +142,7 @@ class OptimusPolicy:
                     kept = tuple(WorkerPlacement(w.rank, w.server_id, w.gpu_indices) for w in job.workers)
                     scales.append(ScaleJob(key, kept + extra, Reason.SCALED_OUT,
                                            f"Optimus: {wanted} worker(s), the greatest marginal gain"))
-        preemptions = tuple(PreemptJob(k, Reason.SCALED_IN, "Optimus: its GPUs cut other jobs' remaining "
+        preemptions = tuple(PreemptJob(k, Reason.PREEMPTED_BY_POLICY, "Optimus: its GPUs cut other jobs' remaining "
                                                             "time more") for k in sorted(preempt))
         return Plan(starts=tuple(starts), scales=tuple(scales), preemptions=preemptions, pending=tuple(pending))
 

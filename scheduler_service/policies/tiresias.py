@@ -149,7 +149,7 @@ class TiresiasPolicy:
                                  total, queue_threshold_gpu_s=self.queue_threshold_gpu_s)
         chosen = set(run)
         by_id = {j.job_id: j for j in active}
-        preemptions = tuple(PreemptJob(k, Reason.SCALED_IN, "Tiresias: a job earlier in the 2D-LAS queues "
+        preemptions = tuple(PreemptJob(k, Reason.PREEMPTED_BY_POLICY, "Tiresias: a job earlier in the 2D-LAS queues "
                                                             "needs its GPUs")
                             for k in sorted(running_now) if k not in chosen)
         after = _without(snapshot, {p.job_id for p in preemptions})
