@@ -258,6 +258,18 @@ def test_the_registered_policies_run_a_trace_in_the_simulator_with_valid_plans(n
     assert all(job.end is not None for job in result.jobs)
 
 
+def test_registered_tiresias_keeps_a_demoted_job_in_queue_1_once_it_is_preempted() -> None:
+    # Two 4-GPU jobs of 6 h on one 4-GPU server: the first is demoted at 16 GPU-hours (4 h) and preempted
+    # for the second, which is demoted 4 h later and gives way to the first (earlier in queue 1). Had a
+    # preempted job counted as never served, each would preempt the other every cycle, losing the work
+    # since its checkpoint each time, and neither would finish.
+    jobs = [linear_job(1, 0.0, 4, 1, 1, 6 * 3600.0), linear_job(2, 10.0, 4, 1, 1, 6 * 3600.0)]
+    result = simulate(jobs, [], ClusterSpec(1, 0, gpus_per_server=4), "tiresias", PolicyParams(), seed=0,
+                      cycle_interval_s=60.0, max_time_s=30 * 3600.0, check_plans=True)
+    assert result.stop_reason == "completed"
+    assert [job.preemptions for job in result.jobs] == [1, 1]
+
+
 # -- measured profiles and the simulated job (need the Pollux data) -------------------------------------
 
 SHARED = Path(os.environ.get("ARYL_SHARED_DIR") or Path(__file__).resolve().parents[1].parent / "shared")

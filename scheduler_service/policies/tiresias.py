@@ -18,8 +18,9 @@ the time between them (so the restart delay after a start counts as service, as 
 
 The registered policy (``TiresiasPolicy``) runs the same decision on a ``ClusterSnapshot``. The snapshot
 has no attained-service history, so it rebuilds the state each cycle: attained service is approximated
-by ``(now - started_at) x workers`` for a running job and taken as 0 for a queued one, and queue 1 is
-ordered by submission (not by demotion time). The simulator's goodput model (``simulator.goodput_sim``)
+by ``(now - started_at) x GPUs`` for every job that has started (so time queued again after a preemption
+counts as service), 0 for one never started, and queue 1 is ordered by submission (not by demotion
+time). The simulator's goodput model (``simulator.goodput_sim``)
 keeps the exact state between cycles.
 """
 
@@ -138,7 +139,9 @@ class TiresiasPolicy:
         active = sorted((j for j in snapshot.jobs if j.state in (JobState.PENDING, JobState.RUNNING)),
                         key=lambda j: (j.submitted_at, j.job_id))
         running_now = {j.job_id: j for j in active if j.state == JobState.RUNNING}
-        executed = {j.job_id: _attained_s(j, snapshot.now) for j in running_now.values()}
+        # Every job that ever ran, queued again or not: a demoted job stays in queue 1 (were a requeued
+        # one back in queue 0, it would preempt the queue-1 job that ran instead, and be demoted again).
+        executed = {j.job_id: _attained_s(j, snapshot.now) for j in active}
         total = sum(len(s.healthy_gpus) for s in snapshot.servers if s.runs_training and not s.cordoned)
         queue1 = tuple(j.job_id for j in active
                        if executed.get(j.job_id, 0.0) * _gang_gpus(j) >= self.queue_threshold_gpu_s)
@@ -180,7 +183,8 @@ def _gang_gpus(job: JobView) -> int:
 
 
 def _attained_s(job: JobView, now: float) -> float:
-    """Running seconds, approximated from the first start (the snapshot keeps no history)."""
+    """Running seconds, approximated by the time since the first start (the snapshot keeps no history
+    of service: the time queued again after a preemption counts too); 0 for a job never started."""
     return max(0.0, now - (job.started_at if job.started_at is not None else now))
 
 
