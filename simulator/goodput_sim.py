@@ -10,12 +10,15 @@ Modelling choices (each is the authors'; each changes the figures):
   the tick's end on the jobs submitted by then and not completed; a job submitted mid-tick waits for the
   next decision. Completion times are exact to the second (see below), so JCT is not a multiple of 60.
 - **restart**: every allocation change -- the first start included, and a move to other GPUs of the same
-  count -- costs ``restart_s`` (30 s) without progress, counted as attained service.
+  count -- costs ``restart_s`` (30 s) without progress, counted as attained service. A preempted or
+  resized job loses no progress (no checkpoint interval), and jobs never fail.
+- **no interference** between jobs sharing a node, and no cluster autoscaling (the study's defaults).
 - **progress** within a tick: at the configuration's true step time and true efficiency gain
   (``Application.step_times`` and ``Application.gain``, gradient statistics of the current epoch),
   ``gain / step_time`` iterations-at-initial-batch per second, piecewise by epoch: crossing an epoch
-  boundary takes ``round(to_go / rate)`` whole seconds and the new epoch's statistics apply from there;
-  the job completes when it finishes its last epoch.
+  boundary takes ``round(to_go / rate)`` whole seconds (half to even; the progress is then set to the
+  boundary exactly) and the new epoch's statistics apply from there; the job completes when it finishes
+  its last epoch.
 - **batch size**: fixed as the workload requests it (Tiresias, Optimus); split over the replicas as
   ``core.goodput.split_batch`` (one GPU running more than the initial batch makes two passes), the atomic
   batch cut so that the total stays within the largest validated batch.
@@ -24,10 +27,14 @@ Modelling choices (each is the authors'; each changes the figures):
 - **NCF** jobs never get more than one GPU (Optimus).
 
 Policies: ``tiresias`` (``scheduler_service.policies.tiresias.tiresias_decide``, requested GPUs as the
-gang) and ``optimus`` (``scheduler_service.policies.optimus.optimus_allocate`` with the oracle: the true
-step time of a packed placement, ``max_gpus`` = batch size / smallest atomic batch, and the remaining
-iterations at the requested batch size, epoch-granular). The policy's decisions are the registered
-policies' own functions, imported, not copied.
+gang; queue 0 in arrival order, queue 1 in demotion order) and ``optimus``
+(``scheduler_service.policies.optimus.optimus_allocate``, the study's Optimus+Oracle: the oracle's step
+time is the true one of a *packed* placement (4 GPUs per node) whatever the job's real placement, with
+at least two passes on one GPU even at the initial batch size; ``max_gpus`` = batch size // smallest
+atomic batch; the remaining iterations at the requested batch size from the start of the current epoch,
+1 in the last). The decisions are the registered policies' own functions, imported, not copied; the
+placement of both is ``tiresias.place_in_order`` (kept jobs stay; the others take the most free node
+first).
 """
 
 from __future__ import annotations
