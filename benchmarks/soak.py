@@ -219,9 +219,10 @@ def render(summary: Summary, regime: Mapping[str, object]) -> str:
         f"(x{s.submit_drift:.2f})",
         f"  ReportStatus p99     first window {s.report_p99_first_ms:.1f} ms, last {s.report_p99_last_ms:.1f} ms "
         f"(x{s.report_drift:.2f})",
-        f"counts: submits {s.submits}, cancels {s.cancels}, completed {s.completed}, loans {s.loans}, "
-        f"reclaims {s.reclaims}",
-        f"acknowledged jobs {o.acknowledged}: lost {o.lost}; cancellations not applied {o.cancels_not_applied}",
+        f"counts at the last sample: submits {s.submits}, cancels {s.cancels}, completed {s.completed}, "
+        f"loans {s.loans}, reclaims {s.reclaims}",
+        f"after the load stopped: acknowledged jobs {o.acknowledged}, lost {o.lost}; cancellations not applied "
+        f"{o.cancels_not_applied}",
         "errors: expected " + (", ".join(f"{k} x{v}" for k, v in sorted(expected.items())) or "none")
         + "; unexpected " + (", ".join(f"{k} x{v}" for k, v in sorted(unexpected.items())) or "none"),
     ]
