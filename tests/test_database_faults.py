@@ -250,3 +250,53 @@ def test_a_write_whose_connection_is_lost_during_commit_is_not_run_again(postgre
         assert _events(transactions, "DURING_COMMIT") == 0  # (here it was not: COMMIT never arrived)
     finally:
         engine.dispose()
+
+
+def _conflicting(engine: sa.Engine, job_id: int, conflicts: int, runs: list[int]) -> Callable[[Session], int]:
+    """A unit of work that loses a real optimistic-concurrency race on its first ``conflicts`` runs:
+    a rival transaction changes the job (and its version) between this unit's read and its write."""
+
+    def work(session: Session) -> int:
+        job = session.get(m.Job, job_id)
+        assert job is not None
+        runs.append(job.version)
+        if len(runs) <= conflicts:
+            with Session(engine) as rival, rival.begin():
+                rival_job = rival.get(m.Job, job_id)
+                assert rival_job is not None
+                rival_job.priority += 1
+        job.priority = 1000 + len(runs)  # always a change: an UPDATE that checks the version read
+        return job_id
+
+    return work
+
+
+def test_a_write_that_keeps_losing_races_runs_again_after_pauses_until_it_wins(postgres_url: str) -> None:
+    """A status report and a plan often touch the same server and job rows; the hour-long soak saw
+    three immediate attempts all lose (ABORTED to the agent). The write now pauses, jittered, between
+    attempts and tries up to CONFLICT_RETRIES times."""
+    from sqlalchemy.orm import sessionmaker
+
+    from scheduler_service.errors import Aborted
+    from scheduler_service.store.transactions import CONFLICT_RETRIES
+    from tests.test_store import make_job
+
+    engine = create_engine_for(postgres_url)
+    try:
+        with sessionmaker(engine).begin() as session:
+            job_id = make_job(session, name="raced").id
+        transactions = Transactions(session_factory(engine), publish=lambda _states: None)
+        runs: list[int] = []
+        assert transactions.write(_conflicting(engine, job_id, 3, runs)) == job_id  # three lost races, then won
+        assert len(runs) == 4 and runs == sorted(runs) and len(set(runs)) == 4
+        with Session(engine) as session:
+            assert session.get(m.Job, job_id).priority == 1004  # type: ignore[union-attr]
+
+        runs.clear()
+        with pytest.raises(Aborted, match="a concurrent change modified the same object"):
+            transactions.write(_conflicting(engine, job_id, CONFLICT_RETRIES, runs))
+        assert len(runs) == CONFLICT_RETRIES  # every attempt lost: the caller hears ABORTED, nothing half-written
+        with Session(engine) as session:
+            assert session.get(m.Job, job_id).priority == 1004 + CONFLICT_RETRIES  # type: ignore[union-attr]
+    finally:
+        engine.dispose()

@@ -2,7 +2,9 @@
 
 ``Transactions.write`` commits a unit of work, or runs it again when it lost a race that running it
 again resolves (an optimistic-concurrency conflict; PostgreSQL aborting it to break a deadlock or a
-serialization conflict), up to ``retries`` attempts. ``read`` runs a read-only unit on one consistent
+serialization conflict), up to ``retries`` attempts, each after a short jittered pause (a few
+milliseconds, doubling) so that the rivals of a hot row -- a status report and a plan touching the
+same server and jobs -- do not collide again in lock-step. ``read`` runs a read-only unit on one consistent
 view. Desired states read inside a writing transaction (``stage_desired_states``) are handed to
 ``publish`` right after its commit, so agents hear of a decision without a second read.
 
@@ -22,6 +24,7 @@ announce their own changes after commit); a unit of work must be safe to run mor
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import TypeVar
 
@@ -31,6 +34,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.orm.exc import StaleDataError
 
+from aryl_common.backoff import Backoff
 from scheduler_service.errors import Aborted, Unavailable
 from scheduler_service.kill_points import kill_point
 from scheduler_service.records import DesiredServerState
@@ -47,6 +51,14 @@ _LOST_TO_A_CONCURRENT_TRANSACTION = frozenset({"40001", "40P01"})
 _DESIRED_STATES = "aryl.desired_states"
 
 
+# A unit of work that lost a race runs again, up to this many attempts in all, pausing between them
+# from CONFLICT_PAUSE_S (jittered, doubling) up to CONFLICT_PAUSE_MAX_S: at most ~0.2 s of pauses.
+# (Measured in the hour-long soak at 1,000 agents: three immediate attempts still lost 11 status
+# reports to plans touching the same rows.)
+CONFLICT_RETRIES = 6
+CONFLICT_PAUSE_S = 0.005
+CONFLICT_PAUSE_MAX_S = 0.08
+
 class Transactions:
     def __init__(
         self, sessions: sessionmaker[Session], *, publish: Callable[[Mapping[str, DesiredServerState]], None]
@@ -56,7 +68,7 @@ class Transactions:
         # Per thread: the servers whose desired state the last ``write`` on this thread published.
         self._local = threading.local()
 
-    def write(self, work: Callable[[Session], T], *, retries: int = 3) -> T:
+    def write(self, work: Callable[[Session], T], *, retries: int = CONFLICT_RETRIES) -> T:
         """Run ``work`` in one transaction; retry on an optimistic-concurrency conflict, and when
         PostgreSQL aborted it to break a deadlock with a concurrent transaction (which then went on:
         e.g. a status report locks a server, then a job; an apply or a cancel locks jobs, then their
@@ -67,6 +79,7 @@ class Transactions:
         self._local.published = frozenset()
         attempt = 0
         reconnected = False
+        pause = Backoff(CONFLICT_PAUSE_MAX_S, initial_s=CONFLICT_PAUSE_S)
         while True:
             committing = False
             try:
@@ -83,6 +96,7 @@ class Transactions:
             except StaleDataError:
                 if attempt == retries - 1:
                     raise Aborted("a concurrent change modified the same object; retry") from None
+                time.sleep(pause.next_delay())
             except DBAPIError as exc:
                 if connection_lost(exc):
                     if committing:
@@ -105,6 +119,7 @@ class Transactions:
                          reason=_first_line(exc))
                 if attempt == retries - 1:
                     raise Aborted("the database aborted this change in favour of a concurrent one; retry") from None
+                time.sleep(pause.next_delay())
             attempt += 1
 
     @property
