@@ -22,9 +22,10 @@ test: lint
 	$(BIN)/python -m pytest -q
 	$(MAKE) --no-print-directory soak-ci
 
-# Fault injection, full run (100 scheduler kill points, 120 s partitions, ...): tests/chaos with ARYL_CHAOS=full.
+# Fault injection, full run (100 scheduler kill points, 120 s partitions, ...): tests/chaos with ARYL_CHAOS=full;
+# each run's logs stay in chaos-output/ until the next run.
 chaos: $(STAMP)
-	ARYL_CHAOS=full $(BIN)/python -m pytest -q tests/chaos
+	ARYL_CHAOS=full $(BIN)/python -m pytest -q --basetemp=chaos-output tests/chaos
 
 # One hour at the L-scale fleet; figures and a plot under soak-results/. `soak-ci` is its 5-minute form.
 soak: $(STAMP)

@@ -48,6 +48,7 @@ from scheduler_service.config import SchedulerConfig
 from scheduler_service.core.clock import Clock
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.cycle import SchedulingCycle
+from scheduler_service.errors import Aborted, Unavailable
 from scheduler_service.notify import AsyncNotifier
 from scheduler_service.policies import create_policy
 from scheduler_service.solvers import warm_up as warm_up_solvers
@@ -285,6 +286,8 @@ class SchedulerService:
                     log.info("cycle", jobs=report.snapshot_jobs, started=len(report.result.started),
                              rejected=list(report.result.rejected), decide_ms=round(report.decide_s * 1e3, 2),
                              total_ms=round(report.total_s * 1e3, 2))
+            except (Unavailable, Aborted) as exc:  # the database is away or busy, or a race was lost: expected
+                log.warning("scheduling cycle skipped; retrying at the next tick", reason=str(exc))
             except Exception:  # a failed cycle is logged and retried, never fatal
                 log.exception("scheduling cycle failed; retrying at the next tick")
             # Batch a burst of triggers (e.g. many submissions) into the next cycle, and keep cycles to
