@@ -7,6 +7,7 @@ migrations build, using plain SQLAlchemy sessions over the models. A refused wri
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -350,8 +351,9 @@ def event_row(engine: sa.Engine, event_id: int) -> tuple | None:
     ],
 )
 def test_events_are_append_only(engine: sa.Engine, write) -> None:
+    # A recent event: only events older than the retention floor (a day, migration 0008) may be pruned.
     with Session(engine) as session, session.begin():
-        event_id = make_event(session, details={"gpus": [0, 1]}).id
+        event_id = make_event(session, time=time.time(), details={"gpus": [0, 1]}).id
     before = event_row(engine, event_id)
 
     with pytest.raises(APPEND_ONLY_ERROR[engine.dialect.name], match="events is append-only"):
