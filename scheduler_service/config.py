@@ -25,7 +25,11 @@ class ServerConfig(ConfigSection):
     listen: str = Field("127.0.0.1:50051", description="host:port the gRPC server binds")
     max_message_bytes: int = Field(16 * 1024 * 1024, gt=0, description="max gRPC message size, both ways")
     worker_threads: int = Field(16, gt=0, description="threads serving unary RPCs")
-    max_concurrent_streams: int = Field(4096, gt=0, description="WatchEvents/WatchDesiredState streams")
+    max_concurrent_streams: int = Field(
+        4096, gt=0,
+        description="concurrent calls per client connection (gRPC's HTTP/2 stream limit); watch streams have "
+                    "their own limits below",
+    )
     shutdown_grace_s: float = Field(5.0, ge=0, description="time in-flight RPCs get on shutdown")
     max_watch_streams: int = Field(
         1024, gt=0,
