@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from scheduler_service.core.params import PolicyParams
 from simulator.engine import SimulationResult, simulate
@@ -270,40 +273,68 @@ authors' runs use tuned requests, ours the realistic ones.
     return text, {"ours": ours, "theirs": theirs}
 
 
+# The report's sections, in order: name -> function(shared, assets, earlier raw summaries) -> (markdown, raw).
+# A section added by another module registers here with one line. Each section's text sits between
+# ``<!-- section:NAME -->`` markers in docs/evaluation.md, so ``--only NAME`` rewrites that section in place
+# (and its key in summaries.json) and leaves the others as they are.
+Section = Callable[[Path, Path, dict[str, Any]], tuple[str, Any]]
+SECTIONS: dict[str, Section] = {
+    "headline": lambda shared, assets, raw: headline(shared, assets),
+    "sensitivity": lambda shared, assets, raw: sensitivity(shared, raw.get("headline")),
+    "pollux": lambda shared, assets, raw: pollux(shared),
+}
+
+
+def marked(name: str, text: str) -> str:
+    return f"<!-- section:{name} -->\n{text.rstrip()}\n<!-- /section:{name} -->\n"
+
+
+def splice(doc: str, name: str, text: str) -> str:
+    """``doc`` with section ``name`` replaced by ``text`` (appended before the closing notes if absent)."""
+    pattern = re.compile(rf"<!-- section:{re.escape(name)} -->\n.*?<!-- /section:{re.escape(name)} -->\n", re.S)
+    if pattern.search(doc):
+        return pattern.sub(lambda _: marked(name, text), doc)
+    anchor = doc.find(READING.strip().splitlines()[0])
+    if anchor < 0:
+        return doc.rstrip() + "\n\n" + marked(name, text)
+    return doc[:anchor] + marked(name, text) + "\n" + doc[anchor:]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m simulator.evaluation", description=__doc__.splitlines()[0])
     parser.add_argument("--shared", type=Path, default=REPO.parent / "shared", help="the public data folder")
     parser.add_argument("--out", type=Path, default=REPO / "docs", help="where evaluation.md goes")
-    parser.add_argument("--only", choices=("headline", "sensitivity", "pollux"), action="append")
+    parser.add_argument("--only", choices=tuple(SECTIONS), action="append",
+                        help="regenerate only this section (repeatable), in place in an existing report")
     args = parser.parse_args(argv)
     assets = args.out / "evaluation"
     assets.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    wanted = set(args.only or ("headline", "sensitivity", "pollux"))
-    sections: list[str] = []
-    raw: dict[str, object] = {}
-    headline_summaries: dict[str, Summary] | None = None  # the sensitivity section reuses its sjf runs
-    if "headline" in wanted:
-        text, headline_summaries = headline(args.shared, assets)
-        sections.append(text)
-        raw["headline"] = headline_summaries
-    if "sensitivity" in wanted:
-        text, raw["sensitivity"] = sensitivity(args.shared, headline_summaries)
-        sections.append(text)
-    if "pollux" in wanted:
-        text, raw["pollux"] = pollux(args.shared)
-        sections.append(text)
-    (assets / "summaries.json").write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n")
-    doc = f"""# Evaluation
+    report, summaries_path = args.out / "evaluation.md", assets / "summaries.json"
+    partial = bool(args.only) and report.exists()
+    wanted = [name for name in SECTIONS if name in set(args.only or SECTIONS)]
+    raw: dict[str, Any] = json.loads(summaries_path.read_text()) if partial and summaries_path.exists() else {}
+    texts: dict[str, str] = {}
+    for name in wanted:
+        log(f"section {name}")
+        texts[name], raw[name] = SECTIONS[name](args.shared, assets, raw)
+    summaries_path.write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n")
+    if partial:
+        doc = report.read_text()
+        for name, text in texts.items():
+            doc = splice(doc, name, text)
+    else:
+        doc = f"""# Evaluation
 
 Regenerate with `make evaluation` (= `.venv/bin/python -m simulator.evaluation --shared ../shared`);
 this run took {time.perf_counter() - started:.0f} s. Raw summaries: `docs/evaluation/summaries.json`.
+One section alone: `python -m simulator.evaluation --only NAME` (sections: {", ".join(SECTIONS)}).
 Metric definitions: `simulator/results.py`. All runs use the same scheduling core and cycle as the
 service (`scheduler_service/cycle.py`, `scheduler_service/policies/`), driven by a virtual clock.
 
-""" + "\n".join(sections) + READING
-    (args.out / "evaluation.md").write_text(doc)
-    log(f"wrote {args.out / 'evaluation.md'} in {time.perf_counter() - started:.0f}s")
+""" + "\n".join(marked(name, text) for name, text in texts.items()) + READING
+    report.write_text(doc)
+    log(f"wrote {report} in {time.perf_counter() - started:.0f}s")
     return 0
 
 
