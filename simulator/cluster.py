@@ -470,7 +470,7 @@ class SimulatedCluster:
                 t.job_id, job.state, t.gpus_per_worker, t.min_workers, t.max_workers, t.priority, t.submit_time,
                 job.workers, None, job.pending_reason, t.throughput, t.work, work if work < t.work else t.work,
                 job.started_at, job.last_resized_at,
-                job.seg_start + periods * interval if periods >= 1 else job.checkpoint_at,
+                job.seg_start + periods * interval if periods >= 1 else job.checkpoint_at, "", t.deadline,
             ))
         jobs = tuple(views)
         if self._stale_servers:
@@ -490,7 +490,7 @@ class SimulatedCluster:
                 submitted_at=t.submit_time, pending_reason=job.pending_reason,
                 throughput_points=t.throughput, total_work=t.work, work_done=job.checkpoint_work,
                 started_at=job.started_at, last_resized_at=job.last_resized_at,
-                last_checkpoint_at=job.checkpoint_at,
+                last_checkpoint_at=job.checkpoint_at, deadline=t.deadline,
             )
         return job.view
 

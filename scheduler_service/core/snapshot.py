@@ -124,6 +124,8 @@ class JobView:
     last_resized_at: float | None = None  # last start, restart or resize (anti-thrashing)
     last_checkpoint_at: float | None = None
     size_note: str = ""  # why it keeps its size, as last recorded (``core.plan.KeepSize.summary``)
+    # When the job should be finished, on the snapshot's clock (``now``'s); None: no deadline.
+    deadline: float | None = None
 
     @property
     def num_workers(self) -> int:
