@@ -105,6 +105,26 @@ class WorkerView:
 
 
 @dataclass(frozen=True, slots=True)
+class ProgressWindow:
+    """Progress a job reported since its current incarnation (size) began, on the scheduler's clock:
+    ``first_work`` at ``first_at`` (its first report at this size, so start-up time is left out) to
+    ``last_work`` at ``last_at``, over ``reports`` reports after the first, at ``workers`` workers."""
+
+    workers: int
+    first_work: float
+    first_at: float
+    last_work: float
+    last_at: float
+    reports: int
+
+    @property
+    def rate(self) -> float | None:
+        """Work per second at ``workers`` workers; None until progress grew over a measurable time."""
+        span, done = self.last_at - self.first_at, self.last_work - self.first_work
+        return done / span if self.reports > 0 and span > 0 and done > 0 else None
+
+
+@dataclass(frozen=True, slots=True)
 class JobView:
     job_id: int
     state: JobState
@@ -126,6 +146,8 @@ class JobView:
     size_note: str = ""  # why it keeps its size, as last recorded (``core.plan.KeepSize.summary``)
     # When the job should be finished, on the snapshot's clock (``now``'s); None: no deadline.
     deadline: float | None = None
+    # Progress measured at the job's current size (``core.predict``); None: no two reports at this size yet.
+    progress_window: ProgressWindow | None = None
 
     @property
     def num_workers(self) -> int:
