@@ -13,7 +13,10 @@ Environment the agent sets for every worker (on top of its own environment and t
   incarnation changes whenever the job's workers restart (new start, resize, restart after failure);
 - ``ARYL_CHECKPOINT_DIR``: a directory that outlives this process; save checkpoints there and resume
   from them on start (the same job restarts there at another world size after a resize);
-- ``ARYL_PROGRESS_FILE``: where ``report_progress`` writes (the agent reads it at each status report).
+- ``ARYL_PROGRESS_FILE``: where ``report_progress`` writes (the agent reads it at each status report);
+- ``ARYL_ARRAY_JOB_ID`` and ``ARYL_ARRAY_INDEX``, only for an element of a job array (``arylctl submit
+  --array 0-99``, the ``SubmitJobs`` call with array indices): the array's id (the job id of its first
+  element) and this job's index in it, as Slurm's ``SLURM_ARRAY_JOB_ID`` / ``SLURM_ARRAY_TASK_ID``.
 
 Signals: SIGTERM means "checkpoint and exit within the grace period" (exit status 0 is fine: the
 agent reports that it stopped the worker); SIGKILL follows when the grace period is over. The
@@ -41,6 +44,8 @@ JOB_ID = "ARYL_JOB_ID"
 INCARNATION = "ARYL_INCARNATION"
 CHECKPOINT_DIR = "ARYL_CHECKPOINT_DIR"
 PROGRESS_FILE = "ARYL_PROGRESS_FILE"
+ARRAY_JOB_ID = "ARYL_ARRAY_JOB_ID"
+ARRAY_INDEX = "ARYL_ARRAY_INDEX"
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,12 @@ def job_id() -> str:
 
 def incarnation() -> int:
     return int(os.environ.get(INCARNATION, "0"))
+
+
+def array_index() -> int | None:
+    """This job's index in its job array; None for a job not in an array."""
+    value = os.environ.get(ARRAY_INDEX)
+    return int(value) if value else None
 
 
 def checkpoint_dir(default: str = "checkpoints") -> Path:

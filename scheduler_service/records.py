@@ -42,6 +42,7 @@ class JobSubmission:
     idempotency_key: str | None = None
     working_dir: str | None = None  # absolute path on the servers; None: the agent's per-job directory
     working_dir_if_exists: bool = False  # working_dir is a default, used only where it exists
+    array_index: int | None = None  # an element of a job array (``Jobs.submit_batch``): its index
 
 
 @dataclass(frozen=True)
@@ -167,6 +168,8 @@ class JobInfo:
     working_dir: str | None = None
     working_dir_if_exists: bool = False
     size_note: str = ""  # while RUNNING below max_workers: why the policy keeps its size ("REASON: message")
+    array_job_id: int | None = None  # an element of a job array: the array's id (its first job's id) ...
+    array_index: int | None = None  # ... and this job's index in it
 
 
 @dataclass(frozen=True)

@@ -90,6 +90,7 @@ def _job(row: JobInfo, *, command: Sequence[str], env: Mapping[str, str]) -> typ
         idempotency_key=row.idempotency_key or "", version=row.version,
         progress=row.work_done, incarnation=row.incarnation,
         last_checkpoint_at=timestamp(row.last_checkpoint_at),
+        array_job_id=str(row.array_job_id) if row.array_job_id is not None else "", array_index=row.array_index or 0,
     )
 
 

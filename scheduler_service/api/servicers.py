@@ -120,17 +120,51 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
         try:
             record = await asyncio.wrap_future(self._submissions.submit(submission))
         except KeyInUse as exc:
-            # The job holding the key, for programs as well as people: a google.rpc.ResourceInfo detail.
-            detail = error_details_pb2.ResourceInfo(
-                resource_type=JOB_RESOURCE_TYPE, resource_name=str(exc.job_id), owner=submission.user,
-                description=f"job {exc.job_id} holds idempotency_key {submission.idempotency_key!r}",
-            )
-            status = status_pb2.Status(code=grpc.StatusCode.ALREADY_EXISTS.value[0], message=str(exc))
-            status.details.add().Pack(detail)
-            await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(exc), trailing_metadata=(
-                (ANSWERED_BY_KEY, "aryl-scheduler"), ("grpc-status-details-bin", status.SerializeToString())))
+            await self._refuse_key_in_use(
+                context, exc, owner=submission.user,
+                description=f"job {exc.job_id} holds idempotency_key {submission.idempotency_key!r}")
             raise  # not reached: abort raises
         return scheduler_pb2.SubmitJobResponse(job=convert.job(record))
+
+    @staticmethod
+    async def _refuse_key_in_use(context: Any, exc: KeyInUse, *, owner: str, description: str) -> None:
+        """ALREADY_EXISTS naming the job holding the key, for programs as well as people: a
+        google.rpc.ResourceInfo detail."""
+        detail = error_details_pb2.ResourceInfo(
+            resource_type=JOB_RESOURCE_TYPE, resource_name=str(exc.job_id), owner=owner, description=description,
+        )
+        status = status_pb2.Status(code=grpc.StatusCode.ALREADY_EXISTS.value[0], message=str(exc))
+        status.details.add().Pack(detail)
+        await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(exc), trailing_metadata=(
+            (ANSWERED_BY_KEY, "aryl-scheduler"), ("grpc-status-details-bin", status.SerializeToString())))
+
+    @rpc
+    async def SubmitJobs(
+        self, request: scheduler_pb2.SubmitJobsRequest, context: Any
+    ) -> scheduler_pb2.SubmitJobsResponse:
+        now = self._now()
+
+        def answer() -> scheduler_pb2.SubmitJobsResponse:
+            # In a worker thread: checking 10,000 specs must not stall the event loop. One transaction
+            # for the whole call (not the group committer: all or none, whatever else is submitted).
+            subs = validation.job_submissions(request.jobs, request.array_indices, now=now)
+            records = self.app.jobs.submit_batch(subs, array=bool(request.array_indices))
+            return scheduler_pb2.SubmitJobsResponse(jobs=[convert.job_summary(r) for r in records])
+
+        try:
+            return await self.run(answer)
+        except KeyInUse as exc:
+            await self._refuse_key_in_use(context, exc, owner="", description=str(exc))
+            raise  # not reached: abort raises
+
+    @rpc
+    async def CancelJobArray(
+        self, request: scheduler_pb2.CancelJobArrayRequest, context: Any
+    ) -> scheduler_pb2.CancelJobArrayResponse:
+        array_job_id = validation.job_id("array_job_id", request.array_job_id)
+        reason = validation.text("reason", request.reason, max_len=1024)
+        cancelled = await self.run(self.app.jobs.cancel_array, array_job_id, reason)
+        return scheduler_pb2.CancelJobArrayResponse(cancelled_job_ids=[str(job.id) for job in cancelled])
 
     @rpc
     async def GetJob(self, request: scheduler_pb2.GetJobRequest, context: Any) -> scheduler_pb2.GetJobResponse:

@@ -5,15 +5,16 @@ Validation runs before anything touches the database, so a rejected request chan
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from google.protobuf import duration_pb2, timestamp_pb2
 from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
 
 from aryl_common.channels import MAX_JOB_SPEC_BYTES, MAX_WORKERS_PER_SERVER
-from protos.aryl.v1 import agent_pb2, types_pb2
+from protos.aryl.v1 import agent_pb2, scheduler_pb2, types_pb2
 from scheduler_service.errors import InvalidArgument
 from scheduler_service.lifecycle import JobState, Pool
 from scheduler_service.records import (
@@ -253,6 +254,50 @@ def job_submission(spec: types_pb2.JobSpec, idempotency_key: str, *, now: float)
         idempotency_key=submission_key, working_dir=working_dir,
         working_dir_if_exists=spec.working_dir_if_exists,
     )
+
+
+# The most jobs one SubmitJobs call may carry: 10,000 make one transaction of about a second here
+# (benchmarks/bench_submit.py); a larger array is submitted in several calls (arylctl does).
+MAX_BATCH_JOBS = 10_000
+
+
+def job_submissions(
+    jobs: Sequence[scheduler_pb2.SubmitJobRequest], array_indices: Sequence[int], *, now: float
+) -> list[JobSubmission]:
+    """Every job of a ``SubmitJobs`` call, checked as ``SubmitJob`` checks one; the first bad one
+    refuses the call, its field named ``jobs[i].<field>``. With ``array_indices`` (one per job,
+    distinct) each submission carries its index. Two jobs of one user may not share a key."""
+    if not jobs:
+        raise InvalidArgument("jobs", "is required: at least one job")
+    if len(jobs) > MAX_BATCH_JOBS:
+        raise InvalidArgument("jobs", f"must hold at most {MAX_BATCH_JOBS} jobs per call (got {len(jobs)}); "
+                                      "submit the rest in further calls")
+    if array_indices and len(array_indices) != len(jobs):
+        raise InvalidArgument("array_indices", f"must hold one index per job ({len(jobs)}), or none "
+                                               f"(got {len(array_indices)})")
+    if len(set(array_indices)) != len(array_indices):
+        seen: set[int] = set()
+        for i, index in enumerate(array_indices):
+            if index in seen:
+                raise InvalidArgument(f"array_indices[{i}]", f"{index} is listed twice; array indices are distinct")
+            seen.add(index)
+    subs = []
+    keys: dict[tuple[str, str], int] = {}
+    for i, request in enumerate(jobs):
+        try:
+            sub = job_submission(request.spec, request.idempotency_key, now=now)
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"jobs[{i}].{exc.field}", exc.reason) from None
+        if sub.idempotency_key:
+            first = keys.setdefault((sub.user, sub.idempotency_key), i)
+            if first != i:
+                raise InvalidArgument(f"jobs[{i}].idempotency_key",
+                                      f"{sub.idempotency_key!r} is also jobs[{first}]'s (same user {sub.user!r}); "
+                                      "each job needs its own key")
+        if array_indices:
+            sub = dataclasses.replace(sub, array_index=array_indices[i])
+        subs.append(sub)
+    return subs
 
 
 def _working_dir(spec: types_pb2.JobSpec) -> str | None:

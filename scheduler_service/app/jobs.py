@@ -1,5 +1,5 @@
-"""Jobs: submit (one or a batch), cancel (one or a batch), get, list a page, explain, and find a
-rank's logs.
+"""Jobs: submit (one, a group-committed batch, or an all-or-none batch such as a job array), cancel
+(one, a batch, or a whole array), get, list a page, explain, and find a rank's logs.
 
 Each call is one transaction; the agents of servers whose workers a cancel stopped, the event log
 and the cycle are told after commit.
@@ -30,7 +30,7 @@ MAX_PAGE_SIZE = 1000
 # The spec of a job as submitted: a resubmission with the same key must match it on each of these.
 _SPEC_FIELDS = ("name", "user", "queue", "command", "env", "gpus_per_worker", "min_workers", "max_workers",
                 "priority", "deadline", "throughput", "max_runtime_s", "restart_policy", "max_restarts",
-                "working_dir", "working_dir_if_exists")
+                "working_dir", "working_dir_if_exists", "array_index")
 
 
 class KeyInUse(AlreadyExists):
@@ -77,6 +77,44 @@ class Jobs:
         kill_point("submit.committed")
         self._notices.state_changed()
         return list(jobs)
+
+    def submit_batch(self, subs: Sequence[JobSubmission], *, array: bool = False) -> list[JobInfo]:
+        """Queue all of ``subs`` in one transaction, or none (``SubmitJobs``); with ``array`` the jobs
+        queued form one job array. A submission whose user used its idempotency key before with the
+        same spec is answered with that job and queues nothing (a retry of a call whose answer was
+        lost); one whose key holds a different spec refuses the whole batch (``KeyInUse``), as does
+        one whose gang can never fit (``FailedPrecondition``); each refusal names ``jobs[i]``."""
+        refused = self._never_fit(subs)
+        if refused:
+            i = min(refused)
+            raise FailedPrecondition(f"jobs[{i}]: {refused[i]}; nothing was queued")
+        keys = [(sub.user, sub.idempotency_key) for sub in subs if sub.idempotency_key]
+        for attempt in (1, 2):
+            held = self._db.read(lambda session: self._store.by_keys(session, keys)) if keys else {}
+            answers: list[JobInfo | None] = []
+            for i, sub in enumerate(subs):
+                job = held.get((sub.user, sub.idempotency_key)) if sub.idempotency_key else None
+                if job is not None and not _same_spec(sub, job):
+                    raise KeyInUse(job.id, f"jobs[{i}]: idempotency_key {sub.idempotency_key!r} of user {sub.user!r} "
+                                           f"was already used by job {job.id} with a different spec; nothing was "
+                                           "queued: submit it with another key")
+                answers.append(job)
+            new = [sub for sub, job in zip(subs, answers, strict=True) if job is None]
+            try:
+                inserted = iter(self._insert(new, array=array) if new else ())
+            except IntegrityError:
+                if attempt == 2:
+                    raise
+                continue  # a concurrent call took one of the keys between the read and the insert: read again
+            if new:
+                kill_point("submit.committed")
+                self._notices.state_changed()
+            return [job if job is not None else next(inserted) for job in answers]
+        raise AssertionError("unreachable: the second attempt returns or raises")
+
+    def _insert(self, subs: Sequence[JobSubmission], *, array: bool) -> list[JobInfo]:
+        now = self._clock.now()
+        return self._db.write(lambda session: self._store.insert(session, subs, now, array=array))
 
     def _never_fit(self, subs: Sequence[JobSubmission]) -> dict[int, FailedPrecondition]:
         """The submissions (by index) whose gang could not fit even if every registered server -- training
@@ -132,6 +170,16 @@ class Jobs:
         if any(isinstance(r, JobInfo) for r in results):
             self._notices.servers_changed(touched)
         return results
+
+    def cancel_array(self, array_job_id: int, reason: str) -> list[JobInfo]:
+        """Cancel every job of the array that has not ended (one transaction); the jobs cancelled.
+        ``NotFound`` when no job has that array id."""
+        active, exists = self._db.read(lambda session: self._store.active_in_array(session, array_job_id))
+        if not exists:
+            raise NotFound(f"job array {array_job_id} not found (an array's id is the job id of its first job)")
+        results = self.cancel_many([(job_id, reason) for job_id in active]) if active else []
+        # A job that ended meanwhile is refused alone (FailedPrecondition): it is not cancelled, and not an error.
+        return [r for r in results if isinstance(r, JobInfo)]
 
     def explain(self, job_id: int) -> Explanation:
         """The job, a summary, and one entry per decision. The event log records a resize as RUNNING ->

@@ -85,6 +85,7 @@ class DesiredStates:
             sa.select(a.server_id, a.job_id, a.rank,
                       sa.func.aggregate_strings(sa.cast(a.gpu_index, sa.String), ",").label("gpus"),
                       j.num_workers, j.command, j.env, j.incarnation, j.working_dir, j.working_dir_if_exists,
+                      j.array_job_id, j.array_index,
                       master.label("master_addr"), port.label("master_port"))
             .join(m.JOBS, j.id == a.job_id)
             .where(a.server_id.in_(sorted(row.id for row in servers)))
@@ -104,7 +105,8 @@ class DesiredStates:
                     DesiredWorkerSpec(
                         job_id=w.job_id, rank=w.rank, world_size=w.num_workers, local_rank=local_rank[w.job_id],
                         gpu_indices=index_list(w.gpus), command=tuple(w.command),
-                        env=dict(w.env), master_addr=w.master_addr or server.agent_address,
+                        env=_worker_env(w.env, w.array_job_id, w.array_index),
+                        master_addr=w.master_addr or server.agent_address,
                         master_port=w.master_port or 0, incarnation=w.incarnation,
                         working_dir=w.working_dir or "", working_dir_if_exists=w.working_dir_if_exists,
                     )
@@ -114,3 +116,13 @@ class DesiredStates:
                 server.id, epoch, server.desired_generation, server.state, tuple(specs)
             )
         return states
+
+
+def _worker_env(env: dict[str, str], array_job_id: int | None, array_index: int | None) -> dict[str, str]:
+    """The job's environment, plus its place in its job array for an array's element (the job
+    contract, ``node_agent.contract``: ``ARYL_ARRAY_JOB_ID``, ``ARYL_ARRAY_INDEX``). Carried in the
+    desired state's env because they are per job, like the env itself; a spec cannot set ``ARYL_*``
+    names (``api.validation``), so nothing a user wrote is overridden."""
+    if array_job_id is None:
+        return dict(env)
+    return {**env, "ARYL_ARRAY_JOB_ID": str(array_job_id), "ARYL_ARRAY_INDEX": str(array_index or 0)}

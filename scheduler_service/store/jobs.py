@@ -34,8 +34,11 @@ class JobStore:
         self._desired = desired
         self._clock = clock
 
-    def insert(self, session: Session, subs: Sequence[JobSubmission], now: float) -> list[JobInfo]:
+    def insert(
+        self, session: Session, subs: Sequence[JobSubmission], now: float, *, array: bool = False
+    ) -> list[JobInfo]:
         """Queue ``subs`` as PENDING jobs submitted at ``now``, each with its JOB_SUBMITTED event.
+        With ``array`` they form one job array whose id is the first one's job id (one more UPDATE).
         Raises IntegrityError when a user's idempotency key was used before (by that user)."""
         rows = [_job_row(sub, now) for sub in subs]
         # Core INSERT ... RETURNING in one round trip for the whole batch ("insertmanyvalues").
@@ -56,8 +59,36 @@ class JobStore:
                 for job_id, row in zip(ids, rows, strict=True)
             ],
         )
-        return [job_info({**row, **_NOT_WRITTEN_YET, "id": job_id, "version": 1})
+        array_job_id = None
+        if array and ids:
+            # The ids are only known now (RETURNING): one statement marks the whole array.
+            array_job_id = ids[0]
+            session.execute(sa.update(jobs).where(jobs.c.id.in_(ids)).values(array_job_id=array_job_id))
+        return [job_info({**row, **_NOT_WRITTEN_YET, "id": job_id, "version": 1, "array_job_id": array_job_id})
                 for job_id, row in zip(ids, rows, strict=True)]
+
+    @staticmethod
+    def by_keys(session: Session, keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], JobInfo]:
+        """The jobs holding any of ``keys`` ((user, idempotency key) pairs), by key, as they are now."""
+        if not keys:
+            return {}
+        j = m.JOBS.c
+        found = {}
+        # Chunked: an IN list of (user, key) pairs per statement, bounded for the database's parameter limit.
+        for start in range(0, len(keys), 2000):
+            chunk = keys[start:start + 2000]
+            rows = session.execute(  # every column: a retry is told apart by its whole spec
+                sa.select(m.JOBS).where(sa.tuple_(j.user, j.idempotency_key).in_(chunk))
+            ).all()
+            found.update({(row.user, row.idempotency_key): job_info(row._mapping) for row in rows})
+        return found
+
+    @staticmethod
+    def active_in_array(session: Session, array_job_id: int) -> tuple[list[int], bool]:
+        """The ids of the array's jobs that have not ended, and whether the array has any job at all."""
+        j = m.JOBS.c
+        rows = session.execute(sa.select(j.id, j.state).where(j.array_job_id == array_job_id).order_by(j.id)).all()
+        return [row.id for row in rows if not JobState(row.state).is_terminal], bool(rows)
 
     @staticmethod
     def by_key(session: Session, user: str, key: str) -> JobInfo | None:
@@ -219,7 +250,7 @@ def _job_row(sub: JobSubmission, now: float) -> dict[str, Any]:
         gpus_per_worker=sub.gpus_per_worker, min_workers=sub.min_workers, max_workers=sub.max_workers,
         priority=sub.priority, deadline=sub.deadline, throughput=sub.throughput, max_runtime_s=sub.max_runtime_s,
         restart_policy=sub.restart_policy, max_restarts=sub.max_restarts, idempotency_key=sub.idempotency_key,
-        working_dir=sub.working_dir, working_dir_if_exists=sub.working_dir_if_exists,
+        working_dir=sub.working_dir, working_dir_if_exists=sub.working_dir_if_exists, array_index=sub.array_index,
         state=JobState.PENDING, state_reason=Reason.SUBMITTED, state_message="queued", pending_reason="",
         num_workers=0, restarts=0, preemptions=0, submitted_at=now, started_at=None, finished_at=None,
     )

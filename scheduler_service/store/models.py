@@ -109,6 +109,10 @@ class Job(Base):
     # The command as list views show it (``records.command_preview``): a page never reads command or env.
     command_preview: Mapped[list[Any] | None] = mapped_column(JSON)
     size_note: Mapped[str] = mapped_column(String(1024), default="", server_default=text("''"))
+    # A job array's element (``SubmitJobs`` with array indices): the array's id, the job id of its
+    # first element, and this job's index in it; NULL for a job not in an array.
+    array_job_id: Mapped[int | None] = mapped_column(BigId)
+    array_index: Mapped[int | None] = mapped_column(Integer)
 
     __table_args__ = (
         CheckConstraint("gpus_per_worker >= 1", name="gpus_per_worker_positive"),
@@ -123,6 +127,7 @@ class Job(Base):
         Index("ix_jobs_state_id", "state", "id"),
         Index("ix_jobs_user_id", "user", "id"),
         Index("ix_jobs_queue_id", "queue", "id"),
+        Index("ix_jobs_array_job_id", "array_job_id"),
     )
     # Optimistic concurrency: every UPDATE checks and bumps ``version`` (StaleDataError on a race).
     __mapper_args__ = {"version_id_col": version}  # noqa: RUF012 - read once by the mapper

@@ -24,6 +24,34 @@ class SubmitJobResponse(_message.Message):
     job: _types_pb2.Job
     def __init__(self, job: _Optional[_Union[_types_pb2.Job, _Mapping]] = ...) -> None: ...
 
+class SubmitJobsRequest(_message.Message):
+    __slots__ = ("jobs", "array_indices")
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    ARRAY_INDICES_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[SubmitJobRequest]
+    array_indices: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[SubmitJobRequest, _Mapping]]] = ..., array_indices: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class SubmitJobsResponse(_message.Message):
+    __slots__ = ("jobs",)
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[_types_pb2.Job]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[_types_pb2.Job, _Mapping]]] = ...) -> None: ...
+
+class CancelJobArrayRequest(_message.Message):
+    __slots__ = ("array_job_id", "reason")
+    ARRAY_JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    array_job_id: str
+    reason: str
+    def __init__(self, array_job_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class CancelJobArrayResponse(_message.Message):
+    __slots__ = ("cancelled_job_ids",)
+    CANCELLED_JOB_IDS_FIELD_NUMBER: _ClassVar[int]
+    cancelled_job_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, cancelled_job_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class GetJobRequest(_message.Message):
     __slots__ = ("job_id", "include_events")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]

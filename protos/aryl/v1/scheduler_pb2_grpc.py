@@ -40,6 +40,16 @@ class SchedulerServiceStub:
                 request_serializer=aryl_dot_v1_dot_scheduler__pb2.SubmitJobRequest.SerializeToString,
                 response_deserializer=aryl_dot_v1_dot_scheduler__pb2.SubmitJobResponse.FromString,
                 _registered_method=True)
+        self.SubmitJobs = channel.unary_unary(
+                '/aryl.v1.SchedulerService/SubmitJobs',
+                request_serializer=aryl_dot_v1_dot_scheduler__pb2.SubmitJobsRequest.SerializeToString,
+                response_deserializer=aryl_dot_v1_dot_scheduler__pb2.SubmitJobsResponse.FromString,
+                _registered_method=True)
+        self.CancelJobArray = channel.unary_unary(
+                '/aryl.v1.SchedulerService/CancelJobArray',
+                request_serializer=aryl_dot_v1_dot_scheduler__pb2.CancelJobArrayRequest.SerializeToString,
+                response_deserializer=aryl_dot_v1_dot_scheduler__pb2.CancelJobArrayResponse.FromString,
+                _registered_method=True)
         self.GetJob = channel.unary_unary(
                 '/aryl.v1.SchedulerService/GetJob',
                 request_serializer=aryl_dot_v1_dot_scheduler__pb2.GetJobRequest.SerializeToString,
@@ -122,6 +132,27 @@ class SchedulerServiceServicer:
         ALREADY_EXISTS, naming that job in the message and in a google.rpc.ResourceInfo detail of the
         status (grpc-status-details-bin): resource_type "aryl.v1.Job", resource_name its job_id,
         owner the user.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SubmitJobs(self, request, context):
+        """Queue many jobs in one call (at most 10,000), all or none: every spec is validated first, and
+        one bad spec refuses the whole call (INVALID_ARGUMENT naming jobs[i] and the field) with nothing
+        queued; a spec that can never fit the cluster is FAILED_PRECONDITION, likewise naming it.
+        Idempotency keys work per job as in SubmitJob: a job whose user already used its key with the
+        same spec is answered with that job (nothing new queued for it); with a different spec the
+        whole call is ALREADY_EXISTS, naming jobs[i] and the job holding the key. With
+        array_indices the jobs form one job array (arylctl submit --array).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelJobArray(self, request, context):
+        """Cancel every job of an array that has not ended yet (CancelJob for each). NOT_FOUND when no job
+        has that array id.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -245,6 +276,16 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     request_deserializer=aryl_dot_v1_dot_scheduler__pb2.SubmitJobRequest.FromString,
                     response_serializer=aryl_dot_v1_dot_scheduler__pb2.SubmitJobResponse.SerializeToString,
             ),
+            'SubmitJobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitJobs,
+                    request_deserializer=aryl_dot_v1_dot_scheduler__pb2.SubmitJobsRequest.FromString,
+                    response_serializer=aryl_dot_v1_dot_scheduler__pb2.SubmitJobsResponse.SerializeToString,
+            ),
+            'CancelJobArray': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelJobArray,
+                    request_deserializer=aryl_dot_v1_dot_scheduler__pb2.CancelJobArrayRequest.FromString,
+                    response_serializer=aryl_dot_v1_dot_scheduler__pb2.CancelJobArrayResponse.SerializeToString,
+            ),
             'GetJob': grpc.unary_unary_rpc_method_handler(
                     servicer.GetJob,
                     request_deserializer=aryl_dot_v1_dot_scheduler__pb2.GetJobRequest.FromString,
@@ -343,6 +384,60 @@ class SchedulerService:
             '/aryl.v1.SchedulerService/SubmitJob',
             aryl_dot_v1_dot_scheduler__pb2.SubmitJobRequest.SerializeToString,
             aryl_dot_v1_dot_scheduler__pb2.SubmitJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/aryl.v1.SchedulerService/SubmitJobs',
+            aryl_dot_v1_dot_scheduler__pb2.SubmitJobsRequest.SerializeToString,
+            aryl_dot_v1_dot_scheduler__pb2.SubmitJobsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelJobArray(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/aryl.v1.SchedulerService/CancelJobArray',
+            aryl_dot_v1_dot_scheduler__pb2.CancelJobArrayRequest.SerializeToString,
+            aryl_dot_v1_dot_scheduler__pb2.CancelJobArrayResponse.FromString,
             options,
             channel_credentials,
             insecure,
