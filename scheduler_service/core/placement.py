@@ -6,11 +6,15 @@ The pipeline, in order (each step with its reason):
    servers and on inference servers while loaned; and *not cordoned*: an operator took the server
    out (``ServerView.cordoned``: cordoned, draining, left); the workers there stay, none is added.
 2. *Not reserved* (filter, per call): servers held for a starving job are skipped.
-3. *Fits one worker* (filter): a worker needs all its GPUs on one server (NCCL within a host; one
+3. *One GPU type* (filter, per gang): a job that names GPU types runs on those only, the first that
+   fits its whole gang, in its order; every job's workers share one type (a gang on mixed GPUs runs at
+   the slowest one's pace), so on a cluster of several types a gang is placed type by type, the type
+   with the most free GPUs first. On a cluster of one type this step does nothing.
+4. *Fits one worker* (filter): a worker needs all its GPUs on one server (NCCL within a host; one
    failure domain), healthy and free.
-4. *Pool preference* (rank): base and inelastic workers prefer training-owned servers (a reclaim
+5. *Pool preference* (rank): base and inelastic workers prefer training-owned servers (a reclaim
    cannot touch them); elastic extras prefer loaned servers (a reclaim only shrinks their job).
-5. *Best fit* (rank): the server left with the fewest free GPUs, so large free blocks stay intact
+6. *Best fit* (rank): the server left with the fewest free GPUs, so large free blocks stay intact
    for large workers; the server id breaks ties deterministically.
 
 A gang is placed whole or not at all. ``FreeCapacity`` keeps servers bucketed by (pool, free GPUs),
@@ -56,6 +60,12 @@ class FreeCapacity:
         self._buckets = buckets
         self.total = total
         self._biggest: int | None = None
+        self._index_types()
+
+    def _index_types(self) -> None:
+        """The GPU types of the servers (step 3); per type, the servers of other types (on first use)."""
+        self.gpu_types = tuple(sorted({s.gpu_type for s in self.servers.values()}))
+        self._other_types: dict[str, frozenset[str]] = {}
 
     @classmethod
     def of(cls, snapshot: ClusterSnapshot) -> FreeCapacity:
@@ -115,6 +125,8 @@ class FreeCapacity:
         twin._buckets = {key: list(sids) for key, sids in self._buckets.items() if sids}
         twin.total = self.total
         twin._biggest = self._biggest
+        twin.gpu_types = self.gpu_types
+        twin._other_types = self._other_types
         return twin
 
     # -- taking and giving back -------------------------------------------------------------------
@@ -176,9 +188,45 @@ class FreeCapacity:
     def place_gang(
         self, job: JobView, num_workers: int, first_rank: int = 0, *,
         pools: tuple[Pool | None, ...] = ANY_POOL, exclude: frozenset[str] = frozenset(),
+        gpu_types: tuple[str, ...] | None = None,
     ) -> tuple[WorkerPlacement, ...] | None:
-        """Place ``num_workers`` workers of ``job``, one at a time; all or nothing. On success the
-        GPUs are taken from this capacity; on failure nothing changes."""
+        """Place ``num_workers`` workers of ``job``, one at a time; all or nothing, all on one GPU type
+        (step 3): one of ``gpu_types`` (default: the job's own request; (): any). On success the GPUs
+        are taken from this capacity; on failure nothing changes."""
+        types = job.gpu_types if gpu_types is None else gpu_types
+        present = self.gpu_types
+        if len(present) <= 1:  # one type (the usual cluster): the job's request either holds or not
+            if types and not (present and present[0] in types):
+                return None
+            return self._place_gang(job, num_workers, first_rank, pools, exclude)
+        for gpu_type in self.type_order(types):
+            placed = self._place_gang(job, num_workers, first_rank, pools, exclude | self._not_of_type(gpu_type))
+            if placed is not None:
+                return placed
+        return None
+
+    def type_order(self, types: tuple[str, ...]) -> list[str]:
+        """The GPU types to try a gang on: those asked for, in the job's order, or (none asked) every
+        type here, the most free GPUs first."""
+        if types:
+            return [t for t in types if t in self.gpu_types]
+        free = dict.fromkeys(self.gpu_types, 0)
+        for sid, gpus in self._free.items():
+            free[self.servers[sid].gpu_type] += len(gpus)
+        return sorted(free, key=lambda t: (-free[t], t))
+
+    def _not_of_type(self, gpu_type: str) -> frozenset[str]:
+        others = self._other_types.get(gpu_type)
+        if others is None:
+            others = self._other_types[gpu_type] = frozenset(
+                sid for sid, s in self.servers.items() if s.gpu_type != gpu_type)
+        return others
+
+    def free_of_types(self, types: tuple[str, ...]) -> int:
+        return sum(len(g) for sid, g in self._free.items() if self.servers[sid].gpu_type in types)
+
+    def _place_gang(self, job: JobView, num_workers: int, first_rank: int, pools: tuple[Pool | None, ...],
+                    exclude: frozenset[str]) -> tuple[WorkerPlacement, ...] | None:
         if num_workers * job.gpus_per_worker > self.total:
             return None
         placed: list[WorkerPlacement] = []
@@ -203,6 +251,14 @@ class FreeCapacity:
                 Reason.WORKER_TOO_LARGE,
                 f"{need}; the largest schedulable server has {self._biggest_server} healthy GPU(s)",
             )
+        if job.gpu_types:
+            kinds = ", ".join(job.gpu_types)
+            of_type = [s for s in self.servers.values() if s.gpu_type in job.gpu_types]
+            if not of_type:
+                return (Reason.WAITING_FOR_GPU_TYPE, f"{need} on GPU type(s) {kinds}; no schedulable server has "
+                        f"that type (types here: {', '.join(t or '(unknown)' for t in self.gpu_types)})")
+            return (Reason.WAITING_FOR_GPU_TYPE, f"{need} on GPU type(s) {kinds}; free now: "
+                    f"{self.free_of_types(job.gpu_types)} GPU(s) of that type on {len(of_type)} server(s)")
         return (
             Reason.WAITING_FOR_GANG,
             f"{need}; free now: {self.total} GPU(s) on {self.servers_with_free()} server(s), "

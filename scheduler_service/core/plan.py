@@ -24,6 +24,10 @@ class Reason(StrEnum):
     CANNOT_FIT = "CANNOT_FIT"                      # too large for every server there is, all free (core.fit)
     WAITING_FOR_RESERVATION = "WAITING_FOR_RESERVATION"  # GPUs are held for a starving job
     WAITING_FOR_MASTER_PORT = "WAITING_FOR_MASTER_PORT"  # its master server has no free MASTER_PORT (service)
+    # Queues (``core.quota``) and GPU types (``core.placement``):
+    WAITING_FOR_QUOTA = "WAITING_FOR_QUOTA"        # beyond its queue's quota, and its cohort has too few idle GPUs
+    QUOTA_BORROW_LIMIT = "QUOTA_BORROW_LIMIT"      # would take its queue past quota + borrow limit
+    WAITING_FOR_GPU_TYPE = "WAITING_FOR_GPU_TYPE"  # not enough free GPUs of the type(s) it asks for
     # Why a job started or changed size:
     BACKFILLED = "BACKFILLED"                      # started ahead of a waiting job it does not delay
     RESERVATION_HONOURED = "RESERVATION_HONOURED"  # a starving job got the GPUs held for it
@@ -32,6 +36,8 @@ class Reason(StrEnum):
     SCALED_IN_FOR_BASE_DEMAND = "SCALED_IN_FOR_BASE_DEMAND"  # a queued job's minimum needed them
     SCALED_IN_FOR_RECLAIM = "SCALED_IN_FOR_RECLAIM"  # its loaned server went back to inference
     PREEMPTED_FOR_RECLAIM = "PREEMPTED_FOR_RECLAIM"  # reclaim left it below min_workers
+    PREEMPTED_FOR_QUOTA = "PREEMPTED_FOR_QUOTA"    # its queue borrowed GPUs a queue within its quota needed back
+    PREEMPTED_FOR_PRIORITY = "PREEMPTED_FOR_PRIORITY"  # a job of a higher priority class of its queue needed them
     PREEMPTED_BY_POLICY = "PREEMPTED_BY_POLICY"  # its GPUs went to jobs the policy ranks first (tiresias, optimus)
     # A server it ran on is LOST (its agent went silent): shrunk to its workers elsewhere when that
     # keeps min_workers, else requeued (core.faults decides, before any policy step).
@@ -53,6 +59,7 @@ class Reason(StrEnum):
     HELD_NO_SPARE_GPUS = "HELD_NO_SPARE_GPUS"      # no free GPU, or the free ones cut other jobs' times more
     HELD_FRAGMENTED = "HELD_FRAGMENTED"            # spare GPUs, but no server has gpus_per_worker of them free
     HELD_FOR_RESERVATION = "HELD_FOR_RESERVATION"  # the spare GPUs are held for a starving queued job
+    HELD_BY_QUOTA = "HELD_BY_QUOTA"                # its queue may not borrow more GPUs (quota, borrow limit, cohort)
     HELD_NOT_ELASTIC = "HELD_NOT_ELASTIC"          # the policy runs every job at min_workers
     # Why a cycle loaned no (further) inference server (a cluster-level non-event):
     NOT_LOANED_BY_POLICY = "NOT_LOANED_BY_POLICY"  # the policy never loans

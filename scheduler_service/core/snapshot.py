@@ -48,6 +48,9 @@ class ServerView:
     admin: AdminState = AdminState.NONE   # cordoned, draining, left (see ``AdminState``)
     # DRAINING/DELETING: from when the jobs that cannot shrink off are preempted (None: never; they finish)
     drain_deadline: float | None = None
+    # The model of its GPUs as its agent reports them (NVML's name; "" unknown). Workers of one job stay
+    # on one type (``core.placement``); a job may ask for some types only (``JobView.gpu_types``).
+    gpu_type: str = ""
     # Derived from the fields above on first use (a view is immutable): a policy reads them every cycle.
     _healthy: tuple[int, ...] | None = field(default=None, init=False, repr=False, compare=False)
     _free: tuple[int, ...] | None = field(default=None, init=False, repr=False, compare=False)
@@ -149,6 +152,12 @@ class JobView:
     # Progress measured at the job's current size (``core.predict``); None: no two reports at this size yet.
     progress_window: ProgressWindow | None = None
 
+    # Queues, priority classes and GPU types (``core.quota``, ``core.placement``); keyword-only in practice.
+    queue: str = "default"
+    user: str = ""
+    priority_class: int = 0              # its priority class's value, fixed at submission (higher first)
+    gpu_types: tuple[str, ...] = ()      # GPU types it may run on, preferred first; (): any type
+
     @property
     def num_workers(self) -> int:
         return len(self.workers)
@@ -166,6 +175,19 @@ class DemandView:
 
 
 @dataclass(frozen=True, slots=True)
+class QueueView:
+    """An admin-configured queue (``core.quota`` defines the nouns): a guaranteed GPU quota, how far it
+    may borrow beyond it (None: no limit) from idle quota of its cohort ("": a cohort of its own) and
+    from loaned inference servers, and whether its users share it fairly."""
+
+    name: str
+    quota_gpus: int
+    borrow_limit_gpus: int | None = None
+    cohort: str = ""
+    fair_share: bool = True
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterSnapshot:
     now: float
     servers: tuple[ServerView, ...]
@@ -173,6 +195,10 @@ class ClusterSnapshot:
     demand: DemandView | None = None
     seed: int = 0
     loan_note: str = ""  # why no server is loaned, as last recorded (``core.plan.LoanNote.summary``)
+    # The configured queues (``core.quota``); empty: every job shares one unlimited queue, as before queues.
+    queues: tuple[QueueView, ...] = ()
+    # Declared speed of each GPU type relative to 1.0 ((type, factor), ...); a type not named is 1.0.
+    gpu_speed: tuple[tuple[str, float], ...] = ()
     _by_id: dict[str, ServerView] = field(default_factory=dict, compare=False, repr=False)
 
     def pending_jobs(self) -> tuple[JobView, ...]:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from scheduler_service.core.placement import FreeCapacity
 from scheduler_service.core.plan import KeepPending, Plan, Reason, StartJob
+from scheduler_service.core.quota import QuotaLedger
 from scheduler_service.core.registry import policies
 from scheduler_service.core.snapshot import ClusterSnapshot, JobView
 
@@ -30,7 +31,12 @@ class FifoPolicy:
         starts: list[StartJob] = []
         pending: list[KeepPending] = []
         blocker: JobView | None = None
-        for job in sorted(snapshot.pending_jobs(), key=queue_order):
+        quota = QuotaLedger.of(snapshot)  # queues' quotas (core.quota): a job its queue may not start waits aside
+        for job in quota.order(snapshot.pending_jobs(), lambda j: (0, *queue_order(j))):
+            verdict = quota.check(job, job.min_workers * job.gpus_per_worker)
+            if not verdict.allowed:
+                pending.append(KeepPending(job.job_id, verdict.reason or Reason.WAITING_FOR_QUOTA, verdict.message))
+                continue
             if blocker is not None:
                 pending.append(
                     KeepPending(job.job_id, Reason.BLOCKED_BY_EARLIER_JOB, f"queued behind job {blocker.job_id} (FIFO)")
@@ -42,6 +48,7 @@ class FifoPolicy:
                 pending.append(KeepPending(job.job_id, reason, message))
                 blocker = job
                 continue
+            quota.charge(job, job.min_workers * job.gpus_per_worker)
             where = ", ".join(sorted({w.server_id for w in workers}))
             starts.append(
                 StartJob(job.job_id, workers, Reason.PLACED, f"placed {len(workers)} worker(s) on {where}")

@@ -1,0 +1,71 @@
+"""GPU types in placement (``core.placement`` step 3): a job that names types runs only on them, in
+its order; a job's workers never span types (its elastic extras stay on its type); an impossible type
+says so. Hand-built snapshots through the ``aryl`` policy, and the placement pipeline directly."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from scheduler_service.core.invariants import check_plan
+from scheduler_service.core.placement import FreeCapacity
+from scheduler_service.core.plan import Reason
+from scheduler_service.policies import create_policy
+from tests.harness import NOW, pending_job, running_job, snapshot_of, training_server
+
+
+def server(sid: str, gpu_type: str, gpus: int = 4, **fields):
+    return training_server(sid, gpus, gpu_type=gpu_type, **fields)
+
+
+def typed(jid: int, gpus: int, workers: int, *types: str, max_workers: int | None = None):
+    return dataclasses.replace(pending_job(jid, gpus, workers, max_workers), gpu_types=types)
+
+
+def test_a_job_runs_only_on_the_types_it_names() -> None:
+    servers = [server("a1", "A100"), server("v1", "V100"), server("v2", "V100")]
+    jobs = [typed(1, 2, 2, "A100"), typed(2, 4, 2, "H100", "V100"), typed(3, 4, 1, "A100")]
+    snap = snapshot_of(servers, jobs)
+    plan = create_policy("aryl").schedule(snap)
+    check_plan(snap, plan)
+    where = {s.job_id: {w.server_id for w in s.workers} for s in plan.starts}
+    assert where == {1: {"a1"}, 2: {"v1", "v2"}}
+    [waiting] = plan.pending
+    assert waiting.job_id == 3 and waiting.reason == Reason.WAITING_FOR_GPU_TYPE
+    assert waiting.message == ("needs 1 worker(s) x 4 GPU(s) as a gang on GPU type(s) A100; free now: 0 GPU(s) "
+                               "of that type on 1 server(s)")
+
+
+def test_a_type_no_server_has_says_so() -> None:
+    snap = snapshot_of([server("a1", "A100")], [typed(1, 1, 1, "H100")])
+    [waiting] = create_policy("fifo").schedule(snap).pending
+    assert waiting.reason == Reason.WAITING_FOR_GPU_TYPE
+    assert "no schedulable server has that type (types here: A100)" in waiting.message
+
+
+def test_a_gang_never_spans_types() -> None:
+    # 2 free GPUs on an A100 server and 2 on a V100 one: a 2 x 2-GPU gang of any type does not fit; on a
+    # cluster of one type the same free GPUs take it.
+    busy = running_job(9, [("a1", (0, 1)), ("v1", (0, 1))], low=2)
+    job = pending_job(1, 2, 2)
+    mixed = snapshot_of([server("a1", "A100"), server("v1", "V100")], [busy, job])
+    assert create_policy("aryl").schedule(mixed).starts == ()
+    same = snapshot_of([server("a1", "A100"), server("v1", "A100")], [busy, job])
+    assert [s.job_id for s in create_policy("aryl").schedule(same).starts] == [1]
+
+
+def test_elastic_extras_stay_on_the_jobs_type() -> None:
+    # Job 1 (1..4 x 2 GPUs) runs on the V100 server; the A100 server is empty: it grows on v1 only.
+    job = running_job(1, [("v1", (0, 1))], low=1, high=4, resized=NOW - 10000, runtime=1e6)
+    snap = snapshot_of([server("a1", "A100", 8), server("v1", "V100")], [job])
+    plan = create_policy("aryl").schedule(snap)
+    check_plan(snap, plan)
+    [grown] = plan.scales
+    assert {w.server_id for w in grown.workers} == {"v1"} and len(grown.workers) == 2
+
+
+def test_untyped_gangs_go_to_the_type_with_most_free_gpus() -> None:
+    capacity = FreeCapacity.of(snapshot_of([server("a1", "A100"), server("v1", "V100", 8)], []))
+    assert capacity.type_order(()) == ["V100", "A100"]
+    assert capacity.type_order(("A100", "X")) == ["A100"]
+    placed = capacity.place_gang(pending_job(1, 2, 3), 3)
+    assert placed is not None and {w.server_id for w in placed} == {"v1"}
