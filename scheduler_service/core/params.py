@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+QOS_HOPELESS = ("deprioritise", "keep")  # policy.qos_hopeless
+
 
 @dataclass(frozen=True)
 class PolicyParams:
@@ -23,10 +25,25 @@ class PolicyParams:
     default_runtime_s: float = 3600.0  # run-time estimate for jobs that declare none
     amdahl_alpha: float = 0.05         # speed-up model for jobs that declare no throughput points
     max_extra_options: int = 64        # knapsack options per elastic job (k = 1..this)
+    # Deadlines (``JobView.deadline``). ``aryl``: turning a predicted miss into a hit is worth this many
+    # times the job's remaining time at min_workers, in its knapsack and its reclaim cost (0: aryl
+    # ignores deadlines). ``qos``: what becomes of a job that can no longer meet its deadline --
+    # "deprioritise" (it queues behind the jobs without one) or "keep" (it keeps its urgency) -- and the
+    # margin, a share of its remaining time, below which a job's slack counts as at risk.
+    deadline_weight: float = 1.0
+    qos_hopeless: str = "deprioritise"
+    qos_margin: float = 0.2
+    # ``dl2``: its weights file ("": the weights shipped with Aryl, ``policies/data/dl2.npz``); a missing file
+    # or one made for another encoding stops the service at start. Online learning: off unless set (needs torch).
+    dl2_model: str = ""
+    dl2_online_learning: bool = False
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
-            if value < 0:
+            if isinstance(value, (int, float)) and value < 0:
                 raise ValueError(f"policy.{name} must be >= 0 (got {value})")
+        if self.qos_hopeless not in QOS_HOPELESS:
+            raise ValueError(f"policy.qos_hopeless must be one of {', '.join(QOS_HOPELESS)} "
+                             f"(got {self.qos_hopeless!r})")
         if not 1 <= self.max_extra_options <= 126:
             raise ValueError(f"policy.max_extra_options must be between 1 and 126 (got {self.max_extra_options})")
