@@ -12,7 +12,11 @@ One cycle, in order (each step works on the state the previous ones left):
    priority, then shortest estimated remaining GPU-time, then arrival. Each job gets ``min_workers``
    as a gang, or waits; later jobs backfill around a waiting one, except onto the servers reserved
    for the first starving job that does not fit. Base workers prefer training-owned servers. A gang
-   may take GPUs from other jobs' elastic *extra* workers (they are scaled in for it).
+   may take GPUs from other jobs' elastic *extra* workers (they are scaled in for it). Queues
+   (``core.quota``): a job its queue may not take the GPUs for waits aside; within the starving/other
+   split, jobs within their queue's quota come first, then higher priority classes, then fair share;
+   a gang that still does not fit may preempt, cheapest first, jobs of queues that borrow (when it is
+   within its own quota) or of lower classes of its own queue. Growth in step 2 stays within quotas.
 2. **Elastic extras.** A multiple-choice knapsack (``solvers.knapsack``) over the elastic jobs: option
    k = k more workers than ``min_workers``, weight k x gpus_per_worker, value = JCT reduction minus a
    restart cost when the size changes, plus, for an option that turns a predicted deadline miss
@@ -54,6 +58,7 @@ from scheduler_service.core.plan import (
     WorkerPlacement,
     clock_time,
 )
+from scheduler_service.core.quota import QuotaLedger, preemption_order
 from scheduler_service.core.registry import ReclaimDecision, ReclaimPreviewUnsupported, policies
 from scheduler_service.core.snapshot import ClusterSnapshot, JobView, ServerView, WorkerView
 from scheduler_service.core.throughput import JobEstimate, estimate
@@ -125,6 +130,7 @@ class _Cycle:
     # Why a running job below max_workers keeps its size this cycle (``_elastic_extras``; ``_size_notes``).
     holds: dict[int, tuple[Reason, str]] = field(default_factory=dict)
     loan_note: LoanNote | None = None  # why no (further) server is loaned (``_loan_cycle``)
+    quota: QuotaLedger | None = None  # queues' quotas and usage as step 1 changes them (``core.quota``)
 
     def training_capable(self, server_id: str) -> bool:
         return self.server_state[server_id] in _TRAINING_CAPABLE
@@ -473,11 +479,17 @@ class ArylPolicy:
             gpu_time = cycle.estimate(job).remaining_gpu_time(job.min_workers, job.gpus_per_worker)
             return (not starving(job), -job.priority, gpu_time, job.submitted_at, job.job_id)
 
+        quota = cycle.quota = _ledger(cycle, {})
         waiting_before: JobView | None = None
         # Gang shapes (gpus per worker, workers) that fit nowhere, not even over extras. Free GPUs plus
         # extras only shrink during this step, so any shape at least as large fails too.
         no_fit: list[tuple[int, int]] = []
-        for job in sorted(snap.pending_jobs(), key=order):
+        for job in quota.order(snap.pending_jobs(), order):  # quota first, classes, fair share (core.quota)
+            verdict = quota.check(job, job.min_workers * job.gpus_per_worker)
+            if not verdict.allowed:  # its queue may not take the GPUs: it waits without holding others up
+                cycle.pending.append(KeepPending(job.job_id, verdict.reason or Reason.WAITING_FOR_QUOTA,
+                                                 verdict.message))
+                continue
             workers = cycle.capacity.place_gang(job, job.min_workers, pools=TRAINING_FIRST,
                                                 exclude=cycle.reserved)
             if workers is None and not any(
@@ -486,7 +498,10 @@ class ArylPolicy:
                 workers = self._place_over_extras(cycle, job)
                 if workers is None:
                     no_fit.append((job.gpus_per_worker, job.min_workers))
+            if workers is None and quota.has_victims(job, (j.view for j in cycle.running.values())):
+                workers = self._place_by_preemption(cycle, job)
             if workers is not None:
+                quota.charge(job, job.min_workers * job.gpus_per_worker)
                 if waiting_before is None:
                     reason, why = Reason.PLACED, ""
                 else:
@@ -544,9 +559,57 @@ class ArylPolicy:
                 other.workers.remove(w)
                 shrunk[other.view.job_id] = other
                 cycle.capacity.release(w.server_id, [g for g in w.gpu_indices if (w.server_id, g) not in taken])
+                if cycle.quota is not None:
+                    cycle.quota.release(other.view, other.view.gpus_per_worker)
         for other in shrunk.values():  # once all its taken extras are gone: the message names the size left
             other.made_room_for.append(job.job_id)
             other.scaled_in(Reason.SCALED_IN_FOR_BASE_DEMAND)
+        for w in placed:
+            cycle.capacity.take(w.server_id, w.gpu_indices)
+        return placed
+
+    def _place_by_preemption(self, cycle: _Cycle, job: JobView) -> tuple[WorkerPlacement, ...] | None:
+        """Place a gang by preempting running jobs it may preempt (``QuotaLedger.may_preempt``: a queue's
+        borrowed GPUs for a job within its quota, lower priority classes of its own queue), cheapest
+        first, as few as make the gang fit; a victim whose GPUs the gang does not use is spared."""
+        quota, p, now = cycle.quota, self.params, cycle.snapshot.now
+        assert quota is not None
+        started = {s.job_id for s in cycle.starts}
+        candidates = [
+            (o.view, _work_lost(o, now) + p.restart_cost_s * len(o.workers) * o.view.gpus_per_worker,
+             len(o.workers) * o.view.gpus_per_worker)
+            for o in cycle.running.values() if o.view.job_id not in started and quota.may_preempt(job, o.view)
+        ]
+        trial, chosen, placed = cycle.capacity.copy(), [], None
+        for victim in preemption_order(candidates):
+            reason = quota.may_preempt(job, victim)  # again: its queue may be back within its quota
+            if reason is None:
+                continue
+            other = cycle.running[victim.job_id]
+            trial.release_many((w.server_id, w.gpu_indices) for w in other.workers)
+            quota.release(victim, len(other.workers) * victim.gpus_per_worker)
+            chosen.append((other, reason))
+            placed = trial.place_gang(job, job.min_workers, pools=TRAINING_FIRST, exclude=cycle.reserved)
+            if placed is not None:
+                break
+        taken = {(w.server_id, g) for w in placed for g in w.gpu_indices} if placed is not None else set()
+        for other, reason in chosen:
+            view = other.view
+            if not any((w.server_id, g) in taken for w in other.workers for g in w.gpu_indices):
+                quota.charge(view, len(other.workers) * view.gpus_per_worker)  # spared (or nothing placed)
+                continue
+            del cycle.running[view.job_id]
+            cycle.capacity.release_many((w.server_id, w.gpu_indices) for w in other.workers)
+            q = quota.queue_of(view)
+            cycle.preemptions.append(PreemptJob(
+                view.job_id, reason,
+                f"queue `{q.name}` borrowed GPUs beyond its quota of {q.quota_gpus}; job {job.job_id} of queue "
+                f"`{job.queue}` needed them back within its quota; requeued"
+                if reason == Reason.PREEMPTED_FOR_QUOTA else
+                f"job {job.job_id} of a higher priority class ({job.priority_class} > {view.priority_class}) in "
+                f"queue `{q.name}` needed its GPUs; requeued"))
+        if placed is None:
+            return None
         for w in placed:
             cycle.capacity.take(w.server_id, w.gpu_indices)
         return placed
@@ -653,6 +716,9 @@ class ArylPolicy:
             kept[job.view.job_id] = keep
         for server_id, free in released.items():  # the net change: extras dropped free their GPUs
             free_cap.set_free(server_id, free)
+        # Growth borrows within the queues' rules (``core.quota``), as the dropped extras leave usage.
+        quota = _ledger(cycle, {job.view.job_id: job.view.min_workers + len(kept[job.view.job_id]) for job in jobs})
+        capped: set[int] = set()
         held: list[_Job] = []  # below max_workers at the size it has: why is worked out once all have grown
         for job in sorted(jobs, key=lambda j: -value_per_gpu[j.view.job_id]):
             view = job.view
@@ -662,11 +728,17 @@ class ArylPolicy:
                     held.append(job)
                 continue  # keeps exactly the extras it has
             new: tuple[WorkerPlacement, ...] = ()
+            room = quota.headroom(view) if target > len(keep) else None
+            if room is not None and (target - len(keep)) * view.gpus_per_worker > room:
+                target = len(keep) + room // view.gpus_per_worker
+                capped.add(view.job_id)
             if target > len(keep):
                 for extra in range(target - len(keep), 0, -1):  # as many as fit, if fragmentation bites
-                    new = cycle.capacity.place_gang(view, extra, pools=LOANED_FIRST, exclude=cycle.reserved) or ()
+                    new = cycle.capacity.place_gang(view, extra, pools=LOANED_FIRST, exclude=cycle.reserved,
+                                                    gpu_types=_gpu_type_of(cycle, job)) or ()
                     if new:
                         break
+                quota.charge(view, len(new) * view.gpus_per_worker)
             before = len(job.workers)
             job.workers = job.workers[: view.min_workers] + keep + list(new)
             if len(job.workers) == before and job.reason is None and before < view.max_workers:
@@ -684,6 +756,13 @@ class ArylPolicy:
         spare = _spare(cycle)
         for job in held:  # the knapsack's answer, in the terms of what was left over
             per_worker = job.view.gpus_per_worker
+            if job.view.job_id in capped:
+                q = quota.queue_of(job.view)
+                cycle.holds[job.view.job_id] = (
+                    Reason.HELD_BY_QUOTA, f"queue `{q.name}` holds {q.used_gpus} GPUs (quota {q.quota_gpus}"
+                    + (f", borrow limit {q.borrow_limit_gpus}" if q.borrow_limit_gpus is not None else "")
+                    + f") and its cohort has {quota.cohort_idle(q)} idle")
+                continue
             cycle.holds[job.view.job_id] = (
                 (Reason.HELD_NO_GAIN,
                  f"another worker would not cut its estimated completion time by more than a restart costs "
@@ -723,6 +802,18 @@ class ArylPolicy:
                              job.reason or Reason.SCALED_OUT, job.message)
                 )
         return scales
+
+
+def _ledger(cycle: _Cycle, workers: dict[int, int]) -> QuotaLedger:
+    """The queues' usage with each running job at ``workers[job id]`` workers (default: as planned now)."""
+    held = ((j.view, workers.get(j.view.job_id, len(j.workers)) * j.view.gpus_per_worker)
+            for j in cycle.running.values())
+    return QuotaLedger.of(cycle.snapshot, held)
+
+
+def _gpu_type_of(cycle: _Cycle, job: _Job) -> tuple[str, ...] | None:
+    """The GPU type a running job's workers are on: its extras must be on it too (None: not placed yet)."""
+    return (cycle.servers[job.workers[0].server_id].gpu_type,) if job.workers else None
 
 
 def _spare(cycle: _Cycle) -> int:
