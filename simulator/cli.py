@@ -27,6 +27,7 @@ from typing import Any
 from aryl_common.entry import BadInput, add_standard_flags, run_guarded
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.registry import policies
+from simulator.deadlines import DEADLINE_SETTINGS, assign_deadlines
 from simulator.engine import SimulationResult, simulate
 from simulator.failures import FailureTraceError, load_failure_trace
 from simulator.goodput_profiles import ProfileError
@@ -109,6 +110,10 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
                             "Pollux profiles need --profiles-dir)")
     trace.add_argument("--profiles-dir", type=Path, default=None,
                        help="the Pollux throughput profiles directory (default: none)")
+    trace.add_argument("--deadlines", choices=("trace", "none", *DEADLINE_SETTINGS), default="trace",
+                       help="jobs' deadlines: trace (the trace's own, the generic deadline_s column; the default), "
+                            "none (no job has one), or assigned by the seeded rule of simulator/deadlines.py, "
+                            "submit + U(a, b) x the run time at the requested size: tight U(1, 2), loose U(2, 4)")
     trace.add_argument("--philly-time-origin", choices=("first_job", "midnight"), default="first_job",
                        help="philly: t = 0 at the first job, or at midnight of its day (default: first_job)")
 
@@ -204,6 +209,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def load_jobs(args: argparse.Namespace) -> list[TraceJob]:
+    """The trace's jobs, with the deadlines ``--deadlines`` asks for."""
+    jobs = _trace_jobs(args)
+    setting = getattr(args, "deadlines", "trace")
+    if setting == "none":
+        return [dataclasses.replace(job, deadline=None) for job in jobs]
+    if setting in DEADLINE_SETTINGS:
+        return assign_deadlines(jobs, setting, args.seed)
+    return jobs
+
+
+def _trace_jobs(args: argparse.Namespace) -> list[TraceJob]:
     mapping = JobMapping(seed=args.seed, elastic_share=args.elastic_share, max_scale=args.max_scale,
                          throughput_model=args.throughput_model, gpus_per_server=args.gpus_per_server)
     if args.trace_format == "philly":

@@ -122,6 +122,7 @@ class JobOutcome:
     moves: int = 0                      # resizes to the same number of workers elsewhere
     lost_work_gpu_s: float = 0.0        # GPU time of work thrown away by preemptions
     overhead_gpu_s: float = 0.0         # GPU time spent restarting (starts, restarts, resizes)
+    deadline: float | None = None       # the trace job's (None: none)
 
     @property
     def gpu_seconds_lost(self) -> float:
@@ -136,6 +137,13 @@ class JobOutcome:
     def jct_s(self) -> float | None:
         """Completion minus submission."""
         return None if self.end is None else self.end - self.submit
+
+    @property
+    def met_deadline(self) -> bool | None:
+        """Completed by its deadline (None: it has none; a job that never completed missed it)."""
+        if self.deadline is None:
+            return None
+        return self.end is not None and self.end <= self.deadline
 
 
 @dataclass(slots=True)
@@ -313,7 +321,7 @@ class SimulatedCluster:
         if model.speed(trace.min_workers) <= 0:
             raise ValueError(f"job {trace.job_id}: no progress at {trace.min_workers} worker(s)")
         outcome = JobOutcome(trace.job_id, trace.name, trace.submit_time, trace.gpus_per_worker,
-                             trace.min_workers, trace.max_workers)
+                             trace.min_workers, trace.max_workers, deadline=trace.deadline)
         self.outcomes[trace.job_id] = outcome
         if self._active and trace.job_id < next(reversed(self._active)):
             self._active_in_order = False

@@ -244,7 +244,7 @@ def simulate(
     outcomes = dict(cluster.outcomes)
     for job in arrivals[next_arrival:]:  # a guard stopped the run before these arrived
         outcomes[job.job_id] = JobOutcome(job.job_id, job.name, job.submit_time, job.gpus_per_worker,
-                                          job.min_workers, job.max_workers)
+                                          job.min_workers, job.max_workers, deadline=job.deadline)
     return SimulationResult(
         policy=policy,
         seed=seed,

@@ -32,6 +32,9 @@ Metrics (``summarize``), all in seconds unless named otherwise:
   ``preemptions``).
 - ``stop_reason``, ``cycles``, ``rejected_actions``: how the run ended, how many scheduling cycles ran,
   and how many plan actions the applier refused.
+- Only when some job has a deadline (``TraceJob.deadline``; ``simulator.deadlines``):
+  ``jobs_with_deadline``; ``deadlines_met``, those completed by their deadline (a job that never
+  completed missed it); ``deadline_completion_rate`` = met / with deadline, the QoS figure.
 
 Must never: run a simulation or touch scheduler state.
 """
@@ -44,7 +47,7 @@ import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 import numpy as np
 
@@ -79,7 +82,10 @@ TABLE_ROWS = (
     ("scale_outs", "scale-outs", "{:.0f}"),
     ("scale_ins", "scale-ins", "{:.0f}"),
     ("gpu_hours_lost", "GPU-hours lost", "{:.1f}"),
+    ("deadline_completion_rate", "deadlines met (rate)", "{:.3f}"),
 )
+# Rows left out of a table in which no policy has the metric (runs without deadlines).
+OPTIONAL_ROWS = frozenset({"deadline_completion_rate"})
 
 
 # -- per job ------------------------------------------------------------------------------------
@@ -177,6 +183,9 @@ class Summary(TypedDict):
     stop_reason: str
     cycles: int
     rejected_actions: int
+    jobs_with_deadline: NotRequired[int]
+    deadlines_met: NotRequired[int]
+    deadline_completion_rate: NotRequired[float]
 
 
 def summarize(result: SimulationResult) -> Summary:
@@ -192,7 +201,7 @@ def summarize(result: SimulationResult) -> Summary:
             return _round(float(values.mean()))
         return _round(float(np.percentile(values, {"median": 50, "p95": 95}[kind])))
 
-    return {
+    summary: Summary = {
         "policy": result.policy,
         "jobs_total": len(result.jobs),
         "jobs_completed": len(done),
@@ -215,6 +224,12 @@ def summarize(result: SimulationResult) -> Summary:
         "cycles": result.cycles,
         "rejected_actions": result.rejected_actions,
     }
+    verdicts = [j.met_deadline for j in result.jobs if j.met_deadline is not None]
+    if verdicts:
+        summary["jobs_with_deadline"] = len(verdicts)
+        summary["deadlines_met"] = sum(verdicts)
+        summary["deadline_completion_rate"] = _round(sum(verdicts) / len(verdicts))
+    return summary
 
 
 def summary_json(summaries: Mapping[str, Mapping[str, object]]) -> str:
@@ -239,6 +254,8 @@ def format_table(summaries: Mapping[str, Mapping[str, object]]) -> str:
     header = ["metric", *names]
     rows = [header]
     for key, label, fmt in TABLE_ROWS:
+        if key in OPTIONAL_ROWS and all(_lookup(summaries[name], key) is None for name in names):
+            continue
         row = [label]
         base = _lookup(baseline, key)
         for index, name in enumerate(names):
