@@ -32,9 +32,7 @@ Usage::
 
 Methods take keyword arguments and return the protobuf messages of ``protos/aryl/v1`` (read
 ``types.proto`` for the fields). The address defaults to ``$ARYL_SERVER``, else
-``127.0.0.1:50051``; the addresses of several schedulers sharing one database may be given
-comma-separated (``a:50051,b:50051``): unary calls follow the leader (``docs/ha.md``). Every unary
-call carries a deadline (``timeout``, seconds); event streams
+``127.0.0.1:50051``. Every unary call carries a deadline (``timeout``, seconds); event streams
 do not, and are cancelled by :meth:`EventStream.cancel`, by leaving a ``with`` block or by
 breaking out of the loop and dropping the stream.
 
@@ -71,7 +69,6 @@ from google.protobuf.duration_pb2 import Duration
 from google.rpc import error_details_pb2, status_pb2
 
 from aryl_common.backoff import Backoff
-from aryl_common.channels import SchedulerAddresses, leader_hint
 from protos.aryl.v1 import (
     inference_pb2,
     inference_pb2_grpc,
@@ -330,18 +327,8 @@ class ArylClient:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
         self.address = address or default_address()
         self.timeout = timeout
-        # Several schedulers sharing one database ("a:50051,b:50051", docs/ha.md): calls go to one of
-        # them, and move to the leader a standby names (or the next address) when it is unavailable.
-        self._addresses = SchedulerAddresses(self.address)
-        self._interceptors = tuple(interceptors)
-        self._closed = threading.Event()
-        self._switch = threading.Lock()
-        self._connect(self._addresses.current)
-
-    def _connect(self, address: str) -> None:
-        """Channel and stubs to ``address``; ``_calls`` names each stub method for ``_unary``'s retry."""
         self._channel = grpc.insecure_channel(
-            address,
+            self.address,
             options=[
                 # A connection of its own, not one shared with other channels to the same address:
                 # a new client then really tries to connect (``arylctl events -f`` reconnects with
@@ -351,27 +338,10 @@ class ArylClient:
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ],
         )
-        calls = grpc.intercept_channel(self._channel, *self._interceptors) if self._interceptors else self._channel
+        self._closed = threading.Event()
+        calls = grpc.intercept_channel(self._channel, *interceptors) if interceptors else self._channel
         self._scheduler = scheduler_pb2_grpc.SchedulerServiceStub(calls)
         self._inference = inference_pb2_grpc.InferenceServiceStub(calls)
-        self._calls = {id(method): (stub, name) for stub in ("_scheduler", "_inference")
-                       for name, method in vars(getattr(self, stub)).items()}
-
-    def _follow_leader(self, method: Any, exc: grpc.RpcError) -> Any:
-        """After ``method`` failed UNAVAILABLE: the same method on the scheduler to try next (the leader
-        a standby named, else the next address), or None when there is none to try."""
-        with self._switch:
-            where = self._calls.get(id(method))
-            if where is None or self._closed.is_set():
-                return None
-            before = self._addresses.current
-            if not leader_hint(exc) and len(self._addresses) < 2:
-                return None
-            after = self._addresses.after_failure(exc)
-            if after != before:
-                self._channel.close()
-                self._connect(after)
-            return getattr(getattr(self, where[0]), where[1])
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -392,18 +362,10 @@ class ArylClient:
         return f"ArylClient({self.address!r}, timeout={self.timeout})"
 
     def _unary(self, method: Any, request: Any) -> Any:
-        # Each address once, and a named leader once more: a call that a standby refused or an
-        # unreachable scheduler never received is safe to send again.
-        tries = len(self._addresses) + 1
-        while True:
-            try:
-                return method(request, timeout=self.timeout)
-            except grpc.RpcError as exc:
-                tries -= 1
-                unavailable = isinstance(exc, grpc.Call) and exc.code() == grpc.StatusCode.UNAVAILABLE
-                method = self._follow_leader(method, exc) if unavailable and tries > 0 else None
-                if method is None:
-                    raise _translate(exc) from exc
+        try:
+            return method(request, timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise _translate(exc) from exc
 
     # -- jobs ----------------------------------------------------------------------------------
 
@@ -434,6 +396,36 @@ class ArylClient:
                     raise
             time.sleep(backoff.next_delay())
         raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def submit_jobs(
+        self, jobs: Sequence[tuple[types_pb2.JobSpec, str]], *, array_indices: Sequence[int] = (),
+        attempts: int = SUBMIT_ATTEMPTS,
+    ) -> list[types_pb2.Job]:
+        """Queue many jobs in one call, all or none (at most 10,000): ``jobs`` are (spec, idempotency
+        key) pairs; with ``array_indices`` (one per job) they form one job array. Returns them as
+        recorded, in order (the list view: no env). Retried as ``submit_job`` is (give every job a
+        key, so a lost answer never queues one twice); a bad spec raises :class:`InvalidArgument`
+        naming ``jobs[i]`` and nothing is queued."""
+        if attempts < 1:
+            raise ValueError(f"attempts must be >= 1, got {attempts}")
+        request = scheduler_pb2.SubmitJobsRequest(
+            jobs=[scheduler_pb2.SubmitJobRequest(spec=spec, idempotency_key=key) for spec, key in jobs],
+            array_indices=list(array_indices),
+        )
+        backoff = Backoff(1.0, initial_s=0.5)
+        for attempt in range(1, attempts + 1):
+            try:
+                return list(self._unary(self._scheduler.SubmitJobs, request).jobs)
+            except (Unavailable, DeadlineExceeded):
+                if attempt == attempts or self._closed.is_set():
+                    raise
+            time.sleep(backoff.next_delay())
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def cancel_job_array(self, array_job_id: str, *, reason: str = "") -> list[str]:
+        """Cancel every job of an array that has not ended; the ids of the jobs cancelled."""
+        request = scheduler_pb2.CancelJobArrayRequest(array_job_id=array_job_id, reason=reason)
+        return list(self._unary(self._scheduler.CancelJobArray, request).cancelled_job_ids)
 
     def get_job(self, job_id: str, *, include_events: bool = False) -> scheduler_pb2.GetJobResponse:
         """One job; with ``include_events`` also its events from the log, oldest first."""

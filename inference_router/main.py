@@ -20,6 +20,7 @@ from typing import Any
 
 from aryl_common.entry import EXIT_OK, BadInput, add_standard_flags, run_guarded
 from aryl_common.logs import configure_logging
+from aryl_common.metrics import MetricsConfig
 from aryl_common.signals import stop_on_signals
 from inference_router.config import load_router_config
 from inference_router.router import ListenError, serve
@@ -73,10 +74,10 @@ def cli_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     return {"router": router} if router else {}
 
 
-async def run_until_signalled(config: Any) -> None:
+async def run_until_signalled(config: Any, metrics: MetricsConfig | None = None) -> None:
     stop = asyncio.Event()
     stop_on_signals(asyncio.get_running_loop(), stop.set)
-    await serve(config, stop)
+    await serve(config, stop, metrics)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     config = load_router_config(args.config, cli_overrides(args))
     configure_logging(config.logging.format, config.logging.level)
     try:
-        asyncio.run(run_until_signalled(config.router))
+        asyncio.run(run_until_signalled(config.router, config.metrics))
     except ListenError as exc:
         raise BadInput(f"{exc}; choose another address with --listen or router.listen") from exc
     return EXIT_OK

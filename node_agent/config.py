@@ -23,14 +23,11 @@ from aryl_common.config import (
     apply_overrides,
     load_settings,
 )
+from aryl_common.metrics import MetricsConfig
 
 
 class AgentSection(ConfigSection):
-    scheduler_address: str = Field(
-        "127.0.0.1:50051", min_length=1,
-        description="host:port of the scheduler; several schedulers sharing one database comma-separated "
-                    "(a:50051,b:50051): the agent follows the leader (docs/ha.md)",
-    )
+    scheduler_address: str = Field("127.0.0.1:50051", min_length=1, description="host:port of the scheduler")
     hostname: str = Field(
         default_factory=socket.gethostname, min_length=1, description="this server's name; becomes its server_id"
     )
@@ -112,6 +109,7 @@ class AgentConfig(ArylSettings):
     agent: AgentSection = AgentSection()
     gpus: GpusSection = GpusSection()
     logging: LoggingConfig = LoggingConfig()
+    metrics: MetricsConfig = MetricsConfig()  # Prometheus /metrics (node_agent.metrics); off by default
 
 
 def load_agent_config(

@@ -28,6 +28,7 @@ from typing import Any
 
 from aryl_common.entry import EXIT_OK, Unreachable, add_standard_flags, run_guarded
 from aryl_common.logs import configure_logging
+from aryl_common.metrics import serve_metrics
 from aryl_common.signals import run_until_signalled
 from node_agent.agent import Agent
 from node_agent.config import AgentConfig, load_agent_config
@@ -98,7 +99,12 @@ def run(args: argparse.Namespace) -> int:
                           "driver, or choose another with --gpu-backend or gpus.backend") from exc
     try:
         agent = Agent(config.agent, gpus)
-        run_until_signalled(agent.run, agent.stop if config.agent.keep_workers_on_exit else agent.leave)
+        metrics = serve_metrics(agent.metrics.registry, config.metrics)
+        try:
+            run_until_signalled(agent.run, agent.stop if config.agent.keep_workers_on_exit else agent.leave)
+        finally:
+            if metrics is not None:
+                metrics.close()
     finally:
         gpus.close()
     return EXIT_OK

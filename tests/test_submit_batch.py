@@ -69,7 +69,8 @@ def test_batch_shape_refusals(scheduler, database_url) -> None:
             "jobs: is required": _batch(),
             "jobs[2].idempotency_key": _batch(job_spec("a"), job_spec("b"), job_spec("c"), keys=("k1", "k2", "k1")),
             "array_indices: must hold one index per job": _batch(job_spec("a"), job_spec("b"), indices=(0,)),
-            "array_indices[2]: 1 is listed twice": _batch(job_spec("a"), job_spec("b"), job_spec("c"), indices=(0, 1, 1)),
+            "array_indices[2]: 1 is listed twice": _batch(job_spec("a"), job_spec("b"), job_spec("c"),
+                                                          indices=(0, 1, 1)),
             "jobs[1].spec.env['ARYL_ARRAY_INDEX']": _batch(job_spec("a"), job_spec("b", env={"ARYL_ARRAY_INDEX": "3"})),
         }
         for expected, request in cases.items():
