@@ -74,6 +74,7 @@ from arylctl.client import (
     new_idempotency_key,
     normalize_job_spec_mapping,
 )
+from arylctl.queues import add_queue_commands
 from protos.aryl.v1 import scheduler_pb2, types_pb2
 
 __all__ = ["UsageError", "build_parser", "format_table", "main", "parse_args"]
@@ -431,6 +432,8 @@ _SUBMIT_FLAG_KEYS: Final = {
     "restart_policy": "restart_policy",
     "max_restarts": "max_restarts",
     "estimated_runtime": "estimated_runtime_s",
+    "priority_class": "priority_class",
+    "gpu_types": "gpu_types",
 }
 
 
@@ -1069,6 +1072,8 @@ def describe_explanation(response: scheduler_pb2.ExplainJobResponse) -> str:
     job = response.job
     summary = response.summary or enum_name(types_pb2.JobState, job.state)
     head = printable(f"Job {job.job_id} ({job.spec.name}): {summary}")
+    if response.queue_status:  # its queue's quota and usage
+        head += "\n" + printable(response.queue_status[0].upper() + response.queue_status[1:])
     if not response.decisions:
         return head + "\n\nNo decisions recorded."
     rows = [(local_time(e.time), e.reason, e.message) for e in response.decisions]
@@ -1305,6 +1310,11 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--min-workers", type=_uint32, metavar="N")
     submit.add_argument("--max-workers", type=_uint32, metavar="N", help="default: --min-workers (inelastic)")
     submit.add_argument("--priority", type=_int32, metavar="N", help="higher runs first among equals")
+    submit.add_argument("--priority-class", metavar="NAME",
+                        help="its class within the queue (the scheduler's scheduling.priority_classes): higher "
+                             "classes go first and may preempt lower ones")
+    submit.add_argument("--gpu-type", dest="gpu_types", action="append", metavar="MODEL",
+                        help="run only on this GPU type (as `arylctl servers` shows it); repeatable, preferred first")
     submit.add_argument("--env", type=_env_pair, action="append", metavar="NAME=VALUE", help="repeatable")
     submit.add_argument("--deadline", type=_iso_time, metavar="ISO8601", help="local time unless an offset is given")
     submit.add_argument("--max-runtime", type=_non_negative, metavar="SECONDS")
@@ -1349,6 +1359,7 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.add_argument("--reason", default="", help="recorded in the event log")
 
     add("cluster", cmd_cluster, "capacity per pool, jobs per state, inference demand, policy")
+    add_queue_commands(add, common, format_table, EXIT_OK)
 
     servers = add(
         "servers", cmd_servers, "list servers, or take one out: cordon, uncordon, drain, delete",

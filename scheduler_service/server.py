@@ -167,6 +167,7 @@ class SchedulerService:
                     session_factory(self.engine), self.clock, notifier=notifier,
                     master_ports=cfg.scheduling.master_ports, telemetry_write_s=cfg.agents.telemetry_write_s,
                     reclaim_deadline_s=self.policy_params.reclaim_deadline_s,
+                    priority_classes=cfg.scheduling.priority_classes,
                 )
                 epoch = await asyncio.to_thread(app.term.start, socket.gethostname())
         except BaseException:

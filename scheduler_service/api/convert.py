@@ -15,6 +15,7 @@ from scheduler_service.records import (
     EventInfo,
     JobInfo,
     LoanInfo,
+    QueueStatus,
     ServerInfo,
     command_preview,
 )
@@ -73,6 +74,7 @@ def _job(row: JobInfo, *, command: Sequence[str], env: Mapping[str, str]) -> typ
         max_runtime=duration(row.max_runtime_s) if row.max_runtime_s else None,
         restart_policy=_RESTART[row.restart_policy], max_restarts=row.max_restarts,
         working_dir=row.working_dir or "", working_dir_if_exists=row.working_dir_if_exists,
+        priority_class=row.priority_class, gpu_types=row.gpu_types,
     )
     gpus_by_rank: dict[tuple[int, str], list[int]] = defaultdict(list)
     for a in row.allocations:
@@ -91,6 +93,7 @@ def _job(row: JobInfo, *, command: Sequence[str], env: Mapping[str, str]) -> typ
         progress=row.work_done, incarnation=row.incarnation,
         last_checkpoint_at=timestamp(row.last_checkpoint_at),
         array_job_id=str(row.array_job_id) if row.array_job_id is not None else "", array_index=row.array_index or 0,
+        priority_class_value=row.priority_value,
     )
 
 
@@ -123,6 +126,16 @@ def server(row: ServerInfo) -> types_pb2.Server:
         registered_at=timestamp(row.registered_at), last_seen_at=timestamp(row.last_seen_at),
         desired_generation=row.desired_generation, observed_generation=row.observed_generation,
         agent_address=row.agent_address, admin_state=row.admin_shown, admin_reason=row.admin_reason,
+        gpu_type=min((g.model for g in row.gpus), default=""),
+    )
+
+
+def queue(status: QueueStatus) -> scheduler_pb2.Queue:
+    return scheduler_pb2.Queue(
+        name=status.name, cohort=status.cohort, quota_gpus=status.quota_gpus,
+        borrow_limit_gpus=status.borrow_limit_gpus, fair_share=status.fair_share, used_gpus=status.used_gpus,
+        borrowed_gpus=status.borrowed_gpus, pending_jobs=status.pending_jobs, running_jobs=status.running_jobs,
+        configured=status.configured,
     )
 
 

@@ -247,13 +247,56 @@ def job_submission(spec: types_pb2.JobSpec, idempotency_key: str, *, now: float)
     restarts = _count("spec.max_restarts", spec.max_restarts, 0, MAX_RESTARTS)
     submission_key = text("idempotency_key", idempotency_key, max_len=128) or None
     working_dir = _working_dir(spec)
+    priority_class = text("spec.priority_class", spec.priority_class, max_len=63, pattern=IDENT,
+                          hint="letters, digits and . _ @ + -")
+    gpu_types = _gpu_types(spec.gpu_types)
     return JobSubmission(
         name=name, user=user, queue=queue, command=tuple(spec.command), env=dict(spec.env),
         gpus_per_worker=gpus, min_workers=low, max_workers=high, priority=spec.priority, deadline=deadline,
         throughput=throughput, max_runtime_s=max_runtime, restart_policy=policy, max_restarts=restarts,
         idempotency_key=submission_key, working_dir=working_dir,
-        working_dir_if_exists=spec.working_dir_if_exists,
+        working_dir_if_exists=spec.working_dir_if_exists, priority_class=priority_class, gpu_types=gpu_types,
     )
+
+
+MAX_GPU_TYPES = 16
+
+
+def _gpu_types(types: Sequence[str]) -> tuple[str, ...]:
+    """A job's GPU types: at most 16 model names (as agents report them), each listed once."""
+    if len(types) > MAX_GPU_TYPES:
+        raise InvalidArgument("spec.gpu_types", f"must name at most {MAX_GPU_TYPES} types (got {len(types)})")
+    for i, t in enumerate(types):
+        text(f"spec.gpu_types[{i}]", t, max_len=128, required=True)
+        if t in types[:i]:
+            raise InvalidArgument(f"spec.gpu_types[{i}]", f"{t!r} is listed twice")
+    return tuple(types)
+
+
+# A queue's name: a DNS label (1-63 lowercase letters, digits and '-', starting with a letter).
+QUEUE_NAME = re.compile(r"[a-z]([a-z0-9-]{0,61}[a-z0-9])?")
+MAX_QUEUE_GPUS = 1_000_000
+
+
+def queue_name(field: str, value: str) -> str:
+    if not value:
+        raise InvalidArgument(field, "is required")
+    if not QUEUE_NAME.fullmatch(value):
+        raise InvalidArgument(field, f"{value[:70]!r} is not a queue name: 1-63 lowercase letters, digits and '-', "
+                                     "starting with a letter and not ending with '-'")
+    return value
+
+
+def cohort_name(field: str, value: str) -> str:
+    return queue_name(field, value) if value else ""
+
+
+def gpu_count(field: str, value: int) -> int:
+    """A quota or borrow limit in GPUs: 0 or more."""
+    if value < 0 or value > MAX_QUEUE_GPUS:
+        raise InvalidArgument(field, f"must be between 0 and {MAX_QUEUE_GPUS} GPUs (got {value}); a negative "
+                                     "number is refused")
+    return value
 
 
 # The most jobs one SubmitJobs call may carry: 10,000 make one transaction of about a second here

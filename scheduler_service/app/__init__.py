@@ -23,6 +23,8 @@ store does).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from sqlalchemy.orm import Session, sessionmaker
 
 from scheduler_service.app.agents import Agents
@@ -32,6 +34,7 @@ from scheduler_service.app.jobs import Jobs
 from scheduler_service.app.liveness import Liveness
 from scheduler_service.app.memory import Heartbeats, ReportDigests
 from scheduler_service.app.notices import Announcer, Notifier, NullNotifier
+from scheduler_service.app.queues import Queues
 from scheduler_service.app.retention import EventRetention
 from scheduler_service.app.server_admin import ServerAdmin
 from scheduler_service.app.term import Term
@@ -66,6 +69,7 @@ class SchedulerApp:
         master_ports: range = DEFAULT_MASTER_PORTS,
         telemetry_write_s: float = 15.0,
         reclaim_deadline_s: float = PolicyParams.reclaim_deadline_s,
+        priority_classes: Mapping[str, int] | None = None,
     ) -> None:
         self.notifier: Notifier = notifier or NullNotifier()
         db = Transactions(sessions, publish=self.notifier.desired_states_committed)
@@ -79,7 +83,8 @@ class SchedulerApp:
                                               ports=MasterPorts(master_ports)),
             notices,
         )
-        self.jobs = Jobs(db, JobStore(changes, desired, clock), clock, notices)
+        self.queues = Queues(db, clock, notices, snapshot=self.cluster.snapshot, priority_classes=priority_classes)
+        self.jobs = Jobs(db, JobStore(changes, desired, clock), clock, notices, queues=self.queues)
         admin = ServerAdminStore(changes, desired, clock)
         self.agents = Agents(
             db, AgentStore(changes, desired, clock), desired, clock, term=self.term, heartbeats=heartbeats,

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from sqlalchemy.exc import IntegrityError
 
 from scheduler_service.app.notices import Announcer
+from scheduler_service.app.queues import Queues
 from scheduler_service.core.clock import Clock
 from scheduler_service.core.fit import never_fits
 from scheduler_service.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
@@ -30,7 +31,7 @@ MAX_PAGE_SIZE = 1000
 # The spec of a job as submitted: a resubmission with the same key must match it on each of these.
 _SPEC_FIELDS = ("name", "user", "queue", "command", "env", "gpus_per_worker", "min_workers", "max_workers",
                 "priority", "deadline", "throughput", "max_runtime_s", "restart_policy", "max_restarts",
-                "working_dir", "working_dir_if_exists", "array_index")
+                "working_dir", "working_dir_if_exists", "array_index", "priority_class", "gpu_types")
 
 
 class KeyInUse(AlreadyExists):
@@ -44,7 +45,9 @@ DEFAULT_PAGE_SIZE = 100
 
 
 class Jobs:
-    def __init__(self, db: Transactions, store: JobStore, clock: Clock, notices: Announcer) -> None:
+    def __init__(self, db: Transactions, store: JobStore, clock: Clock, notices: Announcer, *,
+                 queues: Queues | None = None) -> None:
+        self.queues = queues  # checks each submission's queue and priority class (None: not checked)
         self._db = db
         self._store = store
         self._clock = clock
@@ -57,6 +60,15 @@ class Jobs:
         return result
 
     def submit_many(self, subs: Sequence[JobSubmission]) -> list[JobInfo | AlreadyExists | FailedPrecondition]:
+        if self.queues is not None:  # an unknown queue or priority class is refused alone
+            subs, wrong = self.queues.admit(subs)
+            if wrong:
+                rest = [sub for i, sub in enumerate(subs) if i not in wrong]
+                answers = iter(self._submit_many(rest) if rest else [])
+                return [wrong[i] if i in wrong else next(answers) for i in range(len(subs))]  # type: ignore[misc]
+        return self._submit_many(subs)
+
+    def _submit_many(self, subs: Sequence[JobSubmission]) -> list[JobInfo | AlreadyExists | FailedPrecondition]:
         """Queue several jobs in one transaction (group commit: the API batches concurrent
         SubmitJob calls). A submission whose user has used its idempotency key before is answered
         by itself alone: with that job when the spec is the same (a retry), else ``KeyInUse``. One
@@ -84,6 +96,13 @@ class Jobs:
         same spec is answered with that job and queues nothing (a retry of a call whose answer was
         lost); one whose key holds a different spec refuses the whole batch (``KeyInUse``), as does
         one whose gang can never fit (``FailedPrecondition``); each refusal names ``jobs[i]``."""
+        if self.queues is not None:
+            subs, wrong = self.queues.admit(subs)
+            if wrong:
+                i, why = min(wrong), wrong[min(wrong)]
+                if isinstance(why, InvalidArgument):
+                    raise InvalidArgument(f"jobs[{i}].{why.field}", f"{why.reason}; nothing was queued")
+                raise NotFound(f"jobs[{i}]: {why}; nothing was queued")
         refused = self._never_fit(subs)
         if refused:
             i = min(refused)

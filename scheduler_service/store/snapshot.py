@@ -23,6 +23,7 @@ from scheduler_service.core.snapshot import AdminState, ClusterSnapshot, DemandV
 from scheduler_service.lifecycle import JobState, Pool, ServerState
 from scheduler_service.store import models as m
 from scheduler_service.store.changes import index_list
+from scheduler_service.store.queues import queue_views
 
 ACTIVE_JOB_STATES = (JobState.PENDING, JobState.RUNNING, JobState.SCALING, JobState.PREEMPTED)
 # Server states in which the server has an open loan (LOST/UNHEALTHY servers may too; they show none).
@@ -57,13 +58,14 @@ class SnapshotReader:
             sa.select(g.server_id,
                       sa.func.aggregate_strings(sa.cast(g.index, sa.String), ",").label("indices"),
                       sa.func.aggregate_strings(
-                          sa.case((g.healthy, None), else_=sa.cast(g.index, sa.String)), ",").label("unhealthy"))
+                          sa.case((g.healthy, None), else_=sa.cast(g.index, sa.String)), ",").label("unhealthy"),
+                      sa.func.min(g.model).label("gpu_type"))  # its GPUs' model (mixed: the first by name)
             .group_by(g.server_id).subquery()
         )
         views: dict[str, tuple[tuple[Any, ...], ServerView]] = {}
         for row in session.execute(
             sa.select(s.id, s.pool, s.state, s.state_changed_at, s.observed_generation, s.desired_generation,
-                      s.drained_at, s.admin_state, s.drain_deadline, gpus.c.indices, gpus.c.unhealthy)
+                      s.drained_at, s.admin_state, s.drain_deadline, gpus.c.indices, gpus.c.unhealthy, gpus.c.gpu_type)
             .outerjoin(gpus, gpus.c.server_id == s.id).order_by(s.id)
         ):
             allocated = tuple(sorted(by_server[row.id])) if row.id in by_server else ()
@@ -79,6 +81,7 @@ class SnapshotReader:
                 drained=row.drained_at is not None,
                 reclaim_deadline=loan[1] if loan is not None and row.state == ServerState.RECLAIMING else None,
                 admin=AdminState(row.admin_state), drain_deadline=row.drain_deadline,
+                gpu_type=row.gpu_type or "",
             ))
         self._server_views = views  # only this cycle's servers: a removed server is forgotten
         servers = tuple(view for _, view in views.values())
@@ -88,6 +91,7 @@ class SnapshotReader:
                       j.last_resized_at, j.last_checkpoint_at, j.size_note)
             .where(j.state.in_([str(s) for s in ACTIVE_JOB_STATES]))
             .order_by(j.id)
+            .add_columns(j.queue, j.user, j.priority_value, j.gpu_types)  # queues and GPU types (core.quota)
         )
         jobs = tuple(
             JobView(
@@ -105,6 +109,8 @@ class SnapshotReader:
                 ),
                 total_work=float((row.throughput or {}).get("total_work", 0.0)),
                 work_done=row.work_done,
+                queue=row.queue, user=row.user, priority_class=row.priority_value,
+                gpu_types=tuple(row.gpu_types or ()),
                 started_at=row.started_at,
                 last_resized_at=row.last_resized_at,
                 last_checkpoint_at=row.last_checkpoint_at,
@@ -116,7 +122,7 @@ class SnapshotReader:
         n = m.SCHEDULER_NOTES.c
         loan_note = session.execute(sa.select(n.reason, n.message).where(n.topic == m.LOANS_TOPIC)).first()
         return ClusterSnapshot(
-            now=self._clock.now(), servers=servers, jobs=jobs, seed=seed,
+            now=self._clock.now(), servers=servers, jobs=jobs, seed=seed, queues=queue_views(session),
             loan_note=f"{loan_note.reason}: {loan_note.message}"[:1024] if loan_note is not None else "",
             demand=DemandView(demand.servers_needed, demand.observed_rps, demand.time) if demand else None,
         )

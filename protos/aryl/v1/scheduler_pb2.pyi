@@ -19,10 +19,18 @@ class SubmitJobRequest(_message.Message):
     def __init__(self, spec: _Optional[_Union[_types_pb2.JobSpec, _Mapping]] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
 
 class SubmitJobResponse(_message.Message):
-    __slots__ = ("job",)
+    __slots__ = ("job", "predicted_finish", "deadline_status", "admission_note", "workers_needed")
     JOB_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_FINISH_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_STATUS_FIELD_NUMBER: _ClassVar[int]
+    ADMISSION_NOTE_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_NEEDED_FIELD_NUMBER: _ClassVar[int]
     job: _types_pb2.Job
-    def __init__(self, job: _Optional[_Union[_types_pb2.Job, _Mapping]] = ...) -> None: ...
+    predicted_finish: _timestamp_pb2.Timestamp
+    deadline_status: _types_pb2.DeadlineStatus
+    admission_note: str
+    workers_needed: int
+    def __init__(self, job: _Optional[_Union[_types_pb2.Job, _Mapping]] = ..., predicted_finish: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., deadline_status: _Optional[_Union[_types_pb2.DeadlineStatus, str]] = ..., admission_note: _Optional[str] = ..., workers_needed: _Optional[int] = ...) -> None: ...
 
 class SubmitJobsRequest(_message.Message):
     __slots__ = ("jobs", "array_indices")
@@ -143,7 +151,7 @@ class JobStateCount(_message.Message):
     def __init__(self, state: _Optional[_Union[_types_pb2.JobState, str]] = ..., count: _Optional[int] = ...) -> None: ...
 
 class GetClusterResponse(_message.Message):
-    __slots__ = ("pools", "jobs", "demand", "policy", "scheduler_epoch", "active_loans", "not_loaned")
+    __slots__ = ("pools", "jobs", "demand", "policy", "scheduler_epoch", "active_loans", "not_loaned", "queues")
     POOLS_FIELD_NUMBER: _ClassVar[int]
     JOBS_FIELD_NUMBER: _ClassVar[int]
     DEMAND_FIELD_NUMBER: _ClassVar[int]
@@ -151,6 +159,7 @@ class GetClusterResponse(_message.Message):
     SCHEDULER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_LOANS_FIELD_NUMBER: _ClassVar[int]
     NOT_LOANED_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
     pools: _containers.RepeatedCompositeFieldContainer[PoolSummary]
     jobs: _containers.RepeatedCompositeFieldContainer[JobStateCount]
     demand: _types_pb2.InferenceDemand
@@ -158,7 +167,8 @@ class GetClusterResponse(_message.Message):
     scheduler_epoch: int
     active_loans: int
     not_loaned: str
-    def __init__(self, pools: _Optional[_Iterable[_Union[PoolSummary, _Mapping]]] = ..., jobs: _Optional[_Iterable[_Union[JobStateCount, _Mapping]]] = ..., demand: _Optional[_Union[_types_pb2.InferenceDemand, _Mapping]] = ..., policy: _Optional[str] = ..., scheduler_epoch: _Optional[int] = ..., active_loans: _Optional[int] = ..., not_loaned: _Optional[str] = ...) -> None: ...
+    queues: _containers.RepeatedCompositeFieldContainer[Queue]
+    def __init__(self, pools: _Optional[_Iterable[_Union[PoolSummary, _Mapping]]] = ..., jobs: _Optional[_Iterable[_Union[JobStateCount, _Mapping]]] = ..., demand: _Optional[_Union[_types_pb2.InferenceDemand, _Mapping]] = ..., policy: _Optional[str] = ..., scheduler_epoch: _Optional[int] = ..., active_loans: _Optional[int] = ..., not_loaned: _Optional[str] = ..., queues: _Optional[_Iterable[_Union[Queue, _Mapping]]] = ...) -> None: ...
 
 class ListServersRequest(_message.Message):
     __slots__ = ("pool",)
@@ -195,14 +205,18 @@ class ExplainJobRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class ExplainJobResponse(_message.Message):
-    __slots__ = ("job", "summary", "decisions")
+    __slots__ = ("job", "summary", "decisions", "queue_status", "deadline")
     JOB_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
     DECISIONS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_STATUS_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_FIELD_NUMBER: _ClassVar[int]
     job: _types_pb2.Job
     summary: str
     decisions: _containers.RepeatedCompositeFieldContainer[_types_pb2.Event]
-    def __init__(self, job: _Optional[_Union[_types_pb2.Job, _Mapping]] = ..., summary: _Optional[str] = ..., decisions: _Optional[_Iterable[_Union[_types_pb2.Event, _Mapping]]] = ...) -> None: ...
+    queue_status: str
+    deadline: str
+    def __init__(self, job: _Optional[_Union[_types_pb2.Job, _Mapping]] = ..., summary: _Optional[str] = ..., decisions: _Optional[_Iterable[_Union[_types_pb2.Event, _Mapping]]] = ..., queue_status: _Optional[str] = ..., deadline: _Optional[str] = ...) -> None: ...
 
 class PreviewReclaimRequest(_message.Message):
     __slots__ = ("servers",)
@@ -311,3 +325,75 @@ class DeleteServerResponse(_message.Message):
     message: str
     server: _types_pb2.Server
     def __init__(self, deleted: _Optional[bool] = ..., message: _Optional[str] = ..., server: _Optional[_Union[_types_pb2.Server, _Mapping]] = ...) -> None: ...
+
+class Queue(_message.Message):
+    __slots__ = ("name", "cohort", "quota_gpus", "borrow_limit_gpus", "fair_share", "used_gpus", "borrowed_gpus", "pending_jobs", "running_jobs", "configured")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    COHORT_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_GPUS_FIELD_NUMBER: _ClassVar[int]
+    BORROW_LIMIT_GPUS_FIELD_NUMBER: _ClassVar[int]
+    FAIR_SHARE_FIELD_NUMBER: _ClassVar[int]
+    USED_GPUS_FIELD_NUMBER: _ClassVar[int]
+    BORROWED_GPUS_FIELD_NUMBER: _ClassVar[int]
+    PENDING_JOBS_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_JOBS_FIELD_NUMBER: _ClassVar[int]
+    CONFIGURED_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    cohort: str
+    quota_gpus: int
+    borrow_limit_gpus: int
+    fair_share: bool
+    used_gpus: int
+    borrowed_gpus: int
+    pending_jobs: int
+    running_jobs: int
+    configured: bool
+    def __init__(self, name: _Optional[str] = ..., cohort: _Optional[str] = ..., quota_gpus: _Optional[int] = ..., borrow_limit_gpus: _Optional[int] = ..., fair_share: _Optional[bool] = ..., used_gpus: _Optional[int] = ..., borrowed_gpus: _Optional[int] = ..., pending_jobs: _Optional[int] = ..., running_jobs: _Optional[int] = ..., configured: _Optional[bool] = ...) -> None: ...
+
+class CreateQueueRequest(_message.Message):
+    __slots__ = ("queue",)
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    queue: Queue
+    def __init__(self, queue: _Optional[_Union[Queue, _Mapping]] = ...) -> None: ...
+
+class UpdateQueueRequest(_message.Message):
+    __slots__ = ("name", "cohort", "quota_gpus", "borrow_limit_gpus", "unlimited_borrowing", "fair_share")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    COHORT_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_GPUS_FIELD_NUMBER: _ClassVar[int]
+    BORROW_LIMIT_GPUS_FIELD_NUMBER: _ClassVar[int]
+    UNLIMITED_BORROWING_FIELD_NUMBER: _ClassVar[int]
+    FAIR_SHARE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    cohort: str
+    quota_gpus: int
+    borrow_limit_gpus: int
+    unlimited_borrowing: bool
+    fair_share: bool
+    def __init__(self, name: _Optional[str] = ..., cohort: _Optional[str] = ..., quota_gpus: _Optional[int] = ..., borrow_limit_gpus: _Optional[int] = ..., unlimited_borrowing: _Optional[bool] = ..., fair_share: _Optional[bool] = ...) -> None: ...
+
+class QueueResponse(_message.Message):
+    __slots__ = ("queue",)
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    queue: Queue
+    def __init__(self, queue: _Optional[_Union[Queue, _Mapping]] = ...) -> None: ...
+
+class DeleteQueueRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class DeleteQueueResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListQueuesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListQueuesResponse(_message.Message):
+    __slots__ = ("queues",)
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    queues: _containers.RepeatedCompositeFieldContainer[Queue]
+    def __init__(self, queues: _Optional[_Iterable[_Union[Queue, _Mapping]]] = ...) -> None: ...

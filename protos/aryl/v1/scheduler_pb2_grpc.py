@@ -120,6 +120,26 @@ class SchedulerServiceStub:
                 request_serializer=aryl_dot_v1_dot_scheduler__pb2.DeleteServerRequest.SerializeToString,
                 response_deserializer=aryl_dot_v1_dot_scheduler__pb2.DeleteServerResponse.FromString,
                 _registered_method=True)
+        self.CreateQueue = channel.unary_unary(
+                '/aryl.v1.SchedulerService/CreateQueue',
+                request_serializer=aryl_dot_v1_dot_scheduler__pb2.CreateQueueRequest.SerializeToString,
+                response_deserializer=aryl_dot_v1_dot_scheduler__pb2.QueueResponse.FromString,
+                _registered_method=True)
+        self.UpdateQueue = channel.unary_unary(
+                '/aryl.v1.SchedulerService/UpdateQueue',
+                request_serializer=aryl_dot_v1_dot_scheduler__pb2.UpdateQueueRequest.SerializeToString,
+                response_deserializer=aryl_dot_v1_dot_scheduler__pb2.QueueResponse.FromString,
+                _registered_method=True)
+        self.DeleteQueue = channel.unary_unary(
+                '/aryl.v1.SchedulerService/DeleteQueue',
+                request_serializer=aryl_dot_v1_dot_scheduler__pb2.DeleteQueueRequest.SerializeToString,
+                response_deserializer=aryl_dot_v1_dot_scheduler__pb2.DeleteQueueResponse.FromString,
+                _registered_method=True)
+        self.ListQueues = channel.unary_unary(
+                '/aryl.v1.SchedulerService/ListQueues',
+                request_serializer=aryl_dot_v1_dot_scheduler__pb2.ListQueuesRequest.SerializeToString,
+                response_deserializer=aryl_dot_v1_dot_scheduler__pb2.ListQueuesResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServiceServicer:
@@ -268,6 +288,34 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateQueue(self, request, context):
+        """Queues (admin): each job belongs to one; a queue has a guaranteed GPU quota, may borrow idle GPUs of
+        its cohort up to a limit, and gives borrowed GPUs back when their owner needs them. "default"
+        always exists. INVALID_ARGUMENT for a bad name or a negative quota; ALREADY_EXISTS, NOT_FOUND;
+        FAILED_PRECONDITION deleting a queue that still has active jobs, or "default".
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateQueue(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteQueue(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListQueues(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -355,6 +403,26 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.DeleteServer,
                     request_deserializer=aryl_dot_v1_dot_scheduler__pb2.DeleteServerRequest.FromString,
                     response_serializer=aryl_dot_v1_dot_scheduler__pb2.DeleteServerResponse.SerializeToString,
+            ),
+            'CreateQueue': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateQueue,
+                    request_deserializer=aryl_dot_v1_dot_scheduler__pb2.CreateQueueRequest.FromString,
+                    response_serializer=aryl_dot_v1_dot_scheduler__pb2.QueueResponse.SerializeToString,
+            ),
+            'UpdateQueue': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateQueue,
+                    request_deserializer=aryl_dot_v1_dot_scheduler__pb2.UpdateQueueRequest.FromString,
+                    response_serializer=aryl_dot_v1_dot_scheduler__pb2.QueueResponse.SerializeToString,
+            ),
+            'DeleteQueue': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteQueue,
+                    request_deserializer=aryl_dot_v1_dot_scheduler__pb2.DeleteQueueRequest.FromString,
+                    response_serializer=aryl_dot_v1_dot_scheduler__pb2.DeleteQueueResponse.SerializeToString,
+            ),
+            'ListQueues': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListQueues,
+                    request_deserializer=aryl_dot_v1_dot_scheduler__pb2.ListQueuesRequest.FromString,
+                    response_serializer=aryl_dot_v1_dot_scheduler__pb2.ListQueuesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -816,6 +884,114 @@ class SchedulerService:
             '/aryl.v1.SchedulerService/DeleteServer',
             aryl_dot_v1_dot_scheduler__pb2.DeleteServerRequest.SerializeToString,
             aryl_dot_v1_dot_scheduler__pb2.DeleteServerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateQueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/aryl.v1.SchedulerService/CreateQueue',
+            aryl_dot_v1_dot_scheduler__pb2.CreateQueueRequest.SerializeToString,
+            aryl_dot_v1_dot_scheduler__pb2.QueueResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateQueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/aryl.v1.SchedulerService/UpdateQueue',
+            aryl_dot_v1_dot_scheduler__pb2.UpdateQueueRequest.SerializeToString,
+            aryl_dot_v1_dot_scheduler__pb2.QueueResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteQueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/aryl.v1.SchedulerService/DeleteQueue',
+            aryl_dot_v1_dot_scheduler__pb2.DeleteQueueRequest.SerializeToString,
+            aryl_dot_v1_dot_scheduler__pb2.DeleteQueueResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListQueues(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/aryl.v1.SchedulerService/ListQueues',
+            aryl_dot_v1_dot_scheduler__pb2.ListQueuesRequest.SerializeToString,
+            aryl_dot_v1_dot_scheduler__pb2.ListQueuesResponse.FromString,
             options,
             channel_credentials,
             insecure,

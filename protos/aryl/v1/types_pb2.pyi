@@ -28,6 +28,17 @@ class RestartPolicy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RESTART_POLICY_NEVER: _ClassVar[RestartPolicy]
     RESTART_POLICY_ON_FAILURE: _ClassVar[RestartPolicy]
 
+class DeadlineStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DEADLINE_STATUS_UNSPECIFIED: _ClassVar[DeadlineStatus]
+    DEADLINE_STATUS_NONE: _ClassVar[DeadlineStatus]
+    DEADLINE_STATUS_UNKNOWN: _ClassVar[DeadlineStatus]
+    DEADLINE_STATUS_ON_TRACK: _ClassVar[DeadlineStatus]
+    DEADLINE_STATUS_AT_RISK: _ClassVar[DeadlineStatus]
+    DEADLINE_STATUS_WILL_MISS: _ClassVar[DeadlineStatus]
+    DEADLINE_STATUS_MET: _ClassVar[DeadlineStatus]
+    DEADLINE_STATUS_MISSED: _ClassVar[DeadlineStatus]
+
 class Pool(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     POOL_UNSPECIFIED: _ClassVar[Pool]
@@ -81,6 +92,14 @@ JOB_STATE_CANCELLED: JobState
 RESTART_POLICY_UNSPECIFIED: RestartPolicy
 RESTART_POLICY_NEVER: RestartPolicy
 RESTART_POLICY_ON_FAILURE: RestartPolicy
+DEADLINE_STATUS_UNSPECIFIED: DeadlineStatus
+DEADLINE_STATUS_NONE: DeadlineStatus
+DEADLINE_STATUS_UNKNOWN: DeadlineStatus
+DEADLINE_STATUS_ON_TRACK: DeadlineStatus
+DEADLINE_STATUS_AT_RISK: DeadlineStatus
+DEADLINE_STATUS_WILL_MISS: DeadlineStatus
+DEADLINE_STATUS_MET: DeadlineStatus
+DEADLINE_STATUS_MISSED: DeadlineStatus
 POOL_UNSPECIFIED: Pool
 POOL_TRAINING: Pool
 POOL_INFERENCE: Pool
@@ -132,7 +151,7 @@ class ThroughputHints(_message.Message):
     def __init__(self, points: _Optional[_Iterable[_Union[ThroughputPoint, _Mapping]]] = ..., total_work: _Optional[float] = ..., estimated_runtime: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "user", "queue", "command", "env", "gpus_per_worker", "min_workers", "max_workers", "priority", "deadline", "throughput", "max_runtime", "restart_policy", "max_restarts", "working_dir", "working_dir_if_exists")
+    __slots__ = ("name", "user", "queue", "command", "env", "gpus_per_worker", "min_workers", "max_workers", "priority", "deadline", "throughput", "max_runtime", "restart_policy", "max_restarts", "working_dir", "working_dir_if_exists", "priority_class", "gpu_types")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -156,6 +175,8 @@ class JobSpec(_message.Message):
     MAX_RESTARTS_FIELD_NUMBER: _ClassVar[int]
     WORKING_DIR_FIELD_NUMBER: _ClassVar[int]
     WORKING_DIR_IF_EXISTS_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_CLASS_FIELD_NUMBER: _ClassVar[int]
+    GPU_TYPES_FIELD_NUMBER: _ClassVar[int]
     name: str
     user: str
     queue: str
@@ -172,7 +193,9 @@ class JobSpec(_message.Message):
     max_restarts: int
     working_dir: str
     working_dir_if_exists: bool
-    def __init__(self, name: _Optional[str] = ..., user: _Optional[str] = ..., queue: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., gpus_per_worker: _Optional[int] = ..., min_workers: _Optional[int] = ..., max_workers: _Optional[int] = ..., priority: _Optional[int] = ..., deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., throughput: _Optional[_Union[ThroughputHints, _Mapping]] = ..., max_runtime: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., restart_policy: _Optional[_Union[RestartPolicy, str]] = ..., max_restarts: _Optional[int] = ..., working_dir: _Optional[str] = ..., working_dir_if_exists: _Optional[bool] = ...) -> None: ...
+    priority_class: str
+    gpu_types: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., user: _Optional[str] = ..., queue: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., gpus_per_worker: _Optional[int] = ..., min_workers: _Optional[int] = ..., max_workers: _Optional[int] = ..., priority: _Optional[int] = ..., deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., throughput: _Optional[_Union[ThroughputHints, _Mapping]] = ..., max_runtime: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., restart_policy: _Optional[_Union[RestartPolicy, str]] = ..., max_restarts: _Optional[int] = ..., working_dir: _Optional[str] = ..., working_dir_if_exists: _Optional[bool] = ..., priority_class: _Optional[str] = ..., gpu_types: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class WorkerAllocation(_message.Message):
     __slots__ = ("rank", "server_id", "gpu_indices")
@@ -185,7 +208,7 @@ class WorkerAllocation(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., server_id: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("job_id", "spec", "state", "reason", "message", "pending_reason", "num_workers", "workers", "submitted_at", "started_at", "finished_at", "restarts", "preemptions", "idempotency_key", "version", "progress", "incarnation", "last_checkpoint_at", "size_note", "array_job_id", "array_index")
+    __slots__ = ("job_id", "spec", "state", "reason", "message", "pending_reason", "num_workers", "workers", "submitted_at", "started_at", "finished_at", "restarts", "preemptions", "idempotency_key", "version", "progress", "incarnation", "last_checkpoint_at", "size_note", "priority_class_value", "predicted_finish", "prediction_confidence", "deadline_status", "deadline_note", "workers_needed", "array_job_id", "array_index")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -205,6 +228,12 @@ class Job(_message.Message):
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     LAST_CHECKPOINT_AT_FIELD_NUMBER: _ClassVar[int]
     SIZE_NOTE_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_CLASS_VALUE_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_FINISH_FIELD_NUMBER: _ClassVar[int]
+    PREDICTION_CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_STATUS_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_NOTE_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_NEEDED_FIELD_NUMBER: _ClassVar[int]
     ARRAY_JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ARRAY_INDEX_FIELD_NUMBER: _ClassVar[int]
     job_id: str
@@ -226,9 +255,15 @@ class Job(_message.Message):
     incarnation: int
     last_checkpoint_at: _timestamp_pb2.Timestamp
     size_note: str
+    priority_class_value: int
+    predicted_finish: _timestamp_pb2.Timestamp
+    prediction_confidence: float
+    deadline_status: DeadlineStatus
+    deadline_note: str
+    workers_needed: int
     array_job_id: str
     array_index: int
-    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., state: _Optional[_Union[JobState, str]] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., pending_reason: _Optional[str] = ..., num_workers: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerAllocation, _Mapping]]] = ..., submitted_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., restarts: _Optional[int] = ..., preemptions: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., version: _Optional[int] = ..., progress: _Optional[float] = ..., incarnation: _Optional[int] = ..., last_checkpoint_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., size_note: _Optional[str] = ..., array_job_id: _Optional[str] = ..., array_index: _Optional[int] = ...) -> None: ...
+    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., state: _Optional[_Union[JobState, str]] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., pending_reason: _Optional[str] = ..., num_workers: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerAllocation, _Mapping]]] = ..., submitted_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., restarts: _Optional[int] = ..., preemptions: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., version: _Optional[int] = ..., progress: _Optional[float] = ..., incarnation: _Optional[int] = ..., last_checkpoint_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., size_note: _Optional[str] = ..., priority_class_value: _Optional[int] = ..., predicted_finish: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., prediction_confidence: _Optional[float] = ..., deadline_status: _Optional[_Union[DeadlineStatus, str]] = ..., deadline_note: _Optional[str] = ..., workers_needed: _Optional[int] = ..., array_job_id: _Optional[str] = ..., array_index: _Optional[int] = ...) -> None: ...
 
 class Gpu(_message.Message):
     __slots__ = ("index", "uuid", "model", "memory_total_bytes", "healthy", "health_reason", "job_id", "utilization", "memory_used_bytes", "temperature_c")
@@ -255,7 +290,7 @@ class Gpu(_message.Message):
     def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., model: _Optional[str] = ..., memory_total_bytes: _Optional[int] = ..., healthy: _Optional[bool] = ..., health_reason: _Optional[str] = ..., job_id: _Optional[str] = ..., utilization: _Optional[float] = ..., memory_used_bytes: _Optional[int] = ..., temperature_c: _Optional[float] = ...) -> None: ...
 
 class Server(_message.Message):
-    __slots__ = ("server_id", "hostname", "pool", "state", "state_reason", "gpus", "gpus_total", "gpus_used", "gpus_healthy", "registered_at", "last_seen_at", "desired_generation", "observed_generation", "agent_address", "admin_state", "admin_reason")
+    __slots__ = ("server_id", "hostname", "pool", "state", "state_reason", "gpus", "gpus_total", "gpus_used", "gpus_healthy", "registered_at", "last_seen_at", "desired_generation", "observed_generation", "agent_address", "admin_state", "admin_reason", "gpu_type")
     SERVER_ID_FIELD_NUMBER: _ClassVar[int]
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
@@ -272,6 +307,7 @@ class Server(_message.Message):
     AGENT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     ADMIN_STATE_FIELD_NUMBER: _ClassVar[int]
     ADMIN_REASON_FIELD_NUMBER: _ClassVar[int]
+    GPU_TYPE_FIELD_NUMBER: _ClassVar[int]
     server_id: str
     hostname: str
     pool: Pool
@@ -288,7 +324,8 @@ class Server(_message.Message):
     agent_address: str
     admin_state: str
     admin_reason: str
-    def __init__(self, server_id: _Optional[str] = ..., hostname: _Optional[str] = ..., pool: _Optional[_Union[Pool, str]] = ..., state: _Optional[_Union[ServerState, str]] = ..., state_reason: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., gpus_total: _Optional[int] = ..., gpus_used: _Optional[int] = ..., gpus_healthy: _Optional[int] = ..., registered_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_seen_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., desired_generation: _Optional[int] = ..., observed_generation: _Optional[int] = ..., agent_address: _Optional[str] = ..., admin_state: _Optional[str] = ..., admin_reason: _Optional[str] = ...) -> None: ...
+    gpu_type: str
+    def __init__(self, server_id: _Optional[str] = ..., hostname: _Optional[str] = ..., pool: _Optional[_Union[Pool, str]] = ..., state: _Optional[_Union[ServerState, str]] = ..., state_reason: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., gpus_total: _Optional[int] = ..., gpus_used: _Optional[int] = ..., gpus_healthy: _Optional[int] = ..., registered_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_seen_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., desired_generation: _Optional[int] = ..., observed_generation: _Optional[int] = ..., agent_address: _Optional[str] = ..., admin_state: _Optional[str] = ..., admin_reason: _Optional[str] = ..., gpu_type: _Optional[str] = ...) -> None: ...
 
 class Loan(_message.Message):
     __slots__ = ("loan_id", "server_id", "state", "reason", "started_at", "ended_at", "hard_deadline")
