@@ -1,6 +1,10 @@
 """The gRPC channel a daemon (``aryl-agent``, ``aryl-router``) keeps to the scheduler, and how a
 failed call is named in logs.
 
+Several schedulers may share one database, one of them leading (``docs/ha.md``): daemons and
+clients take a comma-separated list of addresses and follow the leader a standby names
+(``SchedulerAddresses``).
+
 One set of channel options for both daemons, blocking (``grpc``) or asyncio (``grpc.aio``), so
 they notice a dead scheduler and come back after a restart the same way. The scheduler's server
 options permit the keepalive rate set here (``scheduler_service/server.py``).
@@ -40,6 +44,60 @@ DESIRED_STATE_HEADER_BYTES = 64 * 1024
 MAX_DESIRED_STATE_BYTES = (
     MAX_WORKERS_PER_SERVER * (MAX_JOB_SPEC_BYTES + DESIRED_WORKER_OVERHEAD_BYTES) + DESIRED_STATE_HEADER_BYTES
 )
+
+
+# Trailing metadata of a standby scheduler's UNAVAILABLE answer: the leader's address (host:port),
+# where the caller should send the call again (``scheduler_service/api/leader_gate.py``).
+LEADER_METADATA_KEY = "aryl-leader"
+
+
+def scheduler_addresses(spec: str) -> list[str]:
+    """The scheduler addresses of a comma-separated ``spec`` ("a:50051,b:50051"), in order, without
+    blanks or repeats: every scheduler sharing one database, of which one leads (``docs/ha.md``)."""
+    seen: list[str] = []
+    for part in spec.split(","):
+        address = part.strip()
+        if address and address not in seen:
+            seen.append(address)
+    return seen
+
+
+def leader_hint(exc: BaseException) -> str:
+    """The leader's address a standby named in its UNAVAILABLE answer (``LEADER_METADATA_KEY``); ''."""
+    trailing = getattr(exc, "trailing_metadata", None)
+    if not callable(trailing):
+        return ""
+    try:
+        metadata = trailing() or ()
+    except Exception:  # noqa: BLE001 - a call that never got an answer has no metadata
+        return ""
+    for key, value in metadata:
+        if key == LEADER_METADATA_KEY:
+            return value.decode() if isinstance(value, bytes) else str(value)
+    return ""
+
+
+class SchedulerAddresses:
+    """Which of several scheduler addresses to call: the current one until a call to it fails
+    UNAVAILABLE; then the leader it named, else the next in the list (round robin). Not thread-safe."""
+
+    def __init__(self, spec: str) -> None:
+        self.all = scheduler_addresses(spec) or [spec]
+        self.current = self.all[0]
+
+    def __len__(self) -> int:
+        return len(self.all)
+
+    def after_failure(self, exc: BaseException) -> str:
+        """The address to call next after ``exc``; ``current`` moves there. A named leader that is not
+        in the list is followed too (the schedulers know each other's advertised addresses)."""
+        hint = leader_hint(exc)
+        if hint:
+            self.current = hint
+        elif len(self.all) > 1:
+            index = self.all.index(self.current) if self.current in self.all else -1
+            self.current = self.all[(index + 1) % len(self.all)]
+        return self.current
 
 
 def scheduler_channel_options(max_reconnect_backoff_s: float) -> list[tuple[str, int]]:

@@ -1230,7 +1230,8 @@ def _add_global_options(parser: argparse.ArgumentParser, *, defaults: bool) -> N
         "--server",
         default=default(None),
         metavar="HOST:PORT",
-        help=f"scheduler address (default: $ARYL_SERVER, else {DEFAULT_ADDRESS})",
+        help=f"scheduler address, or several comma-separated (HA: the leader is followed; default: $ARYL_SERVER, "
+             f"else {DEFAULT_ADDRESS})",
     )
     parser.add_argument(
         "-o", "--output", choices=("table", "json", "yaml", "name"), default=default("table"),

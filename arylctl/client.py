@@ -32,7 +32,9 @@ Usage::
 
 Methods take keyword arguments and return the protobuf messages of ``protos/aryl/v1`` (read
 ``types.proto`` for the fields). The address defaults to ``$ARYL_SERVER``, else
-``127.0.0.1:50051``. Every unary call carries a deadline (``timeout``, seconds); event streams
+``127.0.0.1:50051``; the addresses of several schedulers sharing one database may be given
+comma-separated (``a:50051,b:50051``): unary calls follow the leader (``docs/ha.md``). Every unary
+call carries a deadline (``timeout``, seconds); event streams
 do not, and are cancelled by :meth:`EventStream.cancel`, by leaving a ``with`` block or by
 breaking out of the loop and dropping the stream.
 
@@ -69,6 +71,7 @@ from google.protobuf.duration_pb2 import Duration
 from google.rpc import error_details_pb2, status_pb2
 
 from aryl_common.backoff import Backoff
+from aryl_common.channels import SchedulerAddresses, leader_hint
 from protos.aryl.v1 import (
     inference_pb2,
     inference_pb2_grpc,
@@ -327,8 +330,18 @@ class ArylClient:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
         self.address = address or default_address()
         self.timeout = timeout
+        # Several schedulers sharing one database ("a:50051,b:50051", docs/ha.md): calls go to one of
+        # them, and move to the leader a standby names (or the next address) when it is unavailable.
+        self._addresses = SchedulerAddresses(self.address)
+        self._interceptors = tuple(interceptors)
+        self._closed = threading.Event()
+        self._switch = threading.Lock()
+        self._connect(self._addresses.current)
+
+    def _connect(self, address: str) -> None:
+        """Channel and stubs to ``address``; ``_calls`` names each stub method for ``_unary``'s retry."""
         self._channel = grpc.insecure_channel(
-            self.address,
+            address,
             options=[
                 # A connection of its own, not one shared with other channels to the same address:
                 # a new client then really tries to connect (``arylctl events -f`` reconnects with
@@ -338,10 +351,27 @@ class ArylClient:
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ],
         )
-        self._closed = threading.Event()
-        calls = grpc.intercept_channel(self._channel, *interceptors) if interceptors else self._channel
+        calls = grpc.intercept_channel(self._channel, *self._interceptors) if self._interceptors else self._channel
         self._scheduler = scheduler_pb2_grpc.SchedulerServiceStub(calls)
         self._inference = inference_pb2_grpc.InferenceServiceStub(calls)
+        self._calls = {id(method): (stub, name) for stub in ("_scheduler", "_inference")
+                       for name, method in vars(getattr(self, stub)).items()}
+
+    def _follow_leader(self, method: Any, exc: grpc.RpcError) -> Any:
+        """After ``method`` failed UNAVAILABLE: the same method on the scheduler to try next (the leader
+        a standby named, else the next address), or None when there is none to try."""
+        with self._switch:
+            where = self._calls.get(id(method))
+            if where is None or self._closed.is_set():
+                return None
+            before = self._addresses.current
+            if not leader_hint(exc) and len(self._addresses) < 2:
+                return None
+            after = self._addresses.after_failure(exc)
+            if after != before:
+                self._channel.close()
+                self._connect(after)
+            return getattr(getattr(self, where[0]), where[1])
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -362,10 +392,18 @@ class ArylClient:
         return f"ArylClient({self.address!r}, timeout={self.timeout})"
 
     def _unary(self, method: Any, request: Any) -> Any:
-        try:
-            return method(request, timeout=self.timeout)
-        except grpc.RpcError as exc:
-            raise _translate(exc) from exc
+        # Each address once, and a named leader once more: a call that a standby refused or an
+        # unreachable scheduler never received is safe to send again.
+        tries = len(self._addresses) + 1
+        while True:
+            try:
+                return method(request, timeout=self.timeout)
+            except grpc.RpcError as exc:
+                tries -= 1
+                unavailable = isinstance(exc, grpc.Call) and exc.code() == grpc.StatusCode.UNAVAILABLE
+                method = self._follow_leader(method, exc) if unavailable and tries > 0 else None
+                if method is None:
+                    raise _translate(exc) from exc
 
     # -- jobs ----------------------------------------------------------------------------------
 

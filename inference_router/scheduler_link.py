@@ -7,6 +7,10 @@
 - ``report_drained`` / ``report_demand`` -- one call each, with a deadline; failures are mapped to
   ``Retryable`` (try again later) and ``Refused`` (the scheduler said no; do not retry).
 
+Several schedulers sharing one database (``address`` "a:50051,b:50051", ``docs/ha.md``): after an
+UNAVAILABLE answer or a missed deadline the link moves its channel to the leader a standby named,
+else to the next address, and the call is retried as usual (``Retryable``).
+
 It decides nothing: when to report is the router's business.
 """
 
@@ -19,7 +23,7 @@ import grpc
 import structlog
 
 from aryl_common.backoff import Backoff
-from aryl_common.channels import scheduler_aio_channel
+from aryl_common.channels import SchedulerAddresses, leader_hint, scheduler_aio_channel
 from inference_router.pool import PoolMember, PoolUpdate, RoutingState
 from protos.aryl.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 
@@ -77,15 +81,31 @@ class SchedulerLink:
         self.source = source
         self.rpc_timeout_s = rpc_timeout_s
         self.max_backoff_s = max_backoff_s
+        self._addresses = SchedulerAddresses(address)
         # The agent's channel options: gRPC's reconnect backoff capped like ours, keepalive pings so
         # an idle pool watch notices a dead scheduler.
-        self._channel = scheduler_aio_channel(address, max_backoff_s)
+        self._channel = scheduler_aio_channel(self._addresses.current, max_backoff_s)
         self._stub = inference_pb2_grpc.InferenceServiceStub(self._channel)
         self._log = structlog.get_logger("inference_router").bind(scheduler=address)
         self.pool_messages = 0
 
     async def close(self) -> None:
         await self._channel.close()
+
+    async def _follow_leader(self, exc: grpc.aio.AioRpcError) -> None:
+        """After ``exc``: point the channel at the leader a standby named, else the next address."""
+        if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            return
+        if not leader_hint(exc) and len(self._addresses) < 2:
+            return
+        before = self._addresses.current
+        after = self._addresses.after_failure(exc)
+        if after == before:
+            return
+        old, self._channel = self._channel, scheduler_aio_channel(after, self.max_backoff_s)
+        self._stub = inference_pb2_grpc.InferenceServiceStub(self._channel)
+        self._log.warning("trying another scheduler", previous=before, scheduler=after)
+        await old.close()
 
     async def __aenter__(self) -> SchedulerLink:
         return self
@@ -110,7 +130,8 @@ class SchedulerLink:
                     apply(pool_update(message))
                 self._log.warning("serving pool watch ended by the scheduler; reconnecting")
             except grpc.aio.AioRpcError as exc:
-                delay = backoff.next_delay()
+                await self._follow_leader(exc)
+                delay = 0.05 if leader_hint(exc) else backoff.next_delay()
                 level = self._log.warning if backoff.failures <= 1 or backoff.failures % 10 == 0 else self._log.debug
                 level("serving pool watch failed; keeping the last known pool and reconnecting",
                       error=str(_call_error(exc)), retry_in_s=round(delay, 2), attempt=backoff.failures)
@@ -128,6 +149,7 @@ class SchedulerLink:
                 timeout=self.rpc_timeout_s,
             )
         except grpc.aio.AioRpcError as exc:
+            await self._follow_leader(exc)
             raise _call_error(exc) from exc
         return response.state
 
@@ -141,4 +163,5 @@ class SchedulerLink:
                 timeout=self.rpc_timeout_s,
             )
         except grpc.aio.AioRpcError as exc:
+            await self._follow_leader(exc)
             raise _call_error(exc) from exc

@@ -21,6 +21,11 @@ stops them instead, without deregistering).
 
 It never decides anything: placement, loans, restarts and health verdicts are the scheduler's.
 
+Several schedulers (``agent.scheduler_address`` "a:50051,b:50051", ``docs/ha.md``): when a call fails
+UNAVAILABLE or past its deadline, the next session goes to the leader a standby named, else to the
+next address; the newest epoch seen is kept in the work directory (``node_agent.epoch_file``), so a
+restarted agent still refuses a deposed scheduler.
+
 Every unary call carries a deadline (``rpc_timeout_s``); the stream has none, it lives as long as
 the session. Shutdown (``stop()``, ``leave()``) ends the loops and cancels the stream; it completes
 within one RPC deadline (plus one for deregistering, and the workers' grace periods when they are
@@ -37,10 +42,11 @@ import structlog
 from google.protobuf import duration_pb2
 
 from aryl_common.backoff import Backoff
-from aryl_common.channels import describe_rpc_error, scheduler_channel
+from aryl_common.channels import SchedulerAddresses, describe_rpc_error, leader_hint, scheduler_channel
 from aryl_common.entry import package_version
 from node_agent.config import AgentSection
 from node_agent.desired import DesiredStateTracker, Verdict
+from node_agent.epoch_file import EpochFile
 from node_agent.gpus import GpuBackend, GpuInfo, GpuSample
 from node_agent.logs import serve_worker_logs
 from node_agent.metrics import AgentMetrics
@@ -66,8 +72,19 @@ PHASES = {
 }
 
 
+# Failures after which the next session tries another scheduler (the leader a standby named, or the
+# next address): this one is down, unreachable, or a standby.
+MOVE_ON = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+
+
 class SessionEnded(Exception):
-    """The current session with the scheduler is over; the agent will register again."""
+    """The current session with the scheduler is over; the agent will register again. ``error``: the
+    failed call, if one ended it; ``move_on``: register with another scheduler next (see ``MOVE_ON``)."""
+
+    def __init__(self, message: str, *, error: grpc.RpcError | None = None, move_on: bool = False) -> None:
+        super().__init__(message)
+        self.error = error
+        self.move_on = move_on or (isinstance(error, grpc.Call) and error.code() in MOVE_ON)
 
 
 def gpu_info_message(gpu: GpuInfo) -> agent_pb2.GpuInfo:
@@ -118,7 +135,9 @@ class Agent:
     ) -> None:
         self.config = config
         self.gpus = gpus
-        self.desired = DesiredStateTracker()
+        self.epochs = EpochFile(config.work_path)
+        self.desired = DesiredStateTracker(newest_epoch=self.epochs.load(), on_newer_epoch=self.epochs.save)
+        self.addresses = SchedulerAddresses(config.scheduler_address)
         # Set when there is news worth reporting before the next interval (convergence, an exit).
         self._report_now = threading.Event()
         self.supervisor = Supervisor(config, self.desired, on_change=self._report_now.set)
@@ -149,7 +168,7 @@ class Agent:
         )
         self.supervisor.start()
         logs_server = self._serve_logs()
-        channel = scheduler_channel(self.config.scheduler_address, self.config.reconnect_max_backoff_s)
+        channel = scheduler_channel(self.addresses.current, self.config.reconnect_max_backoff_s)
         try:
             while not self._stopping.is_set():
                 try:
@@ -157,6 +176,12 @@ class Agent:
                 except SessionEnded as exc:
                     if self._stopping.is_set():
                         break
+                    if exc.move_on and self._move_on(exc):
+                        channel.close()
+                        channel = scheduler_channel(self.addresses.current, self.config.reconnect_max_backoff_s)
+                        if exc.error is not None and leader_hint(exc.error):
+                            self._stopping.wait(0.05)  # a standby named the leader: go there at once
+                            continue
                     delay = self._backoff.next_delay()
                     self._log.warning(
                         "no session with the scheduler, registering again",
@@ -174,6 +199,15 @@ class Agent:
                 logs_server.stop(grace=0)
             self.supervisor.close(stop_workers=self._leaving or self.config.stop_workers_on_exit)
             self._log.info("agent stopped", observed_generation=self.supervisor.observed_generation)
+
+    def _move_on(self, ended: SessionEnded) -> bool:
+        """Point ``addresses`` at the next scheduler to try; whether it changed."""
+        before = self.addresses.current
+        after = self.addresses.after_failure(ended.error if ended.error is not None else ended)
+        if after != before:
+            self._log.warning("trying another scheduler", previous=before, scheduler=after,
+                              leader_named=bool(ended.error is not None and leader_hint(ended.error)))
+        return after != before
 
     def stop(self) -> None:
         """Ask ``run()`` to return: ends the report loop and cancels the stream. Thread-safe; not for
@@ -242,7 +276,7 @@ class Agent:
             report_interval_s=interval,
         )
 
-        why: list[str] = []  # the watcher's reason, when it is what ends the session
+        why: list[SessionEnded] = []  # the watcher's reason, when it is what ends the session
         watcher = threading.Thread(
             target=self._watch, args=(stub, server_id, over, why), name="desired-state-watch", daemon=True
         )
@@ -265,7 +299,7 @@ class Agent:
                 self._report_now.wait(interval)
                 self._report_now.clear()
             if not self._stopping.is_set():
-                raise SessionEnded(why[0] if why else "desired-state stream ended")
+                raise why[0] if why else SessionEnded("desired-state stream ended")
         finally:
             over.set()
             self._cancel_stream()
@@ -285,12 +319,14 @@ class Agent:
             response = stub.RegisterServer(request, timeout=self.config.rpc_timeout_s)
             self.metrics.registrations.inc()
         except grpc.RpcError as exc:
-            raise SessionEnded(f"registration failed: {describe_rpc_error(exc)}") from exc
+            raise SessionEnded(f"registration failed: {describe_rpc_error(exc)}", error=exc) from exc
         if not self.desired.observe_epoch(response.scheduler_epoch):
             raise SessionEnded(
                 f"scheduler answered with epoch {response.scheduler_epoch}, older than epoch "
                 f"{self.desired.newest_epoch} already seen: a deposed scheduler; waiting for the current one "
-                "(restart this agent if the scheduler's database was deliberately reset)"
+                f"(if the scheduler's database was deliberately reset, delete {self.epochs.path} and restart "
+                "this agent)",
+                move_on=True,
             )
         return response
 
@@ -311,10 +347,10 @@ class Agent:
             return response
         except grpc.RpcError as exc:
             self.metrics.report_sent(time.monotonic() - sent, ok=False)
-            raise SessionEnded(f"status report failed: {describe_rpc_error(exc)}") from exc
+            raise SessionEnded(f"status report failed: {describe_rpc_error(exc)}", error=exc) from exc
 
     def _watch(
-        self, stub: agent_pb2_grpc.AgentServiceStub, server_id: str, over: threading.Event, why: list[str]
+        self, stub: agent_pb2_grpc.AgentServiceStub, server_id: str, over: threading.Event, why: list[SessionEnded]
     ) -> None:
         """Thread body: apply each pushed desired state; end the session when the stream ends."""
         stream = stub.WatchDesiredState(agent_pb2.WatchDesiredStateRequest(server_id=server_id))
@@ -325,10 +361,10 @@ class Agent:
                 return
             for desired in stream:
                 self._accept(desired, source="stream")
-            why.append("desired-state stream closed by the scheduler")
+            why.append(SessionEnded("desired-state stream closed by the scheduler"))
         except grpc.RpcError as exc:
             if not over.is_set():
-                why.append(f"desired-state stream failed: {describe_rpc_error(exc)}")
+                why.append(SessionEnded(f"desired-state stream failed: {describe_rpc_error(exc)}", error=exc))
         finally:
             stream.cancel()
             with self._stream_lock:

@@ -27,7 +27,11 @@ from aryl_common.metrics import MetricsConfig
 
 
 class AgentSection(ConfigSection):
-    scheduler_address: str = Field("127.0.0.1:50051", min_length=1, description="host:port of the scheduler")
+    scheduler_address: str = Field(
+        "127.0.0.1:50051", min_length=1,
+        description="host:port of the scheduler; several schedulers sharing one database comma-separated "
+                    "(a:50051,b:50051): the agent follows the leader (docs/ha.md)",
+    )
     hostname: str = Field(
         default_factory=socket.gethostname, min_length=1, description="this server's name; becomes its server_id"
     )

@@ -12,12 +12,14 @@ desired state only when it is newer than everything it has already accepted:
   late delivery: ignore it.
 
 Accepting only *records* the state; converging to it (starting and stopping workers) is the
-agent's job, not this module's.
+agent's job, not this module's. The newest epoch survives restarts through ``on_newer_epoch`` (the
+agent saves it, ``node_agent.epoch_file``) and ``newest_epoch`` (what it saved last).
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from enum import StrEnum
 
 from protos.aryl.v1 import agent_pb2
@@ -38,11 +40,14 @@ class DesiredStateTracker:
     """The newest epoch seen, the last accepted generation and the desired state that came with it.
 
     Thread-safe: the watch stream offers states while the report loop reads ``observed_generation``.
+    ``newest_epoch``: the newest seen before (by an earlier run of the agent); ``on_newer_epoch(epoch)``
+    is called, under the lock, before a newer epoch is taken (to save it; if it raises, it is not).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, newest_epoch: int = 0, on_newer_epoch: Callable[[int], None] = lambda epoch: None) -> None:
         self._lock = threading.Lock()
-        self._newest_epoch = 0  # newest seen, from registrations and accepted states
+        self._newest_epoch = newest_epoch  # newest seen, from registrations and accepted states
+        self._on_newer_epoch = on_newer_epoch
         self._latest: agent_pb2.DesiredState | None = None  # the last accepted state
 
     @property
@@ -69,7 +74,7 @@ class DesiredStateTracker:
         with self._lock:
             if epoch < self._newest_epoch:
                 return False
-            self._newest_epoch = epoch
+            self._raise_fence(epoch)
             return True
 
     def offer(self, desired: agent_pb2.DesiredState) -> Verdict:
@@ -83,8 +88,13 @@ class DesiredStateTracker:
             previous = self._latest
             if previous is not None and epoch == previous.scheduler_epoch and generation <= previous.generation:
                 return Verdict.OLD_GENERATION
-            self._newest_epoch = epoch
+            self._raise_fence(epoch)
             self._latest = desired
             if previous is not None and epoch > previous.scheduler_epoch:
                 return Verdict.ACCEPTED_NEW_EPOCH
             return Verdict.ACCEPTED
+
+    def _raise_fence(self, epoch: int) -> None:
+        if epoch > self._newest_epoch:
+            self._on_newer_epoch(epoch)
+            self._newest_epoch = epoch

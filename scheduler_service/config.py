@@ -163,6 +163,36 @@ class EventsConfig(ConfigSection):
         return days
 
 
+class HaConfig(ConfigSection):
+    """High availability (``docs/ha.md``), on PostgreSQL only: several schedulers share one database and
+    the one holding the leader lease leads; SQLite keeps one scheduler and ignores this section."""
+
+    lease_s: float = Field(
+        8.0, gt=0,
+        description="how long the leader lease lasts after each renewal, by the database's clock; a standby takes "
+                    "over at most about lease_s + renew_s after the leader dies or loses the database",
+    )
+    renew_s: float = Field(
+        2.0, gt=0,
+        description="how often the leader renews its lease, and how often a standby looks whether it lapsed",
+    )
+    advertise_address: str = Field(
+        "",
+        description="host:port under which this scheduler is named in the lease and to which standbys send "
+                    "clients; unique per scheduler; empty: server.listen, its host replaced by this machine's "
+                    "hostname when it is a wildcard (0.0.0.0, ::)",
+    )
+
+    @model_validator(mode="after")
+    def _renewals_fit_in_the_lease(self) -> HaConfig:
+        if self.renew_s * 2 > self.lease_s:
+            raise ValueError(
+                f"ha.renew_s ({self.renew_s:g}) must be at most half of ha.lease_s ({self.lease_s:g}), so that one "
+                "late or failed renewal does not cost the leader its lease"
+            )
+        return self
+
+
 class SchedulerConfig(ArylSettings):
     """Everything the scheduler service can be told. One instance, built at start-up."""
 
@@ -172,6 +202,7 @@ class SchedulerConfig(ArylSettings):
     policy: PolicyConfig = PolicyConfig()
     agents: AgentsConfig = AgentsConfig()
     events: EventsConfig = EventsConfig()
+    ha: HaConfig = HaConfig()
     logging: LoggingConfig = LoggingConfig()
     metrics: MetricsConfig = MetricsConfig()  # Prometheus /metrics (scheduler_service.metrics); off by default
 

@@ -3,6 +3,13 @@
 ``SchedulerService.run()`` serves until ``stop()``; ``serve_in_background(config)`` runs one in a
 thread (tests, the demo). Health checking and server reflection are served so generic gRPC tools
 (grpcurl, grpc_health_probe) work without the .proto files.
+
+On PostgreSQL several schedulers may share the database (``docs/ha.md``): each starts as a standby
+and the one that takes the leader lease leads (``app.lease``, on a thread of its own); a standby
+serves every Aryl RPC as UNAVAILABLE naming the leader (``api.leader_gate``) and runs no cycle,
+liveness sweep or pruning; a leader that steps down becomes a standby again. SQLite keeps today's
+single scheduler: each start is a new term, with no lease and no fence (two schedulers on one SQLite
+file are not supported).
 """
 
 from __future__ import annotations
@@ -38,9 +45,11 @@ from protos.aryl.v1 import (
     scheduler_pb2_grpc,
 )
 from scheduler_service.api.agent_logs import AgentLogReader
+from scheduler_service.api.leader_gate import LeaderGate
 from scheduler_service.api.servicers import AgentServicer, InferenceServicer, SchedulerServicer, event_topics
 from scheduler_service.api.stream_limits import StreamLimits
 from scheduler_service.app import SchedulerApp
+from scheduler_service.app.lease import Leadership
 from scheduler_service.app.liveness import Liveness
 from scheduler_service.app.retention import EventRetention
 from scheduler_service.batching import GroupCommitter
@@ -54,6 +63,7 @@ from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.notify import AsyncNotifier
 from scheduler_service.policies import create_policy
 from scheduler_service.solvers import warm_up as warm_up_solvers
+from scheduler_service.store.changes import StateChanges
 from scheduler_service.store.db import create_engine_for, session_factory
 from scheduler_service.store.transactions import Transactions
 
@@ -148,6 +158,9 @@ class SchedulerService:
         # Prometheus metrics on a registry of their own (scheduler_service.metrics), served on [metrics] port.
         self.metrics = SchedulerMetrics(Transactions(session_factory(self.engine), publish=lambda states: None).read)
         self.metrics_endpoint: MetricsEndpoint | None = None
+        self.gate = LeaderGate()
+        # PostgreSQL: the leader lease (None on SQLite, and until ``run`` set it up).
+        self.leadership: Leadership | None = None
 
     async def run(self) -> None:
         cfg = self.config
@@ -169,12 +182,19 @@ class SchedulerService:
                     reclaim_deadline_s=self.policy_params.reclaim_deadline_s,
                     priority_classes=cfg.scheduling.priority_classes,
                 )
-                epoch = await asyncio.to_thread(app.term.start, socket.gethostname())
+                if self.engine.dialect.name == "postgresql":
+                    leadership = self.leadership = self._leadership(app, loop)
+                    await asyncio.to_thread(leadership.step)  # alone, or restarted on its address: leads at once
+                    epoch = leadership.epoch
+                else:
+                    epoch = await asyncio.to_thread(app.term.start, socket.gethostname())
         except BaseException:
             await server.stop(None)  # gives the port back
             if self.metrics_endpoint is not None:
                 self.metrics_endpoint.close()
             self.engine.dispose()
+            if self.leadership is not None:
+                self.leadership.close()
             raise
         await asyncio.to_thread(warm_up_solvers)  # the first cycle must not pay numba's compile time
         if self._tune_gc:
@@ -228,8 +248,15 @@ class SchedulerService:
         cycle_task = asyncio.create_task(self._cycle_loop(cycle, notifier, cycle_thread))
         liveness_task = asyncio.create_task(self._liveness_loop(app.liveness, executor))
         retention_task = asyncio.create_task(self._retention_loop(app.retention, executor))
+        lease_stop = threading.Event()
+        lease_thread = None
+        if self.leadership is not None:
+            lease_thread = threading.Thread(target=self.leadership.run, args=(lease_stop,), name="aryl-lease",
+                                            daemon=True)
+            lease_thread.start()
         log.info("scheduler started", listen=cfg.server.listen, port=self.port, epoch=epoch,
-                 policy=self.policy.name, database=self.engine.url.render_as_string(hide_password=True))
+                 role="leader" if self._leading() else "standby", policy=self.policy.name,
+                 database=self.engine.url.render_as_string(hide_password=True))
         self._started.set()
         await self._stop.wait()
 
@@ -244,6 +271,11 @@ class SchedulerService:
                 await task
             except asyncio.CancelledError:
                 pass
+        if self.leadership is not None and lease_thread is not None:
+            lease_stop.set()
+            await asyncio.to_thread(lease_thread.join)
+            await asyncio.to_thread(self.leadership.release)  # nothing writes any more: a standby may lead now
+            self.leadership.close()
         await log_reader.close()
         submissions.close()
         cancellations.close()
@@ -275,7 +307,7 @@ class SchedulerService:
             ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_TIME_MS // 2),
             ("grpc.http2.max_ping_strikes", 0),
         ]
-        server = grpc.aio.server(options=options)
+        server = grpc.aio.server(options=options, interceptors=[self.gate])
         try:
             self.port = server.add_insecure_port(cfg.server.listen)
         except RuntimeError:  # grpc's "Failed to bind to address ..."
@@ -284,6 +316,38 @@ class SchedulerService:
             raise ListenError(f"cannot listen on {cfg.server.listen}; {LISTEN_HINT}")
         return server
 
+    def _leadership(self, app: SchedulerApp, loop: asyncio.AbstractEventLoop) -> Leadership:
+        """The leader lease of this scheduler (PostgreSQL), on a connection pool of its own, its fence
+        installed on every write of ``app``; the gate opens and closes with its terms."""
+        cfg = self.config
+        ms = int(cfg.ha.renew_s * 1000)
+        lease_engine = create_engine_for(cfg.database.url, statement_timeout_ms=ms, lock_timeout_ms=ms,
+                                         transaction_timeout_ms=int(cfg.ha.lease_s * 1000), pool_size=1)
+
+        def elected(epoch: int) -> None:  # on the lease thread, before the gate opens
+            app.liveness.begin_term()
+            loop.call_soon_threadsafe(self.gate.term_began)
+            app.notifier.cycle_requested()
+
+        def deposed(reason: str) -> None:  # on the lease thread or an RPC thread
+            try:
+                loop.call_soon_threadsafe(self.gate.term_ended)
+            except RuntimeError:
+                pass  # the loop closed: the service has stopped
+
+        leadership = Leadership(
+            Transactions(session_factory(lease_engine), publish=lambda states: None), StateChanges(self.clock),
+            self.clock, app.term, me=advertised_address(cfg, self.port or 0), lease_s=cfg.ha.lease_s,
+            renew_s=cfg.ha.renew_s, on_elected=elected, on_deposed=deposed, close=lease_engine.dispose,
+        )
+        app.term.fence_writes(leadership.fence)
+        self.gate.attach(leadership)
+        return leadership
+
+    def _leading(self) -> bool:
+        """Whether this scheduler decides: always on SQLite; while it holds the lease on PostgreSQL."""
+        return self.leadership is None or self.leadership.leading
+
     async def _cycle_loop(self, cycle: SchedulingCycle, notifier: AsyncNotifier, executor: ThreadPoolExecutor) -> None:
         """Run a cycle on every trigger (coalesced) and at least every ``cycle_interval_s``."""
         loop = asyncio.get_running_loop()
@@ -291,6 +355,9 @@ class SchedulerService:
         while True:
             seen = notifier.cycle.version
             took = 0.0
+            if not self._leading():  # a standby decides nothing
+                await notifier.cycle.wait_newer(seen, timeout=self.config.scheduling.cycle_interval_s)
+                continue
             try:
                 began = self.clock.now()
                 report = await loop.run_in_executor(executor, cycle.run_once)
@@ -316,6 +383,8 @@ class SchedulerService:
         lost_after = self.config.agents.lost_after_s
         while True:
             await asyncio.sleep(min(1.0, lost_after / 4))
+            if not self._leading():  # liveness is judged by the leader alone
+                continue
             try:
                 lost = await loop.run_in_executor(executor, liveness.sweep_lost, lost_after)
                 if lost:
@@ -330,6 +399,8 @@ class SchedulerService:
         events = self.config.events
         while True:
             await asyncio.sleep(events.prune_interval_s)
+            if not self._leading():
+                continue
             try:
                 deleted = await loop.run_in_executor(executor, lambda: retention.prune(
                     now=self.clock.now(), retention_days=events.retention_days, batch=events.prune_batch))
@@ -367,6 +438,17 @@ class SchedulerService:
                 self._loop.call_soon_threadsafe(self._stop.set)
             except RuntimeError:
                 pass  # the loop closed meanwhile: already stopped
+
+
+def advertised_address(config: SchedulerConfig, port: int) -> str:
+    """This scheduler's name in the leader lease, where standbys send clients: ``ha.advertise_address``,
+    else ``server.listen`` with the bound port, a wildcard host replaced by this machine's hostname."""
+    if config.ha.advertise_address:
+        return config.ha.advertise_address
+    host = config.server.listen.rsplit(":", 1)[0]
+    if host in ("", "0.0.0.0", "[::]", "::"):
+        host = socket.gethostname()
+    return f"{host}:{port}"
 
 
 # Young-generation collections every this many net allocations (CPython's default is 700): a

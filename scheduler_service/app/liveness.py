@@ -2,8 +2,9 @@
 its plan shrinks or requeues the jobs that ran there (``core.faults``, before any policy step).
 
 Silence is measured on this scheduler's monotonic clock only (``Heartbeats``), never on the agents'
-clocks or the database's wall times, so a clock jump is not silence and a restarted scheduler gives
-every agent a full grace period.
+clocks or the database's wall times, so a clock jump is not silence and a restarted scheduler (or a
+standby that begins to lead, ``begin_term``) gives every agent a full grace period. Only the leader
+sweeps (``scheduler_service.server``).
 
 Never: hold SQL (``store.liveness`` marks the server), or move jobs (the policy does).
 """
@@ -29,6 +30,11 @@ class Liveness:
         self._store = store
         self._heartbeats = heartbeats
         self._notices = notices
+
+    def begin_term(self) -> None:
+        """This scheduler begins to lead (``app.lease``): every agent gets a full grace period from now,
+        as after a restart, since a standby hears from no agent. Only the leader sweeps."""
+        self._heartbeats.restart()
 
     def sweep_lost(self, lost_after_s: float) -> list[str]:
         """Mark LOST every server whose agent has been silent for more than ``lost_after_s`` on this

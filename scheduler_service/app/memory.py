@@ -31,6 +31,13 @@ class Heartbeats:
         self._lock = threading.Lock()
         self._started_mono = clock.monotonic()
 
+    def restart(self) -> None:
+        """Forget every server: each counts from now, as in a newly started scheduler (a standby that
+        begins to lead heard nothing while it stood by)."""
+        with self._lock:
+            self._heard_from.clear()
+            self._started_mono = self._clock.monotonic()
+
     def heard(self, server_id: str) -> None:
         with self._lock:
             self._heard_from[server_id] = self._clock.monotonic()

@@ -8,7 +8,9 @@ Nouns:
 - ``Loan``: an inference server lent to training; at most one open loan per server (partial index).
 - ``Event``: the append-only log of every state change with its reason; triggers refuse UPDATE/DELETE.
 - ``DemandReport``: inference demand as reported by the router (history; the newest row counts).
-- ``SchedulerTerm``: one row per scheduler start; its id is the epoch agents use for fencing.
+- ``SchedulerTerm``: one row per scheduler term (a start, or a standby taking over); its id is the epoch
+  agents use for fencing.
+- ``LeaderLease``: the one row saying which scheduler leads, in which term, until when (PostgreSQL).
 
 The schema is created only by the Alembic migrations in ``migrations/``; these models must match them
 (``tests/test_migrations.py`` checks). Times are UNIX seconds (float) so SQLite and PostgreSQL agree.
@@ -324,6 +326,21 @@ class SchedulerTerm(Base):
     epoch: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     started_at: Mapped[float] = mapped_column(Double)
     holder: Mapped[str] = mapped_column(String(253), default="")
+
+
+class LeaderLease(Base):
+    """The one row (id 1) of the leader lease (``store.lease``): who leads, in which term, until when
+    (seconds since the UNIX epoch by the database's clock)."""
+
+    __tablename__ = "leader_lease"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    holder: Mapped[str] = mapped_column(String(253))
+    epoch: Mapped[int] = mapped_column(BigId)
+    acquired_at: Mapped[float] = mapped_column(Double)
+    expires_at: Mapped[float] = mapped_column(Double)
+
+    __table_args__ = (CheckConstraint("id = 1", name="single_row"),)
 
 
 # The models' Core tables, for the store's Core statements (batched INSERT/UPDATE/DELETE without the

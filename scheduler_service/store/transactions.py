@@ -15,6 +15,9 @@ database rolled it back). A connection lost during COMMIT is never retried here:
 have been saved. A statement or lock timeout, or a transaction past its bound (``store.db``), is
 ``Unavailable`` too, and not retried (it would wait as long again).
 
+On PostgreSQL, where several schedulers may share the database, every write passes ``fence`` last,
+just before COMMIT (``app.lease``): a scheduler that does not hold the leader lease commits nothing.
+
 The dialect branches of the service live here too (``is_postgresql``, ``commit_without_flush_wait``).
 
 Never: decide anything, or announce anything but the desired states staged here (the use cases
@@ -65,6 +68,9 @@ class Transactions:
     ) -> None:
         self._sessions = sessions
         self._publish = publish
+        # Run inside every write transaction, last before COMMIT, raising to roll it back: the leader
+        # lease's fence (``app.lease``, PostgreSQL with several schedulers). Not retried here.
+        self.fence: Callable[[Session], None] | None = None
         # Per thread: the servers whose desired state the last ``write`` on this thread published.
         self._local = threading.local()
 
@@ -86,6 +92,8 @@ class Transactions:
                 with self._sessions.begin() as session:
                     result = work(session)
                     session.flush()  # every statement of the unit is sent; what follows is COMMIT
+                    if self.fence is not None:
+                        self.fence(session)
                     committing = True
                 states = session.info.pop(_DESIRED_STATES, None)
                 if states:

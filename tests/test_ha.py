@@ -1,0 +1,275 @@
+"""High availability with fencing (``docs/ha.md``), on a real PostgreSQL database: the leader lease and
+its fence (``app.lease``, ``store.lease``), two schedulers on one database (one leads, the standby
+redirects clients to it and takes over), and an agent's epoch fence across restarts.
+
+The process-level cases (kill -9 under load, SIGSTOP past the lease) are in ``tests/chaos/test_ha.py``.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from aryl_common.backoff import Backoff
+from aryl_common.channels import LEADER_METADATA_KEY, SchedulerAddresses, leader_hint, scheduler_addresses
+from arylctl.client import ArylClient
+from migrations import upgrade
+from node_agent.agent import Agent
+from node_agent.config import AgentSection
+from node_agent.desired import DesiredStateTracker, Verdict
+from node_agent.epoch_file import EpochFile, EpochFileError
+from node_agent.gpus import FakeBackend
+from protos.aryl.v1 import scheduler_pb2
+from scheduler_service.app.lease import Leadership, NotLeader
+from scheduler_service.app.term import Term
+from scheduler_service.clock import SystemClock
+from scheduler_service.config import HaConfig
+from scheduler_service.server import serve_in_background
+from scheduler_service.store import lease as lease_store
+from scheduler_service.store.changes import StateChanges
+from scheduler_service.store.db import create_engine_for, session_factory
+from scheduler_service.store.transactions import Transactions
+from tests.harness import FakeScheduler, desired_state, job_spec, scheduler_config, scheduler_stub, scratch_postgres
+from tests.helpers import wait_for
+
+CLOCK = SystemClock()
+
+
+@pytest.fixture
+def ha_db() -> Iterator[str]:
+    with scratch_postgres("aryl_ha") as url:
+        upgrade(url)
+        yield url
+
+
+@dataclass
+class Contender:
+    """One scheduler's lease and its fenced transactions, without the rest of the service."""
+
+    lead: Leadership
+    db: Transactions
+    engine: sa.Engine
+
+    def write_event(self, message: str) -> None:
+        """A write of the application's kind: one event row, through the fenced transactions."""
+        self.db.write(lambda session: StateChanges(CLOCK).event(session, "HA_TEST", reason="TEST", message=message))
+
+
+@pytest.fixture
+def contenders(ha_db: str) -> Iterator[dict[str, Contender]]:
+    made: dict[str, Contender] = {}
+    for me in ("10.0.0.1:50051", "10.0.0.2:50051"):
+        engine = create_engine_for(ha_db, pool_size=2)
+        sessions = session_factory(engine)
+        db = Transactions(sessions, publish=lambda states: None)
+        term = Term(db, StateChanges(CLOCK), CLOCK)
+        lead = Leadership(Transactions(sessions, publish=lambda states: None), StateChanges(CLOCK), CLOCK, term,
+                          me=me, lease_s=1.0, renew_s=0.25)
+        term.fence_writes(lead.fence)
+        made[me] = Contender(lead, db, engine)
+    yield made
+    for contender in made.values():
+        contender.engine.dispose()
+
+
+def events(url: str, kind: str = "HA_TEST") -> list[str]:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return list(conn.scalars(sa.text("SELECT message FROM events WHERE kind = :k ORDER BY id"), {"k": kind}))
+    finally:
+        engine.dispose()
+
+
+def test_one_contender_leads_and_a_deposed_leaders_next_write_is_refused(
+    contenders: dict[str, Contender], ha_db: str
+) -> None:
+    a, b = contenders.values()
+    a.lead.step()
+    b.lead.step()
+    assert a.lead.leading and not b.lead.leading
+    assert b.lead.leader == a.lead.me  # the standby knows whom to send clients to
+    a.write_event("a, leading")
+    with pytest.raises(NotLeader, match=re.escape("standby: the leader is at 10.0.0.1:50051")):
+        b.write_event("b, standby")
+
+    # A is paused (no renewal; as after SIGSTOP) past its lease: B takes over, in a higher epoch.
+    time.sleep(1.1)
+    b.lead.step()
+    assert b.lead.leading and b.lead.epoch > a.lead.epoch
+    assert a.lead.leading  # A has not noticed: only the fence stands between it and the database
+    with pytest.raises(NotLeader, match=re.escape("the leader is at 10.0.0.2:50051")):
+        a.write_event("a, deposed")
+    assert not a.lead.leading  # its refused write made it step down
+    b.write_event("b, leading")
+    assert events(ha_db) == ["a, leading", "b, leading"]
+    starts = events(ha_db, "SCHEDULER_STARTED")
+    assert len(starts) == 2 and "10.0.0.1:50051 let its lease lapse" in starts[1]
+
+
+def test_renewal_keeps_the_lease_and_a_lapsed_lease_is_not_renewed(contenders: dict[str, Contender]) -> None:
+    a, b = contenders.values()
+    a.lead.step()
+    for _ in range(6):  # 1.5 s of renewals every 0.25 s: past the 1 s lease
+        time.sleep(0.25)
+        a.lead.step()
+        b.lead.step()
+    assert a.lead.leading and not b.lead.leading
+    time.sleep(1.1)
+    a.lead.step()  # too late: the lease lapsed (by its own deadline, before it asks the database)
+    assert not a.lead.leading
+    assert not a.db.read(lambda session: lease_store.renew(session, me=a.lead.me, epoch=a.lead.epoch, lease_s=1))
+
+
+def test_takeover_waits_for_a_write_that_passed_the_fence(contenders: dict[str, Contender], ha_db: str) -> None:
+    """A write that passed the fence commits before a standby can lead: the fence's row lock holds the
+    takeover back, however long the commit takes (here past the lease)."""
+    a, b = contenders.values()
+    a.lead.step()
+    with Session(a.engine) as session, session.begin():
+        StateChanges(CLOCK).event(session, "HA_TEST", reason="TEST", message="slow commit")
+        session.flush()
+        a.lead.fence(session)
+        time.sleep(1.1)  # the lease lapses meanwhile
+        taker = threading.Thread(target=b.lead.step)
+        taker.start()
+        taker.join(timeout=0.5)
+        assert taker.is_alive() and not b.lead.leading  # waiting for this transaction's lock
+    taker.join(timeout=5)
+    assert b.lead.leading
+    assert events(ha_db) == ["slow commit"]
+
+
+def test_a_restart_on_the_same_address_takes_its_own_lease_at_once(contenders: dict[str, Contender]) -> None:
+    a, _ = contenders.values()
+    a.lead.step()
+    first = a.lead.epoch
+    # The same address again (a restarted process: it holds the address's port, so the old one is gone).
+    again = Leadership(a.lead._db, StateChanges(CLOCK), CLOCK, Term(a.db, StateChanges(CLOCK), CLOCK),
+                       me=a.lead.me, lease_s=1.0, renew_s=0.25)
+    again.step()
+    assert again.leading and again.epoch > first
+
+
+def test_ha_settings_are_checked() -> None:
+    assert HaConfig().lease_s == 8.0 and HaConfig().renew_s == 2.0
+    with pytest.raises(ValueError, match=r"at most half of ha\.lease_s"):
+        HaConfig(lease_s=3, renew_s=2)
+
+
+# --------------------------------------------------------------------------------------------------
+# Two schedulers on one database
+
+
+def test_two_schedulers_one_leads_the_standby_redirects_and_takes_over_on_a_clean_stop(ha_db: str) -> None:
+    config = scheduler_config(ha_db, ha={"lease_s": 2.0, "renew_s": 0.5})
+    first = serve_in_background(config)
+    second = serve_in_background(config)
+    try:
+        assert first.service.leadership is not None and second.service.leadership is not None
+        assert first.service.leadership.leading and not second.service.leadership.leading
+        channel, stub = scheduler_stub(second.address)
+        with channel, pytest.raises(grpc.RpcError) as refused:
+            stub.GetCluster(scheduler_pb2.GetClusterRequest(), timeout=5)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert f"the leader is at {first.address}; retry there" in (refused.value.details() or "")
+        assert leader_hint(refused.value) == first.address
+        assert (LEADER_METADATA_KEY, first.address) in list(refused.value.trailing_metadata() or ())
+
+        # A client given both addresses, the standby first, follows the leader.
+        with ArylClient(f"{second.address},{first.address}", timeout=5) as client:
+            job = client.submit_job(job_spec("ha-1"))
+            epoch = client.get_cluster().scheduler_epoch
+            assert epoch == first.service.leadership.epoch
+
+            started = time.monotonic()
+            first.stop()  # releases the lease: the standby leads at its next look, not after the lease
+            wait_for(lambda: second.service.leadership.leading, timeout=5, what="the standby to lead")
+            took = time.monotonic() - started
+            assert took < 2.0, f"clean hand-over took {took:.2f}s"
+            # The same client: its leader is gone, the next address leads now.
+            assert client.get_job(job.job_id).job.job_id == job.job_id
+            assert client.get_cluster().scheduler_epoch > epoch
+    finally:
+        second.stop()
+        first.stop()
+
+
+# --------------------------------------------------------------------------------------------------
+# Clients' addresses
+
+
+def test_addresses_follow_the_named_leader_else_go_round() -> None:
+    assert scheduler_addresses(" a:1, b:2,,a:1 ") == ["a:1", "b:2"]
+    addresses = SchedulerAddresses("a:1,b:2")
+    assert addresses.current == "a:1"
+    assert addresses.after_failure(RuntimeError("down")) == "b:2"
+    assert addresses.after_failure(RuntimeError("down")) == "a:1"
+
+
+# --------------------------------------------------------------------------------------------------
+# Agents: the newest epoch survives a restart
+
+
+def test_epoch_file_keeps_the_fence_across_trackers(tmp_path: Path) -> None:
+    epochs = EpochFile(tmp_path)
+    assert epochs.load() == 0
+    tracker = DesiredStateTracker(newest_epoch=epochs.load(), on_newer_epoch=epochs.save)
+    assert tracker.offer(desired_state(1, epoch=7)) is Verdict.ACCEPTED
+    assert epochs.load() == 7
+    restarted = DesiredStateTracker(newest_epoch=epochs.load(), on_newer_epoch=epochs.save)
+    assert not restarted.observe_epoch(6)
+    assert restarted.offer(desired_state(9, epoch=6)) is Verdict.STALE_EPOCH
+    (tmp_path / "scheduler-epoch").write_text("garbage")
+    with pytest.raises(EpochFileError, match="not a scheduler epoch"):
+        epochs.load()
+
+
+def run_agent(address: str, work_dir: Path) -> tuple[Agent, threading.Thread]:
+    config = AgentSection(scheduler_address=address, hostname="ha-node", rpc_timeout_s=2.0,
+                          reconnect_max_backoff_s=0.2, work_dir=str(work_dir), reconcile_interval_s=0.05)
+    agent = Agent(config, FakeBackend("ha-node", count=2), backoff=Backoff(0.2, initial_s=0.02), version="test")
+    thread = threading.Thread(target=agent.run, daemon=True)
+    thread.start()
+    return agent, thread
+
+
+def stop_agent(agent: Agent, thread: threading.Thread) -> None:
+    agent.stop()
+    thread.join(timeout=5)
+    assert not thread.is_alive()
+
+
+def test_a_restarted_agent_refuses_an_older_epoch_and_moves_to_the_next_scheduler(tmp_path: Path) -> None:
+    newer, older, newest = FakeScheduler(epoch=5), FakeScheduler(epoch=3), FakeScheduler(epoch=6)
+    try:
+        agent, thread = run_agent(f"127.0.0.1:{newer.port}", tmp_path / "agent")
+        wait_for(lambda: newer.service.reports, what="a report at epoch 5")
+        stop_agent(agent, thread)
+        assert (tmp_path / "agent" / "scheduler-epoch").read_text().strip() == "5"
+
+        # Restarted, pointed at a deposed scheduler (epoch 3) first: refused, and it moves on.
+        agent, thread = run_agent(f"127.0.0.1:{older.port},127.0.0.1:{newest.port}", tmp_path / "agent")
+        try:
+            wait_for(lambda: newest.service.reports, what="a report to the scheduler of epoch 6")
+            assert older.service.registrations and not older.service.reports and not older.service.streams_opened
+            assert newest.service.reports[-1].scheduler_epoch == 6
+            older.service.push(desired_state(1, epoch=3, server_id="ha-node"))
+            newest.service.push(desired_state(1, epoch=6, server_id="ha-node"))
+            wait_for(lambda: agent.desired.latest is not None, what="the epoch-6 desired state")
+            assert agent.desired.latest is not None and agent.desired.latest.scheduler_epoch == 6
+        finally:
+            stop_agent(agent, thread)
+        assert (tmp_path / "agent" / "scheduler-epoch").read_text().strip() == "6"
+    finally:
+        for fake in (newer, older, newest):
+            fake.stop()
