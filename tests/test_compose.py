@@ -9,6 +9,7 @@ problems; the last tests feed them broken input to show they can fail.
 from __future__ import annotations
 
 import copy
+import json
 import os
 import re
 import shlex
@@ -199,6 +200,8 @@ def published_ports(service: dict[str, Any], env: dict[str, str]) -> list[tuple[
 PUBLISHED = {
     "scheduler": ("ARYL_PUBLISH_ADDRESS", "127.0.0.1", "50051"),
     "router": ("ARYL_ROUTER_PUBLISH_ADDRESS", "0.0.0.0", "8080"),
+    "prometheus": ("ARYL_MONITORING_PUBLISH_ADDRESS", "127.0.0.1", "9090"),
+    "grafana": ("ARYL_MONITORING_PUBLISH_ADDRESS", "127.0.0.1", "3000"),
 }
 
 
@@ -600,3 +603,108 @@ def test_compose_test_script_parses_and_always_tears_down() -> None:
     assert "down -v --remove-orphans" in script
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(r"^compose-test:.*\n\tbash deploy/compose-test\.sh$", makefile, re.MULTILINE)
+
+
+# --------------------------------------------------------------------------------------------------
+# Monitoring: Prometheus scrapes every daemon's /metrics port; Grafana's dashboard asks for metrics
+# that exist.
+
+PROMETHEUS = ROOT / "deploy" / "prometheus" / "prometheus.yml"
+DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "aryl.json"
+METRICS_MODULES = ("scheduler_service/metrics.py", "node_agent/metrics.py", "inference_router/metrics.py")
+_METRIC_NAME = re.compile(r"\baryl_[a-z_]+\b")
+_SUFFIXES = ("_total", "_bucket", "_count", "_sum")
+
+
+def scrape_targets(config: dict[str, Any]) -> set[str]:
+    return {target for job in config["scrape_configs"] for static in job.get("static_configs", [])
+            for target in static["targets"]}
+
+
+def monitoring_problems(compose: dict[str, Any], prometheus: dict[str, Any]) -> list[str]:
+    """Every Aryl daemon serves metrics on all its container's interfaces, unpublished, and is
+    scraped; the monitoring services pin their images by tag and sit behind the monitoring profile."""
+    problems = []
+    targets = scrape_targets(prometheus)
+    for name, svc in compose["services"].items():
+        program = command_words(svc)[:1]
+        if not program or program[0] not in CONFIG_OF:
+            continue
+        env = environment(svc)
+        port = str(env.get("ARYL_METRICS__PORT", ""))
+        if not port or port == "0":
+            problems.append(f"{name}: no ARYL_METRICS__PORT, so Prometheus has nothing to scrape")
+            continue
+        if env.get("ARYL_METRICS__LISTEN_HOST") != "0.0.0.0":
+            problems.append(f"{name}: metrics bound to loopback cannot be scraped from the prometheus container")
+        if f"{name}:{port}" not in targets:
+            problems.append(f"{name}: {name}:{port} is not a target of {PROMETHEUS.name} ({sorted(targets)})")
+        if any(port == container for _, _, container in published_ports(svc, {})):
+            problems.append(f"{name}: publishes its metrics port {port} on the host")
+    for name in ("prometheus", "grafana"):
+        svc = compose["services"].get(name)
+        if svc is None:
+            problems.append(f"no {name} service")
+            continue
+        image = svc.get("image", "")
+        if ":" not in image or image.endswith(":latest"):
+            problems.append(f"{name}: image {image!r} is not pinned by tag")
+        if svc.get("profiles") != ["monitoring"]:
+            problems.append(f"{name}: must be in the monitoring profile (the default stack needs no image registry)")
+        if "healthcheck" not in svc:
+            problems.append(f"{name}: no healthcheck")
+    return problems
+
+
+def dashboard_problems(dashboard: dict[str, Any], known: set[str]) -> list[str]:
+    """Each panel query names only metrics the daemons export (histogram and counter suffixes allowed)."""
+    problems = []
+    for panel in dashboard["panels"]:
+        for target in panel.get("targets", []):
+            for name in _METRIC_NAME.findall(target["expr"]):
+                base = next((name.removesuffix(s) for s in _SUFFIXES if name.endswith(s)), name)
+                if name not in known and base not in known:
+                    problems.append(f"panel {panel['title']!r}: {name} is not exported by any daemon")
+    return problems
+
+
+def exported_metric_names() -> set[str]:
+    return {name for module in METRICS_MODULES for name in _METRIC_NAME.findall((ROOT / module).read_text())}
+
+
+def test_prometheus_scrapes_every_daemon_and_monitoring_is_pinned_and_optional() -> None:
+    prometheus = yaml.safe_load(PROMETHEUS.read_text())
+    assert monitoring_problems(load_compose(), prometheus) == []
+
+
+def test_grafana_is_provisioned_with_a_dashboard_of_exported_metrics() -> None:
+    compose = load_compose()
+    mounts = [str(v).split(":")[0] for v in compose["services"]["grafana"]["volumes"]]
+    assert "./deploy/grafana/provisioning" in mounts and "./deploy/grafana/dashboards" in mounts
+    datasource = yaml.safe_load((ROOT / "deploy/grafana/provisioning/datasources/prometheus.yml").read_text())
+    assert datasource["datasources"][0]["url"] == "http://prometheus:9090"
+    dashboard = json.loads(DASHBOARD.read_text())
+    queries = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    assert len(queries) >= 15
+    for metric in ("aryl_jobs", "aryl_scheduler_job_queueing_seconds_bucket",
+                   "aryl_agent_report_latency_seconds_bucket",
+                   "aryl_router_requests_total", "aryl_gpus_allocated", "aryl_scheduler_loan_steps_total"):
+        assert any(metric in q for q in queries), metric
+    assert dashboard_problems(dashboard, exported_metric_names()) == []
+
+
+def test_monitoring_checkers_find_problems() -> None:
+    compose = load_compose()
+    prometheus = yaml.safe_load(PROMETHEUS.read_text())
+    broken = copy.deepcopy(compose)
+    del broken["services"]["router"]["environment"]["ARYL_METRICS__PORT"]
+    broken["services"]["grafana"]["image"] = "grafana/grafana:latest"
+    broken["services"]["prometheus"].pop("profiles")
+    problems = monitoring_problems(broken, prometheus)
+    assert any("router: no ARYL_METRICS__PORT" in p for p in problems)
+    assert any("not pinned" in p for p in problems) and any("monitoring profile" in p for p in problems)
+    unscraped = {"scrape_configs": [{"job_name": "x", "static_configs": [{"targets": ["scheduler:9464"]}]}]}
+    assert any("agent-train-1:9465 is not a target" in p for p in monitoring_problems(compose, unscraped))
+    fake = {"panels": [{"title": "t", "targets": [{"expr": "rate(aryl_no_such_thing_total[5m])"}]}]}
+    assert dashboard_problems(fake, exported_metric_names()) == ["panel 't': aryl_no_such_thing_total is not "
+                                                                 "exported by any daemon"]
