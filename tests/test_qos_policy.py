@@ -17,11 +17,11 @@ from scheduler_service.core import ClusterSnapshot, JobView
 from scheduler_service.core.invariants import check_plan
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.plan import Plan
-from scheduler_service.lifecycle import JobState
+from scheduler_service.lifecycle import JobState, ServerState
 from scheduler_service.policies import create_policy
 from simulator.engine import simulate
 from simulator.model import ClusterSpec, TraceJob
-from tests.harness import NOW, linear_job, running_job, snapshot_of, training_server
+from tests.harness import NOW, inference_server, linear_job, running_job, snapshot_of, training_server
 
 
 def plan(name: str, snap: ClusterSnapshot, **params) -> Plan:
@@ -134,6 +134,29 @@ def test_aryl_gives_the_spare_worker_to_the_job_it_saves_from_a_missed_deadline(
     assert sizes(plan("aryl", elastic_pair(100.0))) == {1: 2}
 
 
+def test_aryl_reclaims_around_a_job_that_a_preemption_would_make_miss_its_deadline() -> None:
+    # Two loaned servers, one inelastic 8-GPU job on each, 1000 units left at 1 unit/s. Job 1 checkpointed
+    # 100 s ago, job 2 200 s ago: preempting job 1 loses less work, so it is the cheaper to reclaim --
+    # unless job 1 is due in 1100 s: it meets that running on (1000 s) and misses it requeued (60 s
+    # restart + 100 s redone + 1000 s); that deadline now weighs 1000 s x 8 GPUs on its server.
+    def loaned_pair(deadline: float | None) -> ClusterSnapshot:
+        jobs = []
+        for jid, checkpoint in ((1, 100.0), (2, 200.0)):
+            job = running_job(jid, [(f"i{jid - 1}", tuple(range(8)))], low=1, resized=NOW - 5000)
+            jobs.append(replace(job, throughput_points=((1, 1.0),), total_work=2000.0, work_done=1000.0,
+                                estimated_runtime_s=None, last_checkpoint_at=NOW - checkpoint,
+                                deadline=NOW + deadline if jid == 1 and deadline is not None else None))
+        servers = [inference_server(f"i{k}", ServerState.LOANED, since=NOW - 5000) for k in range(2)]
+        return snapshot_of(servers, jobs, demand=1)
+
+    aryl = create_policy("aryl", PolicyParams())
+    assert aryl.preview_reclaim(loaned_pair(None), 1).servers == ("i0",)
+    assert aryl.preview_reclaim(loaned_pair(1100.0), 1).servers == ("i1",)
+    assert aryl.preview_reclaim(loaned_pair(5000.0), 1).servers == ("i0",)  # met even requeued
+    blind = create_policy("aryl", PolicyParams(deadline_weight=0.0))
+    assert blind.preview_reclaim(loaned_pair(1100.0), 1).servers == ("i0",)
+
+
 # -- invariants on random snapshots ---------------------------------------------------------------------
 
 
@@ -174,5 +197,8 @@ def clusters(draw) -> ClusterSnapshot:
 def test_every_plan_keeps_the_invariants_and_explains_every_waiting_job(name: str, params: dict, snap) -> None:
     result = plan(name, snap, **params)
     assert plan(name, snap, **params) == result  # deterministic
+    if name == "aryl" and params:  # deadline_weight = 0: exactly the plan without any deadline
+        blind = replace(snap, jobs=tuple(replace(j, deadline=None) for j in snap.jobs), _by_id={})
+        assert plan("aryl", blind) == result
     started = {s.job_id for s in result.starts}
     assert {j.job_id for j in snap.pending_jobs()} - started == {p.job_id for p in result.pending}

@@ -16,12 +16,15 @@ Nouns, for a job with a deadline at a size of ``n`` workers:
 One cycle sizes every PENDING and RUNNING job (a job in SCALING keeps its GPUs), in GPUs counted
 over the cluster (free GPUs of schedulable servers plus the GPUs the running jobs hold), then places:
 
-1. **Deadline jobs that can make it**, most urgent first (least slack at ``min_workers``; then the
-   earlier deadline, then job id), each at its *need*. When their needs exceed the GPUs, the job with
-   the largest need (in GPUs; ties: the later deadline, the higher id) among those taken so far is
-   *sacrificed* -- as Moore and Hodgson's rule drops the longest job -- so that as many deadlines as
-   possible are met: one large job gives way to several small ones. With ``qos_hopeless = keep``
-   nothing is sacrificed, and each gets what is left up to its need.
+1. **Deadline jobs that can make it**, most urgent first: earliest deadline first (then least slack
+   at ``min_workers``, then job id), each at its *need*. When their needs exceed the GPUs, the job
+   with the largest need (in GPUs; ties: the later deadline, the higher id) among those taken so far
+   is *sacrificed* -- Moore and Hodgson's rule, which walks jobs in deadline order and drops the
+   longest -- so that as many deadlines as possible are met: one large job gives way to several small
+   ones. With ``qos_hopeless = keep`` nothing is sacrificed, and each gets what is left up to its
+   need (hopeless ones: ``max_workers``). Deadline order, not least slack first: slacks cross as time
+   passes (a waiting job's shrinks, a running one's grows), so a least-slack order swaps the same
+   jobs back and forth, each swap a preemption that loses the work since the last checkpoint.
 2. **Running jobs keep their minimum**: those without a deadline, then the hopeless and sacrificed
    ones, each group shortest remaining GPU-time first, while the GPUs step 1 left last: a running job
    is shrunk or preempted only to meet a deadline, never for a job without one.
@@ -173,7 +176,7 @@ class QosPolicy:
                 job.notes.append(f"cannot meet its deadline {clock_time(job.view.deadline)} any more, even at "
                                  f"{job.view.max_workers} worker(s) (predicted finish "
                                  f"{clock_time(job.finish(job.view.max_workers))}): deprioritised")
-        urgent.sort(key=lambda j: (j.slack(j.view.min_workers), j.view.deadline, j.view.job_id))
+        urgent.sort(key=lambda j: (j.view.deadline, j.slack(j.view.min_workers), j.view.job_id))
 
         # Step 1: the deadline jobs that can make it, at their need; sacrifice the largest when short.
         left = budget
