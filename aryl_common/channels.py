@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import grpc
 
+from aryl_common.security import ClientSecurity, secure_aio_channel, secure_channel
+
 # Keepalive pings notice a dead scheduler (or a silently dropped connection) within ~15 s even
 # while a watch stream is idle.
 KEEPALIVE_TIME_MS = 10_000
@@ -119,14 +121,19 @@ def scheduler_channel_options(max_reconnect_backoff_s: float) -> list[tuple[str,
     ]
 
 
-def scheduler_channel(address: str, max_reconnect_backoff_s: float) -> grpc.Channel:
-    """A blocking, insecure channel to the scheduler with ``scheduler_channel_options``."""
-    return grpc.insecure_channel(address, options=scheduler_channel_options(max_reconnect_backoff_s))
+def scheduler_channel(address: str, max_reconnect_backoff_s: float,
+                      security: ClientSecurity | None = None) -> grpc.Channel:
+    """A blocking channel to the scheduler with ``scheduler_channel_options``: TLS with the client
+    certificate and token of ``security`` (plaintext when it is ``insecure``, or not given)."""
+    options: list[tuple[str, int | str]] = list(scheduler_channel_options(max_reconnect_backoff_s))
+    return secure_channel(address, security or ClientSecurity(insecure=True), options)
 
 
-def scheduler_aio_channel(address: str, max_reconnect_backoff_s: float) -> grpc.aio.Channel:
+def scheduler_aio_channel(address: str, max_reconnect_backoff_s: float,
+                          security: ClientSecurity | None = None) -> grpc.aio.Channel:
     """The asyncio twin of ``scheduler_channel`` (same options)."""
-    return grpc.aio.insecure_channel(address, options=scheduler_channel_options(max_reconnect_backoff_s))
+    options: list[tuple[str, int | str]] = list(scheduler_channel_options(max_reconnect_backoff_s))
+    return secure_aio_channel(address, security or ClientSecurity(insecure=True), options)
 
 
 def describe_rpc_error(exc: grpc.RpcError) -> str:

@@ -58,8 +58,8 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from aryl_common.backoff import Backoff
 from aryl_common.entry import add_debug_flag, package_version, run_guarded
-from arylctl import completion
-from arylctl.arrays import ArraySpecError, element_key, parse_array
+from aryl_common.security import ClientSecurity, default_token_file, write_private
+from arylctl import certs, completion
 from arylctl.client import (
     DEFAULT_ADDRESS,
     RESTART_POLICIES,
@@ -71,10 +71,8 @@ from arylctl.client import (
     Unavailable,
     default_address,
     job_spec_from_mapping,
-    new_idempotency_key,
     normalize_job_spec_mapping,
 )
-from arylctl.queues import add_queue_commands
 from protos.aryl.v1 import scheduler_pb2, types_pb2
 
 __all__ = ["UsageError", "build_parser", "format_table", "main", "parse_args"]
@@ -357,7 +355,7 @@ def _job_row(job: types_pb2.Job, now: dt.datetime) -> list[object]:
     spec = job.spec
     return [
         job.job_id,
-        job_display_name(job),
+        spec.name,
         spec.user,
         spec.queue,
         enum_name(types_pb2.JobState, job.state),
@@ -432,8 +430,6 @@ _SUBMIT_FLAG_KEYS: Final = {
     "restart_policy": "restart_policy",
     "max_restarts": "max_restarts",
     "estimated_runtime": "estimated_runtime_s",
-    "priority_class": "priority_class",
-    "gpu_types": "gpu_types",
 }
 
 
@@ -541,8 +537,6 @@ def cmd_submit(client: ArylClient, args: argparse.Namespace, out: Output) -> int
         spec = job_spec_from_mapping(submit_spec_mapping(args, out.note))
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
-    if args.array is not None:
-        return _submit_array(client, spec, args, out)
     job = client.submit_job(spec, idempotency_key=args.idempotency_key)
     if args.wait:
         out.note(f"job {job.job_id} ({printable(job.spec.name)}) submitted; its log (rank 0) follows until it ends "
@@ -550,38 +544,6 @@ def cmd_submit(client: ArylClient, args: argparse.Namespace, out: Output) -> int
         return wait_for_job(client, job.job_id, args, out)
     out.emit(job, lambda: job_summary_table(job))
     return EXIT_OK
-
-
-def _submit_array(client: ArylClient, spec: types_pb2.JobSpec, args: argparse.Namespace, out: Output) -> int:
-    """``submit --array``: one job per index, queued in one SubmitJobs call (all or none, one array
-    id); each element's key is the array's key and its index, so the same command run again with
-    ``--idempotency-key`` queues nothing new."""
-    if args.wait:
-        raise UsageError("--wait follows one job; with --array use: arylctl jobs -w")
-    try:
-        indices = parse_array(args.array)
-    except ArraySpecError as exc:
-        raise UsageError(str(exc)) from exc
-    base = args.idempotency_key or new_idempotency_key()
-    if len(element_key(base, max(indices))) > 128:
-        raise UsageError(f"--idempotency-key is too long for an array: at most {128 - len(str(max(indices))) - 1} "
-                         "characters with these indices (each element's key is KEY.INDEX)")
-    jobs = client.submit_jobs([(spec, element_key(base, i)) for i in indices], array_indices=indices)
-
-    def table() -> str:
-        first = jobs[0]
-        out.note(f"job array {first.array_job_id}: {len(jobs)} job(s) {jobs[0].job_id}..{jobs[-1].job_id} queued "
-                 f"(cancel them all: {PROG} cancel --array {first.array_job_id})")
-        return format_table(("ID", "NAME", "STATE"),
-                            [(j.job_id, job_display_name(j), enum_name(types_pb2.JobState, j.state)) for j in jobs])
-
-    out.emit(jobs, table, lambda: [j.job_id for j in jobs])
-    return EXIT_OK
-
-
-def job_display_name(job: types_pb2.Job) -> str:
-    """The job's name; an array element's with its index, as ``train[17]``."""
-    return f"{job.spec.name}[{job.array_index}]" if job.array_job_id else job.spec.name
 
 
 def wait_for_job(client: ArylClient, job_id: str, args: argparse.Namespace, out: Output) -> int:
@@ -675,7 +637,6 @@ def describe_job(response: scheduler_pb2.GetJobResponse) -> str:
     fields: list[tuple[str, object]] = [
         ("Job", job.job_id),
         ("Name", spec.name),
-        *([("Array", f"{job.array_job_id}, index {job.array_index}")] if job.array_job_id else []),
         ("User", spec.user),
         ("Queue", spec.queue),
         ("State", enum_name(types_pb2.JobState, job.state)),
@@ -771,13 +732,6 @@ def cmd_logs(client: ArylClient, args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_cancel(client: ArylClient, args: argparse.Namespace, out: Output) -> int:
-    if args.array:
-        cancelled = client.cancel_job_array(args.job_id, reason=args.reason)
-        out.emit(scheduler_pb2.CancelJobArrayResponse(cancelled_job_ids=cancelled),
-                 lambda: f"job array {args.job_id}: {len(cancelled)} job(s) cancelled"
-                 + (f" ({', '.join(cancelled)})" if 0 < len(cancelled) <= 20 else ""),
-                 lambda: cancelled)
-        return EXIT_OK
     job = client.cancel_job(args.job_id, reason=args.reason)
     out.emit(job, lambda: job_summary_table(job))
     return EXIT_OK
@@ -1072,8 +1026,6 @@ def describe_explanation(response: scheduler_pb2.ExplainJobResponse) -> str:
     job = response.job
     summary = response.summary or enum_name(types_pb2.JobState, job.state)
     head = printable(f"Job {job.job_id} ({job.spec.name}): {summary}")
-    if response.queue_status:  # its queue's quota and usage
-        head += "\n" + printable(response.queue_status[0].upper() + response.queue_status[1:])
     if not response.decisions:
         return head + "\n\nNo decisions recorded."
     rows = [(local_time(e.time), e.reason, e.message) for e in response.decisions]
@@ -1240,6 +1192,11 @@ def _add_global_options(parser: argparse.ArgumentParser, *, defaults: bool) -> N
     parser.add_argument(
         "--timeout", type=_positive, default=default(10.0), metavar="SECONDS", help="deadline of each call"
     )
+    parser.add_argument(
+        "--insecure", action="store_true", default=default(False),
+        help="plaintext, no certificate or token: only for a scheduler run with security.insecure "
+             "(default: TLS and a token, docs/security.md; also ARYL_INSECURE=1)",
+    )
     add_debug_flag(parser, default=default(False))
 
 
@@ -1311,22 +1268,11 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--min-workers", type=_uint32, metavar="N")
     submit.add_argument("--max-workers", type=_uint32, metavar="N", help="default: --min-workers (inelastic)")
     submit.add_argument("--priority", type=_int32, metavar="N", help="higher runs first among equals")
-    submit.add_argument("--priority-class", metavar="NAME",
-                        help="its class within the queue (the scheduler's scheduling.priority_classes): higher "
-                             "classes go first and may preempt lower ones")
-    submit.add_argument("--gpu-type", dest="gpu_types", action="append", metavar="MODEL",
-                        help="run only on this GPU type (as `arylctl servers` shows it); repeatable, preferred first")
     submit.add_argument("--env", type=_env_pair, action="append", metavar="NAME=VALUE", help="repeatable")
     submit.add_argument("--deadline", type=_iso_time, metavar="ISO8601", help="local time unless an offset is given")
     submit.add_argument("--max-runtime", type=_non_negative, metavar="SECONDS")
     submit.add_argument("--restart-policy", choices=sorted(RESTART_POLICIES))
     submit.add_argument("--max-restarts", type=_uint32, metavar="N")
-    submit.add_argument(
-        "--array", metavar="INDICES",
-        help="queue a job array: one job per index, all or none, e.g. 0-999, 0-999:2 (step) or 1,3,5 (at most "
-             "10,000 jobs; Slurm's %%N is not supported). Each job's workers get ARYL_ARRAY_INDEX and "
-             "ARYL_ARRAY_JOB_ID; arylctl jobs shows NAME[INDEX]",
-    )
     submit.add_argument("--estimated-runtime", type=_non_negative, metavar="SECONDS", help="at min workers")
     submit.add_argument(
         "--idempotency-key", default="", metavar="KEY",
@@ -1353,14 +1299,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add("job", cmd_job, "describe a job: its fields, workers and events").add_argument("job_id", metavar="ID")
 
-    cancel = add("cancel", cmd_cancel, "cancel a job, or with --array every job of an array")
+    cancel = add("cancel", cmd_cancel, "cancel a job")
     cancel.add_argument("job_id", metavar="ID")
-    cancel.add_argument("--array", action="store_true",
-                        help="ID is a job array's id (as submit --array printed it): cancel its jobs not ended yet")
     cancel.add_argument("--reason", default="", help="recorded in the event log")
 
     add("cluster", cmd_cluster, "capacity per pool, jobs per state, inference demand, policy")
-    add_queue_commands(add, common, format_table, EXIT_OK)
 
     servers = add(
         "servers", cmd_servers, "list servers, or take one out: cordon, uncordon, drain, delete",
@@ -1460,6 +1403,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demand_get.set_defaults(handler=cmd_demand_get)
 
+    login = add("login", None, "store your token for later commands (a file only you can read)",
+                epilog="The token is read from stdin (or --token) and kept in $XDG_CONFIG_HOME/aryl/token "
+                       "(~/.config/aryl/token), mode 0600; ARYL_TOKEN overrides it. docs/security.md.")
+    login.add_argument("--token", help="the token (default: read from stdin, so it stays out of shell history)")
+    login.add_argument("--file", help="where to keep it (default: ~/.config/aryl/token)")
+    certs = add("certs", None, "development certificates and tokens")
+    certs_commands = certs.add_subparsers(dest="certs_command", metavar="init", required=True)
+    certs_init = certs_commands.add_parser(
+        "init", parents=[common], allow_abbrev=False,
+        help="make a development CA, scheduler/agent/router certificates and tokens in DIR",
+        description="Writes ca.crt/.key, scheduler.crt/.key, client.crt/.key, agent-ID.crt/.key, "
+                    "router-ID.crt/.key, tokens (the scheduler's token file) and token-NAME (each principal's "
+                    "token) into DIR. For development and compose only (docs/security.md).")
+    certs_init.add_argument("dir", metavar="DIR")
+    certs_init.add_argument("--agent", action="append", default=[], metavar="ID", help="an agent's server id (repeat)")
+    certs_init.add_argument("--router", action="append", default=[], metavar="ID", help="a router's id (repeat)")
+    certs_init.add_argument("--user", action="append", default=[], metavar="NAME",
+                            help="a user (repeat; default alice)")
+    certs_init.add_argument("--admin", action="append", default=[], metavar="NAME",
+                            help="an admin (repeat; default admin)")
+    certs_init.add_argument("--scheduler-name", action="append", default=[], metavar="NAME",
+                            help="a name or IP the scheduler is reached by (repeat; default localhost, scheduler, "
+                                 "127.0.0.1)")
     add("completion", None, "print a shell completion script",
         epilog=f"bash: source <({PROG} completion bash), or save it in /etc/bash_completion.d/{PROG}. "
                f"zsh: source <({PROG} completion zsh). Job ids and server names are completed from what "
@@ -1524,6 +1490,8 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
     if args.command_name == "completion":  # no scheduler involved
         (stdout or sys.stdout).write(completion.script(build_parser(), args.shell))
         return EXIT_OK
+    if args.command_name in ("login", "certs"):  # local files only
+        return run_guarded(PROG, lambda: _run_local(args, stdout or sys.stdout, err), debug=args.debug, stderr=err)
     return run_guarded(PROG, lambda: _run(args, stdout or sys.stdout, err), debug=args.debug, stderr=err)
 
 
@@ -1533,7 +1501,8 @@ def _run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
     address = args.server or default_address()
     out = Output(args.output, stdout, stderr)
     try:
-        with ArylClient(address, timeout=args.timeout) as client:
+        security = ClientSecurity(insecure=True) if args.insecure else None
+        with ArylClient(address, timeout=args.timeout, security=security) as client:
             return args.handler(client, args, out)
     except ArylError as exc:
         return _report_rpc_error(exc, address, args.timeout, stderr)
@@ -1545,6 +1514,35 @@ def _run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
     except BrokenPipeError:  # `arylctl jobs | head`: the reader left; not an error worth a trace
         _silence_stdout()
         return EXIT_OK
+
+
+def _run_local(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
+    """``login`` and ``certs init``: files on this machine, no scheduler."""
+    if args.command_name == "login":
+        token = (args.token if args.token is not None else sys.stdin.readline()).strip()
+        if not token or any(c.isspace() for c in token):
+            print("error: the token is empty or has spaces; paste it as issued (token-NAME of arylctl certs init)",
+                  file=stderr)
+            return EXIT_USAGE
+        path = Path(args.file) if args.file else default_token_file()
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        write_private(path, token + "\n")
+        print(f"token stored in {path} (mode 0600)", file=stdout)
+        return EXIT_OK
+    cluster = certs.DevCluster(
+        agents=tuple(args.agent), routers=tuple(args.router), users=tuple(args.user) or ("alice",),
+        admins=tuple(args.admin) or ("admin",),
+        scheduler_names=tuple(args.scheduler_name) or ("localhost", "scheduler", "127.0.0.1"),
+    )
+    tokens = certs.init(args.dir, cluster)
+    directory = Path(args.dir).resolve()
+    print(f"wrote a development CA, certificates and {len(tokens)} tokens to {directory}", file=stdout)
+    print(f"scheduler: ARYL_SECURITY__INSECURE=false ARYL_SECURITY__TLS_CERT={directory}/scheduler.crt "
+          f"ARYL_SECURITY__TLS_KEY={directory}/scheduler.key ARYL_SECURITY__TLS_CLIENT_CA={directory}/ca.crt "
+          f"ARYL_SECURITY__TOKENS_FILE={directory}/tokens", file=stdout)
+    print(f"arylctl:   export ARYL_TLS_CA={directory}/ca.crt ARYL_TLS_CERT={directory}/client.crt "
+          f"ARYL_TLS_KEY={directory}/client.key; arylctl login < {directory}/token-NAME", file=stdout)
+    return EXIT_OK
 
 
 def _silence_stdout() -> None:

@@ -72,6 +72,7 @@ from google.rpc import error_details_pb2, status_pb2
 
 from aryl_common.backoff import Backoff
 from aryl_common.channels import SchedulerAddresses, leader_hint
+from aryl_common.security import ClientSecurity, secure_channel
 from protos.aryl.v1 import (
     inference_pb2,
     inference_pb2_grpc,
@@ -323,13 +324,17 @@ class ArylClient:
 
     def __init__(
         self, address: str | None = None, *, timeout: float = 10.0,
-        interceptors: Sequence[grpc.UnaryUnaryClientInterceptor] = (),
+        interceptors: Sequence[grpc.UnaryUnaryClientInterceptor] = (), security: ClientSecurity | None = None,
     ) -> None:
-        """``interceptors`` wrap every unary call (e.g. to add metadata, or to inject faults in tests)."""
+        """``interceptors`` wrap every unary call (e.g. to add metadata, or to inject faults in tests).
+        ``security``: the TLS files and token to present; by default from the environment
+        (``ARYL_TLS_CA``/``_CERT``/``_KEY``, ``ARYL_TOKEN`` or ``arylctl login``'s token file;
+        ``ARYL_INSECURE=1`` for a scheduler run without TLS), see docs/security.md."""
         if timeout <= 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
         self.address = address or default_address()
         self.timeout = timeout
+        self.security = security if security is not None else ClientSecurity.from_env()
         # Several schedulers sharing one database ("a:50051,b:50051", docs/ha.md): calls go to one of
         # them, and move to the leader a standby names (or the next address) when it is unavailable.
         self._addresses = SchedulerAddresses(self.address)
@@ -340,9 +345,9 @@ class ArylClient:
 
     def _connect(self, address: str) -> None:
         """Channel and stubs to ``address``; ``_calls`` names each stub method for ``_unary``'s retry."""
-        self._channel = grpc.insecure_channel(
-            address,
-            options=[
+        self._channel = secure_channel(
+            address, self.security,
+            [
                 # A connection of its own, not one shared with other channels to the same address:
                 # a new client then really tries to connect (``arylctl events -f`` reconnects with
                 # its own backoff) instead of inheriting a shared connection's backoff (up to 2 min).
@@ -435,36 +440,6 @@ class ArylClient:
             time.sleep(backoff.next_delay())
         raise AssertionError("unreachable: the last attempt returns or raises")
 
-    def submit_jobs(
-        self, jobs: Sequence[tuple[types_pb2.JobSpec, str]], *, array_indices: Sequence[int] = (),
-        attempts: int = SUBMIT_ATTEMPTS,
-    ) -> list[types_pb2.Job]:
-        """Queue many jobs in one call, all or none (at most 10,000): ``jobs`` are (spec, idempotency
-        key) pairs; with ``array_indices`` (one per job) they form one job array. Returns them as
-        recorded, in order (the list view: no env). Retried as ``submit_job`` is (give every job a
-        key, so a lost answer never queues one twice); a bad spec raises :class:`InvalidArgument`
-        naming ``jobs[i]`` and nothing is queued."""
-        if attempts < 1:
-            raise ValueError(f"attempts must be >= 1, got {attempts}")
-        request = scheduler_pb2.SubmitJobsRequest(
-            jobs=[scheduler_pb2.SubmitJobRequest(spec=spec, idempotency_key=key) for spec, key in jobs],
-            array_indices=list(array_indices),
-        )
-        backoff = Backoff(1.0, initial_s=0.5)
-        for attempt in range(1, attempts + 1):
-            try:
-                return list(self._unary(self._scheduler.SubmitJobs, request).jobs)
-            except (Unavailable, DeadlineExceeded):
-                if attempt == attempts or self._closed.is_set():
-                    raise
-            time.sleep(backoff.next_delay())
-        raise AssertionError("unreachable: the last attempt returns or raises")
-
-    def cancel_job_array(self, array_job_id: str, *, reason: str = "") -> list[str]:
-        """Cancel every job of an array that has not ended; the ids of the jobs cancelled."""
-        request = scheduler_pb2.CancelJobArrayRequest(array_job_id=array_job_id, reason=reason)
-        return list(self._unary(self._scheduler.CancelJobArray, request).cancelled_job_ids)
-
     def get_job(self, job_id: str, *, include_events: bool = False) -> scheduler_pb2.GetJobResponse:
         """One job; with ``include_events`` also its events from the log, oldest first."""
         request = scheduler_pb2.GetJobRequest(job_id=job_id, include_events=include_events)
@@ -507,33 +482,6 @@ class ArylClient:
         """
         request = scheduler_pb2.CancelJobRequest(job_id=job_id, reason=reason)
         return self._unary(self._scheduler.CancelJob, request).job
-
-    # -- queues (admin) ---------------------------------------------------------------------------
-
-    def create_queue(self, name: str, quota_gpus: int, *, cohort: str = "", borrow_limit_gpus: int | None = None,
-                     fair_share: bool = True) -> scheduler_pb2.Queue:
-        """Create a queue with a guaranteed GPU quota; it borrows idle GPUs of its ``cohort`` up to
-        ``borrow_limit_gpus`` (None: no limit). Raises :class:`AlreadyExists` if it exists."""
-        queue = scheduler_pb2.Queue(name=name, quota_gpus=quota_gpus, cohort=cohort, fair_share=fair_share,
-                                    borrow_limit_gpus=borrow_limit_gpus)
-        return self._unary(self._scheduler.CreateQueue, scheduler_pb2.CreateQueueRequest(queue=queue)).queue
-
-    def update_queue(self, name: str, *, quota_gpus: int | None = None, cohort: str | None = None,
-                     borrow_limit_gpus: int | None = None, unlimited_borrowing: bool = False,
-                     fair_share: bool | None = None) -> scheduler_pb2.Queue:
-        """Change the given settings of a queue (None: unchanged); configuring "default" creates its row."""
-        request = scheduler_pb2.UpdateQueueRequest(
-            name=name, quota_gpus=quota_gpus, cohort=cohort, borrow_limit_gpus=borrow_limit_gpus,
-            unlimited_borrowing=unlimited_borrowing, fair_share=fair_share)
-        return self._unary(self._scheduler.UpdateQueue, request).queue
-
-    def delete_queue(self, name: str) -> None:
-        """Delete a queue with no active jobs."""
-        self._unary(self._scheduler.DeleteQueue, scheduler_pb2.DeleteQueueRequest(name=name))
-
-    def list_queues(self) -> list[scheduler_pb2.Queue]:
-        """Every queue with its quota and usage ("default" first when unconfigured)."""
-        return list(self._unary(self._scheduler.ListQueues, scheduler_pb2.ListQueuesRequest()).queues)
 
     def explain_job(self, job_id: str) -> scheduler_pb2.ExplainJobResponse:
         """Why a job is pending or was preempted: a summary and the recorded decisions."""
@@ -703,6 +651,10 @@ RESTART_POLICIES: Final[Mapping[str, types_pb2.RestartPolicy]] = {
 
 
 def _current_user() -> str:
+    """The login name, the owner a scheduler without identities records; "" with identities (TLS and a
+    token), where the scheduler makes the caller the owner (docs/security.md)."""
+    if not ClientSecurity.from_env().insecure:
+        return ""
     try:
         return getpass.getuser()
     except (KeyError, OSError):  # no login name and no passwd entry (some containers)
@@ -737,8 +689,6 @@ def job_spec(
     total_work: float | None = None,
     working_dir: str | None = None,
     working_dir_if_exists: bool = False,
-    priority_class: str = "",
-    gpu_types: Sequence[str] = (),
 ) -> types_pb2.JobSpec:
     """Build a :class:`JobSpec`.
 
@@ -776,8 +726,6 @@ def job_spec(
             restart_policy=RESTART_POLICIES[restart_policy],
             working_dir=working_dir or "",
             working_dir_if_exists=working_dir_if_exists,
-            priority_class=priority_class,
-            gpu_types=list(gpu_types),
         )
         # One field at a time so that an out-of-range value is reported under its own name.
         for key, value in (
@@ -876,12 +824,6 @@ def _as_command(key: str, value: object) -> list[str]:
     return value
 
 
-def _as_str_list(key: str, value: object) -> list[str]:
-    if isinstance(value, str) or not isinstance(value, list) or not all(isinstance(a, str) for a in value):
-        raise ValueError(f"job spec key {key!r}: expected a list of strings, got {value!r}")
-    return value
-
-
 def _as_env(key: str, value: object) -> dict[str, str]:
     if not isinstance(value, Mapping):
         raise ValueError(f"job spec key {key!r}: expected a mapping of NAME: value, got {value!r}")
@@ -941,8 +883,6 @@ _SPEC_KEYS: Final[Mapping[str, Any]] = {
     "total_work": _as_number,
     "working_dir": _as_str,
     "working_dir_if_exists": _as_bool,
-    "priority_class": _as_str,
-    "gpu_types": _as_str_list,
 }
 SPEC_KEYS: Final = tuple(_SPEC_KEYS)
 _REQUIRED_SPEC_KEYS: Final = ("name", "command")

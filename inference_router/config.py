@@ -22,12 +22,11 @@ from pydantic import Field, field_validator
 from aryl_common.config import (
     ArylSettings,
     ConfigError,
-    ConfigSection,
     LoggingConfig,
     apply_overrides,
     load_settings,
 )
-from aryl_common.metrics import MetricsConfig
+from aryl_common.security import ClientSecurityFields
 
 
 def default_source() -> str:
@@ -42,7 +41,7 @@ def split_host_port(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-class RouterSection(ConfigSection):
+class RouterSection(ClientSecurityFields):
     # --- the scheduler ("" = none: a plain load balancer over static_backends, reporting nothing)
     scheduler_address: str = Field("127.0.0.1:50051", description="host:port of the scheduler; '' for none")
     source: str = Field(default_factory=default_source, min_length=1, description="who reports, for the event log")
@@ -134,7 +133,6 @@ class RouterConfig(ArylSettings):
 
     router: RouterSection = RouterSection()
     logging: LoggingConfig = LoggingConfig()
-    metrics: MetricsConfig = MetricsConfig()  # Prometheus /metrics (inference_router.metrics); off by default
 
 
 def load_router_config(

@@ -24,6 +24,7 @@ import structlog
 
 from aryl_common.backoff import Backoff
 from aryl_common.channels import SchedulerAddresses, leader_hint, scheduler_aio_channel
+from aryl_common.security import ClientSecurity
 from inference_router.pool import PoolMember, PoolUpdate, RoutingState
 from protos.aryl.v1 import inference_pb2, inference_pb2_grpc, types_pb2
 
@@ -76,7 +77,9 @@ def pool_update(message: inference_pb2.ServingPool) -> PoolUpdate:
 class SchedulerLink:
     """``async with SchedulerLink(...)`` owns the channel; safe to share between the router's tasks."""
 
-    def __init__(self, address: str, *, source: str, rpc_timeout_s: float, max_backoff_s: float) -> None:
+    def __init__(self, address: str, *, source: str, rpc_timeout_s: float, max_backoff_s: float,
+                 security: ClientSecurity | None = None) -> None:
+        self._security = security  # mutual TLS and the router's token (docs/security.md); None: plaintext
         self.address = address
         self.source = source
         self.rpc_timeout_s = rpc_timeout_s
@@ -84,7 +87,7 @@ class SchedulerLink:
         self._addresses = SchedulerAddresses(address)
         # The agent's channel options: gRPC's reconnect backoff capped like ours, keepalive pings so
         # an idle pool watch notices a dead scheduler.
-        self._channel = scheduler_aio_channel(self._addresses.current, max_backoff_s)
+        self._channel = scheduler_aio_channel(self._addresses.current, max_backoff_s, self._security)
         self._stub = inference_pb2_grpc.InferenceServiceStub(self._channel)
         self._log = structlog.get_logger("inference_router").bind(scheduler=address)
         self.pool_messages = 0
@@ -102,7 +105,7 @@ class SchedulerLink:
         after = self._addresses.after_failure(exc)
         if after == before:
             return
-        old, self._channel = self._channel, scheduler_aio_channel(after, self.max_backoff_s)
+        old, self._channel = self._channel, scheduler_aio_channel(after, self.max_backoff_s, self._security)
         self._stub = inference_pb2_grpc.InferenceServiceStub(self._channel)
         self._log.warning("trying another scheduler", previous=before, scheduler=after)
         await old.close()

@@ -34,8 +34,8 @@ stopped).
 
 from __future__ import annotations
 
+import functools
 import threading
-import time
 
 import grpc
 import structlog
@@ -44,12 +44,12 @@ from google.protobuf import duration_pb2
 from aryl_common.backoff import Backoff
 from aryl_common.channels import SchedulerAddresses, describe_rpc_error, leader_hint, scheduler_channel
 from aryl_common.entry import package_version
+from aryl_common.security import ClientSecurity
 from node_agent.config import AgentSection
 from node_agent.desired import DesiredStateTracker, Verdict
 from node_agent.epoch_file import EpochFile
 from node_agent.gpus import GpuBackend, GpuInfo, GpuSample
 from node_agent.logs import serve_worker_logs
-from node_agent.metrics import AgentMetrics
 from node_agent.supervisor import Supervisor, WorkerView
 from node_agent.workers import Phase
 from protos.aryl.v1 import agent_pb2, agent_pb2_grpc, types_pb2
@@ -145,7 +145,6 @@ class Agent:
         self.version = version or package_version()  # reported to the scheduler with the registration
         self._backoff = backoff or Backoff.capped(config.reconnect_max_backoff_s)
         self._inventory = gpus.inventory()
-        self.metrics = AgentMetrics(self._inventory)  # served by node_agent.main ([metrics] port)
         self._stopping = threading.Event()
         self._leaving = False  # set by leave(): deregister and stop the workers on the way out
         # The current session's "over" flag and stream, so stop() can end them from another thread.
@@ -168,7 +167,8 @@ class Agent:
         )
         self.supervisor.start()
         logs_server = self._serve_logs()
-        channel = scheduler_channel(self.addresses.current, self.config.reconnect_max_backoff_s)
+        channel = scheduler_channel(self.addresses.current, self.config.reconnect_max_backoff_s,
+                                    self._security)
         try:
             while not self._stopping.is_set():
                 try:
@@ -178,7 +178,8 @@ class Agent:
                         break
                     if exc.move_on and self._move_on(exc):
                         channel.close()
-                        channel = scheduler_channel(self.addresses.current, self.config.reconnect_max_backoff_s)
+                        channel = scheduler_channel(self.addresses.current, self.config.reconnect_max_backoff_s,
+                                    self._security)
                         if exc.error is not None and leader_hint(exc.error):
                             self._stopping.wait(0.05)  # a standby named the leader: go there at once
                             continue
@@ -235,6 +236,11 @@ class Agent:
             return
         self._log.info("deregistered: the server left the cluster; stopping its workers")
 
+    @functools.cached_property
+    def _security(self) -> ClientSecurity:
+        """What the agent presents to the scheduler (agent.insecure, agent.tls_*, agent.token_file)."""
+        return self.config.client_security()
+
     def _serve_logs(self) -> grpc.Server | None:
         """Start the worker-log service unless ``logs_port`` is -1; a port that cannot be bound is
         logged and the agent runs on without serving logs (they stay on disk)."""
@@ -242,7 +248,8 @@ class Agent:
             return None
         try:
             server, port = serve_worker_logs(
-                self.supervisor.layout, self.config.hostname, self.config.logs_listen_host, self.config.logs_port
+                self.supervisor.layout, self.config.hostname, self.config.logs_listen_host, self.config.logs_port,
+                tls=self.config,
             )
         except (OSError, RuntimeError) as exc:
             self._log.error("cannot serve worker logs; the scheduler will not be able to show them", reason=str(exc))
@@ -317,7 +324,6 @@ class Agent:
         )
         try:
             response = stub.RegisterServer(request, timeout=self.config.rpc_timeout_s)
-            self.metrics.registrations.inc()
         except grpc.RpcError as exc:
             raise SessionEnded(f"registration failed: {describe_rpc_error(exc)}", error=exc) from exc
         if not self.desired.observe_epoch(response.scheduler_epoch):
@@ -331,22 +337,16 @@ class Agent:
         return response
 
     def _report(self, stub: agent_pb2_grpc.AgentServiceStub, server_id: str) -> agent_pb2.ReportStatusResponse:
-        samples, statuses = self.gpus.sample(), self.supervisor.statuses()
         request = agent_pb2.ReportStatusRequest(
             server_id=server_id,
             scheduler_epoch=self.desired.newest_epoch,
-            gpus=[gpu_status_message(s) for s in samples],
-            workers=[worker_status_message(view) for view in statuses],
+            gpus=[gpu_status_message(s) for s in self.gpus.sample()],
+            workers=[worker_status_message(view) for view in self.supervisor.statuses()],
             observed_generation=self.supervisor.observed_generation,
         )
-        self.metrics.sampled(samples, (view.phase for view in statuses), self.supervisor.observed_generation)
-        sent = time.monotonic()
         try:
-            response = stub.ReportStatus(request, timeout=self.config.rpc_timeout_s)
-            self.metrics.report_sent(time.monotonic() - sent, ok=True)
-            return response
+            return stub.ReportStatus(request, timeout=self.config.rpc_timeout_s)
         except grpc.RpcError as exc:
-            self.metrics.report_sent(time.monotonic() - sent, ok=False)
             raise SessionEnded(f"status report failed: {describe_rpc_error(exc)}", error=exc) from exc
 
     def _watch(

@@ -23,10 +23,10 @@ from aryl_common.config import (
     apply_overrides,
     load_settings,
 )
-from aryl_common.metrics import MetricsConfig
+from aryl_common.security import ClientSecurityFields
 
 
-class AgentSection(ConfigSection):
+class AgentSection(ClientSecurityFields):
     scheduler_address: str = Field(
         "127.0.0.1:50051", min_length=1,
         description="host:port of the scheduler; several schedulers sharing one database comma-separated "
@@ -113,7 +113,6 @@ class AgentConfig(ArylSettings):
     agent: AgentSection = AgentSection()
     gpus: GpusSection = GpusSection()
     logging: LoggingConfig = LoggingConfig()
-    metrics: MetricsConfig = MetricsConfig()  # Prometheus /metrics (node_agent.metrics); off by default
 
 
 def load_agent_config(

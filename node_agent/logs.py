@@ -21,6 +21,7 @@ from pathlib import Path
 import grpc
 import structlog
 
+from aryl_common.security import SCHEDULER_CERT_NAME, ClientSecurityFields, peer_names, server_credentials
 from node_agent.workers import WorkDir
 from protos.aryl.v1 import agent_pb2, agent_pb2_grpc
 
@@ -63,11 +64,15 @@ def read_chunk(path: Path, offset: int, max_bytes: int) -> LogChunk:
 class WorkerLogService(agent_pb2_grpc.WorkerLogServiceServicer):
     """Translates ReadWorkerLog calls to ``read_chunk`` on this agent's work directory."""
 
-    def __init__(self, layout: WorkDir, hostname: str) -> None:
+    def __init__(self, layout: WorkDir, hostname: str, *, tls: bool = False) -> None:
         self._layout = layout
         self._hostname = hostname
+        self._tls = tls
 
     def ReadWorkerLog(self, request, context):  # gRPC's method name
+        if self._tls and SCHEDULER_CERT_NAME not in peer_names(context.auth_context()):
+            context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                          f"only the scheduler ({SCHEDULER_CERT_NAME}'s certificate) reads worker logs here")
         if not request.job_id:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "job_id is required")
         path = self._layout.log_file(request.job_id, request.rank)
@@ -87,11 +92,18 @@ class WorkerLogService(agent_pb2_grpc.WorkerLogServiceServicer):
             )
 
 
-def serve_worker_logs(layout: WorkDir, hostname: str, host: str, port: int) -> tuple[grpc.Server, int]:
-    """Start the service on ``host:port`` (0: any free port); returns the server and its port."""
+def serve_worker_logs(layout: WorkDir, hostname: str, host: str, port: int,
+                      tls: ClientSecurityFields | None = None) -> tuple[grpc.Server, int]:
+    """Start the service on ``host:port`` (0: any free port); returns the server and its port. With
+    ``tls`` (the agent's settings, not insecure): mutual TLS with the agent's certificate, and only
+    the scheduler's certificate (``aryl-scheduler``, signed by ``tls_ca``) is let in."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="worker-logs"))
-    agent_pb2_grpc.add_WorkerLogServiceServicer_to_server(WorkerLogService(layout, hostname), server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    secure = tls is not None and not tls.insecure
+    agent_pb2_grpc.add_WorkerLogServiceServicer_to_server(WorkerLogService(layout, hostname, tls=secure), server)
+    if tls is not None and secure:
+        bound = server.add_secure_port(f"{host}:{port}", server_credentials(tls.tls_cert, tls.tls_key, tls.tls_ca))
+    else:
+        bound = server.add_insecure_port(f"{host}:{port}")
     if not bound:
         raise OSError(f"cannot listen on {host}:{port}")
     server.start()

@@ -18,7 +18,7 @@ from typing import get_type_hints
 from pydantic import Field, create_model, field_validator, model_validator
 
 from aryl_common.config import ArylSettings, ConfigSection, LoggingConfig, load_settings
-from aryl_common.metrics import MetricsConfig
+from aryl_common.security import SECURE_BY_DEFAULT
 from scheduler_service.core.params import PolicyParams
 
 
@@ -87,12 +87,6 @@ class SchedulingConfig(ConfigSection):
     master_port_max: int = Field(
         29999, gt=0, lt=32768,
         description="highest MASTER_PORT; below 32768, where Linux's ephemeral (client source) ports begin",
-    )
-    priority_classes: dict[str, int] = Field(
-        default_factory=lambda: {"low": -100, "normal": 0, "high": 100},
-        description="priority classes a job may name (spec.priority_class) and their values: within a queue a "
-                    "higher class goes first and may preempt lower classes; a job keeps the value it was "
-                    "submitted with; no class is 0",
     )
 
     @model_validator(mode="after")
@@ -193,6 +187,34 @@ class HaConfig(ConfigSection):
         return self
 
 
+class SecurityConfig(ConfigSection):
+    """Identities, TLS and secrets (docs/security.md). Secure unless ``insecure`` is set explicitly."""
+
+    insecure: bool = Field(
+        not SECURE_BY_DEFAULT,
+        description="plaintext gRPC and no identities: any caller may do anything (a development mode; the "
+                    "default is TLS + tokens)",
+    )
+    tls_cert: str = Field("", description="PEM certificate the scheduler presents (arylctl certs init: scheduler.crt)")
+    tls_key: str = Field("", description="its PEM private key (scheduler.key)")
+    tls_client_ca: str = Field(
+        "", description="PEM CA that signs every client certificate (ca.crt); clients without one are refused"
+    )
+    tokens_file: str = Field(
+        "", description="bearer tokens, 'ROLE NAME sha256:HEX' a line, roles user, admin, agent, router (tokens)"
+    )
+    max_user_priority: int = Field(
+        100, description="the highest job priority a user may ask for; above it only an admin may submit"
+    )
+
+    def missing(self) -> list[str]:
+        """The settings a secure start lacks (the service refuses to start without them)."""
+        if self.insecure:
+            return []
+        keys = ("tls_cert", "tls_key", "tls_client_ca", "tokens_file")
+        return [f"security.{k}" for k in keys if not getattr(self, k)]
+
+
 class SchedulerConfig(ArylSettings):
     """Everything the scheduler service can be told. One instance, built at start-up."""
 
@@ -202,9 +224,9 @@ class SchedulerConfig(ArylSettings):
     policy: PolicyConfig = PolicyConfig()
     agents: AgentsConfig = AgentsConfig()
     events: EventsConfig = EventsConfig()
+    security: SecurityConfig = SecurityConfig()
     ha: HaConfig = HaConfig()
     logging: LoggingConfig = LoggingConfig()
-    metrics: MetricsConfig = MetricsConfig()  # Prometheus /metrics (scheduler_service.metrics); off by default
 
 
 def load_config(path: str | os.PathLike[str] | None = None) -> SchedulerConfig:

@@ -33,6 +33,11 @@ class AlreadyExists(AppError):
     pass
 
 
+class PermissionDenied(AppError):
+    """The caller is known but may not do this (``scheduler_service.api.auth``); the message names what
+    was missing."""
+
+
 class FailedPrecondition(AppError):
     pass
 

@@ -34,7 +34,7 @@ from sqlalchemy.engine import make_url
 
 from aryl_common.channels import KEEPALIVE_TIME_MS, MAX_DESIRED_STATE_BYTES
 from aryl_common.entry import BadInput, Unreachable, one_line
-from aryl_common.metrics import MetricsEndpoint, serve_metrics
+from aryl_common.security import ClientSecurity, load_tokens, server_credentials
 from migrations import upgrade
 from protos.aryl.v1 import (
     agent_pb2,
@@ -45,6 +45,7 @@ from protos.aryl.v1 import (
     scheduler_pb2_grpc,
 )
 from scheduler_service.api.agent_logs import AgentLogReader
+from scheduler_service.api.auth import AuthInterceptor
 from scheduler_service.api.leader_gate import LeaderGate
 from scheduler_service.api.servicers import AgentServicer, InferenceServicer, SchedulerServicer, event_topics
 from scheduler_service.api.stream_limits import StreamLimits
@@ -59,7 +60,6 @@ from scheduler_service.core.clock import Clock
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.cycle import SchedulingCycle
 from scheduler_service.errors import Aborted, Unavailable
-from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.notify import AsyncNotifier
 from scheduler_service.policies import create_policy
 from scheduler_service.solvers import warm_up as warm_up_solvers
@@ -140,6 +140,11 @@ class SchedulerService:
         self._tune_gc = tune_gc
         self.clock: Clock = clock or SystemClock()
         # Fail fast on an unknown name or a bad tunable.
+        missing = config.security.missing()
+        if missing:
+            raise BadInput(f"{', '.join(missing)} must be set for TLS and identities (make them with 'arylctl certs "
+                           "init DIR'; docs/security.md), or start without both with --insecure "
+                           "(security.insecure = true, development only)")
         self.policy_params = PolicyParams(**config.policy.model_dump())
         self.policy = create_policy(config.scheduling.policy, self.policy_params)
         self.engine = create_engine_for(
@@ -155,9 +160,6 @@ class SchedulerService:
         self._started = threading.Event()
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        # Prometheus metrics on a registry of their own (scheduler_service.metrics), served on [metrics] port.
-        self.metrics = SchedulerMetrics(Transactions(session_factory(self.engine), publish=lambda states: None).read)
-        self.metrics_endpoint: MetricsEndpoint | None = None
         self.gate = LeaderGate()
         # PostgreSQL: the leader lease (None on SQLite, and until ``run`` set it up).
         self.leadership: Leadership | None = None
@@ -171,7 +173,6 @@ class SchedulerService:
         # (address taken) or cannot reach its database fails before it writes SCHEDULER_STARTED.
         server = self._bind_server()
         try:
-            self.metrics_endpoint = serve_metrics(self.metrics.registry, cfg.metrics)
             with reaching_database(cfg.database.url):
                 if cfg.database.auto_migrate:
                     await asyncio.to_thread(upgrade, cfg.database.url)
@@ -180,7 +181,6 @@ class SchedulerService:
                     session_factory(self.engine), self.clock, notifier=notifier,
                     master_ports=cfg.scheduling.master_ports, telemetry_write_s=cfg.agents.telemetry_write_s,
                     reclaim_deadline_s=self.policy_params.reclaim_deadline_s,
-                    priority_classes=cfg.scheduling.priority_classes,
                 )
                 if self.engine.dialect.name == "postgresql":
                     leadership = self.leadership = self._leadership(app, loop)
@@ -190,8 +190,6 @@ class SchedulerService:
                     epoch = await asyncio.to_thread(app.term.start, socket.gethostname())
         except BaseException:
             await server.stop(None)  # gives the port back
-            if self.metrics_endpoint is not None:
-                self.metrics_endpoint.close()
             self.engine.dispose()
             if self.leadership is not None:
                 self.leadership.close()
@@ -216,7 +214,9 @@ class SchedulerService:
                                                           total=cfg.server.max_watch_streams)
         submissions = GroupCommitter(app.jobs.submit_many, max_batch=256, name="aryl-submit")
         cancellations = GroupCommitter(app.jobs.cancel_many, max_batch=256, name="aryl-cancel")
-        log_reader = AgentLogReader(timeout_s=cfg.agents.rpc_timeout_s)
+        sec = cfg.security
+        log_reader = AgentLogReader(timeout_s=cfg.agents.rpc_timeout_s, security=ClientSecurity(
+            insecure=sec.insecure, ca_file=sec.tls_client_ca, cert_file=sec.tls_cert, key_file=sec.tls_key))
         scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(
             SchedulerServicer(app, executor, notifier, policy_name=self.policy.name, clock_now=self.clock.now,
                               submissions=submissions, cancellations=cancellations,
@@ -283,8 +283,6 @@ class SchedulerService:
         cycle_thread.shutdown(wait=True, cancel_futures=True)
         desired_reader.shutdown(wait=True, cancel_futures=True)
         watch_reader.shutdown(wait=True, cancel_futures=True)
-        if self.metrics_endpoint is not None:
-            self.metrics_endpoint.close()
         self.engine.dispose()
         log.info("scheduler stopped")
 
@@ -307,9 +305,16 @@ class SchedulerService:
             ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_TIME_MS // 2),
             ("grpc.http2.max_ping_strikes", 0),
         ]
-        server = grpc.aio.server(options=options, interceptors=[self.gate])
+        sec = cfg.security
+        interceptors = [] if sec.insecure else [AuthInterceptor(
+            load_tokens(sec.tokens_file), tls=True, max_user_priority=sec.max_user_priority)]
+        credentials = None if sec.insecure else server_credentials(sec.tls_cert, sec.tls_key, sec.tls_client_ca)
+        server = grpc.aio.server(options=options, interceptors=[*interceptors, self.gate])
         try:
-            self.port = server.add_insecure_port(cfg.server.listen)
+            if credentials is None:
+                self.port = server.add_insecure_port(cfg.server.listen)
+            else:
+                self.port = server.add_secure_port(cfg.server.listen, credentials)
         except RuntimeError:  # grpc's "Failed to bind to address ..."
             self.port = 0
         if self.port == 0:  # taken between the probe and here, or a form only gRPC understands
@@ -359,10 +364,8 @@ class SchedulerService:
                 await notifier.cycle.wait_newer(seen, timeout=self.config.scheduling.cycle_interval_s)
                 continue
             try:
-                began = self.clock.now()
                 report = await loop.run_in_executor(executor, cycle.run_once)
                 took = report.total_s
-                await loop.run_in_executor(executor, self.metrics.observe_cycle, report, began)
                 if report.result.started or report.result.rejected:
                     log.info("cycle", jobs=report.snapshot_jobs, started=len(report.result.started),
                              rejected=list(report.result.rejected), decide_ms=round(report.decide_s * 1e3, 2),

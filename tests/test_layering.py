@@ -158,9 +158,9 @@ SERVICE_ALLOWED: dict[str, frozenset[str]] = {
     "core": frozenset({"lifecycle"}),  # pure: nothing that does I/O or knows the drivers
     "solvers": frozenset(),  # arrays in, arrays out
     "policies": frozenset({"core", "solvers", "lifecycle"}),
-    "store": frozenset({"core", "lifecycle", "records", "errors", "worker_outcomes", "kill_points"}),
+    "store": frozenset({"core", "lifecycle", "records", "errors", "worker_outcomes", "kill_points", "audit"}),
     "app": frozenset({"store", "core", "lifecycle", "records", "errors", "kill_points"}),
-    "api": frozenset({"app", "core", "lifecycle", "records", "errors", "batching", "notify"}),
+    "api": frozenset({"app", "core", "lifecycle", "records", "errors", "batching", "notify", "audit"}),
 }
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import grpc
 
+from aryl_common.security import ClientSecurity, secure_aio_channel
 from protos.aryl.v1 import agent_pb2, agent_pb2_grpc
 from scheduler_service.errors import InvalidArgument, NotFound, OutOfRange, Unavailable
 
@@ -21,16 +22,21 @@ MAX_READ_BYTES = 1024 * 1024
 
 
 class AgentLogReader:
-    def __init__(self, *, timeout_s: float) -> None:
-        self._timeout = timeout_s
-        self._channels: dict[str, grpc.aio.Channel] = {}
+    """With TLS (``security`` not insecure) the reader presents the scheduler's certificate and accepts an
+    agent only when its certificate names the server id the log was asked of (docs/security.md)."""
 
-    def _stub(self, address: str) -> agent_pb2_grpc.WorkerLogServiceStub:
-        channel = self._channels.get(address)
+    def __init__(self, *, timeout_s: float, security: ClientSecurity | None = None) -> None:
+        self._timeout = timeout_s
+        self._security = security or ClientSecurity(insecure=True)
+        self._channels: dict[tuple[str, str], grpc.aio.Channel] = {}
+
+    def _stub(self, address: str, server_id: str = "") -> agent_pb2_grpc.WorkerLogServiceStub:
+        channel = self._channels.get((address, server_id))
         if channel is None:
-            channel = self._channels[address] = grpc.aio.insecure_channel(
-                address, options=[("grpc.max_receive_message_length", 2 * MAX_READ_BYTES)]
-            )
+            options: list[tuple[str, int | str]] = [("grpc.max_receive_message_length", 2 * MAX_READ_BYTES)]
+            if not self._security.insecure and server_id:
+                options.append(("grpc.ssl_target_name_override", server_id))
+            channel = self._channels[(address, server_id)] = secure_aio_channel(address, self._security, options)
         return agent_pb2_grpc.WorkerLogServiceStub(channel)
 
     async def read(
@@ -42,7 +48,7 @@ class AgentLogReader:
             job_id=str(job_id), rank=rank, offset=offset, max_bytes=max_bytes or DEFAULT_READ_BYTES
         )
         try:
-            return await self._stub(address).ReadWorkerLog(request, timeout=self._timeout)
+            return await self._stub(address, server_id).ReadWorkerLog(request, timeout=self._timeout)
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.NOT_FOUND:
                 raise NotFound(f"server {server_id}: {exc.details()}") from None

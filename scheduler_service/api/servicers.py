@@ -11,6 +11,8 @@ thread (the server is asyncio). Watch streams are counted per client and in all 
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import dataclasses
 from collections.abc import AsyncIterator, Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -28,7 +30,7 @@ from protos.aryl.v1 import (
     scheduler_pb2_grpc,
     types_pb2,
 )
-from scheduler_service.api import convert, validation
+from scheduler_service.api import auth, convert, validation
 from scheduler_service.api.agent_logs import AgentLogReader
 from scheduler_service.api.status import ANSWERED_BY_KEY, rpc
 from scheduler_service.api.stream_limits import StreamLimits, TooManyStreams
@@ -38,7 +40,7 @@ from scheduler_service.batching import GroupCommitter
 from scheduler_service.core.registry import ReclaimPreviewer
 from scheduler_service.errors import InvalidArgument
 from scheduler_service.notify import AsyncNotifier
-from scheduler_service.records import AdminChange, EventInfo, JobInfo, JobSubmission, QueueSettings
+from scheduler_service.records import AdminChange, EventInfo, JobInfo, JobSubmission
 
 T = TypeVar("T")
 log = structlog.get_logger("aryl.api")
@@ -65,7 +67,15 @@ class _Base:
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
+        context = contextvars.copy_context()  # the caller (api.auth) goes along: events record it
+        return await loop.run_in_executor(self._executor, lambda: context.run(fn, *args, **kwargs))
+
+    async def require_job_owner(self, job_id: int, what: str = "") -> None:
+        """PermissionDenied unless the caller owns job ``job_id`` or is an admin (api.auth)."""
+        if auth.needs_owner_check():
+            record, _ = await self.run(self.app.jobs.get, job_id)
+            auth.require_owner(record.user, what or f"job {job_id}")
+
 
 
 def event_topics(event: EventInfo) -> tuple[Hashable, ...]:
@@ -113,7 +123,10 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
 
     @rpc
     async def SubmitJob(self, request: scheduler_pb2.SubmitJobRequest, context: Any) -> scheduler_pb2.SubmitJobResponse:
+        auth.own_spec(request.spec)
         submission = validation.job_submission(request.spec, request.idempotency_key, now=self._now())
+        if auth.caller() is not None:  # batched on another thread: the actor goes with the submission
+            submission = dataclasses.replace(submission, submitted_by=auth.actor())
         # If the call is cancelled (deadline, client gone), wrap_future withdraws the submission unless
         # its batch is already committing (then the job is queued: a retry with the same key and spec
         # is answered with it).
@@ -147,6 +160,8 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
         def answer() -> scheduler_pb2.SubmitJobsResponse:
             # In a worker thread: checking 10,000 specs must not stall the event loop. One transaction
             # for the whole call (not the group committer: all or none, whatever else is submitted).
+            for i, job in enumerate(request.jobs):
+                auth.own_spec(job.spec, f"jobs[{i}].spec")
             subs = validation.job_submissions(request.jobs, request.array_indices, now=now)
             records = self.app.jobs.submit_batch(subs, array=bool(request.array_indices))
             return scheduler_pb2.SubmitJobsResponse(jobs=[convert.job_summary(r) for r in records])
@@ -163,6 +178,7 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
     ) -> scheduler_pb2.CancelJobArrayResponse:
         array_job_id = validation.job_id("array_job_id", request.array_job_id)
         reason = validation.text("reason", request.reason, max_len=1024)
+        await self.require_job_owner(array_job_id, f"job array {array_job_id}")
         cancelled = await self.run(self.app.jobs.cancel_array, array_job_id, reason)
         return scheduler_pb2.CancelJobArrayResponse(cancelled_job_ids=[str(job.id) for job in cancelled])
 
@@ -172,6 +188,7 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
 
         def answer() -> scheduler_pb2.GetJobResponse:
             record, events = self.app.jobs.get(job_id, include_events=request.include_events)
+            auth.require_owner(record.user, f"job {job_id}")
             return scheduler_pb2.GetJobResponse(job=convert.job(record), events=[convert.event(e) for e in events])
 
         return await self.run(answer)
@@ -194,7 +211,9 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
     async def CancelJob(self, request: scheduler_pb2.CancelJobRequest, context: Any) -> scheduler_pb2.CancelJobResponse:
         job_id = validation.job_id("job_id", request.job_id)
         reason = validation.text("reason", request.reason, max_len=1024)
-        if self._cancellations is None:
+        await self.require_job_owner(job_id)
+        if self._cancellations is None or auth.caller() is not None:
+            # With identities, the call's own transaction records who cancelled (the event's actor).
             record = await self.run(self.app.jobs.cancel, job_id, reason)
         else:  # concurrent cancels share one transaction; a call cancelled first is withdrawn as above
             record = await asyncio.wrap_future(self._cancellations.submit((job_id, reason)))
@@ -212,6 +231,8 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
             after: int | None = request.after_event_id
         else:
             after = None  # from now on
+        if job_id is not None:
+            await self.require_job_owner(job_id)
         feed = self.notifier.event_log
         assert feed is not None, "the service serves the event log before streams"
 
@@ -244,9 +265,7 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
         self, request: scheduler_pb2.GetClusterRequest, context: Any
     ) -> scheduler_pb2.GetClusterResponse:
         summary = await self.run(self.app.views.summary)
-        response = convert.cluster(summary, policy=self.policy_name, epoch=self.app.term.epoch)
-        response.queues.extend(convert.queue(s) for s in await self.run(self.app.queues.all))
-        return response
+        return convert.cluster(summary, policy=self.policy_name, epoch=self.app.term.epoch)
 
     @rpc
     async def ListServers(
@@ -272,10 +291,10 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
     ) -> scheduler_pb2.ExplainJobResponse:
         job_id = validation.job_id("job_id", request.job_id)
         explanation = await self.run(self.app.jobs.explain, job_id)
+        auth.require_owner(explanation.job.user, f"job {job_id}")
         return scheduler_pb2.ExplainJobResponse(
             job=convert.job(explanation.job), summary=explanation.summary,
             decisions=[convert.event(e) for e in explanation.decisions],
-            queue_status=await self.run(self.app.queues.describe, explanation.job.queue),
         )
 
 
@@ -303,6 +322,7 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
         self, request: scheduler_pb2.GetJobLogsRequest, context: Any
     ) -> scheduler_pb2.GetJobLogsResponse:
         job_id = validation.job_id("job_id", request.job_id)
+        await self.require_job_owner(job_id)
         server_id, address = await self.run(self.app.jobs.log_source, job_id, request.rank)
         chunk = await self._logs.read(server_id, address, job_id, request.rank, request.offset, request.max_bytes)
         return scheduler_pb2.GetJobLogsResponse(
@@ -354,55 +374,6 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
 
         return await self.run(answer)
 
-    # Queues: admin-only (not listed in ``auth.METHOD_ROLES``, so only admins may call them).
-
-    @rpc
-    async def CreateQueue(self, request: scheduler_pb2.CreateQueueRequest, context: Any) -> scheduler_pb2.QueueResponse:
-        q = request.queue
-        settings = QueueSettings(
-            name=validation.queue_name("queue.name", q.name),
-            quota_gpus=validation.gpu_count("queue.quota_gpus", q.quota_gpus),
-            borrow_limit_gpus=(validation.gpu_count("queue.borrow_limit_gpus", q.borrow_limit_gpus)
-                               if q.HasField("borrow_limit_gpus") else None),
-            cohort=validation.cohort_name("queue.cohort", q.cohort), fair_share=q.fair_share,
-        )
-        return await self.run(
-            lambda: scheduler_pb2.QueueResponse(queue=convert.queue(self.app.queues.create(settings))))
-
-    @rpc
-    async def UpdateQueue(self, request: scheduler_pb2.UpdateQueueRequest, context: Any) -> scheduler_pb2.QueueResponse:
-        name = validation.queue_name("name", request.name)
-        change: dict[str, object] = {}
-        if request.HasField("cohort"):
-            change["cohort"] = validation.cohort_name("cohort", request.cohort)
-        if request.HasField("quota_gpus"):
-            change["quota_gpus"] = validation.gpu_count("quota_gpus", request.quota_gpus)
-        if request.HasField("borrow_limit_gpus") and request.unlimited_borrowing:
-            raise InvalidArgument("unlimited_borrowing", "contradicts borrow_limit_gpus: give one of them")
-        if request.HasField("borrow_limit_gpus"):
-            change["borrow_limit_gpus"] = validation.gpu_count("borrow_limit_gpus", request.borrow_limit_gpus)
-        if request.unlimited_borrowing:
-            change["borrow_limit_gpus"] = None
-        if request.HasField("fair_share"):
-            change["fair_share"] = request.fair_share
-        return await self.run(
-            lambda: scheduler_pb2.QueueResponse(queue=convert.queue(self.app.queues.update(name, change))))
-
-    @rpc
-    async def DeleteQueue(
-        self, request: scheduler_pb2.DeleteQueueRequest, context: Any
-    ) -> scheduler_pb2.DeleteQueueResponse:
-        name = validation.queue_name("name", request.name)
-        await self.run(self.app.queues.delete, name)
-        return scheduler_pb2.DeleteQueueResponse()
-
-    @rpc
-    async def ListQueues(
-        self, request: scheduler_pb2.ListQueuesRequest, context: Any
-    ) -> scheduler_pb2.ListQueuesResponse:
-        return await self.run(
-            lambda: scheduler_pb2.ListQueuesResponse(queues=[convert.queue(s) for s in self.app.queues.all()]))
-
     def _admin_answer(self, change: Callable[[], AdminChange]) -> scheduler_pb2.ServerAdminResponse:
         done = change()
         server = self.app.server_admin.server(done.server_id)
@@ -424,6 +395,7 @@ class AgentServicer(_Base, agent_pb2_grpc.AgentServiceServicer):
         self, request: agent_pb2.RegisterServerRequest, context: Any
     ) -> agent_pb2.RegisterServerResponse:
         registration = validation.registration(request)
+        auth.require_server(registration.hostname)
         desired = await self.run(self.app.agents.register, registration)
         log.info("server registered", server=desired.server_id, pool=registration.pool, gpus=len(registration.gpus))
         return agent_pb2.RegisterServerResponse(
@@ -437,6 +409,7 @@ class AgentServicer(_Base, agent_pb2_grpc.AgentServiceServicer):
         self, request: agent_pb2.ReportStatusRequest, context: Any
     ) -> agent_pb2.ReportStatusResponse:
         report = validation.status_report(request)
+        auth.require_server(report.server_id)
         # Most reports say nothing new and are answered from memory, here on the loop: a thread hop
         # per report would cost more than the answer (1,000s of agents report every few seconds).
         generation = self.app.agents.answer_from_memory(report)
@@ -450,6 +423,7 @@ class AgentServicer(_Base, agent_pb2_grpc.AgentServiceServicer):
     async def Deregister(self, request: agent_pb2.DeregisterRequest, context: Any) -> agent_pb2.DeregisterResponse:
         server_id = validation.server_id("server_id", request.server_id)
         reason = validation.text("reason", request.reason, max_len=1024)
+        auth.require_server(server_id)
         await self.run(self.app.agents.deregister, server_id, reason)
         log.info("server deregistered: its agent left", server=server_id, reason=reason)
         return agent_pb2.DeregisterResponse()
@@ -459,6 +433,7 @@ class AgentServicer(_Base, agent_pb2_grpc.AgentServiceServicer):
         self, request: agent_pb2.WatchDesiredStateRequest, context: Any
     ) -> AsyncIterator[agent_pb2.DesiredState]:
         server_id = validation.server_id("server_id", request.server_id)
+        auth.require_server(server_id)
         assert self.notifier.desired_states is not None, "the service serves desired states before agents"
         async for desired in self.notifier.desired_states.watch(server_id, refresh_s=self._refresh_s):
             yield convert.desired_state(desired, grace_period_s=self._grace)
@@ -472,7 +447,7 @@ class InferenceServicer(_Base, inference_pb2_grpc.InferenceServiceServicer):
         if request.servers_needed > 100_000:
             raise InvalidArgument("servers_needed", f"must be at most 100000 (got {request.servers_needed})")
         rps = validation.finite("observed_rps", request.observed_rps)
-        source = validation.text("source", request.source, max_len=253) or context.peer()[:253]
+        source = auth.require_router() or validation.text("source", request.source, max_len=253) or context.peer()[:253]
         report, serving, loaned = await self.run(self.app.inference.report_demand, request.servers_needed, rps, source)
         return inference_pb2.ReportDemandResponse(
             demand=convert.demand(report), servers_serving=serving, servers_loaned=loaned
@@ -486,7 +461,7 @@ class InferenceServicer(_Base, inference_pb2_grpc.InferenceServiceServicer):
     async def WatchServingPool(
         self, request: inference_pb2.WatchServingPoolRequest, context: Any
     ) -> AsyncIterator[inference_pb2.ServingPool]:
-        source = validation.text("source", request.source, max_len=253) or context.peer()[:253]
+        source = auth.require_router() or validation.text("source", request.source, max_len=253) or context.peer()[:253]
         pool = self.notifier.serving_pool
         assert pool is not None, "the service serves the serving pool before streams"
         try:
@@ -512,7 +487,7 @@ class InferenceServicer(_Base, inference_pb2_grpc.InferenceServiceServicer):
         self, request: inference_pb2.ReportDrainedRequest, context: Any
     ) -> inference_pb2.ReportDrainedResponse:
         server_id = validation.server_id("server_id", request.server_id)
-        source = validation.text("source", request.source, max_len=253) or context.peer()[:253]
+        source = auth.require_router() or validation.text("source", request.source, max_len=253) or context.peer()[:253]
         state = await self.run(self.app.inference.report_drained, server_id, source)
         return inference_pb2.ReportDrainedResponse(state=convert.server_state(state))
 

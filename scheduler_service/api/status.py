@@ -29,6 +29,7 @@ from scheduler_service.errors import (
     InvalidArgument,
     NotFound,
     OutOfRange,
+    PermissionDenied,
     Unavailable,
 )
 from scheduler_service.lifecycle import IllegalTransition
@@ -42,6 +43,7 @@ _CODES: dict[type[Exception], grpc.StatusCode] = {
     OutOfRange: grpc.StatusCode.OUT_OF_RANGE,
     NotFound: grpc.StatusCode.NOT_FOUND,
     AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
+    PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
     FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
     IllegalTransition: grpc.StatusCode.FAILED_PRECONDITION,
     Aborted: grpc.StatusCode.ABORTED,

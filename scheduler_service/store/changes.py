@@ -17,6 +17,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from scheduler_service.audit import current_actor
 from scheduler_service.core.clock import Clock
 from scheduler_service.errors import NotFound
 from scheduler_service.lifecycle import JOB_LIFECYCLE, SERVER_LIFECYCLE, JobState, ServerState
@@ -30,6 +31,7 @@ class StateChanges:
         self._clock = clock
 
     def event(self, session: Session, kind: str, **fields: Any) -> None:
+        fields.setdefault("actor", current_actor())
         session.add(m.Event(time=self._clock.now(), kind=kind, details=fields.pop("details", {}), **fields))
 
     def set_job_state(self, session: Session, job: m.Job, target: JobState, reason: str, message: str) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from scheduler_service.audit import current_actor
 from scheduler_service.core.clock import Clock
 from scheduler_service.core.plan import Reason
 from scheduler_service.errors import FailedPrecondition, NotFound
@@ -55,8 +56,9 @@ class JobStore:
                 dict(time=row["submitted_at"], kind="JOB_SUBMITTED", job_id=job_id, server_id=None, from_state="",
                      to_state=JobState.PENDING, reason=Reason.SUBMITTED, details={},
                      message=f"{row['name']} by {row['user']} in queue {row['queue']}: {row['min_workers']}.."
-                     f"{row['max_workers']} worker(s) x {row['gpus_per_worker']} GPU(s)")
-                for job_id, row in zip(ids, rows, strict=True)
+                     f"{row['max_workers']} worker(s) x {row['gpus_per_worker']} GPU(s)",
+                     actor=sub.submitted_by or current_actor())
+                for job_id, row, sub in zip(ids, rows, subs, strict=True)
             ],
         )
         array_job_id = None
@@ -251,7 +253,6 @@ def _job_row(sub: JobSubmission, now: float) -> dict[str, Any]:
         priority=sub.priority, deadline=sub.deadline, throughput=sub.throughput, max_runtime_s=sub.max_runtime_s,
         restart_policy=sub.restart_policy, max_restarts=sub.max_restarts, idempotency_key=sub.idempotency_key,
         working_dir=sub.working_dir, working_dir_if_exists=sub.working_dir_if_exists, array_index=sub.array_index,
-        priority_class=sub.priority_class, priority_value=sub.priority_value, gpu_types=list(sub.gpu_types) or None,
         state=JobState.PENDING, state_reason=Reason.SUBMITTED, state_message="queued", pending_reason="",
         num_workers=0, restarts=0, preemptions=0, submitted_at=now, started_at=None, finished_at=None,
     )

@@ -1,0 +1,268 @@
+"""Authentication and authorisation of every RPC (docs/security.md).
+
+``AuthInterceptor`` (one gRPC server interceptor) authenticates each call by its bearer token
+(``authorization: Bearer TOKEN``, looked up in the token file), checks the method's roles
+(``METHOD_ROLES``), and makes the caller available to the servicer (``caller()``) for the checks
+that need the request: a job's owner, an agent's own server id (``require_server``). Missing or
+unknown credentials: UNAUTHENTICATED; a role or object not allowed: PERMISSION_DENIED naming what
+was missing. Health checking and reflection stay open (they name no job and change nothing).
+
+With ``security.insecure`` the interceptor is not installed and ``caller()`` is None: every check
+here then allows (the development mode without identities).
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, Final
+
+import grpc
+import structlog
+
+from aryl_common.security import AUTH_METADATA_KEY, BEARER, Principal, lookup_token, peer_names
+from scheduler_service.audit import ACTOR
+from scheduler_service.errors import PermissionDenied
+
+log = structlog.get_logger("aryl.auth")
+
+_SCHED = "/aryl.v1.SchedulerService/"
+_AGENT = "/aryl.v1.AgentService/"
+_INFER = "/aryl.v1.InferenceService/"
+USER_ROLES: Final = frozenset({"user", "admin"})
+ADMIN: Final = frozenset({"admin"})
+AGENT: Final = frozenset({"agent", "admin"})
+ROUTER: Final = frozenset({"router", "admin"})
+READERS: Final = frozenset({"user", "admin", "router"})
+
+# The roles allowed to call each method; a method not listed is refused to all but admins (so a new
+# RPC is closed until someone decides who may call it). Checks of the request's objects (own job,
+# own server) are the servicer's, through ``require_owner``/``require_server``.
+METHOD_ROLES: Final[Mapping[str, frozenset[str]]] = {
+    _SCHED + "SubmitJob": USER_ROLES,
+    _SCHED + "SubmitJobs": USER_ROLES,
+    _SCHED + "GetJob": USER_ROLES,
+    _SCHED + "ListJobs": USER_ROLES,
+    _SCHED + "CancelJob": USER_ROLES,
+    _SCHED + "CancelJobArray": USER_ROLES,
+    _SCHED + "WatchEvents": USER_ROLES,
+    _SCHED + "ExplainJob": USER_ROLES,
+    _SCHED + "GetJobLogs": USER_ROLES,
+    _SCHED + "GetCluster": READERS,
+    _SCHED + "ListServers": READERS,
+    _SCHED + "ListLoans": READERS,
+    _SCHED + "PreviewReclaim": ADMIN,
+    _SCHED + "CordonServer": ADMIN,
+    _SCHED + "UncordonServer": ADMIN,
+    _SCHED + "DrainServer": ADMIN,
+    _SCHED + "DeleteServer": ADMIN,
+    _SCHED + "CreateQueue": ADMIN,
+    _SCHED + "UpdateQueue": ADMIN,
+    _SCHED + "DeleteQueue": ADMIN,
+    _SCHED + "ListQueues": READERS,
+    _AGENT + "RegisterServer": AGENT,
+    _AGENT + "ReportStatus": AGENT,
+    _AGENT + "Deregister": AGENT,
+    _AGENT + "WatchDesiredState": AGENT,
+    _INFER + "ReportDemand": ROUTER,
+    _INFER + "ReportDrained": ROUTER,
+    _INFER + "WatchServingPool": ROUTER,
+    _INFER + "GetDemand": READERS,
+}
+OPEN_PREFIXES: Final = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+
+
+class Caller:
+    """An authenticated call's principal and the names of its client certificate (empty without TLS)."""
+
+    __slots__ = ("cert_names", "max_user_priority", "principal")
+
+    def __init__(self, principal: Principal, cert_names: frozenset[str] | None, max_user_priority: int) -> None:
+        self.principal = principal
+        self.cert_names = cert_names  # None without TLS
+        self.max_user_priority = max_user_priority
+
+    @property
+    def name(self) -> str:
+        return self.principal.name
+
+    @property
+    def is_admin(self) -> bool:
+        return self.principal.role == "admin"
+
+
+_CALLER: contextvars.ContextVar[Caller | None] = contextvars.ContextVar("aryl_caller", default=None)
+
+
+def caller() -> Caller | None:
+    """The current call's caller; None when the scheduler runs without identities (``security.insecure``)."""
+    return _CALLER.get()
+
+
+def actor() -> str:
+    """``role:name`` of the current call's caller ("" without identities): the event log's ``actor``."""
+    who = _CALLER.get()
+    return str(who.principal) if who is not None else ""
+
+
+def require_owner(owner: str, what: str) -> None:
+    """PermissionDenied unless the caller owns ``what`` (its ``owner``) or is an admin."""
+    who = _CALLER.get()
+    if who is None or who.is_admin or who.name == owner:
+        return
+    raise PermissionDenied(f"{what} belongs to another user; only its owner or an admin may do this "
+                           f"(you are {who.principal})")
+
+
+def can_see_env(owner: str) -> bool:
+    """Whether the caller may read a job's environment: its owner and admins."""
+    who = _CALLER.get()
+    return who is None or who.is_admin or who.name == owner
+
+
+def require_server(server_id: str) -> None:
+    """PermissionDenied unless the caller is the agent of ``server_id`` (token and, with TLS, its client
+    certificate both naming it) or an admin."""
+    who = _CALLER.get()
+    if who is None or who.is_admin:
+        return
+    if who.name != server_id:
+        raise PermissionDenied(f"agent {who.name!r} may only act for its own server, not {server_id!r}")
+    if who.cert_names is not None and server_id not in who.cert_names:
+        raise PermissionDenied(f"the client certificate does not name server {server_id!r} "
+                               f"(it names {', '.join(sorted(who.cert_names)) or 'nothing'}); an agent presents "
+                               "a certificate issued for its own server id")
+
+
+def require_router() -> str:
+    """The calling router's id ("" without identities); an admin acts as router ``admin:NAME``."""
+    who = _CALLER.get()
+    if who is None:
+        return ""
+    if who.principal.role == "router" and who.cert_names and who.name not in who.cert_names:
+        raise PermissionDenied(f"the client certificate does not name router {who.name!r}; a router presents a "
+                               "certificate issued for its own router id")
+    return who.name if who.principal.role == "router" else str(who.principal)
+
+
+def needs_owner_check() -> bool:
+    """Whether the caller's access to a job depends on who owns it (a non-admin with identities on)."""
+    who = _CALLER.get()
+    return who is not None and not who.is_admin
+
+
+def own_spec(spec: Any, where: str = "spec") -> None:
+    """Set ``spec.user`` to the owner (``owner_for``) and refuse a priority above the caller's ceiling
+    (security.max_user_priority) unless the caller is an admin. Changes ``spec`` in place."""
+    who = _CALLER.get()
+    if who is None:
+        return
+    spec.user = owner_for(spec.user, where)
+    if not who.is_admin and spec.priority > who.max_user_priority:
+        raise PermissionDenied(f"{where}.priority {spec.priority} is above {who.max_user_priority} "
+                               "(security.max_user_priority); only an admin may submit above it")
+
+
+def owner_for(requested_user: str, where: str = "spec") -> str:
+    """The owner of a submission: the caller. A ``user`` field naming someone else is refused unless the
+    caller is an admin (who submits on that user's behalf); an empty field means the caller."""
+    who = _CALLER.get()
+    if who is None:
+        return requested_user
+    if not requested_user or requested_user == who.name:
+        return who.name
+    if who.is_admin:
+        return requested_user
+    raise PermissionDenied(f"{where}.user {requested_user!r} is not you ({who.principal}); a job's owner is the "
+                           "authenticated caller: leave user empty or name yourself (only an admin submits for others)")
+
+
+def _details(token_problem: str) -> str:
+    return (f"{token_problem}; send 'authorization: Bearer TOKEN' (arylctl login, ARYL_TOKEN; the token file is "
+            "security.tokens_file on the scheduler)")
+
+
+class AuthInterceptor(grpc.aio.ServerInterceptor):
+    """Authenticates every call but health and reflection, and checks the method's roles."""
+
+    def __init__(self, tokens: Mapping[str, Principal], *, tls: bool, max_user_priority: int = 100) -> None:
+        self._tokens = dict(tokens)
+        self._tls = tls
+        self._max_priority = max_user_priority
+
+    def _authenticate(self, method: str, context: Any) -> Caller:
+        token = ""
+        for key, value in context.invocation_metadata() or ():
+            if key == AUTH_METADATA_KEY and isinstance(value, str):
+                token = value[len(BEARER):].strip() if value.startswith(BEARER) else ""
+                break
+        else:
+            raise _Refused(grpc.StatusCode.UNAUTHENTICATED, _details("no credentials"))
+        principal = lookup_token(self._tokens, token) if token else None
+        if principal is None:
+            raise _Refused(grpc.StatusCode.UNAUTHENTICATED, _details("unknown or malformed bearer token"))
+        roles = METHOD_ROLES.get(method, ADMIN)
+        if principal.role not in roles:
+            raise _Refused(grpc.StatusCode.PERMISSION_DENIED,
+                           f"{method.rsplit('/', 1)[-1]} needs role {' or '.join(sorted(roles))}; "
+                           f"you are {principal}")
+        names = peer_names(context.auth_context()) if self._tls else None
+        return Caller(principal, names, self._max_priority)
+
+    async def intercept_service(
+        self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> Any:
+        handler = await continuation(handler_call_details)
+        method: str = handler_call_details.method
+        if handler is None or method.startswith(OPEN_PREFIXES):
+            return handler
+        authenticate = self._authenticate
+
+        async def admit(context: Any) -> Caller:
+            try:
+                return authenticate(method, context)
+            except _Refused as refused:
+                await refused.abort(context, method)
+                raise  # not reached: abort raises
+
+        if handler.unary_unary is not None:
+            inner_uu: Any = handler.unary_unary
+
+            async def unary_unary(request: Any, context: Any) -> Any:
+                who = await admit(context)
+                token, actor_token = _CALLER.set(who), ACTOR.set(str(who.principal))
+                try:
+                    return await inner_uu(request, context)
+                finally:
+                    _CALLER.reset(token)
+                    ACTOR.reset(actor_token)
+
+            return grpc.unary_unary_rpc_method_handler(
+                unary_unary, request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer)
+        if handler.unary_stream is not None:
+            inner_us: Any = handler.unary_stream
+
+            async def unary_stream(request: Any, context: Any) -> AsyncIterator[Any]:
+                who = await admit(context)
+                _CALLER.set(who)  # this stream's own task: nothing to reset
+                ACTOR.set(str(who.principal))
+                async for item in inner_us(request, context):
+                    yield item
+
+            return grpc.unary_stream_rpc_method_handler(
+                unary_stream, request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer)
+        raise TypeError(f"{method}: client-streaming methods are not authenticated by this interceptor")
+
+
+class _Refused(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    async def abort(self, context: Any, method: str) -> None:
+        log.info("call refused", method=method, code=self.code.name, peer=context.peer(), reason=self.message)
+        await context.abort(self.code, self.message)
