@@ -187,6 +187,7 @@ class _Server:
     drained: bool = False                # DRAINING: the router acknowledged the drain
     admin: AdminState = AdminState.NONE  # an operator's cordon or drain (``set_admin``)
     drain_deadline: float | None = None
+    gpu_type: str = ""                   # the model of its GPUs (``ClusterSpec.training_gpu_types``)
     view: ServerView | None = None       # cached; None when stale
 
     def build_view(self) -> ServerView:
@@ -199,7 +200,7 @@ class _Server:
                 agent_converged=True,  # simulated agents apply every desired state at once
                 drained=self.drained,
                 reclaim_deadline=self.reclaim_deadline if self.state == ServerState.RECLAIMING else None,
-                admin=self.admin, drain_deadline=self.drain_deadline,
+                admin=self.admin, drain_deadline=self.drain_deadline, gpu_type=self.gpu_type,
             )
         return self.view
 
@@ -264,8 +265,17 @@ class SimulatedCluster:
         gpus = tuple(range(spec.gpus_per_server))
         servers = [_Server(f"t{k:04d}", Pool.TRAINING, gpus, home_state(Pool.TRAINING))
                    for k in range(spec.training_servers)]
-        servers += [_Server(f"i{k:04d}", Pool.INFERENCE, gpus, home_state(Pool.INFERENCE))
+        servers += [_Server(f"i{k:04d}", Pool.INFERENCE, gpus, home_state(Pool.INFERENCE),
+                            gpu_type=spec.inference_gpu_type)
                     for k in range(spec.inference_servers)]
+        if spec.training_gpu_types:  # typed training servers, in id order
+            types = [t for t, count in spec.training_gpu_types for _ in range(count)]
+            if len(types) != spec.training_servers:
+                raise ValueError(f"training_gpu_types name {len(types)} servers; the cluster has "
+                                 f"{spec.training_servers} training servers")
+            for server, gpu_type in zip(servers[: spec.training_servers], types, strict=True):
+                server.gpu_type = gpu_type
+        self._speed = dict(spec.gpu_speed)
         servers.sort(key=lambda s: s.server_id)  # the service lists servers by id
         self._servers: dict[str, _Server] = {s.server_id: s for s in servers}
         self.server_outcomes: dict[str, ServerOutcome] = {s.server_id: ServerOutcome(s.server_id, s.pool)
@@ -479,6 +489,7 @@ class SimulatedCluster:
                 job.workers, None, job.pending_reason, t.throughput, t.work, work if work < t.work else t.work,
                 job.started_at, job.last_resized_at,
                 job.seg_start + periods * interval if periods >= 1 else job.checkpoint_at, "", t.deadline,
+                queue=t.queue, user=t.user, priority_class=t.priority_class, gpu_types=t.gpu_types,
             ))
         jobs = tuple(views)
         if self._stale_servers:
@@ -487,7 +498,8 @@ class SimulatedCluster:
                 server_views[self._server_slot[server_id]] = self._servers[server_id].build_view()
             self._server_views = tuple(server_views)
             self._stale_servers.clear()
-        return ClusterSnapshot(now=now, servers=self._server_views, jobs=jobs, demand=self._demand, seed=seed)
+        return ClusterSnapshot(now=now, servers=self._server_views, jobs=jobs, demand=self._demand, seed=seed,
+                               queues=self.spec.queues, gpu_speed=self.spec.gpu_speed)
 
     def _idle_view(self, job: _Job) -> JobView:
         if job.view is None:
@@ -499,6 +511,7 @@ class SimulatedCluster:
                 throughput_points=t.throughput, total_work=t.work, work_done=job.checkpoint_work,
                 started_at=job.started_at, last_resized_at=job.last_resized_at,
                 last_checkpoint_at=job.checkpoint_at, deadline=t.deadline,
+                queue=t.queue, user=t.user, priority_class=t.priority_class, gpu_types=t.gpu_types,
             )
         return job.view
 
@@ -525,6 +538,8 @@ class SimulatedCluster:
         job.seg_start = now
         job.seg_work = work
         job.seg_speed = job.model.speed(len(workers))
+        if self._speed:  # declared speed of its GPU type (all its workers share one)
+            job.seg_speed *= self._speed.get(self._servers[workers[0].server_id].gpu_type, 1.0)
         job.seg_gpus = len(workers) * job.trace.gpus_per_worker
         job.last_resized_at = now
         job.view = None

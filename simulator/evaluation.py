@@ -32,6 +32,7 @@ from typing import Any
 
 from scheduler_service.core.params import PolicyParams
 from simulator.engine import SimulationResult, simulate
+from simulator.eval_tenants import tenants_section
 from simulator.load import demand_from_rate, load_servegen_rate
 from simulator.model import ClusterSpec, DemandPoint, TraceJob
 from simulator.results import Summary, plot_jct_cdf, plot_loans, plot_utilisation, summarize
@@ -282,6 +283,7 @@ SECTIONS: dict[str, Section] = {
     "headline": lambda shared, assets, raw: headline(shared, assets),
     "sensitivity": lambda shared, assets, raw: sensitivity(shared, raw.get("headline")),
     "pollux": lambda shared, assets, raw: pollux(shared),
+    "tenants": tenants_section,
 }
 
 

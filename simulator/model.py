@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from scheduler_service.core.snapshot import QueueView
+
 
 @dataclass(frozen=True, slots=True)
 class TraceJob:
@@ -25,6 +27,11 @@ class TraceJob:
     model: str = ""                 # e.g. "bert", "imagenet", "philly"
     deadline: float | None = None   # seconds since the trace's start
     priority: int = 0
+    # Queues, priority classes and GPU types (``core.quota``; trace columns in ``simulator.traces``).
+    queue: str = "default"
+    user: str = ""
+    priority_class: int = 0         # the class's value
+    gpu_types: tuple[str, ...] = ()  # () any
 
     def runtime_at(self, workers: int) -> float:
         """Seconds to finish from scratch at ``workers`` workers (declared points only)."""
@@ -46,6 +53,14 @@ class ClusterSpec:
     training_servers: int
     inference_servers: int
     gpus_per_server: int = 8
+    # Typed training servers: (GPU type, servers) in server-id order, covering every training server
+    # (empty: one unnamed type). Inference servers get ``inference_gpu_type``.
+    training_gpu_types: tuple[tuple[str, int], ...] = ()
+    inference_gpu_type: str = ""
+    # Declared speed per GPU type, relative to 1.0 (a type not named runs at 1.0): a job's true speed
+    # on that type is its trace speed times the factor.
+    gpu_speed: tuple[tuple[str, float], ...] = ()
+    queues: tuple[QueueView, ...] = ()  # the configured queues (empty: none, as without queues)
 
 
 @dataclass(frozen=True, slots=True)

@@ -128,6 +128,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -758,6 +759,7 @@ def load_pollux_workload(
 GENERIC_COLUMNS = (
     "submit_time", "gpus_per_worker", "min_workers", "max_workers", "duration_s", "work",
     "model", "throughput", "deadline_s", "priority", "name",
+    "queue", "user", "priority_class", "gpu_types",  # tenancy (``_tenancy``)
 )
 _GENERIC_REQUIRED = ("submit_time", "gpus_per_worker", "min_workers")
 
@@ -802,13 +804,18 @@ def load_generic_csv(
     rule 3), ``throughput`` (``"w:speed;w:speed"``, overrides the model, must reach from
     min_workers to max_workers; linear in between), ``deadline_s`` (s since trace start, >
     submit_time), ``priority`` (int, default 0), ``name`` (unique; default ``job-<line>``).
+    Tenancy (``core.quota``; all optional): ``queue`` (default ``default``), ``user`` (fair share
+    within a queue; default empty), ``priority_class`` (the class's *value*, an int; default 0),
+    ``gpu_types`` (``"A100;V100"``: the types the job may run on, preferred first; empty: any).
 
     Errors are ``TraceFormatError`` naming the file, line and column. Jobs are ordered by
     ``submit_time`` (stable) and numbered 1..
     """
     draft = []
     seen: set[str] = set()
+    tenancy: dict[int, dict[str, Any]] = {}
     for line, row in _dict_rows(path, _GENERIC_REQUIRED, GENERIC_COLUMNS):
+        tenancy[line] = _tenancy(row, path, line)
         submit = _parse(row, "submit_time", float, path, line)
         if submit < 0:
             raise TraceFormatError(path, line, "submit_time", f"must be >= 0, got {submit}")
@@ -880,7 +887,23 @@ def load_generic_csv(
                 deadline=deadline, priority=priority, keep_max=keep_max,
             )
         )
-    return jobs
+    return [replace(job, **tenancy[d[1]]) if tenancy[d[1]] else job for d, job in zip(draft, jobs, strict=True)]
+
+
+def _tenancy(row: dict[str, str], path: str | Path, line: int) -> dict[str, Any]:
+    """A generic row's queue, user, priority class value and GPU types (only those given)."""
+    out: dict[str, Any] = {}
+    for column in ("queue", "user"):
+        if row.get(column, ""):
+            out[column] = row[column].strip()
+    if row.get("priority_class", ""):
+        out["priority_class"] = _parse(row, "priority_class", int, path, line)
+    if row.get("gpu_types", ""):
+        types = tuple(t.strip() for t in row["gpu_types"].split(";") if t.strip())
+        if len(set(types)) != len(types):
+            raise TraceFormatError(path, line, "gpu_types", f"a type is listed twice in {row['gpu_types']!r}")
+        out["gpu_types"] = types
+    return out
 
 
 def _generic_declared_job(path, line, job_id, name, submit, gpw, base, top, duration, work, model,

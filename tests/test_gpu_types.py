@@ -6,11 +6,17 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from scheduler_service.core.invariants import check_plan
+from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.placement import FreeCapacity
 from scheduler_service.core.plan import Reason
 from scheduler_service.policies import create_policy
-from tests.harness import NOW, pending_job, running_job, snapshot_of, training_server
+from simulator.engine import simulate
+from simulator.model import ClusterSpec
+from simulator.traces import TraceFormatError, load_generic_csv
+from tests.harness import NOW, linear_job, pending_job, running_job, snapshot_of, training_server
 
 
 def server(sid: str, gpu_type: str, gpus: int = 4, **fields):
@@ -69,3 +75,37 @@ def test_untyped_gangs_go_to_the_type_with_most_free_gpus() -> None:
     assert capacity.type_order(("A100", "X")) == ["A100"]
     placed = capacity.place_gang(pending_job(1, 2, 3), 3)
     assert placed is not None and {w.server_id for w in placed} == {"v1"}
+
+
+# -- the simulator: typed servers, declared speeds, trace columns -----------------------------------
+
+
+def test_the_simulator_runs_jobs_on_their_type_at_its_declared_speed() -> None:
+    # Two 4-GPU training servers, t0000 "slow" (speed 1) and t0001 "fast" (speed 2). Job 1 asks for
+    # "fast": 1000 units at 1 unit/s take 500 s there, plus the 30 s restart overhead. Job 2 asks for
+    # "slow": 1000 s + 30 s. Job 3 asks for a type no server has: it never starts (the run stalls).
+    spec = ClusterSpec(2, 0, 4, training_gpu_types=(("slow", 1), ("fast", 1)), gpu_speed=(("fast", 2.0),))
+    jobs = [dataclasses.replace(linear_job(1, 0.0, 4, 1, 1, 1000.0), gpu_types=("fast",)),
+            dataclasses.replace(linear_job(2, 0.0, 4, 1, 1, 1000.0), gpu_types=("slow",))]
+    result = simulate(jobs, [], spec, "aryl", PolicyParams(), seed=0, check_plans=True)
+    ends = {o.job_id: o.end for o in result.jobs}
+    assert ends == {1: pytest.approx(530.0), 2: pytest.approx(1030.0)}
+    stuck = [*jobs, dataclasses.replace(linear_job(3, 0.0, 1, 1, 1, 10.0), gpu_types=("H100",))]
+    result = simulate(stuck, [], spec, "aryl", PolicyParams(), seed=0, max_time_s=20_000.0)
+    assert [o.end for o in result.jobs if o.job_id == 3] == [None]
+    with pytest.raises(ValueError, match="training_gpu_types name 1 servers; the cluster has 2"):
+        simulate(jobs, [], ClusterSpec(2, 0, 4, training_gpu_types=(("x", 1),)), "aryl", PolicyParams(), seed=0)
+
+
+def test_generic_trace_columns_for_queues_classes_and_types(tmp_path) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text("submit_time,gpus_per_worker,min_workers,duration_s,queue,user,priority_class,gpu_types\n"
+                     "0,1,1,60,vision,ann,100,A100;V100\n"
+                     "5,1,1,60,,,,\n")
+    first, second = load_generic_csv(trace)
+    assert (first.queue, first.user, first.priority_class, first.gpu_types) == ("vision", "ann", 100,
+                                                                                ("A100", "V100"))
+    assert (second.queue, second.user, second.priority_class, second.gpu_types) == ("default", "", 0, ())
+    trace.write_text("submit_time,gpus_per_worker,min_workers,duration_s,gpu_types\n0,1,1,60,A;A\n")
+    with pytest.raises(TraceFormatError, match="gpu_types"):
+        load_generic_csv(trace)

@@ -8,13 +8,18 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from scheduler_service.core.invariants import check_plan
+from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.plan import Reason
 from scheduler_service.core.quota import QuotaLedger
 from scheduler_service.core.snapshot import ClusterSnapshot, JobView, QueueView
 from scheduler_service.lifecycle import ServerState
 from scheduler_service.policies import create_policy
-from tests.harness import NOW, inference_server, pending_job, running_job, snapshot_of, training_server
+from simulator.engine import simulate
+from simulator.model import ClusterSpec
+from tests.harness import NOW, inference_server, linear_job, pending_job, running_job, snapshot_of, training_server
 
 
 def queued(jid: int, queue: str, gpus: int = 2, workers: int = 1, *, cls: int = 0, user: str = "u",
@@ -198,3 +203,24 @@ def test_the_unconfigured_default_queue_gets_what_the_quotas_leave() -> None:
     plan = plan_of(with_queues(snapshot_of(servers, jobs), (QueueView("vision", 6, cohort="lab"),)))
     assert [s.job_id for s in plan.starts] == [1]
     assert plan.pending[0].message == "queue `default` is at its quota of 2 GPUs and cannot borrow: cohort has 0 idle"
+
+
+def test_in_the_simulator_a_lender_gets_its_quota_back_at_once() -> None:
+    # 8 GPUs; queue a (quota 4) queues four 4-GPU jobs of 1000 s at t=0 and borrows b's idle 4 GPUs; b's one
+    # 4-GPU job arrives at t=100: a's borrowing job is preempted for it, so it starts at once. In one shared
+    # queue it waits behind a's queued jobs 3 and 4 (which start at t=1030, when 1 and 2 end: 1000 s of work
+    # + 30 s restart overhead) until t=2060.
+    def team(job, queue):
+        return dataclasses.replace(job, queue=queue)
+
+    jobs = [team(linear_job(i, 0.0, 4, 1, 1, 1000.0), "a") for i in (1, 2, 3, 4)]
+    jobs.append(team(linear_job(5, 100.0, 4, 1, 1, 1000.0), "b"))
+    queues = (QueueView("a", 4, cohort="lab"), QueueView("b", 4, cohort="lab"))
+    with_quota = simulate(jobs, [], ClusterSpec(2, 0, 4, queues=queues), "aryl", PolicyParams(), seed=0,
+                          check_plans=True)
+    shared = simulate(jobs, [], ClusterSpec(2, 0, 4), "aryl", PolicyParams(), seed=0, check_plans=True)
+    b = {r: next(o for o in result.jobs if o.job_id == 5) for r, result in (("quota", with_quota), ("shared", shared))}
+    assert b["quota"].start == pytest.approx(100.0)
+    assert b["shared"].start == pytest.approx(2060.0)
+    assert sum(o.preemptions for o in with_quota.jobs) == 1 and sum(o.preemptions for o in shared.jobs) == 0
+    assert with_quota.stop_reason == "completed"
