@@ -278,8 +278,15 @@ def model_served(port: int) -> int:
         return int(json.load(response)["served"])
 
 
+def metrics_settings(ports: dict[str, int], name: str) -> dict[str, str]:
+    """The Prometheus ``[metrics]`` port of one demo process (a free loopback port), kept in ``ports``."""
+    ports[name] = free_port()
+    return {"ARYL_METRICS__PORT": str(ports[name])}
+
+
 def run(workdir: Path) -> DemoOutcome:
     workdir.mkdir(parents=True, exist_ok=True)
+    metrics_ports: dict[str, int] = {}
     outcome = DemoOutcome()
     address = f"127.0.0.1:{free_port()}"
     router_port = free_port()
@@ -299,7 +306,7 @@ def run(workdir: Path) -> DemoOutcome:
         say(f"Starting the scheduler on {address} (database {db_url}, policy aryl). Watch live from another "
             f"terminal: arylctl --server {address} jobs | servers | loans | events -f")
         start(stack, "scheduler", [str(BIN / "aryl-scheduler"), "--listen", address, "--database-url", db_url],
-              workdir, env)
+              workdir, {**env, **metrics_settings(metrics_ports, "scheduler")})
         client = stack.enter_context(ArylClient(address, timeout=5))
         wait_until(client.get_cluster, 60, "the scheduler to answer")
         line("  scheduler answering")
@@ -314,7 +321,8 @@ def run(workdir: Path) -> DemoOutcome:
         for hostname, gpus in TRAINING:
             start(stack, hostname, [str(BIN / "aryl-agent"), "--scheduler", address, "--hostname", hostname,
                                     "--pool", "training", "--fake-gpus", str(gpus), "--work-dir",
-                                    str(workdir / hostname)], workdir, env)
+                                    str(workdir / hostname)],
+                  workdir, {**env, **metrics_settings(metrics_ports, hostname)})
         model_ports: dict[str, int] = {}
         for hostname, gpus in INFERENCE:
             port = model_ports[hostname] = free_port()
@@ -324,7 +332,8 @@ def run(workdir: Path) -> DemoOutcome:
             start(stack, hostname, [str(BIN / "aryl-agent"), "--scheduler", address, "--hostname", hostname,
                                     "--pool", "inference", "--fake-gpus", str(gpus), "--work-dir",
                                     str(workdir / hostname)],
-                  workdir, {**env, "ARYL_AGENT__INFERENCE_ENDPOINT": f"http://127.0.0.1:{port}"})
+                  workdir, {**env, "ARYL_AGENT__INFERENCE_ENDPOINT": f"http://127.0.0.1:{port}",
+                            **metrics_settings(metrics_ports, hostname)})
         wait_until(lambda: len(client.list_servers()) == len(TRAINING) + len(INFERENCE), 60, "all agents")
         line(f"  {len(TRAINING) + len(INFERENCE)} agents registered")
 
@@ -333,10 +342,14 @@ def run(workdir: Path) -> DemoOutcome:
             "for the servers serving now)")
         start(stack, "router", [str(BIN / "aryl-router"), "--listen", f"127.0.0.1:{router_port}",
                                 "--scheduler", address, "--capacity-rps", str(CAPACITY_RPS), "--headroom", "0.2",
-                                "--min-servers", "1", "--scale-down-delay", "4", "--interval", "2"], workdir, env)
+                                "--min-servers", "1", "--scale-down-delay", "4", "--interval", "2"], workdir,
+              {**env, **metrics_settings(metrics_ports, "router")})
         traffic = Traffic(f"http://127.0.0.1:{router_port}")
         wait_until(lambda: _router_ready(router_port, len(INFERENCE)), 60, "the router to route to 3 servers")
         wait_until(lambda: client.get_demand().source.startswith("aryl-router"), 30, "the router's first demand")
+        say("Prometheus metrics (text format; docker-compose's monitoring profile scrapes them into Grafana):")
+        for name, metrics_port in metrics_ports.items():
+            line(f"  {name:<11} curl -s http://127.0.0.1:{metrics_port}/metrics")
         # Its first report (made before any traffic) is shown here, not under the midday traffic.
         wait_until(lambda: shown.caught_up(client), 30, "the timeline to catch up")
         threading.Thread(target=traffic.run, daemon=True).start()
@@ -398,8 +411,9 @@ def run(workdir: Path) -> DemoOutcome:
 
         traffic.rate = 0
         time.sleep(1.5)
-        stop_background.set()
         outcome.jobs = {name: job(name) for name in ids}
+        two_queues(client, address, ids, names)
+        stop_background.set()
         loans = client.list_loans(include_returned=True)
         events = list(client.watch_events(after_event_id=0, idle_timeout=1.0))
         outcome.loans_made = len(loans)
@@ -409,6 +423,45 @@ def run(workdir: Path) -> DemoOutcome:
         summarize(outcome, workdir)
         say("Shutting down router, model servers, agents (their workers with them) and scheduler")
     return outcome
+
+
+def two_queues(client: ArylClient, address: str, ids: dict[str, str], names: dict[str, str]) -> None:
+    """Two teams share the training servers' 8 GPUs through queues with 4 GPUs guaranteed each, in one
+    cohort: one borrows the other's idle quota and gives it back when the other submits."""
+    say("Two teams share the 8 training GPUs through queues: `vision` and `nlp`, 4 GPUs guaranteed each, in "
+        "one cohort (each may borrow what the other leaves idle). The jobs so far are cancelled first")
+    for job_id in ids.values():
+        if client.get_job(job_id).job.state not in (types_pb2.JOB_STATE_COMPLETED, types_pb2.JOB_STATE_CANCELLED,
+                                                    types_pb2.JOB_STATE_FAILED):
+            client.cancel_job(job_id, reason="the demo moves on to queues")
+    for queue in ("vision", "nlp"):
+        client.create_queue(queue, 4, cohort="lab")
+    command = [sys.executable, str(EXAMPLES / "train.py"), "--total-steps", "600", "--step-time", "1",
+               "--checkpoint-every", "5", "--log-every", "100"]
+    team: dict[str, str] = {}
+    for name, queue in (("vision-a", "vision"), ("vision-b", "vision")):
+        submitted = client.submit_job(job_spec(name=name, command=command, user="demo", queue=queue,
+                                               gpus_per_worker=4, min_workers=1))
+        team[name] = names[submitted.job_id] = submitted.job_id
+
+    def state(name: str) -> int:
+        return client.get_job(team[name]).job.state
+
+    wait_until(lambda: all(state(n) == types_pb2.JOB_STATE_RUNNING for n in team), 60, "vision's two jobs")
+    line("  vision runs 8 GPUs: its own 4 and nlp's idle 4, borrowed")
+    show(address, "queues")
+    say("nlp submits a 4-GPU job: vision gives the borrowed GPUs back (its cheapest job to stop is preempted)")
+    submitted = client.submit_job(job_spec(name="nlp-a", command=command, user="demo", queue="nlp",
+                                           gpus_per_worker=4, min_workers=1))
+    team["nlp-a"] = names[submitted.job_id] = submitted.job_id
+    wait_until(lambda: state("nlp-a") == types_pb2.JOB_STATE_RUNNING, 60, "nlp's job to start")
+    time.sleep(1)
+    show(address, "queues")
+    waiting = next((n for n in ("vision-a", "vision-b") if state(n) == types_pb2.JOB_STATE_PENDING), None)
+    if waiting is not None:
+        show(address, "explain", team[waiting])
+    for job_id in team.values():
+        client.cancel_job(job_id, reason="the demo ends")
 
 
 def summarize(outcome: DemoOutcome, workdir: Path) -> None:
