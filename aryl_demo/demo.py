@@ -411,8 +411,9 @@ def run(workdir: Path) -> DemoOutcome:
 
         traffic.rate = 0
         time.sleep(1.5)
-        stop_background.set()
         outcome.jobs = {name: job(name) for name in ids}
+        two_queues(client, address, ids, names)
+        stop_background.set()
         loans = client.list_loans(include_returned=True)
         events = list(client.watch_events(after_event_id=0, idle_timeout=1.0))
         outcome.loans_made = len(loans)
@@ -422,6 +423,47 @@ def run(workdir: Path) -> DemoOutcome:
         summarize(outcome, workdir)
         say("Shutting down router, model servers, agents (their workers with them) and scheduler")
     return outcome
+
+
+def two_queues(client: ArylClient, address: str, ids: dict[str, str], names: dict[str, str]) -> None:
+    """Two teams share the training servers' 8 GPUs through queues with 4 GPUs guaranteed each, in one
+    cohort: one borrows the other's idle quota and gives it back when the other submits."""
+    say("Two teams share the 8 training GPUs through queues: `vision` and `nlp`, 4 GPUs guaranteed each, in "
+        "one cohort (each may borrow what the other leaves idle). The jobs so far are cancelled first")
+    ended = (types_pb2.JOB_STATE_COMPLETED, types_pb2.JOB_STATE_CANCELLED, types_pb2.JOB_STATE_FAILED)
+    states = {job_id: client.get_job(job_id).job.state for job_id in ids.values()}
+    # The waiting ones first, so none starts on GPUs a cancelled one leaves.
+    for job_id in sorted(states, key=lambda j: states[j] != types_pb2.JOB_STATE_PENDING):
+        if states[job_id] not in ended:
+            client.cancel_job(job_id, reason="the demo moves on to queues")
+    for queue in ("vision", "nlp"):
+        client.create_queue(queue, 4, cohort="lab")
+    command = [sys.executable, str(EXAMPLES / "train.py"), "--total-steps", "600", "--step-time", "1",
+               "--checkpoint-every", "5", "--log-every", "100"]
+    team: dict[str, str] = {}
+    for name, queue in (("vision-a", "vision"), ("vision-b", "vision")):
+        submitted = client.submit_job(job_spec(name=name, command=command, user="demo", queue=queue,
+                                               gpus_per_worker=4, min_workers=1))
+        team[name], names[submitted.job_id] = submitted.job_id, name
+
+    def state(name: str) -> int:
+        return client.get_job(team[name]).job.state
+
+    wait_until(lambda: all(state(n) == types_pb2.JOB_STATE_RUNNING for n in team), 60, "vision's two jobs")
+    line("  vision runs 8 GPUs: its own 4 and nlp's idle 4, borrowed")
+    show(address, "queues")
+    say("nlp submits a 4-GPU job: vision gives the borrowed GPUs back (its cheapest job to stop is preempted)")
+    submitted = client.submit_job(job_spec(name="nlp-a", command=command, user="demo", queue="nlp",
+                                           gpus_per_worker=4, min_workers=1))
+    team["nlp-a"], names[submitted.job_id] = submitted.job_id, "nlp-a"
+    wait_until(lambda: state("nlp-a") == types_pb2.JOB_STATE_RUNNING, 60, "nlp's job to start")
+    time.sleep(1)
+    show(address, "queues")
+    waiting = next((n for n in ("vision-a", "vision-b") if state(n) == types_pb2.JOB_STATE_PENDING), None)
+    if waiting is not None:
+        show(address, "explain", team[waiting])
+    for job_id in team.values():
+        client.cancel_job(job_id, reason="the demo ends")
 
 
 def summarize(outcome: DemoOutcome, workdir: Path) -> None:
