@@ -32,6 +32,7 @@ from typing import Any
 
 from scheduler_service.core.params import PolicyParams
 from simulator.engine import SimulationResult, simulate
+from simulator.eval_deadlines import deadlines_section
 from simulator.eval_tenants import tenants_section
 from simulator.load import demand_from_rate, load_servegen_rate
 from simulator.model import ClusterSpec, DemandPoint, TraceJob
@@ -284,6 +285,7 @@ SECTIONS: dict[str, Section] = {
     "sensitivity": lambda shared, assets, raw: sensitivity(shared, raw.get("headline")),
     "pollux": lambda shared, assets, raw: pollux(shared),
     "tenants": tenants_section,
+    "deadlines": deadlines_section,
 }
 
 
