@@ -63,6 +63,7 @@ from scheduler_service.errors import Aborted, Unavailable
 from scheduler_service.notify import AsyncNotifier
 from scheduler_service.policies import create_policy
 from scheduler_service.solvers import warm_up as warm_up_solvers
+from scheduler_service.store import lease as lease_store
 from scheduler_service.store.changes import StateChanges
 from scheduler_service.store.db import create_engine_for, session_factory
 from scheduler_service.store.transactions import Transactions
@@ -340,9 +341,12 @@ class SchedulerService:
             except RuntimeError:
                 pass  # the loop closed: the service has stopped
 
+        me = advertised_address(cfg, self.port or 0)
+        for engine in (self.engine, lease_engine):
+            lease_store.tag_connections(engine, me)
         leadership = Leadership(
             Transactions(session_factory(lease_engine), publish=lambda states: None), StateChanges(self.clock),
-            self.clock, app.term, me=advertised_address(cfg, self.port or 0), lease_s=cfg.ha.lease_s,
+            self.clock, app.term, me=me, lease_s=cfg.ha.lease_s,
             renew_s=cfg.ha.renew_s, on_elected=elected, on_deposed=deposed, close=lease_engine.dispose,
         )
         app.term.fence_writes(leadership.fence)

@@ -22,7 +22,6 @@ from sqlalchemy.orm import Session
 from aryl_common.backoff import Backoff
 from aryl_common.channels import LEADER_METADATA_KEY, SchedulerAddresses, leader_hint, scheduler_addresses
 from arylctl.client import ArylClient
-from migrations import upgrade
 from node_agent.agent import Agent
 from node_agent.config import AgentSection
 from node_agent.desired import DesiredStateTracker, Verdict
@@ -38,17 +37,16 @@ from scheduler_service.store import lease as lease_store
 from scheduler_service.store.changes import StateChanges
 from scheduler_service.store.db import create_engine_for, session_factory
 from scheduler_service.store.transactions import Transactions
-from tests.harness import FakeScheduler, desired_state, job_spec, scheduler_config, scheduler_stub, scratch_postgres
+from tests.harness import FakeScheduler, daemon_security, desired_state, job_spec, scheduler_config, scheduler_stub
 from tests.helpers import wait_for
 
 CLOCK = SystemClock()
 
 
 @pytest.fixture
-def ha_db() -> Iterator[str]:
-    with scratch_postgres("aryl_ha") as url:
-        upgrade(url)
-        yield url
+def ha_db(postgres_url: str) -> str:
+    """The session's migrated PostgreSQL database, emptied (its lease row too: ``take`` puts it back)."""
+    return postgres_url
 
 
 @dataclass
@@ -116,18 +114,21 @@ def test_one_contender_leads_and_a_deposed_leaders_next_write_is_refused(
     assert len(starts) == 2 and "10.0.0.1:50051 let its lease lapse" in starts[1]
 
 
-def test_renewal_keeps_the_lease_and_a_lapsed_lease_is_not_renewed(contenders: dict[str, Contender]) -> None:
+def test_renewal_keeps_the_lease_and_a_lapsed_lease_starts_a_new_term(contenders: dict[str, Contender]) -> None:
     a, b = contenders.values()
     a.lead.step()
+    first = a.lead.epoch
     for _ in range(6):  # 1.5 s of renewals every 0.25 s: past the 1 s lease
         time.sleep(0.25)
         a.lead.step()
         b.lead.step()
-    assert a.lead.leading and not b.lead.leading
+    assert a.lead.leading and not b.lead.leading and a.lead.epoch == first
     time.sleep(1.1)
-    a.lead.step()  # too late: the lease lapsed (by its own deadline, before it asks the database)
-    assert not a.lead.leading
-    assert not a.db.read(lambda session: lease_store.renew(session, me=a.lead.me, epoch=a.lead.epoch, lease_s=1))
+    # Too late to renew (its own deadline passed): it steps down, and as nobody took over it leads again,
+    # in a new term; the old term's lease cannot be renewed any more.
+    a.lead.step()
+    assert a.lead.leading and a.lead.epoch > first
+    assert not a.db.read(lambda session: lease_store.renew(session, me=a.lead.me, epoch=first, lease_s=1))
 
 
 def test_takeover_waits_for_a_write_that_passed_the_fence(contenders: dict[str, Contender], ha_db: str) -> None:
@@ -236,7 +237,8 @@ def test_epoch_file_keeps_the_fence_across_trackers(tmp_path: Path) -> None:
 
 def run_agent(address: str, work_dir: Path) -> tuple[Agent, threading.Thread]:
     config = AgentSection(scheduler_address=address, hostname="ha-node", rpc_timeout_s=2.0,
-                          reconnect_max_backoff_s=0.2, work_dir=str(work_dir), reconcile_interval_s=0.05)
+                          reconnect_max_backoff_s=0.2, work_dir=str(work_dir), reconcile_interval_s=0.05,
+                          **daemon_security("ha-node"))
     agent = Agent(config, FakeBackend("ha-node", count=2), backoff=Backoff(0.2, initial_s=0.02), version="test")
     thread = threading.Thread(target=agent.run, daemon=True)
     thread.start()

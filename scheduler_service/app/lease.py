@@ -145,6 +145,7 @@ class Leadership:
         sent = self._clock.monotonic()
         if sent >= deadline:
             self._depose(epoch, f"the lease was not renewed for {self.lease_s:g}s (lease_s): it may have lapsed")
+            self._try_take()  # learns who leads now (and leads again if nobody took over)
             return
         try:
             renewed = self._db.write(functools.partial(store.renew, me=self.me, epoch=epoch, lease_s=self.lease_s))
@@ -156,6 +157,7 @@ class Leadership:
             return
         if not renewed:
             self._depose(epoch, "the lease lapsed or another scheduler took it")
+            self._try_take()  # learns the new holder; takes the lease back if it merely lapsed
             return
         with self._lock:
             if self._leading and self._epoch == epoch:
@@ -171,6 +173,12 @@ class Leadership:
             self._leader = "" if view.lapsed else view.holder
         if not view.lapsed and view.holder != self.me:
             return
+        if view.holder and view.holder != self.me:
+            # Its sessions may hold the lease row (a write between its fence and its commit) or other
+            # rows (a paused or cut-off process): ended, they hold nothing back.
+            ended = self._db.write(functools.partial(store.end_sessions_of, holder=view.holder, me=self.me))
+            if ended:
+                log.warning("ended the database sessions of the previous leader", holder=view.holder, sessions=ended)
         sent = self._clock.monotonic()
         try:
             epoch = self._db.write(functools.partial(

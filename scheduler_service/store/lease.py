@@ -10,21 +10,33 @@ leads, in which term (epoch), until when -- every time by the *database's* clock
 - ``renew``: push the expiry on, only while the lease is still this holder's and not lapsed.
 - ``release``: let it lapse now (a clean shutdown), so a standby need not wait out the lease.
 - ``holds``: the fence, run inside a write transaction just before its commit.
+- ``end_sessions_of``: end the database sessions of a holder whose lease lapsed (``tag_connections``
+  names each scheduler's connections), so that a transaction of a paused or cut-off leader neither
+  holds back the takeover nor keeps its row locks until the database's idle timeout ends it.
 
 Never: commit, or decide when to take or renew (``app.lease`` does).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from typing import Any
 
 import sqlalchemy as sa
+import structlog
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from scheduler_service.core.clock import Clock
 from scheduler_service.store.changes import StateChanges
 from scheduler_service.store.term import start_term
 
+log = structlog.get_logger("aryl.scheduler")
+
+# application_name of a scheduler's connections: this prefix, its lease name, its process id.
+APPLICATION_PREFIX = "aryl-scheduler "
 # The database's clock, now (not the transaction's start, ``now()``, which a long transaction makes old).
 DB_NOW = "extract(epoch FROM clock_timestamp())"
 
@@ -113,3 +125,40 @@ def holds(session: Session, *, me: str, epoch: int) -> bool:
         {"me": me, "epoch": epoch},
     ).one_or_none()
     return held is not None
+
+
+def application_name(me: str) -> str:
+    # PostgreSQL keeps 63 bytes of it; the pid tells a restarted process's sessions from its predecessor's.
+    return f"{APPLICATION_PREFIX}{me} {os.getpid()}"[:63]
+
+
+def tag_connections(engine: Engine, me: str) -> None:
+    """Name every new connection of ``engine`` after this scheduler (``application_name``)."""
+    name = application_name(me)
+
+    @sa.event.listens_for(engine, "connect")
+    def _tag(dbapi_connection: Any, _record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute("SET application_name = %s", (name,))
+        finally:
+            cursor.close()
+        dbapi_connection.commit()
+
+
+def end_sessions_of(session: Session, holder: str, *, me: str) -> int:
+    """End the database sessions of the scheduler named ``holder`` (whose lease lapsed), but not
+    this process's; how many. Their transactions roll back. Without the privilege (another role's
+    sessions, no pg_signal_backend) nothing is ended: the database's own timeouts end them later."""
+    prefix = f"{APPLICATION_PREFIX}{holder} "[:63]
+    try:
+        with session.begin_nested():
+            ended = session.execute(sa.text(
+                "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+                "AND left(application_name, length(:prefix)) = :prefix AND application_name <> :mine"
+            ), {"prefix": prefix, "mine": application_name(me)}).scalar()
+    except DBAPIError as exc:
+        log.warning("could not end the sessions of the previous leader", holder=holder, reason=str(exc.orig))
+        return 0
+    return int(ended or 0)
