@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from protos.aryl.v1 import scheduler_pb2, types_pb2
 from scheduler_service.core import ClusterSnapshot, JobView
 from scheduler_service.core.invariants import check_plan
 from scheduler_service.core.params import PolicyParams
@@ -21,7 +22,18 @@ from scheduler_service.lifecycle import JobState, ServerState
 from scheduler_service.policies import create_policy
 from simulator.engine import simulate
 from simulator.model import ClusterSpec, TraceJob
-from tests.harness import NOW, inference_server, linear_job, running_job, snapshot_of, training_server
+from tests.harness import (
+    NOW,
+    inference_server,
+    job_spec,
+    linear_job,
+    register_fake_server,
+    running_job,
+    scheduler_stub,
+    snapshot_of,
+    training_server,
+)
+from tests.helpers import wait_for
 
 
 def plan(name: str, snap: ClusterSnapshot, **params) -> Plan:
@@ -104,6 +116,20 @@ def test_a_hopeless_job_queues_behind_jobs_without_a_deadline_unless_kept() -> N
     [waiting] = result.pending
     assert waiting.job_id == 1 and "cannot meet its deadline" in waiting.message and "deprioritised" in waiting.message
     assert sizes(plan("qos", snap, qos_hopeless="keep")) == {1: 1}
+
+
+def test_qos_runs_in_the_service(scheduler_factory) -> None:
+    # Chosen by name (scheduling.policy), over real gRPC on SQLite and PostgreSQL: a queued elastic job
+    # starts at once and takes the spare GPUs (no deadline: sized by spare GPUs, one worker at a time).
+    scheduler = scheduler_factory(scheduling={"policy": "qos"})
+    channel, stub = scheduler_stub(scheduler.address)
+    register_fake_server(scheduler.address, "train-1", gpus=4)
+    job = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=job_spec("elastic", workers=1, max_workers=4)),
+                         timeout=5).job
+    running = wait_for(lambda: (j := stub.GetJob(scheduler_pb2.GetJobRequest(job_id=job.job_id), timeout=5).job)
+                       .state == types_pb2.JOB_STATE_RUNNING and j, timeout=20, what="the job to run under qos")
+    assert len(running.workers) == 4
+    channel.close()
 
 
 # -- aryl with deadlines ------------------------------------------------------------------------------
