@@ -6,7 +6,8 @@ The problem, as arrays (G groups, one per elastic job; K option slots per group)
 - ``weights`` int64[G, K]: ``weights[g, k-1]`` is the GPUs of option *k* of group *g* ("add *k* workers",
   ``k * gpus_per_worker``); ``>= 0``.
 - ``values`` float64[G, K]: ``values[g, k-1]`` is what option *k* is worth (JCT reduction minus restart
-  cost). Any finite number; an option worth ``<= 0`` is never taken.
+  cost, plus a deadline it saves: ``policies.aryl``). Any finite number; an option worth ``<= 0`` is
+  never taken.
 - ``counts`` int64[G]: group *g* has options ``1..counts[g]``; slots ``counts[g]..K-1`` are ignored (their
   contents do not matter). ``0 <= counts[g] <= K <= 126``.
 - ``capacity``: spare GPUs, ``>= 0``.

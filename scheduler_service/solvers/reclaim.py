@@ -63,7 +63,8 @@ class ReclaimInstance:
     job_server_workers: IntArray    # int64[nnz], > 0
     job_workers: IntArray           # int64[J]: current workers of each job, on all servers
     job_min: IntArray               # int64[J]: min_workers (== job_workers for an inelastic job)
-    job_cost: FloatArray            # float64[J]: cost of preempting the job (GPU-seconds of lost work)
+    job_cost: FloatArray            # float64[J]: cost of preempting the job (GPU-seconds: lost work, restarts,
+    #                                 a deadline the preemption makes it miss; ``policies.aryl``)
     scale_in_cost: FloatArray       # float64[J]: cost per worker removed when the job only shrinks
 
     @property
