@@ -40,16 +40,25 @@ first).
 from __future__ import annotations
 
 import csv
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from scheduler_service.core.goodput import progress_rate, split_batch
+from scheduler_service.core.goodput import GradParams, PerfParams, StepSample, progress_rate, split_batch
 from scheduler_service.policies.optimus import OptimusJob, optimus_allocate, optimus_place
+from scheduler_service.policies.pollux import GoodputModel, PolluxJob, pollux_decide
 from scheduler_service.policies.tiresias import TiresiasJob, TiresiasState, place_in_order, tiresias_decide
+from scheduler_service.solvers.pollux_search import fit_perf_params_lbfgs
 from simulator.goodput_profiles import Application, load_application
+
+# Each Pollux job refits 7 step-time parameters (scipy's L-BFGS-B) whenever it runs a new configuration:
+# thousands of tiny fits per run, in which BLAS threads only contend (0.6 s a fit instead of 0.03 s on a
+# busy 2-core machine). scipy's BLAS (not numpy's) reads this when scipy is first imported, which the
+# simulation does lazily, after this; an explicit setting wins.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,12 +112,52 @@ class SimJob:
     attained_gpu_s: float = 0.0
     completion_time: float | None = None
     restarts: int = -1  # -1: never started
+    # Pollux's jobs (``adaptive``): the batch size is the job's own choice, from the goodput model it fits
+    # to the configurations it has run (``profile``: (nodes, replicas, atomic batch) -> (step, sync) s)
+    # and the gradient statistics it last measured.
+    adaptive: bool = False
+    profile: dict[tuple[int, int, int], tuple[float, float]] = field(default_factory=dict)
+    perf: PerfParams | None = None
+    grad: GradParams | None = None
+
+    @property
+    def batch_size(self) -> int:
+        """The batch size asked for (Pollux's NCF jobs too: 32768, as the authors fix it)."""
+        return 32768 if self.adaptive and self.app.name == "ncf" else self.spec.batch_size
+
+    def model(self) -> GoodputModel | None:
+        if self.perf is None or self.grad is None:
+            return None
+        app = self.app
+        return GoodputModel(self.perf, self.grad, app.init_batch_size, app.max_batch_size, app.min_atomic_bsz,
+                            app.max_atomic_bsz)
 
     def set_batch(self) -> None:
         replicas = sum(self.placement)
-        split = split_batch(self.spec.batch_size, replicas, self.app.max_atomic_bsz,
-                            init_bsz=self.app.init_batch_size, max_batch_size=self.app.max_batch_size)
+        app = self.app
+        nodes = len([g for g in self.placement if g])
+        model = self.model() if self.adaptive and app.name != "ncf" else None
+        if model is not None:
+            _, atomic, accum = model.best(nodes, replicas)
+            self.accum_steps = accum
+            self.atomic_bsz = min(atomic, int(app.max_batch_size / (replicas * (accum + 1))))
+            return
+        batch = self.batch_size
+        if self.adaptive and app.name != "ncf":  # no model yet: the smallest batch the GPUs allow
+            batch = max(app.init_batch_size, app.min_atomic_bsz * replicas)
+        split = split_batch(batch, replicas, app.max_atomic_bsz,
+                            init_bsz=app.init_batch_size, max_batch_size=app.max_batch_size)
         self.atomic_bsz, self.accum_steps = split.atomic_bsz, split.accum_steps
+
+    def observe(self, batch: int, step: float, sync: float) -> None:
+        """What a Pollux job measures while it runs: the gradient statistics, and a step-time sample of a
+        configuration not yet seen, which refits its step-time parameters."""
+        self.grad = self.app.grad_params(batch, self.epoch)
+        key = (len([g for g in self.placement if g]), sum(self.placement), self.atomic_bsz)
+        if key in self.profile:
+            return
+        self.profile[key] = (step, sync)
+        self.perf = _fit(self.app.name, self.profile)
 
     def reallocate(self, placement: tuple[int, ...], restart_s: float) -> None:
         self.placement = placement
@@ -133,19 +182,38 @@ class SimJob:
             batch = sum(self.placement) * self.atomic_bsz * (self.accum_steps + 1)
             step, sync = app.step_times(self.placement, self.atomic_bsz)
             rate = progress_rate(app.gain(batch, self.epoch), step + (step - sync) * self.accum_steps)
+            if self.adaptive:
+                self.observe(batch, step, sync)
             epoch_end = app.epoch_end(self.epoch)
             if self.progress + rate * seconds < epoch_end:
                 self.progress += rate * seconds
                 self.attained_gpu_s += seconds * gpus
-                return
-            delta = round((epoch_end - self.progress) / rate)
-            self.epoch += 1
-            if self.epoch > app.completion_epoch:
-                self.completion_time = now + delta
-            self.progress = epoch_end
-            now += delta
-            self.attained_gpu_s += delta * gpus
-            seconds -= delta
+                seconds = 0
+            else:
+                delta = round((epoch_end - self.progress) / rate)
+                self.epoch += 1
+                if self.epoch > app.completion_epoch:
+                    self.completion_time = now + delta
+                self.progress = epoch_end
+                now += delta
+                self.attained_gpu_s += delta * gpus
+                seconds -= delta
+            if self.adaptive:  # the batch size is chosen again after every stretch of training
+                self.set_batch()
+
+
+_FITS: dict[tuple[str, frozenset[tuple[tuple[int, int, int], tuple[float, float]]]], PerfParams] = {}
+
+
+def _fit(app: str, profile: dict[tuple[int, int, int], tuple[float, float]]) -> PerfParams:
+    """``solvers.pollux_search.fit_perf_params_lbfgs`` on a job's samples, memoised on the samples: jobs of one
+    model that ran the same configurations hold the same fit."""
+    key = (app, frozenset(profile.items()))
+    known = _FITS.get(key)
+    if known is None:
+        samples = [StepSample(n, r, b, step - sync, step) for (n, r, b), (step, sync) in profile.items()]
+        known = _FITS[key] = fit_perf_params_lbfgs(samples)
+    return known
 
 
 def _placement_of(nodes: list[int]) -> tuple[int, ...]:
@@ -226,7 +294,32 @@ class OptimusOracleDecider:
         return step_time
 
 
-DECIDERS: dict[str, Callable[[int, int], Decider]] = {"tiresias": TiresiasDecider, "optimus": OptimusOracleDecider}
+@dataclass
+class PolluxDecider:
+    """``pollux_decide`` on the jobs' own goodput models (fitted to what each ran), least attained
+    service first; a job may take at most twice the most GPUs it has run on (at least 1, at most 64
+    and as many as its smallest atomic batch allows in its largest batch); NCF one GPU (the authors')."""
+
+    nodes: int
+    gpus_per_node: int
+    adaptive_batch: bool = True
+
+    def decide(self, active: list[SimJob], previous: dict[int, list[int]], now: float) -> dict[int, list[int]]:
+        ordered = sorted(active, key=lambda j: (j.attained_gpu_s, j.spec.submit_time))
+        jobs = []
+        for j in ordered:
+            app = j.app
+            seen = max((r for _, r, _ in j.profile), default=0)
+            most = 1 if app.name == "ncf" else min(max(2 * seen, 1), 64, app.max_batch_size // app.min_atomic_bsz)
+            held: dict[int, int] = {}
+            for node in previous.get(j.index, ()):
+                held[node] = held.get(node, 0) + 1
+            jobs.append(PolluxJob(j.index, most, held, now - j.spec.submit_time, max(j.restarts, 0), j.model()))
+        return pollux_decide(jobs, dict.fromkeys(range(self.nodes), self.gpus_per_node))
+
+
+DECIDERS: dict[str, Callable[[int, int], Decider]] = {"tiresias": TiresiasDecider, "optimus": OptimusOracleDecider,
+                                                      "pollux": PolluxDecider}
 GOODPUT_POLICIES = tuple(DECIDERS)
 
 
@@ -250,8 +343,10 @@ def run_workload(workload: list[WorkloadJob], data_dir: str | Path, policy: str,
     if policy not in GOODPUT_POLICIES:
         raise ValueError(f"the goodput job model runs {', '.join(GOODPUT_POLICIES)}, not {policy!r}")
     started = time.perf_counter()
-    jobs = [SimJob(i, spec, load_application(data_dir, spec.application)) for i, spec in enumerate(workload)]
     decider = DECIDERS[policy](nodes, gpus_per_node)
+    adaptive = bool(getattr(decider, "adaptive_batch", False))
+    jobs = [SimJob(i, spec, load_application(data_dir, spec.application), adaptive=adaptive)
+            for i, spec in enumerate(workload)]
     allocations: dict[int, list[int]] = {}
     now = 0.0
     while any(j.completion_time is None for j in jobs):

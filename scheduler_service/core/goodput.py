@@ -236,16 +236,8 @@ def fit_perf_params(samples: Sequence[StepSample], *, iterations: int = 1000, re
     then raised to at least 1.1 x the in-server ones (a network is no faster than a PCIe bus)."""
     if not samples:
         raise ValueError("no samples to fit")
-    fixed: dict[int, float] = {}
-    if len({s.atomic_bsz for s in samples}) == 1:
-        fixed[0] = sum(s.pass_s for s in samples) / len(samples) / 2
+    fixed = fixed_terms(samples)
     multi_node = any(s.nodes > 1 for s in samples)
-    if not multi_node:
-        fixed[2] = fixed[3] = _FLOOR
-    if not any(s.nodes == 1 and s.replicas > 1 for s in samples):
-        fixed[4] = fixed[5] = _FLOOR
-    if not any(s.replicas > 2 for s in samples):
-        fixed[3] = fixed[5] = _FLOOR
     start = [1e-1, 1e-2, 1e-1, 1e-2, 1e-1, 1e-2, 1.0 + 1e-3]
     free = [i for i in range(7) if i not in fixed]
 
@@ -306,3 +298,18 @@ def _nelder_mead(f: Callable[[list[float]], float], x0: list[float], iterations:
                 simplex = [best] + [[b + 0.5 * (x - b) for b, x in zip(best, p, strict=True)] for p in simplex[1:]]
                 values = [values[0]] + [f(p) for p in simplex[1:]]
     return simplex[min(range(n + 1), key=lambda i: values[i])]
+
+
+def fixed_terms(samples: Sequence[StepSample]) -> dict[int, float]:
+    """The parameters ``samples`` cannot tell, by index into ``PerfParams``, with the value they are fixed
+    at (``fit_perf_params`` states the rules)."""
+    fixed: dict[int, float] = {}
+    if len({s.atomic_bsz for s in samples}) == 1:
+        fixed[0] = sum(s.pass_s for s in samples) / len(samples) / 2
+    if not any(s.nodes > 1 for s in samples):
+        fixed[2] = fixed[3] = _FLOOR
+    if not any(s.nodes == 1 and s.replicas > 1 for s in samples):
+        fixed[4] = fixed[5] = _FLOOR
+    if not any(s.replicas > 2 for s in samples):
+        fixed[3] = fixed[5] = _FLOOR
+    return fixed

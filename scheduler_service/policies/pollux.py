@@ -1,0 +1,380 @@
+"""``pollux``: Pollux (Qiao et al., OSDI'21) -- each cycle, every job's GPUs (and, through its goodput
+model, its batch size) chosen to maximise a cluster-wide mean of per-job speed-ups.
+
+The decision (``pollux_decide``, pure):
+
+- a job's **speed-up** on ``n`` nodes and ``r`` GPUs is its goodput there, at the best batch size
+  (``core.goodput.best_batch_size``, computed by ``solvers.pollux_search``), over its goodput on its
+  *fair share* (``ceil(total GPUs / jobs)`` GPUs on one node); scaled by ``nodes / total GPUs`` (the
+  authors': a share worth one node counts 1). A job without a goodput model yet (never run) counts
+  ``r / fair share``.
+- a job whose allocation changes (a start included, and a move to other GPUs of the same count) has its
+  speed-up multiplied by ``max(age - restarts x 30 s, 0) / (age + 30 s)``: the re-allocation penalty.
+- the **objective** is the power mean of ``speed-up + 0.001`` over the jobs with the fairness exponent
+  ``p`` (-1, the authors'): maximised. For ``p < 0`` that is the least sum of ``(speed-up + 0.001)^p``;
+  for ``p > 0`` the greatest sum of ``^p``; for 0 the greatest sum of logarithms.
+- each job's GPU count, from 0 to its ``max_replicas``, is chosen **exactly** for that sum within the
+  cluster's GPUs (``solvers.pollux_search.min_cost_counts``, a multiple-choice knapsack), valuing ``r``
+  GPUs on the fewest nodes that hold them -- or, for the count it has, where it is without the penalty,
+  if that is better. (The authors search the allocations with a genetic algorithm, NSGA-II, 100
+  generations of 100; the optimum of the same objective is found here in milliseconds.)
+- **placement**: jobs keeping their count (and chosen to stay) keep their GPUs; the others, most GPUs
+  first, take one node that has room (the fullest that fits, their own first) or, if they need more than
+  a node, whole nodes most-free first, never sharing a node with another multi-node job (the authors'
+  rule); a job that finds less room gets what there is; GPUs left over then go, one each, to jobs left
+  with none.
+
+The registered policy (``PolluxPolicy``) runs the same decision on a ``ClusterSnapshot``, in units of
+workers. A live job has no goodput fit (no step-time samples nor gradient statistics reach the
+scheduler): its goodput is its declared throughput curve (``core.throughput``: points, else Amdahl),
+i.e. statistical efficiency 1 and no batch-size choice, and its node count does not change it. The
+allocation is applied as ``optimus`` applies its own (a shrinking job keeps its lowest ranks, a growing
+one keeps its workers).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+
+from scheduler_service.core.goodput import GradParams, PerfParams
+from scheduler_service.core.params import PolicyParams
+from scheduler_service.core.placement import FreeCapacity
+from scheduler_service.core.plan import KeepPending, Plan, PreemptJob, Reason, ScaleJob, StartJob, WorkerPlacement
+from scheduler_service.core.registry import policies
+from scheduler_service.core.snapshot import ClusterSnapshot, JobView
+from scheduler_service.core.throughput import ThroughputModel
+from scheduler_service.lifecycle import JobState
+from scheduler_service.policies.tiresias import _without
+from scheduler_service.solvers.pollux_search import best_config, min_cost_counts
+
+RESTART_PENALTY_S = 30.0
+FAIRNESS_P = -1.0
+SPEEDUP_FLOOR = 1e-3      # added to every speed-up in the power mean (a job with none counts 0.001)
+MAX_NODES_PER_JOB = 16
+
+N = TypeVar("N", bound=Hashable)  # a node's key
+
+
+@dataclass(frozen=True, slots=True)
+class GoodputModel:
+    """What the decision needs of a job's goodput: its fitted step-time parameters, its latest gradient
+    statistics and its batch-size limits."""
+
+    perf: PerfParams
+    grad: GradParams
+    init_bsz: int
+    max_bsz: int
+    min_atomic: int
+    max_atomic: int
+    _perf_array: np.ndarray = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_perf_array", np.array([self.perf.alpha_c, self.perf.beta_c, self.perf.alpha_n,
+                                                          self.perf.beta_n, self.perf.alpha_r, self.perf.beta_r,
+                                                          self.perf.gamma]))
+
+    def best(self, nodes: int, replicas: int) -> tuple[float, int, int]:
+        """(goodput, atomic batch, accumulation steps) at the best batch size on ``nodes`` x ``replicas``."""
+        g, atomic, accum = best_config(self._perf_array, self.grad.sqr, self.grad.var, float(self.init_bsz),
+                                       float(self.max_bsz), self.min_atomic, self.max_atomic, nodes, replicas)
+        return float(g), int(atomic), int(accum)
+
+
+@dataclass(frozen=True, slots=True)
+class PolluxJob:
+    """One active job as the decision sees it. ``placement``: GPUs it holds per node (empty: none);
+    ``speed``: for a job without a goodput model, its relative speed by GPU count (``None``: linear)."""
+
+    key: int
+    max_replicas: int
+    placement: Mapping[Any, int]
+    age_s: float
+    restarts: int
+    model: GoodputModel | None = None
+    min_replicas: int = 0
+    speed: Sequence[float] | None = None
+
+
+def _power_cost(speedup: float, p: float) -> float:
+    """The job's term of the objective, to be minimised."""
+    x = speedup + SPEEDUP_FLOOR
+    if p < 0:
+        return float(x ** p)
+    if p == 0:
+        return -math.log(x)
+    return -float(x ** p)
+
+
+def _nodes_needed(sizes: list[int], replicas: int) -> int:
+    """The fewest nodes (of ``sizes``, largest first) holding ``replicas`` GPUs."""
+    held = 0
+    for i, size in enumerate(sizes, start=1):
+        held += size
+        if held >= replicas:
+            return i
+    return len(sizes)
+
+
+def pollux_decide(jobs: Sequence[PolluxJob], capacity: Mapping[N, int], *, p: float = FAIRNESS_P,
+                  restart_penalty_s: float = RESTART_PENALTY_S,
+                  max_nodes_per_job: int = MAX_NODES_PER_JOB) -> dict[int, list[N]]:
+    """Each job's node per GPU (the module doc), for the jobs given an allocation; ``jobs`` in priority
+    order (ties in the objective go to the earlier one), ``capacity``: free GPUs per node, in node order."""
+    total = sum(capacity.values())
+    if not jobs or total <= 0:
+        return {}
+    sizes = sorted(capacity.values(), reverse=True)
+    fair = math.ceil(total / len(jobs))
+    scale = len(capacity) / total
+    objective = _Objective(jobs, fair, scale, p, restart_penalty_s)
+    width = min(total, max(j.max_replicas for j in jobs)) + 1
+    cost = np.full((len(jobs), width), np.inf)
+    stay = np.zeros((len(jobs), width), dtype=bool)
+    for i, job in enumerate(jobs):
+        held = sum(job.placement.values())
+        cost[i, 0] = _power_cost(0.0, p)
+        for r in range(max(1, job.min_replicas), min(job.max_replicas, width - 1) + 1):
+            cost[i, r] = objective.cost(i, min(_nodes_needed(sizes, r), max_nodes_per_job), r, True)
+            if r == held:
+                kept = objective.cost(i, len([g for g in job.placement.values() if g]), r, False)
+                if kept <= cost[i, r]:
+                    cost[i, r], stay[i, r] = kept, True
+    counts = min_cost_counts(cost, total)
+    return _Packing(jobs, objective, capacity, max_nodes_per_job).run(
+        [int(c) for c in counts], [bool(stay[i, c]) for i, c in enumerate(counts)])
+
+
+class _Objective:
+    """Each job's term of the objective (to be minimised) for a configuration, memoised per cycle."""
+
+    def __init__(self, jobs: Sequence[PolluxJob], fair: int, scale: float, p: float, penalty_s: float) -> None:
+        self.jobs, self.fair, self.scale, self.p = jobs, fair, scale, p
+        self.factor = [max(j.age_s - j.restarts * penalty_s, 0.0) / (j.age_s + penalty_s) for j in jobs]
+        self.base = [j.model.best(1, fair)[0] if j.model is not None else 0.0 for j in jobs]
+        self._memo: dict[tuple[int, int, int, bool], float] = {}
+
+    def cost(self, i: int, nodes: int, replicas: int, changed: bool) -> float:
+        key = (i, nodes, replicas, changed)
+        known = self._memo.get(key)
+        if known is None:
+            speedup = 0.0
+            if replicas > 0:
+                speedup = _speedup(self.jobs[i], nodes, replicas, self.base[i], self.fair) * self.scale
+                if changed:
+                    speedup *= self.factor[i]
+            known = self._memo[key] = _power_cost(speedup, self.p)
+        return known
+
+    def of(self, i: int, spread: Mapping[Any, int]) -> float:
+        """The term of job ``i`` on ``spread`` (GPUs per node)."""
+        used = {n: g for n, g in spread.items() if g}
+        own = {n: g for n, g in self.jobs[i].placement.items() if g}
+        return self.cost(i, len(used), sum(used.values()), used != own)
+
+
+def _speedup(job: PolluxJob, nodes: int, replicas: int, base: float, fair: int) -> float:
+    if job.model is None:
+        if job.speed is not None:
+            return job.speed[min(replicas, len(job.speed) - 1)] / job.speed[min(fair, len(job.speed) - 1)]
+        return replicas / fair
+    if base <= 0:
+        return replicas / fair
+    return job.model.best(nodes, replicas)[0] / base
+
+
+class _Packing(Generic[N]):
+    """Nodes for the chosen counts (module doc), each choice by the true term of the objective: a job is
+    valued on the nodes it actually gets, so a job that finds no node with room for its count compares
+    spreading over nodes with fewer GPUs on one; then GPUs left over go, one at a time, where they lower
+    the objective most."""
+
+    def __init__(self, jobs: Sequence[PolluxJob], objective: _Objective, capacity: Mapping[N, int],
+                 max_nodes_per_job: int) -> None:
+        self.jobs, self.objective, self.max_nodes = jobs, objective, max_nodes_per_job
+        self.order = {node: i for i, node in enumerate(capacity)}
+        self.free = dict(capacity)
+        self.multi: set[N] = set()   # nodes holding a job that spans nodes
+        self.placed: dict[int, dict[N, int]] = {}
+
+    def _take(self, i: int, spread: dict[N, int]) -> None:
+        old = self.placed.get(i, {})
+        for n, g in old.items():
+            self.free[n] += g
+        if len(old) > 1:
+            self.multi.difference_update(old)
+        self.placed[i] = spread
+        for n, g in spread.items():
+            self.free[n] -= g
+        if len(spread) > 1:
+            self.multi.update(spread)
+
+    def _single(self, i: int, want: int) -> dict[N, int] | None:
+        own = self.jobs[i].placement
+        fits = [n for n in self.free if self.free[n] >= want]
+        if not fits:
+            return None
+        node = min(fits, key=lambda n: (own.get(n, 0) == 0, self.free[n], self.order[n]))
+        return {node: want}
+
+    def _spread(self, i: int, want: int) -> dict[N, int]:
+        own = self.jobs[i].placement
+        spread: dict[N, int] = {}
+        for node in sorted((n for n in self.free if n not in self.multi and self.free[n] > 0),
+                           key=lambda n: (-self.free[n], own.get(n, 0) == 0, self.order[n])):
+            if want <= 0 or len(spread) >= self.max_nodes:
+                break
+            take = min(self.free[node], want)
+            spread[node] = take
+            want -= take
+        return spread
+
+    def run(self, counts: list[int], stay: list[bool]) -> dict[int, list[N]]:
+        jobs = self.jobs
+        for i, job in enumerate(jobs):
+            if counts[i] and stay[i]:
+                self._take(i, {n: g for n, g in job.placement.items() if g})
+        for i in sorted((i for i in range(len(jobs)) if counts[i] and not stay[i]), key=lambda i: (-counts[i], i)):
+            want = counts[i]
+            options = [o for o in (self._single(i, want),) if o]
+            if not options:
+                most = max(self.free.values(), default=0)
+                if most > 0:
+                    options.append(self._single(i, most) or {})
+                spread = self._spread(i, want)
+                if spread:
+                    options.append(spread)
+            options = [o for o in options if o]
+            if options:
+                self._take(i, min(options, key=lambda o: self.objective.of(i, o)))
+        self._fill()
+        return {jobs[i].key: [n for n in sorted(spread, key=lambda n: self.order[n]) for _ in range(spread[n])]
+                for i, spread in self.placed.items() if spread}
+
+    def _fill(self) -> None:
+        """One GPU at a time to the job whose term falls most by it (on a node it is on, or, for a job with
+        none, the fullest node with room), while GPUs are free and one lowers the objective."""
+        while any(g > 0 for g in self.free.values()):
+            best: tuple[float, int, dict[N, int]] | None = None
+            for i, job in enumerate(self.jobs):
+                spread = self.placed.get(i, {})
+                if sum(spread.values()) >= job.max_replicas:
+                    continue
+                if spread:
+                    nodes = [n for n in spread if self.free[n] > 0]
+                    if len(spread) > 1:
+                        nodes += [n for n in self.free if n not in self.multi and self.free[n] > 0]
+                else:
+                    if job.min_replicas > 1:
+                        continue
+                    nodes = [n for n in self.free if self.free[n] > 0]
+                if not nodes:
+                    continue
+                now = self.objective.of(i, spread)
+                if not spread:  # a job with none: the fullest node with room
+                    nodes = sorted(set(nodes), key=lambda n: (self.free[n], self.order[n]))[:1]
+                for node in nodes:
+                    trial = dict(spread)
+                    trial[node] = trial.get(node, 0) + 1
+                    gain = self.objective.of(i, trial) - now
+                    if gain < -1e-12 and (best is None or gain < best[0]):
+                        best = (gain, i, trial)
+            if best is None:
+                return
+            self._take(best[1], best[2])
+
+
+# --------------------------------------------------------------------------------------------------
+# The registered policy, on a ClusterSnapshot
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PolluxPolicy:
+    """Uses ``amdahl_alpha`` (jobs that declare no throughput points) and ``restart_cost_s`` is not used:
+    the re-allocation penalty is the authors' 30 s."""
+
+    params: PolicyParams
+    name: str = "pollux"
+    p: float = FAIRNESS_P
+
+    def schedule(self, snapshot: ClusterSnapshot) -> Plan:
+        active = sorted((j for j in snapshot.jobs if j.state in (JobState.PENDING, JobState.RUNNING)),
+                        key=lambda j: (_attained_s(j, snapshot.now) * max(j.num_workers, 1), j.submitted_at,
+                                       j.job_id))
+        servers = [s for s in snapshot.servers if s.runs_training and not s.cordoned]
+        if not active or not servers:
+            return Plan()
+        # Units of the decision: workers. A server holds as many workers of the largest worker size as
+        # fit (jobs with other worker sizes are placed by FreeCapacity afterwards).
+        unit = max(j.gpus_per_worker for j in active)
+        capacity = {s.server_id: len(s.healthy_gpus) // unit for s in servers}
+        capacity = {k: v for k, v in capacity.items() if v > 0}
+        if not capacity:
+            return Plan()
+        decision_jobs = []
+        for j in active:
+            model = ThroughputModel(j.throughput_points, self.params.amdahl_alpha)
+            most = max(j.max_workers, j.min_workers, 1)
+            held: dict[Hashable, int] = {}
+            for w in j.workers:
+                held[w.server_id] = held.get(w.server_id, 0) + 1
+            decision_jobs.append(PolluxJob(
+                key=j.job_id, max_replicas=most, placement=held,
+                age_s=max(0.0, snapshot.now - j.submitted_at),
+                restarts=0, min_replicas=max(1, j.min_workers),
+                speed=[model.speed(w) for w in range(most + sum(capacity.values()) + 1)]))
+        decided = pollux_decide(decision_jobs, capacity, p=self.p)
+        target = {j.job_id: len(decided.get(j.job_id, [])) for j in active}
+        return _apply(snapshot, active, target)
+
+
+def _apply(snapshot: ClusterSnapshot, active: list[JobView], target: dict[int, int]) -> Plan:
+    """The allocation as a plan: preempt, shrink (lowest ranks kept), grow and start (``place_gang``)."""
+    running = [j for j in active if j.state == JobState.RUNNING]
+    preempt = {j.job_id for j in running if target[j.job_id] == 0}
+    shrink = {j.job_id: target[j.job_id] for j in running if 0 < target[j.job_id] < j.num_workers}
+    capacity = FreeCapacity.of(_without(snapshot, preempt))
+    for job in running:
+        if job.job_id in shrink:
+            capacity.release_many((w.server_id, w.gpu_indices) for w in job.workers[shrink[job.job_id]:])
+    starts: list[StartJob] = []
+    scales: list[ScaleJob] = []
+    pending: list[KeepPending] = []
+    for job in running:
+        if job.job_id in shrink:
+            kept = tuple(WorkerPlacement(w.rank, w.server_id, w.gpu_indices) for w in job.workers[: shrink[job.job_id]])
+            scales.append(ScaleJob(job.job_id, kept, Reason.SCALED_IN,
+                                   f"Pollux: {len(kept)} worker(s); its GPUs raise the cluster's mean speed-up "
+                                   "more elsewhere"))
+    for job in sorted(active, key=lambda j: (-target[j.job_id], j.submitted_at, j.job_id)):
+        key, wanted = job.job_id, target[job.job_id]
+        if job.state == JobState.PENDING:
+            workers = capacity.place_gang(job, wanted) if wanted else None
+            if workers is not None:
+                starts.append(StartJob(key, workers, Reason.PLACED, f"Pollux: {wanted} worker(s)"))
+            elif wanted:
+                pending.append(KeepPending(key, *capacity.explain_unplaceable(job, wanted)))
+            else:
+                pending.append(KeepPending(key, Reason.WAITING_FOR_GANG, "Pollux: the free GPUs raise the "
+                                           "cluster's mean speed-up more on other jobs"))
+        elif wanted > job.num_workers:
+            extra = capacity.place_gang(job, wanted - job.num_workers, first_rank=job.num_workers)
+            if extra is not None:
+                kept = tuple(WorkerPlacement(w.rank, w.server_id, w.gpu_indices) for w in job.workers)
+                scales.append(ScaleJob(key, kept + extra, Reason.SCALED_OUT,
+                                       f"Pollux: {wanted} worker(s), the best mean speed-up"))
+    preemptions = tuple(PreemptJob(k, Reason.PREEMPTED_BY_POLICY, "Pollux: its GPUs raise the cluster's mean "
+                                   "speed-up more on other jobs") for k in sorted(preempt))
+    return Plan(starts=tuple(starts), scales=tuple(scales), preemptions=preemptions, pending=tuple(pending))
+
+
+def _attained_s(job: JobView, now: float) -> float:
+    return max(0.0, now - (job.started_at if job.started_at is not None else now))
+
+
+policies.register("pollux")(PolluxPolicy)
