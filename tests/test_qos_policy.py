@@ -118,6 +118,13 @@ def test_a_hopeless_job_queues_behind_jobs_without_a_deadline_unless_kept() -> N
     assert sizes(plan("qos", snap, qos_hopeless="keep")) == {1: 1}
 
 
+def test_qos_grows_a_job_on_the_gpu_type_it_runs_on() -> None:
+    job = replace(running_job(1, [("a", (0,))], low=1, high=4, resized=NOW - 4000),
+                  throughput_points=tuple((w, float(w)) for w in range(1, 5)), total_work=1e6, work_done=1.0)
+    servers = [training_server("a", gpus=2, gpu_type="A100"), training_server("b", gpus=8, gpu_type="V100")]
+    assert sizes(plan("qos", snapshot_of(servers, [job]))) == {1: 2}  # the A100 server's one free GPU
+
+
 def test_qos_runs_in_the_service(scheduler_factory) -> None:
     # Chosen by name (scheduling.policy), over real gRPC on SQLite and PostgreSQL: a queued elastic job
     # starts at once and takes the spare GPUs (no deadline: sized by spare GPUs, one worker at a time).

@@ -41,7 +41,9 @@ over the cluster (free GPUs of schedulable servers plus the GPUs the running job
 Placement: preempted jobs free all their GPUs, shrinking ones their highest ranks; then, in the
 order of steps 1-3, each queued job starts at its size (or the largest smaller one that fits, down to
 ``min_workers``) and each growing job adds workers on the GPUs left (as many as fit). No GPU moves
-between running jobs in one cycle. No loans (a training-only policy). ``priority`` is not used.
+between running jobs in one cycle; a job's workers share one GPU type (``core.placement``). No loans
+(a training-only policy). Not used: ``priority``, and queues' quotas and priority classes
+(``core.quota``).
 
 Pure: no I/O, no wall clock; deterministic for a given snapshot.
 """
@@ -308,8 +310,9 @@ class QosPolicy:
                                        f"qos: {len(workers)} worker(s); {self._why(job)}"))
             elif job.size > job.current:
                 kept = tuple(WorkerPlacement(w.rank, w.server_id, w.gpu_indices) for w in _ranked(job))
+                same_type = (snapshot.server(kept[0].server_id).gpu_type,)  # a job's workers share one GPU type
                 for extra in range(job.size - job.current, 0, -1):
-                    new = capacity.place_gang(v, extra, first_rank=job.current)
+                    new = capacity.place_gang(v, extra, first_rank=job.current, gpu_types=same_type)
                     if new is not None:
                         job.size = job.current + extra
                         scales.append(ScaleJob(v.job_id, kept + new, Reason.SCALED_OUT,
