@@ -83,6 +83,25 @@ def running_job(jid: int, placement: list[tuple[str, tuple[int, ...]]], *, low: 
                    estimated_runtime_s=runtime, started_at=resized, last_resized_at=resized)
 
 
+def first_fit_workers(free: dict[str, list[int]], gpus: int, count: int, least: int = 1
+                      ) -> list[tuple[str, tuple[int, ...]]]:
+    """Up to ``count`` workers of ``gpus`` GPUs each, first fit in server-id order over ``free`` (server ->
+    its free GPU indices, ascending; what is placed is taken from it), as ``running_job``'s placement.
+    Fewer than ``least`` fit: none (``free`` is left as it was)."""
+    placement: list[tuple[str, tuple[int, ...]]] = []
+    for _ in range(count):
+        sid = next((s for s in sorted(free) if len(free[s]) >= gpus), None)
+        if sid is None:
+            break
+        placement.append((sid, tuple(free[sid][:gpus])))
+        free[sid] = free[sid][gpus:]
+    if len(placement) < least:
+        for sid, taken in placement:
+            free[sid] = sorted(free[sid] + list(taken))
+        return []
+    return placement
+
+
 def with_allocations(servers: Iterable[ServerView], jobs: Iterable[JobView]) -> tuple[ServerView, ...]:
     """The servers with the GPUs the jobs' workers hold marked allocated (besides any already marked),
     as the service's snapshot shows them."""

@@ -12,7 +12,15 @@ from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.plan import LoanStep, Plan
 from scheduler_service.lifecycle import JobState, ServerState
 from scheduler_service.policies import create_policy
-from tests.harness import NOW, inference_server, pending_job, running_job, snapshot_of, training_server
+from tests.harness import (
+    NOW,
+    first_fit_workers,
+    inference_server,
+    pending_job,
+    running_job,
+    snapshot_of,
+    training_server,
+)
 
 VARIANTS = ("aryl", "aryl-noloan", "aryl-noelastic", "sjf", "fifo", "aryl-naivereclaim")
 
@@ -244,20 +252,11 @@ def clusters(draw) -> ClusterSnapshot:
         low = draw(st.integers(1, 3))
         high = low + draw(st.integers(0, 3))
         runtime = draw(st.sampled_from([60.0, 600.0, 7200.0]))
-        want = draw(st.integers(0, high))
-        placement = []
-        for _ in range(want):
-            sid = next((s for s in sorted(free) if len(free[s]) >= gpus), None)
-            if sid is None:
-                break
-            placement.append((sid, tuple(free[sid][:gpus])))
-            free[sid] = free[sid][gpus:]
-        if len(placement) >= low:
+        placement = first_fit_workers(free, gpus, draw(st.integers(0, high)), least=low)
+        if placement:
             jobs.append(running_job(jid, placement, low=low, high=high, runtime=runtime,
                                 resized=NOW - draw(st.sampled_from([10, 4000]))))
         else:
-            for sid, g in placement:
-                free[sid] = sorted(free[sid] + list(g))
             jobs.append(pending_job(jid, gpus, low, high, runtime=runtime,
                                 submitted=NOW - draw(st.sampled_from([10, 5000]))))
     demand = draw(st.one_of(st.none(), st.integers(0, 5)))

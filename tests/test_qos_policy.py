@@ -24,6 +24,7 @@ from simulator.engine import simulate
 from simulator.model import ClusterSpec, TraceJob
 from tests.harness import (
     NOW,
+    first_fit_workers,
     inference_server,
     job_spec,
     linear_job,
@@ -204,19 +205,10 @@ def clusters(draw) -> ClusterSnapshot:
         work = draw(st.sampled_from([300.0, 3000.0, 30000.0]))
         deadline = draw(st.one_of(st.none(), st.sampled_from([-100.0, 200.0, 2000.0, 20000.0])))
         points = tuple((w, float(w)) for w in range(1, high + 1))
-        want = draw(st.integers(0, high))
-        placement = []
-        for _ in range(want):
-            sid = next((s for s in sorted(free) if len(free[s]) >= gpus), None)
-            if sid is None:
-                break
-            placement.append((sid, tuple(free[sid][:gpus])))
-            free[sid] = free[sid][gpus:]
-        if len(placement) >= low:
+        placement = first_fit_workers(free, gpus, draw(st.integers(0, high)), least=low)
+        if placement:
             job = running_job(jid, placement, low=low, high=high, resized=NOW - draw(st.sampled_from([10, 4000])))
         else:
-            for sid, g in placement:
-                free[sid] = sorted(free[sid] + list(g))
             job = JobView(jid, JobState.PENDING, gpus, low, high, 0, NOW - 10)
         jobs.append(replace(job, throughput_points=points, total_work=work, work_done=work / 3,
                             deadline=None if deadline is None else NOW + deadline))
