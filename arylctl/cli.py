@@ -72,6 +72,7 @@ from arylctl.client import (
     default_address,
     job_spec_from_mapping,
     normalize_job_spec_mapping,
+    parse_deadline,
 )
 from protos.aryl.v1 import scheduler_pb2, types_pb2
 
@@ -316,7 +317,8 @@ def _job_reason(job: types_pb2.Job) -> str:
 
 
 JOB_HEADERS: Final = (
-    "ID", "NAME", "USER", "QUEUE", "STATE", "WORKERS", "GPUS/W", "PRIO", "COMMAND", "SUBMITTED", "ELAPSED", "REASON",
+    "ID", "NAME", "USER", "QUEUE", "STATE", "WORKERS", "GPUS/W", "PRIO", "COMMAND", "SUBMITTED", "DEADLINE",
+    "ELAPSED", "REASON",
 )
 # The COMMAND column of `jobs`: a longer command is cut to this many characters, ending in "...";
 # `arylctl job ID` shows it whole.
@@ -364,9 +366,37 @@ def _job_row(job: types_pb2.Job, now: dt.datetime) -> list[object]:
         spec.priority,
         command_cell(spec.command),
         local_time(job.submitted_at),
+        deadline_cell(job),
         job_elapsed(job, now),
         _job_reason(job),
     ]
+
+
+# The DEADLINE column's word for where a job stands against its deadline (``arylctl job`` says more).
+DEADLINE_WORDS: Final = {
+    types_pb2.DEADLINE_STATUS_UNKNOWN: "(no prediction)",
+    types_pb2.DEADLINE_STATUS_ON_TRACK: "on track",
+    types_pb2.DEADLINE_STATUS_AT_RISK: "at risk",
+    types_pb2.DEADLINE_STATUS_WILL_MISS: "will miss",
+    types_pb2.DEADLINE_STATUS_MET: "met",
+    types_pb2.DEADLINE_STATUS_MISSED: "missed",
+}
+
+
+def deadline_cell(job: types_pb2.Job) -> str:
+    """``MM-DD HH:MM`` (local) and where the job stands against it, e.g. ``11-24 18:00 at risk``; ``-``: none."""
+    if not job.spec.HasField("deadline"):
+        return "-"
+    when = job.spec.deadline.ToDatetime(tzinfo=dt.UTC).astimezone().strftime("%m-%d %H:%M")
+    word = DEADLINE_WORDS.get(job.deadline_status, "")
+    return f"{when} {word}" if word else when
+
+
+def prediction_text(job: types_pb2.Job) -> str:
+    """The predicted finish with its confidence, or ``-``."""
+    if not _is_set(job.predicted_finish):
+        return "-"
+    return f"{local_time(job.predicted_finish)} (confidence {job.prediction_confidence:.2f})"
 
 
 EVENT_HEADERS: Final = ("ID", "TIME", "KIND", "JOB", "SERVER", "CHANGE", "REASON", "MESSAGE")
@@ -537,7 +567,11 @@ def cmd_submit(client: ArylClient, args: argparse.Namespace, out: Output) -> int
         spec = job_spec_from_mapping(submit_spec_mapping(args, out.note))
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
-    job = client.submit_job(spec, idempotency_key=args.idempotency_key)
+    answer = client.submit(spec, idempotency_key=args.idempotency_key)
+    job = answer.job
+    if answer.admission_note:  # the scheduler's feedback on the job's deadline (or its predicted finish)
+        late = answer.deadline_status in (types_pb2.DEADLINE_STATUS_WILL_MISS, types_pb2.DEADLINE_STATUS_UNKNOWN)
+        out.note(f"{'warning' if late else 'note'}: job {job.job_id} {printable(answer.admission_note)}")
     if args.wait:
         out.note(f"job {job.job_id} ({printable(job.spec.name)}) submitted; its log (rank 0) follows until it ends "
                  "(Ctrl-C detaches, the job keeps running)")
@@ -655,6 +689,8 @@ def describe_job(response: scheduler_pb2.GetJobResponse) -> str:
         ("Priority", spec.priority),
         ("Restart policy", f"{enum_name(types_pb2.RestartPolicy, spec.restart_policy)} (max {spec.max_restarts})"),
         ("Deadline", local_time(spec.deadline) if spec.HasField("deadline") else "-"),
+        *([("Deadline outlook", job.deadline_note)] if job.deadline_note and spec.HasField("deadline") else []),
+        ("Predicted finish", prediction_text(job)),
         ("Max runtime", duration_text(spec.max_runtime)),
         ("Estimated runtime", duration_text(spec.throughput.estimated_runtime)),
     ]
@@ -1026,6 +1062,8 @@ def describe_explanation(response: scheduler_pb2.ExplainJobResponse) -> str:
     job = response.job
     summary = response.summary or enum_name(types_pb2.JobState, job.state)
     head = printable(f"Job {job.job_id} ({job.spec.name}): {summary}")
+    if response.deadline:  # where it stands against its deadline, and why
+        head += "\n" + printable(f"Deadline {local_time(job.spec.deadline)}: {response.deadline}")
     if not response.decisions:
         return head + "\n\nNo decisions recorded."
     rows = [(local_time(e.time), e.reason, e.message) for e in response.decisions]
@@ -1109,11 +1147,11 @@ def _env_pair(text: str) -> tuple[str, str]:
     return name, value
 
 
-def _iso_time(text: str) -> dt.datetime:
+def _deadline(text: str) -> dt.datetime:
     try:
-        return dt.datetime.fromisoformat(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an ISO 8601 time like 2025-01-31T18:00:00Z, got {text!r}") from None
+        return parse_deadline(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _non_negative(text: str) -> float:
@@ -1269,7 +1307,10 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--max-workers", type=_uint32, metavar="N", help="default: --min-workers (inelastic)")
     submit.add_argument("--priority", type=_int32, metavar="N", help="higher runs first among equals")
     submit.add_argument("--env", type=_env_pair, action="append", metavar="NAME=VALUE", help="repeatable")
-    submit.add_argument("--deadline", type=_iso_time, metavar="ISO8601", help="local time unless an offset is given")
+    submit.add_argument("--deadline", type=_deadline, metavar="TIME",
+                        help="when the job should be finished: an ISO 8601 time (2026-11-24T18:00Z; local time "
+                             "unless an offset is given) or a time from now (6h, 90m, 1h30m, 2d); the answer says "
+                             "whether it looks feasible")
     submit.add_argument("--max-runtime", type=_non_negative, metavar="SECONDS")
     submit.add_argument("--restart-policy", choices=sorted(RESTART_POLICIES))
     submit.add_argument("--max-restarts", type=_uint32, metavar="N")

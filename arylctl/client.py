@@ -58,6 +58,7 @@ import datetime as dt
 import getpass
 import math
 import os
+import re
 import secrets
 import threading
 import time
@@ -415,7 +416,16 @@ class ArylClient:
     def submit_job(
         self, spec: types_pb2.JobSpec, *, idempotency_key: str = "", attempts: int = SUBMIT_ATTEMPTS
     ) -> types_pb2.Job:
-        """Queue a job; returns it as recorded (PENDING, with its ``job_id``).
+        """Queue a job; returns it as recorded (PENDING, with its ``job_id``): ``submit(...).job``."""
+        return self.submit(spec, idempotency_key=idempotency_key, attempts=attempts).job
+
+    def submit(
+        self, spec: types_pb2.JobSpec, *, idempotency_key: str = "", attempts: int = SUBMIT_ATTEMPTS
+    ) -> scheduler_pb2.SubmitJobResponse:
+        """Queue a job; returns the whole answer: the job as recorded and the scheduler's admission
+        feedback (its predicted finish, and whether its deadline looks feasible: ``deadline_status``,
+        ``admission_note``). With ``scheduling.deadline_admission = reject`` a job that would miss its
+        deadline raises :class:`FailedPrecondition`.
 
         The submission carries ``idempotency_key`` (<= 128 chars), or a fresh random one when it
         is empty, and is tried up to ``attempts`` times in all, with that same key, while it fails
@@ -433,7 +443,7 @@ class ArylClient:
         backoff = Backoff(1.0, initial_s=0.5)
         for attempt in range(1, attempts + 1):
             try:
-                return self._unary(self._scheduler.SubmitJob, request).job
+                return self._unary(self._scheduler.SubmitJob, request)
             except (Unavailable, DeadlineExceeded):
                 if attempt == attempts or self._closed.is_set():
                     raise
@@ -837,15 +847,39 @@ def _as_env(key: str, value: object) -> dict[str, str]:
     return env
 
 
+_RELATIVE_UNITS: Final = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_RELATIVE = re.compile(r"\+?((?:\d+(?:\.\d+)?(?:min|[smhdw]))+)")
+_RELATIVE_PART = re.compile(r"(\d+(?:\.\d+)?)(min|[smhdw])")
+
+
+def parse_deadline(text: str, now: dt.datetime | None = None) -> dt.datetime:
+    """A deadline as people write it: an ISO 8601 time (``2026-11-24T18:00Z``; local time without an
+    offset), or a time from ``now`` (default: the current time) such as ``6h``, ``90m``, ``1h30m``,
+    ``2d`` (units s, m or min, h, d, w). ``ValueError`` saying both forms for anything else."""
+    text = text.strip()
+    match = _RELATIVE.fullmatch(text)
+    if match:
+        seconds = sum(float(n) * _RELATIVE_UNITS[unit] for n, unit in _RELATIVE_PART.findall(match.group(1)))
+        if seconds > 0:
+            return (now or dt.datetime.now(dt.UTC)) + dt.timedelta(seconds=seconds)
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"expected an ISO 8601 time like 2026-11-24T18:00Z or a time from now like 6h, 90m or "
+                         f"1h30m, got {text!r}") from None
+    return when if when.tzinfo is not None else when.astimezone()  # naive: local time
+
+
 def _as_datetime(key: str, value: object) -> dt.datetime:
     if isinstance(value, dt.datetime):  # YAML parses unquoted timestamps itself
         return value
     if isinstance(value, str):
         try:
-            return dt.datetime.fromisoformat(value)
-        except ValueError:
-            pass
-    raise ValueError(f"job spec key {key!r}: expected an ISO 8601 time like 2025-01-31T18:00:00Z, got {value!r}")
+            return parse_deadline(value)
+        except ValueError as exc:
+            raise ValueError(f"job spec key {key!r}: {exc}") from None
+    raise ValueError(f"job spec key {key!r}: expected an ISO 8601 time like 2026-11-24T18:00Z or a time from now "
+                     f"like 6h, got {value!r}")
 
 
 def _as_throughput_points(key: str, value: object) -> dict[int, float]:

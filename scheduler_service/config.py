@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import fields
 from pathlib import Path
-from typing import get_type_hints
+from typing import Literal, get_type_hints
 
 from pydantic import Field, create_model, field_validator, model_validator
 
@@ -78,6 +78,12 @@ class SchedulingConfig(ConfigSection):
                     "leaving the rest to status reports and pushes on a large cluster",
     )
     seed: int = Field(0, description="seed handed to the policy; same snapshot + seed -> same plan")
+    deadline_admission: Literal["off", "warn", "reject"] = Field(
+        "warn",
+        description="what SubmitJob does with a job's deadline: off (nothing), warn (answers with the predicted "
+                    "finish and whether the deadline looks feasible), reject (as warn, and refuses with "
+                    "FAILED_PRECONDITION a job that would miss it even at its most workers)",
+    )
     default_grace_period_s: float = Field(30.0, ge=0, description="SIGTERM -> SIGKILL for workers")
     master_port_min: int = Field(
         29500, gt=0, lt=65536,

@@ -169,6 +169,13 @@ class JobInfo:
     working_dir: str | None = None
     working_dir_if_exists: bool = False
     size_note: str = ""  # while RUNNING below max_workers: why the policy keeps its size ("REASON: message")
+    # The progress window (``core.snapshot.ProgressWindow``, migration 0009): when progress last changed,
+    # and the first report at the window's size (``window_work`` at ``window_at``, ``window_workers`` workers).
+    progress_at: float | None = None
+    window_work: float | None = None
+    window_at: float | None = None
+    window_workers: int = 0
+    window_reports: int = 0
     array_job_id: int | None = None  # an element of a job array: the array's id (its first job's id) ...
     array_index: int | None = None  # ... and this job's index in it
 

@@ -50,6 +50,7 @@ from scheduler_service.api.leader_gate import LeaderGate
 from scheduler_service.api.servicers import AgentServicer, InferenceServicer, SchedulerServicer, event_topics
 from scheduler_service.api.stream_limits import StreamLimits
 from scheduler_service.app import SchedulerApp
+from scheduler_service.app.deadlines import DeadlineAdmission
 from scheduler_service.app.lease import Leadership
 from scheduler_service.app.liveness import Liveness
 from scheduler_service.app.retention import EventRetention
@@ -182,6 +183,8 @@ class SchedulerService:
                     session_factory(self.engine), self.clock, notifier=notifier,
                     master_ports=cfg.scheduling.master_ports, telemetry_write_s=cfg.agents.telemetry_write_s,
                     reclaim_deadline_s=self.policy_params.reclaim_deadline_s,
+                    deadline_admission=DeadlineAdmission(cfg.scheduling.deadline_admission),
+                    amdahl_alpha=self.policy_params.amdahl_alpha,
                 )
                 if self.engine.dialect.name == "postgresql":
                     leadership = self.leadership = self._leadership(app, loop)

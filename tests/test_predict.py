@@ -11,6 +11,7 @@ import pytest
 from scheduler_service.core.predict import (
     Basis,
     DeadlineStatus,
+    admission_outlook,
     clock_time,
     confidence,
     deadline_outlook,
@@ -138,3 +139,21 @@ def test_clock_time_in_utc_with_the_date_on_another_day() -> None:
     # 2026-11-24 17:40:00 UTC = 1,795,542,000; the next day's 01:05 = 1,795,568,700.
     assert clock_time(1_795_542_000.0, 1_795_540_000.0) == "17:40 UTC"
     assert clock_time(1_795_568_700.0, 1_795_540_000.0) == "Nov 25 01:05 UTC"
+
+
+def test_admission_at_the_most_workers_it_could_have() -> None:
+    # Not started: 10,000 samples at speed(w) = 10 w. At its max 8: 125 s; capped at 4 by the cluster: 250 s.
+    job = running(state=JobState.PENDING, workers=0, last_resized_at=None, deadline=200.0)
+    fits = admission_outlook(job, 0.0, most_workers=64)
+    assert fits.status == DeadlineStatus.ON_TRACK and fits.workers_needed == 5  # 10,000 / 50 = 200 s <= 200
+    assert fits.note == ("can meet its deadline: needs ~2 min at its max 8 workers, the deadline is in 3 min; "
+                         "at least 5 worker(s) from now on")
+    short = admission_outlook(job, 0.0, most_workers=4)
+    assert short.status == DeadlineStatus.WILL_MISS and short.prediction.remaining_s == pytest.approx(250.0)  # type: ignore[union-attr]
+    assert short.note == ("cannot meet its deadline: needs ~4 min at 4 workers (the most the cluster holds); "
+                          "the deadline is in 3 min")
+    free = admission_outlook(dataclasses.replace(job, deadline=None), 0.0, most_workers=64)
+    assert free.status == DeadlineStatus.NONE
+    assert free.note == "finishes ~00:02 UTC if it starts now at its max 8 workers"
+    bare = dataclasses.replace(job, throughput_points=(), total_work=0.0)
+    assert admission_outlook(bare, 0.0, 64).status == DeadlineStatus.UNKNOWN

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from google.protobuf import duration_pb2, timestamp_pb2
 
 from protos.aryl.v1 import agent_pb2, scheduler_pb2, types_pb2
+from scheduler_service.core.predict import DeadlineOutlook, DeadlineStatus
 from scheduler_service.records import (
     ClusterSummary,
     DemandInfo,
@@ -46,21 +48,43 @@ def server_state(name: str) -> str:
     return f"SERVER_STATE_{name}"
 
 
-def job_summary(row: JobInfo) -> types_pb2.Job:
+def job_summary(row: JobInfo, outlook: DeadlineOutlook | None = None) -> types_pb2.Job:
     """``job`` as a list shows it: no environment and the command cut to a short prefix.
 
     A spec may be up to 256 KiB, nearly all of it command and environment; a page of such jobs
     would be tens of MiB per ListJobs (over the message limit for every caller) though no list
     shows them."""
-    return _job(row, command=command_preview(row.command), env={})
+    return _job(row, command=command_preview(row.command), env={}, outlook=outlook)
 
 
-def job(row: JobInfo) -> types_pb2.Job:
-    """The whole job, its spec as submitted (GetJob, SubmitJob, CancelJob)."""
-    return _job(row, command=row.command, env=row.env)
+def job(row: JobInfo, outlook: DeadlineOutlook | None = None) -> types_pb2.Job:
+    """The whole job, its spec as submitted (GetJob, SubmitJob, CancelJob); with ``outlook``, its
+    predicted finish and deadline status (``app.deadlines``)."""
+    return _job(row, command=row.command, env=row.env, outlook=outlook)
 
 
-def _job(row: JobInfo, *, command: Sequence[str], env: Mapping[str, str]) -> types_pb2.Job:
+def deadline_status(status: DeadlineStatus) -> str:
+    return f"DEADLINE_STATUS_{status}"
+
+
+def prediction_fields(outlook: DeadlineOutlook | None) -> dict[str, Any]:
+    """The prediction fields an outlook fills in (the same names on Job and SubmitJobResponse)."""
+    if outlook is None:
+        return {}
+    fields: dict[str, Any] = dict(deadline_status=deadline_status(outlook.status),
+                                  workers_needed=outlook.workers_needed or 0)
+    if outlook.prediction is not None:
+        fields["predicted_finish"] = timestamp(outlook.prediction.finish)
+    return fields
+
+
+def admission_fields(outlook: DeadlineOutlook | None) -> dict[str, Any]:
+    """SubmitJobResponse's admission feedback (none with ``scheduling.deadline_admission = off``)."""
+    return {**prediction_fields(outlook), "admission_note": outlook.note} if outlook is not None else {}
+
+
+def _job(row: JobInfo, *, command: Sequence[str], env: Mapping[str, str],
+         outlook: DeadlineOutlook | None = None) -> types_pb2.Job:
     throughput = row.throughput or {}
     hints = types_pb2.ThroughputHints(
         points=[types_pb2.ThroughputPoint(workers=w, samples_per_second=s) for w, s in throughput.get("points", [])],
@@ -79,7 +103,7 @@ def _job(row: JobInfo, *, command: Sequence[str], env: Mapping[str, str]) -> typ
     gpus_by_rank: dict[tuple[int, str], list[int]] = defaultdict(list)
     for a in row.allocations:
         gpus_by_rank[(a.rank, a.server_id)].append(a.gpu_index)
-    return types_pb2.Job(
+    message = types_pb2.Job(
         job_id=str(row.id), spec=spec, state=job_state(row.state), reason=row.state_reason,
         message=row.state_message, pending_reason=row.pending_reason, size_note=row.size_note,
         num_workers=row.num_workers,
@@ -95,6 +119,11 @@ def _job(row: JobInfo, *, command: Sequence[str], env: Mapping[str, str]) -> typ
         array_job_id=str(row.array_job_id) if row.array_job_id is not None else "", array_index=row.array_index or 0,
         priority_class_value=row.priority_value,
     )
+    if outlook is not None:
+        confidence = outlook.prediction.confidence if outlook.prediction is not None else 0.0
+        message.MergeFrom(types_pb2.Job(**prediction_fields(outlook), deadline_note=outlook.note,
+                                        prediction_confidence=confidence))
+    return message
 
 
 def event(row: EventInfo) -> types_pb2.Event:

@@ -125,6 +125,10 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
     async def SubmitJob(self, request: scheduler_pb2.SubmitJobRequest, context: Any) -> scheduler_pb2.SubmitJobResponse:
         auth.own_spec(request.spec)
         submission = validation.job_submission(request.spec, request.idempotency_key, now=self._now())
+        # Admission feedback first: with scheduling.deadline_admission = reject, a job that would miss its
+        # deadline is refused (FAILED_PRECONDITION) before anything is queued.
+        admit = self.app.deadlines.admit  # without a deadline it reads nothing: no thread hop
+        admission = admit(submission) if submission.deadline is None else await self.run(admit, submission)
         if auth.caller() is not None:  # batched on another thread: the actor goes with the submission
             submission = dataclasses.replace(submission, submitted_by=auth.actor())
         # If the call is cancelled (deadline, client gone), wrap_future withdraws the submission unless
@@ -137,7 +141,7 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
                 context, exc, owner=submission.user,
                 description=f"job {exc.job_id} holds idempotency_key {submission.idempotency_key!r}")
             raise  # not reached: abort raises
-        return scheduler_pb2.SubmitJobResponse(job=convert.job(record))
+        return scheduler_pb2.SubmitJobResponse(job=convert.job(record), **convert.admission_fields(admission))
 
     @staticmethod
     async def _refuse_key_in_use(context: Any, exc: KeyInUse, *, owner: str, description: str) -> None:
@@ -189,7 +193,9 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
         def answer() -> scheduler_pb2.GetJobResponse:
             record, events = self.app.jobs.get(job_id, include_events=request.include_events)
             auth.require_owner(record.user, f"job {job_id}")
-            return scheduler_pb2.GetJobResponse(job=convert.job(record), events=[convert.event(e) for e in events])
+            outlook = self.app.deadlines.outlooks([record])[record.id]
+            return scheduler_pb2.GetJobResponse(job=convert.job(record, outlook),
+                                                events=[convert.event(e) for e in events])
 
         return await self.run(answer)
 
@@ -202,7 +208,8 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
             # Converted in the worker thread: building 100s of messages must not stall the event loop.
             records, next_token = self.app.jobs.page(flt, page_size=request.page_size, page_token=token)
             # The list view (no environment, a command prefix): GetJob has the whole spec.
-            jobs = [convert.job_summary(r) for r in records]
+            outlooks = self.app.deadlines.outlooks(records)
+            jobs = [convert.job_summary(r, outlooks[r.id]) for r in records]
             return scheduler_pb2.ListJobsResponse(jobs=jobs, next_page_token=next_token)
 
         return await self.run(answer)
@@ -291,10 +298,12 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
     ) -> scheduler_pb2.ExplainJobResponse:
         job_id = validation.job_id("job_id", request.job_id)
         explanation = await self.run(self.app.jobs.explain, job_id)
+        outlook = (await self.run(self.app.deadlines.outlooks, [explanation.job]))[explanation.job.id]
         auth.require_owner(explanation.job.user, f"job {job_id}")
         return scheduler_pb2.ExplainJobResponse(
-            job=convert.job(explanation.job), summary=explanation.summary,
+            job=convert.job(explanation.job, outlook), summary=explanation.summary,
             decisions=[convert.event(e) for e in explanation.decisions],
+            deadline=outlook.note if explanation.job.deadline is not None else "",
         )
 
 

@@ -6,6 +6,7 @@ Validation runs before anything touches the database, so a rejected request chan
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import math
 import re
 from collections.abc import Iterable, Sequence
@@ -140,6 +141,18 @@ def _timestamp(field: str, value: timestamp_pb2.Timestamp) -> float:
     return value.seconds + value.nanos / 1e9
 
 
+def _utc(seconds: float) -> str:
+    return dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _ago(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h" if seconds < 172800 else f"{seconds / 86400:.0f} days"
+
+
 def _bytes(field: str, value: int) -> int:
     if value > MAX_INT64:
         raise InvalidArgument(field, f"must be at most {MAX_INT64} (got {value})")
@@ -219,7 +232,10 @@ def job_submission(spec: types_pb2.JobSpec, idempotency_key: str, *, now: float)
     if spec.HasField("deadline"):
         deadline = _timestamp("spec.deadline", spec.deadline)
         if deadline <= now:
-            raise InvalidArgument("spec.deadline", "is in the past")
+            # A deadline before the submission (in the past) can only be missed: refused, with both times.
+            raise InvalidArgument("spec.deadline", f"must be after the submission time {_utc(now)} (got "
+                                                   f"{_utc(deadline)}, {_ago(now - deadline)} before it); give a "
+                                                   "time in the future")
     throughput: dict[str, object] = {}
     if spec.HasField("throughput"):
         hints = spec.throughput

@@ -3,6 +3,7 @@
 One small class per use case, each built here from the same database sessions, clock and notifier:
 
 - ``jobs`` (``Jobs``): submit, cancel, get, list, explain, locate a rank's logs;
+- ``deadlines`` (``Deadlines``): predicted finishes, deadline outlooks, SubmitJob's admission feedback;
 - ``agents`` (``Agents``): register a server, record its status reports, its desired state;
 - ``inference`` (``Inference``): demand, drain acknowledgements, the serving pool, reclaim previews;
 - ``views`` (``ClusterViews``): servers, loans, the cluster summary, the event log;
@@ -29,6 +30,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from scheduler_service.app.agents import Agents
 from scheduler_service.app.cluster import DatabaseCluster
+from scheduler_service.app.deadlines import DeadlineAdmission, Deadlines
 from scheduler_service.app.inference import Inference
 from scheduler_service.app.jobs import Jobs
 from scheduler_service.app.liveness import Liveness
@@ -69,6 +71,8 @@ class SchedulerApp:
         master_ports: range = DEFAULT_MASTER_PORTS,
         telemetry_write_s: float = 15.0,
         reclaim_deadline_s: float = PolicyParams.reclaim_deadline_s,
+        deadline_admission: DeadlineAdmission = DeadlineAdmission.WARN,
+        amdahl_alpha: float = PolicyParams.amdahl_alpha,
         priority_classes: Mapping[str, int] | None = None,
     ) -> None:
         self.notifier: Notifier = notifier or NullNotifier()
@@ -85,6 +89,7 @@ class SchedulerApp:
         )
         self.queues = Queues(db, clock, notices, snapshot=self.cluster.snapshot, priority_classes=priority_classes)
         self.jobs = Jobs(db, JobStore(changes, desired, clock), clock, notices, queues=self.queues)
+        self.deadlines = Deadlines(db, clock, admission=deadline_admission, alpha=amdahl_alpha)
         admin = ServerAdminStore(changes, desired, clock)
         self.agents = Agents(
             db, AgentStore(changes, desired, clock), desired, clock, term=self.term, heartbeats=heartbeats,

@@ -169,6 +169,31 @@ def deadline_outlook(
     return DeadlineOutlook(DeadlineStatus.WILL_MISS, f"{late}; {even}", prediction)
 
 
+def admission_outlook(job: JobView, now: float, most_workers: int, *, alpha: float = DEFAULT_ALPHA) -> DeadlineOutlook:
+    """SubmitJob's feedback on a job not started yet: its finish if it started ``now`` at the most workers it
+    could have (``most_workers``, at most ``max_workers``), and whether that meets its deadline: ON_TRACK
+    (with the fewest workers that would), WILL_MISS, UNKNOWN (nothing declared), or NONE (no deadline)."""
+    most = max(min(job.max_workers, most_workers), job.min_workers)
+    limit = f"its max {most} workers" if most == job.max_workers else f"{most} workers (the most the cluster holds)"
+    prediction = predict(job, now, most, alpha=alpha)
+    deadline = job.deadline
+    if prediction is None:
+        if deadline is None:
+            return DeadlineOutlook(DeadlineStatus.NONE, "", None)
+        return DeadlineOutlook(DeadlineStatus.UNKNOWN, "cannot judge its deadline: it declares no throughput hints "
+                               "(total_work with points, or estimated_runtime)", None)
+    if deadline is None:
+        return DeadlineOutlook(DeadlineStatus.NONE, f"finishes ~{clock_time(prediction.finish, now)} if it starts now "
+                               f"at {limit}", prediction)
+    needs = f"needs ~{_span(prediction.remaining_s)} at {limit}"
+    if prediction.finish > deadline:
+        return DeadlineOutlook(DeadlineStatus.WILL_MISS, f"cannot meet its deadline: {needs}; the deadline is in "
+                               f"{_span(deadline - now)}", prediction)
+    fewest = workers_needed(job, now, deadline, most, alpha=alpha)
+    return DeadlineOutlook(DeadlineStatus.ON_TRACK, f"can meet its deadline: {needs}, the deadline is in "
+                           f"{_span(deadline - now)}; at least {fewest} worker(s) from now on", prediction, fewest)
+
+
 def workers_needed(job: JobView, now: float, deadline: float, most: int, *, alpha: float = DEFAULT_ALPHA) -> int | None:
     """The fewest workers in ``min_workers..most`` that finish by ``deadline``; None if none does."""
     for workers in range(job.min_workers, most + 1):

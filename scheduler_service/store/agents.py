@@ -306,6 +306,14 @@ class AgentStore:
         values: dict[str, Any] = {}
         if progress > 0 and progress != job.work_done:
             values["work_done"] = progress  # may go down: a restart resumes from the last checkpoint
+            values["progress_at"] = now
+            # The progress window (``core.predict``): restarted at the first report of each incarnation
+            # (size) and when progress went down (resumed from a checkpoint); else one more report.
+            if job.window_incarnation != job.incarnation or job.window_at is None or progress < job.work_done:
+                values.update(window_work=progress, window_at=now, window_incarnation=job.incarnation,
+                              window_workers=job.num_workers, window_reports=0)
+            else:
+                values["window_reports"] = job.window_reports + 1
         if checkpoint > 0 and checkpoint != job.checkpoint_work:
             values["checkpoint_work"] = checkpoint
             values["last_checkpoint_at"] = now  # the scheduler's clock: when it learnt of the checkpoint

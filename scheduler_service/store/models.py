@@ -111,6 +111,15 @@ class Job(Base):
     # The command as list views show it (``records.command_preview``): a page never reads command or env.
     command_preview: Mapped[list[Any] | None] = mapped_column(JSON)
     size_note: Mapped[str] = mapped_column(String(1024), default="", server_default=text("''"))
+    # When the scheduler last saw the job's progress change, and the job's progress window
+    # (``core.snapshot.ProgressWindow``): ``window_work`` at ``window_at``, its first report in incarnation
+    # ``window_incarnation`` (at ``window_workers`` workers); ``window_reports`` reports with new progress since.
+    progress_at: Mapped[float | None] = mapped_column(Double)
+    window_work: Mapped[float | None] = mapped_column(Double)
+    window_at: Mapped[float | None] = mapped_column(Double)
+    window_incarnation: Mapped[int | None] = mapped_column(BigInteger)
+    window_workers: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    window_reports: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # A job array's element (``SubmitJobs`` with array indices): the array's id, the job id of its
     # first element, and this job's index in it; NULL for a job not in an array.
     array_job_id: Mapped[int | None] = mapped_column(BigId)

@@ -47,6 +47,8 @@ def job_info(row: Values, allocations: Iterable[Values] = ()) -> JobInfo:
         size_note=row["size_note"], priority_class=row.get("priority_class") or "",
         priority_value=row.get("priority_value") or 0, gpu_types=tuple(row.get("gpu_types") or ()),
         array_job_id=row.get("array_job_id"), array_index=row.get("array_index"),
+        progress_at=row.get("progress_at"), window_work=row.get("window_work"), window_at=row.get("window_at"),
+        window_workers=row.get("window_workers") or 0, window_reports=row.get("window_reports") or 0,
         allocations=tuple(
             AllocationInfo(rank=a["rank"], server_id=a["server_id"], gpu_index=a["gpu_index"],
                            allocated_at=a["allocated_at"])

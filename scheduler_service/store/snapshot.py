@@ -19,7 +19,15 @@ from sqlalchemy.orm import Session
 
 from scheduler_service.core.apply_rules import LoanState
 from scheduler_service.core.clock import Clock
-from scheduler_service.core.snapshot import AdminState, ClusterSnapshot, DemandView, JobView, ServerView, WorkerView
+from scheduler_service.core.snapshot import (
+    AdminState,
+    ClusterSnapshot,
+    DemandView,
+    JobView,
+    ProgressWindow,
+    ServerView,
+    WorkerView,
+)
 from scheduler_service.lifecycle import JobState, Pool, ServerState
 from scheduler_service.store import models as m
 from scheduler_service.store.changes import index_list
@@ -88,7 +96,8 @@ class SnapshotReader:
         active = session.execute(
             sa.select(j.id, j.state, j.gpus_per_worker, j.min_workers, j.max_workers, j.priority,
                       j.submitted_at, j.throughput, j.pending_reason, j.work_done, j.started_at,
-                      j.last_resized_at, j.last_checkpoint_at, j.size_note)
+                      j.last_resized_at, j.last_checkpoint_at, j.size_note, j.deadline,
+                      j.progress_at, j.window_work, j.window_at, j.window_workers, j.window_reports)
             .where(j.state.in_([str(s) for s in ACTIVE_JOB_STATES]))
             .order_by(j.id)
             .add_columns(j.queue, j.user, j.priority_value, j.gpu_types)  # queues and GPU types (core.quota)
@@ -115,6 +124,8 @@ class SnapshotReader:
                 last_resized_at=row.last_resized_at,
                 last_checkpoint_at=row.last_checkpoint_at,
                 size_note=row.size_note,
+                deadline=row.deadline,
+                progress_window=progress_window(row),
             )
             for row in active
         )
@@ -126,3 +137,13 @@ class SnapshotReader:
             loan_note=f"{loan_note.reason}: {loan_note.message}"[:1024] if loan_note is not None else "",
             demand=DemandView(demand.servers_needed, demand.observed_rps, demand.time) if demand else None,
         )
+
+
+def progress_window(row: Any) -> ProgressWindow | None:
+    """The job's progress window (``core.snapshot.ProgressWindow``) from a jobs row with the 0009 columns:
+    kept while the job waits (preempted: its rate at its last size still says how fast it goes), restarted
+    by the first report of its next incarnation. None before any progress report."""
+    if row.window_at is None or row.progress_at is None or row.window_workers <= 0:
+        return None
+    return ProgressWindow(workers=row.window_workers, first_work=row.window_work, first_at=row.window_at,
+                          last_work=row.work_done, last_at=row.progress_at, reports=row.window_reports)

@@ -205,18 +205,18 @@ class ExplainJobRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class ExplainJobResponse(_message.Message):
-    __slots__ = ("job", "summary", "decisions", "queue_status", "deadline")
+    __slots__ = ("job", "summary", "decisions", "deadline", "queue_status")
     JOB_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
     DECISIONS_FIELD_NUMBER: _ClassVar[int]
-    QUEUE_STATUS_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_STATUS_FIELD_NUMBER: _ClassVar[int]
     job: _types_pb2.Job
     summary: str
     decisions: _containers.RepeatedCompositeFieldContainer[_types_pb2.Event]
-    queue_status: str
     deadline: str
-    def __init__(self, job: _Optional[_Union[_types_pb2.Job, _Mapping]] = ..., summary: _Optional[str] = ..., decisions: _Optional[_Iterable[_Union[_types_pb2.Event, _Mapping]]] = ..., queue_status: _Optional[str] = ..., deadline: _Optional[str] = ...) -> None: ...
+    queue_status: str
+    def __init__(self, job: _Optional[_Union[_types_pb2.Job, _Mapping]] = ..., summary: _Optional[str] = ..., decisions: _Optional[_Iterable[_Union[_types_pb2.Event, _Mapping]]] = ..., deadline: _Optional[str] = ..., queue_status: _Optional[str] = ...) -> None: ...
 
 class PreviewReclaimRequest(_message.Message):
     __slots__ = ("servers",)

@@ -208,7 +208,7 @@ class WorkerAllocation(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., server_id: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("job_id", "spec", "state", "reason", "message", "pending_reason", "num_workers", "workers", "submitted_at", "started_at", "finished_at", "restarts", "preemptions", "idempotency_key", "version", "progress", "incarnation", "last_checkpoint_at", "size_note", "priority_class_value", "predicted_finish", "prediction_confidence", "deadline_status", "deadline_note", "workers_needed", "array_job_id", "array_index")
+    __slots__ = ("job_id", "spec", "state", "reason", "message", "pending_reason", "num_workers", "workers", "submitted_at", "started_at", "finished_at", "restarts", "preemptions", "idempotency_key", "version", "progress", "incarnation", "last_checkpoint_at", "size_note", "predicted_finish", "prediction_confidence", "deadline_status", "deadline_note", "workers_needed", "priority_class_value", "array_job_id", "array_index")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -228,12 +228,12 @@ class Job(_message.Message):
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     LAST_CHECKPOINT_AT_FIELD_NUMBER: _ClassVar[int]
     SIZE_NOTE_FIELD_NUMBER: _ClassVar[int]
-    PRIORITY_CLASS_VALUE_FIELD_NUMBER: _ClassVar[int]
     PREDICTED_FINISH_FIELD_NUMBER: _ClassVar[int]
     PREDICTION_CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_STATUS_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_NOTE_FIELD_NUMBER: _ClassVar[int]
     WORKERS_NEEDED_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_CLASS_VALUE_FIELD_NUMBER: _ClassVar[int]
     ARRAY_JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ARRAY_INDEX_FIELD_NUMBER: _ClassVar[int]
     job_id: str
@@ -255,15 +255,15 @@ class Job(_message.Message):
     incarnation: int
     last_checkpoint_at: _timestamp_pb2.Timestamp
     size_note: str
-    priority_class_value: int
     predicted_finish: _timestamp_pb2.Timestamp
     prediction_confidence: float
     deadline_status: DeadlineStatus
     deadline_note: str
     workers_needed: int
+    priority_class_value: int
     array_job_id: str
     array_index: int
-    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., state: _Optional[_Union[JobState, str]] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., pending_reason: _Optional[str] = ..., num_workers: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerAllocation, _Mapping]]] = ..., submitted_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., restarts: _Optional[int] = ..., preemptions: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., version: _Optional[int] = ..., progress: _Optional[float] = ..., incarnation: _Optional[int] = ..., last_checkpoint_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., size_note: _Optional[str] = ..., priority_class_value: _Optional[int] = ..., predicted_finish: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., prediction_confidence: _Optional[float] = ..., deadline_status: _Optional[_Union[DeadlineStatus, str]] = ..., deadline_note: _Optional[str] = ..., workers_needed: _Optional[int] = ..., array_job_id: _Optional[str] = ..., array_index: _Optional[int] = ...) -> None: ...
+    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., state: _Optional[_Union[JobState, str]] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., pending_reason: _Optional[str] = ..., num_workers: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerAllocation, _Mapping]]] = ..., submitted_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., restarts: _Optional[int] = ..., preemptions: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., version: _Optional[int] = ..., progress: _Optional[float] = ..., incarnation: _Optional[int] = ..., last_checkpoint_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., size_note: _Optional[str] = ..., predicted_finish: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., prediction_confidence: _Optional[float] = ..., deadline_status: _Optional[_Union[DeadlineStatus, str]] = ..., deadline_note: _Optional[str] = ..., workers_needed: _Optional[int] = ..., priority_class_value: _Optional[int] = ..., array_job_id: _Optional[str] = ..., array_index: _Optional[int] = ...) -> None: ...
 
 class Gpu(_message.Message):
     __slots__ = ("index", "uuid", "model", "memory_total_bytes", "healthy", "health_reason", "job_id", "utilization", "memory_used_bytes", "temperature_c")
