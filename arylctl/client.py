@@ -450,6 +450,36 @@ class ArylClient:
             time.sleep(backoff.next_delay())
         raise AssertionError("unreachable: the last attempt returns or raises")
 
+    def submit_jobs(
+        self, jobs: Sequence[tuple[types_pb2.JobSpec, str]], *, array_indices: Sequence[int] = (),
+        attempts: int = SUBMIT_ATTEMPTS,
+    ) -> list[types_pb2.Job]:
+        """Queue many jobs in one call, all or none (at most 10,000): ``jobs`` are (spec, idempotency
+        key) pairs; with ``array_indices`` (one per job) they form one job array. Returns them as
+        recorded, in order (the list view: no env). Retried as ``submit_job`` is (give every job a
+        key, so a lost answer never queues one twice); a bad spec raises :class:`InvalidArgument`
+        naming ``jobs[i]`` and nothing is queued."""
+        if attempts < 1:
+            raise ValueError(f"attempts must be >= 1, got {attempts}")
+        request = scheduler_pb2.SubmitJobsRequest(
+            jobs=[scheduler_pb2.SubmitJobRequest(spec=spec, idempotency_key=key) for spec, key in jobs],
+            array_indices=list(array_indices),
+        )
+        backoff = Backoff(1.0, initial_s=0.5)
+        for attempt in range(1, attempts + 1):
+            try:
+                return list(self._unary(self._scheduler.SubmitJobs, request).jobs)
+            except (Unavailable, DeadlineExceeded):
+                if attempt == attempts or self._closed.is_set():
+                    raise
+            time.sleep(backoff.next_delay())
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def cancel_job_array(self, array_job_id: str, *, reason: str = "") -> list[str]:
+        """Cancel every job of an array that has not ended; the ids of the jobs cancelled."""
+        request = scheduler_pb2.CancelJobArrayRequest(array_job_id=array_job_id, reason=reason)
+        return list(self._unary(self._scheduler.CancelJobArray, request).cancelled_job_ids)
+
     def get_job(self, job_id: str, *, include_events: bool = False) -> scheduler_pb2.GetJobResponse:
         """One job; with ``include_events`` also its events from the log, oldest first."""
         request = scheduler_pb2.GetJobRequest(job_id=job_id, include_events=include_events)

@@ -26,6 +26,7 @@ from aryl_common.config import (
     apply_overrides,
     load_settings,
 )
+from aryl_common.metrics import MetricsConfig
 from aryl_common.security import ClientSecurityFields
 
 
@@ -133,6 +134,7 @@ class RouterConfig(ArylSettings):
 
     router: RouterSection = RouterSection()
     logging: LoggingConfig = LoggingConfig()
+    metrics: MetricsConfig = MetricsConfig()  # Prometheus /metrics (inference_router.metrics); off by default
 
 
 def load_router_config(

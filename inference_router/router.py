@@ -32,8 +32,10 @@ import structlog
 from aiohttp import web
 
 from aryl_common.backoff import Backoff
+from aryl_common.metrics import MetricsConfig, serve_metrics
 from inference_router.config import RouterSection, split_host_port
 from inference_router.demand import DemandEstimate, DemandEstimator, LoadMeter
+from inference_router.metrics import RouterMetrics
 from inference_router.pool import Backend, BackendPool, PoolSource, PoolUpdate, RoutingState, StaticPoolSource
 from inference_router.proxy import Outcome, forward, json_error
 from inference_router.scheduler_link import Refused, Retryable, SchedulerLink
@@ -97,6 +99,7 @@ class Router:
         self.address: tuple[str, int] | None = None
         self._stopped = False
         self._pool_known = asyncio.Event()  # set by the first pool update
+        self.metrics = RouterMetrics(self)  # served by ``serve`` ([metrics] port)
 
     @classmethod
     def from_config(cls, config: RouterSection, **ports: object) -> Router:
@@ -275,6 +278,12 @@ class Router:
     # -- the proxy ---------------------------------------------------------------------------------
 
     async def _proxy(self, request: web.Request) -> web.StreamResponse:
+        started = self.clock()
+        response = await self._route(request)
+        self.metrics.request_done(response.status, self.clock() - started)
+        return response
+
+    async def _route(self, request: web.Request) -> web.StreamResponse:
         assert self._session is not None
         started = self.clock()
         self.meter.record_arrival(started)
@@ -419,8 +428,9 @@ class ListenError(Exception):
     """The HTTP listen address could not be bound."""
 
 
-async def serve(config: RouterSection, stop: asyncio.Event) -> None:
-    """Run a router from ``config`` until ``stop`` is set, then shut it down gracefully."""
+async def serve(config: RouterSection, stop: asyncio.Event, metrics: MetricsConfig | None = None) -> None:
+    """Run a router from ``config`` until ``stop`` is set, then shut it down gracefully; with
+    ``metrics`` (a port), its Prometheus metrics are served meanwhile."""
     router = Router.from_config(config)
     try:
         await router.start()
@@ -428,7 +438,14 @@ async def serve(config: RouterSection, stop: asyncio.Event) -> None:
         await router.stop()
         raise ListenError(f"cannot serve on {config.listen}: {exc.strerror or exc}") from exc
     try:
+        endpoint = serve_metrics(router.metrics.registry, metrics) if metrics is not None else None
+    except BaseException:
+        await router.stop()
+        raise
+    try:
         await stop.wait()
     finally:
         await router.stop()
+        if endpoint is not None:
+            endpoint.close()
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 
 import grpc
 import structlog
@@ -50,6 +51,7 @@ from node_agent.desired import DesiredStateTracker, Verdict
 from node_agent.epoch_file import EpochFile
 from node_agent.gpus import GpuBackend, GpuInfo, GpuSample
 from node_agent.logs import serve_worker_logs
+from node_agent.metrics import AgentMetrics
 from node_agent.supervisor import Supervisor, WorkerView
 from node_agent.workers import Phase
 from protos.aryl.v1 import agent_pb2, agent_pb2_grpc, types_pb2
@@ -145,6 +147,7 @@ class Agent:
         self.version = version or package_version()  # reported to the scheduler with the registration
         self._backoff = backoff or Backoff.capped(config.reconnect_max_backoff_s)
         self._inventory = gpus.inventory()
+        self.metrics = AgentMetrics(self._inventory)  # served by node_agent.main ([metrics] port)
         self._stopping = threading.Event()
         self._leaving = False  # set by leave(): deregister and stop the workers on the way out
         # The current session's "over" flag and stream, so stop() can end them from another thread.
@@ -324,6 +327,7 @@ class Agent:
         )
         try:
             response = stub.RegisterServer(request, timeout=self.config.rpc_timeout_s)
+            self.metrics.registrations.inc()
         except grpc.RpcError as exc:
             raise SessionEnded(f"registration failed: {describe_rpc_error(exc)}", error=exc) from exc
         if not self.desired.observe_epoch(response.scheduler_epoch):
@@ -337,16 +341,22 @@ class Agent:
         return response
 
     def _report(self, stub: agent_pb2_grpc.AgentServiceStub, server_id: str) -> agent_pb2.ReportStatusResponse:
+        samples, statuses = self.gpus.sample(), self.supervisor.statuses()
         request = agent_pb2.ReportStatusRequest(
             server_id=server_id,
             scheduler_epoch=self.desired.newest_epoch,
-            gpus=[gpu_status_message(s) for s in self.gpus.sample()],
-            workers=[worker_status_message(view) for view in self.supervisor.statuses()],
+            gpus=[gpu_status_message(s) for s in samples],
+            workers=[worker_status_message(view) for view in statuses],
             observed_generation=self.supervisor.observed_generation,
         )
+        self.metrics.sampled(samples, (view.phase for view in statuses), self.supervisor.observed_generation)
+        sent = time.monotonic()
         try:
-            return stub.ReportStatus(request, timeout=self.config.rpc_timeout_s)
+            response = stub.ReportStatus(request, timeout=self.config.rpc_timeout_s)
+            self.metrics.report_sent(time.monotonic() - sent, ok=True)
+            return response
         except grpc.RpcError as exc:
+            self.metrics.report_sent(time.monotonic() - sent, ok=False)
             raise SessionEnded(f"status report failed: {describe_rpc_error(exc)}", error=exc) from exc
 
     def _watch(

@@ -23,6 +23,7 @@ from aryl_common.config import (
     apply_overrides,
     load_settings,
 )
+from aryl_common.metrics import MetricsConfig
 from aryl_common.security import ClientSecurityFields
 
 
@@ -113,6 +114,7 @@ class AgentConfig(ArylSettings):
     agent: AgentSection = AgentSection()
     gpus: GpusSection = GpusSection()
     logging: LoggingConfig = LoggingConfig()
+    metrics: MetricsConfig = MetricsConfig()  # Prometheus /metrics (node_agent.metrics); off by default
 
 
 def load_agent_config(

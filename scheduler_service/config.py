@@ -18,6 +18,7 @@ from typing import Literal, get_type_hints
 from pydantic import Field, create_model, field_validator, model_validator
 
 from aryl_common.config import ArylSettings, ConfigSection, LoggingConfig, load_settings
+from aryl_common.metrics import MetricsConfig
 from aryl_common.security import SECURE_BY_DEFAULT
 from scheduler_service.core.params import PolicyParams
 
@@ -233,6 +234,7 @@ class SchedulerConfig(ArylSettings):
     security: SecurityConfig = SecurityConfig()
     ha: HaConfig = HaConfig()
     logging: LoggingConfig = LoggingConfig()
+    metrics: MetricsConfig = MetricsConfig()  # Prometheus /metrics (scheduler_service.metrics); off by default
 
 
 def load_config(path: str | os.PathLike[str] | None = None) -> SchedulerConfig:

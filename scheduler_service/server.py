@@ -34,6 +34,7 @@ from sqlalchemy.engine import make_url
 
 from aryl_common.channels import KEEPALIVE_TIME_MS, MAX_DESIRED_STATE_BYTES
 from aryl_common.entry import BadInput, Unreachable, one_line
+from aryl_common.metrics import MetricsEndpoint, serve_metrics
 from aryl_common.security import ClientSecurity, load_tokens, server_credentials
 from migrations import upgrade
 from protos.aryl.v1 import (
@@ -61,6 +62,7 @@ from scheduler_service.core.clock import Clock
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.cycle import SchedulingCycle
 from scheduler_service.errors import Aborted, Unavailable
+from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.notify import AsyncNotifier
 from scheduler_service.policies import create_policy
 from scheduler_service.solvers import warm_up as warm_up_solvers
@@ -162,6 +164,9 @@ class SchedulerService:
         self._started = threading.Event()
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        # Prometheus metrics on a registry of their own (scheduler_service.metrics), served on [metrics] port.
+        self.metrics = SchedulerMetrics(Transactions(session_factory(self.engine), publish=lambda states: None).read)
+        self.metrics_endpoint: MetricsEndpoint | None = None
         self.gate = LeaderGate()
         # PostgreSQL: the leader lease (None on SQLite, and until ``run`` set it up).
         self.leadership: Leadership | None = None
@@ -175,6 +180,7 @@ class SchedulerService:
         # (address taken) or cannot reach its database fails before it writes SCHEDULER_STARTED.
         server = self._bind_server()
         try:
+            self.metrics_endpoint = serve_metrics(self.metrics.registry, cfg.metrics)
             with reaching_database(cfg.database.url):
                 if cfg.database.auto_migrate:
                     await asyncio.to_thread(upgrade, cfg.database.url)
@@ -194,6 +200,8 @@ class SchedulerService:
                     epoch = await asyncio.to_thread(app.term.start, socket.gethostname())
         except BaseException:
             await server.stop(None)  # gives the port back
+            if self.metrics_endpoint is not None:
+                self.metrics_endpoint.close()
             self.engine.dispose()
             if self.leadership is not None:
                 self.leadership.close()
@@ -287,6 +295,8 @@ class SchedulerService:
         cycle_thread.shutdown(wait=True, cancel_futures=True)
         desired_reader.shutdown(wait=True, cancel_futures=True)
         watch_reader.shutdown(wait=True, cancel_futures=True)
+        if self.metrics_endpoint is not None:
+            self.metrics_endpoint.close()
         self.engine.dispose()
         log.info("scheduler stopped")
 
@@ -371,8 +381,10 @@ class SchedulerService:
                 await notifier.cycle.wait_newer(seen, timeout=self.config.scheduling.cycle_interval_s)
                 continue
             try:
+                began = self.clock.now()
                 report = await loop.run_in_executor(executor, cycle.run_once)
                 took = report.total_s
+                await loop.run_in_executor(executor, self.metrics.observe_cycle, report, began)
                 if report.result.started or report.result.rejected:
                     log.info("cycle", jobs=report.snapshot_jobs, started=len(report.result.started),
                              rejected=list(report.result.rejected), decide_ms=round(report.decide_s * 1e3, 2),
