@@ -96,6 +96,8 @@ class SchedulerAddresses:
         hint = leader_hint(exc)
         if hint:
             self.current = hint
+        elif self.current not in self.all:  # a named leader that failed: back to the list
+            self.current = self.all[0]
         elif len(self.all) > 1:
             index = self.all.index(self.current) if self.current in self.all else -1
             self.current = self.all[(index + 1) % len(self.all)]

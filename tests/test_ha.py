@@ -8,6 +8,7 @@ The process-level cases (kill -9 under load, SIGSTOP past the lease) are in ``te
 from __future__ import annotations
 
 import re
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from pathlib import Path
 import grpc
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
 from aryl_common.backoff import Backoff
@@ -27,7 +29,7 @@ from node_agent.config import AgentSection
 from node_agent.desired import DesiredStateTracker, Verdict
 from node_agent.epoch_file import EpochFile, EpochFileError
 from node_agent.gpus import FakeBackend
-from protos.aryl.v1 import scheduler_pb2
+from protos.aryl.v1 import scheduler_pb2, types_pb2
 from scheduler_service.app.lease import Leadership, NotLeader
 from scheduler_service.app.term import Term
 from scheduler_service.clock import SystemClock
@@ -215,6 +217,8 @@ def test_addresses_follow_the_named_leader_else_go_round() -> None:
     assert addresses.current == "a:1"
     assert addresses.after_failure(RuntimeError("down")) == "b:2"
     assert addresses.after_failure(RuntimeError("down")) == "a:1"
+    addresses.current = "c:3"  # a leader a standby named, not in the list, fails in turn: back to the list
+    assert addresses.after_failure(RuntimeError("down")) == "a:1"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -275,3 +279,113 @@ def test_a_restarted_agent_refuses_an_older_epoch_and_moves_to_the_next_schedule
     finally:
         for fake in (newer, older, newest):
             fake.stop()
+
+
+class TcpProxy:
+    """A loopback TCP forwarder to ``target`` that can be cut: every connection through it closed at
+    once and no new one accepted (the database lost, as a network partition loses it)."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._cut = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            try:
+                server = socket.create_connection(self.target)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                if self._cut:
+                    client.close()
+                    server.close()
+                    return
+                self._sockets += [client, server]
+            for source, sink in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for end in (source, sink):
+                try:
+                    end.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def cut(self) -> None:
+        with self._lock:
+            self._cut = True
+            sockets, self._sockets = self._sockets, []
+        self.listener.close()
+        for end in sockets:
+            try:
+                end.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            end.close()
+
+
+def test_a_leader_that_loses_the_database_steps_down_and_the_standby_takes_over(ha_db: str) -> None:
+    url = make_url(ha_db)
+    proxy = TcpProxy((url.host or "127.0.0.1", url.port or 5432))
+    through_proxy = url.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
+    ha = {"lease_s": 2.0, "renew_s": 0.5}
+    first = serve_in_background(scheduler_config(through_proxy, ha=ha))
+    second = serve_in_background(scheduler_config(ha_db, ha=ha))
+    try:
+        assert first.service.leadership is not None and second.service.leadership is not None
+        assert first.service.leadership.leading and not second.service.leadership.leading
+        lost_at = time.monotonic()
+        proxy.cut()
+        wait_for(lambda: second.service.leadership.leading, timeout=15, interval=0.05, what="the standby to lead")
+        took = time.monotonic() - lost_at
+        print(f"takeover after the leader lost the database: {took:.2f}s (lease 2s, renew 0.5s)")
+        assert took < 2.0 + 0.5 + 2.0  # lease + a look + slack
+        wait_for(lambda: not first.service.leadership.leading, timeout=5, what="the cut-off leader to step down")
+        assert second.service.leadership.epoch > first.service.leadership.epoch
+    finally:
+        second.stop()
+        first.stop()
+        proxy.cut()
+
+
+def test_a_stream_on_a_leader_that_steps_down_ends_unavailable(ha_db: str) -> None:
+    leader = serve_in_background(scheduler_config(ha_db, ha={"lease_s": 2.0, "renew_s": 0.5}))
+    try:
+        assert leader.service.leadership is not None
+        epoch = leader.service.leadership.epoch
+        channel, stub = scheduler_stub(leader.address)
+        with channel:
+            stream = stub.WatchEvents(scheduler_pb2.WatchEventsRequest(after_event_id=0), timeout=20)
+            assert next(stream).kind == types_pb2.EVENT_KIND_SCHEDULER_STARTED
+            engine = sa.create_engine(ha_db)
+            try:
+                with engine.begin() as conn:  # the lease lapses under it: its next renewal finds out
+                    conn.execute(sa.text("UPDATE leader_lease SET expires_at = 0"))
+            finally:
+                engine.dispose()
+            with pytest.raises(grpc.RpcError) as ended:
+                for _ in stream:
+                    pass
+            assert ended.value.code() == grpc.StatusCode.UNAVAILABLE, ended.value
+        # Nobody else took the lease: the same scheduler leads again, in a new term.
+        wait_for(lambda: leader.service.leadership.leading, timeout=5, what="a new term")
+        assert leader.service.leadership.epoch > epoch
+    finally:
+        leader.stop()

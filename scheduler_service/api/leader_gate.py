@@ -98,21 +98,25 @@ def _ending_with_term(handler: grpc.RpcMethodHandler[Any, Any], term_over: async
     async def guarded(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         items = behavior(request, context).__aiter__()
         over = asyncio.ensure_future(term_over.wait())
+        following: asyncio.Future[Any] | None = None
         try:
             while True:
                 following = asyncio.ensure_future(items.__anext__())
                 await asyncio.wait({following, over}, return_when=asyncio.FIRST_COMPLETED)
                 if not following.done():
-                    following.cancel()
-                    await asyncio.gather(following, return_exceptions=True)
-                    await _abort(context, leadership.not_leader())
+                    await _abort(context, leadership.not_leader())  # the finally ends the servicer's stream
                 try:
                     item = following.result()
                 except StopAsyncIteration:
                     return
                 yield item
         finally:
+            # The term ended, the client went away or the stream ended: the servicer's generator is
+            # finished here (cancelled mid-item if need be), never left running.
             over.cancel()
+            if following is not None and not following.done():
+                following.cancel()
+                await asyncio.gather(following, return_exceptions=True)
             close = getattr(items, "aclose", None)
             if close is not None:
                 await close()
