@@ -60,6 +60,7 @@ from aryl_common.backoff import Backoff
 from aryl_common.entry import add_debug_flag, package_version, run_guarded
 from aryl_common.security import ClientSecurity, default_token_file, write_private
 from arylctl import certs, completion
+from arylctl.arrays import ArraySpecError, element_key, parse_array
 from arylctl.client import (
     DEFAULT_ADDRESS,
     RESTART_POLICIES,
@@ -71,6 +72,7 @@ from arylctl.client import (
     Unavailable,
     default_address,
     job_spec_from_mapping,
+    new_idempotency_key,
     normalize_job_spec_mapping,
     parse_deadline,
 )
@@ -357,7 +359,7 @@ def _job_row(job: types_pb2.Job, now: dt.datetime) -> list[object]:
     spec = job.spec
     return [
         job.job_id,
-        spec.name,
+        job_display_name(job),
         spec.user,
         spec.queue,
         enum_name(types_pb2.JobState, job.state),
@@ -567,6 +569,8 @@ def cmd_submit(client: ArylClient, args: argparse.Namespace, out: Output) -> int
         spec = job_spec_from_mapping(submit_spec_mapping(args, out.note))
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
+    if args.array is not None:
+        return _submit_array(client, spec, args, out)
     answer = client.submit(spec, idempotency_key=args.idempotency_key)
     job = answer.job
     if answer.admission_note:  # the scheduler's feedback on the job's deadline (or its predicted finish)
@@ -578,6 +582,38 @@ def cmd_submit(client: ArylClient, args: argparse.Namespace, out: Output) -> int
         return wait_for_job(client, job.job_id, args, out)
     out.emit(job, lambda: job_summary_table(job))
     return EXIT_OK
+
+
+def _submit_array(client: ArylClient, spec: types_pb2.JobSpec, args: argparse.Namespace, out: Output) -> int:
+    """``submit --array``: one job per index, queued in one SubmitJobs call (all or none, one array
+    id); each element's key is the array's key and its index, so the same command run again with
+    ``--idempotency-key`` queues nothing new."""
+    if args.wait:
+        raise UsageError("--wait follows one job; with --array use: arylctl jobs -w")
+    try:
+        indices = parse_array(args.array)
+    except ArraySpecError as exc:
+        raise UsageError(str(exc)) from exc
+    base = args.idempotency_key or new_idempotency_key()
+    if len(element_key(base, max(indices))) > 128:
+        raise UsageError(f"--idempotency-key is too long for an array: at most {128 - len(str(max(indices))) - 1} "
+                         "characters with these indices (each element's key is KEY.INDEX)")
+    jobs = client.submit_jobs([(spec, element_key(base, i)) for i in indices], array_indices=indices)
+
+    def table() -> str:
+        first = jobs[0]
+        out.note(f"job array {first.array_job_id}: {len(jobs)} job(s) {jobs[0].job_id}..{jobs[-1].job_id} queued "
+                 f"(cancel them all: {PROG} cancel --array {first.array_job_id})")
+        return format_table(("ID", "NAME", "STATE"),
+                            [(j.job_id, job_display_name(j), enum_name(types_pb2.JobState, j.state)) for j in jobs])
+
+    out.emit(jobs, table, lambda: [j.job_id for j in jobs])
+    return EXIT_OK
+
+
+def job_display_name(job: types_pb2.Job) -> str:
+    """The job's name; an array element's with its index, as ``train[17]``."""
+    return f"{job.spec.name}[{job.array_index}]" if job.array_job_id else job.spec.name
 
 
 def wait_for_job(client: ArylClient, job_id: str, args: argparse.Namespace, out: Output) -> int:
@@ -671,6 +707,7 @@ def describe_job(response: scheduler_pb2.GetJobResponse) -> str:
     fields: list[tuple[str, object]] = [
         ("Job", job.job_id),
         ("Name", spec.name),
+        *([("Array", f"{job.array_job_id}, index {job.array_index}")] if job.array_job_id else []),
         ("User", spec.user),
         ("Queue", spec.queue),
         ("State", enum_name(types_pb2.JobState, job.state)),
@@ -768,6 +805,13 @@ def cmd_logs(client: ArylClient, args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_cancel(client: ArylClient, args: argparse.Namespace, out: Output) -> int:
+    if args.array:
+        cancelled = client.cancel_job_array(args.job_id, reason=args.reason)
+        out.emit(scheduler_pb2.CancelJobArrayResponse(cancelled_job_ids=cancelled),
+                 lambda: f"job array {args.job_id}: {len(cancelled)} job(s) cancelled"
+                 + (f" ({', '.join(cancelled)})" if 0 < len(cancelled) <= 20 else ""),
+                 lambda: cancelled)
+        return EXIT_OK
     job = client.cancel_job(args.job_id, reason=args.reason)
     out.emit(job, lambda: job_summary_table(job))
     return EXIT_OK
@@ -1314,6 +1358,12 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--max-runtime", type=_non_negative, metavar="SECONDS")
     submit.add_argument("--restart-policy", choices=sorted(RESTART_POLICIES))
     submit.add_argument("--max-restarts", type=_uint32, metavar="N")
+    submit.add_argument(
+        "--array", metavar="INDICES",
+        help="queue a job array: one job per index, all or none, e.g. 0-999, 0-999:2 (step) or 1,3,5 (at most "
+             "10,000 jobs; Slurm's %%N is not supported). Each job's workers get ARYL_ARRAY_INDEX and "
+             "ARYL_ARRAY_JOB_ID; arylctl jobs shows NAME[INDEX]",
+    )
     submit.add_argument("--estimated-runtime", type=_non_negative, metavar="SECONDS", help="at min workers")
     submit.add_argument(
         "--idempotency-key", default="", metavar="KEY",
@@ -1340,8 +1390,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add("job", cmd_job, "describe a job: its fields, workers and events").add_argument("job_id", metavar="ID")
 
-    cancel = add("cancel", cmd_cancel, "cancel a job")
+    cancel = add("cancel", cmd_cancel, "cancel a job, or with --array every job of an array")
     cancel.add_argument("job_id", metavar="ID")
+    cancel.add_argument("--array", action="store_true",
+                        help="ID is a job array's id (as submit --array printed it): cancel its jobs not ended yet")
     cancel.add_argument("--reason", default="", help="recorded in the event log")
 
     add("cluster", cmd_cluster, "capacity per pool, jobs per state, inference demand, policy")
