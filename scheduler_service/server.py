@@ -411,6 +411,8 @@ class SchedulerService:
                 lost = await loop.run_in_executor(executor, liveness.sweep_lost, lost_after)
                 if lost:
                     log.warning("servers lost: their agents are silent", servers=lost, lost_after_s=lost_after)
+            except (Unavailable, Aborted) as exc:  # the database is away or busy, or this one stepped down
+                log.warning("liveness check skipped; retrying", reason=str(exc))
             except Exception:  # retried at the next check, never fatal
                 log.exception("liveness check failed; retrying")
 
