@@ -44,7 +44,11 @@ def split_host_port(address: str) -> tuple[str, int]:
 
 class RouterSection(ClientSecurityFields):
     # --- the scheduler ("" = none: a plain load balancer over static_backends, reporting nothing)
-    scheduler_address: str = Field("127.0.0.1:50051", description="host:port of the scheduler; '' for none")
+    scheduler_address: str = Field(
+        "127.0.0.1:50051",
+        description="host:port of the scheduler, or several sharing one database comma-separated (the router "
+                    "follows the leader, docs/ha.md); '' for none",
+    )
     source: str = Field(default_factory=default_source, min_length=1, description="who reports, for the event log")
     rpc_timeout_s: float = Field(5.0, gt=0, description="deadline of each ReportDemand/ReportDrained call")
     reconnect_max_backoff_s: float = Field(10.0, gt=0, description="cap of the retry backoff after a failed call")
