@@ -298,8 +298,8 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
     ) -> scheduler_pb2.ExplainJobResponse:
         job_id = validation.job_id("job_id", request.job_id)
         explanation = await self.run(self.app.jobs.explain, job_id)
-        outlook = (await self.run(self.app.deadlines.outlooks, [explanation.job]))[explanation.job.id]
         auth.require_owner(explanation.job.user, f"job {job_id}")
+        outlook = (await self.run(self.app.deadlines.outlooks, [explanation.job]))[explanation.job.id]
         return scheduler_pb2.ExplainJobResponse(
             job=convert.job(explanation.job, outlook), summary=explanation.summary,
             decisions=[convert.event(e) for e in explanation.decisions],
