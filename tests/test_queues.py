@@ -163,6 +163,25 @@ def test_priority_classes_preempt_only_lower_classes_of_their_own_queue() -> Non
     assert plan.preemptions == ()
 
 
+def test_a_higher_class_preempts_a_lower_one_of_its_queue_at_its_quota() -> None:
+    # vision holds its whole quota (4) with a class-0 job; nothing idle in the cohort, 4 GPUs free on t2 that
+    # the quota does not let it use. Its class-100 job takes the class-0 job's GPUs: the queue stays at 4.
+    servers = [training_server("t1"), training_server("t2")]
+    jobs = [running(1, "vision", [("t1", (0, 1, 2, 3))], cls=0), queued(2, "vision", 4, cls=100)]
+    queues = (QueueView("vision", 4, cohort="lab"), QueueView("nlp", 4, cohort="other"))
+    plan = plan_of(with_queues(snapshot_of(servers, jobs), queues))
+    assert [(p.job_id, p.reason) for p in plan.preemptions] == [(1, Reason.PREEMPTED_FOR_PRIORITY)]
+    assert [(s.job_id, s.workers[0].server_id) for s in plan.starts] == [(2, "t1")]
+    # The same with the low job on t2: the gang lands on t1 (best fit, then id), yet the low job is still
+    # preempted -- not for its GPUs but for the quota they count against.
+    low_on_t2 = running(1, "vision", [("t2", (0, 1, 2, 3))], cls=0)
+    plan = plan_of(with_queues(snapshot_of(servers, [low_on_t2, jobs[1]]), queues))
+    assert [p.job_id for p in plan.preemptions] == [1] and [s.workers[0].server_id for s in plan.starts] == ["t1"]
+    # An equal class waits, with the quota's reason.
+    plan = plan_of(with_queues(snapshot_of(servers, [jobs[0], queued(2, "vision", 4, cls=0)]), queues))
+    assert plan.preemptions == () and plan.pending[0].reason == Reason.WAITING_FOR_QUOTA
+
+
 def test_higher_classes_are_considered_first_within_a_queue() -> None:
     servers = [training_server("t1")]
     jobs = [queued(1, "default", 4, submitted=NOW - 500), queued(2, "default", 4, cls=10)]

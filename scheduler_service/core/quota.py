@@ -99,16 +99,27 @@ class QuotaLedger:
             self.queues[DEFAULT_QUEUE] = QueueUsage(DEFAULT_QUEUE, "", rest, None, False)
         # The GPUs each (queue, user) holds now: fair share reads them.
         self.user_gpus: dict[tuple[str, str], int] = {}
+        # The lowest priority class running in each queue (``has_victims``' quick test).
+        self._lowest_class: dict[str, int] = {}
+        if not self.enforced:  # no usage to count: only the classes matter (every cycle: kept cheap)
+            for job, gpus in held:
+                if gpus:
+                    queue, low = job.queue or DEFAULT_QUEUE, self._lowest_class.get(job.queue or DEFAULT_QUEUE)
+                    self._lowest_class[queue] = job.priority_class if low is None else min(low, job.priority_class)
+            return
         for job, gpus in held:
             self._queue(job.queue).used_gpus += gpus
             k = (job.queue or DEFAULT_QUEUE, job.user)
             self.user_gpus[k] = self.user_gpus.get(k, 0) + gpus
+            if gpus:
+                low = self._lowest_class.get(k[0])
+                self._lowest_class[k[0]] = job.priority_class if low is None else min(low, job.priority_class)
 
     @classmethod
     def of(cls, snapshot: ClusterSnapshot, held: Iterable[tuple[JobView, int]] | None = None) -> QuotaLedger:
         """The ledger of ``snapshot`` with each job holding ``held`` GPUs (default: its workers there)."""
         training = loaned = 0
-        for s in snapshot.servers:
+        for s in snapshot.servers if snapshot.queues else ():  # no queue: nothing is counted against them
             if s.pool == Pool.TRAINING and s.state == ServerState.TRAINING:
                 training += len(s.healthy_gpus)
             elif s.state == ServerState.LOANED:
@@ -189,6 +200,8 @@ class QuotaLedger:
         then priority class (higher first), then fair share in queues that have it, then the rest of
         ``key``. With no queue configured, no class and no fair share this is ``sorted(jobs, key=key)``."""
         jobs = list(jobs)
+        if not self.enforced and len({j.priority_class for j in jobs}) <= 1:
+            return sorted(jobs, key=key)  # nothing to add to the policy's own order
         keys = {j.job_id: key(j) for j in jobs}
         share: dict[int, int] = {}
         if self.enforced:
@@ -225,9 +238,17 @@ class QuotaLedger:
             return Reason.PREEMPTED_FOR_QUOTA
         return None
 
-    def has_victims(self, job: JobView, running: Iterable[JobView]) -> bool:
-        """Is any running job one ``job`` may preempt (a cheap test before a trial placement)?"""
-        return any(self.may_preempt(job, v) is not None for v in running)
+    def has_victims(self, job: JobView) -> bool:
+        """Might a running job be one ``job`` may preempt? A quick test, O(queues), before the exact
+        one (``may_preempt``, per candidate): a lower class runs in its queue, or ``job`` is within its
+        quota while some other queue borrows. From the usage the ledger began with, so it may say yes
+        where none is left, never no where one is."""
+        queue = job.queue or DEFAULT_QUEUE
+        low = self._lowest_class.get(queue)
+        if low is not None and low < job.priority_class:
+            return True
+        return self.enforced and self.within_quota(job, job.min_workers * job.gpus_per_worker) and any(
+            name != queue and q.used_gpus > q.quota_gpus for name, q in self.queues.items())
 
     # -- reporting ------------------------------------------------------------------------------------
 

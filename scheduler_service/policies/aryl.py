@@ -486,9 +486,16 @@ class ArylPolicy:
         no_fit: list[tuple[int, int]] = []
         for job in quota.order(snap.pending_jobs(), order):  # quota first, classes, fair share (core.quota)
             verdict = quota.check(job, job.min_workers * job.gpus_per_worker)
-            if not verdict.allowed:  # its queue may not take the GPUs: it waits without holding others up
-                cycle.pending.append(KeepPending(job.job_id, verdict.reason or Reason.WAITING_FOR_QUOTA,
-                                                 verdict.message))
+            if not verdict.allowed:  # its queue may not take the GPUs: it waits without holding others up,
+                # unless lower classes of its own queue give way (their GPUs count against the same quota)
+                workers = self._place_by_preemption(cycle, job) if quota.has_victims(job) else None
+                if workers is None:
+                    cycle.pending.append(KeepPending(job.job_id, verdict.reason or Reason.WAITING_FOR_QUOTA,
+                                                     verdict.message))
+                    continue
+                quota.charge(job, job.min_workers * job.gpus_per_worker)
+                cycle.starts.append(StartJob(job.job_id, workers, Reason.PLACED, _placed(workers)))
+                cycle.running[job.job_id] = _Job(job, list(workers))
                 continue
             workers = cycle.capacity.place_gang(job, job.min_workers, pools=TRAINING_FIRST,
                                                 exclude=cycle.reserved)
@@ -498,7 +505,7 @@ class ArylPolicy:
                 workers = self._place_over_extras(cycle, job)
                 if workers is None:
                     no_fit.append((job.gpus_per_worker, job.min_workers))
-            if workers is None and quota.has_victims(job, (j.view for j in cycle.running.values())):
+            if workers is None and quota.has_victims(job):
                 workers = self._place_by_preemption(cycle, job)
             if workers is not None:
                 quota.charge(job, job.min_workers * job.gpus_per_worker)
@@ -571,7 +578,8 @@ class ArylPolicy:
     def _place_by_preemption(self, cycle: _Cycle, job: JobView) -> tuple[WorkerPlacement, ...] | None:
         """Place a gang by preempting running jobs it may preempt (``QuotaLedger.may_preempt``: a queue's
         borrowed GPUs for a job within its quota, lower priority classes of its own queue), cheapest
-        first, as few as make the gang fit; a victim whose GPUs the gang does not use is spared."""
+        first, as few as make the gang fit and its queue's quota allow it; a victim is spared when the
+        gang does not use its GPUs and the quota does not need them."""
         quota, p, now = cycle.quota, self.params, cycle.snapshot.now
         assert quota is not None
         started = {s.job_id for s in cycle.starts}
@@ -590,14 +598,20 @@ class ArylPolicy:
             quota.release(victim, len(other.workers) * victim.gpus_per_worker)
             chosen.append((other, reason))
             placed = trial.place_gang(job, job.min_workers, pools=TRAINING_FIRST, exclude=cycle.reserved)
+            if placed is not None and not quota.check(job, job.min_workers * job.gpus_per_worker).allowed:
+                trial.release_many((w.server_id, w.gpu_indices) for w in placed)  # fits, but not in its quota yet
+                placed = None
             if placed is not None:
                 break
         taken = {(w.server_id, g) for w in placed for g in w.gpu_indices} if placed is not None else set()
+        need = job.min_workers * job.gpus_per_worker
         for other, reason in chosen:
             view = other.view
             if not any((w.server_id, g) in taken for w in other.workers for g in w.gpu_indices):
-                quota.charge(view, len(other.workers) * view.gpus_per_worker)  # spared (or nothing placed)
-                continue
+                quota.charge(view, len(other.workers) * view.gpus_per_worker)
+                if placed is None or quota.check(job, need).allowed:
+                    continue  # spared: the gang does not use its GPUs, and the quota does not need them
+                quota.release(view, len(other.workers) * view.gpus_per_worker)
             del cycle.running[view.job_id]
             cycle.capacity.release_many((w.server_id, w.gpu_indices) for w in other.workers)
             q = quota.queue_of(view)
@@ -717,7 +731,8 @@ class ArylPolicy:
         for server_id, free in released.items():  # the net change: extras dropped free their GPUs
             free_cap.set_free(server_id, free)
         # Growth borrows within the queues' rules (``core.quota``), as the dropped extras leave usage.
-        quota = _ledger(cycle, {job.view.job_id: job.view.min_workers + len(kept[job.view.job_id]) for job in jobs})
+        quota = _ledger(cycle, {job.view.job_id: job.view.min_workers + len(kept[job.view.job_id]) for job in jobs}
+                        ) if cycle.snapshot.queues else QuotaLedger((), (), training_gpus=0, loaned_gpus=0)
         capped: set[int] = set()
         held: list[_Job] = []  # below max_workers at the size it has: why is worked out once all have grown
         for job in sorted(jobs, key=lambda j: -value_per_gpu[j.view.job_id]):
