@@ -113,7 +113,7 @@ def tenants_section(shared: Path, assets: Path, raw: dict[str, Any]) -> tuple[st
             teams = team_figures(result, jobs)
             elapsed = time.perf_counter() - started
             log(f"tenants seed {seed} {config}: {result.stop_reason}, {result.cycles} cycles, {elapsed:.1f}s")
-            runs[f"seed {seed}|{config}"] = {"summary": summary, "teams": teams, "wall_s": round(elapsed, 1)}
+            runs[f"seed {seed}|{config}"] = {"summary": summary, "teams": teams}  # no wall time: reproducible
             row = values[config]
             for team in TEAMS:
                 for key in ("avg_queue_s", "p95_queue_s", "avg_jct_s"):
