@@ -11,12 +11,21 @@ import logging
 import os
 import sys
 
-from benchmarks import bench_agents, bench_cycle, bench_reclaim, bench_router, bench_service, bench_sim, bench_solvers
+from benchmarks import (
+    bench_agents,
+    bench_cycle,
+    bench_pollux,
+    bench_reclaim,
+    bench_router,
+    bench_service,
+    bench_sim,
+    bench_solvers,
+)
 from benchmarks.bench_service import FULL, QUICK, BenchContext, Benchmark
 
 BENCHMARKS = (
     bench_service.BENCHMARKS + bench_agents.BENCHMARKS + bench_solvers.BENCHMARKS + bench_cycle.BENCHMARKS
-    + bench_sim.BENCHMARKS + bench_reclaim.BENCHMARKS + bench_router.BENCHMARKS
+    + bench_sim.BENCHMARKS + bench_reclaim.BENCHMARKS + bench_router.BENCHMARKS + bench_pollux.BENCHMARKS
 )
 
 DEFAULT_ADMIN_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"

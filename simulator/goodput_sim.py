@@ -333,13 +333,14 @@ class GoodputRunResult:
 
     @property
     def average_jct(self) -> float:
-        return sum(self.jcts.values()) / len(self.jcts)
+        return sum(self.jcts.values()) / len(self.jcts) if self.jcts else 0.0
 
 
 def run_workload(workload: list[WorkloadJob], data_dir: str | Path, policy: str, *, nodes: int = 16,
                  gpus_per_node: int = 4, interval_s: float = 60.0, restart_s: float = 30.0,
-                 max_time_s: float = 30 * 86400.0) -> GoodputRunResult:
-    """Simulate ``workload`` under ``policy`` (``GOODPUT_POLICIES``) until every job completed."""
+                 max_time_s: float = 30 * 86400.0, until_s: float | None = None) -> GoodputRunResult:
+    """Simulate ``workload`` under ``policy`` (``GOODPUT_POLICIES``) until every job completed, or only the
+    intervals up to ``until_s`` of simulated time (a bounded run: the jobs completed by then)."""
     if policy not in GOODPUT_POLICIES:
         raise ValueError(f"the goodput job model runs {', '.join(GOODPUT_POLICIES)}, not {policy!r}")
     started = time.perf_counter()
@@ -350,6 +351,8 @@ def run_workload(workload: list[WorkloadJob], data_dir: str | Path, policy: str,
     allocations: dict[int, list[int]] = {}
     now = 0.0
     while any(j.completion_time is None for j in jobs):
+        if until_s is not None and now >= until_s:
+            break
         if now >= max_time_s:
             raise RuntimeError(f"{policy}: jobs still running at {max_time_s} s of simulated time")
         for job in jobs:
@@ -368,7 +371,7 @@ def run_workload(workload: list[WorkloadJob], data_dir: str | Path, policy: str,
         policy=policy,
         jcts={j.spec.name: j.completion_time - j.spec.submit_time for j in jobs if j.completion_time is not None},
         restarts={j.spec.name: max(j.restarts, 0) for j in jobs},
-        end_time=max(j.completion_time for j in jobs if j.completion_time is not None),
+        end_time=max((j.completion_time for j in jobs if j.completion_time is not None), default=now),
         wall_s=time.perf_counter() - started,
     )
 
