@@ -178,6 +178,7 @@ def submit_json(ctl, *argv: str) -> dict:
 
 
 def test_submit_via_flags(ctl) -> None:
+    assert ctl("queues", "create", "nlp", "--quota", "0")[0] == 0  # a job's queue must exist
     code, out, err = ctl(
         "submit", "--name", "bert", "--user", "ada", "--queue", "nlp", "--gpus-per-worker", "2",
         "--min-workers", "1", "--max-workers", "3", "--priority", "4", "--env", "A=1", "--env", "B=x=y",
@@ -247,6 +248,7 @@ def test_json_and_yaml_print_zero_values(ctl) -> None:
 
 @pytest.mark.parametrize("fmt", ["yaml", "json"])
 def test_a_job_printed_with_o_is_a_submit_file(ctl, tmp_path: Path, fmt: str) -> None:
+    assert ctl("queues", "create", "nlp", "--quota", "0")[0] == 0  # a job's queue must exist
     original = submit_json(
         ctl, "--name", "again", "--user", "ada", "--queue", "nlp", "--gpus-per-worker", "2", "--min-workers", "1",
         "--max-workers", "3", "--priority", "0", "--env", "A=1", "--deadline", "2030-01-31T18:00:00Z",
@@ -293,6 +295,8 @@ def test_events_filter_by_server_id_and_server_stays_the_address(ctl, scheduler)
 
 
 def test_jobs_table_json_yaml_and_filters(ctl) -> None:
+    for queue in ("a", "b"):  # a job's queue must exist
+        assert ctl("queues", "create", queue, "--quota", "0")[0] == 0
     first = submit_json(ctl, "--name", "first", "--queue", "a", "--", "true")
     second = submit_json(ctl, "--name", "second", "--queue", "b", "--", "true")
     third = submit_json(ctl, "--name", "third", "--queue", "b", "--", "true")

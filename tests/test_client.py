@@ -259,6 +259,7 @@ def small_spec(name: str = "job", **kwargs) -> types_pb2.JobSpec:
 
 
 def test_submit_get_list_cancel(client: ArylClient) -> None:
+    client.create_queue("research", 0)  # a job's queue must exist
     spec = small_spec("bert", queue="research", gpus_per_worker=2, min_workers=1, max_workers=3, env={"A": "1"})
     job = client.submit_job(spec)
     assert job.job_id
