@@ -24,7 +24,12 @@ Modelling choices (each is the authors'; each changes the figures):
   batch cut so that the total stays within the largest validated batch.
 - **placement**: the policy returns, per job, one node index per GPU; the job's placement is the GPUs per
   node in that order (consecutive equal indices), which sets its measured step time.
-- **NCF** jobs never get more than one GPU (Optimus).
+- **NCF** jobs never get more than one GPU (Optimus, Pollux).
+- **Pollux's jobs** (``pollux``) choose their own batch size: before they have run, the smallest their GPUs
+  allow; then, after every stretch of training and at every re-allocation, the best by their goodput model
+  (``policies.pollux.GoodputModel``): the step-time parameters refitted
+  (``solvers.pollux_search.fit_perf_params_lbfgs``) each time they run a configuration (nodes, GPUs,
+  atomic batch) not seen before, and the gradient statistics last measured. NCF keeps 32768.
 
 Policies: ``tiresias`` (``scheduler_service.policies.tiresias.tiresias_decide``, requested GPUs as the
 gang; queue 0 in arrival order, queue 1 in demotion order) and ``optimus``
@@ -34,7 +39,9 @@ at least two passes on one GPU even at the initial batch size; ``max_gpus`` = ba
 atomic batch; the remaining iterations at the requested batch size from the start of the current epoch,
 1 in the last). The decisions are the registered policies' own functions, imported, not copied; the
 placement of both is ``tiresias.place_in_order`` (kept jobs stay; the others take the most free node
-first).
+first). ``pollux`` (``scheduler_service.policies.pollux.pollux_decide``, ``PolluxDecider``) on the jobs' own
+fitted models. ``sjf`` and ``aryl-noloan``: the registered policies themselves on a snapshot of the
+simulated jobs, their plans applied (``SnapshotDecider``).
 """
 
 from __future__ import annotations
@@ -48,6 +55,9 @@ from pathlib import Path
 from typing import Protocol
 
 from scheduler_service.core.goodput import GradParams, PerfParams, StepSample, progress_rate, split_batch
+from scheduler_service.core.params import PolicyParams
+from scheduler_service.core.snapshot import ClusterSnapshot, JobView, ServerView, WorkerView
+from scheduler_service.lifecycle import JobState, Pool, ServerState
 from scheduler_service.policies.optimus import OptimusJob, optimus_allocate, optimus_place
 from scheduler_service.policies.pollux import GoodputModel, PolluxJob, pollux_decide
 from scheduler_service.policies.tiresias import TiresiasJob, TiresiasState, place_in_order, tiresias_decide
@@ -318,8 +328,78 @@ class PolluxDecider:
         return pollux_decide(jobs, dict.fromkeys(range(self.nodes), self.gpus_per_node))
 
 
+@dataclass
+class SnapshotDecider:
+    """A registered policy (``create_policy(name)``) deciding on a ``ClusterSnapshot`` of the simulated jobs,
+    its plan applied to the allocations: how Aryl's own policies (``sjf``, ``aryl-noloan``) run on the
+    goodput model. Each job is a gang of its requested GPUs (``min_workers``, 1 GPU per worker); elastic
+    (``elastic``) up to 16x that, within what its batch allows (the smallest atomic batch per GPU) and one
+    GPU for NCF, as ``optimus``. It declares what an oracle knows, as ``optimus`` is given: its progress
+    rate per worker count at its requested batch size (this epoch's efficiency, a packed placement) as its
+    throughput points, and its training target and progress as its total work and work done. The batch
+    size stays the requested one (the policies do not choose it)."""
+
+    nodes: int
+    gpus_per_node: int
+    policy: str = "sjf"
+    elastic: bool = False
+    params: PolicyParams = field(default_factory=PolicyParams)
+    _workers: dict[int, tuple[WorkerView, ...]] = field(default_factory=dict)
+    _started: dict[int, float] = field(default_factory=dict)
+    _resized: dict[int, float] = field(default_factory=dict)
+
+    def decide(self, active: list[SimJob], previous: dict[int, list[int]], now: float) -> dict[int, list[int]]:
+        from scheduler_service.policies import create_policy  # the registry imports every policy
+
+        alive = {j.index for j in active}
+        self._workers = {k: v for k, v in self._workers.items() if k in alive}
+        views = [self._view(j, now) for j in active]
+        allocated = sorted((int(w.server_id[1:]), g, k) for k, ws in self._workers.items() for w in ws
+                           for g in w.gpu_indices)
+        servers = tuple(ServerView(f"n{i}", Pool.TRAINING, ServerState.TRAINING, tuple(range(self.gpus_per_node)),
+                                   allocated=tuple((g, k) for n, g, k in allocated if n == i))
+                        for i in range(self.nodes))
+        plan = create_policy(self.policy, self.params).schedule(ClusterSnapshot(now=now, servers=servers,
+                                                                                jobs=tuple(views)))
+        for p in plan.preemptions:
+            self._workers.pop(p.job_id, None)
+        changes = [(s.job_id, s.workers) for s in plan.scales] + [(s.job_id, s.workers) for s in plan.starts]
+        for key, placed in changes:
+            self._workers[key] = tuple(WorkerView(w.rank, w.server_id, w.gpu_indices) for w in placed)
+            self._started.setdefault(key, now)
+            self._resized[key] = now
+        return {k: sorted(int(w.server_id[1:]) for w in ws for _ in w.gpu_indices)
+                for k, ws in self._workers.items() if ws}
+
+    def _view(self, job: SimJob, now: float) -> JobView:
+        app, batch = job.app, job.spec.batch_size
+        request = 1 if app.name == "ncf" else job.spec.num_replicas
+        most = request
+        if self.elastic and app.name != "ncf":
+            most = max(request, min(16 * request, batch // app.min_atomic_bsz, self.nodes * self.gpus_per_node))
+        gain = app.gain(batch, min(job.epoch, app.completion_epoch))
+        points = []
+        for w in range(1, most + 1):
+            split = split_batch(batch, w, app.max_atomic_bsz, init_bsz=app.init_batch_size,
+                                max_batch_size=app.max_batch_size)
+            step, sync = app.step_times(_packed(w, self.gpus_per_node), split.atomic_bsz)
+            points.append((w, progress_rate(gain, step + (step - sync) * split.accum_steps)))
+        workers = self._workers.get(job.index, ())
+        target = app.epoch_end(app.completion_epoch)
+        return JobView(job_id=job.index, state=JobState.RUNNING if workers else JobState.PENDING, gpus_per_worker=1,
+                       min_workers=request, max_workers=most, priority=0, submitted_at=job.spec.submit_time,
+                       workers=workers, throughput_points=tuple(points), total_work=target,
+                       work_done=min(job.progress, target), started_at=self._started.get(job.index),
+                       last_resized_at=self._resized.get(job.index))
+
+
+def _registered(name: str, elastic: bool) -> Callable[[int, int], Decider]:
+    return lambda nodes, gpus: SnapshotDecider(nodes, gpus, name, elastic)
+
+
 DECIDERS: dict[str, Callable[[int, int], Decider]] = {"tiresias": TiresiasDecider, "optimus": OptimusOracleDecider,
-                                                      "pollux": PolluxDecider}
+                                                      "pollux": PolluxDecider, "sjf": _registered("sjf", False),
+                                                      "aryl-noloan": _registered("aryl-noloan", True)}
 GOODPUT_POLICIES = tuple(DECIDERS)
 
 

@@ -191,3 +191,11 @@ def test_pollux_jobs_on_the_goodput_model_finish_sooner_than_under_optimus_oracl
     assert len(result.jcts) == 12
     fixed = run_workload(workload, data / "traces", "optimus", nodes=4, gpus_per_node=4)
     assert result.average_jct < fixed.average_jct   # adaptive batch sizes and allocations beat the oracle
+
+
+@pytest.mark.parametrize("policy", ["sjf", "aryl-noloan"])
+def test_aryl_s_registered_policies_run_on_the_goodput_model(policy: str) -> None:
+    data = pollux_data()
+    workload = load_workload(data / "workloads" / "workload-6.csv")[:12]
+    result = run_workload(workload, data / "traces", policy, nodes=4, gpus_per_node=4)
+    assert len(result.jcts) == 12 and result.average_jct > 0
