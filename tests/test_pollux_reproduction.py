@@ -6,7 +6,7 @@ all 8 workloads (``results-jobload/*-1.0``) every job's JCT is the authors' too.
 
 Aryl's ``pollux`` on workload-6 gives an average JCT within 5 % of the authors' 2446.1 s (its optimiser is
 not the authors' genetic algorithm, so not per job). The 8-workload Pollux mean (authors: 2751.1 s) takes
-about 4 minutes: ``ARYL_POLLUX_FULL=1`` (``make pollux-full``) runs it.
+about 4 minutes: ``ARYL_POLLUX_FULL=1`` runs it.
 
 The data (``pollux-data/``) is read from ``$ARYL_SHARED_DIR`` or ``../shared`` beside the repository, never
 committed here. Without it the tests skip, except under ``CI=true``, where missing data is a failure.
