@@ -337,7 +337,7 @@ def valid_specs(draw: st.DrawFn, *, small: bool = False) -> types_pb2.JobSpec:
     spec = types_pb2.JobSpec(
         name=draw(st.text(PRINTABLE, min_size=1, max_size=40)),
         user=draw(IDENTS),
-        queue=draw(st.just("") | IDENTS),
+        queue=draw(st.sampled_from(["", "default"])),  # a queue that exists (none is configured here)
         command=[draw(st.text(PRINTABLE, min_size=1, max_size=20)),
                  *draw(st.lists(st.text(DATA, max_size=16), max_size=4))],
         env=draw(st.dictionaries(
