@@ -46,7 +46,7 @@ from aryl_common.backoff import Backoff
 from aryl_common.channels import SchedulerAddresses, describe_rpc_error, leader_hint, scheduler_channel
 from aryl_common.entry import package_version
 from aryl_common.security import ClientSecurity
-from node_agent.config import AgentSection
+from node_agent.config import AgentSection, UsersSection
 from node_agent.desired import DesiredStateTracker, Verdict
 from node_agent.epoch_file import EpochFile
 from node_agent.gpus import GpuBackend, GpuInfo, GpuSample
@@ -134,6 +134,7 @@ class Agent:
         *,
         backoff: Backoff | None = None,
         version: str | None = None,
+        users: UsersSection | None = None,
     ) -> None:
         self.config = config
         self.gpus = gpus
@@ -142,7 +143,7 @@ class Agent:
         self.addresses = SchedulerAddresses(config.scheduler_address)
         # Set when there is news worth reporting before the next interval (convergence, an exit).
         self._report_now = threading.Event()
-        self.supervisor = Supervisor(config, self.desired, on_change=self._report_now.set)
+        self.supervisor = Supervisor(config, self.desired, on_change=self._report_now.set, users=users)
         self.logs_address = ""  # host:port of the worker-log service once it runs
         self.version = version or package_version()  # reported to the scheduler with the registration
         self._backoff = backoff or Backoff.capped(config.reconnect_max_backoff_s)

@@ -108,11 +108,39 @@ class GpusSection(ConfigSection):
     fake_memory_gb: int = Field(80, gt=0)
 
 
+class UsersSection(ConfigSection):
+    """Who workers run as and what they get (``node_agent.identity``, docs/security.md)."""
+
+    run_as: Literal["agent", "owner"] = Field(
+        "agent",
+        description="owner: an agent running as root starts each worker as its job owner's mapped uid/gid "
+        "(an agent that is not root cannot, and runs them as itself); agent: as the agent's uid",
+    )
+    map: str = Field("", description="owner to uid/gid: 'alice:1001:1001, bob:1002:1002'")
+    map_file: str = Field("", description="file of name:uid:gid lines (# comments); map wins for a name in both")
+    use_passwd: bool = Field(False, description="a name in neither map: look it up in the system's users")
+    default_uid: int = Field(-1, ge=-1, description="uid for an unmapped owner; -1: refuse the job")
+    default_gid: int = Field(-1, ge=-1, description="gid with default_uid")
+    allow_root: bool = Field(False, description="allow jobs of user root and mappings to uid or gid 0")
+    allow_loader_env: bool = Field(
+        False, description="allow LD_* variables (LD_PRELOAD, LD_LIBRARY_PATH...) in a job's env; else refused"
+    )
+    pass_env: list[str] = Field(
+        default_factory=list, description="names of the agent's environment variables every worker gets too"
+    )
+    path: str = Field("/usr/local/bin:/usr/bin:/bin", min_length=1, description="the workers' PATH")
+    python: str = Field(
+        "", description="interpreter that runs the worker shim; empty: the agent's (it must be executable by "
+        "the mapped users when run_as = owner)"
+    )
+
+
 class AgentConfig(ArylSettings):
     """Everything one node agent can be told. One instance, built at start-up."""
 
     agent: AgentSection = AgentSection()
     gpus: GpusSection = GpusSection()
+    users: UsersSection = UsersSection()
     logging: LoggingConfig = LoggingConfig()
     metrics: MetricsConfig = MetricsConfig()  # Prometheus /metrics (node_agent.metrics); off by default
 

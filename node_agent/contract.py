@@ -3,7 +3,8 @@
 Pure standard library on purpose: a training program may import this module, or copy the few lines
 it needs, without installing Aryl. It must never import anything from Aryl or outside the stdlib.
 
-Environment the agent sets for every worker (on top of its own environment and the job's ``env``):
+Environment the agent sets for every worker (on top of a minimal base and the job's ``env``; the
+agent's own environment is not passed on: ``node_agent.identity``):
 
 - ``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``: the PyTorch elastic
   conventions (``torch.distributed.init_process_group("nccl")`` reads them as they are);
@@ -118,11 +119,21 @@ def read_progress(path: str | os.PathLike[str]) -> Progress | None:
     """The last progress written to ``path``; None when there is none or it is not valid."""
     try:
         with open(path, encoding="utf-8") as file:
-            data = json.load(file)
+            return parse_progress(file.read())
+    except OSError:
+        return None
+
+
+def parse_progress(text: str | None) -> Progress | None:
+    """A progress file's text as ``Progress``; None when there is none or it is not valid."""
+    try:
+        if text is None:
+            return None
+        data = json.loads(text)
         return Progress(
             float(data.get("progress", 0.0)),
             float(data.get("samples_per_second", 0.0)),
             float(data.get("checkpoint_progress", 0.0)),
         )
-    except (OSError, ValueError, TypeError, AttributeError):
+    except (ValueError, TypeError, AttributeError):
         return None

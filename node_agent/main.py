@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         raise Unreachable(f"cannot start the GPU backend {config.gpus.backend!r}: {exc}; install the NVIDIA "
                           "driver, or choose another with --gpu-backend or gpus.backend") from exc
     try:
-        agent = Agent(config.agent, gpus)
+        agent = Agent(config.agent, gpus, users=config.users)
         metrics = serve_metrics(agent.metrics.registry, config.metrics)
         try:
             run_until_signalled(agent.run, agent.stop if config.agent.keep_workers_on_exit else agent.leave)

@@ -37,13 +37,24 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import BinaryIO
 
 import structlog
 
 from aryl_common.exits import describe_exit
 from node_agent import contract
-from node_agent.config import AgentSection
+from node_agent.config import AgentSection, UsersSection
 from node_agent.desired import DesiredStateTracker
+from node_agent.identity import (
+    PRIVATE_FILE_MODE,
+    Identities,
+    Refused,
+    RunAs,
+    agent_directory,
+    parent_directory,
+    private_directory,
+    read_worker_file,
+)
 from node_agent.workers import (
     DEFAULT_MASTER_PORT,
     Phase,
@@ -55,9 +66,9 @@ from node_agent.workers import (
     desired_specs,
     find_shim,
     load_state,
+    parse_exit_record,
     process_alive,
     process_start_ticks,
-    read_exit_file,
     save_state,
 )
 
@@ -74,6 +85,12 @@ def signals_blocked(signals: tuple[signal.Signals, ...]) -> Iterator[None]:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def open_log(path: Path) -> BinaryIO:
+    """A worker's log for appending, the agent's own (0600), never through a link."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, PRIVATE_FILE_MODE)
+    return os.fdopen(fd, "ab")
 
 
 @dataclass(frozen=True)
@@ -117,13 +134,10 @@ def _unusable_directory(path: str) -> str:
     return ""
 
 
-def worker_environment(
-    spec: WorkerSpec, layout: WorkDir, base: Mapping[str, str], default_master_addr: str
-) -> dict[str, str]:
-    """The worker's environment: the agent's, then the job's, then the contract's variables
-    (``node_agent.contract``), which nothing may override."""
-    env = {**base, **dict(spec.env)}
-    env.update({
+def contract_environment(spec: WorkerSpec, layout: WorkDir, default_master_addr: str) -> dict[str, str]:
+    """The job contract's variables (``node_agent.contract``), which nothing may override; the rest of
+    the worker's environment is ``Identities.environment`` (no variable of the agent's own)."""
+    return {
         contract.WORLD_SIZE: str(spec.world_size),
         contract.RANK: str(spec.id.rank),
         contract.LOCAL_RANK: str(spec.local_rank),
@@ -135,8 +149,19 @@ def worker_environment(
         contract.INCARNATION: str(spec.id.incarnation),
         contract.CHECKPOINT_DIR: str(layout.checkpoint_dir(spec.id.job_id)),
         contract.PROGRESS_FILE: str(layout.progress_file(spec.id)),
-    })
-    return env
+    }
+
+
+def worker_environment(
+    spec: WorkerSpec, layout: WorkDir, agent_env: Mapping[str, str], default_master_addr: str,
+    identities: Identities | None = None,
+) -> dict[str, str]:
+    """The worker's whole environment (``node_agent.identity``); ``Refused`` for a job env it refuses."""
+    identities = identities or Identities()
+    return identities.environment(
+        spec.user, layout.job_dir(spec.id.job_id), dict(spec.env),
+        contract_environment(spec, layout, default_master_addr), agent_env,
+    )
 
 
 class Supervisor:
@@ -146,8 +171,11 @@ class Supervisor:
     def __init__(
         self, config: AgentSection, desired: DesiredStateTracker, *, clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic, on_change: Callable[[], None] | None = None,
+        users: UsersSection | None = None,
     ) -> None:
         self.layout = WorkDir(config.work_path, config.checkpoint_path)
+        # Who workers run as, their environment (node_agent.identity); a bad map file stops the agent here.
+        self.identities = Identities(users)
         self._config = config
         self._desired = desired
         # Wall time only for what people read (log headers, start times); grace deadlines run on the
@@ -176,7 +204,11 @@ class Supervisor:
 
     def start(self) -> None:
         """Create the work directory, adopt the workers of a previous agent, start the reconciler."""
-        self.layout.run_dir.mkdir(parents=True, exist_ok=True)
+        for directory in (self.layout.run_dir, self.layout.root / "jobs", self.layout.root / "logs",
+                          self.layout.checkpoint_root):
+            parent_directory(directory)  # 0711: each worker reaches its own directory, lists no other
+        if self.layout.state_file.exists():
+            os.chmod(self.layout.state_file, PRIVATE_FILE_MODE)  # one saved by an older agent
         self._adopt()
         self.reconcile()
         self._thread = threading.Thread(target=self._reconcile_forever, name="worker-reconciler", daemon=True)
@@ -222,7 +254,7 @@ class Supervisor:
         return views
 
     def _view(self, worker: Worker) -> WorkerView:
-        progress = contract.read_progress(self.layout.progress_file(worker.id))
+        progress = contract.parse_progress(read_worker_file(self.layout.progress_file(worker.id)))
         if progress is not None:
             self._progress[worker.id] = progress
         return WorkerView(
@@ -318,7 +350,13 @@ class Supervisor:
             return
         popen = None
         try:
-            popen = None if problem or cwd is None else self._spawn(spec, cwd, note)
+            if not problem and cwd is not None:
+                run_as = self.identities.resolve(spec.user)
+                env = worker_environment(spec, self.layout, os.environ, self._config.agent_address, self.identities)
+                popen = self._spawn(spec, cwd, note, run_as, env)
+        except Refused as exc:  # for a reason in its spec (its owner, its env): the job fails, no restart
+            self._refuse_start(worker, str(exc))
+            return
         except OSError as exc:
             problem = str(exc)
         if popen is None:
@@ -347,25 +385,31 @@ class Supervisor:
         self._log.error("worker not started", worker=str(worker.id), reason=why)
         try:
             log_path = self.layout.log_file(spec.id.job_id, spec.id.rank)
-            log_path.parent.mkdir(parents=True, exist_ok=True)
-            with log_path.open("ab") as output:
+            agent_directory(log_path.parent)
+            with open_log(log_path) as output:
                 output.write(self._log_header(spec).encode())
                 output.write(f"===== aryl-agent on {self._config.hostname}: not started: {why}\n".encode())
         except OSError as exc:
             self._log.warning("cannot write the worker's log", worker=str(worker.id), error=str(exc))
 
-    def _spawn(self, spec: WorkerSpec, cwd: Path, note: str) -> subprocess.Popen[bytes]:
-        """Prepare the worker's directories and log, then start the shim leading a new session in
-        ``cwd``; ``note`` (if any) goes to the log under the header."""
+    def _spawn(
+        self, spec: WorkerSpec, cwd: Path, note: str, run_as: RunAs, env: dict[str, str]
+    ) -> subprocess.Popen[bytes]:
+        """Prepare the worker's directories (``node_agent.identity``: private to ``run_as``) and log,
+        then start the shim as ``run_as``, leading a new session in ``cwd``; ``note`` (if any) goes to
+        the log under the header."""
         exit_file = self.layout.exit_file(spec.id)
-        exit_file.parent.mkdir(parents=True, exist_ok=True)
+        for directory in (exit_file.parent, self.layout.checkpoint_dir(spec.id.job_id),
+                          self.layout.job_dir(spec.id.job_id)):
+            private_directory(directory, run_as)
         exit_file.unlink(missing_ok=True)
-        self.layout.checkpoint_dir(spec.id.job_id).mkdir(parents=True, exist_ok=True)
-        self.layout.job_dir(spec.id.job_id).mkdir(parents=True, exist_ok=True)
         log_path = self.layout.log_file(spec.id.job_id, spec.id.rank)
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = worker_environment(spec, self.layout, os.environ, self._config.agent_address)
-        with log_path.open("ab") as output:
+        agent_directory(log_path.parent)
+        switch: dict[str, object] = {}
+        if run_as.switches:  # no supplementary groups of the agent's either
+            switch = {"user": run_as.uid, "group": run_as.gid, "extra_groups": []}
+        python = self.identities.section.python or sys.executable
+        with open_log(log_path) as output:
             output.write(self._log_header(spec).encode())
             if note:
                 output.write(f"===== aryl-agent on {self._config.hostname}: {note}\n".encode())
@@ -376,14 +420,15 @@ class Supervisor:
             self._save()
             self._dirty = True  # what the spawn leads to is saved at the end of the pass
             with signals_blocked(STOP_SIGNALS):  # inherited: the shim unblocks them when it can relay
-                return subprocess.Popen(
-                    [sys.executable, "-I", str(SHIM), "--exit-file", str(exit_file), "--", *spec.command],
+                return subprocess.Popen(  # type: ignore[call-overload]
+                    [python, "-I", str(SHIM), "--exit-file", str(exit_file), "--", *spec.command],
                     stdin=subprocess.DEVNULL,
                     stdout=output,
                     stderr=subprocess.STDOUT,
                     env=env,
                     cwd=cwd,
                     start_new_session=True,  # the shim leads a new process group: stopping reaches the tree
+                    **switch,
                 )
 
     def _log_header(self, spec: WorkerSpec) -> str:
@@ -446,7 +491,7 @@ class Supervisor:
     def _record_exit(self, worker: Worker) -> None:
         """The shim of ``worker`` is gone: take the exit status it recorded and say what happened."""
         popen = self._popens.pop(worker.id, None)
-        recorded = read_exit_file(self.layout.exit_file(worker.id))
+        recorded = parse_exit_record(read_worker_file(self.layout.exit_file(worker.id)))
         if recorded is not None:
             exit_code, message = recorded[0], recorded[1] or describe_exit(recorded[0])
         else:

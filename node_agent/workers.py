@@ -23,10 +23,14 @@ On-disk layout (``WorkDir``)::
 
     <work_dir>/logs/<job>/rank-<r>.log                   output of every incarnation, appended
     <work_dir>/jobs/<job>/                               the job's directory (a working directory)
-    <work_dir>/run/workers.json                          the state file
+    <work_dir>/run/workers.json                          the state file (0600)
     <work_dir>/run/<job>/rank-<r>.inc-<i>.exit.json      written by the shim when the command ends
     <work_dir>/run/<job>/rank-<r>.inc-<i>.progress.json  ARYL_PROGRESS_FILE
     <checkpoint_root>/<job>/                             ARYL_CHECKPOINT_DIR
+
+Permissions and owners (``node_agent.identity``): ``logs/``, ``jobs/``, ``run/`` and the checkpoint
+root are 0711; ``jobs/<job>``, ``run/<job>`` and ``<checkpoint_root>/<job>`` are 0700 and owned by
+the user the job's workers run as; ``logs/<job>`` (0700) and its logs (0600) are the agent's.
 
 ``<job>`` is the job id with anything but letters, digits, ``-``, ``_`` and inner dots
 percent-escaped, so no job id can name a path outside its directory.
@@ -87,6 +91,7 @@ class WorkerSpec:
     grace_s: float
     working_dir: str = ""  # absolute; empty: the job's directory (module doc)
     working_dir_if_exists: bool = False
+    user: str = ""  # the job's owner: who the worker runs as (node_agent.identity)
 
     @classmethod
     def from_message(cls, worker: agent_pb2.DesiredWorker, default_grace_s: float) -> WorkerSpec:
@@ -102,6 +107,7 @@ class WorkerSpec:
             grace_s=grace_seconds(worker.grace_period, default_grace_s),
             working_dir=worker.working_dir,
             working_dir_if_exists=worker.working_dir_if_exists,
+            user=worker.user,
         )
 
 
@@ -228,9 +234,17 @@ class Worker:
 def read_exit_file(path: Path) -> tuple[int, str] | None:
     """``(exit_code, message)`` as the shim recorded it; None when it recorded nothing."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        return int(data["exit_code"]), str(data.get("message", ""))
-    except (OSError, ValueError, KeyError, TypeError):
+        return parse_exit_record(path.read_text(encoding="utf-8"))
+    except OSError:
+        return None
+
+
+def parse_exit_record(text: str | None) -> tuple[int, str] | None:
+    """An exit file's text as ``(exit_code, message)``; None when it is not one."""
+    try:
+        data = json.loads(text) if text is not None else None
+        return (int(data["exit_code"]), str(data.get("message", ""))) if isinstance(data, dict) else None
+    except (ValueError, KeyError, TypeError):
         return None
 
 
@@ -240,7 +254,10 @@ def save_state(path: Path, workers: list[Worker]) -> None:
     document = {"version": STATE_FILE_VERSION, "workers": [w.to_record() for w in workers]}
     temporary = path.with_suffix(".json.tmp")
     try:
-        with temporary.open("w", encoding="utf-8") as file:
+        temporary.unlink(missing_ok=True)
+        # 0600: it holds every co-located job's environment (node_agent.identity).
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(descriptor, "w", encoding="utf-8") as file:
             json.dump(document, file, indent=1, sort_keys=True)
             file.flush()
             os.fsync(file.fileno())

@@ -284,6 +284,7 @@ class DesiredWorkerSpec:
     incarnation: int = 0
     working_dir: str = ""
     working_dir_if_exists: bool = False
+    user: str = ""  # the job's owner: a root agent runs the worker as its mapped uid (node_agent.identity)
 
 
 @dataclass(frozen=True)

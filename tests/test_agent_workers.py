@@ -170,7 +170,8 @@ def test_a_worker_starts_with_the_job_contract_environment(nodes, tmp_path: Path
     assert env["ARYL_CHECKPOINT_DIR"] == str(work / "checkpoints" / "job-env")
     assert Path(env["ARYL_CHECKPOINT_DIR"]).is_dir()
     assert env["ARYL_PROGRESS_FILE"].startswith(str(work / "run"))
-    assert env["LEARNING_RATE"] == "0.1" and env["PATH"] == os.environ["PATH"]  # job env on the agent's
+    assert env["LEARNING_RATE"] == "0.1" and env["PATH"] == "/usr/local/bin:/usr/bin:/bin"  # a minimal base
+    assert not {"VIRTUAL_ENV", "PYTEST_CURRENT_TEST"} & env.keys()  # none of the agent's environment
     assert view.exit_code == 0 and not view.stop_requested
     assert node.supervisor.observed_generation == 1
     (header,) = log_headers(node, "job-env", 1)

@@ -212,7 +212,7 @@ def desired_state(state: DesiredServerState, *, grace_period_s: float) -> agent_
                 job_id=str(w.job_id), rank=w.rank, world_size=w.world_size, local_rank=w.local_rank,
                 gpu_indices=w.gpu_indices, command=w.command, env=w.env, master_addr=w.master_addr,
                 master_port=w.master_port, grace_period=duration(grace_period_s), incarnation=w.incarnation,
-                working_dir=w.working_dir, working_dir_if_exists=w.working_dir_if_exists,
+                working_dir=w.working_dir, working_dir_if_exists=w.working_dir_if_exists, user=w.user,
             )
             for w in state.workers
         ],

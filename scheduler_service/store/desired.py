@@ -85,7 +85,7 @@ class DesiredStates:
             sa.select(a.server_id, a.job_id, a.rank,
                       sa.func.aggregate_strings(sa.cast(a.gpu_index, sa.String), ",").label("gpus"),
                       j.num_workers, j.command, j.env, j.incarnation, j.working_dir, j.working_dir_if_exists,
-                      j.array_job_id, j.array_index,
+                      j.array_job_id, j.array_index, j.user,
                       master.label("master_addr"), port.label("master_port"))
             .join(m.JOBS, j.id == a.job_id)
             .where(a.server_id.in_(sorted(row.id for row in servers)))
@@ -109,6 +109,7 @@ class DesiredStates:
                         master_addr=w.master_addr or server.agent_address,
                         master_port=w.master_port or 0, incarnation=w.incarnation,
                         working_dir=w.working_dir or "", working_dir_if_exists=w.working_dir_if_exists,
+                        user=w.user,
                     )
                 )
                 local_rank[w.job_id] += 1

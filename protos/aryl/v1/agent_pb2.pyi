@@ -141,7 +141,7 @@ class WatchDesiredStateRequest(_message.Message):
     def __init__(self, server_id: _Optional[str] = ...) -> None: ...
 
 class DesiredWorker(_message.Message):
-    __slots__ = ("job_id", "rank", "world_size", "local_rank", "gpu_indices", "command", "env", "master_addr", "master_port", "grace_period", "incarnation", "working_dir", "working_dir_if_exists")
+    __slots__ = ("job_id", "rank", "world_size", "local_rank", "gpu_indices", "command", "env", "master_addr", "master_port", "grace_period", "incarnation", "working_dir", "working_dir_if_exists", "user")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -162,6 +162,7 @@ class DesiredWorker(_message.Message):
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     WORKING_DIR_FIELD_NUMBER: _ClassVar[int]
     WORKING_DIR_IF_EXISTS_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     rank: int
     world_size: int
@@ -175,7 +176,8 @@ class DesiredWorker(_message.Message):
     incarnation: int
     working_dir: str
     working_dir_if_exists: bool
-    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., local_rank: _Optional[int] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., grace_period: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., incarnation: _Optional[int] = ..., working_dir: _Optional[str] = ..., working_dir_if_exists: _Optional[bool] = ...) -> None: ...
+    user: str
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., local_rank: _Optional[int] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., grace_period: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., incarnation: _Optional[int] = ..., working_dir: _Optional[str] = ..., working_dir_if_exists: _Optional[bool] = ..., user: _Optional[str] = ...) -> None: ...
 
 class DesiredState(_message.Message):
     __slots__ = ("server_id", "scheduler_epoch", "generation", "server_state", "workers")

@@ -1,0 +1,191 @@
+"""Who a worker runs as, with which environment, and the permissions of its directories.
+
+Nouns:
+- a job's *owner* is the user the scheduler says submitted it (``DesiredWorker.user``: the
+  authenticated identity when the scheduler authenticates, else the name the client gave);
+- the *user map* (``[users]`` in the agent's config, ``UsersSection``) maps owners to a uid and a gid:
+  ``map = "alice:1001:1001, bob:1002:1002"``, and/or ``map_file`` (one ``name:uid:gid`` a line,
+  ``#`` comments), and, with ``use_passwd``, the system's user database for names in neither;
+- the *run-as* of a worker (``RunAs``): the uid/gid its shim and command run as, or the agent's own.
+
+Rules (``Identities.resolve``):
+- ``run_as = "owner"`` and the agent is root: the worker runs as its owner's mapped uid/gid, with no
+  supplementary groups. An owner that maps to nothing is refused ("no uid mapped for user ..."),
+  unless ``default_uid``/``default_gid`` are set (>= 0): then it runs as those. An owner named
+  ``root``, or any mapping to uid 0 or gid 0, is refused unless ``allow_root``;
+- otherwise (``run_as = "agent"``, the default for now, or an agent that is not root and so cannot
+  switch) the worker runs as the agent's uid, as before; the rules below still apply.
+
+Environment (``clean_environment``): never the agent's own. A worker gets a minimal base (``PATH`` =
+``[users] path``, ``HOME`` = its job's private directory, ``LANG=C.UTF-8``, ``USER``/``LOGNAME`` = its
+owner), the agent's variables named in ``pass_env`` (e.g. a container's ``LD_LIBRARY_PATH`` for
+CUDA), the job's ``env``, then the job contract's variables, which nothing overrides. A job whose env
+sets a dynamic-loader variable (any ``LD_*`` name, e.g. ``LD_PRELOAD``, ``LD_LIBRARY_PATH``) is
+refused (not silently dropped, so the owner learns why) unless ``allow_loader_env``.
+
+Directories (``Supervisor._spawn``): the job's directory (its default working directory and ``HOME``),
+its checkpoint directory and its run directory (exit and progress files) are owned by the run-as
+uid/gid with mode 0700; their parents (``jobs/``, ``run/``, ``logs/``, the checkpoint root) are 0711,
+so a worker reaches its own directory without listing anyone else's. Logs stay the agent's (0700
+directory, 0600 file; the worker writes through the descriptor it inherits; its owner reads them
+with ``arylctl logs``), so a worker can never point the agent at another file through its log. The
+state file ``run/workers.json`` (every co-located job's environment) is 0600. The agent reads what
+a worker may write (exit and progress files) without following links and only from regular files.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import stat
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from node_agent.config import UsersSection
+
+PRIVATE_DIR_MODE = 0o700
+PARENT_DIR_MODE = 0o711
+PRIVATE_FILE_MODE = 0o600
+
+
+class Refused(Exception):
+    """A worker that must not start here; the message says why and what setting would allow it."""
+
+
+@dataclass(frozen=True)
+class RunAs:
+    """The uid/gid a worker runs as; ``uid is None``: the agent's own (no switch)."""
+
+    user: str
+    uid: int | None = None
+    gid: int | None = None
+
+    @property
+    def switches(self) -> bool:
+        return self.uid is not None
+
+
+def parse_map(text: str, where: str) -> dict[str, tuple[int, int]]:
+    """``name:uid:gid`` entries separated by commas, whitespace or new lines (``#`` starts a comment)."""
+    mapping: dict[str, tuple[int, int]] = {}
+    for line in text.splitlines():
+        for entry in line.split("#", 1)[0].replace(",", " ").split():
+            parts = entry.split(":")
+            if len(parts) != 3 or not parts[0] or not parts[1].isdigit() or not parts[2].isdigit():
+                raise ValueError(f"{where}: {entry!r} is not name:uid:gid (e.g. alice:1001:1001)")
+            mapping[parts[0]] = (int(parts[1]), int(parts[2]))
+    return mapping
+
+
+class Identities:
+    """The ``[users]`` rules of one agent (module doc). ``euid``: the agent's effective uid (tests)."""
+
+    def __init__(self, section: UsersSection | None = None, *, euid: int | None = None) -> None:
+        self.section = section or UsersSection()
+        self.euid = os.geteuid() if euid is None else euid
+        self.mapping = parse_map(self.section.map, "[users] map")
+        if self.section.map_file:
+            file_map = parse_map(Path(self.section.map_file).read_text(encoding="utf-8"), self.section.map_file)
+            self.mapping = {**file_map, **self.mapping}
+
+    @property
+    def switching(self) -> bool:
+        """Whether workers run as their owners: ``run_as = "owner"`` and the agent is root."""
+        return self.section.run_as == "owner" and self.euid == 0
+
+    def resolve(self, user: str) -> RunAs:
+        """Who ``user``'s worker runs as; ``Refused`` with the reason when it must not run here."""
+        if not self.switching:
+            return RunAs(user)
+        allow_root = self.section.allow_root
+        if user == "root" and not allow_root:
+            raise Refused("jobs of user root are refused on this server ([users] allow_root = false)")
+        ids = self.mapping.get(user)
+        if ids is None and self.section.use_passwd and user:
+            try:
+                entry = pwd.getpwnam(user)
+                ids = (entry.pw_uid, entry.pw_gid)
+            except KeyError:
+                ids = None
+        if ids is None and self.section.default_uid >= 0:
+            ids = (self.section.default_uid, self.section.default_gid)
+        if ids is None:
+            raise Refused(
+                f"no uid mapped for user {user!r} on this server (add it to [users] map or map_file, or set "
+                "[users] default_uid)"
+            )
+        uid, gid = ids
+        if (uid == 0 or gid == 0) and not allow_root:
+            raise Refused(f"user {user!r} maps to uid {uid} gid {gid}: root is refused ([users] allow_root = false)")
+        return RunAs(user, uid, gid)
+
+    def environment(
+        self, user: str, home: Path, job_env: Mapping[str, str], contract_env: Mapping[str, str],
+        agent_env: Mapping[str, str],
+    ) -> dict[str, str]:
+        """The worker's whole environment (module doc); ``Refused`` for a loader variable not allowed."""
+        loader = sorted(name for name in job_env if name.startswith("LD_"))
+        if loader and not self.section.allow_loader_env:
+            raise Refused(
+                f"the job's env sets {', '.join(loader)}: dynamic-loader variables are refused on this server "
+                "([users] allow_loader_env = false)"
+            )
+        env = {"PATH": self.section.path, "HOME": str(home), "LANG": "C.UTF-8"}
+        if user:
+            env.update(USER=user, LOGNAME=user)
+        env.update({name: agent_env[name] for name in self.section.pass_env if name in agent_env})
+        env.update(job_env)
+        env.update(contract_env)
+        return env
+
+
+def private_directory(path: Path, run_as: RunAs) -> None:
+    """Create ``path`` (parents 0711 where missing) owned by ``run_as`` with mode 0700. A path that is
+    a link is refused: a worker must not make the agent chown something else."""
+    parent_directory(path.parent)
+    path.mkdir(mode=PRIVATE_DIR_MODE, exist_ok=True)
+    if path.is_symlink() or not path.is_dir():
+        raise OSError(f"{path} is not a directory")
+    if run_as.switches:
+        assert run_as.uid is not None and run_as.gid is not None
+        os.chown(path, run_as.uid, run_as.gid, follow_symlinks=False)
+    os.chmod(path, PRIVATE_DIR_MODE)
+
+
+def agent_directory(path: Path) -> None:
+    """Create ``path`` (parents 0711) as the agent's own, mode 0700 (logs of one job)."""
+    parent_directory(path.parent)
+    path.mkdir(mode=PRIVATE_DIR_MODE, exist_ok=True)
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) or st.st_uid != os.geteuid():
+        raise OSError(f"{path} is not a directory of the agent's user")
+    os.chmod(path, PRIVATE_DIR_MODE)
+
+
+def parent_directory(path: Path) -> None:
+    """Create ``path`` (and its parents) with mode 0711 where missing; an existing one the agent owns
+    is set to 0711 (reachable, not listable)."""
+    path.mkdir(mode=PARENT_DIR_MODE, parents=True, exist_ok=True)
+    try:
+        if os.lstat(path).st_uid == os.geteuid():
+            os.chmod(path, PARENT_DIR_MODE)
+    except OSError:
+        pass
+
+
+def read_worker_file(path: Path, limit: int = 1 << 16) -> str | None:
+    """The text of a file a worker may write (exit, progress), read without following a link, without
+    blocking on a FIFO and only from a regular file; None when there is none such."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return os.read(fd, limit).decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)

@@ -1,0 +1,277 @@
+"""Jobs run as their user (issue 18, part 5; ``node_agent.identity``).
+
+The rules (user map, refusals, clean environment) are checked on ``Identities`` everywhere. What
+needs root (a worker really running as its owner's mapped uid, directories chowned to it) is checked
+as root, in process with a supervisor and end to end with a real scheduler on PostgreSQL and a real
+``aryl-agent`` process: those skip only when not root and ``CI`` is not ``true``. The mapped uid is
+4242, which has no passwd entry (no user is created), and workers run ``/usr/bin/python3``, which
+any uid may execute (the venv's interpreter may live under a 0700 home).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from arylctl.client import ArylClient
+from node_agent.config import AgentSection, UsersSection
+from node_agent.desired import DesiredStateTracker
+from node_agent.identity import Identities, Refused, parse_map
+from node_agent.supervisor import Supervisor, WorkerView
+from node_agent.workers import Phase, WorkerId
+from protos.aryl.v1 import types_pb2
+from scheduler_service.server import serve_in_background
+from tests.harness import daemon_env, desired_state, desired_worker, job_spec, scheduler_config
+from tests.helpers import processes_mentioning, wait_for
+
+REPO = Path(__file__).resolve().parent.parent
+PYTHON = "/usr/bin/python3"
+UID, GID = 4242, 4242
+SHOW_IDS = "import os; print('ids', os.getuid(), os.getgid(), sorted(os.getgroups()), flush=True)"
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0 and os.environ.get("CI") != "true",
+    reason="switching a worker's uid needs a root agent (runs as root on CI)",
+)
+needs_python = pytest.mark.skipif(not os.access(PYTHON, os.X_OK), reason=f"{PYTHON} is needed for mapped workers")
+
+
+def owner_rules(**users: object) -> Identities:
+    return Identities(UsersSection(**{"run_as": "owner", **users}), euid=0)
+
+
+# --------------------------------------------------------------------------------------------------
+# the rules
+
+
+def test_the_user_map_is_parsed_and_a_bad_entry_names_itself() -> None:
+    assert parse_map("alice:1001:1001, bob:1002:1003\n# comment\ncarol:7:8 # trailing", "m") == {
+        "alice": (1001, 1001), "bob": (1002, 1003), "carol": (7, 8),
+    }
+    with pytest.raises(ValueError, match="'alice:x:1' is not name:uid:gid"):
+        parse_map("alice:x:1", "m")
+
+
+def test_a_root_agent_maps_owners_and_refuses_root_and_the_unmapped(tmp_path: Path) -> None:
+    map_file = tmp_path / "users"
+    map_file.write_text("bob:2002:2002\nalice:1:1\n")
+    rules = owner_rules(map="alice:1001:1001, zero:0:5, gzero:5:0", map_file=str(map_file))
+    assert (rules.resolve("alice").uid, rules.resolve("alice").gid) == (1001, 1001)  # map beats map_file
+    assert rules.resolve("bob").uid == 2002
+    with pytest.raises(Refused, match=r"jobs of user root are refused.*allow_root = false"):
+        rules.resolve("root")
+    for user in ("zero", "gzero"):
+        with pytest.raises(Refused, match=r"root is refused \(\[users\] allow_root = false\)"):
+            rules.resolve(user)
+    with pytest.raises(Refused, match=r"no uid mapped for user 'mallory'.*\[users\] map"):
+        rules.resolve("mallory")
+    assert owner_rules(default_uid=65534, default_gid=65534).resolve("mallory").uid == 65534
+    assert owner_rules(map="root:0:0", allow_root=True).resolve("root").uid == 0
+
+
+def test_without_root_or_owner_mode_workers_run_as_the_agent() -> None:
+    assert not Identities(UsersSection(run_as="owner", map="alice:1:1"), euid=1000).resolve("root").switches
+    assert not Identities(UsersSection(run_as="agent"), euid=0).resolve("mallory").switches
+
+
+def test_the_environment_is_clean_and_loader_variables_are_refused(tmp_path: Path) -> None:
+    rules = owner_rules(pass_env=["CUDA_HOME", "ABSENT"])
+    agent_env = {"CUDA_HOME": "/usr/local/cuda", "SECRET_OF_THE_AGENT": "x", "PATH": "/agent/bin"}
+    env = rules.environment("alice", tmp_path, {"LR": "0.1", "RANK": "9"}, {"RANK": "0"}, agent_env)
+    assert env == {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8",
+                   "USER": "alice", "LOGNAME": "alice", "CUDA_HOME": "/usr/local/cuda", "LR": "0.1", "RANK": "0"}
+    with pytest.raises(Refused, match=r"LD_LIBRARY_PATH, LD_PRELOAD: dynamic-loader variables are refused"):
+        rules.environment("alice", tmp_path, {"LD_PRELOAD": "/tmp/evil.so", "LD_LIBRARY_PATH": "/x"}, {}, {})
+    allowed = owner_rules(allow_loader_env=True).environment("alice", tmp_path, {"LD_PRELOAD": "a.so"}, {}, {})
+    assert allowed["LD_PRELOAD"] == "a.so"
+
+
+# --------------------------------------------------------------------------------------------------
+# as root: a supervisor in this process
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A directory a mapped uid can reach (pytest's tmp_path is under a 0700 directory of root's)."""
+    path = Path(tempfile.mkdtemp(prefix="aryl-run-as-"))
+    path.chmod(0o711)
+    yield path
+    for pid in processes_mentioning(str(path)):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    wait_for(lambda: not processes_mentioning(str(path)), timeout=10, what="no processes left")
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def owner_supervisor(work: Path) -> tuple[Supervisor, DesiredStateTracker]:
+    config = AgentSection(hostname="u-node", work_dir=str(work), stop_grace_s=5.0, reconcile_interval_s=0.05)
+    users = UsersSection(run_as="owner", map=f"alice:{UID}:{GID}", python=PYTHON)
+    tracker = DesiredStateTracker()
+    supervisor = Supervisor(config, tracker, users=users)
+    supervisor.start()
+    return supervisor, tracker
+
+
+def view_of(supervisor: Supervisor, job: str) -> WorkerView | None:
+    return next((v for v in supervisor.statuses() if v.id == WorkerId(job, 0, 1)), None)
+
+
+def mode_and_owner(path: Path) -> tuple[str, int, int]:
+    st = path.lstat()
+    return oct(stat.S_IMODE(st.st_mode)), st.st_uid, st.st_gid
+
+
+@needs_root
+@needs_python
+def test_a_mapped_users_worker_runs_with_its_uid_in_private_directories(shared_dir: Path) -> None:
+    work = shared_dir / "agent"
+    supervisor, tracker = owner_supervisor(work)
+    try:
+        worker = desired_worker([PYTHON, "-c", SHOW_IDS + "; import time; time.sleep(30)"], job="job-u",
+                                env={"LR": "0.1"})
+        worker.user = "alice"
+        root_job = desired_worker([PYTHON, "-c", "print(1)"], job="job-root", gpus=(1,))
+        root_job.user = "root"
+        stranger = desired_worker([PYTHON, "-c", "print(1)"], job="job-x", gpus=(2,))
+        stranger.user = "mallory"
+        loader = desired_worker([PYTHON, "-c", "print(1)"], job="job-ld", gpus=(3,), env={"LD_PRELOAD": "x.so"})
+        loader.user = "alice"
+        assert tracker.offer(desired_state(1, worker, root_job, stranger, loader)).accepted
+        supervisor.wake()
+        view = wait_for(lambda: (v := view_of(supervisor, "job-u")) and v.phase is Phase.RUNNING and v,
+                        timeout=20, what="the mapped worker running")
+        log = work / "logs" / "job-u" / "rank-0.log"
+        wait_for(lambda: "\nids " in log.read_text(), timeout=20, what="the worker's ids in its log")
+        assert f"\nids {UID} {GID} []\n" in log.read_text()  # no supplementary group of the agent's
+        # The shim is the group leader; its real, effective, saved and filesystem uids are all 4242.
+        shim_pid = next(w.pid for w in supervisor._workers.values() if w.id.job_id == "job-u")
+        status = Path(f"/proc/{shim_pid}/status").read_text()
+        assert f"Uid:\t{UID}\t{UID}\t{UID}\t{UID}" in status and f"Gid:\t{GID}\t{GID}\t{GID}\t{GID}" in status
+        assert view.exit_code == 0
+
+        for job, reason in (("job-root", "jobs of user root are refused"),
+                            ("job-x", "no uid mapped for user 'mallory'"),
+                            ("job-ld", "LD_PRELOAD: dynamic-loader variables are refused")):
+            refused = wait_for(lambda j=job: (v := view_of(supervisor, j)) and v.phase is Phase.EXITED and v,
+                               timeout=10, what=f"{job} refused")
+            assert refused.cannot_start and reason in refused.message and refused.exit_code == 127
+            assert reason in (work / "logs" / job / "rank-0.log").read_text()
+
+        for private in (work / "jobs" / "job-u", work / "run" / "job-u", work / "checkpoints" / "job-u"):
+            assert mode_and_owner(private) == ("0o700", UID, GID), private
+        for parent in (work / "jobs", work / "run", work / "logs", work / "checkpoints"):
+            assert mode_and_owner(parent) == ("0o711", 0, 0), parent
+        assert mode_and_owner(log.parent) == ("0o700", 0, 0) and mode_and_owner(log) == ("0o600", 0, 0)
+        assert mode_and_owner(work / "run" / "workers.json")[0] == "0o600"
+        assert not (work / "jobs" / "job-root").exists()  # nothing is made for a refused worker
+    finally:
+        supervisor.close(stop_workers=True)
+
+
+@needs_root
+@needs_python
+def test_a_worker_cannot_read_the_state_file_or_another_jobs_directories(shared_dir: Path) -> None:
+    work = shared_dir / "agent"
+    supervisor, tracker = owner_supervisor(work)
+    probe = (
+        "import os, sys\n"
+        "for p in sys.argv[1:]:\n"
+        "    try:\n"
+        "        open(p).read() if os.path.isfile(p) else os.listdir(p); print('read', p)\n"
+        "    except PermissionError:\n"
+        "        print('denied', p)\n"
+    )
+    other = work / "jobs" / "job-other"
+    targets = [str(work / "run" / "workers.json"), str(other), str(work / "logs"), str(work / "jobs")]
+    try:
+        first = desired_worker([PYTHON, "-c", "import time; time.sleep(30)"], job="job-other", env={"TOKEN": "s3"})
+        first.user = "alice"
+        assert tracker.offer(desired_state(1, first)).accepted
+        supervisor.wake()
+        wait_for(other.is_dir, timeout=10, what="the other job's directory")
+        other.chmod(0o700)
+        os.chown(other, 4343, 4343)  # as if another user's job
+        worker = desired_worker([PYTHON, "-c", probe, *targets], job="job-probe", gpus=(1,))
+        worker.user = "alice"
+        assert tracker.offer(desired_state(2, first, worker)).accepted
+        supervisor.wake()
+        wait_for(lambda: (v := view_of(supervisor, "job-probe")) and v.phase is Phase.EXITED,
+                 timeout=20, what="the probe done")
+        out = (work / "logs" / "job-probe" / "rank-0.log").read_text()
+        for target in targets:
+            assert f"denied {target}" in out, out
+    finally:
+        supervisor.close(stop_workers=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# as root: end to end, a real scheduler on PostgreSQL and a real aryl-agent process
+
+
+@needs_root
+@needs_python
+@pytest.mark.postgres
+def test_end_to_end_a_job_of_a_mapped_user_runs_with_that_uid(shared_dir: Path, postgres_url: str) -> None:
+    scheduler = serve_in_background(scheduler_config(
+        postgres_url, agents={"report_interval_s": 0.3, "lost_after_s": 5.0},
+        scheduling={"cycle_interval_s": 0.2, "default_grace_period_s": 5.0},
+    ))
+    client = ArylClient(scheduler.address, timeout=10)
+    work = shared_dir / "agent-u"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ARYL_")}
+    env.update(ARYL_AGENT__RECONCILE_INTERVAL_S="0.1", ARYL_AGENT__CHECKPOINT_ROOT=str(shared_dir / "ckpt"),
+               ARYL_AGENT__LOGS_LISTEN_HOST="127.0.0.1", ARYL_AGENT__ADVERTISE_ADDRESS="127.0.0.1",
+               ARYL_USERS__RUN_AS="owner", ARYL_USERS__MAP=f"alice:{UID}:{GID}", ARYL_USERS__PYTHON=PYTHON,
+               **daemon_env("node-u"))
+    args = [sys.executable, "-m", "node_agent.main", "--scheduler", scheduler.address, "--hostname", "node-u",
+            "--fake-gpus", "2", "--work-dir", str(work)]
+    with (shared_dir / "agent.log").open("ab") as agent_log:
+        agent = subprocess.Popen(args, cwd=REPO, env=env, stdout=agent_log, stderr=subprocess.STDOUT)
+    try:
+        def submit(user: str) -> str:
+            spec = job_spec(f"ids-{user}", user=user)
+            del spec.command[:]
+            spec.command.extend([PYTHON, "-c", SHOW_IDS + "; import json, os; "
+                                 "json.dump(dict(os.environ), open(os.environ['HOME'] + '/env.json', 'w'))"])
+            spec.env["LR"] = "0.1"
+            return client.submit_job(spec).job_id
+
+        def finished(job_id: str) -> types_pb2.Job:
+            return wait_for(
+                lambda: (j := client.get_job(job_id).job).state in (
+                    types_pb2.JOB_STATE_COMPLETED, types_pb2.JOB_STATE_FAILED) and j,
+                timeout=60, interval=0.2,
+                what=f"job {job_id} to end; agent log:\n{(shared_dir / 'agent.log').read_text()[-1500:]}",
+            )
+
+        alice = submit("alice")
+        assert finished(alice).state == types_pb2.JOB_STATE_COMPLETED
+        assert f"\nids {UID} {GID} []\n" in (work / "logs" / alice / "rank-0.log").read_text()
+        worker_env = json.loads((work / "jobs" / alice / "env.json").read_text())
+        assert worker_env["LR"] == "0.1" and worker_env["USER"] == "alice" and worker_env["ARYL_JOB_ID"] == alice
+        assert not {k for k in worker_env if k.startswith(("ARYL_AGENT", "ARYL_SECURITY"))}
+        assert mode_and_owner(work / "jobs" / alice) == ("0o700", UID, GID)
+
+        mallory = submit("mallory")
+        job = finished(mallory)
+        assert job.state == types_pb2.JOB_STATE_FAILED
+        assert "no uid mapped for user 'mallory'" in (work / "logs" / mallory / "rank-0.log").read_text()
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        try:
+            agent.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            agent.kill()
+        client.close()
+        scheduler.stop()
