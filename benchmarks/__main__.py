@@ -20,12 +20,14 @@ from benchmarks import (
     bench_service,
     bench_sim,
     bench_solvers,
+    bench_submit,
 )
 from benchmarks.bench_service import FULL, QUICK, BenchContext, Benchmark
 
 BENCHMARKS = (
     bench_service.BENCHMARKS + bench_agents.BENCHMARKS + bench_solvers.BENCHMARKS + bench_cycle.BENCHMARKS
     + bench_sim.BENCHMARKS + bench_reclaim.BENCHMARKS + bench_router.BENCHMARKS + bench_pollux.BENCHMARKS
+    + bench_submit.BENCHMARKS
 )
 
 DEFAULT_ADMIN_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
