@@ -212,6 +212,9 @@ def test_without_queues_nothing_is_enforced() -> None:
     assert not ledger.enforced
     assert ledger.check(queued(2, "x", 64), 64).allowed
     assert ledger.headroom(queued(2, "x")) is None
+    # Reports count usage all the same (arylctl queues, explain): job 1's 4 GPUs, in queue x.
+    counted = QuotaLedger.of(snapshot_of(servers, [running(1, "x", [("t1", (0, 1, 2, 3))])]), count_usage=True)
+    assert counted.queues["x"].used_gpus == 4 and counted.queues["default"].quota_gpus == 4
 
 
 def test_the_unconfigured_default_queue_gets_what_the_quotas_leave() -> None:

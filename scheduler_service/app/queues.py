@@ -99,7 +99,7 @@ class Queues:
 
 def statuses(snapshot: ClusterSnapshot) -> list[QueueStatus]:
     """Each queue's settings and usage in ``snapshot`` (``core.quota``'s ledger), by name."""
-    ledger = QuotaLedger.of(snapshot)
+    ledger = QuotaLedger.of(snapshot, count_usage=True)
     configured = {q.name for q in snapshot.queues}
     pending: dict[str, int] = {}
     running: dict[str, int] = {}

@@ -88,7 +88,9 @@ class QuotaLedger:
     queue is configured."""
 
     def __init__(self, queues: Sequence[QueueView], held: Iterable[tuple[JobView, int]], *,
-                 training_gpus: int, loaned_gpus: int) -> None:
+                 training_gpus: int, loaned_gpus: int, count_usage: bool = False) -> None:
+        """``count_usage``: count each queue's usage even when nothing is enforced (for reports; a
+        policy's ledger without queues skips it)."""
         self.enforced = bool(queues)
         self.loaned_gpus = loaned_gpus
         configured = {q.name: q for q in queues}
@@ -101,7 +103,7 @@ class QuotaLedger:
         self.user_gpus: dict[tuple[str, str], int] = {}
         # The lowest priority class running in each queue (``has_victims``' quick test).
         self._lowest_class: dict[str, int] = {}
-        if not self.enforced:  # no usage to count: only the classes matter (every cycle: kept cheap)
+        if not self.enforced and not count_usage:  # only the classes matter (every cycle: kept cheap)
             for job, gpus in held:
                 if gpus:
                     queue, low = job.queue or DEFAULT_QUEUE, self._lowest_class.get(job.queue or DEFAULT_QUEUE)
@@ -116,17 +118,18 @@ class QuotaLedger:
                 self._lowest_class[k[0]] = job.priority_class if low is None else min(low, job.priority_class)
 
     @classmethod
-    def of(cls, snapshot: ClusterSnapshot, held: Iterable[tuple[JobView, int]] | None = None) -> QuotaLedger:
+    def of(cls, snapshot: ClusterSnapshot, held: Iterable[tuple[JobView, int]] | None = None, *,
+           count_usage: bool = False) -> QuotaLedger:
         """The ledger of ``snapshot`` with each job holding ``held`` GPUs (default: its workers there)."""
         training = loaned = 0
-        for s in snapshot.servers if snapshot.queues else ():  # no queue: nothing is counted against them
+        for s in snapshot.servers if snapshot.queues or count_usage else ():  # no queue: none to count against
             if s.pool == Pool.TRAINING and s.state == ServerState.TRAINING:
                 training += len(s.healthy_gpus)
             elif s.state == ServerState.LOANED:
                 loaned += len(s.healthy_gpus)
         if held is None:
             held = ((j, j.num_workers * j.gpus_per_worker) for j in snapshot.jobs if j.state in _RUNNING)
-        return cls(snapshot.queues, held, training_gpus=training, loaned_gpus=loaned)
+        return cls(snapshot.queues, held, training_gpus=training, loaned_gpus=loaned, count_usage=count_usage)
 
     def _queue(self, name: str) -> QueueUsage:
         """A job's queue; one deleted since the job was queued counts as a queue with no quota."""
