@@ -76,6 +76,7 @@ from arylctl.client import (
     normalize_job_spec_mapping,
     parse_deadline,
 )
+from arylctl.queues import add_queue_commands
 from protos.aryl.v1 import scheduler_pb2, types_pb2
 
 __all__ = ["UsageError", "build_parser", "format_table", "main", "parse_args"]
@@ -462,6 +463,8 @@ _SUBMIT_FLAG_KEYS: Final = {
     "restart_policy": "restart_policy",
     "max_restarts": "max_restarts",
     "estimated_runtime": "estimated_runtime_s",
+    "priority_class": "priority_class",
+    "gpu_types": "gpu_types",
 }
 
 
@@ -1106,6 +1109,8 @@ def describe_explanation(response: scheduler_pb2.ExplainJobResponse) -> str:
     job = response.job
     summary = response.summary or enum_name(types_pb2.JobState, job.state)
     head = printable(f"Job {job.job_id} ({job.spec.name}): {summary}")
+    if response.queue_status:  # its queue's quota and usage
+        head += "\n" + printable(response.queue_status[0].upper() + response.queue_status[1:])
     if response.deadline:  # where it stands against its deadline, and why
         head += "\n" + printable(f"Deadline {local_time(job.spec.deadline)}: {response.deadline}")
     if not response.decisions:
@@ -1350,6 +1355,11 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--min-workers", type=_uint32, metavar="N")
     submit.add_argument("--max-workers", type=_uint32, metavar="N", help="default: --min-workers (inelastic)")
     submit.add_argument("--priority", type=_int32, metavar="N", help="higher runs first among equals")
+    submit.add_argument("--priority-class", metavar="NAME",
+                        help="its class within the queue (the scheduler's scheduling.priority_classes): higher "
+                             "classes go first and may preempt lower ones")
+    submit.add_argument("--gpu-type", dest="gpu_types", action="append", metavar="MODEL",
+                        help="run only on this GPU type (as `arylctl servers` shows it); repeatable, preferred first")
     submit.add_argument("--env", type=_env_pair, action="append", metavar="NAME=VALUE", help="repeatable")
     submit.add_argument("--deadline", type=_deadline, metavar="TIME",
                         help="when the job should be finished: an ISO 8601 time (2026-11-24T18:00Z; local time "
@@ -1397,6 +1407,7 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.add_argument("--reason", default="", help="recorded in the event log")
 
     add("cluster", cmd_cluster, "capacity per pool, jobs per state, inference demand, policy")
+    add_queue_commands(add, common, format_table, EXIT_OK)
 
     servers = add(
         "servers", cmd_servers, "list servers, or take one out: cordon, uncordon, drain, delete",

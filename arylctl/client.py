@@ -523,6 +523,33 @@ class ArylClient:
         request = scheduler_pb2.CancelJobRequest(job_id=job_id, reason=reason)
         return self._unary(self._scheduler.CancelJob, request).job
 
+    # -- queues (admin) ---------------------------------------------------------------------------
+
+    def create_queue(self, name: str, quota_gpus: int, *, cohort: str = "", borrow_limit_gpus: int | None = None,
+                     fair_share: bool = True) -> scheduler_pb2.Queue:
+        """Create a queue with a guaranteed GPU quota; it borrows idle GPUs of its ``cohort`` up to
+        ``borrow_limit_gpus`` (None: no limit). Raises :class:`AlreadyExists` if it exists."""
+        queue = scheduler_pb2.Queue(name=name, quota_gpus=quota_gpus, cohort=cohort, fair_share=fair_share,
+                                    borrow_limit_gpus=borrow_limit_gpus)
+        return self._unary(self._scheduler.CreateQueue, scheduler_pb2.CreateQueueRequest(queue=queue)).queue
+
+    def update_queue(self, name: str, *, quota_gpus: int | None = None, cohort: str | None = None,
+                     borrow_limit_gpus: int | None = None, unlimited_borrowing: bool = False,
+                     fair_share: bool | None = None) -> scheduler_pb2.Queue:
+        """Change the given settings of a queue (None: unchanged); configuring "default" creates its row."""
+        request = scheduler_pb2.UpdateQueueRequest(
+            name=name, quota_gpus=quota_gpus, cohort=cohort, borrow_limit_gpus=borrow_limit_gpus,
+            unlimited_borrowing=unlimited_borrowing, fair_share=fair_share)
+        return self._unary(self._scheduler.UpdateQueue, request).queue
+
+    def delete_queue(self, name: str) -> None:
+        """Delete a queue with no active jobs."""
+        self._unary(self._scheduler.DeleteQueue, scheduler_pb2.DeleteQueueRequest(name=name))
+
+    def list_queues(self) -> list[scheduler_pb2.Queue]:
+        """Every queue with its quota and usage ("default" first when unconfigured)."""
+        return list(self._unary(self._scheduler.ListQueues, scheduler_pb2.ListQueuesRequest()).queues)
+
     def explain_job(self, job_id: str) -> scheduler_pb2.ExplainJobResponse:
         """Why a job is pending or was preempted: a summary and the recorded decisions."""
         return self._unary(self._scheduler.ExplainJob, scheduler_pb2.ExplainJobRequest(job_id=job_id))
@@ -729,6 +756,8 @@ def job_spec(
     total_work: float | None = None,
     working_dir: str | None = None,
     working_dir_if_exists: bool = False,
+    priority_class: str = "",
+    gpu_types: Sequence[str] = (),
 ) -> types_pb2.JobSpec:
     """Build a :class:`JobSpec`.
 
@@ -766,6 +795,8 @@ def job_spec(
             restart_policy=RESTART_POLICIES[restart_policy],
             working_dir=working_dir or "",
             working_dir_if_exists=working_dir_if_exists,
+            priority_class=priority_class,
+            gpu_types=list(gpu_types),
         )
         # One field at a time so that an out-of-range value is reported under its own name.
         for key, value in (
@@ -864,6 +895,12 @@ def _as_command(key: str, value: object) -> list[str]:
     return value
 
 
+def _as_str_list(key: str, value: object) -> list[str]:
+    if isinstance(value, str) or not isinstance(value, list) or not all(isinstance(a, str) for a in value):
+        raise ValueError(f"job spec key {key!r}: expected a list of strings, got {value!r}")
+    return value
+
+
 def _as_env(key: str, value: object) -> dict[str, str]:
     if not isinstance(value, Mapping):
         raise ValueError(f"job spec key {key!r}: expected a mapping of NAME: value, got {value!r}")
@@ -947,6 +984,8 @@ _SPEC_KEYS: Final[Mapping[str, Any]] = {
     "total_work": _as_number,
     "working_dir": _as_str,
     "working_dir_if_exists": _as_bool,
+    "priority_class": _as_str,
+    "gpu_types": _as_str_list,
 }
 SPEC_KEYS: Final = tuple(_SPEC_KEYS)
 _REQUIRED_SPEC_KEYS: Final = ("name", "command")

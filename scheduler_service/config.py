@@ -95,6 +95,12 @@ class SchedulingConfig(ConfigSection):
         29999, gt=0, lt=32768,
         description="highest MASTER_PORT; below 32768, where Linux's ephemeral (client source) ports begin",
     )
+    priority_classes: dict[str, int] = Field(
+        default_factory=lambda: {"low": -100, "normal": 0, "high": 100},
+        description="priority classes a job may name (spec.priority_class) and their values: within a queue a "
+                    "higher class goes first and may preempt lower classes; a job keeps the value it was "
+                    "submitted with; no class is 0",
+    )
 
     @model_validator(mode="after")
     def _master_ports_ordered(self) -> SchedulingConfig:

@@ -43,6 +43,9 @@ class JobSubmission:
     working_dir: str | None = None  # absolute path on the servers; None: the agent's per-job directory
     working_dir_if_exists: bool = False  # working_dir is a default, used only where it exists
     array_index: int | None = None  # an element of a job array (``Jobs.submit_batch``): its index
+    priority_class: str = ""  # its priority class's name ("" none) and value (``app.queues.Queues.admit``)
+    priority_value: int = 0
+    gpu_types: tuple[str, ...] = ()  # GPU types it may run on, preferred first; (): any
     submitted_by: str = ""  # the authenticated caller (role:name) who submitted it: the event's actor
 
 
@@ -178,6 +181,9 @@ class JobInfo:
     window_reports: int = 0
     array_job_id: int | None = None  # an element of a job array: the array's id (its first job's id) ...
     array_index: int | None = None  # ... and this job's index in it
+    priority_class: str = ""  # its priority class (migration 0010) and the class's value at submission
+    priority_value: int = 0
+    gpu_types: tuple[str, ...] = ()  # GPU types it may run on, preferred first; (): any
 
 
 @dataclass(frozen=True)
@@ -361,3 +367,31 @@ class AdminChange:
     message: str
     deleted: bool = False
     touched: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class QueueSettings:
+    """A queue as an admin configures it (``core.quota``): validated by the API."""
+
+    name: str
+    quota_gpus: int
+    borrow_limit_gpus: int | None = None
+    cohort: str = ""
+    fair_share: bool = True
+
+
+@dataclass(frozen=True)
+class QueueStatus:
+    """A queue's settings and its usage now, as the policy's ledger counts it (``core.quota``)."""
+
+    name: str
+    cohort: str
+    quota_gpus: int
+    borrow_limit_gpus: int | None
+    fair_share: bool
+    used_gpus: int
+    borrowed_gpus: int
+    pending_jobs: int
+    running_jobs: int
+    configured: bool
+    cohort_idle_gpus: int = 0

@@ -191,6 +191,7 @@ class SchedulerService:
                     reclaim_deadline_s=self.policy_params.reclaim_deadline_s,
                     deadline_admission=DeadlineAdmission(cfg.scheduling.deadline_admission),
                     amdahl_alpha=self.policy_params.amdahl_alpha,
+                    priority_classes=cfg.scheduling.priority_classes,
                 )
                 if self.engine.dialect.name == "postgresql":
                     leadership = self.leadership = self._leadership(app, loop)

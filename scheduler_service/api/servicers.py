@@ -40,7 +40,7 @@ from scheduler_service.batching import GroupCommitter
 from scheduler_service.core.registry import ReclaimPreviewer
 from scheduler_service.errors import InvalidArgument
 from scheduler_service.notify import AsyncNotifier
-from scheduler_service.records import AdminChange, EventInfo, JobInfo, JobSubmission
+from scheduler_service.records import AdminChange, EventInfo, JobInfo, JobSubmission, QueueSettings
 
 T = TypeVar("T")
 log = structlog.get_logger("aryl.api")
@@ -272,7 +272,9 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
         self, request: scheduler_pb2.GetClusterRequest, context: Any
     ) -> scheduler_pb2.GetClusterResponse:
         summary = await self.run(self.app.views.summary)
-        return convert.cluster(summary, policy=self.policy_name, epoch=self.app.term.epoch)
+        response = convert.cluster(summary, policy=self.policy_name, epoch=self.app.term.epoch)
+        response.queues.extend(convert.queue(s) for s in await self.run(self.app.queues.all))
+        return response
 
     @rpc
     async def ListServers(
@@ -304,6 +306,7 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
             job=convert.job(explanation.job, outlook), summary=explanation.summary,
             decisions=[convert.event(e) for e in explanation.decisions],
             deadline=outlook.note if explanation.job.deadline is not None else "",
+            queue_status=await self.run(self.app.queues.describe, explanation.job.queue),
         )
 
 
@@ -382,6 +385,55 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
             )
 
         return await self.run(answer)
+
+    # Queues: admin-only (not listed in ``auth.METHOD_ROLES``, so only admins may call them).
+
+    @rpc
+    async def CreateQueue(self, request: scheduler_pb2.CreateQueueRequest, context: Any) -> scheduler_pb2.QueueResponse:
+        q = request.queue
+        settings = QueueSettings(
+            name=validation.queue_name("queue.name", q.name),
+            quota_gpus=validation.gpu_count("queue.quota_gpus", q.quota_gpus),
+            borrow_limit_gpus=(validation.gpu_count("queue.borrow_limit_gpus", q.borrow_limit_gpus)
+                               if q.HasField("borrow_limit_gpus") else None),
+            cohort=validation.cohort_name("queue.cohort", q.cohort), fair_share=q.fair_share,
+        )
+        return await self.run(
+            lambda: scheduler_pb2.QueueResponse(queue=convert.queue(self.app.queues.create(settings))))
+
+    @rpc
+    async def UpdateQueue(self, request: scheduler_pb2.UpdateQueueRequest, context: Any) -> scheduler_pb2.QueueResponse:
+        name = validation.queue_name("name", request.name)
+        change: dict[str, object] = {}
+        if request.HasField("cohort"):
+            change["cohort"] = validation.cohort_name("cohort", request.cohort)
+        if request.HasField("quota_gpus"):
+            change["quota_gpus"] = validation.gpu_count("quota_gpus", request.quota_gpus)
+        if request.HasField("borrow_limit_gpus") and request.unlimited_borrowing:
+            raise InvalidArgument("unlimited_borrowing", "contradicts borrow_limit_gpus: give one of them")
+        if request.HasField("borrow_limit_gpus"):
+            change["borrow_limit_gpus"] = validation.gpu_count("borrow_limit_gpus", request.borrow_limit_gpus)
+        if request.unlimited_borrowing:
+            change["borrow_limit_gpus"] = None
+        if request.HasField("fair_share"):
+            change["fair_share"] = request.fair_share
+        return await self.run(
+            lambda: scheduler_pb2.QueueResponse(queue=convert.queue(self.app.queues.update(name, change))))
+
+    @rpc
+    async def DeleteQueue(
+        self, request: scheduler_pb2.DeleteQueueRequest, context: Any
+    ) -> scheduler_pb2.DeleteQueueResponse:
+        name = validation.queue_name("name", request.name)
+        await self.run(self.app.queues.delete, name)
+        return scheduler_pb2.DeleteQueueResponse()
+
+    @rpc
+    async def ListQueues(
+        self, request: scheduler_pb2.ListQueuesRequest, context: Any
+    ) -> scheduler_pb2.ListQueuesResponse:
+        return await self.run(
+            lambda: scheduler_pb2.ListQueuesResponse(queues=[convert.queue(s) for s in self.app.queues.all()]))
 
     def _admin_answer(self, change: Callable[[], AdminChange]) -> scheduler_pb2.ServerAdminResponse:
         done = change()

@@ -253,6 +253,7 @@ def _job_row(sub: JobSubmission, now: float) -> dict[str, Any]:
         priority=sub.priority, deadline=sub.deadline, throughput=sub.throughput, max_runtime_s=sub.max_runtime_s,
         restart_policy=sub.restart_policy, max_restarts=sub.max_restarts, idempotency_key=sub.idempotency_key,
         working_dir=sub.working_dir, working_dir_if_exists=sub.working_dir_if_exists, array_index=sub.array_index,
+        priority_class=sub.priority_class, priority_value=sub.priority_value, gpu_types=list(sub.gpu_types) or None,
         state=JobState.PENDING, state_reason=Reason.SUBMITTED, state_message="queued", pending_reason="",
         num_workers=0, restarts=0, preemptions=0, submitted_at=now, started_at=None, finished_at=None,
     )

@@ -36,6 +36,7 @@ from sqlalchemy import (
     UniqueConstraint,
     false,
     text,
+    true,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -124,6 +125,11 @@ class Job(Base):
     # first element, and this job's index in it; NULL for a job not in an array.
     array_job_id: Mapped[int | None] = mapped_column(BigId)
     array_index: Mapped[int | None] = mapped_column(Integer)
+
+    # Its priority class and the class's value at submission (``core.quota``); its GPU types (NULL: any).
+    priority_class: Mapped[str] = mapped_column(String(63), default="", server_default=text("''"))
+    priority_value: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    gpu_types: Mapped[list[Any] | None] = mapped_column(JSON)
 
     __table_args__ = (
         CheckConstraint("gpus_per_worker >= 1", name="gpus_per_worker_positive"),
@@ -359,3 +365,26 @@ MASTER_PORTS = cast(Table, MasterPort.__table__)
 SCHEDULER_NOTES = cast(Table, SchedulerNote.__table__)
 EVENTS = cast(Table, Event.__table__)
 DEMAND_REPORTS = cast(Table, DemandReport.__table__)
+
+
+class Queue(Base):
+    """An admin-configured queue (``core.quota``): guaranteed GPUs, a borrow limit (NULL: none), a
+    cohort ('' none) and fair share between its users. "default" exists without a row."""
+
+    __tablename__ = "queues"
+
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    cohort: Mapped[str] = mapped_column(String(63), default="", server_default=text("''"))
+    quota_gpus: Mapped[int] = mapped_column(Integer)
+    borrow_limit_gpus: Mapped[int | None] = mapped_column(Integer)
+    fair_share: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
+    created_at: Mapped[float] = mapped_column(Double)
+    updated_at: Mapped[float] = mapped_column(Double)
+
+    __table_args__ = (
+        CheckConstraint("quota_gpus >= 0", name="quota_not_negative"),
+        CheckConstraint("borrow_limit_gpus IS NULL OR borrow_limit_gpus >= 0", name="borrow_limit_not_negative"),
+    )
+
+
+QUEUES = cast(Table, Queue.__table__)
