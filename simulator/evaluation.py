@@ -230,14 +230,12 @@ def pollux(shared: Path) -> tuple[str, dict[str, Any]]:
 
     data = shared / "pollux-data"
     ours: dict[str, dict[str, float]] = {p: {} for p in POLLUX_POLICIES}
-    walls: dict[str, dict[str, float]] = {p: {} for p in POLLUX_POLICIES}
     for n in range(1, 9):
         w = f"workload-{n}"
         workload = load_workload(data / "workloads" / f"{w}.csv")
         for policy in POLLUX_POLICIES:
             result = run_workload(workload, data / "traces", policy, nodes=16, gpus_per_node=4, interval_s=60.0)
             ours[policy][w] = round(result.average_jct, 1)
-            walls[policy][w] = round(result.wall_s, 1)
     theirs = {p: json.loads((data / "results-jobload" / f"{p}-1.0" / "summary.json").read_text())["avgs"]
               for p in ("tiresias", "optimus", "pollux")}
     workloads = [f"workload-{n}" for n in range(1, 9)]
@@ -253,7 +251,6 @@ def pollux(shared: Path) -> tuple[str, dict[str, Any]]:
             for w in workloads]
     rows.append(["mean", *(cell(mean(ours[p])) for p in POLLUX_POLICIES), *(cell(mean(theirs[p])) for p in theirs)])
     gaps = {p: mean(ours[p]) / mean(theirs[p]) - 1.0 for p in theirs}
-    pollux_wall = mean(walls["pollux"])
     text = f"""## 3. Pollux's 8 workloads on 64 GPUs, on Pollux's own job model
 
 Every row on the same job model: the goodput model of the Pollux study (OSDI'21, section 5.3) as
@@ -271,18 +268,17 @@ Average JCT per workload, Aryl's policies and the authors' published results
   {gaps["optimus"]:+.2%}.
 - `pollux` (`scheduler_service/policies/pollux.py`): the authors' objective (power mean, p = -1, of
   goodput speed-ups over a fair share, the re-allocation penalty) optimised exactly over GPU counts by a
-  knapsack instead of their genetic algorithm; mean {gaps["pollux"]:+.2%} against theirs. Its
-  simulation took {pollux_wall:.0f} s of wall time per workload on average in this run (the jobs' fits are
-  memoised, so the later workloads reuse the earlier ones'; a lone workload-6 run took 14-38 s on this
-  shared 2-core machine; the authors' simulator 27-28 min, `reference/pollux-simulator/README.md`;
-  `make bench`, `pollux`, times both on the same intervals in one run).
+  knapsack instead of their genetic algorithm; mean {gaps["pollux"]:+.2%} against theirs. A workload-6
+  run took 14-38 s of wall time on this shared 2-core machine (the authors' simulator: 27-28 min,
+  `reference/pollux-simulator/README.md`; `make bench`, `pollux`, times both on the same intervals in one
+  run).
 - `sjf` and `aryl-noloan` are Aryl's registered policies deciding on snapshots of the simulated jobs
   (`SnapshotDecider`): gangs of the requested GPUs, `aryl-noloan` elastic up to 16x its request (within
   its batch); both at the requested batch size, with the oracle's throughput and remaining work as
   declared points and work (as Optimus+Oracle gets). Neither adapts batch sizes, which is most of what
   Pollux gains.
 """
-    return text, {"ours": ours, "theirs": theirs, "wall_s": walls}
+    return text, {"ours": ours, "theirs": theirs}
 
 
 # The report's sections, in order: name -> function(shared, assets, earlier raw summaries) -> (markdown, raw).
