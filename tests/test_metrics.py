@@ -59,8 +59,11 @@ def test_the_scheduler_serves_jobs_gpus_and_cycle_metrics(scheduler_factory) -> 
         job = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=job_spec("m", gpus=2)), timeout=10).job
         assert value(scrape(url), "aryl_jobs", queue="default", state="PENDING") == 1
         register_fake_server(scheduler.address, "train-1", gpus=4, converge=True)
-        wait_for(lambda: value(scrape(url), "aryl_jobs", queue="default", state="RUNNING") == 1,
-                 what="the job running in the metrics")
+        # The gauges read the database (RUNNING once the plan commits); the cycle's counters move just
+        # after, when the cycle is recorded: wait for both.
+        wait_for(lambda: value(samples := scrape(url), "aryl_jobs", queue="default", state="RUNNING") == 1
+                 and value(samples, "aryl_scheduler_job_queueing_seconds_count", queue="default") == 1,
+                 timeout=30, what="the job running, and its start recorded, in the metrics")
     after = scrape(url)
     assert value(after, "aryl_jobs", queue="default", state="PENDING") is None
     assert value(after, "aryl_gpus", server="train-1", pool="TRAINING", model="Fake-GPU") == 4
@@ -117,6 +120,8 @@ def test_the_agent_serves_report_latency_gpus_and_workers(scheduler_factory, tmp
 
 def test_the_router_serves_requests_latency_and_demand(scheduler) -> None:
     port = free_port()
+    for name in ("infer-1", "infer-2"):  # the demand reported may not exceed the inference pool
+        register_fake_server(scheduler.address, name, pool="inference", gpus=1)
 
     async def scenario() -> None:
         backend = await FakeBackend("b1").start()
