@@ -57,7 +57,7 @@ RUN if ! command -v tini >/dev/null; then \
 # Run as an unprivileged user. Its home is the working directory, so the embedded SQLite default
 # (./.aryl/aryl.db) is writable when no database URL is configured.
 RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin aryl \
-    && mkdir -p /var/lib/aryl/agent /var/lib/aryl/checkpoints && chown -R aryl /var/lib/aryl
+    && mkdir -p /var/lib/aryl/agent /var/lib/aryl/checkpoints /var/lib/aryl/pki && chown -R aryl /var/lib/aryl
 COPY deploy/healthcheck.py /usr/local/bin/aryl-healthcheck
 ENTRYPOINT ["tini", "--"]
 WORKDIR /home/aryl

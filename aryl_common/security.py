@@ -29,7 +29,7 @@ from aryl_common.entry import BadInput
 
 # Whether TLS and tokens are on unless switched off (the scheduler's security.insecure, the daemons'
 # agent.insecure / router.insecure, ARYL_INSECURE for clients).
-SECURE_BY_DEFAULT: Final = False
+SECURE_BY_DEFAULT: Final = True
 ROLES: Final = ("user", "admin", "agent", "router")
 AUTH_METADATA_KEY: Final = "authorization"
 BEARER: Final = "Bearer "

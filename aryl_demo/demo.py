@@ -46,7 +46,8 @@ from typing import TypeVar
 import aiohttp
 
 from aryl_common.entry import FatalError, add_standard_flags, run_guarded
-from arylctl import cli
+from aryl_common.security import ClientSecurity, token_from_file
+from arylctl import certs, cli
 from arylctl.client import ArylClient, job_spec
 from protos.aryl.v1 import types_pb2
 from scheduler_service.solvers import warm_up as warm_up_solvers
@@ -133,10 +134,24 @@ def say(text: str) -> None:
         print(f"\n[{CLOCK}] == {text}", flush=True)
 
 
+# What arylctl (``show``) presents to the demo's scheduler: its CA, the client certificate, the admin's token.
+CLI_ENV: dict[str, str] = {}
+
+
 def show(address: str, *args: str) -> None:
     with PRINT_LOCK:
         print(f"$ arylctl {' '.join(args)}", flush=True)
-        cli.main(["--server", address, *args])
+        saved = {key: os.environ.get(key) for key in (*CLI_ENV, "ARYL_TOKEN")}
+        os.environ.pop("ARYL_TOKEN", None)
+        os.environ.update(CLI_ENV)
+        try:
+            cli.main(["--server", address, *args])
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
 
 
 def start(stack: ExitStack, name: str, argv: list[str], log_dir: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -284,7 +299,43 @@ def metrics_settings(ports: dict[str, int], name: str) -> dict[str, str]:
     return {"ARYL_METRICS__PORT": str(ports[name])}
 
 
-def run(workdir: Path) -> DemoOutcome:
+def demo_security(workdir: Path, *, insecure: bool) -> tuple[dict[str, str], dict[str, dict[str, str]], ClientSecurity]:
+    """TLS and tokens for every demo process (``arylctl certs init`` into ``workdir/pki``): the common
+    environment, each agent's own (its certificate names its server id), and the demo's own client (an
+    admin). With ``insecure``: plaintext, no identities, all three saying so explicitly."""
+    if insecure:
+        off = {"ARYL_SECURITY__INSECURE": "true", "ARYL_AGENT__INSECURE": "true", "ARYL_ROUTER__INSECURE": "true",
+               "ARYL_INSECURE": "1"}
+        return off, {}, ClientSecurity(insecure=True)
+    pki = workdir / "pki"
+    hostnames = [hostname for hostname, _ in (*TRAINING, *INFERENCE)]
+    certs.init(pki, certs.DevCluster(agents=tuple(hostnames), routers=("aryl-router",), users=("alice",),
+                                     admins=("admin",)))
+    env = {
+        "ARYL_SECURITY__INSECURE": "false", "ARYL_SECURITY__TLS_CERT": str(pki / "scheduler.crt"),
+        "ARYL_SECURITY__TLS_KEY": str(pki / "scheduler.key"), "ARYL_SECURITY__TLS_CLIENT_CA": str(pki / "ca.crt"),
+        "ARYL_SECURITY__TOKENS_FILE": str(pki / "tokens"),
+        "ARYL_ROUTER__INSECURE": "false", "ARYL_ROUTER__TLS_CA": str(pki / "ca.crt"),
+        "ARYL_ROUTER__TLS_CERT": str(pki / "router-aryl-router.crt"),
+        "ARYL_ROUTER__TLS_KEY": str(pki / "router-aryl-router.key"),
+        "ARYL_ROUTER__TOKEN_FILE": str(pki / "token-aryl-router"),
+        # arylctl, from another terminal, as the admin (export these)
+        "ARYL_TLS_CA": str(pki / "ca.crt"), "ARYL_TLS_CERT": str(pki / "client.crt"),
+        "ARYL_TLS_KEY": str(pki / "client.key"), "ARYL_TOKEN_FILE": str(pki / "token-admin"),
+    }
+    env.pop("ARYL_TOKEN", None)
+    agents = {hostname: {
+        "ARYL_AGENT__INSECURE": "false", "ARYL_AGENT__TLS_CA": str(pki / "ca.crt"),
+        "ARYL_AGENT__TLS_CERT": str(pki / f"agent-{hostname}.crt"),
+        "ARYL_AGENT__TLS_KEY": str(pki / f"agent-{hostname}.key"),
+        "ARYL_AGENT__TOKEN_FILE": str(pki / f"token-{hostname}"),
+    } for hostname in hostnames}
+    client = ClientSecurity(ca_file=str(pki / "ca.crt"), cert_file=str(pki / "client.crt"),
+                            key_file=str(pki / "client.key"), token=token_from_file(pki / "token-admin"))
+    return env, agents, client
+
+
+def run(workdir: Path, *, insecure: bool = False) -> DemoOutcome:
     workdir.mkdir(parents=True, exist_ok=True)
     metrics_ports: dict[str, int] = {}
     outcome = DemoOutcome()
@@ -294,6 +345,12 @@ def run(workdir: Path) -> DemoOutcome:
     # job resumes wherever its rank 0 lands.
     env = {**os.environ, **DEMO_SETTINGS, "ARYL_AGENT__CHECKPOINT_ROOT": str(workdir / "checkpoints")}
     env.pop("ARYL_CONFIG", None)
+    env.pop("ARYL_TOKEN", None)  # the demo's own tokens, not the caller's
+    security_env, agent_env, client_security = demo_security(workdir, insecure=insecure)
+    env.update(security_env)
+    CLI_ENV.clear()
+    CLI_ENV.update({key: value for key, value in security_env.items() if not key.startswith(("ARYL_SECURITY__",
+                                                                                               "ARYL_ROUTER__"))})
     db_url = f"sqlite:///{workdir / 'aryl.db'}"
     with ExitStack() as stack:
         # Registered first, so it runs last: after the scheduler and agents are down, nothing can
@@ -304,10 +361,12 @@ def run(workdir: Path) -> DemoOutcome:
         warm_up_solvers()  # here, where the wait is announced: the scheduler then loads them from the cache
         line(f"  kernels ready in {time.monotonic() - began:.1f}s")
         say(f"Starting the scheduler on {address} (database {db_url}, policy aryl). Watch live from another "
-            f"terminal: arylctl --server {address} jobs | servers | loans | events -f")
+            f"terminal: arylctl --server {address} jobs | servers | loans | events -f"
+            + ("" if insecure else " (TLS and tokens: first export "
+               + " ".join(f"{key}={value}" for key, value in CLI_ENV.items()) + ")"))
         start(stack, "scheduler", [str(BIN / "aryl-scheduler"), "--listen", address, "--database-url", db_url],
               workdir, {**env, **metrics_settings(metrics_ports, "scheduler")})
-        client = stack.enter_context(ArylClient(address, timeout=5))
+        client = stack.enter_context(ArylClient(address, timeout=5, security=client_security))
         wait_until(client.get_cluster, 60, "the scheduler to answer")
         line("  scheduler answering")
         stop_background = threading.Event()
@@ -322,7 +381,7 @@ def run(workdir: Path) -> DemoOutcome:
             start(stack, hostname, [str(BIN / "aryl-agent"), "--scheduler", address, "--hostname", hostname,
                                     "--pool", "training", "--fake-gpus", str(gpus), "--work-dir",
                                     str(workdir / hostname)],
-                  workdir, {**env, **metrics_settings(metrics_ports, hostname)})
+                  workdir, {**env, **agent_env.get(hostname, {}), **metrics_settings(metrics_ports, hostname)})
         model_ports: dict[str, int] = {}
         for hostname, gpus in INFERENCE:
             port = model_ports[hostname] = free_port()
@@ -332,7 +391,7 @@ def run(workdir: Path) -> DemoOutcome:
             start(stack, hostname, [str(BIN / "aryl-agent"), "--scheduler", address, "--hostname", hostname,
                                     "--pool", "inference", "--fake-gpus", str(gpus), "--work-dir",
                                     str(workdir / hostname)],
-                  workdir, {**env, "ARYL_AGENT__INFERENCE_ENDPOINT": f"http://127.0.0.1:{port}",
+                  workdir, {**env, **agent_env.get(hostname, {}), "ARYL_AGENT__INFERENCE_ENDPOINT": f"http://127.0.0.1:{port}",
                             **metrics_settings(metrics_ports, hostname)})
         wait_until(lambda: len(client.list_servers()) == len(TRAINING) + len(INFERENCE), 60, "all agents")
         line(f"  {len(TRAINING) + len(INFERENCE)} agents registered")
@@ -538,6 +597,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true",
                         help="keep the database, logs and checkpoints (default: removed at the end, unless the demo "
                              "failed); the last line says where they are")
+    parser.add_argument("--insecure", action="store_true",
+                        help="plaintext and no identities (default: TLS and tokens from a development CA made in "
+                             "the work folder, docs/security.md)")
     parser.add_argument("--workdir", type=Path,
                         help="use and keep this folder, emptied first (default: a fresh aryl-demo-* folder in the "
                              "temporary directory)")
@@ -551,7 +613,7 @@ def _run_demo(args: argparse.Namespace) -> int:
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     try:
-        outcome = run(workdir)
+        outcome = run(workdir, insecure=args.insecure)
     except TimeoutError as exc:
         _stop_workers(workdir)
         raise FatalError(f"{exc}; see the logs in {workdir}") from exc  # kept: they explain the failure

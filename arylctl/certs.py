@@ -86,8 +86,8 @@ def _issue(ca_cert: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey, common
 
 
 def init(directory: str | Path, cluster: DevCluster) -> dict[str, str]:
-    """Write the CA, certificates, keys and tokens of ``cluster`` into ``directory``; returns each
-    principal's token by ``role:name``."""
+    """Write the CA, certificates, keys and tokens of ``cluster`` into ``directory`` (anything there is
+    replaced); returns each principal's token by ``role:name``."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     ca_key = _key()
@@ -130,3 +130,18 @@ def init(directory: str | Path, cluster: DevCluster) -> dict[str, str]:
         write_private(out / f"token-{name}", token + "\n")
     write_private(out / "tokens", "\n".join(lines) + "\n")
     return tokens
+
+
+def issue_from(directory: str | Path, stem: str, common_name: str, names: tuple[str, ...] = LOCAL_NAMES, *,
+               server: bool = True) -> tuple[Path, Path]:
+    """Issue one more certificate (``stem``.crt/.key) from the CA that ``init`` wrote into ``directory``
+    (e.g. for an agent added later); returns the certificate's and the key's paths."""
+    out = Path(directory)
+    ca_cert = x509.load_pem_x509_certificate((out / "ca.crt").read_bytes())
+    ca_key = serialization.load_pem_private_key((out / "ca.key").read_bytes(), password=None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise ValueError(f"{out / 'ca.key'} is not the EC key arylctl certs init writes")
+    cert, key = _issue(ca_cert, ca_key, common_name, names, server=server)
+    (out / f"{stem}.crt").write_bytes(cert)
+    write_private(out / f"{stem}.key", key)
+    return out / f"{stem}.crt", out / f"{stem}.key"

@@ -1521,6 +1521,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "router-ID.crt/.key, tokens (the scheduler's token file) and token-NAME (each principal's "
                     "token) into DIR. For development and compose only (docs/security.md).")
     certs_init.add_argument("dir", metavar="DIR")
+    certs_init.add_argument("--force", action="store_true", help="replace a CA already in DIR")
     certs_init.add_argument("--agent", action="append", default=[], metavar="ID", help="an agent's server id (repeat)")
     certs_init.add_argument("--router", action="append", default=[], metavar="ID", help="a router's id (repeat)")
     certs_init.add_argument("--user", action="append", default=[], metavar="NAME",
@@ -1638,8 +1639,12 @@ def _run_local(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
         admins=tuple(args.admin) or ("admin",),
         scheduler_names=tuple(args.scheduler_name) or ("localhost", "scheduler", "127.0.0.1"),
     )
-    tokens = certs.init(args.dir, cluster)
     directory = Path(args.dir).resolve()
+    if (directory / "ca.crt").exists() and not args.force:
+        print(f"{directory} already holds a CA: kept (--force makes a new one, and every certificate and token "
+              "issued from the old one stops working)", file=stdout)
+        return EXIT_OK
+    tokens = certs.init(args.dir, cluster)
     print(f"wrote a development CA, certificates and {len(tokens)} tokens to {directory}", file=stdout)
     print(f"scheduler: ARYL_SECURITY__INSECURE=false ARYL_SECURITY__TLS_CERT={directory}/scheduler.crt "
           f"ARYL_SECURITY__TLS_KEY={directory}/scheduler.key ARYL_SECURITY__TLS_CLIENT_CA={directory}/ca.crt "

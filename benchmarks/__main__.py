@@ -13,6 +13,7 @@ import sys
 
 from benchmarks import (
     bench_agents,
+    bench_auth,
     bench_cycle,
     bench_pollux,
     bench_reclaim,
@@ -27,7 +28,7 @@ from benchmarks.bench_service import FULL, QUICK, BenchContext, Benchmark
 BENCHMARKS = (
     bench_service.BENCHMARKS + bench_agents.BENCHMARKS + bench_solvers.BENCHMARKS + bench_cycle.BENCHMARKS
     + bench_sim.BENCHMARKS + bench_reclaim.BENCHMARKS + bench_router.BENCHMARKS + bench_pollux.BENCHMARKS
-    + bench_submit.BENCHMARKS
+    + bench_submit.BENCHMARKS + bench_auth.BENCHMARKS
 )
 
 DEFAULT_ADMIN_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"

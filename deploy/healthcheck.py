@@ -17,6 +17,7 @@ import os
 import sys
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 TIMEOUT_S = 3.0
 
@@ -26,12 +27,27 @@ def port_of(variable: str, default: int) -> int:
     return int(listen.rsplit(":", 1)[1]) if ":" in listen else default
 
 
-def check_scheduler() -> str | None:
+def channel_to(address: str, prefix: str, ca_key: str) -> Any:
+    """A channel to a daemon of this container: mutual TLS with its own certificate (``<prefix>TLS_CERT``,
+    ``TLS_KEY``, the CA of ``<prefix><ca_key>``) unless ``<prefix>INSECURE`` is true (docs/security.md)."""
     import grpc
+
+    if os.environ.get(f"{prefix}INSECURE", "").lower() in ("1", "true", "yes"):
+        return grpc.insecure_channel(address)
+
+    def read(key: str) -> bytes:
+        return Path(os.environ[prefix + key]).read_bytes()
+
+    credentials = grpc.ssl_channel_credentials(read(ca_key), read("TLS_KEY"), read("TLS_CERT"))
+    return grpc.secure_channel(address, credentials)
+
+
+def check_scheduler() -> str | None:
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     address = f"127.0.0.1:{port_of('ARYL_SERVER__LISTEN', 50051)}"
-    with grpc.insecure_channel(address) as channel:
+    # With TLS (security.insecure not set) the check presents the scheduler's own certificate.
+    with channel_to(address, "ARYL_SECURITY__", "TLS_CLIENT_CA") as channel:
         reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=TIMEOUT_S)
     if reply.status != health_pb2.HealthCheckResponse.SERVING:
         return f"scheduler at {address} is {health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)}"
@@ -60,7 +76,7 @@ def check_agent() -> str | None:
         return None if agent_running() else "no aryl-agent process"
     import grpc
 
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+    with channel_to(f"127.0.0.1:{port}", "ARYL_AGENT__", "TLS_CA") as channel:
         try:
             grpc.channel_ready_future(channel).result(timeout=TIMEOUT_S)
         except grpc.FutureTimeoutError:

@@ -82,6 +82,10 @@ class AgentSection(ClientSecurityFields):
     inference_endpoint: str = Field(
         "", description="inference servers: base URL of the local model server, passed to the router"
     )
+    secrets_file: str = Field(
+        "", description="NAME=VALUE lines (mode 0600, the agent's own): a job env value aryl-secret:NAME is replaced "
+        "by NAME's value when its worker starts (docs/security.md); empty: such jobs are refused here",
+    )
 
     @property
     def agent_address(self) -> str:

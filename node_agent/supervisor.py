@@ -42,7 +42,7 @@ from typing import BinaryIO
 import structlog
 
 from aryl_common.exits import describe_exit
-from node_agent import contract
+from node_agent import contract, secrets
 from node_agent.config import AgentSection, UsersSection
 from node_agent.desired import DesiredStateTracker
 from node_agent.identity import (
@@ -154,12 +154,13 @@ def contract_environment(spec: WorkerSpec, layout: WorkDir, default_master_addr:
 
 def worker_environment(
     spec: WorkerSpec, layout: WorkDir, agent_env: Mapping[str, str], default_master_addr: str,
-    identities: Identities | None = None,
+    identities: Identities | None = None, secrets_file: str = "",
 ) -> dict[str, str]:
-    """The worker's whole environment (``node_agent.identity``); ``Refused`` for a job env it refuses."""
+    """The worker's whole environment (``node_agent.identity``), its secret references resolved from
+    ``secrets_file`` (``node_agent.secrets``); ``Refused`` for a job env it refuses."""
     identities = identities or Identities()
     return identities.environment(
-        spec.user, layout.job_dir(spec.id.job_id), dict(spec.env),
+        spec.user, layout.job_dir(spec.id.job_id), secrets.resolve(dict(spec.env), secrets_file),
         contract_environment(spec, layout, default_master_addr), agent_env,
     )
 
@@ -352,7 +353,8 @@ class Supervisor:
         try:
             if not problem and cwd is not None:
                 run_as = self.identities.resolve(spec.user)
-                env = worker_environment(spec, self.layout, os.environ, self._config.agent_address, self.identities)
+                env = worker_environment(spec, self.layout, os.environ, self._config.agent_address, self.identities,
+                                         self._config.secrets_file)
                 popen = self._spawn(spec, cwd, note, run_as, env)
         except Refused as exc:  # for a reason in its spec (its owner, its env): the job fails, no restart
             self._refuse_start(worker, str(exc))

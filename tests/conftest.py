@@ -7,6 +7,7 @@ PostgreSQL tests fail instead of skipping when the server is unreachable.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 
@@ -16,7 +17,7 @@ import structlog
 
 from migrations import upgrade
 from scheduler_service.store.models import Base
-from tests.harness import scheduler_config, scratch_postgres
+from tests.harness import scheduler_config, scratch_postgres, security_env
 
 # In-process schedulers log through structlog: send it to stderr, never into a command's stdout.
 # (structlog's other defaults stay: no level filter and no logger caching, so capture_logs() works.)
@@ -93,6 +94,18 @@ def scheduler_factory(database_url: str):
 def scheduler(scheduler_factory):
     """A running scheduler; ``.address`` is "127.0.0.1:PORT". Runs on SQLite and PostgreSQL."""
     return scheduler_factory()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def secure_by_default_environment() -> Iterator[None]:
+    """Every process a test starts (aryl-scheduler, aryl-agent, aryl-router, arylctl) and every
+    ArylClient runs with TLS and a token, as by default: the session's development CA and the admin's
+    token (``tests.harness.TestPki``). A test that wants plaintext says so (``--insecure``, ARYL_INSECURE)."""
+    saved = dict(os.environ)
+    os.environ.update(security_env())
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -20,12 +20,16 @@ domain imports) are in ``tests/helpers.py``.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterable, Iterator
 from concurrent import futures
 from contextlib import contextmanager
+from pathlib import Path
 from queue import Empty, Queue
 from typing import Any
 
@@ -34,6 +38,9 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
+from aryl_common import security
+from aryl_common.security import ClientSecurity
+from arylctl import certs
 from protos.aryl.v1 import agent_pb2, agent_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc, types_pb2
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.core.plan import LoanStep, Reason, ScaleJob, ServerAction, StartJob, WorkerPlacement
@@ -200,6 +207,97 @@ class ManualClock:
 POOLS = {"training": types_pb2.POOL_TRAINING, "inference": types_pb2.POOL_INFERENCE}
 
 
+class TestPki:
+    """The test session's development CA (``arylctl certs init``), made once on first use: the
+    scheduler's certificate and token file, an admin token every test client presents (admins may do
+    everything, so existing tests run authenticated without caring about owners), users alice and bob,
+    router r1, and per-server agent certificates issued on demand (an agent's certificate must name its
+    server id: the scheduler checks it when it reads the agent's worker logs)."""
+
+    ADMIN = "test-admin"
+
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="aryl-test-pki-"))
+        atexit.register(shutil.rmtree, self.dir, True)
+        self.tokens = certs.init(self.dir, certs.DevCluster(users=("alice", "bob"), admins=(self.ADMIN,),
+                                                            routers=("r1",), agents=("gpu-1", "gpu-2")))
+        self._issued: set[str] = set()
+
+    def path(self, name: str) -> str:
+        return str(self.dir / name)
+
+    def token(self, principal: str = f"admin:{ADMIN}") -> str:
+        return self.tokens[principal]
+
+    def agent_cert(self, server_id: str) -> tuple[str, str]:
+        """A certificate naming ``server_id`` (and localhost, 127.0.0.1), issued once."""
+        stem = f"agent-{server_id}"
+        if server_id not in self._issued and not (self.dir / f"{stem}.crt").exists():
+            certs.issue_from(self.dir, stem, server_id)
+        self._issued.add(server_id)
+        return self.path(f"{stem}.crt"), self.path(f"{stem}.key")
+
+
+_PKI: list[TestPki] = []
+
+
+def pki() -> TestPki:
+    if not _PKI:
+        _PKI.append(TestPki())
+    return _PKI[0]
+
+
+def security_section(**extra: Any) -> dict[str, Any]:
+    """The scheduler's ``security`` section for tests: TLS with the session's CA, its token file."""
+    ca = pki()
+    return dict(insecure=False, tls_cert=ca.path("scheduler.crt"), tls_key=ca.path("scheduler.key"),
+                tls_client_ca=ca.path("ca.crt"), tokens_file=ca.path("tokens"), **extra)
+
+
+def client_security(principal: str = f"admin:{TestPki.ADMIN}") -> ClientSecurity:
+    """What a test client presents: the generic client certificate and ``principal``'s token."""
+    ca = pki()
+    return ClientSecurity(ca_file=ca.path("ca.crt"), cert_file=ca.path("client.crt"), key_file=ca.path("client.key"),
+                          token=ca.token(principal))
+
+
+def secure_channel(address: str, options: Any = None, *, principal: str = f"admin:{TestPki.ADMIN}") -> grpc.Channel:
+    """A channel to a test scheduler as ``principal`` (an admin by default), over mutual TLS."""
+    return security.secure_channel(address, client_security(principal), list(options or []))
+
+
+def secure_aio_channel(address: str, options: Any = None, *,
+                       principal: str = f"admin:{TestPki.ADMIN}") -> grpc.aio.Channel:
+    return security.secure_aio_channel(address, client_security(principal), list(options or []))
+
+
+def daemon_security(server_id: str = "") -> dict[str, Any]:
+    """An agent's or router's TLS settings (``AgentSection``/``RouterSection`` fields): the admin's token,
+    and a certificate naming ``server_id`` (an agent's, for its log service), else the generic one."""
+    ca = pki()
+    cert, key = ca.agent_cert(server_id) if server_id else (ca.path("client.crt"), ca.path("client.key"))
+    token_file = ca.dir / f"token-{TestPki.ADMIN}"
+    return dict(insecure=False, tls_ca=ca.path("ca.crt"), tls_cert=cert, tls_key=key, token_file=str(token_file))
+
+
+def daemon_env(server_id: str = "", section: str = "AGENT") -> dict[str, str]:
+    """``daemon_security`` as ``ARYL_<SECTION>__*`` environment variables, for a daemon's process."""
+    return {f"ARYL_{section}__{key.upper()}": str(value) for key, value in daemon_security(server_id).items()}
+
+
+def security_env() -> dict[str, str]:
+    """The environment a test session runs under, so that processes it starts (aryl-scheduler,
+    aryl-agent, aryl-router, arylctl) run with TLS and tokens as by default: the scheduler's files,
+    the daemons' (generic certificate), and arylctl's (the admin's token)."""
+    ca = pki()
+    env = {f"ARYL_SECURITY__{key.upper()}": str(value) for key, value in security_section().items()}
+    for section in ("AGENT", "ROUTER"):
+        env.update(daemon_env(section=section))
+    env.update({"ARYL_TLS_CA": ca.path("ca.crt"), "ARYL_TLS_CERT": ca.path("client.crt"),
+                "ARYL_TLS_KEY": ca.path("client.key"), "ARYL_TOKEN": ca.token()})
+    return env
+
+
 def scheduler_config(database_url: str, **sections: dict) -> SchedulerConfig:
     """A scheduler for tests: loopback on a port the OS picks, fast cycles and reports; ``sections``
     override keys section by section (``policy={"loan_idle_s": 0}``)."""
@@ -209,6 +307,7 @@ def scheduler_config(database_url: str, **sections: dict) -> SchedulerConfig:
         "scheduling": {"cycle_interval_s": 0.2},
         "agents": {"report_interval_s": 0.5, "telemetry_write_s": 0.2},
         "logging": {"level": "warning"},
+        "security": security_section(),
     }
     for name, values in sections.items():
         base.setdefault(name, {}).update(values)
@@ -222,7 +321,7 @@ def register_fake_server(
     """Register a server with ``gpus`` fake GPUs through the AgentService, as an agent would (serving
     worker logs at ``logs_address``, if given); with ``converge``, then report its desired generation
     as applied (as an agent that caught up does)."""
-    with grpc.insecure_channel(address) as channel:
+    with secure_channel(address) as channel:
         agent = agent_pb2_grpc.AgentServiceStub(channel)
         registered = agent.RegisterServer(
             agent_pb2.RegisterServerRequest(
@@ -254,7 +353,7 @@ def job_spec(name: str = "job", *, user: str = "alice", gpus: int = 1, workers: 
 
 
 def scheduler_stub(address: str) -> tuple[grpc.Channel, scheduler_pb2_grpc.SchedulerServiceStub]:
-    channel = grpc.insecure_channel(address)
+    channel = secure_channel(address)
     return channel, scheduler_pb2_grpc.SchedulerServiceStub(channel)
 
 

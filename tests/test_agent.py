@@ -18,7 +18,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
 
-import grpc
 import pytest
 import structlog
 from structlog.testing import capture_logs
@@ -40,7 +39,7 @@ from node_agent.gpus import (
 )
 from node_agent.main import cli_overrides, parse_args
 from protos.aryl.v1 import agent_pb2, inference_pb2, inference_pb2_grpc, scheduler_pb2, types_pb2
-from tests.harness import FakeScheduler, desired_state, scheduler_stub
+from tests.harness import FakeScheduler, daemon_env, desired_state, scheduler_stub, secure_channel
 from tests.helpers import wait_for
 
 
@@ -497,6 +496,7 @@ def fake_scheduler() -> Iterator[FakeScheduler]:
 class RunningAgent:
     def __init__(self, address: str, work_dir: Path, hostname: str = "fake-node", gpus: int = 2) -> None:
         config = AgentSection(
+            insecure=True,  # the fake AgentService listens in plaintext
             scheduler_address=address,
             hostname=hostname,
             rpc_timeout_s=2.0,
@@ -614,6 +614,9 @@ def running_daemon(args: list[str], log_path: Path) -> Iterator[Callable[[], Non
     """Run a daemon; yields ``check_alive()``. On leaving, the daemon must still run, exit 0 on
     SIGTERM within 10 s, and leave no process of its group behind."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ARYL_")}
+    # TLS and a token to real schedulers; an agent's certificate names its --hostname (its log service's).
+    hostname = args[args.index("--hostname") + 1] if "--hostname" in args else ""
+    env.update(daemon_env(hostname, section="AGENT"), **daemon_env(section="ROUTER"))
     with log_path.open("wb") as log:
         # Own session = own process group, so the test can tell whether anything outlives the daemon.
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -685,7 +688,7 @@ def test_router_daemon_reports_demand_to_a_real_scheduler_and_exits_cleanly(sche
         "--source", "test-router",
         "--interval", "0.2",
     ]
-    channel = grpc.insecure_channel(scheduler.address)
+    channel = secure_channel(scheduler.address)
     stub = inference_pb2_grpc.InferenceServiceStub(channel)
     with channel, running_daemon(args, tmp_path / "router.log") as check_alive:
 

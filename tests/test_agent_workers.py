@@ -371,7 +371,8 @@ def test_an_unreadable_state_file_is_moved_aside(nodes, tmp_path: Path) -> None:
 
 def start_agent(scheduler_port: int, work_dir: Path, log_path: Path) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ARYL_")}
-    env.update(ARYL_AGENT__RECONCILE_INTERVAL_S="0.1", ARYL_AGENT__STOP_GRACE_S="10", ARYL_LOGGING__LEVEL="info")
+    env.update(ARYL_AGENT__RECONCILE_INTERVAL_S="0.1", ARYL_AGENT__STOP_GRACE_S="10", ARYL_LOGGING__LEVEL="info",
+               ARYL_AGENT__INSECURE="true")  # the FakeScheduler listens in plaintext
     args = [sys.executable, "-m", "node_agent.main", "--scheduler", f"127.0.0.1:{scheduler_port}",
             "--hostname", "w-agent", "--fake-gpus", "2", "--work-dir", str(work_dir)]
     with log_path.open("ab") as log:

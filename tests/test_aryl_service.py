@@ -3,10 +3,8 @@ gRPC, on SQLite and PostgreSQL, with every step recorded in the event log."""
 
 from __future__ import annotations
 
-import grpc
-
 from protos.aryl.v1 import agent_pb2, agent_pb2_grpc, inference_pb2, inference_pb2_grpc, scheduler_pb2, types_pb2
-from tests.harness import job_spec, register_fake_server, scheduler_stub
+from tests.harness import job_spec, register_fake_server, scheduler_stub, secure_channel
 from tests.helpers import wait_for
 
 FAST_LOANS = {"loan_idle_s": 0, "drain_timeout_s": 0, "min_resize_interval_s": 0, "min_loan_s": 0,
@@ -24,7 +22,7 @@ def get_job(stub, job_id: str) -> types_pb2.Job:
 
 
 def report_demand(address: str, servers: int) -> None:
-    with grpc.insecure_channel(address) as channel:
+    with secure_channel(address) as channel:
         inference_pb2_grpc.InferenceServiceStub(channel).ReportDemand(
             inference_pb2.ReportDemandRequest(servers_needed=servers, observed_rps=10.0 * servers, source="test"),
             timeout=5,
@@ -34,7 +32,7 @@ def report_demand(address: str, servers: int) -> None:
 def acknowledge_desired_state(address: str, epoch: int, server_ids: list[str], stub) -> None:
     """What an agent does after converging: report the generation it applied."""
     current = servers_by_id(stub)
-    with grpc.insecure_channel(address) as channel:
+    with secure_channel(address) as channel:
         agent = agent_pb2_grpc.AgentServiceStub(channel)
         for sid in server_ids:
             agent.ReportStatus(

@@ -1,6 +1,6 @@
 """Identities, roles and mutual TLS on every RPC (docs/security.md), over real TLS sockets.
 
-A development CA (``arylctl certs init``) is made once for the module; a scheduler runs with TLS and
+The test session's development CA (``tests.harness.TestPki``) is used; a scheduler runs with TLS and
 tokens on a SQLite database (the audit test also on PostgreSQL). Each attack of issue 18's "Why"
 that identities answer is a test here: another user's job cancelled or read, user-field spoofing, a
 priority above the ceiling, a rogue registration under another server's name, a status report or
@@ -36,8 +36,9 @@ from protos.aryl.v1 import (
     types_pb2,
 )
 from scheduler_service.api.auth import METHOD_ROLES
+from scheduler_service.config import SchedulerConfig
 from scheduler_service.server import SchedulerService, ServerHandle, serve_in_background
-from tests.harness import job_spec, scheduler_config
+from tests.harness import job_spec, pki, scheduler_config
 
 SERVICES = {
     "SchedulerService": (scheduler_pb2, scheduler_pb2_grpc.SchedulerServiceStub),
@@ -47,11 +48,11 @@ SERVICES = {
 
 
 @pytest.fixture(scope="module")
-def ca(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
-    directory = tmp_path_factory.mktemp("devca")
-    tokens = certs.init(directory, certs.DevCluster(agents=("gpu-1", "gpu-2"), routers=("r1",),
-                                                    users=("alice", "bob"), admins=("root-admin",)))
-    return directory, tokens
+def ca() -> tuple[Path, dict[str, str]]:
+    """The test session's development CA (``tests.harness.TestPki``: users alice and bob, admin
+    test-admin, agents gpu-1 and gpu-2, router r1), which the scheduler's settings in the session's
+    environment name (environment variables take precedence over a config's values)."""
+    return pki().dir, pki().tokens
 
 
 def security_section(directory: Path, **extra: Any) -> dict[str, Any]:
@@ -190,11 +191,11 @@ def test_health_stays_open_without_a_token_but_not_without_tls(secure: ServerHan
 def test_the_handshake_needs_a_client_certificate_from_the_cluster_ca(secure: ServerHandle, ca: Any,
                                                                       tmp_path: Path) -> None:
     directory, tokens = ca
-    no_cert = ClientSecurity(ca_file=str(directory / "ca.crt"), token=tokens["admin:root-admin"])
+    no_cert = ClientSecurity(ca_file=str(directory / "ca.crt"), token=tokens["admin:test-admin"])
     other = tmp_path / "other"
     certs.init(other, certs.DevCluster())
     foreign = ClientSecurity(ca_file=str(directory / "ca.crt"), cert_file=str(other / "client.crt"),
-                             key_file=str(other / "client.key"), token=tokens["admin:root-admin"])
+                             key_file=str(other / "client.key"), token=tokens["admin:test-admin"])
     for security in (no_cert, foreign):
         with secure_channel(secure.address, security, []) as channel:
             error = refused(scheduler_pb2_grpc.SchedulerServiceStub(channel).GetCluster,
@@ -202,10 +203,13 @@ def test_the_handshake_needs_a_client_certificate_from_the_cluster_ca(secure: Se
             assert error.code() == grpc.StatusCode.UNAVAILABLE
 
 
-def test_a_scheduler_asked_for_tls_without_its_files_refuses_to_start(tmp_path: Path) -> None:
+def test_a_scheduler_asked_for_tls_without_its_files_refuses_to_start(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in [k for k in os.environ if k.startswith("ARYL_SECURITY__")]:
+        monkeypatch.delenv(key)
     url = f"sqlite:///{tmp_path / 'a.db'}"
     with pytest.raises(BadInput, match=r"security\.tls_cert, security\.tls_key.*arylctl certs init.*--insecure"):
-        SchedulerService(scheduler_config(url, security={"insecure": False}))
+        SchedulerService(SchedulerConfig(database={"url": url}))  # secure by default, and no files given
 
 
 # ---------------------------------------------------------------------------------------------
@@ -243,7 +247,7 @@ def test_another_users_job_cannot_be_read_cancelled_explained_watched_or_logged(
     alice = as_("user:alice").scheduler
     assert alice.GetJob(scheduler_pb2.GetJobRequest(job_id=job_id), timeout=10).job.state == types_pb2.JOB_STATE_PENDING
     # An admin may do everything: here, read it with its environment.
-    admin = as_("admin:root-admin").scheduler
+    admin = as_("admin:test-admin").scheduler
     assert admin.GetJob(scheduler_pb2.GetJobRequest(job_id=job_id), timeout=10).job.spec.env["HF_TOKEN"] == "hf_secret"
 
 
@@ -267,7 +271,7 @@ def test_the_user_field_cannot_name_someone_else(as_: Any) -> None:
     mine = as_("user:alice").scheduler.SubmitJob(
         scheduler_pb2.SubmitJobRequest(spec=job_spec("mine", user="alice")), timeout=10).job
     assert mine.spec.user == "alice"
-    theirs = as_("admin:root-admin").scheduler.SubmitJob(
+    theirs = as_("admin:test-admin").scheduler.SubmitJob(
         scheduler_pb2.SubmitJobRequest(spec=job_spec("for-bob", user="bob")), timeout=10).job
     assert theirs.spec.user == "bob"
 
@@ -279,7 +283,7 @@ def test_a_priority_above_the_ceiling_needs_an_admin(as_: Any) -> None:
     assert "priority 101 is above 100 (security.max_user_priority)" in error.details()
     at_ceiling = job_spec("at", user="", priority=100)
     assert as_("user:alice").scheduler.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=at_ceiling), timeout=10)
-    assert as_("admin:root-admin").scheduler.SubmitJob(
+    assert as_("admin:test-admin").scheduler.SubmitJob(
         scheduler_pb2.SubmitJobRequest(spec=job_spec("urgent", user="", priority=100_000)), timeout=10
     ).job.spec.priority == 100_000
 
@@ -344,7 +348,7 @@ def test_each_users_and_admins_action_names_its_actor(ca: Any, database_url: str
     handle = start_secure(database_url, directory)
     try:
         alice = Client(handle.address, directory, tokens["user:alice"])
-        admin = Client(handle.address, directory, tokens["admin:root-admin"])
+        admin = Client(handle.address, directory, tokens["admin:test-admin"])
         job = alice.scheduler.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=job_spec("a", user="")), timeout=10).job
         for_bob = admin.scheduler.SubmitJob(
             scheduler_pb2.SubmitJobRequest(spec=job_spec("b", user="bob")), timeout=10).job
@@ -362,9 +366,9 @@ def test_each_users_and_admins_action_names_its_actor(ca: Any, database_url: str
     engine.dispose()
     actors = {(kind, str(job_id) if job_id else server_id): actor for kind, job_id, server_id, actor in rows}
     assert actors[("JOB_SUBMITTED", job.job_id)] == "user:alice"
-    assert actors[("JOB_SUBMITTED", for_bob.job_id)] == "admin:root-admin"
+    assert actors[("JOB_SUBMITTED", for_bob.job_id)] == "admin:test-admin"
     assert actors[("JOB_STATE_CHANGED", job.job_id)] == "user:alice"  # the cancel
-    assert actors[("SERVER_ADMIN_CHANGED", "gpu-1")] == "admin:root-admin"
+    assert actors[("SERVER_ADMIN_CHANGED", "gpu-1")] == "admin:test-admin"
     assert actors[("SCHEDULER_STARTED", None)] == ""  # the scheduler's own
 
 

@@ -23,7 +23,7 @@ from protos.aryl.v1 import agent_pb2, agent_pb2_grpc
 from scheduler_service.store import db
 from scheduler_service.store import models as m
 from scheduler_service.store.transactions import Transactions
-from tests.harness import register_fake_server
+from tests.harness import register_fake_server, secure_channel
 
 GPUS = 4
 
@@ -63,7 +63,7 @@ def test_a_report_of_100k_samples_is_refused_at_once_and_the_server_goes_on(sche
     # 100,000 samples of the server's 4 GPUs (200 KB), each saying "unhealthy": before the cap, every
     # one wrote an event and an UPDATE with the server's row locked.
     flood = _report(epoch, [_sample(i % GPUS, healthy=False) for i in range(100_000)])
-    with grpc.insecure_channel(scheduler.address) as channel, ThreadPoolExecutor(max_workers=3) as pool:
+    with secure_channel(scheduler.address) as channel, ThreadPoolExecutor(max_workers=3) as pool:
         agent = agent_pb2_grpc.AgentServiceStub(channel)
         started = time.monotonic()
         flooding = pool.submit(agent.ReportStatus, flood, timeout=10)
@@ -85,7 +85,7 @@ def test_a_report_of_100k_samples_is_refused_at_once_and_the_server_goes_on(sche
 
 def test_a_gpu_reported_twice_or_more_samples_than_gpus_are_refused(scheduler, database_url) -> None:
     epoch = register_fake_server(scheduler.address, "node-1", gpus=GPUS).scheduler_epoch
-    with grpc.insecure_channel(scheduler.address) as channel:
+    with secure_channel(scheduler.address) as channel:
         agent = agent_pb2_grpc.AgentServiceStub(channel)
         with pytest.raises(grpc.RpcError) as twice:
             agent.ReportStatus(_report(epoch, [_sample(0), _sample(1, healthy=False), _sample(1)]), timeout=5)

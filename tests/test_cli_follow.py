@@ -19,13 +19,13 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-import grpc
 import pytest
 
+from node_agent.config import AgentSection
 from node_agent.logs import serve_worker_logs
 from node_agent.workers import WorkDir
 from protos.aryl.v1 import agent_pb2, agent_pb2_grpc, scheduler_pb2, types_pb2
-from tests.harness import job_spec, job_state, register_fake_server, scheduler_stub
+from tests.harness import daemon_security, job_spec, job_state, register_fake_server, scheduler_stub, secure_channel
 from tests.helpers import free_port, wait_for
 from tests.test_cli import arylctl, arylctl_executable
 from tests.test_scheduler_process import BIN, serving
@@ -79,9 +79,9 @@ def test_logs_follow_exits_0_once_the_finished_jobs_log_is_read_to_the_end(
     scheduler, tmp_path: Path, follower_processes: list[subprocess.Popen]
 ) -> None:
     layout = WorkDir(tmp_path / "agent", tmp_path / "checkpoints")
-    agent_logs, port = serve_worker_logs(layout, SERVER, "127.0.0.1", 0)
+    agent_logs, port = serve_worker_logs(layout, SERVER, "127.0.0.1", 0, tls=AgentSection(**daemon_security(SERVER)))
     channel, stub = scheduler_stub(scheduler.address)
-    agent_channel = grpc.insecure_channel(scheduler.address)
+    agent_channel = secure_channel(scheduler.address)
     try:
         epoch = register_fake_server(scheduler.address, SERVER, gpus=1,
                                      logs_address=f"127.0.0.1:{port}").scheduler_epoch

@@ -30,6 +30,7 @@ from aryl_common.config import ConfigError, env_var_names
 from inference_router.config import RouterConfig, load_router_config
 from node_agent.config import AgentConfig, load_agent_config
 from scheduler_service.config import SchedulerConfig, load_config
+from tests.harness import security_env
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
@@ -308,7 +309,7 @@ COMMANDED = sorted(name for name, svc in load_compose()["services"].items() if "
 
 def test_compose_runs_every_daemon() -> None:
     programs = {command_words(load_compose()["services"][name])[0] for name in COMMANDED}
-    assert programs == {"aryl-scheduler", "aryl-agent", "aryl-router"}
+    assert programs == {"aryl-scheduler", "aryl-agent", "aryl-router", "arylctl"}  # arylctl: the pki service
     assert {"agent-train-1", "agent-infer-1", "router", "scheduler", "postgres"} <= set(load_compose()["services"])
 
 
@@ -369,7 +370,8 @@ def test_image_installs_the_project() -> None:
     assert dockerfile_problems(DOCKERFILE.read_text(), DOCKERIGNORE.read_text()) == []
     for name in COMMANDED:
         service = load_compose()["services"][name]
-        target = ROLE_TARGETS[command_words(service)[0]]
+        program = command_words(service)[0]
+        target = "scheduler" if program == "arylctl" else ROLE_TARGETS[program]  # pki: the scheduler's image
         assert service["build"]["context"] == ".", f"{name} does not build this Dockerfile"
         assert service["build"]["target"] == target, f"{name} must build the {target} target"
         assert service["image"] == f"aryl-{target}:local"
@@ -428,14 +430,48 @@ def healthcheck(role: str, env: dict[str, str]) -> subprocess.CompletedProcess[s
                           text=True, timeout=30, check=False, env={**clean, **env})
 
 
+def test_every_daemon_runs_with_tls_and_a_token_from_the_pki_volume() -> None:
+    """Secure by default: no daemon is configured insecure; each names its certificate, key, CA and token
+    (agents and the router their own, by their ids), all in the `pki` volume the `pki` service fills
+    (arylctl certs init, before the scheduler starts)."""
+    compose = load_compose()
+    services = compose["services"]
+    assert "pki" in compose["volumes"]
+    pki = services["pki"]
+    assert command_words(pki)[:3] == ["arylctl", "certs", "init"] and "pki:/var/lib/aryl/pki" in pki["volumes"]
+    assert services["scheduler"]["depends_on"]["pki"] == {"condition": "service_completed_successfully"}
+    env = environment(services["scheduler"])
+    assert not any(key.endswith("__INSECURE") for name in services for key in environment(services[name]))
+    for key in ("TLS_CERT", "TLS_KEY", "TLS_CLIENT_CA", "TOKENS_FILE"):
+        assert env[f"ARYL_SECURITY__{key}"].startswith("/var/lib/aryl/pki/")
+    words = command_words(pki)
+    for name, svc in services_running(compose, "aryl-agent").items():
+        agent = environment(svc)
+        server_id = agent["ARYL_AGENT__HOSTNAME"]
+        assert words[words.index(server_id) - 1] == "--agent", name
+        assert agent["ARYL_AGENT__TLS_CERT"] == f"/var/lib/aryl/pki/agent-{server_id}.crt", name
+        assert agent["ARYL_AGENT__TOKEN_FILE"] == f"/var/lib/aryl/pki/token-{server_id}", name
+        assert "pki:/var/lib/aryl/pki:ro" in svc["volumes"], name
+    for name, svc in services_running(compose, "aryl-router").items():
+        router = environment(svc)
+        router_id = router["ARYL_ROUTER__TOKEN_FILE"].rsplit("token-", 1)[1]
+        assert words[words.index(router_id) - 1] == "--router", name
+        assert router["ARYL_ROUTER__TLS_CERT"] == f"/var/lib/aryl/pki/router-{router_id}.crt", name
+
+
 def test_compose_healthchecks_are_the_images_own() -> None:
     services = load_compose()["services"]
     assert services["scheduler"]["healthcheck"]["test"] == ["CMD", "aryl-healthcheck", "scheduler"]
 
 
 def test_scheduler_healthcheck_passes_against_a_real_scheduler(scheduler) -> None:
-    healthy = healthcheck("scheduler", {"ARYL_SERVER__LISTEN": f"0.0.0.0:{scheduler.address.rsplit(':', 1)[1]}"})
+    # The test scheduler runs with TLS and tokens (the default): the check presents its certificate.
+    secure = {key: value for key, value in security_env().items() if key.startswith("ARYL_SECURITY__")}
+    port = scheduler.address.rsplit(":", 1)[1]
+    healthy = healthcheck("scheduler", {"ARYL_SERVER__LISTEN": f"0.0.0.0:{port}", **secure})
     assert healthy.returncode == 0, healthy.stderr
+    plaintext = healthcheck("scheduler", {"ARYL_SERVER__LISTEN": f"0.0.0.0:{port}", "ARYL_SECURITY__INSECURE": "true"})
+    assert plaintext.returncode == 1  # a TLS port does not answer plaintext
 
 
 def test_healthchecks_fail_without_their_daemon() -> None:
@@ -457,7 +493,8 @@ def test_agent_healthcheck_passes_against_a_serving_port() -> None:
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     try:
-        assert healthcheck("agent", {"ARYL_AGENT__LOGS_PORT": str(port)}).returncode == 0
+        plaintext = {"ARYL_AGENT__LOGS_PORT": str(port), "ARYL_AGENT__INSECURE": "true"}
+        assert healthcheck("agent", plaintext).returncode == 0
     finally:
         server.stop(None)
 

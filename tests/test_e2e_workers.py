@@ -23,7 +23,7 @@ from arylctl.cli import main as arylctl
 from arylctl.client import ArylClient
 from protos.aryl.v1 import types_pb2
 from scheduler_service.server import serve_in_background
-from tests.harness import job_spec, scheduler_config
+from tests.harness import daemon_env, job_spec, scheduler_config
 from tests.helpers import processes_mentioning, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
@@ -62,7 +62,7 @@ class Cluster:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ARYL_")}
         env.update(ARYL_AGENT__RECONCILE_INTERVAL_S="0.1", ARYL_AGENT__CHECKPOINT_ROOT=str(self.checkpoints),
                    ARYL_AGENT__LOGS_LISTEN_HOST="127.0.0.1", ARYL_AGENT__ADVERTISE_ADDRESS="127.0.0.1",
-                   ARYL_LOGGING__LEVEL="info", ARYL_E2E_MARKER=str(self.tmp))
+                   ARYL_LOGGING__LEVEL="info", ARYL_E2E_MARKER=str(self.tmp), **daemon_env(hostname))
         args = [sys.executable, "-m", "node_agent.main", "--scheduler", self.scheduler.address,
                 "--hostname", hostname, "--fake-gpus", str(gpus), "--work-dir", str(self.tmp / f"agent-{hostname}")]
         with (self.tmp / f"{hostname}.log").open("ab") as log:

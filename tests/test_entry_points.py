@@ -22,7 +22,7 @@ from sqlalchemy.engine import make_url
 from inference_router.config import load_router_config
 from node_agent.config import load_agent_config
 from scheduler_service.config import load_config
-from tests.harness import postgres_admin_url
+from tests.harness import postgres_admin_url, security_env
 from tests.helpers import free_port, wait_for
 from tests.test_scheduler_process import serving
 
@@ -31,8 +31,9 @@ EXECUTABLES = ("aryl-scheduler", "aryl-agent", "aryl-router", "arylctl", "aryl-s
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    """The test's environment without any ARYL_ variable (a developer's shell may export some)."""
-    return {**{k: v for k, v in os.environ.items() if not k.startswith("ARYL_")}, **extra}
+    """The test's environment without any ARYL_ variable (a developer's shell may export some), but with
+    the test session's TLS files and token (``tests.harness.security_env``): security is on by default."""
+    return {**{k: v for k, v in os.environ.items() if not k.startswith("ARYL_")}, **security_env(), **extra}
 
 
 def run(name: str, *argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

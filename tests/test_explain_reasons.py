@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import time
 
-import grpc
 import pytest
 
 from protos.aryl.v1 import inference_pb2, inference_pb2_grpc, scheduler_pb2, types_pb2
@@ -30,6 +29,7 @@ from tests.harness import (
     register_fake_server,
     running_job,
     scheduler_stub,
+    secure_channel,
     snapshot_of,
     training_server,
 )
@@ -128,7 +128,7 @@ def explain(stub, job_id: str) -> scheduler_pb2.ExplainJobResponse:
 
 
 def report_demand(address: str, servers: int) -> None:
-    with grpc.insecure_channel(address) as channel:
+    with secure_channel(address) as channel:
         inference_pb2_grpc.InferenceServiceStub(channel).ReportDemand(
             inference_pb2.ReportDemandRequest(servers_needed=servers, observed_rps=1.0, source="test"), timeout=5)
 

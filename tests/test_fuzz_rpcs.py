@@ -56,7 +56,7 @@ from protos.aryl.v1 import (
 from scheduler_service.api import validation
 from scheduler_service.errors import InvalidArgument
 from scheduler_service.store.models import Base
-from tests.harness import register_fake_server
+from tests.harness import register_fake_server, secure_channel
 
 Code = grpc.StatusCode
 OK, INVALID = Code.OK, Code.INVALID_ARGUMENT
@@ -779,7 +779,7 @@ class Harness:
         # change state: a loud failure, never a silent pass.)
         self.background_writes = True
         self.database = database
-        self.channel = grpc.insecure_channel(address)
+        self.channel = secure_channel(address)
         self.stubs = {name: stub(self.channel) for name, (_, stub) in SERVICES.items()}
         self.scheduler: scheduler_pb2_grpc.SchedulerServiceStub = self.stubs["scheduler"]
         self._settled = False  # no accepted write since the last settle: nothing runs in the background

@@ -21,10 +21,11 @@ from grpc_status import rpc_status
 
 from arylctl.cli import main as arylctl
 from arylctl.client import ArylClient, OutOfRange
+from node_agent.config import AgentSection
 from node_agent.logs import serve_worker_logs
 from node_agent.workers import WorkDir
 from protos.aryl.v1 import scheduler_pb2, types_pb2
-from tests.harness import job_spec, register_fake_server, scheduler_stub
+from tests.harness import daemon_security, job_spec, register_fake_server, scheduler_stub
 from tests.helpers import wait_for
 
 SERVER = "gpu-logs"
@@ -43,7 +44,7 @@ class LoggedJob:
 @pytest.fixture
 def logged_job(scheduler, tmp_path: Path) -> Iterator[LoggedJob]:
     layout = WorkDir(tmp_path / "agent", tmp_path / "checkpoints")
-    agent_logs, port = serve_worker_logs(layout, SERVER, "127.0.0.1", 0)
+    agent_logs, port = serve_worker_logs(layout, SERVER, "127.0.0.1", 0, tls=AgentSection(**daemon_security(SERVER)))
     channel, stub = scheduler_stub(scheduler.address)
     try:
         register_fake_server(scheduler.address, SERVER, gpus=2, logs_address=f"127.0.0.1:{port}")

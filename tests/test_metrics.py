@@ -23,7 +23,7 @@ from node_agent.agent import Agent
 from node_agent.config import AgentSection
 from node_agent.gpus import FakeBackend as FakeGpus
 from protos.aryl.v1 import scheduler_pb2
-from tests.harness import job_spec, register_fake_server, scheduler_stub
+from tests.harness import daemon_security, job_spec, register_fake_server, scheduler_stub
 from tests.helpers import free_port, wait_for
 from tests.test_router import FakeBackend, router_section, run, until
 
@@ -93,7 +93,8 @@ def test_a_taken_metrics_port_is_a_bad_input_naming_the_setting() -> None:
 def test_the_agent_serves_report_latency_gpus_and_workers(scheduler_factory, tmp_path: Path) -> None:
     scheduler = scheduler_factory(agents={"report_interval_s": 0.2})
     section = AgentSection(scheduler_address=scheduler.address, hostname="node-m", rpc_timeout_s=2.0,
-                           reconnect_max_backoff_s=0.2, work_dir=str(tmp_path / "agent"), reconcile_interval_s=0.05)
+                           reconnect_max_backoff_s=0.2, work_dir=str(tmp_path / "agent"), reconcile_interval_s=0.05,
+                           **daemon_security("node-m"))
     gpus = FakeGpus("node-m", count=2)
     agent = Agent(section, gpus, backoff=Backoff(0.2, initial_s=0.02), version="test")
     endpoint = serve_metrics(agent.metrics.registry, MetricsConfig(port=free_port()))
@@ -128,7 +129,7 @@ def test_the_router_serves_requests_latency_and_demand(scheduler) -> None:
         router_port = free_port()
         config = router_section(static_backends=[backend.url], scheduler_address=scheduler.address,
                                 servers_needed=2, report_interval_s=0.2, evaluate_interval_s=0.05,
-                                listen=f"127.0.0.1:{router_port}")
+                                listen=f"127.0.0.1:{router_port}", **daemon_security())
         stop = asyncio.Event()
         served = asyncio.create_task(serve(config, stop, MetricsConfig(port=port)))
         url = f"http://127.0.0.1:{port}/metrics"

@@ -54,6 +54,7 @@ def test_a_client_from_the_protos_alone_calls_the_scheduler_and_decodes_a_bad_re
     out.mkdir()
     compile_protos(out, include_root=_protos_alone(tmp_path))
     client = textwrap.dedent(f"""
+        import os
         import sys
         sys.path.insert(0, {str(out)!r})
         import grpc
@@ -61,7 +62,13 @@ def test_a_client_from_the_protos_alone_calls_the_scheduler_and_decodes_a_bad_re
         from aryl.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2
         assert scheduler_pb2.__file__.startswith({str(out)!r}), scheduler_pb2.__file__
 
-        stub = scheduler_pb2_grpc.SchedulerServiceStub(grpc.insecure_channel({scheduler.address!r}))
+        # Mutual TLS and a bearer token, with nothing but gRPC's own credentials (docs/security.md).
+        def read(name):
+            return open(os.environ[name], "rb").read()
+        tls = grpc.ssl_channel_credentials(read("ARYL_TLS_CA"), read("ARYL_TLS_KEY"), read("ARYL_TLS_CERT"))
+        token = grpc.access_token_call_credentials(os.environ["ARYL_TOKEN"])
+        channel = grpc.secure_channel({scheduler.address!r}, grpc.composite_channel_credentials(tls, token))
+        stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
         spec = types_pb2.JobSpec(name="train", user="alice", command=["true"], gpus_per_worker=1, min_workers=1)
         job = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=20).job
         print("queued", job.job_id, types_pb2.JobState.Name(job.state))

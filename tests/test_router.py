@@ -63,6 +63,7 @@ def router_section(**values: object) -> RouterSection:
     base: dict[str, object] = {
         "listen": "127.0.0.1:0", "scheduler_address": "", "health_check_interval_s": 0,
         "shutdown_timeout_s": 5, "connect_timeout_s": 2, "source": "test-router",
+        "insecure": True,  # its schedulers are the in-process FakeScheduler, which listens in plaintext
     }
     base.update(values)
     return RouterSection(**base)
@@ -586,6 +587,7 @@ def test_no_request_fails_while_a_server_is_drained_and_another_added_under_load
         scheduler.set(s1=(servers["s1"][1], SERVING), s2=(servers["s2"][1], SERVING))
         log = (tmp_path / "router.log").open("wb")
         env = {k: v for k, v in os.environ.items() if not k.startswith("ARYL_")}
+        env["ARYL_ROUTER__INSECURE"] = "true"  # the FakeScheduler listens in plaintext
         # Started from a thread: fork and exec block, and this loop also serves the fake scheduler.
         router_proc = await asyncio.to_thread(
             subprocess.Popen,

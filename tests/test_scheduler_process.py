@@ -11,6 +11,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from tests.harness import secure_channel
 from tests.helpers import free_port, wait_for
 
 BIN = Path(sys.executable).parent / "aryl-scheduler"
@@ -18,7 +19,7 @@ BIN = Path(sys.executable).parent / "aryl-scheduler"
 
 def serving(address: str) -> bool:
     try:
-        with grpc.insecure_channel(address) as channel:
+        with secure_channel(address) as channel:
             reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1)
             return reply.status == health_pb2.HealthCheckResponse.SERVING
     except grpc.RpcError:

@@ -36,10 +36,12 @@ from scheduler_service.store.db import create_engine_for, session_factory
 from tests.harness import (
     NOW,
     ManualClock,
+    daemon_env,
     inference_server,
     pending_job,
     placed,
     running_job,
+    security_env,
     snapshot_of,
     training_server,
 )
@@ -132,7 +134,8 @@ class AdminCluster(Cluster):
         env = {k: v for k, v in os.environ.items() if not k.startswith("ARYL_")}
         env.update(ARYL_AGENT__RECONCILE_INTERVAL_S="0.1", ARYL_AGENT__CHECKPOINT_ROOT=str(self.checkpoints),
                    ARYL_AGENT__LOGS_LISTEN_HOST="127.0.0.1", ARYL_AGENT__ADVERTISE_ADDRESS="127.0.0.1",
-                   ARYL_AGENT__STOP_GRACE_S="5", ARYL_LOGGING__LEVEL="info", ARYL_E2E_MARKER=str(self.tmp))
+                   ARYL_AGENT__STOP_GRACE_S="5", ARYL_LOGGING__LEVEL="info", ARYL_E2E_MARKER=str(self.tmp),
+                   **daemon_env(hostname))
         args = [sys.executable, "-m", "node_agent.main", "--scheduler", self.scheduler.address, "--hostname",
                 hostname, "--fake-gpus", str(gpus), "--work-dir", str(self.tmp / f"agent-{hostname}"), *flags]
         with (self.tmp / f"{hostname}.log").open("ab") as log:
@@ -155,6 +158,7 @@ def cluster(tmp_path: Path, postgres_url: str) -> Iterator[AdminCluster]:
 def arylctl(cluster: Cluster, *argv: str) -> subprocess.CompletedProcess[str]:
     """The installed console script, as an operator runs it."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ARYL_")}
+    env.update({k: v for k, v in security_env().items() if not k.startswith(("ARYL_AGENT__", "ARYL_ROUTER__"))})
     return subprocess.run([ARYLCTL, "--server", cluster.scheduler.address, *argv], check=False, capture_output=True,
                           text=True, timeout=30, env=env)
 

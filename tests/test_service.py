@@ -10,7 +10,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from protos.aryl.v1 import agent_pb2, agent_pb2_grpc, inference_pb2, inference_pb2_grpc, scheduler_pb2, types_pb2
-from tests.harness import job_spec, job_state, register_fake_server, scheduler_stub
+from tests.harness import job_spec, job_state, register_fake_server, scheduler_stub, secure_channel
 from tests.helpers import wait_for
 
 RUNNING = types_pb2.JOB_STATE_RUNNING
@@ -160,7 +160,7 @@ def test_watch_events_replays_then_streams_live(scheduler, stub) -> None:
 
 def test_agent_receives_desired_state_pushed_after_placement(scheduler, stub) -> None:
     register_fake_server(scheduler.address, "train-1", gpus=2)
-    channel = grpc.insecure_channel(scheduler.address)
+    channel = secure_channel(scheduler.address)
     agent = agent_pb2_grpc.AgentServiceStub(channel)
     stream = agent.WatchDesiredState(agent_pb2.WatchDesiredStateRequest(server_id="train-1"))
     initial = next(stream)
@@ -178,7 +178,7 @@ def test_agent_receives_desired_state_pushed_after_placement(scheduler, stub) ->
 
 def test_status_reports_are_fenced_by_epoch(scheduler) -> None:
     registered = register_fake_server(scheduler.address, "train-1", gpus=1)
-    with grpc.insecure_channel(scheduler.address) as channel:
+    with secure_channel(scheduler.address) as channel:
         agent = agent_pb2_grpc.AgentServiceStub(channel)
         ok = agent.ReportStatus(
             agent_pb2.ReportStatusRequest(server_id="train-1", scheduler_epoch=registered.scheduler_epoch,
@@ -199,7 +199,7 @@ def test_status_reports_are_fenced_by_epoch(scheduler) -> None:
 
 def test_unhealthy_gpu_is_not_used(scheduler, stub) -> None:
     registered = register_fake_server(scheduler.address, "train-1", gpus=2)
-    with grpc.insecure_channel(scheduler.address) as channel:
+    with secure_channel(scheduler.address) as channel:
         agent_pb2_grpc.AgentServiceStub(channel).ReportStatus(
             agent_pb2.ReportStatusRequest(
                 server_id="train-1", scheduler_epoch=registered.scheduler_epoch,
@@ -221,7 +221,7 @@ def test_unhealthy_gpu_is_not_used(scheduler, stub) -> None:
 
 def test_demand_reports_show_in_the_cluster_summary(scheduler, stub) -> None:
     register_fake_server(scheduler.address, "infer-1", pool="inference", gpus=8)
-    with grpc.insecure_channel(scheduler.address) as channel:
+    with secure_channel(scheduler.address) as channel:
         reply = inference_pb2_grpc.InferenceServiceStub(channel).ReportDemand(
             inference_pb2.ReportDemandRequest(servers_needed=1, observed_rps=42.5, source="test"), timeout=5
         )
@@ -250,7 +250,7 @@ def test_restart_keeps_state_and_starts_a_new_epoch(scheduler_factory) -> None:
 
 
 def test_health_and_reflection_are_served(scheduler) -> None:
-    with grpc.insecure_channel(scheduler.address) as channel:
+    with secure_channel(scheduler.address) as channel:
         health = health_pb2_grpc.HealthStub(channel).Check(
             health_pb2.HealthCheckRequest(service="aryl.v1.SchedulerService"), timeout=5
         )
@@ -264,7 +264,7 @@ def test_health_and_reflection_are_served(scheduler) -> None:
 
 def test_gpus_reported_in_another_order_after_a_reboot_are_accepted(scheduler, stub) -> None:
     register_fake_server(scheduler.address, "train-1", gpus=2)
-    with grpc.insecure_channel(scheduler.address) as channel:
+    with secure_channel(scheduler.address) as channel:
         agent_pb2_grpc.AgentServiceStub(channel).RegisterServer(
             agent_pb2.RegisterServerRequest(
                 hostname="train-1", pool=types_pb2.POOL_TRAINING,

@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from protos.aryl.v1 import inference_pb2, inference_pb2_grpc, scheduler_pb2, types_pb2
-from tests.harness import job_spec, register_fake_server, scheduler_stub
+from tests.harness import job_spec, register_fake_server, scheduler_stub, secure_channel
 from tests.helpers import wait_for
 
 S = types_pb2
@@ -29,7 +29,7 @@ class PoolWatch:
     """A WatchServingPool stream read by a thread into a queue."""
 
     def __init__(self, address: str) -> None:
-        self._channel = grpc.insecure_channel(address)
+        self._channel = secure_channel(address)
         self.stub = inference_pb2_grpc.InferenceServiceStub(self._channel)
         self._call = self.stub.WatchServingPool(inference_pb2.WatchServingPoolRequest(source="test"))
         self.updates: queue.Queue[inference_pb2.ServingPool] = queue.Queue()

@@ -29,7 +29,7 @@ from node_agent.config import AgentSection
 from node_agent.gpus import FakeBackend
 from protos.aryl.v1 import agent_pb2, agent_pb2_grpc, scheduler_pb2, types_pb2
 from scheduler_service.api import validation
-from tests.harness import job_spec, register_fake_server, scheduler_stub
+from tests.harness import daemon_security, job_spec, register_fake_server, scheduler_stub, secure_channel
 from tests.helpers import wait_for
 
 # Variables of this many characters stay under execve's 128 KiB per string and the 32 KiB per value.
@@ -111,6 +111,7 @@ class RealAgent:
         config = AgentSection(
             scheduler_address=address, hostname="big-node", rpc_timeout_s=10.0, reconnect_max_backoff_s=0.2,
             work_dir=str(work_dir), reconcile_interval_s=0.05, stop_workers_on_exit=True, stop_grace_s=1.0,
+            **daemon_security("big-node"),
         )
         self.agent = Agent(config, FakeBackend("big-node", count=gpus), backoff=Backoff(0.2, initial_s=0.02),
                            version="test")
@@ -159,7 +160,7 @@ def test_the_scheduler_sends_a_desired_state_over_its_request_limit(scheduler, s
     job = submit(stub, spec_of_size(MAX_JOB_SPEC_BYTES, workers=workers))
     wait_for(lambda: stub.GetJob(scheduler_pb2.GetJobRequest(job_id=job.job_id), timeout=10).job.num_workers,
              timeout=30, what="the job to be placed")
-    with grpc.insecure_channel(scheduler.address, options=scheduler_channel_options(1.0)) as channel:
+    with secure_channel(scheduler.address, options=scheduler_channel_options(1.0)) as channel:
         stream = agent_pb2_grpc.AgentServiceStub(channel).WatchDesiredState(
             agent_pb2.WatchDesiredStateRequest(server_id="wide-node"), timeout=30
         )

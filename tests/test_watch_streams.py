@@ -31,7 +31,7 @@ from scheduler_service import notify
 from scheduler_service.api.stream_limits import StreamLimits, TooManyStreams, client_of
 from scheduler_service.notify import EventFeed, Signal
 from scheduler_service.server import ServerHandle, serve_in_background
-from tests.harness import job_spec, scheduler_config
+from tests.harness import client_security, job_spec, scheduler_config, secure_aio_channel, secure_channel
 from tests.helpers import wait_for
 
 STREAMS = 200
@@ -96,7 +96,7 @@ def test_idle_watch_streams_cost_no_database_work_and_a_change_reaches_every_str
     counter = TransactionCounter(handle.service.engine)
 
     async def scenario() -> None:
-        async with grpc.aio.insecure_channel(handle.address) as channel:
+        async with secure_aio_channel(handle.address) as channel:
             scheduler = scheduler_pb2_grpc.SchedulerServiceStub(channel)
             inference = inference_pb2_grpc.InferenceServiceStub(channel)
             baseline = await counter.during(WINDOW_S)  # cycles and liveness checks: no stream open
@@ -135,7 +135,7 @@ def test_streams_filtered_or_replayed_get_exactly_their_events(start_scheduler: 
     handle = start_scheduler()
 
     async def scenario() -> None:
-        async with grpc.aio.insecure_channel(handle.address) as channel:
+        async with secure_aio_channel(handle.address) as channel:
             scheduler = scheduler_pb2_grpc.SchedulerServiceStub(channel)
             first = await scheduler.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=job_spec("first")), timeout=30)
             everything: list[Any] = []
@@ -174,7 +174,7 @@ def test_streams_beyond_a_limit_are_refused_with_resource_exhausted_naming_the_s
     handle = start_scheduler(server={setting: 3})
 
     async def scenario() -> None:
-        async with grpc.aio.insecure_channel(handle.address) as channel:
+        async with secure_aio_channel(handle.address) as channel:
             scheduler = scheduler_pb2_grpc.SchedulerServiceStub(channel)
             inference = inference_pb2_grpc.InferenceServiceStub(channel)
             held = [scheduler.WatchEvents(scheduler_pb2.WatchEventsRequest()) for _ in range(2)]
@@ -228,7 +228,7 @@ def test_arylctl_follow_backs_off_and_retries_while_the_stream_limit_is_reached(
     start_scheduler: Any, tmp_path: Path
 ) -> None:
     handle = start_scheduler(server={"max_watch_streams_per_client": 1})
-    channel = grpc.insecure_channel(handle.address)
+    channel = secure_channel(handle.address)
     scheduler = scheduler_pb2_grpc.SchedulerServiceStub(channel)
     holder = scheduler.WatchEvents(scheduler_pb2.WatchEventsRequest())
     wait_for(lambda: open_streams(handle) == 1, what="the holding stream to be admitted")
@@ -261,14 +261,14 @@ def test_the_router_s_pool_watch_backs_off_and_retries_while_the_stream_limit_is
     handle = start_scheduler(server={"max_watch_streams_per_client": 1})
 
     async def scenario() -> None:
-        async with grpc.aio.insecure_channel(handle.address) as channel:
+        async with secure_aio_channel(handle.address) as channel:
             holder = scheduler_pb2_grpc.SchedulerServiceStub(channel).WatchEvents(scheduler_pb2.WatchEventsRequest())
             holding = asyncio.create_task(_collect(holder, []))
             await _wait(lambda: open_streams(handle) == 1, "the holding stream to be admitted")
             updates: list[Any] = []
             with capture_logs() as logs:
                 async with SchedulerLink(handle.address, source="test-router", rpc_timeout_s=5,
-                                         max_backoff_s=0.2) as link:
+                                         max_backoff_s=0.2, security=client_security()) as link:
                     watching = asyncio.create_task(link.run(updates.append))
                     await _wait(lambda: sum("RESOURCE_EXHAUSTED" in str(e.get("error")) for e in logs) >= 2,
                                 "two refused attempts")

@@ -15,7 +15,7 @@ from protos.aryl.v1 import agent_pb2, agent_pb2_grpc, scheduler_pb2, types_pb2
 from scheduler_service.app import SchedulerApp
 from scheduler_service.store.db import create_engine_for, session_factory
 from scheduler_service.worker_outcomes import Verdict, judge_exits
-from tests.harness import ManualClock, job_spec, register_fake_server, scheduler_stub
+from tests.harness import ManualClock, job_spec, register_fake_server, scheduler_stub, secure_channel
 from tests.helpers import wait_for
 
 EXITED = agent_pb2.WORKER_PHASE_EXITED
@@ -29,7 +29,7 @@ class Agent:
     def __init__(self, address: str, server_id: str, epoch: int) -> None:
         self.server_id = server_id
         self.epoch = epoch
-        self._channel = grpc.insecure_channel(address)
+        self._channel = secure_channel(address)
         self.stub = agent_pb2_grpc.AgentServiceStub(self._channel)
 
     def desired(self) -> agent_pb2.DesiredState:

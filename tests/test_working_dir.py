@@ -33,7 +33,7 @@ import yaml
 from arylctl.client import ArylClient
 from protos.aryl.v1 import scheduler_pb2, types_pb2
 from scheduler_service.server import serve_in_background
-from tests.harness import job_spec, scheduler_config, scheduler_stub
+from tests.harness import daemon_env, job_spec, scheduler_config, scheduler_stub
 from tests.helpers import processes_mentioning, wait_for
 from tests.test_cli import arylctl_executable
 
@@ -66,7 +66,7 @@ class Node:
         self.cwd.mkdir()
         env = {k: v for k, v in os.environ.items() if not k.startswith("ARYL_")}
         env.update(ARYL_AGENT__RECONCILE_INTERVAL_S="0.1", ARYL_AGENT__LOGS_LISTEN_HOST="127.0.0.1",
-                   ARYL_WD_MARKER=str(tmp))
+                   ARYL_WD_MARKER=str(tmp), **daemon_env(NODE))
         self.log = tmp / "agent.log"
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(

@@ -135,14 +135,15 @@ def require_server(server_id: str) -> None:
 
 
 def require_router() -> str:
-    """The calling router's id ("" without identities); an admin acts as router ``admin:NAME``."""
+    """The calling router's id, which its reports are recorded under; "" without identities and for an
+    admin (whose request then names the source)."""
     who = _CALLER.get()
     if who is None:
         return ""
-    if who.principal.role == "router" and who.cert_names and who.name not in who.cert_names:
+    if who.principal.role == "router" and who.cert_names is not None and who.name not in who.cert_names:
         raise PermissionDenied(f"the client certificate does not name router {who.name!r}; a router presents a "
                                "certificate issued for its own router id")
-    return who.name if who.principal.role == "router" else str(who.principal)
+    return who.name if who.principal.role == "router" else ""
 
 
 def needs_owner_check() -> bool:

@@ -36,7 +36,7 @@ from migrations import upgrade
 from protos.aryl.v1 import types_pb2
 from scheduler_service.server import ServerHandle, serve_in_background
 from tests.chaos.invariants import MARKER_ENV, SERVER_ENV
-from tests.harness import job_spec, scheduler_config, scratch_postgres
+from tests.harness import job_spec, scheduler_config, scratch_postgres, secure_channel
 from tests.helpers import free_port, processes_mentioning, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -83,7 +83,7 @@ def chaos_db() -> Iterator[str]:
 
 def serving(address: str) -> bool:
     try:
-        with grpc.insecure_channel(address) as channel:
+        with secure_channel(address) as channel:
             reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1)
             return reply.status == health_pb2.HealthCheckResponse.SERVING
     except grpc.RpcError:

@@ -30,6 +30,7 @@ from arylctl.client import ArylClient
 from protos.aryl.v1 import scheduler_pb2, scheduler_pb2_grpc
 from tests.chaos.conftest import InProcessCluster, RetryingClient, chaos_job, scaled, serving
 from tests.chaos.invariants import check_invariants, wait_workers_match
+from tests.harness import secure_channel
 
 pytestmark = pytest.mark.postgres
 
@@ -44,7 +45,7 @@ def submit_request(name: str) -> scheduler_pb2.SubmitJobRequest:
 
 
 def health(address: str) -> int:
-    with grpc.insecure_channel(address) as channel:
+    with secure_channel(address) as channel:
         return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10).status
 
 
@@ -53,7 +54,7 @@ def test_clients_giving_up_mid_call_never_wedge_the_scheduler_or_apply_twice(
 ) -> None:
     cluster = inprocess_cluster
     cluster.start(agents=1, gpus=4)
-    channel = grpc.insecure_channel(cluster.address)
+    channel = secure_channel(cluster.address)
     stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
     names: list[str] = []
     known: list[str] = []  # job ids acknowledged so far, to cancel impatiently
@@ -106,7 +107,7 @@ def test_a_client_at_ten_times_the_normal_rate_starves_no_one(
     seconds = scaled(4, 30)
     cluster = inprocess_cluster
     cluster.start(agents=1, gpus=4)
-    flood_channel = grpc.insecure_channel(cluster.address)
+    flood_channel = secure_channel(cluster.address)
     flood = scheduler_pb2_grpc.SchedulerServiceStub(flood_channel)
     normal = ArylClient(cluster.address, timeout=10)
     flood_calls: list[tuple[str, grpc.Future]] = []
@@ -161,7 +162,7 @@ def test_idle_watch_streams_up_to_the_limit_leave_submits_and_health_alone(
     cluster = inprocess_cluster
     cluster.start(agents=1, gpus=4, server={"max_watch_streams": streams, "max_watch_streams_per_client": streams,
                                             "max_concurrent_streams": streams + 200})
-    channels = [grpc.insecure_channel(cluster.address) for _ in range((streams + per_channel - 1) // per_channel)]
+    channels = [secure_channel(cluster.address) for _ in range((streams + per_channel - 1) // per_channel)]
     calls: list[grpc.Call] = []
     client = RetryingClient(cluster.address)
     acknowledged: list[str] = []

@@ -32,6 +32,7 @@ from arylctl.client import ArylClient, ArylError, FailedPrecondition, Unavailabl
 from protos.aryl.v1 import types_pb2
 from tests.chaos.conftest import InProcessCluster, RetryingClient, chaos_job, scaled, serving
 from tests.chaos.invariants import check_invariants, database_workers, live_workers, violations, wait_workers_match
+from tests.harness import secure_channel
 from tests.helpers import processes_mentioning, wait_for
 
 pytestmark = pytest.mark.postgres
@@ -185,7 +186,7 @@ def test_rows_locked_past_the_lock_timeout_answer_unavailable_and_the_service_re
         assert client.call(lambda c: c.cancel_job(victim, reason="chaos")).state == types_pb2.JOB_STATE_CANCELLED
         with pytest.raises(FailedPrecondition):
             plain.cancel_job(victim)
-        with grpc.insecure_channel(cluster.address) as channel:
+        with secure_channel(cluster.address) as channel:
             health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
         assert health.status == health_pb2.HealthCheckResponse.SERVING
         check_invariants(cluster.url, acknowledged.values())
