@@ -228,6 +228,25 @@ class SecurityConfig(ConfigSection):
         return [f"security.{k}" for k in keys if not getattr(self, k)]
 
 
+class InferenceConfig(ConfigSection):
+    """Inference safety (docs/security.md, "Inference safety"): where inference servers may point the
+    routers, and how several routers' demand counts (``store.inference``)."""
+
+    endpoint_allow: list[str] = Field(
+        default_factory=list,
+        description="where a registering inference server's endpoint may point: CIDRs ('10.0.0.0/8', for an "
+                    "IP address) and host name patterns ('*.svc.local'); empty: only the registering agent's own "
+                    "address or hostname",
+    )
+    demand_ttl_s: float = Field(
+        60.0, gt=0, description="a router's demand report stops counting this long after it was made"
+    )
+    demand_combine: Literal["max", "sum"] = Field(
+        "max", description="several fresh routers: the largest report counts (routers that each see all the "
+        "traffic) or their sum (routers that split it)",
+    )
+
+
 class SchedulerConfig(ArylSettings):
     """Everything the scheduler service can be told. One instance, built at start-up."""
 
@@ -239,6 +258,7 @@ class SchedulerConfig(ArylSettings):
     events: EventsConfig = EventsConfig()
     security: SecurityConfig = SecurityConfig()
     ha: HaConfig = HaConfig()
+    inference: InferenceConfig = InferenceConfig()
     logging: LoggingConfig = LoggingConfig()
     metrics: MetricsConfig = MetricsConfig()  # Prometheus /metrics (scheduler_service.metrics); off by default
 

@@ -69,6 +69,7 @@ from scheduler_service.solvers import warm_up as warm_up_solvers
 from scheduler_service.store import lease as lease_store
 from scheduler_service.store.changes import StateChanges
 from scheduler_service.store.db import create_engine_for, session_factory
+from scheduler_service.store.inference import DemandRules
 from scheduler_service.store.transactions import Transactions
 
 log = structlog.get_logger("aryl.scheduler")
@@ -192,6 +193,7 @@ class SchedulerService:
                     deadline_admission=DeadlineAdmission(cfg.scheduling.deadline_admission),
                     amdahl_alpha=self.policy_params.amdahl_alpha,
                     priority_classes=cfg.scheduling.priority_classes,
+                    demand_rules=DemandRules(cfg.inference.demand_ttl_s, cfg.inference.demand_combine),
                 )
                 if self.engine.dialect.name == "postgresql":
                     leadership = self.leadership = self._leadership(app, loop)
@@ -239,7 +241,8 @@ class SchedulerService:
         agent_pb2_grpc.add_AgentServiceServicer_to_server(
             AgentServicer(app, executor, notifier, report_interval_s=cfg.agents.report_interval_s,
                           desired_state_refresh_s=cfg.agents.desired_state_refresh_s,
-                          grace_period_s=cfg.scheduling.default_grace_period_s),
+                          grace_period_s=cfg.scheduling.default_grace_period_s,
+                          endpoint_allow=cfg.inference.endpoint_allow),
             server,
         )
         inference_pb2_grpc.add_InferenceServiceServicer_to_server(

@@ -389,6 +389,8 @@ def test_cluster_servers_loans_and_demand(client: ArylClient, scheduler) -> None
     assert training and training[0].gpus_total == 4
     assert cluster.policy
 
+    for name in ("inf-1", "inf-2"):  # demand is at most the inference pool's size
+        register_fake_server(scheduler.address, name, pool="inference", gpus=1)
     reported = client.report_demand(2, observed_rps=12.5, source="test")
     assert (reported.demand.servers_needed, reported.demand.observed_rps, reported.demand.source) == (2, 12.5, "test")
     demand = client.get_demand()

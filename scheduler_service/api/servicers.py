@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import dataclasses
-from collections.abc import AsyncIterator, Callable, Hashable
+from collections.abc import AsyncIterator, Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -444,9 +444,11 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
 
 class AgentServicer(_Base, agent_pb2_grpc.AgentServiceServicer):
     def __init__(
-        self, *args: Any, report_interval_s: float, grace_period_s: float, desired_state_refresh_s: float = 30.0
+        self, *args: Any, report_interval_s: float, grace_period_s: float, desired_state_refresh_s: float = 30.0,
+        endpoint_allow: Sequence[str] = (),
     ) -> None:
         super().__init__(*args)
+        self._endpoint_allow = tuple(endpoint_allow)  # [inference] endpoint_allow (api.validation)
         self._report_interval = report_interval_s
         self._refresh_s = desired_state_refresh_s
         self._grace = grace_period_s
@@ -457,6 +459,7 @@ class AgentServicer(_Base, agent_pb2_grpc.AgentServiceServicer):
     ) -> agent_pb2.RegisterServerResponse:
         registration = validation.registration(request)
         auth.require_server(registration.hostname)
+        validation.allowed_endpoint(registration, self._endpoint_allow, context.peer())
         desired = await self.run(self.app.agents.register, registration)
         log.info("server registered", server=desired.server_id, pool=registration.pool, gpus=len(registration.gpus))
         return agent_pb2.RegisterServerResponse(
@@ -505,8 +508,7 @@ class InferenceServicer(_Base, inference_pb2_grpc.InferenceServiceServicer):
     async def ReportDemand(
         self, request: inference_pb2.ReportDemandRequest, context: Any
     ) -> inference_pb2.ReportDemandResponse:
-        if request.servers_needed > 100_000:
-            raise InvalidArgument("servers_needed", f"must be at most 100000 (got {request.servers_needed})")
+        # More than the inference pool's servers: InvalidArgument from the store, which counts them.
         rps = validation.finite("observed_rps", request.observed_rps)
         source = auth.require_router() or validation.text("source", request.source, max_len=253) or context.peer()[:253]
         report, serving, loaned = await self.run(self.app.inference.report_demand, request.servers_needed, rps, source)

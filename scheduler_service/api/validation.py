@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import fnmatch
+import ipaddress
 import math
 import re
+import urllib.parse
 from collections.abc import Iterable, Sequence
 
 from google.protobuf import duration_pb2, timestamp_pb2
@@ -16,7 +19,7 @@ from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
 
 from aryl_common.channels import MAX_JOB_SPEC_BYTES, MAX_WORKERS_PER_SERVER
 from protos.aryl.v1 import agent_pb2, scheduler_pb2, types_pb2
-from scheduler_service.errors import InvalidArgument
+from scheduler_service.errors import InvalidArgument, PermissionDenied
 from scheduler_service.lifecycle import JobState, Pool
 from scheduler_service.records import (
     GpuReport,
@@ -487,3 +490,50 @@ def status_report(req: agent_pb2.ReportStatusRequest) -> StatusReport:
     workers = tuple(worker_report(f"workers[{i}]", w) for i, w in enumerate(req.workers))
     return StatusReport(server_id("server_id", req.server_id), req.scheduler_epoch, tuple(samples),
                         req.observed_generation, workers)
+
+
+def peer_host(peer: str) -> str:
+    """The IP address of a gRPC peer string (``ipv4:10.0.0.7:5000``, ``ipv6:[::1]:5000``); "" if none."""
+    kind, _, rest = peer.partition(":")
+    if kind == "ipv4":
+        return rest.rsplit(":", 1)[0]
+    if kind == "ipv6":
+        return rest.rsplit(":", 1)[0].strip("[]")
+    return ""
+
+
+def allowed_endpoint(registration: ServerRegistration, allow: Sequence[str], peer: str = "") -> None:
+    """PermissionDenied unless the registration's inference endpoint (if any) points where
+    ``[inference] endpoint_allow`` allows: its host an IP address in one of the CIDRs or a name matching
+    one of the patterns (names are not resolved); with no patterns, only the registering agent's own:
+    its address, its hostname, or the IP address it connects from (``peer``, ``peer_host``). A router
+    forwards users' requests there, so nobody may point it elsewhere."""
+    endpoint = registration.inference_endpoint
+    if not endpoint:
+        return
+    host = (urllib.parse.urlsplit(endpoint).hostname or "").lower()
+    if not allow:
+        own = {registration.agent_address.lower(), registration.hostname.lower(), peer_host(peer).lower()} - {""}
+        if host in own:
+            return
+        raise PermissionDenied(
+            f"inference_endpoint {endpoint!r}: host {host!r} is not this server's own address "
+            f"({', '.join(sorted(own))}); an operator allows other hosts with inference.endpoint_allow"
+        )
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        address = None
+    for pattern in allow:
+        try:
+            network = ipaddress.ip_network(pattern, strict=False)
+        except ValueError:
+            if address is None and fnmatch.fnmatchcase(host, pattern.lower()):
+                return
+            continue
+        if address is not None and address.version == network.version and address in network:
+            return
+    raise PermissionDenied(
+        f"inference_endpoint {endpoint!r}: host {host!r} matches none of inference.endpoint_allow "
+        f"({', '.join(allow)})"
+    )

@@ -47,7 +47,7 @@ from scheduler_service.store.agents import AgentStore
 from scheduler_service.store.applier import Applier
 from scheduler_service.store.changes import StateChanges
 from scheduler_service.store.desired import DesiredStates
-from scheduler_service.store.inference import InferenceStore
+from scheduler_service.store.inference import DemandRules, InferenceStore
 from scheduler_service.store.jobs import JobStore
 from scheduler_service.store.liveness import LivenessStore
 from scheduler_service.store.ports import DEFAULT_MASTER_PORTS, MasterPorts
@@ -74,6 +74,7 @@ class SchedulerApp:
         deadline_admission: DeadlineAdmission = DeadlineAdmission.WARN,
         amdahl_alpha: float = PolicyParams.amdahl_alpha,
         priority_classes: Mapping[str, int] | None = None,
+        demand_rules: DemandRules | None = None,
     ) -> None:
         self.notifier: Notifier = notifier or NullNotifier()
         db = Transactions(sessions, publish=self.notifier.desired_states_committed)
@@ -83,8 +84,8 @@ class SchedulerApp:
         heartbeats, digests = Heartbeats(clock), ReportDigests()
         notices = Announcer(self.notifier, db, digests)
         self.cluster = DatabaseCluster(
-            db, SnapshotReader(clock), Applier(changes, desired, clock, reclaim_deadline_s=reclaim_deadline_s,
-                                              ports=MasterPorts(master_ports)),
+            db, SnapshotReader(clock, demand_rules),
+            Applier(changes, desired, clock, reclaim_deadline_s=reclaim_deadline_s, ports=MasterPorts(master_ports)),
             notices,
         )
         self.queues = Queues(db, clock, notices, snapshot=self.cluster.snapshot, priority_classes=priority_classes)
@@ -96,8 +97,9 @@ class SchedulerApp:
             digests=digests, notices=notices, telemetry_write_s=telemetry_write_s, admin=admin,
         )
         self.server_admin = ServerAdmin(db, admin, notices)
-        self.inference = Inference(db, InferenceStore(changes, clock), notices, snapshot=self.cluster.snapshot)
-        self.views = ClusterViews(db)
+        self.inference = Inference(db, InferenceStore(changes, clock, demand_rules), notices,
+                                   snapshot=self.cluster.snapshot, clock=clock)
+        self.views = ClusterViews(db, clock, demand_rules)
         self.liveness = Liveness(db, LivenessStore(changes, desired, clock), heartbeats, notices,
                                  remove_deleted=self.server_admin.remove_vacated)
         self.retention = EventRetention(db)

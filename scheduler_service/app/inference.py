@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from scheduler_service.app.notices import Announcer
+from scheduler_service.core.clock import Clock
 from scheduler_service.core.registry import ReclaimDecision, ReclaimPreviewer, ReclaimPreviewUnsupported
 from scheduler_service.core.snapshot import ClusterSnapshot
 from scheduler_service.errors import FailedPrecondition
@@ -23,15 +24,19 @@ class Inference:
     """``snapshot``: the cycle's view of the cluster (a reclaim preview decides on what a cycle would)."""
 
     def __init__(
-        self, db: Transactions, store: InferenceStore, notices: Announcer, *, snapshot: Callable[[], ClusterSnapshot]
+        self, db: Transactions, store: InferenceStore, notices: Announcer, *, snapshot: Callable[[], ClusterSnapshot],
+        clock: Clock,
     ) -> None:
+        self._clock = clock
         self._db = db
         self._store = store
         self._notices = notices
         self._snapshot = snapshot
 
     def report_demand(self, servers_needed: int, observed_rps: float, source: str) -> tuple[DemandInfo, int, int]:
-        """Record inference demand; returns it with the inference servers SERVING and LOANED now."""
+        """Record router ``source``'s demand; returns the demand that counts now (all fresh routers',
+        ``store.inference``) with the inference servers SERVING and LOANED now. InvalidArgument for more
+        servers than the inference pool has."""
         result = self._db.write(
             lambda session: self._store.report_demand(session, servers_needed, observed_rps, source)
         )
@@ -39,7 +44,8 @@ class Inference:
         return result
 
     def latest_demand(self) -> DemandInfo | None:
-        return self._db.read(views.latest_demand)
+        """The demand that counts now: the fresh routers' reports combined (``store.inference``)."""
+        return self._db.read(lambda session: views.latest_demand(session, self._clock.now(), self._store.rules))
 
     def serving_pool(self) -> tuple[int, list[tuple[str, str, str]]]:
         """The inference servers a router may know, as (server id, endpoint, state), with a version
@@ -47,8 +53,9 @@ class Inference:
         return self._db.read(self._store.serving_pool)
 
     def report_drained(self, server_id: str, source: str) -> str:
-        """The router routes nothing to this DRAINING server any more and nothing is in flight there:
-        the policy may loan it now instead of waiting for the drain timeout. Idempotent."""
+        """Router ``source`` routes nothing to this DRAINING server any more and nothing is in flight
+        there: once every fresh router said so, the policy may loan it now instead of waiting for the
+        drain timeout. Idempotent."""
         state = self._db.write(lambda session: self._store.report_drained(session, server_id, source))
         self._notices.state_changed()
         return state

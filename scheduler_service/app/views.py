@@ -5,15 +5,19 @@ Never: write, or hold SQL (``store.views`` does).
 
 from __future__ import annotations
 
+from scheduler_service.core.clock import Clock
 from scheduler_service.lifecycle import Pool, ServerState
 from scheduler_service.records import ClusterSummary, EventInfo, LoanInfo, LoanNoteInfo, PoolStats, ServerInfo
 from scheduler_service.store import views
+from scheduler_service.store.inference import DemandRules
 from scheduler_service.store.transactions import Transactions
 
 
 class ClusterViews:
-    def __init__(self, db: Transactions) -> None:
+    def __init__(self, db: Transactions, clock: Clock | None = None, demand_rules: DemandRules | None = None) -> None:
         self._db = db
+        self._clock = clock  # with it, the demand shown is the one that counts now (store.inference)
+        self._demand_rules = demand_rules
 
     def servers(self, pool: Pool | None = None) -> list[ServerInfo]:
         return self._db.read(lambda session: views.servers(session, pool))
@@ -29,7 +33,10 @@ class ClusterViews:
         """Servers and GPUs per pool (used, loaned, unavailable), jobs per state, the latest demand,
         the open loans."""
         servers = self.servers()
-        counts, demand, loans, note = self._db.read(lambda session: (*views.counts(session), views.loan_note(session)))
+        now = self._clock.now() if self._clock is not None else None
+        counts, demand, loans, note = self._db.read(
+            lambda session: (*views.counts(session, now, self._demand_rules), views.loan_note(session))
+        )
         pools = {p: dict(servers=0, gpus_total=0, gpus_used=0, gpus_loaned=0, gpus_unavailable=0) for p in Pool}
         for server in servers:
             stats = pools[server.pool]

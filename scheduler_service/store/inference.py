@@ -1,42 +1,106 @@
-"""The inference side in the store: demand reports from the router, its drain acknowledgements,
-and the serving pool it routes to.
+"""The inference side in the store: demand reports from the routers, their drain acknowledgements,
+and the serving pool they route to.
+
+Several routers (docs/security.md, "Inference safety"): each report is kept with its router (the
+authenticated router's id, else the request's ``source``). The demand that counts (``fresh_demand``)
+combines each router's newest report of the last ``DemandRules.ttl_s`` seconds: the largest
+``servers_needed`` of them (``combine = "max"``: routers that each see all the traffic, the default,
+so a router pair never doubles the need) or their sum (``"sum"``: routers that split the traffic).
+A router that stops reporting stops counting once its report is older than the TTL; with no fresh
+report there is no demand (as before any report). A DRAINING server is drained (loanable) once every
+fresh router has acknowledged it (each acknowledgement is a SERVER_DRAINED event naming its router;
+the last one is the ``DRAINED`` one that sets ``drained_at``).
 
 Never: decide how many servers inference gets (the policy does, from the demand), or commit.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from scheduler_service.core.clock import Clock
-from scheduler_service.errors import FailedPrecondition, NotFound
+from scheduler_service.errors import FailedPrecondition, InvalidArgument, NotFound
 from scheduler_service.lifecycle import Pool, ServerState
 from scheduler_service.records import DemandInfo
 from scheduler_service.store import models as m
 from scheduler_service.store.changes import StateChanges
+from scheduler_service.store.rows import demand_info
+
+
+@dataclass(frozen=True)
+class DemandRules:
+    """How reports of several routers make the demand (module doc; ``[inference]`` config)."""
+
+    ttl_s: float = 60.0
+    combine: Literal["max", "sum"] = "max"
+
+
+def fresh_reports(session: Session, now: float, rules: DemandRules) -> list[DemandInfo]:
+    """Each router's newest demand report of the last ``rules.ttl_s`` seconds, by router."""
+    d = m.DEMAND_REPORTS.c
+    newest = sa.select(sa.func.max(d.id)).where(d.time >= now - rules.ttl_s).group_by(d.source)
+    rows = session.execute(sa.select(m.DEMAND_REPORTS).where(d.id.in_(newest)).order_by(d.source)).all()
+    return [demand_info(row._mapping) for row in rows]
+
+
+def fresh_demand(session: Session, now: float, rules: DemandRules) -> DemandInfo | None:
+    """The demand that counts (module doc); None when no router reported within the TTL. Its ``source``
+    lists the routers counted, its ``time`` is the oldest of their reports."""
+    return combine_reports(fresh_reports(session, now, rules), rules)
+
+
+def combine_reports(reports: list[DemandInfo], rules: DemandRules) -> DemandInfo | None:
+    if not reports:
+        return None
+    if len(reports) == 1:
+        return reports[0]
+    if rules.combine == "sum":
+        needed = sum(r.servers_needed for r in reports)
+    else:
+        needed = max(r.servers_needed for r in reports)
+    return DemandInfo(
+        time=min(r.time for r in reports), servers_needed=needed,
+        observed_rps=sum(r.observed_rps for r in reports) if rules.combine == "sum"
+        else max(r.observed_rps for r in reports),
+        source=",".join(r.source for r in reports)[:253],
+    )
 
 
 class InferenceStore:
-    def __init__(self, changes: StateChanges, clock: Clock) -> None:
+    def __init__(self, changes: StateChanges, clock: Clock, rules: DemandRules | None = None) -> None:
         self._changes = changes
         self._clock = clock
+        self.rules = rules or DemandRules()
 
     def report_demand(
         self, session: Session, servers_needed: int, observed_rps: float, source: str
     ) -> tuple[DemandInfo, int, int]:
-        """Record a demand report (an event when the number of servers needed changed); returns it
-        with the inference servers SERVING and LOANED now."""
-        previous = session.scalar(sa.select(m.DemandReport).order_by(m.DemandReport.id.desc()).limit(1))
-        report = m.DemandReport(
-            time=self._clock.now(), servers_needed=servers_needed, observed_rps=observed_rps, source=source
-        )
-        session.add(report)
-        if previous is None or previous.servers_needed != servers_needed:
+        """Record router ``source``'s demand report (an event when the demand that counts changed);
+        returns the demand that counts now with the inference servers SERVING and LOANED now.
+        InvalidArgument when ``servers_needed`` is more than the inference pool's servers."""
+        pool_size = session.scalar(sa.select(sa.func.count()).where(m.Server.pool == Pool.INFERENCE)) or 0
+        if servers_needed > pool_size:
+            raise InvalidArgument(
+                "servers_needed", f"must be between 0 and the inference pool's size, {pool_size} registered "
+                f"server(s) (got {servers_needed})",
+            )
+        now = self._clock.now()
+        previous = fresh_demand(session, now, self.rules)
+        session.add(m.DemandReport(time=now, servers_needed=servers_needed, observed_rps=observed_rps, source=source))
+        session.flush()
+        demand = fresh_demand(session, now, self.rules)
+        assert demand is not None  # this report is fresh
+        if previous is None or previous.servers_needed != demand.servers_needed:
             self._changes.event(
                 session, "DEMAND_CHANGED", reason="DEMAND_REPORTED",
-                message=f"inference needs {servers_needed} server(s); {source} measured {observed_rps:.1f} req/s",
-                details={"servers_needed": str(servers_needed),
+                message=f"inference needs {demand.servers_needed} server(s); {source} reports {servers_needed} "
+                        f"and measured {observed_rps:.1f} req/s",
+                details={"servers_needed": str(demand.servers_needed), "router": source,
+                         "router_servers_needed": str(servers_needed),
                          "previous": str(previous.servers_needed if previous else "")},
             )
         counts = dict(
@@ -46,7 +110,6 @@ class InferenceStore:
                 .group_by(m.Server.state)
             ).all()
         )
-        demand = DemandInfo(time=report.time, servers_needed=servers_needed, observed_rps=observed_rps, source=source)
         return demand, counts.get(ServerState.SERVING, 0), counts.get(ServerState.LOANED, 0)
 
     @staticmethod
@@ -69,8 +132,9 @@ class InferenceStore:
         return int(version or 0), [(r.id, r.inference_endpoint, r.state) for r in rows]
 
     def report_drained(self, session: Session, server_id: str, source: str) -> str:
-        """Record that nothing is routed to or in flight on this DRAINING server (once per drain);
-        returns its state."""
+        """Record router ``source``'s acknowledgement that it routes nothing to this DRAINING server and
+        has nothing in flight there (once per router and drain); the server is drained once every fresh
+        router has acknowledged (module doc). Returns its state."""
         server = session.get(m.Server, server_id)
         if server is None:
             raise NotFound(f"server {server_id} is not registered")
@@ -78,8 +142,29 @@ class InferenceStore:
             raise FailedPrecondition(
                 f"server {server_id} is {server.state}, not DRAINING: there is no drain to acknowledge"
             )
-        if server.drained_at is None:
-            server.drained_at = self._clock.now()
+        if server.drained_at is not None:
+            return server.state
+        e = m.EVENTS.c
+        acknowledged = {
+            (details or {}).get("router", "")
+            for (details,) in session.execute(
+                sa.select(e.details).where(e.kind == "SERVER_DRAINED", e.server_id == server.id,
+                                           e.time >= server.state_changed_at)
+            )
+        }
+        if source in acknowledged:
+            return server.state
+        acknowledged.add(source)
+        now = self._clock.now()
+        waiting = sorted({r.source for r in fresh_reports(session, now, self.rules)} - acknowledged)
+        if waiting:
+            self._changes.event(
+                session, "SERVER_DRAINED", server_id=server.id, reason="ACKNOWLEDGED", details={"router": source},
+                message=f"router {source} has no inference requests in flight; waiting for {', '.join(waiting)}",
+            )
+        else:
+            server.drained_at = now
             self._changes.event(session, "SERVER_DRAINED", server_id=server.id, reason="DRAINED",
+                                details={"router": source},
                                 message=f"no inference requests in flight (reported by {source})")
         return server.state

@@ -31,6 +31,7 @@ from scheduler_service.core.snapshot import (
 from scheduler_service.lifecycle import JobState, Pool, ServerState
 from scheduler_service.store import models as m
 from scheduler_service.store.changes import index_list
+from scheduler_service.store.inference import DemandRules, fresh_demand
 from scheduler_service.store.queues import queue_views
 
 ACTIVE_JOB_STATES = (JobState.PENDING, JobState.RUNNING, JobState.SCALING, JobState.PREEMPTED)
@@ -39,8 +40,9 @@ ON_LOAN_STATES = frozenset({ServerState.DRAINING, ServerState.LOANED, ServerStat
 
 
 class SnapshotReader:
-    def __init__(self, clock: Clock) -> None:
+    def __init__(self, clock: Clock, demand_rules: DemandRules | None = None) -> None:
         self._clock = clock
+        self._demand_rules = demand_rules or DemandRules()
         # The server views of the last snapshot with what each was built from (reused when unchanged).
         self._server_views: dict[str, tuple[tuple[Any, ...], ServerView]] = {}
 
@@ -129,7 +131,8 @@ class SnapshotReader:
             )
             for row in active
         )
-        demand = session.scalar(sa.select(m.DemandReport).order_by(m.DemandReport.id.desc()).limit(1))
+        # The fresh routers' reports combined (store.inference): a router gone quiet stops counting.
+        demand = fresh_demand(session, self._clock.now(), self._demand_rules)
         n = m.SCHEDULER_NOTES.c
         loan_note = session.execute(sa.select(n.reason, n.message).where(n.topic == m.LOANS_TOPIC)).first()
         return ClusterSnapshot(

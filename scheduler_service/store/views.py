@@ -15,6 +15,7 @@ from scheduler_service.core.apply_rules import LoanState
 from scheduler_service.lifecycle import Pool
 from scheduler_service.records import DemandInfo, EventInfo, LoanInfo, LoanNoteInfo, ServerInfo
 from scheduler_service.store import models as m
+from scheduler_service.store.inference import DemandRules, fresh_demand
 from scheduler_service.store.rows import Values, demand_info, event_info, loan_info, server_info
 
 
@@ -52,16 +53,21 @@ def loan_note(session: Session) -> LoanNoteInfo | None:
     return LoanNoteInfo(row.reason, row.message, row.since) if row is not None else None
 
 
-def counts(session: Session) -> tuple[dict[str, int], DemandInfo | None, int]:
-    """Jobs per state, the latest inference demand, and the number of open loans."""
+def counts(
+    session: Session, now: float | None = None, rules: DemandRules | None = None
+) -> tuple[dict[str, int], DemandInfo | None, int]:
+    """Jobs per state, the inference demand (``latest_demand``), and the number of open loans."""
     jobs = dict(session.execute(sa.select(m.Job.state, sa.func.count()).group_by(m.Job.state)).all())
-    demand = latest_demand(session)
+    demand = latest_demand(session, now, rules)
     open_loans = session.scalar(sa.select(sa.func.count()).where(m.Loan.state != LoanState.RETURNED)) or 0
     return jobs, demand, open_loans
 
 
-def latest_demand(session: Session) -> DemandInfo | None:
-    """The newest inference demand report (the one that counts)."""
+def latest_demand(session: Session, now: float | None = None, rules: DemandRules | None = None) -> DemandInfo | None:
+    """The inference demand that counts at ``now`` (``store.inference.fresh_demand``: the fresh routers'
+    reports combined); without ``now``, the newest report whatever its age."""
+    if now is not None:
+        return fresh_demand(session, now, rules or DemandRules())
     d = m.DEMAND_REPORTS.c
     row = session.execute(sa.select(m.DEMAND_REPORTS).order_by(d.id.desc()).limit(1)).one_or_none()
     return demand_info(row._mapping) if row is not None else None
