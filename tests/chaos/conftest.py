@@ -17,6 +17,7 @@ agent and hence every worker carries ``invariants.MARKER_ENV`` = the test's mark
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -230,6 +231,8 @@ class Agents:
             "ARYL_AGENT__RECONCILE_INTERVAL_S": "0.1", "ARYL_AGENT__ADVERTISE_ADDRESS": "127.0.0.1",
             "ARYL_AGENT__LOGS_LISTEN_HOST": "127.0.0.1", "ARYL_AGENT__CHECKPOINT_ROOT": str(self.tmp / "checkpoints"),
             "ARYL_LOGGING__LEVEL": "warning", MARKER_ENV: self.marker, SERVER_ENV: hostname,
+            # Workers get a clean environment ([users], node_agent.identity): these two are passed on.
+            "ARYL_USERS__PASS_ENV": json.dumps([MARKER_ENV, SERVER_ENV]),
         })
         args = [sys.executable, "-m", "node_agent.main", "--scheduler", scheduler_address, "--hostname", hostname,
                 "--fake-gpus", str(gpus), "--work-dir", str(self.tmp / f"agent-{hostname}")]
