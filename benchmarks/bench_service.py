@@ -25,6 +25,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 import sqlalchemy as sa
@@ -129,8 +130,8 @@ class SchedulerProcess:
         # The schema is already migrated; warnings only, so logging is not part of the measurement.
         # Plaintext unless the settings say otherwise: the figures here are the service's own cost;
         # benchmarks/bench_auth.py measures what TLS and tokens add.
-        env.update(ARYL_DATABASE__AUTO_MIGRATE="false", ARYL_LOGGING__LEVEL="warning", ARYL_SECURITY__INSECURE="true",
-                   **self.settings)
+        env.update({"ARYL_DATABASE__AUTO_MIGRATE": "false", "ARYL_LOGGING__LEVEL": "warning",
+                    "ARYL_SECURITY__INSECURE": "true", **self.settings})
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "scheduler_service.main", "--listen", self.address,
              "--database-url", self.database_url],
@@ -144,9 +145,19 @@ class SchedulerProcess:
         log.info("scheduler pid %d serving on %s", self.pid, self.address)
         return self
 
+    def _health_channel(self) -> grpc.Channel:
+        """Plaintext, or with TLS (``ARYL_SECURITY__INSECURE=false`` in the settings) mutual TLS presenting
+        the scheduler's own certificate, as its container health check does (deploy/healthcheck.py)."""
+        if self.settings.get("ARYL_SECURITY__INSECURE", "true") != "false":
+            return grpc.insecure_channel(self.address)
+        read = {key: Path(self.settings[f"ARYL_SECURITY__{key}"]).read_bytes()
+                for key in ("TLS_CLIENT_CA", "TLS_KEY", "TLS_CERT")}
+        credentials = grpc.ssl_channel_credentials(read["TLS_CLIENT_CA"], read["TLS_KEY"], read["TLS_CERT"])
+        return grpc.secure_channel(self.address, credentials)
+
     def _wait_serving(self) -> None:
         deadline = time.monotonic() + SCHEDULER_READY_TIMEOUT_S
-        with grpc.insecure_channel(self.address) as channel:
+        with self._health_channel() as channel:
             health = health_pb2_grpc.HealthStub(channel)
             while True:
                 if self._proc is not None and self._proc.poll() is not None:
