@@ -104,6 +104,9 @@ RUN --mount=type=secret,id=pip_cert \
         pip install $JOB_PACKAGES; \
     fi
 COPY --chown=aryl examples examples
+# Workers get a clean environment (docs/security.md, "Jobs run as their user"): their PATH names the
+# venv, so `python` is the one with JOB_PACKAGES.
+ENV ARYL_USERS__PATH=/opt/aryl/bin:/usr/local/bin:/usr/bin:/bin
 USER aryl
 EXPOSE 50052
 HEALTHCHECK --interval=10s --timeout=5s --start-period=10s --retries=3 CMD ["aryl-healthcheck", "agent"]
