@@ -26,6 +26,9 @@ from aryl_common.entry import BadInput
 from aryl_common.security import ClientSecurity, load_tokens, secure_channel
 from arylctl import certs
 from migrations import upgrade
+from node_agent.config import AgentSection
+from node_agent.logs import serve_worker_logs
+from node_agent.workers import WorkDir
 from protos.aryl.v1 import (
     agent_pb2,
     agent_pb2_grpc,
@@ -38,7 +41,7 @@ from protos.aryl.v1 import (
 from scheduler_service.api.auth import METHOD_ROLES
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.server import SchedulerService, ServerHandle, serve_in_background
-from tests.harness import job_spec, pki, scheduler_config
+from tests.harness import daemon_security, job_spec, pki, scheduler_config
 
 SERVICES = {
     "SchedulerService": (scheduler_pb2, scheduler_pb2_grpc.SchedulerServiceStub),
@@ -406,3 +409,34 @@ def test_certs_init_and_login_keep_secrets_private(tmp_path: Path) -> None:
     assert stored.read_text() == token and stat.S_IMODE(stored.stat().st_mode) == 0o600
     security = ClientSecurity.from_env({"XDG_CONFIG_HOME": str(tmp_path / "config")})
     assert security.token == token.strip()
+
+
+# ---------------------------------------------------------------------------------------------
+# The agent's worker-log service: only the scheduler reads logs there
+
+
+def test_an_agents_log_service_lets_only_the_scheduler_in(tmp_path: Path) -> None:
+    ca = pki()
+    layout = WorkDir(tmp_path / "agent", tmp_path / "checkpoints")
+    server, port = serve_worker_logs(layout, "gpu-1", "127.0.0.1", 0, tls=AgentSection(**daemon_security("gpu-1")))
+    request = agent_pb2.ReadWorkerLogRequest(job_id="7", rank=0)
+    options = [("grpc.ssl_target_name_override", "gpu-1")]
+
+    def read(cert: str) -> grpc.RpcError:
+        security = ClientSecurity(ca_file=ca.path("ca.crt"), cert_file=ca.path(f"{cert}.crt"),
+                                  key_file=ca.path(f"{cert}.key"))
+        with secure_channel(f"127.0.0.1:{port}", security, options) as channel:
+            return refused(agent_pb2_grpc.WorkerLogServiceStub(channel).ReadWorkerLog, request)
+
+    try:
+        # Another user, or another agent, with a certificate from the cluster's CA: refused.
+        for cert in ("client", "agent-gpu-2"):
+            error = read(cert)
+            assert error.code() == grpc.StatusCode.PERMISSION_DENIED and "only the scheduler" in error.details()
+        # The scheduler's certificate gets in (this log does not exist: NOT_FOUND from the service itself).
+        assert read("scheduler").code() == grpc.StatusCode.NOT_FOUND
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as plain:
+            error = refused(agent_pb2_grpc.WorkerLogServiceStub(plain).ReadWorkerLog, request)
+            assert error.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        server.stop(None)
