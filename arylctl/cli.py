@@ -1568,11 +1568,18 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 def _report_rpc_error(exc: ArylError, address: str, timeout: float, stderr: TextIO) -> int:
     print(f"error: {exc.message} ({exc.code.name})", file=stderr)
     if exc.code == grpc.StatusCode.UNAVAILABLE and not exc.from_scheduler:
+        if any(word in exc.message for word in ("ssl", "SSL", "handshake", "Socket closed")):
+            print(f"hint: the TLS handshake with {address} failed: export ARYL_TLS_CA, ARYL_TLS_CERT and ARYL_TLS_KEY "
+                  "(the cluster's CA and a client certificate, docs/security.md), or pass --insecure for a scheduler "
+                  "run without TLS", file=stderr)
+            return EXIT_UNAVAILABLE
         print(
             f"hint: no scheduler answered at {address}; check --server or the ARYL_SERVER environment variable",
             file=stderr,
         )
         return EXIT_UNAVAILABLE
+    if exc.code == grpc.StatusCode.UNAUTHENTICATED:
+        print("hint: log in with 'arylctl login' (the token is read from stdin), or set ARYL_TOKEN", file=stderr)
     if exc.code == grpc.StatusCode.DEADLINE_EXCEEDED:
         print(f"hint: the call took longer than {timeout:g}s; raise --timeout if the scheduler is busy", file=stderr)
     if exc.code == grpc.StatusCode.OUT_OF_RANGE:

@@ -41,7 +41,7 @@ from protos.aryl.v1 import (
 from scheduler_service.api.auth import METHOD_ROLES
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.server import SchedulerService, ServerHandle, serve_in_background
-from tests.harness import daemon_security, job_spec, pki, scheduler_config
+from tests.harness import daemon_security, job_spec, pki, scheduler_config, security_env
 
 SERVICES = {
     "SchedulerService": (scheduler_pb2, scheduler_pb2_grpc.SchedulerServiceStub),
@@ -440,3 +440,17 @@ def test_an_agents_log_service_lets_only_the_scheduler_in(tmp_path: Path) -> Non
             assert error.code() == grpc.StatusCode.UNAVAILABLE
     finally:
         server.stop(None)
+
+
+def test_arylctl_says_what_is_missing_for_tls_and_tokens(secure: ServerHandle) -> None:
+    """Without the CA and client certificate the handshake fails, and without a token the scheduler says
+    UNAUTHENTICATED; arylctl names the variables or command that fix each."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ARYL_")}
+    run = [sys.executable, "-m", "arylctl.cli", "--server", secure.address, "--timeout", "5", "servers"]
+    no_tls = subprocess.run(run, env={**env, "XDG_CONFIG_HOME": "/nonexistent"}, capture_output=True, text=True,
+                            timeout=60, check=False)
+    assert no_tls.returncode == 3 and "export ARYL_TLS_CA, ARYL_TLS_CERT and ARYL_TLS_KEY" in no_tls.stderr
+    tls_only = {key: value for key, value in security_env().items() if key.startswith("ARYL_TLS_")}
+    no_token = subprocess.run(run, env={**env, **tls_only, "XDG_CONFIG_HOME": "/nonexistent"}, capture_output=True,
+                              text=True, timeout=60, check=False)
+    assert "UNAUTHENTICATED" in no_token.stderr and "arylctl login" in no_token.stderr, no_token.stderr
