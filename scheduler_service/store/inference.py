@@ -39,12 +39,20 @@ class DemandRules:
     combine: Literal["max", "sum"] = "max"
 
 
+# Reports read back to find each router's newest (by primary key, newest first; no index on time is
+# needed): routers re-report every ~10 s, so this covers hundreds of routers within a 60 s TTL.
+RECENT_REPORTS = 2000
+
+
 def fresh_reports(session: Session, now: float, rules: DemandRules) -> list[DemandInfo]:
     """Each router's newest demand report of the last ``rules.ttl_s`` seconds, by router."""
     d = m.DEMAND_REPORTS.c
-    newest = sa.select(sa.func.max(d.id)).where(d.time >= now - rules.ttl_s).group_by(d.source)
-    rows = session.execute(sa.select(m.DEMAND_REPORTS).where(d.id.in_(newest)).order_by(d.source)).all()
-    return [demand_info(row._mapping) for row in rows]
+    newest: dict[str, DemandInfo] = {}
+    for row in session.execute(sa.select(m.DEMAND_REPORTS).order_by(d.id.desc()).limit(RECENT_REPORTS)):
+        report = demand_info(row._mapping)
+        if report.time >= now - rules.ttl_s:
+            newest.setdefault(report.source, report)
+    return [newest[source] for source in sorted(newest)]
 
 
 def fresh_demand(session: Session, now: float, rules: DemandRules) -> DemandInfo | None:

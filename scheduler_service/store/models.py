@@ -7,7 +7,7 @@ Nouns:
   makes it impossible for the database to hold one GPU for two workers, whatever Python does.
 - ``Loan``: an inference server lent to training; at most one open loan per server (partial index).
 - ``Event``: the append-only log of every state change with its reason; triggers refuse UPDATE/DELETE.
-- ``DemandReport``: inference demand as reported by the router (history; the newest row counts).
+- ``DemandReport``: inference demand as each router reported it (history; ``store.inference`` combines the fresh ones).
 - ``SchedulerTerm``: one row per scheduler term (a start, or a standby taking over); its id is the epoch
   agents use for fencing.
 - ``LeaderLease``: the one row saying which scheduler leads, in which term, until when (PostgreSQL).
