@@ -2,7 +2,8 @@
 
 Subcommands:
 - ``run``: one policy;
-- ``compare``: several policies on the same inputs, side by side, with ratios to the first.
+- ``compare``: several policies on the same inputs, side by side, with ratios to the first;
+- ``train-dl2``: train the ``dl2`` policy's network (``simulator.dl2_train``).
 
 Both print a table to stdout (progress and timings go to stderr) and, with ``--out DIR``, write
 ``jobs-<policy>.csv``, ``utilization-<policy>.csv``, ``summary.json`` and the plots (``jct_cdf.png``,
@@ -28,6 +29,7 @@ from aryl_common.entry import BadInput, add_standard_flags, run_guarded
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.registry import policies
 from simulator.deadlines import DEADLINE_SETTINGS, assign_deadlines
+from simulator.dl2_train import add_train_dl2_parser, train_dl2_command
 from simulator.engine import SimulationResult, simulate
 from simulator.failures import FailureTraceError, load_failure_trace
 from simulator.goodput_profiles import ProfileError
@@ -69,7 +71,9 @@ def parse_params(items: Sequence[str]) -> PolicyParams:
             raise UsageError(f"--param {key}: unknown policy parameter; known: {', '.join(sorted(known))}")
         kind = type(getattr(defaults, key))
         try:
-            values[key] = kind(text)
+            if kind is bool and text.lower() not in ("true", "false", "1", "0"):
+                raise ValueError(text)
+            values[key] = text.lower() in ("true", "1") if kind is bool else kind(text)
         except ValueError:
             raise UsageError(f"--param {key}={text}: expected {kind.__name__}") from None
     try:
@@ -205,6 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--policies", default=DEFAULT_COMPARE,
                          help=f"comma-separated policies; ratios are to the first (default: {DEFAULT_COMPARE})")
     _add_common(compare)
+    add_train_dl2_parser(sub)
     return parser
 
 
@@ -276,6 +281,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Exit status (``aryl_common.entry``): 0 done, 2 bad input (flags, a trace or failure file, a
     policy parameter), 1 an unexpected error; one line on stderr (``--debug`` adds the traceback)."""
     args = build_parser().parse_args(argv)
+    if args.command == "train-dl2":
+        return run_guarded(PROG, lambda: train_dl2_command(args), debug=args.debug)
     return run_guarded(PROG, lambda: run(args), debug=args.debug)
 
 

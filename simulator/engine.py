@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, NoReturn
 from scheduler_service.core.invariants import check_plan
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.plan import ApplyResult, Plan
+from scheduler_service.core.registry import FaultsFirst, Policy
 from scheduler_service.core.snapshot import ClusterSnapshot
 from scheduler_service.cycle import ClusterState, SchedulingCycle
 from scheduler_service.policies import create_policy
@@ -126,7 +127,7 @@ def simulate(
     jobs: list[TraceJob],
     demand: list[DemandPoint],
     spec: ClusterSpec,
-    policy: str,
+    policy: str | Policy,
     params: PolicyParams,
     *,
     seed: int,
@@ -142,7 +143,7 @@ def simulate(
 ) -> SimulationResult:
     """Replay ``jobs`` (arrivals at ``submit_time``) and ``demand`` (inference servers needed, a step
     function of time; empty: no demand signal, so a loaning policy never loans) on a cluster of
-    ``spec`` under ``policy`` (a registered name) built with ``params``.
+    ``spec`` under ``policy`` (a registered name, built with ``params``; or a policy instance).
 
     ``seed`` is handed to every snapshot (policies that randomise use it) and seeds the failure
     draws of a ``FailureRate``. ``drain_ack_s``: the router acknowledges a drain this long after the
@@ -165,7 +166,9 @@ def simulate(
                                reclaim_deadline_s=params.reclaim_deadline_s)
     faults = FailureSchedule(failures, cluster.server_ids, seed=seed)
     state: ClusterState = PlanChecker(cluster) if check_plans else cluster
-    cycle = SchedulingCycle(state, create_policy(policy, params), clock, seed=seed)
+    # A name is built from the registry; an instance (training's sampling ``dl2``) runs as the registry would.
+    decider = create_policy(policy, params) if isinstance(policy, str) else FaultsFirst(policy)
+    cycle = SchedulingCycle(state, decider, clock, seed=seed)
 
     arrivals = sorted(jobs, key=lambda j: (j.submit_time, j.job_id))
     points = sorted(demand, key=lambda p: p.time)  # stable: of points at one time, the last one wins
@@ -246,7 +249,7 @@ def simulate(
         outcomes[job.job_id] = JobOutcome(job.job_id, job.name, job.submit_time, job.gpus_per_worker,
                                           job.min_workers, job.max_workers, deadline=job.deadline)
     return SimulationResult(
-        policy=policy,
+        policy=decider.name,
         seed=seed,
         spec=spec,
         params=params,

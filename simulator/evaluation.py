@@ -33,6 +33,7 @@ from typing import Any
 from scheduler_service.core.params import PolicyParams
 from simulator.engine import SimulationResult, simulate
 from simulator.eval_deadlines import deadlines_section
+from simulator.eval_dl2 import dl2_section
 from simulator.eval_tenants import tenants_section
 from simulator.load import demand_from_rate, load_servegen_rate
 from simulator.model import ClusterSpec, DemandPoint, TraceJob
@@ -292,6 +293,7 @@ SECTIONS: dict[str, Section] = {
     "pollux": lambda shared, assets, raw: pollux(shared),
     "tenants": tenants_section,
     "deadlines": deadlines_section,
+    "dl2": dl2_section,
 }
 
 

@@ -33,6 +33,10 @@ class PolicyParams:
     deadline_weight: float = 1.0
     qos_hopeless: str = "deprioritise"
     qos_margin: float = 0.2
+    # ``dl2``: its weights file ("": the weights shipped with Aryl, ``policies/data/dl2.npz``); a missing file
+    # or one made for another encoding stops the service at start. Online learning: off unless set (needs torch).
+    dl2_model: str = ""
+    dl2_online_learning: bool = False
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():

@@ -73,5 +73,7 @@ def training_gpus(snapshot: ClusterSnapshot) -> int:
 
 def active_jobs(snapshot: ClusterSnapshot) -> list[JobView]:
     """PENDING and RUNNING jobs in arrival order (submission time, then id)."""
-    return sorted((j for j in snapshot.jobs if j.state in (JobState.PENDING, JobState.RUNNING)),
-                  key=lambda j: (j.submitted_at, j.job_id))
+    return sorted((j for j in snapshot.jobs if j.state in _ACTIVE), key=lambda j: (j.submitted_at, j.job_id))
+
+
+_ACTIVE = frozenset((JobState.PENDING, JobState.RUNNING))

@@ -1,0 +1,277 @@
+"""``dl2``: DL2 (Peng et al., 2019), a learned scheduler -- a small network that decides, one action at a
+time, how many workers each job gets; trained by ``aryl-sim train-dl2`` (``simulator/dl2_train.py``):
+supervised on ``optimus``'s decisions, then by reinforcement learning on average JCT.
+
+One cycle (``Decision``): the network reads the encoding (``dl2_model``: the oldest ``JOB_SLOTS`` active
+jobs, with the workers each has *in this decision so far*) and picks an action -- add a unit to a job,
+remove one, or stop -- until it stops, no action is legal, or ``MAX_STEPS`` pass. Every running job starts
+from its current workers, so a cycle's actions are its changes. Illegal actions are masked (never
+chosen):
+
+- a running job resized less than ``policy.min_resize_interval_s`` ago keeps its size (anti-thrashing: a
+  network that changed its mind every cycle would restart jobs every cycle);
+- *add* to slot i: a job there, not removed from in this decision, below ``max_workers``, and its unit
+  (the ``min_workers`` gang for a job without workers, else one worker) fits the free GPUs in count and
+  in the largest free block. The unit is placed at once by the core's placement
+  (``FreeCapacity.place_gang``, all or nothing); when it does not fit after all, the job is blocked for
+  the rest of the decision (the step is spent);
+- *remove* from slot i: before the decision's first addition (removals first, then additions: a network
+  cannot alternate them), a job that was running at the snapshot, above ``min_workers``: its highest rank
+  goes. Never a preemption: a network allowed to preempt churned through restarts (a warm-up network
+  imitating ``optimus`` at 97% agreement preempted ~35 workers a cycle, average JCT 29.6 h vs 1.4 h without);
+- *stop*: once no visible job without workers can start (work-conserving for queued gangs: GPUs left idle
+  while a gang that fits waits never shorten a JCT here, and a network that stopped there would stop there
+  every cycle -- a stall). The network still chooses which jobs start, in which order, and who grows.
+
+A job is never both grown and shrunk in one decision, so no GPU moves between jobs and the plan always
+has an apply order; workers stay within ``0`` or ``min_workers..max_workers`` and gangs are whole by
+construction, and the plan passes the same invariants checker and appliers as any policy's (a bad
+network can waste GPUs, never double-book one or break a gang). Jobs past the last slot keep their
+state this cycle.
+
+Live (and in the simulator's evaluation), the network's most likely legal action is taken
+(deterministic). Training hands the policy a ``Sampler`` that draws actions from the network's
+distribution and records each step. Weights: ``policy.dl2_model`` (a file from ``train-dl2``; "" for the
+weights shipped with Aryl); ``policy.dl2_online_learning`` keeps training them in the service
+(``dl2_online``). Must never: write anything, or read the wall clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from scheduler_service.core.params import PolicyParams
+from scheduler_service.core.placement import FreeCapacity
+from scheduler_service.core.plan import KeepPending, Plan, PreemptJob, Reason, ScaleJob, StartJob, WorkerPlacement
+from scheduler_service.core.registry import policies
+from scheduler_service.core.snapshot import ClusterSnapshot, JobView
+from scheduler_service.core.throughput import JobEstimate, estimate
+from scheduler_service.lifecycle import JobState
+from scheduler_service.policies.dl2_model import (
+    BUNDLED_MODEL,
+    JOB_FEATURES,
+    JOB_SLOTS,
+    STOP,
+    Network,
+    SlotFeatures,
+    action_count,
+    encode_globals,
+    encode_slot,
+    load_network,
+)
+from scheduler_service.policies.worker_targets import active_jobs, training_gpus
+
+MAX_STEPS = 4 * JOB_SLOTS  # actions per decision at most (a bound on a cycle's cost)
+
+
+class Decision:
+    """One cycle's decision in progress: the visible jobs, their workers so far, the free GPUs."""
+
+    def __init__(self, snapshot: ClusterSnapshot, params: PolicyParams) -> None:
+        self.snapshot = snapshot
+        active = active_jobs(snapshot)
+        self.slots: list[JobView] = active[:JOB_SLOTS]
+        self.unseen: list[JobView] = active[JOB_SLOTS:]
+        self.capacity = FreeCapacity.of(snapshot)
+        self.total_gpus = training_gpus(snapshot)
+        n = len(self.slots)
+        self.workers: list[list[WorkerPlacement]] = [
+            [WorkerPlacement(w.rank, w.server_id, w.gpu_indices) for w in j.workers] if j.state == JobState.RUNNING
+            else [] for j in self.slots]
+        self.start = [len(w) for w in self.workers]
+        # Anti-thrashing (``policy.min_resize_interval_s``): a running job resized that recently keeps its size.
+        settle = params.min_resize_interval_s
+        self.held = [j.state == JobState.RUNNING and j.last_resized_at is not None
+                     and snapshot.now - j.last_resized_at < settle for j in self.slots]
+        self.added = [False] * n
+        self.removed = [False] * n
+        self.blocked = [False] * n
+        self.adding = False  # an addition was made: removals are over for this decision
+        self.estimates: list[JobEstimate] = [
+            estimate(j, now=snapshot.now, default_runtime_s=params.default_runtime_s, alpha=params.amdahl_alpha)
+            for j in self.slots]
+        self._features = np.zeros((JOB_SLOTS, JOB_FEATURES), dtype=np.float32)
+        for i in range(n):
+            self._refresh(i)
+
+    # -- what the network sees -------------------------------------------------------------------
+
+    def slot_features(self, i: int) -> SlotFeatures:
+        job, w, est = self.slots[i], len(self.workers[i]), self.estimates[i]
+        speed = est.model.speed(w) if w else 0.0
+        gain = 1.0 if w == 0 else (est.model.speed(w + 1) / speed - 1.0 if speed > 0 else 0.0)
+        saving = float("inf") if w == 0 else self.saving_s(i)
+        return SlotFeatures(running=self.start[i] > 0, gpus_per_worker=job.gpus_per_worker,
+                            min_workers=job.min_workers, max_workers=job.max_workers, workers=w, gain=gain,
+                            saving_s=saving,
+                            remaining_s=est.remaining_time(max(w, job.min_workers, 1)),
+                            waited_s=self.snapshot.now - job.submitted_at, added=self.added[i],
+                            removed=self.removed[i])
+
+    def saving_s(self, i: int) -> float:
+        """Seconds of remaining time one more worker saves the job in slot ``i`` (at its workers so far)."""
+        w = len(self.workers[i])
+        return max(self.estimates[i].jct_reduction(w, 1), 0.0) if w else float("inf")
+
+    def _refresh(self, i: int) -> None:
+        self._features[i] = encode_slot(self.slot_features(i))
+
+    def observation(self) -> np.ndarray:
+        return np.concatenate([self._features.reshape(-1),
+                               np.asarray(encode_globals(self.capacity.total, self.total_gpus, len(self.unseen)),
+                                          dtype=np.float32)])
+
+    def mask(self) -> np.ndarray:
+        """Legal actions (module doc)."""
+        legal = np.zeros(action_count(), dtype=bool)
+        free, block = self.capacity.total, self.capacity.largest_block()
+        for i, job in enumerate(self.slots):
+            w = len(self.workers[i])
+            gpw = job.gpus_per_worker
+            unit = job.min_workers if w == 0 else 1
+            legal[i] = (not self.removed[i] and not self.blocked[i] and not self.held[i]
+                        and w + unit <= job.max_workers and unit * gpw <= free and gpw <= block)
+            legal[JOB_SLOTS + i] = (not self.adding and self.start[i] > 0 and not self.added[i] and not self.held[i]
+                                    and w > job.min_workers)
+        # Work-conserving for queued gangs: no stop while a visible job without workers could start.
+        legal[STOP] = not any(legal[i] and not self.workers[i] for i in range(len(self.slots)))
+        return legal
+
+    # -- acting ----------------------------------------------------------------------------------
+
+    def apply(self, action: int) -> bool:
+        """Carry out a legal ``action``; False for stop or an add that could not be placed."""
+        if action == STOP:
+            return False
+        if action < JOB_SLOTS:
+            i = action
+            job, w = self.slots[i], len(self.workers[i])
+            placed = self.capacity.place_gang(job, job.min_workers if w == 0 else 1, first_rank=w)
+            if placed is None:
+                self.blocked[i] = True
+                return False
+            self.workers[i].extend(placed)
+            self.added[i] = True
+            self.adding = True
+        else:
+            i = action - JOB_SLOTS
+            job, w = self.slots[i], len(self.workers[i])
+            keep = w - 1 if w > job.min_workers else 0
+            self.capacity.release_many((x.server_id, x.gpu_indices) for x in self.workers[i][keep:])
+            del self.workers[i][keep:]
+            self.removed[i] = True
+        self._refresh(i)
+        return True
+
+    def plan(self, who: str = "dl2") -> Plan:
+        starts: list[StartJob] = []
+        scales: list[ScaleJob] = []
+        preemptions: list[PreemptJob] = []
+        pending: list[KeepPending] = []
+        for i, job in enumerate(self.slots):
+            workers, before = tuple(self.workers[i]), self.start[i]
+            if job.state == JobState.PENDING:
+                if workers:
+                    starts.append(StartJob(job.job_id, workers, Reason.PLACED, f"{who}: {len(workers)} worker(s)"))
+                elif self.blocked[i]:
+                    pending.append(KeepPending(job.job_id, *self.capacity.explain_unplaceable(job, job.min_workers)))
+                else:
+                    pending.append(KeepPending(job.job_id, Reason.WAITING_FOR_GANG,
+                                               f"{who}: the network gave the free GPUs to other jobs"))
+            elif not workers:
+                preemptions.append(PreemptJob(job.job_id, Reason.PREEMPTED_BY_POLICY,
+                                              f"{who}: the network gave its GPUs to other jobs"))
+            elif len(workers) != before:
+                grew = len(workers) > before
+                scales.append(ScaleJob(job.job_id, workers, Reason.SCALED_OUT if grew else Reason.SCALED_IN,
+                                       f"{who}: {len(workers)} worker(s)"))
+        waits = f"{who}: decides for the {JOB_SLOTS} oldest active jobs; this one waits its turn"
+        pending_state, blocked = JobState.PENDING, Reason.BLOCKED_BY_EARLIER_JOB
+        pending.extend(KeepPending(job.job_id, blocked, waits) for job in self.unseen if job.state is pending_state)
+        return Plan(starts=tuple(starts), scales=tuple(scales), preemptions=tuple(preemptions), pending=tuple(pending))
+
+
+# --------------------------------------------------------------------------------------------------
+# Choosing actions
+# --------------------------------------------------------------------------------------------------
+
+
+def masked_logits(logits: np.ndarray, legal: np.ndarray) -> np.ndarray:
+    return np.where(legal, logits, -np.inf)
+
+
+class Chooser(Protocol):
+    """How an action is picked from the network's output (greedy live; sampled and recorded in training)."""
+
+    def choose(self, observation: np.ndarray, legal: np.ndarray, logits: np.ndarray, value: float) -> int: ...
+
+    def cycle_done(self, snapshot: ClusterSnapshot) -> None: ...
+
+
+class Greedy:
+    """The most likely legal action (the lowest index on a tie): deterministic."""
+
+    def choose(self, observation: np.ndarray, legal: np.ndarray, logits: np.ndarray, value: float) -> int:
+        return int(np.argmax(masked_logits(logits, legal)))
+
+    def cycle_done(self, snapshot: ClusterSnapshot) -> None:
+        return None
+
+
+def decide(snapshot: ClusterSnapshot, params: PolicyParams, network: Network, chooser: Chooser) -> Decision:
+    """Run the action loop on ``snapshot`` (module doc) and return the finished decision."""
+    decision = Decision(snapshot, params)
+    for _ in range(MAX_STEPS):
+        legal = decision.mask()
+        if not legal[:STOP].any():
+            break
+        observation = decision.observation()
+        logits, value = network.forward(observation)
+        action = chooser.choose(observation, legal, logits, value)
+        if action == STOP:
+            break
+        decision.apply(action)
+    chooser.cycle_done(snapshot)
+    return decision
+
+
+@dataclass(frozen=True)
+class Dl2Policy:
+    """Uses ``default_runtime_s`` and ``amdahl_alpha`` (remaining-time features of jobs that declare no
+    work), ``min_resize_interval_s``, ``dl2_model`` and ``dl2_online_learning``. The network is read through
+    ``current`` every cycle, so that online learning can swap in new weights between cycles."""
+
+    params: PolicyParams
+    current: Callable[[], Network]
+    chooser: Chooser = field(default_factory=Greedy)
+    name: str = "dl2"
+
+    def schedule(self, snapshot: ClusterSnapshot) -> Plan:
+        return decide(snapshot, self.params, self.current(), self.chooser).plan()
+
+
+def model_path(params: PolicyParams) -> str:
+    return params.dl2_model or str(BUNDLED_MODEL)
+
+
+def create_dl2(params: PolicyParams) -> Dl2Policy:
+    """The registered policy: its weights loaded now, so that a missing or mismatched file stops the
+    service at start (``ModelFileError``, a ValueError saying what to do)."""
+    network = load_network(model_path(params))
+    if params.dl2_online_learning:
+        from scheduler_service.policies.dl2_online import OnlineLearner
+
+        try:
+            learner = OnlineLearner(network, params)  # imports torch: only when asked for
+        except ModuleNotFoundError as exc:
+            raise ValueError(f"policy.dl2_online_learning needs PyTorch ({exc}): pip install 'aryl[dl2]', or turn "
+                             "it off") from None
+        return Dl2Policy(params, learner.network, chooser=learner)
+    return Dl2Policy(params, lambda: network)
+
+
+policies.register("dl2")(create_dl2)

@@ -1,0 +1,261 @@
+"""The ``dl2`` policy: its encoding, its action loop's invariants, the weights file, training (warm-up and RL on
+a tiny trace) and online learning (``policies/dl2*.py``, ``simulator/dl2_train.py``)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from scheduler_service.core.invariants import check_plan
+from scheduler_service.core.params import PolicyParams
+from scheduler_service.policies import create_policy
+from scheduler_service.policies.dl2 import Decision, Dl2Policy, Greedy, create_dl2, decide
+from scheduler_service.policies.dl2_model import (
+    BUNDLED_MODEL,
+    JOB_FEATURES,
+    JOB_SLOTS,
+    STOP,
+    ModelFileError,
+    input_size,
+    load_network,
+    random_network,
+    save_network,
+)
+from simulator.model import ClusterSpec, TraceJob
+from tests.harness import NOW, pending_job, running_job, snapshot_of, training_server
+
+try:
+    import torch  # noqa: F401
+
+    HAVE_TORCH = True
+except ModuleNotFoundError:
+    HAVE_TORCH = False
+# Under CI the dev extra installs torch (CPU build): missing there is a failure, not a skip.
+needs_torch = pytest.mark.skipif(not HAVE_TORCH and os.environ.get("CI") != "true",
+                                 reason="PyTorch is not installed (pip install -e '.[dev]' brings the CPU build)")
+
+
+# -- the encoding --------------------------------------------------------------------------------------
+
+
+def test_a_job_set_encodes_to_the_expected_vector() -> None:
+    # 8 GPUs; job 1 runs 2 workers (1..4, 1 GPU each, speed = workers, 3600 units of work left), job 2 waits
+    # (a 2 x 2-GPU gang); slot order is arrival order (job 2 was submitted first).
+    servers = [training_server("a"), training_server("b")]
+    run = replace(running_job(1, [("a", (0,)), ("a", (1,))], low=1, high=4, resized=NOW - 900),
+                  submitted_at=NOW - 600, throughput_points=((1, 1.0), (2, 2.0), (4, 4.0)), total_work=7200.0,
+                  work_done=3600.0)
+    wait = pending_job(2, gpus=2, workers=2, submitted=NOW - 3600, runtime=1800.0)
+    decision = Decision(snapshot_of(servers, [run, wait]), PolicyParams())
+    x = decision.observation()
+    assert x.shape == (input_size(),) and x.dtype == np.float32
+    slots = x[: JOB_SLOTS * JOB_FEATURES].reshape(JOB_SLOTS, JOB_FEATURES)
+
+    def lg(v: float, top: float = 64.0) -> float:
+        return math.log2(1 + v) / math.log2(1 + top)
+
+    def mins(s: float) -> float:
+        return math.log1p(s / 60) / math.log1p(14400)
+
+    # slot 0: job 2, pending, no workers: gain and saving are 1; remaining 1800 s at its 2 workers
+    expected_wait = [1, 0, lg(2, 8), lg(2), lg(2), 0, 0, 1, 1, mins(1800), mins(3600), 0, 0]
+    # slot 1: job 1, running 2 of 4: next worker x1.5 speed; 3600 left at 2/s = 1800 s, at 3/s 1200 s: saves 600 s
+    expected_run = [1, 1, lg(1, 8), lg(1), lg(4), lg(2), 0.5, 0.5, mins(600), mins(1800), mins(600), 0, 0]
+    np.testing.assert_allclose(slots[0], expected_wait, rtol=1e-6)
+    np.testing.assert_allclose(slots[1], expected_run, rtol=1e-6)
+    assert not slots[2:].any()  # empty slots are zeros
+    free = 6  # 8 GPUs, 2 held
+    np.testing.assert_allclose(x[-4:], [free / 8, lg(free, 4096), lg(8, 4096), 0.0], rtol=1e-6)
+    # Legal: add to both, remove only from the running one; not stop, while job 2's gang fits.
+    legal = decision.mask()
+    assert set(np.flatnonzero(legal)) == {0, 1, JOB_SLOTS + 1}
+    # Adding the gang of job 2 updates its slot (and the free GPUs) in place.
+    assert decision.apply(0)
+    after = decision.observation()
+    assert after[: JOB_FEATURES][5] == pytest.approx(lg(2)) and after[: JOB_FEATURES][11] == 1.0
+    assert after[-4] == pytest.approx(2 / 8)
+    assert set(np.flatnonzero(decision.mask())) == {1, STOP}  # removals are over once something was added
+    # A job resized within policy.min_resize_interval_s (300 s) keeps its size: neither add nor remove.
+    fresh = Decision(snapshot_of(servers, [replace(run, last_resized_at=NOW - 60), wait]), PolicyParams())
+    assert set(np.flatnonzero(fresh.mask())) == {0}
+
+
+# -- the action loop keeps the invariants ---------------------------------------------------------------
+
+
+class RandomLegal:
+    """Picks uniformly among the legal actions, stop included (a worst-case network)."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+
+    def choose(self, observation: np.ndarray, legal: np.ndarray, logits: np.ndarray, value: float) -> int:
+        options = np.flatnonzero(legal)
+        # stop rarely, so that loops run long
+        return int(self.rng.choice(options[options != STOP])) if len(options) > 1 and self.rng.random() < 0.95 \
+            else STOP
+
+    def cycle_done(self, snapshot: object) -> None:
+        return None
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_any_sequence_of_legal_actions_makes_a_valid_plan(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    servers = [training_server(f"s{i}", gpus=4) for i in range(4)]
+    jobs, free = [], [(f"s{i}", g) for i in range(4) for g in range(4)]
+    rng.shuffle(free)
+    for jid in range(1, 5):  # running jobs, 1-GPU workers, on scattered GPUs
+        n = int(rng.integers(1, 4))
+        placement = [(sid, (g,)) for sid, g in free[:n]]
+        free = free[n:]
+        low, high = int(rng.integers(1, n + 1)), n + int(rng.integers(0, 4))
+        jobs.append(replace(running_job(jid, placement, low=low, high=high), submitted_at=float(jid)))
+    for jid in range(5, 5 + 40):  # more pending jobs than slots, gangs of 1..3 workers of 1..2 GPUs
+        low = int(rng.integers(1, 4))
+        top = low + int(rng.integers(0, 3))
+        jobs.append(pending_job(jid, gpus=int(rng.integers(1, 3)), workers=low, max_workers=top, submitted=float(jid)))
+    snap = snapshot_of(servers, jobs)
+    policy = Dl2Policy(PolicyParams(), lambda: random_network(seed=seed), chooser=RandomLegal(seed))
+    plan = policy.schedule(snap)
+    assert check_plan(snap, plan) == []  # no double-booking, whole gangs, min..max, an apply order
+    for start in plan.starts:
+        job = next(j for j in jobs if j.job_id == start.job_id)
+        assert job.min_workers <= len(start.workers) <= job.max_workers
+    assert {p.job_id for p in plan.pending} | {s.job_id for s in plan.starts} == {j for j in range(5, 45)}
+
+
+def test_the_registered_policy_loads_the_shipped_weights_and_decides_deterministically() -> None:
+    servers = [training_server("a"), training_server("b")]
+    jobs = [running_job(1, [("a", (0,)), ("a", (1,))], low=1, high=8, resized=NOW - 600),
+            pending_job(2, gpus=1, workers=1, max_workers=4), pending_job(3, gpus=2, workers=2)]
+    snap = snapshot_of(servers, jobs)
+    policy = create_policy("dl2")
+    plan = policy.schedule(snap)
+    assert check_plan(snap, plan) == []
+    assert plan == create_policy("dl2").schedule(snap)
+
+
+# -- the weights file -----------------------------------------------------------------------------------
+
+
+def test_a_missing_or_mismatched_weights_file_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ModelFileError, match="does not exist; train one with `aryl-sim train-dl2`"):
+        create_dl2(PolicyParams(dl2_model=str(tmp_path / "nope.npz")))
+    odd = random_network(hidden=8)
+    meta = {**odd.meta, "encoding_version": 0}  # an older encoding
+    np.savez(tmp_path / "old.npz", meta=np.array(json.dumps(meta)), **odd.arrays())
+    with pytest.raises(ModelFileError, match="was made for encoding"):
+        load_network(tmp_path / "old.npz")
+    np.savez(tmp_path / "cut.npz", meta=np.array(json.dumps(odd.meta)), **{**odd.arrays(), "w1": odd.w1[:-1]})
+    with pytest.raises(ModelFileError, match="array w1 has shape"):
+        load_network(tmp_path / "cut.npz")
+    (tmp_path / "junk.npz").write_bytes(b"not a weights file")
+    with pytest.raises(ModelFileError, match="is not a dl2 weights file"):
+        load_network(tmp_path / "junk.npz")
+    good = random_network(hidden=16, seed=3)
+    save_network(good, tmp_path / "good.npz", seed=3)
+    back = load_network(tmp_path / "good.npz")
+    assert back.meta["seed"] == 3 and np.array_equal(back.w1, good.w1)
+    assert load_network(BUNDLED_MODEL).meta["encoding_version"] == 1
+
+
+def test_the_scheduler_refuses_to_start_without_its_weights(tmp_path: Path) -> None:
+    env = {**os.environ, "ARYL_POLICY__DL2_MODEL": str(tmp_path / "missing.npz")}
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "aryl-scheduler"), "--policy", "dl2", "--database-url",
+         f"sqlite:///{tmp_path / 'aryl.db'}"], capture_output=True, text=True, timeout=60, check=False, env=env)
+    assert result.returncode == 2, result.stderr
+    assert "missing.npz' does not exist; train one with `aryl-sim train-dl2`" in result.stderr
+
+
+# -- training on a tiny trace ---------------------------------------------------------------------------
+
+
+def tiny_trace(seed: int, jobs: int = 10) -> tuple[TraceJob, ...]:
+    """Elastic 1-GPU-worker jobs (1..4 workers, diminishing returns) arriving over an hour, on 8 GPUs."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for jid in range(1, jobs + 1):
+        speedup = float(rng.uniform(0.3, 0.95))  # each worker past the first adds this much
+        points = tuple((w, 1.0 + speedup * (w - 1)) for w in range(1, 5))
+        out.append(TraceJob(jid, f"j{jid}", float(rng.uniform(0, 3600)), 1, 1, 4, float(rng.uniform(1800, 7200)),
+                            points))
+    return tuple(sorted(out, key=lambda j: j.submit_time))
+
+
+@pytest.fixture(scope="module")
+def tiny_env():  # type: ignore[no-untyped-def]
+    from simulator.dl2_train import Environment
+
+    return Environment((tiny_trace(1), tiny_trace(2)), ClusterSpec(2, 0, 4))
+
+
+@needs_torch
+def test_warm_up_agrees_with_its_teacher(tiny_env) -> None:  # type: ignore[no-untyped-def]
+    from simulator.dl2_train import imitate
+
+    result, teacher_jct, steps = imitate(tiny_env, seed=0, epochs=40, dagger_rounds=1)
+    # Threshold: 90% of the recorded steps (teacher's and DAgger's) pick the teacher's action.
+    assert result.agreement >= 0.9, result.agreement
+    assert len(steps.actions) > 100 and all(math.isfinite(j) for j in teacher_jct)
+
+
+@needs_torch
+def test_reinforcement_learning_improves_on_the_warm_up(tiny_env) -> None:  # type: ignore[no-untyped-def]
+    from simulator.dl2_train import greedy_jct, imitate, reinforce
+
+    warm, _, _ = imitate(tiny_env, seed=0, epochs=10, dagger_rounds=0)  # a short warm-up: room to improve
+    before = float(np.mean(greedy_jct(tiny_env, warm.network)))
+    rl = reinforce(tiny_env, warm.network, seed=0, iterations=15, episodes=2)
+    after = float(np.mean(greedy_jct(tiny_env, rl.network)))
+    assert after < before, (before, after, rl.curve)
+    again = reinforce(tiny_env, warm.network, seed=0, iterations=15, episodes=2)  # seeded: the same run
+    assert again.curve == rl.curve
+
+
+# -- online learning ------------------------------------------------------------------------------------
+
+
+@needs_torch
+def test_online_learning_updates_weights_in_the_background_with_valid_plans(tmp_path: Path) -> None:
+    from simulator.engine import simulate
+    from simulator.model import DemandPoint
+
+    params = PolicyParams(dl2_online_learning=True)
+    policy = create_dl2(params)
+    learner = policy.chooser
+    first = policy.current()
+    result = simulate(list(tiny_trace(3, jobs=24)), [DemandPoint(0.0, 0, 0.0)], ClusterSpec(2, 0, 4), policy, params,
+                      seed=0, min_cycle_gap_s=60.0, drain_ack_s=None, check_plans=True)
+    assert result.stop_reason == "completed"
+    assert learner.wait_idle(30.0)  # type: ignore[attr-defined]
+    assert learner.updates >= 2, (learner.updates, learner.dropped_batches)  # type: ignore[attr-defined]
+    assert not np.array_equal(policy.current().wp, first.wp)  # new weights were swapped in
+    learner.stop()  # type: ignore[attr-defined]
+
+
+def test_greedy_decisions_do_not_need_torch() -> None:
+    # The registered policy without online learning runs on numpy alone: decide in a fresh interpreter where
+    # importing torch fails.
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "from scheduler_service.policies import create_policy\n"
+            "from tests.harness import pending_job, snapshot_of, training_server\n"
+            "plan = create_policy('dl2').schedule(snapshot_of([training_server('a')], [pending_job(1)]))\n"
+            "print(len(plan.starts) + len(plan.pending))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "1"
+
+
+def test_decide_stops_when_nothing_is_legal() -> None:
+    snap = snapshot_of([training_server("a", gpus=1)], [pending_job(1, gpus=2)])  # never fits
+    decision = decide(snap, PolicyParams(), random_network(seed=1), Greedy())
+    assert decision.plan().starts == () and len(decision.plan().pending) == 1
