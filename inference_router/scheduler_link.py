@@ -26,7 +26,7 @@ from aryl_common.backoff import Backoff
 from aryl_common.channels import SchedulerAddresses, leader_hint, scheduler_aio_channel
 from aryl_common.security import ClientSecurity
 from inference_router.pool import PoolMember, PoolUpdate, RoutingState
-from protos.aryl.v1 import inference_pb2, inference_pb2_grpc, types_pb2
+from protos.aryl.v1 import inference_pb2, inference_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc, types_pb2
 
 # Codes after which a call may be sent again as it is; anything else is the scheduler refusing it.
 RETRYABLE = frozenset({
@@ -157,7 +157,10 @@ class SchedulerLink:
         return response.state
 
     async def report_demand(self, servers_needed: int, observed_rps: float) -> inference_pb2.ReportDemandResponse:
-        """ReportDemand. Raises Retryable or Refused."""
+        """ReportDemand. Raises Retryable or Refused. The scheduler refuses more servers than its
+        inference pool has (INVALID_ARGUMENT): then the pool's size is reported instead (and a warning
+        logged), so a load beyond the whole pool still holds every inference server rather than
+        leaving the router's report to expire."""
         try:
             return await self._stub.ReportDemand(
                 inference_pb2.ReportDemandRequest(
@@ -167,4 +170,20 @@ class SchedulerLink:
             )
         except grpc.aio.AioRpcError as exc:
             await self._follow_leader(exc)
+            if exc.code() is grpc.StatusCode.INVALID_ARGUMENT and servers_needed > 0:
+                pool = await self._inference_pool_size()
+                if pool is not None and pool < servers_needed:
+                    self._log.warning("demand above the inference pool's size: reporting the pool's size",
+                                      servers_needed=servers_needed, inference_servers=pool)
+                    return await self.report_demand(pool, observed_rps)
             raise _call_error(exc) from exc
+
+    async def _inference_pool_size(self) -> int | None:
+        """The number of inference servers registered (GetCluster); None when it cannot be read."""
+        try:
+            cluster = await scheduler_pb2_grpc.SchedulerServiceStub(self._channel).GetCluster(
+                scheduler_pb2.GetClusterRequest(), timeout=self.rpc_timeout_s
+            )
+        except grpc.aio.AioRpcError:
+            return None
+        return sum(p.servers for p in cluster.pools if p.pool == types_pb2.POOL_INFERENCE)

@@ -39,7 +39,14 @@ from node_agent.gpus import (
 )
 from node_agent.main import cli_overrides, parse_args
 from protos.aryl.v1 import agent_pb2, inference_pb2, inference_pb2_grpc, scheduler_pb2, types_pb2
-from tests.harness import FakeScheduler, daemon_env, desired_state, scheduler_stub, secure_channel
+from tests.harness import (
+    FakeScheduler,
+    daemon_env,
+    desired_state,
+    register_fake_server,
+    scheduler_stub,
+    secure_channel,
+)
 from tests.helpers import wait_for
 
 
@@ -680,6 +687,8 @@ def test_agent_daemon_registers_with_a_real_scheduler_and_exits_cleanly(schedule
 
 def test_router_daemon_reports_demand_to_a_real_scheduler_and_exits_cleanly(scheduler, tmp_path: Path) -> None:
     # Static demand mode against a real scheduler (the proxy itself is tested in tests/test_router.py).
+    for name in ("inf-1", "inf-2", "inf-3"):  # demand is at most the inference pool's size
+        register_fake_server(scheduler.address, name, pool="inference", gpus=1)
     args = [
         console_script("aryl-router"),
         "--listen", "127.0.0.1:0",

@@ -10,7 +10,11 @@ certificate naming it) and the test admin, whose requests name the router they a
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import grpc
 import pytest
@@ -209,3 +213,28 @@ def test_an_agent_cannot_register_an_endpoint_for_another_server(scheduler) -> N
         )
         details = refused(lambda: agent.RegisterServer(request, timeout=5), grpc.StatusCode.PERMISSION_DENIED)
         assert "may only act for its own server" in details
+
+
+def test_a_router_asking_more_than_the_pool_reports_the_pools_size(scheduler, tmp_path) -> None:
+    """A real aryl-router with static demand 3 and an inference pool of 2: refused, it reports 2 (its
+    report does not go stale while it asks the impossible)."""
+    register(scheduler.address, "inf-1", "http://127.0.0.1:9001")
+    register(scheduler.address, "inf-2", "http://127.0.0.1:9002")
+    router = Path(sys.executable).with_name("aryl-router")
+    args = [str(router), "--listen", "127.0.0.1:0", "--scheduler", scheduler.address, "--servers-needed", "3",
+            "--source", "edge-test", "--interval", "0.2"]
+    with (tmp_path / "router.log").open("ab") as log:
+        process = subprocess.Popen(args, env=dict(os.environ), stdout=log, stderr=subprocess.STDOUT)
+    channel, stub = router_stub(scheduler.address)
+    try:
+        def reported() -> bool:
+            assert process.poll() is None, (tmp_path / "router.log").read_text()
+            demand = stub.GetDemand(inference_pb2.GetDemandRequest(), timeout=5).demand
+            return (demand.servers_needed, demand.source) == (2, "edge-test")
+
+        wait_for(reported, timeout=30, what="the router's capped demand")
+        assert "demand above the inference pool's size" in (tmp_path / "router.log").read_text()
+    finally:
+        process.terminate()
+        process.wait(timeout=15)
+        channel.close()
