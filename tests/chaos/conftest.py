@@ -37,7 +37,7 @@ from migrations import upgrade
 from protos.aryl.v1 import types_pb2
 from scheduler_service.server import ServerHandle, serve_in_background
 from tests.chaos.invariants import MARKER_ENV, SERVER_ENV
-from tests.harness import job_spec, scheduler_config, scratch_postgres, secure_channel
+from tests.harness import daemon_env, job_spec, scheduler_config, scratch_postgres, secure_channel, security_env
 from tests.helpers import free_port, processes_mentioning, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -181,6 +181,8 @@ class SchedulerProcess:
     def start(self, *, wait: bool = True) -> None:
         assert self.proc is None or self.proc.poll() is not None, "the scheduler is running"
         env = {k: v for k, v in os.environ.items() if not k.startswith("ARYL_")}
+        # TLS and tokens, as by default (the session's dev CA, tests.harness); settings may override.
+        env.update({k: v for k, v in security_env().items() if k.startswith("ARYL_SECURITY__")})
         env.update(self.settings)
         self.starts += 1
         with self.logs.open("ab") as log:
@@ -233,6 +235,7 @@ class Agents:
             "ARYL_LOGGING__LEVEL": "warning", MARKER_ENV: self.marker, SERVER_ENV: hostname,
             # Workers get a clean environment ([users], node_agent.identity): these two are passed on.
             "ARYL_USERS__PASS_ENV": json.dumps([MARKER_ENV, SERVER_ENV]),
+            **daemon_env(hostname),  # mutual TLS with a certificate naming its server id, and a token
         })
         args = [sys.executable, "-m", "node_agent.main", "--scheduler", scheduler_address, "--hostname", hostname,
                 "--fake-gpus", str(gpus), "--work-dir", str(self.tmp / f"agent-{hostname}")]
