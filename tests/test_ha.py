@@ -7,6 +7,7 @@ The process-level cases (kill -9 under load, SIGSTOP past the lease) are in ``te
 
 from __future__ import annotations
 
+import asyncio
 import re
 import socket
 import threading
@@ -24,6 +25,7 @@ from sqlalchemy.orm import Session
 from aryl_common.backoff import Backoff
 from aryl_common.channels import LEADER_METADATA_KEY, SchedulerAddresses, leader_hint, scheduler_addresses
 from arylctl.client import ArylClient
+from inference_router.scheduler_link import Retryable, SchedulerLink
 from node_agent.agent import Agent
 from node_agent.config import AgentSection
 from node_agent.desired import DesiredStateTracker, Verdict
@@ -39,7 +41,7 @@ from scheduler_service.store import lease as lease_store
 from scheduler_service.store.changes import StateChanges
 from scheduler_service.store.db import create_engine_for, session_factory
 from scheduler_service.store.transactions import Transactions
-from tests.harness import FakeScheduler, desired_state, job_spec, scheduler_config, scheduler_stub
+from tests.harness import FakeScheduler, client_security, desired_state, job_spec, scheduler_config, scheduler_stub
 from tests.helpers import wait_for
 
 CLOCK = SystemClock()
@@ -193,6 +195,16 @@ def test_two_schedulers_one_leads_the_standby_redirects_and_takes_over_on_a_clea
             job = client.submit_job(job_spec("ha-1"))
             epoch = client.get_cluster().scheduler_epoch
             assert epoch == first.service.leadership.epoch
+
+            # So does a router's link: the standby's refusal is Retryable, and the next call reaches the leader.
+            async def report_demand() -> None:
+                async with SchedulerLink(f"{second.address},{first.address}", source="r1", rpc_timeout_s=5,
+                                         max_backoff_s=1, security=client_security()) as link:
+                    with pytest.raises(Retryable, match="standby"):
+                        await link.report_demand(0, 1.0)
+                    await link.report_demand(0, 1.0)
+
+            asyncio.run(report_demand())
 
             started = time.monotonic()
             first.stop()  # releases the lease: the standby leads at its next look, not after the lease
