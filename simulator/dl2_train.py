@@ -354,10 +354,12 @@ class RlResult:
 
 
 def reinforce(env: Environment, network: Network, *, seed: int, iterations: int, episodes: int = 2,
-              gamma: float = 0.95, lr: float = 1e-3, entropy: float = 0.01, value_weight: float = 0.5,
+              gamma: float = 0.99, lr: float = 3e-4, entropy: float = 0.001, value_weight: float = 0.5,
               threads: int = 1, progress: bool = False) -> RlResult:
     """Policy gradient with a value baseline (module doc), from ``network``; ``episodes`` per iteration,
-    on the workloads in turn."""
+    on the workloads in turn. The defaults: a first try (gamma 0.95, lr 1e-3, entropy 0.01) made the greedy
+    policy worse on the Pollux workloads (2.03 -> 2.36 h average JCT in 20 iterations, seed 0); these keep it
+    about where the warm-up left it in so short a run (2.03 h)."""
     torch = _torch(threads, seed)
     module = torch_network(network)
     optimiser = torch.optim.Adam(module.parameters(), lr=lr)
