@@ -28,7 +28,7 @@ Modelling choices (each is the authors'; each changes the figures):
 - **Pollux's jobs** (``pollux``) choose their own batch size: before they have run, the smallest their GPUs
   allow; then, after every stretch of training and at every re-allocation, the best by their goodput model
   (``policies.pollux.GoodputModel``): the step-time parameters refitted
-  (``solvers.pollux_search.fit_perf_params_lbfgs``) each time they run a configuration (nodes, GPUs,
+  (``policies.pollux_search.fit_perf_params_lbfgs``) each time they run a configuration (nodes, GPUs,
   atomic batch) not seen before, and the gradient statistics last measured. NCF keeps 32768.
 
 Policies: ``tiresias`` (``scheduler_service.policies.tiresias.tiresias_decide``, requested GPUs as the
@@ -60,8 +60,8 @@ from scheduler_service.core.snapshot import ClusterSnapshot, JobView, ServerView
 from scheduler_service.lifecycle import JobState, Pool, ServerState
 from scheduler_service.policies.optimus import OptimusJob, optimus_allocate, optimus_place
 from scheduler_service.policies.pollux import GoodputModel, PolluxJob, pollux_decide
+from scheduler_service.policies.pollux_search import fit_perf_params_lbfgs
 from scheduler_service.policies.tiresias import TiresiasJob, TiresiasState, place_in_order, tiresias_decide
-from scheduler_service.solvers.pollux_search import fit_perf_params_lbfgs
 from simulator.goodput_profiles import Application, load_application
 
 # Each Pollux job refits 7 step-time parameters (scipy's L-BFGS-B) whenever it runs a new configuration:
@@ -216,7 +216,7 @@ _FITS: dict[tuple[str, frozenset[tuple[tuple[int, int, int], tuple[float, float]
 
 
 def _fit(app: str, profile: dict[tuple[int, int, int], tuple[float, float]]) -> PerfParams:
-    """``solvers.pollux_search.fit_perf_params_lbfgs`` on a job's samples, memoised on the samples: jobs of one
+    """``policies.pollux_search.fit_perf_params_lbfgs`` on a job's samples, memoised on the samples: jobs of one
     model that ran the same configurations hold the same fit."""
     key = (app, frozenset(profile.items()))
     known = _FITS.get(key)

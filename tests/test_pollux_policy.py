@@ -25,7 +25,7 @@ from scheduler_service.core.invariants import check_plan
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.policies import create_policy
 from scheduler_service.policies.pollux import GoodputModel, PolluxJob, pollux_decide
-from scheduler_service.solvers.pollux_search import fit_perf_params_lbfgs, min_cost_counts
+from scheduler_service.policies.pollux_search import fit_perf_params_lbfgs, min_cost_counts
 from simulator.engine import simulate
 from simulator.goodput_sim import load_workload, run_workload
 from simulator.model import ClusterSpec

@@ -27,6 +27,7 @@ Pure: no I/O, no clock (``now`` is passed in); times print in UTC.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -38,11 +39,27 @@ from scheduler_service.lifecycle import JobState
 DEFAULT_ALPHA = PolicyParams.amdahl_alpha  # the speed-up model for jobs that declare no points
 
 
+# A prediction further out than this says nothing (a declared rate near zero, a stalled job's last
+# rate): it is reported as unknown, never as a date (a Timestamp ends in year 9999).
+HORIZON_S = 100 * 365 * 86400.0
+
+
 def remaining_seconds(job: JobView, workers: int, now: float, *, alpha: float = DEFAULT_ALPHA) -> float | None:
     """Predicted seconds from ``now`` until ``job`` finishes if it runs at ``workers`` workers from now
-    on (restart costs not included); None when nothing measured or declared says (see the module doc)."""
+    on (restart costs not included); None when nothing measured or declared says (see the module doc),
+    or when the figure is not a finite time within ``HORIZON_S``."""
     if workers <= 0:
         return None
+    try:
+        remaining = _remaining(job, workers, now, alpha)
+    except (ZeroDivisionError, OverflowError):
+        return None
+    if remaining is None or not math.isfinite(remaining) or not 0.0 <= remaining <= HORIZON_S:
+        return None
+    return remaining
+
+
+def _remaining(job: JobView, workers: int, now: float, alpha: float) -> float | None:
     model = model_for(job.throughput_points, alpha)
     rate = _measured_rate(job)
     if rate is not None and job.progress_window is not None:

@@ -4,7 +4,7 @@ model, its batch size) chosen to maximise a cluster-wide mean of per-job speed-u
 The decision (``pollux_decide``, pure):
 
 - a job's **speed-up** on ``n`` nodes and ``r`` GPUs is its goodput there, at the best batch size
-  (``core.goodput.best_batch_size``, computed by ``solvers.pollux_search``), over its goodput on its
+  (``core.goodput.best_batch_size``, computed by ``policies.pollux_search``), over its goodput on its
   *fair share* (``ceil(total GPUs / jobs)`` GPUs on one node); scaled by ``nodes / total GPUs`` (the
   authors': a share worth one node counts 1). A job without a goodput model yet (never run) counts
   ``r / fair share``.
@@ -14,7 +14,7 @@ The decision (``pollux_decide``, pure):
   ``p`` (-1, the authors'): maximised. For ``p < 0`` that is the least sum of ``(speed-up + 0.001)^p``;
   for ``p > 0`` the greatest sum of ``^p``; for 0 the greatest sum of logarithms.
 - each job's GPU count, from 0 to its ``max_replicas``, is chosen **exactly** for that sum within the
-  cluster's GPUs (``solvers.pollux_search.min_cost_counts``, a multiple-choice knapsack), valuing ``r``
+  cluster's GPUs (``policies.pollux_search.min_cost_counts``, a multiple-choice knapsack), valuing ``r``
   GPUs on the fewest nodes that hold them -- or, for the count it has, where it is without the penalty,
   if that is better. (The authors search the allocations with a genetic algorithm, NSGA-II, 100
   generations of 100; the optimum of the same objective is found here in milliseconds.)
@@ -49,8 +49,8 @@ from scheduler_service.core.registry import policies
 from scheduler_service.core.snapshot import ClusterSnapshot, JobView
 from scheduler_service.core.throughput import ThroughputModel
 from scheduler_service.lifecycle import JobState
+from scheduler_service.policies.pollux_search import best_config, min_cost_counts
 from scheduler_service.policies.tiresias import _without
-from scheduler_service.solvers.pollux_search import best_config, min_cost_counts
 
 RESTART_PENALTY_S = 30.0
 FAIRNESS_P = -1.0
