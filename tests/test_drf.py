@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from scheduler_service.core.invariants import check_plan
 from scheduler_service.core.plan import Reason
 from scheduler_service.policies import create_policy
@@ -37,3 +39,18 @@ def test_registered_drf_shrinks_a_hog_for_a_newcomer_with_a_valid_plan() -> None
     assert check_plan(snap, plan) == []
     assert [(s.job_id, len(s.workers), s.reason) for s in plan.scales] == [(1, 4, Reason.SCALED_IN)]
     assert [(s.job_id, len(s.workers)) for s in plan.starts] == [(2, 4)]
+
+
+def test_registered_drf_shares_between_the_snapshot_s_users_not_their_jobs() -> None:
+    # 8 GPUs, three elastic 1-GPU jobs waiting: alice has two, bob one. Between users, bob gets as many
+    # GPUs as alice's two jobs together (4 and 2 + 2); with no users each job would get its own share.
+    servers = [training_server("a"), training_server("b")]
+    jobs = [replace(pending_job(1, gpus=1, workers=1, max_workers=8), user="alice"),
+            replace(pending_job(2, gpus=1, workers=1, max_workers=8), user="alice"),
+            replace(pending_job(3, gpus=1, workers=1, max_workers=8), user="bob")]
+    snap = snapshot_of(servers, jobs)
+    plan = create_policy("drf").schedule(snap)
+    assert check_plan(snap, plan) == []
+    assert sorted((s.job_id, len(s.workers)) for s in plan.starts) == [(1, 2), (2, 2), (3, 4)]
+    anonymous = snapshot_of(servers, [replace(job, user="") for job in jobs])
+    assert sorted(len(s.workers) for s in create_policy("drf").schedule(anonymous).starts) == [2, 3, 3]

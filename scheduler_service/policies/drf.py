@@ -20,8 +20,9 @@ Counts are checked against the total of GPUs; where a worker goes is the core's 
 (``worker_targets.plan_worker_targets``: a fragmented cluster may leave a counted job pending, with the
 placement's explanation).
 
-Users: a job's user is ``JobView.user`` when the snapshot carries one; the snapshot does not carry the
-job's user yet, so until it does every job counts as its own user (DRF between jobs).
+Users: a job's user is ``JobView.user`` (the service's snapshot carries the job's owner; a simulated
+trace job carries its ``user`` column). A job without one (a trace without users) counts as its own
+user, so DRF is then between jobs.
 """
 
 from __future__ import annotations
@@ -84,9 +85,8 @@ def drf_allocate(jobs: Sequence[DrfJob], total_gpus: int) -> dict[int, int]:
 
 
 def user_of(job: JobView) -> str:
-    """The job's user when the snapshot carries it, else the job itself (module doc)."""
-    user = getattr(job, "user", "")
-    return str(user) if user else f"job:{job.job_id}"
+    """The job's user, or the job itself when it has none (module doc)."""
+    return job.user or f"job:{job.job_id}"
 
 
 @dataclass(frozen=True)
