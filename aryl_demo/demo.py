@@ -533,6 +533,7 @@ def summarize(outcome: DemoOutcome, workdir: Path) -> None:
     for failure in outcome.requests_failed[:5]:
         print(f"     failed: {failure}")
     print(f"   loans: {outcome.loans_made} made; servers reclaimed: {outcome.servers_reclaimed}")
+    print("   the first jobs as the loan segment ended (the queues segment then cancelled them):")
     for name, j in outcome.jobs.items():
         print(f"   {name:<11} {types_pb2.JobState.Name(j.state).removeprefix('JOB_STATE_'):<9} "
               f"workers {j.num_workers}, incarnation {j.incarnation}, preemptions {j.preemptions}, "
