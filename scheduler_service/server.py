@@ -202,6 +202,7 @@ class SchedulerService:
                 else:
                     epoch = await asyncio.to_thread(app.term.start, socket.gethostname())
         except BaseException:
+            self._close_policy()
             await server.stop(None)  # gives the port back
             if self.metrics_endpoint is not None:
                 self.metrics_endpoint.close()
@@ -299,10 +300,17 @@ class SchedulerService:
         cycle_thread.shutdown(wait=True, cancel_futures=True)
         desired_reader.shutdown(wait=True, cancel_futures=True)
         watch_reader.shutdown(wait=True, cancel_futures=True)
+        await asyncio.to_thread(self._close_policy)
         if self.metrics_endpoint is not None:
             self.metrics_endpoint.close()
         self.engine.dispose()
         log.info("scheduler stopped")
+
+    def _close_policy(self) -> None:
+        """Stop what the policy runs beside the cycles (``dl2``'s online learning thread), once no cycle runs."""
+        close = getattr(getattr(self.policy, "policy", self.policy), "close", None)  # FaultsFirst wraps it
+        if callable(close):
+            close()
 
     def _bind_server(self) -> grpc.aio.Server:
         """A gRPC server bound to ``server.listen``, its services not added yet; ListenError when the

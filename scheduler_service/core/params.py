@@ -34,9 +34,11 @@ class PolicyParams:
     qos_hopeless: str = "deprioritise"
     qos_margin: float = 0.2
     # ``dl2``: its weights file ("": the weights shipped with Aryl, ``policies/data/dl2.npz``); a missing file
-    # or one made for another encoding stops the service at start. Online learning: off unless set (needs torch).
+    # or one made for another encoding stops the service at start. Online learning: off unless set (needs torch);
+    # one learning step each time this many jobs have left the active set (completed, cancelled or failed).
     dl2_model: str = ""
     dl2_online_learning: bool = False
+    dl2_online_batch_jobs: int = 8
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
@@ -45,5 +47,7 @@ class PolicyParams:
         if self.qos_hopeless not in QOS_HOPELESS:
             raise ValueError(f"policy.qos_hopeless must be one of {', '.join(QOS_HOPELESS)} "
                              f"(got {self.qos_hopeless!r})")
+        if self.dl2_online_batch_jobs < 1:
+            raise ValueError(f"policy.dl2_online_batch_jobs must be >= 1 (got {self.dl2_online_batch_jobs})")
         if not 1 <= self.max_extra_options <= 126:
             raise ValueError(f"policy.max_extra_options must be between 1 and 126 (got {self.max_extra_options})")

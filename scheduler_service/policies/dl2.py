@@ -253,6 +253,12 @@ class Dl2Policy:
     def schedule(self, snapshot: ClusterSnapshot) -> Plan:
         return decide(snapshot, self.params, self.current(), self.chooser).plan()
 
+    def close(self) -> None:
+        """Stop online learning's thread, if any (the service calls this when it stops)."""
+        stop = getattr(self.chooser, "stop", None)
+        if stop is not None:
+            stop()
+
 
 def model_path(params: PolicyParams) -> str:
     return params.dl2_model or str(BUNDLED_MODEL)

@@ -1,12 +1,19 @@
 """Online learning of the ``dl2`` policy in the live service (``policy.dl2_online_learning``, off by default).
 
 With it on, the policy explores as in training: each action is drawn from the network's distribution
-over the legal actions (seeded from the snapshot's seed), and every step is recorded with its cycle's time
-and number of active jobs. Whenever ``BATCH_COMPLETIONS`` jobs have left the active set (completed,
-cancelled or failed) since the last batch, the cycles recorded so far become one batch, and a background
+over the legal actions (seeded: ``OnlineLearner``'s ``seed``), and every step is recorded with its cycle's time
+and number of active jobs. Whenever ``policy.dl2_online_batch_jobs`` jobs (8 by default) have left the active
+set (completed, cancelled or failed) since the last batch, the cycles recorded so far become one batch, and a
+background
 thread makes one policy-gradient step with a value baseline on it (the same loss and reward as
 ``simulator.dl2_train.reinforce``: minus active jobs x time, the JCT objective), then swaps the new
 weights in; the next cycle decides with them.
+
+In the service the learner sees what it needs through the cycle alone: every cycle's snapshot holds the
+active jobs (a job that left it has finished: its JCT so far is in the rewards of the cycles it waited or
+ran through) and the cycle's time, and the steps it took are its decisions. ``SchedulerService`` builds the
+policy once, so the learner lives as long as the service, and stops the thread when the service stops
+(``Dl2Policy.close``). A learning step that raises is logged and skipped; the thread goes on.
 
 Never blocks a cycle: a cycle only appends to a list and, at most, hands a batch to a bounded queue
 without waiting (a batch that finds the queue full is dropped and counted). The learning thread owns the
@@ -19,19 +26,22 @@ from __future__ import annotations
 
 import queue
 import threading
+from typing import Any
 
 import numpy as np
+import structlog
 
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.snapshot import ClusterSnapshot
 from scheduler_service.lifecycle import JobState
 from scheduler_service.policies.dl2_model import Network, from_torch, torch_network
 
-BATCH_COMPLETIONS = 8      # jobs that leave the active set between two learning steps
 QUEUE_BATCHES = 2          # batches waiting for the thread at most (more are dropped)
 GAMMA = 0.95
 LEARNING_RATE = 1e-4
 ENTROPY = 0.01
+
+log = structlog.get_logger("aryl.dl2")
 
 
 class OnlineLearner:
@@ -55,6 +65,7 @@ class OnlineLearner:
         self.updates = 0           # learning steps made (by the thread)
         self.handed = 0            # batches handed to it
         self.dropped_batches = 0   # batches dropped: the queue was full
+        self.failed_steps = 0      # learning steps that raised (logged; the weights stayed as they were)
         self._thread = threading.Thread(target=self._learn, name="dl2-online-learning", daemon=True)
         self._thread.start()
 
@@ -77,7 +88,7 @@ class OnlineLearner:
         self._completed += len(self._active - active)
         self._active = active
         self._cycles.append((snapshot.now, len(active), len(self._actions) - 1))
-        if self._completed >= BATCH_COMPLETIONS and len(self._cycles) > 1:
+        if self._completed >= self.params.dl2_online_batch_jobs and len(self._cycles) > 1:
             self._hand_over()
 
     def _hand_over(self) -> None:
@@ -116,35 +127,47 @@ class OnlineLearner:
             batch = self._queue.get()
             if batch is None:
                 return
-            obs, legal_np, actions_np, returns_np = batch
-            scale = float(np.std(returns_np)) or 1.0
-            x, legal = torch.from_numpy(obs), torch.from_numpy(legal_np)
-            actions = torch.from_numpy(actions_np.astype(np.int64))
-            returns = torch.from_numpy(returns_np / scale)
-            logits, values = module(x)
-            logp = torch.log_softmax(logits.masked_fill(~legal, -1e9), dim=-1)
-            chosen = logp.gather(1, actions.unsqueeze(1)).squeeze(1)
-            advantage = (returns - values).detach()
-            advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8) if len(advantage) > 1 else advantage
-            entropy = -(logp.exp() * logp.masked_fill(~legal, 0.0)).sum(-1).mean()
-            loss = -(chosen * advantage).mean() + 0.5 * ((values - returns) ** 2).mean() - ENTROPY * entropy
-            optimiser.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
-            optimiser.step()
-            self._network = from_torch(module, {**self._network.meta, "made_by": "online"})
-            self.updates += 1
+            try:
+                self._step(module, optimiser, batch)
+            except Exception as exc:  # noqa: BLE001 - one bad step must not end online learning
+                self.failed_steps += 1
+                log.warning("dl2 online learning: a learning step failed; the weights stay as they were",
+                            error=repr(exc))
+
+    def _step(self, module: Any, optimiser: Any, batch: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]) -> None:
+        """One policy-gradient step with a value baseline on ``batch``, then the new weights swapped in."""
+        torch = self._torch
+        obs, legal_np, actions_np, returns_np = batch
+        scale = float(np.std(returns_np)) or 1.0
+        x, legal = torch.from_numpy(obs), torch.from_numpy(legal_np)
+        actions = torch.from_numpy(actions_np.astype(np.int64))
+        returns = torch.from_numpy(returns_np / scale)
+        logits, values = module(x)
+        logp = torch.log_softmax(logits.masked_fill(~legal, -1e9), dim=-1)
+        chosen = logp.gather(1, actions.unsqueeze(1)).squeeze(1)
+        advantage = (returns - values).detach()
+        advantage = (advantage - advantage.mean()) / (advantage.std() + 1e-8) if len(advantage) > 1 else advantage
+        entropy = -(logp.exp() * logp.masked_fill(~legal, 0.0)).sum(-1).mean()
+        loss = -(chosen * advantage).mean() + 0.5 * ((values - returns) ** 2).mean() - ENTROPY * entropy
+        optimiser.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
+        optimiser.step()
+        self._network = from_torch(module, {**self._network.meta, "made_by": "online"})
+        self.updates += 1
 
     def wait_idle(self, timeout: float = 30.0) -> bool:
         """Tests: wait until the thread has learnt from every batch handed over (True) or ``timeout`` passes."""
         import time
 
         end = time.monotonic() + timeout
-        while self.updates < self.handed and time.monotonic() < end:
+        while self.updates + self.failed_steps < self.handed and time.monotonic() < end:
             time.sleep(0.01)
-        return self.updates >= self.handed
+        return self.updates + self.failed_steps >= self.handed
 
     def stop(self) -> None:
-        self._queue.put(None)
-        self._thread.join(timeout=5)
+        """End the learning thread (after the batch it is on); idempotent."""
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join(timeout=5)
 
