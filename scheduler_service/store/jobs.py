@@ -1,17 +1,19 @@
 """Jobs in the store: submitting (batched), reading and listing, cancelling (batched), and where a
 rank's logs are.
 
-Submissions and cancellations come in batches (the API's group commit) and are written with a fixed
-number of statements however many there are: INSERT ... RETURNING in one round trip, one UPDATE and
-one DELETE for every cancelled job.
+Submissions and cancellations come in batches (the API's group commit, SubmitJobs) and are written
+with a fixed number of statements however many there are: on PostgreSQL the jobs with one COPY and
+their events with one INSERT ... SELECT (elsewhere multi-row INSERTs), one UPDATE and one DELETE for
+every cancelled job.
 
 Never: commit, or decide anything about a job but what its request asks.
 """
 
 from __future__ import annotations
 
+import io
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -39,35 +41,13 @@ class JobStore:
         self, session: Session, subs: Sequence[JobSubmission], now: float, *, array: bool = False
     ) -> list[JobInfo]:
         """Queue ``subs`` as PENDING jobs submitted at ``now``, each with its JOB_SUBMITTED event.
-        With ``array`` they form one job array whose id is the first one's job id (one more UPDATE).
+        With ``array`` they form one job array whose id is the first one's job id. On PostgreSQL the rows
+        go in with COPY (``_copy_in``), elsewhere with multi-row INSERTs.
         Raises IntegrityError when a user's idempotency key was used before (by that user)."""
         rows = [_job_row(sub, now) for sub in subs]
-        # Core INSERT ... RETURNING in one round trip for the whole batch ("insertmanyvalues").
-        # Core tables, not ORM entities: the ORM's bulk path costs more than the database here.
-        jobs, events = m.JOBS, m.EVENTS
-        ids = list(
-            session.scalars(
-                sa.insert(jobs).returning(jobs.c.id, sort_by_parameter_order=True), [{**r, "version": 1} for r in rows]
-            )
-        )
-        session.execute(
-            sa.insert(events),
-            [
-                dict(time=row["submitted_at"], kind="JOB_SUBMITTED", job_id=job_id, server_id=None, from_state="",
-                     to_state=JobState.PENDING, reason=Reason.SUBMITTED, details={},
-                     message=f"{row['name']} by {row['user']} in queue {row['queue']}: {row['min_workers']}.."
-                     f"{row['max_workers']} worker(s) x {row['gpus_per_worker']} GPU(s)",
-                     actor=sub.submitted_by or current_actor())
-                for job_id, row, sub in zip(ids, rows, subs, strict=True)
-            ],
-        )
-        array_job_id = None
-        if array and ids:
-            # The ids are only known now (RETURNING): one statement marks the whole array.
-            array_job_id = ids[0]
-            session.execute(sa.update(jobs).where(jobs.c.id.in_(ids)).values(array_job_id=array_job_id))
-        return [job_info({**row, **_NOT_WRITTEN_YET, "id": job_id, "version": 1, "array_job_id": array_job_id})
-                for job_id, row in zip(ids, rows, strict=True)]
+        if session.get_bind().dialect.name == "postgresql":
+            return _copy_in(session, subs, rows, array=array)
+        return _insert_values(session, subs, rows, array=array)
 
     @staticmethod
     def by_keys(session: Session, keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], JobInfo]:
@@ -257,3 +237,152 @@ def _job_row(sub: JobSubmission, now: float) -> dict[str, Any]:
         state=JobState.PENDING, state_reason=Reason.SUBMITTED, state_message="queued", pending_reason="",
         num_workers=0, restarts=0, preemptions=0, submitted_at=now, started_at=None, finished_at=None,
     )
+
+
+def _submitted_event(row: dict[str, Any], sub: JobSubmission, job_id: int) -> dict[str, Any]:
+    return dict(time=row["submitted_at"], kind="JOB_SUBMITTED", job_id=job_id, server_id=None, from_state="",
+                to_state=JobState.PENDING, reason=Reason.SUBMITTED, details={},
+                message=f"{row['name']} by {row['user']} in queue {row['queue']}: {row['min_workers']}.."
+                f"{row['max_workers']} worker(s) x {row['gpus_per_worker']} GPU(s)",
+                actor=sub.submitted_by or current_actor())
+
+
+def _insert_values(session: Session, subs: Sequence[JobSubmission], rows: list[dict[str, Any]], *,
+                   array: bool) -> list[JobInfo]:
+    """Any database: the jobs and their JOB_SUBMITTED events with multi-row INSERTs."""
+    # Core INSERT ... RETURNING in one round trip for the whole batch ("insertmanyvalues").
+    # Core tables, not ORM entities: the ORM's bulk path costs more than the database here.
+    jobs, events = m.JOBS, m.EVENTS
+    ids = list(
+        session.scalars(
+            sa.insert(jobs).returning(jobs.c.id, sort_by_parameter_order=True), [{**r, "version": 1} for r in rows]
+        )
+    )
+    session.execute(
+        sa.insert(events),
+        [_submitted_event(row, sub, job_id) for job_id, row, sub in zip(ids, rows, subs, strict=True)],
+    )
+    array_job_id = None
+    if array and ids:
+        # The ids are only known now (RETURNING): one statement marks the whole array.
+        array_job_id = ids[0]
+        session.execute(sa.update(jobs).where(jobs.c.id.in_(ids)).values(array_job_id=array_job_id))
+    return [job_info({**row, **_NOT_WRITTEN_YET, "id": job_id, "version": 1, "array_job_id": array_job_id})
+            for job_id, row in zip(ids, rows, strict=True)]
+
+
+def _copy_in(session: Session, subs: Sequence[JobSubmission], rows: list[dict[str, Any]], *,
+             array: bool) -> list[JobInfo]:
+    """PostgreSQL: the jobs written with COPY and their JOB_SUBMITTED events with one INSERT ... SELECT
+    from them, in the session's transaction, ids drawn from the jobs' sequence first (one statement).
+    Per job this costs a fraction of multi-row INSERTs (``benchmarks/bench_submit``). The rows are the
+    INSERT path's: each value as its column type binds it (JSON as the INSERT stores it, None as JSON
+    null), every Python-side column default written, the events' messages the same text."""
+    connection = session.connection()
+    dialect = connection.dialect
+    raw = connection.connection.dbapi_connection
+    assert raw is not None
+    cursor = raw.cursor()
+    try:
+        try:
+            cursor.execute("SELECT nextval(pg_get_serial_sequence('jobs', 'id')) FROM generate_series(1, %s)",
+                           (len(rows),))
+            ids = sorted(job_id for (job_id,) in cursor.fetchall())  # ascending, as RETURNING's in order
+            array_job_id = ids[0] if array and ids else None
+            jobs = [{**_JOB_DEFAULTS, **row, "id": job_id, "array_job_id": array_job_id}
+                    for job_id, row in zip(ids, rows, strict=True)]
+            columns = list(jobs[0])
+            quoted = ", ".join(dialect.identifier_preparer.quote(c) for c in columns)
+            cursor.copy_expert(f"COPY jobs ({quoted}) FROM STDIN", _CopySource(_copy_lines(columns, jobs, dialect)))
+            cursor.execute(_EVENTS_FROM_JOBS, dict(
+                ids=ids, actors=[sub.submitted_by or current_actor() for sub in subs],
+                to_state=str.__str__(JobState.PENDING), reason=str.__str__(Reason.SUBMITTED),
+            ))
+        finally:
+            cursor.close()
+    except dialect.loaded_dbapi.Error as exc:
+        # As SQLAlchemy raises a statement's error (IntegrityError for a used idempotency key, ...).
+        invalidated = dialect.is_disconnect(exc, raw, None)
+        if invalidated:
+            connection.invalidate(exc)
+        raise sa.exc.DBAPIError.instance("COPY jobs; INSERT INTO events", None, exc, dialect.loaded_dbapi.Error,
+                                         connection_invalidated=invalidated, dialect=dialect) from exc
+    return [job_info({**job, **_NOT_WRITTEN_YET}) for job in jobs]
+
+
+# The JOB_SUBMITTED event of each job just copied in, in job id order: ``_submitted_event``'s row.
+_EVENTS_FROM_JOBS = """
+INSERT INTO events (time, kind, job_id, server_id, from_state, to_state, reason, details, message, actor)
+SELECT j.submitted_at, 'JOB_SUBMITTED', j.id, NULL, '', %(to_state)s, %(reason)s, '{}'::json,
+       format('%%s by %%s in queue %%s: %%s..%%s worker(s) x %%s GPU(s)',
+              j.name, j."user", j.queue, j.min_workers, j.max_workers, j.gpus_per_worker),
+       t.actor
+FROM unnest(%(ids)s::bigint[], %(actors)s::text[]) AS t(id, actor) JOIN jobs j ON j.id = t.id
+ORDER BY j.id
+"""
+
+# Every column of a new job that ``_job_row`` leaves out and the model gives a Python-side default (an
+# INSERT writes those; COPY writes what it is given).
+_JOB_DEFAULTS: dict[str, Any] = {
+    c.name: c.default.arg for c in m.JOBS.c if c.default is not None and c.default.is_scalar  # type: ignore[attr-defined]
+}
+
+_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+
+
+def _copy_text(value: Any) -> str:
+    """One value in COPY's text format, as psycopg2 would send it in an INSERT."""
+    if value is None:
+        return "\\N"
+    if isinstance(value, bool):
+        return "t" if value else "f"
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, int):
+        return int.__repr__(value)  # an IntEnum's number, not its name
+    return str.__str__(value).translate(_COPY_ESCAPES)  # a StrEnum's value, not its name
+
+
+def _column_text(column: sa.Column[Any], dialect: sa.Dialect) -> Callable[[Any], str]:
+    """``column``'s values in COPY's text format: bound as the column type binds them, then ``_copy_text``;
+    plain strings (the most columns) directly."""
+    process = column.type.dialect_impl(dialect).bind_processor(dialect)
+    if process is not None:
+        return lambda value: _copy_text(process(value))
+    if isinstance(column.type, sa.String):
+        escapes = _COPY_ESCAPES
+        return lambda value: "\\N" if value is None else str.__str__(value).translate(escapes)
+    return _copy_text
+
+
+def _copy_lines(columns: Sequence[str], values: Sequence[dict[str, Any]], dialect: sa.Dialect) -> Iterator[str]:
+    texts = [(c, _column_text(m.JOBS.c[c], dialect)) for c in columns]
+    for row in values:
+        yield "\t".join([text(row[c]) for c, text in texts]) + "\n"
+
+
+class _CopySource(io.TextIOBase):
+    """COPY's input, produced as psycopg2 reads it (no whole copy of the table text in memory)."""
+
+    def __init__(self, lines: Iterator[str]) -> None:
+        self._lines = lines
+        self._left = ""
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int | None = -1) -> str:
+        want = size if size is not None and size >= 0 else None
+        parts = [self._left]
+        have = len(self._left)
+        for line in self._lines:
+            parts.append(line)
+            have += len(line)
+            if want is not None and have >= want:
+                break
+        text = "".join(parts)
+        if want is None:
+            self._left = ""
+            return text
+        self._left = text[want:]
+        return text[:want]

@@ -1,0 +1,118 @@
+"""The submit paths' two ways to write jobs (``store.jobs``): PostgreSQL's COPY path stores exactly the
+rows the multi-row INSERT path stores (every column of the jobs and of their JOB_SUBMITTED events, the
+answer it returns, job arrays), with values COPY's text format must escape; and a used idempotency key
+fails it as an IntegrityError that leaves nothing stored, as the INSERT path's does."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from protos.aryl.v1 import types_pb2
+from scheduler_service.api import validation
+from scheduler_service.clock import SystemClock
+from scheduler_service.records import JobInfo, JobSubmission
+from scheduler_service.store import jobs as store_jobs
+from scheduler_service.store import models as m
+from scheduler_service.store.changes import StateChanges
+from scheduler_service.store.db import create_engine_for
+from scheduler_service.store.desired import DesiredStates
+from scheduler_service.store.jobs import JobStore
+from scheduler_service.store.rows import job_info
+
+pytestmark = pytest.mark.postgres
+
+NOW = 1_790_000_000.125
+
+
+@pytest.fixture
+def engine(postgres_url: str) -> Iterator[sa.Engine]:
+    engine = create_engine_for(postgres_url)
+    yield engine
+    engine.dispose()
+
+
+def _submissions() -> list[JobSubmission]:
+    plain = validation.job_submission(types_pb2.JobSpec(
+        name="plain", user="alice", command=["python", "train.py"], gpus_per_worker=1, min_workers=1,
+    ), "", now=NOW)
+    full = validation.job_submission(types_pb2.JobSpec(
+        name="ünïcode-job", user="bob", queue="", command=["sh", "-c", r"echo 'a\b' \"c\" %s {}"],
+        env={"PATH_LIKE": r"C:\dir\N", "QUOTE": "it's \"quoted\"", "EMPTY": ""},
+        gpus_per_worker=2, min_workers=1, max_workers=4, priority=7, max_restarts=3,
+        working_dir="/data/runs", working_dir_if_exists=True,
+    ), "key-1", now=NOW)
+    # What COPY's text format must escape (the store writes what it is given; validation refuses
+    # controls in commands before this point): tab, newline, carriage return, backslash, \N itself.
+    escaped = dataclasses.replace(full, name="esc", idempotency_key="key-2", max_runtime_s=3600.5,
+                                  env={"T": "a\tb", "NL": "a\nb\r", "BS": "\\", "NULL_LIKE": "\\N"},
+                                  throughput={"points": [[1, 1.5], [2, 2.75]], "total_work": 1e6},
+                                  deadline=NOW + 0.1, gpu_types=("h100", "a100"), priority_class="high",
+                                  priority_value=100, submitted_by="user:bob")
+    return [plain, full, escaped]
+
+
+def _stored(session: Session, first: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every stored job and event, ids made relative to the first job (so two runs compare)."""
+    jobs = [dict(r._mapping) for r in session.execute(sa.select(m.JOBS).order_by(m.JOBS.c.id))]
+    events = [dict(r._mapping) for r in session.execute(sa.select(m.EVENTS).order_by(m.EVENTS.c.id))]
+    for job in jobs:
+        job["id"] -= first
+        if job["array_job_id"] is not None:
+            job["array_job_id"] -= first
+    for event in events:
+        event.pop("id")
+        event["job_id"] -= first
+    return jobs, events
+
+
+def _write(engine: sa.Engine, write: Any, *, array: bool) -> tuple[list[JobInfo], list[dict[str, Any]],
+                                                                   list[dict[str, Any]], list[JobInfo]]:
+    """Write the submissions with ``write`` in a transaction, read everything back, roll back."""
+    subs = _submissions()
+    with Session(engine) as session:
+        answer = write(session, subs, [store_jobs._job_row(sub, NOW) for sub in subs], array=array)
+        first = answer[0].id
+        read_back = [job_info(r._mapping) for r in session.execute(sa.select(m.JOBS).order_by(m.JOBS.c.id))]
+        jobs, events = _stored(session, first)
+        session.rollback()
+    relative = [dataclasses.replace(a, id=a.id - first, array_job_id=None if a.array_job_id is None
+                                    else a.array_job_id - first) for a in answer]
+    return relative, jobs, events, read_back
+
+
+@pytest.mark.parametrize("array", [False, True])
+def test_copy_stores_what_the_insert_path_stores(engine: sa.Engine, array: bool) -> None:
+    copied, copied_jobs, copied_events, copied_read = _write(engine, store_jobs._copy_in, array=array)
+    inserted, inserted_jobs, inserted_events, _ = _write(engine, store_jobs._insert_values, array=array)
+    assert copied_jobs == inserted_jobs
+    assert copied_events == inserted_events
+    assert copied == inserted  # the answers too
+    assert len(copied_jobs) == 3 and len(copied_events) == 3
+    assert copied_jobs[2]["env"] == {"T": "a\tb", "NL": "a\nb\r", "BS": "\\", "NULL_LIKE": "\\N"}
+    assert copied_jobs[0]["gpu_types"] is None and copied_jobs[2]["gpu_types"] == ["h100", "a100"]
+    assert copied_events[1]["message"] == "ünïcode-job by bob in queue default: 1..4 worker(s) x 2 GPU(s)"
+    assert copied_events[2]["actor"] == "user:bob"
+    assert [j["array_job_id"] for j in copied_jobs] == ([0, 0, 0] if array else [None] * 3)
+    # What the COPY path answers is what a read of the stored rows gives.
+    assert [dataclasses.replace(a, id=0, array_job_id=None) for a in copied] == [
+        dataclasses.replace(r, id=0, array_job_id=None) for r in copied_read]
+
+
+def test_a_used_key_fails_the_copy_as_an_integrity_error_and_stores_nothing(engine: sa.Engine) -> None:
+    store = JobStore(StateChanges(SystemClock()), DesiredStates(epoch=lambda: 1), SystemClock())
+    subs = _submissions()
+    with Session(engine) as session, session.begin():
+        [held] = store.insert(session, [subs[1]], NOW)
+    with pytest.raises(IntegrityError, match="uq_jobs_user_idempotency_key"), Session(engine) as session, \
+            session.begin():
+        store.insert(session, subs, NOW)
+    with Session(engine) as session:
+        assert list(session.scalars(sa.select(m.JOBS.c.id))) == [held.id]
+        assert session.scalar(sa.select(sa.func.count()).select_from(m.EVENTS)) == 1
