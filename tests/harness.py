@@ -238,6 +238,15 @@ class TestPki:
         return self.path(f"{stem}.crt"), self.path(f"{stem}.key")
 
 
+    def scheduler_cert(self, host: str) -> tuple[str, str]:
+        """A scheduler certificate that also names ``host`` (a scheduler listening on an address other than
+        loopback, e.g. a chaos test's network-namespace host address: clients verify the name), issued once."""
+        stem = f"scheduler-{host}"
+        if not (self.dir / f"{stem}.crt").exists():
+            certs.issue_from(self.dir, stem, certs.SCHEDULER_CERT_NAME, (*certs.DevCluster().scheduler_names, host))
+        return self.path(f"{stem}.crt"), self.path(f"{stem}.key")
+
+
 _PKI: list[TestPki] = []
 
 
@@ -311,7 +320,26 @@ def scheduler_config(database_url: str, **sections: dict) -> SchedulerConfig:
     }
     for name, values in sections.items():
         base.setdefault(name, {}).update(values)
-    return SchedulerConfig(**base)
+    host = str(base["server"]["listen"]).rsplit(":", 1)[0]
+    if host in ("127.0.0.1", "localhost", "", "0.0.0.0") or "tls_cert" in sections.get("security", {}) \
+            or base["security"].get("insecure"):
+        return SchedulerConfig(**base)
+    # Listening elsewhere (a chaos test's namespace host address): a certificate naming that address, since
+    # clients verify it. The session's ARYL_SECURITY__* variables (conftest) outrank arguments, so they
+    # name it while the settings are read.
+    cert, key = pki().scheduler_cert(host)
+    names = {"ARYL_SECURITY__TLS_CERT": cert, "ARYL_SECURITY__TLS_KEY": key}
+    saved = {name: os.environ.get(name) for name in names}
+    base["security"].update(tls_cert=cert, tls_key=key)
+    os.environ.update(names)
+    try:
+        return SchedulerConfig(**base)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def register_fake_server(

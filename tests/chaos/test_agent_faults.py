@@ -49,7 +49,7 @@ from scheduler_service.clock import SystemClock
 from scheduler_service.server import serve_in_background
 from tests.chaos import netns
 from tests.chaos.invariants import MARKER_ENV, SERVER_ENV, check_invariants, live_workers, wait_workers_match
-from tests.harness import IN_CI, job_spec, scheduler_config
+from tests.harness import IN_CI, daemon_env, job_spec, scheduler_config
 from tests.helpers import processes_mentioning, wait_for
 
 J = types_pb2
@@ -154,7 +154,10 @@ class Cluster:
                     "ARYL_AGENT__RECONCILE_INTERVAL_S": "0.1", "ARYL_AGENT__RECONNECT_MAX_BACKOFF_S": "1",
                     "ARYL_AGENT__RPC_TIMEOUT_S": "2", "ARYL_AGENT__CHECKPOINT_ROOT": str(self.tmp / "checkpoints"),
                     "ARYL_AGENT__LOGS_LISTEN_HOST": address, "ARYL_AGENT__ADVERTISE_ADDRESS": address,
-                    "ARYL_LOGGING__LEVEL": "info", "ARYL_LOGGING__FORMAT": "json"})
+                    "ARYL_LOGGING__LEVEL": "info", "ARYL_LOGGING__FORMAT": "json",
+                    # workers get a clean environment: these two let the test find them (invariants.py)
+                    "ARYL_USERS__PASS_ENV": json.dumps([MARKER_ENV, SERVER_ENV]),
+                    **daemon_env(hostname)})  # mutual TLS with a certificate naming its server id, and a token
         program = [sys.executable, "-m", "node_agent.main"]
         if clock_offset_file is not None:
             (self.tmp / "skewed_agent.py").write_text(SKEWED_AGENT)
