@@ -66,6 +66,7 @@ class OnlineLearner:
         self.handed = 0            # batches handed to it
         self.dropped_batches = 0   # batches dropped: the queue was full
         self.failed_steps = 0      # learning steps that raised (logged; the weights stayed as they were)
+        self._scale: float | None = None  # returns are divided by it (set by the thread's first step)
         self._thread = threading.Thread(target=self._learn, name="dl2-online-learning", daemon=True)
         self._thread.start()
 
@@ -138,7 +139,9 @@ class OnlineLearner:
         """One policy-gradient step with a value baseline on ``batch``, then the new weights swapped in."""
         torch = self._torch
         obs, legal_np, actions_np, returns_np = batch
-        scale = float(np.std(returns_np)) or 1.0
+        if self._scale is None:  # the first batch's, then fixed: the value head's targets keep one unit
+            self._scale = float(np.std(returns_np)) or 1.0
+        scale = self._scale
         x, legal = torch.from_numpy(obs), torch.from_numpy(legal_np)
         actions = torch.from_numpy(actions_np.astype(np.int64))
         returns = torch.from_numpy(returns_np / scale)
