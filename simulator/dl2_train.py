@@ -363,8 +363,8 @@ def reinforce(env: Environment, network: Network, *, seed: int, iterations: int,
     the weights, not because RL has converged: run for 100 iterations (same defaults, seed 0, workloads 1-4)
     it makes the greedy policy worse (2.03 -> 2.51 h; sampled episodes 2.03 h, 2.38 h by iteration 90).
     Why: the warm-up trains the policy head only, so the value head starts at zero -- no baseline at first, the
-    advantage is
-    the normalised return, which follows the cycle's place in the episode (correlation 0.61), not the action;
+    advantage is the normalised return, which follows the cycle's place in the episode (correlation 0.61 on
+    two sampled episodes), not the action;
     and the value loss's gradient (norm ~4.2 vs the policy term's ~0.4 on the first batch) takes most of the
     clipped step. Fitting the value head first (trunk frozen, R^2 ~0.58) slows the damage (2.03 -> 2.06 h at
     100 iterations) but gains nothing: one step's return carries ~100 cycles of other sampled actions, too
