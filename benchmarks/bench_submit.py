@@ -1,7 +1,9 @@
 """Submit throughput against its ceilings: the batch RPC (SubmitJobs) and single SubmitJob at 64 in
-flight, each beside, measured in the same run on the same machine, the database's own insert
-ceiling (SQLAlchemy Core executemany of the same rows, in transactions of the same size) and the
-rate of bare gRPC health checks at the same concurrency (what the RPC layer alone allows).
+flight, each beside, measured in the same run on the same machine, two database insert ceilings of
+the same rows in transactions of the same size -- SQLAlchemy Core executemany (which on psycopg2 is
+already multi-row: ``insertmanyvalues`` sends 1,000 rows a statement) and the store's COPY path
+(``store.jobs._copy_in``, what SubmitJobs itself uses on PostgreSQL, called directly) -- and the rate
+of bare gRPC health checks at the same concurrency (what the RPC layer alone allows).
 
 Every figure carries the one-minute load average when it was taken: the machine is shared, and the
 figures move with it. The targets (``target`` field) are the issue's; a figure below its target is
@@ -19,6 +21,7 @@ from collections.abc import Sequence
 import grpc
 import sqlalchemy as sa
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from sqlalchemy.orm import Session
 
 from benchmarks import emit_figure
 from benchmarks.bench_service import (
@@ -35,6 +38,8 @@ from benchmarks.bench_service import (
     wait_until_idle,
 )
 from protos.aryl.v1 import scheduler_pb2, scheduler_pb2_grpc
+from scheduler_service.api import validation
+from scheduler_service.store import jobs as store_jobs
 
 log = logging.getLogger("aryl.bench")
 
@@ -89,6 +94,20 @@ async def _health_checks(address: str, calls: int, in_flight: int) -> float:
         return calls / (time.perf_counter() - start)
 
 
+def copy_ceiling(engine: sa.Engine, requests: Sequence[scheduler_pb2.SubmitJobRequest]) -> float:
+    """Jobs/s of the store's COPY path alone (``store.jobs._copy_in``: ids, one COPY of the jobs, one
+    INSERT ... SELECT of their events), ``BATCH_SIZE`` jobs per committed transaction, no RPC, no
+    validation: the database and its driver, with the rows' rendering as COPY text."""
+    now = time.time()
+    subs = [validation.job_submission(r.spec, "", now=now) for r in requests]
+    start = time.perf_counter()
+    for first in range(0, len(subs), BATCH_SIZE):
+        batch = subs[first:first + BATCH_SIZE]
+        with Session(engine) as session, session.begin():
+            store_jobs._copy_in(session, batch, [store_jobs._job_row(sub, now) for sub in batch], array=False)
+    return len(subs) / (time.perf_counter() - start)
+
+
 def submit_batch_throughput(ctx: BenchContext) -> None:
     """SubmitJobs (1,000 jobs a call, 1 and 2 calls in flight) and SubmitJob (64 in flight) jobs/s,
     beside the executemany ceiling and the bare health-check rate."""
@@ -103,6 +122,16 @@ def submit_batch_throughput(ctx: BenchContext) -> None:
             ceiling_load = load_average()
             ceiling = insert_ceiling(engine, job_requests(batch_jobs, tag="ceiling"))
             log.info("executemany ceiling: %.0f jobs/s (load %.2f)", ceiling, ceiling_load)
+            truncate_jobs(engine)
+            copy_ceiling(engine, job_requests(200, tag="warmup-copy"))
+            truncate_jobs(engine)
+            copy_load = load_average()
+            copy_rate = copy_ceiling(engine, job_requests(batch_jobs, tag="copy"))
+            log.info("COPY ceiling: %.0f jobs/s (load %.2f)", copy_rate, copy_load)
+            emit_figure("db_insert_ceiling", ceiling, "jobs/s", method="core_executemany_insert (insertmanyvalues)",
+                        batch=BATCH_SIZE, jobs=batch_jobs, load_avg=ceiling_load)
+            emit_figure("db_insert_ceiling", copy_rate, "jobs/s", method="store_copy_path", batch=BATCH_SIZE,
+                        jobs=batch_jobs, load_avg=copy_load)
             truncate_jobs(engine)
             # Plaintext on loopback, as bench_service's: the figures are the scheduler's, not TLS's.
             with SchedulerProcess(url, settings={"ARYL_SECURITY__INSECURE": "true"}) as scheduler:
@@ -127,7 +156,7 @@ def submit_batch_throughput(ctx: BenchContext) -> None:
                         call_p50_ms=percentile_ms(latencies, 50) if len(latencies) > 1 else latencies[0] * 1e3,
                         load_avg=load, reference_name="core_executemany_insert", reference_value=ceiling,
                         reference_batch=BATCH_SIZE, reference_load_avg=ceiling_load,
-                        health_check_rate=health_rate,
+                        ceiling_copy=copy_rate, ceiling_copy_load_avg=copy_load, health_check_rate=health_rate,
                     )
                     wait_until_idle(engine)
                     truncate_jobs(engine)
@@ -143,7 +172,7 @@ def submit_batch_throughput(ctx: BenchContext) -> None:
                     latency_p50_ms=percentile_ms(run.latencies_s, 50),
                     latency_p99_ms=percentile_ms(run.latencies_s, 99),
                     load_avg=load, reference_name="grpc_health_check_rate", reference_value=health_rate,
-                    reference_unit="calls/s", ceiling_executemany=ceiling,
+                    reference_unit="calls/s", ceiling_executemany=ceiling, ceiling_copy=copy_rate,
                 )
         finally:
             engine.dispose()
@@ -161,5 +190,5 @@ def wait_count(engine: sa.Engine, expected: int) -> int:
 BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("submit_batch_throughput", submit_batch_throughput,
               "SubmitJobs (1,000 a call) and SubmitJob (64 in flight) jobs/s into PostgreSQL, vs Core executemany "
-              "of the same rows and bare gRPC health checks, with the load average"),
+              "and the store's COPY path of the same rows and bare gRPC health checks, with the load average"),
 )
