@@ -144,9 +144,13 @@ training seeds {seeds} (min..max, standard deviation). Training: {commands}.
 {chr(10).join(rows)}
 
 Reading: the warm-up imitates its teacher closely on the Pollux workloads; 20 iterations of RL (40 episodes)
-do not improve on it -- the paper trains for far longer -- and the first RL settings tried (gamma 0.95, lr
-1e-3, entropy 0.01) made it worse (seed 0: 2.03 -> 2.36 h on workloads 1-4), so the defaults are milder
-(`simulator/dl2_train.py`). The network does not transfer to the Philly setting (8-GPU servers, other job
+do not improve on it, and more of it does not help: 100 iterations at the same settings took seed 0 from
+2.03 to 2.51 h (workloads 1-4), and the first settings tried (gamma 0.95, lr 1e-3, entropy 0.01) from 2.03
+to 2.36 h. The diagnosis (`reinforce` in `simulator/dl2_train.py`): the value head starts untrained, its
+loss dominates the clipped gradient, and a cycle's return carries ~100 later cycles' random actions, too
+noisy with tens of episodes for a policy already near its teacher. The RL stage is therefore not yet useful
+at this scale; the defaults are the mildest settings tried.
+The network does not transfer to the Philly setting (8-GPU servers, other job
 shapes, no such states in training). Its removals never preempt: with preemption allowed, a warm-up network
 at 97% agreement with its teacher preempted ~35 workers a cycle (29.6 h average JCT on workload 1). Learning
 curve of seed 0: `scheduler_service/policies/data/dl2.png`.
