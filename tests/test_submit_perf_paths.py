@@ -1,7 +1,8 @@
 """The submit paths' two ways to write jobs (``store.jobs``): PostgreSQL's COPY path stores exactly the
 rows the multi-row INSERT path stores (every column of the jobs and of their JOB_SUBMITTED events, the
 answer it returns, job arrays), with values COPY's text format must escape; and a used idempotency key
-fails it as an IntegrityError that leaves nothing stored, as the INSERT path's does."""
+fails it as an IntegrityError that leaves nothing stored, as the INSERT path's does. And the cycle's
+snapshot, which decodes the jobs' JSON columns once per distinct text, still gives each job its own."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from migrations import upgrade
 from protos.aryl.v1 import types_pb2
 from scheduler_service.api import validation
 from scheduler_service.clock import SystemClock
@@ -25,6 +27,7 @@ from scheduler_service.store.db import create_engine_for
 from scheduler_service.store.desired import DesiredStates
 from scheduler_service.store.jobs import JobStore
 from scheduler_service.store.rows import job_info
+from scheduler_service.store.snapshot import SnapshotReader
 
 pytestmark = pytest.mark.postgres
 
@@ -116,3 +119,33 @@ def test_a_used_key_fails_the_copy_as_an_integrity_error_and_stores_nothing(engi
     with Session(engine) as session:
         assert list(session.scalars(sa.select(m.JOBS.c.id))) == [held.id]
         assert session.scalar(sa.select(sa.func.count()).select_from(m.EVENTS)) == 1
+
+
+@pytest.mark.parametrize("database", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def test_the_snapshot_decodes_each_jobs_json_columns(database: str, tmp_path: Any, request: Any) -> None:
+    """The snapshot reads throughput and GPU types as JSON text, decoding each distinct text once; every
+    job still gets its own values (none, declared points, GPU types), on both databases."""
+    if database == "sqlite":
+        url = f"sqlite:///{tmp_path / 'aryl.db'}"
+        upgrade(url)
+    else:
+        url = request.getfixturevalue("postgres_url")
+    engine = create_engine_for(url)
+    store = JobStore(StateChanges(SystemClock()), DesiredStates(epoch=lambda: 1), SystemClock())
+    plain, _, escaped = _submissions()
+    again = dataclasses.replace(escaped, idempotency_key="key-3")
+    timed = dataclasses.replace(plain, throughput={"estimated_runtime_s": 120.0})
+    try:
+        with Session(engine) as session, session.begin():
+            store.insert(session, [plain, escaped, plain, timed, again], NOW)
+        with Session(engine) as session:
+            jobs = SnapshotReader(SystemClock()).read(session).jobs
+    finally:
+        engine.dispose()
+    assert [(j.throughput_points, j.total_work, j.estimated_runtime_s, j.gpu_types) for j in jobs] == [
+        ((), 0.0, None, ()),
+        (((1, 1.5), (2, 2.75)), 1e6, None, ("h100", "a100")),
+        ((), 0.0, None, ()),
+        ((), 0.0, 120.0, ()),
+        (((1, 1.5), (2, 2.75)), 1e6, None, ("h100", "a100")),
+    ]

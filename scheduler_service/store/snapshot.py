@@ -11,6 +11,7 @@ Never: write, or decide anything.
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from typing import Any
 
@@ -95,14 +96,18 @@ class SnapshotReader:
             ))
         self._server_views = views  # only this cycle's servers: a removed server is forgotten
         servers = tuple(view for _, view in views.values())
+        # The JSON columns as their text, each distinct text decoded once (``_Decoded``): most jobs share theirs.
+        decoded = _Decoded()
         active = session.execute(
             sa.select(j.id, j.state, j.gpus_per_worker, j.min_workers, j.max_workers, j.priority,
-                      j.submitted_at, j.throughput, j.pending_reason, j.work_done, j.started_at,
+                      j.submitted_at, sa.cast(j.throughput, sa.Text).label("throughput"), j.pending_reason,
+                      j.work_done, j.started_at,
                       j.last_resized_at, j.last_checkpoint_at, j.size_note, j.deadline,
                       j.progress_at, j.window_work, j.window_at, j.window_workers, j.window_reports)
             .where(j.state.in_([str(s) for s in ACTIVE_JOB_STATES]))
             .order_by(j.id)
-            .add_columns(j.queue, j.user, j.priority_value, j.gpu_types)  # queues and GPU types (core.quota)
+            # queues and GPU types (core.quota)
+            .add_columns(j.queue, j.user, j.priority_value, sa.cast(j.gpu_types, sa.Text).label("gpu_types"))
         )
         jobs = tuple(
             JobView(
@@ -113,15 +118,15 @@ class SnapshotReader:
                     WorkerView(rank, server_id, tuple(sorted(indices)))
                     for rank, (server_id, indices) in sorted(by_job[row.id].items())
                 ) if row.id in by_job else (),
-                estimated_runtime_s=(row.throughput or {}).get("estimated_runtime_s"),
+                estimated_runtime_s=(decoded(row.throughput) or {}).get("estimated_runtime_s"),
                 pending_reason=row.pending_reason,
                 throughput_points=tuple(
-                    (int(workers), float(speed)) for workers, speed in (row.throughput or {}).get("points", ())
+                    (int(workers), float(speed)) for workers, speed in (decoded(row.throughput) or {}).get("points", ())
                 ),
-                total_work=float((row.throughput or {}).get("total_work", 0.0)),
+                total_work=float((decoded(row.throughput) or {}).get("total_work", 0.0)),
                 work_done=row.work_done,
                 queue=row.queue, user=row.user, priority_class=row.priority_value,
-                gpu_types=tuple(row.gpu_types or ()),
+                gpu_types=tuple(decoded(row.gpu_types) or ()),
                 started_at=row.started_at,
                 last_resized_at=row.last_resized_at,
                 last_checkpoint_at=row.last_checkpoint_at,
@@ -140,6 +145,20 @@ class SnapshotReader:
             loan_note=f"{loan_note.reason}: {loan_note.message}"[:1024] if loan_note is not None else "",
             demand=DemandView(demand.servers_needed, demand.observed_rps, demand.time) if demand else None,
         )
+
+
+class _Decoded:
+    """JSON texts decoded, each distinct text once (the values are only read, never changed)."""
+
+    def __init__(self) -> None:
+        self._values: dict[str | None, Any] = {None: None}
+
+    def __call__(self, text: str | None) -> Any:
+        try:
+            return self._values[text]
+        except KeyError:
+            value = self._values[text] = json.loads(text)  # type: ignore[arg-type]
+            return value
 
 
 def progress_window(row: Any) -> ProgressWindow | None:
