@@ -444,7 +444,8 @@ def test_cancels_in_one_batch_each_get_their_own_answer(app: SchedulerApp, notif
     before = {s: generation(app, s) for s in ("s1", "s2")}
     versions = {j: job_row(app, j).version for j in (running, queued)}
 
-    results = app.jobs.cancel_many([(running, "a"), (queued, ""), (running, "again"), (done, "x"), (999_999, "y")])
+    results = app.jobs.cancel_many([(running, "a", ""), (queued, "", ""), (running, "again", ""), (done, "x", ""),
+                                    (999_999, "y", "")])
 
     assert [type(r).__name__ for r in results] == [
         "JobInfo", "JobInfo", "FailedPrecondition", "FailedPrecondition", "NotFound"]
@@ -744,7 +745,7 @@ def test_a_change_the_database_aborts_to_break_a_deadlock_is_run_again(postgres_
 
     def cancel() -> None:
         try:
-            outcome.append(app.jobs.cancel_many([(job, "bye")])[0])
+            outcome.append(app.jobs.cancel_many([(job, "bye", "")])[0])
         except Exception as exc:  # noqa: BLE001 - shown by the assertion below (without the retry: DeadlockDetected)
             outcome.append(exc)
 

@@ -31,11 +31,14 @@ from tests.helpers import free_port
 # Spec helpers (no server)
 
 
-def test_job_spec_defaults() -> None:
+def test_job_spec_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ARYL_INSECURE", raising=False)
     spec = job_spec(name="mnist", command=["python", "train.py"])
+    assert spec.user == ""  # with identities (the default) the scheduler makes the caller the owner
+    monkeypatch.setenv("ARYL_INSECURE", "1")
+    assert job_spec(name="mnist", command=["python", "train.py"]).user == getpass.getuser()  # no identities
     assert spec.name == "mnist"
     assert list(spec.command) == ["python", "train.py"]
-    assert spec.user == getpass.getuser()
     assert spec.queue == "default"
     assert (spec.gpus_per_worker, spec.min_workers, spec.max_workers) == (1, 1, 1)  # inelastic by default
     assert spec.restart_policy == types_pb2.RESTART_POLICY_ON_FAILURE

@@ -384,7 +384,9 @@ def test_extras_keep_numba_and_matplotlib_out_of_the_daemons() -> None:
     extras = project["optional-dependencies"]
     assert "numba" in names(extras["scheduler"])
     assert {"numba", "matplotlib"} <= names(extras["sim"])
-    assert "aryl[scheduler,sim]" in extras["dev"]  # make demo / make test install .[dev]: they get everything
+    assert not names(extras["scheduler"]) & {"torch", "matplotlib"}  # the scheduler image stays small
+    # make demo / make test install .[dev]: they get everything, torch as its CPU-only build
+    assert "aryl[scheduler,sim,dl2]" in extras["dev"] and "torch==2.13.0+cpu" in extras["dev"]
 
 
 def test_scheduler_without_numba_says_how_to_install_it_in_one_line() -> None:

@@ -107,7 +107,7 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
         self, *args: Any, policy_name: str, clock_now: Callable[[], float],
         submissions: GroupCommitter[JobSubmission, JobInfo], policy: ReclaimPreviewer,
         log_reader: AgentLogReader | None = None,
-        cancellations: GroupCommitter[tuple[int, str], JobInfo] | None = None,
+        cancellations: GroupCommitter[tuple[int, str, str], JobInfo] | None = None,
         stream_limits: StreamLimits | None = None,
     ) -> None:
         super().__init__(*args, stream_limits=stream_limits)
@@ -219,11 +219,11 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
         job_id = validation.job_id("job_id", request.job_id)
         reason = validation.text("reason", request.reason, max_len=1024)
         await self.require_job_owner(job_id)
-        if self._cancellations is None or auth.caller() is not None:
-            # With identities, the call's own transaction records who cancelled (the event's actor).
-            record = await self.run(self.app.jobs.cancel, job_id, reason)
+        actor = auth.actor() if auth.caller() is not None else ""  # the event names who cancelled
+        if self._cancellations is None:
+            record = await self.run(self.app.jobs.cancel, job_id, reason, actor)
         else:  # concurrent cancels share one transaction; a call cancelled first is withdrawn as above
-            record = await asyncio.wrap_future(self._cancellations.submit((job_id, reason)))
+            record = await asyncio.wrap_future(self._cancellations.submit((job_id, reason, actor)))
         return scheduler_pb2.CancelJobResponse(job=convert.job(record))
 
     @rpc

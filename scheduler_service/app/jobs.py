@@ -175,16 +175,17 @@ class Jobs:
         jobs, more = self._db.read(lambda session: self._store.page(session, flt, size=size, before=before))
         return jobs, _encode_page_token(jobs[-1].id, flt) if more else ""
 
-    def cancel(self, job_id: int, reason: str) -> JobInfo:
-        result = self.cancel_many([(job_id, reason)])[0]
+    def cancel(self, job_id: int, reason: str, actor: str = "") -> JobInfo:
+        result = self.cancel_many([(job_id, reason, actor)])[0]
         if isinstance(result, Exception):
             raise result
         return result
 
-    def cancel_many(self, requests: Sequence[tuple[int, str]]) -> list[JobInfo | NotFound | FailedPrecondition]:
-        """Cancel several jobs, each ``(job id, reason)``, in one transaction (group commit: the API
-        batches concurrent CancelJob calls). A job that does not exist or has already ended fails only
-        its own request; the same job twice is cancelled once and the second request is refused."""
+    def cancel_many(self, requests: Sequence[tuple[int, str, str]]) -> list[JobInfo | NotFound | FailedPrecondition]:
+        """Cancel several jobs, each ``(job id, reason, actor)``, in one transaction (group commit: the API
+        batches concurrent CancelJob calls; each event names its own caller). A job that does not exist or
+        has already ended fails only its own request; the same job twice is cancelled once and the second
+        request is refused."""
         results, touched = self._db.write(lambda session: self._store.cancel(session, requests))
         if any(isinstance(r, JobInfo) for r in results):
             self._notices.servers_changed(touched)
@@ -196,7 +197,7 @@ class Jobs:
         active, exists = self._db.read(lambda session: self._store.active_in_array(session, array_job_id))
         if not exists:
             raise NotFound(f"job array {array_job_id} not found (an array's id is the job id of its first job)")
-        results = self.cancel_many([(job_id, reason) for job_id in active]) if active else []
+        results = self.cancel_many([(job_id, reason, "") for job_id in active]) if active else []
         # A job that ended meanwhile is refused alone (FailedPrecondition): it is not cancelled, and not an error.
         return [r for r in results if isinstance(r, JobInfo)]
 

@@ -19,7 +19,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from scheduler_service.audit import current_actor
+from scheduler_service.audit import ACTOR, current_actor
 from scheduler_service.core.clock import Clock
 from scheduler_service.core.plan import Reason
 from scheduler_service.errors import FailedPrecondition, NotFound
@@ -127,13 +127,15 @@ class JobStore:
         return list(session.scalars(sa.select(sa.func.count()).select_from(m.GPUS).group_by(g.server_id)))
 
     def cancel(
-        self, session: Session, requests: Sequence[tuple[int, str]]
+        self, session: Session, requests: Sequence[tuple[int, str, str]]
     ) -> tuple[list[JobInfo | NotFound | FailedPrecondition], set[str]]:
-        """Cancel each ``(job id, reason)``: one answer per request, and the servers whose workers
+        """Cancel each ``(job id, reason, actor)``: one answer per request, and the servers whose workers
         stopped. A job that does not exist or has already ended fails only its own request; the same
-        job twice is cancelled once and the second request is refused."""
+        job twice is cancelled once and the second request is refused. ``actor``: who asked, recorded on
+        the job's event (requests of several callers share one transaction: the API's group commit);
+        "" for the actor of the calling context."""
         now = self._clock.now()
-        ids = sorted({job_id for job_id, _ in requests})
+        ids = sorted({job_id for job_id, _, _ in requests})
         # Locked in id order (as an apply locks them): the set-based UPDATE below then needs no
         # per-row version check, which would cost a round trip per job.
         jobs = {job.id: job for job in session.scalars(
@@ -141,7 +143,7 @@ class JobStore:
         )}
         results: list[int | NotFound | FailedPrecondition] = []
         messages: dict[int, str] = {}
-        for job_id, reason in requests:
+        for job_id, reason, actor in requests:
             job = jobs.get(job_id)
             if job is None:
                 results.append(NotFound(f"job {job_id} not found"))
@@ -152,7 +154,12 @@ class JobStore:
                     f"job {job_id} is already {state}; only active jobs can be cancelled"))
                 continue
             message = reason or "cancelled by user"
-            self._changes.job_state_event(session, job, JobState.CANCELLED, Reason.CANCELLED_BY_USER, message)
+            acting = ACTOR.set(actor) if actor else None
+            try:
+                self._changes.job_state_event(session, job, JobState.CANCELLED, Reason.CANCELLED_BY_USER, message)
+            finally:
+                if acting is not None:
+                    ACTOR.reset(acting)
             messages[job_id] = message[:1024]
             results.append(job_id)
         if not messages:
