@@ -149,3 +149,37 @@ def test_the_snapshot_decodes_each_jobs_json_columns(database: str, tmp_path: An
         ((), 0.0, 120.0, ()),
         (((1, 1.5), (2, 2.75)), 1e6, None, ("h100", "a100")),
     ]
+
+
+@pytest.mark.parametrize("database", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def test_the_snapshot_reuses_a_job_view_only_while_its_row_is_unchanged(database: str, tmp_path: Any,
+                                                                       request: Any) -> None:
+    if database == "sqlite":
+        url = f"sqlite:///{tmp_path / 'aryl.db'}"
+        upgrade(url)
+    else:
+        url = request.getfixturevalue("postgres_url")
+    engine = create_engine_for(url)
+    store = JobStore(StateChanges(SystemClock()), DesiredStates(epoch=lambda: 1), SystemClock())
+    reader = SnapshotReader(SystemClock())
+    plain, _, escaped = _submissions()
+    try:
+        with Session(engine) as session, session.begin():
+            first, second = store.insert(session, [plain, escaped], NOW)
+        with Session(engine) as session:
+            before = reader.read(session).jobs
+        with Session(engine) as session, session.begin():
+            session.execute(sa.update(m.JOBS).where(m.JOBS.c.id == second.id)
+                            .values(priority=9, pending_reason="waiting for 2 GPUs"))
+        with Session(engine) as session:
+            after = reader.read(session).jobs
+        with Session(engine) as session, session.begin():
+            session.execute(sa.update(m.JOBS).where(m.JOBS.c.id == first.id).values(state="CANCELLED", finished_at=NOW))
+        with Session(engine) as session:
+            last = reader.read(session).jobs
+    finally:
+        engine.dispose()
+    assert after[0] is before[0]  # unchanged: the same view
+    assert (after[1].priority, after[1].pending_reason) == (9, "waiting for 2 GPUs")
+    assert (before[1].priority, before[1].pending_reason) == (7, "")
+    assert [j.job_id for j in last] == [second.id] and last[0] is after[1]

@@ -46,6 +46,8 @@ class SnapshotReader:
         self._demand_rules = demand_rules or DemandRules()
         # The server views of the last snapshot with what each was built from (reused when unchanged).
         self._server_views: dict[str, tuple[tuple[Any, ...], ServerView]] = {}
+        # The active jobs' views of the last snapshot, likewise (most pending jobs' rows do not change).
+        self._job_views: dict[int, tuple[tuple[Any, ...], JobView]] = {}
 
     def read(self, session: Session, seed: int = 0) -> ClusterSnapshot:
         """The schedulable state: servers, active jobs, the latest inference demand, ``now``."""
@@ -109,33 +111,40 @@ class SnapshotReader:
             # queues and GPU types (core.quota)
             .add_columns(j.queue, j.user, j.priority_value, sa.cast(j.gpu_types, sa.Text).label("gpu_types"))
         )
-        jobs = tuple(
-            JobView(
-                job_id=row.id, state=JobState(row.state), gpus_per_worker=row.gpus_per_worker,
-                min_workers=row.min_workers, max_workers=row.max_workers, priority=row.priority,
-                submitted_at=row.submitted_at,
-                workers=tuple(
-                    WorkerView(rank, server_id, tuple(sorted(indices)))
-                    for rank, (server_id, indices) in sorted(by_job[row.id].items())
-                ) if row.id in by_job else (),
-                estimated_runtime_s=(decoded(row.throughput) or {}).get("estimated_runtime_s"),
-                pending_reason=row.pending_reason,
-                throughput_points=tuple(
-                    (int(workers), float(speed)) for workers, speed in (decoded(row.throughput) or {}).get("points", ())
-                ),
-                total_work=float((decoded(row.throughput) or {}).get("total_work", 0.0)),
-                work_done=row.work_done,
-                queue=row.queue, user=row.user, priority_class=row.priority_value,
-                gpu_types=tuple(decoded(row.gpu_types) or ()),
-                started_at=row.started_at,
-                last_resized_at=row.last_resized_at,
-                last_checkpoint_at=row.last_checkpoint_at,
-                size_note=row.size_note,
-                deadline=row.deadline,
-                progress_window=progress_window(row),
-            )
-            for row in active
-        )
+        job_views: dict[int, tuple[tuple[Any, ...], JobView]] = {}
+        for row in active:
+            # A job's view is reused while its row and its allocations are what they were last cycle.
+            job_key: tuple[Any, ...] = (*row, by_job.get(row.id))
+            last = self._job_views.get(row.id)
+            job_views[row.id] = last if last is not None and last[0] == job_key else (job_key, (
+                JobView(
+                    job_id=row.id, state=JobState(row.state), gpus_per_worker=row.gpus_per_worker,
+                    min_workers=row.min_workers, max_workers=row.max_workers, priority=row.priority,
+                    submitted_at=row.submitted_at,
+                    workers=tuple(
+                        WorkerView(rank, server_id, tuple(sorted(indices)))
+                        for rank, (server_id, indices) in sorted(by_job[row.id].items())
+                    ) if row.id in by_job else (),
+                    estimated_runtime_s=(decoded(row.throughput) or {}).get("estimated_runtime_s"),
+                    pending_reason=row.pending_reason,
+                    throughput_points=tuple(
+                        (int(workers), float(speed))
+                        for workers, speed in (decoded(row.throughput) or {}).get("points", ())
+                    ),
+                    total_work=float((decoded(row.throughput) or {}).get("total_work", 0.0)),
+                    work_done=row.work_done,
+                    queue=row.queue, user=row.user, priority_class=row.priority_value,
+                    gpu_types=tuple(decoded(row.gpu_types) or ()),
+                    started_at=row.started_at,
+                    last_resized_at=row.last_resized_at,
+                    last_checkpoint_at=row.last_checkpoint_at,
+                    size_note=row.size_note,
+                    deadline=row.deadline,
+                    progress_window=progress_window(row),
+                )
+            ))
+        self._job_views = job_views  # only this cycle's active jobs: an ended job is forgotten
+        jobs = tuple(view for _, view in job_views.values())
         # The fresh routers' reports combined (store.inference): a router gone quiet stops counting.
         demand = fresh_demand(session, self._clock.now(), self._demand_rules)
         n = m.SCHEDULER_NOTES.c
