@@ -363,9 +363,19 @@ def _column_text(column: sa.Column[Any], dialect: sa.Dialect) -> Callable[[Any],
 
 
 def _copy_lines(columns: Sequence[str], values: Sequence[dict[str, Any]], dialect: sa.Dialect) -> Iterator[str]:
-    texts = [(c, _column_text(m.JOBS.c[c], dialect)) for c in columns]
+    texts = [_column_text(m.JOBS.c[c], dialect) for c in columns]
+    # Most columns hold the same object in every row (a state, "", 0, None, the submission time): its
+    # text is kept from the row before, not rendered again.
+    last: list[Any] = [_copy_lines] * len(columns)  # a value no row holds
+    rendered = [""] * len(columns)
     for row in values:
-        yield "\t".join([text(row[c]) for c, text in texts]) + "\n"
+        line = []
+        for i, c in enumerate(columns):
+            value = row[c]
+            if value is not last[i]:
+                last[i], rendered[i] = value, texts[i](value)
+            line.append(rendered[i])
+        yield "\t".join(line) + "\n"
 
 
 class _CopySource(io.TextIOBase):
