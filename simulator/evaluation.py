@@ -13,9 +13,13 @@ Scenarios (all seeded, deterministic):
 2. **Sensitivity**: ``aryl`` vs ``sjf`` with the inference cluster two steps smaller and larger
    (20, 30, 50, 60 servers; headline 40), and the share of elastic jobs two steps lower and higher
    (0%, 25%, 75%, 100%; headline 50%).
-3. **Pollux workloads**: the 8 ``workloads-realistic`` traces on 64 GPUs (16 x 4, as in the Pollux
-   paper's simulator), next to the Pollux authors' results in ``pollux-data/results-jobload`` and the
-   reference re-runs in ``pollux-data/reference-runs``.
+3. **Pollux workloads** (``pollux``): the 8 ``workloads`` traces on 64 GPUs (16 x 4), on the Pollux
+   study's own goodput job model (``simulator/goodput_sim.py``): Aryl's tiresias, optimus, pollux, sjf and
+   aryl-noloan beside the authors' published results (``pollux-data/results-jobload/*-1.0``).
+4. **Tenants** (``tenants``, ``simulator/eval_tenants.py``): two teams' queues with quotas on a Philly sample.
+5. **Deadlines** (``deadlines``, ``simulator/eval_deadlines.py``): deadline completion rates of sjf, qos and
+   aryl, with resources short and sufficient, tight and loose deadlines.
+6. **DL2** (``dl2``, ``simulator/eval_dl2.py``): drf, optimus and the learned dl2 after warm-up and after RL.
 """
 
 from __future__ import annotations
