@@ -148,7 +148,13 @@ for name, service in compose["services"].items():
 yaml.safe_dump(compose, open(sys.argv[2], "w"), sort_keys=False)
 EOF
 dc() { "${COMPOSE[@]}" -p "$PROJECT" -f "$COMPOSE_FILE_RENDERED" "$@"; }
-ctl() { dc exec -T agent-train-1 arylctl --server scheduler:50051 "$@"; }
+# arylctl as the admin, in the training agent's container: its pki volume holds the client certificate and
+# the admin's token (the `pki` service made them; docs/security.md).
+PKI=/var/lib/aryl/pki
+ctl() {
+    dc exec -T -e ARYL_TLS_CA=$PKI/ca.crt -e ARYL_TLS_CERT=$PKI/client.crt -e ARYL_TLS_KEY=$PKI/client.key \
+        -e ARYL_TOKEN_FILE=$PKI/token-admin agent-train-1 arylctl --server scheduler:50051 "$@"
+}
 say "docker-compose up"
 dc up -d --no-build >"$STATE/up.log" 2>&1 || { cat "$STATE/up.log"; fail "compose up"; }
 
@@ -181,13 +187,19 @@ for service in scheduler agent-train-1 router; do
 done
 say "tini is PID 1"
 
+# From the host, as docker-compose.yml's header says: the pki copied out of the scheduler's container.
+docker cp "$(container scheduler)":$PKI "$STATE/pki" >/dev/null || fail "copying the pki out of the scheduler"
+host_ctl() {
+    ARYL_TLS_CA="$STATE/pki/ca.crt" ARYL_TLS_CERT="$STATE/pki/client.crt" ARYL_TLS_KEY="$STATE/pki/client.key" \
+        ARYL_TOKEN_FILE="$STATE/pki/token-admin" "$ROOT/.venv/bin/arylctl" --server 127.0.0.1:50051 "$@"
+}
 servers_ready() {
     local listing
-    listing=$("$ROOT/.venv/bin/arylctl" --server 127.0.0.1:50051 servers)  # the published port, from the host
+    listing=$(host_ctl servers)  # the published port, from the host, with TLS and the admin's token
     grep -q agent-train-1 <<<"$listing" && grep -q agent-infer-1 <<<"$listing"
 }
 wait_for 60 "both agents registered" servers_ready
-say "both agents registered (arylctl on the host, through the published port)"
+say "both agents registered (arylctl on the host, through the published port, TLS and a token)"
 
 routed() { curl -fsS -m 5 -X POST -H 'Content-Type: application/json' -d '{"input": "lyra"}' http://127.0.0.1:8080/v1/infer; }
 wait_for 60 "a request through the router reached the model server" routed
