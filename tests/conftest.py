@@ -8,6 +8,7 @@ PostgreSQL tests fail instead of skipping when the server is unreachable.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Iterator
 
@@ -18,6 +19,12 @@ import structlog
 from migrations import upgrade
 from scheduler_service.store.models import Base
 from tests.harness import scheduler_config, scratch_postgres, security_env
+
+# A shell runs a background command (`make test &`, a CI step detached from a terminal) with SIGINT
+# ignored, and an ignored signal stays ignored in every process started from it: the tests that stop
+# `arylctl --follow`/`-w` with Ctrl-C (SIGINT) would wait forever. Restore the usual disposition.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # In-process schedulers log through structlog: send it to stderr, never into a command's stdout.
 # (structlog's other defaults stay: no level filter and no logger caching, so capture_logs() works.)
