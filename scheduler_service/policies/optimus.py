@@ -29,13 +29,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from scheduler_service.core.params import PolicyParams
-from scheduler_service.core.placement import FreeCapacity
-from scheduler_service.core.plan import KeepPending, Plan, PreemptJob, Reason, ScaleJob, StartJob, WorkerPlacement
+from scheduler_service.core.plan import Plan
 from scheduler_service.core.registry import policies
 from scheduler_service.core.snapshot import ClusterSnapshot, JobView
 from scheduler_service.core.throughput import ThroughputModel
 from scheduler_service.lifecycle import JobState
-from scheduler_service.policies.tiresias import _without, place_in_order
+from scheduler_service.policies.tiresias import place_in_order
+from scheduler_service.policies.worker_targets import plan_worker_targets
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,46 +105,10 @@ class OptimusPolicy:
                         key=lambda j: (j.submitted_at, j.job_id))
         total = sum(len(s.healthy_gpus) for s in snapshot.servers if s.runs_training and not s.cordoned)
         target = optimus_allocate([self._job(j) for j in active], total)
-        running = [j for j in active if j.state == JobState.RUNNING]
-        preempt = {j.job_id for j in running if target[j.job_id] == 0}
-        shrink = {j.job_id: target[j.job_id] for j in running if 0 < target[j.job_id] < j.num_workers}
-        # Preempted jobs free all their GPUs, shrinking ones their highest ranks; a growing job keeps its
-        # workers and adds new ones on GPUs free after those -- so no GPU moves in a cycle.
-        after = _without(snapshot, preempt)
-        capacity = FreeCapacity.of(after)
-        for job in running:
-            if job.job_id in shrink:
-                capacity.release_many((w.server_id, w.gpu_indices) for w in job.workers[shrink[job.job_id]:])
-        starts: list[StartJob] = []
-        scales: list[ScaleJob] = []
-        pending: list[KeepPending] = []
-        for job in running:
-            if job.job_id in shrink:
-                kept = tuple(WorkerPlacement(w.rank, w.server_id, w.gpu_indices)
-                             for w in job.workers[: shrink[job.job_id]])
-                scales.append(ScaleJob(job.job_id, kept, Reason.SCALED_IN,
-                                       f"Optimus: {len(kept)} worker(s); its others cut other jobs' remaining "
-                                       "time more"))
-        for job in sorted(active, key=lambda j: (target[j.job_id], j.submitted_at, j.job_id)):
-            key, wanted = job.job_id, target[job.job_id]
-            if job.state == JobState.PENDING:
-                workers = capacity.place_gang(job, wanted) if wanted else None
-                if workers is not None:
-                    starts.append(StartJob(key, workers, Reason.PLACED, f"Optimus: {wanted} worker(s)"))
-                elif wanted:
-                    pending.append(KeepPending(key, *capacity.explain_unplaceable(job, wanted)))
-                else:
-                    pending.append(KeepPending(key, Reason.WAITING_FOR_GANG, "Optimus: the free GPUs cut other "
-                                               "jobs' remaining time more"))
-            elif wanted > job.num_workers:
-                extra = capacity.place_gang(job, wanted - job.num_workers, first_rank=job.num_workers)
-                if extra is not None:
-                    kept = tuple(WorkerPlacement(w.rank, w.server_id, w.gpu_indices) for w in job.workers)
-                    scales.append(ScaleJob(key, kept + extra, Reason.SCALED_OUT,
-                                           f"Optimus: {wanted} worker(s), the greatest marginal gain"))
-        preemptions = tuple(PreemptJob(k, Reason.PREEMPTED_BY_POLICY, "Optimus: its GPUs cut other jobs' remaining "
-                                                            "time more") for k in sorted(preempt))
-        return Plan(starts=tuple(starts), scales=tuple(scales), preemptions=preemptions, pending=tuple(pending))
+        return plan_worker_targets(
+            snapshot, active, target, who="Optimus", why_waiting="the free GPUs cut other jobs' remaining time more",
+            why_shrunk="its others cut other jobs' remaining time more", why_grown="the greatest marginal gain",
+            why_preempted="its GPUs cut other jobs' remaining time more")
 
     def _job(self, job: JobView) -> OptimusJob:
         model = ThroughputModel(job.throughput_points, self.params.amdahl_alpha)

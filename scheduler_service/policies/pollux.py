@@ -43,14 +43,13 @@ import numpy as np
 
 from scheduler_service.core.goodput import GradParams, PerfParams
 from scheduler_service.core.params import PolicyParams
-from scheduler_service.core.placement import FreeCapacity
-from scheduler_service.core.plan import KeepPending, Plan, PreemptJob, Reason, ScaleJob, StartJob, WorkerPlacement
+from scheduler_service.core.plan import Plan
 from scheduler_service.core.registry import policies
 from scheduler_service.core.snapshot import ClusterSnapshot, JobView
 from scheduler_service.core.throughput import ThroughputModel
 from scheduler_service.lifecycle import JobState
 from scheduler_service.policies.pollux_search import best_config, min_cost_counts
-from scheduler_service.policies.tiresias import _without
+from scheduler_service.policies.worker_targets import plan_worker_targets
 
 RESTART_PENALTY_S = 30.0
 FAIRNESS_P = -1.0
@@ -330,47 +329,11 @@ class PolluxPolicy:
                 speed=[model.speed(w) for w in range(most + sum(capacity.values()) + 1)]))
         decided = pollux_decide(decision_jobs, capacity, p=self.p)
         target = {j.job_id: len(decided.get(j.job_id, [])) for j in active}
-        return _apply(snapshot, active, target)
-
-
-def _apply(snapshot: ClusterSnapshot, active: list[JobView], target: dict[int, int]) -> Plan:
-    """The allocation as a plan: preempt, shrink (lowest ranks kept), grow and start (``place_gang``)."""
-    running = [j for j in active if j.state == JobState.RUNNING]
-    preempt = {j.job_id for j in running if target[j.job_id] == 0}
-    shrink = {j.job_id: target[j.job_id] for j in running if 0 < target[j.job_id] < j.num_workers}
-    capacity = FreeCapacity.of(_without(snapshot, preempt))
-    for job in running:
-        if job.job_id in shrink:
-            capacity.release_many((w.server_id, w.gpu_indices) for w in job.workers[shrink[job.job_id]:])
-    starts: list[StartJob] = []
-    scales: list[ScaleJob] = []
-    pending: list[KeepPending] = []
-    for job in running:
-        if job.job_id in shrink:
-            kept = tuple(WorkerPlacement(w.rank, w.server_id, w.gpu_indices) for w in job.workers[: shrink[job.job_id]])
-            scales.append(ScaleJob(job.job_id, kept, Reason.SCALED_IN,
-                                   f"Pollux: {len(kept)} worker(s); its GPUs raise the cluster's mean speed-up "
-                                   "more elsewhere"))
-    for job in sorted(active, key=lambda j: (-target[j.job_id], j.submitted_at, j.job_id)):
-        key, wanted = job.job_id, target[job.job_id]
-        if job.state == JobState.PENDING:
-            workers = capacity.place_gang(job, wanted) if wanted else None
-            if workers is not None:
-                starts.append(StartJob(key, workers, Reason.PLACED, f"Pollux: {wanted} worker(s)"))
-            elif wanted:
-                pending.append(KeepPending(key, *capacity.explain_unplaceable(job, wanted)))
-            else:
-                pending.append(KeepPending(key, Reason.WAITING_FOR_GANG, "Pollux: the free GPUs raise the "
-                                           "cluster's mean speed-up more on other jobs"))
-        elif wanted > job.num_workers:
-            extra = capacity.place_gang(job, wanted - job.num_workers, first_rank=job.num_workers)
-            if extra is not None:
-                kept = tuple(WorkerPlacement(w.rank, w.server_id, w.gpu_indices) for w in job.workers)
-                scales.append(ScaleJob(key, kept + extra, Reason.SCALED_OUT,
-                                       f"Pollux: {wanted} worker(s), the best mean speed-up"))
-    preemptions = tuple(PreemptJob(k, Reason.PREEMPTED_BY_POLICY, "Pollux: its GPUs raise the cluster's mean "
-                                   "speed-up more on other jobs") for k in sorted(preempt))
-    return Plan(starts=tuple(starts), scales=tuple(scales), preemptions=preemptions, pending=tuple(pending))
+        return plan_worker_targets(
+            snapshot, active, target, who="Pollux", largest_first=True,
+            why_waiting="the free GPUs raise the cluster's mean speed-up more on other jobs",
+            why_shrunk="its GPUs raise the cluster's mean speed-up more elsewhere", why_grown="the best mean speed-up",
+            why_preempted="its GPUs raise the cluster's mean speed-up more on other jobs")
 
 
 def _attained_s(job: JobView, now: float) -> float:

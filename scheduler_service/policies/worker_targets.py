@@ -1,7 +1,7 @@
 """A worker count per job -> a Plan: shared by the policies that decide *how many* workers each job gets
-and leave *where* to the core's placement (``drf``, ``dl2``).
+and leave *where* to the core's placement (``optimus``, ``pollux``, ``drf``, ``dl2``).
 
-The rules (the same as ``optimus``'s, so that comparisons isolate the decision, not its application):
+The rules (one set for all of them, so that comparisons isolate the decision, not its application):
 
 - a running job whose target is 0 is preempted (all its GPUs free), one whose target is below its size
   shrinks to its lowest ranks (its highest ranks' GPUs free);
@@ -26,10 +26,14 @@ from scheduler_service.policies.tiresias import _without
 
 
 def plan_worker_targets(snapshot: ClusterSnapshot, active: Sequence[JobView], target: Mapping[int, int], *,
-                        who: str, why_waiting: str) -> Plan:
+                        who: str, why_waiting: str, why_shrunk: str = "its others went to other jobs",
+                        why_grown: str = "", why_preempted: str = "its GPUs went to other jobs",
+                        largest_first: bool = False) -> Plan:
     """The plan that moves ``active`` (PENDING and RUNNING jobs) to ``target`` workers each (0 or
     ``min_workers..max_workers``; a job missing from ``target`` keeps its size). ``who`` prefixes the
-    messages (the policy's name); ``why_waiting`` explains a pending job given no workers."""
+    messages (the policy's name); ``why_waiting`` explains a pending job given no workers, ``why_shrunk``
+    a smaller one, ``why_grown`` (if any) a larger one, ``why_preempted`` one given none. Starts and
+    growth go fewest target workers first, or with ``largest_first`` most first."""
     want = {j.job_id: target.get(j.job_id, j.num_workers) for j in active}
     running = [j for j in active if j.state == JobState.RUNNING]
     preempt = {j.job_id for j in running if want[j.job_id] == 0}
@@ -44,9 +48,10 @@ def plan_worker_targets(snapshot: ClusterSnapshot, active: Sequence[JobView], ta
     for job in running:
         if job.job_id in shrink:
             kept = tuple(WorkerPlacement(w.rank, w.server_id, w.gpu_indices) for w in job.workers[: shrink[job.job_id]])
-            scales.append(ScaleJob(job.job_id, kept, Reason.SCALED_IN,
-                                   f"{who}: {len(kept)} worker(s); its others went to other jobs"))
-    for job in sorted(active, key=lambda j: (want[j.job_id], j.submitted_at, j.job_id)):
+            scales.append(ScaleJob(job.job_id, kept, Reason.SCALED_IN, f"{who}: {len(kept)} worker(s); {why_shrunk}"))
+    sign = -1 if largest_first else 1
+    grown = f", {why_grown}" if why_grown else ""
+    for job in sorted(active, key=lambda j: (sign * want[j.job_id], j.submitted_at, j.job_id)):
         key, wanted = job.job_id, want[job.job_id]
         if job.state == JobState.PENDING:
             workers = capacity.place_gang(job, wanted) if wanted else None
@@ -60,9 +65,8 @@ def plan_worker_targets(snapshot: ClusterSnapshot, active: Sequence[JobView], ta
             extra = capacity.place_gang(job, wanted - job.num_workers, first_rank=job.num_workers)
             if extra is not None:
                 kept = tuple(WorkerPlacement(w.rank, w.server_id, w.gpu_indices) for w in job.workers)
-                scales.append(ScaleJob(key, kept + extra, Reason.SCALED_OUT, f"{who}: {wanted} worker(s)"))
-    preemptions = tuple(PreemptJob(k, Reason.PREEMPTED_BY_POLICY, f"{who}: its GPUs went to other jobs")
-                        for k in sorted(preempt))
+                scales.append(ScaleJob(key, kept + extra, Reason.SCALED_OUT, f"{who}: {wanted} worker(s){grown}"))
+    preemptions = tuple(PreemptJob(k, Reason.PREEMPTED_BY_POLICY, f"{who}: {why_preempted}") for k in sorted(preempt))
     return Plan(starts=tuple(starts), scales=tuple(scales), preemptions=preemptions, pending=tuple(pending))
 
 
