@@ -186,6 +186,17 @@ def clock_time(t: float) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class BatchSize:
+    """The batch a goodput-aware policy chose for a job at the allocation it gets this cycle (issue 17):
+    ``atomic_bsz`` samples per GPU per pass and ``accum_steps`` extra accumulation passes per step. The
+    agent passes them to every worker (``ARYL_LOCAL_BATCH_SIZE``, ``ARYL_ACCUM_STEPS``)."""
+
+    job_id: int
+    atomic_bsz: int
+    accum_steps: int
+
+
+@dataclass(frozen=True, slots=True)
 class Plan:
     """Checked as a whole (``core.invariants.check_plan``), applied one action at a time in
     ``apply_order``: each action after those that free the GPUs it takes."""
@@ -197,11 +208,12 @@ class Plan:
     pending: tuple[KeepPending, ...] = ()
     held: tuple[KeepSize, ...] = ()  # why running jobs keep their size (non-events)
     loan_note: LoanNote | None = None  # why no server was loaned (None: the policy says nothing)
+    batches: tuple[BatchSize, ...] = ()  # batch sizes chosen for goodput-aware jobs (changed or new)
 
     @property
     def is_empty(self) -> bool:
         return not (self.starts or self.scales or self.preemptions or self.server_actions or self.pending
-                    or self.held or self.loan_note is not None)
+                    or self.held or self.loan_note is not None or self.batches)
 
 
 @dataclass(frozen=True, slots=True)

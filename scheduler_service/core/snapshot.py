@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from scheduler_service.core.goodput import GradParams, StepSample
 from scheduler_service.lifecycle import JobState, Pool, ServerState
 
 # Servers on which training workers may run: training-owned ones, and inference servers on loan.
@@ -128,6 +129,17 @@ class ProgressWindow:
 
 
 @dataclass(frozen=True, slots=True)
+class BatchLimits:
+    """A job that adapts its batch size to its allocation (the job contract's batch fields, issue 17):
+    the total batch size its hyper-parameters were tuned for (``init_bsz``, Pollux's B0), the largest
+    total batch it accepts, and the largest per-GPU (atomic) batch one pass fits in a GPU's memory."""
+
+    init_bsz: int
+    max_bsz: int
+    max_atomic_bsz: int
+
+
+@dataclass(frozen=True, slots=True)
 class JobView:
     job_id: int
     state: JobState
@@ -157,6 +169,13 @@ class JobView:
     user: str = ""
     priority_class: int = 0              # its priority class's value, fixed at submission (higher first)
     gpu_types: tuple[str, ...] = ()      # GPU types it may run on, preferred first; (): any type
+
+    # Goodput (``core.goodput``, issue 17): None / empty for a job that does not take part. Its declared
+    # batch limits; what its workers measured, one sample per configuration it ran at (newest measure
+    # of each); and its latest gradient statistics, normalised to ``batch_limits.init_bsz``.
+    batch_limits: BatchLimits | None = None
+    step_samples: tuple[StepSample, ...] = ()
+    grad_stats: GradParams | None = None
 
     @property
     def num_workers(self) -> int:
