@@ -26,7 +26,7 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from protos.aryl.v1 import types_pb2 as aryl_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x61ryl/v1/agent.proto\x12\x07\x61ryl.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x13\x61ryl/v1/types.proto\"Q\n\x07GpuInfo\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x1a\n\x12memory_total_bytes\x18\x04 \x01(\x04\"\xc6\x01\n\x15RegisterServerRequest\x12\x10\n\x08hostname\x18\x01 \x01(\t\x12\x1b\n\x04pool\x18\x02 \x01(\x0e\x32\r.aryl.v1.Pool\x12\x1e\n\x04gpus\x18\x03 \x03(\x0b\x32\x10.aryl.v1.GpuInfo\x12\x15\n\ragent_address\x18\x04 \x01(\t\x12\x15\n\ragent_version\x18\x05 \x01(\t\x12\x14\n\x0clogs_address\x18\x06 \x01(\t\x12\x1a\n\x12inference_endpoint\x18\x07 \x01(\t\"\xa0\x01\n\x16RegisterServerResponse\x12\x11\n\tserver_id\x18\x01 \x01(\t\x12\x17\n\x0fscheduler_epoch\x18\x02 \x01(\x03\x12\x32\n\x0freport_interval\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12&\n\x07\x64\x65sired\x18\x04 \x01(\x0b\x32\x15.aryl.v1.DesiredState\"\xbb\x01\n\tGpuStatus\x12\r\n\x05index\x18\x01 \x01(\r\x12\x13\n\x0butilization\x18\x02 \x01(\x02\x12\x19\n\x11memory_used_bytes\x18\x03 \x01(\x04\x12\x15\n\rtemperature_c\x18\x04 \x01(\x02\x12\x0f\n\x07healthy\x18\x05 \x01(\x08\x12\x15\n\rhealth_reason\x18\x06 \x01(\t\x12\x19\n\x11\x65\x63\x63_uncorrectable\x18\x07 \x01(\x04\x12\x15\n\rretired_pages\x18\x08 \x01(\r\"\x83\x02\n\x0cWorkerStatus\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12#\n\x05phase\x18\x03 \x01(\x0e\x32\x14.aryl.v1.WorkerPhase\x12\x11\n\texit_code\x18\x04 \x01(\x05\x12\x10\n\x08progress\x18\x05 \x01(\x01\x12\x1a\n\x12samples_per_second\x18\x06 \x01(\x01\x12\x13\n\x0bincarnation\x18\x07 \x01(\x04\x12\x1b\n\x13\x63heckpoint_progress\x18\x08 \x01(\x01\x12\x0f\n\x07message\x18\t \x01(\t\x12\x16\n\x0estop_requested\x18\n \x01(\x08\x12\x14\n\x0c\x63\x61nnot_start\x18\x0b \x01(\x08\"\xa8\x01\n\x13ReportStatusRequest\x12\x11\n\tserver_id\x18\x01 \x01(\t\x12\x17\n\x0fscheduler_epoch\x18\x02 \x01(\x03\x12 \n\x04gpus\x18\x03 \x03(\x0b\x32\x12.aryl.v1.GpuStatus\x12&\n\x07workers\x18\x04 \x03(\x0b\x32\x15.aryl.v1.WorkerStatus\x12\x1b\n\x13observed_generation\x18\x05 \x01(\x03\"f\n\x14ReportStatusResponse\x12\x1a\n\x12\x64\x65sired_generation\x18\x01 \x01(\x03\x12\x32\n\x0freport_interval\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"-\n\x18WatchDesiredStateRequest\x12\x11\n\tserver_id\x18\x01 \x01(\t\"\x87\x03\n\rDesiredWorker\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x12\n\nworld_size\x18\x03 \x01(\r\x12\x12\n\nlocal_rank\x18\x04 \x01(\r\x12\x13\n\x0bgpu_indices\x18\x05 \x03(\r\x12\x0f\n\x07\x63ommand\x18\x06 \x03(\t\x12,\n\x03\x65nv\x18\x07 \x03(\x0b\x32\x1f.aryl.v1.DesiredWorker.EnvEntry\x12\x13\n\x0bmaster_addr\x18\x08 \x01(\t\x12\x13\n\x0bmaster_port\x18\t \x01(\r\x12/\n\x0cgrace_period\x18\n \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x13\n\x0bincarnation\x18\x0b \x01(\x04\x12\x13\n\x0bworking_dir\x18\x0c \x01(\t\x12\x1d\n\x15working_dir_if_exists\x18\r \x01(\x08\x12\x0c\n\x04user\x18\x46 \x01(\t\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xa3\x01\n\x0c\x44\x65siredState\x12\x11\n\tserver_id\x18\x01 \x01(\t\x12\x17\n\x0fscheduler_epoch\x18\x02 \x01(\x03\x12\x12\n\ngeneration\x18\x03 \x01(\x03\x12*\n\x0cserver_state\x18\x04 \x01(\x0e\x32\x14.aryl.v1.ServerState\x12\'\n\x07workers\x18\x05 \x03(\x0b\x32\x16.aryl.v1.DesiredWorker\"W\n\x14ReadWorkerLogRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\x11\n\tmax_bytes\x18\x04 \x01(\r\"X\n\x15ReadWorkerLogResponse\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x13\n\x0bnext_offset\x18\x03 \x01(\x03\x12\x0c\n\x04size\x18\x04 \x01(\x03\"6\n\x11\x44\x65registerRequest\x12\x11\n\tserver_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x14\n\x12\x44\x65registerResponse*\x94\x01\n\x0bWorkerPhase\x12\x1c\n\x18WORKER_PHASE_UNSPECIFIED\x10\x00\x12\x19\n\x15WORKER_PHASE_STARTING\x10\x01\x12\x18\n\x14WORKER_PHASE_RUNNING\x10\x02\x12\x19\n\x15WORKER_PHASE_STOPPING\x10\x03\x12\x17\n\x13WORKER_PHASE_EXITED\x10\x04\x32\xc6\x02\n\x0c\x41gentService\x12Q\n\x0eRegisterServer\x12\x1e.aryl.v1.RegisterServerRequest\x1a\x1f.aryl.v1.RegisterServerResponse\x12K\n\x0cReportStatus\x12\x1c.aryl.v1.ReportStatusRequest\x1a\x1d.aryl.v1.ReportStatusResponse\x12O\n\x11WatchDesiredState\x12!.aryl.v1.WatchDesiredStateRequest\x1a\x15.aryl.v1.DesiredState0\x01\x12\x45\n\nDeregister\x12\x1a.aryl.v1.DeregisterRequest\x1a\x1b.aryl.v1.DeregisterResponse2b\n\x10WorkerLogService\x12N\n\rReadWorkerLog\x12\x1d.aryl.v1.ReadWorkerLogRequest\x1a\x1e.aryl.v1.ReadWorkerLogResponseBc\n\x0f\x64\x65v.aryl.api.v1B\nAgentProtoP\x01Z4github.com/aryl-scheduler/aryl/gen/go/aryl/v1;arylv1\xaa\x02\x0b\x41ryl.Api.V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x61ryl/v1/agent.proto\x12\x07\x61ryl.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x13\x61ryl/v1/types.proto\"Q\n\x07GpuInfo\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x1a\n\x12memory_total_bytes\x18\x04 \x01(\x04\"\xc6\x01\n\x15RegisterServerRequest\x12\x10\n\x08hostname\x18\x01 \x01(\t\x12\x1b\n\x04pool\x18\x02 \x01(\x0e\x32\r.aryl.v1.Pool\x12\x1e\n\x04gpus\x18\x03 \x03(\x0b\x32\x10.aryl.v1.GpuInfo\x12\x15\n\ragent_address\x18\x04 \x01(\t\x12\x15\n\ragent_version\x18\x05 \x01(\t\x12\x14\n\x0clogs_address\x18\x06 \x01(\t\x12\x1a\n\x12inference_endpoint\x18\x07 \x01(\t\"\xa0\x01\n\x16RegisterServerResponse\x12\x11\n\tserver_id\x18\x01 \x01(\t\x12\x17\n\x0fscheduler_epoch\x18\x02 \x01(\x03\x12\x32\n\x0freport_interval\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12&\n\x07\x64\x65sired\x18\x04 \x01(\x0b\x32\x15.aryl.v1.DesiredState\"\xbb\x01\n\tGpuStatus\x12\r\n\x05index\x18\x01 \x01(\r\x12\x13\n\x0butilization\x18\x02 \x01(\x02\x12\x19\n\x11memory_used_bytes\x18\x03 \x01(\x04\x12\x15\n\rtemperature_c\x18\x04 \x01(\x02\x12\x0f\n\x07healthy\x18\x05 \x01(\x08\x12\x15\n\rhealth_reason\x18\x06 \x01(\t\x12\x19\n\x11\x65\x63\x63_uncorrectable\x18\x07 \x01(\x04\x12\x15\n\rretired_pages\x18\x08 \x01(\r\"\x91\x03\n\x0cWorkerStatus\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12#\n\x05phase\x18\x03 \x01(\x0e\x32\x14.aryl.v1.WorkerPhase\x12\x11\n\texit_code\x18\x04 \x01(\x05\x12\x10\n\x08progress\x18\x05 \x01(\x01\x12\x1a\n\x12samples_per_second\x18\x06 \x01(\x01\x12\x13\n\x0bincarnation\x18\x07 \x01(\x04\x12\x1b\n\x13\x63heckpoint_progress\x18\x08 \x01(\x01\x12\x0f\n\x07message\x18\t \x01(\t\x12\x16\n\x0estop_requested\x18\n \x01(\x08\x12\x14\n\x0c\x63\x61nnot_start\x18\x0b \x01(\x08\x12\x13\n\x0bstep_time_s\x18\x14 \x01(\x01\x12\x13\n\x0bpass_time_s\x18\x15 \x01(\x01\x12\x18\n\x10local_batch_size\x18\x16 \x01(\r\x12\x13\n\x0b\x61\x63\x63um_steps\x18\x17 \x01(\r\x12\x10\n\x08grad_sqr\x18\x18 \x01(\x01\x12\x10\n\x08grad_var\x18\x19 \x01(\x01\x12\x0f\n\x07samples\x18\x1a \x01(\x01\"\xa8\x01\n\x13ReportStatusRequest\x12\x11\n\tserver_id\x18\x01 \x01(\t\x12\x17\n\x0fscheduler_epoch\x18\x02 \x01(\x03\x12 \n\x04gpus\x18\x03 \x03(\x0b\x32\x12.aryl.v1.GpuStatus\x12&\n\x07workers\x18\x04 \x03(\x0b\x32\x15.aryl.v1.WorkerStatus\x12\x1b\n\x13observed_generation\x18\x05 \x01(\x03\"f\n\x14ReportStatusResponse\x12\x1a\n\x12\x64\x65sired_generation\x18\x01 \x01(\x03\x12\x32\n\x0freport_interval\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"-\n\x18WatchDesiredStateRequest\x12\x11\n\tserver_id\x18\x01 \x01(\t\"\x85\x04\n\rDesiredWorker\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x12\n\nworld_size\x18\x03 \x01(\r\x12\x12\n\nlocal_rank\x18\x04 \x01(\r\x12\x13\n\x0bgpu_indices\x18\x05 \x03(\r\x12\x0f\n\x07\x63ommand\x18\x06 \x03(\t\x12,\n\x03\x65nv\x18\x07 \x03(\x0b\x32\x1f.aryl.v1.DesiredWorker.EnvEntry\x12\x13\n\x0bmaster_addr\x18\x08 \x01(\t\x12\x13\n\x0bmaster_port\x18\t \x01(\r\x12/\n\x0cgrace_period\x18\n \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x13\n\x0bincarnation\x18\x0b \x01(\x04\x12\x13\n\x0bworking_dir\x18\x0c \x01(\t\x12\x1d\n\x15working_dir_if_exists\x18\r \x01(\x08\x12\x18\n\x10local_batch_size\x18\x14 \x01(\r\x12\x13\n\x0b\x61\x63\x63um_steps\x18\x15 \x01(\r\x12\x17\n\x0finit_batch_size\x18\x16 \x01(\r\x12\x16\n\x0emax_batch_size\x18\x17 \x01(\r\x12\x1c\n\x14max_local_batch_size\x18\x18 \x01(\r\x12\x0c\n\x04user\x18\x46 \x01(\t\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xa3\x01\n\x0c\x44\x65siredState\x12\x11\n\tserver_id\x18\x01 \x01(\t\x12\x17\n\x0fscheduler_epoch\x18\x02 \x01(\x03\x12\x12\n\ngeneration\x18\x03 \x01(\x03\x12*\n\x0cserver_state\x18\x04 \x01(\x0e\x32\x14.aryl.v1.ServerState\x12\'\n\x07workers\x18\x05 \x03(\x0b\x32\x16.aryl.v1.DesiredWorker\"W\n\x14ReadWorkerLogRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\x11\n\tmax_bytes\x18\x04 \x01(\r\"X\n\x15ReadWorkerLogResponse\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x13\n\x0bnext_offset\x18\x03 \x01(\x03\x12\x0c\n\x04size\x18\x04 \x01(\x03\"6\n\x11\x44\x65registerRequest\x12\x11\n\tserver_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x14\n\x12\x44\x65registerResponse*\x94\x01\n\x0bWorkerPhase\x12\x1c\n\x18WORKER_PHASE_UNSPECIFIED\x10\x00\x12\x19\n\x15WORKER_PHASE_STARTING\x10\x01\x12\x18\n\x14WORKER_PHASE_RUNNING\x10\x02\x12\x19\n\x15WORKER_PHASE_STOPPING\x10\x03\x12\x17\n\x13WORKER_PHASE_EXITED\x10\x04\x32\xc6\x02\n\x0c\x41gentService\x12Q\n\x0eRegisterServer\x12\x1e.aryl.v1.RegisterServerRequest\x1a\x1f.aryl.v1.RegisterServerResponse\x12K\n\x0cReportStatus\x12\x1c.aryl.v1.ReportStatusRequest\x1a\x1d.aryl.v1.ReportStatusResponse\x12O\n\x11WatchDesiredState\x12!.aryl.v1.WatchDesiredStateRequest\x1a\x15.aryl.v1.DesiredState0\x01\x12\x45\n\nDeregister\x12\x1a.aryl.v1.DeregisterRequest\x1a\x1b.aryl.v1.DeregisterResponse2b\n\x10WorkerLogService\x12N\n\rReadWorkerLog\x12\x1d.aryl.v1.ReadWorkerLogRequest\x1a\x1e.aryl.v1.ReadWorkerLogResponseBc\n\x0f\x64\x65v.aryl.api.v1B\nAgentProtoP\x01Z4github.com/aryl-scheduler/aryl/gen/go/aryl/v1;arylv1\xaa\x02\x0b\x41ryl.Api.V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,8 +36,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._serialized_options = b'\n\017dev.aryl.api.v1B\nAgentProtoP\001Z4github.com/aryl-scheduler/aryl/gen/go/aryl/v1;arylv1\252\002\013Aryl.Api.V1'
   _globals['_DESIREDWORKER_ENVENTRY']._loaded_options = None
   _globals['_DESIREDWORKER_ENVENTRY']._serialized_options = b'8\001'
-  _globals['_WORKERPHASE']._serialized_start=2124
-  _globals['_WORKERPHASE']._serialized_end=2272
+  _globals['_WORKERPHASE']._serialized_start=2392
+  _globals['_WORKERPHASE']._serialized_end=2540
   _globals['_GPUINFO']._serialized_start=85
   _globals['_GPUINFO']._serialized_end=166
   _globals['_REGISTERSERVERREQUEST']._serialized_start=169
@@ -47,29 +47,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GPUSTATUS']._serialized_start=533
   _globals['_GPUSTATUS']._serialized_end=720
   _globals['_WORKERSTATUS']._serialized_start=723
-  _globals['_WORKERSTATUS']._serialized_end=982
-  _globals['_REPORTSTATUSREQUEST']._serialized_start=985
-  _globals['_REPORTSTATUSREQUEST']._serialized_end=1153
-  _globals['_REPORTSTATUSRESPONSE']._serialized_start=1155
-  _globals['_REPORTSTATUSRESPONSE']._serialized_end=1257
-  _globals['_WATCHDESIREDSTATEREQUEST']._serialized_start=1259
-  _globals['_WATCHDESIREDSTATEREQUEST']._serialized_end=1304
-  _globals['_DESIREDWORKER']._serialized_start=1307
-  _globals['_DESIREDWORKER']._serialized_end=1698
-  _globals['_DESIREDWORKER_ENVENTRY']._serialized_start=1656
-  _globals['_DESIREDWORKER_ENVENTRY']._serialized_end=1698
-  _globals['_DESIREDSTATE']._serialized_start=1701
-  _globals['_DESIREDSTATE']._serialized_end=1864
-  _globals['_READWORKERLOGREQUEST']._serialized_start=1866
-  _globals['_READWORKERLOGREQUEST']._serialized_end=1953
-  _globals['_READWORKERLOGRESPONSE']._serialized_start=1955
-  _globals['_READWORKERLOGRESPONSE']._serialized_end=2043
-  _globals['_DEREGISTERREQUEST']._serialized_start=2045
-  _globals['_DEREGISTERREQUEST']._serialized_end=2099
-  _globals['_DEREGISTERRESPONSE']._serialized_start=2101
-  _globals['_DEREGISTERRESPONSE']._serialized_end=2121
-  _globals['_AGENTSERVICE']._serialized_start=2275
-  _globals['_AGENTSERVICE']._serialized_end=2601
-  _globals['_WORKERLOGSERVICE']._serialized_start=2603
-  _globals['_WORKERLOGSERVICE']._serialized_end=2701
+  _globals['_WORKERSTATUS']._serialized_end=1124
+  _globals['_REPORTSTATUSREQUEST']._serialized_start=1127
+  _globals['_REPORTSTATUSREQUEST']._serialized_end=1295
+  _globals['_REPORTSTATUSRESPONSE']._serialized_start=1297
+  _globals['_REPORTSTATUSRESPONSE']._serialized_end=1399
+  _globals['_WATCHDESIREDSTATEREQUEST']._serialized_start=1401
+  _globals['_WATCHDESIREDSTATEREQUEST']._serialized_end=1446
+  _globals['_DESIREDWORKER']._serialized_start=1449
+  _globals['_DESIREDWORKER']._serialized_end=1966
+  _globals['_DESIREDWORKER_ENVENTRY']._serialized_start=1924
+  _globals['_DESIREDWORKER_ENVENTRY']._serialized_end=1966
+  _globals['_DESIREDSTATE']._serialized_start=1969
+  _globals['_DESIREDSTATE']._serialized_end=2132
+  _globals['_READWORKERLOGREQUEST']._serialized_start=2134
+  _globals['_READWORKERLOGREQUEST']._serialized_end=2221
+  _globals['_READWORKERLOGRESPONSE']._serialized_start=2223
+  _globals['_READWORKERLOGRESPONSE']._serialized_end=2311
+  _globals['_DEREGISTERREQUEST']._serialized_start=2313
+  _globals['_DEREGISTERREQUEST']._serialized_end=2367
+  _globals['_DEREGISTERRESPONSE']._serialized_start=2369
+  _globals['_DEREGISTERRESPONSE']._serialized_end=2389
+  _globals['_AGENTSERVICE']._serialized_start=2543
+  _globals['_AGENTSERVICE']._serialized_end=2869
+  _globals['_WORKERLOGSERVICE']._serialized_start=2871
+  _globals['_WORKERLOGSERVICE']._serialized_end=2969
 # @@protoc_insertion_point(module_scope)

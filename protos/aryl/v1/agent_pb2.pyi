@@ -87,7 +87,7 @@ class GpuStatus(_message.Message):
     def __init__(self, index: _Optional[int] = ..., utilization: _Optional[float] = ..., memory_used_bytes: _Optional[int] = ..., temperature_c: _Optional[float] = ..., healthy: _Optional[bool] = ..., health_reason: _Optional[str] = ..., ecc_uncorrectable: _Optional[int] = ..., retired_pages: _Optional[int] = ...) -> None: ...
 
 class WorkerStatus(_message.Message):
-    __slots__ = ("job_id", "rank", "phase", "exit_code", "progress", "samples_per_second", "incarnation", "checkpoint_progress", "message", "stop_requested", "cannot_start")
+    __slots__ = ("job_id", "rank", "phase", "exit_code", "progress", "samples_per_second", "incarnation", "checkpoint_progress", "message", "stop_requested", "cannot_start", "step_time_s", "pass_time_s", "local_batch_size", "accum_steps", "grad_sqr", "grad_var", "samples")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
@@ -99,6 +99,13 @@ class WorkerStatus(_message.Message):
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     STOP_REQUESTED_FIELD_NUMBER: _ClassVar[int]
     CANNOT_START_FIELD_NUMBER: _ClassVar[int]
+    STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    PASS_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    ACCUM_STEPS_FIELD_NUMBER: _ClassVar[int]
+    GRAD_SQR_FIELD_NUMBER: _ClassVar[int]
+    GRAD_VAR_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     rank: int
     phase: WorkerPhase
@@ -110,7 +117,14 @@ class WorkerStatus(_message.Message):
     message: str
     stop_requested: bool
     cannot_start: bool
-    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., phase: _Optional[_Union[WorkerPhase, str]] = ..., exit_code: _Optional[int] = ..., progress: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., incarnation: _Optional[int] = ..., checkpoint_progress: _Optional[float] = ..., message: _Optional[str] = ..., stop_requested: _Optional[bool] = ..., cannot_start: _Optional[bool] = ...) -> None: ...
+    step_time_s: float
+    pass_time_s: float
+    local_batch_size: int
+    accum_steps: int
+    grad_sqr: float
+    grad_var: float
+    samples: float
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., phase: _Optional[_Union[WorkerPhase, str]] = ..., exit_code: _Optional[int] = ..., progress: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., incarnation: _Optional[int] = ..., checkpoint_progress: _Optional[float] = ..., message: _Optional[str] = ..., stop_requested: _Optional[bool] = ..., cannot_start: _Optional[bool] = ..., step_time_s: _Optional[float] = ..., pass_time_s: _Optional[float] = ..., local_batch_size: _Optional[int] = ..., accum_steps: _Optional[int] = ..., grad_sqr: _Optional[float] = ..., grad_var: _Optional[float] = ..., samples: _Optional[float] = ...) -> None: ...
 
 class ReportStatusRequest(_message.Message):
     __slots__ = ("server_id", "scheduler_epoch", "gpus", "workers", "observed_generation")
@@ -141,7 +155,7 @@ class WatchDesiredStateRequest(_message.Message):
     def __init__(self, server_id: _Optional[str] = ...) -> None: ...
 
 class DesiredWorker(_message.Message):
-    __slots__ = ("job_id", "rank", "world_size", "local_rank", "gpu_indices", "command", "env", "master_addr", "master_port", "grace_period", "incarnation", "working_dir", "working_dir_if_exists", "user")
+    __slots__ = ("job_id", "rank", "world_size", "local_rank", "gpu_indices", "command", "env", "master_addr", "master_port", "grace_period", "incarnation", "working_dir", "working_dir_if_exists", "local_batch_size", "accum_steps", "init_batch_size", "max_batch_size", "max_local_batch_size", "user")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -162,6 +176,11 @@ class DesiredWorker(_message.Message):
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     WORKING_DIR_FIELD_NUMBER: _ClassVar[int]
     WORKING_DIR_IF_EXISTS_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    ACCUM_STEPS_FIELD_NUMBER: _ClassVar[int]
+    INIT_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_LOCAL_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     rank: int
@@ -176,8 +195,13 @@ class DesiredWorker(_message.Message):
     incarnation: int
     working_dir: str
     working_dir_if_exists: bool
+    local_batch_size: int
+    accum_steps: int
+    init_batch_size: int
+    max_batch_size: int
+    max_local_batch_size: int
     user: str
-    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., local_rank: _Optional[int] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., grace_period: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., incarnation: _Optional[int] = ..., working_dir: _Optional[str] = ..., working_dir_if_exists: _Optional[bool] = ..., user: _Optional[str] = ...) -> None: ...
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., local_rank: _Optional[int] = ..., gpu_indices: _Optional[_Iterable[int]] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., grace_period: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., incarnation: _Optional[int] = ..., working_dir: _Optional[str] = ..., working_dir_if_exists: _Optional[bool] = ..., local_batch_size: _Optional[int] = ..., accum_steps: _Optional[int] = ..., init_batch_size: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., max_local_batch_size: _Optional[int] = ..., user: _Optional[str] = ...) -> None: ...
 
 class DesiredState(_message.Message):
     __slots__ = ("server_id", "scheduler_epoch", "generation", "server_state", "workers")

@@ -81,6 +81,7 @@ class EventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EVENT_KIND_SERVER_ADMIN_CHANGED: _ClassVar[EventKind]
     EVENT_KIND_JOB_SIZE_HELD: _ClassVar[EventKind]
     EVENT_KIND_LOAN_DECISION: _ClassVar[EventKind]
+    EVENT_KIND_JOB_BATCH_CHANGED: _ClassVar[EventKind]
 JOB_STATE_UNSPECIFIED: JobState
 JOB_STATE_PENDING: JobState
 JOB_STATE_RUNNING: JobState
@@ -131,6 +132,7 @@ EVENT_KIND_SERVER_DRAINED: EventKind
 EVENT_KIND_SERVER_ADMIN_CHANGED: EventKind
 EVENT_KIND_JOB_SIZE_HELD: EventKind
 EVENT_KIND_LOAN_DECISION: EventKind
+EVENT_KIND_JOB_BATCH_CHANGED: EventKind
 
 class ThroughputPoint(_message.Message):
     __slots__ = ("workers", "samples_per_second")
@@ -150,8 +152,36 @@ class ThroughputHints(_message.Message):
     estimated_runtime: _duration_pb2.Duration
     def __init__(self, points: _Optional[_Iterable[_Union[ThroughputPoint, _Mapping]]] = ..., total_work: _Optional[float] = ..., estimated_runtime: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
+class BatchHints(_message.Message):
+    __slots__ = ("init_batch_size", "max_batch_size", "max_local_batch_size")
+    INIT_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_LOCAL_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    init_batch_size: int
+    max_batch_size: int
+    max_local_batch_size: int
+    def __init__(self, init_batch_size: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., max_local_batch_size: _Optional[int] = ...) -> None: ...
+
+class StepTime(_message.Message):
+    __slots__ = ("nodes", "replicas", "local_batch_size", "accum_steps", "pass_time_s", "step_time_s", "measured_at")
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    ACCUM_STEPS_FIELD_NUMBER: _ClassVar[int]
+    PASS_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_AT_FIELD_NUMBER: _ClassVar[int]
+    nodes: int
+    replicas: int
+    local_batch_size: int
+    accum_steps: int
+    pass_time_s: float
+    step_time_s: float
+    measured_at: _timestamp_pb2.Timestamp
+    def __init__(self, nodes: _Optional[int] = ..., replicas: _Optional[int] = ..., local_batch_size: _Optional[int] = ..., accum_steps: _Optional[int] = ..., pass_time_s: _Optional[float] = ..., step_time_s: _Optional[float] = ..., measured_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
 class JobSpec(_message.Message):
-    __slots__ = ("name", "user", "queue", "command", "env", "gpus_per_worker", "min_workers", "max_workers", "priority", "deadline", "throughput", "max_runtime", "restart_policy", "max_restarts", "working_dir", "working_dir_if_exists", "priority_class", "gpu_types")
+    __slots__ = ("name", "user", "queue", "command", "env", "gpus_per_worker", "min_workers", "max_workers", "priority", "deadline", "throughput", "max_runtime", "restart_policy", "max_restarts", "working_dir", "working_dir_if_exists", "priority_class", "gpu_types", "batch")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -177,6 +207,7 @@ class JobSpec(_message.Message):
     WORKING_DIR_IF_EXISTS_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_CLASS_FIELD_NUMBER: _ClassVar[int]
     GPU_TYPES_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     name: str
     user: str
     queue: str
@@ -195,7 +226,8 @@ class JobSpec(_message.Message):
     working_dir_if_exists: bool
     priority_class: str
     gpu_types: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., user: _Optional[str] = ..., queue: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., gpus_per_worker: _Optional[int] = ..., min_workers: _Optional[int] = ..., max_workers: _Optional[int] = ..., priority: _Optional[int] = ..., deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., throughput: _Optional[_Union[ThroughputHints, _Mapping]] = ..., max_runtime: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., restart_policy: _Optional[_Union[RestartPolicy, str]] = ..., max_restarts: _Optional[int] = ..., working_dir: _Optional[str] = ..., working_dir_if_exists: _Optional[bool] = ..., priority_class: _Optional[str] = ..., gpu_types: _Optional[_Iterable[str]] = ...) -> None: ...
+    batch: BatchHints
+    def __init__(self, name: _Optional[str] = ..., user: _Optional[str] = ..., queue: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., gpus_per_worker: _Optional[int] = ..., min_workers: _Optional[int] = ..., max_workers: _Optional[int] = ..., priority: _Optional[int] = ..., deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., throughput: _Optional[_Union[ThroughputHints, _Mapping]] = ..., max_runtime: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., restart_policy: _Optional[_Union[RestartPolicy, str]] = ..., max_restarts: _Optional[int] = ..., working_dir: _Optional[str] = ..., working_dir_if_exists: _Optional[bool] = ..., priority_class: _Optional[str] = ..., gpu_types: _Optional[_Iterable[str]] = ..., batch: _Optional[_Union[BatchHints, _Mapping]] = ...) -> None: ...
 
 class WorkerAllocation(_message.Message):
     __slots__ = ("rank", "server_id", "gpu_indices")
@@ -208,7 +240,7 @@ class WorkerAllocation(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., server_id: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("job_id", "spec", "state", "reason", "message", "pending_reason", "num_workers", "workers", "submitted_at", "started_at", "finished_at", "restarts", "preemptions", "idempotency_key", "version", "progress", "incarnation", "last_checkpoint_at", "size_note", "predicted_finish", "prediction_confidence", "deadline_status", "deadline_note", "workers_needed", "priority_class_value", "array_job_id", "array_index")
+    __slots__ = ("job_id", "spec", "state", "reason", "message", "pending_reason", "num_workers", "workers", "submitted_at", "started_at", "finished_at", "restarts", "preemptions", "idempotency_key", "version", "progress", "incarnation", "last_checkpoint_at", "size_note", "predicted_finish", "prediction_confidence", "deadline_status", "deadline_note", "workers_needed", "priority_class_value", "array_job_id", "array_index", "local_batch_size", "accum_steps", "batch_size", "step_times", "grad_sqr", "grad_var", "noise_scale", "samples")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -236,6 +268,14 @@ class Job(_message.Message):
     PRIORITY_CLASS_VALUE_FIELD_NUMBER: _ClassVar[int]
     ARRAY_JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ARRAY_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    ACCUM_STEPS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    STEP_TIMES_FIELD_NUMBER: _ClassVar[int]
+    GRAD_SQR_FIELD_NUMBER: _ClassVar[int]
+    GRAD_VAR_FIELD_NUMBER: _ClassVar[int]
+    NOISE_SCALE_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     spec: JobSpec
     state: JobState
@@ -263,7 +303,15 @@ class Job(_message.Message):
     priority_class_value: int
     array_job_id: str
     array_index: int
-    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., state: _Optional[_Union[JobState, str]] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., pending_reason: _Optional[str] = ..., num_workers: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerAllocation, _Mapping]]] = ..., submitted_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., restarts: _Optional[int] = ..., preemptions: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., version: _Optional[int] = ..., progress: _Optional[float] = ..., incarnation: _Optional[int] = ..., last_checkpoint_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., size_note: _Optional[str] = ..., predicted_finish: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., prediction_confidence: _Optional[float] = ..., deadline_status: _Optional[_Union[DeadlineStatus, str]] = ..., deadline_note: _Optional[str] = ..., workers_needed: _Optional[int] = ..., priority_class_value: _Optional[int] = ..., array_job_id: _Optional[str] = ..., array_index: _Optional[int] = ...) -> None: ...
+    local_batch_size: int
+    accum_steps: int
+    batch_size: int
+    step_times: _containers.RepeatedCompositeFieldContainer[StepTime]
+    grad_sqr: float
+    grad_var: float
+    noise_scale: float
+    samples: float
+    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., state: _Optional[_Union[JobState, str]] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., pending_reason: _Optional[str] = ..., num_workers: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerAllocation, _Mapping]]] = ..., submitted_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., restarts: _Optional[int] = ..., preemptions: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., version: _Optional[int] = ..., progress: _Optional[float] = ..., incarnation: _Optional[int] = ..., last_checkpoint_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., size_note: _Optional[str] = ..., predicted_finish: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., prediction_confidence: _Optional[float] = ..., deadline_status: _Optional[_Union[DeadlineStatus, str]] = ..., deadline_note: _Optional[str] = ..., workers_needed: _Optional[int] = ..., priority_class_value: _Optional[int] = ..., array_job_id: _Optional[str] = ..., array_index: _Optional[int] = ..., local_batch_size: _Optional[int] = ..., accum_steps: _Optional[int] = ..., batch_size: _Optional[int] = ..., step_times: _Optional[_Iterable[_Union[StepTime, _Mapping]]] = ..., grad_sqr: _Optional[float] = ..., grad_var: _Optional[float] = ..., noise_scale: _Optional[float] = ..., samples: _Optional[float] = ...) -> None: ...
 
 class Gpu(_message.Message):
     __slots__ = ("index", "uuid", "model", "memory_total_bytes", "healthy", "health_reason", "job_id", "utilization", "memory_used_bytes", "temperature_c")
