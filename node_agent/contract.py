@@ -23,6 +23,26 @@ Signals: SIGTERM means "checkpoint and exit within the grace period" (exit statu
 agent reports that it stopped the worker); SIGKILL follows when the grace period is over. The
 worker's whole process group receives both.
 
+Stop notices and checkpoint acknowledgements (so a stop need not wait out the grace period):
+
+- just before it sends SIGTERM the agent writes a *stop notice* to ``ARYL_STOP_NOTICE_FILE``
+  (``stop_notice()``): ``{"stop_id", "grace_s", "deadline"}``, the stop's unique id, its grace
+  period and the wall-clock time (``time.time()``) at which SIGKILL follows;
+- a worker *acknowledges a checkpoint* with ``acknowledge_checkpoint(P)`` once its state at progress
+  ``P`` is safely saved: it writes ``{"checkpoint_progress", "saved_at", "incarnation", "stop_id"}``
+  to ``ARYL_CHECKPOINT_ACK_FILE``. The ack says two things: "my checkpoint at progress P, saved at
+  ``saved_at``, is where a restart resumes" (the scheduler counts work lost since then, and resumes
+  the job there), and, when it names the current stop notice's ``stop_id``, "I have answered this
+  stop: nothing left in me is worth waiting for". Only the second ends a stop early: the agent then
+  gives the worker ``ack_exit_window_s`` (default 1 s) to exit by itself and SIGKILLs its process
+  group after that, instead of at the end of the grace period. An ack written before the SIGTERM
+  (no notice yet, or an older one) or by an earlier incarnation (another file; its ``incarnation``
+  differs) is still a checkpoint report but never shortens a stop.
+- every rank that wants its stop shortened acknowledges (in a job where rank 0 saves, the other
+  ranks acknowledge after the barrier that follows the save); a rank that does not is stopped as
+  before. Acknowledging a checkpoint outside a stop (after each periodic save) is fine and makes
+  the scheduler's estimate of the work a preemption would lose exact.
+
 Exit status: 0 when the work is done; anything else is a failure the scheduler may restart from the
 last checkpoint (with a new incarnation). The agent never restarts a worker by itself.
 """
@@ -30,7 +50,9 @@ last checkpoint (with a new incarnation). The agent never restarts a worker by i
 from __future__ import annotations
 
 import json
+import math
 import os
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -47,6 +69,8 @@ CHECKPOINT_DIR = "ARYL_CHECKPOINT_DIR"
 PROGRESS_FILE = "ARYL_PROGRESS_FILE"
 ARRAY_JOB_ID = "ARYL_ARRAY_JOB_ID"
 ARRAY_INDEX = "ARYL_ARRAY_INDEX"
+STOP_NOTICE_FILE = "ARYL_STOP_NOTICE_FILE"
+CHECKPOINT_ACK_FILE = "ARYL_CHECKPOINT_ACK_FILE"
 
 
 @dataclass(frozen=True)
@@ -136,4 +160,104 @@ def parse_progress(text: str | None) -> Progress | None:
             float(data.get("checkpoint_progress", 0.0)),
         )
     except (ValueError, TypeError, AttributeError):
+        return None
+
+
+@dataclass(frozen=True)
+class StopNotice:
+    """The agent's notice of a stop, written just before its SIGTERM (module doc): ``stop_id`` to
+    echo in an acknowledgement, the ``grace_s`` granted, and the wall-clock ``deadline`` of SIGKILL."""
+
+    stop_id: str
+    grace_s: float
+    deadline: float
+
+
+@dataclass(frozen=True)
+class CheckpointAck:
+    """A worker's acknowledgement (module doc): its checkpoint at ``checkpoint_progress`` was complete
+    at ``saved_at`` (``time.time()``); written by ``incarnation``; answering stop ``stop_id`` ("": none)."""
+
+    checkpoint_progress: float
+    saved_at: float
+    incarnation: int
+    stop_id: str = ""
+
+    def answers(self, incarnation: int, stop_id: str) -> bool:
+        """Whether this ack ends the stop ``stop_id`` of the worker ``incarnation`` (never an empty id)."""
+        return bool(stop_id) and self.stop_id == stop_id and self.incarnation == incarnation
+
+
+def stop_notice(path: str | os.PathLike[str] | None = None) -> StopNotice | None:
+    """The current stop notice (``$ARYL_STOP_NOTICE_FILE``), or None while the worker is not being
+    stopped (or outside Aryl). A SIGTERM handler may call it to learn how long it has."""
+    target = path or os.environ.get(STOP_NOTICE_FILE)
+    if not target:
+        return None
+    try:
+        with open(target, encoding="utf-8") as file:
+            return parse_stop_notice(file.read())
+    except OSError:
+        return None
+
+
+def acknowledge_checkpoint(
+    checkpoint_progress: float,
+    *,
+    saved_at: float | None = None,
+    path: str | os.PathLike[str] | None = None,
+    notice_path: str | os.PathLike[str] | None = None,
+) -> bool:
+    """Tell the agent the checkpoint at ``checkpoint_progress`` is saved (complete, durable): call it
+    after the save, never before. ``saved_at`` defaults to now.
+
+    During a stop (a stop notice exists) the ack answers that stop and the agent stops the worker at
+    once (module doc); so call it last, when nothing else needs doing: returns True then. Outside a
+    stop it only reports the checkpoint and returns False. Writes atomically to ``path`` (default
+    ``$ARYL_CHECKPOINT_ACK_FILE``); does nothing and returns False outside Aryl.
+    """
+    target = path or os.environ.get(CHECKPOINT_ACK_FILE)
+    if not target:
+        return False
+    notice = stop_notice(notice_path)
+    ack = CheckpointAck(
+        checkpoint_progress=float(checkpoint_progress),
+        saved_at=time.time() if saved_at is None else float(saved_at),
+        incarnation=incarnation(),
+        stop_id=notice.stop_id if notice is not None else "",
+    )
+    temporary = f"{target}.tmp.{os.getpid()}"
+    with open(temporary, "w", encoding="utf-8") as file:
+        json.dump(asdict(ack), file)
+    os.replace(temporary, target)
+    return bool(ack.stop_id)
+
+
+def parse_checkpoint_ack(text: str | None) -> CheckpointAck | None:
+    """An ack file's text as ``CheckpointAck``; None when there is none or it is not valid."""
+    try:
+        data = json.loads(text) if text is not None else None
+        if not isinstance(data, dict):
+            return None
+        ack = CheckpointAck(
+            checkpoint_progress=float(data["checkpoint_progress"]),
+            saved_at=float(data["saved_at"]),
+            incarnation=int(data["incarnation"]),
+            stop_id=str(data.get("stop_id") or ""),
+        )
+    except (ValueError, TypeError, KeyError):
+        return None
+    if not (math.isfinite(ack.checkpoint_progress) and math.isfinite(ack.saved_at)) or ack.checkpoint_progress < 0:
+        return None
+    return ack
+
+
+def parse_stop_notice(text: str | None) -> StopNotice | None:
+    """A stop notice's text as ``StopNotice``; None when there is none or it is not valid."""
+    try:
+        data = json.loads(text) if text is not None else None
+        if not isinstance(data, dict):
+            return None
+        return StopNotice(str(data["stop_id"]), float(data["grace_s"]), float(data["deadline"]))
+    except (ValueError, TypeError, KeyError):
         return None
