@@ -87,7 +87,7 @@ class GpuStatus(_message.Message):
     def __init__(self, index: _Optional[int] = ..., utilization: _Optional[float] = ..., memory_used_bytes: _Optional[int] = ..., temperature_c: _Optional[float] = ..., healthy: _Optional[bool] = ..., health_reason: _Optional[str] = ..., ecc_uncorrectable: _Optional[int] = ..., retired_pages: _Optional[int] = ...) -> None: ...
 
 class WorkerStatus(_message.Message):
-    __slots__ = ("job_id", "rank", "phase", "exit_code", "progress", "samples_per_second", "incarnation", "checkpoint_progress", "message", "stop_requested", "cannot_start", "step_time_s", "pass_time_s", "local_batch_size", "accum_steps", "grad_sqr", "grad_var", "samples")
+    __slots__ = ("job_id", "rank", "phase", "exit_code", "progress", "samples_per_second", "incarnation", "checkpoint_progress", "message", "stop_requested", "cannot_start", "step_time_s", "pass_time_s", "local_batch_size", "accum_steps", "grad_sqr", "grad_var", "samples", "checkpoint_acked", "ack_checkpoint_progress", "ack_checkpoint_age", "stop_acknowledged")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
@@ -106,6 +106,10 @@ class WorkerStatus(_message.Message):
     GRAD_SQR_FIELD_NUMBER: _ClassVar[int]
     GRAD_VAR_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ACKED_FIELD_NUMBER: _ClassVar[int]
+    ACK_CHECKPOINT_PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    ACK_CHECKPOINT_AGE_FIELD_NUMBER: _ClassVar[int]
+    STOP_ACKNOWLEDGED_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     rank: int
     phase: WorkerPhase
@@ -124,7 +128,11 @@ class WorkerStatus(_message.Message):
     grad_sqr: float
     grad_var: float
     samples: float
-    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., phase: _Optional[_Union[WorkerPhase, str]] = ..., exit_code: _Optional[int] = ..., progress: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., incarnation: _Optional[int] = ..., checkpoint_progress: _Optional[float] = ..., message: _Optional[str] = ..., stop_requested: _Optional[bool] = ..., cannot_start: _Optional[bool] = ..., step_time_s: _Optional[float] = ..., pass_time_s: _Optional[float] = ..., local_batch_size: _Optional[int] = ..., accum_steps: _Optional[int] = ..., grad_sqr: _Optional[float] = ..., grad_var: _Optional[float] = ..., samples: _Optional[float] = ...) -> None: ...
+    checkpoint_acked: bool
+    ack_checkpoint_progress: float
+    ack_checkpoint_age: _duration_pb2.Duration
+    stop_acknowledged: bool
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., phase: _Optional[_Union[WorkerPhase, str]] = ..., exit_code: _Optional[int] = ..., progress: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., incarnation: _Optional[int] = ..., checkpoint_progress: _Optional[float] = ..., message: _Optional[str] = ..., stop_requested: _Optional[bool] = ..., cannot_start: _Optional[bool] = ..., step_time_s: _Optional[float] = ..., pass_time_s: _Optional[float] = ..., local_batch_size: _Optional[int] = ..., accum_steps: _Optional[int] = ..., grad_sqr: _Optional[float] = ..., grad_var: _Optional[float] = ..., samples: _Optional[float] = ..., checkpoint_acked: _Optional[bool] = ..., ack_checkpoint_progress: _Optional[float] = ..., ack_checkpoint_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., stop_acknowledged: _Optional[bool] = ...) -> None: ...
 
 class ReportStatusRequest(_message.Message):
     __slots__ = ("server_id", "scheduler_epoch", "gpus", "workers", "observed_generation")
