@@ -4,23 +4,44 @@ elastic job scales out onto them; load rises -> servers reclaimed, the elastic j
 preempted), only the inelastic job requeued, the router serving from them again; and not one
 inference request failed, none answered by a server while it was on loan. Run as ``aryl-demo``, it
 says what it starts before the timeline begins and leaves nothing in the temporary directory unless
-asked to keep it (``--keep``)."""
+asked to keep it (``--keep``).
+
+One run of the demo (~40 s) checks all of it: ``aryl-demo --keep`` through its ``main``, in this process
+so that the story's outcome (``demo.run``'s value) is at hand beside its output; the folder it kept is
+then removed by the same function a run without ``--keep`` ends with."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
+import tempfile
 from pathlib import Path
 
-from aryl_demo.demo import run
+import pytest
+
+from aryl_demo import demo
 from protos.aryl.v1 import types_pb2
 from tests.helpers import processes_mentioning, wait_for
 
 
-def test_the_demo_story_loans_scales_reclaims_and_fails_no_request(tmp_path: Path) -> None:
-    outcome = run(tmp_path / "demo")
+def test_the_demo_story_its_output_and_its_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))  # for the processes it starts, as `TMPDIR=... make demo`
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))  # and for this one: its folder goes there
+    outcomes: list[demo.DemoOutcome] = []
+    real_run = demo.run
 
+    def run_and_keep_outcome(workdir: Path, **kwargs: bool) -> demo.DemoOutcome:
+        outcomes.append(real_run(workdir, **kwargs))
+        return outcomes[-1]
+
+    monkeypatch.setattr(demo, "run", run_and_keep_outcome)
+    status = demo.main(["--keep"])
+    lines = capsys.readouterr().out.splitlines()
+    assert status == 0, "\n".join(lines[-40:])
+    [outcome] = outcomes
+
+    # The story.
     assert outcome.requests_sent > 200 and outcome.requests_failed == []
     assert outcome.requests_ok == outcome.requests_sent
     assert len(outcome.served_while_loaned) == 2 and set(outcome.served_while_loaned.values()) == {0}
@@ -31,29 +52,12 @@ def test_the_demo_story_loans_scales_reclaims_and_fails_no_request(tmp_path: Pat
     assert resnet.progress >= outcome.resnet_progress_before_reclaim  # resizes resume from checkpoints
     assert vit.preemptions == 1                                # the one job reclaim could not shrink
     assert bert.preemptions == 0 and bert.incarnation == 1     # untouched on the training pool
-    # The demo leaves nothing running: daemons stopped, then every worker they started.
-    wait_for(lambda: not processes_mentioning(str(tmp_path)), timeout=20, what="no demo process left")
 
-
-def run_demo_program(tmp_path: Path, *args: str) -> tuple[list[str], Path]:
-    """``aryl-demo`` as ``make demo`` runs it, with TMPDIR pointed at a fresh folder: its output lines
-    and that folder."""
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
-    done = subprocess.run([str(Path(sys.executable).parent / "aryl-demo"), *args], capture_output=True, text=True,
-                          env={**os.environ, "TMPDIR": str(tmp)}, timeout=300, check=False)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    wait_for(lambda: not processes_mentioning(str(tmp)), timeout=20, what="no demo process left")
-    return done.stdout.splitlines(), tmp
-
-
-def test_the_demo_says_what_it_starts_and_leaves_nothing_in_the_temporary_directory(tmp_path: Path) -> None:
-    lines, tmp = run_demo_program(tmp_path)
-
+    # What it says: every start-up wait is announced before the timeline's first event (issue 21: a
+    # silent 17 s).
     def first(text: str) -> int:
         return next(i for i, line in enumerate(lines) if text in line)
 
-    # Every start-up wait is announced before the timeline's first event (issue 21: a silent 17 s).
     timeline_starts = first("  event  ")
     for announced in ("Compiling the scheduling kernels", "kernels ready in", "Starting the scheduler",
                       "scheduler answering", "Starting node agents", "agents registered", "Starting aryl-router"):
@@ -64,14 +68,14 @@ def test_the_demo_says_what_it_starts_and_leaves_nothing_in_the_temporary_direct
     demand_lines = [line for line in lines if "demand_changed" in line or "  load  " in line]
     assert demand_lines and all("measured" in line for line in demand_lines)
     assert any(" 0 failed" in line for line in lines)
-    # Nothing left behind, and the last line says where it was.
-    assert [p.name for p in tmp.iterdir()] == []
-    assert "removed" in lines[-1] and str(tmp) in lines[-1] and "--keep" in lines[-1]
 
-
-def test_the_demo_keeps_its_database_and_logs_when_asked(tmp_path: Path) -> None:
-    lines, tmp = run_demo_program(tmp_path, "--keep")
-
-    [kept] = tmp.glob("aryl-demo-*")
+    # Its folder: kept when asked, with the database and logs, and nothing else in the temporary
+    # directory; the demo leaves nothing running (daemons stopped, then every worker they started).
+    [kept] = tmp.iterdir()
+    assert kept.name.startswith("aryl-demo-")
     assert (kept / "aryl.db").is_file() and (kept / "scheduler.log").is_file() and (kept / "router.log").is_file()
-    assert lines[-1] == f"logs and database kept in {kept}"
+    assert lines[-1] == f"logs and database kept in {kept.resolve()}"
+    wait_for(lambda: not processes_mentioning(str(tmp)), timeout=20, what="no demo process left")
+    # Without --keep the run ends by removing it with this function: then nothing is left.
+    assert demo._remove(kept.resolve())
+    assert list(tmp.iterdir()) == []
