@@ -19,6 +19,32 @@ agent's own environment is not passed on: ``node_agent.identity``):
   --array 0-99``, the ``SubmitJobs`` call with array indices): the array's id (the job id of its first
   element) and this job's index in it, as Slurm's ``SLURM_ARRAY_JOB_ID`` / ``SLURM_ARRAY_TASK_ID``.
 
+Batch size, only for a job that declared batch limits (``arylctl submit --batch-size INIT
+--max-batch-size N --max-local-batch-size N``, ``JobSpec.batch``), so that the scheduler may adapt
+its batch size to its allocation as Pollux does (goodput = throughput x statistical efficiency):
+
+- ``ARYL_LOCAL_BATCH_SIZE``: samples per GPU per forward/backward pass (the *atomic* batch; a worker
+  holding several GPUs runs this many on each), and ``ARYL_ACCUM_STEPS``: extra gradient-accumulation
+  passes before each synchronised optimiser step. The total batch is GPUs x local x (accum + 1);
+- ``ARYL_INIT_BATCH_SIZE``, ``ARYL_MAX_BATCH_SIZE``, ``ARYL_MAX_LOCAL_BATCH_SIZE``: the job's own
+  declaration, echoed (scale the learning rate against the init batch size: Pollux's AdaScale);
+- ``ARYL_BATCH_FILE``: a JSON file ``{"local_batch_size": L, "accum_steps": A}`` holding the batch
+  chosen *now*. The variables are the batch at the worker's start; when the scheduler changes only
+  the batch, the worker is **not** restarted: the agent rewrites this file (atomically) and the
+  program picks the new batch up at its next step (``current_batch()``). In a multi-worker job,
+  rank 0 should read it and broadcast the value so that every rank switches at the same step (the
+  ranks' passes per step must agree, or their all-reduces no longer pair up). A resize always
+  restarts the workers (new incarnation), with the new batch in the variables.
+
+  Why in place: Pollux re-chooses the batch as the gradient noise grows during training, at a fixed
+  allocation, many times in a job's life; a restart for each would cost a checkpoint, a stop and a
+  start (tens of seconds to minutes for a real model) for a change a data loader absorbs between two
+  steps. A program that ignores the file keeps its starting batch and reports that batch
+  (``local_batch_size``, ``accum_steps`` below), so the scheduler's measures stay true either way.
+- Until a goodput-aware policy chooses a batch for the job's allocation, the scheduler gives the
+  default: its init batch split over its GPUs in the fewest passes that fit ``max_local_batch_size``
+  (``scheduler_service.core.goodput.split_batch``).
+
 Signals: SIGTERM means "checkpoint and exit within the grace period" (exit status 0 is fine: the
 agent reports that it stopped the worker); SIGKILL follows when the grace period is over. The
 worker's whole process group receives both.
@@ -45,6 +71,16 @@ Stop notices and checkpoint acknowledgements (so a stop need not wait out the gr
 
 Exit status: 0 when the work is done; anything else is a failure the scheduler may restart from the
 last checkpoint (with a new incarnation). The agent never restarts a worker by itself.
+
+Progress file (``report_progress``, JSON): ``progress``, ``samples_per_second`` and
+``checkpoint_progress`` as always, and the optional goodput measures a job with batch limits should
+add: ``step_time_s`` (mean seconds per optimiser step, all its passes and the gradient sync),
+``pass_time_s`` (mean seconds of one forward/backward pass without gradient sync),
+``local_batch_size`` and ``accum_steps`` (the batch it actually ran), ``grad_sqr`` and ``grad_var``
+(Pollux's gradient statistics: the squared norm of the mean gradient and the gradient noise variance,
+normalised to the init batch size) and ``samples`` (samples processed so far, the whole job's). The
+scheduler takes the goodput measures from rank 0 only (every rank of a synchronous data-parallel job
+runs the same steps; other ranks may write them too) and only from the job's current incarnation.
 """
 
 from __future__ import annotations
@@ -69,6 +105,12 @@ CHECKPOINT_DIR = "ARYL_CHECKPOINT_DIR"
 PROGRESS_FILE = "ARYL_PROGRESS_FILE"
 ARRAY_JOB_ID = "ARYL_ARRAY_JOB_ID"
 ARRAY_INDEX = "ARYL_ARRAY_INDEX"
+LOCAL_BATCH_SIZE = "ARYL_LOCAL_BATCH_SIZE"
+ACCUM_STEPS = "ARYL_ACCUM_STEPS"
+INIT_BATCH_SIZE = "ARYL_INIT_BATCH_SIZE"
+MAX_BATCH_SIZE = "ARYL_MAX_BATCH_SIZE"
+MAX_LOCAL_BATCH_SIZE = "ARYL_MAX_LOCAL_BATCH_SIZE"
+BATCH_FILE = "ARYL_BATCH_FILE"
 STOP_NOTICE_FILE = "ARYL_STOP_NOTICE_FILE"
 CHECKPOINT_ACK_FILE = "ARYL_CHECKPOINT_ACK_FILE"
 
@@ -81,6 +123,40 @@ class Progress:
     progress: float = 0.0
     samples_per_second: float = 0.0
     checkpoint_progress: float = 0.0
+    # The goodput measures (module doc, "Progress file"); 0: not reported.
+    step_time_s: float = 0.0
+    pass_time_s: float = 0.0
+    local_batch_size: int = 0
+    accum_steps: int = 0
+    grad_sqr: float = 0.0
+    grad_var: float = 0.0
+    samples: float = 0.0
+
+
+# The optional keys of the progress file, in ``Progress``'s order.
+GOODPUT_KEYS = ("step_time_s", "pass_time_s", "local_batch_size", "accum_steps", "grad_sqr", "grad_var", "samples")
+
+
+@dataclass(frozen=True)
+class Batch:
+    """The batch a worker runs: ``local_batch_size`` samples per GPU per pass, ``accum_steps`` extra
+    accumulation passes per optimiser step."""
+
+    local_batch_size: int
+    accum_steps: int = 0
+
+    def total(self, gpus: int) -> int:
+        """The total batch over ``gpus`` GPUs."""
+        return gpus * self.local_batch_size * (self.accum_steps + 1)
+
+
+@dataclass(frozen=True)
+class BatchLimits:
+    """The job's declaration (module doc), as its workers see it."""
+
+    init_batch_size: int
+    max_batch_size: int
+    max_local_batch_size: int
 
 
 def world_size() -> int:
@@ -109,6 +185,86 @@ def array_index() -> int | None:
     return int(value) if value else None
 
 
+def batch_limits() -> BatchLimits | None:
+    """The job's declared batch limits; None for a job that declared none (or outside Aryl)."""
+    values = [_positive_int(os.environ.get(name)) for name in (INIT_BATCH_SIZE, MAX_BATCH_SIZE, MAX_LOCAL_BATCH_SIZE)]
+    return BatchLimits(*values) if all(values) else None
+
+
+def start_batch() -> Batch | None:
+    """The batch at the worker's start (``ARYL_LOCAL_BATCH_SIZE``, ``ARYL_ACCUM_STEPS``); None for a
+    job without batch limits."""
+    local = _positive_int(os.environ.get(LOCAL_BATCH_SIZE))
+    return Batch(local, _count(os.environ.get(ACCUM_STEPS))) if local else None
+
+
+def current_batch(path: str | os.PathLike[str] | None = None) -> Batch | None:
+    """The batch chosen now: ``$ARYL_BATCH_FILE`` (or ``path``) as the agent last wrote it, else the
+    batch at the start; None for a job without batch limits. Cheap (one small file): call it at each
+    step, on rank 0, and broadcast (module doc)."""
+    target = path or os.environ.get(BATCH_FILE)
+    if target:
+        try:
+            with open(target, encoding="utf-8") as file:
+                parsed = parse_batch(file.read())
+        except OSError:
+            parsed = None
+        if parsed is not None:
+            return parsed
+    return start_batch()
+
+
+def parse_batch(text: str | None) -> Batch | None:
+    """A batch file's text as ``Batch``; None when it is not one."""
+    try:
+        data = json.loads(text) if text is not None else None
+        local = _positive_int(data.get("local_batch_size")) if isinstance(data, dict) else 0
+        return Batch(local, _count(data.get("accum_steps"))) if local and isinstance(data, dict) else None
+    except (ValueError, TypeError):
+        return None
+
+
+def write_batch(path: str | os.PathLike[str], batch: Batch) -> None:
+    """Write ``batch`` to ``path`` atomically (what the agent does; a reader never sees half of it).
+    The temporary file is created exclusively and never through a link, and the rename replaces a
+    link rather than following it, so a directory its worker owns cannot redirect the write."""
+    target = os.fspath(path)
+    temporary = f"{target}.tmp.{os.getpid()}"
+    try:
+        os.unlink(temporary)
+    except FileNotFoundError:
+        pass
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as file:
+            json.dump(asdict(batch), file)
+        os.replace(temporary, target)
+    except OSError:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        raise
+
+
+def _positive_int(value: object) -> int:
+    """``value`` as a positive int; 0 when it is not one."""
+    try:
+        number = int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        return 0
+    return number if number > 0 else 0
+
+
+def _count(value: object) -> int:
+    """``value`` as a non-negative int; 0 when it is not one."""
+    try:
+        number = int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        return 0
+    return max(number, 0)
+
+
 def checkpoint_dir(default: str = "checkpoints") -> Path:
     """``ARYL_CHECKPOINT_DIR``, or ``default`` when running outside Aryl; created if missing."""
     path = Path(os.environ.get(CHECKPOINT_DIR) or default)
@@ -122,21 +278,40 @@ def report_progress(
     checkpoint_progress: float = 0.0,
     *,
     path: str | os.PathLike[str] | None = None,
+    step_time_s: float | None = None,
+    pass_time_s: float | None = None,
+    local_batch_size: int | None = None,
+    accum_steps: int | None = None,
+    grad_sqr: float | None = None,
+    grad_var: float | None = None,
+    samples: float | None = None,
 ) -> None:
     """Tell the agent how far the worker is. Cheap enough to call every step.
 
     Writes ``{"progress", "samples_per_second", "checkpoint_progress"}`` as JSON to ``path``
     (default ``$ARYL_PROGRESS_FILE``) atomically: a temporary file then ``os.replace``, so the agent
-    never reads half a report. Does nothing when there is nowhere to write (outside Aryl).
+    never reads half a report. The goodput measures (module doc, "Progress file") are written when
+    given. Does nothing when there is nowhere to write (outside Aryl).
     """
     target = path or os.environ.get(PROGRESS_FILE)
     if not target:
         return
-    report = Progress(float(progress), float(samples_per_second), float(checkpoint_progress))
+    report: dict[str, float | int] = {
+        "progress": float(progress),
+        "samples_per_second": float(samples_per_second),
+        "checkpoint_progress": float(checkpoint_progress),
+    }
+    measures = (step_time_s, pass_time_s, local_batch_size, accum_steps, grad_sqr, grad_var, samples)
+    for key, value in zip(GOODPUT_KEYS, measures, strict=True):
+        if value is not None:
+            report[key] = int(value) if key in _INT_KEYS else float(value)
     temporary = f"{target}.tmp.{os.getpid()}"
     with open(temporary, "w", encoding="utf-8") as file:
-        json.dump(asdict(report), file)
+        json.dump(report, file)
     os.replace(temporary, target)
+
+
+_INT_KEYS = frozenset({"local_batch_size", "accum_steps"})
 
 
 def read_progress(path: str | os.PathLike[str]) -> Progress | None:
@@ -154,13 +329,27 @@ def parse_progress(text: str | None) -> Progress | None:
         if text is None:
             return None
         data = json.loads(text)
+        measures = [_measure(data.get(key), key in _INT_KEYS) for key in GOODPUT_KEYS]
         return Progress(
             float(data.get("progress", 0.0)),
             float(data.get("samples_per_second", 0.0)),
             float(data.get("checkpoint_progress", 0.0)),
+            *measures,  # type: ignore[arg-type]
         )
     except (ValueError, TypeError, AttributeError):
         return None
+
+
+def _measure(value: object, integral: bool) -> float | int:
+    """An optional goodput measure: 0 when absent, not a number, negative or not finite (one bad
+    measure does not cost the report its progress)."""
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        number = 0.0
+    if not math.isfinite(number) or number < 0:
+        number = 0.0
+    return int(number) if integral else number
 
 
 @dataclass(frozen=True)
