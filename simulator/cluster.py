@@ -45,7 +45,7 @@ Nouns:
 from __future__ import annotations
 
 import heapq
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from math import floor
 
@@ -303,6 +303,87 @@ class SimulatedCluster:
         self._server_views: tuple[ServerView, ...] = tuple(s.build_view() for s in servers)
         self._server_slot = {s.server_id: i for i, s in enumerate(servers)}
         self._stale_servers: set[str] = set()
+
+    @classmethod
+    def from_snapshot(
+        cls,
+        snapshot: ClusterSnapshot,
+        traces: Mapping[int, TraceJob],
+        clock: Clock,
+        *,
+        done_since_checkpoint: Mapping[int, float] | None = None,
+        restart_overhead_s: float = 30.0,
+        checkpoint_interval_s: float = 1800.0,
+        drain_ack_s: float | None = 1.0,
+        reclaim_deadline_s: float = PolicyParams.reclaim_deadline_s,
+    ) -> SimulatedCluster:
+        """The cluster as ``snapshot`` shows it, at ``clock``'s time (its ``now``): its servers (states,
+        loans, health, operators' marks, allocations), its demand, and its active jobs, each as
+        ``traces`` describes it (a job without a trace is left out, and the GPUs it holds are free).
+
+        A trace's ``work`` is what the job still has to do from its last checkpoint: a pending job resumes
+        from that checkpoint; a running one keeps its workers and has done ``done_since_checkpoint`` of
+        it already (0 if not given), so a preemption throws that away. A running job still inside its
+        restart overhead (``last_resized_at``) spends the rest of it first. ``JobOutcome.start`` of a
+        pending job is its next start here (its first start is in the snapshot's ``started_at``)."""
+        by_pool = {pool: [s for s in snapshot.servers if s.pool == pool] for pool in Pool}
+        gpus = max((len(s.gpu_indices) for s in snapshot.servers), default=1) or 1
+        spec = ClusterSpec(len(by_pool[Pool.TRAINING]), len(by_pool[Pool.INFERENCE]), gpus,
+                           gpu_speed=snapshot.gpu_speed, queues=snapshot.queues)
+        empty = ClusterSpec(0, 0, gpus, gpu_speed=snapshot.gpu_speed, queues=snapshot.queues)
+        cluster = cls(empty, clock, restart_overhead_s=restart_overhead_s,
+                      checkpoint_interval_s=checkpoint_interval_s, drain_ack_s=drain_ack_s,
+                      reclaim_deadline_s=reclaim_deadline_s)
+        cluster.spec = spec
+        now = clock.now()
+        servers = []
+        for view in sorted(snapshot.servers, key=lambda v: v.server_id):
+            on_loan = view.state in _ON_LOAN_STATES
+            server = _Server(
+                view.server_id, view.pool, view.gpu_indices, view.state, state_since=view.state_since,
+                loan=(LoanState.RECLAIMING if view.state == ServerState.RECLAIMING else LoanState.ACTIVE)
+                if on_loan else None,
+                loan_started_at=view.loan_started_at if on_loan else None,
+                reclaim_deadline=view.reclaim_deadline, unhealthy=view.unhealthy_gpus, drained=view.drained,
+                admin=view.admin, drain_deadline=view.drain_deadline, gpu_type=view.gpu_type,
+            )
+            servers.append(server)
+            if server.pool == Pool.INFERENCE:
+                cluster._inference_states[server.state] += 1
+            if server.state == ServerState.DRAINING and not server.drained and cluster.drain_ack_s is not None:
+                cluster._drain_acks[server.server_id] = now + cluster.drain_ack_s
+        cluster._servers = {s.server_id: s for s in servers}
+        cluster.server_outcomes = {s.server_id: ServerOutcome(s.server_id, s.pool) for s in servers}
+        cluster._server_views = tuple(s.build_view() for s in servers)
+        cluster._server_slot = {s.server_id: i for i, s in enumerate(servers)}
+        if snapshot.demand is not None:
+            demand = snapshot.demand
+            cluster.set_demand(DemandPoint(demand.reported_at, demand.servers_needed, demand.observed_rps))
+        done = done_since_checkpoint or {}
+        for view in snapshot.jobs:
+            trace = traces.get(view.job_id)
+            if trace is None or view.state.is_terminal:
+                continue
+            cluster.submit(trace)
+            job = cluster._active[view.job_id]
+            job.pending_reason = view.pending_reason
+            job.started_at = view.started_at
+            job.last_resized_at = view.last_resized_at
+            job.checkpoint_at = view.last_checkpoint_at
+            if not view.workers or not view.state.holds_gpus:
+                continue
+            job.outcome.start = view.started_at if view.started_at is not None else now
+            job.state = JobState.RUNNING  # SCALING: its resize is under way; it runs at its new size
+            workers = tuple(sorted(view.workers, key=lambda w: w.rank))
+            cluster._take(job, workers)
+            # The segment began when its restart overhead (still) began: now, less what was spent of it.
+            began = view.last_resized_at if view.last_resized_at is not None else now - cluster.restart_overhead_s
+            cluster._begin_segment(job, max(began, now - cluster.restart_overhead_s), workers,
+                                   min(done.get(view.job_id, 0.0), trace.work))
+            job.last_resized_at = view.last_resized_at  # as the snapshot says (anti-thrashing reads it)
+            cluster._running[view.job_id] = job
+        cluster._stale_servers.update(cluster._servers)
+        return cluster
 
     # -- what the engine drives -------------------------------------------------------------------
 
@@ -692,6 +773,7 @@ class SimulatedCluster:
         self._take(job, workers)
         if job.started_at is None:
             job.started_at = now
+        if job.outcome.start is None:  # a restored job's first start here (``from_snapshot``)
             job.outcome.start = now
         job.pending_reason = ""
         self._set_job_state(job, JobState.RUNNING)

@@ -35,7 +35,7 @@ import shutil
 import sys
 import time
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NoReturn
 
@@ -82,7 +82,7 @@ class SimulationResult:
     servers: tuple[ServerOutcome, ...]
     utilisation: tuple[UtilisationSample, ...]
     end_time: float                    # virtual time when the run stopped (the last completion if all did)
-    stop_reason: str                   # "completed", "max_time" or "stalled"
+    stop_reason: str                   # "completed", "max_time", "stalled" or "budget" (``stop_when``)
     cycles: int                        # scheduling cycles run
     # Plan actions the applier refused. A defect signal, always 0 in a sound run: nothing changes
     # between a snapshot and its plan's apply here, so a valid plan is applied in full (with
@@ -140,6 +140,10 @@ def simulate(
     failures: FailureRate | Sequence[ServerFailure] | None = None,
     check_plans: bool = False,
     progress: bool = False,
+    cluster: SimulatedCluster | None = None,
+    clock: VirtualClock | None = None,
+    wrap_state: Callable[[ClusterState], ClusterState] | None = None,
+    stop_when: Callable[[], bool] | None = None,
 ) -> SimulationResult:
     """Replay ``jobs`` (arrivals at ``submit_time``) and ``demand`` (inference servers needed, a step
     function of time; empty: no demand signal, so a loaning policy never loans) on a cluster of
@@ -151,7 +155,14 @@ def simulate(
     waits its ``drain_timeout_s``. ``failures``: servers that fail and come back, as a rate or a list
     (``simulator.failures``); None: no failures. ``check_plans``: assert
     that every plan passes ``check_plan`` and is then applied in full (slower; tests use it).
-    ``progress``: a tqdm bar on stderr (only when stderr is a terminal)."""
+    ``progress``: a tqdm bar on stderr (only when stderr is a terminal).
+
+    Starting from a cluster as it is (``simulator.forecast``: the live cluster's snapshot): ``cluster``
+    and its ``clock`` (both or neither) replace the empty cluster of ``spec`` (its servers, jobs,
+    demand and settings are its own; the overhead arguments are then ignored), and a cycle runs at
+    once, at the clock's time. ``wrap_state``: a port decorator around the cluster (as ``check_plans``'
+    ``PlanChecker``), to watch what each cycle saw and applied. ``stop_when``: asked at every event
+    instant; True stops the run there (``stop_reason`` "budget": a caller's wall-clock or step budget)."""
     if not cycle_interval_s > 0:
         raise ValueError(f"cycle_interval_s must be > 0 (got {cycle_interval_s})")
     if min_cycle_gap_s < 0:
@@ -160,12 +171,18 @@ def simulate(
         if job.submit_time < 0:
             raise ValueError(f"job {job.job_id}: submit_time {job.submit_time} is before the trace's start (0)")
     wall_start = time.perf_counter()
-    clock = VirtualClock(0.0)
-    cluster = SimulatedCluster(spec, clock, restart_overhead_s=restart_overhead_s,
-                               checkpoint_interval_s=checkpoint_interval_s, drain_ack_s=drain_ack_s,
-                               reclaim_deadline_s=params.reclaim_deadline_s)
+    if (cluster is None) != (clock is None):
+        raise ValueError("a cluster to start from needs its clock, and a clock its cluster")
+    restored = cluster is not None
+    if cluster is None or clock is None:
+        clock = VirtualClock(0.0)
+        cluster = SimulatedCluster(spec, clock, restart_overhead_s=restart_overhead_s,
+                                   checkpoint_interval_s=checkpoint_interval_s, drain_ack_s=drain_ack_s,
+                                   reclaim_deadline_s=params.reclaim_deadline_s)
     faults = FailureSchedule(failures, cluster.server_ids, seed=seed)
     state: ClusterState = PlanChecker(cluster) if check_plans else cluster
+    if wrap_state is not None:
+        state = wrap_state(state)
     # A name is built from the registry; an instance (training's sampling ``dl2``) runs as the registry would.
     decider = create_policy(policy, params) if isinstance(policy, str) else FaultsFirst(policy)
     cycle = SchedulingCycle(state, decider, clock, seed=seed)
@@ -179,8 +196,9 @@ def simulate(
     next_arrival = next_point = 0
     cycles = 0
     last_cycle: float | None = None
-    trigger_at: float | None = None        # the first event since the last cycle
-    last_change = 0.0                      # when a cycle last committed anything
+    # The first event since the last cycle (a restored cluster: its present state calls for one).
+    trigger_at: float | None = clock.now() if restored else None
+    last_change = clock.now()              # when a cycle last committed anything
     stop_reason = "completed"
     try:
         while True:
@@ -199,6 +217,9 @@ def simulate(
             if max_time_s is not None and now > max_time_s:
                 clock.advance_to(max(max_time_s, clock.now()))
                 stop_reason = "max_time"
+                break
+            if stop_when is not None and stop_when():
+                stop_reason = "budget"
                 break
             clock.advance_to(now)
 
@@ -251,12 +272,12 @@ def simulate(
     return SimulationResult(
         policy=decider.name,
         seed=seed,
-        spec=spec,
+        spec=cluster.spec,
         params=params,
         settings={
             "cycle_interval_s": float(cycle_interval_s),
-            "restart_overhead_s": float(restart_overhead_s),
-            "checkpoint_interval_s": float(checkpoint_interval_s),
+            "restart_overhead_s": cluster.restart_overhead_s,
+            "checkpoint_interval_s": cluster.checkpoint_interval_s,
             "min_cycle_gap_s": float(min_cycle_gap_s),
             "drain_ack_s": cluster.drain_ack_s if cluster.drain_ack_s is not None else -1.0,
         },
