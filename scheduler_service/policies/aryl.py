@@ -26,9 +26,15 @@ One cycle, in order (each step works on the state the previous ones left):
    would make a job miss (``deadline_weight`` x the job's remaining GPU-time).
    A job resized less than ``min_resize_interval_s`` ago keeps its size (anti-thrashing).
 
+Goodput (issue 17): a job that reports step times and gradient statistics and declares batch limits has
+a fitted goodput model (``core.goodput_fit``); the elastic variants value it by that model (JCT
+reductions from its goodput at the best batch size per size, the reclaim's scale-in cost from the same
+model) and send the batch chosen with its allocation (``Plan.batches``). Jobs without one: as before.
+
 Variants (same code, same placement, so comparisons isolate the mechanism): ``aryl`` (loaning and
 elasticity), ``aryl-noloan``, ``aryl-noelastic``, ``sjf`` (neither: separate clusters, jobs run at
-``min_workers``), and ``aryl-naivereclaim`` (``aryl`` with a naive reclaim: most recently loaned first).
+``min_workers``), ``aryl-naivereclaim`` (``aryl`` with a naive reclaim: most recently loaned first), and
+``aryl-nogoodput`` (``aryl`` on declared throughput only: no goodput model, no batch choice).
 
 Pure: no I/O, no wall clock; deterministic for a given snapshot.
 """
@@ -42,9 +48,11 @@ from operator import attrgetter
 import numpy as np
 
 from scheduler_service.core.fit import never_fits
+from scheduler_service.core.goodput_fit import GPUS_PER_SERVER, batch_for, goodput_curve, job_goodput
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.placement import LOANED_FIRST, TRAINING_FIRST, FreeCapacity
 from scheduler_service.core.plan import (
+    BatchSize,
     KeepPending,
     KeepSize,
     LoanNote,
@@ -61,7 +69,7 @@ from scheduler_service.core.plan import (
 from scheduler_service.core.quota import QuotaLedger, preemption_order
 from scheduler_service.core.registry import ReclaimDecision, ReclaimPreviewUnsupported, policies
 from scheduler_service.core.snapshot import ClusterSnapshot, JobView, ServerView, WorkerView
-from scheduler_service.core.throughput import JobEstimate, estimate
+from scheduler_service.core.throughput import JobEstimate, ThroughputModel, estimate
 from scheduler_service.lifecycle import JobState, Pool, ServerState
 from scheduler_service.policies.qos import predicted_remaining
 from scheduler_service.solvers.knapsack import solve_knapsack
@@ -131,6 +139,11 @@ class _Cycle:
     holds: dict[int, tuple[Reason, str]] = field(default_factory=dict)
     loan_note: LoanNote | None = None  # why no (further) server is loaned (``_loan_cycle``)
     quota: QuotaLedger | None = None  # queues' quotas and usage as step 1 changes them (``core.quota``)
+    goodput: bool = False  # fitted jobs' estimates come from their goodput model (``goodput_estimate``)
+
+    @property
+    def gpus_per_server(self) -> int:
+        return max((len(s.gpu_indices) for s in self.snapshot.servers), default=GPUS_PER_SERVER)
 
     def training_capable(self, server_id: str) -> bool:
         return self.server_state[server_id] in _TRAINING_CAPABLE
@@ -140,10 +153,8 @@ class _Cycle:
         the jobs a step asks about (the queue, the elastic jobs), not every active job."""
         known = self.estimates.get(job.job_id)
         if known is None:
-            p = self.params
-            known = self.estimates[job.job_id] = estimate(job, now=self.snapshot.now,
-                                                          default_runtime_s=p.default_runtime_s,
-                                                          alpha=p.amdahl_alpha)
+            known = self.estimates[job.job_id] = goodput_estimate(job, self.snapshot.now, self.params,
+                                                                  self.gpus_per_server if self.goodput else 0)
         return known
 
     def rebuild_capacity(self) -> None:
@@ -165,11 +176,42 @@ class _Cycle:
         self.server_state[server_id] = target
 
 
+def goodput_estimate(job: JobView, now: float, params: PolicyParams, gpus_per_server: int) -> JobEstimate:
+    """The job's ``core.throughput.estimate``; for a job with a fitted goodput model
+    (``core.goodput_fit.job_goodput``) when ``gpus_per_server`` > 0, the same remaining work over the
+    speed curve of its goodput at the best batch size per worker count (``goodput_curve``: anchored at
+    its declared speed at ``min_workers``, so the queue order, which reads that speed, is unchanged)."""
+    known = estimate(job, now=now, default_runtime_s=params.default_runtime_s, alpha=params.amdahl_alpha)
+    if gpus_per_server <= 0:
+        return known
+    model = job_goodput(job)
+    if model is None:
+        return known
+    last = max(job.max_workers, job.min_workers, job.num_workers)
+    curve = goodput_curve(job, model, last, alpha=params.amdahl_alpha, gpus_per_server=gpus_per_server)
+    return JobEstimate(ThroughputModel(curve, params.amdahl_alpha), known.remaining_work)
+
+
+def _goodput_scale_in_cost(job: _Job, now: float, params: PolicyParams, gpus_per_server: int) -> float:
+    """What one worker fewer costs a job with a fitted goodput model beyond its restart, in GPU-seconds:
+    the completion time its goodput model says the worker saves, x its GPUs per worker (0 for other
+    jobs, and when ``gpus_per_server`` is 0)."""
+    view = job.view
+    if gpus_per_server <= 0 or job_goodput(view) is None or len(job.workers) <= 1:
+        return 0.0
+    est = goodput_estimate(view, now, params, gpus_per_server)
+    w = len(job.workers)
+    return max(0.0, est.remaining_time(w - 1) - est.remaining_time(w)) * view.gpus_per_worker
+
+
 def choose_reclaim(running: dict[int, _Job], loaned: list[ServerView], count: int, params: PolicyParams,
-                   now: float, *, naive: bool = False) -> ReclaimDecision:
+                   now: float, *, naive: bool = False, goodput_servers: int = 0) -> ReclaimDecision:
     """Greedy on server preemption cost (solvers.reclaim), recomputed after each pick. Loans younger
     than ``min_loan_s`` are taken only when the older ones do not suffice. ``naive``: the baseline
-    the greedy is measured against -- the most recently loaned servers, whatever runs on them."""
+    the greedy is measured against -- the most recently loaned servers, whatever runs on them.
+    ``goodput_servers`` > 0 (the servers' GPUs; a goodput-aware policy): a job with a fitted goodput
+    model also pays, per worker it loses, the completion time its goodput model says that worker saves
+    (``_goodput_scale_in_cost``), and its deadline cost reads its goodput estimate; 0: as without."""
     old = [s for s in loaned if s.loan_started_at is None or now - s.loan_started_at >= params.min_loan_s]
     candidates = old if len(old) >= count else loaned
     count = min(count, len(candidates))
@@ -194,9 +236,11 @@ def choose_reclaim(running: dict[int, _Job], loaned: list[ServerView], count: in
         # so even a job that has just checkpointed is cheaper to shrink than to requeue.
         # A preemption that makes a job miss the deadline it would meet costs that deadline too.
         job_cost=[_with_deadline_cost(j, now, params, _work_lost(j, now)
-                                      + params.restart_cost_s * len(j.workers) * j.view.gpus_per_worker)
+                                      + params.restart_cost_s * len(j.workers) * j.view.gpus_per_worker,
+                                      goodput_servers)
                   for j in jobs],
-        scale_in_cost=[params.restart_cost_s * j.view.gpus_per_worker for j in jobs],
+        scale_in_cost=[params.restart_cost_s * j.view.gpus_per_worker
+                       + _goodput_scale_in_cost(j, now, params, goodput_servers) for j in jobs],
     )
     if naive:
         loaned_at = [s.loan_started_at if s.loan_started_at is not None else s.state_since for s in candidates]
@@ -222,7 +266,8 @@ def _work_lost(job: _Job, now: float) -> float:
     return max(now - since, 1.0) * len(job.workers) * view.gpus_per_worker
 
 
-def _with_deadline_cost(job: _Job, now: float, params: PolicyParams, cost: float) -> float:
+def _with_deadline_cost(job: _Job, now: float, params: PolicyParams, cost: float, goodput_servers: int = 0
+                        ) -> float:
     """``cost`` (GPU-seconds) of preempting ``job``, plus ``deadline_weight`` x its remaining GPU-time
     when it meets its deadline at its size and would miss it requeued: restarted now at
     ``min_workers`` (a restart's cost, the work lost since its checkpoint redone, the rest). Jobs
@@ -230,7 +275,7 @@ def _with_deadline_cost(job: _Job, now: float, params: PolicyParams, cost: float
     view = job.view
     if view.deadline is None or not params.deadline_weight:
         return cost
-    est = estimate(view, now=now, default_runtime_s=params.default_runtime_s, alpha=params.amdahl_alpha)
+    est = goodput_estimate(view, now, params, goodput_servers)
     size, low = len(job.workers), view.min_workers
     at_size = predicted_remaining(view, size, now, est, params.amdahl_alpha)
     if now + at_size > view.deadline:
@@ -281,13 +326,20 @@ def _loaned_oldest_first(snapshot: ClusterSnapshot) -> list[ServerView]:
 
 
 class ArylPolicy:
+    """``goodput``: jobs with a fitted goodput model (``core.goodput_fit``) are valued by it -- their
+    completion-time estimates (the knapsack's JCT reductions, the queue order's remaining GPU-time, the
+    reclaim's costs) come from their goodput at the best batch size for each size, and the plan carries
+    that batch (``Plan.batches``) for every job with batch limits that holds workers. Jobs without a
+    fitted model are decided exactly as without it."""
+
     def __init__(self, name: str, params: PolicyParams, *, loaning: bool, elastic: bool,
-                 naive_reclaim: bool = False) -> None:
+                 naive_reclaim: bool = False, goodput: bool = False) -> None:
         self.name = name
         self.params = params
         self.loaning = loaning
         self.elastic = elastic
         self.naive_reclaim = naive_reclaim
+        self.goodput = goodput
 
     def schedule(self, snapshot: ClusterSnapshot) -> Plan:
         cycle = _Cycle(
@@ -296,6 +348,7 @@ class ArylPolicy:
             server_state=dict(zip(map(_server_id, snapshot.servers), map(_state, snapshot.servers), strict=True)),
             running=_running_jobs(snapshot),
             params=self.params,
+            goodput=self.goodput,
         )
         if self.loaning:
             self._loan_cycle(cycle)
@@ -320,6 +373,7 @@ class ArylPolicy:
             pending=tuple(cycle.pending),
             held=_size_notes(cycle, scales),
             loan_note=cycle.loan_note,
+            batches=_batches(cycle) if self.goodput else (),
         )
 
     def preview_reclaim(self, snapshot: ClusterSnapshot, count: int) -> ReclaimDecision:
@@ -327,8 +381,9 @@ class ArylPolicy:
         inference needed ``count`` loaned servers back now. Changes nothing."""
         if not self.loaning:
             raise ReclaimPreviewUnsupported(self.name)
+        servers = max((len(s.gpu_indices) for s in snapshot.servers), default=GPUS_PER_SERVER)
         return choose_reclaim(_running_jobs(snapshot), _loaned_oldest_first(snapshot), count, self.params,
-                              snapshot.now, naive=self.naive_reclaim)
+                              snapshot.now, naive=self.naive_reclaim, goodput_servers=servers if self.goodput else 0)
 
     # -- step 0: loans and reclaims --------------------------------------------------------------
 
@@ -408,7 +463,8 @@ class ArylPolicy:
 
     def _reclaim(self, cycle: _Cycle, loaned: list[ServerView], count: int, *, why: str) -> None:
         decision = choose_reclaim(cycle.running, loaned, count, self.params, cycle.snapshot.now,
-                                  naive=self.naive_reclaim)
+                                  naive=self.naive_reclaim,
+                                  goodput_servers=cycle.gpus_per_server if self.goodput else 0)
         chosen = set(decision.servers)
         for job_id in decision.preempted:
             job = cycle.running.pop(job_id)
@@ -819,6 +875,19 @@ class ArylPolicy:
         return scales
 
 
+def _batches(cycle: _Cycle) -> tuple[BatchSize, ...]:
+    """The batch of every job with batch limits that holds workers once the plan is applied, at the size
+    and on the servers it then has (``core.goodput_fit.batch_for``), in job order; every cycle, as the
+    choice follows the job's fit (the applier passes on only a change)."""
+    out = []
+    for _, job in sorted(cycle.running.items()):
+        if job.view.batch_limits is not None and job.workers:
+            batch = batch_for(job.view, len({w.server_id for w in job.workers}), len(job.workers))
+            if batch is not None:
+                out.append(batch)
+    return tuple(out)
+
+
 def _ledger(cycle: _Cycle, workers: dict[int, int]) -> QuotaLedger:
     """The queues' usage with each running job at ``workers[job id]`` workers (default: as planned now)."""
     held = ((j.view, workers.get(j.view.job_id, len(j.workers)) * j.view.gpus_per_worker)
@@ -885,15 +954,20 @@ def _unchanged(job: _Job) -> bool:
     return True
 
 
-def _register(name: str, *, loaning: bool, elastic: bool, naive_reclaim: bool = False) -> None:
+def _register(name: str, *, loaning: bool, elastic: bool, naive_reclaim: bool = False, goodput: bool = False
+              ) -> None:
     policies.register(name)(
-        lambda params: ArylPolicy(name, params, loaning=loaning, elastic=elastic, naive_reclaim=naive_reclaim)
+        lambda params: ArylPolicy(name, params, loaning=loaning, elastic=elastic, naive_reclaim=naive_reclaim,
+                                  goodput=goodput)
     )
 
 
-_register("aryl", loaning=True, elastic=True)
-_register("aryl-noloan", loaning=False, elastic=True)
+# The elastic variants use a job's goodput model where it has one (jobs without one: as before).
+_register("aryl", loaning=True, elastic=True, goodput=True)
+_register("aryl-noloan", loaning=False, elastic=True, goodput=True)
 _register("aryl-noelastic", loaning=True, elastic=False)
 _register("sjf", loaning=False, elastic=False)  # separate clusters: the paper's baseline
 # The reclaim ablation: the full policy, but reclaim takes the most recently loaned servers back.
-_register("aryl-naivereclaim", loaning=True, elastic=True, naive_reclaim=True)
+_register("aryl-naivereclaim", loaning=True, elastic=True, naive_reclaim=True, goodput=True)
+# The goodput ablation: the full policy, elastic on declared throughput only (no fit, no batch choice).
+_register("aryl-nogoodput", loaning=True, elastic=True)
