@@ -205,18 +205,74 @@ class ExplainJobRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class ExplainJobResponse(_message.Message):
-    __slots__ = ("job", "summary", "decisions", "deadline", "queue_status")
+    __slots__ = ("job", "summary", "decisions", "deadline", "queue_status", "eta")
     JOB_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
     DECISIONS_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_FIELD_NUMBER: _ClassVar[int]
     QUEUE_STATUS_FIELD_NUMBER: _ClassVar[int]
+    ETA_FIELD_NUMBER: _ClassVar[int]
     job: _types_pb2.Job
     summary: str
     decisions: _containers.RepeatedCompositeFieldContainer[_types_pb2.Event]
     deadline: str
     queue_status: str
-    def __init__(self, job: _Optional[_Union[_types_pb2.Job, _Mapping]] = ..., summary: _Optional[str] = ..., decisions: _Optional[_Iterable[_Union[_types_pb2.Event, _Mapping]]] = ..., deadline: _Optional[str] = ..., queue_status: _Optional[str] = ...) -> None: ...
+    eta: str
+    def __init__(self, job: _Optional[_Union[_types_pb2.Job, _Mapping]] = ..., summary: _Optional[str] = ..., decisions: _Optional[_Iterable[_Union[_types_pb2.Event, _Mapping]]] = ..., deadline: _Optional[str] = ..., queue_status: _Optional[str] = ..., eta: _Optional[str] = ...) -> None: ...
+
+class WhatIfRequest(_message.Message):
+    __slots__ = ("policy", "params", "inference_servers", "horizon_hours")
+    class ParamsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    INFERENCE_SERVERS_FIELD_NUMBER: _ClassVar[int]
+    HORIZON_HOURS_FIELD_NUMBER: _ClassVar[int]
+    policy: str
+    params: _containers.ScalarMap[str, str]
+    inference_servers: int
+    horizon_hours: float
+    def __init__(self, policy: _Optional[str] = ..., params: _Optional[_Mapping[str, str]] = ..., inference_servers: _Optional[int] = ..., horizon_hours: _Optional[float] = ...) -> None: ...
+
+class WhatIfRun(_message.Message):
+    __slots__ = ("label", "policy", "changed_params", "metrics", "stop_reason")
+    class MetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_PARAMS_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    STOP_REASON_FIELD_NUMBER: _ClassVar[int]
+    label: str
+    policy: str
+    changed_params: _containers.RepeatedScalarFieldContainer[str]
+    metrics: _containers.ScalarMap[str, float]
+    stop_reason: str
+    def __init__(self, label: _Optional[str] = ..., policy: _Optional[str] = ..., changed_params: _Optional[_Iterable[str]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., stop_reason: _Optional[str] = ...) -> None: ...
+
+class WhatIfResponse(_message.Message):
+    __slots__ = ("current", "alternative", "table", "horizon_hours", "wall_seconds")
+    CURRENT_FIELD_NUMBER: _ClassVar[int]
+    ALTERNATIVE_FIELD_NUMBER: _ClassVar[int]
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    HORIZON_HOURS_FIELD_NUMBER: _ClassVar[int]
+    WALL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    current: WhatIfRun
+    alternative: WhatIfRun
+    table: str
+    horizon_hours: float
+    wall_seconds: float
+    def __init__(self, current: _Optional[_Union[WhatIfRun, _Mapping]] = ..., alternative: _Optional[_Union[WhatIfRun, _Mapping]] = ..., table: _Optional[str] = ..., horizon_hours: _Optional[float] = ..., wall_seconds: _Optional[float] = ...) -> None: ...
 
 class PreviewReclaimRequest(_message.Message):
     __slots__ = ("servers",)

@@ -140,6 +140,11 @@ class SchedulerServiceStub:
                 request_serializer=aryl_dot_v1_dot_scheduler__pb2.ListQueuesRequest.SerializeToString,
                 response_deserializer=aryl_dot_v1_dot_scheduler__pb2.ListQueuesResponse.FromString,
                 _registered_method=True)
+        self.WhatIf = channel.unary_unary(
+                '/aryl.v1.SchedulerService/WhatIf',
+                request_serializer=aryl_dot_v1_dot_scheduler__pb2.WhatIfRequest.SerializeToString,
+                response_deserializer=aryl_dot_v1_dot_scheduler__pb2.WhatIfResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServiceServicer:
@@ -316,6 +321,18 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WhatIf(self, request, context):
+        """What-if (admin; arylctl what-if): the next hours of the live cluster -- its jobs, servers, loans
+        and inference demand as they are now, no arrivals -- simulated under the configured policy and
+        under another policy or parameter set or inference pool, side by side. Changes nothing in the
+        cluster. INVALID_ARGUMENT, naming the choices, for an unknown policy or parameter, a bad value, a
+        horizon outside (0, 168] hours, or more inference servers removed than are idle. Each run stops
+        after 10 s of the scheduler's time (WhatIfRun.stop_reason "budget").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -423,6 +440,11 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.ListQueues,
                     request_deserializer=aryl_dot_v1_dot_scheduler__pb2.ListQueuesRequest.FromString,
                     response_serializer=aryl_dot_v1_dot_scheduler__pb2.ListQueuesResponse.SerializeToString,
+            ),
+            'WhatIf': grpc.unary_unary_rpc_method_handler(
+                    servicer.WhatIf,
+                    request_deserializer=aryl_dot_v1_dot_scheduler__pb2.WhatIfRequest.FromString,
+                    response_serializer=aryl_dot_v1_dot_scheduler__pb2.WhatIfResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -992,6 +1014,33 @@ class SchedulerService:
             '/aryl.v1.SchedulerService/ListQueues',
             aryl_dot_v1_dot_scheduler__pb2.ListQueuesRequest.SerializeToString,
             aryl_dot_v1_dot_scheduler__pb2.ListQueuesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WhatIf(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/aryl.v1.SchedulerService/WhatIf',
+            aryl_dot_v1_dot_scheduler__pb2.WhatIfRequest.SerializeToString,
+            aryl_dot_v1_dot_scheduler__pb2.WhatIfResponse.FromString,
             options,
             channel_credentials,
             insecure,
