@@ -25,25 +25,30 @@ The decision (``pollux_decide``, pure):
   with none.
 
 The registered policy (``PolluxPolicy``) runs the same decision on a ``ClusterSnapshot``, in units of
-workers. A live job has no goodput fit (no step-time samples nor gradient statistics reach the
-scheduler): its goodput is its declared throughput curve (``core.throughput``: points, else Amdahl),
-i.e. statistical efficiency 1 and no batch-size choice, and its node count does not change it. The
-allocation is applied as ``optimus`` applies its own (a shrinking job keeps its lowest ranks, a growing
-one keeps its workers).
+workers. A job that reported step times and gradient statistics and declares batch limits has a fitted
+goodput model (``core.goodput_fit.job_goodput``): its goodput is that model's on its workers' GPUs, at
+the best batch size, and it may take at most ``EXPLORE_FACTOR`` x the GPUs it has run on (the authors'
+bound on extrapolating a fit). Any other job's goodput is its declared throughput curve
+(``core.throughput``: points, else Amdahl), i.e. statistical efficiency 1 and no batch-size choice, and
+its node count does not change it. The allocation is applied as ``optimus`` applies its own (a shrinking
+job keeps its lowest ranks, a growing one keeps its workers); every job with batch limits that holds
+workers afterwards gets its batch in ``Plan.batches`` (``core.goodput_fit.batch_for``: the fitted best on
+the servers it holds, else the tuned ``init_bsz``).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Generic, TypeVar
 
 import numpy as np
 
 from scheduler_service.core.goodput import GradParams, PerfParams
+from scheduler_service.core.goodput_fit import MIN_ATOMIC_BSZ, batch_for, job_goodput
 from scheduler_service.core.params import PolicyParams
-from scheduler_service.core.plan import Plan
+from scheduler_service.core.plan import BatchSize, Plan
 from scheduler_service.core.registry import policies
 from scheduler_service.core.snapshot import ClusterSnapshot, JobView
 from scheduler_service.core.throughput import ThroughputModel
@@ -62,7 +67,8 @@ N = TypeVar("N", bound=Hashable)  # a node's key
 @dataclass(frozen=True, slots=True)
 class GoodputModel:
     """What the decision needs of a job's goodput: its fitted step-time parameters, its latest gradient
-    statistics and its batch-size limits."""
+    statistics and its batch-size limits. ``gpus_per_replica``: GPUs per unit of the decision (a live
+    job's worker may hold several; each GPU is a data-parallel replica)."""
 
     perf: PerfParams
     grad: GradParams
@@ -70,6 +76,7 @@ class GoodputModel:
     max_bsz: int
     min_atomic: int
     max_atomic: int
+    gpus_per_replica: int = 1
     _perf_array: np.ndarray = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -80,7 +87,8 @@ class GoodputModel:
     def best(self, nodes: int, replicas: int) -> tuple[float, int, int]:
         """(goodput, atomic batch, accumulation steps) at the best batch size on ``nodes`` x ``replicas``."""
         g, atomic, accum = best_config(self._perf_array, self.grad.sqr, self.grad.var, float(self.init_bsz),
-                                       float(self.max_bsz), self.min_atomic, self.max_atomic, nodes, replicas)
+                                       float(self.max_bsz), self.min_atomic, self.max_atomic, nodes,
+                                       replicas * self.gpus_per_replica)
         return float(g), int(atomic), int(accum)
 
 
@@ -322,18 +330,54 @@ class PolluxPolicy:
             held: dict[Hashable, int] = {}
             for w in j.workers:
                 held[w.server_id] = held.get(w.server_id, 0) + 1
+            fitted = _goodput_model(j)
+            if fitted is not None:  # within what its fit speaks for (the explored range)
+                trusted = job_goodput(j)
+                assert trusted is not None
+                most = max(min(most, trusted.trusted // j.gpus_per_worker), j.min_workers, 1)
             decision_jobs.append(PolluxJob(
                 key=j.job_id, max_replicas=most, placement=held,
                 age_s=max(0.0, snapshot.now - j.submitted_at),
-                restarts=0, min_replicas=max(1, j.min_workers),
+                restarts=0, min_replicas=max(1, j.min_workers), model=fitted,
                 speed=[model.speed(w) for w in range(most + sum(capacity.values()) + 1)]))
         decided = pollux_decide(decision_jobs, capacity, p=self.p)
         target = {j.job_id: len(decided.get(j.job_id, [])) for j in active}
-        return plan_worker_targets(
+        plan = plan_worker_targets(
             snapshot, active, target, who="Pollux", largest_first=True,
             why_waiting="the free GPUs raise the cluster's mean speed-up more on other jobs",
             why_shrunk="its GPUs raise the cluster's mean speed-up more elsewhere", why_grown="the best mean speed-up",
             why_preempted="its GPUs raise the cluster's mean speed-up more on other jobs")
+        batches = _batches(active, plan)
+        return replace(plan, batches=batches) if batches else plan
+
+
+def _goodput_model(job: JobView) -> GoodputModel | None:
+    """The decision's goodput model of a job with a fitted one (``core.goodput_fit``), else None."""
+    fitted = job_goodput(job)
+    if fitted is None:
+        return None
+    lim = fitted.limits
+    return GoodputModel(fitted.perf, fitted.grad, lim.init_bsz, max(lim.max_bsz, lim.init_bsz), MIN_ATOMIC_BSZ,
+                        max(lim.max_atomic_bsz, MIN_ATOMIC_BSZ), gpus_per_replica=job.gpus_per_worker)
+
+
+def _batches(active: Sequence[JobView], plan: Plan) -> tuple[BatchSize, ...]:
+    """The batch of every job with batch limits that holds workers once ``plan`` is applied, on the
+    servers it then holds (module doc), in job order."""
+    placed: dict[int, set[str]] = {j.job_id: {w.server_id for w in j.workers} for j in active}
+    counts = {j.job_id: len(j.workers) for j in active}
+    for action in (*plan.starts, *plan.scales):
+        placed[action.job_id] = {w.server_id for w in action.workers}
+        counts[action.job_id] = len(action.workers)
+    for preempted in plan.preemptions:
+        counts[preempted.job_id] = 0
+    out = []
+    for j in sorted(active, key=lambda j: j.job_id):
+        if j.batch_limits is not None and counts[j.job_id] > 0:
+            batch = batch_for(j, len(placed[j.job_id]), counts[j.job_id])
+            if batch is not None:
+                out.append(batch)
+    return tuple(out)
 
 
 def _attained_s(job: JobView, now: float) -> float:
