@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from scheduler_service.core.goodput import BatchSplit, GradParams
+from scheduler_service.core.snapshot import BatchLimits
 from scheduler_service.lifecycle import JobState, Pool, ServerState
 
 # ---------------------------------------------------------------------------------------------
@@ -47,6 +49,7 @@ class JobSubmission:
     priority_value: int = 0
     gpu_types: tuple[str, ...] = ()  # GPU types it may run on, preferred first; (): any
     submitted_by: str = ""  # the authenticated caller (role:name) who submitted it: the event's actor
+    batch_limits: BatchLimits | None = None  # it adapts its batch size (issue 17); None: it does not
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,14 @@ class WorkerReport:
     message: str = ""
     stop_requested: bool = False  # EXITED because the agent stopped it, not a crash
     cannot_start: bool = False  # EXITED without running, for a reason in the spec (no working_dir there)
+    # Goodput measures (``node_agent.contract``, "Progress file"); 0: not reported.
+    step_time_s: float = 0.0
+    pass_time_s: float = 0.0
+    local_batch_size: int = 0
+    accum_steps: int = 0
+    grad_sqr: float = 0.0
+    grad_var: float = 0.0
+    samples: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -127,6 +138,29 @@ class AllocationInfo:
     server_id: str
     gpu_index: int
     allocated_at: float
+
+
+@dataclass(frozen=True)
+class StepTimeInfo:
+    """One configuration a job ran at, as its rank 0 measured it last (``store.goodput``)."""
+
+    nodes: int
+    replicas: int
+    local_batch_size: int
+    accum_steps: int
+    pass_time_s: float
+    step_time_s: float
+    measured_at: float
+
+
+@dataclass(frozen=True)
+class GoodputInfo:
+    """What a job's rank 0 reported for goodput: step times per configuration (oldest measure first),
+    its latest gradient statistics (None: none yet) and the samples it processed."""
+
+    step_times: tuple[StepTimeInfo, ...] = ()
+    grad: GradParams | None = None
+    samples: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -184,6 +218,12 @@ class JobInfo:
     priority_class: str = ""  # its priority class (migration 0010) and the class's value at submission
     priority_value: int = 0
     gpu_types: tuple[str, ...] = ()  # GPU types it may run on, preferred first; (): any
+    # Goodput (migration 0014): its batch limits, the batch a policy chose and for how many GPUs
+    # (``core.batch.job_batch`` says what it runs with), and what its rank 0 reported.
+    batch_limits: BatchLimits | None = None
+    batch_chosen: BatchSplit | None = None
+    batch_replicas: int | None = None
+    goodput: GoodputInfo = field(default_factory=GoodputInfo)
 
 
 @dataclass(frozen=True)
@@ -291,6 +331,9 @@ class DesiredWorkerSpec:
     working_dir: str = ""
     working_dir_if_exists: bool = False
     user: str = ""  # the job's owner: a root agent runs the worker as its mapped uid (node_agent.identity)
+    # A job with batch limits: the batch it runs with now (``core.batch.job_batch``) and its limits.
+    batch: BatchSplit | None = None
+    batch_limits: BatchLimits | None = None
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,13 @@
-"""goodput reports: reserved for issue 17 contract (H17a); no change to the schema yet
+"""goodput reports: a job's batch limits, the batch chosen for it, and what its workers measured
+(issue 17, the goodput job contract)
+
+- ``jobs.batch_init`` / ``batch_max`` / ``batch_max_local``: its declared batch limits (``JobSpec.batch``;
+  NULL: the job does not adapt its batch size).
+- ``jobs.batch_local`` / ``batch_accum`` / ``batch_replicas``: the batch a goodput-aware policy chose
+  (``Plan.batches``) and the GPU count it was chosen for (NULL: none chosen; the default applies,
+  ``core.batch.job_batch``).
+- ``jobs.goodput_reports``: what its rank 0 reported (``store.goodput``): one step-time sample per
+  configuration (bounded), its latest gradient statistics and samples processed.
 
 Revision ID: 0014
 Revises: 0013
@@ -7,15 +16,26 @@ Create Date: 2026-11-24 06:55:00.000000
 
 from __future__ import annotations
 
+import sqlalchemy as sa
+from alembic import op
+
 revision = '0014'
 down_revision = '0013'
 branch_labels = None
 depends_on = None
 
+_INTEGERS = ("batch_init", "batch_max", "batch_max_local", "batch_local", "batch_accum", "batch_replicas")
+
 
 def upgrade() -> None:
-    pass
+    with op.batch_alter_table("jobs") as batch:
+        for name in _INTEGERS:
+            batch.add_column(sa.Column(name, sa.Integer(), nullable=True))
+        batch.add_column(sa.Column("goodput_reports", sa.JSON(), nullable=True))
 
 
 def downgrade() -> None:
-    pass
+    with op.batch_alter_table("jobs") as batch:
+        batch.drop_column("goodput_reports")
+        for name in reversed(_INTEGERS):
+            batch.drop_column(name)

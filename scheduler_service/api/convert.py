@@ -9,11 +9,13 @@ from typing import Any
 from google.protobuf import duration_pb2, timestamp_pb2
 
 from protos.aryl.v1 import agent_pb2, scheduler_pb2, types_pb2
+from scheduler_service.core.batch import job_batch, noise_scale
 from scheduler_service.core.predict import DeadlineOutlook, DeadlineStatus
 from scheduler_service.records import (
     ClusterSummary,
     DemandInfo,
     DesiredServerState,
+    DesiredWorkerSpec,
     EventInfo,
     JobInfo,
     LoanInfo,
@@ -99,6 +101,10 @@ def _job(row: JobInfo, *, command: Sequence[str], env: Mapping[str, str],
         restart_policy=_RESTART[row.restart_policy], max_restarts=row.max_restarts,
         working_dir=row.working_dir or "", working_dir_if_exists=row.working_dir_if_exists,
         priority_class=row.priority_class, gpu_types=row.gpu_types,
+        batch=types_pb2.BatchHints(
+            init_batch_size=row.batch_limits.init_bsz, max_batch_size=row.batch_limits.max_bsz,
+            max_local_batch_size=row.batch_limits.max_atomic_bsz,
+        ) if row.batch_limits is not None else None,
     )
     gpus_by_rank: dict[tuple[int, str], list[int]] = defaultdict(list)
     for a in row.allocations:
@@ -118,12 +124,38 @@ def _job(row: JobInfo, *, command: Sequence[str], env: Mapping[str, str],
         last_checkpoint_at=timestamp(row.last_checkpoint_at),
         array_job_id=str(row.array_job_id) if row.array_job_id is not None else "", array_index=row.array_index or 0,
         priority_class_value=row.priority_value,
+        **goodput_fields(row),
     )
     if outlook is not None:
         confidence = outlook.prediction.confidence if outlook.prediction is not None else 0.0
         message.MergeFrom(types_pb2.Job(**prediction_fields(outlook), deadline_note=outlook.note,
                                         prediction_confidence=confidence))
     return message
+
+
+def goodput_fields(row: JobInfo) -> dict[str, Any]:
+    """A job's goodput fields (Job 50-57): the batch it runs with now (``core.batch.job_batch``), what its
+    rank 0 measured, and its gradient noise scale; none for a job without batch limits."""
+    limits = row.batch_limits
+    if limits is None:
+        return {}
+    gpus = len(row.allocations)
+    batch = job_batch(limits, row.batch_chosen, row.batch_replicas, gpus)
+    info = row.goodput
+    fields: dict[str, Any] = dict(
+        step_times=[
+            types_pb2.StepTime(nodes=t.nodes, replicas=t.replicas, local_batch_size=t.local_batch_size,
+                               accum_steps=t.accum_steps, pass_time_s=t.pass_time_s, step_time_s=t.step_time_s,
+                               measured_at=timestamp(t.measured_at))
+            for t in info.step_times
+        ],
+        samples=info.samples, noise_scale=noise_scale(info.grad, limits.init_bsz),
+    )
+    if info.grad is not None:
+        fields.update(grad_sqr=info.grad.sqr, grad_var=info.grad.var)
+    if batch is not None:
+        fields.update(local_batch_size=batch.atomic_bsz, accum_steps=batch.accum_steps, batch_size=batch.total(gpus))
+    return fields
 
 
 def event(row: EventInfo) -> types_pb2.Event:
@@ -213,7 +245,18 @@ def desired_state(state: DesiredServerState, *, grace_period_s: float) -> agent_
                 gpu_indices=w.gpu_indices, command=w.command, env=w.env, master_addr=w.master_addr,
                 master_port=w.master_port, grace_period=duration(grace_period_s), incarnation=w.incarnation,
                 working_dir=w.working_dir, working_dir_if_exists=w.working_dir_if_exists, user=w.user,
+                **desired_batch(w),
             )
             for w in state.workers
         ],
     )
+
+
+def desired_batch(worker: DesiredWorkerSpec) -> dict[str, int]:
+    """A desired worker's batch fields (DesiredWorker 20-24); none for a job without batch limits."""
+    if worker.batch is None or worker.batch_limits is None:
+        return {}
+    limits = worker.batch_limits
+    return dict(local_batch_size=worker.batch.atomic_bsz, accum_steps=worker.batch.accum_steps,
+                init_batch_size=limits.init_bsz, max_batch_size=limits.max_bsz,
+                max_local_batch_size=limits.max_atomic_bsz)

@@ -19,6 +19,7 @@ from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
 
 from aryl_common.channels import MAX_JOB_SPEC_BYTES, MAX_WORKERS_PER_SERVER
 from protos.aryl.v1 import agent_pb2, scheduler_pb2, types_pb2
+from scheduler_service.core.snapshot import BatchLimits
 from scheduler_service.errors import InvalidArgument, PermissionDenied
 from scheduler_service.lifecycle import JobState, Pool
 from scheduler_service.records import (
@@ -50,6 +51,7 @@ MAX_ENV_VALUE = 32 * 1024
 MAX_RESTARTS = 1000
 MAX_WORKING_DIR = 4096  # Linux's PATH_MAX, terminating NUL included
 MAX_JOB_ID = 2**63 - 1
+MAX_BATCH_SIZE = 1 << 24  # samples: far above any batch trained with (Pollux's largest is 2^17)
 JOB_STATE_NAMES = {v: JobState(n.removeprefix("JOB_STATE_")) for n, v in types_pb2.JobState.items() if v}
 POOL_NAMES: dict[int, Pool] = {types_pb2.POOL_TRAINING: Pool.TRAINING, types_pb2.POOL_INFERENCE: Pool.INFERENCE}
 RESTART_POLICIES: dict[int, str] = {
@@ -269,13 +271,38 @@ def job_submission(spec: types_pb2.JobSpec, idempotency_key: str, *, now: float)
     priority_class = text("spec.priority_class", spec.priority_class, max_len=63, pattern=IDENT,
                           hint="letters, digits and . _ @ + -")
     gpu_types = _gpu_types(spec.gpu_types)
+    limits = _batch_limits(spec.batch, high * gpus) if spec.HasField("batch") else None
     return JobSubmission(
         name=name, user=user, queue=queue, command=tuple(spec.command), env=dict(spec.env),
         gpus_per_worker=gpus, min_workers=low, max_workers=high, priority=spec.priority, deadline=deadline,
         throughput=throughput, max_runtime_s=max_runtime, restart_policy=policy, max_restarts=restarts,
         idempotency_key=submission_key, working_dir=working_dir,
         working_dir_if_exists=spec.working_dir_if_exists, priority_class=priority_class, gpu_types=gpu_types,
+        batch_limits=limits,
     )
+
+
+def _batch_limits(batch: types_pb2.BatchHints, most_gpus: int) -> BatchLimits:
+    """``spec.batch``: all three sizes required; the largest batch at least the init one and at least
+    one sample per GPU of the job's largest allocation (``most_gpus``: max_workers x gpus_per_worker)."""
+    init = _count("spec.batch.init_batch_size", batch.init_batch_size, 1, MAX_BATCH_SIZE)
+    if not batch.max_batch_size:
+        raise InvalidArgument("spec.batch.max_batch_size", f"is required: the largest total batch the job accepts "
+                                                           f"(at least init_batch_size, {init}; equal: a fixed batch)")
+    if batch.max_batch_size < init:
+        raise InvalidArgument("spec.batch.max_batch_size",
+                              f"must be >= init_batch_size ({init}) (got {batch.max_batch_size})")
+    largest = _count("spec.batch.max_batch_size", batch.max_batch_size, init, MAX_BATCH_SIZE)
+    if largest < most_gpus:
+        raise InvalidArgument("spec.batch.max_batch_size",
+                              f"must be >= {most_gpus}: at its largest (max_workers x gpus_per_worker = {most_gpus} "
+                              f"GPUs) the job runs at least one sample per GPU (got {largest}); raise it or "
+                              "lower max_workers")
+    if not batch.max_local_batch_size:
+        raise InvalidArgument("spec.batch.max_local_batch_size",
+                              "is required: the largest batch one GPU fits in one forward/backward pass")
+    local = _count("spec.batch.max_local_batch_size", batch.max_local_batch_size, 1, MAX_BATCH_SIZE)
+    return BatchLimits(init_bsz=init, max_bsz=largest, max_atomic_bsz=local)
 
 
 MAX_GPU_TYPES = 16
@@ -460,6 +487,11 @@ def worker_report(field: str, w: agent_pb2.WorkerStatus) -> WorkerReport:
         # Free text from a worker's environment: bounded, control characters replaced, never refused.
         message="".join(c if c.isprintable() else " " for c in w.message[:512]),
         stop_requested=w.stop_requested, cannot_start=w.cannot_start,
+        step_time_s=finite(f"{field}.step_time_s", w.step_time_s),
+        pass_time_s=finite(f"{field}.pass_time_s", w.pass_time_s),
+        local_batch_size=w.local_batch_size, accum_steps=w.accum_steps,
+        grad_sqr=finite(f"{field}.grad_sqr", w.grad_sqr), grad_var=finite(f"{field}.grad_var", w.grad_var),
+        samples=finite(f"{field}.samples", w.samples),
     )
 
 

@@ -220,7 +220,8 @@ def _same_spec(sub: JobSubmission, job: JobInfo) -> bool:
     def stored(value: object) -> object:
         return json.loads(json.dumps(value))
 
-    return all(stored(getattr(sub, f)) == stored(getattr(job, f)) for f in _SPEC_FIELDS)
+    return (all(stored(getattr(sub, f)) == stored(getattr(job, f)) for f in _SPEC_FIELDS)
+            and sub.batch_limits == job.batch_limits)
 
 
 def _encode_page_token(last_id: int, flt: JobFilter) -> str:

@@ -353,6 +353,7 @@ class ApplyLog:
     rejected: list[tuple[int | str, str]] = field(default_factory=list)
     rejected_codes: list[str] = field(default_factory=list)
     touched: set[str] = field(default_factory=set)
+    rebatched: list[int] = field(default_factory=list)  # jobs whose batch changed (``Plan.batches``)
 
     def applied(self, action: Action, servers: Iterable[str]) -> None:
         self.touched.update(servers)
@@ -371,7 +372,7 @@ class ApplyLog:
 
     @property
     def changed(self) -> bool:
-        return bool(self.started or self.scaled or self.preempted or self.server_steps)
+        return bool(self.started or self.scaled or self.preempted or self.server_steps or self.rebatched)
 
     def result(self) -> ApplyResult:
         return ApplyResult(

@@ -27,6 +27,7 @@ from scheduler_service.records import GpuReport, GpuSample, ServerRegistration, 
 from scheduler_service.store import models as m
 from scheduler_service.store.changes import StateChanges, at_least, free_allocations
 from scheduler_service.store.desired import DesiredStates
+from scheduler_service.store.goodput import with_report
 from scheduler_service.store.transactions import commit_without_flush_wait
 from scheduler_service.worker_outcomes import Verdict, describe_exit, judge_exits
 
@@ -256,6 +257,7 @@ class AgentStore:
             if not current:
                 continue
             self._record_progress(session, job, current, now)
+            self._record_goodput(session, job, current, now)
             exits = {int(rank): code for rank, code in (job.worker_exits or {}).items()}
             new_exits = [
                 w for w in current
@@ -295,6 +297,22 @@ class AgentStore:
                 self._changes.set_job_state(session, job, JobState.PENDING, "RESTARTING", why)
             decided = True
         return decided
+
+    @staticmethod
+    def _record_goodput(session: Session, job: m.Job, current: Sequence[WorkerReport], now: float) -> None:
+        """Rank 0's goodput measures of a job with batch limits (``store.goodput``), written as progress
+        is (no version bump). The configuration's nodes and GPUs are the job's allocation now."""
+        rank0 = next((w for w in current if w.rank == 0), None)
+        if job.batch_init is None or rank0 is None:
+            return
+        a = m.ALLOCATIONS.c
+        replicas, nodes = session.execute(
+            sa.select(sa.func.count(), sa.func.count(sa.distinct(a.server_id))).where(a.job_id == job.id)
+        ).one()
+        document = with_report(job.goodput_reports, rank0, nodes=nodes, replicas=replicas, now=now)
+        if document is not None:
+            session.execute(sa.update(m.JOBS).where(m.JOBS.c.id == job.id).values(goodput_reports=document))
+            session.expire(job, ["goodput_reports"])
 
     @staticmethod
     def _record_progress(session: Session, job: m.Job, current: Sequence[WorkerReport], now: float) -> None:

@@ -55,6 +55,7 @@ from scheduler_service.core.plan import (
     WorkerPlacement,
     apply_order,
 )
+from scheduler_service.core.protection import record_disruption
 from scheduler_service.core.snapshot import AdminState
 from scheduler_service.lifecycle import IllegalTransition, JobState, ServerState
 from scheduler_service.store import models as m
@@ -120,7 +121,7 @@ class Applier:
                     if isinstance(action, ServerAction):
                         servers, loan = self._apply_server_step(session, facts, action, now)
                     elif isinstance(action, PreemptJob):
-                        servers = self._apply_preemption(session, facts, action)
+                        servers = self._apply_preemption(session, facts, action, now)
                     elif isinstance(action, ScaleJob):
                         servers = self._apply_scale(session, facts, action, now)
                     else:
@@ -137,6 +138,8 @@ class Applier:
                 continue
             facts.applied(action, loan)
             log.applied(action, servers)
+        if plan.batches:
+            self._apply_batches(session, plan, log)
         self._desired.bump(session, log.touched)
         self._apply_pending(session, plan.pending)
         self._apply_held(session, plan.held)
@@ -144,7 +147,50 @@ class Applier:
             self._apply_loan_note(session, plan.loan_note)
         return log
 
-    def _apply_preemption(self, session: Session, facts: _SessionFacts, action: PreemptJob) -> set[str]:
+    def _apply_batches(self, session: Session, plan: Plan, log: ApplyLog) -> None:
+        """Store each batch the plan chose (``Plan.batches``) with the GPU count the job holds now, for
+        which it was chosen (``core.batch.job_batch``), and record JOB_BATCH_CHANGED; the job's servers
+        get the new batch in their desired state (its workers keep running: ``node_agent.contract``).
+
+        Left out, as a policy's slip and not a state change: a batch for a job without batch limits or
+        holding no GPU, one outside its limits (a pass above its largest per-GPU batch, a total above
+        its largest), one for a job whose start or resize this plan saw refused (it was chosen for the
+        size the job did not get), and one equal to the stored choice."""
+        resized = {a.job_id for a in plan.starts} | {a.job_id for a in plan.scales}
+        refused = resized - set(log.started) - set(log.scaled)
+        j, a = m.JOBS.c, m.ALLOCATIONS.c
+        ids = sorted({b.job_id for b in plan.batches} - refused)
+        rows = {row.id: row for row in session.execute(
+            sa.select(j.id, j.batch_init, j.batch_max, j.batch_max_local, j.batch_local, j.batch_accum,
+                      j.batch_replicas).where(j.id.in_(ids)))}
+        servers: dict[int, list[str]] = defaultdict(list)
+        for job_id, server_id in session.execute(sa.select(a.job_id, a.server_id).where(a.job_id.in_(ids))):
+            servers[job_id].append(server_id)
+        for batch in plan.batches:
+            row, held = rows.get(batch.job_id), servers.get(batch.job_id, [])
+            gpus = len(held)
+            if row is None or row.batch_init is None or not gpus or batch.job_id in refused:
+                continue
+            total = gpus * batch.atomic_bsz * (batch.accum_steps + 1)
+            if not (1 <= batch.atomic_bsz <= row.batch_max_local and batch.accum_steps >= 0
+                    and total <= row.batch_max):
+                continue
+            if (row.batch_local, row.batch_accum, row.batch_replicas) == (batch.atomic_bsz, batch.accum_steps, gpus):
+                continue
+            session.execute(sa.update(m.JOBS).where(j.id == batch.job_id).values(
+                batch_local=batch.atomic_bsz, batch_accum=batch.accum_steps, batch_replicas=gpus))
+            self._changes.event(
+                session, "JOB_BATCH_CHANGED", job_id=batch.job_id, reason="BATCH_CHOSEN",
+                message=f"batch {total} = {gpus} GPU(s) x {batch.atomic_bsz} per pass x {batch.accum_steps + 1} "
+                        f"pass(es) per step",
+                details={"local_batch_size": str(batch.atomic_bsz), "accum_steps": str(batch.accum_steps),
+                         "batch_size": str(total), "gpus": str(gpus)},
+            )
+            log.rebatched.append(batch.job_id)
+            log.touched.update(held)
+
+    def _apply_preemption(self, session: Session, facts: _SessionFacts, action: PreemptJob,
+                          now: float) -> set[str]:
         """Stop every worker and requeue: RUNNING -> PREEMPTED -> PENDING, both recorded with the
         action's reason; the reason also becomes the pending reason ExplainJob shows."""
         check_preemption(facts, action)
@@ -152,6 +198,7 @@ class Applier:
         servers = free_allocations(session, job.id)
         job.num_workers = 0
         job.preemptions += 1
+        job.disruptions = list(record_disruption(job.disruptions, now))  # core.protection's cap counts it
         job.pending_reason = f"{action.reason}: {action.message}"[:1024]
         job.size_note = ""  # it no longer runs: nothing holds its size
         self._changes.set_job_state(session, job, JobState.PREEMPTED, action.reason, action.message)
@@ -180,6 +227,7 @@ class Applier:
         new_incarnation(job, action.workers)
         job.num_workers = len(action.workers)
         job.last_resized_at = now
+        job.disruptions = list(record_disruption(job.disruptions, now))  # core.protection's cap counts it
         self._changes.set_job_state(
             session, job, JobState.RUNNING, action.reason, f"{action.message} (now {len(action.workers)} worker(s))"
         )

@@ -17,9 +17,12 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from scheduler_service.core.batch import job_batch
+from scheduler_service.core.goodput import BatchSplit
 from scheduler_service.records import DesiredServerState, DesiredWorkerSpec
 from scheduler_service.store import models as m
 from scheduler_service.store.changes import index_list
+from scheduler_service.store.rows import batch_limits
 from scheduler_service.store.transactions import stage_desired_states
 
 # A server's part of its desired state (``DesiredStates.of``).
@@ -85,7 +88,8 @@ class DesiredStates:
             sa.select(a.server_id, a.job_id, a.rank,
                       sa.func.aggregate_strings(sa.cast(a.gpu_index, sa.String), ",").label("gpus"),
                       j.num_workers, j.command, j.env, j.incarnation, j.working_dir, j.working_dir_if_exists,
-                      j.array_job_id, j.array_index, j.user,
+                      j.array_job_id, j.array_index, j.user, j.gpus_per_worker,
+                      j.batch_init, j.batch_max, j.batch_max_local, j.batch_local, j.batch_accum, j.batch_replicas,
                       master.label("master_addr"), port.label("master_port"))
             .join(m.JOBS, j.id == a.job_id)
             .where(a.server_id.in_(sorted(row.id for row in servers)))
@@ -109,7 +113,7 @@ class DesiredStates:
                         master_addr=w.master_addr or server.agent_address,
                         master_port=w.master_port or 0, incarnation=w.incarnation,
                         working_dir=w.working_dir or "", working_dir_if_exists=w.working_dir_if_exists,
-                        user=w.user,
+                        user=w.user, **_batch_fields(w),
                     )
                 )
                 local_rank[w.job_id] += 1
@@ -117,6 +121,17 @@ class DesiredStates:
                 server.id, epoch, server.desired_generation, server.state, tuple(specs)
             )
         return states
+
+
+def _batch_fields(row: Any) -> dict[str, Any]:
+    """A worker's batch (``core.batch.job_batch``: the policy's choice for the job's GPUs, else the
+    default) and its job's limits; none for a job without batch limits."""
+    limits = batch_limits(row.batch_init, row.batch_max, row.batch_max_local)
+    if limits is None:
+        return {}
+    chosen = BatchSplit(row.batch_local, row.batch_accum or 0) if row.batch_local else None
+    return dict(batch=job_batch(limits, chosen, row.batch_replicas, row.num_workers * row.gpus_per_worker),
+                batch_limits=limits)
 
 
 def _worker_env(env: dict[str, str], array_job_id: int | None, array_index: int | None) -> dict[str, str]:

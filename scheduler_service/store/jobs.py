@@ -228,7 +228,8 @@ _LIST_COLUMNS = (
 # The columns of a job that its INSERT leaves to the database's defaults, as the database fills them in.
 _NOT_WRITTEN_YET: dict[str, Any] = dict(
     last_resized_at=None, work_done=0.0, last_checkpoint_at=None, incarnation=0, checkpoint_work=None,
-    worker_exits=None, rank_servers=None, size_note="",
+    worker_exits=None, rank_servers=None, size_note="", batch_local=None, batch_accum=None, batch_replicas=None,
+    goodput_reports=None,
 )
 
 
@@ -241,9 +242,18 @@ def _job_row(sub: JobSubmission, now: float) -> dict[str, Any]:
         restart_policy=sub.restart_policy, max_restarts=sub.max_restarts, idempotency_key=sub.idempotency_key,
         working_dir=sub.working_dir, working_dir_if_exists=sub.working_dir_if_exists, array_index=sub.array_index,
         priority_class=sub.priority_class, priority_value=sub.priority_value, gpu_types=list(sub.gpu_types) or None,
+        **_batch_columns(sub),
         state=JobState.PENDING, state_reason=Reason.SUBMITTED, state_message="queued", pending_reason="",
         num_workers=0, restarts=0, preemptions=0, submitted_at=now, started_at=None, finished_at=None,
     )
+
+
+def _batch_columns(sub: JobSubmission) -> dict[str, Any]:
+    """The batch limits' columns (migration 0014): NULL for a job without."""
+    limits = sub.batch_limits
+    if limits is None:
+        return dict(batch_init=None, batch_max=None, batch_max_local=None)
+    return dict(batch_init=limits.init_bsz, batch_max=limits.max_bsz, batch_max_local=limits.max_atomic_bsz)
 
 
 def _submitted_event(row: dict[str, Any], sub: JobSubmission, job_id: int) -> dict[str, Any]:

@@ -91,6 +91,8 @@ class Job(Base):
     version: Mapped[int] = mapped_column(Integer, default=1)
     # Last start, restart or resize: the policy leaves recently resized jobs alone (anti-thrashing).
     last_resized_at: Mapped[float | None] = mapped_column(Double)
+    # When its resizes and preemptions of the last hour were applied (core.protection's disruption cap)
+    disruptions: Mapped[list[Any] | None] = mapped_column(JSON)
     # Progress as the job reports it, in the unit of its throughput hints' ``total_work``.
     work_done: Mapped[float] = mapped_column(Double, default=0.0, server_default="0")
     # Work since the last checkpoint is what a preemption loses.
@@ -130,6 +132,17 @@ class Job(Base):
     priority_class: Mapped[str] = mapped_column(String(63), default="", server_default=text("''"))
     priority_value: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     gpu_types: Mapped[list[Any] | None] = mapped_column(JSON)
+
+    # Goodput (migration 0014, issue 17): its declared batch limits (NULL: it does not adapt its batch);
+    # the batch a policy chose and the GPU count it chose it for (NULL: none; ``core.batch.job_batch``);
+    # what its rank 0 reported (``store.goodput``: step times per configuration, gradient statistics).
+    batch_init: Mapped[int | None] = mapped_column(Integer)
+    batch_max: Mapped[int | None] = mapped_column(Integer)
+    batch_max_local: Mapped[int | None] = mapped_column(Integer)
+    batch_local: Mapped[int | None] = mapped_column(Integer)
+    batch_accum: Mapped[int | None] = mapped_column(Integer)
+    batch_replicas: Mapped[int | None] = mapped_column(Integer)
+    goodput_reports: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
     __table_args__ = (
         CheckConstraint("gpus_per_worker >= 1", name="gpus_per_worker_positive"),

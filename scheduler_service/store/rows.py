@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from scheduler_service.core.goodput import BatchSplit
+from scheduler_service.core.snapshot import BatchLimits
 from scheduler_service.lifecycle import JobState, Pool, ServerState
 from scheduler_service.records import (
     AllocationInfo,
@@ -23,6 +25,7 @@ from scheduler_service.records import (
     LoanInfo,
     ServerInfo,
 )
+from scheduler_service.store.goodput import goodput_info
 
 # A row as column name -> value (a Core row's ``_mapping``, whose keys SQLAlchemy types loosely).
 Values = Mapping[Any, Any]
@@ -54,7 +57,15 @@ def job_info(row: Values, allocations: Iterable[Values] = ()) -> JobInfo:
                            allocated_at=a["allocated_at"])
             for a in allocations
         ),
+        batch_limits=batch_limits(row.get("batch_init"), row.get("batch_max"), row.get("batch_max_local")),
+        batch_chosen=BatchSplit(row["batch_local"], row.get("batch_accum") or 0) if row.get("batch_local") else None,
+        batch_replicas=row.get("batch_replicas"), goodput=goodput_info(row.get("goodput_reports")),
     )
+
+
+def batch_limits(init: int | None, largest: int | None, largest_local: int | None) -> BatchLimits | None:
+    """A job's batch limits from its three columns (migration 0014); None for a job without."""
+    return BatchLimits(init, largest, largest_local) if init and largest and largest_local else None
 
 
 def event_info(row: Values) -> EventInfo:

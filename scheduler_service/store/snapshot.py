@@ -32,8 +32,10 @@ from scheduler_service.core.snapshot import (
 from scheduler_service.lifecycle import JobState, Pool, ServerState
 from scheduler_service.store import models as m
 from scheduler_service.store.changes import index_list
+from scheduler_service.store.goodput import goodput_info, step_samples
 from scheduler_service.store.inference import DemandRules, fresh_demand
 from scheduler_service.store.queues import queue_views
+from scheduler_service.store.rows import batch_limits
 
 ACTIVE_JOB_STATES = (JobState.PENDING, JobState.RUNNING, JobState.SCALING, JobState.PREEMPTED)
 # Server states in which the server has an open loan (LOST/UNHEALTHY servers may too; they show none).
@@ -110,6 +112,10 @@ class SnapshotReader:
             .order_by(j.id)
             # queues and GPU types (core.quota)
             .add_columns(j.queue, j.user, j.priority_value, sa.cast(j.gpu_types, sa.Text).label("gpu_types"))
+            .add_columns(sa.cast(j.disruptions, sa.Text).label("disruptions"))  # core.protection
+            # goodput (store.goodput): batch limits and what rank 0 reported
+            .add_columns(j.batch_init, j.batch_max, j.batch_max_local,
+                         sa.cast(j.goodput_reports, sa.Text).label("goodput_reports"))
         )
         job_views: dict[int, tuple[tuple[Any, ...], JobView]] = {}
         for row in active:
@@ -138,9 +144,11 @@ class SnapshotReader:
                     started_at=row.started_at,
                     last_resized_at=row.last_resized_at,
                     last_checkpoint_at=row.last_checkpoint_at,
+                    disruptions=tuple(decoded(row.disruptions) or ()),
                     size_note=row.size_note,
                     deadline=row.deadline,
                     progress_window=progress_window(row),
+                    **goodput_fields(row, decoded),
                 )
             ))
         self._job_views = job_views  # only this cycle's active jobs: an ended job is forgotten
@@ -168,6 +176,15 @@ class _Decoded:
         except KeyError:
             value = self._values[text] = json.loads(text)  # type: ignore[arg-type]
             return value
+
+
+def goodput_fields(row: Any, decoded: _Decoded) -> dict[str, Any]:
+    """A job view's goodput fields (``core.snapshot.JobView``) from a jobs row with the 0014 columns."""
+    limits = batch_limits(row.batch_init, row.batch_max, row.batch_max_local)
+    if limits is None:
+        return {}
+    info = goodput_info(decoded(row.goodput_reports))
+    return dict(batch_limits=limits, step_samples=step_samples(info), grad_stats=info.grad)
 
 
 def progress_window(row: Any) -> ProgressWindow | None:
