@@ -37,6 +37,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
+from typing import Any
 
 import grpc
 import structlog
@@ -46,6 +47,7 @@ from aryl_common.backoff import Backoff
 from aryl_common.channels import SchedulerAddresses, describe_rpc_error, leader_hint, scheduler_channel
 from aryl_common.entry import package_version
 from aryl_common.security import ClientSecurity
+from node_agent import contract
 from node_agent.config import AgentSection, UsersSection
 from node_agent.desired import DesiredStateTracker, Verdict
 from node_agent.epoch_file import EpochFile
@@ -118,10 +120,16 @@ def worker_status_message(view: WorkerView) -> agent_pb2.WorkerStatus:
         progress=view.progress.progress,
         samples_per_second=view.progress.samples_per_second,
         checkpoint_progress=view.progress.checkpoint_progress,
+        **goodput_measures(view.progress),
         message=view.message,
         stop_requested=view.stop_requested,
         cannot_start=view.cannot_start,
     )
+
+
+def goodput_measures(progress: contract.Progress) -> dict[str, Any]:
+    """``WorkerStatus``'s goodput fields: the progress file's goodput measures, as the worker wrote them."""
+    return {key: getattr(progress, key) for key in contract.GOODPUT_KEYS}
 
 
 class Agent:

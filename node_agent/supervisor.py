@@ -34,7 +34,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import BinaryIO
@@ -161,8 +161,22 @@ def worker_environment(
     identities = identities or Identities()
     return identities.environment(
         spec.user, layout.job_dir(spec.id.job_id), secrets.resolve(dict(spec.env), secrets_file),
-        contract_environment(spec, layout, default_master_addr), agent_env,
+        {**contract_environment(spec, layout, default_master_addr), **batch_environment(spec, layout)}, agent_env,
     )
+
+
+def batch_environment(spec: WorkerSpec, layout: WorkDir) -> dict[str, str]:
+    """The contract's batch variables (``node_agent.contract``), only for a job with batch limits."""
+    if spec.batch is None:
+        return {}
+    return {
+        contract.LOCAL_BATCH_SIZE: str(spec.local_batch_size),
+        contract.ACCUM_STEPS: str(spec.accum_steps),
+        contract.INIT_BATCH_SIZE: str(spec.init_batch_size),
+        contract.MAX_BATCH_SIZE: str(spec.max_batch_size),
+        contract.MAX_LOCAL_BATCH_SIZE: str(spec.max_local_batch_size),
+        contract.BATCH_FILE: str(layout.batch_file(spec.id)),
+    }
 
 
 class Supervisor:
@@ -308,6 +322,8 @@ class Supervisor:
             current = self._workers.get(spec.id)
             if current is None:
                 current = self._workers[spec.id] = Worker(spec)
+            elif current.spec.batch != spec.batch:
+                self._rebatch(current, spec)
             if current.phase is Phase.STARTING:
                 self._start_when_free(current)
 
@@ -317,6 +333,28 @@ class Supervisor:
             self._stop(worker)
         elif worker.phase is Phase.STARTING or (worker.phase is Phase.EXITED and worker.reported_exit):
             self._forget(worker)
+
+    def _rebatch(self, worker: Worker, desired: WorkerSpec) -> None:
+        """The scheduler changed only ``worker``'s batch: no restart (``node_agent.contract``, why), the
+        record takes the new batch and a live worker's batch file is rewritten; one not started yet
+        gets it in its environment."""
+        worker.spec = replace(worker.spec, local_batch_size=desired.local_batch_size, accum_steps=desired.accum_steps)
+        self._dirty = True
+        if worker.live:
+            self._write_batch(worker.spec)
+            self._log.info("batch changed in place", worker=str(worker.id), local_batch_size=desired.local_batch_size,
+                           accum_steps=desired.accum_steps)
+
+    def _write_batch(self, spec: WorkerSpec) -> None:
+        """``ARYL_BATCH_FILE`` for ``spec`` (a job with batch limits); a failure is logged: the worker
+        keeps the batch it runs, and reports it."""
+        batch = spec.batch
+        if batch is None:
+            return
+        try:
+            contract.write_batch(self.layout.batch_file(spec.id), batch)
+        except OSError as exc:
+            self._log.warning("cannot write the batch file", worker=str(spec.id), error=str(exc))
 
     def _start_when_free(self, worker: Worker) -> None:
         blocker = self._blocker(worker.spec)
@@ -405,6 +443,7 @@ class Supervisor:
                           self.layout.job_dir(spec.id.job_id)):
             private_directory(directory, run_as)
         exit_file.unlink(missing_ok=True)
+        self._write_batch(spec)
         log_path = self.layout.log_file(spec.id.job_id, spec.id.rank)
         agent_directory(log_path.parent)
         switch: dict[str, object] = {}
@@ -578,6 +617,7 @@ class Supervisor:
         self._dirty = True
         if worker.phase is Phase.EXITED:
             last_of_job = not any(other.id.job_id == worker.id.job_id for other in self._workers.values())
+            self.layout.batch_file(worker.id).unlink(missing_ok=True)
             self.layout.forget(worker.id, last_of_job=last_of_job)
 
     def _save(self) -> None:

@@ -24,6 +24,7 @@ On-disk layout (``WorkDir``)::
     <work_dir>/logs/<job>/rank-<r>.log                   output of every incarnation, appended
     <work_dir>/jobs/<job>/                               the job's directory (a working directory)
     <work_dir>/run/workers.json                          the state file (0600)
+    <work_dir>/run/<job>/rank-<r>.inc-<i>.batch.json     ARYL_BATCH_FILE (the agent's, 0644)
     <work_dir>/run/<job>/rank-<r>.inc-<i>.exit.json      written by the shim when the command ends
     <work_dir>/run/<job>/rank-<r>.inc-<i>.progress.json  ARYL_PROGRESS_FILE
     <checkpoint_root>/<job>/                             ARYL_CHECKPOINT_DIR
@@ -48,6 +49,7 @@ from urllib.parse import quote
 
 from google.protobuf import duration_pb2
 
+from node_agent import contract
 from protos.aryl.v1 import agent_pb2
 
 STATE_FILE_VERSION = 1
@@ -92,6 +94,17 @@ class WorkerSpec:
     working_dir: str = ""  # absolute; empty: the job's directory (module doc)
     working_dir_if_exists: bool = False
     user: str = ""  # the job's owner: who the worker runs as (node_agent.identity)
+    # A job with batch limits (``node_agent.contract``): the batch chosen now (it may change while the
+    # worker runs: ``ARYL_BATCH_FILE``) and the job's limits; all 0 for a job without.
+    local_batch_size: int = 0
+    accum_steps: int = 0
+    init_batch_size: int = 0
+    max_batch_size: int = 0
+    max_local_batch_size: int = 0
+
+    @property
+    def batch(self) -> contract.Batch | None:
+        return contract.Batch(self.local_batch_size, self.accum_steps) if self.local_batch_size > 0 else None
 
     @classmethod
     def from_message(cls, worker: agent_pb2.DesiredWorker, default_grace_s: float) -> WorkerSpec:
@@ -108,6 +121,11 @@ class WorkerSpec:
             working_dir=worker.working_dir,
             working_dir_if_exists=worker.working_dir_if_exists,
             user=worker.user,
+            local_batch_size=worker.local_batch_size,
+            accum_steps=worker.accum_steps,
+            init_batch_size=worker.init_batch_size,
+            max_batch_size=worker.max_batch_size,
+            max_local_batch_size=worker.max_local_batch_size,
         )
 
 
@@ -152,6 +170,9 @@ class WorkDir:
 
     def log_file(self, job_id: str, rank: int) -> Path:
         return self.root / "logs" / path_component(job_id) / f"rank-{rank}.log"
+
+    def batch_file(self, worker: WorkerId) -> Path:
+        return self.run_dir / path_component(worker.job_id) / f"rank-{worker.rank}.inc-{worker.incarnation}.batch.json"
 
     def exit_file(self, worker: WorkerId) -> Path:
         return self.run_dir / path_component(worker.job_id) / f"rank-{worker.rank}.inc-{worker.incarnation}.exit.json"
