@@ -77,6 +77,7 @@ from arylctl.client import (
     parse_deadline,
 )
 from arylctl.queues import add_queue_commands
+from arylctl.what_if import add_what_if_command
 from protos.aryl.v1 import scheduler_pb2, types_pb2
 
 __all__ = ["UsageError", "build_parser", "format_table", "main", "parse_args"]
@@ -321,7 +322,7 @@ def _job_reason(job: types_pb2.Job) -> str:
 
 JOB_HEADERS: Final = (
     "ID", "NAME", "USER", "QUEUE", "STATE", "WORKERS", "GPUS/W", "PRIO", "COMMAND", "SUBMITTED", "DEADLINE",
-    "ELAPSED", "REASON",
+    "ETA", "ELAPSED", "REASON",
 )
 # The COMMAND column of `jobs`: a longer command is cut to this many characters, ending in "...";
 # `arylctl job ID` shows it whole.
@@ -370,9 +371,23 @@ def _job_row(job: types_pb2.Job, now: dt.datetime) -> list[object]:
         command_cell(spec.command),
         local_time(job.submitted_at),
         deadline_cell(job),
+        eta_cell(job),
         job_elapsed(job, now),
         _job_reason(job),
     ]
+
+
+def eta_cell(job: types_pb2.Job) -> str:
+    """The scheduler's forecast (``Job.eta_*``), local ``MM-DD HH:MM``: a waiting job's expected start,
+    a running one's finish (``ends ...``); ``-`` without one."""
+    def when(ts: Timestamp) -> str:
+        return ts.ToDatetime(tzinfo=dt.UTC).astimezone().strftime("%m-%d %H:%M")
+
+    if _is_set(job.eta_start):
+        return f"starts {when(job.eta_start)}"
+    if _is_set(job.eta_finish) and job.state in (types_pb2.JOB_STATE_RUNNING, types_pb2.JOB_STATE_SCALING):
+        return f"ends {when(job.eta_finish)}"
+    return "-"
 
 
 # The DEADLINE column's word for where a job stands against its deadline (``arylctl job`` says more).
@@ -1111,6 +1126,8 @@ def describe_explanation(response: scheduler_pb2.ExplainJobResponse) -> str:
     head = printable(f"Job {job.job_id} ({job.spec.name}): {summary}")
     if response.queue_status:  # its queue's quota and usage
         head += "\n" + printable(response.queue_status[0].upper() + response.queue_status[1:])
+    if response.eta:  # when it is expected to start, after which jobs (the scheduler's forecast)
+        head += "\n" + printable(response.eta[0].upper() + response.eta[1:])
     if response.deadline:  # where it stands against its deadline, and why
         head += "\n" + printable(f"Deadline {local_time(job.spec.deadline)}: {response.deadline}")
     if not response.decisions:
@@ -1408,6 +1425,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add("cluster", cmd_cluster, "capacity per pool, jobs per state, inference demand, policy")
     add_queue_commands(add, common, format_table, EXIT_OK)
+    add_what_if_command(add, EXIT_OK)
 
     servers = add(
         "servers", cmd_servers, "list servers, or take one out: cordon, uncordon, drain, delete",

@@ -317,6 +317,10 @@ class EventStream(Iterator[types_pb2.Event]):
 # The client
 
 
+# What-if waits at least this long (``ArylClient.what_if``).
+WHAT_IF_TIMEOUT_S: Final = 60.0
+
+
 class ArylClient:
     """A connection to one scheduler (``SchedulerService`` and ``InferenceService``).
 
@@ -553,6 +557,23 @@ class ArylClient:
     def explain_job(self, job_id: str) -> scheduler_pb2.ExplainJobResponse:
         """Why a job is pending or was preempted: a summary and the recorded decisions."""
         return self._unary(self._scheduler.ExplainJob, scheduler_pb2.ExplainJobRequest(job_id=job_id))
+
+    def what_if(
+        self, *, policy: str = "", params: Mapping[str, str] | None = None, inference_servers: int = 0,
+        horizon_hours: float = 24.0,
+    ) -> scheduler_pb2.WhatIfResponse:
+        """Simulate the next ``horizon_hours`` of the cluster as it is now under the configured policy and
+        under ``policy`` ("": the configured one) with ``params`` changed and ``inference_servers`` more
+        (fewer when negative) inference servers; admin only, changes nothing. The call waits at least
+        WHAT_IF_TIMEOUT_S (the scheduler's two runs take up to 10 s each)."""
+        request = scheduler_pb2.WhatIfRequest(policy=policy, params=dict(params or {}),
+                                              inference_servers=inference_servers, horizon_hours=horizon_hours)
+        try:
+            response: scheduler_pb2.WhatIfResponse = self._scheduler.WhatIf(
+                request, timeout=max(self.timeout, WHAT_IF_TIMEOUT_S))
+        except grpc.RpcError as exc:
+            raise _translate(exc) from exc
+        return response
 
     def preview_reclaim(self, servers: int) -> scheduler_pb2.PreviewReclaimResponse:
         """Dry run: what reclaiming ``servers`` loaned servers would do now. Changes nothing."""

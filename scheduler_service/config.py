@@ -79,6 +79,12 @@ class SchedulingConfig(ConfigSection):
                     "leaving the rest to status reports and pushes on a large cluster",
     )
     seed: int = Field(0, description="seed handed to the policy; same snapshot + seed -> same plan")
+    forecast_interval_s: float = Field(
+        10.0, ge=0,
+        description="the ETA forecast (Job.eta_start/eta_finish: the policy run forward on the cluster as it is) "
+                    "follows a cycle no sooner than this after the previous forecast began; 0: after every cycle "
+                    "(one at a time, on a thread of its own)",
+    )
     deadline_admission: Literal["off", "warn", "reject"] = Field(
         "warn",
         description="what SubmitJob does with a job's deadline: off (nothing), warn (answers with the predicted "

@@ -52,6 +52,7 @@ from scheduler_service.api.servicers import AgentServicer, InferenceServicer, Sc
 from scheduler_service.api.stream_limits import StreamLimits
 from scheduler_service.app import SchedulerApp
 from scheduler_service.app.deadlines import DeadlineAdmission
+from scheduler_service.app.forecast import Forecasts
 from scheduler_service.app.lease import Leadership
 from scheduler_service.app.liveness import Liveness
 from scheduler_service.app.retention import EventRetention
@@ -230,13 +231,19 @@ class SchedulerService:
                                                           total=cfg.server.max_watch_streams)
         submissions = GroupCommitter(app.jobs.submit_many, max_batch=256, name="aryl-submit")
         cancellations = GroupCommitter(app.jobs.cancel_many, max_batch=256, name="aryl-cancel")
+        # The ETA forecast after cycles, on a thread of its own (``app.forecast``); what-if on request.
+        forecasts = Forecasts(lambda: app.cluster.snapshot(seed=cfg.scheduling.seed), self.clock,
+                              policy=cfg.scheduling.policy, params=self.policy_params,
+                              min_gap_s=cfg.scheduling.forecast_interval_s)
+        forecast_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aryl-forecast")
         sec = cfg.security
         log_reader = AgentLogReader(timeout_s=cfg.agents.rpc_timeout_s, security=ClientSecurity(
             insecure=sec.insecure, ca_file=sec.tls_client_ca, cert_file=sec.tls_cert, key_file=sec.tls_key))
         scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(
             SchedulerServicer(app, executor, notifier, policy_name=self.policy.name, clock_now=self.clock.now,
                               submissions=submissions, cancellations=cancellations,
-                              policy=self.policy, log_reader=log_reader, stream_limits=stream_limits),
+                              policy=self.policy, log_reader=log_reader, stream_limits=stream_limits,
+                              forecasts=forecasts),
             server,
         )
         agent_pb2_grpc.add_AgentServiceServicer_to_server(
@@ -262,7 +269,7 @@ class SchedulerService:
         # The cycle on a thread of its own: it never waits for a free RPC thread behind a burst of
         # status reports, and cycles never overlap (one decides at a time).
         cycle_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aryl-cycle")
-        cycle_task = asyncio.create_task(self._cycle_loop(cycle, notifier, cycle_thread))
+        cycle_task = asyncio.create_task(self._cycle_loop(cycle, notifier, cycle_thread, forecasts, forecast_thread))
         liveness_task = asyncio.create_task(self._liveness_loop(app.liveness, executor))
         retention_task = asyncio.create_task(self._retention_loop(app.retention, executor))
         lease_stop = threading.Event()
@@ -298,6 +305,7 @@ class SchedulerService:
         cancellations.close()
         executor.shutdown(wait=True, cancel_futures=True)
         cycle_thread.shutdown(wait=True, cancel_futures=True)
+        forecast_thread.shutdown(wait=True, cancel_futures=True)
         desired_reader.shutdown(wait=True, cancel_futures=True)
         watch_reader.shutdown(wait=True, cancel_futures=True)
         await asyncio.to_thread(self._close_policy)
@@ -382,8 +390,10 @@ class SchedulerService:
         """Whether this scheduler decides: always on SQLite; while it holds the lease on PostgreSQL."""
         return self.leadership is None or self.leadership.leading
 
-    async def _cycle_loop(self, cycle: SchedulingCycle, notifier: AsyncNotifier, executor: ThreadPoolExecutor) -> None:
-        """Run a cycle on every trigger (coalesced) and at least every ``cycle_interval_s``."""
+    async def _cycle_loop(self, cycle: SchedulingCycle, notifier: AsyncNotifier, executor: ThreadPoolExecutor,
+                          forecasts: Forecasts | None = None, forecaster: ThreadPoolExecutor | None = None) -> None:
+        """Run a cycle on every trigger (coalesced) and at least every ``cycle_interval_s``; after a cycle,
+        the ETA forecast when it is due (``app.forecast``), on ``forecaster`` (never holding up cycles)."""
         loop = asyncio.get_running_loop()
         duty = self.config.scheduling.max_cycle_duty
         while True:
@@ -397,6 +407,8 @@ class SchedulerService:
                 report = await loop.run_in_executor(executor, cycle.run_once)
                 took = report.total_s
                 await loop.run_in_executor(executor, self.metrics.observe_cycle, report, began)
+                if forecasts is not None and forecaster is not None and forecasts.due():
+                    forecaster.submit(_forecast_quietly, forecasts)
                 if report.result.started or report.result.rejected:
                     log.info("cycle", jobs=report.snapshot_jobs, started=len(report.result.started),
                              rejected=list(report.result.rejected), decide_ms=round(report.decide_s * 1e3, 2),
@@ -474,6 +486,16 @@ class SchedulerService:
                 self._loop.call_soon_threadsafe(self._stop.set)
             except RuntimeError:
                 pass  # the loop closed meanwhile: already stopped
+
+
+def _forecast_quietly(forecasts: Forecasts) -> None:
+    """One ETA forecast; a failure is logged and the previous forecast stays (the next cycle tries again)."""
+    try:
+        forecasts.refresh()
+    except (Unavailable, Aborted) as exc:
+        log.warning("forecast skipped; retrying after the next cycle", reason=str(exc))
+    except Exception:  # a failed forecast is never fatal
+        log.exception("forecast failed; retrying after the next cycle")
 
 
 def advertised_address(config: SchedulerConfig, port: int) -> str:

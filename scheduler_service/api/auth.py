@@ -60,6 +60,7 @@ METHOD_ROLES: Final[Mapping[str, frozenset[str]]] = {
     _SCHED + "UpdateQueue": ADMIN,
     _SCHED + "DeleteQueue": ADMIN,
     _SCHED + "ListQueues": READERS,
+    _SCHED + "WhatIf": ADMIN,  # the whole cluster's future, other users' jobs included; seconds of CPU
     _AGENT + "RegisterServer": AGENT,
     _AGENT + "ReportStatus": AGENT,
     _AGENT + "Deregister": AGENT,

@@ -32,9 +32,11 @@ from protos.aryl.v1 import (
 )
 from scheduler_service.api import auth, convert, validation
 from scheduler_service.api.agent_logs import AgentLogReader
+from scheduler_service.api.forecast import add_eta, what_if_response
 from scheduler_service.api.status import ANSWERED_BY_KEY, rpc
 from scheduler_service.api.stream_limits import StreamLimits, TooManyStreams
 from scheduler_service.app import SchedulerApp
+from scheduler_service.app.forecast import Forecasts
 from scheduler_service.app.jobs import KeyInUse
 from scheduler_service.batching import GroupCommitter
 from scheduler_service.core.registry import ReclaimPreviewer
@@ -108,9 +110,10 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
         submissions: GroupCommitter[JobSubmission, JobInfo], policy: ReclaimPreviewer,
         log_reader: AgentLogReader | None = None,
         cancellations: GroupCommitter[tuple[int, str, str], JobInfo] | None = None,
-        stream_limits: StreamLimits | None = None,
+        stream_limits: StreamLimits | None = None, forecasts: Forecasts | None = None,
     ) -> None:
         super().__init__(*args, stream_limits=stream_limits)
+        self._forecasts = forecasts  # the ETA of each job (Job.eta_*) and WhatIf (``app.forecast``)
         # Each event converted once for all the streams that send it (1,000s may watch): insertion
         # order, the oldest dropped beyond EVENT_MESSAGES_KEPT. Used on the event loop only.
         self._event_messages: dict[int, types_pb2.Event] = {}
@@ -194,7 +197,7 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
             record, events = self.app.jobs.get(job_id, include_events=request.include_events)
             auth.require_owner(record.user, f"job {job_id}")
             outlook = self.app.deadlines.outlooks([record])[record.id]
-            return scheduler_pb2.GetJobResponse(job=convert.job(record, outlook),
+            return scheduler_pb2.GetJobResponse(job=add_eta(convert.job(record, outlook), record, self._forecasts),
                                                 events=[convert.event(e) for e in events])
 
         return await self.run(answer)
@@ -209,7 +212,7 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
             records, next_token = self.app.jobs.page(flt, page_size=request.page_size, page_token=token)
             # The list view (no environment, a command prefix): GetJob has the whole spec.
             outlooks = self.app.deadlines.outlooks(records)
-            jobs = [convert.job_summary(r, outlooks[r.id]) for r in records]
+            jobs = [add_eta(convert.job_summary(r, outlooks[r.id]), r, self._forecasts) for r in records]
             return scheduler_pb2.ListJobsResponse(jobs=jobs, next_page_token=next_token)
 
         return await self.run(answer)
@@ -302,13 +305,24 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
         explanation = await self.run(self.app.jobs.explain, job_id)
         auth.require_owner(explanation.job.user, f"job {job_id}")
         outlook = (await self.run(self.app.deadlines.outlooks, [explanation.job]))[explanation.job.id]
+        job = add_eta(convert.job(explanation.job, outlook), explanation.job, self._forecasts)
         return scheduler_pb2.ExplainJobResponse(
-            job=convert.job(explanation.job, outlook), summary=explanation.summary,
+            job=job, summary=explanation.summary, eta=job.eta_note,
             decisions=[convert.event(e) for e in explanation.decisions],
             deadline=outlook.note if explanation.job.deadline is not None else "",
             queue_status=await self.run(self.app.queues.describe, explanation.job.queue),
         )
 
+
+    @rpc
+    async def WhatIf(self, request: scheduler_pb2.WhatIfRequest, context: Any) -> scheduler_pb2.WhatIfResponse:
+        if self._forecasts is None:
+            raise InvalidArgument("policy", "this scheduler makes no forecasts")
+        forecasts = self._forecasts
+        policy = validation.text("policy", request.policy, max_len=64)
+        result = await self.run(forecasts.what_if, policy, dict(request.params), request.inference_servers,
+                                request.horizon_hours * 3600.0)
+        return what_if_response(result, forecasts.params)
 
     @rpc
     async def PreviewReclaim(

@@ -1,0 +1,177 @@
+"""The scheduler's forecast: each job's expected start and finish (the ETA beside "why pending"), and
+what-if runs of the live cluster under another policy, other parameters or another inference pool.
+
+Both run the simulator's engine forward from the cluster's snapshot (``simulator.forecast``: the same
+policy code and cycle, a virtual clock, the jobs' predicted run times), never touching the cluster:
+the snapshot is read, the simulation works on its own copy, nothing is written.
+
+- *ETA*: ``refresh`` makes a forecast under the configured policy from a fresh snapshot; the service
+  calls it after a cycle (``scheduler_service.server``), at most one at a time and no more often than
+  ``min_gap_s``, so a forecast costs a bounded share of the scheduler's time whatever the RPC load.
+  RPCs read the latest one (``eta``), never compute one. Bounds: ``ForecastSettings`` (a week of
+  virtual time, 2,000 cycles, 2 s of host time by default).
+- *What-if*: ``what_if`` runs on request (admin only, ``api.auth``), validated first: an unknown
+  policy or parameter is InvalidArgument naming the choices. Each of its two runs stops after
+  ``simulator.forecast.WHAT_IF_WALL_BUDGET_S`` of host time.
+
+Why the service imports the simulator here (and only here; tests/test_layering.py): the forecast is
+the simulator's engine, and writing a second one inside the service would be the rule written twice.
+
+Never: write, decide (the policy does), or hold SQL.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from scheduler_service.core.clock import Clock
+from scheduler_service.core.params import PolicyParams
+from scheduler_service.core.predict import clock_time
+from scheduler_service.core.registry import policies
+from scheduler_service.core.snapshot import ClusterSnapshot
+from scheduler_service.errors import InvalidArgument
+from simulator.forecast import (
+    Forecast,
+    ForecastSettings,
+    JobForecast,
+    WhatIf,
+    WhatIfRun,
+    changed_params,
+    forecast,
+    what_if,
+)
+
+# A forecast follows a cycle no sooner than this after the previous one began (cycles may come every
+# 100 ms under load; the ETA moves on the scale of minutes).
+DEFAULT_MIN_GAP_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class JobEta:
+    """One job's ETA as users read it (``Job.eta_*``, ExplainJob's ``eta``)."""
+
+    start: float | None
+    finish: float | None
+    after: tuple[int, ...]
+    note: str                # "" for a job that is not pending
+    made_at: float
+
+
+def eta_note(job: JobForecast | None, forecast: Forecast, now: float) -> str:
+    """One line on when a pending job is expected to start, and after which jobs."""
+    if job is None:
+        return "no forecast for it yet (it arrived after the last one)"
+    if job.start is None:
+        if forecast.stop_reason == "stalled":
+            return "not expected to start: the cluster as it is cannot place it (see why pending)"
+        return f"not expected to start before {clock_time(forecast.horizon_end, now)} (the forecast's reach)"
+    text = f"expected to start around {clock_time(job.start, now)}"
+    if job.after:
+        jobs = ", ".join(str(j) for j in job.after)
+        noun = "job" if len(job.after) == 1 else "jobs"
+        if job.after_finished:
+            text += f" (after {noun} {jobs} {'finishes' if len(job.after) == 1 else 'finish'})"
+        else:
+            text += f" (when {noun} {jobs} free{'s' if len(job.after) == 1 else ''} GPUs)"
+    return text
+
+
+class Forecasts:
+    """The latest forecast and the means to make one. ``snapshot``: the cluster's (``app.cluster``)."""
+
+    def __init__(
+        self, snapshot: Callable[[], ClusterSnapshot], clock: Clock, *, policy: str, params: PolicyParams,
+        settings: ForecastSettings | None = None, min_gap_s: float = DEFAULT_MIN_GAP_S,
+    ) -> None:
+        self._snapshot = snapshot
+        self._clock = clock
+        self.policy = policy
+        # No online learning in a forecast: it must not train the live policy's network on made-up futures.
+        self.params = dataclasses.replace(params, dl2_online_learning=False)
+        self.settings = settings or ForecastSettings()
+        self.min_gap_s = min_gap_s
+        self._latest: Forecast | None = None
+        self._running = threading.Lock()
+        self._last_began: float | None = None
+
+    @property
+    def latest(self) -> Forecast | None:
+        return self._latest
+
+    def due(self) -> bool:
+        """Whether a forecast should follow the cycle that just ran (none running, ``min_gap_s`` passed)."""
+        last = self._last_began
+        return not self._running.locked() and (last is None or self._clock.monotonic() - last >= self.min_gap_s)
+
+    def refresh(self) -> Forecast | None:
+        """Make a forecast from a fresh snapshot and keep it; None (and nothing done) while another runs."""
+        if not self._running.acquire(blocking=False):
+            return None
+        try:
+            self._last_began = self._clock.monotonic()
+            made = forecast(self._snapshot(), self.policy, self.params, self.settings)
+            self._latest = made
+            return made
+        finally:
+            self._running.release()
+
+    def eta(self, job_id: int, pending: bool) -> JobEta | None:
+        """``job_id``'s ETA from the latest forecast (None before the first one)."""
+        made = self._latest
+        if made is None:
+            return None
+        job = made.get(job_id)
+        note = eta_note(job, made, self._clock.now()) if pending else ""
+        if job is None:
+            return JobEta(None, None, (), note, made.made_at)
+        return JobEta(job.start if pending else None, job.finish, job.after if pending else (), note, made.made_at)
+
+    def what_if(self, policy: str, changes: Mapping[str, str], inference_servers: int, horizon_s: float) -> WhatIf:
+        """The next ``horizon_s`` under the configured policy and under ``policy`` ("" the configured one)
+        with ``changes`` to its parameters and ``inference_servers`` more (or fewer) inference servers."""
+        name = policy or self.policy
+        if name not in policies.names():
+            raise InvalidArgument("policy", f"unknown policy {name!r}; registered: {', '.join(policies.names())}")
+        params = params_with(self.params, changes)
+        if not 0 < horizon_s <= 168 * 3600:
+            raise InvalidArgument("horizon_hours", f"must be > 0 and at most 168 (got {horizon_s / 3600:g})")
+        if abs(inference_servers) > 10_000:
+            raise InvalidArgument("inference_servers", f"at most 10000 either way (got {inference_servers})")
+        snapshot = self._snapshot()
+        try:
+            return what_if(snapshot, (self.policy, self.params), (name, params), horizon_s=horizon_s,
+                           extra_inference_servers=inference_servers, settings=self.settings)
+        except ValueError as exc:  # more inference servers removed than are idle
+            raise InvalidArgument("inference_servers", str(exc)) from exc
+
+
+def params_with(base: PolicyParams, changes: Mapping[str, str]) -> PolicyParams:
+    """``base`` with ``changes`` (``[policy]`` names, text values as ``aryl-sim --param`` takes them);
+    InvalidArgument naming the known parameters for an unknown one, or the expected type for a bad value."""
+    fields = {f.name: f for f in dataclasses.fields(PolicyParams)}
+    values: dict[str, object] = {}
+    for raw, text in changes.items():
+        key = raw.strip().replace("-", "_")
+        if key not in fields:
+            raise InvalidArgument(f"params[{raw}]", f"unknown policy parameter; known: {', '.join(sorted(fields))}")
+        kind = type(getattr(base, key))
+        try:
+            if kind is bool:
+                if text.lower() not in ("true", "false", "1", "0"):
+                    raise ValueError(text)
+                values[key] = text.lower() in ("true", "1")
+            else:
+                values[key] = kind(text)
+        except ValueError:
+            raise InvalidArgument(f"params[{raw}]", f"expected {kind.__name__} (got {text!r})") from None
+    try:
+        return dataclasses.replace(base, **values)  # type: ignore[arg-type]
+    except ValueError as exc:
+        raise InvalidArgument("params", str(exc)) from exc
+
+
+# What the api package reads of the simulator's forecast, through this module alone.
+__all__ = ["Forecasts", "JobEta", "WhatIf", "WhatIfRun", "changed_params", "eta_note", "params_with"]

@@ -1,0 +1,141 @@
+"""The ETA (issue 22): each job's expected start and finish, from the configured policy run forward on
+the cluster as it is (``simulator.forecast``), and what the service makes of it (``app.forecast``:
+Job.eta_*, ExplainJob's line, the ETA column of ``arylctl jobs``).
+
+The hand-computed queue: one training server with 2 GPUs; job 1 runs on both with 600 s of work left;
+job 2 (1 GPU, 300 s) and job 3 (2 GPUs, 1200 s) wait, 2 submitted first. With a restart overhead of
+R seconds per start: 1 finishes at +600; 2 starts then (1 GPU free... both are: 3 needs both, but 2
+is first in line) and finishes at +600+R+300; 3 starts then, on the GPU 1 left and the one 2 left,
+and finishes 1200+R later.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import json
+
+import pytest
+
+from arylctl import cli
+from protos.aryl.v1 import scheduler_pb2
+from scheduler_service.app.forecast import eta_note
+from scheduler_service.core.params import PolicyParams
+from scheduler_service.core.snapshot import ClusterSnapshot, JobView, ProgressWindow, ServerView, WorkerView
+from scheduler_service.lifecycle import JobState, Pool, ServerState
+from simulator.forecast import ForecastSettings, forecast
+from tests.harness import job_spec, register_fake_server, scheduler_stub
+from tests.helpers import wait_for
+
+NOW = 1_800_000_000.0  # 2027-01-15 08:00 UTC
+
+
+def hand_computed_queue(running: JobView | None = None) -> ClusterSnapshot:
+    server = ServerView("t0", Pool.TRAINING, ServerState.TRAINING, (0, 1), allocated=((0, 1), (1, 1)))
+    first = running or JobView(
+        1, JobState.RUNNING, 2, 1, 1, 0, NOW - 1000, workers=(WorkerView(0, "t0", (0, 1)),),
+        throughput_points=((1, 1.0),), total_work=1000, work_done=400, started_at=NOW - 400,
+        last_resized_at=NOW - 400, last_checkpoint_at=NOW - 100)
+    second = JobView(2, JobState.PENDING, 1, 1, 1, 0, NOW - 500, throughput_points=((1, 1.0),), total_work=300)
+    third = JobView(3, JobState.PENDING, 2, 1, 1, 0, NOW - 400, throughput_points=((1, 1.0),), total_work=1200)
+    return ClusterSnapshot(NOW, (server,), (first, second, third))
+
+
+@pytest.mark.parametrize("policy", ["fifo", "aryl"])
+@pytest.mark.parametrize("overhead", [0.0, 30.0])
+def test_the_eta_of_a_hand_computed_queue(policy: str, overhead: float) -> None:
+    made = forecast(hand_computed_queue(), policy, PolicyParams(), ForecastSettings(restart_overhead_s=overhead))
+    assert made.stop_reason == "completed"
+    one, two, three = (made.jobs[j] for j in (1, 2, 3))
+    assert (one.start, one.finish) == (NOW - 400, NOW + 600)  # it runs on: only its remaining 600 s
+    assert (two.start, two.finish) == (NOW + 600, NOW + 600 + overhead + 300)
+    assert two.after == (1,) and two.after_finished
+    assert (three.start, three.finish) == (NOW + 900 + overhead, NOW + 900 + 2 * overhead + 1200)
+    assert three.after == (1, 2) and three.after_finished  # one GPU from each
+
+
+def test_a_measured_rate_moves_the_eta() -> None:
+    """Job 1 reported progress at half its declared speed: its 600 units left take 1200 s, and the
+    queue behind it moves by as much."""
+    slow = JobView(
+        1, JobState.RUNNING, 2, 1, 1, 0, NOW - 1000, workers=(WorkerView(0, "t0", (0, 1)),),
+        throughput_points=((1, 1.0),), total_work=1000, work_done=400, started_at=NOW - 800,
+        last_resized_at=NOW - 800, last_checkpoint_at=NOW - 100,
+        progress_window=ProgressWindow(workers=1, first_work=0.0, first_at=NOW - 800, last_work=400.0,
+                                       last_at=NOW, reports=8))
+    made = forecast(hand_computed_queue(slow), "fifo", PolicyParams(), ForecastSettings(restart_overhead_s=0))
+    assert made.jobs[1].finish == NOW + 1200
+    assert made.jobs[2].start == NOW + 1200
+    assert made.jobs[3].start == NOW + 1500
+
+
+def test_a_forecast_stops_at_its_budget_and_leaves_later_starts_unknown() -> None:
+    events_only = ForecastSettings(restart_overhead_s=0, max_cycles=2, cycle_interval_s=86400)
+    made = forecast(hand_computed_queue(), "fifo", PolicyParams(), events_only)
+    assert made.stop_reason == "budget"
+    assert made.jobs[2].start == NOW + 600  # the second cycle (at +600, job 1's completion) started it
+    assert made.jobs[3].start is None and made.jobs[3].finish is None
+    assert "not expected to start before" in eta_note(made.jobs[3], made, NOW)
+    horizon = forecast(hand_computed_queue(), "fifo", PolicyParams(),
+                       ForecastSettings(restart_overhead_s=0, horizon_s=700))
+    assert horizon.stop_reason == "max_time" and horizon.jobs[3].start is None
+
+
+def test_the_eta_line_names_the_jobs_it_waits_for() -> None:
+    made = forecast(hand_computed_queue(), "fifo", PolicyParams(), ForecastSettings(restart_overhead_s=0))
+    assert eta_note(made.jobs[2], made, NOW) == "expected to start around 08:10 UTC (after job 1 finishes)"
+    assert eta_note(made.jobs[3], made, NOW) == "expected to start around 08:15 UTC (after jobs 1, 2 finish)"
+    assert eta_note(None, made, NOW).startswith("no forecast for it yet")
+
+
+def test_the_forecast_leaves_its_snapshot_as_it_was() -> None:
+    snapshot = hand_computed_queue()
+    before = repr(snapshot)
+    forecast(snapshot, "aryl", PolicyParams())
+    assert repr(snapshot) == before
+
+
+def runtime(seconds: int) -> dict:
+    return {"throughput": {"estimated_runtime": {"seconds": seconds}}}
+
+
+def test_the_service_serves_the_eta_after_a_cycle(scheduler_factory) -> None:
+    """On a real scheduler: one 1-GPU server, job A runs (600 s declared), job B waits: B's ETA is
+    about A's start + 600 s (+ the forecast's restart overhead), after A; explain says so, and the
+    jobs table shows it."""
+    scheduler = scheduler_factory(scheduling={"forecast_interval_s": 0})
+    channel, stub = scheduler_stub(scheduler.address)
+    register_fake_server(scheduler.address, "eta-1", gpus=1)
+    a = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=job_spec("a", **runtime(600))), timeout=5).job
+    started = wait_for(lambda: (j := stub.GetJob(scheduler_pb2.GetJobRequest(job_id=a.job_id), timeout=5).job)
+                       .HasField("started_at") and j, timeout=20, what="job a to start")
+    b = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=job_spec("b", **runtime(300))), timeout=5).job
+    waiting = wait_for(lambda: (j := stub.GetJob(scheduler_pb2.GetJobRequest(job_id=b.job_id), timeout=5).job)
+                       .HasField("eta_start") and j, timeout=30, what="job b's ETA")
+    a_start = started.started_at.ToSeconds()
+    assert a_start + 540 <= waiting.eta_start.ToSeconds() <= a_start + 660
+    assert waiting.eta_finish.ToSeconds() - waiting.eta_start.ToSeconds() == pytest.approx(330, abs=1)
+    assert list(waiting.eta_after_job_ids) == [a.job_id]
+    assert waiting.eta_note.startswith("expected to start around ")
+    assert waiting.eta_note.endswith(f"(after job {a.job_id} finishes)")
+
+    explained = stub.ExplainJob(scheduler_pb2.ExplainJobRequest(job_id=b.job_id), timeout=5)
+    assert explained.eta == explained.job.eta_note and explained.eta.startswith("expected to start around ")
+    running = stub.GetJob(scheduler_pb2.GetJobRequest(job_id=a.job_id), timeout=5).job
+    assert running.HasField("eta_finish") and not running.HasField("eta_start") and running.eta_note == ""
+
+    out, err = io.StringIO(), io.StringIO()
+    assert cli.main(["--server", scheduler.address, "explain", b.job_id], stdout=out, stderr=err) == 0, err.getvalue()
+    assert "Expected to start around" in out.getvalue()
+    out = io.StringIO()
+    assert cli.main(["--server", scheduler.address, "jobs"], stdout=out, stderr=err) == 0, err.getvalue()
+    header, *rows = out.getvalue().splitlines()
+    column = header.index("ETA")
+    cells = {row.split()[1]: row[column:].split()[:2] for row in rows}
+    local = dt.datetime.fromtimestamp(waiting.eta_start.ToSeconds(), dt.UTC).astimezone().strftime("%m-%d")
+    assert cells["b"][0] == "starts" and cells["b"][1] == local
+    assert cells["a"][0] == "ends"
+    out = io.StringIO()
+    assert cli.main(["--server", scheduler.address, "-o", "json", "job", b.job_id], stdout=out, stderr=err) == 0
+    assert json.loads(out.getvalue())["job"]["eta_note"].startswith("expected to start around ")
+    channel.close()
