@@ -7,11 +7,17 @@ What it shows a job author:
 - it resumes from ``$ARYL_CHECKPOINT_DIR/checkpoint.json`` and rank 0 checkpoints every
   ``--checkpoint-every`` steps (atomically: temporary file + rename);
 - on SIGTERM (preemption, resize) rank 0 checkpoints and every rank exits 0 at once;
+- it acknowledges checkpoints (``acknowledge_checkpoint`` in the contract): rank 0 after each save,
+  and every rank once its stop's checkpoint is saved, so the agent ends the stop then instead of at
+  the end of the grace period (ranks > 0 hold no state here, so they answer at once with the last
+  checkpoint they know of; a real job's other ranks answer after the barrier that follows the save);
 - it reports progress (steps done, samples/s, step of the last checkpoint) for the agent;
 - a step takes ``--step-time / WORLD_SIZE`` seconds, so more workers finish sooner (ideal scaling).
 
 For tests: ``--fail-at-step K`` exits with status 3 at step K; ``--ignore-sigterm`` ignores SIGTERM
-(the agent then kills it with SIGKILL after the grace period).
+(the agent then kills it with SIGKILL after the grace period); ``--linger S`` keeps the process
+running S seconds after its stop's checkpoint (a teardown that hangs, as NCCL's or a data loader's
+can); ``--no-ack`` never acknowledges (what a job written before acknowledgements does).
 
 The contract helpers are inlined (see ``node_agent/contract.py`` for the documented version) so this
 file runs with plain ``python``.
@@ -40,6 +46,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--ignore-sigterm", action="store_true", help="ignore SIGTERM (to test SIGKILL)")
     parser.add_argument("--checkpoint-time", type=float, default=0.0,
                         help="seconds a checkpoint on SIGTERM takes (a real model's save is not instant)")
+    parser.add_argument("--linger", type=float, default=0.0,
+                        help="seconds to keep running after the stop's checkpoint (a hanging teardown)")
+    parser.add_argument("--no-ack", action="store_true", help="never acknowledge a checkpoint")
     return parser.parse_args(argv)
 
 
@@ -61,6 +70,25 @@ def report_progress(progress: float, samples_per_second: float, checkpoint_progr
         })
 
 
+def acknowledge_checkpoint(checkpoint_progress: float, answer_stop: bool = True) -> bool:
+    """The saved checkpoint at ``checkpoint_progress``; answers the agent's stop notice if there is
+    one and ``answer_stop`` (then the agent stops this worker at once: call it last). True when it
+    answered a stop. A periodic save passes ``answer_stop=False``: the stop's own save comes later."""
+    path = os.environ.get("ARYL_CHECKPOINT_ACK_FILE")
+    if not path:
+        return False
+    try:
+        with open(os.environ.get("ARYL_STOP_NOTICE_FILE", "") if answer_stop else "", encoding="utf-8") as file:
+            stop_id = str(json.load(file)["stop_id"])
+    except (OSError, ValueError, KeyError, TypeError):
+        stop_id = ""  # not being stopped: only a checkpoint report
+    write_json_atomically(path, {
+        "checkpoint_progress": checkpoint_progress, "saved_at": time.time(),
+        "incarnation": int(os.environ.get("ARYL_INCARNATION", "0")), "stop_id": stop_id,
+    })
+    return bool(stop_id)
+
+
 # --- checkpoints ------------------------------------------------------------------------------------
 
 
@@ -80,6 +108,11 @@ def load_checkpoint() -> int:
 
 def save_checkpoint(step: int) -> None:
     write_json_atomically(checkpoint_path(), {"step": step})
+
+
+def last_saved_step() -> int:
+    """The step of the checkpoint on disk (what a rank > 0, which saves nothing, can vouch for)."""
+    return load_checkpoint()
 
 
 # --- training ---------------------------------------------------------------------------------------
@@ -129,6 +162,8 @@ def train(args: argparse.Namespace) -> int:
         if rank == 0 and step % args.checkpoint_every == 0:
             save_checkpoint(step)
             checkpointed = step
+            if not args.no_ack:
+                acknowledge_checkpoint(checkpointed, answer_stop=False)
         report_progress(step, samples_per_second, checkpointed)
         if step % args.log_every == 0:
             say(f"step {step}/{args.total_steps}, {samples_per_second:.0f} samples/s")
@@ -139,6 +174,12 @@ def train(args: argparse.Namespace) -> int:
         checkpointed = step
     report_progress(step, 0.0, checkpointed)
     say(f"{'preempted (SIGTERM)' if Preempted.requested else 'done'}: step {step}, checkpointed at {checkpointed}")
+    if Preempted.requested and not args.no_ack:
+        vouched = checkpointed if rank == 0 else last_saved_step()
+        if acknowledge_checkpoint(vouched):
+            say(f"acknowledged the stop: checkpoint at step {vouched} saved")
+    if Preempted.requested and args.linger > 0:
+        time.sleep(args.linger)  # a teardown that hangs; the agent may end it after the ack
     return 0
 
 

@@ -124,12 +124,23 @@ def worker_status_message(view: WorkerView) -> agent_pb2.WorkerStatus:
         message=view.message,
         stop_requested=view.stop_requested,
         cannot_start=view.cannot_start,
+        **ack_fields(view),
     )
 
 
 def goodput_measures(progress: contract.Progress) -> dict[str, Any]:
     """``WorkerStatus``'s goodput fields: the progress file's goodput measures, as the worker wrote them."""
     return {key: getattr(progress, key) for key in contract.GOODPUT_KEYS}
+
+
+def ack_fields(view: WorkerView) -> dict[str, Any]:
+    """``WorkerStatus``'s acknowledgement fields: the ack's age, not its time (the clocks may differ)."""
+    if view.ack is None:
+        return {"stop_acknowledged": view.stop_acknowledged}
+    age = duration_pb2.Duration()
+    age.FromNanoseconds(int(max(time.time() - view.ack.saved_at, 0.0) * 1e9))
+    return {"checkpoint_acked": True, "ack_checkpoint_progress": view.ack.checkpoint_progress,
+            "ack_checkpoint_age": age, "stop_acknowledged": view.stop_acknowledged}
 
 
 class Agent:

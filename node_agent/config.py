@@ -60,6 +60,10 @@ class AgentSection(ClientSecurityFields):
     stop_grace_s: float = Field(
         30.0, ge=0, description="SIGTERM-to-SIGKILL grace for workers whose desired state names no grace period"
     )
+    ack_exit_window_s: float = Field(
+        1.0, ge=0, description="after a worker acknowledged its stop with a saved checkpoint (node_agent.contract), "
+        "how long it may take to exit by itself before SIGKILL to its process group (never beyond its grace period)",
+    )
     keep_workers_on_exit: bool = Field(
         False,
         description="on SIGTERM/SIGINT leave the workers running for the next agent to adopt (an agent upgrade "

@@ -394,6 +394,7 @@ def acknowledge_checkpoint(
     checkpoint_progress: float,
     *,
     saved_at: float | None = None,
+    answer_stop: bool = True,
     path: str | os.PathLike[str] | None = None,
     notice_path: str | os.PathLike[str] | None = None,
 ) -> bool:
@@ -402,13 +403,15 @@ def acknowledge_checkpoint(
 
     During a stop (a stop notice exists) the ack answers that stop and the agent stops the worker at
     once (module doc); so call it last, when nothing else needs doing: returns True then. Outside a
-    stop it only reports the checkpoint and returns False. Writes atomically to ``path`` (default
+    stop, or with ``answer_stop=False`` (a periodic save in a loop that saves again when it handles
+    SIGTERM: a notice that came meanwhile must not end the stop at the older checkpoint), it only
+    reports the checkpoint and returns False. Writes atomically to ``path`` (default
     ``$ARYL_CHECKPOINT_ACK_FILE``); does nothing and returns False outside Aryl.
     """
     target = path or os.environ.get(CHECKPOINT_ACK_FILE)
     if not target:
         return False
-    notice = stop_notice(notice_path)
+    notice = stop_notice(notice_path) if answer_stop else None
     ack = CheckpointAck(
         checkpoint_progress=float(checkpoint_progress),
         saved_at=time.time() if saved_at is None else float(saved_at),

@@ -9,11 +9,20 @@ desired-state watcher nor the report loop ever waits for a process; ``statuses()
 Convergence, idempotent by worker identity ``(job_id, rank, incarnation)``:
 - a desired worker with no record is started, unless a worker being stopped still holds the same
   (job, rank) or one of its GPUs: then it waits in STARTING until that one has exited;
-- a live worker no longer desired is stopped: SIGTERM to its shim, which relays it to the whole
-  process group; SIGKILL to the group after the grace period;
+- a live worker no longer desired is stopped: a stop notice (``node_agent.contract``) in its run
+  directory, then SIGTERM to its shim, which relays it to the whole process group; SIGKILL to the
+  group after the grace period, or ``ack_exit_window_s`` after the worker acknowledged this stop
+  with a saved checkpoint, whichever comes first;
 - a desired worker that EXITED is not restarted (the scheduler restarts by bumping the incarnation);
   it is reported as EXITED as long as it is desired; once no longer desired, it is reported once
   more and forgotten.
+
+Why a short exit window after an acknowledgement rather than SIGKILL at once: the ack says the
+worker's state is safe, but a worker that acks and then exits by itself (the usual SIGTERM handler:
+save, ack, return) ends with its own exit status and flushed output; the window only bounds the
+teardown that hangs (NCCL, data-loader processes), which is what a grace period is usually spent on.
+While any worker is stopping the reconciler checks every ``STOPPING_POLL_S`` at most, so an exit or
+an ack is seen within that.
 
 Until the first desired state is accepted nothing is stopped: a restarted agent keeps the workers
 it adopted from the state file running while it reconnects. Workers also keep running while the
@@ -25,6 +34,7 @@ This module never decides what should run; it only makes it so.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
@@ -75,6 +85,8 @@ from node_agent.workers import (
 SHIM = Path(__file__).with_name("shim.py")
 EXIT_CANNOT_START = 127
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+STOPPING_POLL_S = 0.1  # the reconciler's longest wait while a worker is stopping (module doc)
+STOP_NOTICE_MODE = 0o644  # the agent's file in the worker's private directory: the worker reads it
 
 
 @contextmanager
@@ -104,6 +116,8 @@ class WorkerView:
     stop_requested: bool
     progress: contract.Progress
     cannot_start: bool = False
+    ack: contract.CheckpointAck | None = None  # its incarnation's last checkpoint acknowledgement
+    stop_acknowledged: bool = False  # it acknowledged the stop under way (or that ended it)
 
 
 def working_directory(spec: WorkerSpec, layout: WorkDir, hostname: str) -> tuple[Path | None, str]:
@@ -149,6 +163,8 @@ def contract_environment(spec: WorkerSpec, layout: WorkDir, default_master_addr:
         contract.INCARNATION: str(spec.id.incarnation),
         contract.CHECKPOINT_DIR: str(layout.checkpoint_dir(spec.id.job_id)),
         contract.PROGRESS_FILE: str(layout.progress_file(spec.id)),
+        contract.STOP_NOTICE_FILE: str(layout.stop_notice_file(spec.id)),
+        contract.CHECKPOINT_ACK_FILE: str(layout.ack_file(spec.id)),
     }
 
 
@@ -280,14 +296,25 @@ class Supervisor:
             stop_requested=worker.stop_requested,
             progress=self._progress.get(worker.id, contract.Progress()),
             cannot_start=worker.cannot_start,
+            ack=self._read_ack(worker),
+            stop_acknowledged=worker.stop_acked_at > 0,
         )
+
+    def _read_ack(self, worker: Worker) -> contract.CheckpointAck | None:
+        """``worker``'s checkpoint acknowledgement, if it wrote one as this incarnation (the file is per
+        incarnation already; the field guards against one copied from an older incarnation)."""
+        ack = contract.parse_checkpoint_ack(read_worker_file(self.layout.ack_file(worker.id)))
+        return ack if ack is not None and ack.incarnation == worker.id.incarnation else None
 
     # ---------------------------------------------------------------------------------------------
     # the reconciler
 
     def _reconcile_forever(self) -> None:
         while not self._closing.is_set():
-            self._wake.wait(self._config.reconcile_interval_s)
+            with self._lock:
+                stopping = any(w.phase is Phase.STOPPING for w in self._workers.values())
+            interval = self._config.reconcile_interval_s
+            self._wake.wait(min(interval, STOPPING_POLL_S) if stopping else interval)
             self._wake.clear()
             if self._closing.is_set():
                 break
@@ -482,22 +509,65 @@ class Supervisor:
     def _stop(self, worker: Worker) -> None:
         worker.phase, worker.stop_requested = Phase.STOPPING, True
         worker.stop_deadline = self._monotonic() + worker.spec.grace_s
+        # A fresh id per stop: only an ack written after this notice (it echoes the id) ends the stop.
+        worker.stop_id, worker.stop_acked_at = os.urandom(8).hex(), 0.0
         self._dirty = True
+        if self._process_alive(worker):
+            self._write_stop_notice(worker)  # before the signal: a SIGTERM handler finds it
         self._signal(worker, signal.SIGTERM)
         self._log.info("stopping worker (SIGTERM)", worker=str(worker.id), pid=worker.pid, grace_s=worker.spec.grace_s)
 
+    def _write_stop_notice(self, worker: Worker) -> None:
+        """The stop notice (``node_agent.contract.StopNotice``), atomically, into the worker's own
+        directory: a new file under a random name (never through a link the worker planted), renamed
+        over the notice. A failure only means this stop cannot be acknowledged."""
+        path = self.layout.stop_notice_file(worker.id)
+        temporary = path.with_name(f"{path.name}.{os.urandom(6).hex()}.tmp")
+        notice = contract.StopNotice(worker.stop_id, worker.spec.grace_s, self._clock() + worker.spec.grace_s)
+        try:
+            descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, STOP_NOTICE_MODE)
+            with os.fdopen(descriptor, "w", encoding="utf-8") as file:
+                os.fchmod(file.fileno(), STOP_NOTICE_MODE)  # whatever the umask: the worker must read it
+                json.dump({"stop_id": notice.stop_id, "grace_s": notice.grace_s, "deadline": notice.deadline}, file)
+            os.replace(temporary, path)
+        except OSError as exc:
+            temporary.unlink(missing_ok=True)
+            self._log.warning("cannot write the stop notice: the worker cannot acknowledge this stop",
+                              worker=str(worker.id), error=str(exc))
+
     def _escalate(self) -> None:
+        """Per stopping worker: take a new acknowledgement of its stop (its deadline moves to the end
+        of the exit window), then SIGKILL the group once its deadline has passed."""
         now = self._monotonic()
         for worker in self._workers.values():
-            if worker.phase is Phase.STOPPING and not worker.killed and now >= worker.stop_deadline:
+            if worker.phase is not Phase.STOPPING or worker.killed:
+                continue
+            if not worker.stop_acked_at:
+                self._take_ack(worker, now)
+            if now >= worker.stop_deadline:
                 worker.killed, self._dirty = True, True
                 self._kill_group(worker)
-                self._log.warning(
-                    "worker ignored SIGTERM for its grace period: SIGKILL to its process group",
-                    worker=str(worker.id),
-                    pid=worker.pid,
-                    grace_s=worker.spec.grace_s,
-                )
+                if worker.stop_acked_at:
+                    self._log.info("worker acknowledged its stop and did not exit: SIGKILL to its process group",
+                                   worker=str(worker.id), pid=worker.pid,
+                                   exit_window_s=self._config.ack_exit_window_s)
+                else:
+                    self._log.warning(
+                        "worker ignored SIGTERM for its grace period: SIGKILL to its process group",
+                        worker=str(worker.id),
+                        pid=worker.pid,
+                        grace_s=worker.spec.grace_s,
+                    )
+
+    def _take_ack(self, worker: Worker, now: float) -> None:
+        ack = self._read_ack(worker)
+        if ack is None or not ack.answers(worker.id.incarnation, worker.stop_id):
+            return  # none, or one written before this stop's notice: the grace period runs on
+        worker.stop_acked_at, worker.acked_progress, self._dirty = now, ack.checkpoint_progress, True
+        worker.stop_deadline = min(worker.stop_deadline, now + self._config.ack_exit_window_s)
+        self._log.info("worker acknowledged its stop: checkpoint saved, stopping it now", worker=str(worker.id),
+                       checkpoint_progress=ack.checkpoint_progress,
+                       grace_left_s=round(worker.stop_deadline - now, 3))
 
     def _signal(self, worker: Worker, signum: signal.Signals) -> None:
         if self._process_alive(worker):
@@ -542,7 +612,15 @@ class Supervisor:
             message = f"the worker's shim was {describe_exit(exit_code)} before it recorded an exit status"
             if not worker.killed:
                 self._kill_group(worker)
-        if worker.killed:
+        if worker.stop_requested and not worker.stop_acked_at:
+            self._take_ack(worker, self._monotonic())  # it acknowledged, then exited before the next pass
+        if worker.stop_acked_at:
+            acked = f"it acknowledged its checkpoint at progress {worker.acked_progress:g}"
+            early = f"(before its {worker.spec.grace_s:g} s grace period ended)"
+            message = (f"stopped by the agent (SIGTERM): {acked}, then SIGKILL "
+                       f"{self._config.ack_exit_window_s:g} s later {early}" if worker.killed
+                       else f"stopped by the agent (SIGTERM): {message}; {acked} {early}")
+        elif worker.killed:
             message = f"killed with SIGKILL after the {worker.spec.grace_s:g} s grace period"
         elif worker.stop_requested:
             message = f"stopped by the agent (SIGTERM): {message}"

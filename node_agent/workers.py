@@ -13,6 +13,9 @@ Nouns:
 - a *worker record* (``Worker``) is what the agent knows about one worker: its phase (STARTING:
   desired but not spawned yet, e.g. waiting for an older incarnation to vacate its GPUs; RUNNING;
   STOPPING: SIGTERM sent, grace period running; EXITED), its shim process and its exit;
+- a *stop* is one STOPPING phase of a worker: it has an id (``Worker.stop_id``) that the agent's
+  stop notice names and a worker's checkpoint acknowledgement must echo to end the stop early
+  (``node_agent.contract``, "Stop notices and checkpoint acknowledgements");
 - the *shim* (``node_agent/shim.py``) is the process-group leader the agent spawns per worker; it
   runs the command and records its exit status in the worker's *exit file*;
 - the *state file* (``<work_dir>/run/workers.json``) holds every record that has a process or an
@@ -27,6 +30,8 @@ On-disk layout (``WorkDir``)::
     <work_dir>/run/<job>/rank-<r>.inc-<i>.batch.json     ARYL_BATCH_FILE (the agent's, 0644)
     <work_dir>/run/<job>/rank-<r>.inc-<i>.exit.json      written by the shim when the command ends
     <work_dir>/run/<job>/rank-<r>.inc-<i>.progress.json  ARYL_PROGRESS_FILE
+    <work_dir>/run/<job>/rank-<r>.inc-<i>.stop.json      ARYL_STOP_NOTICE_FILE (the agent's, 0644)
+    <work_dir>/run/<job>/rank-<r>.inc-<i>.ack.json       ARYL_CHECKPOINT_ACK_FILE
     <checkpoint_root>/<job>/                             ARYL_CHECKPOINT_DIR
 
 Permissions and owners (``node_agent.identity``): ``logs/``, ``jobs/``, ``run/`` and the checkpoint
@@ -182,6 +187,12 @@ class WorkDir:
             self.run_dir / path_component(worker.job_id) / f"rank-{worker.rank}.inc-{worker.incarnation}.progress.json"
         )
 
+    def stop_notice_file(self, worker: WorkerId) -> Path:
+        return self.run_dir / path_component(worker.job_id) / f"rank-{worker.rank}.inc-{worker.incarnation}.stop.json"
+
+    def ack_file(self, worker: WorkerId) -> Path:
+        return self.run_dir / path_component(worker.job_id) / f"rank-{worker.rank}.inc-{worker.incarnation}.ack.json"
+
     def job_dir(self, job_id: str) -> Path:
         return self.root / "jobs" / path_component(job_id)
 
@@ -189,9 +200,10 @@ class WorkDir:
         return self.checkpoint_root / path_component(job_id)
 
     def forget(self, worker: WorkerId, *, last_of_job: bool) -> None:
-        """Remove a dropped worker's exit and progress files (never its log or checkpoints), and the
-        job's run directory with the job's last worker."""
-        for path in (self.exit_file(worker), self.progress_file(worker)):
+        """Remove a dropped worker's exit, progress, stop notice and ack files (never its log or
+        checkpoints), and the job's run directory with the job's last worker."""
+        for path in (self.exit_file(worker), self.progress_file(worker), self.stop_notice_file(worker),
+                     self.ack_file(worker)):
             path.unlink(missing_ok=True)
         if last_of_job:
             try:
@@ -215,6 +227,9 @@ class Worker:
     cannot_start: bool = False  # EXITED without running, for a reason in its spec (no working directory here)
     stop_deadline: float = 0.0  # time.monotonic() (system-wide, so a restarted agent shares it): SIGKILL past it
     killed: bool = False  # the agent sent SIGKILL
+    stop_id: str = ""  # the current stop's id (its notice's), once STOPPING
+    stop_acked_at: float = 0.0  # time.monotonic() when the worker acknowledged this stop (0: it has not)
+    acked_progress: float = 0.0  # the checkpoint progress that acknowledgement named
     reported_exit: bool = field(default=False, compare=False)  # included in a report since EXITED
 
     @property
