@@ -31,6 +31,7 @@ from scheduler_service.core.registry import policies
 from simulator.deadlines import DEADLINE_SETTINGS, assign_deadlines
 from simulator.dl2_train import add_train_dl2_parser, train_dl2_command
 from simulator.engine import SimulationResult, simulate
+from simulator.estimates import EXACT, Estimates, EstimatesError
 from simulator.failures import FailureTraceError, load_failure_trace
 from simulator.goodput_profiles import ProfileError
 from simulator.goodput_sim import GOODPUT_POLICIES, WorkloadError, format_summaries, load_workload, run_workload
@@ -87,6 +88,13 @@ def _positive_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text}")
     return value
+
+
+def _estimates(text: str) -> Estimates:
+    try:
+        return Estimates.parse(text)
+    except EstimatesError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
@@ -166,6 +174,11 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     sim.add_argument("--max-time", type=float, default=None,
                      help="stop at this virtual time, seconds (default: none; runs end when every job "
                           "completed, or when the remaining jobs can never be placed)")
+    sim.add_argument("--estimates", type=_estimates, default=EXACT, metavar="exact|lognormal:SIGMA|none",
+                     help="what policies see of a job's length: exact (its true work; the default), "
+                          "lognormal:SIGMA (a user's run-time estimate, the truth x exp(SIGMA x z), z drawn per "
+                          "job from --seed), none (no estimate: the policy's default_runtime_s); "
+                          "simulator/estimates.py. The true work drives completion")
     sim.add_argument("--check", action="store_true",
                      help="assert that every plan passes the core's invariant checker (slower)")
     sim.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
@@ -311,7 +324,7 @@ def run(args: argparse.Namespace) -> int:
                 min_cycle_gap_s=args.min_cycle_gap, max_time_s=args.max_time,
                 drain_ack_s=args.drain_ack if args.drain_ack >= 0 else None, failures=failures,
                 check_plans=args.check,
-                progress=args.progress,
+                progress=args.progress, estimates=args.estimates,
             )
             print(f"{name}: {result.cycles} cycles, {result.stop_reason}, {result.wall_s:.1f}s", file=sys.stderr)
             results.append(result)

@@ -40,6 +40,16 @@ Nouns:
 - *GPU-seconds lost* per job: the GPU time of the work a preemption threw away (productive seconds
   since the last checkpoint x the segment's GPUs) plus the GPU time of restart overheads (the
   overhead seconds actually spent, x the segment's GPUs).
+- *Useful spans* (``useful_spans``): when each job's progress that stands was made, as
+  ``(from, until, useful GPU-seconds per second)``; one per segment, from the end of its restart
+  overhead until it ended, or until its last checkpoint when the work since was thrown away. The rate
+  is the segment's speed x the job's *reference cost* (GPU-seconds per unit of work at
+  ``min_workers`` on a GPU of speed 1.0: ``min_workers x gpus_per_worker / speed(min_workers)``), so a
+  job's spans add up to its kept work at that cost (``simulator.results`` defines useful work by them).
+  Segments still running when the run stops count up to then (``close_useful_spans``).
+- *Declared length*: the job's view shows ``TraceJob.declared_work`` / ``declared_runtime_s`` where
+  the trace sets them (``simulator.estimates``: a noisy or no user estimate), else its true ``work``;
+  the truth alone drives progress and completion.
 """
 
 from __future__ import annotations
@@ -70,6 +80,7 @@ from scheduler_service.core.plan import (
     LoanStep,
     Plan,
     PreemptJob,
+    Reason,
     ScaleJob,
     ServerAction,
     StartJob,
@@ -123,6 +134,9 @@ class JobOutcome:
     lost_work_gpu_s: float = 0.0        # GPU time of work thrown away by preemptions
     overhead_gpu_s: float = 0.0         # GPU time spent restarting (starts, restarts, resizes)
     deadline: float | None = None       # the trace job's (None: none)
+    reclaim_preemptions: int = 0        # preemptions because a loaned server went back (PREEMPTED_FOR_RECLAIM)
+    reclaim_scale_ins: int = 0          # shrinks for the same reason (SCALED_IN_FOR_RECLAIM)
+    useful_gpu_s: float = 0.0           # its useful spans' GPU-seconds (the module doc's reference cost)
 
     @property
     def gpu_seconds_lost(self) -> float:
@@ -225,6 +239,8 @@ class _Job:
     seg_speed: float = 0.0
     seg_gpus: int = 0
     seg_version: int = 0                 # bumped whenever the segment ends (invalidates its completion)
+    reference_cost: float = 0.0          # GPU-seconds per unit of work at min_workers (useful spans)
+    shown_work: float = 0.0              # the total work its view shows (declared, else the truth)
     view: JobView | None = None          # cached view of a job that is not running; None when stale
 
     @property
@@ -286,6 +302,7 @@ class SimulatedCluster:
         self._running: dict[int, _Job] = {}
         self.outcomes: dict[int, JobOutcome] = {}
         self._completions: list[tuple[float, int, int]] = []  # heap of (end time, job id, segment version)
+        self.useful_spans: list[tuple[float, float, float]] = []  # (from, until, useful GPU-s per s)
         self._demand: DemandView | None = None
         self._demand_rate = 0.0
         # Levels for the utilisation series, kept up to date as allocations and server states change.
@@ -416,7 +433,10 @@ class SimulatedCluster:
         self.outcomes[trace.job_id] = outcome
         if self._active and trace.job_id < next(reversed(self._active)):
             self._active_in_order = False
-        self._active[trace.job_id] = _Job(trace, outcome, model)
+        self._active[trace.job_id] = _Job(
+            trace, outcome, model,
+            reference_cost=trace.min_workers * trace.gpus_per_worker / model.speed(trace.min_workers),
+            shown_work=trace.work if trace.declared_work is None else trace.declared_work)
 
     def set_demand(self, point: DemandPoint) -> None:
         """The router's latest signal: inference needs ``servers_needed`` serving servers."""
@@ -440,7 +460,7 @@ class SimulatedCluster:
         while (end := self.next_completion()) is not None and end <= now:
             _, job_id, _ = heapq.heappop(self._completions)
             job = self._running[job_id]
-            self._end_segment(job, end)
+            self._end_segment(job, end, kept_until=end)
             JOB_LIFECYCLE.check(job.state, JobState.COMPLETED)
             job.state = JobState.COMPLETED
             self._free(job)
@@ -567,7 +587,8 @@ class SimulatedCluster:
             periods = floor(since / interval)
             append(view_of(
                 t.job_id, job.state, t.gpus_per_worker, t.min_workers, t.max_workers, t.priority, t.submit_time,
-                job.workers, None, job.pending_reason, t.throughput, t.work, work if work < t.work else t.work,
+                job.workers, t.declared_runtime_s, job.pending_reason, t.throughput, job.shown_work,
+                work if work < t.work else t.work,
                 job.started_at, job.last_resized_at,
                 job.seg_start + periods * interval if periods >= 1 else job.checkpoint_at, "", t.deadline,
                 queue=t.queue, user=t.user, priority_class=t.priority_class, gpu_types=t.gpu_types,
@@ -589,7 +610,8 @@ class SimulatedCluster:
                 job_id=t.job_id, state=job.state, gpus_per_worker=t.gpus_per_worker,
                 min_workers=t.min_workers, max_workers=t.max_workers, priority=t.priority,
                 submitted_at=t.submit_time, pending_reason=job.pending_reason,
-                throughput_points=t.throughput, total_work=t.work, work_done=job.checkpoint_work,
+                throughput_points=t.throughput, total_work=job.shown_work, work_done=job.checkpoint_work,
+                estimated_runtime_s=t.declared_runtime_s,
                 started_at=job.started_at, last_resized_at=job.last_resized_at,
                 last_checkpoint_at=job.checkpoint_at, deadline=t.deadline,
                 queue=t.queue, user=t.user, priority_class=t.priority_class, gpu_types=t.gpu_types,
@@ -628,10 +650,27 @@ class SimulatedCluster:
             end = now + self.restart_overhead_s + (job.trace.work - work) / job.seg_speed
             heapq.heappush(self._completions, (end, job.trace.job_id, job.seg_version))
 
-    def _end_segment(self, job: _Job, now: float) -> None:
-        """Close the running segment at ``now``: charge the restart overhead it actually spent."""
+    def _end_segment(self, job: _Job, now: float, *, kept_until: float) -> None:
+        """Close the running segment at ``now``: charge the restart overhead it actually spent, and
+        record its useful span, the progress made until ``kept_until`` (``now``, or the checkpoint it
+        falls back to: a time before the segment's progress began keeps none)."""
         job.outcome.overhead_gpu_s += min(self.restart_overhead_s, now - job.seg_start) * job.seg_gpus
+        self._record_useful_span(job, kept_until)
         job.seg_version += 1
+
+    def _record_useful_span(self, job: _Job, until: float) -> None:
+        began = job.seg_start + self.restart_overhead_s
+        if until > began and job.seg_speed > 0:
+            rate = job.seg_speed * job.reference_cost
+            self.useful_spans.append((began, until, rate))
+            job.outcome.useful_gpu_s += rate * (until - began)
+
+    def close_useful_spans(self) -> None:
+        """The run stops now: record the useful spans of the segments still running, up to now (their
+        progress stands; nothing is thrown away). Call once, at the end."""
+        now = self.now
+        for job_id in sorted(self._running):
+            self._record_useful_span(self._running[job_id], now)
 
     # -- allocations ------------------------------------------------------------------------------
 
@@ -712,10 +751,12 @@ class SimulatedCluster:
             self.fault_evictions += 1
         checkpoint_at, checkpoint_work = self._last_checkpoint(job, now)
         self._lose_work_since(job, checkpoint_work, now)
-        self._end_segment(job, now)
+        self._end_segment(job, now, kept_until=job.seg_start if checkpoint_at is None else checkpoint_at)
         servers = self._free(job)
         job.checkpoint_at, job.checkpoint_work = checkpoint_at, checkpoint_work
         job.outcome.preemptions += 1
+        if action.reason == Reason.PREEMPTED_FOR_RECLAIM:
+            job.outcome.reclaim_preemptions += 1
         job.pending_reason = f"{action.reason}: {action.message}"[:1024]
         self._set_job_state(job, JobState.PREEMPTED)
         self._set_job_state(job, JobState.PENDING)
@@ -738,7 +779,7 @@ class SimulatedCluster:
             self._lose_work_since(job, work, now)
         else:
             checkpoint_at, work = now, self._work_at(job, now)  # the graceful resize's checkpoint
-        self._end_segment(job, now)
+        self._end_segment(job, now, kept_until=job.seg_start if checkpoint_at is None else checkpoint_at)
         old_servers = self._free(job)
         workers = _worker_views(action.workers)
         self._take(job, workers)
@@ -751,6 +792,8 @@ class SimulatedCluster:
             job.outcome.scale_outs += 1
         elif after < before:
             job.outcome.scale_ins += 1
+            if action.reason == Reason.SCALED_IN_FOR_RECLAIM:
+                job.outcome.reclaim_scale_ins += 1
         else:
             job.outcome.moves += 1
         # Every worker restarts at the new world size, so every server it ran or runs on changes.

@@ -48,6 +48,7 @@ from scheduler_service.cycle import ClusterState, SchedulingCycle
 from scheduler_service.policies import create_policy
 from simulator.clock import VirtualClock
 from simulator.cluster import JobOutcome, ServerOutcome, SimulatedCluster, UtilisationSample
+from simulator.estimates import EXACT, Estimates
 from simulator.failures import FAIL, FailureSchedule
 from simulator.model import ClusterSpec, DemandPoint, FailureRate, ServerFailure, TraceJob
 
@@ -91,6 +92,10 @@ class SimulationResult:
     rejected_actions: int
     server_failures: int = 0           # injected failures that made a server LOST
     fault_evictions: int = 0           # jobs shrunk or requeued because a server they ran on was lost
+    # When kept progress was made: (from, until, useful GPU-seconds per second), as ``simulator.cluster``
+    # defines them (in the order recorded); ``simulator.results`` integrates them.
+    useful_spans: tuple[tuple[float, float, float], ...] = ()
+    estimates: str = "exact"           # what policies saw of jobs' lengths (``simulator.estimates``)
     wall_s: float = field(default=0.0, compare=False)  # host seconds taken (never written to result files)
 
 
@@ -140,6 +145,7 @@ def simulate(
     failures: FailureRate | Sequence[ServerFailure] | None = None,
     check_plans: bool = False,
     progress: bool = False,
+    estimates: Estimates | str = EXACT,
     cluster: SimulatedCluster | None = None,
     clock: VirtualClock | None = None,
     wrap_state: Callable[[ClusterState], ClusterState] | None = None,
@@ -155,7 +161,9 @@ def simulate(
     waits its ``drain_timeout_s``. ``failures``: servers that fail and come back, as a rate or a list
     (``simulator.failures``); None: no failures. ``check_plans``: assert
     that every plan passes ``check_plan`` and is then applied in full (slower; tests use it).
-    ``progress``: a tqdm bar on stderr (only when stderr is a terminal).
+    ``progress``: a tqdm bar on stderr (only when stderr is a terminal). ``estimates``: what the
+    policy sees of each job's length (``simulator.estimates``: ``"exact"``, ``"lognormal:SIGMA"``,
+    ``"none"``); noisy estimates are drawn from ``seed``. The true ``work`` drives completion.
 
     Starting from a cluster as it is (``simulator.forecast``: the live cluster's snapshot): ``cluster``
     and its ``clock`` (both or neither) replace the empty cluster of ``spec`` (its servers, jobs,
@@ -171,6 +179,8 @@ def simulate(
         if job.submit_time < 0:
             raise ValueError(f"job {job.job_id}: submit_time {job.submit_time} is before the trace's start (0)")
     wall_start = time.perf_counter()
+    declared = Estimates.parse(estimates)
+    jobs = declared.apply(jobs, seed)
     if (cluster is None) != (clock is None):
         raise ValueError("a cluster to start from needs its clock, and a clock its cluster")
     restored = cluster is not None
@@ -264,6 +274,7 @@ def simulate(
     finally:
         if bar is not None:
             bar.close()
+    cluster.close_useful_spans()
 
     outcomes = dict(cluster.outcomes)
     for job in arrivals[next_arrival:]:  # a guard stopped the run before these arrived
@@ -290,6 +301,8 @@ def simulate(
         rejected_actions=cluster.rejected_actions,
         server_failures=cluster.server_failures,
         fault_evictions=cluster.fault_evictions,
+        useful_spans=tuple(cluster.useful_spans),
+        estimates=str(declared),
         wall_s=time.perf_counter() - wall_start,
     )
 

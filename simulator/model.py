@@ -32,6 +32,12 @@ class TraceJob:
     user: str = ""
     priority_class: int = 0         # the class's value
     gpu_types: tuple[str, ...] = ()  # () any
+    # What the job declares about its length (``simulator.estimates``), shown to the policy in place
+    # of ``work``; the truth still drives progress and completion. ``declared_work``: None: the true
+    # ``work`` (clairvoyant, the default); 0: none declared. ``declared_runtime_s``: a run time at
+    # ``min_workers`` the user declared (None: none), as the service's ``estimated_runtime``.
+    declared_work: float | None = None
+    declared_runtime_s: float | None = None
 
     def runtime_at(self, workers: int) -> float:
         """Seconds to finish from scratch at ``workers`` workers (declared points only)."""
@@ -45,7 +51,7 @@ class TraceJob:
 class DemandPoint:
     time: float              # seconds since the trace's start
     servers_needed: int
-    rate_rps: float = 0.0    # the request rate behind it (for plots)
+    rate_rps: float = 0.0    # the request rate behind it (plots; the share of requests met short: simulator.results)
 
 
 @dataclass(frozen=True, slots=True)
