@@ -480,6 +480,9 @@ _SUBMIT_FLAG_KEYS: Final = {
     "estimated_runtime": "estimated_runtime_s",
     "priority_class": "priority_class",
     "gpu_types": "gpu_types",
+    "batch_size": "batch_size",
+    "max_batch_size": "max_batch_size",
+    "max_local_batch_size": "max_local_batch_size",
 }
 
 
@@ -754,6 +757,7 @@ def describe_job(response: scheduler_pb2.GetJobResponse) -> str:
         fields.append(("Throughput", points))
     if spec.throughput.total_work:
         fields.append(("Total work", f"{spec.throughput.total_work:g}"))
+    fields += goodput_fields(job)
     if spec.env:
         fields.append(("Env", " ".join(f"{k}={v}" for k, v in sorted(spec.env.items()))))
     fields += [
@@ -773,9 +777,35 @@ def describe_job(response: scheduler_pb2.GetJobResponse) -> str:
     if job.workers:
         rows = [(w.rank, w.server_id, ",".join(str(i) for i in w.gpu_indices)) for w in job.workers]
         sections.append("Workers:\n" + format_table(("RANK", "SERVER", "GPUS"), rows))
+    if job.step_times:
+        steps = [(t.nodes, t.replicas, t.local_batch_size, t.accum_steps, f"{t.pass_time_s:.4g}",
+                  f"{t.step_time_s:.4g}", local_time(t.measured_at)) for t in job.step_times]
+        sections.append("Step times (measured by rank 0):\n" + format_table(STEP_TIME_HEADERS, steps))
     events = [_event_row(e) for e in response.events]
     sections.append("Events:\n" + (format_table(EVENT_HEADERS, events) if events else "(none)"))
     return "\n\n".join(sections)
+
+
+STEP_TIME_HEADERS: Final = ("SERVERS", "GPUS", "LOCAL BATCH", "ACCUM", "PASS S", "STEP S", "MEASURED")
+
+
+def goodput_fields(job: types_pb2.Job) -> list[tuple[str, object]]:
+    """A job with batch limits: its limits, the batch it runs with now, its gradient noise scale."""
+    batch = job.spec.batch
+    if not job.spec.HasField("batch"):
+        return []
+    fields: list[tuple[str, object]] = [
+        ("Batch limits", f"init {batch.init_batch_size}, max {batch.max_batch_size}, "
+                         f"max per GPU per pass {batch.max_local_batch_size}"),
+        ("Batch", f"{job.batch_size} = {job.local_batch_size} per GPU per pass x {job.accum_steps + 1} pass(es) "
+                  "per step" if job.batch_size else "- (not running)"),
+    ]
+    if job.noise_scale:
+        fields.append(("Gradient noise", f"noise scale {job.noise_scale:.4g} samples (grad_sqr {job.grad_sqr:.4g}, "
+                                         f"grad_var {job.grad_var:.4g}, at batch {batch.init_batch_size})"))
+    if job.samples:
+        fields.append(("Samples", f"{job.samples:g}"))
+    return fields
 
 
 def cmd_job(client: ArylClient, args: argparse.Namespace, out: Output) -> int:
@@ -1377,6 +1407,15 @@ def build_parser() -> argparse.ArgumentParser:
                              "classes go first and may preempt lower ones")
     submit.add_argument("--gpu-type", dest="gpu_types", action="append", metavar="MODEL",
                         help="run only on this GPU type (as `arylctl servers` shows it); repeatable, preferred first")
+    submit.add_argument("--batch-size", type=_uint32, metavar="INIT",
+                        help="the job adapts its batch size to its allocation (goodput): INIT is the total batch "
+                             "its hyper-parameters were tuned for; its workers get ARYL_LOCAL_BATCH_SIZE and "
+                             "ARYL_ACCUM_STEPS (README, the job contract)")
+    submit.add_argument("--max-batch-size", type=_uint32, metavar="N",
+                        help="with --batch-size: the largest total batch it accepts (default: INIT, a fixed total)")
+    submit.add_argument("--max-local-batch-size", type=_uint32, metavar="N",
+                        help="with --batch-size: the largest batch one GPU fits in one pass (default: INIT's share "
+                             "per GPU at --min-workers)")
     submit.add_argument("--env", type=_env_pair, action="append", metavar="NAME=VALUE", help="repeatable")
     submit.add_argument("--deadline", type=_deadline, metavar="TIME",
                         help="when the job should be finished: an ISO 8601 time (2026-11-24T18:00Z; local time "

@@ -779,6 +779,9 @@ def job_spec(
     working_dir_if_exists: bool = False,
     priority_class: str = "",
     gpu_types: Sequence[str] = (),
+    batch_size: int | None = None,
+    max_batch_size: int | None = None,
+    max_local_batch_size: int | None = None,
 ) -> types_pb2.JobSpec:
     """Build a :class:`JobSpec`.
 
@@ -790,6 +793,10 @@ def job_spec(
     ``working_dir`` is where the workers start, an absolute path on the servers: a server without
     it fails the job, unless ``working_dir_if_exists`` (then it is a default, and such a server
     starts the worker in the agent's directory for the job). None: the agent's directory for the job.
+    ``batch_size`` (the total batch its hyper-parameters were tuned for) declares that the job adapts
+    its batch size to its allocation (``node_agent.contract``): ``max_batch_size`` defaults to it (a
+    fixed total), ``max_local_batch_size`` (what one GPU fits in one pass) to its share per GPU at
+    ``min_workers``.
 
     Raises ``ValueError`` naming the argument for what no JobSpec can express; whether the spec
     is acceptable (e.g. ``min_workers >= 1``) is for the server to say.
@@ -850,10 +857,19 @@ def job_spec(
                 f"throughput_points[{workers}] must be samples/s >= 0, got {samples_per_second!r}"
             )
         spec.throughput.points.add(workers=workers, samples_per_second=samples_per_second)
+    if batch_size is not None:
+        gpus = max(spec.gpus_per_worker * spec.min_workers, 1)
+        for key, value in (("init_batch_size", batch_size),
+                           ("max_batch_size", batch_size if max_batch_size is None else max_batch_size),
+                           ("max_local_batch_size",
+                            -(-batch_size // gpus) if max_local_batch_size is None else max_local_batch_size)):
+            _set_int(spec.batch, key, value)
+    elif max_batch_size is not None or max_local_batch_size is not None:
+        raise ValueError("max_batch_size and max_local_batch_size need batch_size (the initial total batch)")
     return spec
 
 
-def _set_int(spec: types_pb2.JobSpec, key: str, value: int) -> None:
+def _set_int(spec: types_pb2.JobSpec | types_pb2.BatchHints, key: str, value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{key} must be an integer, got {value!r}")
     try:
@@ -1007,10 +1023,19 @@ _SPEC_KEYS: Final[Mapping[str, Any]] = {
     "working_dir_if_exists": _as_bool,
     "priority_class": _as_str,
     "gpu_types": _as_str_list,
+    "batch_size": _as_int,
+    "max_batch_size": _as_int,
+    "max_local_batch_size": _as_int,
 }
 SPEC_KEYS: Final = tuple(_SPEC_KEYS)
 _REQUIRED_SPEC_KEYS: Final = ("name", "command")
 _RESTART_POLICY_PREFIX: Final = "RESTART_POLICY_"
+# The protobuf JSON spelling of a JobSpec's batch hints -> job_spec's flat keys.
+_BATCH_KEYS: Final = {
+    "init_batch_size": "batch_size",
+    "max_batch_size": "max_batch_size",
+    "max_local_batch_size": "max_local_batch_size",
+}
 # The protobuf JSON spelling of a JobSpec's nested throughput hints -> job_spec's flat keys.
 _THROUGHPUT_KEYS: Final = {
     "estimated_runtime": "estimated_runtime_s",
@@ -1074,6 +1099,16 @@ def normalize_job_spec_mapping(data: Mapping[str, Any]) -> dict[str, Any]:
             elif sub == "points":
                 value = _proto_points("throughput.points", value)
             _set_once(out, key, value, f"throughput.{sub}")
+    batch = out.pop("batch", None)  # BatchHints, as -o json|yaml prints it
+    if batch is not None:
+        if not isinstance(batch, Mapping):
+            raise ValueError(f"job spec key 'batch': expected a mapping, got {batch!r}")
+        unknown = sorted(str(key) for key in batch if key not in _BATCH_KEYS)
+        if unknown:
+            raise ValueError(f"unknown job spec key 'batch.{unknown[0]}'; valid: {', '.join(_BATCH_KEYS)}")
+        for sub, key in _BATCH_KEYS.items():
+            if batch.get(sub) is not None:
+                _set_once(out, key, batch[sub], f"batch.{sub}")
     policy = out.get("restart_policy")
     if isinstance(policy, str) and policy.upper().startswith(_RESTART_POLICY_PREFIX):
         name = policy[len(_RESTART_POLICY_PREFIX):].lower()

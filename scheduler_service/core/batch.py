@@ -1,6 +1,6 @@
 """The batch a job adapting its batch size runs with (issue 17): the one a goodput-aware policy chose
 for its allocation, else the default -- its init batch split over its GPUs in the fewest passes that
-fit its largest per-GPU batch (``core.goodput.split_batch``).
+fit its largest per-GPU batch (``core.goodput.split_batch``; one sample per GPU at least).
 
 A choice holds for the GPU count it was made for: a job resized without a new choice (a policy that
 does not choose batches, or one that chose none for the new size) runs the default again, never a
@@ -11,13 +11,16 @@ Never: read a clock, a store or any cluster state. Pure functions of numbers.
 
 from __future__ import annotations
 
-from scheduler_service.core.goodput import BatchSplit, GradParams, split_batch
+from scheduler_service.core import goodput_fit
+from scheduler_service.core.goodput import BatchSplit, GradParams
 from scheduler_service.core.snapshot import BatchLimits
 
 
 def default_batch(limits: BatchLimits, gpus: int) -> BatchSplit:
-    """The init batch over ``gpus`` GPUs (at least one), never a pass above ``max_atomic_bsz``."""
-    return split_batch(limits.init_bsz, max(gpus, 1), limits.max_atomic_bsz)
+    """The init batch over ``gpus`` GPUs (at least one), never a pass above ``max_atomic_bsz``: the
+    batch a policy's goodput model gives a job it has not fitted (``core.goodput_fit.default_batch``,
+    one rule for both)."""
+    return goodput_fit.default_batch(limits, max(gpus, 1))
 
 
 def job_batch(limits: BatchLimits | None, chosen: BatchSplit | None, chosen_for_gpus: int | None,
