@@ -18,6 +18,11 @@ Nouns:
   ``min_workers`` would be left; any other job is left to finish there until the drain's deadline
   (``ServerView.drain_deadline``), then requeued; reason ``SERVER_DRAINING``. Nothing new is placed
   there (the server is cordoned: ``core.placement``, ``core.apply_rules``).
+  Anti-thrashing (``core.protection``, when the policy's params are given): a job in its protection
+  window is not moved off before the drain's deadline -- it stays (a ``HELD_DRAIN_PROTECTED`` size note
+  says until when) and moves off once the window ends; the deadline overrides the window (the operator's
+  promise), and the eviction's message says so. A LOST server's jobs are never protected: their workers
+  are gone already.
 
 Every registered policy applies this first (``core.registry`` wraps each policy it creates in
 ``FaultsFirst``), so the service and the simulator run the same rule, and the policy's own steps
@@ -40,7 +45,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from operator import attrgetter
 
-from scheduler_service.core.plan import Plan, PreemptJob, Reason, ScaleJob, WorkerPlacement
+from scheduler_service.core.params import PolicyParams
+from scheduler_service.core.plan import KeepSize, Plan, PreemptJob, Reason, ScaleJob, WorkerPlacement, clock_time
+from scheduler_service.core.protection import Mechanism, Protection, overridden, protection
 from scheduler_service.core.snapshot import AdminState, ClusterSnapshot, JobView, ServerView, WorkerView
 from scheduler_service.lifecycle import JobState, ServerState
 
@@ -55,6 +62,7 @@ class Evictions:
     scales: tuple[ScaleJob, ...]
     preemptions: tuple[PreemptJob, ...]
     after: ClusterSnapshot
+    held: tuple[KeepSize, ...] = ()  # jobs a drain leaves where they are for now: protected (core.protection)
 
     def merge(self, plan: Plan) -> Plan:
         """This cycle's plan: the evictions plus ``plan`` (decided on ``after``). A job is acted on at
@@ -80,12 +88,17 @@ class Evictions:
                   for s in self.scales if s.job_id in then_preempted),
                 *(p for p in plan.preemptions if p.job_id not in shrunk),
             )
-        return replace(plan, scales=tuple(scales), preemptions=tuple(preemptions))
+        held = plan.held
+        if self.held:  # the drain's note replaces whatever the policy says of the job's size
+            mine = {k.job_id for k in self.held}
+            held = (*(k for k in plan.held if k.job_id not in mine), *self.held)
+        return replace(plan, scales=tuple(scales), preemptions=tuple(preemptions), held=held)
 
 
-def plan_evictions(snapshot: ClusterSnapshot) -> Evictions | None:
+def plan_evictions(snapshot: ClusterSnapshot, params: PolicyParams | None = None) -> Evictions | None:
     """The evictions for every job with a worker on a LOST server, or on a draining one (see the
-    module docstring); None when there is none (the usual cycle: the snapshot is used as it is)."""
+    module docstring); None when there is none (the usual cycle: the snapshot is used as it is).
+    With ``params``, a drain honours the jobs' protection windows until its deadline."""
     lost = {s.server_id for s in snapshot.servers if s.state == ServerState.LOST and s.allocated}
     draining = {s.server_id for s in snapshot.servers
                 if s.draining and s.state != ServerState.LOST and s.allocated}
@@ -95,8 +108,13 @@ def plan_evictions(snapshot: ClusterSnapshot) -> Evictions | None:
     preemptions: list[PreemptJob] = []
     jobs: list[JobView] = []
     freed: dict[str, set[int]] = {}  # server -> GPUs the evictions free there
+    held: list[KeepSize] = []
     for job in snapshot.jobs:
-        decided = _evict_lost(snapshot, job, lost) or _drain_off(snapshot, job, draining)
+        shield = protection(job, snapshot.now, params) if params is not None else None
+        decided = _evict_lost(snapshot, job, lost) or _drain_off(snapshot, job, draining, shield)
+        if isinstance(decided, KeepSize):
+            held.append(decided)
+            decided = None
         if decided is None:
             jobs.append(job)
             continue
@@ -113,11 +131,11 @@ def plan_evictions(snapshot: ClusterSnapshot) -> Evictions | None:
         for w in released:
             freed.setdefault(w.server_id, set()).update(w.gpu_indices)
     if not scales and not preemptions:
-        return None
+        return Evictions((), (), snapshot, tuple(held)) if held else None
     servers = tuple(_without(s, freed[s.server_id]) if s.server_id in freed else s for s in snapshot.servers)
     after = ClusterSnapshot(now=snapshot.now, servers=servers, jobs=tuple(jobs), demand=snapshot.demand,
                             seed=snapshot.seed)
-    return Evictions(tuple(scales), tuple(preemptions), after)
+    return Evictions(tuple(scales), tuple(preemptions), after, tuple(held))
 
 
 def _evict_lost(snapshot: ClusterSnapshot, job: JobView, lost: set[str]) -> ScaleJob | PreemptJob | None:
@@ -139,17 +157,27 @@ def _evict_lost(snapshot: ClusterSnapshot, job: JobView, lost: set[str]) -> Scal
     return PreemptJob(job.job_id, reason, message)
 
 
-def _drain_off(snapshot: ClusterSnapshot, job: JobView, draining: set[str]) -> ScaleJob | PreemptJob | None:
+def _drain_off(snapshot: ClusterSnapshot, job: JobView, draining: set[str],
+               shield: Protection | None = None) -> ScaleJob | PreemptJob | KeepSize | None:
     """A job with a worker on a draining server: a RUNNING elastic job shrinks to its workers elsewhere
     when they keep ``min_workers``, and is requeued otherwise; any other job is left to finish until
     the drain's deadline (``ServerView.drain_deadline``; None: no deadline) passes, then requeued. A
-    SCALING job is mid-restart: it is resized once it runs again."""
+    SCALING job is mid-restart: it is resized once it runs again. A job in its protection window
+    (``shield``) stays until the window ends (a KeepSize says so), or the deadline passes: then it goes,
+    and the message says the deadline overrode its window."""
     there = sorted({w.server_id for w in job.workers if w.server_id in draining})
     if not there:
         return None
     message = f"server{'s' if len(there) > 1 else ''} {', '.join(there)} draining"
     deadlines = [d for d in (snapshot.server(sid).drain_deadline for sid in there) if d is not None]
     overdue = bool(deadlines) and snapshot.now >= min(deadlines)
+    if shield is not None and job.state == JobState.RUNNING and (job.is_elastic or overdue):
+        if not overdue:
+            until = (f"until {clock_time(min(shield.until, *deadlines))}, the drain's deadline or the window's end"
+                     if deadlines else "until the window ends")
+            return KeepSize(job.job_id, Reason.HELD_DRAIN_PROTECTED,
+                            f"{message}, but it is {shield.summary}; stays there {until}")
+        message += "; " + overridden(shield, Mechanism.DRAIN, "must meet the operator's deadline")
     if job.state == JobState.RUNNING and job.is_elastic:
         survivors = sorted((w for w in job.workers if w.server_id not in draining), key=_rank)
         if len(survivors) >= job.min_workers:

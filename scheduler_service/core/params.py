@@ -20,7 +20,12 @@ class PolicyParams:
     # gone by then goes back to inference anyway (routing still waits for the agent's confirmation).
     reclaim_deadline_s: float = 120.0
     starvation_s: float = 3600.0       # a job waiting this long gets a reservation
-    min_resize_interval_s: float = 300.0  # anti-thrashing: no voluntary resize sooner than this
+    # Anti-thrashing (``core.protection``: one window every mechanism honours): a job runs at least this
+    # long after a start or resize before it is resized or preempted again, and is disrupted at most
+    # max_disruptions_per_hour times an hour (0: no cap); only an inference reclaim that finds nothing
+    # else, or a drain past its deadline, overrides either.
+    min_resize_interval_s: float = 300.0
+    max_disruptions_per_hour: int = 6
     restart_cost_s: float = 60.0       # a restart's cost, in seconds of completion time
     default_runtime_s: float = 3600.0  # run-time estimate for jobs that declare none
     amdahl_alpha: float = 0.05         # speed-up model for jobs that declare no throughput points

@@ -28,6 +28,9 @@ class Reason(StrEnum):
     WAITING_FOR_QUOTA = "WAITING_FOR_QUOTA"        # beyond its queue's quota, and its cohort has too few idle GPUs
     QUOTA_BORROW_LIMIT = "QUOTA_BORROW_LIMIT"      # would take its queue past quota + borrow limit
     WAITING_FOR_GPU_TYPE = "WAITING_FOR_GPU_TYPE"  # not enough free GPUs of the type(s) it asks for
+    # The running jobs it could take GPUs from (extras, or preemption by quota or priority) are in their
+    # protection window (``core.protection``: the message names the rule and when it ends):
+    WAITING_FOR_PROTECTED_JOBS = "WAITING_FOR_PROTECTED_JOBS"
     # Why a job started or changed size:
     BACKFILLED = "BACKFILLED"                      # started ahead of a waiting job it does not delay
     RESERVATION_HONOURED = "RESERVATION_HONOURED"  # a starving job got the GPUs held for it
@@ -61,6 +64,12 @@ class Reason(StrEnum):
     HELD_FOR_RESERVATION = "HELD_FOR_RESERVATION"  # the spare GPUs are held for a starving queued job
     HELD_BY_QUOTA = "HELD_BY_QUOTA"                # its queue may not borrow more GPUs (quota, borrow limit, cohort)
     HELD_NOT_ELASTIC = "HELD_NOT_ELASTIC"          # the policy runs every job at min_workers
+    # Its protection window's disruption cap (``core.protection``): resized/preempted
+    # policy.max_disruptions_per_hour times in the last hour (the window's minimum runtime: HELD_RESIZE_INTERVAL)
+    HELD_DISRUPTION_CAP = "HELD_DISRUPTION_CAP"
+    # On a draining server, but in its protection window: it moves off when the window ends or the
+    # drain's deadline passes, whichever comes first (``core.faults``)
+    HELD_DRAIN_PROTECTED = "HELD_DRAIN_PROTECTED"
     # Why a cycle loaned no (further) inference server (a cluster-level non-event):
     NOT_LOANED_BY_POLICY = "NOT_LOANED_BY_POLICY"  # the policy never loans
     NOT_LOANED_NO_DEMAND = "NOT_LOANED_NO_DEMAND"  # no inference demand reported yet: never loan blind

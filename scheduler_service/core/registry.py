@@ -60,12 +60,13 @@ class FaultsFirst:
     """A policy as the registry hands it out: ``core.faults``' evictions first, then the policy on
     the snapshot as those evictions leave it, merged into one plan (``Evictions.merge``)."""
 
-    def __init__(self, policy: Policy) -> None:
+    def __init__(self, policy: Policy, params: PolicyParams | None = None) -> None:
         self.policy = policy
         self.name = policy.name
+        self.params = params  # with them, a drain honours protection windows (``core.protection``)
 
     def schedule(self, snapshot: ClusterSnapshot) -> Plan:
-        evictions = plan_evictions(snapshot)
+        evictions = plan_evictions(snapshot, self.params)
         if evictions is None:
             return self.policy.schedule(snapshot)
         return evictions.merge(self.policy.schedule(evictions.after))
@@ -75,7 +76,7 @@ class FaultsFirst:
         evictions would leave it; ReclaimPreviewUnsupported when the policy has none."""
         if not isinstance(self.policy, ReclaimPreviewer):
             raise ReclaimPreviewUnsupported(self.name)
-        evictions = plan_evictions(snapshot)
+        evictions = plan_evictions(snapshot, self.params)
         return self.policy.preview_reclaim(snapshot if evictions is None else evictions.after, count)
 
 
@@ -106,7 +107,8 @@ class PolicyRegistry:
             factory = self._factories[name]
         except KeyError:
             raise UnknownPolicy(f"unknown policy {name!r}; registered: {', '.join(self.names())}") from None
-        return FaultsFirst(factory(params or PolicyParams()))
+        params = params or PolicyParams()
+        return FaultsFirst(factory(params), params)
 
     def names(self) -> list[str]:
         return sorted(self._factories)

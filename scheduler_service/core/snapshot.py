@@ -177,6 +177,10 @@ class JobView:
     step_samples: tuple[StepSample, ...] = ()
     grad_stats: GradParams | None = None
 
+    # Anti-thrashing (``core.protection``'s disruption cap): when its recent resizes and preemptions were
+    # applied, oldest first (at least the last ``protection.DISRUPTION_WINDOW_S``; older ones are ignored).
+    disruptions: tuple[float, ...] = ()
+
     @property
     def num_workers(self) -> int:
         return len(self.workers)
