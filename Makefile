@@ -18,8 +18,11 @@ demo: $(STAMP)
 
 # Lint, then types, then the tests; the first that fails stops the target (and CI, which runs `make test`).
 # The fault-injection cases in tests/chaos run here in their bounded form; `make chaos` runs the full set.
+# pytest runs in PYTEST_WORKERS processes (pytest-xdist), a test file per process at a time; each process has
+# its own scratch PostgreSQL database (tests/conftest.py). PYTEST_WORKERS=0: one process, as plain `pytest`.
+PYTEST_WORKERS ?= 2
 test: lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 	$(MAKE) --no-print-directory soak-ci
 
 # Fault injection, full run (100 scheduler kill points, 120 s partitions, ...): tests/chaos with ARYL_CHAOS=full;

@@ -163,6 +163,8 @@ def test_rows_locked_past_the_lock_timeout_answer_unavailable_and_the_service_re
         running = wait_for(lambda: [j for j in plain.list_jobs().jobs if j.state == types_pb2.JOB_STATE_RUNNING],
                            timeout=CATCH_UP_S, what="a job running")
         wait_workers_match(cluster.url, cluster.marker, timeout=CATCH_UP_S)
+        # Both agents registered (a job may run before the second has: the rival locks both rows).
+        wait_for(lambda: len(plain.list_servers()) == 2, timeout=CATCH_UP_S, what="both servers registered")
         victim = rng.choice(running).job_id
 
         for _ in range(scaled(2, 10)):  # the rival comes and goes; each time, the same outcome
