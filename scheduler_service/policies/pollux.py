@@ -25,10 +25,11 @@ The decision (``pollux_decide``, pure):
   with none.
 
 The registered policy (``PolluxPolicy``) runs the same decision on a ``ClusterSnapshot``, in units of
-workers. A job that reported step times and gradient statistics and declares batch limits has a fitted
-goodput model (``core.goodput_fit.job_goodput``): its goodput is that model's on its workers' GPUs, at
-the best batch size, and it may take at most ``EXPLORE_FACTOR`` x the GPUs it has run on (the authors'
-bound on extrapolating a fit). Any other job's goodput is its declared throughput curve
+GPUs, each job's count a multiple of its worker's GPUs (``PolluxJob.step``); the count decided, in whole
+workers, is what is applied. A job that reported step times and gradient statistics and declares batch
+limits has a fitted goodput model (``core.goodput_fit.job_goodput``): its goodput is that model's on its
+GPUs, at the best batch size, and it may take at most ``EXPLORE_FACTOR`` x the GPUs it has run on (the
+authors' bound on extrapolating a fit). Any other job's goodput is its declared throughput curve
 (``core.throughput``: points, else Amdahl), i.e. statistical efficiency 1 and no batch-size choice, and
 its node count does not change it. The allocation is applied as ``optimus`` applies its own (a shrinking
 job keeps its lowest ranks, a growing one keeps its workers); every job with batch limits that holds
@@ -41,6 +42,7 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import Any, Generic, TypeVar
 
 import numpy as np
@@ -51,7 +53,7 @@ from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.plan import BatchSize, Plan
 from scheduler_service.core.registry import policies
 from scheduler_service.core.snapshot import ClusterSnapshot, JobView
-from scheduler_service.core.throughput import ThroughputModel
+from scheduler_service.core.throughput import ThroughputModel, model_for
 from scheduler_service.lifecycle import JobState
 from scheduler_service.policies.pollux_search import best_config, min_cost_counts
 from scheduler_service.policies.worker_targets import plan_worker_targets
@@ -95,7 +97,9 @@ class GoodputModel:
 @dataclass(frozen=True, slots=True)
 class PolluxJob:
     """One active job as the decision sees it. ``placement``: GPUs it holds per node (empty: none);
-    ``speed``: for a job without a goodput model, its relative speed by GPU count (``None``: linear)."""
+    ``speed``: for a job without a goodput model, its relative speed by GPU count (``None``: linear).
+    ``step``: its GPUs come in multiples of this (a live job's worker of several GPUs on one node); a job
+    with ``step`` > 1 gets no single GPUs left over (``_Packing._fill``)."""
 
     key: int
     max_replicas: int
@@ -105,6 +109,7 @@ class PolluxJob:
     model: GoodputModel | None = None
     min_replicas: int = 0
     speed: Sequence[float] | None = None
+    step: int = 1
 
 
 def _power_cost(speedup: float, p: float) -> float:
@@ -146,6 +151,8 @@ def pollux_decide(jobs: Sequence[PolluxJob], capacity: Mapping[N, int], *, p: fl
         held = sum(job.placement.values())
         cost[i, 0] = _power_cost(0.0, p)
         for r in range(max(1, job.min_replicas), min(job.max_replicas, width - 1) + 1):
+            if r % job.step:
+                continue
             cost[i, r] = objective.cost(i, min(_nodes_needed(sizes, r), max_nodes_per_job), r, True)
             if r == held:
                 kept = objective.cost(i, len([g for g in job.placement.values() if g]), r, False)
@@ -222,6 +229,9 @@ class _Packing(Generic[N]):
 
     def _single(self, i: int, want: int) -> dict[N, int] | None:
         own = self.jobs[i].placement
+        want -= want % self.jobs[i].step
+        if want <= 0:
+            return None
         fits = [n for n in self.free if self.free[n] >= want]
         if not fits:
             return None
@@ -235,7 +245,10 @@ class _Packing(Generic[N]):
                            key=lambda n: (-self.free[n], own.get(n, 0) == 0, self.order[n])):
             if want <= 0 or len(spread) >= self.max_nodes:
                 break
-            take = min(self.free[node], want)
+            step = self.jobs[i].step
+            take = min(self.free[node] - self.free[node] % step, want)
+            if take <= 0:
+                continue
             spread[node] = take
             want -= take
         return spread
@@ -269,7 +282,7 @@ class _Packing(Generic[N]):
             best: tuple[float, int, dict[N, int]] | None = None
             for i, job in enumerate(self.jobs):
                 spread = self.placed.get(i, {})
-                if sum(spread.values()) >= job.max_replicas:
+                if sum(spread.values()) >= job.max_replicas or job.step > 1:
                     continue
                 if spread:
                     nodes = [n for n in spread if self.free[n] > 0]
@@ -316,32 +329,32 @@ class PolluxPolicy:
         servers = [s for s in snapshot.servers if s.runs_training and not s.cordoned]
         if not active or not servers:
             return Plan()
-        # Units of the decision: workers. A server holds as many workers of the largest worker size as
-        # fit (jobs with other worker sizes are placed by FreeCapacity afterwards).
-        unit = max(j.gpus_per_worker for j in active)
-        capacity = {s.server_id: len(s.healthy_gpus) // unit for s in servers}
+        # Units of the decision: GPUs, each job's in multiples of its worker's GPUs (``PolluxJob.step``).
+        capacity = {s.server_id: len(s.healthy_gpus) for s in servers}
         capacity = {k: v for k, v in capacity.items() if v > 0}
         if not capacity:
             return Plan()
         decision_jobs = []
+        total = sum(capacity.values())
         for j in active:
-            model = ThroughputModel(j.throughput_points, self.params.amdahl_alpha)
+            model = model_for(j.throughput_points, self.params.amdahl_alpha)
+            gpw = j.gpus_per_worker
             most = max(j.max_workers, j.min_workers, 1)
             held: dict[Hashable, int] = {}
             for w in j.workers:
-                held[w.server_id] = held.get(w.server_id, 0) + 1
+                held[w.server_id] = held.get(w.server_id, 0) + len(w.gpu_indices)
             fitted = _goodput_model(j)
             if fitted is not None:  # within what its fit speaks for (the explored range)
                 trusted = job_goodput(j)
                 assert trusted is not None
-                most = max(min(most, trusted.trusted // j.gpus_per_worker), j.min_workers, 1)
+                most = max(min(most, trusted.trusted // gpw), j.min_workers, 1)
             decision_jobs.append(PolluxJob(
-                key=j.job_id, max_replicas=most, placement=held,
+                key=j.job_id, max_replicas=most * gpw, placement=held,
                 age_s=max(0.0, snapshot.now - j.submitted_at),
-                restarts=0, min_replicas=max(1, j.min_workers), model=fitted,
-                speed=[model.speed(w) for w in range(most + sum(capacity.values()) + 1)]))
+                restarts=0, min_replicas=max(1, j.min_workers) * gpw, model=fitted, step=gpw,
+                speed=_speeds(model, gpw, most * gpw + total + 1)))
         decided = pollux_decide(decision_jobs, capacity, p=self.p)
-        target = {j.job_id: len(decided.get(j.job_id, [])) for j in active}
+        target = {j.job_id: len(decided.get(j.job_id, [])) // j.gpus_per_worker for j in active}
         plan = plan_worker_targets(
             snapshot, active, target, who="Pollux", largest_first=True,
             why_waiting="the free GPUs raise the cluster's mean speed-up more on other jobs",
@@ -351,6 +364,15 @@ class PolluxPolicy:
         return replace(plan, batches=batches) if batches else plan
 
 
+@lru_cache(maxsize=4096)
+def _speeds(model: ThroughputModel, gpus_per_worker: int, count: int) -> tuple[float, ...]:
+    """A declared curve by GPU count ``0..count - 1``: the speed of the whole workers those GPUs hold (below
+    one worker, its share of one worker's speed: a fair share smaller than a worker is still a share)."""
+    one = model.speed(1)
+    return tuple(model.speed(r // gpus_per_worker) if r >= gpus_per_worker else one * r / gpus_per_worker
+                 for r in range(count))
+
+
 def _goodput_model(job: JobView) -> GoodputModel | None:
     """The decision's goodput model of a job with a fitted one (``core.goodput_fit``), else None."""
     fitted = job_goodput(job)
@@ -358,7 +380,7 @@ def _goodput_model(job: JobView) -> GoodputModel | None:
         return None
     lim = fitted.limits
     return GoodputModel(fitted.perf, fitted.grad, lim.init_bsz, max(lim.max_bsz, lim.init_bsz), MIN_ATOMIC_BSZ,
-                        max(lim.max_atomic_bsz, MIN_ATOMIC_BSZ), gpus_per_replica=job.gpus_per_worker)
+                        max(lim.max_atomic_bsz, MIN_ATOMIC_BSZ))
 
 
 def _batches(active: Sequence[JobView], plan: Plan) -> tuple[BatchSize, ...]:

@@ -1,0 +1,320 @@
+"""The "goodput" section of ``docs/evaluation.md`` (``python -m simulator.evaluation --only goodput``):
+capacity loaning and goodput-optimised elasticity together (issue 17), on the headline's Philly +
+ServeGen setup with every job mapped to one of the six Pollux models.
+
+Policies: ``sjf`` (separate clusters, jobs at their requested size), ``pollux`` (goodput and batch-size
+adaptation, no loaning), ``aryl-nogoodput`` (loaning, elasticity on declared throughput only) and
+``aryl`` (loaning, elasticity valued by each job's fitted goodput model, with the batch chosen for its
+allocation). All four run on the same simulated cluster, the same jobs and the same truth.
+
+The setup and modelling choices, fixed before the first run and not changed after (nothing here is tuned
+toward the target):
+
+- **Jobs**: the first ``WINDOW_DAYS`` days of the busiest 15-day Philly window (the full window is too
+  slow for ``pollux`` on a shared 2-core machine), mapped as the headline does (``JobMapping``: gang shape
+  from ``num_gpus``, half the jobs elastic up to 4x, keyed draws by ``seed``). Each job is given a Pollux
+  model by Pollux's own rule for Philly jobs (``JobMapping.assign_model``, ``"pollux-gputime"``: by
+  GPU-hours at the requested size, 50/50 keyed draws), with that model's measured profile
+  (``pollux-data/traces/<model>``, ``simulator.goodput_profiles.Application``) as its truth. Jobs the
+  profiles cannot run (more than 64 GPUs at the requested size) keep the headline's Amdahl curve and
+  take no part in goodput (``sjf``-like for every policy).
+- **Batch**: a job's tuned batch ``B`` is its requested GPUs x the model's smallest batch (clamped to the
+  largest validated one), as Pollux sizes Philly jobs; it declares ``BatchLimits(B, largest validated,
+  largest atomic)``. Without a batch from the policy it runs Pollux's rule without a model,
+  ``max(B, GPUs x smallest atomic batch)``; with one, that batch (its atomic batch raised to the model's
+  smallest measured one where needed).
+- **Truth**: a configuration's progress rate is ``gain(batch) / step time`` iterations at the model's
+  smallest batch per second (``core.goodput.progress_rate``); step times from the profile on the job's
+  placement, each 8-GPU server counted as two 4-GPU nodes of the profiles' testbed; the gradient
+  statistics of the model's middle epoch throughout (so a segment keeps one speed: the cluster simulator
+  advances jobs linearly per segment; Pollux's own simulator changes them by epoch). A job's work is its
+  traced duration x its rate at its requested size with its own batch, so a job that runs as traced
+  finishes in its traced time.
+- **What the policies see**: declared throughput points = the true rate at each worker count with the
+  job's own batch (cleaned to never decrease), as the headline's oracle curves; and, once a job has run,
+  one step sample per configuration it ran (nodes = servers, GPUs, atomic batch, pass and step time, as
+  the progress file reports them), and its gradient statistics at the batch it runs, normalised to ``B``.
+  A batch change without a resize takes effect at the job's next segment (start, resize or restart).
+- **Cluster**: the headline's (80 training + 40 inference servers of 8 GPUs, ServeGen ``m-small`` demand
+  with 20% headroom), 30 s restart overhead, checkpoints every 30 min, cycles at least 60 s apart.
+- **Seeds** ``SEEDS``: each changes the elastic draws and the model draws; figures are means over the
+  seeds with the min..max range.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from scheduler_service.core.clock import Clock
+from scheduler_service.core.goodput import BatchSplit, GradParams, StepSample, progress_rate, split_batch
+from scheduler_service.core.params import PolicyParams
+from scheduler_service.core.plan import ApplyResult, Plan
+from scheduler_service.core.snapshot import BatchLimits, ClusterSnapshot, WorkerView
+from scheduler_service.core.throughput import ThroughputModel
+from simulator.clock import VirtualClock
+from simulator.cluster import SimulatedCluster
+from simulator.engine import SimulationResult, simulate
+from simulator.goodput_profiles import Application, load_application
+from simulator.load import demand_from_rate, load_servegen_rate
+from simulator.model import ClusterSpec, DemandPoint, TraceJob
+from simulator.traces import JobMapping, job_gpu_seconds, load_philly
+
+POLICIES = ("sjf", "pollux", "aryl-nogoodput", "aryl")
+SEEDS = (0, 1, 2)
+WINDOW_DAYS = 2.0
+TRAINING_SERVERS, INFERENCE_SERVERS, GPUS_PER_SERVER = 80, 40, 8
+PROFILE_NODE_GPUS = 4     # the profiles' testbed nodes (4 x T4)
+MAX_PROFILE_GPUS = 64     # the largest configuration measured
+CYCLE_GAP_S = 60.0
+PARAMS = PolicyParams()
+
+
+@dataclass(frozen=True, slots=True)
+class GoodputTruth:
+    """One job's true goodput (module doc): its model's profile, tuned batch and the epoch whose gradient
+    statistics hold throughout."""
+
+    app: Application
+    batch: int            # B: the batch it was tuned for
+    epoch: int
+    gpus_per_worker: int
+
+    @property
+    def limits(self) -> BatchLimits:
+        return BatchLimits(self.batch, self.app.max_batch_size, self.app.max_atomic_bsz)
+
+    def own_split(self, replicas: int) -> BatchSplit:
+        """The batch it runs without one from the policy: Pollux's rule without a model."""
+        app = self.app
+        total = min(max(self.batch, replicas * app.min_atomic_bsz), app.max_batch_size)
+        return split_batch(total, replicas, app.max_atomic_bsz, init_bsz=app.init_batch_size,
+                           max_batch_size=app.max_batch_size)
+
+    def clamp(self, atomic: int, accum: int, replicas: int) -> BatchSplit:
+        """A policy's batch as the job runs it: within the model's measured atomic batches and its
+        largest validated batch."""
+        app = self.app
+        atomic = min(max(atomic, app.min_atomic_bsz), app.max_atomic_bsz)
+        while accum > 0 and replicas * atomic * (accum + 1) > app.max_batch_size:
+            accum -= 1
+        atomic = max(app.min_atomic_bsz, min(atomic, app.max_batch_size // (replicas * (accum + 1))))
+        return BatchSplit(atomic, accum)
+
+    def step(self, placement: tuple[int, ...], split: BatchSplit) -> tuple[float, float]:
+        """(step, sync) seconds of one step on ``placement`` (GPUs per server)."""
+        nodes = tuple(n for gpus in placement for n in _testbed_nodes(gpus))
+        return self.app.step_times(nodes, split.atomic_bsz)
+
+    def rate(self, placement: tuple[int, ...], split: BatchSplit) -> float:
+        """Iterations at the model's smallest batch per second (module doc)."""
+        replicas = sum(placement)
+        step, sync = self.step(placement, split)
+        seconds = step + (step - sync) * split.accum_steps
+        return progress_rate(self.app.gain(split.total(replicas), self.epoch), seconds)
+
+    def grad(self, split: BatchSplit, replicas: int) -> GradParams:
+        """The gradient statistics it measures at the batch it runs, normalised to ``batch``."""
+        measured = self.app.grad_params(split.total(replicas), self.epoch)
+        return GradParams(measured.sqr, measured.var * self.app.init_batch_size / self.batch)
+
+
+def _testbed_nodes(gpus: int) -> list[int]:
+    full, rest = divmod(gpus, PROFILE_NODE_GPUS)
+    return [PROFILE_NODE_GPUS] * full + ([rest] if rest else [])
+
+
+def _packed(workers: int, gpus_per_worker: int) -> tuple[int, ...]:
+    """GPUs per server of ``workers`` workers on the fewest servers."""
+    per_server = max(1, GPUS_PER_SERVER // gpus_per_worker)
+    full, rest = divmod(workers, per_server)
+    return (per_server * gpus_per_worker,) * full + ((rest * gpus_per_worker,) if rest else ())
+
+
+def goodput_jobs(jobs: list[TraceJob], data_dir: Path, mapping: JobMapping
+                 ) -> tuple[list[TraceJob], dict[int, GoodputTruth]]:
+    """Each job with its Pollux model (module doc): work and declared points in its model's progress
+    units, and its truth; jobs the profiles cannot run stay as they are."""
+    out, truths = [], {}
+    for job in jobs:
+        gpw = job.gpus_per_worker
+        if job.max_workers * gpw > MAX_PROFILE_GPUS:
+            job = replace(job, max_workers=max(job.min_workers, MAX_PROFILE_GPUS // gpw))
+        if job.min_workers * gpw > MAX_PROFILE_GPUS:
+            out.append(job)
+            continue
+        app = load_application(data_dir, mapping.assign_model(job.name, job_gpu_seconds(job)))
+        batch = min(job.min_workers * gpw * app.init_batch_size, app.max_batch_size)
+        truth = GoodputTruth(app, batch, app.completion_epoch // 2, gpw)
+        points, best = [], 0.0
+        for w in range(job.min_workers, job.max_workers + 1):
+            best = max(best, truth.rate(_packed(w, gpw), truth.own_split(w * gpw)))
+            points.append((w, best))
+        base = points[0][1]
+        duration = job.work / dict(job.throughput)[job.min_workers]  # seconds at the requested size
+        out.append(replace(job, throughput=tuple(points), work=duration * base, model=app.name))
+        truths[job.job_id] = truth
+    return out, truths
+
+
+class GoodputCluster(SimulatedCluster):
+    """The simulated cluster with goodput jobs (module doc): a job's segment runs at its true rate on its
+    placement with the batch the last plan gave it (or its own), and the snapshot shows what its
+    workers measured. Everything else is ``SimulatedCluster``'s."""
+
+    def __init__(self, spec: ClusterSpec, clock: Clock, truths: dict[int, GoodputTruth], **settings: Any) -> None:
+        super().__init__(spec, clock, **settings)
+        self._truths = truths
+        self._batch: dict[int, tuple[int, int]] = {}          # job -> (atomic, accum) the policy chose
+        self._samples: dict[int, dict[tuple[int, int, int], StepSample]] = {}
+        self._shown: dict[int, tuple[StepSample, ...]] = {}   # the samples as a stable tuple (the fit's key)
+        self._grad: dict[int, GradParams] = {}
+
+    def snapshot(self, seed: int = 0) -> ClusterSnapshot:
+        snap = super().snapshot(seed)
+        jobs = tuple(
+            replace(j, batch_limits=truth.limits, step_samples=self._shown.get(j.job_id, ()),
+                    grad_stats=self._grad.get(j.job_id))
+            if (truth := self._truths.get(j.job_id)) is not None else j
+            for j in snap.jobs)
+        return replace(snap, jobs=jobs)
+
+    def apply(self, plan: Plan) -> ApplyResult:
+        for b in plan.batches:
+            self._batch[b.job_id] = (b.atomic_bsz, b.accum_steps)
+        return super().apply(plan)
+
+    def _begin_segment(self, job: Any, now: float, workers: tuple[WorkerView, ...], work: float) -> None:
+        job_id = job.trace.job_id
+        truth = self._truths.get(job_id)
+        if truth is not None and workers:
+            per_server: dict[str, int] = {}
+            for w in workers:
+                per_server[w.server_id] = per_server.get(w.server_id, 0) + len(w.gpu_indices)
+            placement = tuple(per_server.values())
+            replicas = sum(placement)
+            chosen = self._batch.get(job_id)
+            split = (truth.clamp(chosen[0], chosen[1], replicas) if chosen is not None
+                     else truth.own_split(replicas))
+            job.model = ThroughputModel(((len(workers), truth.rate(placement, split)),))
+            step, sync = truth.step(placement, split)
+            seen = self._samples.setdefault(job_id, {})
+            seen[(len(placement), replicas, split.atomic_bsz)] = StepSample(
+                len(placement), replicas, split.atomic_bsz, step - sync, step)
+            self._shown[job_id] = tuple(seen.values())
+            self._grad[job_id] = truth.grad(split, replicas)
+        super()._begin_segment(job, now, workers, work)
+
+
+def philly_goodput(shared: Path, seed: int, *, days: float = WINDOW_DAYS, limit: int | None = None
+                   ) -> tuple[list[TraceJob], dict[int, GoodputTruth], list[DemandPoint]]:
+    """The section's jobs, truths and inference demand for one seed (module doc)."""
+    mapping = JobMapping(seed=seed, elastic_share=0.5, max_scale=4, throughput_model="pollux-gputime",
+                         gpus_per_server=GPUS_PER_SERVER)
+    amdahl = replace(mapping, throughput_model="amdahl")
+    jobs = [j for j in load_philly(shared / "traces/philly-pollux/philly_jobs_15d_2017-10-10.csv.gz",
+                                   mapping=amdahl, limit=limit)
+            if j.submit_time < days * 86400.0]
+    jobs, truths = goodput_jobs(jobs, shared / "pollux-data/traces", mapping)
+    span = max(j.submit_time for j in jobs) + 10 * 86400.0
+    rate = load_servegen_rate(shared / "traces/servegen-llm-load/servegen_total_rate_10min.csv", model="m-small")
+    demand = demand_from_rate(rate, inference_servers=INFERENCE_SERVERS, headroom=0.2, duration_s=span)
+    return jobs, truths, demand
+
+
+def run_goodput(jobs: list[TraceJob], truths: dict[int, GoodputTruth], demand: list[DemandPoint], policy: str,
+                *, seed: int, spec: ClusterSpec | None = None, max_time_s: float | None = None) -> SimulationResult:
+    """One run of ``policy`` on the goodput cluster (the engine's ``simulate`` on a ``GoodputCluster``)."""
+    spec = spec or ClusterSpec(TRAINING_SERVERS, INFERENCE_SERVERS, GPUS_PER_SERVER)
+    clock = VirtualClock(0.0)
+    cluster = GoodputCluster(spec, clock, truths, restart_overhead_s=30.0, checkpoint_interval_s=1800.0,
+                             drain_ack_s=1.0, reclaim_deadline_s=PARAMS.reclaim_deadline_s)
+    return simulate(jobs, demand, spec, policy, PARAMS, seed=seed, min_cycle_gap_s=CYCLE_GAP_S,
+                    cluster=cluster, clock=clock, max_time_s=max_time_s)
+
+
+def figures(result: SimulationResult) -> dict[str, float]:
+    """Average JCT (completed jobs), completions, loans and restarts of one run."""
+    done = [j for j in result.jobs if j.end is not None]
+    jct = [j.end - j.submit for j in done if j.end is not None]
+    return {
+        "avg_jct_s": round(sum(jct) / len(jct), 1) if jct else math.nan,
+        "completed": len(done), "jobs": len(result.jobs),
+        "loans": sum(s.loans for s in result.servers),
+        "resizes": sum(j.scale_outs + j.scale_ins for j in result.jobs),
+        "preemptions": sum(j.preemptions for j in result.jobs),
+        "wall_s": round(result.wall_s, 1),
+    }
+
+
+def _log(message: str) -> None:
+    import sys
+
+    print(f"[evaluation:goodput] {message}", file=sys.stderr, flush=True)
+
+
+def goodput_section(shared: Path, assets: Path, raw: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """Run every policy on every seed; the section's markdown and its raw figures."""
+    started = time.perf_counter()
+    runs: dict[str, dict[int, dict[str, float]]] = {p: {} for p in POLICIES}
+    sizes: dict[int, tuple[int, int]] = {}
+    for seed in SEEDS:
+        jobs, truths, demand = philly_goodput(shared, seed)
+        sizes[seed] = (len(jobs), len(truths))
+        for policy in POLICIES:
+            runs[policy][seed] = figures(run_goodput(jobs, truths, demand, policy, seed=seed))
+            _log(f"seed {seed} {policy}: {runs[policy][seed]}")
+    return render(runs, sizes, time.perf_counter() - started), {"runs": runs, "jobs": sizes}
+
+
+def render(runs: dict[str, dict[int, dict[str, float]]], sizes: dict[int, tuple[int, int]], wall_s: float) -> str:
+    def hours(v: float) -> str:
+        return f"{v / 3600:.2f} h"
+
+    def spread(policy: str, key: str, fmt: Any = hours) -> str:
+        values = [runs[policy][s][key] for s in sorted(runs[policy])]
+        return f"{fmt(statistics.fmean(values))} ({fmt(min(values))}..{fmt(max(values))})"
+
+    def count(v: float) -> str:
+        return f"{v:,.0f}"
+
+    rows = [f"| {p} | {spread(p, 'avg_jct_s')} | {spread(p, 'completed', count)} | {spread(p, 'loans', count)} | "
+            f"{spread(p, 'resizes', count)} | {spread(p, 'preemptions', count)} |" for p in POLICIES]
+    per_seed = [f"| {s} | {sizes[s][0]:,} ({sizes[s][1]:,} with goodput) | "
+                + " | ".join(hours(runs[p][s]["avg_jct_s"]) for p in POLICIES) + " |" for s in sorted(sizes)]
+
+    def gain(other: str) -> tuple[float, float, float]:
+        ratios = [1.0 - runs["aryl"][s]["avg_jct_s"] / runs[other][s]["avg_jct_s"] for s in sorted(runs["aryl"])]
+        return statistics.fmean(ratios), min(ratios), max(ratios)
+
+    lines = []
+    for other in ("pollux", "aryl-nogoodput", "sjf"):
+        mean, low, high = gain(other)
+        lines.append(f"- `aryl` vs `{other}`: average JCT {mean:+.1%} lower on average over the seeds "
+                     f"(range {low:+.1%}..{high:+.1%}; positive: `aryl` is faster).")
+    return f"""## 7. Loaning + goodput: Philly + ServeGen with Pollux models
+
+The headline's cluster (80 training + 40 inference servers of 8 GPUs, ServeGen `m-small` demand), the
+first {WINDOW_DAYS:g} days of the busiest Philly window, every job mapped to one of the six Pollux models
+by Pollux's own rule for Philly jobs, with its measured profile as the truth (step times, statistical
+efficiency; `simulator/eval_goodput.py` states every modelling choice). Policies: `sjf` (separate
+clusters), `pollux` (goodput + batch-size adaptation, no loaning), `aryl-nogoodput` (loaning, elasticity
+on declared throughput only) and `aryl` (loaning, elasticity by each job's goodput model fitted online
+from its step samples and gradient statistics, `core/goodput_fit.py`, with the batch chosen for its
+allocation). Seeds {", ".join(map(str, sorted(sizes)))} (elastic and model draws); mean (min..max) over
+seeds. This section took {wall_s:.0f} s.
+
+| policy | avg JCT | completed | loans | resizes | preemptions |
+|---|---|---|---|---|---|
+{chr(10).join(rows)}
+
+| seed | jobs | {" | ".join(POLICIES)} |
+|---|---|{"---|" * len(POLICIES)}
+{chr(10).join(per_seed)}
+
+{chr(10).join(lines)}
+"""
