@@ -6,12 +6,19 @@ produce byte-identical files.
 Metrics (``summarize``), all in seconds unless named otherwise:
 
 - ``jobs_total``: jobs in the trace; ``jobs_completed``: those that finished before the run stopped.
-- ``avg_jct_s``, ``median_jct_s``, ``p95_jct_s``: job completion time = completion - submission, over
-  completed jobs. Percentiles interpolate linearly between order statistics (NumPy's default).
-- ``avg_queue_s``, ``p95_queue_s``: queueing time = first start - submission, over completed jobs
-  (later waits after a preemption count towards JCT, not here).
+- ``avg_jct_s``, ``median_jct_s``, ``p90_jct_s``, ``p95_jct_s``, ``p99_jct_s``: job completion time =
+  completion - submission, over completed jobs. Percentiles interpolate linearly between order
+  statistics (NumPy's default).
+- ``avg_queue_s``, ``median_queue_s``, ``p90_queue_s``, ``p95_queue_s``, ``p99_queue_s``: queueing time
+  = first start - submission, over completed jobs (later waits after a preemption count towards JCT,
+  not here).
 - ``makespan_s``: when the run stopped -- the last completion when every job completed.
-- ``gpu_utilization`` (fractions of GPU-time over [0, makespan], from the piecewise-constant
+- ``arrival_window``: ``start_s`` / ``end_s``, the first and the last job submission, the stretch
+  over which the utilisation figures are compared: policies finish the same arrivals at different
+  times, and a tail of stragglers after the last arrival says nothing about how well a busy cluster
+  is used. ``end_s`` is at most the run's end (a run stopped early); when every job arrived at one
+  instant, the window runs from then to the run's end.
+- ``gpu_utilization`` (fractions of GPU-time over the arrival window, from the piecewise-constant
   utilisation series):
   - ``training``: training-pool GPUs allocated to jobs / training-pool GPUs;
   - ``inference``: inference-pool GPUs in use -- serving inference, min(servers needed, SERVING
@@ -19,11 +26,42 @@ Metrics (``summarize``), all in seconds unless named otherwise:
   - ``loaned_training``: the second part alone (inference-pool GPUs allocated to training) /
     inference-pool GPUs;
   - ``overall``: all GPUs in use (the three above) / all GPUs.
-  A pool with no GPUs reports 0.
+  A pool with no GPUs, or a window of no length, reports 0.
+- ``gpu_utilization_to_end``: the same four over [0, makespan] (what ``gpu_utilization`` meant before
+  the arrival window; it counts the drain of the queue after the last arrival).
+- ``useful_work``: GPU-hours of progress at the job's reference efficiency against GPU-hours allocated,
+  over the whole run. A job's *reference cost* is the GPU-seconds one unit of its work takes at its
+  ``min_workers`` (on GPUs of speed 1.0): ``min_workers x gpus_per_worker / speed(min_workers)``; with
+  ``min_workers`` 1 that is ``gpus_per_worker / speed(1)``, what the work costs at perfect linear
+  scaling. *Useful GPU-seconds* = work kept x reference cost: work a preemption threw away is not
+  kept (its redo counts once), restart overheads make none, and a job still running at the end counts
+  its progress so far. So a job of work W at n workers with speed s(n) on g GPUs per worker is
+  allocated n x g x W / s(n) GPU-seconds (plus overheads) and makes W x g / s(1) useful ones; under
+  sub-linear scaling the ratio is s(n) / (n x s(1)) < 1.
+  - ``useful_gpu_hours``, ``allocated_gpu_hours`` (GPUs allocated to training jobs in both pools,
+    over [0, makespan]), ``useful_fraction`` = useful / allocated (0 when nothing was allocated).
+- ``useful_utilization`` (over the arrival window, as ``gpu_utilization``, of all GPUs):
+  ``training_work``: useful training GPU-seconds made in the window / all GPU-seconds of the window;
+  ``overall``: the same plus inference serving (min(servers needed, SERVING servers) x GPUs per server,
+  counted as useful) -- ``gpu_utilization.overall`` with allocated training GPUs replaced by useful
+  ones. Progress is placed in time exactly (``simulator.cluster``'s useful spans).
+- ``inference_shortfall``, over [0, makespan]. At each moment the serving shortfall is
+  ``max(min(servers needed, inference servers) - SERVING servers, 0)``: servers inference needed but
+  did not have because they were draining, loaned, being reclaimed or down (demand beyond the whole
+  inference cluster is not counted: no policy could serve it).
+  - ``server_s``: the shortfall integrated over time (server-seconds); ``time_s``: seconds with any;
+  - with a request-rate trace (``DemandPoint.rate_rps``), ``requests_short_share``: the share of
+    requests that arrived while the shortfall was above 0, and ``requests_unserved_share``: the share
+    beyond serving capacity, rate x shortfall / servers needed (each serving server taking an equal
+    share); None without a rate.
 - ``loans``: loans begun (LOAN steps committed; a loan cancelled while draining counts);
-  ``reclaims``: RECLAIM steps committed.
+  ``reclaims``: RECLAIM steps committed (one per reclaimed server).
 - ``preemptions``, ``scale_ins``, ``scale_outs``: over all jobs (a resize to the same size elsewhere
-  is neither).
+  is neither). ``reclaim_preemptions`` / ``reclaim_scale_ins``: those whose reason was a reclaim
+  (``PREEMPTED_FOR_RECLAIM``, ``SCALED_IN_FOR_RECLAIM``); ``preemptions_per_reclaim`` =
+  reclaim_preemptions / reclaims (None without reclaims).
+- ``estimates``: what policies saw of jobs' lengths (``simulator.estimates``: ``exact`` is
+  clairvoyant).
 - ``gpu_hours_lost``: GPU time lost, over all jobs: work a preemption threw away (since the job's last
   checkpoint) plus restart overheads of starts, restarts and resizes, in GPU-hours. A shrink off a
   lost server throws work away too (its dead workers took no checkpoint).
@@ -67,25 +105,37 @@ TABLE_ROWS = (
     ("jobs_completed", "jobs completed", "{:.0f}"),
     ("avg_jct_s", "avg JCT (h)", "hours"),
     ("median_jct_s", "median JCT (h)", "hours"),
-    ("p95_jct_s", "p95 JCT (h)", "hours"),
+    ("p90_jct_s", "p90 JCT (h)", "hours"),
+    ("p99_jct_s", "p99 JCT (h)", "hours"),
     ("avg_queue_s", "avg queueing (h)", "hours"),
-    ("p95_queue_s", "p95 queueing (h)", "hours"),
+    ("median_queue_s", "median queueing (h)", "hours"),
+    ("p90_queue_s", "p90 queueing (h)", "hours"),
+    ("p99_queue_s", "p99 queueing (h)", "hours"),
     ("makespan_s", "makespan (h)", "hours"),
-    ("gpu_utilization.training", "GPU util training", "{:.3f}"),
-    ("gpu_utilization.inference", "GPU util inference", "{:.3f}"),
-    ("gpu_utilization.overall", "GPU util overall", "{:.3f}"),
+    ("gpu_utilization.training", "GPU util training (arrivals)", "{:.3f}"),
+    ("gpu_utilization.inference", "GPU util inference (arrivals)", "{:.3f}"),
+    ("gpu_utilization.overall", "GPU util overall (arrivals)", "{:.3f}"),
+    ("gpu_utilization_to_end.overall", "GPU util overall (to end)", "{:.3f}"),
+    ("useful_utilization.overall", "useful util overall (arrivals)", "{:.3f}"),
+    ("useful_work.useful_gpu_hours", "useful GPU-hours", "{:.0f}"),
+    ("useful_work.allocated_gpu_hours", "allocated GPU-hours", "{:.0f}"),
+    ("useful_work.useful_fraction", "useful / allocated", "{:.3f}"),
+    ("inference_shortfall.server_s", "inference short (server-h)", "hours"),
+    ("inference_shortfall.requests_short_share", "requests met short (share)", "{:.4f}"),
     ("server_failures", "server failures", "{:.0f}"),
     ("fault_evictions", "fault evictions", "{:.0f}"),
     ("loans", "loans", "{:.0f}"),
     ("reclaims", "reclaims", "{:.0f}"),
     ("preemptions", "preemptions", "{:.0f}"),
+    ("preemptions_per_reclaim", "preemptions / reclaim", "{:.2f}"),
     ("scale_outs", "scale-outs", "{:.0f}"),
     ("scale_ins", "scale-ins", "{:.0f}"),
     ("gpu_hours_lost", "GPU-hours lost", "{:.1f}"),
     ("deadline_completion_rate", "deadlines met (rate)", "{:.3f}"),
 )
 # Rows left out of a table in which no policy has the metric (runs without deadlines).
-OPTIONAL_ROWS = frozenset({"deadline_completion_rate"})
+OPTIONAL_ROWS = frozenset({"deadline_completion_rate", "inference_shortfall.requests_short_share",
+                           "preemptions_per_reclaim"})
 
 
 # -- per job ------------------------------------------------------------------------------------
@@ -125,36 +175,108 @@ def _round(value: float) -> float:
     return 0.0 if rounded == 0 else rounded  # no "-0.0"
 
 
-def _integrals(result: SimulationResult) -> dict[str, float]:
-    """GPU-seconds of each utilisation level over [0, end_time]."""
+_LEVELS = ("training_gpus", "inference_gpus", "loaned_training_gpus", "servers_needed", "rate_rps")
+
+
+def _durations(result: SimulationResult, start: float, end: float) -> np.ndarray:
+    """Seconds each utilisation sample holds within [start, end] (the last one holds until end_time)."""
+    times = np.array([s.time for s in result.utilisation] + [result.end_time], dtype=float)
+    return np.clip(np.minimum(times[1:], end) - np.maximum(times[:-1], start), 0.0, None)
+
+
+def _levels(result: SimulationResult) -> dict[str, np.ndarray]:
     samples = result.utilisation
-    end = result.end_time
-    if not samples or end <= 0:
+    return {name: np.array([getattr(s, name) for s in samples], dtype=float) for name in _LEVELS}
+
+
+def _integrals(result: SimulationResult, start: float, end: float) -> dict[str, float]:
+    """GPU-seconds of each utilisation level over [start, end]."""
+    if not result.utilisation or end <= start:
         return {"training": 0.0, "inference": 0.0, "loaned_training": 0.0}
-    times = np.array([s.time for s in samples] + [end], dtype=float)
-    durations = np.clip(np.diff(np.minimum(times, end)), 0.0, None)
-    level = {
-        "training": np.array([s.training_gpus for s in samples], dtype=float),
-        "inference": np.array([s.inference_gpus for s in samples], dtype=float),
-        "loaned_training": np.array([s.loaned_training_gpus for s in samples], dtype=float),
-    }
-    return {name: float(np.dot(values, durations)) for name, values in level.items()}
+    durations, level = _durations(result, start, end), _levels(result)
+    return {name: float(np.dot(level[f"{name}_gpus"], durations))
+            for name in ("training", "inference", "loaned_training")}
 
 
-def gpu_utilization(result: SimulationResult) -> dict[str, float]:
-    spec, end = result.spec, result.end_time
-    training_gpus = spec.training_servers * spec.gpus_per_server
-    inference_gpus = spec.inference_servers * spec.gpus_per_server
-    used = _integrals(result)
+def arrival_window(result: SimulationResult) -> tuple[float, float]:
+    """(first submission, last submission), the window ``gpu_utilization`` covers (module doc)."""
+    if not result.jobs:
+        return 0.0, result.end_time
+    start = min(j.submit for j in result.jobs)
+    end = min(max(j.submit for j in result.jobs), result.end_time)
+    return start, end if end > start else max(result.end_time, start)
+
+
+def _gpus(result: SimulationResult) -> tuple[int, int]:
+    spec = result.spec
+    return spec.training_servers * spec.gpus_per_server, spec.inference_servers * spec.gpus_per_server
+
+
+def gpu_utilization(result: SimulationResult, start: float = 0.0, end: float | None = None) -> dict[str, float]:
+    """The four utilisation shares over [start, end] (default: [0, end_time])."""
+    end = result.end_time if end is None else end
+    training_gpus, inference_gpus = _gpus(result)
+    used = _integrals(result, start, end)
+    span = end - start
 
     def share(gpu_s: float, gpus: int) -> float:
-        return gpu_s / (gpus * end) if gpus > 0 and end > 0 else 0.0
+        return gpu_s / (gpus * span) if gpus > 0 and span > 0 else 0.0
 
     return {
         "training": share(used["training"], training_gpus),
         "inference": share(used["inference"] + used["loaned_training"], inference_gpus),
         "loaned_training": share(used["loaned_training"], inference_gpus),
         "overall": share(sum(used.values()), training_gpus + inference_gpus),
+    }
+
+
+def useful_gpu_seconds(result: SimulationResult, start: float = 0.0, end: float = float("inf")) -> float:
+    """Useful training GPU-seconds made within [start, end] (module doc), from the useful spans."""
+    if not result.useful_spans:
+        return 0.0
+    spans = np.array(result.useful_spans, dtype=float)
+    overlap = np.clip(np.minimum(spans[:, 1], end) - np.maximum(spans[:, 0], start), 0.0, None)
+    return float(np.dot(overlap, spans[:, 2]))
+
+
+def useful_work(result: SimulationResult) -> dict[str, float]:
+    used = _integrals(result, 0.0, result.end_time)
+    allocated = used["training"] + used["loaned_training"]
+    useful = useful_gpu_seconds(result)
+    return {"useful_gpu_hours": useful / 3600.0, "allocated_gpu_hours": allocated / 3600.0,
+            "useful_fraction": useful / allocated if allocated > 0 else 0.0}
+
+
+def useful_utilization(result: SimulationResult, start: float, end: float) -> dict[str, float]:
+    """Useful GPU-seconds within [start, end] as shares of all GPUs (module doc)."""
+    training_gpus, inference_gpus = _gpus(result)
+    capacity = (training_gpus + inference_gpus) * (end - start)
+    if capacity <= 0:
+        return {"overall": 0.0, "training_work": 0.0}
+    training = useful_gpu_seconds(result, start, end)
+    serving = _integrals(result, start, end)["inference"]
+    return {"overall": (training + serving) / capacity, "training_work": training / capacity}
+
+
+def inference_shortfall(result: SimulationResult) -> dict[str, float | None]:
+    """Servers inference needed but had not serving, over [0, end_time] (module doc)."""
+    empty: dict[str, float | None] = {"server_s": 0.0, "time_s": 0.0, "requests_short_share": None,
+                                      "requests_unserved_share": None}
+    if not result.utilisation or result.end_time <= 0:
+        return empty
+    spec = result.spec
+    level, durations = _levels(result), _durations(result, 0.0, result.end_time)
+    needed = np.clip(level["servers_needed"], 0.0, None)
+    serving = level["inference_gpus"] / spec.gpus_per_server  # min(needed, SERVING)
+    short = np.clip(np.minimum(needed, spec.inference_servers) - serving, 0.0, None)
+    rate = level["rate_rps"]
+    requests = float(np.dot(rate, durations))
+    unserved = np.divide(short, needed, out=np.zeros_like(short), where=needed > 0)
+    return {
+        "server_s": float(np.dot(short, durations)),
+        "time_s": float(durations[short > 0].sum()),
+        "requests_short_share": float(np.dot(rate * (short > 0), durations)) / requests if requests > 0 else None,
+        "requests_unserved_share": float(np.dot(rate * unserved, durations)) / requests if requests > 0 else None,
     }
 
 
@@ -167,16 +289,30 @@ class Summary(TypedDict):
     jobs_completed: int
     avg_jct_s: float | None
     median_jct_s: float | None
+    p90_jct_s: float | None
     p95_jct_s: float | None
+    p99_jct_s: float | None
     avg_queue_s: float | None
+    median_queue_s: float | None
+    p90_queue_s: float | None
     p95_queue_s: float | None
+    p99_queue_s: float | None
     makespan_s: float
+    arrival_window: dict[str, float]
     gpu_utilization: dict[str, float]
+    gpu_utilization_to_end: dict[str, float]
+    useful_work: dict[str, float]
+    useful_utilization: dict[str, float]
+    inference_shortfall: dict[str, float | None]
     loans: int
     reclaims: int
     preemptions: int
     scale_outs: int
     scale_ins: int
+    reclaim_preemptions: int
+    reclaim_scale_ins: int
+    preemptions_per_reclaim: float | None
+    estimates: str
     gpu_hours_lost: float
     server_failures: int
     fault_evictions: int
@@ -199,24 +335,44 @@ def summarize(result: SimulationResult) -> Summary:
             return None
         if kind == "mean":
             return _round(float(values.mean()))
-        return _round(float(np.percentile(values, {"median": 50, "p95": 95}[kind])))
+        return _round(float(np.percentile(values, {"median": 50, "p90": 90, "p95": 95, "p99": 99}[kind])))
 
+    def rounded(values: Mapping[str, float | None]) -> dict[str, float | None]:
+        return {k: None if v is None else _round(v) for k, v in sorted(values.items())}
+
+    start, end = arrival_window(result)
+    reclaims = sum(s.reclaims for s in result.servers)
+    reclaim_preemptions = sum(j.reclaim_preemptions for j in result.jobs)
     summary: Summary = {
         "policy": result.policy,
         "jobs_total": len(result.jobs),
         "jobs_completed": len(done),
         "avg_jct_s": stat(jct, "mean"),
         "median_jct_s": stat(jct, "median"),
+        "p90_jct_s": stat(jct, "p90"),
         "p95_jct_s": stat(jct, "p95"),
+        "p99_jct_s": stat(jct, "p99"),
         "avg_queue_s": stat(queue, "mean"),
+        "median_queue_s": stat(queue, "median"),
+        "p90_queue_s": stat(queue, "p90"),
         "p95_queue_s": stat(queue, "p95"),
+        "p99_queue_s": stat(queue, "p99"),
         "makespan_s": _round(result.end_time),
-        "gpu_utilization": {k: _round(v) for k, v in sorted(gpu_utilization(result).items())},
+        "arrival_window": {"end_s": _round(end), "start_s": _round(start)},
+        "gpu_utilization": {k: _round(v) for k, v in sorted(gpu_utilization(result, start, end).items())},
+        "gpu_utilization_to_end": {k: _round(v) for k, v in sorted(gpu_utilization(result).items())},
+        "useful_work": {k: _round(v) for k, v in sorted(useful_work(result).items())},
+        "useful_utilization": {k: _round(v) for k, v in sorted(useful_utilization(result, start, end).items())},
+        "inference_shortfall": rounded(inference_shortfall(result)),
         "loans": sum(s.loans for s in result.servers),
-        "reclaims": sum(s.reclaims for s in result.servers),
+        "reclaims": reclaims,
         "preemptions": sum(j.preemptions for j in result.jobs),
         "scale_outs": sum(j.scale_outs for j in result.jobs),
         "scale_ins": sum(j.scale_ins for j in result.jobs),
+        "reclaim_preemptions": reclaim_preemptions,
+        "reclaim_scale_ins": sum(j.reclaim_scale_ins for j in result.jobs),
+        "preemptions_per_reclaim": _round(reclaim_preemptions / reclaims) if reclaims else None,
+        "estimates": result.estimates,
         "gpu_hours_lost": _round(sum(j.gpu_seconds_lost for j in result.jobs) / 3600.0),
         "server_failures": result.server_failures,
         "fault_evictions": result.fault_evictions,
