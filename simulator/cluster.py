@@ -87,6 +87,7 @@ from scheduler_service.core.plan import (
     WorkerPlacement,
     apply_order,
 )
+from scheduler_service.core.protection import record_disruption
 from scheduler_service.core.snapshot import (
     AdminState,
     ClusterSnapshot,
@@ -229,6 +230,7 @@ class _Job:
     pending_reason: str = ""
     started_at: float | None = None
     last_resized_at: float | None = None
+    disruptions: tuple[float, ...] = ()  # its resizes and preemptions of the last hour (core.protection)
     # The last checkpoint before the current segment (or the one it resumed from): time and work.
     checkpoint_at: float | None = None
     checkpoint_work: float = 0.0
@@ -387,6 +389,7 @@ class SimulatedCluster:
             job.started_at = view.started_at
             job.last_resized_at = view.last_resized_at
             job.checkpoint_at = view.last_checkpoint_at
+            job.disruptions = view.disruptions
             if not view.workers or not view.state.holds_gpus:
                 continue
             job.outcome.start = view.started_at if view.started_at is not None else now
@@ -592,6 +595,7 @@ class SimulatedCluster:
                 job.started_at, job.last_resized_at,
                 job.seg_start + periods * interval if periods >= 1 else job.checkpoint_at, "", t.deadline,
                 queue=t.queue, user=t.user, priority_class=t.priority_class, gpu_types=t.gpu_types,
+                disruptions=job.disruptions,
             ))
         jobs = tuple(views)
         if self._stale_servers:
@@ -615,6 +619,7 @@ class SimulatedCluster:
                 started_at=job.started_at, last_resized_at=job.last_resized_at,
                 last_checkpoint_at=job.checkpoint_at, deadline=t.deadline,
                 queue=t.queue, user=t.user, priority_class=t.priority_class, gpu_types=t.gpu_types,
+                disruptions=job.disruptions,
             )
         return job.view
 
@@ -755,6 +760,7 @@ class SimulatedCluster:
         servers = self._free(job)
         job.checkpoint_at, job.checkpoint_work = checkpoint_at, checkpoint_work
         job.outcome.preemptions += 1
+        _disrupted(job, now)
         if action.reason == Reason.PREEMPTED_FOR_RECLAIM:
             job.outcome.reclaim_preemptions += 1
         job.pending_reason = f"{action.reason}: {action.message}"[:1024]
@@ -787,6 +793,7 @@ class SimulatedCluster:
         job.checkpoint_at, job.checkpoint_work = checkpoint_at, work
         self._begin_segment(job, now, workers, work)
         self._set_job_state(job, JobState.RUNNING)
+        _disrupted(job, now)
         after = len(workers)
         if after > before:
             job.outcome.scale_outs += 1
@@ -899,6 +906,12 @@ class _Facts:
     def jobs_on(self, server_id: str) -> Collection[int]:
         server = self._servers.get(server_id)
         return server.allocated.values() if server is not None else ()
+
+
+def _disrupted(job: _Job, now: float) -> None:
+    """Record a resize or preemption at ``now`` (``JobView.disruptions``: the last hour's are kept)."""
+    job.disruptions = record_disruption(job.disruptions, now)
+    job.view = None
 
 
 def _worker_views(workers: tuple[WorkerPlacement, ...]) -> tuple[WorkerView, ...]:

@@ -90,6 +90,7 @@ from typing import TYPE_CHECKING, NotRequired, TypedDict
 import numpy as np
 
 from simulator.engine import SimulationResult
+from simulator.thrash import thrash_metrics
 
 if TYPE_CHECKING:  # matplotlib is imported when a plot is drawn, not when results are summarised
     from matplotlib.figure import Figure
@@ -322,6 +323,11 @@ class Summary(TypedDict):
     jobs_with_deadline: NotRequired[int]
     deadlines_met: NotRequired[int]
     deadline_completion_rate: NotRequired[float]
+    # resizes and preemptions per job-hour (``simulator.thrash``)
+    resizes_per_job_hour: float | None
+    preemptions_per_job_hour: float | None
+    disruptions_per_job_hour: float | None
+    max_disruptions_per_job: int
 
 
 def summarize(result: SimulationResult) -> Summary:
@@ -343,6 +349,7 @@ def summarize(result: SimulationResult) -> Summary:
     start, end = arrival_window(result)
     reclaims = sum(s.reclaims for s in result.servers)
     reclaim_preemptions = sum(j.reclaim_preemptions for j in result.jobs)
+    thrash = thrash_metrics(result.jobs, result.end_time)
     summary: Summary = {
         "policy": result.policy,
         "jobs_total": len(result.jobs),
@@ -379,6 +386,10 @@ def summarize(result: SimulationResult) -> Summary:
         "stop_reason": result.stop_reason,
         "cycles": result.cycles,
         "rejected_actions": result.rejected_actions,
+        "resizes_per_job_hour": thrash["resizes_per_job_hour"],
+        "preemptions_per_job_hour": thrash["preemptions_per_job_hour"],
+        "disruptions_per_job_hour": thrash["disruptions_per_job_hour"],
+        "max_disruptions_per_job": thrash["max_disruptions_per_job"],
     }
     verdicts = [j.met_deadline for j in result.jobs if j.met_deadline is not None]
     if verdicts:

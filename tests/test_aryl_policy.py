@@ -108,7 +108,8 @@ def test_recently_resized_jobs_are_left_alone() -> None:
 
 
 def test_a_queued_gang_takes_gpus_from_extra_workers() -> None:
-    elastic = running_job(1, [("t", (0, 1)), ("t", (2, 3))], low=1, high=2, resized=NOW - 10)
+    # Resized 600 s ago: outside its protection window (300 s; tests/test_protection.py for inside it).
+    elastic = running_job(1, [("t", (0, 1)), ("t", (2, 3))], low=1, high=2, resized=NOW - 600)
     result = plan("aryl-noloan", snapshot_of([training_server("t")], [elastic, pending_job(2, gpus=2)]))
     [scale] = result.scales
     assert (scale.job_id, len(scale.workers), scale.reason) == (1, 1, Reason.SCALED_IN_FOR_BASE_DEMAND)

@@ -29,7 +29,9 @@ def queued(jid: int, queue: str, gpus: int = 2, workers: int = 1, *, cls: int = 
 
 
 def running(jid: int, queue: str, placement: list[tuple[str, tuple[int, ...]]], *, low: int | None = None,
-            high: int | None = None, resized: float = NOW - 100, cls: int = 0, runtime: float = 3600.0) -> JobView:
+            high: int | None = None, resized: float = NOW - 1000, cls: int = 0, runtime: float = 3600.0) -> JobView:
+    # Resized 1000 s ago by default: outside its protection window (policy.min_resize_interval_s = 300 s;
+    # tests/test_protection.py shows the window honoured by queue reclaim and priority preemption).
     job = running_job(jid, placement, low=low or len(placement), high=high, resized=resized, runtime=runtime)
     return dataclasses.replace(job, queue=queue, priority_class=cls)
 
@@ -120,11 +122,11 @@ def test_borrowed_gpus_come_back_by_shrinking_elastic_extras_first() -> None:
 
 def test_borrowed_gpus_come_back_by_preempting_the_cheapest_borrowers() -> None:
     # As above, but nlp's job is one 4-GPU worker: the extra alone frees no 4-GPU block, so borrowing jobs
-    # are preempted, cheapest first by work lost per GPU: job 2 (resized 100 s ago), then job 3 (5000 s ago),
+    # are preempted, cheapest first by work lost per GPU: job 2 (resized 400 s ago), then job 3 (5000 s ago),
     # which frees t2. Vision is then back at its quota of 4: job 1 (10000 s) is not a victim any more.
     servers = [training_server("t1"), training_server("t2")]
     jobs = [running(1, "vision", [("t1", (0, 1)), ("t1", (2, 3))], low=1, high=2, resized=NOW - 10000),
-            running(2, "vision", [("t2", (0, 1))], resized=NOW - 100),
+            running(2, "vision", [("t2", (0, 1))], resized=NOW - 400),
             running(3, "vision", [("t2", (2, 3))], resized=NOW - 5000),
             queued(10, "nlp", 4)]
     plan = plan_of(with_queues(snapshot_of(servers, jobs), LAB))
@@ -229,7 +231,9 @@ def test_the_unconfigured_default_queue_gets_what_the_quotas_leave() -> None:
 
 def test_in_the_simulator_a_lender_gets_its_quota_back_at_once() -> None:
     # 8 GPUs; queue a (quota 4) queues four 4-GPU jobs of 1000 s at t=0 and borrows b's idle 4 GPUs; b's one
-    # 4-GPU job arrives at t=100: a's borrowing job is preempted for it, so it starts at once. In one shared
+    # 4-GPU job arrives at t=100: a's borrowing job is preempted for it once its protection window ends
+    # (started at t=0, policy.min_resize_interval_s = 300 s: core.protection), so it starts at the first
+    # cycle after t=300, the 300 s tick at t=400 (the cycle at its arrival was at t=100). In one shared
     # queue it waits behind a's queued jobs 3 and 4 (which start at t=1030, when 1 and 2 end: 1000 s of work
     # + 30 s restart overhead) until t=2060.
     def team(job, queue):
@@ -242,7 +246,7 @@ def test_in_the_simulator_a_lender_gets_its_quota_back_at_once() -> None:
                           check_plans=True)
     shared = simulate(jobs, [], ClusterSpec(2, 0, 4), "aryl", PolicyParams(), seed=0, check_plans=True)
     b = {r: next(o for o in result.jobs if o.job_id == 5) for r, result in (("quota", with_quota), ("shared", shared))}
-    assert b["quota"].start == pytest.approx(100.0)
+    assert b["quota"].start == pytest.approx(400.0)
     assert b["shared"].start == pytest.approx(2060.0)
     assert sum(o.preemptions for o in with_quota.jobs) == 1 and sum(o.preemptions for o in shared.jobs) == 0
     assert with_quota.stop_reason == "completed"

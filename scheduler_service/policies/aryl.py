@@ -24,7 +24,11 @@ One cycle, in order (each step works on the state the previous ones left):
    left after step 1, including loaned ones and those extras already hold. Extra workers prefer
    loaned servers, so a reclaim shrinks, not kills. A reclaim's preemption cost counts a deadline it
    would make a job miss (``deadline_weight`` x the job's remaining GPU-time).
-   A job resized less than ``min_resize_interval_s`` ago keeps its size (anti-thrashing).
+   Anti-thrashing (``core.protection``, one window for every step): a job in its protection window
+   (started or resized less than ``min_resize_interval_s`` ago, or ``max_disruptions_per_hour``
+   reached) keeps its size in step 2, keeps its extras in step 1 (queued gangs, starving jobs) and is
+   not preempted for quota or priority; an inference reclaim prefers servers without protected jobs
+   and overrides the window only when those do not suffice, saying so in the job's message.
 
 Goodput (issue 17): a job that reports step times and gradient statistics and declares batch limits has
 a fitted goodput model (``core.goodput_fit``); the elastic variants value it by that model (JCT
@@ -66,6 +70,16 @@ from scheduler_service.core.plan import (
     WorkerPlacement,
     clock_time,
 )
+from scheduler_service.core.protection import (
+    Mechanism,
+    Protection,
+    ProtectionRule,
+    blocked,
+    overridden,
+    protected_jobs,
+    protection,
+    reclaim_penalty,
+)
 from scheduler_service.core.quota import QuotaLedger, preemption_order
 from scheduler_service.core.registry import ReclaimDecision, ReclaimPreviewUnsupported, policies
 from scheduler_service.core.snapshot import ClusterSnapshot, JobView, ServerView, WorkerView
@@ -97,6 +111,7 @@ class _Job:
     message: str = ""
     reclaimed: bool = False  # scaled in off loaned servers going back to inference
     made_room_for: list[int] = field(default_factory=list)  # queued jobs that took its extras' GPUs
+    override: str = ""  # a hard need set its protection window aside (``core.protection.overridden``)
 
     @property
     def extras(self) -> int:
@@ -114,7 +129,7 @@ class _Job:
         if self.made_room_for:
             jobs = f"job{'s' if len(self.made_room_for) > 1 else ''} {', '.join(map(str, self.made_room_for))}"
             message += f"{', and' if self.reclaimed else ''} so {jobs} can start"
-        self.message = message
+        self.message = message + (f"; {self.override}" if self.override else "")
 
 
 @dataclass(slots=True)
@@ -140,6 +155,10 @@ class _Cycle:
     loan_note: LoanNote | None = None  # why no (further) server is loaned (``_loan_cycle``)
     quota: QuotaLedger | None = None  # queues' quotas and usage as step 1 changes them (``core.quota``)
     goodput: bool = False  # fitted jobs' estimates come from their goodput model (``goodput_estimate``)
+    # Running jobs in their protection window (``core.protection``), asked by every step; and, per queued
+    # job, the protected jobs whose GPUs it would have taken (its pending reason names them).
+    protected: dict[int, Protection] = field(default_factory=dict)
+    blocked_by: dict[int, list[tuple[Protection, Mechanism]]] = field(default_factory=dict)
 
     @property
     def gpus_per_server(self) -> int:
@@ -221,6 +240,10 @@ def choose_reclaim(running: dict[int, _Job], loaned: list[ServerView], count: in
     jobs = sorted(
         (j for j in running.values() if any(w.server_id in index for w in j.workers)), key=lambda j: j.view.job_id
     )
+    # Anti-thrashing (``core.protection``): a protected job weighs a penalty per worker stopped, so the
+    # greedy takes a server with one only when the servers without do not suffice (inference must get
+    # its servers back). The decision's cost leaves the penalties out.
+    penalty = [reclaim_penalty(protection(j.view, now, params)) for j in jobs]
     triples: dict[tuple[int, int], int] = {}
     for ji, job in enumerate(jobs):
         for w in job.workers:
@@ -238,9 +261,10 @@ def choose_reclaim(running: dict[int, _Job], loaned: list[ServerView], count: in
         job_cost=[_with_deadline_cost(j, now, params, _work_lost(j, now)
                                       + params.restart_cost_s * len(j.workers) * j.view.gpus_per_worker,
                                       goodput_servers)
-                  for j in jobs],
-        scale_in_cost=[params.restart_cost_s * j.view.gpus_per_worker
-                       + _goodput_scale_in_cost(j, now, params, goodput_servers) for j in jobs],
+                  + m * len(j.workers) for j, m in zip(jobs, penalty, strict=True)],
+        scale_in_cost=[params.restart_cost_s * j.view.gpus_per_worker + m
+                       + _goodput_scale_in_cost(j, now, params, goodput_servers)
+                       for j, m in zip(jobs, penalty, strict=True)],
     )
     if naive:
         loaned_at = [s.loan_started_at if s.loan_started_at is not None else s.state_since for s in candidates]
@@ -255,7 +279,10 @@ def choose_reclaim(running: dict[int, _Job], loaned: list[ServerView], count: in
             for ji in range(len(jobs))
             if not outcome.preempted[ji] and int(outcome.new_workers[ji]) < len(jobs[ji].workers)
         ),
-        cost_gpu_s=float(outcome.total_cost),
+        cost_gpu_s=float(outcome.total_cost) - sum(
+            penalty[ji] * (len(jobs[ji].workers) if outcome.preempted[ji] else len(jobs[ji].workers)
+                           - int(outcome.new_workers[ji]))
+            for ji in range(len(jobs))),
     )
 
 
@@ -350,6 +377,7 @@ class ArylPolicy:
             params=self.params,
             goodput=self.goodput,
         )
+        cycle.protected = protected_jobs((j.view for j in cycle.running.values()), snapshot.now, self.params)
         if self.loaning:
             self._loan_cycle(cycle)
         else:
@@ -466,18 +494,26 @@ class ArylPolicy:
                                   naive=self.naive_reclaim,
                                   goodput_servers=cycle.gpus_per_server if self.goodput else 0)
         chosen = set(decision.servers)
+        # A protected job is disrupted only when the servers without one did not suffice (``choose_reclaim``).
+        need = (f"needs {len(decision.servers)} loaned server(s) back and those without protected jobs "
+                "do not suffice")
         for job_id in decision.preempted:
             job = cycle.running.pop(job_id)
+            shield = cycle.protected.get(job_id)
             cycle.preemptions.append(
                 PreemptJob(job_id, Reason.PREEMPTED_FOR_RECLAIM,
                            f"its loaned server(s) {', '.join(sorted(chosen & {w.server_id for w in job.workers}))} "
-                           f"went back to inference; below min_workers={job.view.min_workers}, requeued")
+                           f"went back to inference; below min_workers={job.view.min_workers}, requeued"
+                           + (f"; {overridden(shield, Mechanism.RECLAIM, need)}" if shield else ""))
             )
         for job_id, _, after in decision.scaled_in:
             job = cycle.running[job_id]
             job.workers = [w for w in job.workers if w.server_id not in chosen]
             assert len(job.workers) == after
             job.reclaimed = True
+            shield = cycle.protected.get(job_id)
+            if shield is not None:
+                job.override = overridden(shield, Mechanism.RECLAIM, need)
             job.scaled_in(Reason.SCALED_IN_FOR_RECLAIM)
         for server_id in decision.servers:
             cycle.act(server_id, LoanStep.RECLAIM, ServerState.RECLAIMING, Reason.RECLAIMED_FOR_INFERENCE, why)
@@ -546,8 +582,8 @@ class ArylPolicy:
                 # unless lower classes of its own queue give way (their GPUs count against the same quota)
                 workers = self._place_by_preemption(cycle, job) if quota.has_victims(job) else None
                 if workers is None:
-                    cycle.pending.append(KeepPending(job.job_id, verdict.reason or Reason.WAITING_FOR_QUOTA,
-                                                     verdict.message))
+                    cycle.pending.append(_protected_pending(cycle, job, verdict.reason or Reason.WAITING_FOR_QUOTA,
+                                                            verdict.message))
                     continue
                 quota.charge(job, job.min_workers * job.gpus_per_worker)
                 cycle.starts.append(StartJob(job.job_id, workers, Reason.PLACED, _placed(workers)))
@@ -578,7 +614,7 @@ class ArylPolicy:
                 if reason == Reason.WAITING_FOR_GANG:
                     reason = Reason.WAITING_FOR_RESERVATION
                     message += f"; server(s) {', '.join(sorted(cycle.reserved))} are held for a starving job"
-                cycle.pending.append(KeepPending(job.job_id, reason, message))
+                cycle.pending.append(_protected_pending(cycle, job, reason, message))
                 continue
             reason, message = self._unplaceable(cycle, job)
             if starving(job) and not cycle.reserved and reason != Reason.CANNOT_FIT:
@@ -587,7 +623,7 @@ class ArylPolicy:
                     cycle.reserved_for = job.job_id
                     message += (f"; waiting {snap.now - job.submitted_at:.0f}s: server(s) "
                                 f"{', '.join(sorted(cycle.reserved))} are reserved for it")
-            cycle.pending.append(KeepPending(job.job_id, reason, message))
+            cycle.pending.append(_protected_pending(cycle, job, reason, message))
 
     def _unplaceable(self, cycle: _Cycle, job: JobView) -> tuple[Reason, str]:
         """Why a queued job's gang is not placed this cycle: CANNOT_FIT when it would not fit even on
@@ -603,16 +639,27 @@ class ArylPolicy:
         return cycle.capacity.explain_unplaceable(job, job.min_workers)
 
     def _place_over_extras(self, cycle: _Cycle, job: JobView) -> tuple[WorkerPlacement, ...] | None:
-        """Place a gang on free GPUs plus those of other jobs' extra workers, scaling those in."""
-        extras = [
-            (other, w) for other in cycle.running.values() if other.extras > 0
-            for w in other.workers[other.view.min_workers:]
-        ]
-        if not extras:
+        """Place a gang on free GPUs plus those of other jobs' extra workers, scaling those in. Extras of
+        a job in its protection window stay (``core.protection``); when only they would have made room,
+        the job's pending reason says so (``cycle.blocked_by``)."""
+        extras: list[tuple[_Job, _Worker]] = []
+        shielded: list[tuple[_Job, _Worker]] = []
+        for other in cycle.running.values():
+            if other.extras > 0:
+                pair = [(other, w) for w in other.workers[other.view.min_workers:]]
+                (shielded if other.view.job_id in cycle.protected else extras).extend(pair)
+        if not extras and not shielded:
             return None
         trial = cycle.capacity.copy()
         trial.release_many((w.server_id, w.gpu_indices) for _, w in extras)
         placed = trial.place_gang(job, job.min_workers, pools=TRAINING_FIRST, exclude=cycle.reserved)
+        if placed is None and shielded:
+            trial.release_many((w.server_id, w.gpu_indices) for _, w in shielded)
+            if trial.place_gang(job, job.min_workers, pools=TRAINING_FIRST, exclude=cycle.reserved) is not None:
+                starving = cycle.snapshot.now - job.submitted_at >= cycle.params.starvation_s
+                mechanism = Mechanism.STARVATION if starving else Mechanism.BASE_DEMAND
+                cycle.blocked_by.setdefault(job.job_id, []).extend(
+                    (cycle.protected[i], mechanism) for i in sorted({o.view.job_id for o, _ in shielded}))
         if placed is None:
             return None
         taken = {(w.server_id, g) for w in placed for g in w.gpu_indices}
@@ -643,7 +690,10 @@ class ArylPolicy:
             (o.view, _work_lost(o, now) + p.restart_cost_s * len(o.workers) * o.view.gpus_per_worker,
              len(o.workers) * o.view.gpus_per_worker)
             for o in cycle.running.values() if o.view.job_id not in started and quota.may_preempt(job, o.view)
+            and o.view.job_id not in cycle.protected  # anti-thrashing: never a protected job (core.protection)
         ]
+        shielded = [(cycle.protected[o.view.job_id], reason) for o in cycle.running.values()
+                    if o.view.job_id in cycle.protected and (reason := quota.may_preempt(job, o.view))]
         trial, chosen, placed = cycle.capacity.copy(), [], None
         for victim in preemption_order(candidates):
             reason = quota.may_preempt(job, victim)  # again: its queue may be back within its quota
@@ -679,6 +729,9 @@ class ArylPolicy:
                 f"job {job.job_id} of a higher priority class ({job.priority_class} > {view.priority_class}) in "
                 f"queue `{q.name}` needed its GPUs; requeued"))
         if placed is None:
+            cycle.blocked_by.setdefault(job.job_id, []).extend(
+                (shield, Mechanism.QUOTA if reason == Reason.PREEMPTED_FOR_QUOTA else Mechanism.PRIORITY)
+                for shield, reason in shielded)
             return None
         for w in placed:
             cycle.capacity.take(w.server_id, w.gpu_indices)
@@ -699,24 +752,26 @@ class ArylPolicy:
     # -- step 2: elastic extras ------------------------------------------------------------------
 
     def _elastic_extras(self, cycle: _Cycle) -> None:
-        p, now = self.params, cycle.snapshot.now
+        p = self.params
         def locked(job: _Job) -> bool:
-            """Anti-thrashing: resized recently, and nothing forced a change this cycle."""
-            at = job.view.last_resized_at
-            return job.reason is None and at is not None and now - at < p.min_resize_interval_s
+            """Anti-thrashing: in its protection window (``core.protection``), and nothing forced a change
+            this cycle."""
+            return job.reason is None and job.view.job_id in cycle.protected
 
         jobs = sorted(
             (j for j in cycle.running.values() if j.view.max_workers > j.view.min_workers and not locked(j)),
             key=lambda j: j.view.job_id,
         )
         for job in cycle.running.values():  # the locked ones below max_workers say so, if GPUs are spare
-            at = job.view.last_resized_at
-            if at is not None and len(job.workers) < job.view.max_workers and locked(job):
+            at, shield = job.view.last_resized_at, cycle.protected.get(job.view.job_id)
+            if shield is not None and len(job.workers) < job.view.max_workers and locked(job):
                 interval = p.min_resize_interval_s
                 cycle.holds[job.view.job_id] = (
-                    (Reason.HELD_RESIZE_INTERVAL,
-                     f"resized at {clock_time(at)}; resizes at most every {interval:.0f}s "
-                     f"(policy.min_resize_interval_s), next possible at {clock_time(at + interval)}")
+                    ((Reason.HELD_RESIZE_INTERVAL,
+                      f"resized at {clock_time(at)}; resizes at most every {interval:.0f}s "
+                      f"(policy.min_resize_interval_s), next possible at {clock_time(at + interval)}")
+                     if shield.rule == ProtectionRule.MIN_RUNTIME and at is not None
+                     else (Reason.HELD_DISRUPTION_CAP, shield.summary))
                     if _spare(cycle) >= job.view.gpus_per_worker else _no_spare(cycle))
         if not jobs:
             return
@@ -873,6 +928,18 @@ class ArylPolicy:
                              job.reason or Reason.SCALED_OUT, job.message)
                 )
         return scales
+
+
+def _protected_pending(cycle: _Cycle, job: JobView, reason: Reason, message: str) -> KeepPending:
+    """Why ``job`` waits; WAITING_FOR_PROTECTED_JOBS, with each protection named, when running jobs whose
+    GPUs it could have taken (extras, or by quota or priority) are in their protection window."""
+    shields = cycle.blocked_by.get(job.job_id)
+    if not shields:
+        return KeepPending(job.job_id, reason, message)
+    seen: dict[int, str] = {}
+    for shield, mechanism in shields:
+        seen.setdefault(shield.job_id, blocked(shield, mechanism))
+    return KeepPending(job.job_id, Reason.WAITING_FOR_PROTECTED_JOBS, f"{message}; {'; '.join(seen.values())}")
 
 
 def _batches(cycle: _Cycle) -> tuple[BatchSize, ...]:
