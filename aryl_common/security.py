@@ -16,7 +16,9 @@ import hashlib
 import hmac
 import os
 import stat
-from collections.abc import Iterable, Mapping
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -87,6 +89,50 @@ def load_tokens(path: str | Path) -> dict[str, Principal]:
             raise SecurityError(f"{path}:{number}: the same token is listed twice")
         tokens[digest] = Principal(role, name)
     return tokens
+
+
+class TokenFile:
+    """The token file as the scheduler uses it: read at start (a bad file stops the start), then read
+    again when it changes (its size, modification time or inode; looked at no more than once per
+    ``check_s`` seconds), so that adding or revoking a token needs no restart. A changed file that
+    does not parse is not taken: the tokens read last stay in force and ``current`` reports the
+    problem once per change (``on_error``), so a typo never locks everyone out."""
+
+    def __init__(self, path: str | Path, *, check_s: float = 1.0,
+                 on_error: Callable[[str], None] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.path = Path(path)
+        self.check_s = check_s
+        self._on_error = on_error
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._seen = self._signature()
+        self._tokens = load_tokens(self.path)
+        self._checked_at = clock()
+
+    def _signature(self) -> tuple[int, int, int] | None:
+        try:
+            st = self.path.stat()
+        except OSError:
+            return None
+        return st.st_ino, st.st_size, st.st_mtime_ns
+
+    def current(self) -> Mapping[str, Principal]:
+        """The tokens in force now (the file read again first if it changed since it was last read)."""
+        now = self._clock()
+        with self._lock:
+            if now - self._checked_at < self.check_s:
+                return self._tokens
+            self._checked_at = now
+            signature = self._signature()
+            if signature == self._seen:
+                return self._tokens
+            self._seen = signature
+            try:
+                self._tokens = load_tokens(self.path)
+            except SecurityError as exc:
+                if self._on_error is not None:
+                    self._on_error(f"{exc}; the tokens read before stay in force")
+            return self._tokens
 
 
 def lookup_token(tokens: Mapping[str, Principal], token: str) -> Principal | None:

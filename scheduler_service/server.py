@@ -35,7 +35,7 @@ from sqlalchemy.engine import make_url
 from aryl_common.channels import KEEPALIVE_TIME_MS, MAX_DESIRED_STATE_BYTES
 from aryl_common.entry import BadInput, Unreachable, one_line
 from aryl_common.metrics import MetricsEndpoint, serve_metrics
-from aryl_common.security import ClientSecurity, load_tokens, server_credentials
+from aryl_common.security import ClientSecurity, TokenFile, server_credentials
 from migrations import upgrade
 from protos.aryl.v1 import (
     agent_pb2,
@@ -341,7 +341,8 @@ class SchedulerService:
         ]
         sec = cfg.security
         interceptors = [] if sec.insecure else [AuthInterceptor(
-            load_tokens(sec.tokens_file), tls=True, max_user_priority=sec.max_user_priority)]
+            TokenFile(sec.tokens_file, on_error=lambda problem: log.error("token file not reloaded", reason=problem)),
+            tls=True, max_user_priority=sec.max_user_priority)]
         credentials = None if sec.insecure else server_credentials(sec.tls_cert, sec.tls_key, sec.tls_client_ca)
         server = grpc.aio.server(options=options, interceptors=[*interceptors, self.gate])
         try:

@@ -20,7 +20,7 @@ from typing import Any, Final
 import grpc
 import structlog
 
-from aryl_common.security import AUTH_METADATA_KEY, BEARER, Principal, lookup_token, peer_names
+from aryl_common.security import AUTH_METADATA_KEY, BEARER, Principal, TokenFile, lookup_token, peer_names
 from scheduler_service.audit import ACTOR
 from scheduler_service.errors import PermissionDenied
 
@@ -187,8 +187,13 @@ def _details(token_problem: str) -> str:
 class AuthInterceptor(grpc.aio.ServerInterceptor):
     """Authenticates every call but health and reflection, and checks the method's roles."""
 
-    def __init__(self, tokens: Mapping[str, Principal], *, tls: bool, max_user_priority: int = 100) -> None:
-        self._tokens = dict(tokens)
+    def __init__(self, tokens: Mapping[str, Principal] | TokenFile, *, tls: bool, max_user_priority: int = 100) -> None:
+        # A TokenFile is read again when it changes (revocation without a restart); a mapping is fixed.
+        if isinstance(tokens, TokenFile):
+            self._tokens: Callable[[], Mapping[str, Principal]] = tokens.current
+        else:
+            fixed = dict(tokens)
+            self._tokens = lambda: fixed
         self._tls = tls
         self._max_priority = max_user_priority
 
@@ -200,7 +205,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                 break
         else:
             raise _Refused(grpc.StatusCode.UNAUTHENTICATED, _details("no credentials"))
-        principal = lookup_token(self._tokens, token) if token else None
+        principal = lookup_token(self._tokens(), token) if token else None
         if principal is None:
             raise _Refused(grpc.StatusCode.UNAUTHENTICATED, _details("unknown or malformed bearer token"))
         roles = METHOD_ROLES.get(method, ADMIN)
