@@ -34,7 +34,10 @@ toward the target):
   job's own batch (cleaned to never decrease), as the headline's oracle curves; and, once a job has run,
   one step sample per configuration it ran (nodes = servers, GPUs, atomic batch, pass and step time, as
   the progress file reports them), and its gradient statistics at the batch it runs, normalised to ``B``.
-  A batch change without a resize takes effect at the job's next segment (start, resize or restart).
+  A batch change without a resize takes effect at once, without a restart (the contract's batch file is
+  re-read at the next step): the segment's progress goes on from where it is at the new rate (a
+  checkpoint taken earlier in that segment is then valued on the new rate, which only a later preemption
+  in the same segment would read).
 - **Cluster**: the headline's (80 training + 40 inference servers of 8 GPUs, ServeGen ``m-small`` demand
   with 20% headroom), 30 s restart overhead, checkpoints every 30 min, cycles at least 60 s apart.
 - **Seeds** ``SEEDS``: each changes the elastic draws and the model draws; figures are means over the
@@ -43,6 +46,7 @@ toward the target):
 
 from __future__ import annotations
 
+import heapq
 import math
 import statistics
 import time
@@ -173,6 +177,7 @@ class GoodputCluster(SimulatedCluster):
         self._samples: dict[int, dict[tuple[int, int, int], StepSample]] = {}
         self._shown: dict[int, tuple[StepSample, ...]] = {}   # the samples as a stable tuple (the fit's key)
         self._grad: dict[int, GradParams] = {}
+        self._split: dict[int, BatchSplit] = {}               # job -> the batch its segment runs
 
     def snapshot(self, seed: int = 0) -> ClusterSnapshot:
         snap = super().snapshot(seed)
@@ -186,28 +191,61 @@ class GoodputCluster(SimulatedCluster):
     def apply(self, plan: Plan) -> ApplyResult:
         for b in plan.batches:
             self._batch[b.job_id] = (b.atomic_bsz, b.accum_steps)
-        return super().apply(plan)
+        result = super().apply(plan)
+        now = self.now
+        for b in plan.batches:  # a batch change alone: the running segment goes on at the new rate
+            job = self._running.get(b.job_id)
+            truth = self._truths.get(b.job_id)
+            if job is None or truth is None or job.seg_start == now:
+                continue
+            placement = _placement(job.workers)
+            split = truth.clamp(b.atomic_bsz, b.accum_steps, sum(placement))
+            if split == self._split.get(b.job_id):
+                continue
+            rate = truth.rate(placement, split)
+            productive = now - job.seg_start - self.restart_overhead_s
+            if productive > 0:  # the same progress now, the new rate from now on
+                job.seg_work = self._work_at(job, now) - rate * productive
+            job.seg_speed = rate
+            job.seg_version += 1
+            job.view = None
+            end = job.seg_start + self.restart_overhead_s + (job.trace.work - job.seg_work) / rate
+            heapq.heappush(self._completions, (max(end, now), b.job_id, job.seg_version))
+            self._observe(b.job_id, truth, placement, split)
+        return result
+
+    def _observe(self, job_id: int, truth: GoodputTruth, placement: tuple[int, ...], split: BatchSplit) -> None:
+        """What the job's workers measure running ``split`` on ``placement``: a step sample of that
+        configuration (the newest of each), and the gradient statistics."""
+        replicas = sum(placement)
+        step, sync = truth.step(placement, split)
+        seen = self._samples.setdefault(job_id, {})
+        seen[(len(placement), replicas, split.atomic_bsz)] = StepSample(
+            len(placement), replicas, split.atomic_bsz, step - sync, step)
+        self._shown[job_id] = tuple(seen.values())
+        self._grad[job_id] = truth.grad(split, replicas)
+        self._split[job_id] = split
 
     def _begin_segment(self, job: Any, now: float, workers: tuple[WorkerView, ...], work: float) -> None:
         job_id = job.trace.job_id
         truth = self._truths.get(job_id)
         if truth is not None and workers:
-            per_server: dict[str, int] = {}
-            for w in workers:
-                per_server[w.server_id] = per_server.get(w.server_id, 0) + len(w.gpu_indices)
-            placement = tuple(per_server.values())
+            placement = _placement(workers)
             replicas = sum(placement)
             chosen = self._batch.get(job_id)
             split = (truth.clamp(chosen[0], chosen[1], replicas) if chosen is not None
                      else truth.own_split(replicas))
             job.model = ThroughputModel(((len(workers), truth.rate(placement, split)),))
-            step, sync = truth.step(placement, split)
-            seen = self._samples.setdefault(job_id, {})
-            seen[(len(placement), replicas, split.atomic_bsz)] = StepSample(
-                len(placement), replicas, split.atomic_bsz, step - sync, step)
-            self._shown[job_id] = tuple(seen.values())
-            self._grad[job_id] = truth.grad(split, replicas)
+            self._observe(job_id, truth, placement, split)
         super()._begin_segment(job, now, workers, work)
+
+
+def _placement(workers: tuple[WorkerView, ...]) -> tuple[int, ...]:
+    """GPUs per server of a job's workers, in the order of first appearance."""
+    per_server: dict[str, int] = {}
+    for w in workers:
+        per_server[w.server_id] = per_server.get(w.server_id, 0) + len(w.gpu_indices)
+    return tuple(per_server.values())
 
 
 def philly_goodput(shared: Path, seed: int, *, days: float = WINDOW_DAYS, limit: int | None = None
