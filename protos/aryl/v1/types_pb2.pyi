@@ -180,6 +180,24 @@ class StepTime(_message.Message):
     measured_at: _timestamp_pb2.Timestamp
     def __init__(self, nodes: _Optional[int] = ..., replicas: _Optional[int] = ..., local_batch_size: _Optional[int] = ..., accum_steps: _Optional[int] = ..., pass_time_s: _Optional[float] = ..., step_time_s: _Optional[float] = ..., measured_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
+class SpeedupPrediction(_message.Message):
+    __slots__ = ("workers", "reference_workers", "speedup", "local_batch_size", "accum_steps", "batch_size", "source")
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    REFERENCE_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    SPEEDUP_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    ACCUM_STEPS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    workers: int
+    reference_workers: int
+    speedup: float
+    local_batch_size: int
+    accum_steps: int
+    batch_size: int
+    source: str
+    def __init__(self, workers: _Optional[int] = ..., reference_workers: _Optional[int] = ..., speedup: _Optional[float] = ..., local_batch_size: _Optional[int] = ..., accum_steps: _Optional[int] = ..., batch_size: _Optional[int] = ..., source: _Optional[str] = ...) -> None: ...
+
 class JobSpec(_message.Message):
     __slots__ = ("name", "user", "queue", "command", "env", "gpus_per_worker", "min_workers", "max_workers", "priority", "deadline", "throughput", "max_runtime", "restart_policy", "max_restarts", "working_dir", "working_dir_if_exists", "priority_class", "gpu_types", "batch")
     class EnvEntry(_message.Message):
@@ -240,7 +258,7 @@ class WorkerAllocation(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., server_id: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("job_id", "spec", "state", "reason", "message", "pending_reason", "num_workers", "workers", "submitted_at", "started_at", "finished_at", "restarts", "preemptions", "idempotency_key", "version", "progress", "incarnation", "last_checkpoint_at", "size_note", "predicted_finish", "prediction_confidence", "deadline_status", "deadline_note", "workers_needed", "priority_class_value", "array_job_id", "array_index", "local_batch_size", "accum_steps", "batch_size", "step_times", "grad_sqr", "grad_var", "noise_scale", "samples", "eta_start", "eta_finish", "eta_note", "eta_after_job_ids", "eta_made_at")
+    __slots__ = ("job_id", "spec", "state", "reason", "message", "pending_reason", "num_workers", "workers", "submitted_at", "started_at", "finished_at", "restarts", "preemptions", "idempotency_key", "version", "progress", "incarnation", "last_checkpoint_at", "size_note", "predicted_finish", "prediction_confidence", "deadline_status", "deadline_note", "workers_needed", "priority_class_value", "array_job_id", "array_index", "local_batch_size", "accum_steps", "batch_size", "step_times", "grad_sqr", "grad_var", "noise_scale", "samples", "predicted_speedups", "eta_start", "eta_finish", "eta_note", "eta_after_job_ids", "eta_made_at")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -276,6 +294,7 @@ class Job(_message.Message):
     GRAD_VAR_FIELD_NUMBER: _ClassVar[int]
     NOISE_SCALE_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_SPEEDUPS_FIELD_NUMBER: _ClassVar[int]
     ETA_START_FIELD_NUMBER: _ClassVar[int]
     ETA_FINISH_FIELD_NUMBER: _ClassVar[int]
     ETA_NOTE_FIELD_NUMBER: _ClassVar[int]
@@ -316,12 +335,13 @@ class Job(_message.Message):
     grad_var: float
     noise_scale: float
     samples: float
+    predicted_speedups: _containers.RepeatedCompositeFieldContainer[SpeedupPrediction]
     eta_start: _timestamp_pb2.Timestamp
     eta_finish: _timestamp_pb2.Timestamp
     eta_note: str
     eta_after_job_ids: _containers.RepeatedScalarFieldContainer[str]
     eta_made_at: _timestamp_pb2.Timestamp
-    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., state: _Optional[_Union[JobState, str]] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., pending_reason: _Optional[str] = ..., num_workers: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerAllocation, _Mapping]]] = ..., submitted_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., restarts: _Optional[int] = ..., preemptions: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., version: _Optional[int] = ..., progress: _Optional[float] = ..., incarnation: _Optional[int] = ..., last_checkpoint_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., size_note: _Optional[str] = ..., predicted_finish: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., prediction_confidence: _Optional[float] = ..., deadline_status: _Optional[_Union[DeadlineStatus, str]] = ..., deadline_note: _Optional[str] = ..., workers_needed: _Optional[int] = ..., priority_class_value: _Optional[int] = ..., array_job_id: _Optional[str] = ..., array_index: _Optional[int] = ..., local_batch_size: _Optional[int] = ..., accum_steps: _Optional[int] = ..., batch_size: _Optional[int] = ..., step_times: _Optional[_Iterable[_Union[StepTime, _Mapping]]] = ..., grad_sqr: _Optional[float] = ..., grad_var: _Optional[float] = ..., noise_scale: _Optional[float] = ..., samples: _Optional[float] = ..., eta_start: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., eta_finish: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., eta_note: _Optional[str] = ..., eta_after_job_ids: _Optional[_Iterable[str]] = ..., eta_made_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., state: _Optional[_Union[JobState, str]] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., pending_reason: _Optional[str] = ..., num_workers: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerAllocation, _Mapping]]] = ..., submitted_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., restarts: _Optional[int] = ..., preemptions: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., version: _Optional[int] = ..., progress: _Optional[float] = ..., incarnation: _Optional[int] = ..., last_checkpoint_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., size_note: _Optional[str] = ..., predicted_finish: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., prediction_confidence: _Optional[float] = ..., deadline_status: _Optional[_Union[DeadlineStatus, str]] = ..., deadline_note: _Optional[str] = ..., workers_needed: _Optional[int] = ..., priority_class_value: _Optional[int] = ..., array_job_id: _Optional[str] = ..., array_index: _Optional[int] = ..., local_batch_size: _Optional[int] = ..., accum_steps: _Optional[int] = ..., batch_size: _Optional[int] = ..., step_times: _Optional[_Iterable[_Union[StepTime, _Mapping]]] = ..., grad_sqr: _Optional[float] = ..., grad_var: _Optional[float] = ..., noise_scale: _Optional[float] = ..., samples: _Optional[float] = ..., predicted_speedups: _Optional[_Iterable[_Union[SpeedupPrediction, _Mapping]]] = ..., eta_start: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., eta_finish: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., eta_note: _Optional[str] = ..., eta_after_job_ids: _Optional[_Iterable[str]] = ..., eta_made_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class Gpu(_message.Message):
     __slots__ = ("index", "uuid", "model", "memory_total_bytes", "healthy", "health_reason", "job_id", "utilization", "memory_used_bytes", "temperature_c")
