@@ -38,8 +38,12 @@ toward the target):
   re-read at the next step): the segment's progress goes on from where it is at the new rate (a
   checkpoint taken earlier in that segment is then valued on the new rate, which only a later preemption
   in the same segment would read).
-- **Cluster**: the headline's (80 training + 40 inference servers of 8 GPUs, ServeGen ``m-small`` demand
-  with 20% headroom), 30 s restart overhead, checkpoints every 30 min, cycles at least 60 s apart.
+- **Cluster**: sized by the headline's *busy-regime* rule (``simulator/eval_headline.py``) on this
+  window: the most 8-GPU training servers its offered load (every job started when submitted at its
+  traced size, averaged over the arrival window) still fills to ``BUSY_LOAD`` (90%); one inference server
+  per two training servers, whose ServeGen ``m-small`` demand (20% headroom) needs the whole inference
+  cluster at the rate's ``DEMAND_QUANTILE`` (0.99) quantile. 30 s restart overhead, checkpoints every
+  30 min, cycles at least 60 s apart; policies see exact run times (declared work and throughput).
 - **Seeds** ``SEEDS``: each changes the elastic draws and the model draws; figures are means over the
   seeds with the min..max range.
 """
@@ -71,7 +75,10 @@ from simulator.traces import JobMapping, job_gpu_seconds, load_philly
 POLICIES = ("sjf", "pollux", "aryl-nogoodput", "aryl")
 SEEDS = (0, 1, 2)
 WINDOW_DAYS = 2.0
-TRAINING_SERVERS, INFERENCE_SERVERS, GPUS_PER_SERVER = 80, 40, 8
+GPUS_PER_SERVER = 8
+BUSY_LOAD = 0.9               # the headline's busy-regime rule (simulator/eval_headline.py)
+INFERENCE_PER_TRAINING = 0.5
+DEMAND_QUANTILE = 0.99
 PROFILE_NODE_GPUS = 4     # the profiles' testbed nodes (4 x T4)
 MAX_PROFILE_GPUS = 64     # the largest configuration measured
 CYCLE_GAP_S = 60.0
@@ -248,26 +255,44 @@ def _placement(workers: tuple[WorkerView, ...]) -> tuple[int, ...]:
     return tuple(per_server.values())
 
 
+def offered_load(jobs: list[TraceJob]) -> float:
+    """GPUs busy on average over the arrival window if every job started when submitted and ran at its
+    traced size (the part of each job inside the window)."""
+    start, end = min(j.submit_time for j in jobs), max(j.submit_time for j in jobs)
+    if end <= start:
+        return 0.0
+    gpu_s = sum(j.min_workers * j.gpus_per_worker * max(0.0, min(j.submit_time + j.runtime_at(j.min_workers), end)
+                                                        - j.submit_time) for j in jobs)
+    return gpu_s / (end - start)
+
+
+def busy_cluster(jobs: list[TraceJob]) -> ClusterSpec:
+    """The busy-regime clusters for ``jobs`` (module doc)."""
+    training = max(1, math.floor(offered_load(jobs) / (BUSY_LOAD * GPUS_PER_SERVER)))
+    return ClusterSpec(training, max(1, round(training * INFERENCE_PER_TRAINING)), GPUS_PER_SERVER)
+
+
 def philly_goodput(shared: Path, seed: int, *, days: float = WINDOW_DAYS, limit: int | None = None
-                   ) -> tuple[list[TraceJob], dict[int, GoodputTruth], list[DemandPoint]]:
-    """The section's jobs, truths and inference demand for one seed (module doc)."""
+                   ) -> tuple[list[TraceJob], dict[int, GoodputTruth], list[DemandPoint], ClusterSpec]:
+    """The section's jobs, truths, inference demand and clusters for one seed (module doc)."""
     mapping = JobMapping(seed=seed, elastic_share=0.5, max_scale=4, throughput_model="pollux-gputime",
                          gpus_per_server=GPUS_PER_SERVER)
     amdahl = replace(mapping, throughput_model="amdahl")
     jobs = [j for j in load_philly(shared / "traces/philly-pollux/philly_jobs_15d_2017-10-10.csv.gz",
                                    mapping=amdahl, limit=limit)
             if j.submit_time < days * 86400.0]
+    spec = busy_cluster(jobs)  # on the traced sizes and run times, before the goodput units
     jobs, truths = goodput_jobs(jobs, shared / "pollux-data/traces", mapping)
     span = max(j.submit_time for j in jobs) + 10 * 86400.0
     rate = load_servegen_rate(shared / "traces/servegen-llm-load/servegen_total_rate_10min.csv", model="m-small")
-    demand = demand_from_rate(rate, inference_servers=INFERENCE_SERVERS, headroom=0.2, duration_s=span)
-    return jobs, truths, demand
+    demand = demand_from_rate(rate, inference_servers=spec.inference_servers, headroom=0.2,
+                              peak_quantile=DEMAND_QUANTILE, duration_s=span)
+    return jobs, truths, demand, spec
 
 
 def run_goodput(jobs: list[TraceJob], truths: dict[int, GoodputTruth], demand: list[DemandPoint], policy: str,
-                *, seed: int, spec: ClusterSpec | None = None, max_time_s: float | None = None) -> SimulationResult:
+                *, seed: int, spec: ClusterSpec, max_time_s: float | None = None) -> SimulationResult:
     """One run of ``policy`` on the goodput cluster (the engine's ``simulate`` on a ``GoodputCluster``)."""
-    spec = spec or ClusterSpec(TRAINING_SERVERS, INFERENCE_SERVERS, GPUS_PER_SERVER)
     clock = VirtualClock(0.0)
     cluster = GoodputCluster(spec, clock, truths, restart_overhead_s=30.0, checkpoint_interval_s=1800.0,
                              drain_ack_s=1.0, reclaim_deadline_s=PARAMS.reclaim_deadline_s)
@@ -300,16 +325,21 @@ def goodput_section(shared: Path, assets: Path, raw: dict[str, Any]) -> tuple[st
     started = time.perf_counter()
     runs: dict[str, dict[int, dict[str, float]]] = {p: {} for p in POLICIES}
     sizes: dict[int, tuple[int, int]] = {}
+    spec = None
     for seed in SEEDS:
-        jobs, truths, demand = philly_goodput(shared, seed)
+        jobs, truths, demand, spec = philly_goodput(shared, seed)
         sizes[seed] = (len(jobs), len(truths))
         for policy in POLICIES:
-            runs[policy][seed] = figures(run_goodput(jobs, truths, demand, policy, seed=seed))
+            runs[policy][seed] = figures(run_goodput(jobs, truths, demand, policy, seed=seed, spec=spec))
             _log(f"seed {seed} {policy}: {runs[policy][seed]}")
-    return render(runs, sizes, time.perf_counter() - started), {"runs": runs, "jobs": sizes}
+    assert spec is not None
+    return (render(runs, sizes, spec, time.perf_counter() - started),
+            {"runs": runs, "jobs": sizes, "training_servers": spec.training_servers,
+             "inference_servers": spec.inference_servers})
 
 
-def render(runs: dict[str, dict[int, dict[str, float]]], sizes: dict[int, tuple[int, int]], wall_s: float) -> str:
+def render(runs: dict[str, dict[int, dict[str, float]]], sizes: dict[int, tuple[int, int]], spec: ClusterSpec,
+           wall_s: float) -> str:
     def hours(v: float) -> str:
         return f"{v / 3600:.2f} h"
 
@@ -336,8 +366,9 @@ def render(runs: dict[str, dict[int, dict[str, float]]], sizes: dict[int, tuple[
                      f"(range {low:+.1%}..{high:+.1%}; positive: `aryl` is faster).")
     return f"""## 7. Loaning + goodput: Philly + ServeGen with Pollux models
 
-The headline's cluster (80 training + 40 inference servers of 8 GPUs, ServeGen `m-small` demand), the
-first {WINDOW_DAYS:g} days of the busiest Philly window, every job mapped to one of the six Pollux models
+The first {WINDOW_DAYS:g} days of the busiest Philly window on clusters sized by the headline's busy-regime
+rule ({spec.training_servers} training + {spec.inference_servers} inference servers of 8 GPUs, ServeGen
+`m-small` demand), every job mapped to one of the six Pollux models
 by Pollux's own rule for Philly jobs, with its measured profile as the truth (step times, statistical
 efficiency; `simulator/eval_goodput.py` states every modelling choice). Policies: `sjf` (separate
 clusters), `pollux` (goodput + batch-size adaptation, no loaning), `aryl-nogoodput` (loaning, elasticity
