@@ -115,6 +115,13 @@ class WorkerReport:
     grad_sqr: float = 0.0
     grad_var: float = 0.0
     samples: float = 0.0
+    # Its incarnation's last checkpoint acknowledgement (``node_agent.contract``): the checkpoint at
+    # ``ack_checkpoint_progress`` was saved ``ack_checkpoint_age_s`` before this report; and whether
+    # it acknowledged the stop the agent is making (which then ended early).
+    checkpoint_acked: bool = False
+    ack_checkpoint_progress: float = 0.0
+    ack_checkpoint_age_s: float = 0.0
+    stop_acknowledged: bool = False
 
 
 @dataclass(frozen=True)

@@ -10,20 +10,39 @@ checkpoint, its resume point after a preemption, and the cost reclaim gives its 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from node_agent import contract
-from protos.aryl.v1 import agent_pb2
-from tests.harness import FakeScheduler, desired_state, desired_worker
+from protos.aryl.v1 import agent_pb2, types_pb2
+from scheduler_service.core.params import PolicyParams
+from scheduler_service.lifecycle import ServerState
+from scheduler_service.policies import aryl, create_policy
+from scheduler_service.solvers.reclaim import ReclaimInstance
+from tests.harness import (
+    NOW,
+    FakeScheduler,
+    desired_state,
+    desired_worker,
+    inference_server,
+    job_spec,
+    register_fake_server,
+    running_job,
+    scheduler_stub,
+    snapshot_of,
+)
 from tests.helpers import processes_mentioning, wait_for
+from tests.test_worker_lifecycle import Agent, _app, get_job, submit, worker
+from tests.test_worker_lifecycle import running as running_job_in  # the job RUNNING with n workers
 
 REPO = Path(__file__).resolve().parent.parent
 TRAIN = str(REPO / "examples" / "train.py")
@@ -248,3 +267,110 @@ def test_the_contract_reads_its_stop_notice_and_answers_it(tmp_path: Path, monke
         assert contract.parse_checkpoint_ack(bad) is None
     monkeypatch.delenv(contract.CHECKPOINT_ACK_FILE)
     assert not contract.acknowledge_checkpoint(5)  # outside Aryl: nothing to do
+
+
+# --------------------------------------------------------------------------------------------------
+# the scheduler: the acknowledged checkpoint, where a requeued job resumes, what reclaim counts
+
+
+@pytest.fixture
+def cluster(scheduler_factory):
+    """A scheduler (SQLite and PostgreSQL) that writes every report (a running worker's ack is telemetry,
+    written at most every ``telemetry_write_s`` otherwise), its API, and a fake agent of one 4-GPU server."""
+    scheduler = scheduler_factory(agents={"telemetry_write_s": 0})
+    channel, stub = scheduler_stub(scheduler.address)
+    agent = Agent(scheduler.address, "gpu-1", register_fake_server(scheduler.address, "gpu-1", gpus=4).scheduler_epoch)
+    yield scheduler, stub, agent
+    agent.close()
+    channel.close()
+
+
+def acked(job_id: str, incarnation: int, checkpoint: float, age_s: float, phase=agent_pb2.WORKER_PHASE_RUNNING,
+          **fields):
+    """Rank 0's status carrying its acknowledgement of the checkpoint at ``checkpoint``, saved ``age_s``
+    before the report."""
+    status = worker(job_id, 0, incarnation, phase, checkpoint_acked=True, ack_checkpoint_progress=checkpoint, **fields)
+    status.ack_checkpoint_age.FromMilliseconds(int(age_s * 1000))
+    return status
+
+
+def test_an_acknowledged_checkpoint_counts_from_when_the_worker_saved_it(cluster) -> None:
+    scheduler, stub, agent = cluster
+    job_id = submit(stub, job_spec("acked"))
+    running_job_in(stub, job_id)
+    app = _app(scheduler)
+    agent.report(worker(job_id, 0, 1, progress=40.0, checkpoint_progress=30.0))
+    learnt, _ = app.jobs.get(int(job_id))
+    assert learnt.checkpoint_work == 30.0  # from the progress file: counted from when the scheduler learnt of it
+
+    before = time.time()
+    agent.report(acked(job_id, 1, 30.0, age_s=600, progress=41.0, checkpoint_progress=30.0))
+    record, _ = app.jobs.get(int(job_id))
+    assert record.checkpoint_work == 30.0
+    assert before - 601 <= record.last_checkpoint_at <= time.time() - 599  # saved 600 s before the report
+
+    agent.report(acked(job_id, 1, 30.0, age_s=600.2, progress=42.0))  # the same ack again: no news
+    again, _ = app.jobs.get(int(job_id))
+    assert again.last_checkpoint_at == record.last_checkpoint_at
+    agent.report(acked(job_id, 1, 35.0, age_s=2, progress=43.0))
+    newer, _ = app.jobs.get(int(job_id))
+    assert newer.checkpoint_work == 35.0 and newer.last_checkpoint_at >= before - 3
+    agent.report(acked(job_id, 7, 99.0, age_s=0, progress=99.0))  # another incarnation's: history
+    assert app.jobs.get(int(job_id))[0].checkpoint_work == 35.0
+
+
+def test_a_job_requeued_by_a_failure_resumes_from_the_acknowledged_checkpoint(cluster) -> None:
+    scheduler, stub, agent = cluster
+    job_id = submit(stub, job_spec("resumes", workers=2, restart_policy=types_pb2.RESTART_POLICY_ON_FAILURE,
+                                   max_restarts=3))
+    running_job_in(stub, job_id, 2)
+    agent.report(worker(job_id, 0, 1, progress=80.0), worker(job_id, 1, 1, progress=80.0))
+    assert get_job(stub, job_id).progress == 80.0
+    # Rank 1 crashes; rank 0 had acknowledged its checkpoint at 50: the job goes back to 50.
+    agent.report(acked(job_id, 1, 50.0, age_s=30, progress=81.0),
+                 worker(job_id, 1, 1, agent_pb2.WORKER_PHASE_EXITED, exit_code=1, progress=81.0))
+    record, _ = _app(scheduler).jobs.get(int(job_id))
+    assert record.work_done == 50.0 and record.checkpoint_work == 50.0
+
+
+def test_a_preempted_job_resumes_from_what_its_stopped_workers_acknowledge(scheduler_factory) -> None:
+    # The only server goes silent: the job is requeued (PENDING, same incarnation) and cannot restart
+    # until the server reports again -- with the worker that acknowledged its stop.
+    scheduler = scheduler_factory(agents={"lost_after_s": 0.5})
+    channel, stub = scheduler_stub(scheduler.address)
+    epoch = register_fake_server(scheduler.address, "only", gpus=2).scheduler_epoch
+    agent = Agent(scheduler.address, "only", epoch)
+    try:
+        job_id = submit(stub, job_spec("gang", gpus=1, workers=2))
+        running_job_in(stub, job_id, 2)
+        agent.report(worker(job_id, 0, 1, progress=70.0), worker(job_id, 1, 1, progress=70.0))
+        wait_for(lambda: get_job(stub, job_id).state == types_pb2.JOB_STATE_PENDING, timeout=20,
+                 what="the job requeued")
+        agent.report(acked(job_id, 1, 64.0, age_s=3, phase=agent_pb2.WORKER_PHASE_EXITED, stop_requested=True,
+                           stop_acknowledged=True, progress=70.0, checkpoint_progress=60.0))
+        record, _ = _app(scheduler).jobs.get(int(job_id))
+        assert record.work_done == 64.0 and record.checkpoint_work == 64.0  # the acknowledged one, not the file's
+    finally:
+        agent.close()
+        channel.close()
+
+
+def test_reclaim_counts_the_work_since_the_acknowledged_checkpoint(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two loaned servers, each running one inelastic job started two hours ago; inference needs one
+    # back. Job 1 acknowledged a checkpoint 60 s ago, job 2 one 3,000 s ago: preempting job 1 loses
+    # less, and the solver's job_cost says exactly how much.
+    servers = [inference_server(sid, ServerState.LOANED, gpus=4, since=NOW - 9000) for sid in ("l1", "l2")]
+    jobs = [dataclasses.replace(running_job(jid, [(sid, (0, 1, 2, 3))], low=1, resized=NOW - 7200),
+                                last_checkpoint_at=NOW - age)
+            for jid, sid, age in ((1, "l1", 60.0), (2, "l2", 3000.0))]
+    instances: list[ReclaimInstance] = []
+    real = aryl.reclaim_greedy
+    monkeypatch.setattr(aryl, "reclaim_greedy", lambda instance, count: instances.append(instance) or real(instance,
+                                                                                                         count))
+    params = PolicyParams(restart_cost_s=10.0)
+    decision = create_policy("aryl", params).preview_reclaim(snapshot_of(servers, jobs, demand=1), 1)
+    [instance] = instances
+    restart = params.restart_cost_s * 4
+    assert list(instance.job_cost) == [pytest.approx(60.0 * 4 + restart), pytest.approx(3000.0 * 4 + restart)]
+    assert decision.servers == ("l1",) and decision.preempted == (1,)
+    assert decision.cost_gpu_s == pytest.approx(60.0 * 4 + restart)

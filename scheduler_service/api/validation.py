@@ -492,6 +492,10 @@ def worker_report(field: str, w: agent_pb2.WorkerStatus) -> WorkerReport:
         local_batch_size=w.local_batch_size, accum_steps=w.accum_steps,
         grad_sqr=finite(f"{field}.grad_sqr", w.grad_sqr), grad_var=finite(f"{field}.grad_var", w.grad_var),
         samples=finite(f"{field}.samples", w.samples),
+        checkpoint_acked=w.checkpoint_acked,
+        ack_checkpoint_progress=finite(f"{field}.ack_checkpoint_progress", w.ack_checkpoint_progress),
+        ack_checkpoint_age_s=_duration(f"{field}.ack_checkpoint_age", w.ack_checkpoint_age),
+        stop_acknowledged=w.stop_acknowledged,
     )
 
 

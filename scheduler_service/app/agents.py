@@ -113,6 +113,8 @@ class Agents:
             or self._clock.monotonic() - digest.written_at >= self._telemetry_write_s
             or health_of(report) != digest.health
             or any(w.phase == "EXITED" and not w.stop_requested for w in report.workers)
+            # A stop ended by a checkpoint acknowledgement: the requeued job's resume point (reported once).
+            or any(w.stop_acknowledged for w in report.workers)
         ):
             return None
         return digest

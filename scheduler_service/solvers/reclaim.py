@@ -6,8 +6,9 @@ on it. For each job *j*, after returning a set S of servers:
 
 - ``kept = job_workers[j] - (j's workers on S)``;
 - if *j* lost a worker and ``kept < job_min[j]``, *j* is **preempted**: cost ``job_cost[j]`` (work lost
-  since its last checkpoint, GPU-seconds), and all its workers everywhere stop, so its workers on other
-  loaned servers no longer weigh on those servers;
+  since its last checkpoint, GPU-seconds: since the worker saved it when it acknowledged it, else
+  since the scheduler learnt of it; ``store.agents.checkpoint_values``), and all its workers
+  everywhere stop, so its workers on other loaned servers no longer weigh on those servers;
 - otherwise *j* is **scaled in**: cost ``scale_in_cost[j] * (workers removed)``.
 
 The cost of S is the sum over jobs, left to right in job order (``reclaim_cost_of``); it depends only on

@@ -248,7 +248,12 @@ class AgentStore:
         decided = False
         for job_id in job_ids:
             job = jobs.get(job_id)
-            if job is None or not JobState(job.state).holds_gpus:
+            if job is None:
+                continue
+            if not JobState(job.state).holds_gpus:
+                if JobState(job.state) is JobState.PENDING:  # requeued: its stopped workers say where it resumes
+                    stopped = [w for w in workers if w.job_id == job_id and w.incarnation == job.incarnation]
+                    self._record_resume_point(session, job, stopped, now)
                 continue
             current = [
                 w for w in workers
@@ -295,6 +300,7 @@ class AgentStore:
                 job.restarts += 1
                 job.pending_reason = f"RESTARTING: {why}"[:1024]
                 self._changes.set_job_state(session, job, JobState.PENDING, "RESTARTING", why)
+                self._record_resume_point(session, job, current, now)
             decided = True
         return decided
 
@@ -320,8 +326,7 @@ class AgentStore:
         a report never makes a concurrent plan's action on the same job fail as stale."""
         # A worker that has not written progress yet reports 0: that says nothing about the job.
         progress = max((w.progress for w in current), default=0.0)
-        checkpoint = max((w.checkpoint_progress for w in current), default=0.0)
-        values: dict[str, Any] = {}
+        values, _ = checkpoint_values(job, current, now)
         if progress > 0 and progress != job.work_done:
             values["work_done"] = progress  # may go down: a restart resumes from the last checkpoint
             values["progress_at"] = now
@@ -332,9 +337,52 @@ class AgentStore:
                               window_workers=job.num_workers, window_reports=0)
             else:
                 values["window_reports"] = job.window_reports + 1
-        if checkpoint > 0 and checkpoint != job.checkpoint_work:
-            values["checkpoint_work"] = checkpoint
-            values["last_checkpoint_at"] = now  # the scheduler's clock: when it learnt of the checkpoint
         if values:
             session.execute(sa.update(m.JOBS).where(m.JOBS.c.id == job.id).values(**values))
             session.expire(job, list(values))
+
+    @staticmethod
+    def _record_resume_point(session: Session, job: m.Job, stopped: Sequence[WorkerReport], now: float) -> None:
+        """A requeued job (preempted, or restarting after a failure) resumes from the last checkpoint
+        its stopped workers report (acknowledged, or in their progress files): its progress goes back
+        there, so its estimates count the work to redo. Telemetry, as ``_record_progress``."""
+        values, checkpoint = checkpoint_values(job, stopped, now)
+        if (checkpoint > 0 or any(w.checkpoint_acked for w in stopped)) and checkpoint != job.work_done:
+            values.update(work_done=checkpoint, progress_at=now)
+        if values:
+            session.execute(sa.update(m.JOBS).where(m.JOBS.c.id == job.id).values(**values))
+            session.expire(job, list(values))
+
+
+# An acknowledged checkpoint's save time is recomputed from its age at every report, so it moves by the
+# report's latency: only an earlier time by more than this is news.
+ACK_SLACK_S = 1.0
+
+
+def acknowledged_checkpoint(workers: Sequence[WorkerReport], now: float) -> tuple[float, float] | None:
+    """``(progress, saved_at)`` of the newest checkpoint the workers acknowledged (``node_agent.contract``):
+    the highest progress, saved at the earliest time any of them vouched for it (rank 0 saves; the
+    others vouch after it); ``saved_at`` on the scheduler's clock (``now`` less the ack's age, so the
+    clocks of agent and scheduler need not agree). None when no worker acknowledged one."""
+    acks = [w for w in workers if w.checkpoint_acked]
+    if not acks:
+        return None
+    progress = max(w.ack_checkpoint_progress for w in acks)
+    return progress, now - max(w.ack_checkpoint_age_s for w in acks if w.ack_checkpoint_progress == progress)
+
+
+def checkpoint_values(job: m.Job, workers: Sequence[WorkerReport], now: float) -> tuple[dict[str, Any], float]:
+    """The job's checkpoint columns to change after ``workers``' reports, and the progress of the
+    checkpoint they report (0: none). Work since ``last_checkpoint_at`` is what a preemption loses
+    (reclaim's cost, ``policies.aryl``): an acknowledged checkpoint counts from when the worker saved
+    it, one seen only in progress files from when the scheduler learnt of it (``now``)."""
+    in_files = max((w.checkpoint_progress for w in workers), default=0.0)
+    acked = acknowledged_checkpoint(workers, now)
+    if acked is not None and acked[0] >= in_files:
+        progress, saved_at = acked
+        news = (progress != job.checkpoint_work or job.last_checkpoint_at is None
+                or saved_at < job.last_checkpoint_at - ACK_SLACK_S)
+        return ({"checkpoint_work": progress, "last_checkpoint_at": saved_at} if news else {}), progress
+    if in_files > 0 and in_files != job.checkpoint_work:
+        return {"checkpoint_work": in_files, "last_checkpoint_at": now}, in_files
+    return {}, in_files
