@@ -379,29 +379,29 @@ class SimulatedCluster:
             demand = snapshot.demand
             cluster.set_demand(DemandPoint(demand.reported_at, demand.servers_needed, demand.observed_rps))
         done = done_since_checkpoint or {}
-        for view in snapshot.jobs:
-            trace = traces.get(view.job_id)
-            if trace is None or view.state.is_terminal:
+        for shown in snapshot.jobs:
+            trace = traces.get(shown.job_id)
+            if trace is None or shown.state.is_terminal:
                 continue
             cluster.submit(trace)
-            job = cluster._active[view.job_id]
-            job.pending_reason = view.pending_reason
-            job.started_at = view.started_at
-            job.last_resized_at = view.last_resized_at
-            job.checkpoint_at = view.last_checkpoint_at
-            job.disruptions = view.disruptions
-            if not view.workers or not view.state.holds_gpus:
+            job = cluster._active[shown.job_id]
+            job.pending_reason = shown.pending_reason
+            job.started_at = shown.started_at
+            job.last_resized_at = shown.last_resized_at
+            job.checkpoint_at = shown.last_checkpoint_at
+            job.disruptions = shown.disruptions
+            if not shown.workers or not shown.state.holds_gpus:
                 continue
-            job.outcome.start = view.started_at if view.started_at is not None else now
+            job.outcome.start = shown.started_at if shown.started_at is not None else now
             job.state = JobState.RUNNING  # SCALING: its resize is under way; it runs at its new size
-            workers = tuple(sorted(view.workers, key=lambda w: w.rank))
+            workers = tuple(sorted(shown.workers, key=lambda w: w.rank))
             cluster._take(job, workers)
             # The segment began when its restart overhead (still) began: now, less what was spent of it.
-            began = view.last_resized_at if view.last_resized_at is not None else now - cluster.restart_overhead_s
+            began = shown.last_resized_at if shown.last_resized_at is not None else now - cluster.restart_overhead_s
             cluster._begin_segment(job, max(began, now - cluster.restart_overhead_s), workers,
-                                   min(done.get(view.job_id, 0.0), trace.work))
-            job.last_resized_at = view.last_resized_at  # as the snapshot says (anti-thrashing reads it)
-            cluster._running[view.job_id] = job
+                                   min(done.get(shown.job_id, 0.0), trace.work))
+            job.last_resized_at = shown.last_resized_at  # as the snapshot says (anti-thrashing reads it)
+            cluster._running[shown.job_id] = job
         cluster._stale_servers.update(cluster._servers)
         return cluster
 

@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from scheduler_service.core.params import PolicyParams
-from scheduler_service.core.plan import ApplyResult, Plan
+from scheduler_service.core.plan import ApplyResult, Plan, ScaleJob, StartJob
 from scheduler_service.core.predict import remaining_seconds
 from scheduler_service.core.registry import FaultsFirst, Policy
 from scheduler_service.core.snapshot import ClusterSnapshot, ServerView
@@ -159,7 +159,8 @@ class _StartWatcher:
         self.cycles += 1
         result = self._state.apply(plan)
         started, scaled = set(result.started), set(result.scaled)
-        for action in (*plan.starts, *plan.scales):
+        placed: tuple[StartJob | ScaleJob, ...] = (*plan.starts, *plan.scales)
+        for action in placed:
             if action.job_id not in started and action.job_id not in scaled:
                 continue
             gpus = [(w.server_id, g) for w in action.workers for g in w.gpu_indices]

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from google.protobuf.timestamp_pb2 import Timestamp
+
 from protos.aryl.v1 import scheduler_pb2, types_pb2
-from scheduler_service.api.convert import timestamp
 from scheduler_service.app.forecast import Forecasts, WhatIf, WhatIfRun, changed_params
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.lifecycle import JobState
@@ -26,14 +27,18 @@ def add_eta(message: types_pb2.Job, record: JobInfo, forecasts: Forecasts | None
     eta = forecasts.eta(record.id, pending=record.state in WAITING)
     if eta is None:
         return message
-    message.eta_made_at.CopyFrom(timestamp(eta.made_at))
+    _set(message.eta_made_at, eta.made_at)
     if eta.start is not None:
-        message.eta_start.CopyFrom(timestamp(eta.start))
+        _set(message.eta_start, eta.start)
     if eta.finish is not None:
-        message.eta_finish.CopyFrom(timestamp(eta.finish))
+        _set(message.eta_finish, eta.finish)
     message.eta_note = eta.note
     message.eta_after_job_ids.extend(str(j) for j in eta.after)
     return message
+
+
+def _set(field: Timestamp, seconds: float) -> None:
+    field.FromNanoseconds(round(seconds * 1e9))  # as ``convert.timestamp``
 
 
 def _metrics(summary: Mapping[str, object], prefix: str = "") -> dict[str, float]:
