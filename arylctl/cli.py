@@ -805,6 +805,10 @@ def goodput_fields(job: types_pb2.Job) -> list[tuple[str, object]]:
                                          f"grad_var {job.grad_var:.4g}, at batch {batch.init_batch_size})"))
     if job.samples:
         fields.append(("Samples", f"{job.samples:g}"))
+    if job.predicted_speedups:
+        first = job.predicted_speedups[0]
+        points = ", ".join(f"{p.workers}w {p.speedup:.2f}x (batch {p.batch_size})" for p in job.predicted_speedups)
+        fields.append(("Predicted speed-up", f"{points}; {first.source}, over {first.reference_workers} worker(s)"))
     return fields
 
 

@@ -235,6 +235,11 @@ def test_batches_are_stored_chosen_reported_and_sent_to_the_workers(app: Schedul
     assert [(t.nodes, t.replicas, t.local_batch_size, t.accum_steps, t.pass_time_s, t.step_time_s)
             for t in shown.step_times] == [(1, 3, 43, 1, 0.2, 0.5)]
     assert (shown.grad_sqr, shown.grad_var, shown.noise_scale, shown.samples) == (0.01, 0.04, 256 * 4.0, 2580.0)
+    # Its fitted model predicts its speed at 1..3 workers over its 3, with the batch for each.
+    assert [(p.workers, p.reference_workers, p.source) for p in shown.predicted_speedups] == [
+        (1, 3, "fitted"), (2, 3, "fitted"), (3, 3, "fitted")]
+    assert shown.predicted_speedups[2].speedup == pytest.approx(1.0)
+    assert all(0 < p.speedup and p.batch_size <= 1024 for p in shown.predicted_speedups)
     # Alone, an older incarnation's report changes nothing either.
     before = app.jobs.get(job_id)[0].goodput
     app.agents.report_status(StatusReport("g1", app.term.epoch, (), generation, workers=(
@@ -437,6 +442,7 @@ def test_arylctl_submits_batch_limits_and_shows_the_batch_the_scheduler_chose(sc
                      timeout=WAIT_S, what="the job to run with its batch")
     assert "Batch limits:" in shown and "init 256, max 1024, max per GPU per pass 128" in shown
     assert "256 = 128 per GPU per pass x 1 pass(es) per step" in shown
+    assert "Predicted speed-up:" in shown and "1w 1.00x (batch 256); declared, over 1 worker(s)" in shown
     detail = json.loads(run("-o", "json", "job", job_id))["job"]
     assert (detail["local_batch_size"], detail["batch_size"]) == (128, 256)
     out, err = io.StringIO(), io.StringIO()

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from google.protobuf import duration_pb2, timestamp_pb2
 
 from protos.aryl.v1 import agent_pb2, scheduler_pb2, types_pb2
-from scheduler_service.core.batch import job_batch, noise_scale
+from scheduler_service.app.deadlines import job_view
+from scheduler_service.core import goodput_fit
+from scheduler_service.core.batch import job_batch, noise_scale, prediction_sizes, step_sample
 from scheduler_service.core.predict import DeadlineOutlook, DeadlineStatus
 from scheduler_service.records import (
     ClusterSummary,
@@ -61,8 +64,30 @@ def job_summary(row: JobInfo, outlook: DeadlineOutlook | None = None) -> types_p
 
 def job(row: JobInfo, outlook: DeadlineOutlook | None = None) -> types_pb2.Job:
     """The whole job, its spec as submitted (GetJob, SubmitJob, CancelJob); with ``outlook``, its
-    predicted finish and deadline status (``app.deadlines``)."""
-    return _job(row, command=row.command, env=row.env, outlook=outlook)
+    predicted finish and deadline status (``app.deadlines``); a goodput job's predicted speed-ups."""
+    message = _job(row, command=row.command, env=row.env, outlook=outlook)
+    message.predicted_speedups.extend(predicted_speedups(row))
+    return message
+
+
+def predicted_speedups(row: JobInfo) -> list[types_pb2.SpeedupPrediction]:
+    """A job with batch limits: its speed-up at other sizes (``core.goodput_fit.predicted_speedups``, from
+    its measures once it has some), with the batch for each; none for another job."""
+    if row.batch_limits is None:
+        return []
+    samples = tuple(step_sample(t.nodes, t.replicas, t.local_batch_size, t.accum_steps, t.pass_time_s, t.step_time_s)
+                    for t in row.goodput.step_times)
+    view = replace(job_view(row), batch_limits=row.batch_limits, step_samples=samples, grad_stats=row.goodput.grad)
+    sizes = prediction_sizes(row.min_workers, row.max_workers, row.num_workers)
+    out = []
+    for p in goodput_fit.predicted_speedups(view, sizes):
+        batch = p.batch
+        out.append(types_pb2.SpeedupPrediction(
+            workers=p.workers, reference_workers=p.reference, speedup=p.speedup, source=p.source,
+            local_batch_size=batch.atomic_bsz if batch else 0, accum_steps=batch.accum_steps if batch else 0,
+            batch_size=batch.atomic_bsz * (batch.accum_steps + 1) * p.workers * row.gpus_per_worker if batch else 0,
+        ))
+    return out
 
 
 def deadline_status(status: DeadlineStatus) -> str:

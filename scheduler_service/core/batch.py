@@ -12,7 +12,7 @@ Never: read a clock, a store or any cluster state. Pure functions of numbers.
 from __future__ import annotations
 
 from scheduler_service.core import goodput_fit
-from scheduler_service.core.goodput import BatchSplit, GradParams
+from scheduler_service.core.goodput import BatchSplit, GradParams, StepSample
 from scheduler_service.core.snapshot import BatchLimits
 
 
@@ -40,3 +40,28 @@ def noise_scale(grad: GradParams | None, init_bsz: int) -> float:
     if grad is None or grad.sqr <= 0:
         return 0.0
     return init_bsz * grad.var / grad.sqr
+
+
+def step_sample(nodes: int, replicas: int, local_batch_size: int, accum_steps: int, pass_s: float,
+                step_s: float) -> StepSample:
+    """A measured step as ``core.goodput`` fits it, a step without accumulation: one that ran
+    ``accum_steps`` extra passes counts without them (its time less that many passes, never below one
+    pass), as Pollux's model adds them back (``core.goodput.step_time``)."""
+    return StepSample(nodes=nodes, replicas=replicas, atomic_bsz=float(local_batch_size), pass_s=pass_s,
+                      step_s=max(step_s - accum_steps * pass_s, pass_s))
+
+
+def prediction_sizes(min_workers: int, max_workers: int, current: int, *, most: int = 12) -> tuple[int, ...]:
+    """The worker counts a job's predicted speed-ups are shown at: every size from ``min_workers`` to
+    ``max_workers`` when there are at most ``most``, else the ends, its current size and its neighbours,
+    and the powers of two between."""
+    low, high = max(min_workers, 1), max(max_workers, min_workers, 1)
+    if high - low + 1 <= most:
+        return tuple(range(low, high + 1))
+    sizes = {low, high, *(c for c in (current - 1, current, current + 1) if low <= c <= high)}
+    power = 1
+    while power < high and len(sizes) < most:
+        if power > low:
+            sizes.add(power)
+        power *= 2
+    return tuple(sorted(sizes))

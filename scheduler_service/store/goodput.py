@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from scheduler_service.core.batch import step_sample
 from scheduler_service.core.goodput import GradParams, StepSample
 from scheduler_service.records import GoodputInfo, StepTimeInfo, WorkerReport
 
@@ -69,11 +70,6 @@ def with_report(document: Any, report: WorkerReport, *, nodes: int, replicas: in
 
 
 def step_samples(info: GoodputInfo) -> tuple[StepSample, ...]:
-    """The step times as ``core.goodput`` fits them: a step without accumulation. A step that ran
-    ``accum_steps`` extra passes is counted without them (its step time less that many pass times,
-    never below one pass), as Pollux's model adds them back (``core.goodput.step_time``)."""
-    return tuple(
-        StepSample(nodes=t.nodes, replicas=t.replicas, atomic_bsz=float(t.local_batch_size), pass_s=t.pass_time_s,
-                   step_s=max(t.step_time_s - t.accum_steps * t.pass_time_s, t.pass_time_s))
-        for t in info.step_times
-    )
+    """The step times as ``core.goodput`` fits them (``core.batch.step_sample``: without accumulation)."""
+    return tuple(step_sample(t.nodes, t.replicas, t.local_batch_size, t.accum_steps, t.pass_time_s, t.step_time_s)
+                 for t in info.step_times)
