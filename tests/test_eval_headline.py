@@ -1,0 +1,124 @@
+"""The headline's orchestration (simulator/eval_headline.py) end to end on a tiny synthetic trace: the
+busy regime's sizing rule, the process pool, the seed aggregation and the summaries' structure."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from simulator.eval_headline import (
+    ESTIMATED,
+    EXACT,
+    Inputs,
+    Plan,
+    aggregate,
+    busy_regime,
+    headline,
+    lead_text,
+    load_jobs,
+    offered_load,
+)
+from simulator.evaluation import splice_lead
+
+
+def tiny_inputs(tmp_path: Path) -> Inputs:
+    """60 Philly-shaped jobs over 5 hours (1-8 GPUs, 20-115 minutes) and a day of ServeGen-shaped rates."""
+    start = datetime(2017, 10, 10, 0, 0, 5, tzinfo=UTC)
+    lines = ["timestamp,duration,num_gpus,gpu_time,cluster"]
+    for i in range(60):
+        stamp = (start + timedelta(seconds=300 * i)).strftime("%Y-%m-%d %H:%M:%S")
+        duration, gpus = 1200.0 + 97 * ((i * 37) % 60), (1, 2, 4, 8, 1, 2)[i % 6]
+        lines.append(f"{stamp},{duration},{gpus},{duration * gpus},vc{i % 3}")
+    trace = tmp_path / "philly.csv"
+    trace.write_text("\n".join(lines) + "\n")
+    rates = ["category,model,t_sec,total_rate_rps,active_clients"]
+    rates += [f"language,m-small,{600 * k},{100 + 80 * math.sin(2 * math.pi * k / 144) + (k % 7)},3"
+              for k in range(144)]
+    rate = tmp_path / "rate.csv"
+    rate.write_text("\n".join(rates) + "\n")
+    return Inputs(trace, rate, tmp_path)
+
+
+PLAN = Plan(seeds=(0, 1, 2), policies=("sjf", "aryl"), exact_policies=("sjf", "aryl"), light=True,
+            peers_on_full=(), peers_on_subset=(), sensitivity_seeds=(0, 1),
+            scaling=(("amdahl", 0.05), ("amdahl", 0.2)), plots=False)
+
+
+def test_busy_regime_is_sized_from_the_offered_load(tmp_path: Path) -> None:
+    inputs = tiny_inputs(tmp_path)
+    jobs = load_jobs(inputs, 0)
+    offered = offered_load(jobs)
+    # by hand: each job's GPUs x its part of [first, last submission], over the window's length
+    window = jobs[-1].submit_time - jobs[0].submit_time
+    by_hand = sum(j.min_workers * j.gpus_per_worker * min(j.work, window - j.submit_time) for j in jobs) / window
+    assert offered == pytest.approx(by_hand)
+    regime = busy_regime(jobs)
+    assert regime.training_servers == math.floor(offered / (0.9 * 8))
+    assert offered / (regime.training_servers * 8) >= 0.9
+    assert offered / ((regime.training_servers + 1) * 8) < 0.9  # the most servers that still holds
+    assert regime.inference_servers == max(1, round(regime.training_servers / 2))
+    assert regime.peak_quantile == 0.99
+
+
+def test_headline_end_to_end_seeds_and_structure(tmp_path: Path) -> None:
+    inputs = tiny_inputs(tmp_path)
+    text, raw, sens_text, sens = headline(inputs, tmp_path, PLAN, workers=2)
+
+    assert raw["regime"]["offered_load"] >= 0.9
+    assert raw["estimates"] == ESTIMATED and raw["seeds"] == [0, 1, 2]
+    for policy in ("sjf", "aryl"):
+        entry = raw[policy]
+        for key in ("avg_queue_s", "avg_jct_s"):
+            assert entry[key] == entry["spread"][key]["mean"]
+            assert len(entry["spread"][key]["per_seed"]) == 3
+        assert entry["gpu_utilization"]["overall"] == entry["spread"]["gpu_utilization.overall"]["mean"]
+        assert entry["spread"]["jobs_completed"]["per_seed"] == [60, 60, 60]
+        assert entry["estimates"] == ESTIMATED
+        assert raw["exact"][policy]["estimates"] == EXACT
+        spread = entry["spread"]["avg_jct_s"]
+        assert spread["min"] <= spread["mean"] <= spread["max"]
+    # a seed changes what aryl sees (elastic draws, estimate errors): its figures differ across seeds
+    assert len(set(raw["aryl"]["spread"]["avg_jct_s"]["per_seed"])) > 1
+    # exact estimates with Amdahl: nothing a seed changes reaches sjf
+    assert len(set(raw["exact"]["sjf"]["spread"]["avg_jct_s"]["per_seed"])) == 1
+    ratio = raw["vs_sjf"]["aryl"]["jct_reduction"]
+    per_seed = [s / a for s, a in zip(raw["sjf"]["spread"]["avg_jct_s"]["per_seed"],
+                                      raw["aryl"]["spread"]["avg_jct_s"]["per_seed"], strict=True)]
+    assert ratio["per_seed"] == pytest.approx(per_seed, abs=1e-3)
+    assert raw["light"]["regime"]["training_servers"] == 80
+    assert set(sens["scaling"]) == {"amdahl alpha=0.05", "amdahl alpha=0.2"}
+    # the alpha = 0.05 row is the headline's own runs (on the sensitivity's seeds), sjf the headline's throughout
+    row = sens["scaling"]["amdahl alpha=0.05"]
+    assert row["aryl"]["spread"]["avg_jct_s"]["per_seed"] == raw["aryl"]["spread"]["avg_jct_s"]["per_seed"][:2]
+    assert sens["scaling"]["amdahl alpha=0.2"]["sjf"] == row["sjf"]
+    assert row["sjf"]["spread"]["avg_jct_s"]["per_seed"] == raw["sjf"]["spread"]["avg_jct_s"]["per_seed"][:2]
+    assert "| sjf |" in text and "busy" in lead_text(raw) and "alpha=0.2" in sens_text
+
+    # identical seeds give identical figures: seed 0 twice, in this process instead of the pool
+    again = Plan(seeds=(0, 0), policies=("sjf", "aryl"), exact_policies=(), light=False, peers_on_full=(),
+                 peers_on_subset=(), sensitivity_seeds=(0,), scaling=(("amdahl", 0.05),), plots=False)
+    _, raw2, _, _ = headline(inputs, tmp_path, again, workers=1)
+    for policy in ("sjf", "aryl"):
+        for metric, stats in raw2[policy]["spread"].items():
+            assert stats["min"] == stats["max"], metric
+            assert stats["mean"] == raw[policy]["spread"][metric]["per_seed"][0], metric
+
+
+def test_aggregate_means_and_ranges() -> None:
+    runs = [{"avg_queue_s": 10.0, "gpu_utilization": {"overall": 0.5}, "estimates": "exact"},
+            {"avg_queue_s": 30.0, "gpu_utilization": {"overall": 0.7}, "estimates": "exact"}]
+    agg = aggregate(runs, [0, 1])
+    assert agg["avg_queue_s"] == 20.0 and agg["gpu_utilization"]["overall"] == 0.6
+    assert agg["spread"]["avg_queue_s"] == {"mean": 20.0, "min": 10.0, "max": 30.0, "per_seed": [10.0, 30.0]}
+    assert "avg_jct_s" not in agg  # a metric no run has is left out
+
+
+def test_lead_goes_under_the_title_and_is_replaced_in_place() -> None:
+    doc = "# Evaluation\n\nRegenerate with ...\n\n<!-- section:headline -->\nx\n<!-- /section:headline -->\n"
+    once = splice_lead(doc, "first\n")
+    assert once.startswith("# Evaluation\n\n<!-- section:lead -->\nfirst\n<!-- /section:lead -->\n\nRegenerate")
+    twice = splice_lead(once, "second\n")
+    assert "first" not in twice and twice.count("section:lead -->") == 2
