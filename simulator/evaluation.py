@@ -24,6 +24,8 @@ Scenarios (all seeded, deterministic):
 5. **Deadlines** (``deadlines``, ``simulator/eval_deadlines.py``): deadline completion rates of sjf, qos and
    aryl, with resources short and sufficient, tight and loose deadlines.
 6. **DL2** (``dl2``, ``simulator/eval_dl2.py``): drf, optimus and the learned dl2 after warm-up and after RL.
+7. **Loaning + goodput** (``goodput``, ``simulator/eval_goodput.py``): sjf, pollux, aryl-nogoodput and aryl on
+   Philly + ServeGen with jobs mapped to the six Pollux models.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from typing import Any
 
 from simulator.eval_deadlines import deadlines_section
 from simulator.eval_dl2 import dl2_section
+from simulator.eval_goodput import goodput_section
 from simulator.eval_headline import headline_section, lead_text, sensitivity_section
 from simulator.eval_tenants import tenants_section
 
@@ -145,6 +148,7 @@ SECTIONS: dict[str, Section] = {
     "tenants": tenants_section,
     "deadlines": deadlines_section,
     "dl2": dl2_section,
+    "goodput": goodput_section,
 }
 
 
