@@ -38,8 +38,8 @@ toward the target):
   re-read at the next step): the segment's progress goes on from where it is at the new rate (a
   checkpoint taken earlier in that segment is then valued on the new rate, which only a later preemption
   in the same segment would read).
-- **Cluster**: sized by the headline's *busy-regime* rule (``simulator/eval_headline.py``) on this
-  window: the most 8-GPU training servers its offered load (every job started when submitted at its
+- **Cluster**: sized by the headline's *busy-regime* rule (``simulator.eval_headline.busy_regime``) on
+  this window: the most 8-GPU training servers its offered load (every job started when submitted at its
   traced size, averaged over the arrival window) still fills to ``BUSY_LOAD`` (90%); one inference server
   per two training servers, whose ServeGen ``m-small`` demand (20% headroom) needs the whole inference
   cluster at the rate's ``DEMAND_QUANTILE`` (0.99) quantile. 30 s restart overhead, checkpoints every
@@ -67,6 +67,7 @@ from scheduler_service.core.throughput import ThroughputModel
 from simulator.clock import VirtualClock
 from simulator.cluster import SimulatedCluster
 from simulator.engine import SimulationResult, simulate
+from simulator.eval_headline import DEMAND_QUANTILE, GPUS_PER_SERVER, busy_regime
 from simulator.goodput_profiles import Application, load_application
 from simulator.load import demand_from_rate, load_servegen_rate
 from simulator.model import ClusterSpec, DemandPoint, TraceJob
@@ -75,10 +76,6 @@ from simulator.traces import JobMapping, job_gpu_seconds, load_philly
 POLICIES = ("sjf", "pollux", "aryl-nogoodput", "aryl")
 SEEDS = (0, 1, 2)
 WINDOW_DAYS = 2.0
-GPUS_PER_SERVER = 8
-BUSY_LOAD = 0.9               # the headline's busy-regime rule (simulator/eval_headline.py)
-INFERENCE_PER_TRAINING = 0.5
-DEMAND_QUANTILE = 0.99
 PROFILE_NODE_GPUS = 4     # the profiles' testbed nodes (4 x T4)
 MAX_PROFILE_GPUS = 64     # the largest configuration measured
 CYCLE_GAP_S = 60.0
@@ -255,21 +252,10 @@ def _placement(workers: tuple[WorkerView, ...]) -> tuple[int, ...]:
     return tuple(per_server.values())
 
 
-def offered_load(jobs: list[TraceJob]) -> float:
-    """GPUs busy on average over the arrival window if every job started when submitted and ran at its
-    traced size (the part of each job inside the window)."""
-    start, end = min(j.submit_time for j in jobs), max(j.submit_time for j in jobs)
-    if end <= start:
-        return 0.0
-    gpu_s = sum(j.min_workers * j.gpus_per_worker * max(0.0, min(j.submit_time + j.runtime_at(j.min_workers), end)
-                                                        - j.submit_time) for j in jobs)
-    return gpu_s / (end - start)
-
-
 def busy_cluster(jobs: list[TraceJob]) -> ClusterSpec:
-    """The busy-regime clusters for ``jobs`` (module doc)."""
-    training = max(1, math.floor(offered_load(jobs) / (BUSY_LOAD * GPUS_PER_SERVER)))
-    return ClusterSpec(training, max(1, round(training * INFERENCE_PER_TRAINING)), GPUS_PER_SERVER)
+    """The busy-regime clusters for ``jobs`` (module doc; the headline's rule, ``eval_headline.busy_regime``)."""
+    regime = busy_regime(jobs)
+    return ClusterSpec(regime.training_servers, regime.inference_servers, GPUS_PER_SERVER)
 
 
 def philly_goodput(shared: Path, seed: int, *, days: float = WINDOW_DAYS, limit: int | None = None
