@@ -50,7 +50,7 @@ import numpy as np
 from scheduler_service.core.goodput import GradParams, PerfParams
 from scheduler_service.core.goodput_fit import MIN_ATOMIC_BSZ, batch_for, job_goodput
 from scheduler_service.core.params import PolicyParams
-from scheduler_service.core.plan import BatchSize, Plan
+from scheduler_service.core.plan import BatchSize, Plan, ScaleJob, StartJob
 from scheduler_service.core.registry import policies
 from scheduler_service.core.snapshot import ClusterSnapshot, JobView
 from scheduler_service.core.throughput import ThroughputModel, model_for
@@ -388,7 +388,8 @@ def _batches(active: Sequence[JobView], plan: Plan) -> tuple[BatchSize, ...]:
     servers it then holds (module doc), in job order."""
     placed: dict[int, set[str]] = {j.job_id: {w.server_id for w in j.workers} for j in active}
     counts = {j.job_id: len(j.workers) for j in active}
-    for action in (*plan.starts, *plan.scales):
+    changes: list[StartJob | ScaleJob] = [*plan.starts, *plan.scales]
+    for action in changes:
         placed[action.job_id] = {w.server_id for w in action.workers}
         counts[action.job_id] = len(action.workers)
     for preempted in plan.preemptions:
