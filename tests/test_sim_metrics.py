@@ -9,6 +9,7 @@ the truth drives completion, and the same seed gives the same output.
 from __future__ import annotations
 
 import math
+import random
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from simulator.cluster import SimulatedCluster
 from simulator.engine import SimulationResult, simulate
 from simulator.estimates import Estimates, EstimatesError
 from simulator.model import ClusterSpec, DemandPoint, TraceJob
-from simulator.results import format_table, summarize, summary_json
+from simulator.results import format_table, summarize, summary_json, useful_work
 from tests.harness import linear_job
 
 
@@ -258,3 +259,29 @@ def test_lognormal_errors_have_the_stated_spread() -> None:
     mean = sum(logs) / len(logs)
     sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / len(logs))
     assert abs(mean) < 0.05 and abs(sd - 0.8) < 0.05
+
+
+def test_gpu_time_allocated_is_useful_plus_lost_plus_restarts_for_linear_jobs() -> None:
+    # With speed = workers (1 unit/s per worker), a unit of work costs g GPU-seconds at any size, so
+    # every allocated GPU-second is useful, thrown away by a preemption, or a restart's: on a trace with
+    # loans, reclaims, resizes and preemptions the three add up to the allocation, and each completed
+    # job's useful GPU-seconds are its work x g.
+    rng = random.Random(5)
+    jobs = []
+    for job_id in range(1, 61):
+        low = rng.choice([1, 1, 2])
+        high = low * rng.choice([1, 4])
+        jobs.append(linear_job(job_id, round(rng.uniform(0, 8 * 3600.0), 1), rng.choice([1, 2, 4, 8]), low, high,
+                               round(rng.uniform(300.0, 20000.0), 1)))
+    demand = [DemandPoint(3600.0 * h, [0, 2, 1, 0, 2, 2, 0, 1][h % 8], 5.0) for h in range(24)]
+    result = run(jobs, ClusterSpec(2, 2), "aryl", demand=demand, params=PolicyParams(loan_buffer_servers=0),
+                 checkpoint_interval_s=900.0)
+    assert result.stop_reason == "completed"
+    assert sum(j.preemptions for j in result.jobs) > 0 and sum(j.scale_ins for j in result.jobs) > 0
+    useful = sum(j.useful_gpu_s for j in result.jobs)
+    lost = sum(j.gpu_seconds_lost for j in result.jobs)
+    figures = useful_work(result)
+    assert useful + lost == pytest.approx(figures["allocated_gpu_hours"] * 3600, rel=1e-9)
+    assert figures["useful_gpu_hours"] * 3600 == pytest.approx(useful, rel=1e-9)
+    for trace, outcome in zip(sorted(jobs, key=lambda j: j.job_id), result.jobs, strict=True):
+        assert outcome.useful_gpu_s == pytest.approx(trace.work * trace.gpus_per_worker, rel=1e-9)
