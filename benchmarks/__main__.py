@@ -14,6 +14,7 @@ import sys
 from benchmarks import (
     bench_agents,
     bench_auth,
+    bench_ckpt_ack,
     bench_cycle,
     bench_pollux,
     bench_reclaim,
@@ -28,7 +29,7 @@ from benchmarks.bench_service import FULL, QUICK, BenchContext, Benchmark
 BENCHMARKS = (
     bench_service.BENCHMARKS + bench_agents.BENCHMARKS + bench_solvers.BENCHMARKS + bench_cycle.BENCHMARKS
     + bench_sim.BENCHMARKS + bench_reclaim.BENCHMARKS + bench_router.BENCHMARKS + bench_pollux.BENCHMARKS
-    + bench_submit.BENCHMARKS + bench_auth.BENCHMARKS
+    + bench_submit.BENCHMARKS + bench_auth.BENCHMARKS + bench_ckpt_ack.BENCHMARKS
 )
 
 DEFAULT_ADMIN_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from tempfile import TemporaryDirectory
@@ -51,7 +52,7 @@ def start_agent(scheduler: str, hostname: str, pool: str, gpus: int, work: Path)
     env = {k: v for k, v in os.environ.items() if not k.startswith("ARYL_")}
     env.update(ARYL_AGENT__ADVERTISE_ADDRESS="127.0.0.1", ARYL_AGENT__LOGS_LISTEN_HOST="127.0.0.1",
                ARYL_AGENT__RECONCILE_INTERVAL_S="0.1", ARYL_AGENT__CHECKPOINT_ROOT=str(work / "checkpoints"),
-               ARYL_LOGGING__LEVEL="warning")
+               ARYL_LOGGING__LEVEL="warning", ARYL_AGENT__INSECURE="true")  # SchedulerProcess is plaintext
     if pool == "inference":
         env["ARYL_AGENT__INFERENCE_ENDPOINT"] = "http://127.0.0.1:9"  # listed by the pool; never called here
     args = [sys.executable, "-m", "node_agent.main", "--scheduler", scheduler, "--hostname", hostname,
@@ -100,9 +101,11 @@ def _wait(predicate, what: str, timeout: float = 60.0) -> None:
         time.sleep(0.05)
 
 
-def _reclaim_latencies(address: str, iterations: int, checkpoint_s: float) -> list[float]:
-    """Run an elastic job whose workers take ``checkpoint_s`` to stop; loan, let it grow onto the
-    loaned server, reclaim; the seconds from the signal to serving. Cancels the job at the end."""
+def _reclaim_latencies(address: str, iterations: int, checkpoint_s: float,
+                       worker_args: Sequence[str] = ()) -> list[float]:
+    """Run an elastic job whose workers take ``checkpoint_s`` to stop (``examples/train.py``, with
+    ``worker_args`` too); loan, let it grow onto the loaned server, reclaim; the seconds from the
+    signal to serving. Cancels the job at the end."""
     channel = grpc.insecure_channel(address)
     scheduler = scheduler_pb2_grpc.SchedulerServiceStub(channel)
     inference = inference_pb2_grpc.InferenceServiceStub(channel)
@@ -121,7 +124,7 @@ def _reclaim_latencies(address: str, iterations: int, checkpoint_s: float) -> li
     spec = types_pb2.JobSpec(
         name=f"elastic-checkpoint-{checkpoint_s:g}s", user="bench", gpus_per_worker=1, min_workers=1, max_workers=3,
         command=[sys.executable, str(REPO / "examples" / "train.py"), "--total-steps", "10000000",
-                 "--step-time", "0.2", "--log-every", "1000000", "--checkpoint-time", str(checkpoint_s)],
+                 "--step-time", "0.2", "--log-every", "1000000", "--checkpoint-time", str(checkpoint_s), *worker_args],
     )
     latencies = []
     try:
