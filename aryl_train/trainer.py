@@ -13,8 +13,9 @@ What it does around the program's own forward pass (``pass_loss``), and why:
   two more things so that every rank acts at the same step: a stop flag (any rank saw SIGTERM) and
   the batch rank 0 read from ``ARYL_BATCH_FILE`` (the contract's in-place batch change);
 - *checkpoints* (rank 0, atomically: a temporary file then ``os.replace``): model, optimiser, step,
-  samples, RNG states and the smoothed gradient statistics; every rank resumes from the same file
-  (``ARYL_CHECKPOINT_DIR`` is shared by the job's workers, as torchrun elastic assumes);
+  samples, RNG states and the smoothed gradient statistics. Rank 0 alone reads it back and
+  broadcasts it, so every rank resumes from the same state even if another rank's server sees an
+  older file (only rank 0's server needs ``ARYL_CHECKPOINT_DIR``'s latest content);
 - *SIGTERM* (a resize or preemption): the step in flight finishes on every rank, rank 0 saves, all
   ranks meet at a barrier (so no rank of the next incarnation can read an older file), acknowledge
   the checkpoint (the agent then ends the stop without waiting out the grace period) and return 0.
@@ -234,11 +235,18 @@ class Trainer:
         self._log(f"saved step {self.step} (parameters {self.checksum()})")
 
     def resume(self) -> int:
-        """Load the checkpoint if there is one; returns the step it holds (0: starting afresh)."""
-        if not self.checkpoint_path.exists():
+        """Load the checkpoint if there is one (rank 0 reads, every rank gets its content); returns the
+        step it holds (0: starting afresh)."""
+        state = None
+        if self.allocation.rank == 0 and self.checkpoint_path.exists():
+            state = torch.load(self.checkpoint_path, weights_only=True)
+        if self.allocation.world_size > 1:
+            box = [state]
+            dist.broadcast_object_list(box, src=0)
+            state = box[0]
+        if state is None:
             self._log(f"no checkpoint: starting at step 0 (parameters {self.checksum()})")
             return 0
-        state = torch.load(self.checkpoint_path, weights_only=True)
         self.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng"]["torch"])

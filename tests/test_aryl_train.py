@@ -225,7 +225,8 @@ WORKER = textwrap.dedent("""
 """)
 
 
-def start_world(tmp_path: Path, total_steps: int, *, local: int, accum: int) -> list[subprocess.Popen[str]]:
+def start_world(tmp_path: Path, total_steps: int, *, local: int, accum: int,
+                checkpoint_dirs: tuple[str, str] = ("ck", "ck")) -> list[subprocess.Popen[str]]:
     port = str(free_port())
     workers = []
     for rank in range(2):
@@ -233,7 +234,7 @@ def start_world(tmp_path: Path, total_steps: int, *, local: int, accum: int) -> 
         env.update(WORLD_SIZE="2", RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
                    ARYL_LOCAL_BATCH_SIZE=str(local), ARYL_ACCUM_STEPS=str(accum), ARYL_INIT_BATCH_SIZE="16",
                    ARYL_MAX_BATCH_SIZE="256", ARYL_MAX_LOCAL_BATCH_SIZE="64",
-                   ARYL_CHECKPOINT_DIR=str(tmp_path / "ck"), ARYL_PROGRESS_FILE=str(tmp_path / f"progress-{rank}.json"),
+                   ARYL_CHECKPOINT_DIR=str(tmp_path / checkpoint_dirs[rank]), ARYL_PROGRESS_FILE=str(tmp_path / f"progress-{rank}.json"),
                    ARYL_CHECKPOINT_ACK_FILE=str(tmp_path / f"ack-{rank}.json"),
                    PYTHONPATH=str(REPO), TEST_DIR=str(REPO / "tests"), OMP_NUM_THREADS="1")
         workers.append(subprocess.Popen([sys.executable, "-c", WORKER, str(total_steps)], env=env, cwd=tmp_path,
@@ -273,3 +274,10 @@ def test_sigterm_to_one_rank_stops_both_at_the_same_step_after_rank_0_saved(tmp_
     assert torch.load(tmp_path / "ck" / "checkpoint.pt", weights_only=True)["step"] == step
     acks = [json.loads((tmp_path / f"ack-{r}.json").read_text()) for r in range(2)]
     assert [a["checkpoint_progress"] for a in acks] == [step, step]
+
+    # The next world resumes there on both ranks, though rank 1's server has no checkpoint: rank 0 reads
+    # it and broadcasts it.
+    saved = outputs[0].split(f"saved step {step} (parameters ")[1].split(")")[0]
+    outputs = finish(start_world(tmp_path, step + 2, local=2, accum=0, checkpoint_dirs=("ck", "elsewhere")))
+    assert all(f"resumed step {step} (parameters {saved})" in output for output in outputs), outputs
+    assert read_progress(tmp_path / "progress-1.json").progress == step + 2  # type: ignore[union-attr]
