@@ -82,6 +82,7 @@ class EventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EVENT_KIND_JOB_SIZE_HELD: _ClassVar[EventKind]
     EVENT_KIND_LOAN_DECISION: _ClassVar[EventKind]
     EVENT_KIND_JOB_BATCH_CHANGED: _ClassVar[EventKind]
+    EVENT_KIND_WORKER_STOP_ACKNOWLEDGED: _ClassVar[EventKind]
 JOB_STATE_UNSPECIFIED: JobState
 JOB_STATE_PENDING: JobState
 JOB_STATE_RUNNING: JobState
@@ -133,6 +134,7 @@ EVENT_KIND_SERVER_ADMIN_CHANGED: EventKind
 EVENT_KIND_JOB_SIZE_HELD: EventKind
 EVENT_KIND_LOAN_DECISION: EventKind
 EVENT_KIND_JOB_BATCH_CHANGED: EventKind
+EVENT_KIND_WORKER_STOP_ACKNOWLEDGED: EventKind
 
 class ThroughputPoint(_message.Message):
     __slots__ = ("workers", "samples_per_second")
