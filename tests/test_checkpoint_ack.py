@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from node_agent import contract
-from protos.aryl.v1 import agent_pb2, types_pb2
+from protos.aryl.v1 import agent_pb2, scheduler_pb2, types_pb2
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.lifecycle import ServerState
 from scheduler_service.policies import aryl, create_policy
@@ -350,6 +350,10 @@ def test_a_preempted_job_resumes_from_what_its_stopped_workers_acknowledge(sched
                            stop_acknowledged=True, progress=70.0, checkpoint_progress=60.0))
         record, _ = _app(scheduler).jobs.get(int(job_id))
         assert record.work_done == 64.0 and record.checkpoint_work == 64.0  # the acknowledged one, not the file's
+        events = stub.GetJob(scheduler_pb2.GetJobRequest(job_id=job_id, include_events=True), timeout=5).events
+        [event] = [e for e in events if e.kind == types_pb2.EVENT_KIND_WORKER_STOP_ACKNOWLEDGED]
+        assert event.reason == "CHECKPOINT_ACKNOWLEDGED"
+        assert event.message.startswith("rank 0 (incarnation 1) acknowledged its checkpoint at progress 64")
     finally:
         agent.close()
         channel.close()

@@ -254,6 +254,7 @@ class AgentStore:
                 if JobState(job.state) is JobState.PENDING:  # requeued: its stopped workers say where it resumes
                     stopped = [w for w in workers if w.job_id == job_id and w.incarnation == job.incarnation]
                     self._record_resume_point(session, job, stopped, now)
+                    self._record_stop_acknowledgements(session, job, server_id, stopped)
                 continue
             current = [
                 w for w in workers
@@ -340,6 +341,22 @@ class AgentStore:
         if values:
             session.execute(sa.update(m.JOBS).where(m.JOBS.c.id == job.id).values(**values))
             session.expire(job, list(values))
+
+    def _record_stop_acknowledgements(
+        self, session: Session, job: m.Job, server_id: str, stopped: Sequence[WorkerReport]
+    ) -> None:
+        """An event per stopped worker whose stop its checkpoint acknowledgement ended early (an agent
+        reports such an exit once), saying so in the job's history."""
+        for w in stopped:
+            if w.phase == "EXITED" and w.stop_acknowledged:
+                self._changes.event(
+                    session, "WORKER_STOP_ACKNOWLEDGED", job_id=job.id, server_id=server_id,
+                    reason="CHECKPOINT_ACKNOWLEDGED",
+                    message=(f"rank {w.rank} (incarnation {w.incarnation}) acknowledged its checkpoint at progress "
+                             f"{w.ack_checkpoint_progress:g}" + (f": {w.message}" if w.message else ""))[:1024],
+                    details={"rank": str(w.rank), "incarnation": str(w.incarnation),
+                             "checkpoint_progress": f"{w.ack_checkpoint_progress:g}"},
+                )
 
     @staticmethod
     def _record_resume_point(session: Session, job: m.Job, stopped: Sequence[WorkerReport], now: float) -> None:
