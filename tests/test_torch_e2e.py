@@ -13,13 +13,14 @@ and from GetJob:
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import signal
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -100,13 +101,10 @@ class World:
     """One incarnation of the job as its workers' logs tell it."""
 
     incarnation: int
-    size: int = 0
-    batches: set[tuple[int, int]] = None  # type: ignore[assignment]  # (local, accum) each rank started with
-    loaded: set[tuple[int, str]] = None   # type: ignore[assignment]  # (step, digest) each rank resumed at
-    saves: list[tuple[int, str]] = None   # type: ignore[assignment]  # rank 0's saves, in order
-
-    def __post_init__(self) -> None:
-        self.batches, self.loaded, self.saves = set(), set(), []
+    size: int
+    batches: set[tuple[int, int]] = field(default_factory=set)  # (local, accum) each rank started with
+    loaded: set[tuple[int, str]] = field(default_factory=set)   # (step, digest) each rank resumed at
+    saves: list[tuple[int, str]] = field(default_factory=list)  # rank 0's saves, in order
 
 
 LINE = re.compile(r"^\[rank (\d+)/(\d+)\] (.*)$")
@@ -177,7 +175,7 @@ def test_a_ddp_job_resized_2_3_1_resumes_its_state_and_runs_the_scheduler_s_batc
         # measured at it; a goodput policy may change it in place later: ``seen`` holds the latest)
         configurations = {(t.local_batch_size, t.accum_steps) for t in job.step_times if t.replicas == world.size}
         assert len(world.batches) == 1 and world.batches <= configurations, (world, configurations)
-    for before, after in zip(order, order[1:], strict=False):
+    for before, after in itertools.pairwise(order):
         # Every rank of the next world loaded exactly what the last save of the previous one held.
         assert before.saves, before
         assert after.loaded == {before.saves[-1]}, (before, after)
