@@ -312,10 +312,12 @@ class AgentStore:
         rank0 = next((w for w in current if w.rank == 0), None)
         if job.batch_init is None or rank0 is None:
             return
-        a = m.ALLOCATIONS.c
-        replicas, nodes = session.execute(
-            sa.select(sa.func.count(), sa.func.count(sa.distinct(a.server_id))).where(a.job_id == job.id)
-        ).one()
+        replicas = nodes = 0
+        if rank0.step_time_s > 0:  # the configuration only matters to a step time
+            a = m.ALLOCATIONS.c
+            replicas, nodes = session.execute(
+                sa.select(sa.func.count(), sa.func.count(sa.distinct(a.server_id))).where(a.job_id == job.id)
+            ).one()
         document = with_report(job.goodput_reports, rank0, nodes=nodes, replicas=replicas, now=now)
         if document is not None:
             session.execute(sa.update(m.JOBS).where(m.JOBS.c.id == job.id).values(goodput_reports=document))
