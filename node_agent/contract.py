@@ -43,7 +43,7 @@ its batch size to its allocation as Pollux does (goodput = throughput x statisti
   (``local_batch_size``, ``accum_steps`` below), so the scheduler's measures stay true either way.
 - Until a goodput-aware policy chooses a batch for the job's allocation, the scheduler gives the
   default: its init batch split over its GPUs in the fewest passes that fit ``max_local_batch_size``
-  (``scheduler_service.core.goodput.split_batch``).
+  (at least one sample per GPU; ``scheduler_service.core.batch.default_batch``).
 
 Signals: SIGTERM means "checkpoint and exit within the grace period" (exit status 0 is fine: the
 agent reports that it stopped the worker); SIGKILL follows when the grace period is over. The
@@ -80,7 +80,10 @@ add: ``step_time_s`` (mean seconds per optimiser step, all its passes and the gr
 (Pollux's gradient statistics: the squared norm of the mean gradient and the gradient noise variance,
 normalised to the init batch size) and ``samples`` (samples processed so far, the whole job's). The
 scheduler takes the goodput measures from rank 0 only (every rank of a synchronous data-parallel job
-runs the same steps; other ranks may write them too) and only from the job's current incarnation.
+runs the same steps; other ranks may write them too) and only from the job's current incarnation. A
+step time counts only with its ``pass_time_s`` and ``local_batch_size`` (the scheduler keeps the
+newest per configuration: servers, GPUs, local batch); the gradient statistics count when either is
+above 0.
 """
 
 from __future__ import annotations
