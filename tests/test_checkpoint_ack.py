@@ -78,14 +78,30 @@ class AgentUnderTest:
     def __init__(self, tmp_path: Path) -> None:
         self.scheduler = FakeScheduler(epoch=EPOCH)
         self.work_dir, self.log_path = tmp_path / "agent", tmp_path / "agent.log"
+        self.generation = 0
+        self.process = self._start()
+
+    def _start(self) -> subprocess.Popen[bytes]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ARYL_")}
         env.update(ARYL_AGENT__RECONCILE_INTERVAL_S="0.2", ARYL_LOGGING__LEVEL="info", ARYL_AGENT__INSECURE="true")
         args = [sys.executable, "-m", "node_agent.main", "--scheduler", f"127.0.0.1:{self.scheduler.port}",
                 "--hostname", "w-ack", "--fake-gpus", "2", "--work-dir", str(self.work_dir)]
         with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(args, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                            start_new_session=True)
-        self.generation = 0
+            return subprocess.Popen(args, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+
+    def restart(self, *workers: agent_pb2.DesiredWorker) -> None:
+        """A new agent process on the same work directory (it adopts the workers); once it registered,
+        the scheduler pushes it the desired state (``workers``), as a real one does."""
+        registrations = len(self.scheduler.service.registrations)
+        self.process = self._start()
+        wait_for(lambda: len(self.scheduler.service.registrations) > registrations, timeout=WAIT_S,
+                 what="the new agent's registration")
+        self.generation += 1
+        self.scheduler.service.push(desired_state(self.generation, *workers, epoch=EPOCH, server_id="w-ack"))
+
+    def reports_now(self) -> int:
+        return len(self.scheduler.service.reports)
 
     def push(self, *workers: agent_pb2.DesiredWorker) -> int:
         self.generation += 1
@@ -246,6 +262,46 @@ def test_an_ack_of_another_incarnation_or_stop_does_not_shorten_the_stop(
         assert not exited.checkpoint_acked
     else:
         assert exited.checkpoint_acked and exited.ack_checkpoint_progress == 5
+
+
+# On SIGTERM it saves nothing until the test says so (a file appears), then acknowledges and hangs.
+ACK_WHEN_TOLD = """
+import os, signal, sys, time
+from node_agent import contract
+go = sys.argv[1]
+
+def on_sigterm(_signum, _frame):
+    while not os.path.exists(go):
+        time.sleep(0.05)
+    contract.acknowledge_checkpoint(12)
+    while True:
+        time.sleep(1)
+
+signal.signal(signal.SIGTERM, on_sigterm)
+contract.report_progress(13, checkpoint_progress=12)
+while True:
+    time.sleep(1)
+"""
+
+
+def test_a_restarted_agent_honours_an_ack_of_the_stop_its_predecessor_began(
+    agent: AgentUnderTest, tmp_path: Path
+) -> None:
+    go = tmp_path / "go"
+    worker = desired_worker([*python(ACK_WHEN_TOLD), str(go)], job="adopted", grace_s=LONG_GRACE_S)
+    agent.push(worker)
+    running(agent, "adopted", progress=13)
+    since = agent.push()
+    agent.wait_reported(lambda w: w.job_id == "adopted" and w.phase == agent_pb2.WORKER_PHASE_STOPPING,
+                        "the worker stopping", since)
+    agent.process.kill()  # kill -9 mid-stop: the stop's id is in the state file
+    agent.process.wait()
+    agent.restart()
+    go.touch()
+    exited = agent.wait_reported(lambda w: w.job_id == "adopted" and w.phase == agent_pb2.WORKER_PHASE_EXITED,
+                                 "the adopted worker's exit", agent.reports_now())
+    assert exited.stop_acknowledged and exited.exit_code == -signal.SIGKILL
+    assert "it acknowledged its checkpoint at progress 12, then SIGKILL 1 s later" in exited.message
 
 
 def test_the_contract_reads_its_stop_notice_and_answers_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
