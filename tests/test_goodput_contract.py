@@ -30,6 +30,7 @@ from node_agent.workers import Phase, WorkerId, load_state
 from protos.aryl.v1 import types_pb2
 from scheduler_service.api import convert, validation
 from scheduler_service.app import SchedulerApp
+from scheduler_service.core.batch import prediction_sizes
 from scheduler_service.core.goodput import BatchSplit, GradParams, StepSample
 from scheduler_service.core.plan import BatchSize, Plan
 from scheduler_service.core.snapshot import BatchLimits
@@ -449,3 +450,9 @@ def test_arylctl_submits_batch_limits_and_shows_the_batch_the_scheduler_chose(sc
     assert arylctl(["--server", scheduler.address, "submit", "--name", "x", "--max-batch-size", "9", "--", "true"],
                    stdout=out, stderr=err) != 0
     assert "need batch_size" in err.getvalue()
+
+
+def test_speed_ups_are_predicted_at_every_size_of_a_small_range_and_at_landmarks_of_a_large_one() -> None:
+    assert prediction_sizes(2, 5, 0) == (2, 3, 4, 5)
+    assert prediction_sizes(1, 100, 6) == (1, 2, 4, 5, 6, 7, 8, 16, 32, 64, 100)
+    assert prediction_sizes(3, 3, 3) == (3,)
