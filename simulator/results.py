@@ -176,26 +176,28 @@ def _round(value: float) -> float:
     return 0.0 if rounded == 0 else rounded  # no "-0.0"
 
 
-_LEVELS = ("training_gpus", "inference_gpus", "loaned_training_gpus", "servers_needed", "rate_rps")
+class _Series:
+    """The utilisation series as arrays (one column per level; ``times`` with the run's end appended),
+    built once per summary and read by every metric of it."""
+
+    __slots__ = ("levels", "times")
+
+    def __init__(self, result: SimulationResult) -> None:
+        rows = np.array([(s.time, s.training_gpus, s.inference_gpus, s.loaned_training_gpus, s.servers_needed,
+                          s.rate_rps) for s in result.utilisation], dtype=float).reshape(-1, 6)
+        self.times = np.append(rows[:, 0], result.end_time)
+        names = ("training_gpus", "inference_gpus", "loaned_training_gpus", "servers_needed", "rate_rps")
+        self.levels = {name: rows[:, k + 1] for k, name in enumerate(names)}
+
+    def durations(self, start: float, end: float) -> np.ndarray:
+        """Seconds each sample holds within [start, end] (the last one holds until the run's end)."""
+        return np.clip(np.minimum(self.times[1:], end) - np.maximum(self.times[:-1], start), 0.0, None)
 
 
-def _durations(result: SimulationResult, start: float, end: float) -> np.ndarray:
-    """Seconds each utilisation sample holds within [start, end] (the last one holds until end_time)."""
-    times = np.array([s.time for s in result.utilisation] + [result.end_time], dtype=float)
-    return np.clip(np.minimum(times[1:], end) - np.maximum(times[:-1], start), 0.0, None)
-
-
-def _levels(result: SimulationResult) -> dict[str, np.ndarray]:
-    samples = result.utilisation
-    return {name: np.array([getattr(s, name) for s in samples], dtype=float) for name in _LEVELS}
-
-
-def _integrals(result: SimulationResult, start: float, end: float) -> dict[str, float]:
+def _integrals(series: _Series, start: float, end: float) -> dict[str, float]:
     """GPU-seconds of each utilisation level over [start, end]."""
-    if not result.utilisation or end <= start:
-        return {"training": 0.0, "inference": 0.0, "loaned_training": 0.0}
-    durations, level = _durations(result, start, end), _levels(result)
-    return {name: float(np.dot(level[f"{name}_gpus"], durations))
+    durations = series.durations(start, end) if end > start else np.zeros(len(series.times) - 1)
+    return {name: float(np.dot(series.levels[f"{name}_gpus"], durations))
             for name in ("training", "inference", "loaned_training")}
 
 
@@ -213,11 +215,12 @@ def _gpus(result: SimulationResult) -> tuple[int, int]:
     return spec.training_servers * spec.gpus_per_server, spec.inference_servers * spec.gpus_per_server
 
 
-def gpu_utilization(result: SimulationResult, start: float = 0.0, end: float | None = None) -> dict[str, float]:
+def gpu_utilization(result: SimulationResult, start: float = 0.0, end: float | None = None, *,
+                    series: _Series | None = None) -> dict[str, float]:
     """The four utilisation shares over [start, end] (default: [0, end_time])."""
     end = result.end_time if end is None else end
     training_gpus, inference_gpus = _gpus(result)
-    used = _integrals(result, start, end)
+    used = _integrals(series or _Series(result), start, end)
     span = end - start
 
     def share(gpu_s: float, gpus: int) -> float:
@@ -240,33 +243,34 @@ def useful_gpu_seconds(result: SimulationResult, start: float = 0.0, end: float 
     return float(np.dot(overlap, spans[:, 2]))
 
 
-def useful_work(result: SimulationResult) -> dict[str, float]:
-    used = _integrals(result, 0.0, result.end_time)
+def useful_work(result: SimulationResult, *, series: _Series | None = None) -> dict[str, float]:
+    used = _integrals(series or _Series(result), 0.0, result.end_time)
     allocated = used["training"] + used["loaned_training"]
     useful = useful_gpu_seconds(result)
     return {"useful_gpu_hours": useful / 3600.0, "allocated_gpu_hours": allocated / 3600.0,
             "useful_fraction": useful / allocated if allocated > 0 else 0.0}
 
 
-def useful_utilization(result: SimulationResult, start: float, end: float) -> dict[str, float]:
+def useful_utilization(result: SimulationResult, start: float, end: float, *,
+                       series: _Series | None = None) -> dict[str, float]:
     """Useful GPU-seconds within [start, end] as shares of all GPUs (module doc)."""
     training_gpus, inference_gpus = _gpus(result)
     capacity = (training_gpus + inference_gpus) * (end - start)
     if capacity <= 0:
         return {"overall": 0.0, "training_work": 0.0}
     training = useful_gpu_seconds(result, start, end)
-    serving = _integrals(result, start, end)["inference"]
+    serving = _integrals(series or _Series(result), start, end)["inference"]
     return {"overall": (training + serving) / capacity, "training_work": training / capacity}
 
 
-def inference_shortfall(result: SimulationResult) -> dict[str, float | None]:
+def inference_shortfall(result: SimulationResult, *, series: _Series | None = None) -> dict[str, float | None]:
     """Servers inference needed but had not serving, over [0, end_time] (module doc)."""
     empty: dict[str, float | None] = {"server_s": 0.0, "time_s": 0.0, "requests_short_share": None,
                                       "requests_unserved_share": None}
     if not result.utilisation or result.end_time <= 0:
         return empty
-    spec = result.spec
-    level, durations = _levels(result), _durations(result, 0.0, result.end_time)
+    spec, series = result.spec, series or _Series(result)
+    level, durations = series.levels, series.durations(0.0, result.end_time)
     needed = np.clip(level["servers_needed"], 0.0, None)
     serving = level["inference_gpus"] / spec.gpus_per_server  # min(needed, SERVING)
     short = np.clip(np.minimum(needed, spec.inference_servers) - serving, 0.0, None)
@@ -343,10 +347,14 @@ def summarize(result: SimulationResult) -> Summary:
             return _round(float(values.mean()))
         return _round(float(np.percentile(values, {"median": 50, "p90": 90, "p95": 95, "p99": 99}[kind])))
 
+    def figures(values: Mapping[str, float]) -> dict[str, float]:
+        return {k: _round(v) for k, v in sorted(values.items())}
+
     def rounded(values: Mapping[str, float | None]) -> dict[str, float | None]:
         return {k: None if v is None else _round(v) for k, v in sorted(values.items())}
 
     start, end = arrival_window(result)
+    series = _Series(result)
     reclaims = sum(s.reclaims for s in result.servers)
     reclaim_preemptions = sum(j.reclaim_preemptions for j in result.jobs)
     thrash = thrash_metrics(result.jobs, result.end_time)
@@ -366,11 +374,11 @@ def summarize(result: SimulationResult) -> Summary:
         "p99_queue_s": stat(queue, "p99"),
         "makespan_s": _round(result.end_time),
         "arrival_window": {"end_s": _round(end), "start_s": _round(start)},
-        "gpu_utilization": {k: _round(v) for k, v in sorted(gpu_utilization(result, start, end).items())},
-        "gpu_utilization_to_end": {k: _round(v) for k, v in sorted(gpu_utilization(result).items())},
-        "useful_work": {k: _round(v) for k, v in sorted(useful_work(result).items())},
-        "useful_utilization": {k: _round(v) for k, v in sorted(useful_utilization(result, start, end).items())},
-        "inference_shortfall": rounded(inference_shortfall(result)),
+        "gpu_utilization": figures(gpu_utilization(result, start, end, series=series)),
+        "gpu_utilization_to_end": figures(gpu_utilization(result, series=series)),
+        "useful_work": figures(useful_work(result, series=series)),
+        "useful_utilization": figures(useful_utilization(result, start, end, series=series)),
+        "inference_shortfall": rounded(inference_shortfall(result, series=series)),
         "loans": sum(s.loans for s in result.servers),
         "reclaims": reclaims,
         "preemptions": sum(j.preemptions for j in result.jobs),
