@@ -20,16 +20,10 @@ from __future__ import annotations
 
 import logging
 import statistics
-from contextlib import ExitStack
-from pathlib import Path
-from tempfile import TemporaryDirectory
-
-import grpc
 
 from benchmarks import emit_figure
-from benchmarks.bench_reclaim import SETTINGS, _reclaim_latencies, _stop_all, _wait, start_agent
-from benchmarks.bench_service import BenchContext, Benchmark, SchedulerProcess, scratch_database
-from protos.aryl.v1 import scheduler_pb2, scheduler_pb2_grpc
+from benchmarks.bench_reclaim import SETTINGS, _reclaim_latencies, reclaim_cluster
+from benchmarks.bench_service import BenchContext, Benchmark
 
 log = logging.getLogger("aryl.bench")
 
@@ -42,20 +36,9 @@ ACK_SETTINGS = {**SETTINGS, "ARYL_SCHEDULING__DEFAULT_GRACE_PERIOD_S": str(GRACE
 def checkpoint_ack_latency(ctx: BenchContext) -> None:
     iterations = 1 if ctx.sizes.submit_jobs < 1000 else 3  # quick: a smoke test
     hanging = ("--linger", str(LINGER_S))
-    with ExitStack() as stack:
-        url = stack.enter_context(scratch_database(ctx.admin_url))
-        scheduler = stack.enter_context(SchedulerProcess(url, ACK_SETTINGS))
-        # The prefix is bench_reclaim's: its _stop_all finds the workers left by it.
-        work = Path(stack.enter_context(TemporaryDirectory(prefix="aryl-bench-reclaim-ack-")))
-        agents = [start_agent(scheduler.address, "bench-train", "training", 1, work),
-                  start_agent(scheduler.address, "bench-infer", "inference", 2, work)]
-        stack.callback(_stop_all, agents)
-        with grpc.insecure_channel(scheduler.address) as channel:
-            stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
-            _wait(lambda: len(stub.ListServers(scheduler_pb2.ListServersRequest(), timeout=10).servers) == 2,
-                  "both agents registered")
-        acked = _reclaim_latencies(scheduler.address, iterations, CHECKPOINT_S, hanging)
-        waited = _reclaim_latencies(scheduler.address, iterations, CHECKPOINT_S, (*hanging, "--no-ack"))
+    with reclaim_cluster(ctx, ACK_SETTINGS) as address:
+        acked = _reclaim_latencies(address, iterations, CHECKPOINT_S, hanging)
+        waited = _reclaim_latencies(address, iterations, CHECKPOINT_S, (*hanging, "--no-ack"))
     log.info("reclaim to serving, workers hanging after their checkpoint: acknowledging %s s, not %s s",
              [round(x, 2) for x in acked], [round(x, 2) for x in waited])
     common = {"iterations": iterations, "grace_period_s": GRACE_S, "worker_checkpoint_s": CHECKPOINT_S}

@@ -23,8 +23,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
-from contextlib import ExitStack
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from tempfile import TemporaryDirectory
 
@@ -161,11 +161,14 @@ def _log_tail(scheduler: scheduler_pb2_grpc.SchedulerServiceStub, job_id: str, r
         raise
 
 
-def reclaim_latency(ctx: BenchContext) -> None:
-    iterations = 3 if ctx.sizes.submit_jobs < 1000 else 10  # quick: a smoke test
+@contextmanager
+def reclaim_cluster(ctx: BenchContext, settings: dict[str, str]) -> Iterator[str]:
+    """A scheduler process (``settings``) on a scratch database and two registered agents, a training
+    server (1 GPU) and an inference server (2 GPUs); yields the scheduler's address. On exit the
+    agents and every worker they started are stopped for good, and the database dropped."""
     with ExitStack() as stack:
         url = stack.enter_context(scratch_database(ctx.admin_url))
-        scheduler = stack.enter_context(SchedulerProcess(url, SETTINGS))
+        scheduler = stack.enter_context(SchedulerProcess(url, settings))
         work = Path(stack.enter_context(TemporaryDirectory(prefix="aryl-bench-reclaim-")))
         agents = [start_agent(scheduler.address, "bench-train", "training", 1, work),
                   start_agent(scheduler.address, "bench-infer", "inference", 2, work)]
@@ -174,8 +177,14 @@ def reclaim_latency(ctx: BenchContext) -> None:
             stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
             _wait(lambda: len(stub.ListServers(scheduler_pb2.ListServersRequest(), timeout=10).servers) == 2,
                   "both agents registered")
-        instant = _reclaim_latencies(scheduler.address, iterations, 0.0)
-        busy = _reclaim_latencies(scheduler.address, iterations, CHECKPOINT_S)
+        yield scheduler.address
+
+
+def reclaim_latency(ctx: BenchContext) -> None:
+    iterations = 3 if ctx.sizes.submit_jobs < 1000 else 10  # quick: a smoke test
+    with reclaim_cluster(ctx, SETTINGS) as address:
+        instant = _reclaim_latencies(address, iterations, 0.0)
+        busy = _reclaim_latencies(address, iterations, CHECKPOINT_S)
     for pct in (50, 99):
         emit_figure(
             f"reclaim_latency_p{pct}", percentile_ms(busy, pct) / 1e3, "s", iterations=iterations,
