@@ -67,6 +67,10 @@ JOBS = (
     ("resnet50", 1, 2, 8, 3000),
     ("vit-huge", 4, 1, 1, 600),  # the training pool is full: waits for a loan
 )
+# resnet50 declares batch limits (node_agent.contract): the scheduler chooses its batch for each allocation
+# and the timeline shows it change as the job grows onto the loan and shrinks back.
+# (init batch, largest batch, largest per GPU per pass)
+BATCH_HINTS: dict[str, tuple[int, int, int]] = {"resnet50": (128, 1024, 64)}
 
 # Production defaults wait minutes before loaning or resizing (anti-flapping); the demo compresses time.
 DEMO_SETTINGS = {
@@ -243,7 +247,7 @@ class Traffic:
 
 
 SHOWN_EVENTS = {"JOB_STATE_CHANGED", "LOAN_STARTED", "LOAN_ENDED", "DEMAND_CHANGED", "SERVER_STATE_CHANGED",
-                "SERVER_DRAINED", "WORKER_EXITED"}
+                "SERVER_DRAINED", "WORKER_EXITED", "JOB_BATCH_CHANGED"}
 
 
 @dataclass
@@ -422,8 +426,10 @@ def run(workdir: Path, *, insecure: bool = False) -> DemoOutcome:
         for name, gpus, low, high, steps in JOBS:
             command = [sys.executable, str(EXAMPLES / "train.py"), "--total-steps", str(steps), "--step-time", "1",
                        "--checkpoint-every", "5", "--log-every", "20"]
+            init, largest, per_gpu = BATCH_HINTS.get(name, (None, None, None))
             submitted = client.submit_job(job_spec(name=name, command=command, user="demo", gpus_per_worker=gpus,
-                                                   min_workers=low, max_workers=high))
+                                                   min_workers=low, max_workers=high, batch_size=init,
+                                                   max_batch_size=largest, max_local_batch_size=per_gpu))
             ids[name] = submitted.job_id
             names[submitted.job_id] = name
         wait_until(lambda: client.get_job(ids["vit-huge"]).job.pending_reason, 30, "the first decisions")

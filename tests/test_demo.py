@@ -52,6 +52,9 @@ def test_the_demo_story_its_output_and_its_folder(tmp_path: Path, monkeypatch: p
     assert resnet.progress >= outcome.resnet_progress_before_reclaim  # resizes resume from checkpoints
     assert vit.preemptions == 1                                # the one job reclaim could not shrink
     assert bert.preemptions == 0 and bert.incarnation == 1     # untouched on the training pool
+    batches = [line.split("BATCH_CHOSEN", 1)[1].strip() for line in lines
+               if " resnet50 " in line and "job_batch_changed" in line]
+    assert len(set(batches)) >= 2, batches                     # its batch follows its allocation (issue 17)
 
     # What it says: every start-up wait is announced before the timeline's first event (issue 21: a
     # silent 17 s).
