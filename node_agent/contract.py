@@ -15,6 +15,8 @@ agent's own environment is not passed on: ``node_agent.identity``):
 - ``ARYL_CHECKPOINT_DIR``: a directory that outlives this process; save checkpoints there and resume
   from them on start (the same job restarts there at another world size after a resize);
 - ``ARYL_PROGRESS_FILE``: where ``report_progress`` writes (the agent reads it at each status report);
+- ``ARYL_STOP_NOTICE_FILE`` and ``ARYL_CHECKPOINT_ACK_FILE``: the agent's stop notice and the
+  worker's checkpoint acknowledgement ("Stop notices and checkpoint acknowledgements" below);
 - ``ARYL_ARRAY_JOB_ID`` and ``ARYL_ARRAY_INDEX``, only for an element of a job array (``arylctl submit
   --array 0-99``, the ``SubmitJobs`` call with array indices): the array's id (the job id of its first
   element) and this job's index in it, as Slurm's ``SLURM_ARRAY_JOB_ID`` / ``SLURM_ARRAY_TASK_ID``.
@@ -67,7 +69,9 @@ Stop notices and checkpoint acknowledgements (so a stop need not wait out the gr
 - every rank that wants its stop shortened acknowledges (in a job where rank 0 saves, the other
   ranks acknowledge after the barrier that follows the save); a rank that does not is stopped as
   before. Acknowledging a checkpoint outside a stop (after each periodic save) is fine and makes
-  the scheduler's estimate of the work a preemption would lose exact.
+  the scheduler's estimate of the work a preemption would lose exact; pass ``answer_stop=False``
+  there, so that a stop notice arriving just before such an ack cannot end the stop at that older
+  checkpoint when the program's SIGTERM handling would save a newer one.
 
 Exit status: 0 when the work is done; anything else is a failure the scheduler may restart from the
 last checkpoint (with a new incarnation). The agent never restarts a worker by itself.
