@@ -225,8 +225,8 @@ class JobInfo:
     priority_class: str = ""  # its priority class (migration 0010) and the class's value at submission
     priority_value: int = 0
     gpu_types: tuple[str, ...] = ()  # GPU types it may run on, preferred first; (): any
-    # Goodput (migration 0014): its batch limits, the batch a policy chose and for how many GPUs
-    # (``core.batch.job_batch`` says what it runs with), and what its rank 0 reported.
+    # Goodput (migration 0014): its batch limits, the batch it runs with (a policy's choice, else the
+    # default) and for how many GPUs (``core.batch.job_batch``), and what its rank 0 reported.
     batch_limits: BatchLimits | None = None
     batch_chosen: BatchSplit | None = None
     batch_replicas: int | None = None

@@ -254,18 +254,22 @@ def test_batches_are_stored_chosen_reported_and_sent_to_the_workers(app: Schedul
                                                   (2, BatchSplit(64, 0))]
     record, events = app.jobs.get(job_id, include_events=True)
     assert record.incarnation == incarnation and record.batch_chosen == BatchSplit(64, 0)
-    (event,) = [e for e in events if e.kind == "JOB_BATCH_CHANGED"]
-    assert event.message == "batch 192 = 3 GPU(s) x 64 per pass x 1 pass(es) per step"
+    assert [(e.reason, e.message) for e in events if e.kind == "JOB_BATCH_CHANGED"] == [
+        ("BATCH_DEFAULT", "batch 258 = 3 GPU(s) x 43 per pass x 2 pass(es) per step (its init batch over its GPUs)"),
+        ("BATCH_CHOSEN", "batch 192 = 3 GPU(s) x 64 per pass x 1 pass(es) per step (chosen by the policy)"),
+    ]
     assert convert.job(record).batch_size == 192 and app.jobs.get(plain_id)[0].batch_chosen is None
     # Outside its limits (a pass above 64), or the same again: left out, no event.
     pushes = len(notifier.committed)
     app.cluster.apply(Plan(batches=(BatchSize(job_id, 65, 0), BatchSize(job_id, 64, 0))))
     assert len(notifier.committed) == pushes
-    assert [e.kind for e in app.jobs.get(job_id, include_events=True)[1]].count("JOB_BATCH_CHANGED") == 1
+    assert [e.kind for e in app.jobs.get(job_id, include_events=True)[1]].count("JOB_BATCH_CHANGED") == 2
 
     # Resized without a new choice: the choice was for 3 GPUs, so 2 GPUs get the default again.
     app.cluster.apply(Plan(scales=(scale(job_id, ("g1", (0,)), ("g1", (1,))),)))
     assert pushed_batches(notifier, "g1")[:2] == [(0, BatchSplit(64, 1)), (1, BatchSplit(64, 1))]
+    last = [e for e in app.jobs.get(job_id, include_events=True)[1] if e.kind == "JOB_BATCH_CHANGED"][-1]
+    assert (last.reason, last.details["batch_size"]) == ("BATCH_DEFAULT", "256")
 
 
 def test_a_job_keeps_one_step_time_per_configuration_and_a_bounded_number() -> None:

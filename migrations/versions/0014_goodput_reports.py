@@ -3,9 +3,9 @@
 
 - ``jobs.batch_init`` / ``batch_max`` / ``batch_max_local``: its declared batch limits (``JobSpec.batch``;
   NULL: the job does not adapt its batch size).
-- ``jobs.batch_local`` / ``batch_accum`` / ``batch_replicas``: the batch a goodput-aware policy chose
-  (``Plan.batches``) and the GPU count it was chosen for (NULL: none chosen; the default applies,
-  ``core.batch.job_batch``).
+- ``jobs.batch_local`` / ``batch_accum`` / ``batch_replicas``: the batch the job runs with -- a
+  goodput-aware policy's choice (``Plan.batches``), else the default -- and the GPU count it was set
+  for (NULL: none yet; ``core.batch.job_batch`` gives the default for any other count).
 - ``jobs.goodput_reports``: what its rank 0 reported (``store.goodput``): one step-time sample per
   configuration (bounded), its latest gradient statistics and samples processed.
 

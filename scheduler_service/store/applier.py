@@ -40,7 +40,9 @@ from scheduler_service.core.apply_rules import (
     check_start,
     reclaim_deadline,
 )
+from scheduler_service.core.batch import job_batch
 from scheduler_service.core.clock import Clock
+from scheduler_service.core.goodput import BatchSplit
 from scheduler_service.core.plan import (
     ApplyLog,
     KeepPending,
@@ -67,6 +69,7 @@ from scheduler_service.store.changes import (
 )
 from scheduler_service.store.desired import DesiredStates
 from scheduler_service.store.ports import MasterPorts
+from scheduler_service.store.rows import batch_limits
 
 _Pair = tuple[str, int]  # (server id, GPU index)
 
@@ -138,8 +141,7 @@ class Applier:
                 continue
             facts.applied(action, loan)
             log.applied(action, servers)
-        if plan.batches:
-            self._apply_batches(session, plan, log)
+        self._apply_batches(session, plan, log)
         self._desired.bump(session, log.touched)
         self._apply_pending(session, plan.pending)
         self._apply_held(session, plan.held)
@@ -148,45 +150,57 @@ class Applier:
         return log
 
     def _apply_batches(self, session: Session, plan: Plan, log: ApplyLog) -> None:
-        """Store each batch the plan chose (``Plan.batches``) with the GPU count the job holds now, for
-        which it was chosen (``core.batch.job_batch``), and record JOB_BATCH_CHANGED; the job's servers
-        get the new batch in their desired state (its workers keep running: ``node_agent.contract``).
+        """Record the batch each job with batch limits runs with once this plan applied, for the GPUs it
+        holds now, with JOB_BATCH_CHANGED when it changed: the plan's choice (``Plan.batches``), else,
+        for a job the plan started or resized, the default for its new size (``core.batch.job_batch``: a
+        choice holds only for the GPU count it was made for). A start or resize restarts the workers
+        with it; a choice alone reaches the running workers in place (``node_agent.contract``), through
+        their servers' desired state.
 
-        Left out, as a policy's slip and not a state change: a batch for a job without batch limits or
-        holding no GPU, one outside its limits (a pass above its largest per-GPU batch, a total above
-        its largest), one for a job whose start or resize this plan saw refused (it was chosen for the
-        size the job did not get), and one equal to the stored choice."""
-        resized = {a.job_id for a in plan.starts} | {a.job_id for a in plan.scales}
-        refused = resized - set(log.started) - set(log.scaled)
+        A choice is left out, as a policy's slip and not a state change, for a job without batch limits
+        or holding no GPU, outside the job's limits (a pass above its largest per-GPU batch, a total
+        above its largest), or for a job whose start or resize this plan saw refused (it was chosen for
+        the size the job did not get)."""
+        resized = set(log.started) | set(log.scaled)
+        refused = ({a.job_id for a in plan.starts} | {a.job_id for a in plan.scales}) - resized
+        chosen = {b.job_id: b for b in plan.batches if b.job_id not in refused}
+        ids = sorted(resized | set(chosen))
+        if not ids:
+            return
         j, a = m.JOBS.c, m.ALLOCATIONS.c
-        ids = sorted({b.job_id for b in plan.batches} - refused)
         rows = {row.id: row for row in session.execute(
             sa.select(j.id, j.batch_init, j.batch_max, j.batch_max_local, j.batch_local, j.batch_accum,
-                      j.batch_replicas).where(j.id.in_(ids)))}
+                      j.batch_replicas).where(j.id.in_(ids), j.batch_init.is_not(None)))}
         servers: dict[int, list[str]] = defaultdict(list)
-        for job_id, server_id in session.execute(sa.select(a.job_id, a.server_id).where(a.job_id.in_(ids))):
+        for job_id, server_id in session.execute(
+            sa.select(a.job_id, a.server_id).where(a.job_id.in_(sorted(rows)))
+        ):
             servers[job_id].append(server_id)
-        for batch in plan.batches:
-            row, held = rows.get(batch.job_id), servers.get(batch.job_id, [])
+        for job_id, row in sorted(rows.items()):
+            held, limits = servers.get(job_id, []), batch_limits(row.batch_init, row.batch_max, row.batch_max_local)
+            if not held or limits is None:
+                continue
             gpus = len(held)
-            if row is None or row.batch_init is None or not gpus or batch.job_id in refused:
+            stored = BatchSplit(row.batch_local, row.batch_accum or 0) if row.batch_local else None
+            batch, reason = job_batch(limits, stored, row.batch_replicas, gpus), "BATCH_DEFAULT"
+            choice = chosen.get(job_id)
+            if choice is not None and 1 <= choice.atomic_bsz <= limits.max_atomic_bsz and choice.accum_steps >= 0 \
+                    and gpus * choice.atomic_bsz * (choice.accum_steps + 1) <= limits.max_bsz:
+                batch, reason = BatchSplit(choice.atomic_bsz, choice.accum_steps), "BATCH_CHOSEN"
+            if batch is None or (row.batch_local, row.batch_accum, row.batch_replicas) == (
+                    batch.atomic_bsz, batch.accum_steps, gpus):
                 continue
-            total = gpus * batch.atomic_bsz * (batch.accum_steps + 1)
-            if not (1 <= batch.atomic_bsz <= row.batch_max_local and batch.accum_steps >= 0
-                    and total <= row.batch_max):
-                continue
-            if (row.batch_local, row.batch_accum, row.batch_replicas) == (batch.atomic_bsz, batch.accum_steps, gpus):
-                continue
-            session.execute(sa.update(m.JOBS).where(j.id == batch.job_id).values(
+            session.execute(sa.update(m.JOBS).where(j.id == job_id).values(
                 batch_local=batch.atomic_bsz, batch_accum=batch.accum_steps, batch_replicas=gpus))
+            why = "chosen by the policy" if reason == "BATCH_CHOSEN" else "its init batch over its GPUs"
             self._changes.event(
-                session, "JOB_BATCH_CHANGED", job_id=batch.job_id, reason="BATCH_CHOSEN",
-                message=f"batch {total} = {gpus} GPU(s) x {batch.atomic_bsz} per pass x {batch.accum_steps + 1} "
-                        f"pass(es) per step",
+                session, "JOB_BATCH_CHANGED", job_id=job_id, reason=reason,
+                message=f"batch {batch.total(gpus)} = {gpus} GPU(s) x {batch.atomic_bsz} per pass x "
+                        f"{batch.accum_steps + 1} pass(es) per step ({why})",
                 details={"local_batch_size": str(batch.atomic_bsz), "accum_steps": str(batch.accum_steps),
-                         "batch_size": str(total), "gpus": str(gpus)},
+                         "batch_size": str(batch.total(gpus)), "gpus": str(gpus)},
             )
-            log.rebatched.append(batch.job_id)
+            log.rebatched.append(job_id)
             log.touched.update(held)
 
     def _apply_preemption(self, session: Session, facts: _SessionFacts, action: PreemptJob,

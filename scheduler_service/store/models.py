@@ -134,7 +134,8 @@ class Job(Base):
     gpu_types: Mapped[list[Any] | None] = mapped_column(JSON)
 
     # Goodput (migration 0014, issue 17): its declared batch limits (NULL: it does not adapt its batch);
-    # the batch a policy chose and the GPU count it chose it for (NULL: none; ``core.batch.job_batch``);
+    # the batch it runs with (a policy's choice, else the default) and the GPU count it was set for (NULL:
+    # none yet; ``core.batch.job_batch``);
     # what its rank 0 reported (``store.goodput``: step times per configuration, gradient statistics).
     batch_init: Mapped[int | None] = mapped_column(Integer)
     batch_max: Mapped[int | None] = mapped_column(Integer)
