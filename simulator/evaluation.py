@@ -41,6 +41,7 @@ from typing import Any
 
 from simulator.eval_deadlines import deadlines_section
 from simulator.eval_dl2 import dl2_section
+from simulator.eval_eta import eta_section
 from simulator.eval_goodput import goodput_section
 from simulator.eval_headline import headline_section, lead_text, sensitivity_section
 from simulator.eval_tenants import tenants_section
@@ -148,6 +149,7 @@ SECTIONS: dict[str, Section] = {
     "tenants": tenants_section,
     "deadlines": deadlines_section,
     "dl2": dl2_section,
+    "eta": eta_section,  # simulator/eval_eta.py: the start-time forecast against actual starts
     "goodput": goodput_section,
 }
 
