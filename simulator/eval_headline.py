@@ -45,7 +45,7 @@ import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any
@@ -73,8 +73,7 @@ CYCLE_GAP_S = 60.0              # cycles at least 60 s apart, as before (see eva
 TAIL_S = 10 * 86400.0           # inference demand laid this long past the last arrival
 ALPHAS = (0.02, 0.05, 0.1, 0.2)
 SCALING_MODELS = tuple(("amdahl", a) for a in ALPHAS) + (("pollux-gputime", 0.05),)
-PEER_SUBSET_JOBS = 2000
-HEADLINE_POLICIES = ("sjf", "tiresias", "optimus", "aryl-noloan", "aryl-noelastic", "aryl", "aryl-naivereclaim")
+PEER_SUBSET_JOBS = 5000
 EXACT_POLICIES = ("sjf", "aryl")
 # The metrics aggregated over seeds (dotted paths into a ``Summary``).
 METRICS = ("avg_queue_s", "median_queue_s", "p95_queue_s", "p99_queue_s", "avg_jct_s", "median_jct_s",
@@ -194,8 +193,8 @@ def loanable_gpus(demand: Sequence[DemandPoint], regime: Regime, window: tuple[f
     return float(np.dot(spare, held)) * GPUS_PER_SERVER / (end - start)
 
 
-def describe_regime(inputs: Inputs, regime: Regime) -> dict[str, float | int | str]:
-    jobs = load_jobs(inputs, SEEDS[0])
+def describe_regime(inputs: Inputs, regime: Regime, limit: int | None = None) -> dict[str, float | int | str]:
+    jobs = load_jobs(inputs, SEEDS[0], limit=limit)
     window = arrival_span(jobs)
     training_gpus = regime.training_servers * GPUS_PER_SERVER
     offered = offered_load(jobs)
@@ -359,40 +358,47 @@ def regime_line(r: Mapping[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class Plan:
-    """Which runs the headline makes (smaller in tests)."""
+    """Which runs the two sections make. The default fits ``make evaluation`` in ~15 minutes on 2 cores:
+    the headline pair (``sjf``, ``aryl``), ``aryl-noloan`` and the peers on every seed, both ways; the
+    other ablations, the light-load row and the sensitivity rows on fewer seeds (smaller in tests)."""
 
     seeds: tuple[int, ...] = SEEDS
-    policies: tuple[str, ...] = HEADLINE_POLICIES
+    policies: tuple[str, ...] = ("sjf", "tiresias", "aryl-noloan", "aryl")
+    ablations: tuple[str, ...] = ("aryl-noelastic", "aryl-naivereclaim")
+    ablation_seeds: tuple[int, ...] = SEEDS[:1]
     exact_policies: tuple[str, ...] = EXACT_POLICIES
     light: bool = True
-    light_exact_seeds: tuple[int, ...] = (0,)
-    peers_on_full: tuple[str, ...] = ("tiresias",)
-    peers_on_subset: tuple[str, ...] = ("optimus", "pollux")
+    light_seeds: tuple[int, ...] = SEEDS[:1]
+    peers_on_subset: tuple[str, ...] = ("tiresias", "optimus", "pollux")
     subset_jobs: int = PEER_SUBSET_JOBS
     subset_seeds: tuple[int, ...] = SEEDS
-    sensitivity_seeds: tuple[int, ...] = SEEDS[:2]
+    sensitivity_seeds: tuple[int, ...] = SEEDS[:1]
     scaling: tuple[tuple[str, float], ...] = SCALING_MODELS
     plots: bool = True
 
 
-def headline_specs(inputs: Inputs, plan: Plan) -> tuple[Regime, dict[str, list[RunSpec]]]:
-    """The runs of both sections, grouped by the table cell they feed ("<group>/<policy>")."""
+def headline_specs(inputs: Inputs, plan: Plan) -> tuple[Regime, Regime, dict[str, list[RunSpec]]]:
+    """The busy regime, the subset's, and the runs of both sections grouped by the table cell they feed
+    (``<group>/<policy>``)."""
     busy = busy_regime(load_jobs(inputs, SEEDS[0]))
+    subset = replace(busy_regime(load_jobs(inputs, SEEDS[0], limit=plan.subset_jobs)), name="busy-subset")
     groups: dict[str, list[RunSpec]] = {}
     for policy in plan.policies:
         groups[f"busy/{ESTIMATED}/{policy}"] = [
             RunSpec(busy, policy, s, keep=plan.plots and s == plan.seeds[0] and policy in ("sjf", "aryl"))
             for s in plan.seeds]
+    for policy in plan.ablations:
+        groups[f"ablation/{ESTIMATED}/{policy}"] = [RunSpec(busy, policy, s) for s in plan.ablation_seeds]
     for policy in plan.exact_policies:
         groups[f"busy/{EXACT}/{policy}"] = [RunSpec(busy, policy, s, estimates=EXACT) for s in plan.seeds]
     if plan.light:
-        for estimates, seeds in ((ESTIMATED, plan.seeds), (EXACT, plan.light_exact_seeds)):
+        for estimates in (ESTIMATED, EXACT):
             for policy in ("sjf", "aryl"):
                 groups[f"light/{estimates}/{policy}"] = [RunSpec(LIGHT, policy, s, estimates=estimates)
-                                                        for s in seeds]
-    if plan.peers_on_subset:  # the subset's own baseline, aryl and full-trace peers beside the slow ones
-        for policy in dict.fromkeys(("sjf", "aryl", *plan.peers_on_full, *plan.peers_on_subset)):
-            groups[f"subset/{ESTIMATED}/{policy}"] = [RunSpec(busy, policy, s, limit=plan.subset_jobs)
+                                                        for s in plan.light_seeds]
+    if plan.peers_on_subset:  # the subset's own baseline and aryl beside the slow peers
+        for policy in dict.fromkeys(("sjf", *plan.peers_on_subset, "aryl")):
+            groups[f"subset/{ESTIMATED}/{policy}"] = [RunSpec(subset, policy, s, limit=plan.subset_jobs)
                                                       for s in plan.subset_seeds]
     for model, alpha in plan.scaling:
         if (model, alpha) == ("amdahl", 0.05):
@@ -400,7 +406,7 @@ def headline_specs(inputs: Inputs, plan: Plan) -> tuple[Regime, dict[str, list[R
         # sjf is the headline's: it runs every job at its traced size, where every model's speed is 1
         groups[f"scaling/{model}/{alpha}/aryl"] = [
             RunSpec(busy, "aryl", s, throughput_model=model, amdahl_alpha=alpha) for s in plan.sensitivity_seeds]
-    return busy, groups
+    return busy, subset, groups
 
 
 def _cost_order(spec: RunSpec) -> int:
@@ -428,10 +434,11 @@ def headline(inputs: Inputs, assets: Path, plan: Plan = Plan(), workers: int | N
              ) -> tuple[str, dict[str, Any], str, dict[str, Any]]:
     """Both sections: (headline markdown, its summaries, sensitivity markdown, its summaries)."""
     started = time.perf_counter()
-    busy, groups = headline_specs(inputs, plan)
+    busy, subset_regime, groups = headline_specs(inputs, plan)
     runs, kept, run_s = run_groups(inputs, groups, workers)
     wall_s = time.perf_counter() - started
-    regimes = {"busy": describe_regime(inputs, busy), "light": describe_regime(inputs, LIGHT)}
+    regimes = {"busy": describe_regime(inputs, busy), "light": describe_regime(inputs, LIGHT),
+               "subset": describe_regime(inputs, subset_regime, plan.subset_jobs)}
 
     def over(key: str, seeds: Sequence[int] | None = None) -> dict[str, Any]:
         chosen = [(seed, s) for seed, s in runs[key] if seeds is None or seed in seeds]
@@ -449,13 +456,20 @@ def headline(inputs: Inputs, assets: Path, plan: Plan = Plan(), workers: int | N
         "exact_vs_sjf": {p: comparison(exact["sjf"], a) for p, a in exact.items() if p != "sjf"},
         "wall_s": round(wall_s), "run_s": round(run_s),
     }
+    ablation = group(f"ablation/{ESTIMATED}")
+    if ablation:
+        aryl_on = over(f"busy/{ESTIMATED}/aryl", plan.ablation_seeds)
+        raw["ablations"] = {"seeds": list(plan.ablation_seeds), "aryl": aryl_on, **ablation,
+                            "vs_sjf": {p: comparison(over(f"busy/{ESTIMATED}/sjf", plan.ablation_seeds), a)
+                                       for p, a in {"aryl": aryl_on, **ablation}.items()}}
     if plan.light:
         light = {m: group(f"light/{m}") for m in (ESTIMATED, EXACT)}
         raw["light"] = {"regime": regimes["light"], **light,
                         "vs_sjf": {m: comparison(light[m]["sjf"], light[m]["aryl"]) for m in light}}
     subset = group(f"subset/{ESTIMATED}")
     if subset:
-        raw["peers_subset"] = {"jobs": plan.subset_jobs, "seeds": list(plan.subset_seeds), **subset,
+        raw["peers_subset"] = {"jobs": plan.subset_jobs, "seeds": list(plan.subset_seeds),
+                               "regime": regimes["subset"], **subset,
                                "vs_sjf": {p: comparison(subset["sjf"], a) for p, a in subset.items() if p != "sjf"}}
     scaling: dict[str, Any] = {}
     sjf = over(f"busy/{ESTIMATED}/sjf", plan.sensitivity_seeds)
@@ -481,8 +495,10 @@ def _vs(stats: Mapping[str, Any] | None, kind: str) -> str:
 
 def headline_text(raw: Mapping[str, Any], plan: Plan) -> str:
     r = raw["regime"]
-    policies = [p for p in plan.policies if p in raw]
-    est_rows = [policy_row(p, raw[p]) for p in policies]
+    seeds_note = f" (seed{'s' if len(plan.ablation_seeds) > 1 else ''} {', '.join(map(str, plan.ablation_seeds))})"
+    est_rows = [policy_row(p, raw[p]) for p in plan.policies if p in raw]
+    abl = raw.get("ablations", {})
+    est_rows += [policy_row(p + seeds_note, abl[p]) for p in plan.ablations if p in abl]
     exact_rows = [policy_row(p, raw["exact"][p]) for p in plan.exact_policies if p in raw["exact"]]
     vs = raw["vs_sjf"]["aryl"]
     vs_exact = raw["exact_vs_sjf"].get("aryl", {})
@@ -496,18 +512,22 @@ def headline_text(raw: Mapping[str, Any], plan: Plan) -> str:
         ["useful utilisation gain (arrival window)", "--", f">= +{TARGET['usage_gain_pct']:.0f}%",
          _vs(vs["useful_usage_gain_pct"], "gain"), _vs(vs_exact.get("useful_usage_gain_pct"), "gain")],
     ]
-    peers = [p for p in ("tiresias", "optimus", "aryl-noloan") if p in raw]
+    peers = [p for p in ("tiresias", "aryl-noloan") if p in raw]
     best_peer = min(peers, key=lambda p: raw[p]["avg_jct_s"]) if peers else None
     peer_line = ""
     if best_peer:
         c = raw["vs_sjf"][best_peer]
         loan = comparison(raw[best_peer], raw["aryl"])
-        peer_line = (f"\n**What loaning adds over the best elastic peer without it** (`{best_peer}`, the lowest "
+        peer_line = (f"\n**What loaning adds over the best peer without it** (`{best_peer}`, the lowest "
                      f"average JCT of {', '.join(f'`{p}`' for p in peers)}): `{best_peer}` vs `sjf` queueing "
                      f"{cell(c['queue_reduction'], 'x')}, JCT {cell(c['jct_reduction'], 'x')}; `aryl` vs "
                      f"`{best_peer}` queueing {cell(loan['queue_reduction'], 'x')}, JCT "
                      f"{cell(loan['jct_reduction'], 'x')}, useful utilisation "
-                     f"{cell(loan['useful_usage_gain_pct'], 'gain')}.\n")
+                     f"{cell(loan['useful_usage_gain_pct'], 'gain')}. Queueing here is the wait for a job's first "
+                     f"start: `tiresias` (least attained service, preemptive) starts jobs early and then "
+                     f"time-slices them, so its queueing is short and its JCT is the comparison that counts. A "
+                     f"figure without a range did not change with the seed: the policy reads nothing a seed "
+                     f"changes.\n")
     subset_text = ""
     if "peers_subset" in raw:
         sub = raw["peers_subset"]
@@ -521,12 +541,13 @@ def headline_text(raw: Mapping[str, Any], plan: Plan) -> str:
                            f"{cell(c['queue_reduction'], 'x')}, JCT {cell(c['jct_reduction'], 'x')}, useful "
                            f"utilisation {cell(c['useful_usage_gain_pct'], 'gain')}.\n")
         subset_text = f"""
-**Peers on a subset.** {', '.join(f'`{p}`' for p in plan.peers_on_subset)} decide too slowly for the
-whole trace within this report's budget (one `optimus` run of the busy regime did not finish in 12 minutes
-here, and `pollux` took ~8 minutes for 2,000 jobs on the loaded machine), so they run on the trace's first
-{sub['jobs']:,} jobs, on the same clusters, with the same estimates, seeds {', '.join(map(str, sub['seeds']))},
-beside `sjf` and `aryl` on the same jobs. The subset's load is not the whole window's: compare rows
-within this table only.
+**Peers on a subset.** `optimus` and `pollux` decide too slowly on the whole trace's clusters for this
+report's budget (one `optimus` run of the busy regime did not finish in 12 minutes here; `pollux`'s
+search grows with the cluster's GPUs and the jobs waiting), so the peers run on the trace's first
+{sub['jobs']:,} jobs ({sub['regime']['arrival_window_h']:.0f} h of arrivals), on clusters sized by the same
+busy-regime rule from that subset's own offered load -- {regime_line(sub['regime'])} -- with the same
+estimates, seeds {', '.join(map(str, sub['seeds']))}, beside `sjf` and `aryl` on the same jobs. The peers, like
+`sjf`, never loan: the inference servers stay with inference.
 
 {table([policy_row(p, sub[p]) for p in names], POLICY_HEADER)}
 {subset_peer}"""
@@ -537,21 +558,23 @@ within this table only.
                 for m in (ESTIMATED, EXACT) for p in ("sjf", "aryl")]
         lv = lt["vs_sjf"]
         light_text = f"""
-**Light load** (today's setting before this sizing, for comparison with earlier reports): {regime_line(lt['regime'])}.
+**Light load** (the setting of earlier reports; seed{'s' if len(plan.light_seeds) > 1 else ''} \
+{', '.join(map(str, plan.light_seeds))}): {regime_line(lt['regime'])}.
 
 {table(rows, POLICY_HEADER)}
 
-aryl vs sjf at light load: queueing {cell(lv[ESTIMATED]['queue_reduction'], 'x')} estimated /
-{cell(lv[EXACT]['queue_reduction'], 'x')} exact, JCT {cell(lv[ESTIMATED]['jct_reduction'], 'x')} /
-{cell(lv[EXACT]['jct_reduction'], 'x')}, utilisation {cell(lv[ESTIMATED]['usage_gain_pct'], 'gain')} /
-{cell(lv[EXACT]['usage_gain_pct'], 'gain')}, useful utilisation
+aryl vs sjf at light load (estimated / exact): queueing {cell(lv[ESTIMATED]['queue_reduction'], 'x')} / \
+{cell(lv[EXACT]['queue_reduction'], 'x')}, JCT {cell(lv[ESTIMATED]['jct_reduction'], 'x')} / \
+{cell(lv[EXACT]['jct_reduction'], 'x')}, utilisation {cell(lv[ESTIMATED]['usage_gain_pct'], 'gain')} / \
+{cell(lv[EXACT]['usage_gain_pct'], 'gain')}, useful utilisation \
 {cell(lv[ESTIMATED]['useful_usage_gain_pct'], 'gain')} / {cell(lv[EXACT]['useful_usage_gain_pct'], 'gain')}.
 """
     naive = ""
-    if "aryl-naivereclaim" in raw:
-        a, n = raw["aryl"]["spread"], raw["aryl-naivereclaim"]["spread"]
-        naive = (f"\n**Reclaim: greedy on preemption cost vs naive (most recently loaned first)**, same runs "
-                 f"otherwise: preemptions {cell(a.get('preemptions'), 'n')} vs {cell(n.get('preemptions'), 'n')}, "
+    if "aryl-naivereclaim" in abl:
+        a, n = abl["aryl"]["spread"], abl["aryl-naivereclaim"]["spread"]
+        naive = (f"\n**Reclaim: greedy on preemption cost vs naive (most recently loaned first)**, same "
+                 f"runs otherwise{seeds_note}: preemptions {cell(a.get('preemptions'), 'n')} vs "
+                 f"{cell(n.get('preemptions'), 'n')}, "
                  f"GPU-hours lost {cell(a.get('gpu_hours_lost'), 'n')} vs {cell(n.get('gpu_hours_lost'), 'n')}, "
                  f"average JCT {cell(a.get('avg_jct_s'))} h vs {cell(n.get('avg_jct_s'))} h.\n")
     return f"""## 1. Headline: Philly (15 busiest days) + ServeGen m-small, busy training cluster
@@ -655,7 +678,7 @@ def sensitivity_section(shared: Path, assets: Path, raw: dict[str, Any]) -> tupl
         text, sens = raw.pop("_sensitivity")
         return text, sens
     inputs = Inputs.from_shared(shared)
-    plan = Plan(policies=("sjf", "aryl"), exact_policies=(), light=False, peers_on_full=(), peers_on_subset=(),
+    plan = Plan(policies=("sjf", "aryl"), ablations=(), exact_policies=(), light=False, peers_on_subset=(),
                 plots=False)
     _, _, text, sens = headline(inputs, assets, plan)
     return text, sens

@@ -32,10 +32,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -181,6 +183,15 @@ def splice_lead(doc: str, text: str) -> str:
     return doc[:title] + marked(LEAD, text) + "\n" + doc[title:]
 
 
+HEADLINE_PAIR = ("headline", "sensitivity")
+
+
+def run_section(name: str, shared: Path, assets: Path) -> tuple[str, Any]:
+    """One section in a worker process (by name: the registry is rebuilt there on import)."""
+    log(f"section {name} (worker process)")
+    return SECTIONS[name](shared, assets, {})
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m simulator.evaluation", description=__doc__.splitlines()[0])
     parser.add_argument("--shared", type=Path, default=REPO.parent / "shared", help="the public data folder")
@@ -199,9 +210,18 @@ def main(argv: list[str] | None = None) -> int:
     wanted = [name for name in SECTIONS if name in chosen]
     raw: dict[str, Any] = json.loads(summaries_path.read_text()) if partial and summaries_path.exists() else {}
     texts: dict[str, str] = {}
-    for name in wanted:
-        log(f"section {name}")
-        texts[name], raw[name] = SECTIONS[name](args.shared, assets, raw)
+    # With the headline, the other sections run in worker processes beside its pool (each section is
+    # independent of the others' figures), so the whole report takes about its CPU time over the cores.
+    beside = [n for n in wanted if n not in HEADLINE_PAIR] if "headline" in wanted else []
+    with ProcessPoolExecutor(max_workers=max(1, min(len(beside), os.cpu_count() or 1))) as pool:
+        futures = {name: pool.submit(run_section, name, args.shared, assets) for name in beside}
+        for name in wanted:
+            if name not in futures:
+                log(f"section {name}")
+                texts[name], raw[name] = SECTIONS[name](args.shared, assets, raw)
+        for name, future in futures.items():
+            texts[name], raw[name] = future.result()
+    texts = {name: texts[name] for name in wanted}
     summaries_path.write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n")
     lead = lead_text(raw["headline"]) if "headline" in texts else None
     if partial:

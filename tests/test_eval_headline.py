@@ -42,8 +42,9 @@ def tiny_inputs(tmp_path: Path) -> Inputs:
     return Inputs(trace, rate, tmp_path)
 
 
-PLAN = Plan(seeds=(0, 1, 2), policies=("sjf", "aryl"), exact_policies=("sjf", "aryl"), light=True,
-            peers_on_full=(), peers_on_subset=(), sensitivity_seeds=(0, 1),
+PLAN = Plan(seeds=(0, 1, 2), policies=("sjf", "aryl"), ablations=("aryl-noloan",), ablation_seeds=(1,),
+            exact_policies=("sjf", "aryl"), light=True, light_seeds=(0,), peers_on_subset=("tiresias",),
+            subset_jobs=30, subset_seeds=(0, 1), sensitivity_seeds=(0, 1),
             scaling=(("amdahl", 0.05), ("amdahl", 0.2)), plots=False)
 
 
@@ -89,6 +90,15 @@ def test_headline_end_to_end_seeds_and_structure(tmp_path: Path) -> None:
                                       raw["aryl"]["spread"]["avg_jct_s"]["per_seed"], strict=True)]
     assert ratio["per_seed"] == pytest.approx(per_seed, abs=1e-3)
     assert raw["light"]["regime"]["training_servers"] == 80
+    assert raw["light"][EXACT]["aryl"]["seeds"] == [0]
+    # ablations on their own seeds, compared with aryl and sjf on the same seeds
+    assert raw["ablations"]["aryl"]["spread"]["avg_jct_s"]["per_seed"] == [
+        raw["aryl"]["spread"]["avg_jct_s"]["per_seed"][1]]
+    assert raw["ablations"]["aryl-noloan"]["seeds"] == [1] and "aryl-noloan" not in raw
+    # the peers' subset: its first 30 jobs on clusters sized by the same rule from its own load
+    sub = raw["peers_subset"]
+    assert sub["regime"]["jobs"] == 30 and sub["regime"]["offered_load"] >= 0.9
+    assert set(sub) >= {"sjf", "tiresias", "aryl"} and sub["tiresias"]["spread"]["jobs_total"]["mean"] == 30
     assert set(sens["scaling"]) == {"amdahl alpha=0.05", "amdahl alpha=0.2"}
     # the alpha = 0.05 row is the headline's own runs (on the sensitivity's seeds), sjf the headline's throughout
     row = sens["scaling"]["amdahl alpha=0.05"]
@@ -98,7 +108,7 @@ def test_headline_end_to_end_seeds_and_structure(tmp_path: Path) -> None:
     assert "| sjf |" in text and "busy" in lead_text(raw) and "alpha=0.2" in sens_text
 
     # identical seeds give identical figures: seed 0 twice, in this process instead of the pool
-    again = Plan(seeds=(0, 0), policies=("sjf", "aryl"), exact_policies=(), light=False, peers_on_full=(),
+    again = Plan(seeds=(0, 0), policies=("sjf", "aryl"), ablations=(), exact_policies=(), light=False,
                  peers_on_subset=(), sensitivity_seeds=(0,), scaling=(("amdahl", 0.05),), plots=False)
     _, raw2, _, _ = headline(inputs, tmp_path, again, workers=1)
     for policy in ("sjf", "aryl"):
