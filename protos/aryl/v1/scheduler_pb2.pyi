@@ -205,20 +205,24 @@ class ExplainJobRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class ExplainJobResponse(_message.Message):
-    __slots__ = ("job", "summary", "decisions", "deadline", "queue_status", "eta")
+    __slots__ = ("job", "summary", "decisions", "deadline", "queue_status", "eta", "protection", "disruptions_last_hour")
     JOB_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
     DECISIONS_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_FIELD_NUMBER: _ClassVar[int]
     QUEUE_STATUS_FIELD_NUMBER: _ClassVar[int]
     ETA_FIELD_NUMBER: _ClassVar[int]
+    PROTECTION_FIELD_NUMBER: _ClassVar[int]
+    DISRUPTIONS_LAST_HOUR_FIELD_NUMBER: _ClassVar[int]
     job: _types_pb2.Job
     summary: str
     decisions: _containers.RepeatedCompositeFieldContainer[_types_pb2.Event]
     deadline: str
     queue_status: str
     eta: str
-    def __init__(self, job: _Optional[_Union[_types_pb2.Job, _Mapping]] = ..., summary: _Optional[str] = ..., decisions: _Optional[_Iterable[_Union[_types_pb2.Event, _Mapping]]] = ..., deadline: _Optional[str] = ..., queue_status: _Optional[str] = ..., eta: _Optional[str] = ...) -> None: ...
+    protection: str
+    disruptions_last_hour: int
+    def __init__(self, job: _Optional[_Union[_types_pb2.Job, _Mapping]] = ..., summary: _Optional[str] = ..., decisions: _Optional[_Iterable[_Union[_types_pb2.Event, _Mapping]]] = ..., deadline: _Optional[str] = ..., queue_status: _Optional[str] = ..., eta: _Optional[str] = ..., protection: _Optional[str] = ..., disruptions_last_hour: _Optional[int] = ...) -> None: ...
 
 class WhatIfRequest(_message.Message):
     __slots__ = ("policy", "params", "inference_servers", "horizon_hours")
