@@ -139,3 +139,33 @@ def test_the_service_serves_the_eta_after_a_cycle(scheduler_factory) -> None:
     assert cli.main(["--server", scheduler.address, "-o", "json", "job", b.job_id], stdout=out, stderr=err) == 0
     assert json.loads(out.getvalue())["job"]["eta_note"].startswith("expected to start around ")
     channel.close()
+
+
+def test_a_restored_cluster_shows_the_snapshot_it_was_built_from() -> None:
+    """``SimulatedCluster.from_snapshot``: servers (a loaned one included, with its loan's start, and a
+    cordoned one), allocations and running jobs' workers read back as they were."""
+    from scheduler_service.core.snapshot import AdminState, DemandView
+    from simulator.clock import VirtualClock
+    from simulator.cluster import SimulatedCluster
+    from simulator.forecast import trace_jobs
+
+    loaned = ServerView("i0", Pool.INFERENCE, ServerState.LOANED, (0, 1, 2, 3), allocated=((2, 7), (3, 7)),
+                        state_since=NOW - 50, loan_started_at=NOW - 60)
+    serving = ServerView("i1", Pool.INFERENCE, ServerState.SERVING, (0, 1, 2, 3), state_since=NOW - 900,
+                         admin=AdminState.CORDONED)
+    job = JobView(7, JobState.RUNNING, 2, 1, 2, 0, NOW - 500, workers=(WorkerView(0, "i0", (2, 3)),),
+                  estimated_runtime_s=3600, started_at=NOW - 200, last_resized_at=NOW - 200)
+    snapshot = ClusterSnapshot(NOW, (loaned, serving), (job,), demand=DemandView(1, 10.0, NOW - 5))
+    traces, done = trace_jobs(snapshot, PolicyParams())
+    assert done[7] == pytest.approx(200 * traces[7].throughput[0][1])  # no checkpoint since its start
+    restored = SimulatedCluster.from_snapshot(snapshot, traces, VirtualClock(NOW), done_since_checkpoint=done)
+    again = restored.snapshot()
+    assert again.now == NOW and again.demand == snapshot.demand
+    assert [(s.server_id, s.state, s.allocated, s.loan_started_at, s.admin) for s in again.servers] == [
+        ("i0", ServerState.LOANED, ((2, 7), (3, 7)), NOW - 60, AdminState.NONE),
+        ("i1", ServerState.SERVING, (), None, AdminState.CORDONED)]
+    (shown,) = again.jobs
+    assert (shown.state, shown.workers, shown.started_at, shown.last_resized_at) == (
+        JobState.RUNNING, job.workers, NOW - 200, NOW - 200)
+    # Its remaining time is the prediction's: 3600 s declared, 200 s of it run.
+    assert restored.next_completion() == pytest.approx(NOW + 3400)

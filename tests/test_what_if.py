@@ -1,7 +1,8 @@
 """What-if on the live cluster (issue 22): ``WhatIf`` / ``arylctl what-if`` simulate the next hours of a
 real scheduler's cluster on PostgreSQL under another policy, parameter set or inference pool, and
 leave the live state untouched -- every table's rows compared before and after. Inputs are checked
-(unknown policy or parameter: INVALID_ARGUMENT naming the choices) and only admins may ask."""
+(unknown policy or parameter: INVALID_ARGUMENT naming the choices) and only admins may ask. First,
+``simulator.forecast.what_if`` itself on a snapshot built by hand."""
 
 from __future__ import annotations
 
@@ -13,12 +14,67 @@ import sqlalchemy as sa
 
 from arylctl import cli
 from protos.aryl.v1 import inference_pb2, inference_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
+from scheduler_service.core.params import PolicyParams
 from scheduler_service.server import serve_in_background
 from scheduler_service.store.models import Base
-from tests.harness import job_spec, register_fake_server, scheduler_config, scheduler_stub, secure_channel
+from simulator.forecast import what_if, with_inference_servers
+from tests.harness import (
+    NOW,
+    inference_server,
+    job_spec,
+    pending_job,
+    register_fake_server,
+    running_job,
+    scheduler_config,
+    scheduler_stub,
+    secure_channel,
+    snapshot_of,
+    training_server,
+)
 from tests.helpers import wait_for
 
-pytestmark = pytest.mark.postgres
+FAST_LOANS = PolicyParams(loan_idle_s=0, drain_timeout_s=0, loan_buffer_servers=0, min_loan_s=0)
+
+
+def small_cluster():
+    """One 4-GPU training server running a 4-GPU job for 1 h, two 4-GPU jobs of 1 h waiting, and one
+    idle 4-GPU inference server that inference does not need now."""
+    return snapshot_of(
+        [training_server("t0", 4), inference_server("i0", gpus=4, since=NOW - 86400)],
+        [running_job(1, [("t0", (0, 1, 2, 3))], low=1, resized=NOW - 1, runtime=3600),
+         pending_job(2, gpus=4, runtime=3600), pending_job(3, gpus=4, runtime=3600)],
+        demand=0,
+    )
+
+
+def test_what_if_compares_two_settings_on_the_same_snapshot() -> None:
+    """Loaning the idle inference server (fast loans) lets a waiting job run beside the running one:
+    the alternative finishes the queue an hour sooner; the snapshot is not changed."""
+    snapshot = small_cluster()
+    before = repr(snapshot)
+    result = what_if(snapshot, ("aryl-noloan", PolicyParams()), ("aryl", FAST_LOANS), horizon_s=12 * 3600)
+    assert repr(snapshot) == before
+    now, alt = result.current.summary, result.alternative.summary
+    assert now["jobs_completed"] == alt["jobs_completed"] == 3
+    assert now["makespan_s"] == pytest.approx(3 * 3600, abs=300)
+    assert alt["makespan_s"] == pytest.approx(2 * 3600, abs=300)
+    assert alt["loans"] >= 1 and now["loans"] == 0
+    assert result.table.splitlines()[0].split() == ["metric", "now:", "aryl-noloan", "what-if:", "aryl"]
+    more = what_if(snapshot, ("aryl-noloan", PolicyParams()), ("aryl-noloan", PolicyParams()), horizon_s=3600,
+                   extra_inference_servers=2)
+    assert more.alternative.summary["makespan_s"] == pytest.approx(3600, abs=1)  # the horizon: an hour ahead
+
+
+def test_what_if_bounds_and_inference_pool_changes() -> None:
+    snapshot = small_cluster()
+    with pytest.raises(ValueError, match="at most 168 h"):
+        what_if(snapshot, ("aryl", PolicyParams()), ("fifo", PolicyParams()), horizon_s=169 * 3600)
+    grown = with_inference_servers(snapshot, 3)
+    assert [s.server_id for s in grown.servers[-3:]] == ["what-if-0000", "what-if-0001", "what-if-0002"]
+    assert all(len(s.gpu_indices) == 4 for s in grown.servers[-3:])
+    assert [s.server_id for s in with_inference_servers(snapshot, -1).servers] == ["t0"]
+    with pytest.raises(ValueError, match="1 are serving and idle"):
+        with_inference_servers(snapshot, -2)
 
 # Tables a live scheduler writes on its own clock whatever happens (its leader lease renewals).
 CHANGING_ON_THEIR_OWN = frozenset({"leader_lease"})
@@ -78,6 +134,7 @@ def settled_rows(url: str) -> dict[str, list[tuple]]:
     return reads[-1]
 
 
+@pytest.mark.postgres
 def test_what_if_simulates_the_live_cluster_and_changes_nothing(busy_cluster) -> None:
     handle, stub, url = busy_cluster
     before = settled_rows(url)
@@ -109,6 +166,7 @@ def test_what_if_simulates_the_live_cluster_and_changes_nothing(busy_cluster) ->
     assert table_rows(url) == before
 
 
+@pytest.mark.postgres
 @pytest.mark.parametrize("request_fields, field, names", [
     ({"policy": "no-such-policy", "horizon_hours": 1}, "policy", "fifo"),
     ({"params": {"no_such_knob": "1"}, "horizon_hours": 1}, "params[no_such_knob]", "loan_buffer_servers"),
@@ -124,6 +182,7 @@ def test_what_if_refuses_bad_inputs_naming_the_choices(busy_cluster, request_fie
     assert caught.value.details().startswith(f"{field}: ") and names in caught.value.details()
 
 
+@pytest.mark.postgres
 def test_what_if_is_for_admins(busy_cluster) -> None:
     handle, _, _ = busy_cluster
     with secure_channel(handle.address, principal="user:alice") as channel:
