@@ -11,6 +11,7 @@ and finishes 1200+R later.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import io
 import json
@@ -169,3 +170,38 @@ def test_a_restored_cluster_shows_the_snapshot_it_was_built_from() -> None:
         JobState.RUNNING, job.workers, NOW - 200, NOW - 200)
     # Its remaining time is the prediction's: 3600 s declared, 200 s of it run.
     assert restored.next_completion() == pytest.approx(NOW + 3400)
+
+
+def test_forecasts_follow_cycles_at_most_at_their_interval_and_duty() -> None:
+    """``app.forecast.Forecasts``: the first cycle gets a forecast; the next only ``min_gap_s`` later;
+    one that took 2 s (the snapshot read here advances the clock) holds the next off 20 s (10% duty).
+    The ETA of a job comes from the latest forecast, with its line."""
+    from scheduler_service.app.forecast import Forecasts
+    from tests.harness import ManualClock
+
+    clock = ManualClock(NOW)
+    cost = [0.0]
+
+    def snapshot() -> ClusterSnapshot:
+        clock.advance(cost[0])
+        return dataclasses.replace(hand_computed_queue(), now=clock.now())
+
+    forecasts = Forecasts(snapshot, clock, policy="fifo", params=PolicyParams(), min_gap_s=10.0,
+                          settings=ForecastSettings(restart_overhead_s=0))
+    assert forecasts.eta(2, pending=True) is None  # no forecast yet
+    assert forecasts.due() and forecasts.refresh() is not None
+    eta = forecasts.eta(3, pending=True)
+    assert eta is not None and eta.start == NOW + 900 and eta.after == (1, 2)
+    assert eta.note == "expected to start around 08:15 UTC (after jobs 1, 2 finish)"
+    running = forecasts.eta(1, pending=False)
+    assert running is not None and running.start is None and running.finish == NOW + 600 and running.note == ""
+    clock.advance(9.9)
+    assert not forecasts.due()
+    clock.advance(0.1)
+    assert forecasts.due()
+    cost[0] = 2.0
+    assert forecasts.refresh() is not None
+    clock.advance(17.9)
+    assert not forecasts.due()
+    clock.advance(0.1)
+    assert forecasts.due()

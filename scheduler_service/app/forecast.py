@@ -6,8 +6,10 @@ policy code and cycle, a virtual clock, the jobs' predicted run times), never to
 the snapshot is read, the simulation works on its own copy, nothing is written.
 
 - *ETA*: ``refresh`` makes a forecast under the configured policy from a fresh snapshot; the service
-  calls it after a cycle (``scheduler_service.server``), at most one at a time and no more often than
-  ``min_gap_s``, so a forecast costs a bounded share of the scheduler's time whatever the RPC load.
+  calls it after a cycle (``scheduler_service.server``), at most one at a time, no sooner than
+  ``min_gap_s`` after the previous one began and than ``MAX_DUTY`` of the time allows (a forecast that
+  took 2 s waits 18 s more), so forecasts take a bounded share of the scheduler's time (and of its
+  interpreter lock, which its RPC threads share) whatever the queue or the RPC load.
   RPCs read the latest one (``eta``), never compute one. Bounds: ``ForecastSettings`` (a week of
   virtual time, 2,000 cycles, 2 s of host time by default).
 - *What-if*: ``what_if`` runs on request (admin only, ``api.auth``), validated first: an unknown
@@ -47,6 +49,8 @@ from simulator.forecast import (
 # A forecast follows a cycle no sooner than this after the previous one began (cycles may come every
 # 100 ms under load; the ETA moves on the scale of minutes).
 DEFAULT_MIN_GAP_S = 10.0
+# Forecasts take at most this share of the time: after one that took T seconds the next waits T x (1/share - 1).
+MAX_DUTY = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,23 +100,31 @@ class Forecasts:
         self._latest: Forecast | None = None
         self._running = threading.Lock()
         self._last_began: float | None = None
+        self._last_took = 0.0
 
     @property
     def latest(self) -> Forecast | None:
         return self._latest
 
     def due(self) -> bool:
-        """Whether a forecast should follow the cycle that just ran (none running, ``min_gap_s`` passed)."""
+        """Whether a forecast should follow the cycle that just ran: none running, ``min_gap_s`` passed
+        since the last one began, and ``MAX_DUTY`` kept."""
         last = self._last_began
-        return not self._running.locked() and (last is None or self._clock.monotonic() - last >= self.min_gap_s)
+        if self._running.locked():
+            return False
+        gap = max(self.min_gap_s, self._last_took / MAX_DUTY)
+        return last is None or self._clock.monotonic() - last >= gap
 
     def refresh(self) -> Forecast | None:
         """Make a forecast from a fresh snapshot and keep it; None (and nothing done) while another runs."""
         if not self._running.acquire(blocking=False):
             return None
         try:
-            self._last_began = self._clock.monotonic()
-            made = forecast(self._snapshot(), self.policy, self.params, self.settings)
+            began = self._last_began = self._clock.monotonic()
+            try:
+                made = forecast(self._snapshot(), self.policy, self.params, self.settings)
+            finally:
+                self._last_took = self._clock.monotonic() - began
             self._latest = made
             return made
         finally:
