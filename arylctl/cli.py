@@ -1164,6 +1164,9 @@ def describe_explanation(response: scheduler_pb2.ExplainJobResponse) -> str:
         head += "\n" + printable(response.eta[0].upper() + response.eta[1:])
     if response.deadline:  # where it stands against its deadline, and why
         head += "\n" + printable(f"Deadline {local_time(job.spec.deadline)}: {response.deadline}")
+    if response.protection or response.disruptions_last_hour:  # its anti-thrashing window (core.protection)
+        head += "\n" + printable(f"Protection: {response.protection or 'none'} ({response.disruptions_last_hour} "
+                                  "resize(s)/preemption(s) in the last hour)")
     if not response.decisions:
         return head + "\n\nNo decisions recorded."
     rows = [(local_time(e.time), e.reason, e.message) for e in response.decisions]

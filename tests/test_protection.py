@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from protos.aryl.v1 import scheduler_pb2
 from scheduler_service.app import SchedulerApp
 from scheduler_service.core.faults import plan_evictions
 from scheduler_service.core.invariants import check_plan
@@ -39,14 +40,19 @@ from tests.harness import (
     NOW,
     ManualClock,
     inference_server,
+    job_spec,
     linear_job,
     pending_job,
+    register_fake_server,
     running_job,
     scale,
+    scheduler_stub,
     snapshot_of,
     start,
     training_server,
 )
+from tests.helpers import wait_for
+from tests.test_cli import run
 
 # Six disruptions within the last hour (the oldest at NOW - 3000), one older; last resized 900 s ago, so
 # only the cap protects it, until NOW - 3000 + 3600 = NOW + 600.
@@ -336,3 +342,32 @@ def test_the_window_cuts_thrash_in_the_simulator() -> None:
     assert unprotected["disruptions_per_job_hour"] is not None and protected["disruptions_per_job_hour"] is not None
     assert protected["disruptions_per_job_hour"] < unprotected["disruptions_per_job_hour"]
     assert protected["max_disruptions_per_job"] <= unprotected["max_disruptions_per_job"]
+
+
+def test_a_live_scheduler_explains_the_window_and_who_waits_for_it(scheduler_factory, capsys) -> None:
+    # One 4-GPU server; job A (2-GPU workers, 1-2 of them) starts at its full size; job B (one 2-GPU
+    # worker) could only have A's extra worker, but A is in its window (3600 s here): B waits, saying why.
+    scheduler = scheduler_factory(policy={"min_resize_interval_s": 3600, "restart_cost_s": 1})
+    channel, stub = scheduler_stub(scheduler.address)
+    try:
+        register_fake_server(scheduler.address, "t1", gpus=4)
+        a = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=job_spec("a", gpus=2, workers=1, max_workers=2)),
+                           timeout=5).job
+        wait_for(lambda: stub.GetJob(scheduler_pb2.GetJobRequest(job_id=a.job_id), timeout=5).job.num_workers == 2,
+                 what="job a at its full size")
+        b = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=job_spec("b", gpus=2)), timeout=5).job
+        summary = wait_for(lambda: "WAITING_FOR_PROTECTED_JOBS" in (s := explain(stub, b.job_id).summary) and s,
+                           what="b waiting for a's window")
+        assert "is protected (MIN_RUNTIME) until" in summary and "a queued job's gang leaves it be" in summary
+        answer = explain(stub, a.job_id)
+        assert answer.protection.startswith("protected (MIN_RUNTIME) until ")
+        assert "policy.min_resize_interval_s" in answer.protection and answer.disruptions_last_hour == 0
+        code, out, _ = run(capsys, "--server", scheduler.address, "explain", a.job_id)
+        assert code == 0 and "Protection: protected (MIN_RUNTIME) until" in out
+        assert "(0 resize(s)/preemption(s) in the last hour)" in out
+    finally:
+        channel.close()
+
+
+def explain(stub, job_id: str) -> scheduler_pb2.ExplainJobResponse:
+    return stub.ExplainJob(scheduler_pb2.ExplainJobRequest(job_id=job_id), timeout=5)

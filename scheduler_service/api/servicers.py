@@ -36,9 +36,12 @@ from scheduler_service.api.forecast import add_eta, what_if_response
 from scheduler_service.api.status import ANSWERED_BY_KEY, rpc
 from scheduler_service.api.stream_limits import StreamLimits, TooManyStreams
 from scheduler_service.app import SchedulerApp
+from scheduler_service.app.deadlines import job_view
 from scheduler_service.app.forecast import Forecasts
 from scheduler_service.app.jobs import KeyInUse
 from scheduler_service.batching import GroupCommitter
+from scheduler_service.core.params import PolicyParams
+from scheduler_service.core.protection import explain as explain_protection
 from scheduler_service.core.registry import ReclaimPreviewer
 from scheduler_service.errors import InvalidArgument
 from scheduler_service.notify import AsyncNotifier
@@ -306,8 +309,13 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
         auth.require_owner(explanation.job.user, f"job {job_id}")
         outlook = (await self.run(self.app.deadlines.outlooks, [explanation.job]))[explanation.job.id]
         job = add_eta(convert.job(explanation.job, outlook), explanation.job, self._forecasts)
+        # Its anti-thrashing window (core.protection), by the configured policy's parameters.
+        protection, disruptions = explain_protection(
+            dataclasses.replace(job_view(explanation.job), disruptions=explanation.job.disruptions), self._now(),
+            getattr(self._policy, "params", None) or PolicyParams())
         return scheduler_pb2.ExplainJobResponse(
             job=job, summary=explanation.summary, eta=job.eta_note,
+            protection=protection, disruptions_last_hour=disruptions,
             decisions=[convert.event(e) for e in explanation.decisions],
             deadline=outlook.note if explanation.job.deadline is not None else "",
             queue_status=await self.run(self.app.queues.describe, explanation.job.queue),

@@ -144,3 +144,10 @@ def record_disruption(times: Iterable[float] | None, now: float) -> tuple[float,
     """A job's disruption times (``JobView.disruptions``) once one more is applied at ``now``: the last
     ``DISRUPTION_WINDOW_S`` of them, oldest first (both appliers, the store's and the simulator's, keep them so)."""
     return (*sorted(t for t in (times or ()) if now - t < DISRUPTION_WINDOW_S), now)
+
+
+def explain(job: JobView, now: float, params: PolicyParams) -> tuple[str, int]:
+    """What ``arylctl explain`` shows of the window (``ExplainJobResponse.protection``): the protection's
+    summary ("" when nothing protects the job) and its disruptions in the last hour."""
+    shield = protection(job, now, params)
+    return (shield.summary if shield is not None else "", len(recent_disruptions(job, now)))

@@ -47,6 +47,7 @@ def job_info(row: Values, allocations: Iterable[Values] = ()) -> JobInfo:
         last_checkpoint_at=row["last_checkpoint_at"], incarnation=row["incarnation"],
         checkpoint_work=row["checkpoint_work"], worker_exits=row["worker_exits"], rank_servers=row["rank_servers"],
         working_dir=row["working_dir"], working_dir_if_exists=row["working_dir_if_exists"],
+        disruptions=tuple(row.get("disruptions") or ()),
         size_note=row["size_note"], priority_class=row.get("priority_class") or "",
         priority_value=row.get("priority_value") or 0, gpu_types=tuple(row.get("gpu_types") or ()),
         array_job_id=row.get("array_job_id"), array_index=row.get("array_index"),
