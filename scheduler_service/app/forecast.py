@@ -14,7 +14,8 @@ the snapshot is read, the simulation works on its own copy, nothing is written.
   virtual time, 2,000 cycles, 2 s of host time by default).
 - *What-if*: ``what_if`` runs on request (admin only, ``api.auth``), validated first: an unknown
   policy or parameter is InvalidArgument naming the choices. Each of its two runs stops after
-  ``simulator.forecast.WHAT_IF_WALL_BUDGET_S`` of host time.
+  ``simulator.forecast.WHAT_IF_WALL_BUDGET_S`` of host time, and one what-if runs at a time (another
+  asked meanwhile is Aborted: try again).
 
 Why the service imports the simulator here (and only here; tests/test_layering.py): the forecast is
 the simulator's engine, and writing a second one inside the service would be the rule written twice.
@@ -34,7 +35,7 @@ from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.predict import clock_time
 from scheduler_service.core.registry import policies
 from scheduler_service.core.snapshot import ClusterSnapshot
-from scheduler_service.errors import InvalidArgument
+from scheduler_service.errors import Aborted, InvalidArgument
 from simulator.forecast import (
     Forecast,
     ForecastSettings,
@@ -99,6 +100,7 @@ class Forecasts:
         self.min_gap_s = min_gap_s
         self._latest: Forecast | None = None
         self._running = threading.Lock()
+        self._what_if = threading.Lock()
         self._last_began: float | None = None
         self._last_took = 0.0
 
@@ -152,12 +154,15 @@ class Forecasts:
             raise InvalidArgument("horizon_hours", f"must be > 0 and at most 168 (got {horizon_s / 3600:g})")
         if abs(inference_servers) > 10_000:
             raise InvalidArgument("inference_servers", f"at most 10000 either way (got {inference_servers})")
-        snapshot = self._snapshot()
+        if not self._what_if.acquire(blocking=False):
+            raise Aborted("another what-if is running (one at a time); try again when it has answered")
         try:
-            return what_if(snapshot, (self.policy, self.params), (name, params), horizon_s=horizon_s,
+            return what_if(self._snapshot(), (self.policy, self.params), (name, params), horizon_s=horizon_s,
                            extra_inference_servers=inference_servers, settings=self.settings)
         except ValueError as exc:  # more inference servers removed than are idle
             raise InvalidArgument("inference_servers", str(exc)) from exc
+        finally:
+            self._what_if.release()
 
 
 def params_with(base: PolicyParams, changes: Mapping[str, str]) -> PolicyParams:

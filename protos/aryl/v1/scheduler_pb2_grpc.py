@@ -327,7 +327,8 @@ class SchedulerServiceServicer:
         under another policy or parameter set or inference pool, side by side. Changes nothing in the
         cluster. INVALID_ARGUMENT, naming the choices, for an unknown policy or parameter, a bad value, a
         horizon outside (0, 168] hours, or more inference servers removed than are idle. Each run stops
-        after 10 s of the scheduler's time (WhatIfRun.stop_reason "budget").
+        after 10 s of the scheduler's time (WhatIfRun.stop_reason "budget"); one what-if runs at a time
+        (ABORTED while another does: try again).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
