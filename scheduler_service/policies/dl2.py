@@ -8,8 +8,9 @@ remove one, or stop -- until it stops, no action is legal, or ``MAX_STEPS`` pass
 from its current workers, so a cycle's actions are its changes. Illegal actions are masked (never
 chosen):
 
-- a running job resized less than ``policy.min_resize_interval_s`` ago keeps its size (anti-thrashing: a
-  network that changed its mind every cycle would restart jobs every cycle);
+- a running job in its protection window (``core.protection``: resized less than
+  ``policy.min_resize_interval_s`` ago, or ``policy.max_disruptions_per_hour`` reached) keeps its size
+  (anti-thrashing: a network that changed its mind every cycle would restart jobs every cycle);
 - *add* to slot i: a job there, not removed from in this decision, below ``max_workers``, and its unit
   (the ``min_workers`` gang for a job without workers, else one worker) fits the free GPUs in count and
   in the largest free block. The unit is placed at once by the core's placement
@@ -47,6 +48,7 @@ import numpy as np
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.placement import FreeCapacity
 from scheduler_service.core.plan import KeepPending, Plan, PreemptJob, Reason, ScaleJob, StartJob, WorkerPlacement
+from scheduler_service.core.protection import protection
 from scheduler_service.core.registry import policies
 from scheduler_service.core.snapshot import ClusterSnapshot, JobView
 from scheduler_service.core.throughput import JobEstimate, estimate
@@ -83,10 +85,10 @@ class Decision:
             [WorkerPlacement(w.rank, w.server_id, w.gpu_indices) for w in j.workers] if j.state == JobState.RUNNING
             else [] for j in self.slots]
         self.start = [len(w) for w in self.workers]
-        # Anti-thrashing (``policy.min_resize_interval_s``): a running job resized that recently keeps its size.
-        settle = params.min_resize_interval_s
-        self.held = [j.state == JobState.RUNNING and j.last_resized_at is not None
-                     and snapshot.now - j.last_resized_at < settle for j in self.slots]
+        # Anti-thrashing (``core.protection``: ``policy.min_resize_interval_s`` since its last start or
+        # resize, ``policy.max_disruptions_per_hour``): a running job in its window keeps its size.
+        self.held = [j.state == JobState.RUNNING and protection(j, snapshot.now, params) is not None
+                     for j in self.slots]
         self.added = [False] * n
         self.removed = [False] * n
         self.blocked = [False] * n

@@ -36,7 +36,8 @@ over the cluster (free GPUs of schedulable servers plus the GPUs the running job
 5. **Spare GPUs to the jobs most at risk**: one worker at a time to the deadline job at risk with
    the least slack relative to its remaining time, then one worker at a time to the job (any) whose
    remaining time falls most per GPU -- a running job's first added worker only when it saves more
-   than a restart costs. A job resized less than ``min_resize_interval_s`` ago gets none here.
+   than a restart costs. A job in its protection window (``core.protection``: resized less than
+   ``min_resize_interval_s`` ago, or ``max_disruptions_per_hour`` reached) gets none here.
 
 Placement: preempted jobs free all their GPUs, shrinking ones their highest ranks; then, in the
 order of steps 1-3, each queued job starts at its size (or the largest smaller one that fits, down to
@@ -66,6 +67,7 @@ from scheduler_service.core.plan import (
     clock_time,
 )
 from scheduler_service.core.predict import remaining_seconds
+from scheduler_service.core.protection import protection
 from scheduler_service.core.registry import policies
 from scheduler_service.core.snapshot import ClusterSnapshot, JobView, WorkerView
 from scheduler_service.core.throughput import JobEstimate, estimate
@@ -243,9 +245,8 @@ class QosPolicy:
             v = job.view
             if not 0 < job.size < v.max_workers or job.gpus(1) > left:
                 return False
-            locked = (job.running and v.last_resized_at is not None
-                      and now - v.last_resized_at < p.min_resize_interval_s)
-            return not locked
+            # Anti-thrashing: a job in its protection window (``core.protection``) keeps its size.
+            return not (job.running and protection(v, now, p) is not None)
 
         def relative_slack(job: _Sized) -> float:
             remaining = job.remaining(job.size)
