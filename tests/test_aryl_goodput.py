@@ -5,6 +5,7 @@ their batch (``Plan.batches``); ``aryl-nogoodput`` and jobs without goodput data
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -124,7 +125,7 @@ def test_pollux_sends_batches_for_jobs_with_limits_and_uses_the_fit() -> None:
 
 
 def test_the_goodput_section_runs_on_a_tiny_trace() -> None:
-    from simulator.eval_goodput import figures, goodput_jobs, render, run_goodput
+    from simulator.eval_goodput import figures, goodput_jobs, render, run_goodput, text_of
     from simulator.traces import JobMapping
 
     data = traces_dir()
@@ -143,6 +144,10 @@ def test_the_goodput_section_runs_on_a_tiny_trace() -> None:
     assert runs["aryl"][0]["resizes"] >= 0
     text = render(runs, {0: (len(jobs), len(truths))}, spec, 1.0)
     assert "| aryl |" in text and "`aryl` vs `pollux`" in text
+    # the report is regenerated from summaries.json's raw figures (JSON keys are strings) to the same text
+    raw = {"runs": runs, "jobs": {0: (len(jobs), len(truths))}, "training_servers": 1, "inference_servers": 1,
+           "wall_s": 1.0}
+    assert text_of(json.loads(json.dumps(raw))) == text
 
 
 def test_the_goodput_cluster_shows_what_a_job_measured() -> None:
