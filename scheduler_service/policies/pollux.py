@@ -69,8 +69,7 @@ N = TypeVar("N", bound=Hashable)  # a node's key
 @dataclass(frozen=True, slots=True)
 class GoodputModel:
     """What the decision needs of a job's goodput: its fitted step-time parameters, its latest gradient
-    statistics and its batch-size limits. ``gpus_per_replica``: GPUs per unit of the decision (a live
-    job's worker may hold several; each GPU is a data-parallel replica)."""
+    statistics and its batch-size limits."""
 
     perf: PerfParams
     grad: GradParams
@@ -78,7 +77,6 @@ class GoodputModel:
     max_bsz: int
     min_atomic: int
     max_atomic: int
-    gpus_per_replica: int = 1
     _perf_array: np.ndarray = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -89,8 +87,7 @@ class GoodputModel:
     def best(self, nodes: int, replicas: int) -> tuple[float, int, int]:
         """(goodput, atomic batch, accumulation steps) at the best batch size on ``nodes`` x ``replicas``."""
         g, atomic, accum = best_config(self._perf_array, self.grad.sqr, self.grad.var, float(self.init_bsz),
-                                       float(self.max_bsz), self.min_atomic, self.max_atomic, nodes,
-                                       replicas * self.gpus_per_replica)
+                                       float(self.max_bsz), self.min_atomic, self.max_atomic, nodes, replicas)
         return float(g), int(atomic), int(accum)
 
 
