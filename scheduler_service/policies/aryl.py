@@ -154,15 +154,12 @@ class _Cycle:
     holds: dict[int, tuple[Reason, str]] = field(default_factory=dict)
     loan_note: LoanNote | None = None  # why no (further) server is loaned (``_loan_cycle``)
     quota: QuotaLedger | None = None  # queues' quotas and usage as step 1 changes them (``core.quota``)
-    goodput: bool = False  # fitted jobs' estimates come from their goodput model (``goodput_estimate``)
+    # The servers' GPUs when fitted jobs are valued by their goodput model (``goodput_estimate``); 0: never.
+    goodput_servers: int = 0
     # Running jobs in their protection window (``core.protection``), asked by every step; and, per queued
     # job, the protected jobs whose GPUs it would have taken (its pending reason names them).
     protected: dict[int, Protection] = field(default_factory=dict)
     blocked_by: dict[int, list[tuple[Protection, Mechanism]]] = field(default_factory=dict)
-
-    @property
-    def gpus_per_server(self) -> int:
-        return max((len(s.gpu_indices) for s in self.snapshot.servers), default=GPUS_PER_SERVER)
 
     def training_capable(self, server_id: str) -> bool:
         return self.server_state[server_id] in _TRAINING_CAPABLE
@@ -173,7 +170,7 @@ class _Cycle:
         known = self.estimates.get(job.job_id)
         if known is None:
             known = self.estimates[job.job_id] = goodput_estimate(job, self.snapshot.now, self.params,
-                                                                  self.gpus_per_server if self.goodput else 0)
+                                                                  self.goodput_servers)
         return known
 
     def rebuild_capacity(self) -> None:
@@ -375,7 +372,7 @@ class ArylPolicy:
             server_state=dict(zip(map(_server_id, snapshot.servers), map(_state, snapshot.servers), strict=True)),
             running=_running_jobs(snapshot),
             params=self.params,
-            goodput=self.goodput,
+            goodput_servers=_server_gpus(snapshot) if self.goodput else 0,
         )
         cycle.protected = protected_jobs((j.view for j in cycle.running.values()), snapshot.now, self.params)
         if self.loaning:
@@ -409,9 +406,9 @@ class ArylPolicy:
         inference needed ``count`` loaned servers back now. Changes nothing."""
         if not self.loaning:
             raise ReclaimPreviewUnsupported(self.name)
-        servers = max((len(s.gpu_indices) for s in snapshot.servers), default=GPUS_PER_SERVER)
         return choose_reclaim(_running_jobs(snapshot), _loaned_oldest_first(snapshot), count, self.params,
-                              snapshot.now, naive=self.naive_reclaim, goodput_servers=servers if self.goodput else 0)
+                              snapshot.now, naive=self.naive_reclaim,
+                              goodput_servers=_server_gpus(snapshot) if self.goodput else 0)
 
     # -- step 0: loans and reclaims --------------------------------------------------------------
 
@@ -492,7 +489,7 @@ class ArylPolicy:
     def _reclaim(self, cycle: _Cycle, loaned: list[ServerView], count: int, *, why: str) -> None:
         decision = choose_reclaim(cycle.running, loaned, count, self.params, cycle.snapshot.now,
                                   naive=self.naive_reclaim,
-                                  goodput_servers=cycle.gpus_per_server if self.goodput else 0)
+                                  goodput_servers=cycle.goodput_servers)
         chosen = set(decision.servers)
         # A protected job is disrupted only when the servers without one did not suffice (``choose_reclaim``).
         need = (f"needs {len(decision.servers)} loaned server(s) back and those without protected jobs "
@@ -940,6 +937,11 @@ def _protected_pending(cycle: _Cycle, job: JobView, reason: Reason, message: str
     for shield, mechanism in shields:
         seen.setdefault(shield.job_id, blocked(shield, mechanism))
     return KeepPending(job.job_id, Reason.WAITING_FOR_PROTECTED_JOBS, f"{message}; {'; '.join(seen.values())}")
+
+
+def _server_gpus(snapshot: ClusterSnapshot) -> int:
+    """GPUs of the largest server: how a goodput model packs a job's workers (``core.goodput_fit.nodes_for``)."""
+    return max((len(s.gpu_indices) for s in snapshot.servers), default=GPUS_PER_SERVER)
 
 
 def _batches(cycle: _Cycle) -> tuple[BatchSize, ...]:
