@@ -271,6 +271,19 @@ def test_a_drain_waits_for_the_window_until_its_deadline_then_overrides_it() -> 
     assert evictions is not None and [s.job_id for s in evictions.scales] == [1]
 
 
+def test_a_drained_loaned_server_waits_for_its_jobs_window_too() -> None:
+    # Loaned i1, drained by an operator (deadline in an hour), runs inelastic job 2, started 100 s ago.
+    job = running_job(2, [("i1", (0, 1, 2, 3))], low=1, resized=NOW - 100)
+    loaned = draining(inference_server("i1", ServerState.LOANED, gpus=4, since=NOW - 7200), NOW + 3600)
+    result = plan("aryl", snapshot_of([training_server("t"), loaned], [job]))
+    assert (result.server_actions, result.preemptions) == ((), ())
+    # Outside its window the loan ends at once, as before the window existed.
+    settled = dataclasses.replace(job, last_resized_at=NOW - 1000)
+    result = plan("aryl", snapshot_of([training_server("t"), loaned], [settled]))
+    assert [a.server_id for a in result.server_actions] == ["i1"]
+    assert [p.job_id for p in result.preemptions] == [2]
+
+
 def test_a_lost_server_is_never_protected() -> None:
     job = running_job(1, [("a", (0,)), ("b", (0,))], low=1, high=2, resized=NOW - 10)
     servers = [dataclasses.replace(training_server("a"), state=ServerState.LOST), training_server("b")]

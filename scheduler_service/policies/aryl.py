@@ -440,9 +440,13 @@ class ArylPolicy:
             if s.cordoned:
                 cycle.act(s.server_id, LoanStep.CANCEL, ServerState.SERVING, Reason.LOAN_CANCELLED,
                           f"server {s.server_id} is cordoned ({s.admin}): not lent to training")
-        taken_out = [s for s in by_state.get(ServerState.LOANED, []) if s.draining]
+        # A drain honours protection windows until its deadline, as on any server (``core.faults``): a loaned
+        # server holding a protected job is taken back once the window ends or the deadline passes.
+        taken_out = [s for s in by_state.get(ServerState.LOANED, []) if s.draining
+                     and not _drain_waits(cycle, s)]
         if taken_out:
-            self._reclaim(cycle, taken_out, len(taken_out), why="an operator drains it")
+            self._reclaim(cycle, taken_out, len(taken_out), why="an operator drains it", mechanism=Mechanism.DRAIN,
+                          need="must meet the operator's deadline")
         if snap.demand is None:  # no demand signal yet: never loan blind
             cycle.loan_note = LoanNote(Reason.NOT_LOANED_NO_DEMAND,
                                        "no server loaned: no inference demand reported yet (loans follow the "
@@ -486,14 +490,15 @@ class ArylPolicy:
                 f"(policy.loan_buffer_servers); {serving} serving" + (f", {coming_back} coming back" if coming_back
                                                                       else ""))
 
-    def _reclaim(self, cycle: _Cycle, loaned: list[ServerView], count: int, *, why: str) -> None:
+    def _reclaim(self, cycle: _Cycle, loaned: list[ServerView], count: int, *, why: str,
+                 mechanism: Mechanism = Mechanism.RECLAIM, need: str = "") -> None:
         decision = choose_reclaim(cycle.running, loaned, count, self.params, cycle.snapshot.now,
                                   naive=self.naive_reclaim,
                                   goodput_servers=cycle.goodput_servers)
         chosen = set(decision.servers)
         # A protected job is disrupted only when the servers without one did not suffice (``choose_reclaim``).
-        need = (f"needs {len(decision.servers)} loaned server(s) back and those without protected jobs "
-                "do not suffice")
+        need = need or (f"needs {len(decision.servers)} loaned server(s) back and those without protected jobs "
+                        "do not suffice")
         for job_id in decision.preempted:
             job = cycle.running.pop(job_id)
             shield = cycle.protected.get(job_id)
@@ -501,7 +506,7 @@ class ArylPolicy:
                 PreemptJob(job_id, Reason.PREEMPTED_FOR_RECLAIM,
                            f"its loaned server(s) {', '.join(sorted(chosen & {w.server_id for w in job.workers}))} "
                            f"went back to inference; below min_workers={job.view.min_workers}, requeued"
-                           + (f"; {overridden(shield, Mechanism.RECLAIM, need)}" if shield else ""))
+                           + (f"; {overridden(shield, mechanism, need)}" if shield else ""))
             )
         for job_id, _, after in decision.scaled_in:
             job = cycle.running[job_id]
@@ -510,7 +515,7 @@ class ArylPolicy:
             job.reclaimed = True
             shield = cycle.protected.get(job_id)
             if shield is not None:
-                job.override = overridden(shield, Mechanism.RECLAIM, need)
+                job.override = overridden(shield, mechanism, need)
             job.scaled_in(Reason.SCALED_IN_FOR_RECLAIM)
         for server_id in decision.servers:
             cycle.act(server_id, LoanStep.RECLAIM, ServerState.RECLAIMING, Reason.RECLAIMED_FOR_INFERENCE, why)
@@ -925,6 +930,16 @@ class ArylPolicy:
                              job.reason or Reason.SCALED_OUT, job.message)
                 )
         return scales
+
+
+def _drain_waits(cycle: _Cycle, server: ServerView) -> bool:
+    """Does an operator's drain of this loaned server wait (``core.protection``)? While a job on it is in
+    its protection window and the drain's deadline (if any) has not passed."""
+    deadline = server.drain_deadline
+    if deadline is not None and cycle.snapshot.now >= deadline:
+        return False
+    return any(job_id in cycle.protected and any(w.server_id == server.server_id for w in job.workers)
+               for job_id, job in cycle.running.items())
 
 
 def _protected_pending(cycle: _Cycle, job: JobView, reason: Reason, message: str) -> KeepPending:
