@@ -6,7 +6,8 @@ What it does around the program's own forward pass (``pass_loss``), and why:
 - *measures* (the progress file's goodput fields): a pass's time is from its start to the moment its
   last local gradient is computed (before waiting for the all-reduce), a step's time covers all its
   passes, the sync and the update; means over the last ``WINDOW`` steps, the first step of an
-  incarnation left out (it pays for warm-up);
+  incarnation left out (it pays for warm-up). Host clocks: exact on CPU; on a GPU, where kernels run
+  asynchronously, a pass's end is when its last gradient was handed over (tested on CPU only);
 - *gradient statistics* (``aryl_train.noise``): a tensor hook on each parameter adds the squared norm
   of its local gradient per pass; after the all-reduce the squared norm of the averaged gradient is
   the other half. One small all-reduce per step sums the local norms over the replicas, and carries
@@ -69,7 +70,7 @@ class Trainer:
         self.stopping = False  # a stop was agreed on: finish, save and return
         self._log = log
         self._sigterm = False
-        self._local_sqr = 0.0           # this step's sum of squared local gradient norms (scaled per pass)
+        self._local_terms: list[torch.Tensor] = []  # this step's squared local gradient norms, per parameter and pass
         self._grads_done_at = 0.0       # when the latest local gradient was computed
         self._previous_grad: torch.Tensor | None = None  # for the differenced estimate (one sample per step)
         self._step_times: deque[float] = deque(maxlen=WINDOW)
@@ -91,7 +92,7 @@ class Trainer:
                 on_step(loss)
             if checkpoint_every and self.step % checkpoint_every == 0 and not self.stopping:
                 self.save()
-                if self.allocation.rank == 0:
+                if self.allocation.rank == 0 and not self._sigterm:  # a stop is answered after the barrier
                     contract.acknowledge_checkpoint(self.step)  # outside a stop: a report of the saved work
         self.save()
         if self.allocation.world_size > 1:
@@ -107,7 +108,7 @@ class Trainer:
         batch = self.batch
         passes = batch.accum_steps + 1
         self.optimizer.zero_grad(set_to_none=True)
-        self._local_sqr = 0.0
+        self._local_terms = []
         loss_sum, pass_seconds = 0.0, 0.0
         for index in range(passes):
             pass_started = time.perf_counter()
@@ -116,8 +117,10 @@ class Trainer:
                 (loss / passes).backward()
             pass_seconds += self._grads_done_at - pass_started
             loss_sum += float(loss.detach())
-        # The hooks saw each pass's gradient divided by ``passes``: scale its square back.
-        stats = self._agree(self._local_sqr * passes * passes)
+        # The hooks saw each pass's gradient divided by ``passes``: scale its square back. One read of the
+        # device per step (a GPU is not synchronised per parameter).
+        local_sqr = float(torch.stack(self._local_terms).sum()) if self._local_terms else 0.0
+        stats = self._agree(local_sqr * passes * passes)
         self._update_grad_stats(local_sum=stats[0], batch=batch)
         self.optimizer.step()
         self.step += 1
@@ -158,7 +161,7 @@ class Trainer:
         count = self.allocation.world_size * (batch.accum_steps + 1)
         scale = batch.total(self.allocation.world_size) / self.allocation.init_batch_size
         if count > 1:
-            total_sqr = sum(float(g.double().pow(2).sum()) for g in grads)
+            total_sqr = float(torch.stack([g.pow(2).sum(dtype=torch.float64) for g in grads]).sum())
             self._previous_grad = None
             stats = estimate(local_sum / count, total_sqr, count, batch.local_batch_size,
                              self.allocation.init_batch_size)
@@ -192,7 +195,7 @@ class Trainer:
         return tensor.tolist()
 
     def _on_local_grad(self, grad: torch.Tensor) -> None:
-        self._local_sqr += float(grad.detach().double().pow(2).sum())
+        self._local_terms.append(grad.detach().pow(2).sum(dtype=torch.float64))
         self._grads_done_at = time.perf_counter()
 
     def _no_sync(self, *, last: bool) -> AbstractContextManager[Any]:
