@@ -749,6 +749,8 @@ def describe_job(response: scheduler_pb2.GetJobResponse) -> str:
         ("Deadline", local_time(spec.deadline) if spec.HasField("deadline") else "-"),
         *([("Deadline outlook", job.deadline_note)] if job.deadline_note and spec.HasField("deadline") else []),
         ("Predicted finish", prediction_text(job)),
+        *([("Expected start", job.eta_note or local_time(job.eta_start))] if _is_set(job.eta_start) else []),
+        *([("Expected finish", local_time(job.eta_finish))] if _is_set(job.eta_finish) else []),
         ("Max runtime", duration_text(spec.max_runtime)),
         ("Estimated runtime", duration_text(spec.throughput.estimated_runtime)),
     ]
