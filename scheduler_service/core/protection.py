@@ -25,6 +25,9 @@ Nouns
     (``reclaim_penalty`` makes the reclaim greedy choose that way);
   - a drain whose deadline has passed: the operator's deadline is the promise (``core.faults``);
   - a LOST server is not a decision: its workers are gone already (``core.faults`` never asks).
+- *Who asks*: ``core.faults`` (drains) and the ``aryl`` family, ``qos`` and ``dl2`` (their resize
+  interval is this window). The peers reproduced from their papers -- ``tiresias``, ``optimus``, ``pollux``,
+  ``drf`` -- resize and preempt by their own published rules (each round reallocates) and do not ask.
 
 Why these defaults (``core.params``): a disruption costs about ``restart_cost_s`` (60 s) plus the work since
 the last checkpoint; a window of 300 s (5 restarts' worth) keeps a job's restart overhead from any one
