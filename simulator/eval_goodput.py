@@ -49,7 +49,8 @@ it was committed):
   cluster at the rate's ``DEMAND_QUANTILE`` (0.99) quantile. 30 s restart overhead, checkpoints every
   30 min, cycles at least 60 s apart; policies see exact run times (declared work and throughput).
 - **Seeds** ``SEEDS``: each changes the elastic draws and the model draws; figures are means over the
-  seeds with the min..max range.
+  seeds with the min..max range. One check beside them: ``CHECK_DAYS`` (2) days, seed ``CHECK_SEED``
+  (clusters sized by the same rule on that window), all four policies.
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ from simulator.traces import JobMapping, job_gpu_seconds, load_philly
 POLICIES = ("sjf", "pollux", "aryl-nogoodput", "aryl")
 SEEDS = (0, 1, 2)
 WINDOW_DAYS = 1.0
+CHECK_DAYS, CHECK_SEED = 2.0, 0   # one longer run beside the seeds: does the ranking hold on more load?
 PROFILE_NODE_GPUS = 4     # the profiles' testbed nodes (4 x T4)
 MAX_PROFILE_GPUS = 64     # the largest configuration measured
 CYCLE_GAP_S = 60.0
@@ -294,14 +296,41 @@ def figures(result: SimulationResult) -> dict[str, float]:
     """Average JCT (completed jobs), completions, loans and restarts of one run."""
     done = [j for j in result.jobs if j.end is not None]
     jct = [j.end - j.submit for j in done if j.end is not None]
+    queue = [j.start - j.submit for j in done if j.start is not None]
     return {
         "avg_jct_s": round(sum(jct) / len(jct), 1) if jct else math.nan,
+        "avg_queue_s": round(sum(queue) / len(queue), 1) if queue else math.nan,
         "completed": len(done), "jobs": len(result.jobs),
         "loans": sum(s.loans for s in result.servers),
         "resizes": sum(j.scale_outs + j.scale_ins for j in result.jobs),
         "preemptions": sum(j.preemptions for j in result.jobs),
         "wall_s": round(result.wall_s, 1),
     }
+
+
+def _check_text(check: dict[str, Any] | None, hours: Any) -> str:
+    """The longer-window check (module doc): its table, and how ``aryl`` compares there."""
+    if not check:
+        return ""
+    runs = check["runs"]
+    table = "\n".join(f"| {p} | {hours(runs[p]['avg_jct_s'])} | {hours(runs[p]['avg_queue_s'])} | "
+                      f"{runs[p]['completed']:,.0f} | {runs[p]['loans']:,.0f} | {runs[p]['resizes']:,.0f} | "
+                      f"{runs[p]['preemptions']:,.0f} |" for p in POLICIES)
+    vs = "; ".join(f"vs `{p}` {_lower(1.0 - runs['aryl']['avg_jct_s'] / runs[p]['avg_jct_s'])}"
+                   for p in ("pollux", "aryl-nogoodput", "sjf"))
+    return f"""
+**Check on a longer window** ({check['days']:g} days, seed {check['seed']}, {check['jobs']:,} jobs, clusters by the
+same rule: {check['training_servers']} training + {check['inference_servers']} inference servers):
+
+| policy | avg JCT | avg queue | completed | loans | resizes | preemptions |
+|---|---|---|---|---|---|---|
+{table}
+
+- `aryl`'s average JCT there: {vs}. Its queued jobs wait {hours(runs['aryl']['avg_queue_s'])} on average against
+  {hours(runs['pollux']['avg_queue_s'])} under `pollux`, whose objective (a power mean of speed-ups, p = -1)
+  shrinks running jobs to start every job at once, where `aryl` starts gangs shortest-first and grows jobs
+  only with GPUs left over.
+"""
 
 
 def _lower(share: float) -> str:
@@ -328,8 +357,16 @@ def goodput_section(shared: Path, assets: Path, raw: dict[str, Any]) -> tuple[st
             runs[policy][seed] = figures(run_goodput(jobs, truths, demand, policy, seed=seed, spec=spec))
             _log(f"seed {seed} {policy}: {runs[policy][seed]}")
     assert spec is not None
+    jobs, truths, demand, longer = philly_goodput(shared, CHECK_SEED, days=CHECK_DAYS)
+    check: dict[str, Any] = {"days": CHECK_DAYS, "seed": CHECK_SEED, "jobs": len(jobs),
+                             "training_servers": longer.training_servers,
+                             "inference_servers": longer.inference_servers, "runs": {}}
+    for policy in POLICIES:
+        check["runs"][policy] = figures(run_goodput(jobs, truths, demand, policy, seed=CHECK_SEED, spec=longer))
+        _log(f"check ({CHECK_DAYS:g} days, seed {CHECK_SEED}) {policy}: {check['runs'][policy]}")
     raw_out = {"runs": runs, "jobs": sizes, "training_servers": spec.training_servers,
-               "inference_servers": spec.inference_servers, "wall_s": round(time.perf_counter() - started)}
+               "inference_servers": spec.inference_servers, "check": check,
+               "wall_s": round(time.perf_counter() - started)}
     return text_of(raw_out), raw_out
 
 
@@ -338,11 +375,11 @@ def text_of(raw: dict[str, Any]) -> str:
     runs = {p: {int(s): v for s, v in seeds.items()} for p, seeds in raw["runs"].items()}
     sizes = {int(s): (int(v[0]), int(v[1])) for s, v in raw["jobs"].items()}
     spec = ClusterSpec(raw["training_servers"], raw["inference_servers"], GPUS_PER_SERVER)
-    return render(runs, sizes, spec, float(raw["wall_s"]))
+    return render(runs, sizes, spec, float(raw["wall_s"]), raw.get("check"))
 
 
 def render(runs: dict[str, dict[int, dict[str, float]]], sizes: dict[int, tuple[int, int]], spec: ClusterSpec,
-           wall_s: float) -> str:
+           wall_s: float, check: dict[str, Any] | None = None) -> str:
     def hours(v: float) -> str:
         return f"{v / 3600:.2f} h"
 
@@ -353,8 +390,9 @@ def render(runs: dict[str, dict[int, dict[str, float]]], sizes: dict[int, tuple[
     def count(v: float) -> str:
         return f"{v:,.0f}"
 
-    rows = [f"| {p} | {spread(p, 'avg_jct_s')} | {spread(p, 'completed', count)} | {spread(p, 'loans', count)} | "
-            f"{spread(p, 'resizes', count)} | {spread(p, 'preemptions', count)} |" for p in POLICIES]
+    rows = [f"| {p} | {spread(p, 'avg_jct_s')} | {spread(p, 'avg_queue_s')} | {spread(p, 'completed', count)} | "
+            f"{spread(p, 'loans', count)} | {spread(p, 'resizes', count)} | {spread(p, 'preemptions', count)} |"
+            for p in POLICIES]
     per_seed = [f"| {s} | {sizes[s][0]:,} ({sizes[s][1]:,} with goodput) | "
                 + " | ".join(hours(runs[p][s]["avg_jct_s"]) for p in POLICIES) + " |" for s in sorted(sizes)]
 
@@ -372,16 +410,17 @@ def render(runs: dict[str, dict[int, dict[str, float]]], sizes: dict[int, tuple[
     def mean_of(policy: str, key: str) -> float:
         return statistics.fmean(runs[policy][s][key] for s in runs[policy])
 
-    resizes, preempted, loans = (f"{mean_of(p, k):,.0f}" for p, k in
-                                 (("aryl", "resizes"), ("aryl", "preemptions"), ("aryl", "loans")))
-    theirs = f"{mean_of('pollux', 'resizes'):,.0f} and {mean_of('pollux', 'preemptions'):,.0f}"
+    ours = {k: mean_of("aryl", k) for k in ("resizes", "preemptions", "loans", "avg_queue_s")}
+    theirs = {k: mean_of("pollux", k) for k in ("resizes", "preemptions", "avg_queue_s")}
+    fewer = ours["resizes"] + ours["preemptions"] < theirs["resizes"] + theirs["preemptions"]
     lines.append(
-        "- Where the differences come from (what these runs count, and the policies' design): `aryl` and "
-        "`pollux` both size each job's batch to its GPUs from its fitted goodput, which `aryl-nogoodput` cannot "
-        "(it scales at the job's own batch, where extra GPUs buy little); `aryl` resizes and preempts less "
-        f"({resizes} resizes and {preempted} preemptions per run against `pollux`'s {theirs}, each costing a "
-        f"restart), orders its queue shortest-first, and borrows idle inference servers ({loans} loans per "
-        "run), which `pollux` never does.")
+        "- What the runs count beside JCT: `aryl` and `pollux` both size each job's batch to its GPUs from its "
+        "fitted goodput, which `aryl-nogoodput` cannot (it scales at the job's own batch, where extra GPUs buy "
+        f"little); `aryl` makes {'fewer' if fewer else 'more'} restarts than `pollux` ({ours['resizes']:,.0f} "
+        f"resizes and {ours['preemptions']:,.0f} preemptions per run against {theirs['resizes']:,.0f} and "
+        f"{theirs['preemptions']:,.0f}, each costing 30 s), its jobs queue {hours(ours['avg_queue_s'])} on average "
+        f"against {hours(theirs['avg_queue_s'])}, and it borrows idle inference servers ({ours['loans']:,.0f} "
+        "loans per run), which `pollux` never does.")
     return f"""## Loaning + goodput: Philly + ServeGen with Pollux models
 
 The first {WINDOW_DAYS:g} day(s) of the busiest Philly window on clusters sized by the headline's busy-regime
@@ -395,8 +434,8 @@ from its step samples and gradient statistics, `core/goodput_fit.py`, with the b
 allocation). Seeds {", ".join(map(str, sorted(sizes)))} (elastic and model draws); mean (min..max) over
 seeds. This section took {wall_s:.0f} s.
 
-| policy | avg JCT | completed | loans | resizes | preemptions |
-|---|---|---|---|---|---|
+| policy | avg JCT | avg queue | completed | loans | resizes | preemptions |
+|---|---|---|---|---|---|---|
 {chr(10).join(rows)}
 
 | seed | jobs | {" | ".join(POLICIES)} |
@@ -404,4 +443,4 @@ seeds. This section took {wall_s:.0f} s.
 {chr(10).join(per_seed)}
 
 {chr(10).join(lines)}
-"""
+{_check_text(check, hours)}"""

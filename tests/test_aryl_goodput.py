@@ -148,6 +148,10 @@ def test_the_goodput_section_runs_on_a_tiny_trace() -> None:
     raw = {"runs": runs, "jobs": {0: (len(jobs), len(truths))}, "training_servers": 1, "inference_servers": 1,
            "wall_s": 1.0}
     assert text_of(json.loads(json.dumps(raw))) == text
+    raw["check"] = {"days": 2.0, "seed": 0, "jobs": len(jobs), "training_servers": 1, "inference_servers": 1,
+                    "runs": {p: r[0] for p, r in runs.items()}}
+    checked = text_of(json.loads(json.dumps(raw)))
+    assert checked.startswith(text.rstrip("\n")) and "Check on a longer window" in checked
 
 
 def test_the_goodput_cluster_shows_what_a_job_measured() -> None:
