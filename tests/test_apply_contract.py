@@ -60,6 +60,7 @@ JOBS = (  # (gpus per worker, min workers, max workers), ids 1.. in this order
 )
 STEP_S = 10.0  # the clocks move this far before every plan
 RECLAIM_DEADLINE_S = PolicyParams().reclaim_deadline_s
+NO_PROTECTION = PolicyParams(min_resize_interval_s=0, max_disruptions_per_hour=0)  # core.protection off
 
 C = RefusalCode
 
@@ -332,8 +333,10 @@ SCRIPT = (
     Step("the aryl policy's plan on the shared state", lambda snap: create_policy("aryl").schedule(snap),
          check=something_applied),
     # An operator drains t0000: the policy's plan (core.faults first) moves the elastic jobs off it (no
-    # worker elsewhere: requeued) and places nothing there, on both sides alike.
-    Step("the aryl policy's plan with t0000 draining", lambda snap: create_policy("aryl").schedule(snap),
+    # worker elsewhere: requeued) and places nothing there, on both sides alike. The protection window is
+    # off here (those jobs started moments ago: a drain waits for it, tests/test_protection.py).
+    Step("the aryl policy's plan with t0000 draining",
+         lambda snap: create_policy("aryl", NO_PROTECTION).schedule(snap),
          events=(admin("t0000", AdminState.DRAINING),), check=no_elastic_work_on_t0000),
 )
 
