@@ -18,7 +18,15 @@ from scheduler_service.policies import create_policy
 from scheduler_service.policies.aryl import _goodput_scale_in_cost, _Job
 from simulator.engine import simulate
 from simulator.model import ClusterSpec
-from tests.harness import NOW, inference_server, linear_job, running_job, snapshot_of, training_server
+from tests.harness import (
+    NOW,
+    inference_server,
+    linear_job,
+    pending_job,
+    running_job,
+    snapshot_of,
+    training_server,
+)
 from tests.test_goodput import traces_dir
 
 PERF = PerfParams(alpha_c=0.05, beta_c=0.002, alpha_n=0.2, beta_n=0.01, alpha_r=0.05, beta_r=0.005, gamma=1.5)
@@ -171,3 +179,15 @@ def test_the_goodput_cluster_shows_what_a_job_measured() -> None:
     after = cluster.snapshot().jobs[0]
     assert len(after.step_samples) == 1 and after.grad_stats is not None
     assert after.step_samples[0].replicas == after.num_workers
+
+
+def test_pollux_counts_gpus_so_small_jobs_share_a_server_with_a_wide_one() -> None:
+    # One 8-GPU worker runs on server a; four 1-GPU jobs wait. Counted in workers of the widest size, server
+    # b held one "unit" and only one of them could start; counted in GPUs, all four fit on b.
+    servers = [training_server("a", gpus=8), training_server("b", gpus=8)]
+    wide = running_job(1, [("a", tuple(range(8)))], low=1, high=1, resized=0.0)
+    small = [pending_job(j, gpus=1, workers=1, max_workers=1) for j in (2, 3, 4, 5)]
+    snap = snapshot_of(servers, [wide, *small])
+    plan = create_policy("pollux").schedule(snap)
+    assert check_plan(snap, plan) == []
+    assert {s.job_id for s in plan.starts} == {2, 3, 4, 5} and not plan.preemptions
