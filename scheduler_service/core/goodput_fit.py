@@ -21,10 +21,13 @@ Nouns (``core.goodput`` defines the goodput ones):
   size (``min_workers`` when it holds none), with the batch size that goes with each, and the source
   (``fitted`` / ``declared``). The views (``arylctl job ID``) show it.
 
-Fitting costs 1-150 ms a job (7 parameters, 1-6 samples, on a 2-core machine): it is memoised on the
-sample set (``fitted_perf``, bounded), and a job's model with its batch choices on (samples, gradient
-statistics, limits) (``_model``), so a policy that runs every cycle refits a job only when it reported a
-new configuration, and recomputes its batch choices only when its gradient statistics change.
+Fitting is not free (measured on this project's shared 2-core machine): 1 ms for one sample, 20-90 ms
+for 2-6 on an idle core, ~180 ms on average under load (a 6-hour Philly run of ``aryl`` on the goodput
+evaluation: 216 fits, 78% of its simulation time; fewer Nelder-Mead iterations lose the parameters). So
+it is memoised on the sample set (``fitted_perf``, bounded; a hit costs ~0.5 us), and a job's model with
+its batch choices on (samples, gradient statistics, limits) (``_model``): a policy that runs every cycle
+refits a job only when it reported a new configuration, and recomputes its batch choices only when its
+gradient statistics change.
 
 Pure: no I/O, no clock; the memos are of pure functions and change no result.
 """
