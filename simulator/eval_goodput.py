@@ -432,7 +432,8 @@ clusters), `pollux` (goodput + batch-size adaptation, no loaning), `aryl-nogoodp
 on declared throughput only) and `aryl` (loaning, elasticity by each job's goodput model fitted online
 from its step samples and gradient statistics, `core/goodput_fit.py`, with the batch chosen for its
 allocation). Seeds {", ".join(map(str, sorted(sizes)))} (elastic and model draws); mean (min..max) over
-seeds. This section took {wall_s:.0f} s.
+seeds (`sjf` sees nothing a seed changes: its jobs run at their requested size, in their traced time). This
+section took {wall_s:.0f} s.
 
 | policy | avg JCT | avg queue | completed | loans | resizes | preemptions |
 |---|---|---|---|---|---|---|
