@@ -436,7 +436,8 @@ def headline(inputs: Inputs, assets: Path, plan: Plan = Plan(), workers: int | N
     started = time.perf_counter()
     busy, subset_regime, groups = headline_specs(inputs, plan)
     runs, kept, run_s = run_groups(inputs, groups, workers)
-    wall_s = time.perf_counter() - started
+    log(f"headline + sensitivity: {run_s:.0f} s of simulations in {time.perf_counter() - started:.0f} s of wall time "
+        "(not written to the report: a rerun writes the same sections)")
     regimes = {"busy": describe_regime(inputs, busy), "light": describe_regime(inputs, LIGHT),
                "subset": describe_regime(inputs, subset_regime, plan.subset_jobs)}
 
@@ -454,7 +455,6 @@ def headline(inputs: Inputs, assets: Path, plan: Plan = Plan(), workers: int | N
         "exact": exact,
         "vs_sjf": {p: comparison(est["sjf"], a) for p, a in est.items() if p != "sjf"},
         "exact_vs_sjf": {p: comparison(exact["sjf"], a) for p, a in exact.items() if p != "sjf"},
-        "wall_s": round(wall_s), "run_s": round(run_s),
     }
     ablation = group(f"ablation/{ESTIMATED}")
     if ablation:
@@ -613,9 +613,70 @@ Clairvoyant (`exact`: policies see each job's true work):
 ![Utilisation](evaluation/philly_utilization.png)
 ![Loans vs demand](evaluation/philly_loans.png)
 
-Plots: seed {raw['seeds'][0]}, estimated, busy regime. The headline section ran {raw['run_s']} s of
-simulations in {raw['wall_s']} s of wall time (process pool over {os.cpu_count()} cores).
-"""
+Plots: seed {raw['seeds'][0]}, estimated, busy regime.
+
+{reading_text(raw)}"""
+
+
+def verdicts(raw: Mapping[str, Any]) -> dict[str, tuple[float, float, bool]]:
+    """Each target metric: (measured mean, target, met) for the non-clairvoyant busy headline."""
+    vs = raw["vs_sjf"]["aryl"]
+    out = {}
+    for key, metric in (("queue_reduction", "queue_reduction"), ("jct_reduction", "jct_reduction"),
+                        ("usage_gain_pct", "useful_usage_gain_pct")):
+        mean = vs[metric]["mean"] if vs.get(metric) else math.nan
+        out[key] = (mean, TARGET[key], mean >= TARGET[key])
+    return out
+
+
+def reading_text(raw: Mapping[str, Any]) -> str:
+    """What the headline shows against the target, from its figures (why it falls short, where it does)."""
+    v = verdicts(raw)
+    named = {"queue_reduction": "queueing", "jct_reduction": "JCT", "usage_gain_pct": "useful utilisation"}
+    met = [named[k] for k, (_, _, ok) in v.items() if ok]
+    short = [named[k] for k, (_, _, ok) in v.items() if not ok]
+    a, s = raw["aryl"]["spread"], raw["sjf"]["spread"]
+    noloan = raw.get("aryl-noloan")
+    lines = [f"**Reading the headline against the target.** Met: {', '.join(met) or 'none'}; "
+             # a line of its own, then the reasons as a list
+             f"short: {', '.join(short) or 'none'} (non-clairvoyant means; the target is not a tuning goal: no "
+             f"setting here was changed after a result was seen)."]
+    if noloan:
+        c, loan = raw["vs_sjf"]["aryl-noloan"], comparison(noloan, raw["aryl"])
+        lines.append(
+            f"- JCT: elastic scaling alone (`aryl-noloan`) gains {cell(c['jct_reduction'], 'x')} over `sjf` -- at "
+            f"{raw['regime']['offered_load']:.0%} offered load few training GPUs are idle to grow jobs into -- and "
+            f"loaning adds {cell(loan['jct_reduction'], 'x')} on top, from "
+            f"{raw['regime']['loanable_share']:.1%} more capacity on average, mostly at the inference troughs.")
+    lines.append(
+        f"- Useful utilisation: `aryl` allocates {cell(raw['vs_sjf']['aryl']['usage_gain_pct'], 'gain')} more "
+        f"GPU-time than `sjf` over the arrival window, but only {cell(a.get('useful_work.useful_fraction'), 'pct')} "
+        f"of its allocated GPU-hours are useful (`sjf`: {cell(s.get('useful_work.useful_fraction'), 'pct')}): "
+        f"elastic extras scale sub-linearly (4 GPUs for one give 3.48x at alpha 0.05) and preemptions and "
+        f"restarts lose {cell(a.get('gpu_hours_lost'), 'n')} GPU-hours (`sjf`: {cell(s.get('gpu_hours_lost'), 'n')}).")
+    lines.append(
+        f"- Inference: serving fell short by {cell(a.get('inference_shortfall.server_s'), 'h')} server-hours over the "
+        f"run (drains and reclaims in progress when demand rose); "
+        f"{cell(a.get('inference_shortfall.requests_short_share'), 'share')} of requests arrived while some capacity "
+        f"was missing and {cell(a.get('inference_shortfall.requests_unserved_share'), 'share')} exceeded what "
+        f"was serving.")
+    sub = raw.get("peers_subset")
+    if sub and "pollux" in sub and "aryl" in sub:
+        c = comparison(sub["pollux"], sub["aryl"])
+        lines.append(
+            f"- Peers: on the subset `pollux` (no loaning) has the lower average JCT -- `aryl` vs `pollux` "
+            f"{cell(c['jct_reduction'], 'x')} -- by shrinking running jobs to start every job at once, where "
+            f"`aryl` starts gangs shortest-first and grows jobs only into GPUs left over.")
+    light = raw.get("light")
+    lines.append(
+        "- What would close the gap: the elastic allocation (which jobs start and how far they grow: `pollux`'s "
+        "start-everyone sizing wins on JCT above; the `goodput` section measures `aryl` with goodput-aware "
+        "sizing), not a setting of this evaluation: the loanable share is the environment's and is not varied "
+        "toward the target"
+        + (f" (the light-load row, {light['regime']['loanable_share']:.0%} loanable at "
+           f"{light['regime']['offered_load']:.0%} offered load, gives JCT "
+           f"{cell(light['vs_sjf'][ESTIMATED]['jct_reduction'], 'x')})." if light else "."))
+    return "\n".join(lines) + "\n"
 
 
 def sensitivity_text(sens: Mapping[str, Any]) -> str:
@@ -647,6 +708,15 @@ def lead_text(raw: Mapping[str, Any]) -> str:
     """The report's opening lines: what the headline is, its regime and assumptions, against the paper."""
     r, vs = raw["regime"], raw["vs_sjf"]["aryl"]
     exact = raw["exact_vs_sjf"].get("aryl", {})
+    names = {"queue_reduction": "queueing", "jct_reduction": "JCT", "usage_gain_pct": "useful utilisation"}
+    verdict = "; ".join(
+        f"{names[k]} {'met' if ok else 'not met'} "
+        + (f"({m:+.1f}% vs >= +{t:g}%)" if k == "usage_gain_pct" else f"({m:.2f}x vs >= {t:g}x)")
+        for k, (m, t, ok) in verdicts(raw).items())
+    sub = raw.get("peers_subset", {})
+    peer_note = (" (`pollux` beats `aryl` on JCT on a subset)"
+                 if "pollux" in sub and "aryl" in sub and sub["pollux"]["avg_jct_s"] < sub["aryl"]["avg_jct_s"] else "")
+    short = raw["aryl"]["spread"].get("inference_shortfall.requests_short_share")
     return f"""**Headline** (section 1): `aryl` (capacity loaning + elastic scaling) against `sjf` on separate
 clusters, on the busiest 15 days of Philly (28,554 jobs) with ServeGen inference load, in a **busy
 regime** -- {regime_line(r)} -- **non-clairvoyant** (policies see log-normal user estimates, sigma 0.8),
@@ -655,8 +725,10 @@ average queueing **{cell(vs['queue_reduction'], 'x')}** shorter, average JCT **{
 shorter, GPU utilisation over the arrival window {cell(vs['usage_gain_pct'], 'gain')} (useful utilisation
 {cell(vs['useful_usage_gain_pct'], 'gain')}). The paper reports 1.53x / 1.50x / up to +26.9%; the project's
 target is >= 1.6x / >= 1.6x / >= +27% useful. Clairvoyant (exact work): {cell(exact.get('queue_reduction'), 'x')} /
-{cell(exact.get('jct_reduction'), 'x')} / {cell(exact.get('usage_gain_pct'), 'gain')}. How the setting was
-chosen, the light-load row, peers and the scaling sensitivity: sections 1-2.
+{cell(exact.get('jct_reduction'), 'x')} / {cell(exact.get('usage_gain_pct'), 'gain')}. Against the target: {verdict}.
+Inference shortfall: {cell(short, 'share')} of requests arrived while loaned capacity was still coming back.
+How the setting was chosen, the light-load row, peers{peer_note}, where the target is
+missed and why, and the scaling sensitivity: sections 1-2.
 """
 
 
