@@ -222,6 +222,9 @@ def main(argv: list[str] | None = None) -> int:
         for name, future in futures.items():
             texts[name], raw[name] = future.result()
     texts = {name: texts[name] for name in wanted}
+    if partial and summaries_path.exists():
+        # Re-read: another section may have been rewritten meanwhile (runs take minutes); keep its figures.
+        raw = {**json.loads(summaries_path.read_text()), **{name: raw[name] for name in texts}}
     summaries_path.write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n")
     lead = lead_text(raw["headline"]) if "headline" in texts else None
     if partial:
