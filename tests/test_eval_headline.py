@@ -3,7 +3,9 @@ busy regime's sizing rule, the process pool, the seed aggregation and the summar
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -132,3 +134,37 @@ def test_lead_goes_under_the_title_and_is_replaced_in_place() -> None:
     assert once.startswith("# Evaluation\n\n<!-- section:lead -->\nfirst\n<!-- /section:lead -->\n\nRegenerate")
     twice = splice_lead(once, "second\n")
     assert "first" not in twice and twice.count("section:lead -->") == 2
+
+
+def _fake_headline(shared: Path, assets: Path, raw: dict) -> tuple[str, dict]:
+    raw["_sensitivity"] = ("## sensitivity\n", {"pid": os.getpid()})
+    return "## headline\n", {"pid": os.getpid()}
+
+
+def _fake_sensitivity(shared: Path, assets: Path, raw: dict) -> tuple[str, dict]:
+    return raw.pop("_sensitivity")
+
+
+def _fake_other(shared: Path, assets: Path, raw: dict) -> tuple[str, dict]:
+    return "## other\n", {"pid": os.getpid()}
+
+
+def test_other_sections_run_beside_the_headline_and_keep_their_order(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    import simulator.evaluation as evaluation
+
+    monkeypatch.setattr(evaluation, "SECTIONS", {"headline": _fake_headline, "sensitivity": _fake_sensitivity,
+                                                 "other": _fake_other})
+    monkeypatch.setattr(evaluation, "lead_text", lambda raw: "the lead\n")
+    assert evaluation.main(["--out", str(tmp_path), "--shared", str(tmp_path)]) == 0
+    doc = (tmp_path / "evaluation.md").read_text()
+    assert doc.startswith("# Evaluation\n\n<!-- section:lead -->\nthe lead\n")
+    assert doc.index("## headline") < doc.index("## sensitivity") < doc.index("## other")
+    raw = json.loads((tmp_path / "evaluation" / "summaries.json").read_text())
+    assert raw["headline"]["pid"] == raw["sensitivity"]["pid"] == os.getpid()
+    assert raw["other"]["pid"] != os.getpid()  # in a worker process, beside the headline
+    # --only other: in this process, in place; the headline's figures are kept
+    (tmp_path / "evaluation" / "summaries.json").write_text(json.dumps({**raw, "kept": 1}))
+    assert evaluation.main(["--out", str(tmp_path), "--shared", str(tmp_path), "--only", "other"]) == 0
+    again = json.loads((tmp_path / "evaluation" / "summaries.json").read_text())
+    assert again["other"]["pid"] == os.getpid() and again["kept"] == 1 and again["headline"] == raw["headline"]
