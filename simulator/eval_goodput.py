@@ -67,7 +67,7 @@ from scheduler_service.core.clock import Clock
 from scheduler_service.core.goodput import BatchSplit, GradParams, StepSample, progress_rate, split_batch
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.plan import ApplyResult, Plan
-from scheduler_service.core.snapshot import BatchLimits, ClusterSnapshot, WorkerView
+from scheduler_service.core.snapshot import BatchLimits, ClusterSnapshot, JobView, WorkerView
 from scheduler_service.core.throughput import ThroughputModel
 from simulator.clock import VirtualClock
 from simulator.cluster import SimulatedCluster
@@ -193,10 +193,17 @@ class GoodputCluster(SimulatedCluster):
         snap = super().snapshot(seed)
         jobs = tuple(
             replace(j, batch_limits=truth.limits, step_samples=self._shown.get(j.job_id, ()),
-                    grad_stats=self._grad.get(j.job_id))
+                    grad_stats=self._grad.get(j.job_id), batch_now=self._batch_now(j))
             if (truth := self._truths.get(j.job_id)) is not None else j
             for j in snap.jobs)
         return replace(snap, jobs=jobs)
+
+    def _batch_now(self, job: JobView) -> tuple[int, int, int] | None:
+        """The batch its running segment uses, with the GPUs it runs on (``JobView.batch_now``)."""
+        split = self._split.get(job.job_id)
+        if split is None or not job.workers:
+            return None
+        return split.atomic_bsz, split.accum_steps, job.num_workers * job.gpus_per_worker
 
     def apply(self, plan: Plan) -> ApplyResult:
         for b in plan.batches:

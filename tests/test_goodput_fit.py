@@ -8,8 +8,9 @@ import dataclasses
 
 import pytest
 
-from scheduler_service.core.goodput import GradParams, PerfParams, StepSample, pass_time, step_time
+from scheduler_service.core.goodput import GradParams, PerfParams, StepSample, goodput, pass_time, step_time
 from scheduler_service.core.goodput_fit import (
+    BATCH_HYSTERESIS,
     EXPLORE_FACTOR,
     batch_for,
     default_batch,
@@ -125,3 +126,26 @@ def test_nodes_for_packs_workers_on_the_fewest_servers() -> None:
     assert nodes_for(1, 8) == 1 and nodes_for(2, 8) == 2 and nodes_for(8, 1) == 1 and nodes_for(9, 1) == 2
     assert nodes_for(3, 4, gpus_per_server=8) == 2
 
+
+
+def test_at_an_unchanged_allocation_a_job_keeps_its_batch_unless_the_best_gains_enough() -> None:
+    view = job(tuple(sample(*c) for c in CONFIGS), workers=4)
+    model = job_goodput(view)
+    assert model is not None
+    best = batch_for(view, 1, 4)
+    assert best is not None
+    best_goodput = model.choice(1, 4).goodput
+
+    def goodput_of(atomic: int, accum: int) -> float:
+        return goodput(model.perf, model.grad, LIMITS.init_bsz, 1, 4, atomic, accum)
+
+    # A batch within BATCH_HYSTERESIS of the best is kept; one further away is replaced by the best.
+    near = next(a for a in range(best.atomic_bsz - 1, 0, -1)
+                if goodput_of(a, best.accum_steps) >= (1 - BATCH_HYSTERESIS) * best_goodput)
+    far = next(a for a in range(1, best.atomic_bsz)
+               if goodput_of(a, best.accum_steps) < (1 - BATCH_HYSTERESIS) * best_goodput)
+    keep = dataclasses.replace(view, batch_now=(near, best.accum_steps, 4))
+    assert batch_for(keep, 1, 4) == BatchSize(7, near, best.accum_steps)
+    assert batch_for(dataclasses.replace(view, batch_now=(far, best.accum_steps, 4)), 1, 4) == best
+    # Chosen for another allocation (here 2 GPUs): a resize chooses afresh.
+    assert batch_for(dataclasses.replace(view, batch_now=(near, best.accum_steps, 2)), 1, 4) == best

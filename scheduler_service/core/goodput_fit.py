@@ -10,6 +10,8 @@ Nouns (``core.goodput`` defines the goodput ones):
   throughput points, else Amdahl's law with the policy's ``amdahl_alpha`` (``core.throughput``), exactly
   as before goodput existed, and its batch size (if it has ``batch_limits``) is the one it was tuned
   for (``init_bsz``, split over its GPUs; ``default_batch``).
+- **batch hysteresis** (``batch_for``): at the allocation its current batch was chosen for, a fitted job
+  keeps that batch unless the best one has ``BATCH_HYSTERESIS`` more goodput by its fit.
 - **explored range**: a fit is trusted up to ``EXPLORE_FACTOR`` x the most GPUs the job has run on
   (Pollux lets a job grow at most that far beyond what it has measured, because a fit extrapolates
   optimistically: with no multi-GPU sample it sees no network cost at all). Beyond it the fitted
@@ -47,6 +49,7 @@ from scheduler_service.core.goodput import (
     StepSample,
     best_batch_size,
     fit_perf_params,
+    goodput,
     split_batch,
 )
 from scheduler_service.core.plan import BatchSize
@@ -56,6 +59,10 @@ from scheduler_service.core.throughput import model_for
 MIN_STEP_SAMPLES = 1     # Pollux fits from the first configuration a job ran (fixed_terms covers the rest)
 EXPLORE_FACTOR = 2       # a fit is trusted up to this many times the most GPUs sampled (Pollux's rule)
 MIN_ATOMIC_BSZ = 1       # the contract declares no smallest per-GPU batch: any positive one runs
+# At an unchanged allocation a job keeps the batch it runs unless the best one has this much more goodput
+# (by its fit): gradient statistics are noisy, and each change is an event, a desired state pushed to its
+# agents and a batch file rewritten; without it a job's batch wandered every few steps (12, 14, 16, 12, ...).
+BATCH_HYSTERESIS = 0.05
 GPUS_PER_SERVER = 8      # servers' size when the caller does not say (the predictions' packing)
 
 
@@ -164,6 +171,13 @@ def batch_for(job: JobView, nodes: int, workers: int) -> BatchSize | None:
     if model is not None:
         chosen = model.choice(max(1, min(nodes, replicas)), replicas)
         split = chosen.split if chosen.goodput > 0 else None
+        now = job.batch_now
+        if split is not None and now is not None and now[2] == replicas and (now[0], now[1]) != (
+                split.atomic_bsz, split.accum_steps):
+            kept = goodput(model.perf, model.grad, limits.init_bsz, max(1, min(nodes, replicas)), replicas,
+                           now[0], now[1])
+            if kept >= (1.0 - BATCH_HYSTERESIS) * chosen.goodput:
+                split = BatchSplit(now[0], now[1])
     if split is None:
         split = default_batch(limits, replicas)
     return BatchSize(job.job_id, split.atomic_bsz, split.accum_steps)

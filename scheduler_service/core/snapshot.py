@@ -176,6 +176,8 @@ class JobView:
     batch_limits: BatchLimits | None = None
     step_samples: tuple[StepSample, ...] = ()
     grad_stats: GradParams | None = None
+    # The batch it runs now, as (atomic_bsz, accum_steps, GPUs it was chosen for); None: none chosen yet.
+    batch_now: tuple[int, int, int] | None = None
 
     # Anti-thrashing (``core.protection``'s disruption cap): when its recent resizes and preemptions were
     # applied, oldest first (at least the last ``protection.DISRUPTION_WINDOW_S``; older ones are ignored).

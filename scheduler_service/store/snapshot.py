@@ -115,7 +115,8 @@ class SnapshotReader:
             .add_columns(sa.cast(j.disruptions, sa.Text).label("disruptions"))  # core.protection
             # goodput (store.goodput): batch limits and what rank 0 reported
             .add_columns(j.batch_init, j.batch_max, j.batch_max_local,
-                         sa.cast(j.goodput_reports, sa.Text).label("goodput_reports"))
+                         sa.cast(j.goodput_reports, sa.Text).label("goodput_reports"),
+                         j.batch_local, j.batch_accum, j.batch_replicas)
         )
         job_views: dict[int, tuple[tuple[Any, ...], JobView]] = {}
         for row in active:
@@ -184,7 +185,9 @@ def goodput_fields(row: Any, decoded: _Decoded) -> dict[str, Any]:
     if limits is None:
         return {}
     info = goodput_info(decoded(row.goodput_reports))
-    return dict(batch_limits=limits, step_samples=step_samples(info), grad_stats=info.grad)
+    now = (row.batch_local, row.batch_accum, row.batch_replicas)
+    return dict(batch_limits=limits, step_samples=step_samples(info), grad_stats=info.grad,
+                batch_now=None if None in now else now)
 
 
 def progress_window(row: Any) -> ProgressWindow | None:
