@@ -27,9 +27,13 @@ toward a figure; the issue's targets are compared against, never aimed at):
 - **Seeds** (``SEEDS``): a seed changes the elastic draw of every job (which jobs are elastic), the
   estimate errors, the model draw of the ``pollux-gputime`` mapping, and the snapshots' seed handed to
   the policies. With exact estimates and Amdahl's law, ``sjf`` sees nothing a seed changes.
-- **Peers**: ``tiresias``, ``optimus`` and ``pollux`` (no loaning: registered policies without an
-  inference cluster to loan from; they see the same estimates) on the headline trace where their cost
-  allows, else on ``PEER_SUBSET_JOBS`` first jobs of it with the same clusters (``peer_runs``).
+- **Peers**: ``tiresias`` (no loaning) on the whole trace; ``optimus`` and ``pollux`` are too slow on the
+  whole trace's clusters for the report's budget, so all peers also run, beside ``sjf`` and ``aryl``, on
+  the trace's first ``PEER_SUBSET_JOBS`` jobs, on clusters sized by the same busy rule from that subset's
+  own offered load. No peer loans (the inference servers stay with inference); all see the same estimates.
+- **Budget** (``Plan``): every seed for the headline pair (estimated and exact), ``aryl-noloan``,
+  ``tiresias`` and the subset's runs; seed 0 only for the other ablations, the light-load row and the
+  sensitivity rows.
 
 Runs are independent and go to a process pool (``run_all``); every figure is a function of its
 ``RunSpec`` alone, so the pool's order does not change any number.
@@ -719,7 +723,7 @@ def lead_text(raw: Mapping[str, Any]) -> str:
     short = raw["aryl"]["spread"].get("inference_shortfall.requests_short_share")
     return f"""**Headline** (section 1): `aryl` (capacity loaning + elastic scaling) against `sjf` on separate
 clusters, on the busiest 15 days of Philly (28,554 jobs) with ServeGen inference load, in a **busy
-regime** -- {regime_line(r)} -- **non-clairvoyant** (policies see log-normal user estimates, sigma 0.8),
+regime** -- {regime_line(r)} -- **non-clairvoyant** (policies see noisy user estimates, `{ESTIMATED}`),
 Amdahl speed-ups (alpha 0.05), mean (min-max) over seeds {', '.join(map(str, raw['seeds']))}:
 average queueing **{cell(vs['queue_reduction'], 'x')}** shorter, average JCT **{cell(vs['jct_reduction'], 'x')}**
 shorter, GPU utilisation over the arrival window {cell(vs['usage_gain_pct'], 'gain')} (useful utilisation
