@@ -546,10 +546,11 @@ def headline_text(raw: Mapping[str, Any], plan: Plan) -> str:
                            f"utilisation {cell(c['useful_usage_gain_pct'], 'gain')}.\n")
         subset_text = f"""
 **Peers on a subset.** `optimus` and `pollux` decide too slowly on the whole trace's clusters for this
-report's budget (one `optimus` run of the busy regime did not finish in 12 minutes here; `pollux`'s
-search grows with the cluster's GPUs and the jobs waiting), so the peers run on the trace's first
-{sub['jobs']:,} jobs ({sub['regime']['arrival_window_h']:.0f} h of arrivals), on clusters sized by the same
-busy-regime rule from that subset's own offered load -- {regime_line(sub['regime'])} -- with the same
+report's budget (measured once while building this section: an `optimus` run of the whole trace on 60
+training servers, exact work, had not finished after 12 minutes here; `pollux` took 94-487 s for the first
+2,000 jobs on those clusters, its search growing with the GPUs and the jobs waiting), so the peers run on
+the trace's first {sub['jobs']:,} jobs ({sub['regime']['arrival_window_h']:.0f} h of arrivals), on clusters sized
+by the same busy-regime rule from that subset's own offered load -- {regime_line(sub['regime'])} -- with the same
 estimates, seeds {', '.join(map(str, sub['seeds']))}, beside `sjf` and `aryl` on the same jobs. The peers, like
 `sjf`, never loan: the inference servers stay with inference.
 
