@@ -23,10 +23,9 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from aryl_common.entry import BadInput, add_standard_flags, run_guarded
-from scheduler_service.core.params import PolicyParams
+from scheduler_service.core.params import ParamError, PolicyParams, params_from_text
 from scheduler_service.core.registry import policies
 from simulator.deadlines import DEADLINE_SETTINGS, assign_deadlines
 from simulator.dl2_train import add_train_dl2_parser, train_dl2_command
@@ -59,26 +58,17 @@ def _params_help() -> str:
 
 
 def parse_params(items: Sequence[str]) -> PolicyParams:
-    """``KEY=VALUE`` strings into a validated PolicyParams (keys are its field names; ``-`` works as ``_``)."""
-    defaults = PolicyParams()
-    known = {f.name for f in dataclasses.fields(PolicyParams)}
-    values: dict[str, Any] = {}  # each of its field's type (int or float), which a plain dict cannot say
+    """``KEY=VALUE`` strings into a validated PolicyParams (``core.params.params_from_text``)."""
+    changes: dict[str, str] = {}
     for item in items:
         key, sep, text = item.partition("=")
-        key = key.strip().replace("-", "_")
-        if not sep or not key:
+        if not sep or not key.strip():
             raise UsageError(f"--param {item!r}: expected KEY=VALUE")
-        if key not in known:
-            raise UsageError(f"--param {key}: unknown policy parameter; known: {', '.join(sorted(known))}")
-        kind = type(getattr(defaults, key))
-        try:
-            if kind is bool and text.lower() not in ("true", "false", "1", "0"):
-                raise ValueError(text)
-            values[key] = text.lower() in ("true", "1") if kind is bool else kind(text)
-        except ValueError:
-            raise UsageError(f"--param {key}={text}: expected {kind.__name__}") from None
+        changes[key] = text
     try:
-        return PolicyParams(**values)
+        return params_from_text(PolicyParams(), changes)
+    except ParamError as exc:
+        raise UsageError(f"--param {exc.key.strip()}: {exc.problem}") from None
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 

@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from scheduler_service.core.clock import Clock
-from scheduler_service.core.params import PolicyParams
+from scheduler_service.core.params import ParamError, PolicyParams, params_from_text
 from scheduler_service.core.predict import clock_time
 from scheduler_service.core.registry import policies
 from scheduler_service.core.snapshot import ClusterSnapshot
@@ -166,26 +166,13 @@ class Forecasts:
 
 
 def params_with(base: PolicyParams, changes: Mapping[str, str]) -> PolicyParams:
-    """``base`` with ``changes`` (``[policy]`` names, text values as ``aryl-sim --param`` takes them);
-    InvalidArgument naming the known parameters for an unknown one, or the expected type for a bad value."""
-    fields = {f.name: f for f in dataclasses.fields(PolicyParams)}
-    values: dict[str, object] = {}
-    for raw, text in changes.items():
-        key = raw.strip().replace("-", "_")
-        if key not in fields:
-            raise InvalidArgument(f"params[{raw}]", f"unknown policy parameter; known: {', '.join(sorted(fields))}")
-        kind = type(getattr(base, key))
-        try:
-            if kind is bool:
-                if text.lower() not in ("true", "false", "1", "0"):
-                    raise ValueError(text)
-                values[key] = text.lower() in ("true", "1")
-            else:
-                values[key] = kind(text)
-        except ValueError:
-            raise InvalidArgument(f"params[{raw}]", f"expected {kind.__name__} (got {text!r})") from None
+    """``base`` with ``changes`` (``[policy]`` names, text values as ``aryl-sim --param`` takes them:
+    ``core.params.params_from_text``); InvalidArgument naming the known parameters for an unknown one, or
+    the expected type for a bad value."""
     try:
-        return dataclasses.replace(base, **values)  # type: ignore[arg-type]
+        return params_from_text(base, changes)
+    except ParamError as exc:
+        raise InvalidArgument(f"params[{exc.key}]", exc.problem) from None
     except ValueError as exc:
         raise InvalidArgument("params", str(exc)) from exc
 

@@ -5,6 +5,8 @@ The service builds it from its config's ``[policy]`` section; the simulator from
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 QOS_HOPELESS = ("deprioritise", "keep")  # policy.qos_hopeless
@@ -56,3 +58,33 @@ class PolicyParams:
             raise ValueError(f"policy.dl2_online_batch_jobs must be >= 1 (got {self.dl2_online_batch_jobs})")
         if not 1 <= self.max_extra_options <= 126:
             raise ValueError(f"policy.max_extra_options must be between 1 and 126 (got {self.max_extra_options})")
+
+
+class ParamError(ValueError):
+    """A policy parameter given as text (``aryl-sim --param``, ``arylctl what-if --param``) that is unknown
+    or of the wrong type; ``key`` is the name as given, ``problem`` says what is wrong."""
+
+    def __init__(self, key: str, problem: str) -> None:
+        super().__init__(f"{key}: {problem}")
+        self.key = key
+        self.problem = problem
+
+
+def params_from_text(base: PolicyParams, changes: Mapping[str, str]) -> PolicyParams:
+    """``base`` with ``changes``: field names (``-`` works as ``_``) to values as text, each read as its
+    field's type (flags: ``true``/``false``/``1``/``0``). ParamError for an unknown name or a value that is
+    not of its field's type; ValueError (``PolicyParams``' own checks) for a value out of range."""
+    known = {f.name for f in dataclasses.fields(PolicyParams)}
+    values: dict[str, object] = {}
+    for raw, text in changes.items():
+        key = raw.strip().replace("-", "_")
+        if key not in known:
+            raise ParamError(raw, f"unknown policy parameter; known: {', '.join(sorted(known))}")
+        kind = type(getattr(base, key))
+        try:
+            if kind is bool and text.lower() not in ("true", "false", "1", "0"):
+                raise ValueError(text)
+            values[key] = text.lower() in ("true", "1") if kind is bool else kind(text)
+        except ValueError:
+            raise ParamError(raw, f"expected {kind.__name__} (got {text!r})") from None
+    return dataclasses.replace(base, **values)  # type: ignore[arg-type]
