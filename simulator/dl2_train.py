@@ -124,7 +124,7 @@ class Demonstrator:
     def schedule(self, snapshot: ClusterSnapshot) -> Plan:
         teacher = OptimusPolicy(self.params)
         active = active_jobs(snapshot)
-        target = optimus_allocate([teacher._job(j) for j in active], training_gpus(snapshot))
+        target = optimus_allocate([teacher._job(j, snapshot.now) for j in active], training_gpus(snapshot))
         decision = Decision(snapshot, self.params)
         want = [target[j.job_id] for j in decision.slots]
         for _ in range(4 * JOB_SLOTS + 64):
@@ -151,7 +151,8 @@ class Dagger:
 
     def schedule(self, snapshot: ClusterSnapshot) -> Plan:
         teacher = OptimusPolicy(self.params)
-        target = optimus_allocate([teacher._job(j) for j in active_jobs(snapshot)], training_gpus(snapshot))
+        jobs = [teacher._job(j, snapshot.now) for j in active_jobs(snapshot)]
+        target = optimus_allocate(jobs, training_gpus(snapshot))
         decision = Decision(snapshot, self.params)
         want = [target[j.job_id] for j in decision.slots]
         for _ in range(4 * JOB_SLOTS + 64):

@@ -16,10 +16,11 @@ GPUs first, take GPUs from the server with the most free first (``tiresias.place
 The registered policy (``OptimusPolicy``) runs the same decision on a ``ClusterSnapshot`` in units of
 workers (a job gets its ``min_workers`` gang first, then one worker of ``gpus_per_worker`` GPUs at a time,
 up to ``max_workers``), with the snapshot's knowledge instead of the oracle: time per unit of work from
-the job's declared throughput points (``core.throughput``), remaining work ``total_work - work_done`` (or
-the policy's run-time estimate). A shrinking job keeps its lowest ranks, a growing one keeps its workers
-and adds new ones, so no GPU moves between jobs in a cycle. Like the original it ignores
-``min_resize_interval_s``: every cycle may resize. The simulator's goodput model
+the job's declared throughput points (``core.throughput``), remaining work as every policy estimates it
+(``core.throughput.estimate``: ``total_work - work_done``, else the run-time estimate less the work
+done). A shrinking job keeps its lowest ranks, a growing one keeps its workers and adds new ones, so no
+GPU moves between jobs in a cycle. Like the original it ignores ``min_resize_interval_s``: every cycle may
+resize. The simulator's goodput model
 (``simulator.goodput_sim``) hands it the oracle's step times and remaining iterations.
 """
 
@@ -32,7 +33,7 @@ from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.plan import Plan
 from scheduler_service.core.registry import policies
 from scheduler_service.core.snapshot import ClusterSnapshot, JobView
-from scheduler_service.core.throughput import ThroughputModel
+from scheduler_service.core.throughput import estimate
 from scheduler_service.lifecycle import JobState
 from scheduler_service.policies.tiresias import place_in_order
 from scheduler_service.policies.worker_targets import plan_worker_targets
@@ -104,20 +105,18 @@ class OptimusPolicy:
         active = sorted((j for j in snapshot.jobs if j.state in (JobState.PENDING, JobState.RUNNING)),
                         key=lambda j: (j.submitted_at, j.job_id))
         total = sum(len(s.healthy_gpus) for s in snapshot.servers if s.runs_training and not s.cordoned)
-        target = optimus_allocate([self._job(j) for j in active], total)
+        target = optimus_allocate([self._job(j, snapshot.now) for j in active], total)
         return plan_worker_targets(
             snapshot, active, target, who="Optimus", why_waiting="the free GPUs cut other jobs' remaining time more",
             why_shrunk="its others cut other jobs' remaining time more", why_grown="the greatest marginal gain",
             why_preempted="its GPUs cut other jobs' remaining time more")
 
-    def _job(self, job: JobView) -> OptimusJob:
-        model = ThroughputModel(job.throughput_points, self.params.amdahl_alpha)
-        if job.total_work > 0 and job.throughput_points:
-            remaining = max(job.total_work - job.work_done, 0.0)
-        else:  # relative speeds: remaining = seconds at min_workers, scaled by the speed there
-            runtime = job.estimated_runtime_s or self.params.default_runtime_s
-            remaining = runtime * model.speed(max(1, job.min_workers))
-        return OptimusJob(job.job_id, job.max_workers, remaining, lambda workers: 1.0 / model.speed(workers),
+    def _job(self, job: JobView, now: float) -> OptimusJob:
+        # Remaining work as every policy estimates it (``core.throughput.estimate``): declared total work less
+        # progress, else the declared (or default) run time at min_workers less the work done so far.
+        est = estimate(job, now=now, default_runtime_s=self.params.default_runtime_s, alpha=self.params.amdahl_alpha)
+        model = est.model
+        return OptimusJob(job.job_id, job.max_workers, est.remaining_work, lambda workers: 1.0 / model.speed(workers),
                           min_units=max(1, job.min_workers), unit_gpus=max(1, job.gpus_per_worker))
 
 
