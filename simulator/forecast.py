@@ -105,6 +105,7 @@ def trace_jobs(snapshot: ClusterSnapshot, params: PolicyParams) -> tuple[dict[in
     traces: dict[int, TraceJob] = {}
     done: dict[int, float] = {}
     now = snapshot.now
+    speeds = dict(snapshot.gpu_speed)
     for job in snapshot.jobs:
         if job.state.is_terminal:
             continue
@@ -117,6 +118,10 @@ def trace_jobs(snapshot: ClusterSnapshot, params: PolicyParams) -> tuple[dict[in
         # The speed curve scaled so that the job needs ``predicted`` seconds at ``size`` (the policy's own
         # estimate where nothing better is known).
         scale = estimated / predicted if predicted and math.isfinite(estimated) and estimated > 0 else 1.0
+        window = job.progress_window
+        if running and speeds and window is not None and window.rate is not None:
+            # A measured rate is already at its GPU type's speed, which the simulated cluster applies again.
+            scale /= speeds.get(snapshot.server(job.workers[0].server_id).gpu_type, 1.0) or 1.0
         most = max(min(job.max_workers, _MAX_POINTS), job.min_workers)
         points = tuple((w, scale * model.speed(w)) for w in range(1, most + 1))
         speed = scale * model.speed(size)

@@ -70,6 +70,24 @@ def test_a_measured_rate_moves_the_eta() -> None:
     assert made.jobs[3].start == NOW + 1500
 
 
+def test_a_rate_measured_on_a_faster_gpu_type_is_not_sped_up_twice() -> None:
+    """As above on GPUs of a type declared 2x as fast: the measured rate already includes that, so the
+    600 units left still take 1200 s (the declared factor applies to declared speeds only)."""
+    slow = JobView(
+        1, JobState.RUNNING, 2, 1, 1, 0, NOW - 1000, workers=(WorkerView(0, "t0", (0, 1)),),
+        throughput_points=((1, 1.0),), total_work=1000, work_done=400, started_at=NOW - 800,
+        last_resized_at=NOW - 800, last_checkpoint_at=NOW - 100,
+        progress_window=ProgressWindow(workers=1, first_work=0.0, first_at=NOW - 800, last_work=400.0,
+                                       last_at=NOW, reports=8))
+    base = hand_computed_queue(slow)
+    typed = dataclasses.replace(base, servers=tuple(dataclasses.replace(v, gpu_type="fast") for v in base.servers),
+                                gpu_speed=(("fast", 2.0),))
+    made = forecast(typed, "fifo", PolicyParams(), ForecastSettings(restart_overhead_s=0))
+    assert made.jobs[1].finish == NOW + 1200
+    # Job 2 declared its speed (300 units at 1 per second): on the fast type it takes 150 s.
+    assert made.jobs[2].start == NOW + 1200 and made.jobs[2].finish == NOW + 1350
+
+
 def test_a_forecast_stops_at_its_budget_and_leaves_later_starts_unknown() -> None:
     events_only = ForecastSettings(restart_overhead_s=0, max_cycles=2, cycle_interval_s=86400)
     made = forecast(hand_computed_queue(), "fifo", PolicyParams(), events_only)
