@@ -12,6 +12,7 @@ import signal
 import sys
 from collections.abc import Iterator
 
+import grpc
 import pytest
 import sqlalchemy as sa
 import structlog
@@ -113,6 +114,17 @@ def secure_by_default_environment() -> Iterator[None]:
     yield
     os.environ.clear()
     os.environ.update(saved)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def grpc_event_engine_kept() -> Iterator[None]:
+    """One idle channel held for the whole session, so that closing any other channel never releases the
+    last reference to gRPC's event engine. That last release quiesces the engine while holding the GIL,
+    which deadlocks against an engine thread that destroys a call-credentials plugin (our bearer token)
+    and waits for the GIL (grpc/grpc#42247): seen once here as a test hung for good in Channel.close."""
+    channel = grpc.insecure_channel("127.0.0.1:9")  # never used for a call: it only holds the engine
+    yield
+    channel.close()
 
 
 @pytest.fixture(scope="session", autouse=True)
