@@ -213,7 +213,7 @@ class JobInfo:
     working_dir: str | None = None
     working_dir_if_exists: bool = False
     size_note: str = ""  # while RUNNING below max_workers: why the policy keeps its size ("REASON: message")
-    disruptions: tuple[float, ...] = ()  # when its resizes/preemptions of the last hour were applied (migration 0015)
+    disruptions: tuple[float, ...] = ()  # when its resizes/preemptions of the last hour were applied (migration 0018)
     # The progress window (``core.snapshot.ProgressWindow``, migration 0009): when progress last changed,
     # and the first report at the window's size (``window_work`` at ``window_at``, ``window_workers`` workers).
     progress_at: float | None = None

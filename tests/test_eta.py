@@ -55,20 +55,15 @@ def test_the_eta_of_a_hand_computed_queue(policy: str, overhead: float) -> None:
     assert three.after == (1, 2) and three.after_finished  # one GPU from each
 
 
-def half_speed_job() -> JobView:
-    """Job 1 of the hand-computed queue, having reported progress at half its declared speed."""
-    return JobView(
+def test_a_measured_rate_moves_the_eta() -> None:
+    """Job 1 reported progress at half its declared speed: its 600 units left take 1200 s, and the
+    queue behind it moves by as much."""
+    slow = JobView(
         1, JobState.RUNNING, 2, 1, 1, 0, NOW - 1000, workers=(WorkerView(0, "t0", (0, 1)),),
         throughput_points=((1, 1.0),), total_work=1000, work_done=400, started_at=NOW - 800,
         last_resized_at=NOW - 800, last_checkpoint_at=NOW - 100,
         progress_window=ProgressWindow(workers=1, first_work=0.0, first_at=NOW - 800, last_work=400.0,
                                        last_at=NOW, reports=8))
-
-
-def test_a_measured_rate_moves_the_eta() -> None:
-    """Job 1 reported progress at half its declared speed: its 600 units left take 1200 s, and the
-    queue behind it moves by as much."""
-    slow = half_speed_job()
     made = forecast(hand_computed_queue(slow), "fifo", PolicyParams(), ForecastSettings(restart_overhead_s=0))
     assert made.jobs[1].finish == NOW + 1200
     assert made.jobs[2].start == NOW + 1200
@@ -78,7 +73,12 @@ def test_a_measured_rate_moves_the_eta() -> None:
 def test_a_rate_measured_on_a_faster_gpu_type_is_not_sped_up_twice() -> None:
     """As above on GPUs of a type declared 2x as fast: the measured rate already includes that, so the
     600 units left still take 1200 s (the declared factor applies to declared speeds only)."""
-    slow = half_speed_job()
+    slow = JobView(
+        1, JobState.RUNNING, 2, 1, 1, 0, NOW - 1000, workers=(WorkerView(0, "t0", (0, 1)),),
+        throughput_points=((1, 1.0),), total_work=1000, work_done=400, started_at=NOW - 800,
+        last_resized_at=NOW - 800, last_checkpoint_at=NOW - 100,
+        progress_window=ProgressWindow(workers=1, first_work=0.0, first_at=NOW - 800, last_work=400.0,
+                                       last_at=NOW, reports=8))
     base = hand_computed_queue(slow)
     typed = dataclasses.replace(base, servers=tuple(dataclasses.replace(v, gpu_type="fast") for v in base.servers),
                                 gpu_speed=(("fast", 2.0),))

@@ -6,8 +6,8 @@ drops those older than an hour (``core.protection.record_disruption``). The snap
 policy (``JobView.disruptions``), whose disruption cap (``policy.max_disruptions_per_hour``) counts them.
 NULL (jobs from before this revision): none recorded.
 
-Revision ID: 0015
-Revises: 0014
+Revision ID: 0018
+Revises: 0017
 Create Date: 2026-11-24 06:55:00.000000
 """
 
@@ -16,8 +16,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = '0015'
-down_revision = '0014'
+revision = '0018'
+down_revision = '0017'
 branch_labels = None
 depends_on = None
 

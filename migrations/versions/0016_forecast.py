@@ -1,0 +1,21 @@
+"""forecast: reserved for issue 22 ETA / what-if; no change to the schema yet
+
+Revision ID: 0016
+Revises: 0015
+Create Date: 2026-11-24 06:55:00.000000
+"""
+
+from __future__ import annotations
+
+revision = '0016'
+down_revision = '0015'
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    pass
+
+
+def downgrade() -> None:
+    pass

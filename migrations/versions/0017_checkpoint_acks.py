@@ -1,0 +1,21 @@
+"""checkpoint acks: reserved for issue 22 checkpoint acknowledgements; no change to the schema yet
+
+Revision ID: 0017
+Revises: 0016
+Create Date: 2026-11-24 06:55:00.000000
+"""
+
+from __future__ import annotations
+
+revision = '0017'
+down_revision = '0016'
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    pass
+
+
+def downgrade() -> None:
+    pass
