@@ -16,6 +16,7 @@ from collections import defaultdict
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 
 from scheduler_service.core.apply_rules import LoanState
@@ -53,7 +54,7 @@ class SnapshotReader:
 
     def read(self, session: Session, seed: int = 0) -> ClusterSnapshot:
         """The schedulable state: servers, active jobs, the latest inference demand, ``now``."""
-        g, a, s, ln, j = (t.c for t in (m.GPUS, m.ALLOCATIONS, m.SERVERS, m.LOANS, m.JOBS))
+        g, a, s, ln = (t.c for t in (m.GPUS, m.ALLOCATIONS, m.SERVERS, m.LOANS))
         by_server: dict[str, list[tuple[int, int]]] = defaultdict(list)
         # job id -> rank -> (server id, [gpu index, ...])
         by_job: dict[int, dict[int, tuple[str, list[int]]]] = defaultdict(dict)
@@ -100,60 +101,7 @@ class SnapshotReader:
             ))
         self._server_views = views  # only this cycle's servers: a removed server is forgotten
         servers = tuple(view for _, view in views.values())
-        # The JSON columns as their text, each distinct text decoded once (``_Decoded``): most jobs share theirs.
-        decoded = _Decoded()
-        active = session.execute(
-            sa.select(j.id, j.state, j.gpus_per_worker, j.min_workers, j.max_workers, j.priority,
-                      j.submitted_at, sa.cast(j.throughput, sa.Text).label("throughput"), j.pending_reason,
-                      j.work_done, j.started_at,
-                      j.last_resized_at, j.last_checkpoint_at, j.size_note, j.deadline,
-                      j.progress_at, j.window_work, j.window_at, j.window_workers, j.window_reports)
-            .where(j.state.in_([str(s) for s in ACTIVE_JOB_STATES]))
-            .order_by(j.id)
-            # queues and GPU types (core.quota)
-            .add_columns(j.queue, j.user, j.priority_value, sa.cast(j.gpu_types, sa.Text).label("gpu_types"))
-            .add_columns(sa.cast(j.disruptions, sa.Text).label("disruptions"))  # core.protection
-            # goodput (store.goodput): batch limits and what rank 0 reported
-            .add_columns(j.batch_init, j.batch_max, j.batch_max_local,
-                         sa.cast(j.goodput_reports, sa.Text).label("goodput_reports"),
-                         j.batch_local, j.batch_accum, j.batch_replicas)
-        )
-        job_views: dict[int, tuple[tuple[Any, ...], JobView]] = {}
-        for row in active:
-            # A job's view is reused while its row and its allocations are what they were last cycle.
-            job_key: tuple[Any, ...] = (*row, by_job.get(row.id))
-            last = self._job_views.get(row.id)
-            job_views[row.id] = last if last is not None and last[0] == job_key else (job_key, (
-                JobView(
-                    job_id=row.id, state=JobState(row.state), gpus_per_worker=row.gpus_per_worker,
-                    min_workers=row.min_workers, max_workers=row.max_workers, priority=row.priority,
-                    submitted_at=row.submitted_at,
-                    workers=tuple(
-                        WorkerView(rank, server_id, tuple(sorted(indices)))
-                        for rank, (server_id, indices) in sorted(by_job[row.id].items())
-                    ) if row.id in by_job else (),
-                    estimated_runtime_s=(decoded(row.throughput) or {}).get("estimated_runtime_s"),
-                    pending_reason=row.pending_reason,
-                    throughput_points=tuple(
-                        (int(workers), float(speed))
-                        for workers, speed in (decoded(row.throughput) or {}).get("points", ())
-                    ),
-                    total_work=float((decoded(row.throughput) or {}).get("total_work", 0.0)),
-                    work_done=row.work_done,
-                    queue=row.queue, user=row.user, priority_class=row.priority_value,
-                    gpu_types=tuple(decoded(row.gpu_types) or ()),
-                    started_at=row.started_at,
-                    last_resized_at=row.last_resized_at,
-                    last_checkpoint_at=row.last_checkpoint_at,
-                    disruptions=tuple(decoded(row.disruptions) or ()),
-                    size_note=row.size_note,
-                    deadline=row.deadline,
-                    progress_window=progress_window(row),
-                    **goodput_fields(row, decoded),
-                )
-            ))
-        self._job_views = job_views  # only this cycle's active jobs: an ended job is forgotten
-        jobs = tuple(view for _, view in job_views.values())
+        jobs = self._read_jobs(session, by_job)
         # The fresh routers' reports combined (store.inference): a router gone quiet stops counting.
         demand = fresh_demand(session, self._clock.now(), self._demand_rules)
         n = m.SCHEDULER_NOTES.c
@@ -163,6 +111,62 @@ class SnapshotReader:
             loan_note=f"{loan_note.reason}: {loan_note.message}"[:1024] if loan_note is not None else "",
             demand=DemandView(demand.servers_needed, demand.observed_rps, demand.time) if demand else None,
         )
+
+    def _read_jobs(self, session: Session, by_job: dict[int, dict[int, tuple[str, list[int]]]]) -> tuple[JobView, ...]:
+        """The active jobs' views in id order. A view is reused while its row and its allocations are what
+        they were last cycle. On PostgreSQL a row's ``xmin`` (the transaction that wrote this version of
+        it: any UPDATE writes a new one) tells an unchanged row without reading it, so a cycle reads whole
+        rows only for the jobs that changed since the last: with 10,000s of jobs waiting, most cycles read
+        a few. Elsewhere every active row is read and compared."""
+        j = m.JOBS.c
+        active = j.state.in_([str(s) for s in ACTIVE_JOB_STATES])
+        cache = self._job_views
+        stamps: dict[int, str] | None = None
+        where: sa.ColumnElement[bool] = active
+        if session.get_bind().dialect.name == "postgresql":
+            raw = session.connection().connection.dbapi_connection
+            assert raw is not None
+            cursor = raw.cursor()  # 10,000s of two-column rows: the driver's tuples, no Core rows
+            try:
+                cursor.execute("SELECT id, xmin::text FROM jobs WHERE state = ANY(%s)",
+                               ([str(s) for s in ACTIVE_JOB_STATES],))
+                stamps = dict(cursor.fetchall())
+            finally:
+                cursor.close()
+            changed = [job_id for job_id, stamp in stamps.items()
+                       if (last := cache.get(job_id)) is None or last[0] != (stamp, by_job.get(job_id))]
+            if len(changed) * 2 < len(stamps):  # else one scan of the active jobs beats a long id list
+                ids = sa.bindparam("changed", changed, type_=postgresql.ARRAY(sa.BigInteger))
+                where = sa.and_(active, j.id == sa.any_(ids)) if changed else sa.false()
+        job_views: dict[int, tuple[tuple[Any, ...], JobView]] = {}
+        # The JSON columns as their text, each distinct text decoded once (``_Decoded``): most jobs share theirs.
+        decoded = _Decoded()
+        for row in session.execute(
+            sa.select(j.id, j.state, j.gpus_per_worker, j.min_workers, j.max_workers, j.priority,
+                      j.submitted_at, sa.cast(j.throughput, sa.Text).label("throughput"), j.pending_reason,
+                      j.work_done, j.started_at,
+                      j.last_resized_at, j.last_checkpoint_at, j.size_note, j.deadline,
+                      j.progress_at, j.window_work, j.window_at, j.window_workers, j.window_reports)
+            .where(where)
+            # queues and GPU types (core.quota)
+            .add_columns(j.queue, j.user, j.priority_value, sa.cast(j.gpu_types, sa.Text).label("gpu_types"))
+            .add_columns(sa.cast(j.disruptions, sa.Text).label("disruptions"))  # core.protection
+            # goodput (store.goodput): batch limits and what rank 0 reported
+            .add_columns(j.batch_init, j.batch_max, j.batch_max_local,
+                         sa.cast(j.goodput_reports, sa.Text).label("goodput_reports"),
+                         j.batch_local, j.batch_accum, j.batch_replicas)
+        ):
+            allocations = by_job.get(row.id)
+            job_key: tuple[Any, ...] = (stamps[row.id], allocations) if stamps is not None else (*row, allocations)
+            last = cache.get(row.id)
+            job_views[row.id] = last if last is not None and last[0] == job_key else (job_key, job_view(
+                row, allocations, decoded))
+        if stamps is not None:  # the unchanged rest, as last cycle
+            for job_id in stamps.keys() - job_views.keys():
+                job_views[job_id] = cache[job_id]
+        ordered = sorted(job_views)
+        self._job_views = {job_id: job_views[job_id] for job_id in ordered}  # an ended job is forgotten
+        return tuple(job_views[job_id][1] for job_id in ordered)
 
 
 class _Decoded:
@@ -177,6 +181,37 @@ class _Decoded:
         except KeyError:
             value = self._values[text] = json.loads(text)  # type: ignore[arg-type]
             return value
+
+
+def job_view(row: Any, allocations: dict[int, tuple[str, list[int]]] | None, decoded: _Decoded) -> JobView:
+    """An active job's view (``core.snapshot.JobView``) from its jobs row and its allocations by rank."""
+    return JobView(
+        job_id=row.id, state=JobState(row.state), gpus_per_worker=row.gpus_per_worker,
+        min_workers=row.min_workers, max_workers=row.max_workers, priority=row.priority,
+        submitted_at=row.submitted_at,
+        workers=tuple(
+            WorkerView(rank, server_id, tuple(sorted(indices)))
+            for rank, (server_id, indices) in sorted(allocations.items())
+        ) if allocations else (),
+        estimated_runtime_s=(decoded(row.throughput) or {}).get("estimated_runtime_s"),
+        pending_reason=row.pending_reason,
+        throughput_points=tuple(
+            (int(workers), float(speed))
+            for workers, speed in (decoded(row.throughput) or {}).get("points", ())
+        ),
+        total_work=float((decoded(row.throughput) or {}).get("total_work", 0.0)),
+        work_done=row.work_done,
+        queue=row.queue, user=row.user, priority_class=row.priority_value,
+        gpu_types=tuple(decoded(row.gpu_types) or ()),
+        started_at=row.started_at,
+        last_resized_at=row.last_resized_at,
+        last_checkpoint_at=row.last_checkpoint_at,
+        disruptions=tuple(decoded(row.disruptions) or ()),
+        size_note=row.size_note,
+        deadline=row.deadline,
+        progress_window=progress_window(row),
+        **goodput_fields(row, decoded),
+    )
 
 
 def goodput_fields(row: Any, decoded: _Decoded) -> dict[str, Any]:
