@@ -112,16 +112,16 @@ def admission_fields(outlook: DeadlineOutlook | None) -> dict[str, Any]:
 
 def _job(row: JobInfo, *, command: Sequence[str], env: Mapping[str, str],
          outlook: DeadlineOutlook | None = None) -> types_pb2.Job:
-    throughput = row.throughput or {}
+    throughput = row.throughput
     hints = types_pb2.ThroughputHints(
         points=[types_pb2.ThroughputPoint(workers=w, samples_per_second=s) for w, s in throughput.get("points", [])],
         total_work=throughput.get("total_work", 0.0),
         estimated_runtime=duration(throughput["estimated_runtime_s"]) if "estimated_runtime_s" in throughput else None,
-    )
+    ) if throughput else None
     spec = types_pb2.JobSpec(
         name=row.name, user=row.user, queue=row.queue, command=command, env=env,
         gpus_per_worker=row.gpus_per_worker, min_workers=row.min_workers, max_workers=row.max_workers,
-        priority=row.priority, deadline=timestamp(row.deadline), throughput=hints if throughput else None,
+        priority=row.priority, deadline=timestamp(row.deadline), throughput=hints,
         max_runtime=duration(row.max_runtime_s) if row.max_runtime_s else None,
         restart_policy=_RESTART[row.restart_policy], max_restarts=row.max_restarts,
         working_dir=row.working_dir or "", working_dir_if_exists=row.working_dir_if_exists,

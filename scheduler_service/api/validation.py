@@ -217,7 +217,8 @@ def job_submission(spec: types_pb2.JobSpec, idempotency_key: str, *, now: float)
         _refuse_controls(f"spec.command[{i}]", arg, DATA_CONTROL_CHARS, _DATA_ALLOWED)
     if len(spec.env) > MAX_ENV:
         raise InvalidArgument("spec.env", f"must have at most {MAX_ENV} variables")
-    for key, value in spec.env.items():
+    env = dict(spec.env) if spec.env else {}  # an empty protobuf map's dict() costs as much as the rest
+    for key, value in env.items():
         # repr() writes the refused characters as escapes, so the field name is safe to print.
         _refuse_controls(f"spec.env[{key[:40]!r}]", key, CONTROL_CHARS)
         if not ENV_KEY.fullmatch(key):
@@ -273,7 +274,7 @@ def job_submission(spec: types_pb2.JobSpec, idempotency_key: str, *, now: float)
     gpu_types = _gpu_types(spec.gpu_types)
     limits = _batch_limits(spec.batch, high * gpus) if spec.HasField("batch") else None
     return JobSubmission(
-        name=name, user=user, queue=queue, command=tuple(spec.command), env=dict(spec.env),
+        name=name, user=user, queue=queue, command=tuple(spec.command), env=env,
         gpus_per_worker=gpus, min_workers=low, max_workers=high, priority=spec.priority, deadline=deadline,
         throughput=throughput, max_runtime_s=max_runtime, restart_policy=policy, max_restarts=restarts,
         idempotency_key=submission_key, working_dir=working_dir,

@@ -375,17 +375,35 @@ def _column_text(column: sa.Column[Any], dialect: sa.Dialect) -> Callable[[Any],
 def _copy_lines(columns: Sequence[str], values: Sequence[dict[str, Any]], dialect: sa.Dialect) -> Iterator[str]:
     texts = [_column_text(m.JOBS.c[c], dialect) for c in columns]
     # Most columns hold the same object in every row (a state, "", 0, None, the submission time): its
-    # text is kept from the row before, not rendered again.
+    # text is kept from the row before, not rendered again. A list of strings (a command, GPU types) or
+    # an empty mapping is a new object in every row but mostly the same value: its text is kept by value.
     last: list[Any] = [_copy_lines] * len(columns)  # a value no row holds
     rendered = [""] * len(columns)
+    by_value: list[dict[Any, str]] = [{} for _ in columns]
     for row in values:
         line = []
         for i, c in enumerate(columns):
             value = row[c]
             if value is not last[i]:
-                last[i], rendered[i] = value, texts[i](value)
+                key = _value_key(value)
+                if key is None:
+                    text = texts[i](value)
+                elif (text := by_value[i].get(key)) is None:
+                    text = by_value[i][key] = texts[i](value)
+                last[i], rendered[i] = value, text
             line.append(rendered[i])
         yield "\t".join(line) + "\n"
+
+
+def _value_key(value: Any) -> tuple[Any, ...] | None:
+    """A hashable stand-in for a JSON value whose rendering ``_copy_lines`` keeps by value: a list of
+    strings or an empty dict; None for any other value (rendered as it comes)."""
+    kind = type(value)
+    if kind is list and all(type(item) is str for item in value):
+        return (list, *value)
+    if kind is dict and not value:
+        return (dict,)
+    return None
 
 
 class _CopySource(io.TextIOBase):
