@@ -14,6 +14,7 @@ import json
 from collections.abc import Sequence
 
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from scheduler_service.app.notices import Announcer
 from scheduler_service.app.queues import Queues
@@ -73,22 +74,29 @@ class Jobs:
         SubmitJob calls). A submission whose user has used its idempotency key before is answered
         by itself alone: with that job when the spec is the same (a retry), else ``KeyInUse``. One
         whose gang can never fit the registered servers is refused alone (``never_fits``)."""
-        refused = self._never_fit(subs)
-        if refused:
-            fitting = [sub for i, sub in enumerate(subs) if i not in refused]
-            answers = iter(self.submit_many(fitting) if fitting else [])
-            return [refused[i] if i in refused else next(answers) for i in range(len(subs))]
         now = self._clock.now()
+
+        def insert(session: Session) -> tuple[dict[int, FailedPrecondition], list[JobInfo]]:
+            # The fit check reads the servers in the insert's own transaction: one round of the
+            # database per batch, not two.
+            refused = self._never_fit(subs, self._store.server_gpu_counts(session))
+            fitting = [sub for i, sub in enumerate(subs) if i not in refused] if refused else subs
+            return refused, self._store.insert(session, fitting, now) if fitting else []
+
         try:
-            jobs = self._db.write(lambda session: self._store.insert(session, subs, now))
+            refused, jobs = self._db.write(insert)
         except IntegrityError as exc:
             if len(subs) == 1:
                 return [self._resubmission(subs[0], exc)]
             # Some key collided: retry one by one so only the resubmissions are answered apart.
             return [r for sub in subs for r in self.submit_many([sub])]
-        kill_point("submit.committed")
-        self._notices.state_changed()
-        return list(jobs)
+        if jobs:
+            kill_point("submit.committed")
+            self._notices.state_changed()
+        if not refused:
+            return list(jobs)
+        inserted = iter(jobs)
+        return [refused[i] if i in refused else next(inserted) for i in range(len(subs))]
 
     def submit_batch(self, subs: Sequence[JobSubmission], *, array: bool = False) -> list[JobInfo]:
         """Queue all of ``subs`` in one transaction, or none (``SubmitJobs``); with ``array`` the jobs
@@ -135,11 +143,14 @@ class Jobs:
         now = self._clock.now()
         return self._db.write(lambda session: self._store.insert(session, subs, now, array=array))
 
-    def _never_fit(self, subs: Sequence[JobSubmission]) -> dict[int, FailedPrecondition]:
+    def _never_fit(self, subs: Sequence[JobSubmission],
+                   server_gpus: Sequence[int] | None = None) -> dict[int, FailedPrecondition]:
         """The submissions (by index) whose gang could not fit even if every registered server -- training
-        or inference, in any state -- were free (``core.fit``). With no server registered yet nothing is
-        refused: a cluster still starting (agents registering) is not known, and the job waits."""
-        server_gpus = self._db.read(self._store.server_gpu_counts)
+        or inference, in any state -- were free (``core.fit``); ``server_gpus``: the servers' GPU counts
+        (read here when not given). With no server registered yet nothing is refused: a cluster still
+        starting (agents registering) is not known, and the job waits."""
+        if server_gpus is None:
+            server_gpus = self._db.read(self._store.server_gpu_counts)
         refused = {}
         for i, sub in enumerate(subs):
             why = never_fits(sub.gpus_per_worker, sub.min_workers, server_gpus, servers="training + inference servers")

@@ -388,8 +388,9 @@ def _copy_lines(columns: Sequence[str], values: Sequence[dict[str, Any]], dialec
                 key = _value_key(value)
                 if key is None:
                     text = texts[i](value)
-                elif (text := by_value[i].get(key)) is None:
-                    text = by_value[i][key] = texts[i](value)
+                else:
+                    known = by_value[i].get(key)
+                    text = known if known is not None else by_value[i].setdefault(key, texts[i](value))
                 last[i], rendered[i] = value, text
             line.append(rendered[i])
         yield "\t".join(line) + "\n"
