@@ -381,6 +381,12 @@ def run(workdir: Path, *, insecure: bool = False) -> DemoOutcome:
 
         say("Starting node agents with fake GPUs: 2 training servers, 3 inference servers, each inference "
             "server running a small model server")
+        if os.geteuid() == 0:
+            # A root agent runs each worker as its owner's mapped uid by default and refuses owners it cannot
+            # map; the demo's programs lie in this checkout, which another uid may not be able to read.
+            env["ARYL_USERS__RUN_AS"] = "agent"
+            print("   (run as root: the demo's agents run their workers as root, [users] run_as = \"agent\"; "
+                  "a production agent maps each job's owner to a uid, docs/security.md)", flush=True)
         for hostname, gpus in TRAINING:
             start(stack, hostname, [str(BIN / "aryl-agent"), "--scheduler", address, "--hostname", hostname,
                                     "--pool", "training", "--fake-gpus", str(gpus), "--work-dir",

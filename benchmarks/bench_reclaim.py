@@ -52,7 +52,9 @@ def start_agent(scheduler: str, hostname: str, pool: str, gpus: int, work: Path)
     env = {k: v for k, v in os.environ.items() if not k.startswith("ARYL_")}
     env.update(ARYL_AGENT__ADVERTISE_ADDRESS="127.0.0.1", ARYL_AGENT__LOGS_LISTEN_HOST="127.0.0.1",
                ARYL_AGENT__RECONCILE_INTERVAL_S="0.1", ARYL_AGENT__CHECKPOINT_ROOT=str(work / "checkpoints"),
-               ARYL_LOGGING__LEVEL="warning", ARYL_AGENT__INSECURE="true")  # SchedulerProcess is plaintext
+               ARYL_LOGGING__LEVEL="warning", ARYL_AGENT__INSECURE="true",  # SchedulerProcess is plaintext
+               # Workers as the agent's uid: a root agent's default maps owners to uids (docs/security.md).
+               ARYL_USERS__RUN_AS="agent")
     if pool == "inference":
         env["ARYL_AGENT__INFERENCE_ENDPOINT"] = "http://127.0.0.1:9"  # listed by the pool; never called here
     args = [sys.executable, "-m", "node_agent.main", "--scheduler", scheduler, "--hostname", hostname,

@@ -188,6 +188,8 @@ class Agent:
             gpu_backend=self.gpus.name,
             version=self.version,
         )
+        if (warning := self.supervisor.identities.start_warning()) is not None:
+            self._log.warning(warning)
         self.supervisor.start()
         logs_server = self._serve_logs()
         channel = scheduler_channel(self.addresses.current, self.config.reconnect_max_backoff_s,

@@ -120,9 +120,11 @@ class UsersSection(ConfigSection):
     """Who workers run as and what they get (``node_agent.identity``, docs/security.md)."""
 
     run_as: Literal["agent", "owner"] = Field(
-        "agent",
-        description="owner: an agent running as root starts each worker as its job owner's mapped uid/gid "
-        "(an agent that is not root cannot, and runs them as itself); agent: as the agent's uid",
+        "owner",
+        description="owner (the default): an agent running as root starts each worker as its job owner's mapped "
+        "uid/gid and refuses the jobs of owners it cannot map (an agent that is not root cannot switch, and runs "
+        "them as itself); agent: every worker as the agent's own uid -- root for a root agent, so an explicit "
+        "opt-in for single-user machines",
     )
     map: str = Field("", description="owner to uid/gid: 'alice:1001:1001, bob:1002:1002'")
     map_file: str = Field("", description="file of name:uid:gid lines (# comments); map wins for a name in both")

@@ -94,6 +94,16 @@ class Identities:
         """Whether workers run as their owners: ``run_as = "owner"`` and the agent is root."""
         return self.section.run_as == "owner" and self.euid == 0
 
+    def start_warning(self) -> str | None:
+        """What the agent warns of at start-up: every owner would be refused -- switching, with no map, no
+        map file, no passwd lookup and no default uid (a root agent with the default settings)."""
+        s = self.section
+        if not self.switching or self.mapping or s.use_passwd or s.default_uid >= 0:
+            return None
+        return ("this agent runs as root and maps no job owner to a uid: every job will be refused until [users] "
+                "map, map_file, use_passwd or default_uid is set (docs/security.md); run_as = \"agent\" runs "
+                "every worker as root instead, an explicit opt-in for single-user machines")
+
     def resolve(self, user: str) -> RunAs:
         """Who ``user``'s worker runs as; ``Refused`` with the reason when it must not run here."""
         if not self.switching:

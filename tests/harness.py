@@ -41,6 +41,7 @@ from sqlalchemy.engine import make_url
 from aryl_common import security
 from aryl_common.security import ClientSecurity
 from arylctl import certs
+from node_agent.config import UsersSection
 from protos.aryl.v1 import agent_pb2, agent_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc, types_pb2
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.core.plan import LoanStep, Reason, ScaleJob, ServerAction, StartJob, WorkerPlacement
@@ -290,8 +291,19 @@ def daemon_security(server_id: str = "") -> dict[str, Any]:
 
 
 def daemon_env(server_id: str = "", section: str = "AGENT") -> dict[str, str]:
-    """``daemon_security`` as ``ARYL_<SECTION>__*`` environment variables, for a daemon's process."""
-    return {f"ARYL_{section}__{key.upper()}": str(value) for key, value in daemon_security(server_id).items()}
+    """``daemon_security`` as ``ARYL_<SECTION>__*`` environment variables, for a daemon's process. An
+    agent's also opts in to ``[users] run_as = "agent"`` (``AGENT_RUNS_AS_ITSELF``)."""
+    env = {f"ARYL_{section}__{key.upper()}": str(value) for key, value in daemon_security(server_id).items()}
+    if section == "AGENT":
+        env.update(AGENT_RUNS_AS_ITSELF)
+    return env
+
+
+# Tests run as root on CI, from checkouts a mapped uid cannot read (/root/...): their agents run workers as
+# themselves, an explicit opt-in (a root agent's default maps owners to uids and refuses the unmapped;
+# tests/test_run_as_user.py covers that default).
+AGENT_RUNS_AS_ITSELF = {"ARYL_USERS__RUN_AS": "agent"}
+AS_ITSELF = UsersSection(run_as="agent")  # the same, for a Supervisor built in process
 
 
 def security_env() -> dict[str, str]:

@@ -27,7 +27,7 @@ from node_agent.logs import MAX_CHUNK_BYTES, OffsetPastEnd, read_chunk, serve_wo
 from node_agent.supervisor import Supervisor, WorkerView
 from node_agent.workers import Phase, WorkDir, WorkerId, load_state, path_component
 from protos.aryl.v1 import agent_pb2, agent_pb2_grpc
-from tests.harness import FakeScheduler, desired_state, desired_worker
+from tests.harness import AGENT_RUNS_AS_ITSELF, AS_ITSELF, FakeScheduler, desired_state, desired_worker
 from tests.helpers import processes_mentioning, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
@@ -68,7 +68,7 @@ class Node:
         settings = {"hostname": "w-node", "work_dir": str(work_dir), "stop_grace_s": 5.0, "reconcile_interval_s": 0.05}
         self.config = AgentSection(**{**settings, **config})
         self.tracker = DesiredStateTracker()
-        self.supervisor = Supervisor(self.config, self.tracker)
+        self.supervisor = Supervisor(self.config, self.tracker, users=AS_ITSELF)
         self.supervisor.start()
         self.closed = False
 
@@ -372,7 +372,7 @@ def test_an_unreadable_state_file_is_moved_aside(nodes, tmp_path: Path) -> None:
 def start_agent(scheduler_port: int, work_dir: Path, log_path: Path) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ARYL_")}
     env.update(ARYL_AGENT__RECONCILE_INTERVAL_S="0.1", ARYL_AGENT__STOP_GRACE_S="10", ARYL_LOGGING__LEVEL="info",
-               ARYL_AGENT__INSECURE="true")  # the FakeScheduler listens in plaintext
+               ARYL_AGENT__INSECURE="true", **AGENT_RUNS_AS_ITSELF)  # the FakeScheduler listens in plaintext
     args = [sys.executable, "-m", "node_agent.main", "--scheduler", f"127.0.0.1:{scheduler_port}",
             "--hostname", "w-agent", "--fake-gpus", "2", "--work-dir", str(work_dir)]
     with log_path.open("ab") as log:

@@ -29,6 +29,7 @@ from scheduler_service.lifecycle import ServerState
 from scheduler_service.policies import aryl, create_policy
 from scheduler_service.solvers.reclaim import ReclaimInstance
 from tests.harness import (
+    AGENT_RUNS_AS_ITSELF,
     NOW,
     FakeScheduler,
     desired_state,
@@ -83,7 +84,8 @@ class AgentUnderTest:
 
     def _start(self) -> subprocess.Popen[bytes]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ARYL_")}
-        env.update(ARYL_AGENT__RECONCILE_INTERVAL_S="0.2", ARYL_LOGGING__LEVEL="info", ARYL_AGENT__INSECURE="true")
+        env.update(ARYL_AGENT__RECONCILE_INTERVAL_S="0.2", ARYL_LOGGING__LEVEL="info", ARYL_AGENT__INSECURE="true",
+                   **AGENT_RUNS_AS_ITSELF)
         args = [sys.executable, "-m", "node_agent.main", "--scheduler", f"127.0.0.1:{self.scheduler.port}",
                 "--hostname", "w-ack", "--fake-gpus", "2", "--work-dir", str(self.work_dir)]
         with self.log_path.open("ab") as log:

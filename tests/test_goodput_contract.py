@@ -48,6 +48,7 @@ from scheduler_service.server import serve_in_background
 from scheduler_service.store.db import create_engine_for, session_factory
 from scheduler_service.store.goodput import MAX_STEP_TIMES, goodput_info, with_report
 from tests.harness import (
+    AS_ITSELF,
     ManualClock,
     daemon_env,
     desired_state,
@@ -311,7 +312,7 @@ def supervisor(tmp_path: Path) -> Iterator[tuple[Supervisor, DesiredStateTracker
     config = AgentSection(hostname="w-node", work_dir=str(tmp_path / "agent"), stop_grace_s=5.0,
                           reconcile_interval_s=0.05)
     tracker = DesiredStateTracker()
-    sup = Supervisor(config, tracker)
+    sup = Supervisor(config, tracker, users=AS_ITSELF)
     sup.start()
     yield sup, tracker
     sup.close(stop_workers=True)

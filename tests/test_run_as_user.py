@@ -78,6 +78,21 @@ def test_a_root_agent_maps_owners_and_refuses_root_and_the_unmapped(tmp_path: Pa
     assert owner_rules(map="root:0:0", allow_root=True).resolve("root").uid == 0
 
 
+def test_by_default_a_root_agent_runs_workers_as_their_owners_and_warns_when_it_maps_no_one() -> None:
+    default = Identities(UsersSection(), euid=0)
+    assert default.switching
+    with pytest.raises(Refused, match=r"no uid mapped for user 'alice'"):
+        default.resolve("alice")
+    with pytest.raises(Refused, match=r"jobs of user root are refused"):
+        default.resolve("root")
+    assert "every job will be refused" in (default.start_warning() or "")
+    mapped = Identities(UsersSection(map="alice:1001:1001"), euid=0)
+    assert mapped.resolve("alice").uid == 1001 and mapped.start_warning() is None
+    assert Identities(UsersSection(default_uid=65534, default_gid=65534), euid=0).start_warning() is None
+    not_root = Identities(UsersSection(), euid=1000)  # cannot switch: runs workers as itself, nothing to warn of
+    assert not not_root.switching and not not_root.resolve("alice").switches and not_root.start_warning() is None
+
+
 def test_without_root_or_owner_mode_workers_run_as_the_agent() -> None:
     assert not Identities(UsersSection(run_as="owner", map="alice:1:1"), euid=1000).resolve("root").switches
     assert not Identities(UsersSection(run_as="agent"), euid=0).resolve("mallory").switches
@@ -230,10 +245,11 @@ def test_end_to_end_a_job_of_a_mapped_user_runs_with_that_uid(shared_dir: Path, 
     client = ArylClient(scheduler.address, timeout=10)
     work = shared_dir / "agent-u"
     env = {k: v for k, v in os.environ.items() if not k.startswith("ARYL_")}
+    env.update(daemon_env("node-u"))
+    env.pop("ARYL_USERS__RUN_AS")  # the default: workers run as their owners' mapped uids
     env.update(ARYL_AGENT__RECONCILE_INTERVAL_S="0.1", ARYL_AGENT__CHECKPOINT_ROOT=str(shared_dir / "ckpt"),
                ARYL_AGENT__LOGS_LISTEN_HOST="127.0.0.1", ARYL_AGENT__ADVERTISE_ADDRESS="127.0.0.1",
-               ARYL_USERS__RUN_AS="owner", ARYL_USERS__MAP=f"alice:{UID}:{GID}", ARYL_USERS__PYTHON=PYTHON,
-               **daemon_env("node-u"))
+               ARYL_USERS__MAP=f"alice:{UID}:{GID}", ARYL_USERS__PYTHON=PYTHON)
     args = [sys.executable, "-m", "node_agent.main", "--scheduler", scheduler.address, "--hostname", "node-u",
             "--fake-gpus", "2", "--work-dir", str(work)]
     with (shared_dir / "agent.log").open("ab") as agent_log:

@@ -16,7 +16,7 @@ from node_agent.identity import Refused
 from node_agent.supervisor import Supervisor, WorkerView
 from node_agent.workers import Phase, WorkerId
 from protos.aryl.v1 import scheduler_pb2, scheduler_pb2_grpc
-from tests.harness import desired_state, desired_worker, job_spec, secure_channel
+from tests.harness import AS_ITSELF, desired_state, desired_worker, job_spec, secure_channel
 from tests.helpers import wait_for
 
 
@@ -53,7 +53,7 @@ def test_the_worker_gets_the_value_and_a_missing_secret_fails_its_start(tmp_path
     config = AgentSection(hostname="s-node", work_dir=str(tmp_path / "agent"), stop_grace_s=5.0,
                           reconcile_interval_s=0.05, secrets_file=str(path), insecure=True)
     tracker = DesiredStateTracker()
-    supervisor = Supervisor(config, tracker)
+    supervisor = Supervisor(config, tracker, users=AS_ITSELF)
     supervisor.start()
 
     def view(job: str) -> WorkerView | None:
