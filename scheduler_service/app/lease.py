@@ -36,6 +36,7 @@ from sqlalchemy.orm import Session
 from scheduler_service.app.term import Term
 from scheduler_service.core.clock import Clock
 from scheduler_service.errors import Aborted, Unavailable
+from scheduler_service.kill_points import kill_point
 from scheduler_service.store import lease as store
 from scheduler_service.store.changes import StateChanges
 from scheduler_service.store.transactions import Transactions
@@ -114,6 +115,7 @@ class Leadership:
             with self._lock:
                 self._leader = "" if now.lapsed or now.holder == self.me else now.holder
             raise self.not_leader()
+        kill_point("fence.passed")  # tests only (kill_points)
 
     # -- the lease loop ----------------------------------------------------------------------------
 

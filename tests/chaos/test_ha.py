@@ -237,3 +237,66 @@ def test_paused_leader_is_refused_then_a_killed_leader_loses_nothing(pair: Pair)
     wait_workers_match(pair.url, pair.marker, timeout=60)
     assert count_lost(pair.url) == 0, "a server was marked LOST during a takeover"
     print(f"{len(load.acknowledged)} jobs acknowledged, all stored; {len(incarnations(pair.url))} running")
+
+
+def process_state(pid: int) -> str:
+    """The process's state letter from /proc (``T``: stopped)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0]
+
+
+def test_a_leader_paused_between_its_fence_and_its_commit_does_not_commit(pair: Pair) -> None:
+    """The database side of the fence, on real processes: the leader stops itself (``kill_points``
+    ``fence.passed:stop``) in a SubmitJob's transaction after the fence passed, its COMMIT not sent, the
+    lease row held ``FOR KEY SHARE``. The standby still takes over once the lease lapses by the
+    database's clock (it ends the old leader's sessions, rolling that transaction back), and the
+    resumed leader's COMMIT fails: the caller hears UNAVAILABLE, and neither the job nor its event is
+    stored. A paused leader's own timer cannot be what refuses here: the write had already passed it."""
+    first, second = pair.schedulers
+    assert pair.leader() is first and first.proc is not None
+    # No agents and no jobs yet: the submission is the leader's only write, so it is the one stopped.
+    first.kill_file.write_text("fence.passed:1:stop\n")
+    answer: dict[str, object] = {}
+
+    def submit() -> None:
+        try:
+            with secure_channel(first.address) as channel:
+                answer["ok"] = scheduler_pb2_grpc.SchedulerServiceStub(channel).SubmitJob(
+                    scheduler_pb2.SubmitJobRequest(spec=chaos_job("paused-at-commit")), timeout=60)
+        except grpc.RpcError as exc:
+            answer["error"] = exc
+
+    caller = threading.Thread(target=submit, daemon=True)
+    caller.start()
+    wait_for(lambda: process_state(first.proc.pid) == "T", timeout=15, interval=0.05,  # type: ignore[union-attr]
+             what="the leader to stop itself between its fence and its commit")
+    paused_at = time.monotonic()
+    try:
+        wait_for(lambda: epoch_at(second.address) is not None, timeout=TAKEOVER_BOUND_S + 15, interval=0.1,
+                 what="the standby to lead while the paused transaction holds the lease row")
+        took = time.monotonic() - paused_at
+        print(f"takeover past a paused write in {took:.2f}s (lease {LEASE_S:g}s, renew {RENEW_S:g}s)")
+        assert took < TAKEOVER_BOUND_S
+    finally:
+        first.kill_file.write_text("")
+        first.proc.send_signal(signal.SIGCONT)
+    caller.join(timeout=60)
+    assert not caller.is_alive(), "the paused SubmitJob never got an answer"
+    error = answer.get("error")
+    assert isinstance(error, grpc.RpcError), (
+        f"the paused write was acknowledged: {answer.get('ok')}\nold leader's log:\n"
+        f"{Path(first.logs).read_text()[-6000:]}\nnew leader's log:\n{Path(second.logs).read_text()[-3000:]}")
+    assert error.code() == grpc.StatusCode.UNAVAILABLE, (error.code(), error.details())
+    print(f"the paused write: {error.code().name} {error.details()}")
+    engine = sa.create_engine(pair.url)
+    try:
+        with engine.connect() as conn:
+            assert conn.scalar(sa.text("SELECT count(*) FROM jobs WHERE name = 'paused-at-commit'")) == 0
+            assert conn.scalar(sa.text("SELECT count(*) FROM events WHERE kind = 'JOB_SUBMITTED' "
+                                       "AND message LIKE 'paused-at-commit %'")) == 0
+    finally:
+        engine.dispose()
+    assert "ended the database sessions of the previous leader" in Path(second.logs).read_text()
+    assert "database connection lost during COMMIT" in Path(first.logs).read_text()
+    wait_for(lambda: named_leader(first.address) == second.address, timeout=15, what="the old leader to stand by")
+    assert pair.leader() is second
