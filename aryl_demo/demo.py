@@ -385,8 +385,9 @@ def run(workdir: Path, *, insecure: bool = False) -> DemoOutcome:
             # A root agent runs each worker as its owner's mapped uid by default and refuses owners it cannot
             # map; the demo's programs lie in this checkout, which another uid may not be able to read.
             env["ARYL_USERS__RUN_AS"] = "agent"
-            print("   (run as root: the demo's agents run their workers as root, [users] run_as = \"agent\"; "
-                  "a production agent maps each job's owner to a uid, docs/security.md)", flush=True)
+            print("   (run as root: the demo's agents opt in to [users] run_as = \"agent\" and run their workers as "
+                  "root, since an unprivileged uid may not read this checkout's programs; a production agent runs "
+                  "each job as its owner's mapped uid, docs/security.md)", flush=True)
         for hostname, gpus in TRAINING:
             start(stack, hostname, [str(BIN / "aryl-agent"), "--scheduler", address, "--hostname", hostname,
                                     "--pool", "training", "--fake-gpus", str(gpus), "--work-dir",

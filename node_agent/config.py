@@ -129,6 +129,9 @@ class UsersSection(ConfigSection):
     map: str = Field("", description="owner to uid/gid: 'alice:1001:1001, bob:1002:1002'")
     map_file: str = Field("", description="file of name:uid:gid lines (# comments); map wins for a name in both")
     use_passwd: bool = Field(False, description="a name in neither map: look it up in the system's users")
+    min_uid: int = Field(
+        1000, ge=0, description="use_passwd: accounts below this uid (system accounts) are refused unless mapped"
+    )
     default_uid: int = Field(-1, ge=-1, description="uid for an unmapped owner; -1: refuse the job")
     default_gid: int = Field(-1, ge=-1, description="gid with default_uid")
     allow_root: bool = Field(False, description="allow jobs of user root and mappings to uid or gid 0")

@@ -5,7 +5,8 @@ Nouns:
   authenticated identity when the scheduler authenticates, else the name the client gave);
 - the *user map* (``[users]`` in the agent's config, ``UsersSection``) maps owners to a uid and a gid:
   ``map = "alice:1001:1001, bob:1002:1002"``, and/or ``map_file`` (one ``name:uid:gid`` a line,
-  ``#`` comments), and, with ``use_passwd``, the system's user database for names in neither;
+  ``#`` comments), and, with ``use_passwd``, the system's user database for names in neither (an
+  account there below ``min_uid``, a system account such as ``daemon``, only through the maps);
 - the *run-as* of a worker (``RunAs``): the uid/gid its shim and command run as, or the agent's own.
 
 Rules (``Identities.resolve``):
@@ -13,8 +14,10 @@ Rules (``Identities.resolve``):
   supplementary groups. An owner that maps to nothing is refused ("no uid mapped for user ..."),
   unless ``default_uid``/``default_gid`` are set (>= 0): then it runs as those. An owner named
   ``root``, or any mapping to uid 0 or gid 0, is refused unless ``allow_root``;
-- otherwise (``run_as = "agent"``, the default for now, or an agent that is not root and so cannot
-  switch) the worker runs as the agent's uid, as before; the rules below still apply.
+- ``run_as = "owner"`` is the default, so a root agent never runs a job's code as root unless told to;
+  one that can map nobody refuses every job and warns at start-up (``start_warning``);
+- otherwise (``run_as = "agent"``, an explicit opt-in, or an agent that is not root and so cannot
+  switch) the worker runs as the agent's uid; the rules below still apply.
 
 Environment (``clean_environment``): never the agent's own. A worker gets a minimal base (``PATH`` =
 ``[users] path``, ``HOME`` = its job's private directory, ``LANG=C.UTF-8``, ``USER``/``LOGNAME`` = its
@@ -102,7 +105,7 @@ class Identities:
             return None
         return ("this agent runs as root and maps no job owner to a uid: every job will be refused until [users] "
                 "map, map_file, use_passwd or default_uid is set (docs/security.md); run_as = \"agent\" runs "
-                "every worker as root instead, an explicit opt-in for single-user machines")
+                "every worker as root instead, an explicit and insecure opt-out for single-user machines")
 
     def resolve(self, user: str) -> RunAs:
         """Who ``user``'s worker runs as; ``Refused`` with the reason when it must not run here."""
@@ -118,6 +121,12 @@ class Identities:
                 ids = (entry.pw_uid, entry.pw_gid)
             except KeyError:
                 ids = None
+            # A token named "daemon" must not become the system's daemon: system accounts only by name in a map.
+            if ids is not None and ids[0] < self.section.min_uid:
+                raise Refused(
+                    f"user {user!r} is the system account uid {ids[0]}, below [users] min_uid = "
+                    f"{self.section.min_uid}: only [users] map or map_file can run its jobs"
+                )
         if ids is None and self.section.default_uid >= 0:
             ids = (self.section.default_uid, self.section.default_gid)
         if ids is None:

@@ -40,6 +40,7 @@ from node_agent.gpus import (
 from node_agent.main import cli_overrides, parse_args
 from protos.aryl.v1 import agent_pb2, inference_pb2, inference_pb2_grpc, scheduler_pb2, types_pb2
 from tests.harness import (
+    AS_ITSELF,
     FakeScheduler,
     daemon_env,
     desired_state,
@@ -512,7 +513,7 @@ class RunningAgent:
             reconcile_interval_s=0.05,
         )
         self.backend = FakeBackend(hostname, count=gpus)
-        self.agent = Agent(config, self.backend, backoff=Backoff(0.2, initial_s=0.02), version="test")
+        self.agent = Agent(config, self.backend, backoff=Backoff(0.2, initial_s=0.02), version="test", users=AS_ITSELF)
         self.thread = threading.Thread(target=self.agent.run, daemon=True)
         self.thread.start()
 

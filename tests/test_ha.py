@@ -41,7 +41,15 @@ from scheduler_service.store import lease as lease_store
 from scheduler_service.store.changes import StateChanges
 from scheduler_service.store.db import create_engine_for, session_factory
 from scheduler_service.store.transactions import Transactions
-from tests.harness import FakeScheduler, client_security, desired_state, job_spec, scheduler_config, scheduler_stub
+from tests.harness import (
+    AS_ITSELF,
+    FakeScheduler,
+    client_security,
+    desired_state,
+    job_spec,
+    scheduler_config,
+    scheduler_stub,
+)
 from tests.helpers import wait_for
 
 CLOCK = SystemClock()
@@ -255,7 +263,8 @@ def run_agent(address: str, work_dir: Path) -> tuple[Agent, threading.Thread]:
     config = AgentSection(scheduler_address=address, hostname="ha-node", rpc_timeout_s=2.0,
                           reconnect_max_backoff_s=0.2, work_dir=str(work_dir), reconcile_interval_s=0.05,
                           insecure=True)  # the fake AgentService listens in plaintext
-    agent = Agent(config, FakeBackend("ha-node", count=2), backoff=Backoff(0.2, initial_s=0.02), version="test")
+    agent = Agent(config, FakeBackend("ha-node", count=2), backoff=Backoff(0.2, initial_s=0.02), version="test",
+                  users=AS_ITSELF)
     thread = threading.Thread(target=agent.run, daemon=True)
     thread.start()
     return agent, thread

@@ -23,7 +23,7 @@ from node_agent.agent import Agent
 from node_agent.config import AgentSection
 from node_agent.gpus import FakeBackend as FakeGpus
 from protos.aryl.v1 import scheduler_pb2
-from tests.harness import daemon_security, job_spec, register_fake_server, scheduler_stub
+from tests.harness import AS_ITSELF, daemon_security, job_spec, register_fake_server, scheduler_stub
 from tests.helpers import free_port, wait_for
 from tests.test_router import FakeBackend, router_section, run, until
 
@@ -96,7 +96,7 @@ def test_the_agent_serves_report_latency_gpus_and_workers(scheduler_factory, tmp
                            reconnect_max_backoff_s=0.2, work_dir=str(tmp_path / "agent"), reconcile_interval_s=0.05,
                            **daemon_security("node-m"))
     gpus = FakeGpus("node-m", count=2)
-    agent = Agent(section, gpus, backoff=Backoff(0.2, initial_s=0.02), version="test")
+    agent = Agent(section, gpus, backoff=Backoff(0.2, initial_s=0.02), version="test", users=AS_ITSELF)
     endpoint = serve_metrics(agent.metrics.registry, MetricsConfig(port=free_port()))
     assert endpoint is not None
     thread = threading.Thread(target=agent.run, daemon=True)

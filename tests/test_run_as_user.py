@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shutil
 import signal
 import stat
@@ -91,6 +92,20 @@ def test_by_default_a_root_agent_runs_workers_as_their_owners_and_warns_when_it_
     assert Identities(UsersSection(default_uid=65534, default_gid=65534), euid=0).start_warning() is None
     not_root = Identities(UsersSection(), euid=1000)  # cannot switch: runs workers as itself, nothing to warn of
     assert not not_root.switching and not not_root.resolve("alice").switches and not_root.start_warning() is None
+
+
+def test_the_system_users_serve_names_in_no_map_but_never_a_system_account() -> None:
+    system = next((p for p in pwd.getpwall() if 0 < p.pw_uid < 1000 and p.pw_gid != 0), None)  # e.g. daemon
+    if system is None:
+        pytest.skip("no system account (0 < uid < 1000) in this machine's passwd")
+    with pytest.raises(Refused, match=rf"{system.pw_name!r} is the system account uid {system.pw_uid}, below "
+                                      r"\[users\] min_uid = 1000"):
+        owner_rules(use_passwd=True).resolve(system.pw_name)
+    lowered = owner_rules(use_passwd=True, min_uid=system.pw_uid).resolve(system.pw_name)
+    assert (lowered.uid, lowered.gid) == (system.pw_uid, system.pw_gid)
+    assert owner_rules(use_passwd=True, map=f"{system.pw_name}:4242:4242").resolve(system.pw_name).uid == 4242
+    with pytest.raises(Refused, match="no uid mapped for user 'no-such-account'"):
+        owner_rules(use_passwd=True).resolve("no-such-account")
 
 
 def test_without_root_or_owner_mode_workers_run_as_the_agent() -> None:
@@ -272,7 +287,10 @@ def test_end_to_end_a_job_of_a_mapped_user_runs_with_that_uid(shared_dir: Path, 
             )
 
         alice = submit("alice")
-        assert finished(alice).state == types_pb2.JOB_STATE_COMPLETED
+        assert finished(alice).state == types_pb2.JOB_STATE_COMPLETED, (
+            f"{client.get_job(alice).job}\nworker log:\n{(work / 'logs' / alice / 'rank-0.log').read_text()[-1500:]}"
+            f"\nagent log:\n{(shared_dir / 'agent.log').read_text()[-1500:]}"
+        )
         assert f"\nids {UID} {GID} []\n" in (work / "logs" / alice / "rank-0.log").read_text()
         worker_env = json.loads((work / "jobs" / alice / "env.json").read_text())
         assert worker_env["LR"] == "0.1" and worker_env["USER"] == "alice" and worker_env["ARYL_JOB_ID"] == alice
@@ -283,6 +301,7 @@ def test_end_to_end_a_job_of_a_mapped_user_runs_with_that_uid(shared_dir: Path, 
         job = finished(mallory)
         assert job.state == types_pb2.JOB_STATE_FAILED
         assert "no uid mapped for user 'mallory'" in (work / "logs" / mallory / "rank-0.log").read_text()
+        assert "every job will be refused" not in (shared_dir / "agent.log").read_text()  # it maps alice
     finally:
         agent.send_signal(signal.SIGTERM)
         try:
@@ -291,3 +310,30 @@ def test_end_to_end_a_job_of_a_mapped_user_runs_with_that_uid(shared_dir: Path, 
             agent.kill()
         client.close()
         scheduler.stop()
+
+
+@needs_root
+def test_a_root_agent_with_the_default_users_section_warns_at_start_up(tmp_path: Path) -> None:
+    # The real daemon, as an operator first starts it: nothing in [users], no scheduler to reach yet.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ARYL_")}
+    env.update(ARYL_AGENT__INSECURE="true", ARYL_AGENT__LOGS_LISTEN_HOST="127.0.0.1")
+    log_path = tmp_path / "agent.log"
+    args = [sys.executable, "-m", "node_agent.main", "--scheduler", "127.0.0.1:1", "--hostname", "node-w",
+            "--fake-gpus", "1", "--work-dir", str(tmp_path / "agent")]
+    with log_path.open("ab") as log:
+        agent = subprocess.Popen(args, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        warning = wait_for(
+            lambda: next((line for line in log_path.read_text().splitlines() if "every job will be refused" in line),
+                         None),
+            timeout=30, what=f"the start-up warning; agent log:\n{log_path.read_text()[-1500:]}",
+        )
+        assert "warn" in warning.lower()
+        for setting in ("map", "map_file", "use_passwd", "default_uid", 'run_as = "agent"'):
+            assert setting in warning, (setting, warning)
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        try:
+            agent.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            agent.kill()

@@ -29,7 +29,7 @@ from node_agent.config import AgentSection
 from node_agent.gpus import FakeBackend
 from protos.aryl.v1 import agent_pb2, agent_pb2_grpc, scheduler_pb2, types_pb2
 from scheduler_service.api import validation
-from tests.harness import daemon_security, job_spec, register_fake_server, scheduler_stub, secure_channel
+from tests.harness import AS_ITSELF, daemon_security, job_spec, register_fake_server, scheduler_stub, secure_channel
 from tests.helpers import wait_for
 
 # Variables of this many characters stay under execve's 128 KiB per string and the 32 KiB per value.
@@ -114,7 +114,7 @@ class RealAgent:
             **daemon_security("big-node"),
         )
         self.agent = Agent(config, FakeBackend("big-node", count=gpus), backoff=Backoff(0.2, initial_s=0.02),
-                           version="test")
+                           version="test", users=AS_ITSELF)
         self.thread = threading.Thread(target=self.agent.run, daemon=True)
         self.thread.start()
 
