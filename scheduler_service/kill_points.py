@@ -16,6 +16,9 @@ Points:
 - ``apply.written``: a scheduling plan is written in its transaction, not committed yet;
 - ``commit.before_push``: a transaction that changed desired states is committed, the agents not
   told yet;
+- ``fence.checked_locally``: a write transaction's fence (``app.lease``) found this process still
+  leading by its own account, the database not asked yet (with ``stop``: a leader paused before the
+  database's check, so that on resuming its write meets that check, not the local one);
 - ``fence.passed``: a write transaction passed the leader lease's fence (``app.lease``), its COMMIT
   not sent yet (with ``stop``: a leader paused between its fence and its commit).
 

@@ -109,6 +109,7 @@ class Leadership:
             leading, epoch = self._leading, self._epoch
         if not leading:
             raise self.not_leader()
+        kill_point("fence.checked_locally")  # tests only (kill_points)
         if not store.holds(session, me=self.me, epoch=epoch):
             self._depose(epoch, "a write found the lease no longer this scheduler's (lapsed or taken over)")
             now = store.look(session)
