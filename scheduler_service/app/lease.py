@@ -111,10 +111,11 @@ class Leadership:
             raise self.not_leader()
         kill_point("fence.checked_locally")  # tests only (kill_points)
         if not store.holds(session, me=self.me, epoch=epoch):
-            self._depose(epoch, "a write found the lease no longer this scheduler's (lapsed or taken over)")
+            # Who holds it now, looked up first: deposed and told the new leader at once, so a call refused
+            # meanwhile names it instead of "no leader is elected".
             now = store.look(session)
-            with self._lock:
-                self._leader = "" if now.lapsed or now.holder == self.me else now.holder
+            self._depose(epoch, "a write found the lease no longer this scheduler's (lapsed or taken over)",
+                         leader="" if now.lapsed or now.holder == self.me else now.holder)
             raise self.not_leader()
         kill_point("fence.passed")  # tests only (kill_points)
 
@@ -198,12 +199,16 @@ class Leadership:
                     previous=view.holder or None)
         self._on_elected(epoch)
 
-    def _depose(self, epoch: int, reason: str) -> None:
+    def _depose(self, epoch: int, reason: str, *, leader: str = "") -> None:
+        """Stop leading in ``epoch`` (if this scheduler still does), naming ``leader`` as the one to
+        follow ('' when unknown)."""
         with self._lock:
             if not self._leading or self._epoch != epoch:
+                if not self._leading and leader:
+                    self._leader = leader  # deposed already (its timer): the new leader is known now
                 return
             self._leading = False
-            self._leader = ""
+            self._leader = leader
         log.warning("stepping down: no longer the leader", epoch=epoch, reason=reason)
         self._on_deposed(reason)
 
