@@ -18,3 +18,12 @@ config loading and logging are ``aryl_common``'s.
 
 The agent reports and obeys; it never decides placement, loans, restarts or health verdicts.
 """
+
+import os
+
+# gRPC's fork handlers off, before anything imports grpc: a worker that switches uid is spawned with
+# fork() (CPython uses vfork only without user/group/extra_groups), and gRPC's pthread_atfork handlers
+# then run in the agent and in the child between fork and exec, where they can crash the child (the
+# shim "killed by signal SIGSEGV/SIGABRT" before it starts) and break the agent's own channels. The
+# agent never forks a process that goes on using gRPC, so it never needs them. Set, not defaulted.
+os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "false"

@@ -7,6 +7,9 @@ PostgreSQL tests fail instead of skipping when the server is unreachable.
 
 from __future__ import annotations
 
+# isort: off
+import node_agent  # noqa: F401 -- first: it turns gRPC's fork handlers off before grpc is imported
+# isort: on
 import os
 import signal
 import sys
