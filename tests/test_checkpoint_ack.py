@@ -394,7 +394,9 @@ def test_a_job_requeued_by_a_failure_resumes_from_the_acknowledged_checkpoint(cl
 def test_a_preempted_job_resumes_from_what_its_stopped_workers_acknowledge(scheduler_factory) -> None:
     # The only server goes silent: the job is requeued (PENDING, same incarnation) and cannot restart
     # until the server reports again -- with the worker that acknowledged its stop.
-    scheduler = scheduler_factory(agents={"lost_after_s": 0.5})
+    # Silent for 3 s: long enough that a loaded machine places the job before the server is lost (at 0.5 s
+    # a CI run lost it first), short against the 20 s the requeue is waited for.
+    scheduler = scheduler_factory(agents={"lost_after_s": 3.0})
     channel, stub = scheduler_stub(scheduler.address)
     epoch = register_fake_server(scheduler.address, "only", gpus=2).scheduler_epoch
     agent = Agent(scheduler.address, "only", epoch)
