@@ -157,6 +157,15 @@ def view_of(supervisor: Supervisor, job: str) -> WorkerView | None:
     return next((v for v in supervisor.statuses() if v.id == WorkerId(job, 0, 1)), None)
 
 
+def stop_agent(agent: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within 15 s."""
+    agent.send_signal(signal.SIGTERM)
+    try:
+        agent.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        agent.kill()
+
+
 def mode_and_owner(path: Path) -> tuple[str, int, int]:
     st = path.lstat()
     return oct(stat.S_IMODE(st.st_mode)), st.st_uid, st.st_gid
@@ -303,11 +312,7 @@ def test_end_to_end_a_job_of_a_mapped_user_runs_with_that_uid(shared_dir: Path, 
         assert "no uid mapped for user 'mallory'" in (work / "logs" / mallory / "rank-0.log").read_text()
         assert "every job will be refused" not in (shared_dir / "agent.log").read_text()  # it maps alice
     finally:
-        agent.send_signal(signal.SIGTERM)
-        try:
-            agent.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            agent.kill()
+        stop_agent(agent)
         client.close()
         scheduler.stop()
 
@@ -332,8 +337,4 @@ def test_a_root_agent_with_the_default_users_section_warns_at_start_up(tmp_path:
         for setting in ("map", "map_file", "use_passwd", "default_uid", 'run_as = "agent"'):
             assert setting in warning, (setting, warning)
     finally:
-        agent.send_signal(signal.SIGTERM)
-        try:
-            agent.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            agent.kill()
+        stop_agent(agent)

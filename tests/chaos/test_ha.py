@@ -110,14 +110,19 @@ def incarnations(url: str) -> dict[int, int]:
         engine.dispose()
 
 
-def count_lost(url: str) -> int:
+def db_scalar(url: str, sql: str) -> object:
+    """The first column of the first row ``sql`` gives on the database at ``url`` (None: no row)."""
     engine = sa.create_engine(url)
     try:
         with engine.connect() as conn:
-            return int(conn.scalar(sa.text("SELECT count(*) FROM events WHERE kind = 'SERVER_STATE' "
-                                           "AND reason = 'AGENT_SILENT'")) or 0)
+            return conn.scalar(sa.text(sql))
     finally:
         engine.dispose()
+
+
+def count_lost(url: str) -> int:
+    return int(db_scalar(url, "SELECT count(*) FROM events WHERE kind = 'SERVER_STATE' AND reason = 'AGENT_SILENT'")
+               or 0)
 
 
 class SubmitLoad:
@@ -156,6 +161,15 @@ class SubmitLoad:
         assert not self.errors, self.errors
 
 
+def standby_leads(standby: SchedulerProcess, *, since: float, what: str) -> None:
+    """Wait until ``standby`` leads; it must within ``TAKEOVER_BOUND_S`` of ``since`` (monotonic)."""
+    wait_for(lambda: epoch_at(standby.address) is not None, timeout=TAKEOVER_BOUND_S + 15, interval=0.1,
+             what=f"the standby to lead ({what})")
+    took = time.monotonic() - since
+    print(f"{what} in {took:.2f}s (lease {LEASE_S:g}s, renew {RENEW_S:g}s)")
+    assert took < TAKEOVER_BOUND_S
+
+
 def pause_past_the_lease(pair: Pair) -> None:
     """SIGSTOP the leader until the standby leads; SIGCONT it and send it a write at once: refused, not
     stored; it stands by, naming the new leader."""
@@ -163,12 +177,7 @@ def pause_past_the_lease(pair: Pair) -> None:
     assert pair.leader() is first and first.proc is not None
     first.proc.send_signal(signal.SIGSTOP)
     try:
-        paused_at = time.monotonic()
-        wait_for(lambda: epoch_at(second.address) is not None, timeout=TAKEOVER_BOUND_S + 15, interval=0.1,
-                 what="the standby to lead")
-        took = time.monotonic() - paused_at
-        print(f"takeover from a paused leader in {took:.2f}s (lease {LEASE_S:g}s, renew {RENEW_S:g}s)")
-        assert took < TAKEOVER_BOUND_S
+        standby_leads(second, since=time.monotonic(), what="takeover from a paused leader")
     finally:
         first.proc.send_signal(signal.SIGCONT)
     # Straight to it (a raw stub: ArylClient would follow the leader it names).
@@ -270,13 +279,8 @@ def test_a_leader_paused_between_its_fence_and_its_commit_does_not_commit(pair: 
     caller.start()
     wait_for(lambda: process_state(first.proc.pid) == "T", timeout=15, interval=0.05,  # type: ignore[union-attr]
              what="the leader to stop itself between its fence and its commit")
-    paused_at = time.monotonic()
     try:
-        wait_for(lambda: epoch_at(second.address) is not None, timeout=TAKEOVER_BOUND_S + 15, interval=0.1,
-                 what="the standby to lead while the paused transaction holds the lease row")
-        took = time.monotonic() - paused_at
-        print(f"takeover past a paused write in {took:.2f}s (lease {LEASE_S:g}s, renew {RENEW_S:g}s)")
-        assert took < TAKEOVER_BOUND_S
+        standby_leads(second, since=time.monotonic(), what="takeover past a paused write")
     finally:
         first.kill_file.write_text("")
         first.proc.send_signal(signal.SIGCONT)
@@ -288,14 +292,9 @@ def test_a_leader_paused_between_its_fence_and_its_commit_does_not_commit(pair: 
         f"{Path(first.logs).read_text()[-6000:]}\nnew leader's log:\n{Path(second.logs).read_text()[-3000:]}")
     assert error.code() == grpc.StatusCode.UNAVAILABLE, (error.code(), error.details())
     print(f"the paused write: {error.code().name} {error.details()}")
-    engine = sa.create_engine(pair.url)
-    try:
-        with engine.connect() as conn:
-            assert conn.scalar(sa.text("SELECT count(*) FROM jobs WHERE name = 'paused-at-commit'")) == 0
-            assert conn.scalar(sa.text("SELECT count(*) FROM events WHERE kind = 'JOB_SUBMITTED' "
-                                       "AND message LIKE 'paused-at-commit %'")) == 0
-    finally:
-        engine.dispose()
+    assert db_scalar(pair.url, "SELECT count(*) FROM jobs WHERE name = 'paused-at-commit'") == 0
+    assert db_scalar(pair.url, "SELECT count(*) FROM events WHERE kind = 'JOB_SUBMITTED' "
+                               "AND message LIKE 'paused-at-commit %'") == 0
     assert "ended the database sessions of the previous leader" in Path(second.logs).read_text()
     assert "database connection lost during COMMIT" in Path(first.logs).read_text()
     wait_for(lambda: named_leader(first.address) == second.address, timeout=15, what="the old leader to stand by")

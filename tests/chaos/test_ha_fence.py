@@ -30,7 +30,15 @@ import sqlalchemy as sa
 from protos.aryl.v1 import scheduler_pb2, scheduler_pb2_grpc
 from scheduler_service.store.lease import DB_NOW
 from tests.chaos.conftest import SchedulerProcess, chaos_job
-from tests.chaos.test_ha import LEASE_S, RENEW_S, TAKEOVER_BOUND_S, epoch_at, named_leader, process_state
+from tests.chaos.test_ha import (
+    LEASE_S,
+    RENEW_S,
+    TAKEOVER_BOUND_S,
+    db_scalar,
+    epoch_at,
+    named_leader,
+    process_state,
+)
 from tests.harness import secure_channel
 from tests.helpers import wait_for
 
@@ -110,13 +118,7 @@ def liveness_sweeps_held(url: str) -> Iterator[None]:
 
 def lease_holder(url: str) -> str:
     """Who holds the unexpired lease now, by the database ('' when it lapsed)."""
-    engine = sa.create_engine(url)
-    try:
-        with engine.connect() as conn:
-            holder = conn.scalar(sa.text(f"SELECT holder FROM leader_lease WHERE id = 1 AND expires_at > {DB_NOW}"))
-    finally:
-        engine.dispose()
-    return str(holder or "")
+    return str(db_scalar(url, f"SELECT holder FROM leader_lease WHERE id = 1 AND expires_at > {DB_NOW}") or "")
 
 
 def resume_the_stopped_leader(leader: SchedulerProcess, standby: SchedulerProcess, url: str) -> None:
