@@ -93,7 +93,7 @@ class Queues:
                 classes = ", ".join(f"{n} ({v})" for n, v in sorted(self.priority_classes.items()))
                 refused[i] = InvalidArgument("spec.priority_class", f"unknown class {sub.priority_class!r}; "
                                                                     f"configured: {classes or 'none'}")
-            value = self.priority_classes.get(sub.priority_class, 0) if sub.priority_class else 0
+            value = self.priority_classes.get(sub.priority_class, 0)
             admitted.append(sub if value == sub.priority_value else dataclasses.replace(sub, priority_value=value))
         return admitted, refused
 

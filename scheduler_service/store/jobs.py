@@ -386,11 +386,11 @@ def _copy_lines(columns: Sequence[str], values: Sequence[dict[str, Any]], dialec
             value = row[c]
             if value is not last[i]:
                 key = _value_key(value)
-                if key is None:
+                text = by_value[i].get(key) if key is not None else None
+                if text is None:
                     text = texts[i](value)
-                else:
-                    known = by_value[i].get(key)
-                    text = known if known is not None else by_value[i].setdefault(key, texts[i](value))
+                    if key is not None:
+                        by_value[i][key] = text
                 last[i], rendered[i] = value, text
             line.append(rendered[i])
         yield "\t".join(line) + "\n"

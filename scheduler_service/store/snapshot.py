@@ -37,6 +37,7 @@ from scheduler_service.store.goodput import goodput_info, step_samples
 from scheduler_service.store.inference import DemandRules, fresh_demand
 from scheduler_service.store.queues import queue_views
 from scheduler_service.store.rows import batch_limits
+from scheduler_service.store.transactions import is_postgresql
 
 ACTIVE_JOB_STATES = (JobState.PENDING, JobState.RUNNING, JobState.SCALING, JobState.PREEMPTED)
 # Server states in which the server has an open loan (LOST/UNHEALTHY servers may too; they show none).
@@ -122,8 +123,8 @@ class SnapshotReader:
         active = j.state.in_([str(s) for s in ACTIVE_JOB_STATES])
         cache = self._job_views
         stamps: dict[int, str] | None = None
-        where: sa.ColumnElement[bool] = active
-        if session.get_bind().dialect.name == "postgresql":
+        where: sa.ColumnElement[bool] | None = active
+        if is_postgresql(session):
             raw = session.connection().connection.dbapi_connection
             assert raw is not None
             cursor = raw.cursor()  # 10,000s of two-column rows: the driver's tuples, no Core rows
@@ -135,13 +136,15 @@ class SnapshotReader:
                 cursor.close()
             changed = [job_id for job_id, stamp in stamps.items()
                        if (last := cache.get(job_id)) is None or last[0] != (stamp, by_job.get(job_id))]
-            if len(changed) * 2 < len(stamps):  # else one scan of the active jobs beats a long id list
+            if not changed:  # an idle cycle: nothing to read
+                where = None
+            elif len(changed) * 2 < len(stamps):  # else one scan of the active jobs beats a long id list
                 ids = sa.bindparam("changed", changed, type_=postgresql.ARRAY(sa.BigInteger))
-                where = sa.and_(active, j.id == sa.any_(ids)) if changed else sa.false()
+                where = sa.and_(active, j.id == sa.any_(ids))
         job_views: dict[int, tuple[tuple[Any, ...], JobView]] = {}
         # The JSON columns as their text, each distinct text decoded once (``_Decoded``): most jobs share theirs.
         decoded = _Decoded()
-        for row in session.execute(
+        for row in () if where is None else session.execute(
             sa.select(j.id, j.state, j.gpus_per_worker, j.min_workers, j.max_workers, j.priority,
                       j.submitted_at, sa.cast(j.throughput, sa.Text).label("throughput"), j.pending_reason,
                       j.work_done, j.started_at,

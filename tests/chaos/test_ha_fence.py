@@ -80,12 +80,7 @@ def schedulers(tmp_path: Path, chaos_db: str) -> Iterator[tuple[SchedulerProcess
 
 def next_lease_round_in(url: str) -> float:
     """Seconds until the leader's lease thread next wakes: its last round set the lease's expiry."""
-    engine = sa.create_engine(url)
-    try:
-        with engine.connect() as conn:
-            remaining = float(conn.scalar(sa.text(f"SELECT expires_at - {DB_NOW} FROM leader_lease WHERE id = 1")))
-    finally:
-        engine.dispose()
+    remaining = float(db_scalar(url, f"SELECT expires_at - {DB_NOW} FROM leader_lease WHERE id = 1"))  # type: ignore[arg-type]
     return RESUMING_RENEW_S - (RESUMING_LEASE_S - remaining)
 
 
