@@ -2,7 +2,8 @@
 rows the multi-row INSERT path stores (every column of the jobs and of their JOB_SUBMITTED events, the
 answer it returns, job arrays), with values COPY's text format must escape; and a used idempotency key
 fails it as an IntegrityError that leaves nothing stored, as the INSERT path's does. And the cycle's
-snapshot, which decodes the jobs' JSON columns once per distinct text, still gives each job its own."""
+snapshot, which decodes the jobs' JSON columns once per distinct text, still gives each job its own. And
+the cycle's pending reasons, written on PostgreSQL in one statement, are what the bulk path writes."""
 
 from __future__ import annotations
 
@@ -19,9 +20,11 @@ from migrations import upgrade
 from protos.aryl.v1 import types_pb2
 from scheduler_service.api import validation
 from scheduler_service.clock import SystemClock
+from scheduler_service.core.plan import KeepPending, Reason
 from scheduler_service.records import JobInfo, JobSubmission
 from scheduler_service.store import jobs as store_jobs
 from scheduler_service.store import models as m
+from scheduler_service.store.applier import pending_reasons_in_bulk, pending_reasons_in_one_statement
 from scheduler_service.store.changes import StateChanges
 from scheduler_service.store.db import create_engine_for
 from scheduler_service.store.desired import DesiredStates
@@ -97,6 +100,8 @@ def test_copy_stores_what_the_insert_path_stores(engine: sa.Engine, array: bool)
     assert copied_jobs == inserted_jobs
     assert copied_events == inserted_events
     assert copied == inserted  # the answers too
+    # Built without JobInfo's __init__ (``rows._frozen``): every field is set all the same.
+    assert all(vars(a).keys() == {f.name for f in dataclasses.fields(JobInfo)} for a in copied + copied_read)
     assert len(copied_jobs) == 3 and len(copied_events) == 3
     assert copied_jobs[2]["env"] == {"T": "a\tb", "NL": "a\nb\r", "BS": "\\", "NULL_LIKE": "\\N"}
     assert copied_jobs[0]["gpu_types"] is None and copied_jobs[2]["gpu_types"] == ["h100", "a100"]
@@ -183,3 +188,32 @@ def test_the_snapshot_reuses_a_job_view_only_while_its_row_is_unchanged(database
     assert (after[1].priority, after[1].pending_reason) == (9, "waiting for 2 GPUs")
     assert (before[1].priority, before[1].pending_reason) == (7, "")
     assert [j.job_id for j in last] == [second.id] and last[0] is after[1]
+
+
+@pytest.mark.parametrize("write", [pending_reasons_in_bulk, pending_reasons_in_one_statement])
+def test_pending_reasons_in_one_statement_store_what_the_bulk_path_stores(engine: sa.Engine, write: Any) -> None:
+    """Each path, from the same jobs, in its own rolled-back transaction: a job that left PENDING since the
+    plan is not written; the others get their reason (a long message cut, quotes and newlines kept) and
+    a JOB_PENDING_REASON event each, in the plan's order, not the ids'."""
+    def stored(write: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        store = JobStore(StateChanges(SystemClock()), DesiredStates(epoch=lambda: 1), SystemClock())
+        with Session(engine) as session:
+            jobs = store.insert(session, _submissions(), NOW)
+            a, b, c = (j.id for j in jobs)
+            session.execute(sa.update(m.JOBS).where(m.JOBS.c.id == b).values(state="RUNNING"))
+            write(session, [
+                KeepPending(c, Reason.WAITING_FOR_GANG, "it's \"quoted\"\nand ünïcode " + "x" * 3000),
+                KeepPending(b, Reason.WAITING_FOR_GANG, "started meanwhile"),
+                KeepPending(a, Reason.NO_TRAINING_CAPACITY, "no server is registered"),
+            ], NOW + 5)
+            rows, events = _stored(session, a)
+            session.rollback()
+        return rows, [e for e in events if e["kind"] == "JOB_PENDING_REASON"]
+
+    rows, events = stored(write)
+    assert (rows, events) == stored(pending_reasons_in_bulk)
+    assert [(r["pending_reason"][:40], r["version"]) for r in rows] == [
+        ("NO_TRAINING_CAPACITY: no server is regis", 2), ("", 1), ("WAITING_FOR_GANG: it's \"quoted\"\nand ünïc", 2)]
+    assert len(rows[2]["pending_reason"]) == 1024
+    assert [(e["job_id"], e["reason"], len(e["message"]), e["time"], e["details"], e["actor"]) for e in events] == [
+        (2, "WAITING_FOR_GANG", 2048, NOW + 5, {}, ""), (0, "NO_TRAINING_CAPACITY", 23, NOW + 5, {}, "")]

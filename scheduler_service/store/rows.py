@@ -11,7 +11,7 @@ Never: query (the callers read the rows), or change a value on the way (a value 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from scheduler_service.core.goodput import BatchSplit
 from scheduler_service.core.snapshot import BatchLimits
@@ -27,6 +27,8 @@ from scheduler_service.records import (
 )
 from scheduler_service.store.goodput import goodput_info
 
+_Record = TypeVar("_Record")
+
 # A row as column name -> value (a Core row's ``_mapping``, whose keys SQLAlchemy types loosely).
 Values = Mapping[Any, Any]
 
@@ -34,7 +36,7 @@ Values = Mapping[Any, Any]
 def job_info(row: Values, allocations: Iterable[Values] = ()) -> JobInfo:
     """``allocations``: the job's ``allocations`` rows, in rank then GPU order. A list page's row has no
     ``env`` and the command's preview as ``command`` (``store.jobs._LIST_COLUMNS``)."""
-    return JobInfo(
+    return _frozen(JobInfo, dict(
         id=row["id"], name=row["name"], user=row["user"], queue=row["queue"], command=tuple(row["command"] or ()),
         env=row.get("env") or {}, gpus_per_worker=row["gpus_per_worker"], min_workers=row["min_workers"],
         max_workers=row["max_workers"], priority=row["priority"], deadline=row["deadline"],
@@ -61,7 +63,16 @@ def job_info(row: Values, allocations: Iterable[Values] = ()) -> JobInfo:
         batch_limits=batch_limits(row.get("batch_init"), row.get("batch_max"), row.get("batch_max_local")),
         batch_chosen=BatchSplit(row["batch_local"], row.get("batch_accum") or 0) if row.get("batch_local") else None,
         batch_replicas=row.get("batch_replicas"), goodput=goodput_info(row.get("goodput_reports")),
-    )
+    ))
+
+
+def _frozen(cls: type[_Record], values: dict[str, Any]) -> _Record:
+    """``cls(**values)`` for a frozen dataclass without slots given every one of its fields, without the
+    generated ``__init__``, which sets each field through ``object.__setattr__``: a JobInfo (53 fields)
+    in 1 microsecond instead of 8, for answers of 10,000 jobs and list pages of 1,000s."""
+    record = object.__new__(cls)
+    record.__dict__.update(values)
+    return record
 
 
 def _job_state(value: str) -> JobState:

@@ -12,7 +12,7 @@ Never: write, or decide anything.
 from __future__ import annotations
 
 import json
-from collections import defaultdict
+from collections import defaultdict, namedtuple
 from typing import Any
 
 import sqlalchemy as sa
@@ -144,21 +144,9 @@ class SnapshotReader:
         job_views: dict[int, tuple[tuple[Any, ...], JobView]] = {}
         # The JSON columns as their text, each distinct text decoded once (``_Decoded``): most jobs share theirs.
         decoded = _Decoded()
-        for row in () if where is None else session.execute(
-            sa.select(j.id, j.state, j.gpus_per_worker, j.min_workers, j.max_workers, j.priority,
-                      j.submitted_at, sa.cast(j.throughput, sa.Text).label("throughput"), j.pending_reason,
-                      j.work_done, j.started_at,
-                      j.last_resized_at, j.last_checkpoint_at, j.size_note, j.deadline,
-                      j.progress_at, j.window_work, j.window_at, j.window_workers, j.window_reports)
-            .where(where)
-            # queues and GPU types (core.quota)
-            .add_columns(j.queue, j.user, j.priority_value, sa.cast(j.gpu_types, sa.Text).label("gpu_types"))
-            .add_columns(sa.cast(j.disruptions, sa.Text).label("disruptions"))  # core.protection
-            # goodput (store.goodput): batch limits and what rank 0 reported
-            .add_columns(j.batch_init, j.batch_max, j.batch_max_local,
-                         sa.cast(j.goodput_reports, sa.Text).label("goodput_reports"),
-                         j.batch_local, j.batch_accum, j.batch_replicas)
-        ):
+        rows = () if where is None else session.execute(sa.select(*_JOB_COLUMNS).where(where))
+        row: Any  # a _JobRow
+        for row in map(_JobRow._make, rows):
             allocations = by_job.get(row.id)
             job_key: tuple[Any, ...] = (stamps[row.id], allocations) if stamps is not None else (*row, allocations)
             last = cache.get(row.id)
@@ -170,6 +158,22 @@ class SnapshotReader:
         ordered = sorted(job_views)
         self._job_views = {job_id: job_views[job_id] for job_id in ordered}  # an ended job is forgotten
         return tuple(job_views[job_id][1] for job_id in ordered)
+
+
+# What a cycle reads of each active job (``job_view``), the JSON columns as their text. Read into
+# ``_JobRow``s: a named tuple's fields read in a tenth of the time a Core row's do (10,000s a burst).
+_JOB_COLUMNS = (
+    *(m.JOBS.c[name] for name in (
+        "id", "state", "gpus_per_worker", "min_workers", "max_workers", "priority", "submitted_at", "pending_reason",
+        "work_done", "started_at", "last_resized_at", "last_checkpoint_at", "size_note", "deadline",
+        "progress_at", "window_work", "window_at", "window_workers", "window_reports",
+        "queue", "user", "priority_value",  # queues and GPU types (core.quota)
+        "batch_init", "batch_max", "batch_max_local", "batch_local", "batch_accum", "batch_replicas",  # goodput
+    )),
+    *(sa.cast(m.JOBS.c[name], sa.Text).label(name)
+      for name in ("throughput", "gpu_types", "disruptions", "goodput_reports")),
+)
+_JobRow = namedtuple("_JobRow", [c.name for c in _JOB_COLUMNS])  # type: ignore[misc]
 
 
 class _Decoded:
