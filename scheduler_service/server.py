@@ -52,7 +52,7 @@ from scheduler_service.api.servicers import AgentServicer, InferenceServicer, Sc
 from scheduler_service.api.stream_limits import StreamLimits
 from scheduler_service.app import SchedulerApp
 from scheduler_service.app.deadlines import DeadlineAdmission
-from scheduler_service.app.forecast import Forecasts
+from scheduler_service.app.forecast import ForecastProcess, Forecasts
 from scheduler_service.app.lease import Leadership
 from scheduler_service.app.liveness import Liveness
 from scheduler_service.app.retention import EventRetention
@@ -232,9 +232,11 @@ class SchedulerService:
         submissions = GroupCommitter(app.jobs.submit_many, max_batch=256, name="aryl-submit")
         cancellations = GroupCommitter(app.jobs.cancel_many, max_batch=256, name="aryl-cancel")
         # The ETA forecast after cycles, on a thread of its own (``app.forecast``); what-if on request.
+        # Its simulation in a process of its own: a long queue's forecast must not take the RPCs' interpreter lock.
+        forecast_process = ForecastProcess()
         forecasts = Forecasts(lambda: app.cluster.snapshot(seed=cfg.scheduling.seed), self.clock,
                               policy=cfg.scheduling.policy, params=self.policy_params,
-                              min_gap_s=cfg.scheduling.forecast_interval_s)
+                              min_gap_s=cfg.scheduling.forecast_interval_s, run=forecast_process)
         forecast_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aryl-forecast")
         sec = cfg.security
         log_reader = AgentLogReader(timeout_s=cfg.agents.rpc_timeout_s, security=ClientSecurity(
@@ -306,6 +308,7 @@ class SchedulerService:
         executor.shutdown(wait=True, cancel_futures=True)
         cycle_thread.shutdown(wait=True, cancel_futures=True)
         forecast_thread.shutdown(wait=True, cancel_futures=True)
+        await asyncio.to_thread(forecast_process.close)
         desired_reader.shutdown(wait=True, cancel_futures=True)
         watch_reader.shutdown(wait=True, cancel_futures=True)
         await asyncio.to_thread(self._close_policy)

@@ -15,12 +15,15 @@ import dataclasses
 import datetime as dt
 import io
 import json
+import os
+import signal
+from concurrent.futures.process import BrokenProcessPool
 
 import pytest
 
 from arylctl import cli
 from protos.aryl.v1 import scheduler_pb2
-from scheduler_service.app.forecast import eta_note
+from scheduler_service.app.forecast import ForecastProcess, eta_note
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.snapshot import ClusterSnapshot, JobView, ProgressWindow, ServerView, WorkerView
 from scheduler_service.lifecycle import JobState, Pool, ServerState
@@ -112,6 +115,31 @@ def test_the_forecast_leaves_its_snapshot_as_it_was() -> None:
     before = repr(snapshot)
     forecast(snapshot, "aryl", PolicyParams())
     assert repr(snapshot) == before
+
+
+def test_a_forecast_in_its_own_process_is_the_forecast_and_a_dead_process_is_replaced() -> None:
+    """The service's forecasts run in a process of their own (``ForecastProcess``): the same forecast as on
+    the calling thread; a process killed meanwhile fails that forecast alone, and the next one starts
+    another process."""
+    run = ForecastProcess()
+    settings = ForecastSettings(restart_overhead_s=30)
+    try:
+        made = run(hand_computed_queue(), "aryl", PolicyParams(), settings)
+        assert made == forecast(hand_computed_queue(), "aryl", PolicyParams(), settings)
+        assert made.jobs[3].start == NOW + 930
+        [child] = run._pool._processes.values()  # type: ignore[union-attr]
+        assert child.pid != os.getpid()
+        os.kill(child.pid, signal.SIGKILL)
+        child.join(10)
+        with pytest.raises(BrokenProcessPool):
+            run(hand_computed_queue(), "fifo", PolicyParams(), settings)
+        again = run(hand_computed_queue(), "fifo", PolicyParams(), settings)
+        assert again.jobs[3].start == NOW + 930
+        [other] = run._pool._processes.values()  # type: ignore[union-attr]
+        assert other.pid != child.pid
+    finally:
+        run.close()
+    assert run._pool is None
 
 
 def runtime(seconds: int) -> dict:

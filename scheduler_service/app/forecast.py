@@ -26,8 +26,11 @@ Never: write, decide (the policy does), or hold SQL.
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
 import threading
 from collections.abc import Callable, Mapping
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
 from scheduler_service.core.clock import Clock
@@ -84,14 +87,53 @@ def eta_note(job: JobForecast | None, forecast: Forecast, now: float) -> str:
     return text
 
 
+ForecastRun = Callable[[ClusterSnapshot, str, PolicyParams, ForecastSettings], Forecast]
+
+
+class ForecastProcess:
+    """``forecast`` run in a process of its own (``Forecasts(run=...)``), so that a forecast of a long
+    queue (seconds of Python for 10,000s of jobs) takes a core of its own instead of the interpreter lock
+    the RPCs and cycles share. The process is started (spawned: the scheduler's threads are not forked)
+    at the first forecast and kept; one that died is replaced at the next. The snapshot goes to it
+    and the forecast comes back pickled."""
+
+    def __init__(self) -> None:
+        self._pool: ProcessPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self, snapshot: ClusterSnapshot, policy: str, params: PolicyParams,
+                 settings: ForecastSettings) -> Forecast:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+            pool = self._pool
+        try:
+            return pool.submit(forecast, snapshot, policy, params, settings).result()
+        except BrokenProcessPool:
+            with self._lock:  # the process died (killed, out of memory): the next forecast starts another
+                if self._pool is pool:
+                    self._pool = None
+            pool.shutdown(wait=False)
+            raise
+
+    def close(self) -> None:
+        """Stop the process (after the forecast it is running, if any)."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
 class Forecasts:
     """The latest forecast and the means to make one. ``snapshot``: the cluster's (``app.cluster``)."""
 
     def __init__(
         self, snapshot: Callable[[], ClusterSnapshot], clock: Clock, *, policy: str, params: PolicyParams,
         settings: ForecastSettings | None = None, min_gap_s: float = DEFAULT_MIN_GAP_S,
+        run: ForecastRun = forecast,
     ) -> None:
         self._snapshot = snapshot
+        self._run = run  # ``forecast`` itself (on the calling thread) or a ``ForecastProcess``
         self._clock = clock
         self.policy = policy
         # No online learning in a forecast: it must not train the live policy's network on made-up futures.
@@ -124,7 +166,7 @@ class Forecasts:
         try:
             began = self._last_began = self._clock.monotonic()
             try:
-                made = forecast(self._snapshot(), self.policy, self.params, self.settings)
+                made = self._run(self._snapshot(), self.policy, self.params, self.settings)
             finally:
                 self._last_took = self._clock.monotonic() - began
             self._latest = made
