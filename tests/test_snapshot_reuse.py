@@ -15,8 +15,10 @@ from sqlalchemy.orm import Session
 
 from scheduler_service.api import validation
 from scheduler_service.clock import SystemClock
+from scheduler_service.core.plan import KeepPending, Reason
 from scheduler_service.core.snapshot import ClusterSnapshot
 from scheduler_service.store import models as m
+from scheduler_service.store.applier import pending_reasons_in_one_statement
 from scheduler_service.store.db import create_engine_for
 from scheduler_service.store.jobs import JobStore
 from scheduler_service.store.snapshot import SnapshotReader
@@ -83,3 +85,39 @@ def test_a_reused_reader_sees_every_change_a_fresh_one_sees(engine: sa.Engine) -
         assert picked[2] not in by_id  # ended: gone from the snapshot
         assert by_id[picked[0]].pending_reason == f"round {round_}"
         assert by_id[picked[5]].workers and by_id[picked[5]].workers[0].gpu_indices == (round_,)
+
+
+@pytest.mark.postgres
+def test_a_cycles_own_pending_reasons_are_not_read_back(postgres_url: str) -> None:
+    """The cycle writes each new job's first pending reason; the reader keeps those views with the reason
+    (``reasons_written``) instead of reading the rows again, but only for rows still at the version it
+    read: a job changed meanwhile gets no reason this cycle (the next decides on the change) and is read."""
+    engine = create_engine_for(postgres_url)
+    try:
+        add_jobs(engine, 20, "p")
+        reader = SnapshotReader(SystemClock())
+        first = read(engine, reader)
+        ids = [view.job_id for view in first.jobs]
+        changed = ids[3:5]
+        with engine.begin() as conn:  # after the read, before the apply: another writer
+            conn.execute(sa.update(m.JOBS).where(m.JOBS.c.id.in_(changed)).values(priority=5))
+        pending = [KeepPending(job_id, Reason.NO_TRAINING_CAPACITY, f"no server ({job_id})") for job_id in ids]
+        with Session(engine) as session, session.begin():
+            written = pending_reasons_in_one_statement(session, pending, NOW, reader.stamps(ids))
+        assert [w[0] for w in written] == [i for i in ids if i not in changed]
+        reader.reasons_written(written)
+        reader.reasons_written([(ids[0], "not the version read", "1", "a reason decided elsewhere")])  # left alone
+
+        queried: list[object] = []
+        sa.event.listen(engine, "before_cursor_execute",
+                        lambda conn, cursor, statement, params, context, many: queried.append(params))
+        cached = read(engine, reader)
+        fresh = read(engine, SnapshotReader(SystemClock()))
+        assert cached.jobs == fresh.jobs
+        assert [p.get("changed") for p in queried[:6] if isinstance(p, dict) and "changed" in p] == [changed]
+        by_id = {view.job_id: view for view in cached.jobs}
+        assert by_id[ids[0]].pending_reason == f"NO_TRAINING_CAPACITY: no server ({ids[0]})"
+        assert [by_id[i].pending_reason for i in changed] == ["", ""]  # left to the next cycle
+        assert by_id[changed[0]].priority == 5
+    finally:
+        engine.dispose()

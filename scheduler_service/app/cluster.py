@@ -7,6 +7,8 @@ agents hear of an applied plan only after its commit.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from sqlalchemy.orm import Session
 
 from scheduler_service.app.notices import Announcer
@@ -35,14 +37,16 @@ class DatabaseCluster:
         touched server."""
         if plan.is_empty:
             return ApplyResult((), (), frozenset())
-        log = self._db.write(lambda session: self._apply(session, plan))
+        stamps = self._reader.stamps(p.job_id for p in plan.pending)
+        log = self._db.write(lambda session: self._apply(session, plan, stamps))
+        self._reader.reasons_written(log.restamped)  # committed: the next snapshot need not read those rows
         if log.changed:
             self._notices.servers_changed(log.touched)
         elif plan.pending or plan.held or plan.loan_note is not None:  # reasons recorded: events to watch
             self._notices.notifier.events_appended()
         return log.result()
 
-    def _apply(self, session: Session, plan: Plan) -> ApplyLog:
-        log = self._applier.apply(session, plan)
+    def _apply(self, session: Session, plan: Plan, stamps: Mapping[int, str]) -> ApplyLog:
+        log = self._applier.apply(session, plan, stamps)
         kill_point("apply.written")  # tests only (kill_points)
         return log

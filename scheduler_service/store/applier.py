@@ -20,7 +20,7 @@ does, and agents hear of the changes only after it.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
@@ -78,6 +78,9 @@ _Pair = tuple[str, int]  # (server id, GPU index)
 _BATCH_STARTS_FROM = 2
 
 
+_NO_STAMPS: Mapping[int, str] = {}
+
+
 class Applier:
     """``reclaim_deadline_s``: how long after a RECLAIM the server goes back to inference even
     without its agent's confirmation (the policy's ``reclaim_deadline_s``; ``core.apply_rules
@@ -93,7 +96,7 @@ class Applier:
         self._reclaim_deadline_s = reclaim_deadline_s
         self._ports = ports or MasterPorts()
 
-    def apply(self, session: Session, plan: Plan) -> ApplyLog:
+    def apply(self, session: Session, plan: Plan, stamps: Mapping[int, str] | None = None) -> ApplyLog:
         """Apply ``plan`` in ``session``, in ``core.plan.apply_order`` (shared with the simulator):
         ACTIVATE steps, preemptions, scales that release GPUs, starts, other scales, other loan steps --
         so GPUs freed by one action serve a later one and loan steps see what the job actions left;
@@ -144,7 +147,9 @@ class Applier:
             log.applied(action, servers)
         self._apply_batches(session, plan, log)
         self._desired.bump(session, log.touched)
-        self._apply_pending(session, plan.pending)
+        # The last write of a PENDING job in this transaction (the held notes are running jobs'): a stamp
+        # in ``log.restamped`` is the committed version's.
+        log.restamped = self._apply_pending(session, plan.pending, stamps or {})
         self._apply_held(session, plan.held)
         if plan.loan_note is not None:
             self._apply_loan_note(session, plan.loan_note)
@@ -367,13 +372,18 @@ class Applier:
                 )
         return {server.id}, loan
 
-    def _apply_pending(self, session: Session, pending: Sequence[KeepPending]) -> None:
+    def _apply_pending(self, session: Session, pending: Sequence[KeepPending],
+                       stamps: Mapping[int, str] = _NO_STAMPS) -> list[tuple[int, str, str, str]]:
         """Record new pending reasons in bulk, each with a JOB_PENDING_REASON event, for the jobs still
         PENDING: on PostgreSQL in one statement (a burst of submits brings thousands a cycle), elsewhere
-        one SELECT, one UPDATE and one events INSERT for all of them."""
-        if pending:
-            write = pending_reasons_in_one_statement if is_postgresql(session) else pending_reasons_in_bulk
-            write(session, pending, self._clock.now())
+        one SELECT, one UPDATE and one events INSERT for all of them. ``stamps``: the row versions (PostgreSQL
+        ``xmin``) the plan's snapshot read; see ``pending_reasons_in_one_statement``."""
+        if not pending:
+            return []
+        if is_postgresql(session):
+            return pending_reasons_in_one_statement(session, pending, self._clock.now(), stamps)
+        pending_reasons_in_bulk(session, pending, self._clock.now())
+        return []
 
     def _apply_held(self, session: Session, held: Sequence[KeepSize]) -> None:
         """Record new size notes of running jobs in bulk (a JOB_SIZE_HELD event for each that says
@@ -437,13 +447,18 @@ def pending_reasons_in_bulk(session: Session, pending: Sequence[KeepPending], no
     ])
 
 
-def pending_reasons_in_one_statement(session: Session, pending: Sequence[KeepPending], now: float) -> None:
-    """``Applier._apply_pending`` on PostgreSQL: what ``pending_reasons_in_bulk`` writes, in one statement."""
-    session.execute(_PENDING_REASONS, dict(
+def pending_reasons_in_one_statement(session: Session, pending: Sequence[KeepPending], now: float,
+                                     stamps: Mapping[int, str] = _NO_STAMPS) -> list[tuple[int, str, str, str]]:
+    """``Applier._apply_pending`` on PostgreSQL: what ``pending_reasons_in_bulk`` writes, in one statement.
+    A job with a stamp in ``stamps`` (the row version its reason was decided on) gets it only if its row
+    is still that version: a reason decided on a row changed since is left to the next cycle, which
+    decides on the change. Returns those jobs as (job, the version read, the new version, the reason)."""
+    rows = session.execute(_PENDING_REASONS, dict(
         ids=[p.job_id for p in pending], whys=[p.summary for p in pending],
         reasons=[str.__str__(p.reason) for p in pending], messages=[p.message[:2048] for p in pending],
-        now=now, pending=str.__str__(JobState.PENDING),
+        seen=[stamps.get(p.job_id) for p in pending], now=now, pending=str.__str__(JobState.PENDING),
     ))
+    return [(job_id, seen, stamp, why) for job_id, seen, stamp, why in rows if seen is not None]
 
 
 # ``pending_reasons_in_one_statement``: only jobs still PENDING are written (the UPDATE's row locks
@@ -451,16 +466,19 @@ def pending_reasons_in_one_statement(session: Session, pending: Sequence[KeepPen
 _PENDING_REASONS = sa.text("""
 WITH t AS (
     SELECT * FROM unnest(CAST(:ids AS bigint[]), CAST(:whys AS text[]), CAST(:reasons AS text[]),
-                         CAST(:messages AS text[])) WITH ORDINALITY AS t(id, why, reason, message, n)
+                         CAST(:messages AS text[]), CAST(:seen AS text[]))
+                  WITH ORDINALITY AS t(id, why, reason, message, seen, n)
 ), written AS (
     UPDATE jobs SET pending_reason = t.why, version = jobs.version + 1
-    FROM t WHERE jobs.id = t.id AND jobs.state = :pending
-    RETURNING jobs.id
+    FROM t WHERE jobs.id = t.id AND jobs.state = :pending AND (t.seen IS NULL OR jobs.xmin::text = t.seen)
+    RETURNING jobs.id, t.seen, jobs.xmin::text AS stamp, t.why
+), logged AS (
+    INSERT INTO events (time, kind, job_id, server_id, from_state, to_state, reason, message, details, actor)
+    SELECT :now, 'JOB_PENDING_REASON', t.id, NULL, '', '', t.reason, t.message, '{}'::json, ''
+    FROM t JOIN written ON written.id = t.id
+    ORDER BY t.n
 )
-INSERT INTO events (time, kind, job_id, server_id, from_state, to_state, reason, message, details, actor)
-SELECT :now, 'JOB_PENDING_REASON', t.id, NULL, '', '', t.reason, t.message, '{}'::json, ''
-FROM t JOIN written ON written.id = t.id
-ORDER BY t.n
+SELECT id, seen, stamp, why FROM written
 """)
 
 

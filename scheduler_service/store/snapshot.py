@@ -11,8 +11,10 @@ Never: write, or decide anything.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import defaultdict, namedtuple
+from collections.abc import Iterable
 from typing import Any
 
 import sqlalchemy as sa
@@ -52,6 +54,7 @@ class SnapshotReader:
         self._server_views: dict[str, tuple[tuple[Any, ...], ServerView]] = {}
         # The active jobs' views of the last snapshot, likewise (most pending jobs' rows do not change).
         self._job_views: dict[int, tuple[tuple[Any, ...], JobView]] = {}
+        self._stamped = False  # whether the last read keyed its views by row version (PostgreSQL)
 
     def read(self, session: Session, seed: int = 0) -> ClusterSnapshot:
         """The schedulable state: servers, active jobs, the latest inference demand, ``now``."""
@@ -113,6 +116,26 @@ class SnapshotReader:
             demand=DemandView(demand.servers_needed, demand.observed_rps, demand.time) if demand else None,
         )
 
+    def stamps(self, job_ids: Iterable[int]) -> dict[int, str]:
+        """On PostgreSQL, the row versions (``xmin``) of ``job_ids`` as the last read saw them (those it
+        saw); elsewhere none."""
+        cache = self._job_views
+        if not self._stamped:
+            return {}
+        return {job_id: entry[0][0] for job_id in job_ids if (entry := cache.get(job_id)) is not None}
+
+    def reasons_written(self, written: Iterable[tuple[int, str, str, str]]) -> None:
+        """After a commit: each (job, seen, stamp, reason) had its pending reason alone written on row version
+        ``seen`` (``store.applier``), now version ``stamp``. A view this reader holds of version ``seen`` is
+        kept with the new reason as version ``stamp``, so the next read does not read the row again (a
+        burst of submits: every new job's row gets its first reason). A view of another version is left:
+        its stamp tells the next read whether to read the row."""
+        cache = self._job_views
+        for job_id, seen, stamp, reason in written:
+            entry = cache.get(job_id)
+            if entry is not None and entry[0][0] == seen:
+                cache[job_id] = ((stamp, entry[0][1]), dataclasses.replace(entry[1], pending_reason=reason))
+
     def _read_jobs(self, session: Session, by_job: dict[int, dict[int, tuple[str, list[int]]]]) -> tuple[JobView, ...]:
         """The active jobs' views in id order. A view is reused while its row and its allocations are what
         they were last cycle. On PostgreSQL a row's ``xmin`` (the transaction that wrote this version of
@@ -152,6 +175,7 @@ class SnapshotReader:
             last = cache.get(row.id)
             job_views[row.id] = last if last is not None and last[0] == job_key else (job_key, job_view(
                 row, allocations, decoded))
+        self._stamped = stamps is not None
         if stamps is not None:  # the unchanged rest, as last cycle
             for job_id in stamps.keys() - job_views.keys():
                 job_views[job_id] = cache[job_id]
