@@ -15,6 +15,7 @@ import dataclasses
 import json
 from collections import defaultdict, namedtuple
 from collections.abc import Iterable
+from operator import attrgetter
 from typing import Any
 
 import sqlalchemy as sa
@@ -134,7 +135,7 @@ class SnapshotReader:
         for job_id, seen, stamp, reason in written:
             entry = cache.get(job_id)
             if entry is not None and entry[0][0] == seen:
-                cache[job_id] = ((stamp, entry[0][1]), dataclasses.replace(entry[1], pending_reason=reason))
+                cache[job_id] = ((stamp, entry[0][1]), _with_reason(entry[1], reason))
 
     def _read_jobs(self, session: Session, by_job: dict[int, dict[int, tuple[str, list[int]]]]) -> tuple[JobView, ...]:
         """The active jobs' views in id order. A view is reused while its row and its allocations are what
@@ -198,6 +199,16 @@ _JOB_COLUMNS = (
       for name in ("throughput", "gpu_types", "disruptions", "goodput_reports")),
 )
 _JobRow = namedtuple("_JobRow", [c.name for c in _JOB_COLUMNS])  # type: ignore[misc]
+
+
+_VIEW_FIELDS = attrgetter(*(f.name for f in dataclasses.fields(JobView)))
+_REASON_AT = [f.name for f in dataclasses.fields(JobView)].index("pending_reason")
+
+
+def _with_reason(view: JobView, reason: str) -> JobView:
+    """``dataclasses.replace(view, pending_reason=reason)`` in half the time (10,000s a burst)."""
+    values = _VIEW_FIELDS(view)
+    return JobView(*values[:_REASON_AT], reason, *values[_REASON_AT + 1:])  # type: ignore[call-arg]
 
 
 class _Decoded:
