@@ -47,6 +47,7 @@ BATCH_TARGET_JOBS_PER_S = 10_000
 SINGLE_TARGET_JOBS_PER_S = 1_500
 BATCH_SIZE = 1000          # jobs per SubmitJobs call (the per-call cap is 10,000)
 SINGLE_IN_FLIGHT = 64
+LIST, IDS = scheduler_pb2.SUBMITTED_JOBS_VIEW_LIST, scheduler_pb2.SUBMITTED_JOBS_VIEW_IDS  # SubmitJobs answers
 
 
 def load_average() -> float:
@@ -54,10 +55,11 @@ def load_average() -> float:
 
 
 async def _batches(address: str, requests: Sequence[scheduler_pb2.SubmitJobRequest], batch: int,
-                   in_flight: int) -> tuple[float, list[float]]:
-    """Send ``requests`` as SubmitJobs calls of ``batch`` jobs, ``in_flight`` calls at once;
-    (elapsed seconds, each call's latency)."""
-    calls = [scheduler_pb2.SubmitJobsRequest(jobs=requests[i:i + batch]) for i in range(0, len(requests), batch)]
+                   in_flight: int, view: scheduler_pb2.SubmittedJobsView = LIST) -> tuple[float, list[float]]:
+    """Send ``requests`` as SubmitJobs calls of ``batch`` jobs, ``in_flight`` calls at once, answered in
+    ``view``; (elapsed seconds, each call's latency)."""
+    calls = [scheduler_pb2.SubmitJobsRequest(jobs=requests[i:i + batch], view=view)
+             for i in range(0, len(requests), batch)]
     latencies: list[float] = []
     async with grpc.aio.insecure_channel(address, options=[("grpc.max_send_message_length", 64 << 20),
                                                            ("grpc.max_receive_message_length", 64 << 20)]) as ch:
@@ -109,7 +111,8 @@ def copy_ceiling(engine: sa.Engine, requests: Sequence[scheduler_pb2.SubmitJobRe
 
 
 def submit_batch_throughput(ctx: BenchContext) -> None:
-    """SubmitJobs (1,000 jobs a call, 1 and 2 calls in flight) and SubmitJob (64 in flight) jobs/s,
+    """SubmitJobs (1,000 jobs a call, 1 and 2 calls in flight answered with the list view, 2 with the ids
+    view) and SubmitJob (64 in flight) jobs/s,
     beside the executemany ceiling and the bare health-check rate."""
     quick = ctx.sizes.submit_jobs < 1000
     batch_jobs = 5_000 if quick else 50_000
@@ -143,16 +146,19 @@ def submit_batch_throughput(ctx: BenchContext) -> None:
                 asyncio.run(_batches(scheduler.address, job_requests(2 * BATCH_SIZE, tag="warm"), BATCH_SIZE, 1))
                 wait_until_idle(engine)
                 truncate_jobs(engine)
-                for in_flight in (1, 2):
+                for in_flight, view in ((1, LIST), (2, LIST), (2, IDS)):
                     load = load_average()
-                    requests = job_requests(batch_jobs, tag=f"b{in_flight}")
-                    elapsed, latencies = asyncio.run(_batches(scheduler.address, requests, BATCH_SIZE, in_flight))
+                    requests = job_requests(batch_jobs, tag=f"b{in_flight}-{view}")
+                    elapsed, latencies = asyncio.run(_batches(scheduler.address, requests, BATCH_SIZE, in_flight,
+                                                              view))
                     rate = batch_jobs / elapsed
                     stored = wait_count(engine, batch_jobs)
-                    log.info("SubmitJobs x%d in flight: %.0f jobs/s (load %.2f)", in_flight, rate, load)
+                    view_name = scheduler_pb2.SubmittedJobsView.Name(view).removeprefix("SUBMITTED_JOBS_VIEW_").lower()
+                    log.info("SubmitJobs x%d in flight, %s view: %.0f jobs/s (load %.2f)", in_flight, view_name, rate,
+                             load)
                     emit_figure(
                         "submit_jobs_batch_throughput", rate, "jobs/s", batch=BATCH_SIZE, calls_in_flight=in_flight,
-                        jobs=batch_jobs, stored=stored, target=BATCH_TARGET_JOBS_PER_S,
+                        view=view_name, jobs=batch_jobs, stored=stored, target=BATCH_TARGET_JOBS_PER_S,
                         call_p50_ms=percentile_ms(latencies, 50) if len(latencies) > 1 else latencies[0] * 1e3,
                         load_avg=load, reference_name="core_executemany_insert", reference_value=ceiling,
                         reference_batch=BATCH_SIZE, reference_load_avg=ceiling_load,

@@ -120,8 +120,11 @@ def test_the_forecast_leaves_its_snapshot_as_it_was() -> None:
 def test_a_forecast_in_its_own_process_is_the_forecast_and_a_dead_process_is_replaced() -> None:
     """The service's forecasts run in a process of their own (``ForecastProcess``): the same forecast as on
     the calling thread; a process killed meanwhile fails that forecast alone, and the next one starts
-    another process."""
-    run = ForecastProcess()
+    another process. A small queue is forecast on the calling thread, with no process started."""
+    small = ForecastProcess(min_jobs=4)
+    assert small(hand_computed_queue(), "fifo", PolicyParams(), ForecastSettings()).jobs[3].start is not None
+    assert small._pool is None
+    run = ForecastProcess(min_jobs=1)
     settings = ForecastSettings(restart_overhead_s=30)
     try:
         made = run(hand_computed_queue(), "aryl", PolicyParams(), settings)

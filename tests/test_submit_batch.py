@@ -50,6 +50,34 @@ def test_a_batch_is_queued_in_order(scheduler, database_url) -> None:
     assert _jobs_in_db(database_url) == 5
 
 
+def test_the_ids_view_answers_with_ids_and_the_list_view_is_the_default(scheduler, database_url) -> None:
+    """SubmitJobsRequest.view: IDS answers each job's id, name, state, submission time, version and array
+    place only; the default and LIST answer the list view; an unknown view is refused, nothing stored."""
+    channel, stub = scheduler_stub(scheduler.address)
+    with channel:
+        request = _batch(job_spec("a", env={"K": "v"}), job_spec("b"), indices=(3, 4))
+        request.view = scheduler_pb2.SUBMITTED_JOBS_VIEW_IDS
+        ids = stub.SubmitJobs(request, timeout=10).jobs
+        first = ids[0]
+        assert [(j.spec.name, j.array_index, j.array_job_id, j.version) for j in ids] == [
+            ("a", 3, first.job_id, 1), ("b", 4, first.job_id, 1)]
+        assert first.state == types_pb2.JOB_STATE_PENDING and first.submitted_at.seconds > 0
+        assert (first.spec.user, list(first.spec.command), first.spec.gpus_per_worker, first.reason) == ("", [], 0, "")
+        full = stub.GetJob(scheduler_pb2.GetJobRequest(job_id=first.job_id), timeout=5).job
+        assert (full.spec.user, dict(full.spec.env), full.submitted_at) == ("alice", {"K": "v"}, first.submitted_at)
+
+        for view in (scheduler_pb2.SUBMITTED_JOBS_VIEW_UNSPECIFIED, scheduler_pb2.SUBMITTED_JOBS_VIEW_LIST):
+            one = [scheduler_pb2.SubmitJobRequest(spec=job_spec("c", env={"K": "v"}))]
+            listed = stub.SubmitJobs(scheduler_pb2.SubmitJobsRequest(jobs=one, view=view), timeout=10).jobs[0]
+            assert listed.spec.user == "alice" and list(listed.spec.command) and not listed.spec.env
+
+        error = _refusal(stub.SubmitJobs, scheduler_pb2.SubmitJobsRequest(
+            jobs=[scheduler_pb2.SubmitJobRequest(spec=job_spec("d"))], view=7))
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error.details().startswith("view: unknown value 7; use one of SUBMITTED_JOBS_VIEW_LIST, ")
+    assert _jobs_in_db(database_url) == 4
+
+
 @pytest.mark.parametrize("bad_index", [0, 3])
 def test_one_bad_spec_refuses_the_whole_batch_naming_its_index(scheduler, database_url, bad_index) -> None:
     specs = [job_spec(f"j{i}") for i in range(5)]

@@ -62,6 +62,16 @@ def job_summary(row: JobInfo, outlook: DeadlineOutlook | None = None) -> types_p
     return _job(row, command=command_preview(row.command), env={}, outlook=outlook)
 
 
+def job_ids_view(row: JobInfo) -> types_pb2.Job:
+    """``job`` as SubmitJobs answers with SUBMITTED_JOBS_VIEW_IDS: its id, name, state, submission time,
+    version and array place, nothing else."""
+    return types_pb2.Job(
+        job_id=str(row.id), spec=types_pb2.JobSpec(name=row.name), state=job_state(row.state),
+        submitted_at=timestamp(row.submitted_at), version=row.version,
+        array_job_id=str(row.array_job_id) if row.array_job_id is not None else "", array_index=row.array_index or 0,
+    )
+
+
 def job(row: JobInfo, outlook: DeadlineOutlook | None = None) -> types_pb2.Job:
     """The whole job, its spec as submitted (GetJob, SubmitJob, CancelJob); with ``outlook``, its
     predicted finish and deadline status (``app.deadlines``); a goodput job's predicted speed-ups."""

@@ -166,6 +166,8 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
         self, request: scheduler_pb2.SubmitJobsRequest, context: Any
     ) -> scheduler_pb2.SubmitJobsResponse:
         now = self._now()
+        view = validation.submitted_jobs_view(request.view)
+        show = convert.job_ids_view if view == scheduler_pb2.SUBMITTED_JOBS_VIEW_IDS else convert.job_summary
 
         def answer() -> scheduler_pb2.SubmitJobsResponse:
             # In a worker thread: checking 10,000 specs must not stall the event loop. One transaction
@@ -174,7 +176,7 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
                 auth.own_spec(job.spec, f"jobs[{i}].spec")
             subs = validation.job_submissions(request.jobs, request.array_indices, now=now)
             records = self.app.jobs.submit_batch(subs, array=bool(request.array_indices))
-            return scheduler_pb2.SubmitJobsResponse(jobs=[convert.job_summary(r) for r in records])
+            return scheduler_pb2.SubmitJobsResponse(jobs=[show(r) for r in records])
 
         try:
             return await self.run(answer)

@@ -351,6 +351,12 @@ def gpu_count(field: str, value: int) -> int:
 MAX_BATCH_JOBS = 10_000
 
 
+def submitted_jobs_view(value: int) -> int:
+    """``SubmitJobsRequest.view``: the default (UNSPECIFIED) is the list view."""
+    view = _enum("view", value, scheduler_pb2.SubmittedJobsView.values(), scheduler_pb2.SubmittedJobsView)
+    return view or scheduler_pb2.SUBMITTED_JOBS_VIEW_LIST
+
+
 def job_submissions(
     jobs: Sequence[scheduler_pb2.SubmitJobRequest], array_indices: Sequence[int], *, now: float
 ) -> list[JobSubmission]:

@@ -3,12 +3,22 @@ import datetime
 from protos.aryl.v1 import types_pb2 as _types_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class SubmittedJobsView(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SUBMITTED_JOBS_VIEW_UNSPECIFIED: _ClassVar[SubmittedJobsView]
+    SUBMITTED_JOBS_VIEW_LIST: _ClassVar[SubmittedJobsView]
+    SUBMITTED_JOBS_VIEW_IDS: _ClassVar[SubmittedJobsView]
+SUBMITTED_JOBS_VIEW_UNSPECIFIED: SubmittedJobsView
+SUBMITTED_JOBS_VIEW_LIST: SubmittedJobsView
+SUBMITTED_JOBS_VIEW_IDS: SubmittedJobsView
 
 class SubmitJobRequest(_message.Message):
     __slots__ = ("spec", "idempotency_key")
@@ -33,12 +43,14 @@ class SubmitJobResponse(_message.Message):
     def __init__(self, job: _Optional[_Union[_types_pb2.Job, _Mapping]] = ..., predicted_finish: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., deadline_status: _Optional[_Union[_types_pb2.DeadlineStatus, str]] = ..., admission_note: _Optional[str] = ..., workers_needed: _Optional[int] = ...) -> None: ...
 
 class SubmitJobsRequest(_message.Message):
-    __slots__ = ("jobs", "array_indices")
+    __slots__ = ("jobs", "array_indices", "view")
     JOBS_FIELD_NUMBER: _ClassVar[int]
     ARRAY_INDICES_FIELD_NUMBER: _ClassVar[int]
+    VIEW_FIELD_NUMBER: _ClassVar[int]
     jobs: _containers.RepeatedCompositeFieldContainer[SubmitJobRequest]
     array_indices: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, jobs: _Optional[_Iterable[_Union[SubmitJobRequest, _Mapping]]] = ..., array_indices: _Optional[_Iterable[int]] = ...) -> None: ...
+    view: SubmittedJobsView
+    def __init__(self, jobs: _Optional[_Iterable[_Union[SubmitJobRequest, _Mapping]]] = ..., array_indices: _Optional[_Iterable[int]] = ..., view: _Optional[_Union[SubmittedJobsView, str]] = ...) -> None: ...
 
 class SubmitJobsResponse(_message.Message):
     __slots__ = ("jobs",)
