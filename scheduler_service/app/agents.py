@@ -50,13 +50,13 @@ class Agents:
 
     def register(self, reg: ServerRegistration) -> DesiredServerState:
         now = self._clock.now()
+        self._heartbeats.heard(reg.hostname)  # before the write, as in ``report_status``
         try:
             touched = self._db.write(lambda session: self._store.register(session, reg, now))
         except IntegrityError as exc:
             raise AlreadyExists(
                 f"a GPU UUID reported by {reg.hostname} is already registered to another server"
             ) from exc
-        self._heartbeats.heard(reg.hostname)
         self._digests.forget([reg.hostname])
         self._notices.servers_changed(touched)
         return self.desired_state(reg.hostname)
@@ -74,10 +74,12 @@ class Agents:
             if answer is not None:
                 return answer
         now = self._clock.now()
+        # Heard before the write: a LOST server this report brings back must not look silent to a liveness
+        # sweep between the commit and here (it marked the server LOST again, the report's answer aside).
+        self._heartbeats.heard(report.server_id)
         recorded = self._db.write(
             lambda session: self._store.record_report(session, report, now, epoch=self._term.epoch)
         )
-        self._heartbeats.heard(report.server_id)
         if not recorded.touched and recorded.state != ServerState.LOST:
             self._digests.put(report.server_id, ReportDigest(
                 epoch=self._term.epoch, observed_generation=recorded.observed_generation,
