@@ -132,6 +132,7 @@ def test_a_forecast_in_its_own_process_is_the_forecast_and_a_dead_process_is_rep
         assert made.jobs[3].start == NOW + 930
         [child] = run._pool._processes.values()  # type: ignore[union-attr]
         assert child.pid != os.getpid()
+        assert os.getpriority(os.PRIO_PROCESS, child.pid) == os.getpriority(os.PRIO_PROCESS, 0) + 10  # it yields
         os.kill(child.pid, signal.SIGKILL)
         child.join(10)
         with pytest.raises(BrokenProcessPool):

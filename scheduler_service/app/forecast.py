@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing
+import os
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
@@ -92,6 +93,7 @@ def eta_note(job: JobForecast | None, forecast: Forecast, now: float) -> str:
 # at 50,000, where building its start costs 1 s more; sending the snapshot costs 4 ms at 1,000 jobs and
 # 240 ms at 50,000. Below it, a small cluster (and a test's) starts no process.
 FORECAST_PROCESS_MIN_JOBS = 1000
+FORECAST_NICENESS = 10  # added to the forecast process's nice value (``os.nice``)
 
 ForecastRun = Callable[[ClusterSnapshot, str, PolicyParams, ForecastSettings], Forecast]
 
@@ -100,7 +102,8 @@ class ForecastProcess:
     """``forecast`` run in a process of its own (``Forecasts(run=...)``), so that a forecast of a long
     queue (seconds of Python for 10,000s of jobs) takes a core of its own instead of the interpreter lock
     the RPCs and cycles share. The process is started (spawned: the scheduler's threads are not forked)
-    at the first forecast and kept; one that died is replaced at the next. The snapshot goes to it
+    at the first forecast and kept, at a lower priority (``FORECAST_NICENESS``); one that died is
+    replaced at the next. The snapshot goes to it
     and the forecast comes back pickled. A snapshot of fewer than ``min_jobs`` active jobs is forecast
     on the calling thread: milliseconds, less than the trip to the process (and no process is started
     for a small cluster)."""
@@ -116,7 +119,8 @@ class ForecastProcess:
             return forecast(snapshot, policy, params, settings)
         with self._lock:
             if self._pool is None:
-                self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+                self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                                                 initializer=_lower_priority)
             pool = self._pool
         try:
             return pool.submit(forecast, snapshot, policy, params, settings).result()
@@ -133,6 +137,12 @@ class ForecastProcess:
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _lower_priority() -> None:
+    """In the forecast's process: yield the CPU to the scheduler's own process and the database (the ETA
+    is best effort: on a busy machine a forecast reaches less far within its budget)."""
+    os.nice(FORECAST_NICENESS)
 
 
 class Forecasts:
