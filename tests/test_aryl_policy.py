@@ -46,6 +46,28 @@ def test_shortest_job_first_with_arrival_breaking_ties() -> None:
     assert [(p.job_id, p.reason) for p in result.pending] == [(1, Reason.WAITING_FOR_GANG)]
 
 
+def test_a_queued_jobs_estimate_is_kept_while_its_view_is_the_same_object() -> None:
+    """The policy keeps a queued job's estimate from one cycle to the next while the snapshot hands it
+    the same view (the reader reuses a view while its row is unchanged), not across a change, and not a
+    running job's (it depends on the clock); the plans are the fresh policy's, cycle after cycle."""
+    waiting = [pending_job(1, gpus=4, runtime=7200), pending_job(2, gpus=4, runtime=600),
+               pending_job(3, gpus=2, runtime=60)]
+    busy = running_job(9, [("t", (0, 1))], low=1)
+    servers = [training_server("t", gpus=4)]
+    policy = create_policy("aryl", PolicyParams())
+    first = policy.schedule(snapshot_of(servers, [busy, *waiting]))
+    carried = dict(policy.policy._carried)
+    assert sorted(carried) == [1, 2, 3]  # the queued ones (3 starts now: its next view is another); 9 runs
+    changed = JobView(2, JobState.PENDING, 4, 1, 1, 0, NOW - 10, estimated_runtime_s=9000)  # a new row version
+    later = snapshot_of(servers, [busy, waiting[0], changed], now=NOW + 60)
+    again = policy.schedule(later)
+    assert policy.policy._carried[1][2] is carried[1][2]  # the same view: the same estimate object
+    assert policy.policy._carried[2][0] is changed and policy.policy._carried[2][2] is not carried[2][2]
+    assert again == create_policy("aryl", PolicyParams()).schedule(later)
+    # Shortest first: 2 (600 s) before 1 (7,200 s), then 1 before 2 once 2 says 9,000 s (a kept estimate would not).
+    assert [p.job_id for p in first.pending] == [2, 1] and [p.job_id for p in again.pending] == [1, 2]
+
+
 def test_small_jobs_backfill_around_a_waiting_gang() -> None:
     jobs = [pending_job(1, gpus=4, workers=2, runtime=60), pending_job(2, gpus=1, runtime=7200)]
     result = plan("sjf", snapshot_of([training_server("a"), training_server("b", gpus=2)], jobs))

@@ -45,7 +45,7 @@ Pure: no I/O, no wall clock; deterministic for a given snapshot.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 
@@ -142,6 +142,9 @@ class _Cycle:
     running: dict[int, _Job]
     params: PolicyParams
     estimates: dict[int, JobEstimate] = field(default_factory=dict)  # filled on first use (estimate())
+    # The last cycle's estimates of queued jobs, with the view and server size each was made from: a job
+    # whose view is the same object (its row unchanged: ``store.snapshot``) keeps its estimate.
+    carried: Mapping[int, tuple[JobView, int, JobEstimate]] = field(default_factory=dict)
     capacity: FreeCapacity = field(init=False)
     starts: list[StartJob] = field(default_factory=list)
     preemptions: list[PreemptJob] = field(default_factory=list)
@@ -169,9 +172,20 @@ class _Cycle:
         the jobs a step asks about (the queue, the elastic jobs), not every active job."""
         known = self.estimates.get(job.job_id)
         if known is None:
-            known = self.estimates[job.job_id] = goodput_estimate(job, self.snapshot.now, self.params,
-                                                                  self.goodput_servers)
+            carried = self.carried.get(job.job_id)
+            if carried is not None and carried[0] is job and carried[1] == self.goodput_servers:
+                known = carried[2]
+            else:
+                known = goodput_estimate(job, self.snapshot.now, self.params, self.goodput_servers)
+            self.estimates[job.job_id] = known
         return known
+
+    def carry(self) -> dict[int, tuple[JobView, int, JobEstimate]]:
+        """The estimates the next cycle may keep: those of jobs holding no GPUs, which do not depend on
+        ``now`` (``core.throughput.estimate`` reads the clock only for a running job)."""
+        views = {job.job_id: job for job in self.snapshot.jobs}
+        return {job_id: (view, self.goodput_servers, known) for job_id, known in self.estimates.items()
+                if (view := views.get(job_id)) is not None and not view.workers}
 
     def rebuild_capacity(self) -> None:
         """Free GPUs on the servers that may run training once this cycle's loan steps are done."""
@@ -364,6 +378,7 @@ class ArylPolicy:
         self.elastic = elastic
         self.naive_reclaim = naive_reclaim
         self.goodput = goodput
+        self._carried: dict[int, tuple[JobView, int, JobEstimate]] = {}  # the last cycle's (``_Cycle.carry``)
 
     def schedule(self, snapshot: ClusterSnapshot) -> Plan:
         cycle = _Cycle(
@@ -373,6 +388,7 @@ class ArylPolicy:
             running=_running_jobs(snapshot),
             params=self.params,
             goodput_servers=_server_gpus(snapshot) if self.goodput else 0,
+            carried=self._carried,
         )
         cycle.protected = protected_jobs((j.view for j in cycle.running.values()), snapshot.now, self.params)
         if self.loaning:
@@ -390,6 +406,7 @@ class ArylPolicy:
                     cycle.holds[job.view.job_id] = (
                         Reason.HELD_NOT_ELASTIC, f"policy {self.name!r} runs jobs at min_workers (no elastic scaling)")
         scales = tuple(self._scales(cycle))  # first: it may grow this cycle's starts to full size
+        self._carried = cycle.carry()
         return Plan(
             starts=tuple(cycle.starts),
             scales=scales,
