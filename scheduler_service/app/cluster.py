@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from sqlalchemy.orm import Session
 
 from scheduler_service.app.notices import Announcer
-from scheduler_service.core.plan import ApplyLog, ApplyResult, Plan
+from scheduler_service.core.plan import ApplyResult, Plan
 from scheduler_service.core.snapshot import ClusterSnapshot
 from scheduler_service.kill_points import kill_point
-from scheduler_service.store.applier import Applier
+from scheduler_service.store.applier import Applier, SqlApplyLog
 from scheduler_service.store.snapshot import SnapshotReader
 from scheduler_service.store.transactions import Transactions
 
@@ -46,7 +46,7 @@ class DatabaseCluster:
             self._notices.notifier.events_appended()
         return log.result()
 
-    def _apply(self, session: Session, plan: Plan, stamps: Mapping[int, str]) -> ApplyLog:
+    def _apply(self, session: Session, plan: Plan, stamps: Mapping[int, str]) -> SqlApplyLog:
         log = self._applier.apply(session, plan, stamps)
         kill_point("apply.written")  # tests only (kill_points)
         return log

@@ -363,9 +363,6 @@ class ApplyLog:
     rejected_codes: list[str] = field(default_factory=list)
     touched: set[str] = field(default_factory=set)
     rebatched: list[int] = field(default_factory=list)  # jobs whose batch changed (``Plan.batches``)
-    # The SQL applier's: jobs whose pending reason alone it wrote, on the row version a snapshot read, as
-    # (job, that version's stamp, the new version's, the reason) (``store.snapshot.SnapshotReader``).
-    restamped: list[tuple[int, str, str, str]] = field(default_factory=list)
 
     def applied(self, action: Action, servers: Iterable[str]) -> None:
         self.touched.update(servers)

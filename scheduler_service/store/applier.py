@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
@@ -81,6 +82,14 @@ _BATCH_STARTS_FROM = 2
 _NO_STAMPS: Mapping[int, str] = {}
 
 
+@dataclass
+class SqlApplyLog(ApplyLog):
+    """``ApplyLog`` and the jobs whose pending reason alone this applier wrote, on the row version a snapshot
+    read, as (job, that version's stamp, the new version's, the reason) (``SnapshotReader.reasons_written``)."""
+
+    restamped: list[tuple[int, str, str, str]] = field(default_factory=list)
+
+
 class Applier:
     """``reclaim_deadline_s``: how long after a RECLAIM the server goes back to inference even
     without its agent's confirmation (the policy's ``reclaim_deadline_s``; ``core.apply_rules
@@ -96,7 +105,7 @@ class Applier:
         self._reclaim_deadline_s = reclaim_deadline_s
         self._ports = ports or MasterPorts()
 
-    def apply(self, session: Session, plan: Plan, stamps: Mapping[int, str] | None = None) -> ApplyLog:
+    def apply(self, session: Session, plan: Plan, stamps: Mapping[int, str] = _NO_STAMPS) -> SqlApplyLog:
         """Apply ``plan`` in ``session``, in ``core.plan.apply_order`` (shared with the simulator):
         ACTIVATE steps, preemptions, scales that release GPUs, starts, other scales, other loan steps --
         so GPUs freed by one action serve a later one and loan steps see what the job actions left;
@@ -109,7 +118,7 @@ class Applier:
         another transaction made meanwhile).
 
         Every server whose allocations or state changed gets one desired-generation bump."""
-        log = ApplyLog()  # per attempt: a retried transaction starts over
+        log = SqlApplyLog()  # per attempt: a retried transaction starts over
         now = self._clock.now()
         facts = _SessionFacts.load(session, plan)
         held = facts.held_by(s.job_id for s in plan.scales)
@@ -149,7 +158,7 @@ class Applier:
         self._desired.bump(session, log.touched)
         # The last write of a PENDING job in this transaction (the held notes are running jobs'): a stamp
         # in ``log.restamped`` is the committed version's.
-        log.restamped = self._apply_pending(session, plan.pending, stamps or {})
+        log.restamped = self._apply_pending(session, plan.pending, stamps)
         self._apply_held(session, plan.held)
         if plan.loan_note is not None:
             self._apply_loan_note(session, plan.loan_note)
