@@ -94,10 +94,20 @@ DEMO_SETTINGS = {
 }
 
 
+_HANDED_OUT: set[int] = set()  # every port ``free_port`` has given this demo
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback port, never one this demo was given before. A probed port is free again once its
+    socket closes, so two calls could get the same one before either process binds it (it happened: an
+    agent's metrics port went to a model server started after it, and the agent exited)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def wait_until(predicate: Callable[[], T], timeout: float, what: str) -> T:

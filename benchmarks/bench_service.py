@@ -236,8 +236,20 @@ def _process_cpu_s(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
 
 
+def _machine_cpu_s() -> tuple[float, float] | None:
+    """(busy, total) CPU seconds of the whole machine since boot, all cores (``/proc/stat``)."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(t) for t in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = ticks[3] + ticks[4]  # idle and iowait
+    return (sum(ticks) - idle) / _CLOCK_TICKS, sum(ticks) / _CLOCK_TICKS
+
+
 class CpuMeter:
-    """CPU seconds spent by the scheduler process, this process and the database's backends."""
+    """CPU seconds spent by the scheduler process, this process, the database's backends, and the
+    whole machine (every process: what bounds a figure on a machine the three share)."""
 
     def __init__(self, engine: Engine, scheduler_pid: int) -> None:
         self._engine = engine
@@ -246,6 +258,8 @@ class CpuMeter:
         self.scheduler_s: float | None = None
         self.postgres_s: float | None = None
         self.client_s: float | None = None
+        self.machine_busy_s: float | None = None
+        self.machine_share: float | None = None  # busy / (wall x cores): 1.0 is every core busy
 
     def _backend_pids(self) -> list[int]:
         with self._engine.connect() as conn:
@@ -259,9 +273,14 @@ class CpuMeter:
 
     def __enter__(self) -> CpuMeter:
         self._start = self._read()
+        self._machine_start = _machine_cpu_s()
         return self
 
     def __exit__(self, *_exc: object) -> None:
+        machine1 = _machine_cpu_s()
+        if self._machine_start is not None and machine1 is not None:
+            self.machine_busy_s = machine1[0] - self._machine_start[0]
+            self.machine_share = self.machine_busy_s / max(machine1[1] - self._machine_start[1], 1e-9)
         scheduler0, client0, backends0 = self._start
         scheduler1, client1, backends1 = self._read()
         self.scheduler_s = None if scheduler0 is None or scheduler1 is None else scheduler1 - scheduler0
@@ -279,7 +298,18 @@ class CpuMeter:
             "scheduler_cpu_ms_per_job": ms_per(self.scheduler_s),
             "postgres_cpu_ms_per_job": ms_per(self.postgres_s),
             "client_cpu_ms_per_job": ms_per(self.client_s),
+            "machine_cpu_ms_per_job": ms_per(self.machine_busy_s),
+            "machine_busy_share": self.machine_share,
         }
+
+    def cores_bound(self, per: int) -> float | None:
+        """Jobs/s at which this machine's every core would be busy, at the CPU per job measured here (all
+        processes: scheduler, client, database and the rest): what no code change that keeps the cost
+        per job can pass on this machine."""
+        cores = os.cpu_count()
+        if self.machine_busy_s is None or not self.machine_busy_s or cores is None:
+            return None
+        return cores * per / self.machine_busy_s
 
 
 # ---------------------------------------------------------------------------------------------

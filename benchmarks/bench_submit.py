@@ -28,6 +28,7 @@ from benchmarks.bench_service import (
     RPC_TIMEOUT_S,
     BenchContext,
     Benchmark,
+    CpuMeter,
     SchedulerProcess,
     insert_ceiling,
     job_requests,
@@ -139,18 +140,24 @@ def submit_batch_throughput(ctx: BenchContext) -> None:
             # Plaintext on loopback, as bench_service's: the figures are the scheduler's, not TLS's.
             with SchedulerProcess(url, settings={"ARYL_SECURITY__INSECURE": "true"}) as scheduler:
                 health_load = load_average()
-                health_rate = asyncio.run(_health_checks(scheduler.address, 300 if quick else 5000, SINGLE_IN_FLIGHT))
+                checks = 300 if quick else 5000
+                with CpuMeter(engine, scheduler.pid) as cpu:
+                    health_rate = asyncio.run(_health_checks(scheduler.address, checks, SINGLE_IN_FLIGHT))
                 log.info("bare health checks at %d in flight: %.0f calls/s", SINGLE_IN_FLIGHT, health_rate)
+                # The fields say "per job" for one call here: the RPC layer's own cost, scheduler and client.
                 emit_figure("grpc_health_check_rate", health_rate, "calls/s", in_flight=SINGLE_IN_FLIGHT,
-                            load_avg=health_load)
+                            load_avg=health_load, **cpu.fields(per=checks),
+                            cores_bound_jobs_per_s=cpu.cores_bound(checks))
                 asyncio.run(_batches(scheduler.address, job_requests(2 * BATCH_SIZE, tag="warm"), BATCH_SIZE, 1))
                 wait_until_idle(engine)
                 truncate_jobs(engine)
                 for in_flight, view in ((1, LIST), (2, LIST), (2, IDS)):
                     load = load_average()
                     requests = job_requests(batch_jobs, tag=f"b{in_flight}-{view}")
-                    elapsed, latencies = asyncio.run(_batches(scheduler.address, requests, BATCH_SIZE, in_flight,
-                                                              view))
+                    with CpuMeter(engine, scheduler.pid) as cpu:
+                        elapsed, latencies = asyncio.run(_batches(scheduler.address, requests, BATCH_SIZE,
+                                                                  in_flight, view))
+                        settle_s = wait_until_idle(engine)  # the cycles the burst woke are its cost too
                     rate = batch_jobs / elapsed
                     stored = wait_count(engine, batch_jobs)
                     view_name = scheduler_pb2.SubmittedJobsView.Name(view).removeprefix("SUBMITTED_JOBS_VIEW_").lower()
@@ -163,14 +170,17 @@ def submit_batch_throughput(ctx: BenchContext) -> None:
                         load_avg=load, reference_name="core_executemany_insert", reference_value=ceiling,
                         reference_batch=BATCH_SIZE, reference_load_avg=ceiling_load,
                         ceiling_copy=copy_rate, ceiling_copy_load_avg=copy_load, health_check_rate=health_rate,
+                        settle_s=settle_s, **cpu.fields(per=batch_jobs),
+                        cores_bound_jobs_per_s=cpu.cores_bound(per=batch_jobs),
                     )
-                    wait_until_idle(engine)
                     truncate_jobs(engine)
                 submit_jobs(scheduler.address, job_requests(4 * SINGLE_IN_FLIGHT, tag="warm1"), SINGLE_IN_FLIGHT)
                 wait_until_idle(engine)
                 truncate_jobs(engine)
                 load = load_average()
-                run = submit_jobs(scheduler.address, job_requests(single_jobs, tag="single"), SINGLE_IN_FLIGHT)
+                with CpuMeter(engine, scheduler.pid) as cpu:
+                    run = submit_jobs(scheduler.address, job_requests(single_jobs, tag="single"), SINGLE_IN_FLIGHT)
+                    settle_s = wait_until_idle(engine)
                 log.info("SubmitJob at %d in flight: %.0f jobs/s (load %.2f)", SINGLE_IN_FLIGHT, run.jobs_per_s, load)
                 emit_figure(
                     "submit_job_single_throughput", run.jobs_per_s, "jobs/s", in_flight=SINGLE_IN_FLIGHT,
@@ -179,6 +189,8 @@ def submit_batch_throughput(ctx: BenchContext) -> None:
                     latency_p99_ms=percentile_ms(run.latencies_s, 99),
                     load_avg=load, reference_name="grpc_health_check_rate", reference_value=health_rate,
                     reference_unit="calls/s", ceiling_executemany=ceiling, ceiling_copy=copy_rate,
+                    settle_s=settle_s, **cpu.fields(per=single_jobs),
+                    cores_bound_jobs_per_s=cpu.cores_bound(per=single_jobs),
                 )
         finally:
             engine.dispose()

@@ -147,7 +147,9 @@ def test_a_spec_just_under_the_cap_reaches_a_real_agent_with_a_full_server(
         wait_for(
             lambda: any(s.server_id == "big-node" and s.observed_generation == latest.generation
                         for s in stub.ListServers(scheduler_pb2.ListServersRequest(), timeout=10).servers),
-            timeout=30, what="the scheduler to see the agent's observed generation",
+            # (60 s: 20 workers with 256 KiB environments each to start first; 30 s ran out once in a loaded
+            # full run on the SQLite store.)
+            timeout=60, what="the scheduler to see the agent's observed generation",
         )
     finally:
         agent.stop()

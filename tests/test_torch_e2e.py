@@ -19,6 +19,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -140,11 +141,12 @@ def test_a_ddp_job_resized_2_3_1_resumes_its_state_and_runs_the_scheduler_s_batc
     job_id = cluster.client.submit_job(spec).job_id
     seen: dict[int, types_pb2.Job] = {}  # world size -> the job once rank 0 reported measures at that size
 
-    def measured_at(size: int, job: types_pb2.Job) -> bool:
-        """Running ``size`` workers, and rank 0 has reported a step time at the batch chosen for them."""
+    def measured_at(size: int, job: types_pb2.Job, since: float = 0.0) -> bool:
+        """Running ``size`` workers, and rank 0 has reported a step time at the batch chosen for them (measured
+        at ``since`` or later: an earlier world of the same size and batch left one too)."""
         ok = job.state == RUNNING and job.num_workers == size and job.grad_sqr > 0 and any(
             (t.replicas, t.local_batch_size, t.accum_steps) == (size, job.local_batch_size, job.accum_steps)
-            for t in job.step_times)
+            and t.measured_at.ToNanoseconds() >= since * 1e9 for t in job.step_times)
         if ok:
             seen[size] = job
         return ok
@@ -152,8 +154,9 @@ def test_a_ddp_job_resized_2_3_1_resumes_its_state_and_runs_the_scheduler_s_batc
     cluster.wait_job(job_id, lambda j: measured_at(2, j), "2 workers measuring", timeout=90)
     cluster.start_agent("node-b", gpus=1)
     cluster.wait_job(job_id, lambda j: measured_at(3, j), "grown to 3 workers, measuring", timeout=90)
+    drained_at = time.time()
     cluster.client.drain_server("node-a", reason="test: shrink the job to node-b")
-    job = cluster.wait_job(job_id, lambda j: measured_at(1, j) and j.progress > seen[3].progress,
+    job = cluster.wait_job(job_id, lambda j: measured_at(1, j, since=drained_at) and j.progress > seen[3].progress,
                            "shrunk to 1 worker on node-b", timeout=90)
     assert [w.server_id for w in job.workers] == ["node-b"]
 
@@ -165,14 +168,17 @@ def test_a_ddp_job_resized_2_3_1_resumes_its_state_and_runs_the_scheduler_s_batc
         assert times and all(0 < t.pass_time_s <= t.step_time_s for t in times), times
     assert seen[1].samples > seen[3].samples > seen[2].samples
 
-    # The workers' own account: worlds of 2, 3 and 1 in that order (a first world of 1 may precede:
-    # the job starts at its minimum and may grow within the same cycles).
+    # The workers' own account: a world of 2, later one of 3 (node-b joined), then one of 1 (node-a drained).
+    # A first world of 1 may precede (the job starts at its minimum and may grow within the same cycles),
+    # and with no restart cost or resize interval here the goodput policy may pass through another size on
+    # its way to 3, as measured speeds move on a loaded machine (in two loaded full runs it went 2, 1, 3).
     by_incarnation = worlds(cluster.tmp, job_id)
     order = [by_incarnation[i] for i in sorted(by_incarnation)]
     sizes = [w.size for w in order]
-    assert sizes[-3:] == [2, 3, 1], sizes
-    for world in order[-3:]:  # every rank started with one batch, the scheduler's for that world (rank 0
-        # measured at it; a goodput policy may change it in place later: ``seen`` holds the latest)
+    account = [(w.incarnation, w.size, w.batches, w.saves[-1:]) for w in order]
+    assert 2 in sizes[:-2] and sizes[-2:] == [3, 1], account
+    for world in (order[sizes.index(2)], *order[-2:]):  # every rank started with one batch, the scheduler's for
+        # that world (rank 0 measured at it; a goodput policy may change it in place later: ``seen`` holds the latest)
         configurations = {(t.local_batch_size, t.accum_steps) for t in job.step_times if t.replicas == world.size}
         assert len(world.batches) == 1 and world.batches <= configurations, (world, configurations)
     for before, after in itertools.pairwise(order):

@@ -60,6 +60,7 @@ class FreeCapacity:
         self._buckets = buckets
         self.total = total
         self._biggest: int | None = None
+        self._explained: dict[tuple[int, int, tuple[str, ...]], tuple[Reason, str]] = {}  # explain_unplaceable's
         self._index_types()
 
     def _index_types(self) -> None:
@@ -125,6 +126,7 @@ class FreeCapacity:
         twin._buckets = {key: list(sids) for key, sids in self._buckets.items() if sids}
         twin.total = self.total
         twin._biggest = self._biggest
+        twin._explained = dict(self._explained)  # the same free GPUs: the same answers, until either changes
         twin.gpu_types = self.gpu_types
         twin._other_types = self._other_types
         return twin
@@ -140,6 +142,8 @@ class FreeCapacity:
             insort(self._buckets.setdefault((pool, len(new_free)), []), server_id)
         self.total += len(new_free) - len(old)
         self._free[server_id] = new_free
+        if self._explained:
+            self._explained.clear()
 
     def take(self, server_id: str, gpus: Iterable[int]) -> None:
         taken = set(gpus)
@@ -242,23 +246,32 @@ class FreeCapacity:
         return tuple(placed)
 
     def explain_unplaceable(self, job: JobView, num_workers: int) -> tuple[Reason, str]:
-        """Why ``place_gang`` failed, in the numbers a user can act on."""
-        need = f"needs {num_workers} worker(s) x {job.gpus_per_worker} GPU(s) as a gang"
+        """Why ``place_gang`` failed, in the numbers a user can act on. Kept per gang shape until the
+        capacity next changes: a long queue asks it of 10,000s of jobs of a few shapes, and each answer
+        counts over every server."""
+        shape = (job.gpus_per_worker, num_workers, job.gpu_types)
+        known = self._explained.get(shape)
+        if known is None:
+            known = self._explained[shape] = self._explain(*shape)
+        return known
+
+    def _explain(self, gpus_per_worker: int, num_workers: int, gpu_types: tuple[str, ...]) -> tuple[Reason, str]:
+        need = f"needs {num_workers} worker(s) x {gpus_per_worker} GPU(s) as a gang"
         if not self.servers:
             return Reason.NO_TRAINING_CAPACITY, f"{need}; no server can run training right now"
-        if self._biggest_server < job.gpus_per_worker:
+        if self._biggest_server < gpus_per_worker:
             return (
                 Reason.WORKER_TOO_LARGE,
                 f"{need}; the largest schedulable server has {self._biggest_server} healthy GPU(s)",
             )
-        if job.gpu_types:
-            kinds = ", ".join(job.gpu_types)
-            of_type = [s for s in self.servers.values() if s.gpu_type in job.gpu_types]
+        if gpu_types:
+            kinds = ", ".join(gpu_types)
+            of_type = [s for s in self.servers.values() if s.gpu_type in gpu_types]
             if not of_type:
                 return (Reason.WAITING_FOR_GPU_TYPE, f"{need} on GPU type(s) {kinds}; no schedulable server has "
                         f"that type (types here: {', '.join(t or '(unknown)' for t in self.gpu_types)})")
             return (Reason.WAITING_FOR_GPU_TYPE, f"{need} on GPU type(s) {kinds}; free now: "
-                    f"{self.free_of_types(job.gpu_types)} GPU(s) of that type on {len(of_type)} server(s)")
+                    f"{self.free_of_types(gpu_types)} GPU(s) of that type on {len(of_type)} server(s)")
         return (
             Reason.WAITING_FOR_GANG,
             f"{need}; free now: {self.total} GPU(s) on {self.servers_with_free()} server(s), "

@@ -45,6 +45,7 @@ Pure: no I/O, no wall clock; deterministic for a given snapshot.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -153,6 +154,9 @@ class _Cycle:
     reserved: frozenset[str] = frozenset()
     reserved_for: int | None = None
     server_gpus: list[int] | None = None  # GPUs of each server the policy may place on (``_unplaceable``)
+    # ``core.fit.never_fits`` over ``server_gpus`` per gang shape (GPUs per worker, workers): it walks every
+    # server, and a long queue holds 10,000s of jobs of a few shapes.
+    never_fit: dict[tuple[int, int], str | None] = field(default_factory=dict)
     # Why a running job below max_workers keeps its size this cycle (``_elastic_extras``; ``_size_notes``).
     holds: dict[int, tuple[Reason, str]] = field(default_factory=dict)
     loan_note: LoanNote | None = None  # why no (further) server is loaned (``_loan_cycle``)
@@ -162,7 +166,17 @@ class _Cycle:
     # Running jobs in their protection window (``core.protection``), asked by every step; and, per queued
     # job, the protected jobs whose GPUs it would have taken (its pending reason names them).
     protected: dict[int, Protection] = field(default_factory=dict)
-    blocked_by: dict[int, list[tuple[Protection, Mechanism]]] = field(default_factory=dict)
+    # (Groups of protections: one per step that found some, shared by the jobs one preemption scan served.)
+    blocked_by: dict[int, list[tuple[tuple[Protection, Mechanism], ...]]] = field(default_factory=dict)
+    # ``_place_by_preemption``'s scans of the running jobs, by kind of preemptor and by how many jobs the
+    # cycle had started and preempted (only those change the running jobs and quotas): (victims in
+    # preemption order, the protected jobs it may not take). A long queue of one class asks 1,000s of times.
+    preemption_scans: dict[tuple[str, int, int, int, int],
+                           tuple[list[JobView], tuple[tuple[Protection, Mechanism], ...]]] = field(
+        default_factory=dict)
+    # ``_protected_pending``'s text of each ``blocked_by`` group, by the group's id (the groups live in
+    # ``blocked_by`` as long as the cycle, so no id is reused meanwhile).
+    shield_texts: dict[int, str] = field(default_factory=dict)
 
     def training_capable(self, server_id: str) -> bool:
         return self.server_state[server_id] in _TRAINING_CAPABLE
@@ -651,8 +665,13 @@ class ArylPolicy:
         if cycle.server_gpus is None:
             cycle.server_gpus = [len(s.gpu_indices) for s in cycle.snapshot.servers
                                  if s.pool == Pool.TRAINING or self.loaning]
-        why = never_fits(job.gpus_per_worker, job.min_workers, cycle.server_gpus,
-                         servers="training + inference servers" if self.loaning else "training servers")
+        shape = (job.gpus_per_worker, job.min_workers)
+        if shape in cycle.never_fit:
+            why = cycle.never_fit[shape]
+        else:
+            why = cycle.never_fit[shape] = never_fits(
+                job.gpus_per_worker, job.min_workers, cycle.server_gpus,
+                servers="training + inference servers" if self.loaning else "training servers")
         if why is not None:
             return Reason.CANNOT_FIT, f"can never fit the servers registered now: {why}"
         return cycle.capacity.explain_unplaceable(job, job.min_workers)
@@ -677,8 +696,8 @@ class ArylPolicy:
             if trial.place_gang(job, job.min_workers, pools=TRAINING_FIRST, exclude=cycle.reserved) is not None:
                 starving = cycle.snapshot.now - job.submitted_at >= cycle.params.starvation_s
                 mechanism = Mechanism.STARVATION if starving else Mechanism.BASE_DEMAND
-                cycle.blocked_by.setdefault(job.job_id, []).extend(
-                    (cycle.protected[i], mechanism) for i in sorted({o.view.job_id for o, _ in shielded}))
+                cycle.blocked_by.setdefault(job.job_id, []).append(
+                    tuple((cycle.protected[i], mechanism) for i in sorted({o.view.job_id for o, _ in shielded})))
         if placed is None:
             return None
         taken = {(w.server_id, g) for w in placed for g in w.gpu_indices}
@@ -704,17 +723,31 @@ class ArylPolicy:
         gang does not use its GPUs and the quota does not need them."""
         quota, p, now = cycle.quota, self.params, cycle.snapshot.now
         assert quota is not None
-        started = {s.job_id for s in cycle.starts}
-        candidates = [
-            (o.view, _work_lost(o, now) + p.restart_cost_s * len(o.workers) * o.view.gpus_per_worker,
-             len(o.workers) * o.view.gpus_per_worker)
-            for o in cycle.running.values() if o.view.job_id not in started and quota.may_preempt(job, o.view)
-            and o.view.job_id not in cycle.protected  # anti-thrashing: never a protected job (core.protection)
-        ]
-        shielded = [(cycle.protected[o.view.job_id], reason) for o in cycle.running.values()
-                    if o.view.job_id in cycle.protected and (reason := quota.may_preempt(job, o.view))]
+        # What may_preempt answers depends on the job's queue, class and (queues enforced) its gang's GPUs,
+        # and on the running jobs and quotas, which change only as this cycle starts or preempts a job.
+        key = (job.queue, job.priority_class, job.min_workers * job.gpus_per_worker if quota.enforced else 0,
+               len(cycle.starts), len(cycle.preemptions))
+        scan = cycle.preemption_scans.get(key)
+        if scan is None:
+            started = {s.job_id for s in cycle.starts}
+            candidates, shielded = [], []
+            for o in cycle.running.values():
+                may = quota.may_preempt(job, o.view)
+                if may is None:
+                    continue
+                gpus = len(o.workers) * o.view.gpus_per_worker
+                if o.view.job_id in cycle.protected:  # anti-thrashing: never a protected job (core.protection)
+                    shielded.append((cycle.protected[o.view.job_id],
+                                     Mechanism.QUOTA if may == Reason.PREEMPTED_FOR_QUOTA else Mechanism.PRIORITY))
+                elif o.view.job_id not in started:
+                    candidates.append((o.view, _work_lost(o, now) + p.restart_cost_s * gpus, gpus))
+            scan = cycle.preemption_scans[key] = (preemption_order(candidates), tuple(shielded))
+        victims, shielded_by = scan
+        if not victims:  # a long queue of such jobs: no copy of the capacity each
+            _not_preempted(cycle, job, shielded_by)
+            return None
         trial, chosen, placed = cycle.capacity.copy(), [], None
-        for victim in preemption_order(candidates):
+        for victim in victims:
             reason = quota.may_preempt(job, victim)  # again: its queue may be back within its quota
             if reason is None:
                 continue
@@ -748,9 +781,7 @@ class ArylPolicy:
                 f"job {job.job_id} of a higher priority class ({job.priority_class} > {view.priority_class}) in "
                 f"queue `{q.name}` needed its GPUs; requeued"))
         if placed is None:
-            cycle.blocked_by.setdefault(job.job_id, []).extend(
-                (shield, Mechanism.QUOTA if reason == Reason.PREEMPTED_FOR_QUOTA else Mechanism.PRIORITY)
-                for shield, reason in shielded)
+            _not_preempted(cycle, job, shielded_by)
             return None
         for w in placed:
             cycle.capacity.take(w.server_id, w.gpu_indices)
@@ -959,16 +990,46 @@ def _drain_waits(cycle: _Cycle, server: ServerView) -> bool:
                for job_id, job in cycle.running.items())
 
 
+# A waiting job's reason names at most this many of the protected jobs holding it up, the first out of
+# protection first, and counts the rest: a burst of high-class jobs on a cluster of newly started low-class
+# ones would otherwise name 100s in each queued job's reason (cut at 2,048 characters where it is stored).
+NAMED_PROTECTIONS = 3
+
+
 def _protected_pending(cycle: _Cycle, job: JobView, reason: Reason, message: str) -> KeepPending:
-    """Why ``job`` waits; WAITING_FOR_PROTECTED_JOBS, with each protection named, when running jobs whose
-    GPUs it could have taken (extras, or by quota or priority) are in their protection window."""
-    shields = cycle.blocked_by.get(job.job_id)
-    if not shields:
+    """Why ``job`` waits; WAITING_FOR_PROTECTED_JOBS, naming the protections (``NAMED_PROTECTIONS`` of
+    them), when running jobs whose GPUs it could have taken (extras, or by quota or priority) are in
+    their protection window."""
+    groups = cycle.blocked_by.get(job.job_id)
+    if not groups:  # (a group is never empty)
         return KeepPending(job.job_id, reason, message)
-    seen: dict[int, str] = {}
+    if len(groups) == 1:  # a queue of jobs held up by one preemption scan: its text is made once
+        text = cycle.shield_texts.get(id(groups[0]))
+        if text is None:
+            text = cycle.shield_texts[id(groups[0])] = _shields_text(groups[0])
+    else:
+        text = _shields_text([shield for group in groups for shield in group])
+    return KeepPending(job.job_id, Reason.WAITING_FOR_PROTECTED_JOBS, f"{message}; {text}")
+
+
+def _shields_text(shields: Sequence[tuple[Protection, Mechanism]]) -> str:
+    """The protections named in a pending reason: each job once (its first mechanism), the first out of
+    protection first, ``NAMED_PROTECTIONS`` of them and a count of the rest."""
+    first: dict[int, tuple[Protection, Mechanism]] = {}
     for shield, mechanism in shields:
-        seen.setdefault(shield.job_id, blocked(shield, mechanism))
-    return KeepPending(job.job_id, Reason.WAITING_FOR_PROTECTED_JOBS, f"{message}; {'; '.join(seen.values())}")
+        first.setdefault(shield.job_id, (shield, mechanism))
+    named = heapq.nsmallest(NAMED_PROTECTIONS, first.values(), key=lambda s: (s[0].until, s[0].job_id))
+    parts = [blocked(shield, mechanism) for shield, mechanism in named]
+    if len(first) > len(named):
+        parts.append(f"{len(first) - len(named)} more protected job(s) likewise")
+    return "; ".join(parts)
+
+
+def _not_preempted(cycle: _Cycle, job: JobView, shielded: tuple[tuple[Protection, Mechanism], ...]) -> None:
+    """No gang by preemption: the protected jobs ``job`` may have preempted go to its reason (one group,
+    shared by the jobs of one scan)."""
+    if shielded:
+        cycle.blocked_by.setdefault(job.job_id, []).append(shielded)
 
 
 def _server_gpus(snapshot: ClusterSnapshot) -> int:

@@ -33,10 +33,13 @@ from scheduler_service.records import GoodputInfo, StepTimeInfo, WorkerReport
 MAX_STEP_TIMES = 32
 
 
+_NO_REPORTS = GoodputInfo()  # frozen, of immutable parts: one value for every job without reports
+
+
 def goodput_info(document: Any) -> GoodputInfo:
     """``jobs.goodput_reports`` as a value; empty for NULL (or JSON null)."""
     if not isinstance(document, dict):
-        return GoodputInfo()
+        return _NO_REPORTS
     grad = document.get("grad")
     return GoodputInfo(
         step_times=tuple(

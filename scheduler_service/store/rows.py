@@ -59,7 +59,7 @@ def job_info(row: Values, allocations: Iterable[Values] = ()) -> JobInfo:
             AllocationInfo(rank=a["rank"], server_id=a["server_id"], gpu_index=a["gpu_index"],
                            allocated_at=a["allocated_at"])
             for a in allocations
-        ),
+        ) if allocations else (),  # most jobs hold none (a new job, a queued one, a list page's rows)
         batch_limits=batch_limits(row.get("batch_init"), row.get("batch_max"), row.get("batch_max_local")),
         batch_chosen=BatchSplit(row["batch_local"], row.get("batch_accum") or 0) if row.get("batch_local") else None,
         batch_replicas=row.get("batch_replicas"), goodput=goodput_info(row.get("goodput_reports")),

@@ -170,9 +170,11 @@ def test_idle_watch_streams_up_to_the_limit_leave_submits_and_health_alone(
     try:
         names.append("before-watch")  # so that the event log is not empty (the probe replays it)
         acknowledged.append(client.submit(chaos_job("before-watch"), "key-before-watch"))
-        for i in range(streams):
+        def idle(i: int) -> grpc.Call:
             stub = scheduler_pb2_grpc.SchedulerServiceStub(channels[i // per_channel])
-            calls.append(stub.WatchEvents(scheduler_pb2.WatchEventsRequest()))  # opened, never read: idle
+            return stub.WatchEvents(scheduler_pb2.WatchEventsRequest())  # opened, never read: idle
+
+        calls.extend(idle(i) for i in range(streams))
 
         def refused_beyond_the_limit() -> bool:
             # A probe replaying the log from the start: admitted, it hears the first event at once.
@@ -188,7 +190,10 @@ def test_idle_watch_streams_up_to_the_limit_leave_submits_and_health_alone(
             return False
 
         # Every idle stream is open once one more is refused for the limit (admission is counted per stream).
+        # A probe admitted while idle streams were still arriving held a slot: an idle stream refused then
+        # (ended, RESOURCE_EXHAUSTED) is opened again, so the idle ones do fill the limit.
         for _ in range(600):
+            calls[:] = [call if call.is_active() else idle(i) for i, call in enumerate(calls)]
             if refused_beyond_the_limit():
                 break
             time.sleep(0.1)
