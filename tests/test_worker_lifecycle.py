@@ -57,9 +57,12 @@ def get_job(stub, job_id: str) -> types_pb2.Job:
     return stub.GetJob(scheduler_pb2.GetJobRequest(job_id=job_id), timeout=5).job
 
 
-def running(stub, job_id: str, workers: int = 1):
-    return wait_for(lambda: (j := get_job(stub, job_id)).state == J.JOB_STATE_RUNNING and j.num_workers == workers
-                    and j, timeout=20, what=f"job {job_id} running with {workers} worker(s)")
+def running(stub, job_id: str, workers: int = 1, *, reporting: tuple[Agent, ...] = ()):
+    """Wait for the job to run with ``workers`` workers. ``reporting`` agents report on every poll, so that
+    their servers, under a short ``lost_after_s``, stay alive however long a loaded machine takes to start it."""
+    return wait_for(lambda: all(a.report() for a in reporting) and (j := get_job(stub, job_id)).state
+                    == J.JOB_STATE_RUNNING and j.num_workers == workers and j,
+                    timeout=20, what=f"job {job_id} running with {workers} worker(s)")
 
 
 def submit(stub, spec: types_pb2.JobSpec) -> str:
@@ -161,7 +164,7 @@ def test_silent_agents_make_servers_lost_shrinking_elastic_jobs_and_requeueing_o
     agents = {sid: Agent(scheduler.address, sid, epoch) for sid in ("a", "b")}
     try:
         elastic = submit(stub, job_spec("elastic", gpus=1, workers=1, max_workers=4))
-        job = running(stub, elastic, 4)
+        job = running(stub, elastic, 4, reporting=tuple(agents.values()))
         # Only "a" keeps reporting; "b" goes silent and is lost after 1 s on the scheduler's clock.
 
         def servers() -> dict[str, types_pb2.Server]:
@@ -193,9 +196,12 @@ def test_silent_agents_make_servers_lost_shrinking_elastic_jobs_and_requeueing_o
 def test_an_inelastic_job_on_a_lost_server_is_requeued(scheduler_factory) -> None:
     scheduler = scheduler_factory(agents={"lost_after_s": 0.5})
     channel, stub = scheduler_stub(scheduler.address)
-    register_fake_server(scheduler.address, "only", gpus=2)
+    agent = Agent(scheduler.address, "only", register_fake_server(scheduler.address, "only", gpus=2).scheduler_epoch)
     job_id = submit(stub, job_spec("gang", gpus=1, workers=2))
-    running(stub, job_id, 2)
+    # The agent reports until the job runs (a cycle on a loaded machine may come later than 0.5 s),
+    # then falls silent.
+    running(stub, job_id, 2, reporting=(agent,))
+    agent.close()
     job = wait_for(lambda: (j := get_job(stub, job_id)).state == J.JOB_STATE_PENDING and j, timeout=20,
                    what="the job requeued")
     assert job.preemptions == 1 and job.reason == "SERVER_LOST" and "server only lost" in job.message
