@@ -30,7 +30,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -46,6 +45,7 @@ from typing import TypeVar
 import aiohttp
 
 from aryl_common.entry import FatalError, add_standard_flags, run_guarded
+from aryl_common.ports import free_loopback_port as free_port
 from aryl_common.security import ClientSecurity, token_from_file
 from arylctl import certs, cli
 from arylctl.client import ArylClient, job_spec
@@ -92,22 +92,6 @@ DEMO_SETTINGS = {
     "ARYL_ROUTER__EVALUATE_INTERVAL_S": "0.5",
     "ARYL_ROUTER__HEALTH_CHECK_INTERVAL_S": "1",
 }
-
-
-_HANDED_OUT: set[int] = set()  # every port ``free_port`` has given this demo
-
-
-def free_port() -> int:
-    """A free loopback port, never one this demo was given before. A probed port is free again once its
-    socket closes, so two calls could get the same one before either process binds it (it happened: an
-    agent's metrics port went to a model server started after it, and the agent exited)."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in _HANDED_OUT:
-            _HANDED_OUT.add(port)
-            return port
 
 
 def wait_until(predicate: Callable[[], T], timeout: float, what: str) -> T:

@@ -24,7 +24,6 @@ import asyncio
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -35,6 +34,7 @@ from pathlib import Path
 
 import aiohttp
 
+from aryl_common.ports import free_loopback_port
 from benchmarks import emit_figure
 from benchmarks.bench_service import QUICK, BenchContext, Benchmark
 from inference_router.demand import percentile
@@ -62,12 +62,6 @@ def _cpu_s(pid: int) -> float | None:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextmanager
@@ -150,7 +144,7 @@ async def _measure(url: str, duration_s: float) -> Phase:
 
 def run_router_latency(ctx: BenchContext) -> None:
     duration_s = 2.0 if ctx.sizes is QUICK else 10.0
-    backend_port, router_port = _free_port(), _free_port()
+    backend_port, router_port = free_loopback_port(), free_loopback_port()
     backend = f"http://127.0.0.1:{backend_port}"
     router = f"http://127.0.0.1:{router_port}"
     aryl_router = str(Path(sys.executable).parent / "aryl-router")

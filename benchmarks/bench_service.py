@@ -16,7 +16,6 @@ import asyncio
 import logging
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,6 +31,7 @@ import sqlalchemy as sa
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sqlalchemy.engine import Engine, make_url
 
+from aryl_common.ports import free_loopback_port
 from benchmarks import emit_figure
 from migrations import upgrade
 from protos.aryl.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2
@@ -104,12 +104,6 @@ def scratch_database(admin_url: str) -> Iterator[str]:
         log.info("dropped scratch database %s", name)
 
 
-def _free_loopback_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class SchedulerProcess:
     """The scheduler service as a child process on a free loopback port, over ``database_url``."""
 
@@ -125,7 +119,7 @@ class SchedulerProcess:
         return self._proc.pid
 
     def __enter__(self) -> SchedulerProcess:
-        self.address = f"127.0.0.1:{_free_loopback_port()}"
+        self.address = f"127.0.0.1:{free_loopback_port()}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("ARYL_BENCH_")}
         # The schema is already migrated; warnings only, so logging is not part of the measurement.
         # Plaintext unless the settings say otherwise: the figures here are the service's own cost;

@@ -1,18 +1,19 @@
 """Waiting and process helpers for tests that run real servers and processes.
 
-Standard library only: what a test *builds* (domain values, fake registrations, job specs, fakes) is in
-``tests/harness.py``; this module is about the machine the test runs on: polling until a condition
-holds, finding a free port, finding the processes a test left behind.
+Standard library only (and ``aryl_common.ports``' free ports): what a test *builds* (domain values, fake
+registrations, job specs, fakes) is in ``tests/harness.py``; this module is about the machine the test
+runs on: polling until a condition holds, finding a free port, finding the processes a test left behind.
 """
 
 from __future__ import annotations
 
 import os
-import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
+
+from aryl_common.ports import free_loopback_port as free_port  # noqa: F401 (tests import it from here)
 
 T = TypeVar("T")
 
@@ -28,14 +29,6 @@ def wait_for(predicate: Callable[[], T], *, timeout: float = 10.0, interval: flo
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
-
-
-def free_port() -> int:
-    """A loopback TCP port nothing listens on (bound, then released): connections to it are refused
-    until something binds it."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def processes_mentioning(marker: str) -> list[int]:

@@ -1,10 +1,14 @@
 """``aryl_common``: the plumbing the scheduler, the agent and the router share (the parts their own
-tests do not already cover: the one wording of a worker's exit, and the capped backoff)."""
+tests do not already cover: the one wording of a worker's exit, the capped backoff, and free ports)."""
 
 from __future__ import annotations
 
+import socket
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
+from aryl_common import ports
 from aryl_common.backoff import Backoff
 from aryl_common.exits import describe_exit
 from scheduler_service.worker_outcomes import Verdict, judge_exits
@@ -31,3 +35,14 @@ def test_a_capped_backoff_below_its_default_start_starts_at_the_cap() -> None:
     backoff = Backoff.capped(0.2)
     assert all(0.1 <= backoff.next_delay() <= 0.2 for _ in range(5))
     assert Backoff.capped(10.0).initial_s == 0.5
+
+
+def test_a_process_is_never_handed_one_free_port_twice() -> None:
+    # The kernel may hand a probed port out again once its probe socket closes: 1,000 probes of the
+    # ephemeral range repeat one almost surely (a birthday bound over ~28,000 ports), this helper never,
+    # nor when threads ask at once (the demo, the tests and the benchmarks take their ports from it).
+    with ThreadPoolExecutor(8) as pool:
+        given = list(pool.map(lambda _: ports.free_loopback_port(), range(1000)))
+    assert len(set(given)) == len(given)
+    with socket.socket() as sock:  # and each was free: it can be bound
+        sock.bind(("127.0.0.1", given[-1]))
