@@ -3,7 +3,6 @@ tests do not already cover: the one wording of a worker's exit, the capped backo
 
 from __future__ import annotations
 
-import socket
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -44,5 +43,3 @@ def test_a_process_is_never_handed_one_free_port_twice() -> None:
     with ThreadPoolExecutor(8) as pool:
         given = list(pool.map(lambda _: ports.free_loopback_port(), range(1000)))
     assert len(set(given)) == len(given)
-    with socket.socket() as sock:  # and each was free: it can be bound
-        sock.bind(("127.0.0.1", given[-1]))
