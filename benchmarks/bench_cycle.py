@@ -1,5 +1,6 @@
 """One full decision of the Aryl policy at scale: 1,250 servers (10,000 GPUs), 5,000 jobs; and the same
-cluster with a long queue behind it (``aryl_cycle_long_queue``).
+cluster with a long queue behind it, of mixed jobs (``aryl_cycle_long_queue``) or a job array
+(``aryl_cycle_array_queue``).
 
 The snapshot is synthetic and seeded: 1,000 training and 250 inference servers of 8 GPUs (half of the
 inference servers on loan), jobs of 1-8 GPUs per worker, 1-4 base workers, half of them elastic, about
@@ -85,6 +86,15 @@ def long_queue_cluster(servers: int, jobs: int, queued: int, seed: int = 0) -> C
     return dataclasses.replace(base, jobs=held + waiting)
 
 
+def array_queue_cluster(servers: int, jobs: int, array: int, seed: int = 0) -> ClusterSnapshot:
+    """``synthetic_cluster`` with a job array of ``array`` jobs queued behind it (``arylctl submit
+    --array``): one shape (2 workers x 1 GPU), one estimate, submitted at one instant."""
+    base = synthetic_cluster(servers, jobs, seed)
+    waiting = tuple(JobView(jid, JobState.PENDING, 1, 2, 2, 0, NOW - 60, estimated_runtime_s=3600.0)
+                    for jid in range(jobs + 1, jobs + array + 1))
+    return dataclasses.replace(base, jobs=base.jobs + waiting)
+
+
 def cycle_bench(ctx: BenchContext) -> None:
     quick = ctx.sizes is QUICK
     servers, jobs, runs = (250, 1000, 5) if quick else (1250, 5000, 20)
@@ -96,6 +106,13 @@ def long_queue_bench(ctx: BenchContext) -> None:
     servers, jobs, queued, runs = (250, 1000, 4000, 3) if quick else (1250, 5000, 20_000, 5)
     _decisions(long_queue_cluster(servers, jobs, queued), runs, "aryl_cycle_long_queue",
                dict(servers=servers, jobs=jobs + queued, queued=queued))
+
+
+def array_queue_bench(ctx: BenchContext) -> None:
+    quick = ctx.sizes is QUICK
+    servers, jobs, array, runs = (250, 1000, 4000, 3) if quick else (1250, 5000, 20_000, 5)
+    _decisions(array_queue_cluster(servers, jobs, array), runs, "aryl_cycle_array_queue",
+               dict(servers=servers, jobs=jobs + array, queued=array))
 
 
 def _decisions(snapshot: ClusterSnapshot, runs: int, figure: str, sizes: dict[str, int],
@@ -130,4 +147,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("aryl_cycle_long_queue", long_queue_bench,
               "the same cluster with 20,000 more jobs queued, half of a higher priority class than every running "
               "job: p50 vs fifo on the same snapshot"),
+    Benchmark("aryl_cycle_array_queue", array_queue_bench,
+              "the same cluster with a job array of 20,000 jobs of one shape queued: p50 vs fifo on the same "
+              "snapshot"),
 )

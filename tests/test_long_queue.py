@@ -1,12 +1,14 @@
 """A long queue of a few gang shapes: the policy explains each waiting job without walking every server
 for it (``core.placement.FreeCapacity.explain_unplaceable`` and ``core.fit.never_fits`` are kept per
-shape), and the explanations still follow the free GPUs as the plan takes them."""
+shape), a run of jobs of one kind waits for its first job's reason without the steps, and the
+explanations still follow the free GPUs and the quotas as the plan takes them."""
 
 from __future__ import annotations
 
 import dataclasses
 
 from scheduler_service.core import JobView
+from scheduler_service.core.snapshot import QueueView
 from scheduler_service.core.invariants import check_plan
 from scheduler_service.core.placement import FreeCapacity
 from scheduler_service.core.plan import Reason
@@ -52,6 +54,61 @@ def test_jobs_of_one_shape_before_and_after_a_placement_are_told_the_free_gpus_o
                       "needs 2 worker(s) x 4 GPU(s) as a gang; free now: 1 GPU(s) on 1 server(s), largest block 1")
     assert why[4][0] == why[5][0] == Reason.CANNOT_FIT
     assert why[4][1] == why[5][1] and "the largest server has 4" in why[4][1]
+
+
+def _ranked(job: JobView) -> JobView:
+    """``job`` ranked by its id (a higher priority for a lower id): the queue order is the id order."""
+    return dataclasses.replace(job, priority=10_000 - job.job_id)
+
+
+def _why(plan) -> dict[int, tuple[Reason, str]]:
+    return {p.job_id: (p.reason, p.message) for p in plan.pending}
+
+
+def test_a_run_of_one_kind_waits_for_the_reason_each_job_would_get_alone() -> None:
+    # t1 has 1 free GPU. In queue order: jobs 1-200 want 2 GPUs, job 201 the same on a type no server
+    # has, job 202 one GPU (it takes the free one), jobs 203-300 2 GPUs again. Each job's reason is the
+    # one it gets alone in the queue on the GPUs left at its turn: the runs of one kind are told the
+    # free GPUs of their turn, and the job of another kind in between is decided on its own.
+    servers = [training_server("t1")]
+    busy = running_job(900, [("t1", (0, 1, 2))], low=1)
+    before = [_ranked(pending_job(j, 2, 1)) for j in range(1, 201)]
+    typed = _ranked(dataclasses.replace(pending_job(201, 2, 1), gpu_types=("A100",)))
+    small = _ranked(pending_job(202, 1, 1))
+    after = [_ranked(pending_job(j, 2, 1)) for j in range(203, 301)]
+    snapshot = snapshot_of(servers, [busy, *before, typed, small, *after])
+    plan = create_policy("aryl").schedule(snapshot)
+    check_plan(snapshot, plan)
+    assert [(s.job_id, s.reason) for s in plan.starts] == [(202, Reason.BACKFILLED)]
+
+    def alone(job: JobView, *running: JobView) -> tuple[Reason, str]:
+        return _why(create_policy("aryl").schedule(snapshot_of(servers, [busy, *running, job])))[job.job_id]
+
+    why = _why(plan)
+    first, last = alone(before[0]), alone(after[0], running_job(202, [("t1", (3,))], low=1))
+    assert first[0] == last[0] == Reason.WAITING_FOR_GANG and first[1] != last[1]
+    assert all(why[j.job_id] == first for j in before)
+    assert why[201] == alone(typed) and why[201][0] == Reason.WAITING_FOR_GPU_TYPE
+    assert all(why[j.job_id] == last for j in after)
+
+
+def test_a_run_of_one_shape_in_two_queues_is_told_each_queues_quota() -> None:
+    # Two 4-GPU servers; queue `a` may hold none (quota 0, borrow limit 0), the default queue the 8 GPUs.
+    # Jobs 1 and 2 (default) take both servers; jobs 3-5 (default) and 6-8 (`a`), all of job 1's shape,
+    # wait: the default queue's at its quota, `a`'s at its borrow limit -- each queue's own reason.
+    servers = [training_server("t1"), training_server("t2")]
+    queue = [_ranked(pending_job(j, 4, 1)) for j in range(1, 6)]
+    queue += [_ranked(dataclasses.replace(pending_job(j, 4, 1), queue="a")) for j in range(6, 9)]
+    snapshot = dataclasses.replace(snapshot_of(servers, queue), queues=(QueueView("a", 0, 0),))
+    plan = create_policy("aryl").schedule(snapshot)
+    check_plan(snapshot, plan)
+    assert sorted(s.job_id for s in plan.starts) == [1, 2]
+    why = _why(plan)
+    assert {why[j] for j in (3, 4, 5)} == {(Reason.WAITING_FOR_QUOTA,
+                                            "queue `default` is at its quota of 8 GPUs and cannot borrow: "
+                                            "cohort has 0 idle")}
+    assert len({why[j] for j in (6, 7, 8)}) == 1 and why[6][0] == Reason.QUOTA_BORROW_LIMIT
+    assert "queue `a` may hold at most 0 GPUs" in why[6][1]
 
 
 # -- a burst of high-class jobs on a cluster of low-class ones (priority preemption) -----------------

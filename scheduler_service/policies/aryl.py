@@ -609,14 +609,31 @@ class ArylPolicy:
         # Gang shapes (gpus per worker, workers) that fit nowhere, not even over extras. Free GPUs plus
         # extras only shrink during this step, so any shape at least as large fails too.
         no_fit: list[tuple[int, int]] = []
+        # The last job that waited with nothing tried but its own gang (within its quota, no victims, not
+        # starving): (its kind, the plan's starts and preemptions then, the reservation then, reason,
+        # message). A next job of the same kind (``_kind``) while the plan has started, preempted and
+        # reserved nothing more would take the same steps on the same free GPUs and quota usage, and
+        # fail them the same way: it waits for the same reason without the steps. A long queue holds
+        # 10,000s of jobs of a few kinds, and a burst of submits wakes a cycle after another.
+        last_wait: tuple[_Kind, int, int, frozenset[str], Reason, str] | None = None
         for job in quota.order(snap.pending_jobs(), order):  # quota first, classes, fair share (core.quota)
+            if (last_wait is not None and last_wait[0] == _kind(job) and last_wait[1] == len(cycle.starts)
+                    and last_wait[2] == len(cycle.preemptions) and last_wait[3] is cycle.reserved
+                    and not starving(job)):
+                cycle.pending.append(KeepPending(job.job_id, last_wait[4], last_wait[5]))
+                continue
+            last_wait = None
             verdict = quota.check(job, job.min_workers * job.gpus_per_worker)
             if not verdict.allowed:  # its queue may not take the GPUs: it waits without holding others up,
                 # unless lower classes of its own queue give way (their GPUs count against the same quota)
-                workers = self._place_by_preemption(cycle, job) if quota.has_victims(job) else None
+                victims = quota.has_victims(job)
+                workers = self._place_by_preemption(cycle, job) if victims else None
                 if workers is None:
-                    cycle.pending.append(_protected_pending(cycle, job, verdict.reason or Reason.WAITING_FOR_QUOTA,
-                                                            verdict.message))
+                    reason, message = verdict.reason or Reason.WAITING_FOR_QUOTA, verdict.message
+                    cycle.pending.append(_protected_pending(cycle, job, reason, message))
+                    if not victims and not starving(job):
+                        last_wait = (_kind(job), len(cycle.starts), len(cycle.preemptions), cycle.reserved, reason,
+                                     message)
                     continue
                 quota.charge(job, job.min_workers * job.gpus_per_worker)
                 cycle.starts.append(StartJob(job.job_id, workers, Reason.PLACED, _placed(workers)))
@@ -630,7 +647,8 @@ class ArylPolicy:
                 workers = self._place_over_extras(cycle, job)
                 if workers is None:
                     no_fit.append((job.gpus_per_worker, job.min_workers))
-            if workers is None and quota.has_victims(job):
+            victims = quota.has_victims(job)
+            if workers is None and victims:
                 workers = self._place_by_preemption(cycle, job)
             if workers is not None:
                 quota.charge(job, job.min_workers * job.gpus_per_worker)
@@ -648,6 +666,8 @@ class ArylPolicy:
                     reason = Reason.WAITING_FOR_RESERVATION
                     message += f"; server(s) {', '.join(sorted(cycle.reserved))} are held for a starving job"
                 cycle.pending.append(_protected_pending(cycle, job, reason, message))
+                if not victims and not starving(job):
+                    last_wait = (_kind(job), len(cycle.starts), len(cycle.preemptions), cycle.reserved, reason, message)
                 continue
             reason, message = self._unplaceable(cycle, job)
             if starving(job) and not cycle.reserved and reason != Reason.CANNOT_FIT:
@@ -657,6 +677,8 @@ class ArylPolicy:
                     message += (f"; waiting {snap.now - job.submitted_at:.0f}s: server(s) "
                                 f"{', '.join(sorted(cycle.reserved))} are reserved for it")
             cycle.pending.append(_protected_pending(cycle, job, reason, message))
+            if not victims and not starving(job):
+                last_wait = (_kind(job), len(cycle.starts), len(cycle.preemptions), cycle.reserved, reason, message)
 
     def _unplaceable(self, cycle: _Cycle, job: JobView) -> tuple[Reason, str]:
         """Why a queued job's gang is not placed this cycle: CANNOT_FIT when it would not fit even on
@@ -994,6 +1016,16 @@ def _drain_waits(cycle: _Cycle, server: ServerView) -> bool:
 # protection first, and counts the rest: a burst of high-class jobs on a cluster of newly started low-class
 # ones would otherwise name 100s in each queued job's reason (cut at 2,048 characters where it is stored).
 NAMED_PROTECTIONS = 3
+
+
+_Kind = tuple[str, int, int, int, tuple[str, ...]]
+
+
+def _kind(job: JobView) -> _Kind:
+    """What the base-demand steps read of a queued job that waits without victims (``_base_demands``):
+    its queue and class (quota and preemption), its gang's shape and GPU types (placement and the
+    explanation)."""
+    return job.queue, job.priority_class, job.gpus_per_worker, job.min_workers, job.gpu_types
 
 
 def _protected_pending(cycle: _Cycle, job: JobView, reason: Reason, message: str) -> KeepPending:
