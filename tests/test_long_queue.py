@@ -8,10 +8,10 @@ from __future__ import annotations
 import dataclasses
 
 from scheduler_service.core import JobView
-from scheduler_service.core.snapshot import QueueView
 from scheduler_service.core.invariants import check_plan
 from scheduler_service.core.placement import FreeCapacity
 from scheduler_service.core.plan import Reason
+from scheduler_service.core.snapshot import QueueView
 from scheduler_service.policies import create_policy
 from tests.harness import NOW, pending_job, running_job, snapshot_of, training_server
 
