@@ -609,12 +609,13 @@ class ArylPolicy:
         # Gang shapes (gpus per worker, workers) that fit nowhere, not even over extras. Free GPUs plus
         # extras only shrink during this step, so any shape at least as large fails too.
         no_fit: list[tuple[int, int]] = []
-        # The last job that waited with nothing tried but its own gang (within its quota, no victims, not
-        # starving): (its kind, the plan's starts and preemptions then, the reservation then, reason,
-        # message). A next job of the same kind (``_kind``) while the plan has started, preempted and
-        # reserved nothing more would take the same steps on the same free GPUs and quota usage, and
-        # fail them the same way: it waits for the same reason without the steps. A long queue holds
-        # 10,000s of jobs of a few kinds, and a burst of submits wakes a cycle after another.
+        # The last job that waited with no victims to preempt and not starving: (its kind, the plan's
+        # starts and preemptions then, the reservation then, reason, message). A next job of the same
+        # kind (``_kind``), not starving either, while the plan has started, preempted and reserved
+        # nothing more would take the same steps on the same free GPUs and quota usage and fail them
+        # the same way (its shape is in ``no_fit`` by then, so it tries no extras and names no
+        # protection): it waits for the same reason without the steps. A long queue holds 10,000s of
+        # jobs of a few kinds (a job array is one), and a burst of submits wakes a cycle after another.
         last_wait: tuple[_Kind, int, int, frozenset[str], Reason, str] | None = None
         for job in quota.order(snap.pending_jobs(), order):  # quota first, classes, fair share (core.quota)
             if (last_wait is not None and last_wait[0] == _kind(job) and last_wait[1] == len(cycle.starts)
@@ -1022,9 +1023,9 @@ _Kind = tuple[str, int, int, int, tuple[str, ...]]
 
 
 def _kind(job: JobView) -> _Kind:
-    """What the base-demand steps read of a queued job that waits without victims (``_base_demands``):
-    its queue and class (quota and preemption), its gang's shape and GPU types (placement and the
-    explanation)."""
+    """What the base-demand steps read of a queued job that waits without victims (``_base_demands``),
+    besides its id and whether it starves: its queue and class (quota and preemption), its gang's shape
+    and GPU types (placement and the explanation)."""
     return job.queue, job.priority_class, job.gpus_per_worker, job.min_workers, job.gpu_types
 
 
