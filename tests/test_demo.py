@@ -82,4 +82,3 @@ def test_the_demo_story_its_output_and_its_folder(tmp_path: Path, monkeypatch: p
     # Without --keep the run ends by removing it with this function: then nothing is left.
     assert demo._remove(kept.resolve())
     assert list(tmp.iterdir()) == []
-

@@ -49,6 +49,7 @@ import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
+from typing import NamedTuple
 
 import numpy as np
 
@@ -609,19 +610,24 @@ class ArylPolicy:
         # Gang shapes (gpus per worker, workers) that fit nowhere, not even over extras. Free GPUs plus
         # extras only shrink during this step, so any shape at least as large fails too.
         no_fit: list[tuple[int, int]] = []
-        # The last job that waited with no victims to preempt and not starving: (its kind, the plan's
-        # starts and preemptions then, the reservation then, reason, message). A next job of the same
+        # The last job that waited with no victims to preempt and not starving (``_Waited``). A next job of the same
         # kind (``_kind``), not starving either, while the plan has started, preempted and reserved
         # nothing more would take the same steps on the same free GPUs and quota usage and fail them
         # the same way (its shape is in ``no_fit`` by then, so it tries no extras and names no
         # protection): it waits for the same reason without the steps. A long queue holds 10,000s of
         # jobs of a few kinds (a job array is one), and a burst of submits wakes a cycle after another.
-        last_wait: tuple[_Kind, int, int, frozenset[str], Reason, str] | None = None
+        last_wait: _Waited | None = None
+
+        def waited(job: JobView, victims: bool, reason: Reason, message: str) -> _Waited | None:
+            if victims or starving(job):
+                return None
+            return _Waited(_kind(job), len(cycle.starts), len(cycle.preemptions), cycle.reserved, reason, message)
+
         for job in quota.order(snap.pending_jobs(), order):  # quota first, classes, fair share (core.quota)
-            if (last_wait is not None and last_wait[0] == _kind(job) and last_wait[1] == len(cycle.starts)
-                    and last_wait[2] == len(cycle.preemptions) and last_wait[3] is cycle.reserved
+            if (last_wait is not None and last_wait.kind == _kind(job) and last_wait.starts == len(cycle.starts)
+                    and last_wait.preemptions == len(cycle.preemptions) and last_wait.reserved is cycle.reserved
                     and not starving(job)):
-                cycle.pending.append(KeepPending(job.job_id, last_wait[4], last_wait[5]))
+                cycle.pending.append(KeepPending(job.job_id, last_wait.reason, last_wait.message))
                 continue
             last_wait = None
             verdict = quota.check(job, job.min_workers * job.gpus_per_worker)
@@ -632,9 +638,7 @@ class ArylPolicy:
                 if workers is None:
                     reason, message = verdict.reason or Reason.WAITING_FOR_QUOTA, verdict.message
                     cycle.pending.append(_protected_pending(cycle, job, reason, message))
-                    if not victims and not starving(job):
-                        last_wait = (_kind(job), len(cycle.starts), len(cycle.preemptions), cycle.reserved, reason,
-                                     message)
+                    last_wait = waited(job, victims, reason, message)
                     continue
                 quota.charge(job, job.min_workers * job.gpus_per_worker)
                 cycle.starts.append(StartJob(job.job_id, workers, Reason.PLACED, _placed(workers)))
@@ -667,8 +671,7 @@ class ArylPolicy:
                     reason = Reason.WAITING_FOR_RESERVATION
                     message += f"; server(s) {', '.join(sorted(cycle.reserved))} are held for a starving job"
                 cycle.pending.append(_protected_pending(cycle, job, reason, message))
-                if not victims and not starving(job):
-                    last_wait = (_kind(job), len(cycle.starts), len(cycle.preemptions), cycle.reserved, reason, message)
+                last_wait = waited(job, victims, reason, message)
                 continue
             reason, message = self._unplaceable(cycle, job)
             if starving(job) and not cycle.reserved and reason != Reason.CANNOT_FIT:
@@ -678,8 +681,7 @@ class ArylPolicy:
                     message += (f"; waiting {snap.now - job.submitted_at:.0f}s: server(s) "
                                 f"{', '.join(sorted(cycle.reserved))} are reserved for it")
             cycle.pending.append(_protected_pending(cycle, job, reason, message))
-            if not victims and not starving(job):
-                last_wait = (_kind(job), len(cycle.starts), len(cycle.preemptions), cycle.reserved, reason, message)
+            last_wait = waited(job, victims, reason, message)
 
     def _unplaceable(self, cycle: _Cycle, job: JobView) -> tuple[Reason, str]:
         """Why a queued job's gang is not placed this cycle: CANNOT_FIT when it would not fit even on
@@ -1027,6 +1029,19 @@ def _kind(job: JobView) -> _Kind:
     besides its id and whether it starves: its queue and class (quota and preemption), its gang's shape
     and GPU types (placement and the explanation)."""
     return job.queue, job.priority_class, job.gpus_per_worker, job.min_workers, job.gpu_types
+
+
+class _Waited(NamedTuple):
+    """A queued job that waited with no victims and not starving, and the plan's progress then: a next
+    job of its kind waits for the same reason while the plan has started, preempted and reserved nothing
+    more (``_base_demands``)."""
+
+    kind: _Kind
+    starts: int
+    preemptions: int
+    reserved: frozenset[str]
+    reason: Reason
+    message: str
 
 
 def _protected_pending(cycle: _Cycle, job: JobView, reason: Reason, message: str) -> KeepPending:
