@@ -13,8 +13,10 @@ import math
 import re
 import urllib.parse
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from google.protobuf import duration_pb2, timestamp_pb2
+from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
 
 from aryl_common.channels import MAX_JOB_SPEC_BYTES, MAX_WORKERS_PER_SERVER
@@ -177,22 +179,28 @@ def _spec_size(spec: types_pb2.JobSpec) -> None:
 
     Each worker's desired state repeats its job's command and environment, so this cap is what
     keeps a server's desired state, and the worker's execve, within what every hop accepts. The
-    refusal names the largest of the bulky fields, where shrinking helps most."""
+    refusal names the field that adds the most to the encoded spec (any field of it: an 8 MiB
+    ``working_dir`` is named, not the command beside it), where shrinking helps most."""
     total = spec.ByteSize()
     if total <= MAX_JOB_SPEC_BYTES:
         return
-    parts = {
-        "spec.env": sum(len(k.encode()) + len(v.encode()) for k, v in spec.env.items()),
-        "spec.command": sum(len(a.encode()) for a in spec.command),
-        "spec.name": len(spec.name.encode()),
-        "spec.throughput": spec.throughput.ByteSize(),
-    }
+    parts = {f"spec.{field.name}": _alone(field, value).ByteSize() for field, value in spec.ListFields()}
     field = max(parts, key=lambda f: parts[f])
     raise InvalidArgument(
         field,
         f"makes the job spec {total} bytes; a spec may be at most {MAX_JOB_SPEC_BYTES} bytes "
         f"({MAX_JOB_SPEC_BYTES // 1024} KiB) in all, command and environment included ({field}: {parts[field]} bytes)",
     )
+
+
+def _alone(field: FieldDescriptor, value: Any) -> types_pb2.JobSpec:
+    """A spec holding ``field`` (of value ``value``) alone: what that field adds to the encoded spec."""
+    alone = types_pb2.JobSpec()
+    if isinstance(value, (str, bytes, int, float)):  # a scalar (bool and enums are ints)
+        setattr(alone, field.name, value)
+    else:
+        getattr(alone, field.name).MergeFrom(value)  # lists, maps and messages cannot be assigned
+    return alone
 
 
 _DATA_ALLOWED = " other than tab, newline and carriage return"
