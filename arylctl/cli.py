@@ -58,7 +58,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from aryl_common.backoff import Backoff
 from aryl_common.entry import add_debug_flag, package_version, run_guarded
-from aryl_common.security import ClientSecurity, default_token_file, write_private
+from aryl_common.security import ClientSecurity, default_token_file
 from arylctl import certs, completion
 from arylctl.arrays import ArraySpecError, element_key, parse_array
 from arylctl.client import (
@@ -76,6 +76,7 @@ from arylctl.client import (
     normalize_job_spec_mapping,
     parse_deadline,
 )
+from arylctl.login import UnsafeTokenPath, store_token
 from arylctl.queues import add_queue_commands
 from arylctl.what_if import add_what_if_command
 from protos.aryl.v1 import scheduler_pb2, types_pb2
@@ -1703,8 +1704,11 @@ def _run_local(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
                   file=stderr)
             return EXIT_USAGE
         path = Path(args.file) if args.file else default_token_file()
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        write_private(path, token + "\n")
+        try:
+            store_token(path, token)
+        except UnsafeTokenPath as exc:
+            print(f"error: {exc}", file=stderr)
+            return EXIT_USAGE
         print(f"token stored in {path} (mode 0600)", file=stdout)
         return EXIT_OK
     cluster = certs.DevCluster(
