@@ -60,6 +60,7 @@ from aryl_common.backoff import Backoff
 from aryl_common.entry import add_debug_flag, package_version, run_guarded
 from aryl_common.security import ClientSecurity, default_token_file
 from arylctl import certs, completion
+from arylctl.argv_secrets import SECRET_REFERENCE_PREFIX, secret_looking_arguments
 from arylctl.arrays import ArraySpecError, element_key, parse_array
 from arylctl.client import (
     DEFAULT_ADDRESS,
@@ -591,6 +592,7 @@ def cmd_submit(client: ArylClient, args: argparse.Namespace, out: Output) -> int
         spec = job_spec_from_mapping(submit_spec_mapping(args, out.note))
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
+    warn_of_secrets_in_command(spec.command, out.note)
     if args.array is not None:
         return _submit_array(client, spec, args, out)
     answer = client.submit(spec, idempotency_key=args.idempotency_key)
@@ -604,6 +606,18 @@ def cmd_submit(client: ArylClient, args: argparse.Namespace, out: Output) -> int
         return wait_for_job(client, job.job_id, args, out)
     out.emit(job, lambda: job_summary_table(job))
     return EXIT_OK
+
+
+def warn_of_secrets_in_command(command: Sequence[str], note: Callable[[str], None]) -> None:
+    """One warning line (stderr) when the command line looks like it carries a secret: every user can read
+    a job's command (``arylctl jobs``), while an environment variable may name a secret the agent fills in.
+    Submitted all the same: the warning never stops a job."""
+    suspects = secret_looking_arguments(command)
+    if suspects:
+        note(f"warning: the command's {', '.join(suspects)} may carry a secret, and every user can read a job's "
+             f"command ({PROG} jobs); pass it in an environment variable that names a secret instead: --env "
+             f"NAME={SECRET_REFERENCE_PREFIX}SECRET (the agent fills it in from its secrets file; docs/security.md, "
+             "Secrets)")
 
 
 def _submit_array(client: ArylClient, spec: types_pb2.JobSpec, args: argparse.Namespace, out: Output) -> int:
