@@ -38,6 +38,7 @@ import json
 import os
 import shlex
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -83,10 +84,38 @@ from node_agent.workers import (
 )
 
 SHIM = Path(__file__).with_name("shim.py")
+# The copy of the shim that workers run (``install_shim``), under the agent's work directory; named like the source
+# (``node_agent/shim.py``), so that what finds shims by their command line finds these.
+SHIM_COPY = Path("lib", "node_agent", "shim.py")
+SHIM_COPY_MODE = 0o644  # any uid reads it: a worker's interpreter runs it as the worker's user
 EXIT_CANNOT_START = 127
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 STOPPING_POLL_S = 0.1  # the reconciler's longest wait while a worker is stopping (module doc)
 STOP_NOTICE_MODE = 0o644  # the agent's file in the worker's private directory: the worker reads it
+
+
+def install_shim(root: Path) -> Path:
+    """Copy the shim into the agent's work directory ``root`` (a directory 0711 the agent owns, the file
+    0644), replacing any older copy atomically; returns the copy's path. Why a copy: a worker running
+    as a mapped uid must read the script its interpreter runs, and the agent's own source tree may be
+    private (a clone under root's 0700 home); the work directory is already one a worker reaches, as
+    its job's directory is under it."""
+    target = root / SHIM_COPY
+    for directory in reversed(target.parents[:len(SHIM_COPY.parents) - 1]):  # lib, then lib/node_agent
+        parent_directory(directory)
+    st = os.lstat(target.parent)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        raise OSError(f"{target.parent} is not a directory of the agent's user")
+    temporary = target.with_name(f".{target.name}.{os.getpid()}")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, SHIM_COPY_MODE)
+    try:
+        os.fchmod(fd, SHIM_COPY_MODE)  # not narrowed by the umask
+        with os.fdopen(fd, "wb", closefd=False) as file:
+            file.write(SHIM.read_bytes())
+    finally:
+        os.close(fd)
+    os.replace(temporary, target)  # a worker starting meanwhile runs the old copy or the new, never half of one
+    return target
 
 
 @contextmanager
@@ -228,6 +257,7 @@ class Supervisor:
         # exit, so the agent reports at once instead of at its next interval: a reclaim waits for it.
         self._on_change = on_change
         self._exits_seen = 0
+        self._shim = SHIM  # until ``start`` installs the copy workers run
         self._log = structlog.get_logger("node_agent.supervisor").bind(hostname=config.hostname)
 
     # ---------------------------------------------------------------------------------------------
@@ -238,6 +268,7 @@ class Supervisor:
         for directory in (self.layout.run_dir, self.layout.root / "jobs", self.layout.root / "logs",
                           self.layout.checkpoint_root):
             parent_directory(directory)  # 0711: each worker reaches its own directory, lists no other
+        self._shim = install_shim(self.layout.root)
         if self.layout.state_file.exists():
             os.chmod(self.layout.state_file, PRIVATE_FILE_MODE)  # one saved by an older agent
         self._adopt()
@@ -489,7 +520,7 @@ class Supervisor:
             self._dirty = True  # what the spawn leads to is saved at the end of the pass
             with signals_blocked(STOP_SIGNALS):  # inherited: the shim unblocks them when it can relay
                 return subprocess.Popen(  # type: ignore[call-overload]
-                    [python, "-I", str(SHIM), "--exit-file", str(exit_file), "--", *spec.command],
+                    [python, "-I", str(self._shim), "--exit-file", str(exit_file), "--", *spec.command],
                     stdin=subprocess.DEVNULL,
                     stdout=output,
                     stderr=subprocess.STDOUT,

@@ -338,3 +338,19 @@ def test_a_root_agent_with_the_default_users_section_warns_at_start_up(tmp_path:
             assert setting in warning, (setting, warning)
     finally:
         stop_agent(agent)
+
+
+def test_workers_run_a_copy_of_the_shim_that_any_uid_can_read(tmp_path: Path) -> None:
+    """A worker's uid never reads the agent's source tree (which may be a clone under root's 0700 home):
+    the agent copies the shim into its work directory, the directories 0711 and the file 0644."""
+    from node_agent.supervisor import SHIM, install_shim
+
+    root = tmp_path / "agent"
+    root.mkdir()
+    copy = install_shim(root)
+    assert copy == root / "lib" / "node_agent" / "shim.py" and copy.read_bytes() == SHIM.read_bytes()
+    assert [oct(stat.S_IMODE(p.stat().st_mode)) for p in (copy.parent.parent, copy.parent, copy)] == [
+        "0o711", "0o711", "0o644"]
+    copy.write_text("stale")
+    assert install_shim(root).read_bytes() == SHIM.read_bytes()  # an agent's start replaces an older copy
+    assert sorted(p.name for p in copy.parent.iterdir()) == ["shim.py"]  # no temporary file left
