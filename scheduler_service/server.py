@@ -307,8 +307,9 @@ class SchedulerService:
         cancellations.close()
         executor.shutdown(wait=True, cancel_futures=True)
         cycle_thread.shutdown(wait=True, cancel_futures=True)
-        forecast_thread.shutdown(wait=True, cancel_futures=True)
+        # The process first: it was started from the forecast thread and is killed when that thread ends.
         await asyncio.to_thread(forecast_process.close)
+        forecast_thread.shutdown(wait=True, cancel_futures=True)
         desired_reader.shutdown(wait=True, cancel_futures=True)
         watch_reader.shutdown(wait=True, cancel_futures=True)
         await asyncio.to_thread(self._close_policy)

@@ -25,10 +25,14 @@ Never: write, decide (the policy does), or hold SQL.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import multiprocessing
 import os
+import signal
+import sys
 import threading
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -106,21 +110,31 @@ class ForecastProcess:
     replaced at the next. The snapshot goes to it
     and the forecast comes back pickled. A snapshot of fewer than ``min_jobs`` active jobs is forecast
     on the calling thread: milliseconds, less than the trip to the process (and no process is started
-    for a small cluster)."""
+    for a small cluster).
+
+    The process never outlives the scheduler, whatever ends it (``kill -9`` included): it asks the kernel
+    for SIGKILL when its parent goes (``PR_SET_PDEATHSIG``), and a thread of its own ends it once its
+    parent is no longer the scheduler (``_exit_with_parent``: also when the scheduler died before the
+    request was made). Its multiprocessing resource tracker then ends too: it exits when the last holder
+    of its pipe, this process, is gone. Call it from a thread that lives as long as the pool: the
+    kernel's signal follows the thread that started the process."""
 
     def __init__(self, min_jobs: int = FORECAST_PROCESS_MIN_JOBS) -> None:
         self.min_jobs = min_jobs
         self._pool: ProcessPoolExecutor | None = None
         self._lock = threading.Lock()
+        self._closed = False
 
     def __call__(self, snapshot: ClusterSnapshot, policy: str, params: PolicyParams,
                  settings: ForecastSettings) -> Forecast:
         if len(snapshot.jobs) < self.min_jobs:
             return forecast(snapshot, policy, params, settings)
         with self._lock:
+            if self._closed:  # the scheduler is stopping: no new process
+                raise Aborted("the forecast process is closed (the scheduler is stopping)")
             if self._pool is None:
                 self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
-                                                 initializer=_lower_priority)
+                                                 initializer=_start_forecast_process, initargs=(os.getpid(),))
             pool = self._pool
         try:
             return pool.submit(forecast, snapshot, policy, params, settings).result()
@@ -132,17 +146,48 @@ class ForecastProcess:
             raise
 
     def close(self) -> None:
-        """Stop the process (after the forecast it is running, if any)."""
+        """Stop the process (after the forecast it is running, if any); no other is started after."""
         with self._lock:
-            pool, self._pool = self._pool, None
+            pool, self._pool, self._closed = self._pool, None, True
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _lower_priority() -> None:
-    """In the forecast's process: yield the CPU to the scheduler's own process and the database (the ETA
-    is best effort: on a busy machine a forecast reaches less far within its budget)."""
+# Linux's prctl(2) option: the signal this process gets when the thread that started it ends.
+PR_SET_PDEATHSIG = 1
+# How often the forecast process checks that its parent is still the scheduler (the backstop of the kernel's signal).
+PARENT_CHECK_S = 0.2
+
+
+def _start_forecast_process(scheduler_pid: int) -> None:
+    """In the forecast's process, first: die with the scheduler (``ForecastProcess``), and yield the CPU
+    to the scheduler's own process and the database (the ETA is best effort: on a busy machine a
+    forecast reaches less far within its budget)."""
+    _die_with_parent()
+    if os.getppid() != scheduler_pid:  # the scheduler died before the kernel was asked
+        os._exit(1)
+    threading.Thread(target=_exit_with_parent, args=(scheduler_pid,), name="aryl-forecast-parent",
+                     daemon=True).start()
     os.nice(FORECAST_NICENESS)
+
+
+def _die_with_parent() -> None:
+    """Ask the kernel for SIGKILL when the parent goes (Linux; elsewhere ``_exit_with_parent`` alone)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # no prctl to call: the watching thread still ends the process
+        pass
+
+
+def _exit_with_parent(scheduler_pid: int) -> None:
+    """A thread of the forecast's process: exit at once when the parent is no longer the scheduler (it died
+    and the process was handed to init or a subreaper)."""
+    while os.getppid() == scheduler_pid:
+        time.sleep(PARENT_CHECK_S)
+    os._exit(1)
 
 
 class Forecasts:
