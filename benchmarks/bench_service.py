@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import sqlalchemy as sa
@@ -517,9 +518,80 @@ def list_jobs_latency(ctx: BenchContext) -> None:
             engine.dispose()
 
 
+# ---------------------------------------------------------------------------------------------
+# Benchmark: SubmitJob latency beside many unfiltered event streams
+
+WATCHERS = 2000
+WATCHED_SUBMITS = 300
+WATCHER_PROCESSES = 4  # the streams are read by processes of their own: their decoding is not the scheduler's
+
+
+def _watch_events(address: str, streams: int, opened: Any, stop: Any) -> None:
+    """In a child process: hold ``streams`` unfiltered WatchEvents streams open and read everything."""
+
+    async def main() -> None:
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
+            calls = [stub.WatchEvents(scheduler_pb2.WatchEventsRequest()) for _ in range(streams)]
+
+            async def drain(call: Any) -> None:
+                try:
+                    async for _ in call:
+                        pass
+                except grpc.RpcError as exc:
+                    if exc.code() != grpc.StatusCode.CANCELLED:
+                        log.warning("a watch stream ended: %s %s", exc.code(), exc.details())
+
+            readers = [asyncio.create_task(drain(call)) for call in calls]
+            await asyncio.sleep(1.0)  # the streams are open once their calls started; the scheduler counts them
+            opened.set()
+            await asyncio.to_thread(stop.wait)
+            for call in calls:
+                call.cancel()
+            await asyncio.gather(*readers, return_exceptions=True)
+
+    asyncio.run(main())
+
+
+def submit_beside_watchers(ctx: BenchContext) -> None:
+    """SubmitJob latency (one in flight) with no event stream, then with WATCHERS unfiltered ones (every
+    stream receives every event): the fan-out's cost to submissions. Issue 37 aims at most 2x."""
+    import multiprocessing
+
+    watchers = int(os.environ.get("ARYL_BENCH_WATCHERS", WATCHERS))
+    n = WATCHED_SUBMITS if ctx.sizes is FULL else 60
+    settings = {"ARYL_SERVER__MAX_WATCH_STREAMS": str(watchers + 64),
+                "ARYL_SERVER__MAX_WATCH_STREAMS_PER_CLIENT": str(watchers + 64)}
+    with scratch_database(ctx.admin_url) as url, SchedulerProcess(url, settings) as scheduler:
+        submit_jobs(scheduler.address, job_requests(50, tag="warmup"), 1)
+        alone = submit_jobs(scheduler.address, job_requests(n, tag="alone"), 1)
+        spawn = multiprocessing.get_context("spawn")
+        opened = [spawn.Event() for _ in range(WATCHER_PROCESSES)]
+        stop = spawn.Event()
+        children = [spawn.Process(target=_watch_events, args=(scheduler.address, watchers // WATCHER_PROCESSES,
+                                                              opened[i], stop)) for i in range(WATCHER_PROCESSES)]
+        for child in children:
+            child.start()
+        try:
+            for event in opened:
+                event.wait(SCHEDULER_READY_TIMEOUT_S)
+            watched = submit_jobs(scheduler.address, job_requests(n, tag="watched"), 1)
+        finally:
+            stop.set()
+            for child in children:
+                child.join(30)
+        median_alone = statistics.median(alone.latencies_s) * 1e3
+        emit_figure("submit_job_median_beside_watchers", statistics.median(watched.latencies_s) * 1e3, "ms",
+                    watchers=watchers, jobs=n, latency_p99_ms=percentile_ms(watched.latencies_s, 99),
+                    reference_name="submit_job_median_without_watchers", reference_value=median_alone,
+                    reference_unit="ms", target=2 * median_alone)
+
+
 BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("submit_throughput", submit_throughput,
               "SubmitJob jobs/s over gRPC into PostgreSQL at several in-flight levels, vs Core executemany"),
+    Benchmark("submit_beside_watchers", submit_beside_watchers,
+              "SubmitJob median with 2,000 unfiltered WatchEvents streams open vs none (ARYL_BENCH_WATCHERS)"),
     Benchmark("list_jobs_latency", list_jobs_latency,
               "ListJobs p50/p99 with many jobs stored (first page, by user, deep page), vs the raw SQL page query"),
 )

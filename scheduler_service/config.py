@@ -43,6 +43,17 @@ class ServerConfig(ConfigSection):
         description="WatchEvents and WatchServingPool streams open at once per client (the peer's host, every port "
                     "and connection together); beyond it a new one is refused with RESOURCE_EXHAUSTED",
     )
+    max_watch_streams_per_principal: int = Field(
+        64, gt=0,
+        description="WatchEvents and WatchServingPool streams open at once per authenticated caller (role:name), "
+                    "whatever addresses it connects from; beyond it a new one is refused with RESOURCE_EXHAUSTED "
+                    "(max_watch_streams_per_client counts callers without identities, security.insecure)",
+    )
+    max_watch_streams_reserved: int = Field(
+        64, ge=0,
+        description="the last places of max_watch_streams, kept for routers (WatchServingPool) and admins: users, "
+                    "and callers without identities, are refused RESOURCE_EXHAUSTED once the rest are taken",
+    )
 
 
 def default_database_url() -> str:
@@ -163,6 +174,12 @@ class EventsConfig(ConfigSection):
     watch_buffer: int = Field(
         10000, gt=0,
         description="recent events held in memory for event streams; a stream further behind reads the database",
+    )
+    watch_stream_buffer: int = Field(
+        1000, gt=0,
+        description="events queued for one event stream at most: a stream whose client reads more slowly than "
+                    "events come falls behind, and beyond this it is ended with RESOURCE_EXHAUSTED (it may resume "
+                    "from its last event id) rather than slowing the scheduler or the other streams",
     )
 
     @field_validator("retention_days")

@@ -21,6 +21,7 @@ import asyncio
 import bisect
 import random
 import threading
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -197,27 +198,76 @@ E = TypeVar("E", bound=Identified)
 T = TypeVar("T")
 
 
+class SlowReader(Exception):
+    """A stream fell more than its buffer behind the events meant for it; ``str()`` names the setting."""
+
+
+STREAM_BUFFER_SETTING = "events.watch_stream_buffer (ARYL_EVENTS__WATCH_STREAM_BUFFER)"
+DEFAULT_STREAM_BUFFER = 1000  # as in scheduler_service.config.EventsConfig
+DISPATCH_SLICE = 64  # streams served between two turns of the loop: submissions' callbacks wait behind no more
+
+
+class _Subscriber(Generic[E]):
+    """One live stream of an ``EventFeed``: what the dispatcher queued for it, at most ``limit`` entries."""
+
+    __slots__ = ("limit", "match", "on_overflow", "overflowed", "pending", "waiter")
+
+    def __init__(self, match: Callable[[E], bool], limit: int, on_overflow: Callable[[str], None] | None) -> None:
+        self.match = match
+        self.limit = limit
+        self.on_overflow = on_overflow
+        self.pending: deque[E] = deque()
+        self.overflowed = False
+        self.waiter: asyncio.Future[None] | None = None
+
+    def why(self) -> str:
+        return (f"this stream fell more than {self.limit} events behind (its client reads too slowly) and is ended "
+                f"rather than slowing the scheduler: read faster, filter by job or server, resume from the last "
+                f"event id seen (after_event_id), or raise {STREAM_BUFFER_SETTING}")
+
+    def offer(self, rows: Sequence[E]) -> None:
+        if self.overflowed:
+            return
+        for row in rows:
+            if self.match(row):
+                self.pending.append(row)
+        if len(self.pending) > self.limit:
+            self.overflowed = True
+            self.pending.clear()
+            if self.on_overflow is not None:
+                self.on_overflow(self.why())
+        if (self.pending or self.overflowed) and self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+
 class EventFeed(Generic[E]):
     """Fans the event log's new entries out to every ``WatchEvents`` stream from one read per change.
 
     While at least one stream watches, one reader (a task on the loop) reads the entries after the
     newest it holds (``read_after(after_id, limit)``, on ``executor``) after each wake-up of
-    ``wake`` (published after every commit that appends events), and at least every ``recheck_s``
-    (the slow safety re-check: it covers writes this process was not told about, e.g. by another
-    process on the same database; a missed wake-up delays streams by at most that long). Wake-ups
-    during a read are coalesced into the next read. The last ``capacity`` or so entries stay in
-    memory, where streams filter them (``match``). Each stream waits on one *topic* (e.g. "every
-    event", or one job's), and a read wakes only the streams of the topics its entries belong to
-    (``topics(entry)``): a stream with nothing new costs no database work and no wake-up, however
-    many there are. A stream whose position is older than what memory holds (a replay from
-    ``after_event_id``, or a consumer slower than the buffer) pages through the database by itself
-    (``catch_up``) until it reaches the buffer. With no stream the feed reads nothing and holds
-    nothing; the first stream makes it read the log's newest id."""
+    ``wake`` (published after every commit that appends events: the committing thread only bumps a
+    counter), and at least every ``recheck_s`` (the slow safety re-check: it covers writes this
+    process was not told about, e.g. by another process on the same database; a missed wake-up
+    delays streams by at most that long). Wake-ups during a read are coalesced into the next read.
+
+    The reader is also the *dispatcher*: it queues each new entry on the live streams whose *topic*
+    (e.g. "every event", or one job's) is among the entry's ``topics(entry)`` and whose ``match``
+    takes it, ``DISPATCH_SLICE`` streams per turn of the event loop, so unary calls (SubmitJob's
+    replies) are served between slices however many streams watch. Each stream holds at most
+    ``stream_buffer`` queued entries: a stream further behind (its client reads too slowly) is not
+    waited for; it ends with ``SlowReader`` (and ``on_overflow`` is called at once, so a stream stuck
+    in a send can be ended from outside).
+
+    The last ``capacity`` or so entries stay in memory for streams that start: a stream whose
+    position is older than what memory holds (a replay from ``after_event_id``) pages through the
+    database by itself (``catch_up``) until it reaches memory, then goes live. With no stream the
+    feed reads nothing and holds nothing; the first stream makes it read the log's newest id."""
 
     def __init__(
         self, loop: asyncio.AbstractEventLoop, wake: Signal, *, read_after: Callable[[int, int], Sequence[E]],
         last_id: Callable[[], int], executor: Executor | None, recheck_s: float,
         topics: Callable[[E], Iterable[Hashable]], capacity: int = 10_000, page: int = 500,
+        stream_buffer: int = DEFAULT_STREAM_BUFFER,
     ) -> None:
         self._loop = loop
         self._wake = wake
@@ -228,8 +278,10 @@ class EventFeed(Generic[E]):
         self._capacity = capacity
         self._page = page
         self._topics = topics
-        self._waiting: dict[Hashable, set[asyncio.Future[None]]] = {}  # streams waiting, by topic
+        self.stream_buffer = stream_buffer
+        self._live: dict[Hashable, dict[_Subscriber[E], None]] = {}  # live streams by topic, in arrival order
         self.reads = 0  # database reads by the reader (tests and metrics: one per change, not per stream)
+        self.dropped = 0  # streams ended for falling stream_buffer behind
         self._events: list[E] = []
         self._ids: list[int] = []
         self.floor = 0  # memory holds every entry with floor < id <= head
@@ -242,17 +294,21 @@ class EventFeed(Generic[E]):
     async def watch(
         self, after: int | None, *, topic: Hashable, match: Callable[[E], bool],
         catch_up: Callable[[int, int, int], Awaitable[Sequence[E]]],
+        on_overflow: Callable[[str], None] | None = None,
     ) -> AsyncIterator[E]:
         """Yield the entries with id > ``after`` (None: from now on) that ``match``, in id order, then
         new ones as they are read. Every entry that ``match``es must have ``topic`` among its
         ``topics``. ``catch_up(after_id, upto_id, limit)`` reads up to ``limit`` matching entries
-        with after_id < id <= upto_id from the database, oldest first."""
+        with after_id < id <= upto_id from the database, oldest first. Raises ``SlowReader`` once the
+        stream falls more than ``stream_buffer`` entries behind (``on_overflow(why)`` called first, from
+        the dispatcher)."""
         self.watchers += 1
+        subscriber: _Subscriber[E] = _Subscriber(match, self.stream_buffer, on_overflow)
         try:
             await self._started()
             position = self.head if after is None else after  # every entry <= position was considered
-            while True:
-                if position < self.floor:  # older than memory: page through the database up to it
+            while True:  # the past, from the database and from memory, until nothing is left before head
+                if position < self.floor:
                     upto = self.floor
                     rows = await catch_up(position, upto, self._page)
                     for row in rows:
@@ -263,24 +319,34 @@ class EventFeed(Generic[E]):
                 start = bisect.bisect_right(self._ids, position)
                 fresh = [e for e in self._events[start:] if e.id <= head and match(e)]
                 position = max(position, head)
+                if not fresh:
+                    break
                 for row in fresh:
                     yield row
-                if not fresh:
-                    await self._new_entries(topic)
+            # Live from here: no wait since memory was looked at, so the dispatcher queues every later entry.
+            self._live.setdefault(topic, {})[subscriber] = None
+            pending = subscriber.pending
+            while True:
+                if subscriber.overflowed:
+                    raise SlowReader(subscriber.why())
+                if pending:
+                    row = pending.popleft()
+                    if row.id > position:  # a replayed entry may have been queued too
+                        position = row.id
+                        yield row
+                    continue
+                subscriber.waiter = self._loop.create_future()
+                try:
+                    await subscriber.waiter
+                finally:
+                    subscriber.waiter = None
         finally:
             self.watchers -= 1
-
-    async def _new_entries(self, topic: Hashable) -> None:
-        """Once a read found entries of ``topic``."""
-        waiter = self._loop.create_future()
-        waiting = self._waiting.setdefault(topic, set())
-        waiting.add(waiter)
-        try:
-            await waiter
-        finally:
-            waiting.discard(waiter)
-            if not waiting and self._waiting.get(topic) is waiting:
-                del self._waiting[topic]
+            live = self._live.get(topic)
+            if live is not None:
+                live.pop(subscriber, None)
+                if not live:
+                    del self._live[topic]
 
     async def _started(self) -> None:
         """Once the reader runs and knows the log's newest id (raises what that read raised)."""
@@ -315,7 +381,7 @@ class EventFeed(Generic[E]):
             self._events, self._ids = [], []  # nobody watches: hold nothing
 
     async def _read_new(self) -> bool:
-        """Read what is new; True when held at a gap in the ids (read again soon)."""
+        """Read what is new and dispatch it; True when held at a gap in the ids (read again soon)."""
         while True:
             rows = await self._loop.run_in_executor(self._executor, self._read_after, self.head, self._page)
             self.reads += 1
@@ -329,13 +395,27 @@ class EventFeed(Generic[E]):
                 drop = len(self._events) - self._capacity
                 self.floor = self._ids[drop - 1]
                 del self._events[:drop], self._ids[:drop]
-            touched = {topic for row in rows for topic in self._topics(row)}
-            for topic in touched & self._waiting.keys():
-                for waiter in self._waiting[topic]:
-                    if not waiter.done():
-                        waiter.set_result(None)
+            await self._dispatch(rows)
             if held or len(rows) < self._page:
                 return held
+
+    async def _dispatch(self, rows: Sequence[E]) -> None:
+        """Queue ``rows`` on every live stream of their topics, a slice of streams per turn of the loop."""
+        by_topic: dict[Hashable, list[E]] = {}
+        for row in rows:
+            for topic in self._topics(row):
+                if topic in self._live:
+                    by_topic.setdefault(topic, []).append(row)
+        served = 0
+        for topic, topic_rows in by_topic.items():
+            for subscriber in list(self._live.get(topic, ())):
+                was_overflowed = subscriber.overflowed
+                subscriber.offer(topic_rows)
+                if subscriber.overflowed and not was_overflowed:
+                    self.dropped += 1
+                served += 1
+                if served % DISPATCH_SLICE == 0:
+                    await asyncio.sleep(0)  # let unary calls' callbacks run between slices
 
     def _up_to_a_gap(self, rows: Sequence[E]) -> tuple[Sequence[E], bool]:
         """``rows`` up to the first id missing after ``head``, and whether any were held back.
@@ -470,10 +550,11 @@ class AsyncNotifier:
     def serve_event_log(
         self, read_after: Callable[[int, int], Sequence[E]], last_id: Callable[[], int], executor: Executor | None,
         *, recheck_s: float, topics: Callable[[E], Iterable[Hashable]], capacity: int = 10_000,
+        stream_buffer: int = DEFAULT_STREAM_BUFFER,
     ) -> EventFeed[E]:
         """Start fanning the event log out to watchers, woken by ``events_appended``; as in ``EventFeed``."""
         feed = EventFeed(self._loop, self.events, read_after=read_after, last_id=last_id, executor=executor,
-                         recheck_s=recheck_s, topics=topics, capacity=capacity)
+                         recheck_s=recheck_s, topics=topics, capacity=capacity, stream_buffer=stream_buffer)
         self.event_log = feed
         return feed
 

@@ -1,6 +1,6 @@
 """Watch streams (WatchEvents, WatchServingPool) on a real scheduler over real gRPC: idle streams cost
 no database work of their own (one read per change feeds them all), a change still reaches every
-stream, unary calls still answer, and streams beyond the per-client or total limit are refused with
+stream, unary calls still answer, and streams beyond the per-principal or total limit are refused with
 RESOURCE_EXHAUSTED naming the setting; arylctl's follow mode backs off and retries instead of failing.
 
 Database work is counted as transactions begun on the scheduler's own engine, so nothing else using
@@ -68,6 +68,15 @@ def start_scheduler(database_url: str) -> Iterator[Any]:
         handle.stop()
 
 
+def set_limits(handle: ServerHandle, **limits: int) -> None:
+    """Set the running scheduler's stream limits (``StreamLimits`` attributes, read at each admission),
+    as the ``server.max_watch_streams_*`` settings do at start."""
+    held = handle.service.stream_limits
+    assert held is not None
+    for name, value in limits.items():
+        setattr(held, name, value)
+
+
 def open_streams(handle: ServerHandle) -> int:
     limits = handle.service.stream_limits
     assert limits is not None
@@ -92,7 +101,8 @@ async def _wait(predicate: Any, what: str, timeout: float = 30.0) -> None:
 
 def test_idle_watch_streams_cost_no_database_work_and_a_change_reaches_every_stream(start_scheduler: Any) -> None:
     # Few RPC threads: idle streams must not hold them (the server is asyncio; streams wait on the loop).
-    handle = start_scheduler(server={"worker_threads": 4, "max_watch_streams_per_client": STREAMS + 50})
+    handle = start_scheduler(server={"worker_threads": 4, "max_watch_streams_per_principal": STREAMS + 50})
+    set_limits(handle, per_principal=STREAMS + 50)
     counter = TransactionCounter(handle.service.engine)
 
     async def scenario() -> None:
@@ -166,12 +176,13 @@ def test_streams_filtered_or_replayed_get_exactly_their_events(start_scheduler: 
     asyncio.run(scenario())
 
 
-@pytest.mark.parametrize("limit", ["per_client", "total"])
+@pytest.mark.parametrize("limit", ["per_principal", "total"])
 def test_streams_beyond_a_limit_are_refused_with_resource_exhausted_naming_the_setting(
     start_scheduler: Any, limit: str
 ) -> None:
-    setting = "max_watch_streams_per_client" if limit == "per_client" else "max_watch_streams"
+    setting = f"max_watch_streams_{limit}" if limit == "per_principal" else "max_watch_streams"
     handle = start_scheduler(server={setting: 3})
+    set_limits(handle, **{limit: 3})
 
     async def scenario() -> None:
         async with secure_aio_channel(handle.address) as channel:
@@ -210,7 +221,7 @@ def test_stream_limits_count_a_client_by_host_and_release_places() -> None:
     assert client_of("ipv4:10.0.0.7:51234") == client_of("ipv4:10.0.0.7:40000") == "ipv4:10.0.0.7"
     assert client_of("ipv6:[::1]:4000") == "ipv6:[::1]"
     assert client_of("unix:/tmp/sock") == "unix:/tmp/sock"
-    limits = StreamLimits(per_client=1, total=2)
+    limits = StreamLimits(per_client=1, total=2, reserved=0)
     with limits.admit("ipv4:10.0.0.7:1"):
         with pytest.raises(TooManyStreams, match=r"max_watch_streams_per_client"):
             with limits.admit("ipv4:10.0.0.7:2"):
@@ -227,7 +238,8 @@ def test_stream_limits_count_a_client_by_host_and_release_places() -> None:
 def test_arylctl_follow_backs_off_and_retries_while_the_stream_limit_is_reached(
     start_scheduler: Any, tmp_path: Path
 ) -> None:
-    handle = start_scheduler(server={"max_watch_streams_per_client": 1})
+    handle = start_scheduler(server={"max_watch_streams_per_principal": 1})
+    set_limits(handle, per_principal=1)
     channel = secure_channel(handle.address)
     scheduler = scheduler_pb2_grpc.SchedulerServiceStub(channel)
     holder = scheduler.WatchEvents(scheduler_pb2.WatchEventsRequest())
@@ -240,7 +252,7 @@ def test_arylctl_follow_backs_off_and_retries_while_the_stream_limit_is_reached(
         )
     try:
         wait_for(lambda: "RESOURCE_EXHAUSTED" in stderr.read_text(), timeout=30, what="arylctl's retry note")
-        assert "max_watch_streams_per_client" in stderr.read_text()
+        assert "max_watch_streams_per_principal" in stderr.read_text()
         assert follow.poll() is None, f"arylctl exited: {stderr.read_text()}"
         holder.cancel()  # the place is free: arylctl's next attempt gets the stream
         wait_for(lambda: open_streams(handle) == 1 and follow.poll() is None, timeout=30,
@@ -258,7 +270,8 @@ def test_arylctl_follow_backs_off_and_retries_while_the_stream_limit_is_reached(
 def test_the_router_s_pool_watch_backs_off_and_retries_while_the_stream_limit_is_reached(
     start_scheduler: Any
 ) -> None:
-    handle = start_scheduler(server={"max_watch_streams_per_client": 1})
+    handle = start_scheduler(server={"max_watch_streams_per_principal": 1})
+    set_limits(handle, per_principal=1)
 
     async def scenario() -> None:
         async with secure_aio_channel(handle.address) as channel:
@@ -277,7 +290,7 @@ def test_the_router_s_pool_watch_backs_off_and_retries_while_the_stream_limit_is
                     await _wait(lambda: bool(updates), "the serving pool")
                     watching.cancel()
                     await asyncio.gather(watching, holding, return_exceptions=True)
-            assert any("max_watch_streams_per_client" in str(e.get("error")) for e in logs)
+            assert any("max_watch_streams_per_principal" in str(e.get("error")) for e in logs)
 
     asyncio.run(scenario())
 

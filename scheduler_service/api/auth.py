@@ -7,20 +7,38 @@ that need the request: a job's owner, an agent's own server id (``require_server
 unknown credentials: UNAUTHENTICATED; a role or object not allowed: PERMISSION_DENIED naming what
 was missing. Health checking and reflection stay open (they name no job and change nothing).
 
+Streams (``WatchEvents``, ``WatchServingPool``, the agents' ``WatchDesiredState``) are authorised
+again while they run, not only when they open (``_OpenStreams``): about every ``STREAM_RECHECK_S``
+the token file is looked at (``TokenFile`` reads it again when it changed), and a stream whose token
+no longer names the same principal (revoked, or given another role or name), or whose client
+certificate has expired, ends with UNAUTHENTICATED. Bound: within STREAM_RECHECK_S + the token
+file's check interval (1 s each: about 2 s) of the change or the expiry.
+
 With ``security.insecure`` the interceptor is not installed and ``caller()`` is None: every check
 here then allows (the development mode without identities).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
+import datetime
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Final
 
 import grpc
 import structlog
+from cryptography import x509
 
-from aryl_common.security import AUTH_METADATA_KEY, BEARER, Principal, TokenFile, lookup_token, peer_names
+from aryl_common.security import (
+    AUTH_METADATA_KEY,
+    BEARER,
+    Principal,
+    TokenFile,
+    hash_token,
+    lookup_token,
+    peer_names,
+)
 from scheduler_service.audit import ACTOR
 from scheduler_service.errors import PermissionDenied
 
@@ -72,6 +90,10 @@ METHOD_ROLES: Final[Mapping[str, frozenset[str]]] = {
 }
 OPEN_PREFIXES: Final = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 
+# How often open streams are authorised again (the token file looked at, certificates' expiry checked).
+# A look at an unchanged file is one stat(); a changed file costs one dictionary lookup per open stream.
+STREAM_RECHECK_S: Final = 1.0
+
 
 class Caller:
     """An authenticated call's principal and the names of its client certificate (empty without TLS)."""
@@ -104,6 +126,12 @@ def actor() -> str:
     """``role:name`` of the current call's caller ("" without identities): the event log's ``actor``."""
     who = _CALLER.get()
     return str(who.principal) if who is not None else ""
+
+
+def principal() -> Principal | None:
+    """The current call's principal; None without identities."""
+    who = _CALLER.get()
+    return who.principal if who is not None else None
 
 
 def require_owner(owner: str, what: str) -> None:
@@ -187,7 +215,8 @@ def _details(token_problem: str) -> str:
 class AuthInterceptor(grpc.aio.ServerInterceptor):
     """Authenticates every call but health and reflection, and checks the method's roles."""
 
-    def __init__(self, tokens: Mapping[str, Principal] | TokenFile, *, tls: bool, max_user_priority: int = 100) -> None:
+    def __init__(self, tokens: Mapping[str, Principal] | TokenFile, *, tls: bool, max_user_priority: int = 100,
+                 stream_recheck_s: float = STREAM_RECHECK_S) -> None:
         # A TokenFile is read again when it changes (revocation without a restart); a mapping is fixed.
         if isinstance(tokens, TokenFile):
             self._tokens: Callable[[], Mapping[str, Principal]] = tokens.current
@@ -196,8 +225,10 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             self._tokens = lambda: fixed
         self._tls = tls
         self._max_priority = max_user_priority
+        self.streams = _OpenStreams(self._tokens, stream_recheck_s)
 
-    def _authenticate(self, method: str, context: Any) -> Caller:
+    def _authenticate(self, method: str, context: Any) -> tuple[Caller, str]:
+        """The caller, and the hash of the token it presented."""
         token = ""
         for key, value in context.invocation_metadata() or ():
             if key == AUTH_METADATA_KEY and isinstance(value, str):
@@ -214,7 +245,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                            f"{method.rsplit('/', 1)[-1]} needs role {' or '.join(sorted(roles))}; "
                            f"you are {principal}")
         names = peer_names(context.auth_context()) if self._tls else None
-        return Caller(principal, names, self._max_priority)
+        return Caller(principal, names, self._max_priority), hash_token(token)
 
     async def intercept_service(
         self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
@@ -226,7 +257,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             return handler
         authenticate = self._authenticate
 
-        async def admit(context: Any) -> Caller:
+        async def admit(context: Any) -> tuple[Caller, str]:
             try:
                 return authenticate(method, context)
             except _Refused as refused:
@@ -237,7 +268,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             inner_uu: Any = handler.unary_unary
 
             async def unary_unary(request: Any, context: Any) -> Any:
-                who = await admit(context)
+                who, _ = await admit(context)
                 token, actor_token = _CALLER.set(who), ACTOR.set(str(who.principal))
                 try:
                     return await inner_uu(request, context)
@@ -251,12 +282,35 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         if handler.unary_stream is not None:
             inner_us: Any = handler.unary_stream
 
+            streams = self.streams
+            tls = self._tls
+
             async def unary_stream(request: Any, context: Any) -> AsyncIterator[Any]:
-                who = await admit(context)
+                who, token_hash = await admit(context)
                 _CALLER.set(who)  # this stream's own task: nothing to reset
                 ACTOR.set(str(who.principal))
-                async for item in inner_us(request, context):
-                    yield item
+                stream = streams.opened(method, context, who.principal, token_hash,
+                                        certificate_expiry(context.auth_context()) if tls else None)
+                items = inner_us(request, context)
+                try:
+                    while not stream.ended:
+                        stream.waiting = True  # ending it now may interrupt this wait
+                        try:
+                            item = await anext(items)
+                        except StopAsyncIteration:
+                            return
+                        finally:
+                            stream.waiting = False
+                        if stream.ended:
+                            return  # its status is sent: nothing more goes out
+                        yield item
+                except asyncio.CancelledError:
+                    if stream.ended:
+                        return  # ended by _OpenStreams, which sent its status
+                    raise
+                finally:
+                    streams.closed(stream)
+                    await items.aclose()  # its own clean-up (stream places, watcher counts) now, not at collection
 
             return grpc.unary_stream_rpc_method_handler(
                 unary_stream, request_deserializer=handler.request_deserializer,
@@ -273,3 +327,86 @@ class _Refused(Exception):
     async def abort(self, context: Any, method: str) -> None:
         log.info("call refused", method=method, code=self.code.name, peer=context.peer(), reason=self.message)
         await context.abort(self.code, self.message)
+
+
+def certificate_expiry(auth_context: Mapping[str, Any]) -> float | None:
+    """When the peer's verified client certificate expires (Unix time), or None without one."""
+    pems = auth_context.get("x509_pem_cert") or ()
+    for pem in pems:
+        try:
+            return x509.load_pem_x509_certificate(pem).not_valid_after_utc.timestamp()
+        except ValueError:
+            return None
+    return None
+
+
+class _Stream:
+    __slots__ = ("context", "ended", "expires", "method", "principal", "task", "token_hash", "waiting")
+
+    def __init__(self, method: str, context: Any, principal: Principal, token_hash: str,
+                 expires: float | None) -> None:
+        self.method = method
+        self.context = context
+        self.principal = principal
+        self.token_hash = token_hash
+        self.expires = expires
+        self.task = asyncio.current_task()
+        self.waiting = False  # suspended in the servicer (not in a send): cancelling it ends it there
+        self.ended = False
+
+
+class _OpenStreams:
+    """The open streams' principals, authorised again about every ``recheck_s`` by one task on the loop
+    (while any stream is open; none otherwise). A stream whose token no longer names its principal, or
+    whose certificate has expired, is ended with UNAUTHENTICATED: its status is sent at once, and the
+    servicer's generator is cancelled where it waits (or stops at its next item, if it was sending)."""
+
+    def __init__(self, tokens: Callable[[], Mapping[str, Principal]], recheck_s: float) -> None:
+        self._tokens = tokens
+        self.recheck_s = recheck_s
+        self._open: set[_Stream] = set()
+        self._checker: asyncio.Task[None] | None = None
+        self.ended = 0  # streams ended by a re-check (tests, logs)
+
+    def opened(self, method: str, context: Any, principal: Principal, token_hash: str,
+               expires: float | None) -> _Stream:
+        stream = _Stream(method, context, principal, token_hash, expires)
+        self._open.add(stream)
+        if self._checker is None or self._checker.done():
+            self._checker = asyncio.get_running_loop().create_task(self._recheck())
+        return stream
+
+    def closed(self, stream: _Stream) -> None:
+        self._open.discard(stream)
+
+    async def _recheck(self) -> None:
+        seen = self._tokens()
+        while self._open:
+            await asyncio.sleep(self.recheck_s)
+            tokens = self._tokens()  # read again when the file changed (TokenFile)
+            now = datetime.datetime.now(datetime.UTC).timestamp()
+            changed, seen = tokens is not seen, tokens
+            for stream in list(self._open):
+                if stream.ended:
+                    continue
+                if changed and tokens.get(stream.token_hash) != stream.principal:
+                    await self._end(stream, f"the token of {stream.principal} was revoked or changed in the token "
+                                            "file (security.tokens_file); authenticate again to watch")
+                elif stream.expires is not None and now >= stream.expires:
+                    await self._end(stream, f"the client certificate of {stream.principal} expired; present a "
+                                            "valid certificate to watch")
+
+    async def _end(self, stream: _Stream, reason: str) -> None:
+        stream.ended = True
+        self.ended += 1
+        self._open.discard(stream)
+        log.info("stream ended: no longer authorised", method=stream.method, principal=str(stream.principal),
+                 reason=reason)
+        try:
+            await stream.context.abort(grpc.StatusCode.UNAUTHENTICATED, reason)
+        except grpc.aio.AbortError:
+            pass  # abort raises in its caller; the status went to the client
+        except Exception as exc:  # noqa: BLE001 - the call ended meanwhile: nothing to end
+            log.debug("stream already over", method=stream.method, error=repr(exc))
+        if stream.waiting and stream.task is not None:
+            stream.task.cancel()  # out of its wait; unary_stream returns quietly

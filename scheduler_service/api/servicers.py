@@ -5,7 +5,9 @@ convert the answer.
 Streams wait on in-process fan-outs fed after commits (``scheduler_service.notify``): one read per
 change serves every stream (the event log for WatchEvents, the serving pool for WatchServingPool, a
 server's desired state for WatchDesiredState), so an idle stream costs no database work and holds no
-thread (the server is asyncio). Watch streams are counted per client and in all (``stream_limits``).
+thread (the server is asyncio). Watch streams are counted per principal, per role and in all
+(``stream_limits``); an event stream that falls its buffer behind is ended (RESOURCE_EXHAUSTED), and
+every stream whose caller's token is revoked is ended by ``auth`` (UNAUTHENTICATED).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.protection import explain as explain_protection
 from scheduler_service.core.registry import ReclaimPreviewer
 from scheduler_service.errors import InvalidArgument
-from scheduler_service.notify import AsyncNotifier
+from scheduler_service.notify import AsyncNotifier, SlowReader
 from scheduler_service.records import AdminChange, EventInfo, JobInfo, JobSubmission, QueueSettings
 
 T = TypeVar("T")
@@ -105,6 +107,29 @@ async def refuse_stream(context: Any, exc: TooManyStreams) -> None:
     log.warning("watch stream refused", peer=context.peer(), reason=str(exc))
     await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc),
                         trailing_metadata=((ANSWERED_BY_KEY, "aryl-scheduler"),))
+
+
+class _StreamEnd:
+    """Ends one stream with a status once, from its own task or from outside (a stream stuck in a send
+    to a client that does not read is ended by the event dispatcher)."""
+
+    def __init__(self, context: Any) -> None:
+        self._context = context
+        self.sent = False
+
+    async def send(self, code: grpc.StatusCode, message: str) -> None:
+        if self.sent:
+            return
+        self.sent = True
+        try:
+            await self._context.abort(code, message, trailing_metadata=((ANSWERED_BY_KEY, "aryl-scheduler"),))
+        except grpc.aio.AbortError:
+            pass  # abort raises in its caller; the status went to the client
+        except Exception as exc:  # noqa: BLE001 - the call ended meanwhile
+            log.debug("stream already over", error=repr(exc))
+
+    def send_soon(self, code: grpc.StatusCode, message: str) -> None:
+        asyncio.get_running_loop().create_task(self.send(code, message))
 
 
 class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
@@ -259,13 +284,24 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
                 self.app.views.events_after, after_id, job_id=job_id, server_id=server_id, limit=limit, upto=upto
             )
 
+        end = _StreamEnd(context)
+
+        def too_slow(why: str) -> None:  # from the dispatcher: this stream may be stuck in a send
+            log.warning("slow event stream ended", peer=context.peer(), reason=why)
+            end.send_soon(grpc.StatusCode.RESOURCE_EXHAUSTED, why)
+
         try:
-            with self.stream_limits.admit(context.peer()):
+            with self.stream_limits.admit(context.peer(), auth.principal()):
                 topic = _stream_topic(job_id, server_id)
-                async for row in feed.watch(after, topic=topic, match=match, catch_up=catch_up):
+                async for row in feed.watch(after, topic=topic, match=match, catch_up=catch_up,
+                                            on_overflow=too_slow):
+                    if end.sent:
+                        return
                     yield self._event_message(row)
         except TooManyStreams as exc:
             await refuse_stream(context, exc)
+        except SlowReader as exc:
+            await end.send(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
 
     def _event_message(self, row: EventInfo) -> types_pb2.Event:
         message = self._event_messages.get(row.id)
@@ -552,7 +588,7 @@ class InferenceServicer(_Base, inference_pb2_grpc.InferenceServiceServicer):
         pool = self.notifier.serving_pool
         assert pool is not None, "the service serves the serving pool before streams"
         try:
-            with self.stream_limits.admit(context.peer()):
+            with self.stream_limits.admit(context.peer(), auth.principal()):
                 log.info("serving pool watched", source=source)
                 # One shared read per change (every server state change appends an event), yielded when
                 # the servers changed.

@@ -1,14 +1,24 @@
-"""How many watch streams (``WatchEvents``, ``WatchServingPool``) may be open at once: per client and in all.
+"""How many watch streams (``WatchEvents``, ``WatchServingPool``) may be open at once: per principal,
+per role and in all.
 
 Watches cost the scheduler little each (they wait on in-process wake-ups, ``scheduler_service.notify``,
 and hold no thread while idle: the server is asyncio), but each holds memory, a file descriptor's
-share and a place in every fan-out, so one client must not open an unbounded number. A *client* is
-the peer's host (the address without its port: every connection of one machine counts together),
-and the user a request names where it names one (none of the watch requests does today).
-Agents' ``WatchDesiredState`` streams are not counted: there is one per registered server, and a
+share and a place in every fan-out, so one caller must not take them all. Three limits:
+
+- *per principal* (``server.max_watch_streams_per_principal``): an authenticated caller (``role:name``)
+  counts as one, whatever addresses and connections it opens streams from. Without identities
+  (``security.insecure``) there is no principal, and the caller is its *client*, the peer's host (the
+  address without its port), limited by ``server.max_watch_streams_per_client``.
+- *reserved* (``server.max_watch_streams_reserved``): the last places of the total are kept for routers
+  and admins, so users (and callers without identities) filling every place they may take still leave
+  a router's ``WatchServingPool`` and an admin's watch room.
+- *total* (``server.max_watch_streams``): all watch streams together.
+
+Agents' ``WatchDesiredState`` streams are not counted, so no user can take their place: there is one
+per registered server (each agent may only watch its own server, ``auth.require_server``), and a
 simulated fleet may hold 1,000s from one address.
 
-Beyond a limit a new stream is refused with RESOURCE_EXHAUSTED and a message that names the limit
+Beyond a limit a new stream is refused with RESOURCE_EXHAUSTED and a message that names the limit hit
 and the setting that raises it; clients back off and retry.
 
 Never: block (admission is a counter check on the event loop), or count a stream twice.
@@ -19,9 +29,21 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Final
+
+from aryl_common.security import Principal
 
 PER_CLIENT_SETTING = "server.max_watch_streams_per_client (ARYL_SERVER__MAX_WATCH_STREAMS_PER_CLIENT)"
+PER_PRINCIPAL_SETTING = "server.max_watch_streams_per_principal (ARYL_SERVER__MAX_WATCH_STREAMS_PER_PRINCIPAL)"
+RESERVED_SETTING = "server.max_watch_streams_reserved (ARYL_SERVER__MAX_WATCH_STREAMS_RESERVED)"
 TOTAL_SETTING = "server.max_watch_streams (ARYL_SERVER__MAX_WATCH_STREAMS)"
+
+# The roles that may take the reserved places: the router's serving-pool watch and the admins'.
+RESERVE_ROLES: Final = frozenset({"router", "admin"})
+
+# Defaults, as in ``scheduler_service.config.ServerConfig``.
+DEFAULT_PER_PRINCIPAL = 64
+DEFAULT_RESERVED = 64
 
 
 class TooManyStreams(Exception):
@@ -43,40 +65,56 @@ def client_of(peer: str) -> str:
 
 
 class StreamLimits:
-    """Counts open watch streams per client (and per user, where named) and in all."""
+    """Counts open watch streams per principal (or, without identities, per client) and in all."""
 
-    def __init__(self, *, per_client: int, total: int) -> None:
+    def __init__(self, *, per_client: int, total: int, per_principal: int = DEFAULT_PER_PRINCIPAL,
+                 reserved: int = DEFAULT_RESERVED) -> None:
         self.per_client = per_client
+        self.per_principal = per_principal
         self.total = total
-        self._by_client: Counter[str] = Counter()
+        self.reserved = min(reserved, total)
+        self._by_caller: Counter[str] = Counter()
         self._open = 0
 
     @property
     def open(self) -> int:
         return self._open
 
+    def held_by(self, who: Principal) -> int:
+        """The streams ``who`` holds open now."""
+        return self._by_caller[f"principal {who}"]
+
     @contextmanager
-    def admit(self, peer: str, user: str = "") -> Iterator[None]:
-        """Hold one stream's place while the ``with`` block runs; TooManyStreams when none is left."""
-        keys = [f"client {client_of(peer)}"] + ([f"user {user}"] if user else [])
+    def admit(self, peer: str, who: Principal | None = None) -> Iterator[None]:
+        """Hold one stream's place for ``who`` (None: no identities, counted by ``peer``'s host) while the
+        ``with`` block runs; TooManyStreams naming the limit hit when none is left."""
+        if who is not None:
+            key, cap, what, setting = f"principal {who}", self.per_principal, "the limit per principal", \
+                PER_PRINCIPAL_SETTING
+        else:
+            key, cap, what, setting = f"client {client_of(peer)}", self.per_client, "the limit per client", \
+                PER_CLIENT_SETTING
         if self._open >= self.total:
             raise TooManyStreams(
                 f"the scheduler already serves {self._open} watch streams, its limit; close some or raise "
                 f"{TOTAL_SETTING}"
             )
-        for key in keys:
-            if self._by_client[key] >= self.per_client:
-                raise TooManyStreams(
-                    f"{key} already holds {self._by_client[key]} watch streams, the limit per client; close some "
-                    f"or raise {PER_CLIENT_SETTING}"
-                )
+        may_reserve = who is not None and who.role in RESERVE_ROLES
+        if not may_reserve and self._open >= self.total - self.reserved:
+            raise TooManyStreams(
+                f"the scheduler serves {self._open} watch streams and keeps its last {self.reserved} for routers and "
+                f"admins; close some or raise {TOTAL_SETTING} (or lower {RESERVED_SETTING})"
+            )
+        if self._by_caller[key] >= cap:
+            raise TooManyStreams(
+                f"{key} already holds {self._by_caller[key]} watch streams, {what}; close some or raise {setting}"
+            )
         self._open += 1
-        self._by_client.update(keys)
+        self._by_caller[key] += 1
         try:
             yield
         finally:
             self._open -= 1
-            self._by_client.subtract(keys)
-            for key in keys:
-                if self._by_client[key] <= 0:
-                    del self._by_client[key]
+            self._by_caller[key] -= 1
+            if self._by_caller[key] <= 0:
+                del self._by_caller[key]
