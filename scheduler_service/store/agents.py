@@ -4,7 +4,8 @@
 Reports are the hot path (1,000s of agents, every few seconds): GPU telemetry is one executemany,
 heartbeat and progress columns are written without the row's optimistic version (a report must
 never make a concurrent decision on the same server or job fail as stale), and a report that only
-says the agent converged is one UPDATE.
+says the agent converged is one UPDATE. A full report locks the rows it may change under their
+versions before it reads them (``record_report``): it waits for a rival, and never starves.
 
 Never: commit, or decide more than a report forces: a worker's exit is judged by
 ``worker_outcomes.judge_exits``; where jobs run is the policy's business.
@@ -132,7 +133,17 @@ class AgentStore:
         to its home state."""
         touched: set[str] = set()
         cycle_needed = False
-        server = session.get(m.Server, report.server_id)
+        # The rows this report may change under their versions are locked before they are read, so a
+        # concurrent change makes the report wait, never lose its version check (each loss was one of
+        # CONFLICT_RETRIES, and a multi-worker job's reports kept losing to each other and to the cycle's
+        # applies: ABORTED to the agent). The order is the applier's and a cancel's, jobs (by id) before
+        # servers, so neither waits for the other in a circle. (SQLite has no FOR UPDATE, nor needs it:
+        # its writers run one at a time.)
+        job_ids = sorted({w.job_id for w in report.workers})
+        if job_ids:
+            j = m.JOBS.c
+            session.execute(sa.select(j.id).where(j.id.in_(job_ids)).order_by(j.id).with_for_update())
+        server = session.get(m.Server, report.server_id, with_for_update=True)
         if server is None:
             raise NotFound(f"server {report.server_id} is not registered; register it first")
         if server.admin_state == AdminState.LEFT:

@@ -76,9 +76,9 @@ class Transactions:
 
     def write(self, work: Callable[[Session], T], *, retries: int = CONFLICT_RETRIES) -> T:
         """Run ``work`` in one transaction; retry on an optimistic-concurrency conflict, and when
-        PostgreSQL aborted it to break a deadlock with a concurrent transaction (which then went on:
-        e.g. a status report locks a server, then a job; an apply or a cancel locks jobs, then their
-        servers); once more on a fresh connection when the connection was lost before COMMIT. The
+        PostgreSQL aborted it to break a deadlock with a concurrent transaction (which then went on;
+        the writers lock jobs before servers, as a status report, an apply and a cancel do, so that
+        this stays rare); once more on a fresh connection when the connection was lost before COMMIT. The
         desired states ``stage_desired_states`` staged inside the transaction are handed to
         ``publish`` right after commit (and ``published`` names their servers, so the caller does
         not ask for them again)."""
