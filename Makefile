@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench protos evaluation clean chaos soak soak-ci compose-test
+.PHONY: demo test test-under-load lint bench protos evaluation clean chaos soak soak-ci compose-test
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -20,15 +20,31 @@ demo: $(STAMP)
 # The fault-injection cases in tests/chaos run here in their bounded form; `make chaos` runs the full set.
 # pytest runs in PYTEST_WORKERS processes (pytest-xdist), a test file per process at a time; each process has
 # its own scratch PostgreSQL database (tests/conftest.py). PYTEST_WORKERS=0: one process, as plain `pytest`.
+# Each test fails after 600 s with every thread's stack (pytest-timeout; pyproject.toml). Waits that tests size for an
+# idle machine are multiplied by ARYL_TEST_TIMEOUT_FACTOR (default 1; tests/helpers.py): raise it on a loaded one.
 PYTEST_WORKERS ?= 2
 test: lint
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 	$(MAKE) --no-print-directory soak-ci
 
+# The pytest part of `make test` while LOAD_HOGS busy loops (one per core, at the tests' own priority) keep the CPUs
+# busy, as CI finds the machine right after work stops; waits and per-test limits stretched by LOAD_FACTOR.
+# PYTEST_ARGS narrows it (`make test-under-load PYTEST_ARGS=tests/test_store.py`).
+LOAD_HOGS   ?= $(shell nproc 2>/dev/null || echo 2)
+LOAD_FACTOR ?= 4  # a whole number (the per-test limits are computed by the shell)
+PYTEST_ARGS ?=
+test-under-load: $(STAMP)
+	@hogs=""; for _ in $$(seq $(LOAD_HOGS)); do nice -n 0 $(BIN)/python -c 'while True: pass' & hogs="$$hogs $$!"; done; \
+	trap 'kill $$hogs 2>/dev/null' EXIT INT TERM; \
+	echo "test-under-load: $(LOAD_HOGS) CPU hogs ($$hogs), ARYL_TEST_TIMEOUT_FACTOR=$(LOAD_FACTOR)"; \
+	ARYL_TEST_TIMEOUT_FACTOR=$(LOAD_FACTOR) $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile \
+		--timeout $$((600 * $(LOAD_FACTOR))) -o faulthandler_timeout=$$((600 * $(LOAD_FACTOR) + 60)) $(PYTEST_ARGS)
+
 # Fault injection, full run (100 scheduler kill points, 120 s partitions, ...): tests/chaos with ARYL_CHAOS=full;
 # each run's logs stay in chaos-output/ until the next run.
 chaos: $(STAMP)
-	ARYL_CHAOS=full $(BIN)/python -m pytest -q --basetemp=chaos-output tests/chaos
+	ARYL_CHAOS=full $(BIN)/python -m pytest -q --basetemp=chaos-output --timeout 3600 -o faulthandler_timeout=3660 \
+		tests/chaos
 
 # One hour at the L-scale fleet; figures and a plot under soak-results/. `soak-ci` is its 5-minute form.
 soak: $(STAMP)

@@ -23,6 +23,7 @@ import structlog
 from migrations import upgrade
 from scheduler_service.store.models import Base
 from tests.harness import scheduler_config, scratch_postgres, security_env
+from tests.helpers import TIMEOUT_FACTOR, TIMEOUT_FACTOR_ENV
 
 # A shell runs a background command (`make test &`, a CI step detached from a terminal) with SIGINT
 # ignored, and an ignored signal stays ignored in every process started from it: the tests that stop
@@ -33,6 +34,10 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 # In-process schedulers log through structlog: send it to stderr, never into a command's stdout.
 # (structlog's other defaults stay: no level filter and no logger caching, so capture_logs() works.)
 structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=sys.stderr))
+
+
+def pytest_report_header() -> str:
+    return f"aryl: waits sized for an idle machine x{TIMEOUT_FACTOR:g} ({TIMEOUT_FACTOR_ENV})"
 
 
 @pytest.fixture(scope="session")

@@ -48,6 +48,7 @@ from scheduler_service.core.plan import LoanStep, Reason, ScaleJob, ServerAction
 from scheduler_service.core.snapshot import ClusterSnapshot, DemandView, JobView, ServerView, WorkerView
 from scheduler_service.lifecycle import JobState, Pool, ServerState
 from simulator.model import TraceJob
+from tests.helpers import scaled_timeout
 
 # --------------------------------------------------------------------------------------------------
 # Core values: snapshots for the policies
@@ -377,12 +378,12 @@ def register_fake_server(
                 inference_endpoint=inference_endpoint,
                 logs_address=logs_address,
             ),
-            timeout=10,
+            timeout=scaled_timeout(10),
         )
         if converge:
             agent.ReportStatus(agent_pb2.ReportStatusRequest(
                 server_id=hostname, scheduler_epoch=registered.scheduler_epoch,
-                observed_generation=registered.desired.generation), timeout=5)
+                observed_generation=registered.desired.generation), timeout=scaled_timeout(5))
         return registered
 
 
@@ -398,7 +399,7 @@ def scheduler_stub(address: str) -> tuple[grpc.Channel, scheduler_pb2_grpc.Sched
 
 
 def job_state(stub: scheduler_pb2_grpc.SchedulerServiceStub, job_id: str) -> int:
-    return stub.GetJob(scheduler_pb2.GetJobRequest(job_id=job_id), timeout=5).job.state
+    return stub.GetJob(scheduler_pb2.GetJobRequest(job_id=job_id), timeout=scaled_timeout(5)).job.state
 
 
 # --------------------------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 Standard library only (and ``aryl_common.ports``' free ports): what a test *builds* (domain values, fake
 registrations, job specs, fakes) is in ``tests/harness.py``; this module is about the machine the test
-runs on: polling until a condition holds, finding a free port, finding the processes a test left behind.
+runs on: polling until a condition holds (within a wait that ARYL_TEST_TIMEOUT_FACTOR stretches on a loaded
+machine), finding a free port, finding the processes a test left behind.
 """
 
 from __future__ import annotations
@@ -17,17 +18,43 @@ from aryl_common.ports import free_loopback_port as free_port  # noqa: F401 (tes
 
 T = TypeVar("T")
 
+TIMEOUT_FACTOR_ENV = "ARYL_TEST_TIMEOUT_FACTOR"
+
+
+def _timeout_factor() -> float:
+    text = os.environ.get(TIMEOUT_FACTOR_ENV, "").strip() or "1"
+    try:
+        factor = float(text)
+    except ValueError:
+        factor = 0.0
+    if not factor >= 1:
+        raise ValueError(f"{TIMEOUT_FACTOR_ENV}={text!r}: give a number, 1 (the default) or more")
+    return factor
+
+
+# Every wait a test sizes for an idle machine is multiplied by this: CI on a loaded machine raises it
+# (`make test-under-load`), so that a slow machine makes a test slower, never red. Waits only: a test
+# that checks something happens *within* a bound (a lease's expiry, a reclaim's deadline) keeps its bound.
+TIMEOUT_FACTOR = _timeout_factor()
+
+
+def scaled_timeout(seconds: float) -> float:
+    """A wait of ``seconds`` on an idle machine, as long as this run allows (ARYL_TEST_TIMEOUT_FACTOR)."""
+    return seconds * TIMEOUT_FACTOR
+
 
 def wait_for(predicate: Callable[[], T], *, timeout: float = 10.0, interval: float = 0.05,
              what: str = "condition") -> T:
-    """Poll ``predicate`` until it returns something truthy; fail with ``what`` after ``timeout``."""
+    """Poll ``predicate`` until it returns something truthy; fail with ``what`` after ``timeout``
+    (sized for an idle machine: ``scaled_timeout``)."""
+    timeout = scaled_timeout(timeout)
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
         time.sleep(interval)
 
 
