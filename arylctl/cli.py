@@ -39,6 +39,7 @@ import argparse
 import datetime as dt
 import itertools
 import json
+import math
 import os
 import sys
 import threading
@@ -65,11 +66,14 @@ from arylctl.arrays import ArraySpecError, element_key, parse_array
 from arylctl.client import (
     DEFAULT_ADDRESS,
     RESTART_POLICIES,
+    SUBMIT_ATTEMPTS,
+    SUBMIT_RETRY_S,
     TERMINAL_JOB_STATES,
     ArylClient,
     ArylError,
     DeadlineExceeded,
     NotFound,
+    SubmitRetry,
     Unavailable,
     default_address,
     job_spec_from_mapping,
@@ -99,6 +103,10 @@ EVENTS_RECONNECT_CODES: Final = frozenset({
     grpc.StatusCode.DEADLINE_EXCEEDED,
     grpc.StatusCode.RESOURCE_EXHAUSTED,  # the scheduler's watch-stream limit: a place frees up later
 })
+
+# `submit` retrying a submission (the scheduler restarting): a progress line at the first retry and then
+# at most this often.
+SUBMIT_PROGRESS_EVERY_S: Final = 5.0
 
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
@@ -595,7 +603,12 @@ def cmd_submit(client: ArylClient, args: argparse.Namespace, out: Output) -> int
     warn_of_secrets_in_command(spec.command, out.note)
     if args.array is not None:
         return _submit_array(client, spec, args, out)
-    answer = client.submit(spec, idempotency_key=args.idempotency_key)
+    key = args.idempotency_key or new_idempotency_key()
+    try:
+        answer = client.submit(spec, idempotency_key=key, retry_s=args.retry_for, on_retry=_retry_progress(out))
+    except ArylError as exc:
+        _say_key(key, exc, out)
+        raise
     job = answer.job
     if answer.admission_note:  # the scheduler's feedback on the job's deadline (or its predicted finish)
         late = answer.deadline_status in (types_pb2.DEADLINE_STATUS_WILL_MISS, types_pb2.DEADLINE_STATUS_UNKNOWN)
@@ -606,6 +619,34 @@ def cmd_submit(client: ArylClient, args: argparse.Namespace, out: Output) -> int
         return wait_for_job(client, job.job_id, args, out)
     out.emit(job, lambda: job_summary_table(job))
     return EXIT_OK
+
+
+def _retry_progress(out: Output) -> Callable[[SubmitRetry], None]:
+    """``submit``'s progress line on stderr while a submission is retried (a scheduler restarting)."""
+    said = [-math.inf]
+
+    def progress(retry: SubmitRetry) -> None:
+        if retry.waited_s - said[0] >= SUBMIT_PROGRESS_EVERY_S:  # the first retry, then every few seconds
+            said[0] = retry.waited_s
+            out.note(f"{PROG}: no answer from the scheduler ({retry.error.code.name}); retrying with idempotency key "
+                     f"{retry.idempotency_key} ({retry.waited_s:.0f}s of up to {retry.retry_s:g}s)")
+    return progress
+
+
+# Answers to a submission that say it was not queued: no key to retry with is worth printing.
+_REFUSED: Final = frozenset({
+    grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.NOT_FOUND, grpc.StatusCode.OUT_OF_RANGE,
+})
+
+
+def _say_key(key: str, error: ArylError, out: Output) -> None:
+    """After a submission that may have been queued: the key it was sent with, so that running it again is safe."""
+    if error.code in _REFUSED:
+        return
+    out.note(f"note: the submission was sent with idempotency key {key}; if unsure whether it was queued, run the "
+             f"same command with --idempotency-key {key} (it never queues the job twice)")
 
 
 def warn_of_secrets_in_command(command: Sequence[str], note: Callable[[str], None]) -> None:
@@ -634,7 +675,12 @@ def _submit_array(client: ArylClient, spec: types_pb2.JobSpec, args: argparse.Na
     if len(element_key(base, max(indices))) > 128:
         raise UsageError(f"--idempotency-key is too long for an array: at most {128 - len(str(max(indices))) - 1} "
                          "characters with these indices (each element's key is KEY.INDEX)")
-    jobs = client.submit_jobs([(spec, element_key(base, i)) for i in indices], array_indices=indices)
+    try:
+        jobs = client.submit_jobs([(spec, element_key(base, i)) for i in indices], array_indices=indices,
+                                  retry_s=args.retry_for, on_retry=_retry_progress(out))
+    except ArylError as exc:
+        _say_key(base, exc, out)
+        raise
 
     def table() -> str:
         first = jobs[0]
@@ -1457,9 +1503,15 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--estimated-runtime", type=_non_negative, metavar="SECONDS", help="at min workers")
     submit.add_argument(
         "--idempotency-key", default="", metavar="KEY",
-        help="default: a random one. Per user: submitting again with it returns the job it queued "
-             "(same spec) or is refused naming that job (other spec). An unanswered submit is retried "
-             "with its key, 3 tries in all",
+        help="default: a random one, printed on stderr if the submit fails. Per user: submitting again with "
+             "it returns the job it queued (same spec) or is refused naming that job (other spec), so a "
+             "script may always run a failed submit again with the same key",
+    )
+    submit.add_argument(
+        "--retry-for", type=_non_negative, default=SUBMIT_RETRY_S, metavar="SECONDS",
+        help=f"how long an unanswered submit is retried with its key once the scheduler was reached (a "
+             f"restart, a standby taking over), with a progress line on stderr (default: {SUBMIT_RETRY_S:g}); "
+             f"a scheduler never reached is tried {SUBMIT_ATTEMPTS} times",
     )
 
     jobs = add(

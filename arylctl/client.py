@@ -33,8 +33,11 @@ Usage::
 Methods take keyword arguments and return the protobuf messages of ``protos/aryl/v1`` (read
 ``types.proto`` for the fields). The address defaults to ``$ARYL_SERVER``, else
 ``127.0.0.1:50051``; the addresses of several schedulers sharing one database may be given
-comma-separated (``a:50051,b:50051``): unary calls follow the leader (``docs/ha.md``). Every unary
-call carries a deadline (``timeout``, seconds); event streams
+comma-separated (``a:50051,b:50051``): unary calls follow the leader a standby names, and fail over
+among every address the client knows — those it was given and the leader named — never staying
+with a named leader that stopped answering: on UNAVAILABLE from it the next try goes back to the
+given addresses at once, and a standby naming it again within ``DEAD_LEADER_S`` is not followed
+(``docs/ha.md``). Every unary call carries a deadline (``timeout``, seconds); event streams
 do not, and are cancelled by :meth:`EventStream.cancel`, by leaving a ``with`` block or by
 breaking out of the loop and dropping the stream.
 
@@ -45,7 +48,10 @@ Retries: :meth:`ArylClient.submit_job` is the one call retried here, because it 
 retry: it always sends an idempotency key (a random one when the caller gives none), and the
 scheduler answers a resubmission with the same key and spec with the job the first try queued.
 A submission that failed UNAVAILABLE or DEADLINE_EXCEEDED (the scheduler may or may not have
-queued it) is tried again with the same key, ``SUBMIT_ATTEMPTS`` tries in all by default.
+queued it) is tried again with the same key: ``SUBMIT_ATTEMPTS`` tries when no scheduler was ever
+reached (a wrong address fails fast), and for up to ``SUBMIT_RETRY_S`` once one was (a restart or a
+takeover, which take seconds, is waited out). A submission that fails anyway raises with its key
+(``ArylError.idempotency_key``, and a note on the exception): submitting again with that key is safe.
 
 What this module must never do: decide anything (validation of a spec is the server's job; the
 helpers here only build messages and reject what cannot be expressed in one), or retry any other
@@ -62,7 +68,8 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from queue import Empty, SimpleQueue
 from types import TracebackType
 from typing import Any, Final
@@ -86,6 +93,7 @@ __all__ = [
     "DEFAULT_ADDRESS",
     "MAX_MESSAGE_BYTES",
     "SUBMIT_ATTEMPTS",
+    "SUBMIT_RETRY_S",
     "TERMINAL_JOB_STATES",
     "Aborted",
     "AlreadyExists",
@@ -97,6 +105,7 @@ __all__ = [
     "InvalidArgument",
     "NotFound",
     "OutOfRange",
+    "SubmitRetry",
     "Unavailable",
     "default_address",
     "job_spec",
@@ -113,9 +122,19 @@ SERVER_ENV_VAR: Final = "ARYL_SERVER"
 # Same as the server's default (scheduler_service.config.ServerConfig.max_message_bytes): a
 # ListJobs page of 1000 jobs with long commands and env must not trip gRPC's 4 MiB default.
 MAX_MESSAGE_BYTES: Final = 16 * 1024 * 1024
-# Tries of one submit_job in all when the scheduler is unreachable or does not answer in time,
-# each with the client's timeout, 0.25-0.5 s then 0.5-1 s apart (jittered).
+# Tries of one submit_job in all when no scheduler was ever reached (a wrong address, the scheduler not
+# running), each with the client's timeout, 0.25-0.5 s then 0.5-1 s apart (jittered).
 SUBMIT_ATTEMPTS: Final = 3
+# How long submit_job keeps trying once a scheduler was reached (it may have queued the job and died
+# before answering): a restart takes ~5 s, a standby's takeover a lease (~10 s). Tries 1-2 s apart.
+SUBMIT_RETRY_S: Final = 30.0
+SUBMIT_RETRY_MAX_DELAY_S: Final = 2.0
+# A leader that stopped answering is not followed again, when a standby still names it, for this long:
+# the client stays with the addresses it was given, one of which is about to lead.
+DEAD_LEADER_S: Final = 5.0
+# A channel's reconnect backoff (gRPC's grows to 2 minutes): a scheduler back after a restart is
+# reached at the next try, not after the channel's backoff.
+RECONNECT_BACKOFF_MS: Final = 1000
 # ResourceInfo.resource_type of the job an ALREADY_EXISTS answer to SubmitJob names.
 _JOB_RESOURCE_TYPE: Final = "aryl.v1.Job"
 
@@ -144,6 +163,8 @@ class ArylError(Exception):
         self.message = message
         # The scheduler itself answered with this status (as opposed to gRPC failing to reach it).
         self.from_scheduler = from_scheduler
+        # From a submission: the idempotency key it was sent with (submitting again with it is safe).
+        self.idempotency_key = ""
 
 
 class InvalidArgument(ArylError):
@@ -225,9 +246,39 @@ def _existing_job_id(trailing: Sequence[tuple[str, str | bytes]]) -> str:
     return ""
 
 
+@dataclass(frozen=True, slots=True)
+class SubmitRetry:
+    """A submission about to be tried again (``submit``'s ``on_retry``): what failed, after how long."""
+
+    idempotency_key: str
+    error: ArylError
+    tries: int            # made so far
+    waited_s: float       # since the first failure
+    retry_s: float        # how long the submission is retried in all
+
+
 def new_idempotency_key() -> str:
     """A fresh random idempotency key (what ``submit_job`` sends when given none)."""
     return secrets.token_hex(16)
+
+
+# How gRPC words an UNAVAILABLE call that never had a connection (nothing listening, no such host, TLS refused).
+_NOT_CONNECTED: Final = ("failed to connect", "resolv", "handshake")
+
+
+def _never_connected(exc: grpc.RpcError) -> bool:
+    """Whether the failed call never reached a server (it cannot have been acted on)."""
+    if not isinstance(exc, grpc.Call) or exc.code() != grpc.StatusCode.UNAVAILABLE:
+        return False
+    details = (exc.details() or "").lower()
+    return any(words in details for words in _NOT_CONNECTED)
+
+
+def _with_key(error: ArylError, key: str) -> None:
+    """``error`` of a submission sent with ``key``: the key set on it, and said in a note."""
+    if key and not error.idempotency_key:
+        error.idempotency_key = key
+        error.add_note(f"idempotency key {key!r}: submitting again with it never queues the job twice")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -346,6 +397,10 @@ class ArylClient:
         self._interceptors = tuple(interceptors)
         self._closed = threading.Event()
         self._switch = threading.Lock()
+        # Set once a call of this client got past connecting (answered, or lost on the way): a scheduler
+        # was reached, and a submission is retried for long (``submit``).
+        self._reached = threading.Event()
+        self._unreachable: dict[str, float] = {}  # address -> monotonic time its last call failed to reach it
         self._connect(self._addresses.current)
 
     def _connect(self, address: str) -> None:
@@ -359,6 +414,9 @@ class ArylClient:
                 ("grpc.use_local_subchannel_pool", 1),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_MS),
+                ("grpc.min_reconnect_backoff_ms", RECONNECT_BACKOFF_MS),
+                ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS),
             ],
         )
         calls = grpc.intercept_channel(self._channel, *self._interceptors) if self._interceptors else self._channel
@@ -368,20 +426,38 @@ class ArylClient:
                        for name, method in vars(getattr(self, stub)).items()}
 
     def _follow_leader(self, method: Any, exc: grpc.RpcError) -> Any:
-        """After ``method`` failed UNAVAILABLE: the same method on the scheduler to try next (the leader
-        a standby named, else the next address), or None when there is none to try."""
+        """After ``method`` failed UNAVAILABLE: the same method on the scheduler to try next, or None
+        when there is none to try (``_next_address``)."""
         with self._switch:
             where = self._calls.get(id(method))
             if where is None or self._closed.is_set():
                 return None
             before = self._addresses.current
-            if not leader_hint(exc) and len(self._addresses) < 2:
+            if not (_translate(exc).from_scheduler or leader_hint(exc)):  # not reached: not followed again for a while
+                self._unreachable[before] = time.monotonic()
+            after = self._next_address(exc)
+            if after is None:
                 return None
-            after = self._addresses.after_failure(exc)
             if after != before:
+                self._addresses.current = after
                 self._channel.close()
                 self._connect(after)
             return getattr(getattr(self, where[0]), where[1])
+
+    def _next_address(self, exc: grpc.RpcError) -> str | None:
+        """Where to send a call that ``current`` failed UNAVAILABLE: the leader a standby named (unless it
+        failed to answer in the last ``DEAD_LEADER_S``); else, from a named leader outside the given
+        addresses, the first given one (at once: never pinned to a dead leader); else the next given one."""
+        given, current = self._addresses.all, self._addresses.current
+        hint = leader_hint(exc)
+        failed_at = self._unreachable.get(hint)
+        if hint and hint != current and (failed_at is None or time.monotonic() - failed_at >= DEAD_LEADER_S):
+            return hint
+        if current not in given:
+            return given[0]
+        if len(given) > 1:
+            return given[(given.index(current) + 1) % len(given)]
+        return None
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -407,24 +483,32 @@ class ArylClient:
         tries = len(self._addresses) + 1
         while True:
             try:
-                return method(request, timeout=self.timeout)
+                answer = method(request, timeout=self.timeout)
             except grpc.RpcError as exc:
+                if not _never_connected(exc):
+                    self._reached.set()
                 tries -= 1
                 unavailable = isinstance(exc, grpc.Call) and exc.code() == grpc.StatusCode.UNAVAILABLE
                 method = self._follow_leader(method, exc) if unavailable and tries > 0 else None
                 if method is None:
                     raise _translate(exc) from exc
+            else:
+                self._reached.set()
+                return answer
 
     # -- jobs ----------------------------------------------------------------------------------
 
     def submit_job(
-        self, spec: types_pb2.JobSpec, *, idempotency_key: str = "", attempts: int = SUBMIT_ATTEMPTS
+        self, spec: types_pb2.JobSpec, *, idempotency_key: str = "", attempts: int | None = None,
+        retry_s: float = SUBMIT_RETRY_S, on_retry: Callable[[SubmitRetry], None] | None = None,
     ) -> types_pb2.Job:
         """Queue a job; returns it as recorded (PENDING, with its ``job_id``): ``submit(...).job``."""
-        return self.submit(spec, idempotency_key=idempotency_key, attempts=attempts).job
+        return self.submit(spec, idempotency_key=idempotency_key, attempts=attempts, retry_s=retry_s,
+                           on_retry=on_retry).job
 
     def submit(
-        self, spec: types_pb2.JobSpec, *, idempotency_key: str = "", attempts: int = SUBMIT_ATTEMPTS
+        self, spec: types_pb2.JobSpec, *, idempotency_key: str = "", attempts: int | None = None,
+        retry_s: float = SUBMIT_RETRY_S, on_retry: Callable[[SubmitRetry], None] | None = None,
     ) -> scheduler_pb2.SubmitJobResponse:
         """Queue a job; returns the whole answer: the job as recorded and the scheduler's admission
         feedback (its predicted finish, and whether its deadline looks feasible: ``deadline_status``,
@@ -432,52 +516,69 @@ class ArylClient:
         deadline raises :class:`FailedPrecondition`.
 
         The submission carries ``idempotency_key`` (<= 128 chars), or a fresh random one when it
-        is empty, and is tried up to ``attempts`` times in all, with that same key, while it fails
-        :class:`Unavailable` or :class:`DeadlineExceeded` (each try with the client's timeout):
-        the scheduler answers a resubmission of a job it already queued (same user, key and spec)
-        with that job, so a lost answer never queues the job twice. Keys are per user. Submitting
+        is empty, and is tried again with that same key while it fails :class:`Unavailable` or
+        :class:`DeadlineExceeded` (each try with the client's timeout): ``SUBMIT_ATTEMPTS`` tries
+        while no scheduler was ever reached, else until ``retry_s`` seconds have passed since the
+        first failure (``attempts``, when given, bounds the tries in any case); ``on_retry`` hears
+        of each retry before its wait. The scheduler answers a resubmission of a job it already
+        queued (same user, key and spec) with that job, so a lost answer never queues the job
+        twice. A failure raises with ``idempotency_key`` set on the error. Keys are per user. Submitting
         again with a key the user already used for a different spec raises
         :class:`AlreadyExists`, whose ``job_id`` is the job that holds the key; with the same spec
         it returns that job (as it is now, perhaps running) instead of queueing another.
         """
-        if attempts < 1:
-            raise ValueError(f"attempts must be >= 1, got {attempts}")
         key = idempotency_key or new_idempotency_key()
         request = scheduler_pb2.SubmitJobRequest(spec=spec, idempotency_key=key)
-        backoff = Backoff(1.0, initial_s=0.5)
-        for attempt in range(1, attempts + 1):
+        answer: scheduler_pb2.SubmitJobResponse = self._submitting(
+            lambda: self._unary(self._scheduler.SubmitJob, request), key=key, attempts=attempts, retry_s=retry_s,
+            on_retry=on_retry)
+        return answer
+
+    def _submitting(self, call: Callable[[], Any], *, key: str, attempts: int | None, retry_s: float,
+                    on_retry: Callable[[SubmitRetry], None] | None) -> Any:
+        """``call`` (a submission carrying ``key``) with ``submit``'s retries; a failure raises with the key."""
+        if attempts is not None and attempts < 1:
+            raise ValueError(f"attempts must be >= 1, got {attempts}")
+        backoff = Backoff(SUBMIT_RETRY_MAX_DELAY_S, initial_s=0.5)
+        first_failure: float | None = None
+        tries = 0
+        while True:
+            tries += 1
             try:
-                return self._unary(self._scheduler.SubmitJob, request)
-            except (Unavailable, DeadlineExceeded):
-                if attempt == attempts or self._closed.is_set():
+                return call()
+            except (Unavailable, DeadlineExceeded) as exc:
+                now = time.monotonic()
+                first_failure = now if first_failure is None else first_failure
+                delay = backoff.next_delay()
+                out_of_tries = tries >= (attempts or (math.inf if self._reached.is_set() else SUBMIT_ATTEMPTS))
+                if out_of_tries or self._closed.is_set() or now + delay - first_failure > retry_s:
+                    _with_key(exc, key)
                     raise
-            time.sleep(backoff.next_delay())
-        raise AssertionError("unreachable: the last attempt returns or raises")
+                if on_retry is not None:
+                    on_retry(SubmitRetry(key, exc, tries, now - first_failure, retry_s))
+                time.sleep(delay)
+            except ArylError as exc:
+                _with_key(exc, key)
+                raise
 
     def submit_jobs(
         self, jobs: Sequence[tuple[types_pb2.JobSpec, str]], *, array_indices: Sequence[int] = (),
-        attempts: int = SUBMIT_ATTEMPTS,
+        attempts: int | None = None, retry_s: float = SUBMIT_RETRY_S,
+        on_retry: Callable[[SubmitRetry], None] | None = None,
     ) -> list[types_pb2.Job]:
         """Queue many jobs in one call, all or none (at most 10,000): ``jobs`` are (spec, idempotency
         key) pairs; with ``array_indices`` (one per job) they form one job array. Returns them as
         recorded, in order (the list view: no env). Retried as ``submit_job`` is (give every job a
         key, so a lost answer never queues one twice); a bad spec raises :class:`InvalidArgument`
         naming ``jobs[i]`` and nothing is queued."""
-        if attempts < 1:
-            raise ValueError(f"attempts must be >= 1, got {attempts}")
         request = scheduler_pb2.SubmitJobsRequest(
             jobs=[scheduler_pb2.SubmitJobRequest(spec=spec, idempotency_key=key) for spec, key in jobs],
             array_indices=list(array_indices),
         )
-        backoff = Backoff(1.0, initial_s=0.5)
-        for attempt in range(1, attempts + 1):
-            try:
-                return list(self._unary(self._scheduler.SubmitJobs, request).jobs)
-            except (Unavailable, DeadlineExceeded):
-                if attempt == attempts or self._closed.is_set():
-                    raise
-            time.sleep(backoff.next_delay())
-        raise AssertionError("unreachable: the last attempt returns or raises")
+        answer = self._submitting(lambda: self._unary(self._scheduler.SubmitJobs, request),
+                                  key=jobs[0][1] if jobs else "", attempts=attempts, retry_s=retry_s,
+                                  on_retry=on_retry)
+        return list(answer.jobs)
 
     def cancel_job_array(self, array_job_id: str, *, reason: str = "") -> list[str]:
         """Cancel every job of an array that has not ended; the ids of the jobs cancelled."""

@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 
 from aryl_common.backoff import Backoff
 from aryl_common.channels import LEADER_METADATA_KEY, SchedulerAddresses, leader_hint, scheduler_addresses
-from arylctl.client import ArylClient
+from arylctl.client import ArylClient, Unavailable
 from inference_router.scheduler_link import Retryable, SchedulerLink
 from node_agent.agent import Agent
 from node_agent.config import AgentSection
@@ -410,3 +410,53 @@ def test_a_stream_on_a_leader_that_steps_down_ends_unavailable(ha_db: str) -> No
         assert leader.service.leadership.epoch > epoch
     finally:
         leader.stop()
+
+
+def test_a_client_given_the_standby_alone_fails_over_to_it_when_the_leader_it_was_sent_to_dies(ha_db: str) -> None:
+    """Issue 37, item 5: given one address (a standby), the client followed its hint to the leader and, that
+    leader gone, stayed with it; it must come back to the address it was given (now leading) at once."""
+    config = scheduler_config(ha_db, ha={"lease_s": 2.0, "renew_s": 0.5})
+    first = serve_in_background(config)
+    second = serve_in_background(config)
+    try:
+        assert first.service.leadership is not None and second.service.leadership is not None
+        assert first.service.leadership.leading and not second.service.leadership.leading
+        with ArylClient(second.address, timeout=5) as client:
+            job = client.submit_job(job_spec("ha-follow"))  # via the standby's hint, at the leader
+            epoch = client.get_cluster().scheduler_epoch
+            assert epoch == first.service.leadership.epoch
+
+            first.stop()
+            wait_for(lambda: second.service.leadership.leading, timeout=30, what="the standby to lead")
+            # The next call, not one a minute later: the dead leader is left for the address given.
+            assert client.get_job(job.job_id).job.job_id == job.job_id
+            assert client.get_cluster().scheduler_epoch > epoch
+    finally:
+        second.stop()
+        first.stop()
+
+
+def test_a_standby_naming_a_leader_that_just_failed_is_not_followed_back_to_it(ha_db: str) -> None:
+    """While the standby has not taken over yet it still names the dead leader: the client does not bounce
+    back there (it hears UNAVAILABLE, from the standby), and once the standby leads, it is answered."""
+    config = scheduler_config(ha_db, ha={"lease_s": 3.0, "renew_s": 0.5})
+    first = serve_in_background(config)
+    second = serve_in_background(config)
+    try:
+        assert first.service.leadership is not None and second.service.leadership is not None
+        with ArylClient(second.address, timeout=5) as client:
+            client.get_cluster()  # now at the leader
+            assert client._addresses.current == first.address
+            first.service.leadership.release = lambda: None  # type: ignore[method-assign]  # dies: the lease lapses
+            first.stop()
+            with pytest.raises(Unavailable) as refused:
+                client.get_cluster()
+            if not second.service.leadership.leading:
+                assert "is a standby" in refused.value.message  # the standby's answer, not a dead address's
+            assert client._addresses.current == second.address
+            wait_for(lambda: second.service.leadership.leading, timeout=30, what="the standby to lead")
+            assert client.get_cluster().scheduler_epoch > 0
+            assert client._addresses.current == second.address
+    finally:
+        second.stop()
+        first.stop()

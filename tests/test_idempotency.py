@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
-from arylctl.client import AlreadyExists, ArylClient, DeadlineExceeded, Unavailable
+from arylctl.client import SUBMIT_ATTEMPTS, AlreadyExists, ArylClient, DeadlineExceeded, SubmitRetry, Unavailable
 from migrations import downgrade, upgrade
 from protos.aryl.v1 import scheduler_pb2
 from tests.harness import job_spec, scheduler_stub, scratch_postgres
@@ -220,6 +220,26 @@ def test_an_unreachable_scheduler_is_tried_three_times() -> None:
     assert len(counting.requests) == 3
 
 
+def test_a_reached_scheduler_is_retried_for_the_budget_with_progress_and_the_key_comes_back(scheduler, stub) -> None:
+    # Every answer lost (UNAVAILABLE after the scheduler queued the job): retried past SUBMIT_ATTEMPTS, for
+    # retry_s, always with one key; the error then carries it, and submitting again with it queues nothing.
+    losing = LoseAnswers(lost=1000, code=grpc.StatusCode.UNAVAILABLE)
+    retries: list[SubmitRetry] = []
+    with ArylClient(scheduler.address, timeout=10, interceptors=[losing]) as client, \
+            pytest.raises(Unavailable) as failed:
+        client.submit_job(job_spec("budget", user="ann"), retry_s=10, on_retry=retries.append)
+
+    assert len(losing.requests) > SUBMIT_ATTEMPTS
+    key = failed.value.idempotency_key
+    assert key and {r.idempotency_key for r in losing.requests} == {key}
+    assert [r.tries for r in retries] == list(range(1, len(losing.requests)))
+    assert all(r.waited_s <= 10 and r.idempotency_key == key for r in retries)
+    assert any(key in note for note in getattr(failed.value, "__notes__", []))
+    with ArylClient(scheduler.address, timeout=10) as client:
+        again = client.submit_job(job_spec("budget", user="ann"), idempotency_key=key)
+    assert [j.job_id for j in all_jobs(stub)] == [again.job_id]
+
+
 def test_the_client_reads_the_job_holding_a_key(scheduler) -> None:
     with ArylClient(scheduler.address, timeout=10) as client:
         first = client.submit_job(job_spec("a", user="ann"), idempotency_key="k")
@@ -249,6 +269,19 @@ def test_arylctl_submit_sends_a_key_and_a_resubmission_with_it_returns_the_job(
     assert ctl("--name", "a", "--", "true")["job_id"] != first["job_id"]  # a fresh key each time
     assert ctl("--name", "a", "--idempotency-key", key, "--", "true")["job_id"] == first["job_id"]
     assert len(all_jobs(stub)) == 2
+
+
+def test_arylctl_submit_that_fails_prints_the_key_to_retry_with(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "--server", f"127.0.0.1:{free_port()}", "submit", "--name", "a", "--", "true")
+
+    assert code == 3
+    assert "--idempotency-key " in err
+    key = err.split("--idempotency-key ")[1].split()[0]
+    assert len(key) == 32, err  # the key it made up and sent
+
+    code, _, err = run(capsys, "--server", f"127.0.0.1:{free_port()}", "submit", "--idempotency-key", "mine",
+                       "--name", "a", "--", "true")
+    assert "--idempotency-key mine" in err
 
 
 # --------------------------------------------------------------------------------------------------
