@@ -38,7 +38,7 @@ from protos.aryl.v1 import types_pb2
 from scheduler_service.server import ServerHandle, serve_in_background
 from tests.chaos.invariants import MARKER_ENV, SERVER_ENV
 from tests.harness import daemon_env, job_spec, scheduler_config, scratch_postgres, secure_channel, security_env
-from tests.helpers import free_port, processes_mentioning, wait_for
+from tests.helpers import TIMEOUT_FACTOR, free_port, processes_mentioning, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEDULER_BIN = Path(sys.executable).parent / "aryl-scheduler"
@@ -113,7 +113,7 @@ class RetryingClient:
 
     def call(self, do: Callable[[ArylClient], object], *, give_up: Callable[[], bool] = lambda: False) -> object:
         """``do`` until it is answered; ``GaveUp`` as soon as ``give_up()`` holds after a failure."""
-        for _ in range(600):
+        for _ in range(round(600 * TIMEOUT_FACTOR)):  # ~a minute of refusals, longer on a loaded machine
             try:
                 return do(self._client)
             except RETRYABLE as exc:
@@ -123,7 +123,7 @@ class RetryingClient:
                     self._client.close()
                     self._client = ArylClient(self.address, timeout=5)
                 time.sleep(0.1)
-        raise AssertionError("the scheduler did not answer for a minute")
+        raise AssertionError("the scheduler did not answer for a minute (times ARYL_TEST_TIMEOUT_FACTOR)")
 
     def submit(self, spec: types_pb2.JobSpec, key: str, *, give_up: Callable[[], bool] = lambda: False) -> str:
         job = self.call(lambda c: c.submit_job(spec, idempotency_key=key, attempts=1), give_up=give_up)

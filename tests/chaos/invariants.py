@@ -33,6 +33,8 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
+from tests.helpers import scaled_timeout
+
 # Set in an agent's environment (its workers inherit it): the test's marker, and the agent's server id.
 MARKER_ENV = "ARYL_CHAOS_MARKER"
 SERVER_ENV = "ARYL_CHAOS_SERVER"
@@ -189,8 +191,11 @@ def wait_workers_match(db_url: str, marker: str, *, servers: Collection[str] | N
                        timeout: float = 30.0, interval: float = 0.1) -> set[Worker]:
     """Wait until the agents (marked ``marker``) run exactly the workers the database wants on
     ``servers`` (None: every server) and each such server reports its desired generation applied;
-    returns the workers. ``timeout`` bounds the wait (a few report intervals after recovery; its
-    length is never asserted). Fails with both sides and their differences."""
+    returns the workers. ``timeout`` bounds the wait (a few report intervals after recovery, on an idle
+    machine: ``scaled_timeout``; its length is never asserted). Fails with both sides and their differences.
+    A match returns at once: a caller that killed a worker waits until it is gone from ``live_workers``
+    before it asks, or this may still see the dying process."""
+    timeout = scaled_timeout(timeout)
     deadline = time.monotonic() + timeout
     while True:
         wanted = database_workers(db_url, servers)
@@ -200,7 +205,7 @@ def wait_workers_match(db_url: str, marker: str, *, servers: Collection[str] | N
         if time.monotonic() > deadline:
             jobs = {w.job_id for w in wanted ^ running}
             raise AssertionError(
-                f"workers do not match the database after {timeout}s:\n"
+                f"workers do not match the database after {timeout:g}s:\n"
                 f"  wanted, not running: {sorted(wanted - running)}\n"
                 f"  running, not wanted: {sorted(running - wanted)}\n" + _diagnosis(db_url, jobs))
         time.sleep(interval)

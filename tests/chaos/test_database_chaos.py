@@ -229,8 +229,14 @@ def test_the_invariants_catch_what_they_claim_to(inprocess_cluster: InProcessClu
 
     victim = next(iter(live_workers(cluster.marker)))
     assert victim in running
-    for pid in _worker_pids(cluster.marker, victim.job_id):
+    pids = _worker_pids(cluster.marker, victim.job_id)
+    assert pids, f"no process of {victim}"
+    for pid in pids:
         os.kill(pid, signal.SIGKILL)
+    # A SIGKILLed process lives on until the kernel runs it again to end it: on a loaded machine, long enough
+    # for the check below to see it and match at once ("DID NOT RAISE"). So wait until it is gone first;
+    # nothing starts it again (the scheduler is stopped), so from then on the check can only fail.
+    wait_for(lambda: victim not in live_workers(cluster.marker), timeout=CATCH_UP_S, what=f"{victim} gone")
     with pytest.raises(AssertionError, match="wanted, not running"):
         wait_workers_match(cluster.url, cluster.marker, timeout=1.0)
 
