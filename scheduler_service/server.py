@@ -181,6 +181,10 @@ class SchedulerService:
         # The port first, then the database, and only then the term: a start that cannot serve
         # (address taken) or cannot reach its database fails before it writes SCHEDULER_STARTED.
         server = self._bind_server()
+        # The lease is renewed on a thread of its own from the moment it is taken: what follows (the
+        # solvers' warm-up, setting up the services) may take longer than a lease on a loaded machine.
+        lease_stop = threading.Event()
+        lease_thread: threading.Thread | None = None
         try:
             self.metrics_endpoint = serve_metrics(self.metrics.registry, cfg.metrics)
             with reaching_database(cfg.database.url):
@@ -200,9 +204,13 @@ class SchedulerService:
                     leadership = self.leadership = self._leadership(app, loop)
                     await asyncio.to_thread(leadership.step)  # alone, or restarted on its address: leads at once
                     epoch = leadership.epoch
+                    lease_thread = threading.Thread(target=leadership.run, args=(lease_stop,), name="aryl-lease",
+                                                    daemon=True)
+                    lease_thread.start()
                 else:
                     epoch = await asyncio.to_thread(app.term.start, socket.gethostname())
         except BaseException:
+            await self._stop_lease(lease_stop, lease_thread)
             self._close_policy()
             await server.stop(None)  # gives the port back
             if self.metrics_endpoint is not None:
@@ -211,7 +219,11 @@ class SchedulerService:
             if self.leadership is not None:
                 self.leadership.close()
             raise
-        await asyncio.to_thread(warm_up_solvers)  # the first cycle must not pay numba's compile time
+        try:
+            await asyncio.to_thread(warm_up_solvers)  # the first cycle must not pay numba's compile time
+        except BaseException:
+            await self._stop_lease(lease_stop, lease_thread)
+            raise
         if self._tune_gc:
             tune_garbage_collector()
         executor = ThreadPoolExecutor(max_workers=cfg.server.worker_threads, thread_name_prefix="aryl-rpc")
@@ -274,12 +286,6 @@ class SchedulerService:
         cycle_task = asyncio.create_task(self._cycle_loop(cycle, notifier, cycle_thread, forecasts, forecast_thread))
         liveness_task = asyncio.create_task(self._liveness_loop(app.liveness, executor))
         retention_task = asyncio.create_task(self._retention_loop(app.retention, executor))
-        lease_stop = threading.Event()
-        lease_thread = None
-        if self.leadership is not None:
-            lease_thread = threading.Thread(target=self.leadership.run, args=(lease_stop,), name="aryl-lease",
-                                            daemon=True)
-            lease_thread.start()
         log.info("scheduler started", listen=cfg.server.listen, port=self.port, epoch=epoch,
                  role="leader" if self._leading() else "standby", policy=self.policy.name,
                  database=self.engine.url.render_as_string(hide_password=True))
@@ -298,9 +304,7 @@ class SchedulerService:
             except asyncio.CancelledError:
                 pass
         if self.leadership is not None and lease_thread is not None:
-            lease_stop.set()
-            await asyncio.to_thread(lease_thread.join)
-            await asyncio.to_thread(self.leadership.release)  # nothing writes any more: a standby may lead now
+            await self._stop_lease(lease_stop, lease_thread)
             self.leadership.close()
         await log_reader.close()
         submissions.close()
@@ -317,6 +321,14 @@ class SchedulerService:
             self.metrics_endpoint.close()
         self.engine.dispose()
         log.info("scheduler stopped")
+
+    async def _stop_lease(self, stop: threading.Event, thread: threading.Thread | None) -> None:
+        """End the lease thread and let the lease lapse now (nothing writes any more: a standby may lead)."""
+        if self.leadership is None or thread is None:
+            return
+        stop.set()
+        await asyncio.to_thread(thread.join)
+        await asyncio.to_thread(self.leadership.release)
 
     def _close_policy(self) -> None:
         """Stop what the policy runs beside the cycles (``dl2``'s online learning thread), once no cycle runs."""
