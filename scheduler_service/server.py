@@ -236,11 +236,13 @@ class SchedulerService:
         watch_reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aryl-watch")
         notifier.serve_event_log(lambda after, limit: app.views.events_after(after, limit=limit),
                                  app.views.last_event_id, watch_reader, recheck_s=cfg.events.watch_recheck_s,
-                                 topics=event_topics, capacity=cfg.events.watch_buffer)
+                                 topics=event_topics, capacity=cfg.events.watch_buffer,
+                                 stream_buffer=cfg.events.watch_stream_buffer)
         notifier.serve_serving_pool(app.inference.serving_pool, watch_reader, recheck_s=cfg.events.watch_recheck_s,
                                     key=lambda pool: pool[1])
-        stream_limits = self.stream_limits = StreamLimits(per_client=cfg.server.max_watch_streams_per_client,
-                                                          total=cfg.server.max_watch_streams)
+        stream_limits = self.stream_limits = StreamLimits(
+            per_client=cfg.server.max_watch_streams_per_client, total=cfg.server.max_watch_streams,
+            per_principal=cfg.server.max_watch_streams_per_principal, reserved=cfg.server.max_watch_streams_reserved)
         submissions = GroupCommitter(app.jobs.submit_many, max_batch=256, name="aryl-submit")
         cancellations = GroupCommitter(app.jobs.cancel_many, max_batch=256, name="aryl-cancel")
         # The ETA forecast after cycles, on a thread of its own (``app.forecast``); what-if on request.
