@@ -136,9 +136,9 @@ class AgentStore:
         # The rows this report may change under their versions are locked before they are read, so a
         # concurrent change makes the report wait, never lose its version check (each loss was one of
         # CONFLICT_RETRIES, and a multi-worker job's reports kept losing to each other and to the cycle's
-        # applies: ABORTED to the agent). The order is the applier's and a cancel's, jobs (by id) before
-        # servers, so neither waits for the other in a circle. (SQLite has no FOR UPDATE, nor needs it:
-        # its writers run one at a time.)
+        # applies: ABORTED to the agent). Jobs first (by id, as a cancel takes them), then the server: the
+        # order in which the applier and a cancel take them too, so that none waits for another in a
+        # circle. (SQLite has no FOR UPDATE, nor needs it: its writers run one at a time.)
         job_ids = sorted({w.job_id for w in report.workers})
         if job_ids:
             j = m.JOBS.c
