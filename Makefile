@@ -29,9 +29,9 @@ test: lint
 
 # The pytest part of `make test` while LOAD_HOGS busy loops (one per core, at the tests' own priority) keep the CPUs
 # busy, as CI finds the machine right after work stops; waits and per-test limits stretched by LOAD_FACTOR.
-# PYTEST_ARGS narrows it (`make test-under-load PYTEST_ARGS=tests/test_store.py`).
+# PYTEST_ARGS narrows it (`make test-under-load PYTEST_ARGS=tests/test_store.py`). LOAD_FACTOR: a whole number.
 LOAD_HOGS   ?= $(shell nproc 2>/dev/null || echo 2)
-LOAD_FACTOR ?= 4  # a whole number (the per-test limits are computed by the shell)
+LOAD_FACTOR ?= 4
 PYTEST_ARGS ?=
 test-under-load: $(STAMP)
 	@hogs=""; for _ in $$(seq $(LOAD_HOGS)); do nice -n 0 $(BIN)/python -c 'while True: pass' & hogs="$$hogs $$!"; done; \
