@@ -46,6 +46,7 @@ Pure: no I/O, no wall clock; deterministic for a given snapshot.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -88,6 +89,7 @@ from scheduler_service.core.snapshot import ClusterSnapshot, JobView, ServerView
 from scheduler_service.core.throughput import JobEstimate, ThroughputModel, estimate
 from scheduler_service.lifecycle import JobState, Pool, ServerState
 from scheduler_service.policies.qos import predicted_remaining
+from scheduler_service.solvers.knapsack import MAX_OPTIONS as _MAX_OPTIONS
 from scheduler_service.solvers.knapsack import solve_knapsack
 from scheduler_service.solvers.reclaim import ReclaimInstance, reclaim_greedy, reclaim_most_recent_first
 
@@ -154,6 +156,7 @@ class _Cycle:
     pending: list[KeepPending] = field(default_factory=list)
     reserved: frozenset[str] = frozenset()
     reserved_for: int | None = None
+    reserved_until: float = 0.0  # when the reserved servers' jobs are estimated to have ended (``_reserve``)
     server_gpus: list[int] | None = None  # GPUs of each server the policy may place on (``_unplaceable``)
     # ``core.fit.never_fits`` over ``server_gpus`` per gang shape (GPUs per worker, workers): it walks every
     # server, and a long queue holds 10,000s of jobs of a few shapes.
@@ -178,6 +181,11 @@ class _Cycle:
     # ``_protected_pending``'s text of each ``blocked_by`` group, by the group's id (the groups live in
     # ``blocked_by`` as long as the cycle, so no id is reused meanwhile).
     shield_texts: dict[int, str] = field(default_factory=dict)
+    # The joint sizing's answer (``_joint_sizing``; None: the policy does not size jointly): the queued jobs
+    # it admits this cycle, by job id, with the workers it sized them at; and the queued jobs it weighed
+    # and left waiting, with why (step 1 starts none of those unless it starves).
+    admitted: dict[int, int] | None = None
+    deferred: dict[int, str] = field(default_factory=dict)
 
     def training_capable(self, server_id: str) -> bool:
         return self.server_state[server_id] in _TRAINING_CAPABLE
@@ -386,8 +394,9 @@ class ArylPolicy:
     fitted model are decided exactly as without it."""
 
     def __init__(self, name: str, params: PolicyParams, *, loaning: bool, elastic: bool,
-                 naive_reclaim: bool = False, goodput: bool = False) -> None:
+                 naive_reclaim: bool = False, goodput: bool = False, joint: bool = False) -> None:
         self.name = name
+        self.joint = joint and elastic
         self.params = params
         self.loaning = loaning
         self.elastic = elastic
@@ -412,6 +421,8 @@ class ArylPolicy:
             cycle.loan_note = LoanNote(Reason.NOT_LOANED_BY_POLICY,
                                        f"policy {self.name!r} never loans inference servers to training")
         cycle.rebuild_capacity()
+        if self.joint:
+            _joint_sizing(cycle)
         self._base_demands(cycle)
         if self.elastic:
             self._elastic_extras(cycle)
@@ -603,7 +614,7 @@ class ArylPolicy:
 
         def order(job: JobView) -> tuple[bool, int, float, float, int]:
             gpu_time = cycle.estimate(job).remaining_gpu_time(job.min_workers, job.gpus_per_worker)
-            return (not starving(job), -job.priority, gpu_time, job.submitted_at, job.job_id)
+            return (not starving(job) and not self.joint, -job.priority, gpu_time, job.submitted_at, job.job_id)
 
         quota = cycle.quota = _ledger(cycle, {})
         waiting_before: JobView | None = None
@@ -623,6 +634,7 @@ class ArylPolicy:
                 return None
             return _Waited(_kind(job), len(cycle.starts), len(cycle.preemptions), cycle.reserved, reason, message)
 
+        later: list[JobView] = []  # deferred by the joint sizing (``_joint_sizing``): after the others
         for job in quota.order(snap.pending_jobs(), order):  # quota first, classes, fair share (core.quota)
             if (last_wait is not None and last_wait.kind == _kind(job) and last_wait.starts == len(cycle.starts)
                     and last_wait.preemptions == len(cycle.preemptions) and last_wait.reserved is cycle.reserved
@@ -630,6 +642,9 @@ class ArylPolicy:
                 cycle.pending.append(KeepPending(job.job_id, last_wait.reason, last_wait.message))
                 continue
             last_wait = None
+            if job.job_id in cycle.deferred:
+                later.append(job)
+                continue
             verdict = quota.check(job, job.min_workers * job.gpus_per_worker)
             if not verdict.allowed:  # its queue may not take the GPUs: it waits without holding others up,
                 # unless lower classes of its own queue give way (their GPUs count against the same quota)
@@ -644,12 +659,12 @@ class ArylPolicy:
                 cycle.starts.append(StartJob(job.job_id, workers, Reason.PLACED, _placed(workers)))
                 cycle.running[job.job_id] = _Job(job, list(workers))
                 continue
-            workers = cycle.capacity.place_gang(job, job.min_workers, pools=TRAINING_FIRST,
-                                                exclude=cycle.reserved)
+            exclude = _exclusion(cycle, job)
+            workers = cycle.capacity.place_gang(job, job.min_workers, pools=TRAINING_FIRST, exclude=exclude)
             if workers is None and not any(
                 g <= job.gpus_per_worker and n <= job.min_workers for g, n in no_fit
             ):
-                workers = self._place_over_extras(cycle, job)
+                workers = self._place_over_extras(cycle, job, exclude)
                 if workers is None:
                     no_fit.append((job.gpus_per_worker, job.min_workers))
             victims = quota.has_victims(job)
@@ -682,6 +697,33 @@ class ArylPolicy:
                                 f"{', '.join(sorted(cycle.reserved))} are reserved for it")
             cycle.pending.append(_protected_pending(cycle, job, reason, message))
             last_wait = waited(job, victims, reason, message)
+        if later:
+            self._start_deferred(cycle, later)
+
+    def _start_deferred(self, cycle: _Cycle, later: list[JobView]) -> None:
+        """The joint sizing's deferred jobs, in the queue's order, after every other: the GPUs it admitted
+        jobs for that then did not fit (their gangs found no room on the servers, where the sizing counts
+        GPUs) go to these on free GPUs, so no GPU the sizing gave out idles. The rest wait, saying why."""
+        admitted = cycle.admitted or {}
+        started = {s.job_id for s in cycle.starts}
+        views = {j.job_id: j for j in cycle.snapshot.pending_jobs() if j.job_id in admitted}
+        budget = sum(v.min_workers * v.gpus_per_worker for job_id, v in views.items() if job_id not in started)
+        quota = cycle.quota
+        assert quota is not None
+        for job in later:
+            need = job.min_workers * job.gpus_per_worker
+            workers = None
+            if need <= budget and quota.check(job, need).allowed:
+                workers = cycle.capacity.place_gang(job, job.min_workers, pools=TRAINING_FIRST,
+                                                    exclude=_exclusion(cycle, job))
+            if workers is None:
+                cycle.pending.append(KeepPending(job.job_id, Reason.WAITING_FOR_GANG, cycle.deferred[job.job_id]))
+                continue
+            budget -= need
+            quota.charge(job, need)
+            cycle.starts.append(StartJob(job.job_id, workers, Reason.BACKFILLED, _placed(workers) + (
+                "; backfilled on GPUs the joint sizing gave jobs whose gangs did not fit")))
+            cycle.running[job.job_id] = _Job(job, list(workers))
 
     def _unplaceable(self, cycle: _Cycle, job: JobView) -> tuple[Reason, str]:
         """Why a queued job's gang is not placed this cycle: CANNOT_FIT when it would not fit even on
@@ -701,7 +743,8 @@ class ArylPolicy:
             return Reason.CANNOT_FIT, f"can never fit the servers registered now: {why}"
         return cycle.capacity.explain_unplaceable(job, job.min_workers)
 
-    def _place_over_extras(self, cycle: _Cycle, job: JobView) -> tuple[WorkerPlacement, ...] | None:
+    def _place_over_extras(self, cycle: _Cycle, job: JobView, exclude: frozenset[str]
+                           ) -> tuple[WorkerPlacement, ...] | None:
         """Place a gang on free GPUs plus those of other jobs' extra workers, scaling those in. Extras of
         a job in its protection window stay (``core.protection``); when only they would have made room,
         the job's pending reason says so (``cycle.blocked_by``)."""
@@ -715,10 +758,10 @@ class ArylPolicy:
             return None
         trial = cycle.capacity.copy()
         trial.release_many((w.server_id, w.gpu_indices) for _, w in extras)
-        placed = trial.place_gang(job, job.min_workers, pools=TRAINING_FIRST, exclude=cycle.reserved)
+        placed = trial.place_gang(job, job.min_workers, pools=TRAINING_FIRST, exclude=exclude)
         if placed is None and shielded:
             trial.release_many((w.server_id, w.gpu_indices) for _, w in shielded)
-            if trial.place_gang(job, job.min_workers, pools=TRAINING_FIRST, exclude=cycle.reserved) is not None:
+            if trial.place_gang(job, job.min_workers, pools=TRAINING_FIRST, exclude=exclude) is not None:
                 starving = cycle.snapshot.now - job.submitted_at >= cycle.params.starvation_s
                 mechanism = Mechanism.STARVATION if starving else Mechanism.BASE_DEMAND
                 cycle.blocked_by.setdefault(job.job_id, []).append(
@@ -813,14 +856,27 @@ class ArylPolicy:
         return placed
 
     def _reserve(self, cycle: _Cycle, job: JobView) -> frozenset[str]:
-        """Servers that together could hold the job's gang once their workers finish."""
-        slots, chosen = 0, []
-        for s in sorted(cycle.capacity.servers.values(), key=lambda s: (-len(s.gpu_indices), s.server_id)):
+        """Servers that together could hold the job's gang once their workers finish: those whose jobs are
+        estimated to end soonest (a job's elastic extras count as free: the gang may take them), training
+        servers before loaned ones, so that the reservation idles as few GPUs as briefly as it can. Sets
+        ``cycle.reserved_until``: queued jobs estimated to finish by then may still use those servers
+        (``_exclusion``)."""
+        ends: dict[str, float] = {}
+        for other in cycle.running.values():
+            left = cycle.estimate(other.view).remaining_time(len(other.workers))
+            for w in other.workers[: other.view.min_workers]:
+                ends[w.server_id] = max(ends.get(w.server_id, 0.0), left)
+        slots, chosen, until = 0, [], 0.0
+        for s in sorted(cycle.capacity.servers.values(),
+                        key=lambda s: (ends.get(s.server_id, 0.0), s.pool != Pool.TRAINING, -len(s.gpu_indices),
+                                       s.server_id)):
             usable = len(s.gpu_indices) - len(s.unhealthy_gpus)
             if usable >= job.gpus_per_worker:
                 chosen.append(s.server_id)
                 slots += usable // job.gpus_per_worker
+                until = max(until, ends.get(s.server_id, 0.0))
             if slots >= job.min_workers:
+                cycle.reserved_until = cycle.snapshot.now + until
                 return frozenset(chosen)
         return frozenset()
 
@@ -874,6 +930,7 @@ class ArylPolicy:
                  for j, n in zip(jobs, counts, strict=True)]
         weights, values = [], []
         restart = p.restart_cost_s
+        started = {start.job_id for start in cycle.starts}
         rows: dict[tuple[int, int], list[int]] = {}  # weights by (gpus per worker, count): few distinct
         for job, count, gain in zip(jobs, counts, gains, strict=True):
             current, per_worker = len(job.workers) - job.view.min_workers, job.view.gpus_per_worker
@@ -884,10 +941,16 @@ class ArylPolicy:
             if row is None:
                 row = rows[(per_worker, count)] = [k * per_worker for k in range(1, count + 1)] + [0] * padding
             weights.append(row)
-            value = [g + shift if k == current else g + shift - restart for k, g in enumerate(gain, 1)]
             bonus = _deadline_bonus(cycle, job, count)  # a worker that saves a deadline is worth more
-            if bonus is not None:
-                value = [v + b for v, b in zip(value, bonus, strict=True)]
+            if self.joint:  # the joint sizing's completion rates (a job started this cycle: no resize)
+                fresh = job.view.job_id in started
+                rates = completion_rates(cycle.estimate(job.view), job.view.min_workers, count,
+                                         -1 if fresh else len(job.workers), restart)
+                value = [r - rates[0] + b for r, b in zip(rates[1:], _rate_bonus(bonus, rates), strict=True)]
+            else:
+                value = [g + shift if k == current else g + shift - restart for k, g in enumerate(gain, 1)]
+                if bonus is not None:
+                    value = [v + b for v, b in zip(value, bonus, strict=True)]
             values.append(value + [-1.0] * padding)
         solution = solve_knapsack(np.array(weights, np.int64), np.array(values, np.float64),
                                   np.array(counts, np.int64), capacity)
@@ -895,8 +958,8 @@ class ArylPolicy:
         choice = solution.choice.tolist()
         targets = {job.view.job_id: choice[g] for g, job in enumerate(jobs)}
         value_per_gpu = {  # of the chosen option
-            job.view.job_id: gain[target - 1] / (target * job.view.gpus_per_worker) if target > 0 else 0.0
-            for job, gain, target in zip(jobs, gains, choice, strict=True)
+            job.view.job_id: value[target - 1] / (target * job.view.gpus_per_worker) if target > 0 else 0.0
+            for job, value, target in zip(jobs, values, choice, strict=True)
         }
         kept: dict[int, list[_Worker]] = {}
         for job in jobs:
@@ -1005,6 +1068,136 @@ class ArylPolicy:
         return scales
 
 
+# -- the joint sizing (step 1's admissions and step 2's values) -------------------------------------
+
+# Lexicographic tiers of the joint sizing, far above any completion rate (a rate is 1 / seconds left, at most
+# 1e3 for a job a millisecond from done, times a queued job's response ratio): a queue within its quota
+# before one that borrows, a higher priority class, a higher priority (``tier``); within a tier the rates
+# decide.
+_TIER_BONUS = 1e9
+# Queued jobs the joint sizing weighs, densest first (value per GPU at the minimum, wait counted), until their
+# minimums need this many times the GPUs it shares out: one further down is worth less per GPU at its minimum
+# than each of those. Bounds the knapsack of a long queue.
+_CANDIDATE_SPAN = 2
+
+
+def completion_rates(est: JobEstimate, low: int, count: int, current: int, restart_s: float) -> list[float]:
+    """The joint sizing's value of a job at ``low .. low + count`` workers: the rate at which it completes
+    what is left, ``1 / (remaining time there + restart_s if that is not its current size)``. The sum over
+    jobs is the rate at which the cluster completes jobs; maximising it runs short jobs first and gives a
+    job another worker only while that speeds it up more than the same GPUs would elsewhere (elastic jobs
+    scale sub-linearly, so that makes efficient sizes). ``current``: its size now (0 for a queued job, which
+    pays the restart of its start at any size; -1: no size pays one, a job started this cycle)."""
+    work, out = est.remaining_work, []
+    for n, speed in enumerate(est.model.speeds(low, count + 1), start=low):
+        left = work / speed if speed > 0 else math.inf
+        if current >= 0 and n != current:
+            left += restart_s
+        out.append(1.0 / max(left, 1e-3) if math.isfinite(left) else 0.0)
+    return out
+
+
+def response_ratio(job: JobView, est: JobEstimate, now: float, restart_s: float) -> float:
+    """``(waited + estimated run) / estimated run`` at ``min_workers`` (highest-response-ratio-next): what a
+    queued job's completion rates are multiplied by in the joint sizing. Shortest-first alone would keep a
+    long job waiting for as long as shorter ones arrive; the ratio lets it rise as it waits, so no queued job
+    waits forever, without the cliff of a fixed threshold that puts every job past it ahead of every other."""
+    run = max(est.remaining_time(job.min_workers) + restart_s, 1.0)
+    return 1.0 + max(now - job.submitted_at, 0.0) / run
+
+
+def _rate_bonus(seconds: list[float] | None, rates: list[float]) -> list[float]:
+    """A deadline bonus worth ``seconds[k - 1]`` of completion time at option k, as a completion rate: a
+    cut of ``d`` seconds from ``T`` to ``T'`` raises the rate by ``d / (T T')``."""
+    if seconds is None:
+        return [0.0] * (len(rates) - 1)
+    return [b * rates[0] * r for b, r in zip(seconds, rates[1:], strict=True)]
+
+
+def _joint_sizing(cycle: _Cycle) -> None:
+    """Step 1's admissions, decided jointly with step 2's extras: one multiple-choice knapsack
+    (``solvers.knapsack``) over every queued job (wait, or start at ``min_workers .. max_workers``) and
+    every running elastic job outside its protection window (``min_workers`` plus 0 .. its extras), on the
+    free GPUs plus those the extras hold, maximising the sum of completion rates (``completion_rates``; a
+    queued job's times its ``response_ratio``), within tiers of quota, class and priority. Queued jobs it
+    admits take their gangs in step 1 as before, over other jobs' extras where needed (shrink-to-admit); the
+    others wait (``cycle.deferred``; ``_start_deferred`` gives them what admitted gangs could not use).
+    Running jobs in their protection window, and queued jobs their queue's quota stops, are outside it:
+    step 1 handles them as before. A starving job is not put first: its response ratio has grown; if its
+    gang finds no room, step 1 reserves servers for it."""
+    p, snap = cycle.params, cycle.snapshot
+    now, restart = snap.now, p.restart_cost_s
+    open_jobs = sorted((j for j in cycle.running.values()
+                        if j.view.max_workers > j.view.min_workers and j.view.job_id not in cycle.protected),
+                       key=lambda j: j.view.job_id)
+    capacity = cycle.capacity.total - cycle.capacity.free_on(cycle.reserved) + sum(
+        j.extras * j.view.gpus_per_worker for j in open_jobs)
+    pending = snap.pending_jobs()
+    cycle.admitted = {}
+    if not pending or capacity <= 0:
+        return
+    quota = _ledger(cycle, {})
+
+    def tier(job: JobView) -> tuple[bool, int, int]:
+        """What step 1's order puts before the rates (``QuotaLedger.order``): a queue within its quota before
+        one that borrows (queues enforced), a higher priority class, a higher priority."""
+        within = quota.enforced and quota.within_quota(job, job.min_workers * job.gpus_per_worker)
+        return (within, job.priority_class, job.priority)
+
+    def density(job: JobView) -> float:
+        """Its value per GPU at its minimum: the candidates are the densest (``_CANDIDATE_SPAN``)."""
+        est = cycle.estimate(job)
+        rate = completion_rates(est, job.min_workers, 0, 0, restart)[0] * response_ratio(job, est, now, restart)
+        return rate / (job.min_workers * job.gpus_per_worker)
+
+    order = sorted(pending, key=lambda j: (-j.priority_class, -j.priority, -density(j), j.submitted_at, j.job_id))
+    queued: list[JobView] = []
+    span = 0
+    for job in order:
+        need = job.min_workers * job.gpus_per_worker
+        if need > capacity or not quota.check(job, need).allowed:
+            continue  # step 1 says why it waits (the free capacity, or its queue's quota)
+        if span >= _CANDIDATE_SPAN * capacity:
+            cycle.deferred[job.job_id] = (
+                "the joint sizing gave the GPUs to jobs that complete more per GPU (shorter estimated "
+                "remaining GPU-time, or longer waits)")
+            continue
+        span += need
+        queued.append(job)
+    if not queued:
+        return
+    tiers = {t: i for i, t in enumerate(sorted({tier(j) for j in queued} | {tier(j.view) for j in open_jobs}))}
+    groups: list[tuple[list[int], list[float]]] = []
+    for job in queued:
+        count = min(job.max_workers - job.min_workers, p.max_extra_options, _MAX_OPTIONS - 1)
+        est = cycle.estimate(job)
+        aged = response_ratio(job, est, now, restart)
+        bonus = _TIER_BONUS * tiers[tier(job)]
+        groups.append(([n * job.gpus_per_worker for n in range(job.min_workers, job.min_workers + count + 1)],
+                       [bonus + r * aged for r in completion_rates(est, job.min_workers, count, 0, restart)]))
+    for other in open_jobs:
+        view = other.view
+        count = min(view.max_workers - view.min_workers, p.max_extra_options)
+        rates = completion_rates(cycle.estimate(view), view.min_workers, count, len(other.workers), restart)
+        extra = _rate_bonus(_deadline_bonus(cycle, other, count), rates)
+        bonus = _TIER_BONUS * tiers[tier(view)]  # for an option that speeds it up at all
+        gains = [r - rates[0] + b for r, b in zip(rates[1:], extra, strict=True)]
+        groups.append(([k * view.gpus_per_worker for k in range(1, count + 1)],
+                       [g + bonus if g > 0 else g for g in gains]))
+    width = max(len(w) for w, _ in groups)
+    weights = np.array([w + [0] * (width - len(w)) for w, _ in groups], np.int64)
+    values = np.array([v + [-1.0] * (width - len(v)) for _, v in groups], np.float64)
+    counts = np.array([len(w) for w, _ in groups], np.int64)
+    choice = solve_knapsack(weights, values, counts, capacity).choice.tolist()
+    for job, option in zip(queued, choice, strict=False):
+        if option > 0:
+            cycle.admitted[job.job_id] = job.min_workers + option - 1
+        else:
+            cycle.deferred[job.job_id] = (
+                f"the joint sizing found that the {capacity} GPUs it shares out (free, and running jobs' "
+                f"elastic extras) cut the estimated average completion time more on other jobs")
+
+
 def _drain_waits(cycle: _Cycle, server: ServerView) -> bool:
     """Does an operator's drain of this loaned server wait (``core.protection``)? While a job on it is in
     its protection window and the drain's deadline (if any) has not passed."""
@@ -1110,6 +1303,16 @@ def _gpu_type_of(cycle: _Cycle, job: _Job) -> tuple[str, ...] | None:
     return (cycle.servers[job.workers[0].server_id].gpu_type,) if job.workers else None
 
 
+def _exclusion(cycle: _Cycle, job: JobView) -> frozenset[str]:
+    """The servers a queued job may not start on: those reserved for a starving job, unless it is estimated
+    to finish before their jobs end anyway (backfilling that does not delay the reservation, as EASY
+    backfilling does)."""
+    if not cycle.reserved or job.job_id == cycle.reserved_for:
+        return cycle.reserved
+    left = cycle.estimate(job).remaining_time(job.min_workers) + cycle.params.restart_cost_s
+    return frozenset() if cycle.snapshot.now + left <= cycle.reserved_until else cycle.reserved
+
+
 def _spare(cycle: _Cycle) -> int:
     """Free GPUs now that are not held for a starving job."""
     return cycle.capacity.total - cycle.capacity.free_on(cycle.reserved)
@@ -1164,11 +1367,11 @@ def _unchanged(job: _Job) -> bool:
     return True
 
 
-def _register(name: str, *, loaning: bool, elastic: bool, naive_reclaim: bool = False, goodput: bool = False
-              ) -> None:
+def _register(name: str, *, loaning: bool, elastic: bool, naive_reclaim: bool = False, goodput: bool = False,
+              joint: bool = True) -> None:
     policies.register(name)(
         lambda params: ArylPolicy(name, params, loaning=loaning, elastic=elastic, naive_reclaim=naive_reclaim,
-                                  goodput=goodput)
+                                  goodput=goodput, joint=joint)
     )
 
 
@@ -1181,3 +1384,7 @@ _register("sjf", loaning=False, elastic=False)  # separate clusters: the paper's
 _register("aryl-naivereclaim", loaning=True, elastic=True, naive_reclaim=True, goodput=True)
 # The goodput ablation: the full policy, elastic on declared throughput only (no fit, no batch choice).
 _register("aryl-nogoodput", loaning=True, elastic=True)
+# The sizing ablation: the full policy with the earlier two steps -- queued gangs first, shortest first (taking
+# other jobs' extras), then the spare GPUs to running jobs by the JCT reduction they buy -- instead of one
+# joint decision over every running and queued job.
+_register("aryl-nojoint", loaning=True, elastic=True, goodput=True, joint=False)
