@@ -35,7 +35,7 @@ from inference_router.pool import BackendPool, PoolMember, PoolUpdate, RoutingSt
 from inference_router.proxy import request_headers
 from inference_router.router import Router
 from protos.aryl.v1 import inference_pb2, inference_pb2_grpc, types_pb2
-from tests.helpers import free_port
+from tests.helpers import free_port, scaled_timeout
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_SERVER = ROOT / "examples" / "inference_server.py"
@@ -45,17 +45,20 @@ SERVING, DRAINING, LOANED = (types_pb2.SERVER_STATE_SERVING, types_pb2.SERVER_ST
 
 def run(coro: Awaitable[None], timeout: float = 120.0) -> None:
     async def bounded() -> None:
-        await asyncio.wait_for(coro, timeout)
+        await asyncio.wait_for(coro, scaled_timeout(timeout))
 
     asyncio.run(bounded())
 
 
 async def until(predicate: Callable[[], object], *, timeout: float = 15.0, what: str = "condition") -> None:
+    """``tests.helpers.wait_for`` for a coroutine: poll without blocking the loop, within ``timeout`` as
+    ARYL_TEST_TIMEOUT_FACTOR stretches it."""
+    timeout = scaled_timeout(timeout)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while not predicate():
         if loop.time() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
         await asyncio.sleep(0.01)
 
 

@@ -38,16 +38,20 @@ from scheduler_service.api.stream_limits import StreamLimits, TooManyStreams
 from scheduler_service.notify import EventFeed, Signal, SlowReader
 from scheduler_service.server import ServerHandle, serve_in_background
 from tests.harness import pki, scheduler_config, security_section
+from tests.helpers import scaled_timeout
 
 ALICE, BOB = Principal("user", "alice"), Principal("user", "bob")
 ROUTER, ADMIN = Principal("router", "r1"), Principal("admin", "root")
 
 
 async def _wait(predicate: Any, what: str, timeout: float = 60.0) -> None:
+    """``tests.helpers.wait_for`` for a coroutine: poll without blocking the loop, within ``timeout`` as
+    ARYL_TEST_TIMEOUT_FACTOR stretches it."""
+    timeout = scaled_timeout(timeout)
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
         await asyncio.sleep(0.02)
 
 
@@ -185,7 +189,7 @@ def test_revoking_a_token_ends_its_open_watch_and_desired_state_streams(live: An
 
             _revoke(tokens, "user:alice", "agent:gpu-1")
             # Bound: auth.STREAM_RECHECK_S + the token file's check interval (about 2 s); generous here.
-            for ended in await asyncio.wait_for(asyncio.gather(*ends), timeout=60):
+            for ended in await asyncio.wait_for(asyncio.gather(*ends), timeout=scaled_timeout(60)):
                 assert ended.code() == grpc.StatusCode.UNAUTHENTICATED, ended
                 assert "revoked" in (ended.details() or "")
             assert not bobs.done()  # a token still in the file keeps its stream
