@@ -130,8 +130,9 @@ def test_recently_resized_jobs_are_left_alone() -> None:
 
 
 def test_a_queued_gang_takes_gpus_from_extra_workers() -> None:
-    # Resized 600 s ago: outside its protection window (300 s; tests/test_protection.py for inside it).
-    elastic = running_job(1, [("t", (0, 1)), ("t", (2, 3))], low=1, high=2, resized=NOW - 600)
+    # Resized 600 s ago: outside its protection window (300 s; tests/test_protection.py for inside it). A long
+    # job (10 h): its second worker completes less of it than the queued job's start (tests/test_joint_sizing.py).
+    elastic = running_job(1, [("t", (0, 1)), ("t", (2, 3))], low=1, high=2, resized=NOW - 600, runtime=36000)
     result = plan("aryl-noloan", snapshot_of([training_server("t")], [elastic, pending_job(2, gpus=2)]))
     [scale] = result.scales
     assert (scale.job_id, len(scale.workers), scale.reason) == (1, 1, Reason.SCALED_IN_FOR_BASE_DEMAND)
@@ -153,7 +154,7 @@ def test_a_job_scaled_in_more_than_once_is_told_its_final_size(loaned: bool, que
     lent = [inference_server("i", ServerState.LOANED, gpus=2, since=NOW - 7200)] if loaned else []
     servers = [training_server("t"), *lent]
     placement = [("t", (g,)) for g in range(4)] + ([("i", (0,)), ("i", (1,))] if loaned else [])
-    elastic = running_job(1, placement, low=1, high=len(placement), resized=NOW - 7200)
+    elastic = running_job(1, placement, low=1, high=len(placement), resized=NOW - 7200, runtime=72000)
     result = plan("aryl", snapshot_of(servers, [elastic, *queued], demand=1 if loaned else 0))
     assert sorted(s.job_id for s in result.starts) == [j.job_id for j in queued]
     [scale] = result.scales

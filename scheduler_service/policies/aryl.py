@@ -83,7 +83,7 @@ from scheduler_service.core.protection import (
     protection,
     reclaim_penalty,
 )
-from scheduler_service.core.quota import QuotaLedger, preemption_order
+from scheduler_service.core.quota import DEFAULT_QUEUE, QuotaLedger, preemption_order
 from scheduler_service.core.registry import ReclaimDecision, ReclaimPreviewUnsupported, policies
 from scheduler_service.core.snapshot import ClusterSnapshot, JobView, ServerView, WorkerView
 from scheduler_service.core.throughput import JobEstimate, ThroughputModel, estimate
@@ -712,8 +712,13 @@ class ArylPolicy:
         assert quota is not None
         for job in later:
             need = job.min_workers * job.gpus_per_worker
+            verdict = quota.check(job, need)
+            if not verdict.allowed:  # the others' starts took its queue's room: the reason that lasts
+                cycle.pending.append(KeepPending(job.job_id, verdict.reason or Reason.WAITING_FOR_QUOTA,
+                                                 verdict.message))
+                continue
             workers = None
-            if need <= budget and quota.check(job, need).allowed:
+            if need <= budget:
                 workers = cycle.capacity.place_gang(job, job.min_workers, pools=TRAINING_FIRST,
                                                     exclude=_exclusion(cycle, job))
             if workers is None:
@@ -1138,11 +1143,17 @@ def _joint_sizing(cycle: _Cycle) -> None:
         return
     quota = _ledger(cycle, {})
 
-    def tier(job: JobView) -> tuple[bool, int, int]:
+    fair = {name for name, q in quota.queues.items() if q.fair_share} if quota.enforced else set()
+    share: dict[int, int] = {}  # a queued job's user's GPUs in a fair-share queue, with its earlier jobs' (below)
+
+    def tier(job: JobView) -> tuple[bool, int, int, int]:
         """What step 1's order puts before the rates (``QuotaLedger.order``): a queue within its quota before
-        one that borrows (queues enforced), a higher priority class, a higher priority."""
+        one that borrows (queues enforced), a higher priority class, a higher priority, then, in a fair-share
+        queue, the user holding fewer GPUs (a running job: its user's GPUs now)."""
         within = quota.enforced and quota.within_quota(job, job.min_workers * job.gpus_per_worker)
-        return (within, job.priority_class, job.priority)
+        queue = job.queue or DEFAULT_QUEUE
+        held = share.get(job.job_id, quota.user_gpus.get((queue, job.user), 0)) if queue in fair else 0
+        return (within, job.priority_class, job.priority, -held)
 
     def density(job: JobView) -> float:
         """Its value per GPU at its minimum: the candidates are the densest (``_CANDIDATE_SPAN``)."""
@@ -1155,8 +1166,8 @@ def _joint_sizing(cycle: _Cycle) -> None:
     span = 0
     for job in order:
         need = job.min_workers * job.gpus_per_worker
-        if need > capacity or not quota.check(job, need).allowed:
-            continue  # step 1 says why it waits (the free capacity, or its queue's quota)
+        if need > capacity or not quota.check(job, need).allowed or job.gpu_types:
+            continue  # step 1 says why it waits (the free capacity, its queue's quota), or places it on its types
         if span >= _CANDIDATE_SPAN * capacity:
             cycle.deferred[job.job_id] = (
                 "the joint sizing gave the GPUs to jobs that complete more per GPU (shorter estimated "
@@ -1166,6 +1177,12 @@ def _joint_sizing(cycle: _Cycle) -> None:
         queued.append(job)
     if not queued:
         return
+    mine: dict[tuple[str, str], int] = {}
+    for job in queued:  # densest first, as QuotaLedger.order counts a user's earlier jobs
+        key = (job.queue or DEFAULT_QUEUE, job.user)
+        if key[0] in fair:
+            share[job.job_id] = mine.setdefault(key, quota.user_gpus.get(key, 0))
+            mine[key] += job.min_workers * job.gpus_per_worker
     tiers = {t: i for i, t in enumerate(sorted({tier(j) for j in queued} | {tier(j.view) for j in open_jobs}))}
     groups: list[tuple[list[int], list[float]]] = []
     for job in queued:
