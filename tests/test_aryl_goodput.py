@@ -146,20 +146,22 @@ def test_the_goodput_section_runs_on_a_tiny_trace() -> None:
     for j in jobs:  # work in the model's units: the traced time at the requested size with its own batch
         assert j.work / dict(j.throughput)[j.min_workers] == pytest.approx(1800.0 * (1 + j.job_id % 3))
     spec = ClusterSpec(1, 1, gpus_per_server=8)
-    runs = {p: {0: figures(run_goodput(jobs, truths, [], p, seed=0, spec=spec))}
-            for p in ("sjf", "pollux", "aryl-nogoodput", "aryl")}
+    policies = ("sjf", "pollux", "aryl-nogoodput", "aryl-nojoint", "aryl")
+    runs = {p: {0: figures(run_goodput(jobs, truths, [], p, seed=0, spec=spec, estimates="lognormal:0.8"),
+                           "lognormal:0.8")} for p in policies}
     assert all(r[0]["completed"] == len(jobs) for r in runs.values())
-    assert runs["aryl"][0]["resizes"] >= 0
-    text = render(runs, {0: (len(jobs), len(truths))}, spec, 1.0)
-    assert "| aryl |" in text and "`aryl` vs `pollux`" in text
+    assert all(r[0]["rejected_actions"] == 0 and r[0]["estimates"] == "lognormal:0.8" for r in runs.values())
+    assert runs["aryl"][0]["p95_jct_s"] >= runs["aryl"][0]["avg_jct_s"] * 0.5
+    sizes = {0: (len(jobs), len(truths))}
+    exact = {0: figures(run_goodput(jobs, truths, [], "aryl", seed=0, spec=spec), "exact")}
+    text = render([(1.0, runs, sizes, spec)], exact, 1.0)
+    assert "| aryl |" in text and "`aryl` vs `pollux`" in text and "Clairvoyant row" in text
+    assert "(what the joint sizing adds)" in text
     # the report is regenerated from summaries.json's raw figures (JSON keys are strings) to the same text
-    raw = {"runs": runs, "jobs": {0: (len(jobs), len(truths))}, "training_servers": 1, "inference_servers": 1,
-           "wall_s": 1.0}
+    raw = {"runs": runs, "jobs": sizes, "training_servers": 1, "inference_servers": 1, "wall_s": 1.0,
+           "windows": {"1": {"days": 1.0, "jobs": sizes, "training_servers": 1, "inference_servers": 1,
+                             "runs": runs}}, "exact": exact}
     assert text_of(json.loads(json.dumps(raw))) == text
-    raw["check"] = {"days": 2.0, "seed": 0, "jobs": len(jobs), "training_servers": 1, "inference_servers": 1,
-                    "runs": {p: r[0] for p, r in runs.items()}}
-    checked = text_of(json.loads(json.dumps(raw)))
-    assert checked.startswith(text.rstrip("\n")) and "Check on a longer window" in checked
 
 
 def test_the_goodput_cluster_shows_what_a_job_measured() -> None:
