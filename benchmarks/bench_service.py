@@ -553,9 +553,40 @@ def _watch_events(address: str, streams: int, opened: Any, stop: Any) -> None:
     asyncio.run(main())
 
 
+def _events_stored(url: str) -> int:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return int(conn.execute(sa.text("SELECT count(*) FROM events")).scalar_one())
+    finally:
+        engine.dispose()
+
+
+@dataclass(frozen=True)
+class _Phase:
+    """One phase of ``submit_beside_watchers``: its submits, the events they wrote, and the scheduler's CPU."""
+
+    run: SubmitRun
+    events: int
+    scheduler_cpu_s: float | None
+    load_avg: float
+
+
+def _timed_phase(url: str, scheduler: SchedulerProcess, requests: Sequence[scheduler_pb2.SubmitJobRequest]) -> _Phase:
+    events_before, cpu_before = _events_stored(url), _process_cpu_s(scheduler.pid)
+    run = submit_jobs(scheduler.address, requests, 1)
+    cpu_after = _process_cpu_s(scheduler.pid)
+    cpu = cpu_after - cpu_before if cpu_before is not None and cpu_after is not None else None
+    return _Phase(run, _events_stored(url) - events_before, cpu, round(os.getloadavg()[0], 2))
+
+
 def submit_beside_watchers(ctx: BenchContext) -> None:
     """SubmitJob latency (one in flight) with no event stream, then with WATCHERS unfiltered ones (every
-    stream receives every event): the fan-out's cost to submissions. Issue 37 aims at most 2x."""
+    stream receives every event): the fan-out's cost to submissions. Issue 37 aims at most 2x.
+
+    Beside the medians: the events the submits wrote (each one sent to every stream), the scheduler's CPU
+    per submit in each phase (read from /proc until the last answer: fan-out still under way then is not
+    counted), and from them its CPU per event sent to one stream."""
     import multiprocessing
 
     watchers = int(os.environ.get("ARYL_BENCH_WATCHERS", WATCHERS))
@@ -564,7 +595,7 @@ def submit_beside_watchers(ctx: BenchContext) -> None:
                 "ARYL_SERVER__MAX_WATCH_STREAMS_PER_CLIENT": str(watchers + 64)}
     with scratch_database(ctx.admin_url) as url, SchedulerProcess(url, settings) as scheduler:
         submit_jobs(scheduler.address, job_requests(50, tag="warmup"), 1)
-        alone = submit_jobs(scheduler.address, job_requests(n, tag="alone"), 1)
+        alone = _timed_phase(url, scheduler, job_requests(n, tag="alone"))
         spawn = multiprocessing.get_context("spawn")
         opened = [spawn.Event() for _ in range(WATCHER_PROCESSES)]
         stop = spawn.Event()
@@ -575,16 +606,24 @@ def submit_beside_watchers(ctx: BenchContext) -> None:
         try:
             for event in opened:
                 event.wait(SCHEDULER_READY_TIMEOUT_S)
-            watched = submit_jobs(scheduler.address, job_requests(n, tag="watched"), 1)
+            watched = _timed_phase(url, scheduler, job_requests(n, tag="watched"))
         finally:
             stop.set()
             for child in children:
                 child.join(30)
-        median_alone = statistics.median(alone.latencies_s) * 1e3
-        emit_figure("submit_job_median_beside_watchers", statistics.median(watched.latencies_s) * 1e3, "ms",
-                    watchers=watchers, jobs=n, latency_p99_ms=percentile_ms(watched.latencies_s, 99),
+        median_alone = statistics.median(alone.run.latencies_s) * 1e3
+        cpu: dict[str, float] = {}
+        if alone.scheduler_cpu_s is not None and watched.scheduler_cpu_s is not None:
+            cpu = dict(scheduler_cpu_ms_per_submit=round(watched.scheduler_cpu_s / n * 1e3, 2),
+                       reference_scheduler_cpu_ms_per_submit=round(alone.scheduler_cpu_s / n * 1e3, 2))
+            if watched.events:
+                extra_s = watched.scheduler_cpu_s - alone.scheduler_cpu_s * watched.events / max(alone.events, 1)
+                cpu["scheduler_cpu_us_per_event_sent"] = round(extra_s / (watched.events * watchers) * 1e6, 1)
+        emit_figure("submit_job_median_beside_watchers", statistics.median(watched.run.latencies_s) * 1e3, "ms",
+                    watchers=watchers, jobs=n, latency_p99_ms=percentile_ms(watched.run.latencies_s, 99),
+                    events_per_submit=round(watched.events / n, 2), load_avg=watched.load_avg, **cpu,
                     reference_name="submit_job_median_without_watchers", reference_value=median_alone,
-                    reference_unit="ms", target=2 * median_alone)
+                    reference_unit="ms", reference_load_avg=alone.load_avg, target=2 * median_alone)
 
 
 BENCHMARKS: tuple[Benchmark, ...] = (

@@ -212,7 +212,8 @@ class _Subscriber(Generic[E]):
 
     __slots__ = ("limit", "match", "on_overflow", "overflowed", "pending", "waiter")
 
-    def __init__(self, match: Callable[[E], bool], limit: int, on_overflow: Callable[[str], None] | None) -> None:
+    def __init__(self, match: Callable[[E], bool] | None, limit: int,
+                 on_overflow: Callable[[str], None] | None) -> None:
         self.match = match
         self.limit = limit
         self.on_overflow = on_overflow
@@ -228,9 +229,11 @@ class _Subscriber(Generic[E]):
     def offer(self, rows: Sequence[E]) -> None:
         if self.overflowed:
             return
-        for row in rows:
-            if self.match(row):
-                self.pending.append(row)
+        match = self.match
+        if match is None:  # every entry of its topic: no call per entry (2,000 unfiltered streams)
+            self.pending.extend(rows)
+        else:
+            self.pending.extend(row for row in rows if match(row))
         if len(self.pending) > self.limit:
             self.overflowed = True
             self.pending.clear()
@@ -292,16 +295,30 @@ class EventFeed(Generic[E]):
         self._gap: tuple[int, float] | None = None  # the first missing id after head, since when (loop time)
 
     async def watch(
-        self, after: int | None, *, topic: Hashable, match: Callable[[E], bool],
+        self, after: int | None, *, topic: Hashable, match: Callable[[E], bool] | None,
         catch_up: Callable[[int, int, int], Awaitable[Sequence[E]]],
         on_overflow: Callable[[str], None] | None = None,
     ) -> AsyncIterator[E]:
+        """``watch_batches``, one entry at a time."""
+        async for rows in self.watch_batches(after, topic=topic, match=match, catch_up=catch_up,
+                                             on_overflow=on_overflow):
+            for row in rows:
+                yield row
+
+    async def watch_batches(
+        self, after: int | None, *, topic: Hashable, match: Callable[[E], bool] | None,
+        catch_up: Callable[[int, int, int], Awaitable[Sequence[E]]],
+        on_overflow: Callable[[str], None] | None = None,
+    ) -> AsyncIterator[Sequence[E]]:
         """Yield the entries with id > ``after`` (None: from now on) that ``match``, in id order, then
-        new ones as they are read. Every entry that ``match``es must have ``topic`` among its
-        ``topics``. ``catch_up(after_id, upto_id, limit)`` reads up to ``limit`` matching entries
-        with after_id < id <= upto_id from the database, oldest first. Raises ``SlowReader`` once the
-        stream falls more than ``stream_buffer`` entries behind (``on_overflow(why)`` called first, from
-        the dispatcher)."""
+        new ones as they are read: each batch is everything there was to send when the stream woke
+        (a page of the past, or what the dispatcher queued meanwhile), so a stream that fell behind
+        catches up with one wake-up, not one per entry. Every entry that ``match``es must have
+        ``topic`` among its ``topics``; ``match`` None takes every entry that has.
+        ``catch_up(after_id, upto_id, limit)`` reads up to ``limit`` matching entries with
+        after_id < id <= upto_id from the database, oldest first. Raises ``SlowReader`` once the
+        stream falls more than ``stream_buffer`` entries behind (``on_overflow(why)`` called first,
+        from the dispatcher)."""
         self.watchers += 1
         subscriber: _Subscriber[E] = _Subscriber(match, self.stream_buffer, on_overflow)
         try:
@@ -311,18 +328,18 @@ class EventFeed(Generic[E]):
                 if position < self.floor:
                     upto = self.floor
                     rows = await catch_up(position, upto, self._page)
-                    for row in rows:
-                        yield row
+                    if rows:
+                        yield rows
                     position = rows[-1].id if len(rows) >= self._page else upto
                     continue
                 head = self.head
                 start = bisect.bisect_right(self._ids, position)
-                fresh = [e for e in self._events[start:] if e.id <= head and match(e)]
+                takes = match if match is not None else (lambda e: topic in self._topics(e))
+                fresh = [e for e in self._events[start:] if e.id <= head and takes(e)]
                 position = max(position, head)
                 if not fresh:
                     break
-                for row in fresh:
-                    yield row
+                yield fresh
             # Live from here: no wait since memory was looked at, so the dispatcher queues every later entry.
             self._live.setdefault(topic, {})[subscriber] = None
             pending = subscriber.pending
@@ -330,10 +347,11 @@ class EventFeed(Generic[E]):
                 if subscriber.overflowed:
                     raise SlowReader(subscriber.why())
                 if pending:
-                    row = pending.popleft()
-                    if row.id > position:  # a replayed entry may have been queued too
-                        position = row.id
-                        yield row
+                    batch = [row for row in pending if row.id > position]  # a replayed entry may have been queued too
+                    pending.clear()
+                    if batch:
+                        position = batch[-1].id
+                        yield batch
                     continue
                 subscriber.waiter = self._loop.create_future()
                 try:
