@@ -38,7 +38,7 @@ time is the true one of a *packed* placement (4 GPUs per node) whatever the job'
 at least two passes on one GPU even at the initial batch size; ``max_gpus`` = batch size // smallest
 atomic batch; the remaining iterations at the requested batch size from the start of the current epoch,
 1 in the last). The decisions are the registered policies' own functions, imported, not copied; the
-placement of both is ``tiresias.place_in_order`` (kept jobs stay; the others take the most free node
+placement of both is ``core.most_free.place_in_order`` (kept jobs stay; the others take the most free node
 first). ``pollux`` (``scheduler_service.policies.pollux.pollux_decide``, ``PolluxDecider``) on the jobs' own
 fitted models. ``sjf`` and ``aryl-noloan``: the registered policies themselves on a snapshot of the
 simulated jobs, their plans applied (``SnapshotDecider``).
@@ -55,13 +55,14 @@ from pathlib import Path
 from typing import Protocol
 
 from scheduler_service.core.goodput import GradParams, PerfParams, StepSample, progress_rate, split_batch
+from scheduler_service.core.most_free import place_in_order
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.snapshot import ClusterSnapshot, JobView, ServerView, WorkerView
 from scheduler_service.lifecycle import JobState, Pool, ServerState
 from scheduler_service.policies.optimus import OptimusJob, optimus_allocate, optimus_place
 from scheduler_service.policies.pollux import GoodputModel, PolluxJob, pollux_decide
 from scheduler_service.policies.pollux_search import fit_perf_params_lbfgs
-from scheduler_service.policies.tiresias import TiresiasJob, TiresiasState, place_in_order, tiresias_decide
+from scheduler_service.policies.tiresias import TiresiasJob, TiresiasState, tiresias_decide
 from simulator.goodput_profiles import Application, load_application
 
 # Each Pollux job refits 7 step-time parameters (scipy's L-BFGS-B) whenever it runs a new configuration:

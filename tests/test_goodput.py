@@ -32,6 +32,7 @@ from scheduler_service.core.goodput import (
     throughput,
 )
 from scheduler_service.core.invariants import check_plan
+from scheduler_service.core.most_free import place_most_free
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.plan import Reason
 from scheduler_service.lifecycle import JobState
@@ -41,7 +42,6 @@ from scheduler_service.policies.tiresias import (
     QUEUE_THRESHOLD_GPU_S,
     TiresiasJob,
     TiresiasState,
-    place_most_free,
     tiresias_decide,
 )
 from simulator.cli import main as cli_main

@@ -1,4 +1,4 @@
-"""The aryl policy's joint sizing (``policies.aryl._joint_sizing``): hand-computed cases of its rules --
+"""The aryl policy's joint sizing (``policies.aryl.sizing.joint_sizing``): hand-computed cases of its rules --
 completion rates, the response ratio, shrink-to-admit, the protection window, gangs and quota tiers.
 
 The arithmetic in the comments: jobs declare no throughput points, so their speed-up is Amdahl's with alpha

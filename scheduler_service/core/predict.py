@@ -33,7 +33,7 @@ from enum import StrEnum
 
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.snapshot import JobView
-from scheduler_service.core.throughput import model_for
+from scheduler_service.core.throughput import JobEstimate, model_for
 from scheduler_service.lifecycle import JobState
 
 DEFAULT_ALPHA = PolicyParams.amdahl_alpha  # the speed-up model for jobs that declare no points
@@ -57,6 +57,14 @@ def remaining_seconds(job: JobView, workers: int, now: float, *, alpha: float = 
     if remaining is None or not math.isfinite(remaining) or not 0.0 <= remaining <= HORIZON_S:
         return None
     return remaining
+
+
+
+def predicted_remaining(job: JobView, workers: int, now: float, fallback: JobEstimate, alpha: float) -> float:
+    """Seconds ``job`` still needs at ``workers`` workers: the service's prediction (``remaining_seconds``),
+    or ``fallback``'s (a policy's estimate, ``core.throughput.estimate``) where it has none."""
+    known = remaining_seconds(job, workers, now, alpha=alpha)
+    return known if known is not None else fallback.remaining_time(workers)
 
 
 def _remaining(job: JobView, workers: int, now: float, alpha: float) -> float | None:

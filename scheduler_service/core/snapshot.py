@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from scheduler_service.core.goodput import GradParams, StepSample
@@ -233,3 +233,15 @@ class ClusterSnapshot:
         if not self._by_id:
             self._by_id.update((s.server_id, s) for s in self.servers)
         return self._by_id[server_id]
+
+
+def without_jobs(snapshot: ClusterSnapshot, preempted: set[int]) -> ClusterSnapshot:
+    """The snapshot as preempting the jobs ``preempted`` leaves it: their GPUs free, the jobs PENDING with no
+    workers. The snapshot itself when there are none."""
+    if not preempted:
+        return snapshot
+    servers = tuple(replace(s, allocated=tuple(a for a in s.allocated if a[1] not in preempted))
+                    for s in snapshot.servers)
+    jobs = tuple(replace(j, state=JobState.PENDING, workers=()) if j.job_id in preempted else j
+                 for j in snapshot.jobs)
+    return replace(snapshot, servers=servers, jobs=jobs, _by_id={})

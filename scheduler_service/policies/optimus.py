@@ -11,7 +11,7 @@ The decision (``optimus_allocate``, pure):
   gains or no GPU is left.
 
 Placement (``optimus_place``): a job whose GPU count is unchanged keeps its GPUs; the others, fewest
-GPUs first, take GPUs from the server with the most free first (``tiresias.place_most_free``).
+GPUs first, take GPUs from the server with the most free first (``core.most_free``).
 
 The registered policy (``OptimusPolicy``) runs the same decision on a ``ClusterSnapshot`` in units of
 workers (a job gets its ``min_workers`` gang first, then one worker of ``gpus_per_worker`` GPUs at a time,
@@ -29,13 +29,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from scheduler_service.core.most_free import place_in_order
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.plan import Plan
 from scheduler_service.core.registry import policies
 from scheduler_service.core.snapshot import ClusterSnapshot, JobView
 from scheduler_service.core.throughput import estimate
 from scheduler_service.lifecycle import JobState
-from scheduler_service.policies.tiresias import place_in_order
 from scheduler_service.policies.worker_targets import plan_worker_targets
 
 

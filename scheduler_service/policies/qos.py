@@ -66,13 +66,12 @@ from scheduler_service.core.plan import (
     WorkerPlacement,
     clock_time,
 )
-from scheduler_service.core.predict import remaining_seconds
+from scheduler_service.core.predict import predicted_remaining
 from scheduler_service.core.protection import protection
 from scheduler_service.core.registry import policies
-from scheduler_service.core.snapshot import ClusterSnapshot, JobView, WorkerView
+from scheduler_service.core.snapshot import ClusterSnapshot, JobView, WorkerView, without_jobs
 from scheduler_service.core.throughput import JobEstimate, estimate
 from scheduler_service.lifecycle import JobState
-from scheduler_service.policies.tiresias import _without
 
 # The tiers a job is sized in (the order of steps 1-3 of the module doc).
 URGENT, BEST_EFFORT, LATE = 0, 1, 2
@@ -95,7 +94,7 @@ class _Sized:
     _remaining: dict[int, float] = field(default_factory=dict)
 
     def remaining(self, workers: int) -> float:
-        """Predicted seconds to finish at ``workers`` workers from now (``predicted_remaining``)."""
+        """Predicted seconds to finish at ``workers`` workers from now (``core.predict.predicted_remaining``)."""
         known = self._remaining.get(workers)
         if known is None:
             known = self._remaining[workers] = predicted_remaining(self.view, workers, self.now, self.estimate,
@@ -125,13 +124,6 @@ class _Sized:
     def sjf_key(self) -> tuple[float, float, int]:
         v = self.view
         return (self.remaining(v.min_workers) * v.min_workers * v.gpus_per_worker, v.submitted_at, v.job_id)
-
-
-def predicted_remaining(job: JobView, workers: int, now: float, fallback: JobEstimate, alpha: float) -> float:
-    """Seconds ``job`` still needs at ``workers`` workers: the service's prediction
-    (``core.predict.remaining_seconds``), or ``fallback``'s (the policy's estimate) where it has none."""
-    known = remaining_seconds(job, workers, now, alpha=alpha)
-    return known if known is not None else fallback.remaining_time(workers)
 
 
 def _smallest_meeting(job: _Sized) -> int | None:
@@ -280,7 +272,7 @@ class QosPolicy:
 
     def _place(self, snapshot: ClusterSnapshot, order: list[_Sized]) -> Plan:
         preempt = {j.view.job_id for j in order if j.running and j.size == 0}
-        after = _without(snapshot, preempt)
+        after = without_jobs(snapshot, preempt)
         capacity = FreeCapacity.of(after)
         scales: list[ScaleJob] = []
         for job in order:

@@ -10,7 +10,7 @@ The decision (``tiresias_decide``, pure, state in and out):
 - queue 0 before queue 1, each in its order: a job runs if its whole gang fits in the GPUs not yet given
   to a job before it (later, smaller jobs may skip ahead of one that does not fit); a running job that
   no longer fits is preempted;
-- a job that starts takes GPUs from the server with the most free GPUs first (``place_most_free``);
+- a job that starts takes GPUs from the server with the most free GPUs first (``core.most_free``);
   a running job keeps its GPUs.
 
 Service is counted from the cycles' own times: a job running at one cycle is credited, at the next, with
@@ -26,13 +26,13 @@ keeps the exact state between cycles.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from scheduler_service.core.placement import FreeCapacity
 from scheduler_service.core.plan import KeepPending, Plan, PreemptJob, Reason, StartJob
 from scheduler_service.core.registry import policies
-from scheduler_service.core.snapshot import ClusterSnapshot, JobView
+from scheduler_service.core.snapshot import ClusterSnapshot, JobView, without_jobs
 from scheduler_service.lifecycle import JobState
 
 QUEUE_THRESHOLD_GPU_S = 16 * 3600.0
@@ -91,38 +91,6 @@ def tiresias_decide(state: TiresiasState, jobs: Sequence[TiresiasJob], now: floa
     return new_state, running
 
 
-def place_most_free(free: dict[int, int], count: int) -> list[int]:
-    """Take ``count`` GPUs, each time from the server with the most free GPUs (the first such in
-    ``free``'s order): as many as it has or as are still needed. ``free`` is updated; returns the
-    server of every GPU taken, in order. Raises ValueError if there are not enough."""
-    taken: list[int] = []
-    while len(taken) < count:
-        server = max(free, key=lambda s: free[s], default=None)
-        if server is None or free[server] <= 0:
-            raise ValueError(f"{count} GPUs requested, only {len(taken)} free")
-        num = min(free[server], count - len(taken))
-        taken.extend([server] * num)
-        free[server] -= num
-    return taken
-
-
-def place_in_order(order: Iterable[int], gpus: Mapping[int, int], kept: Mapping[int, list[int]],
-                   capacity: Mapping[int, int]) -> dict[int, list[int]]:
-    """Placements (one server per GPU) for the jobs of ``order`` that need ``gpus`` and are not ``kept``
-    where they are, in that order, each by ``place_most_free`` on what ``capacity`` (GPUs per server, in
-    server order) leaves after the kept ones; the kept ones included."""
-    free = dict(capacity)
-    for servers in kept.values():
-        for s in servers:
-            free[s] -= 1
-    free = {s: n for s, n in free.items() if n > 0}
-    placed = {k: list(v) for k, v in kept.items()}
-    for key in order:
-        if gpus[key] > 0 and key not in placed:
-            placed[key] = place_most_free(free, gpus[key])
-    return placed
-
-
 # --------------------------------------------------------------------------------------------------
 # The registered policy, on a ClusterSnapshot
 # --------------------------------------------------------------------------------------------------
@@ -155,7 +123,7 @@ class TiresiasPolicy:
         preemptions = tuple(PreemptJob(k, Reason.PREEMPTED_BY_POLICY, "Tiresias: a job earlier in the 2D-LAS queues "
                                                             "needs its GPUs")
                             for k in sorted(running_now) if k not in chosen)
-        after = _without(snapshot, {p.job_id for p in preemptions})
+        after = without_jobs(snapshot, {p.job_id for p in preemptions})
         capacity = FreeCapacity.of(after)
         starts: list[StartJob] = []
         pending: list[KeepPending] = []
@@ -186,17 +154,6 @@ def _attained_s(job: JobView, now: float) -> float:
     """Running seconds, approximated by the time since the first start (the snapshot keeps no history
     of service: the time queued again after a preemption counts too); 0 for a job never started."""
     return max(0.0, now - (job.started_at if job.started_at is not None else now))
-
-
-def _without(snapshot: ClusterSnapshot, preempted: set[int]) -> ClusterSnapshot:
-    """The snapshot as the preemptions leave it: their GPUs free."""
-    if not preempted:
-        return snapshot
-    servers = tuple(replace(s, allocated=tuple(a for a in s.allocated if a[1] not in preempted))
-                    for s in snapshot.servers)
-    jobs = tuple(replace(j, state=JobState.PENDING, workers=()) if j.job_id in preempted else j
-                 for j in snapshot.jobs)
-    return replace(snapshot, servers=servers, jobs=jobs, _by_id={})
 
 
 policies.register("tiresias")(lambda params: TiresiasPolicy())

@@ -20,9 +20,8 @@ from collections.abc import Mapping, Sequence
 
 from scheduler_service.core.placement import FreeCapacity
 from scheduler_service.core.plan import KeepPending, Plan, PreemptJob, Reason, ScaleJob, StartJob, WorkerPlacement
-from scheduler_service.core.snapshot import ClusterSnapshot, JobView
+from scheduler_service.core.snapshot import ClusterSnapshot, JobView, without_jobs
 from scheduler_service.lifecycle import JobState
-from scheduler_service.policies.tiresias import _without
 
 
 def plan_worker_targets(snapshot: ClusterSnapshot, active: Sequence[JobView], target: Mapping[int, int], *,
@@ -38,7 +37,7 @@ def plan_worker_targets(snapshot: ClusterSnapshot, active: Sequence[JobView], ta
     running = [j for j in active if j.state == JobState.RUNNING]
     preempt = {j.job_id for j in running if want[j.job_id] == 0}
     shrink = {j.job_id: want[j.job_id] for j in running if 0 < want[j.job_id] < j.num_workers}
-    capacity = FreeCapacity.of(_without(snapshot, preempt))
+    capacity = FreeCapacity.of(without_jobs(snapshot, preempt))
     for job in running:
         if job.job_id in shrink:
             capacity.release_many((w.server_id, w.gpu_indices) for w in job.workers[shrink[job.job_id]:])

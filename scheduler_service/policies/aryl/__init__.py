@@ -1,0 +1,186 @@
+"""The Aryl policy (our reconstruction of Lyra, EuroSys'23) and the baselines that share its parts.
+
+One cycle, in order (each step works on the state the previous ones left):
+
+0. **Loan cycle.** From the inference demand: drained loans become active; loans still draining are
+   cancelled first when inference needs servers back; then loaned servers are **reclaimed** greedily
+   on server preemption cost (``solvers.reclaim``): elastic jobs that stay at or above
+   ``min_workers`` are scaled in, the others preempted and requeued. Vacated reclaimed servers return
+   to serving. Idle inference servers beyond demand + a buffer, idle long enough, are **loaned**
+   while training has work for them (hysteresis: the buffer is the band between loan and reclaim).
+1. **Base demands.** The queue in order: starving jobs first (waited past ``starvation_s``), then
+   priority, then shortest estimated remaining GPU-time, then arrival. Each job gets ``min_workers``
+   as a gang, or waits; later jobs backfill around a waiting one, except onto the servers reserved
+   for the first starving job that does not fit. Base workers prefer training-owned servers. A gang
+   may take GPUs from other jobs' elastic *extra* workers (they are scaled in for it). Queues
+   (``core.quota``): a job its queue may not take the GPUs for waits aside; within the starving/other
+   split, jobs within their queue's quota come first, then higher priority classes, then fair share;
+   a gang that still does not fit may preempt, cheapest first, jobs of queues that borrow (when it is
+   within its own quota) or of lower classes of its own queue. Growth in step 2 stays within quotas.
+2. **Elastic extras.** A multiple-choice knapsack (``solvers.knapsack``) over the elastic jobs: option
+   k = k more workers than ``min_workers``, weight k x gpus_per_worker, value = JCT reduction minus a
+   restart cost when the size changes, plus, for an option that turns a predicted deadline miss
+   into a hit, ``deadline_weight`` x the job's remaining time at ``min_workers``. Capacity: the GPUs
+   left after step 1, including loaned ones and those extras already hold. Extra workers prefer
+   loaned servers, so a reclaim shrinks, not kills. A reclaim's preemption cost counts a deadline it
+   would make a job miss (``deadline_weight`` x the job's remaining GPU-time).
+   Anti-thrashing (``core.protection``, one window for every step): a job in its protection window
+   (started or resized less than ``min_resize_interval_s`` ago, or ``max_disruptions_per_hour``
+   reached) keeps its size in step 2, keeps its extras in step 1 (queued gangs, starving jobs) and is
+   not preempted for quota or priority; an inference reclaim prefers servers without protected jobs
+   and overrides the window only when those do not suffice, saying so in the job's message.
+
+Goodput (issue 17): a job that reports step times and gradient statistics and declares batch limits has
+a fitted goodput model (``core.goodput_fit``); the elastic variants value it by that model (JCT
+reductions from its goodput at the best batch size per size, the reclaim's scale-in cost from the same
+model) and send the batch chosen with its allocation (``Plan.batches``). Jobs without one: as before.
+
+Variants (same code, same placement, so comparisons isolate the mechanism): ``aryl`` (loaning and
+elasticity), ``aryl-noloan``, ``aryl-noelastic``, ``sjf`` (neither: separate clusters, jobs run at
+``min_workers``), ``aryl-naivereclaim`` (``aryl`` with a naive reclaim: most recently loaned first), and
+``aryl-nogoodput`` (``aryl`` on declared throughput only: no goodput model, no batch choice).
+
+The package, one module per phase (each imports ``cycle`` and no other; this module runs them in order):
+``cycle`` (the cycle's scratch state and the helpers the steps share), ``loans`` (step 0), ``base``
+(step 1), ``sizing`` (the joint sizing and step 2, then the plan's job changes).
+
+Pure: no I/O, no wall clock; deterministic for a given snapshot.
+"""
+
+
+from __future__ import annotations
+
+from scheduler_service.core.params import PolicyParams
+from scheduler_service.core.plan import LoanNote, Plan, Reason
+from scheduler_service.core.protection import protected_jobs
+from scheduler_service.core.registry import ReclaimDecision, ReclaimPreviewUnsupported, policies
+from scheduler_service.core.snapshot import ClusterSnapshot, JobView
+from scheduler_service.core.throughput import JobEstimate
+from scheduler_service.policies.aryl.base import base_demands
+from scheduler_service.policies.aryl.cycle import (
+    _Cycle,
+    _Job,
+    _running_jobs,
+    _server_gpus,
+    _server_id,
+    _state,
+    goodput_estimate,
+)
+from scheduler_service.policies.aryl.loans import (
+    _goodput_scale_in_cost,
+    _loaned_oldest_first,
+    choose_reclaim,
+    loan_cycle,
+)
+from scheduler_service.policies.aryl.sizing import (
+    completion_rates,
+    elastic_extras,
+    joint_sizing,
+    plan_batches,
+    plan_scales,
+    response_ratio,
+    size_notes,
+)
+
+# What other modules and the tests import from the package (the policy's parts live in its modules).
+__all__ = [
+    "ArylPolicy",
+    "_Job",
+    "_goodput_scale_in_cost",
+    "_running_jobs",
+    "choose_reclaim",
+    "completion_rates",
+    "goodput_estimate",
+    "response_ratio",
+]
+
+
+class ArylPolicy:
+    """``goodput``: jobs with a fitted goodput model (``core.goodput_fit``) are valued by it -- their
+    completion-time estimates (the knapsack's JCT reductions, the queue order's remaining GPU-time, the
+    reclaim's costs) come from their goodput at the best batch size for each size, and the plan carries
+    that batch (``Plan.batches``) for every job with batch limits that holds workers. Jobs without a
+    fitted model are decided exactly as without it."""
+
+    def __init__(self, name: str, params: PolicyParams, *, loaning: bool, elastic: bool,
+                 naive_reclaim: bool = False, goodput: bool = False, joint: bool = False) -> None:
+        self.name = name
+        self.joint = joint and elastic
+        self.params = params
+        self.loaning = loaning
+        self.elastic = elastic
+        self.naive_reclaim = naive_reclaim
+        self.goodput = goodput
+        self._carried: dict[int, tuple[JobView, int, JobEstimate]] = {}  # the last cycle's (``_Cycle.carry``)
+
+    def schedule(self, snapshot: ClusterSnapshot) -> Plan:
+        cycle = _Cycle(
+            snapshot=snapshot,
+            servers=dict(zip(map(_server_id, snapshot.servers), snapshot.servers, strict=True)),
+            server_state=dict(zip(map(_server_id, snapshot.servers), map(_state, snapshot.servers), strict=True)),
+            running=_running_jobs(snapshot),
+            params=self.params,
+            goodput_servers=_server_gpus(snapshot) if self.goodput else 0,
+            carried=self._carried,
+        )
+        cycle.protected = protected_jobs((j.view for j in cycle.running.values()), snapshot.now, self.params)
+        if self.loaning:
+            loan_cycle(cycle, naive_reclaim=self.naive_reclaim, elastic=self.elastic)
+        else:
+            cycle.loan_note = LoanNote(Reason.NOT_LOANED_BY_POLICY,
+                                       f"policy {self.name!r} never loans inference servers to training")
+        cycle.rebuild_capacity()
+        if self.joint:
+            joint_sizing(cycle)
+        base_demands(cycle, joint=self.joint, loaning=self.loaning)
+        if self.elastic:
+            elastic_extras(cycle, joint=self.joint)
+        else:
+            for job in cycle.running.values():
+                if len(job.workers) < job.view.max_workers:
+                    cycle.holds[job.view.job_id] = (
+                        Reason.HELD_NOT_ELASTIC, f"policy {self.name!r} runs jobs at min_workers (no elastic scaling)")
+        scales = tuple(plan_scales(cycle))  # first: it may grow this cycle's starts to full size
+        self._carried = cycle.carry()
+        return Plan(
+            starts=tuple(cycle.starts),
+            scales=scales,
+            preemptions=tuple(cycle.preemptions),
+            server_actions=tuple(cycle.server_actions),
+            pending=tuple(cycle.pending),
+            held=size_notes(cycle, scales),
+            loan_note=cycle.loan_note,
+            batches=plan_batches(cycle) if self.goodput else (),
+        )
+
+    def preview_reclaim(self, snapshot: ClusterSnapshot, count: int) -> ReclaimDecision:
+        """Dry run (``core.registry.ReclaimPreviewer``): what this policy's reclaim would choose if
+        inference needed ``count`` loaned servers back now. Changes nothing."""
+        if not self.loaning:
+            raise ReclaimPreviewUnsupported(self.name)
+        return choose_reclaim(_running_jobs(snapshot), _loaned_oldest_first(snapshot), count, self.params,
+                              snapshot.now, naive=self.naive_reclaim,
+                              goodput_servers=_server_gpus(snapshot) if self.goodput else 0)
+
+
+def _register(name: str, *, loaning: bool, elastic: bool, naive_reclaim: bool = False, goodput: bool = False,
+              joint: bool = True) -> None:
+    policies.register(name)(
+        lambda params: ArylPolicy(name, params, loaning=loaning, elastic=elastic, naive_reclaim=naive_reclaim,
+                                  goodput=goodput, joint=joint)
+    )
+
+
+# The elastic variants use a job's goodput model where it has one (jobs without one: as before).
+_register("aryl", loaning=True, elastic=True, goodput=True)
+_register("aryl-noloan", loaning=False, elastic=True, goodput=True)
+_register("aryl-noelastic", loaning=True, elastic=False)
+_register("sjf", loaning=False, elastic=False)  # separate clusters: the paper's baseline
+# The reclaim ablation: the full policy, but reclaim takes the most recently loaned servers back.
+_register("aryl-naivereclaim", loaning=True, elastic=True, naive_reclaim=True, goodput=True)
+# The goodput ablation: the full policy, elastic on declared throughput only (no fit, no batch choice).
+_register("aryl-nogoodput", loaning=True, elastic=True)
+# The sizing ablation: the full policy with the earlier two steps -- queued gangs first, shortest first (taking
+# other jobs' extras), then the spare GPUs to running jobs by the JCT reduction they buy -- instead of one
+# joint decision over every running and queued job.
+_register("aryl-nojoint", loaning=True, elastic=True, goodput=True, joint=False)

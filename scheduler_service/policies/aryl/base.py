@@ -1,0 +1,388 @@
+"""Step 1 of an Aryl cycle: the base demands. The queue in order (quota, classes, fair share; starving jobs
+first unless the joint sizing ran), each job's gang at ``min_workers`` on free GPUs, else over other
+jobs' elastic extras (they are scaled in for it), else by preempting jobs its queue or class may preempt;
+a starving job that still does not fit gets a reservation, which later jobs backfill around (EASY).
+The joint sizing's deferred jobs take, last, what admitted gangs could not use. A job that waits says why,
+naming the protected jobs that held it up.
+
+Must never grow a running job (step 2, ``sizing``) or touch a loan (step 0, ``loans``).
+Pure: no I/O, no wall clock; deterministic for a given snapshot.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from scheduler_service.core.fit import never_fits
+from scheduler_service.core.placement import TRAINING_FIRST
+from scheduler_service.core.plan import KeepPending, PreemptJob, Reason, StartJob, WorkerPlacement
+from scheduler_service.core.protection import Mechanism, Protection, blocked
+from scheduler_service.core.quota import preemption_order
+from scheduler_service.core.snapshot import JobView
+from scheduler_service.lifecycle import Pool
+from scheduler_service.policies.aryl.cycle import _Cycle, _Job, _ledger, _placed, _work_lost, _Worker
+
+
+def base_demands(cycle: _Cycle, *, joint: bool, loaning: bool) -> None:
+    """Step 1: the queue's gangs at ``min_workers``, in order (the module doc). ``joint``: the joint sizing
+    ran first (``sizing.joint_sizing``: starving jobs are not put first, its deferred jobs go last);
+    ``loaning``: the policy may place on inference servers (what can never fit)."""
+    p, snap = cycle.params, cycle.snapshot
+
+    def starving(job: JobView) -> bool:
+        return snap.now - job.submitted_at >= p.starvation_s
+
+    def order(job: JobView) -> tuple[bool, int, float, float, int]:
+        gpu_time = cycle.estimate(job).remaining_gpu_time(job.min_workers, job.gpus_per_worker)
+        return (not starving(job) and not joint, -job.priority, gpu_time, job.submitted_at, job.job_id)
+
+    quota = cycle.quota = _ledger(cycle, {})
+    waiting_before: JobView | None = None
+    # Gang shapes (gpus per worker, workers) that fit nowhere, not even over extras. Free GPUs plus
+    # extras only shrink during this step, so any shape at least as large fails too.
+    no_fit: list[tuple[int, int]] = []
+    # The last job that waited with no victims to preempt and not starving (``_Waited``). A next job of the same
+    # kind (``_kind``), not starving either, while the plan has started, preempted and reserved
+    # nothing more would take the same steps on the same free GPUs and quota usage and fail them
+    # the same way (its shape is in ``no_fit`` by then, so it tries no extras and names no
+    # protection): it waits for the same reason without the steps. A long queue holds 10,000s of
+    # jobs of a few kinds (a job array is one), and a burst of submits wakes a cycle after another.
+    last_wait: _Waited | None = None
+
+    def waited(job: JobView, victims: bool, reason: Reason, message: str) -> _Waited | None:
+        if victims or starving(job):
+            return None
+        return _Waited(_kind(job), len(cycle.starts), len(cycle.preemptions), cycle.reserved, reason, message)
+
+    later: list[JobView] = []  # deferred by the joint sizing (``sizing.joint_sizing``): after the others
+    for job in quota.order(snap.pending_jobs(), order):  # quota first, classes, fair share (core.quota)
+        if (last_wait is not None and last_wait.kind == _kind(job) and last_wait.starts == len(cycle.starts)
+                and last_wait.preemptions == len(cycle.preemptions) and last_wait.reserved is cycle.reserved
+                and not starving(job)):
+            cycle.pending.append(KeepPending(job.job_id, last_wait.reason, last_wait.message))
+            continue
+        last_wait = None
+        if job.job_id in cycle.deferred:
+            later.append(job)
+            continue
+        verdict = quota.check(job, job.min_workers * job.gpus_per_worker)
+        if not verdict.allowed:  # its queue may not take the GPUs: it waits without holding others up,
+            # unless lower classes of its own queue give way (their GPUs count against the same quota)
+            victims = quota.has_victims(job)
+            workers = _place_by_preemption(cycle, job) if victims else None
+            if workers is None:
+                reason, message = verdict.reason or Reason.WAITING_FOR_QUOTA, verdict.message
+                cycle.pending.append(_protected_pending(cycle, job, reason, message))
+                last_wait = waited(job, victims, reason, message)
+                continue
+            quota.charge(job, job.min_workers * job.gpus_per_worker)
+            cycle.starts.append(StartJob(job.job_id, workers, Reason.PLACED, _placed(workers)))
+            cycle.running[job.job_id] = _Job(job, list(workers))
+            continue
+        exclude = _exclusion(cycle, job)
+        workers = cycle.capacity.place_gang(job, job.min_workers, pools=TRAINING_FIRST, exclude=exclude)
+        if workers is None and not any(
+            g <= job.gpus_per_worker and n <= job.min_workers for g, n in no_fit
+        ):
+            workers = _place_over_extras(cycle, job, exclude)
+            if workers is None:
+                no_fit.append((job.gpus_per_worker, job.min_workers))
+        victims = quota.has_victims(job)
+        if workers is None and victims:
+            workers = _place_by_preemption(cycle, job)
+        if workers is not None:
+            quota.charge(job, job.min_workers * job.gpus_per_worker)
+            if waiting_before is None:
+                reason, why = Reason.PLACED, ""
+            else:
+                reason, why = Reason.BACKFILLED, f"; backfilled ahead of job {waiting_before.job_id}"
+            cycle.starts.append(StartJob(job.job_id, workers, reason, _placed(workers) + why))
+            cycle.running[job.job_id] = _Job(job, list(workers))
+            continue
+        waiting_before = waiting_before or job
+        if cycle.reserved and job.job_id != cycle.reserved_for:
+            reason, message = _unplaceable(cycle, job, loaning=loaning)
+            if reason == Reason.WAITING_FOR_GANG:
+                reason = Reason.WAITING_FOR_RESERVATION
+                message += f"; server(s) {', '.join(sorted(cycle.reserved))} are held for a starving job"
+            cycle.pending.append(_protected_pending(cycle, job, reason, message))
+            last_wait = waited(job, victims, reason, message)
+            continue
+        reason, message = _unplaceable(cycle, job, loaning=loaning)
+        if starving(job) and not cycle.reserved and reason != Reason.CANNOT_FIT:
+            cycle.reserved = _reserve(cycle, job)
+            if cycle.reserved:
+                cycle.reserved_for = job.job_id
+                message += (f"; waiting {snap.now - job.submitted_at:.0f}s: server(s) "
+                            f"{', '.join(sorted(cycle.reserved))} are reserved for it")
+        cycle.pending.append(_protected_pending(cycle, job, reason, message))
+        last_wait = waited(job, victims, reason, message)
+    if later:
+        _start_deferred(cycle, later)
+
+
+def _start_deferred(cycle: _Cycle, later: list[JobView]) -> None:
+    """The joint sizing's deferred jobs, in the queue's order, after every other: the GPUs it admitted
+    jobs for that then did not fit (their gangs found no room on the servers, where the sizing counts
+    GPUs) go to these on free GPUs, so no GPU the sizing gave out idles. The rest wait, saying why."""
+    admitted = cycle.admitted or {}
+    started = {s.job_id for s in cycle.starts}
+    views = {j.job_id: j for j in cycle.snapshot.pending_jobs() if j.job_id in admitted}
+    budget = sum(v.min_workers * v.gpus_per_worker for job_id, v in views.items() if job_id not in started)
+    quota = cycle.quota
+    assert quota is not None
+    for job in later:
+        need = job.min_workers * job.gpus_per_worker
+        verdict = quota.check(job, need)
+        if not verdict.allowed:  # the others' starts took its queue's room: the reason that lasts
+            cycle.pending.append(KeepPending(job.job_id, verdict.reason or Reason.WAITING_FOR_QUOTA,
+                                             verdict.message))
+            continue
+        workers = None
+        if need <= budget:
+            workers = cycle.capacity.place_gang(job, job.min_workers, pools=TRAINING_FIRST,
+                                                exclude=_exclusion(cycle, job))
+        if workers is None:
+            cycle.pending.append(KeepPending(job.job_id, Reason.WAITING_FOR_GANG, cycle.deferred[job.job_id]))
+            continue
+        budget -= need
+        quota.charge(job, need)
+        cycle.starts.append(StartJob(job.job_id, workers, Reason.BACKFILLED, _placed(workers) + (
+            "; backfilled on GPUs the joint sizing gave jobs whose gangs did not fit")))
+        cycle.running[job.job_id] = _Job(job, list(workers))
+
+
+def _unplaceable(cycle: _Cycle, job: JobView, *, loaning: bool) -> tuple[Reason, str]:
+    """Why a queued job's gang is not placed this cycle: CANNOT_FIT when it would not fit even on
+    every server this policy may ever place on, all free (``core.fit``: the cluster shrank under
+    it, or SubmitJob could not know yet), else what the free capacity lacks now."""
+    if cycle.server_gpus is None:
+        cycle.server_gpus = [len(s.gpu_indices) for s in cycle.snapshot.servers
+                             if s.pool == Pool.TRAINING or loaning]
+    shape = (job.gpus_per_worker, job.min_workers)
+    if shape in cycle.never_fit:
+        why = cycle.never_fit[shape]
+    else:
+        why = cycle.never_fit[shape] = never_fits(
+            job.gpus_per_worker, job.min_workers, cycle.server_gpus,
+            servers="training + inference servers" if loaning else "training servers")
+    if why is not None:
+        return Reason.CANNOT_FIT, f"can never fit the servers registered now: {why}"
+    return cycle.capacity.explain_unplaceable(job, job.min_workers)
+
+
+def _place_over_extras(cycle: _Cycle, job: JobView, exclude: frozenset[str]
+                       ) -> tuple[WorkerPlacement, ...] | None:
+    """Place a gang on free GPUs plus those of other jobs' extra workers, scaling those in. Extras of
+    a job in its protection window stay (``core.protection``); when only they would have made room,
+    the job's pending reason says so (``cycle.blocked_by``)."""
+    extras: list[tuple[_Job, _Worker]] = []
+    shielded: list[tuple[_Job, _Worker]] = []
+    for other in cycle.running.values():
+        if other.extras > 0:
+            pair = [(other, w) for w in other.workers[other.view.min_workers:]]
+            (shielded if other.view.job_id in cycle.protected else extras).extend(pair)
+    if not extras and not shielded:
+        return None
+    trial = cycle.capacity.copy()
+    trial.release_many((w.server_id, w.gpu_indices) for _, w in extras)
+    placed = trial.place_gang(job, job.min_workers, pools=TRAINING_FIRST, exclude=exclude)
+    if placed is None and shielded:
+        trial.release_many((w.server_id, w.gpu_indices) for _, w in shielded)
+        if trial.place_gang(job, job.min_workers, pools=TRAINING_FIRST, exclude=exclude) is not None:
+            starving = cycle.snapshot.now - job.submitted_at >= cycle.params.starvation_s
+            mechanism = Mechanism.STARVATION if starving else Mechanism.BASE_DEMAND
+            cycle.blocked_by.setdefault(job.job_id, []).append(
+                tuple((cycle.protected[i], mechanism) for i in sorted({o.view.job_id for o, _ in shielded})))
+    if placed is None:
+        return None
+    taken = {(w.server_id, g) for w in placed for g in w.gpu_indices}
+    shrunk: dict[int, _Job] = {}
+    for other, w in extras:
+        if any((w.server_id, g) in taken for g in w.gpu_indices):
+            other.workers.remove(w)
+            shrunk[other.view.job_id] = other
+            cycle.capacity.release(w.server_id, [g for g in w.gpu_indices if (w.server_id, g) not in taken])
+            if cycle.quota is not None:
+                cycle.quota.release(other.view, other.view.gpus_per_worker)
+    for other in shrunk.values():  # once all its taken extras are gone: the message names the size left
+        other.made_room_for.append(job.job_id)
+        other.scaled_in(Reason.SCALED_IN_FOR_BASE_DEMAND)
+    for w in placed:
+        cycle.capacity.take(w.server_id, w.gpu_indices)
+    return placed
+
+
+def _place_by_preemption(cycle: _Cycle, job: JobView) -> tuple[WorkerPlacement, ...] | None:
+    """Place a gang by preempting running jobs it may preempt (``QuotaLedger.may_preempt``: a queue's
+    borrowed GPUs for a job within its quota, lower priority classes of its own queue), cheapest
+    first, as few as make the gang fit and its queue's quota allow it; a victim is spared when the
+    gang does not use its GPUs and the quota does not need them."""
+    quota, p, now = cycle.quota, cycle.params, cycle.snapshot.now
+    assert quota is not None
+    # What may_preempt answers depends on the job's queue, class and (queues enforced) its gang's GPUs,
+    # and on the running jobs and quotas, which change only as this cycle starts or preempts a job.
+    key = (job.queue, job.priority_class, job.min_workers * job.gpus_per_worker if quota.enforced else 0,
+           len(cycle.starts), len(cycle.preemptions))
+    scan = cycle.preemption_scans.get(key)
+    if scan is None:
+        started = {s.job_id for s in cycle.starts}
+        candidates, shielded = [], []
+        for o in cycle.running.values():
+            may = quota.may_preempt(job, o.view)
+            if may is None:
+                continue
+            gpus = len(o.workers) * o.view.gpus_per_worker
+            if o.view.job_id in cycle.protected:  # anti-thrashing: never a protected job (core.protection)
+                shielded.append((cycle.protected[o.view.job_id],
+                                 Mechanism.QUOTA if may == Reason.PREEMPTED_FOR_QUOTA else Mechanism.PRIORITY))
+            elif o.view.job_id not in started:
+                candidates.append((o.view, _work_lost(o, now) + p.restart_cost_s * gpus, gpus))
+        scan = cycle.preemption_scans[key] = (preemption_order(candidates), tuple(shielded))
+    victims, shielded_by = scan
+    if not victims:  # a long queue of such jobs: no copy of the capacity each
+        _not_preempted(cycle, job, shielded_by)
+        return None
+    trial, chosen, placed = cycle.capacity.copy(), [], None
+    for victim in victims:
+        reason = quota.may_preempt(job, victim)  # again: its queue may be back within its quota
+        if reason is None:
+            continue
+        other = cycle.running[victim.job_id]
+        trial.release_many((w.server_id, w.gpu_indices) for w in other.workers)
+        quota.release(victim, len(other.workers) * victim.gpus_per_worker)
+        chosen.append((other, reason))
+        placed = trial.place_gang(job, job.min_workers, pools=TRAINING_FIRST, exclude=cycle.reserved)
+        if placed is not None and not quota.check(job, job.min_workers * job.gpus_per_worker).allowed:
+            trial.release_many((w.server_id, w.gpu_indices) for w in placed)  # fits, but not in its quota yet
+            placed = None
+        if placed is not None:
+            break
+    taken = {(w.server_id, g) for w in placed for g in w.gpu_indices} if placed is not None else set()
+    need = job.min_workers * job.gpus_per_worker
+    for other, reason in chosen:
+        view = other.view
+        if not any((w.server_id, g) in taken for w in other.workers for g in w.gpu_indices):
+            quota.charge(view, len(other.workers) * view.gpus_per_worker)
+            if placed is None or quota.check(job, need).allowed:
+                continue  # spared: the gang does not use its GPUs, and the quota does not need them
+            quota.release(view, len(other.workers) * view.gpus_per_worker)
+        del cycle.running[view.job_id]
+        cycle.capacity.release_many((w.server_id, w.gpu_indices) for w in other.workers)
+        q = quota.queue_of(view)
+        cycle.preemptions.append(PreemptJob(
+            view.job_id, reason,
+            f"queue `{q.name}` borrowed GPUs beyond its quota of {q.quota_gpus}; job {job.job_id} of queue "
+            f"`{job.queue}` needed them back within its quota; requeued"
+            if reason == Reason.PREEMPTED_FOR_QUOTA else
+            f"job {job.job_id} of a higher priority class ({job.priority_class} > {view.priority_class}) in "
+            f"queue `{q.name}` needed its GPUs; requeued"))
+    if placed is None:
+        _not_preempted(cycle, job, shielded_by)
+        return None
+    for w in placed:
+        cycle.capacity.take(w.server_id, w.gpu_indices)
+    return placed
+
+
+def _reserve(cycle: _Cycle, job: JobView) -> frozenset[str]:
+    """Servers that together could hold the job's gang once their workers finish: those whose jobs are
+    estimated to end soonest (a job's elastic extras count as free: the gang may take them), training
+    servers before loaned ones, so that the reservation idles as few GPUs as briefly as it can. Sets
+    ``cycle.reserved_until``: queued jobs estimated to finish by then may still use those servers
+    (``_exclusion``)."""
+    ends: dict[str, float] = {}
+    for other in cycle.running.values():
+        left = cycle.estimate(other.view).remaining_time(len(other.workers))
+        for w in other.workers[: other.view.min_workers]:
+            ends[w.server_id] = max(ends.get(w.server_id, 0.0), left)
+    slots, chosen, until = 0, [], 0.0
+    for s in sorted(cycle.capacity.servers.values(),
+                    key=lambda s: (ends.get(s.server_id, 0.0), s.pool != Pool.TRAINING, -len(s.gpu_indices),
+                                   s.server_id)):
+        usable = len(s.gpu_indices) - len(s.unhealthy_gpus)
+        if usable >= job.gpus_per_worker:
+            chosen.append(s.server_id)
+            slots += usable // job.gpus_per_worker
+            until = max(until, ends.get(s.server_id, 0.0))
+        if slots >= job.min_workers:
+            cycle.reserved_until = cycle.snapshot.now + until
+            return frozenset(chosen)
+    return frozenset()
+
+
+def _exclusion(cycle: _Cycle, job: JobView) -> frozenset[str]:
+    """The servers a queued job may not start on: those reserved for a starving job, unless it is estimated
+    to finish before their jobs end anyway (backfilling that does not delay the reservation, as EASY
+    backfilling does)."""
+    if not cycle.reserved or job.job_id == cycle.reserved_for:
+        return cycle.reserved
+    left = cycle.estimate(job).remaining_time(job.min_workers) + cycle.params.restart_cost_s
+    return frozenset() if cycle.snapshot.now + left <= cycle.reserved_until else cycle.reserved
+
+
+# A waiting job's reason names at most this many of the protected jobs holding it up, the first out of
+# protection first, and counts the rest: a burst of high-class jobs on a cluster of newly started low-class
+# ones would otherwise name 100s in each queued job's reason (cut at 2,048 characters where it is stored).
+NAMED_PROTECTIONS = 3
+
+
+_Kind = tuple[str, int, int, int, tuple[str, ...]]
+
+
+def _kind(job: JobView) -> _Kind:
+    """What the base-demand steps read of a queued job that waits without victims (``base_demands``),
+    besides its id and whether it starves: its queue and class (quota and preemption), its gang's shape
+    and GPU types (placement and the explanation)."""
+    return job.queue, job.priority_class, job.gpus_per_worker, job.min_workers, job.gpu_types
+
+
+class _Waited(NamedTuple):
+    """A queued job that waited with no victims and not starving, and the plan's progress then: a next
+    job of its kind waits for the same reason while the plan has started, preempted and reserved nothing
+    more (``base_demands``)."""
+
+    kind: _Kind
+    starts: int
+    preemptions: int
+    reserved: frozenset[str]
+    reason: Reason
+    message: str
+
+
+def _protected_pending(cycle: _Cycle, job: JobView, reason: Reason, message: str) -> KeepPending:
+    """Why ``job`` waits; WAITING_FOR_PROTECTED_JOBS, naming the protections (``NAMED_PROTECTIONS`` of
+    them), when running jobs whose GPUs it could have taken (extras, or by quota or priority) are in
+    their protection window."""
+    groups = cycle.blocked_by.get(job.job_id)
+    if not groups:  # (a group is never empty)
+        return KeepPending(job.job_id, reason, message)
+    if len(groups) == 1:  # a queue of jobs held up by one preemption scan: its text is made once
+        text = cycle.shield_texts.get(id(groups[0]))
+        if text is None:
+            text = cycle.shield_texts[id(groups[0])] = _shields_text(groups[0])
+    else:
+        text = _shields_text([shield for group in groups for shield in group])
+    return KeepPending(job.job_id, Reason.WAITING_FOR_PROTECTED_JOBS, f"{message}; {text}")
+
+
+def _shields_text(shields: Sequence[tuple[Protection, Mechanism]]) -> str:
+    """The protections named in a pending reason: each job once (its first mechanism), the first out of
+    protection first, ``NAMED_PROTECTIONS`` of them and a count of the rest."""
+    first: dict[int, tuple[Protection, Mechanism]] = {}
+    for shield, mechanism in shields:
+        first.setdefault(shield.job_id, (shield, mechanism))
+    named = heapq.nsmallest(NAMED_PROTECTIONS, first.values(), key=lambda s: (s[0].until, s[0].job_id))
+    parts = [blocked(shield, mechanism) for shield, mechanism in named]
+    if len(first) > len(named):
+        parts.append(f"{len(first) - len(named)} more protected job(s) likewise")
+    return "; ".join(parts)
+
+
+def _not_preempted(cycle: _Cycle, job: JobView, shielded: tuple[tuple[Protection, Mechanism], ...]) -> None:
+    """No gang by preemption: the protected jobs ``job`` may have preempted go to its reason (one group,
+    shared by the jobs of one scan)."""
+    if shielded:
+        cycle.blocked_by.setdefault(job.job_id, []).append(shielded)

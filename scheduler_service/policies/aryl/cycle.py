@@ -1,0 +1,215 @@
+"""The scratch state of one Aryl cycle (``_Cycle``: computed once, changed step by step), the running jobs
+as the plan changes them (``_Job``), and the small helpers the steps share: each job's estimate
+(``goodput_estimate``), the work a preemption loses, the queues' usage, a start's message.
+
+Must never decide anything a step decides (``loans``, ``base``, ``sizing`` do), and never import them.
+Pure: no I/O, no wall clock (``now`` is the snapshot's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from operator import attrgetter
+
+from scheduler_service.core.goodput_fit import GPUS_PER_SERVER, goodput_curve, job_goodput
+from scheduler_service.core.params import PolicyParams
+from scheduler_service.core.placement import FreeCapacity
+from scheduler_service.core.plan import (
+    KeepPending,
+    LoanNote,
+    LoanStep,
+    PreemptJob,
+    Reason,
+    ServerAction,
+    StartJob,
+    WorkerPlacement,
+)
+from scheduler_service.core.protection import Mechanism, Protection
+from scheduler_service.core.quota import QuotaLedger
+from scheduler_service.core.snapshot import ClusterSnapshot, JobView, ServerView, WorkerView
+from scheduler_service.core.throughput import JobEstimate, ThroughputModel, estimate
+from scheduler_service.lifecycle import JobState, ServerState
+
+RUNNING_STATES = (JobState.RUNNING, JobState.SCALING)
+_TRAINING_CAPABLE = (ServerState.TRAINING, ServerState.LOANED)
+
+# A worker as the plan holds it, in rank order within its job: the snapshot's own (a WorkerView) while
+# it stays, or a new placement. Never changed in place; only server_id and gpu_indices are read.
+_Worker = WorkerView | WorkerPlacement
+
+
+_rank, _server_id, _state = attrgetter("rank"), attrgetter("server_id"), attrgetter("state")
+
+
+@dataclass(slots=True)
+class _Job:
+    """A running job as this cycle's plan changes it."""
+
+    view: JobView
+    workers: list[_Worker]
+    reason: Reason | None = None
+    message: str = ""
+    reclaimed: bool = False  # scaled in off loaned servers going back to inference
+    made_room_for: list[int] = field(default_factory=list)  # queued jobs that took its extras' GPUs
+    override: str = ""  # a hard need set its protection window aside (``core.protection.overridden``)
+
+    @property
+    def extras(self) -> int:
+        return len(self.workers) - self.view.min_workers
+
+    def scaled_in(self, reason: Reason) -> None:
+        """Say why this cycle forced the job smaller, at the size it has now. A later step may shrink it
+        again (another queued gang takes more extras): each step rewrites the message, so it names the
+        size the plan ends with, as the "(now N worker(s))" the applier appends does. The first forced
+        step's reason stays the job's reason."""
+        self.reason = self.reason or reason
+        message = f"scaled in to {len(self.workers)} worker(s)"
+        if self.reclaimed:
+            message += ": loaned server(s) went back to inference"
+        if self.made_room_for:
+            jobs = f"job{'s' if len(self.made_room_for) > 1 else ''} {', '.join(map(str, self.made_room_for))}"
+            message += f"{', and' if self.reclaimed else ''} so {jobs} can start"
+        self.message = message + (f"; {self.override}" if self.override else "")
+
+
+@dataclass(slots=True)
+class _Cycle:
+    """Scratch state of one scheduling cycle, computed once and changed step by step."""
+
+    snapshot: ClusterSnapshot
+    servers: dict[str, ServerView]
+    server_state: dict[str, ServerState]
+    running: dict[int, _Job]
+    params: PolicyParams
+    estimates: dict[int, JobEstimate] = field(default_factory=dict)  # filled on first use (estimate())
+    # The last cycle's estimates of queued jobs, with the view and server size each was made from: a job
+    # whose view is the same object (its row unchanged: ``store.snapshot``) keeps its estimate.
+    carried: Mapping[int, tuple[JobView, int, JobEstimate]] = field(default_factory=dict)
+    capacity: FreeCapacity = field(init=False)
+    starts: list[StartJob] = field(default_factory=list)
+    preemptions: list[PreemptJob] = field(default_factory=list)
+    server_actions: list[ServerAction] = field(default_factory=list)
+    pending: list[KeepPending] = field(default_factory=list)
+    reserved: frozenset[str] = frozenset()
+    reserved_for: int | None = None
+    reserved_until: float = 0.0  # when the reserved servers' jobs are estimated to have ended (``base._reserve``)
+    server_gpus: list[int] | None = None  # GPUs of each server the policy may place on (``base._unplaceable``)
+    # ``core.fit.never_fits`` over ``server_gpus`` per gang shape (GPUs per worker, workers): it walks every
+    # server, and a long queue holds 10,000s of jobs of a few shapes.
+    never_fit: dict[tuple[int, int], str | None] = field(default_factory=dict)
+    # Why a running job below max_workers keeps its size this cycle (``sizing.elastic_extras``; ``sizing.size_notes``).
+    holds: dict[int, tuple[Reason, str]] = field(default_factory=dict)
+    loan_note: LoanNote | None = None  # why no (further) server is loaned (``loans.loan_cycle``)
+    quota: QuotaLedger | None = None  # queues' quotas and usage as step 1 changes them (``core.quota``)
+    # The servers' GPUs when fitted jobs are valued by their goodput model (``goodput_estimate``); 0: never.
+    goodput_servers: int = 0
+    # Running jobs in their protection window (``core.protection``), asked by every step; and, per queued
+    # job, the protected jobs whose GPUs it would have taken (its pending reason names them).
+    protected: dict[int, Protection] = field(default_factory=dict)
+    # (Groups of protections: one per step that found some, shared by the jobs one preemption scan served.)
+    blocked_by: dict[int, list[tuple[tuple[Protection, Mechanism], ...]]] = field(default_factory=dict)
+    # ``base._place_by_preemption``'s scans of the running jobs, by kind of preemptor and by how many jobs the
+    # cycle had started and preempted (only those change the running jobs and quotas): (victims in
+    # preemption order, the protected jobs it may not take). A long queue of one class asks 1,000s of times.
+    preemption_scans: dict[tuple[str, int, int, int, int],
+                           tuple[list[JobView], tuple[tuple[Protection, Mechanism], ...]]] = field(
+        default_factory=dict)
+    # ``base._protected_pending``'s text of each ``blocked_by`` group, by the group's id (the groups live in
+    # ``blocked_by`` as long as the cycle, so no id is reused meanwhile).
+    shield_texts: dict[int, str] = field(default_factory=dict)
+    # The joint sizing's answer (``sizing.joint_sizing``; None: the policy does not size jointly): the queued jobs
+    # it admits this cycle, by job id, with the workers it sized them at; and the queued jobs it weighed
+    # and left waiting, with why (step 1 starts none of those unless it starves).
+    admitted: dict[int, int] | None = None
+    deferred: dict[int, str] = field(default_factory=dict)
+
+    def training_capable(self, server_id: str) -> bool:
+        return self.server_state[server_id] in _TRAINING_CAPABLE
+
+    def estimate(self, job: JobView) -> JobEstimate:
+        """The job's remaining work and speed curve at ``now``; computed once per cycle, and only for
+        the jobs a step asks about (the queue, the elastic jobs), not every active job."""
+        known = self.estimates.get(job.job_id)
+        if known is None:
+            carried = self.carried.get(job.job_id)
+            if carried is not None and carried[0] is job and carried[1] == self.goodput_servers:
+                known = carried[2]
+            else:
+                known = goodput_estimate(job, self.snapshot.now, self.params, self.goodput_servers)
+            self.estimates[job.job_id] = known
+        return known
+
+    def carry(self) -> dict[int, tuple[JobView, int, JobEstimate]]:
+        """The estimates the next cycle may keep: those of jobs holding no GPUs, which do not depend on
+        ``now`` (``core.throughput.estimate`` reads the clock only for a running job)."""
+        views = {job.job_id: job for job in self.snapshot.jobs}
+        return {job_id: (view, self.goodput_servers, known) for job_id, known in self.estimates.items()
+                if (view := views.get(job_id)) is not None and not view.workers}
+
+    def rebuild_capacity(self) -> None:
+        """Free GPUs on the servers that may run training once this cycle's loan steps are done."""
+        held: dict[str, set[int]] = {}
+        for job in self.running.values():
+            for w in job.workers:
+                on_server = held.get(w.server_id)
+                if on_server is None:
+                    held[w.server_id] = set(w.gpu_indices)
+                else:
+                    on_server.update(w.gpu_indices)
+        state = self.server_state
+        self.capacity = FreeCapacity.without(
+            (s for sid, s in self.servers.items() if state[sid] in _TRAINING_CAPABLE), held)
+
+    def act(self, server_id: str, step: LoanStep, target: ServerState, reason: Reason, message: str) -> None:
+        self.server_actions.append(ServerAction(server_id, step, reason, message))
+        self.server_state[server_id] = target
+
+
+def goodput_estimate(job: JobView, now: float, params: PolicyParams, gpus_per_server: int) -> JobEstimate:
+    """The job's ``core.throughput.estimate``; for a job with a fitted goodput model
+    (``core.goodput_fit.job_goodput``) when ``gpus_per_server`` > 0, the same remaining work over the
+    speed curve of its goodput at the best batch size per worker count (``goodput_curve``: anchored at
+    its declared speed at ``min_workers``, so the queue order, which reads that speed, is unchanged)."""
+    known = estimate(job, now=now, default_runtime_s=params.default_runtime_s, alpha=params.amdahl_alpha)
+    if gpus_per_server <= 0:
+        return known
+    model = job_goodput(job)
+    if model is None:
+        return known
+    last = max(job.max_workers, job.min_workers, job.num_workers)
+    curve = goodput_curve(job, model, last, alpha=params.amdahl_alpha, gpus_per_server=gpus_per_server)
+    return JobEstimate(ThroughputModel(curve, params.amdahl_alpha), known.remaining_work)
+
+
+def _work_lost(job: _Job, now: float) -> float:
+    """GPU-seconds lost if the job is preempted now: work since its last checkpoint or resize."""
+    view = job.view
+    since = max(t for t in (view.last_checkpoint_at, view.last_resized_at, view.started_at, 0.0) if t is not None)
+    return max(now - since, 1.0) * len(job.workers) * view.gpus_per_worker
+
+
+def _running_jobs(snapshot: ClusterSnapshot) -> dict[int, _Job]:
+    """The running jobs of the snapshot, each with its workers in rank order."""
+    return {
+        j.job_id: _Job(j, sorted(j.workers, key=_rank) if len(j.workers) > 1 else list(j.workers))
+        for j in snapshot.jobs
+        if j.state in RUNNING_STATES and j.workers
+    }
+
+
+def _server_gpus(snapshot: ClusterSnapshot) -> int:
+    """GPUs of the largest server: how a goodput model packs a job's workers (``core.goodput_fit.nodes_for``)."""
+    return max((len(s.gpu_indices) for s in snapshot.servers), default=GPUS_PER_SERVER)
+
+
+def _ledger(cycle: _Cycle, workers: dict[int, int]) -> QuotaLedger:
+    """The queues' usage with each running job at ``workers[job id]`` workers (default: as planned now)."""
+    held = ((j.view, workers.get(j.view.job_id, len(j.workers)) * j.view.gpus_per_worker)
+            for j in cycle.running.values())
+    return QuotaLedger.of(cycle.snapshot, held)
+
+
+def _placed(workers: Sequence[WorkerPlacement]) -> str:
+    """The start message's opening: how many workers, on which servers."""
+    return f"placed {len(workers)} worker(s) on {', '.join(sorted({w.server_id for w in workers}))}"

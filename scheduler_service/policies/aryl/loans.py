@@ -1,0 +1,298 @@
+"""Step 0 of an Aryl cycle: the loan cycle. From the inference demand, drained loans become active, loans
+still draining are cancelled when inference needs servers back, loaned servers are reclaimed
+(``choose_reclaim``: greedy on server preemption cost, a deadline a preemption makes a job miss counted in),
+vacated reclaimed servers serve again, and idle inference servers beyond demand are loaned while training
+has work for them.
+
+Must never place a queued job or size a running one beyond the reclaim's scale-ins (steps 1 and 2:
+``base``, ``sizing``). Pure: no I/O, no wall clock; deterministic for a given snapshot.
+"""
+
+from __future__ import annotations
+
+from scheduler_service.core.goodput_fit import job_goodput
+from scheduler_service.core.params import PolicyParams
+from scheduler_service.core.plan import LoanNote, LoanStep, PreemptJob, Reason, clock_time
+from scheduler_service.core.predict import predicted_remaining
+from scheduler_service.core.protection import Mechanism, overridden, protection, reclaim_penalty
+from scheduler_service.core.registry import ReclaimDecision
+from scheduler_service.core.snapshot import ClusterSnapshot, ServerView
+from scheduler_service.lifecycle import Pool, ServerState
+from scheduler_service.policies.aryl.cycle import _Cycle, _Job, _work_lost, goodput_estimate
+from scheduler_service.solvers.reclaim import ReclaimInstance, reclaim_greedy, reclaim_most_recent_first
+
+_TRAINING_OR_DRAINING = (ServerState.TRAINING, ServerState.LOANED, ServerState.DRAINING)
+
+
+def loan_cycle(cycle: _Cycle, *, naive_reclaim: bool, elastic: bool) -> None:
+    """Step 0: the loans and reclaims the inference demand calls for (the module doc). ``naive_reclaim``:
+    reclaim the most recently loaned servers (``choose_reclaim``); ``elastic``: training's demand counts
+    its running jobs' growth."""
+    p, snap = cycle.params, cycle.snapshot
+    inference = [s for s in snap.servers if s.pool == Pool.INFERENCE]
+    by_state: dict[ServerState, list[ServerView]] = {}
+    for s in sorted(inference, key=lambda s: (s.state_since, s.server_id)):
+        by_state.setdefault(s.state, []).append(s)
+    # Vacated reclaimed servers serve again once their agent confirms it stopped the workers, or
+    # at the reclaim's hard deadline, set by the RECLAIM step (``core.apply_rules.reclaim_deadline``;
+    # the router still routes there only once the agent confirms).
+    for s in by_state.get(ServerState.RECLAIMING, []):
+        if s.allocated:
+            continue
+        why = (
+            "training workers stopped; serving inference again" if s.agent_converged
+            # The stored deadline, not this policy's params: they may have changed since the RECLAIM.
+            else f"reclaim deadline of {s.reclaim_deadline - s.state_since:.0f}s passed before the agent "
+                 "confirmed the workers stopped; returned to inference by force"
+            if s.reclaim_deadline is not None and snap.now >= s.reclaim_deadline else None
+        )
+        if why is not None:
+            cycle.act(s.server_id, LoanStep.RETURN, ServerState.SERVING, Reason.RETURNED_TO_SERVING, why)
+    # Servers an operator took out: a loan still draining is cancelled (training may not use a
+    # cordoned server), and a drained one on loan is reclaimed the normal way (its jobs shrink or
+    # requeue as for any reclaim).
+    for s in by_state.get(ServerState.DRAINING, []):
+        if s.cordoned:
+            cycle.act(s.server_id, LoanStep.CANCEL, ServerState.SERVING, Reason.LOAN_CANCELLED,
+                      f"server {s.server_id} is cordoned ({s.admin}): not lent to training")
+    # A drain honours protection windows until its deadline, as on any server (``core.faults``): a loaned
+    # server holding a protected job is taken back once the window ends or the deadline passes.
+    taken_out = [s for s in by_state.get(ServerState.LOANED, []) if s.draining
+                 and not _drain_waits(cycle, s)]
+    if taken_out:
+        _reclaim(cycle, taken_out, len(taken_out), why="an operator drains it", naive=naive_reclaim,
+                 mechanism=Mechanism.DRAIN, need="must meet the operator's deadline")
+    if snap.demand is None:  # no demand signal yet: never loan blind
+        cycle.loan_note = LoanNote(Reason.NOT_LOANED_NO_DEMAND,
+                                   "no server loaned: no inference demand reported yet (loans follow the "
+                                   "router's demand signal)")
+        return
+    needed = snap.demand.servers_needed
+    serving = list(cycle.server_state.values()).count(ServerState.SERVING)
+    coming_back = sum(1 for s in by_state.get(ServerState.RECLAIMING, [])
+                      if cycle.server_state[s.server_id] == ServerState.RECLAIMING)
+    deficit = needed - serving - coming_back
+    draining = [s for s in by_state.get(ServerState.DRAINING, []) if not s.cordoned]
+    if deficit > 0:
+        for s in reversed(draining):  # the most recent loans are the cheapest to cancel
+            if deficit == 0:
+                break
+            cycle.act(s.server_id, LoanStep.CANCEL, ServerState.SERVING, Reason.LOAN_CANCELLED,
+                      f"inference needs {needed} server(s) again")
+            deficit -= 1
+        if deficit > 0:
+            _reclaim(cycle, [s for s in by_state.get(ServerState.LOANED, []) if not s.draining], deficit,
+                     why=f"inference needs {needed} serving server(s)", naive=naive_reclaim)
+    for s in draining:
+        if cycle.server_state[s.server_id] != ServerState.DRAINING:
+            continue
+        # The router's acknowledgement is the normal path; the timeout covers deployments without
+        # a router (demand reported by hand or by the user's own load balancer).
+        why = (
+            "the router reports no requests in flight; lent to training" if s.drained
+            else f"drained for {p.drain_timeout_s:.0f}s; lent to training"
+            if snap.now - s.state_since >= p.drain_timeout_s else None
+        )
+        if why is not None:
+            cycle.act(s.server_id, LoanStep.ACTIVATE, ServerState.LOANED, Reason.LOAN_ACTIVE, why)
+    surplus = serving - needed - p.loan_buffer_servers
+    if deficit <= 0 and surplus > 0:
+        _loan(cycle, by_state.get(ServerState.SERVING, []), surplus, needed, elastic=elastic)
+    else:
+        cycle.loan_note = LoanNote(
+            Reason.NOT_LOANED_NO_SURPLUS,
+            f"{_no_loan(cycle)}: inference needs {needed} server(s) + {p.loan_buffer_servers} spare "
+            f"(policy.loan_buffer_servers); {serving} serving" + (f", {coming_back} coming back" if coming_back
+                                                                  else ""))
+
+
+def _reclaim(cycle: _Cycle, loaned: list[ServerView], count: int, *, why: str, naive: bool,
+             mechanism: Mechanism = Mechanism.RECLAIM, need: str = "") -> None:
+    decision = choose_reclaim(cycle.running, loaned, count, cycle.params, cycle.snapshot.now, naive=naive,
+                              goodput_servers=cycle.goodput_servers)
+    chosen = set(decision.servers)
+    # A protected job is disrupted only when the servers without one did not suffice (``choose_reclaim``).
+    need = need or (f"needs {len(decision.servers)} loaned server(s) back and those without protected jobs "
+                    "do not suffice")
+    for job_id in decision.preempted:
+        job = cycle.running.pop(job_id)
+        shield = cycle.protected.get(job_id)
+        cycle.preemptions.append(
+            PreemptJob(job_id, Reason.PREEMPTED_FOR_RECLAIM,
+                       f"its loaned server(s) {', '.join(sorted(chosen & {w.server_id for w in job.workers}))} "
+                       f"went back to inference; below min_workers={job.view.min_workers}, requeued"
+                       + (f"; {overridden(shield, mechanism, need)}" if shield else ""))
+        )
+    for job_id, _, after in decision.scaled_in:
+        job = cycle.running[job_id]
+        job.workers = [w for w in job.workers if w.server_id not in chosen]
+        assert len(job.workers) == after
+        job.reclaimed = True
+        shield = cycle.protected.get(job_id)
+        if shield is not None:
+            job.override = overridden(shield, mechanism, need)
+        job.scaled_in(Reason.SCALED_IN_FOR_RECLAIM)
+    for server_id in decision.servers:
+        cycle.act(server_id, LoanStep.RECLAIM, ServerState.RECLAIMING, Reason.RECLAIMED_FOR_INFERENCE, why)
+
+
+def _loan(cycle: _Cycle, serving: list[ServerView], surplus: int, needed: int, *, elastic: bool) -> None:
+    p, snap = cycle.params, cycle.snapshot
+    demand = _training_demand_gpus(cycle, elastic=elastic)
+    if demand <= 0:
+        cycle.loan_note = LoanNote(Reason.NOT_LOANED_NO_TRAINING_DEMAND,
+                                   f"{_no_loan(cycle)}: training needs no more GPUs than are free")
+        return
+    idle = [s for s in serving
+            if snap.now - s.state_since >= p.loan_idle_s and not s.unhealthy_gpus and not s.cordoned]
+    if not idle:
+        waiting = [s for s in serving if snap.now - s.state_since < p.loan_idle_s and not s.unhealthy_gpus]
+        cycle.loan_note = LoanNote(
+            Reason.NOT_LOANED_NOT_IDLE,
+            f"{_no_loan(cycle)}: {surplus} serving server(s) to spare, but "
+            + (f"none has served {p.loan_idle_s:.0f}s (policy.loan_idle_s) in its state yet; the first may "
+               f"be loaned at {clock_time(min(s.state_since for s in waiting) + p.loan_idle_s)}" if waiting
+               else "none is fit to lend (unhealthy GPUs, or taken out by an operator)"))
+        return
+    cycle.loan_note = LoanNote(None)  # loans this cycle: their LOAN events say why
+    for s in idle[:surplus]:  # longest idle first
+        if demand <= 0:
+            break
+        cycle.act(s.server_id, LoanStep.LOAN, ServerState.DRAINING, Reason.LOANED_IDLE_SERVER,
+                  f"inference needs {needed} server(s) + {p.loan_buffer_servers} spare; training waits for "
+                  f"{demand} GPU(s)")
+        demand -= len(s.gpu_indices)
+
+
+def _training_demand_gpus(cycle: _Cycle, *, elastic: bool) -> int:
+    """GPUs training could use now beyond what is free on training-capable servers."""
+    snap = cycle.snapshot
+    pending = sum(j.min_workers * j.gpus_per_worker for j in snap.pending_jobs())
+    growth = sum(
+        (j.view.max_workers - len(j.workers)) * j.view.gpus_per_worker
+        for j in cycle.running.values()
+    ) if elastic else 0
+    free, state = 0, cycle.server_state
+    for s in snap.servers:
+        if state[s.server_id] in _TRAINING_OR_DRAINING and not s.cordoned:
+            free += len(s.free_gpus)
+    return pending + growth - free
+
+
+def _drain_waits(cycle: _Cycle, server: ServerView) -> bool:
+    """Does an operator's drain of this loaned server wait (``core.protection``)? While a job on it is in
+    its protection window and the drain's deadline (if any) has not passed."""
+    deadline = server.drain_deadline
+    if deadline is not None and cycle.snapshot.now >= deadline:
+        return False
+    return any(job_id in cycle.protected and any(w.server_id == server.server_id for w in job.workers)
+               for job_id, job in cycle.running.items())
+
+
+def _no_loan(cycle: _Cycle) -> str:
+    """How a loan note begins: whether some server is lent already."""
+    lent = any(state in (ServerState.DRAINING, ServerState.LOANED) for state in cycle.server_state.values())
+    return "no further server loaned" if lent else "no server loaned"
+
+
+def choose_reclaim(running: dict[int, _Job], loaned: list[ServerView], count: int, params: PolicyParams,
+                   now: float, *, naive: bool = False, goodput_servers: int = 0) -> ReclaimDecision:
+    """Greedy on server preemption cost (solvers.reclaim), recomputed after each pick. Loans younger
+    than ``min_loan_s`` are taken only when the older ones do not suffice. ``naive``: the baseline
+    the greedy is measured against -- the most recently loaned servers, whatever runs on them.
+    ``goodput_servers`` > 0 (the servers' GPUs; a goodput-aware policy): a job with a fitted goodput
+    model also pays, per worker it loses, the completion time its goodput model says that worker saves
+    (``_goodput_scale_in_cost``), and its deadline cost reads its goodput estimate; 0: as without."""
+    old = [s for s in loaned if s.loan_started_at is None or now - s.loan_started_at >= params.min_loan_s]
+    candidates = old if len(old) >= count else loaned
+    count = min(count, len(candidates))
+    if count <= 0:
+        return ReclaimDecision((), (), (), 0.0)
+    index = {s.server_id: i for i, s in enumerate(candidates)}
+    jobs = sorted(
+        (j for j in running.values() if any(w.server_id in index for w in j.workers)), key=lambda j: j.view.job_id
+    )
+    # Anti-thrashing (``core.protection``): a protected job weighs a penalty per worker stopped, so the
+    # greedy takes a server with one only when the servers without do not suffice (inference must get
+    # its servers back). The decision's cost leaves the penalties out.
+    penalty = [reclaim_penalty(protection(j.view, now, params)) for j in jobs]
+    triples: dict[tuple[int, int], int] = {}
+    for ji, job in enumerate(jobs):
+        for w in job.workers:
+            if w.server_id in index:
+                key = (ji, index[w.server_id])
+                triples[key] = triples.get(key, 0) + 1
+    instance = ReclaimInstance.from_triples(
+        [(j, s, n) for (j, s), n in sorted(triples.items())],
+        n_servers=len(candidates),
+        job_workers=[len(j.workers) for j in jobs],
+        job_min=[j.view.min_workers for j in jobs],
+        # A preemption loses the work since the checkpoint and pays a restart, like a scale-in does;
+        # so even a job that has just checkpointed is cheaper to shrink than to requeue.
+        # A preemption that makes a job miss the deadline it would meet costs that deadline too.
+        job_cost=[_with_deadline_cost(j, now, params, _work_lost(j, now)
+                                      + params.restart_cost_s * len(j.workers) * j.view.gpus_per_worker,
+                                      goodput_servers)
+                  + m * len(j.workers) for j, m in zip(jobs, penalty, strict=True)],
+        scale_in_cost=[params.restart_cost_s * j.view.gpus_per_worker + m
+                       + _goodput_scale_in_cost(j, now, params, goodput_servers)
+                       for j, m in zip(jobs, penalty, strict=True)],
+    )
+    if naive:
+        loaned_at = [s.loan_started_at if s.loan_started_at is not None else s.state_since for s in candidates]
+        outcome = reclaim_most_recent_first(instance, count, loaned_at)
+    else:
+        outcome = reclaim_greedy(instance, count)
+    return ReclaimDecision(
+        servers=tuple(candidates[int(i)].server_id for i in outcome.servers),
+        preempted=tuple(jobs[ji].view.job_id for ji in range(len(jobs)) if outcome.preempted[ji]),
+        scaled_in=tuple(
+            (jobs[ji].view.job_id, len(jobs[ji].workers), int(outcome.new_workers[ji]))
+            for ji in range(len(jobs))
+            if not outcome.preempted[ji] and int(outcome.new_workers[ji]) < len(jobs[ji].workers)
+        ),
+        cost_gpu_s=float(outcome.total_cost) - sum(
+            penalty[ji] * (len(jobs[ji].workers) if outcome.preempted[ji] else len(jobs[ji].workers)
+                           - int(outcome.new_workers[ji]))
+            for ji in range(len(jobs))),
+    )
+
+
+def _goodput_scale_in_cost(job: _Job, now: float, params: PolicyParams, gpus_per_server: int) -> float:
+    """What one worker fewer costs a job with a fitted goodput model beyond its restart, in GPU-seconds:
+    the completion time its goodput model says the worker saves, x its GPUs per worker (0 for other
+    jobs, and when ``gpus_per_server`` is 0)."""
+    view = job.view
+    if gpus_per_server <= 0 or job_goodput(view) is None or len(job.workers) <= 1:
+        return 0.0
+    est = goodput_estimate(view, now, params, gpus_per_server)
+    w = len(job.workers)
+    return max(0.0, est.remaining_time(w - 1) - est.remaining_time(w)) * view.gpus_per_worker
+
+
+def _with_deadline_cost(job: _Job, now: float, params: PolicyParams, cost: float, goodput_servers: int = 0
+                        ) -> float:
+    """``cost`` (GPU-seconds) of preempting ``job``, plus ``deadline_weight`` x its remaining GPU-time
+    when it meets its deadline at its size and would miss it requeued: restarted now at
+    ``min_workers`` (a restart's cost, the work lost since its checkpoint redone, the rest). Jobs
+    without a deadline (or with ``deadline_weight`` 0) cost exactly ``cost``."""
+    view = job.view
+    if view.deadline is None or not params.deadline_weight:
+        return cost
+    est = goodput_estimate(view, now, params, goodput_servers)
+    size, low = len(job.workers), view.min_workers
+    at_size = predicted_remaining(view, size, now, est, params.amdahl_alpha)
+    if now + at_size > view.deadline:
+        return cost  # it misses anyway: the preemption does not make it miss
+    at_min = predicted_remaining(view, low, now, est, params.amdahl_alpha)
+    since = max(t for t in (view.last_checkpoint_at, view.last_resized_at, view.started_at, 0.0) if t is not None)
+    redo = max(now - since, 0.0) * (at_min / at_size if at_size > 0 else 1.0)  # the lost work, at min_workers
+    if now + params.restart_cost_s + redo + at_min <= view.deadline:
+        return cost
+    return cost + params.deadline_weight * at_size * size * view.gpus_per_worker
+
+
+def _loaned_oldest_first(snapshot: ClusterSnapshot) -> list[ServerView]:
+    """The LOANED servers in the order the reclaim considers them: longest in that state first."""
+    return sorted((s for s in snapshot.servers if s.state == ServerState.LOANED),
+                  key=lambda s: (s.state_since, s.server_id))

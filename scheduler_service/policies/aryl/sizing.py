@@ -1,0 +1,448 @@
+"""The sizing of an Aryl cycle: the joint sizing (``joint_sizing``: before step 1, one knapsack over every
+queued job and every running elastic job, valued by completion rates, ``completion_rates`` and
+``response_ratio``) and step 2 (``elastic_extras``: the GPUs left over to the running jobs' extra workers,
+by a knapsack of JCT reductions or completion rates, a deadline saved counted in); then the plan's job
+changes (``plan_scales``), why a job keeps its size (``size_notes``) and the batch each job runs
+(``plan_batches``).
+
+Must never start, preempt or reclaim (steps 0 and 1: ``loans``, ``base``); the joint sizing only says
+which queued jobs step 1 admits. Pure: no I/O, no wall clock; deterministic for a given snapshot.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from scheduler_service.core.goodput_fit import batch_for
+from scheduler_service.core.placement import LOANED_FIRST
+from scheduler_service.core.plan import BatchSize, KeepSize, Reason, ScaleJob, StartJob, WorkerPlacement, clock_time
+from scheduler_service.core.predict import predicted_remaining
+from scheduler_service.core.protection import ProtectionRule
+from scheduler_service.core.quota import DEFAULT_QUEUE, QuotaLedger
+from scheduler_service.core.snapshot import JobView
+from scheduler_service.core.throughput import JobEstimate
+from scheduler_service.policies.aryl.cycle import _Cycle, _Job, _ledger, _placed, _Worker
+from scheduler_service.solvers.knapsack import MAX_OPTIONS as _MAX_OPTIONS
+from scheduler_service.solvers.knapsack import solve_knapsack
+
+# -- the joint sizing (step 1's admissions and step 2's values) -------------------------------------
+
+# Lexicographic tiers of the joint sizing, far above any completion rate (a rate is 1 / seconds left, at most
+# 1e3 for a job a millisecond from done, times a queued job's response ratio): a queue within its quota
+# before one that borrows, a higher priority class, a higher priority (``tier``); within a tier the rates
+# decide.
+_TIER_BONUS = 1e9
+# Queued jobs the joint sizing weighs, densest first (value per GPU at the minimum, wait counted), until their
+# minimums need this many times the GPUs it shares out: one further down is worth less per GPU at its minimum
+# than each of those. Bounds the knapsack of a long queue.
+_CANDIDATE_SPAN = 2
+
+
+def completion_rates(est: JobEstimate, low: int, count: int, current: int, restart_s: float) -> list[float]:
+    """The joint sizing's value of a job at ``low .. low + count`` workers: the rate at which it completes
+    what is left, ``1 / (remaining time there + restart_s if that is not its current size)``. The sum over
+    jobs is the rate at which the cluster completes jobs; maximising it runs short jobs first and gives a
+    job another worker only while that speeds it up more than the same GPUs would elsewhere (elastic jobs
+    scale sub-linearly, so that makes efficient sizes). ``current``: its size now (0 for a queued job, which
+    pays the restart of its start at any size; -1: no size pays one, a job started this cycle)."""
+    work, out = est.remaining_work, []
+    for n, speed in enumerate(est.model.speeds(low, count + 1), start=low):
+        left = work / speed if speed > 0 else math.inf
+        if current >= 0 and n != current:
+            left += restart_s
+        out.append(1.0 / max(left, 1e-3) if math.isfinite(left) else 0.0)
+    return out
+
+
+def response_ratio(job: JobView, est: JobEstimate, now: float, restart_s: float) -> float:
+    """``(waited + estimated run) / estimated run`` at ``min_workers`` (highest-response-ratio-next): what a
+    queued job's completion rates are multiplied by in the joint sizing. Shortest-first alone would keep a
+    long job waiting for as long as shorter ones arrive; the ratio lets it rise as it waits, so no queued job
+    waits forever, without the cliff of a fixed threshold that puts every job past it ahead of every other."""
+    run = max(est.remaining_time(job.min_workers) + restart_s, 1.0)
+    return 1.0 + max(now - job.submitted_at, 0.0) / run
+
+
+def _rate_bonus(seconds: list[float] | None, rates: list[float]) -> list[float]:
+    """A deadline bonus worth ``seconds[k - 1]`` of completion time at option k, as a completion rate: a
+    cut of ``d`` seconds from ``T`` to ``T'`` raises the rate by ``d / (T T')``."""
+    if seconds is None:
+        return [0.0] * (len(rates) - 1)
+    return [b * rates[0] * r for b, r in zip(seconds, rates[1:], strict=True)]
+
+
+def joint_sizing(cycle: _Cycle) -> None:
+    """Step 1's admissions, decided jointly with step 2's extras: one multiple-choice knapsack
+    (``solvers.knapsack``) over every queued job (wait, or start at ``min_workers .. max_workers``) and
+    every running elastic job outside its protection window (``min_workers`` plus 0 .. its extras), on the
+    free GPUs plus those the extras hold, maximising the sum of completion rates (``completion_rates``; a
+    queued job's times its ``response_ratio``), within tiers of quota, class and priority. Queued jobs it
+    admits take their gangs in step 1 as before, over other jobs' extras where needed (shrink-to-admit); the
+    others wait (``cycle.deferred``; ``base._start_deferred`` gives them what admitted gangs could not use).
+    Running jobs in their protection window, and queued jobs their queue's quota stops, are outside it:
+    step 1 handles them as before. A starving job is not put first: its response ratio has grown; if its
+    gang finds no room, step 1 reserves servers for it."""
+    p, snap = cycle.params, cycle.snapshot
+    now, restart = snap.now, p.restart_cost_s
+    open_jobs = sorted((j for j in cycle.running.values()
+                        if j.view.max_workers > j.view.min_workers and j.view.job_id not in cycle.protected),
+                       key=lambda j: j.view.job_id)
+    capacity = cycle.capacity.total - cycle.capacity.free_on(cycle.reserved) + sum(
+        j.extras * j.view.gpus_per_worker for j in open_jobs)
+    pending = snap.pending_jobs()
+    cycle.admitted = {}
+    if not pending or capacity <= 0:
+        return
+    quota = _ledger(cycle, {})
+
+    fair = {name for name, q in quota.queues.items() if q.fair_share} if quota.enforced else set()
+    share: dict[int, int] = {}  # a queued job's user's GPUs in a fair-share queue, with its earlier jobs' (below)
+
+    def tier(job: JobView) -> tuple[bool, int, int, int]:
+        """What step 1's order puts before the rates (``QuotaLedger.order``): a queue within its quota before
+        one that borrows (queues enforced), a higher priority class, a higher priority, then, in a fair-share
+        queue, the user holding fewer GPUs (a running job: its user's GPUs now)."""
+        within = quota.enforced and quota.within_quota(job, job.min_workers * job.gpus_per_worker)
+        queue = job.queue or DEFAULT_QUEUE
+        held = share.get(job.job_id, quota.user_gpus.get((queue, job.user), 0)) if queue in fair else 0
+        return (within, job.priority_class, job.priority, -held)
+
+    def density(job: JobView) -> float:
+        """Its value per GPU at its minimum: the candidates are the densest (``_CANDIDATE_SPAN``)."""
+        est = cycle.estimate(job)
+        rate = completion_rates(est, job.min_workers, 0, 0, restart)[0] * response_ratio(job, est, now, restart)
+        return rate / (job.min_workers * job.gpus_per_worker)
+
+    order = sorted(pending, key=lambda j: (-j.priority_class, -j.priority, -density(j), j.submitted_at, j.job_id))
+    queued: list[JobView] = []
+    span = 0
+    for job in order:
+        need = job.min_workers * job.gpus_per_worker
+        if need > capacity or not quota.check(job, need).allowed or job.gpu_types:
+            continue  # step 1 says why it waits (the free capacity, its queue's quota), or places it on its types
+        if span >= _CANDIDATE_SPAN * capacity:
+            cycle.deferred[job.job_id] = (
+                "the joint sizing gave the GPUs to jobs that complete more per GPU (shorter estimated "
+                "remaining GPU-time, or longer waits)")
+            continue
+        span += need
+        queued.append(job)
+    if not queued:
+        return
+    mine: dict[tuple[str, str], int] = {}
+    for job in queued:  # densest first, as QuotaLedger.order counts a user's earlier jobs
+        key = (job.queue or DEFAULT_QUEUE, job.user)
+        if key[0] in fair:
+            share[job.job_id] = mine.setdefault(key, quota.user_gpus.get(key, 0))
+            mine[key] += job.min_workers * job.gpus_per_worker
+    tiers = {t: i for i, t in enumerate(sorted({tier(j) for j in queued} | {tier(j.view) for j in open_jobs}))}
+    groups: list[tuple[list[int], list[float]]] = []
+    for job in queued:
+        count = min(job.max_workers - job.min_workers, p.max_extra_options, _MAX_OPTIONS - 1)
+        est = cycle.estimate(job)
+        aged = response_ratio(job, est, now, restart)
+        bonus = _TIER_BONUS * tiers[tier(job)]
+        groups.append(([n * job.gpus_per_worker for n in range(job.min_workers, job.min_workers + count + 1)],
+                       [bonus + r * aged for r in completion_rates(est, job.min_workers, count, 0, restart)]))
+    for other in open_jobs:
+        view = other.view
+        count = min(view.max_workers - view.min_workers, p.max_extra_options)
+        rates = completion_rates(cycle.estimate(view), view.min_workers, count, len(other.workers), restart)
+        extra = _rate_bonus(_deadline_bonus(cycle, other, count), rates)
+        bonus = _TIER_BONUS * tiers[tier(view)]  # for an option that speeds it up at all
+        gains = [r - rates[0] + b for r, b in zip(rates[1:], extra, strict=True)]
+        groups.append(([k * view.gpus_per_worker for k in range(1, count + 1)],
+                       [g + bonus if g > 0 else g for g in gains]))
+    width = max(len(w) for w, _ in groups)
+    weights = np.array([w + [0] * (width - len(w)) for w, _ in groups], np.int64)
+    values = np.array([v + [-1.0] * (width - len(v)) for _, v in groups], np.float64)
+    counts = np.array([len(w) for w, _ in groups], np.int64)
+    choice = solve_knapsack(weights, values, counts, capacity).choice.tolist()
+    for job, option in zip(queued, choice, strict=False):
+        if option > 0:
+            cycle.admitted[job.job_id] = job.min_workers + option - 1
+        else:
+            cycle.deferred[job.job_id] = (
+                f"the joint sizing found that the {capacity} GPUs it shares out (free, and running jobs' "
+                f"elastic extras) cut the estimated average completion time more on other jobs")
+
+
+def _deadline_bonus(cycle: _Cycle, job: _Job, count: int) -> list[float] | None:
+    """What meeting its deadline adds to option k = 1..count of the knapsack (k workers beyond
+    ``min_workers``): ``deadline_weight`` x its remaining time at ``min_workers`` for each option that
+    meets the deadline when ``min_workers`` misses it (a start or resize costs ``restart_cost_s``);
+    None when no option turns a miss into a hit (no deadline, met anyway, or missed anyway)."""
+    p, view, now = cycle.params, job.view, cycle.snapshot.now
+    if view.deadline is None or not p.deadline_weight:
+        return None
+    est, current = cycle.estimate(view), len(job.workers)
+
+    def finish(workers: int) -> float:
+        restart = 0.0 if workers == current else p.restart_cost_s
+        return now + restart + predicted_remaining(view, workers, now, est, p.amdahl_alpha)
+
+    low = view.min_workers
+    if finish(low) <= view.deadline:
+        return None
+    worth = p.deadline_weight * predicted_remaining(view, low, now, est, p.amdahl_alpha)
+    bonus = [worth if finish(low + k) <= view.deadline else 0.0 for k in range(1, count + 1)]
+    return bonus if any(bonus) else None
+
+
+# -- step 2: elastic extras ------------------------------------------------------------------------
+
+def elastic_extras(cycle: _Cycle, *, joint: bool) -> None:
+    """Step 2: the GPUs left over to the running elastic jobs' extras, by a knapsack (the module doc).
+    ``joint``: its values are the joint sizing's completion rates (``completion_rates``), else the JCT
+    reductions."""
+    p = cycle.params
+
+    def locked(job: _Job) -> bool:
+        """Anti-thrashing: in its protection window (``core.protection``), and nothing forced a change
+        this cycle."""
+        return job.reason is None and job.view.job_id in cycle.protected
+
+    jobs = sorted(
+        (j for j in cycle.running.values() if j.view.max_workers > j.view.min_workers and not locked(j)),
+        key=lambda j: j.view.job_id,
+    )
+    for job in cycle.running.values():  # the locked ones below max_workers say so, if GPUs are spare
+        at, shield = job.view.last_resized_at, cycle.protected.get(job.view.job_id)
+        if shield is not None and len(job.workers) < job.view.max_workers and locked(job):
+            interval = p.min_resize_interval_s
+            cycle.holds[job.view.job_id] = (
+                ((Reason.HELD_RESIZE_INTERVAL,
+                  f"resized at {clock_time(at)}; resizes at most every {interval:.0f}s "
+                  f"(policy.min_resize_interval_s), next possible at {clock_time(at + interval)}")
+                 if shield.rule == ProtectionRule.MIN_RUNTIME and at is not None
+                 else (Reason.HELD_DISRUPTION_CAP, shield.summary))
+                if _spare(cycle) >= job.view.gpus_per_worker else _no_spare(cycle))
+    if not jobs:
+        return
+    # The knapsack's capacity: free GPUs plus those the extras hold now (they may move). Worked out
+    # on the side -- each touched server's free GPUs as if every extra were released -- and only
+    # the net change is written back once the kept extras are known: most extras stay put.
+    free_cap = cycle.capacity
+    released: dict[str, set[int]] = {}
+    for job in jobs:
+        for w in job.workers[job.view.min_workers:]:
+            free = released.get(w.server_id)
+            if free is None:
+                free = free_cap.free_set(w.server_id)
+                if free is None:
+                    continue  # not schedulable: its GPUs are not this cycle's to share out
+                released[w.server_id] = free
+            free.update(w.gpu_indices)
+    total = free_cap.total + sum(len(free) for free in released.values()) - free_cap.free_on(released)
+    reserved = sum(len(released[sid]) if sid in released else len(free_cap.free(sid)) for sid in cycle.reserved)
+    capacity = total - reserved
+    counts = [min(j.view.max_workers - j.view.min_workers, p.max_extra_options) for j in jobs]
+    k_max = max(counts)
+    # Option k of job g: k more workers. gains[g][k - 1]: the JCT reduction it buys.
+    gains = [cycle.estimate(j.view).jct_reductions(j.view.min_workers, n)
+             for j, n in zip(jobs, counts, strict=True)]
+    weights, values = [], []
+    restart = p.restart_cost_s
+    started = {start.job_id for start in cycle.starts}
+    rows: dict[tuple[int, int], list[int]] = {}  # weights by (gpus per worker, count): few distinct
+    for job, count, gain in zip(jobs, counts, gains, strict=True):
+        current, per_worker = len(job.workers) - job.view.min_workers, job.view.gpus_per_worker
+        # Changing size costs a restart; shifting the whole group by that cost keeps option 0 at 0.
+        shift = restart if current > 0 else 0.0
+        padding = k_max - count  # slots beyond the job's count are ignored by the solver
+        row = rows.get((per_worker, count))
+        if row is None:
+            row = rows[(per_worker, count)] = [k * per_worker for k in range(1, count + 1)] + [0] * padding
+        weights.append(row)
+        bonus = _deadline_bonus(cycle, job, count)  # a worker that saves a deadline is worth more
+        if joint:  # the joint sizing's completion rates (a job started this cycle: no resize)
+            fresh = job.view.job_id in started
+            rates = completion_rates(cycle.estimate(job.view), job.view.min_workers, count,
+                                     -1 if fresh else len(job.workers), restart)
+            value = [r - rates[0] + b for r, b in zip(rates[1:], _rate_bonus(bonus, rates), strict=True)]
+        else:
+            value = [g + shift if k == current else g + shift - restart for k, g in enumerate(gain, 1)]
+            if bonus is not None:
+                value = [v + b for v, b in zip(value, bonus, strict=True)]
+        values.append(value + [-1.0] * padding)
+    solution = solve_knapsack(np.array(weights, np.int64), np.array(values, np.float64),
+                              np.array(counts, np.int64), capacity)
+    # Shrink first (frees GPUs), then grow, most valuable growth first.
+    choice = solution.choice.tolist()
+    targets = {job.view.job_id: choice[g] for g, job in enumerate(jobs)}
+    value_per_gpu = {  # of the chosen option
+        job.view.job_id: value[target - 1] / (target * job.view.gpus_per_worker) if target > 0 else 0.0
+        for job, value, target in zip(jobs, values, choice, strict=True)
+    }
+    kept: dict[int, list[_Worker]] = {}
+    for job in jobs:
+        extras = job.workers[job.view.min_workers:]
+        # Extras on a cordoned server stay where they are (cordon adds nothing, removes nothing;
+        # a drain's evictions came first): outside the knapsack, they fill the target first.
+        pinned = [w for w in extras if w.server_id not in released and cycle.servers[w.server_id].cordoned]
+        keep = [w for w in extras if w.server_id in released and released[w.server_id].issuperset(w.gpu_indices)]
+        if pinned:  # in their rank order, as the others are
+            chosen = {id(w) for w in (*pinned, *keep[: max(0, targets[job.view.job_id] - len(pinned))])}
+            keep = [w for w in extras if id(w) in chosen]
+        else:
+            keep = keep[: targets[job.view.job_id]]
+        for w in keep:
+            if w.server_id in released:
+                released[w.server_id].difference_update(w.gpu_indices)
+        kept[job.view.job_id] = keep
+    for server_id, free in released.items():  # the net change: extras dropped free their GPUs
+        free_cap.set_free(server_id, free)
+    # Growth borrows within the queues' rules (``core.quota``), as the dropped extras leave usage.
+    quota = _ledger(cycle, {job.view.job_id: job.view.min_workers + len(kept[job.view.job_id]) for job in jobs}
+                    ) if cycle.snapshot.queues else QuotaLedger((), (), training_gpus=0, loaned_gpus=0)
+    capped: set[int] = set()
+    held: list[_Job] = []  # below max_workers at the size it has: why is worked out once all have grown
+    for job in sorted(jobs, key=lambda j: -value_per_gpu[j.view.job_id]):
+        view = job.view
+        target, keep = targets[view.job_id], kept[view.job_id]
+        if target == len(keep) == job.extras:
+            if job.reason is None and len(job.workers) < view.max_workers:
+                held.append(job)
+            continue  # keeps exactly the extras it has
+        new: tuple[WorkerPlacement, ...] = ()
+        room = quota.headroom(view) if target > len(keep) else None
+        if room is not None and (target - len(keep)) * view.gpus_per_worker > room:
+            target = len(keep) + room // view.gpus_per_worker
+            capped.add(view.job_id)
+        if target > len(keep):
+            for extra in range(target - len(keep), 0, -1):  # as many as fit, if fragmentation bites
+                new = cycle.capacity.place_gang(view, extra, pools=LOANED_FIRST, exclude=cycle.reserved,
+                                                gpu_types=_gpu_type_of(cycle, job)) or ()
+                if new:
+                    break
+            quota.charge(view, len(new) * view.gpus_per_worker)
+        before = len(job.workers)
+        job.workers = job.workers[: view.min_workers] + keep + list(new)
+        if len(job.workers) == before and job.reason is None and before < view.max_workers:
+            held.append(job)
+        if len(job.workers) != before and job.reason is not None:
+            job.message += f"; {len(job.workers)} worker(s) after sharing out the spare GPUs"
+        elif len(job.workers) != before:
+            grew = len(job.workers) > before
+            job.reason = Reason.SCALED_OUT if grew else Reason.SCALED_IN
+            est = cycle.estimate(view)
+            job.message = (
+                f"{before} -> {len(job.workers)} worker(s): estimated completion "
+                f"{est.remaining_time(before):.0f}s -> {est.remaining_time(len(job.workers)):.0f}s"
+            )
+    spare = _spare(cycle)
+    for job in held:  # the knapsack's answer, in the terms of what was left over
+        per_worker = job.view.gpus_per_worker
+        if job.view.job_id in capped:
+            q = quota.queue_of(job.view)
+            cycle.holds[job.view.job_id] = (
+                Reason.HELD_BY_QUOTA, f"queue `{q.name}` holds {q.used_gpus} GPUs (quota {q.quota_gpus}"
+                + (f", borrow limit {q.borrow_limit_gpus}" if q.borrow_limit_gpus is not None else "")
+                + f") and its cohort has {quota.cohort_idle(q)} idle")
+            continue
+        cycle.holds[job.view.job_id] = (
+            (Reason.HELD_NO_GAIN,
+             f"another worker would not cut its estimated completion time by more than a restart costs "
+             f"(policy.restart_cost_s = {p.restart_cost_s:.0f}s)")
+            if spare >= per_worker and cycle.capacity.largest_block() >= per_worker
+            else (Reason.HELD_FRAGMENTED, f"the spare GPUs are spread out: no server has {per_worker} of them free")
+            if spare >= per_worker else _no_spare(cycle)
+        )
+
+
+def _spare(cycle: _Cycle) -> int:
+    """Free GPUs now that are not held for a starving job."""
+    return cycle.capacity.total - cycle.capacity.free_on(cycle.reserved)
+
+
+def _no_spare(cycle: _Cycle) -> tuple[Reason, str]:
+    """Why a job gets no GPU more when none is spare: held for a starving job, or none left over."""
+    if cycle.reserved and cycle.capacity.free_on(cycle.reserved):
+        return (Reason.HELD_FOR_RESERVATION,
+                f"the spare GPUs are held for starving job {cycle.reserved_for} on server(s) "
+                f"{', '.join(sorted(cycle.reserved))}")
+    return (Reason.HELD_NO_SPARE_GPUS,
+            "no spare GPUs: each runs a job's minimum, or an extra worker that cuts its job's completion time more")
+
+
+def _gpu_type_of(cycle: _Cycle, job: _Job) -> tuple[str, ...] | None:
+    """The GPU type a running job's workers are on: its extras must be on it too (None: not placed yet)."""
+    return (cycle.servers[job.workers[0].server_id].gpu_type,) if job.workers else None
+
+
+# -- the plan's job changes ------------------------------------------------------------------------
+
+def plan_scales(cycle: _Cycle) -> list[ScaleJob]:
+    """The plan's scales: each running job whose workers this cycle changed. A job started this cycle and
+    grown at once starts at its full size instead (its ``StartJob`` is rewritten)."""
+    started = {s.job_id for s in cycle.starts}
+    scales = []
+    changed = sorted((job_id, job) for job_id, job in cycle.running.items()
+                     if job_id in started or not _unchanged(job))
+    for job_id, job in changed:
+        before = [(w.rank, w.server_id, w.gpu_indices) for w in sorted(job.view.workers, key=lambda w: w.rank)]
+        after = [(rank, w.server_id, w.gpu_indices) for rank, w in enumerate(job.workers)]
+        if job_id in started:
+            if len(job.workers) != job.view.min_workers:
+                # A job started this cycle and grown at once: start it at its full size, and say so
+                # (the message names the size it starts with, not only its minimum).
+                grown = tuple(WorkerPlacement(r, sid, g) for r, sid, g in after)
+                extras = len(grown) - job.view.min_workers
+                cycle.starts = [
+                    StartJob(s.job_id, grown, s.reason,
+                             f"{_placed(grown)}: its minimum of {job.view.min_workers} and {extras} elastic "
+                             f"extra(s) from this cycle's spare GPUs{s.message.removeprefix(_placed(s.workers))}")
+                    if s.job_id == job_id else s
+                    for s in cycle.starts
+                ]
+            continue
+        if after != before:
+            scales.append(
+                ScaleJob(job_id, tuple(WorkerPlacement(r, sid, g) for r, sid, g in after),
+                         job.reason or Reason.SCALED_OUT, job.message)
+            )
+    return scales
+
+
+def _unchanged(job: _Job) -> bool:
+    """Does the job still hold exactly the snapshot's workers, ranks 0..n-1? (Then it needs no scale.)"""
+    workers, shown = job.workers, job.view.workers
+    if len(workers) != len(shown):
+        return False
+    for rank, (a, b) in enumerate(zip(workers, shown, strict=True)):
+        if a is not b or a.rank != rank:
+            return False
+    return True
+
+
+def size_notes(cycle: _Cycle, scales: Sequence[ScaleJob]) -> tuple[KeepSize, ...]:
+    """One note per running job below max_workers that keeps its size this cycle (``cycle.holds``), and
+    a clearing one for each job whose standing note no longer holds (it changed size, reached its
+    maximum, or nothing holds it back); ``cycle.only_changed_reasons`` keeps only the changes."""
+    changed = {s.job_id for s in scales} | {s.job_id for s in cycle.starts}
+    notes = []
+    for job_id, job in sorted(cycle.running.items()):
+        hold = cycle.holds.get(job_id) if job_id not in changed else None
+        if hold is not None:
+            view = job.view
+            notes.append(KeepSize(job_id, hold[0], f"held at {len(job.workers)} of {view.min_workers}-"
+                                                   f"{view.max_workers} worker(s): {hold[1]}"))
+        elif job.view.size_note:
+            notes.append(KeepSize(job_id, None))
+    return tuple(notes)
+
+
+def plan_batches(cycle: _Cycle) -> tuple[BatchSize, ...]:
+    """The batch of every job with batch limits that holds workers once the plan is applied, at the size
+    and on the servers it then has (``core.goodput_fit.batch_for``), in job order; every cycle, as the
+    choice follows the job's fit (the applier passes on only a change)."""
+    out = []
+    for _, job in sorted(cycle.running.items()):
+        if job.view.batch_limits is not None and job.workers:
+            batch = batch_for(job.view, len({w.server_id for w in job.workers}), len(job.workers))
+            if batch is not None:
+                out.append(batch)
+    return tuple(out)
