@@ -143,29 +143,43 @@ def test_qos_runs_in_the_service(scheduler_factory) -> None:
 # -- aryl with deadlines ------------------------------------------------------------------------------
 
 
-def elastic_pair(deadline: float | None) -> ClusterSnapshot:
+def elastic_pair(deadline: float | None, due: int = 2) -> ClusterSnapshot:
     """Two running elastic jobs at 1 worker (1..2) on 3 GPUs: one spare GPU. Job 1 is longer (5000 units
     left: a second worker cuts 2500 s); job 2 (2000 units left: 1000 s) with a deadline 1500 s from now
-    misses it at 1 worker (2000 s) and meets it at 2 (60 + 1000 s)."""
+    misses it at 1 worker (2000 s) and meets it at 2 (60 + 1000 s). ``due``: the job with the deadline."""
     jobs = []
     for jid, work in ((1, 5000.0), (2, 2000.0)):
         job = running_job(jid, [("t", (jid - 1,))], low=1, high=2, resized=NOW - 4000)
         jobs.append(replace(job, throughput_points=((1, 1.0), (2, 2.0)), total_work=2 * work, work_done=work,
                             estimated_runtime_s=None,
-                            deadline=NOW + deadline if jid == 2 and deadline is not None else None))
+                            deadline=NOW + deadline if jid == due and deadline is not None else None))
     return snapshot_of([training_server("t", gpus=3)], jobs)
 
 
 def test_aryl_gives_the_spare_worker_to_the_job_it_saves_from_a_missed_deadline() -> None:
-    # Without deadlines the knapsack takes the larger cut in completion time: job 1's (2500 s vs 1000 s).
-    assert sizes(plan("aryl", elastic_pair(None))) == {1: 2}
+    # The two-step sizing (aryl-nojoint): without deadlines its knapsack takes the larger cut in completion
+    # time: job 1's (2500 s vs 1000 s).
+    assert sizes(plan("aryl-nojoint", elastic_pair(None))) == {1: 2}
     # Job 2's deadline makes its worker worth its cut plus its remaining time at 1 worker (1000 + 2000 s).
-    assert sizes(plan("aryl", elastic_pair(1500.0))) == {2: 2}
+    assert sizes(plan("aryl-nojoint", elastic_pair(1500.0))) == {2: 2}
     # deadline_weight = 0: aryl ignores deadlines, as before.
-    assert sizes(plan("aryl", elastic_pair(1500.0), deadline_weight=0.0)) == {1: 2}
+    assert sizes(plan("aryl-nojoint", elastic_pair(1500.0), deadline_weight=0.0)) == {1: 2}
     # A deadline met anyway (or missed anyway) adds nothing: the plan is the one without deadlines.
-    assert plan("aryl", elastic_pair(5000.0)) == plan("aryl", elastic_pair(None))
-    assert sizes(plan("aryl", elastic_pair(100.0))) == {1: 2}
+    assert plan("aryl-nojoint", elastic_pair(5000.0)) == plan("aryl-nojoint", elastic_pair(None))
+    assert sizes(plan("aryl-nojoint", elastic_pair(100.0))) == {1: 2}
+
+
+def test_the_joint_sizing_gives_the_spare_worker_to_the_job_it_saves_from_a_missed_deadline() -> None:
+    # aryl's joint sizing values completion rates: without deadlines the worker goes to job 2, the shorter
+    # (1/1000 - 1/(2000 + 60) = 0.000515 a second against job 1's 1/2500 - 1/(5000 + 60) = 0.000202).
+    assert sizes(plan("aryl", elastic_pair(None))) == {2: 2}
+    # Job 1 due in 3000 s: it meets that only with 2 workers (60 + 2500 s). The deadline is worth its
+    # remaining time at 1 worker, 5000 s, as a rate 5000 / (5060 x 2500) = 0.000395: 0.000597 in all.
+    assert sizes(plan("aryl", elastic_pair(3000.0, due=1))) == {1: 2}
+    assert sizes(plan("aryl", elastic_pair(3000.0, due=1), deadline_weight=0.0)) == {2: 2}
+    # Met anyway, or missed anyway: the plan without deadlines.
+    assert plan("aryl", elastic_pair(6000.0, due=1)) == plan("aryl", elastic_pair(None))
+    assert sizes(plan("aryl", elastic_pair(100.0, due=1))) == {2: 2}
 
 
 def test_aryl_reclaims_around_a_job_that_a_preemption_would_make_miss_its_deadline() -> None:

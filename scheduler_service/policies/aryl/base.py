@@ -58,15 +58,15 @@ def base_demands(cycle: _Cycle, *, joint: bool, loaning: bool) -> None:
 
     later: list[JobView] = []  # deferred by the joint sizing (``sizing.joint_sizing``): after the others
     for job in quota.order(snap.pending_jobs(), order):  # quota first, classes, fair share (core.quota)
+        if job.job_id in cycle.deferred:  # (before the shortcut: a deferred job changes nothing it relies on)
+            later.append(job)
+            continue
         if (last_wait is not None and last_wait.kind == _kind(job) and last_wait.starts == len(cycle.starts)
                 and last_wait.preemptions == len(cycle.preemptions) and last_wait.reserved is cycle.reserved
                 and not starving(job)):
             cycle.pending.append(KeepPending(job.job_id, last_wait.reason, last_wait.message))
             continue
         last_wait = None
-        if job.job_id in cycle.deferred:
-            later.append(job)
-            continue
         verdict = quota.check(job, job.min_workers * job.gpus_per_worker)
         if not verdict.allowed:  # its queue may not take the GPUs: it waits without holding others up,
             # unless lower classes of its own queue give way (their GPUs count against the same quota)
