@@ -523,11 +523,13 @@ def list_jobs_latency(ctx: BenchContext) -> None:
 
 WATCHERS = 2000
 WATCHED_SUBMITS = 300
+DRAIN_TIMEOUT_S = 300.0  # how long the streams may take to receive every event after the last answer
 WATCHER_PROCESSES = 4  # the streams are read by processes of their own: their decoding is not the scheduler's
 
 
-def _watch_events(address: str, streams: int, opened: Any, stop: Any) -> None:
-    """In a child process: hold ``streams`` unfiltered WatchEvents streams open and read everything."""
+def _watch_events(address: str, streams: int, opened: Any, stop: Any, received: Any) -> None:
+    """In a child process: hold ``streams`` unfiltered WatchEvents streams open and read everything,
+    counting what every stream received in ``received`` (a shared counter)."""
 
     async def main() -> None:
         async with grpc.aio.insecure_channel(address) as channel:
@@ -537,7 +539,8 @@ def _watch_events(address: str, streams: int, opened: Any, stop: Any) -> None:
             async def drain(call: Any) -> None:
                 try:
                     async for _ in call:
-                        pass
+                        with received.get_lock():
+                            received.value += 1
                 except grpc.RpcError as exc:
                     if exc.code() != grpc.StatusCode.CANCELLED:
                         log.warning("a watch stream ended: %s %s", exc.code(), exc.details())
@@ -586,7 +589,9 @@ def submit_beside_watchers(ctx: BenchContext) -> None:
 
     Beside the medians: the events the submits wrote (each one sent to every stream), the scheduler's CPU
     per submit in each phase (read from /proc until the last answer: fan-out still under way then is not
-    counted), and from them its CPU per event sent to one stream."""
+    counted), and from them its CPU per event sent to one stream; the share of the events due to the streams
+    that they had received at the last answer, and how long after it they all had (the fan-out lags
+    rather than slowing submits)."""
     import multiprocessing
 
     watchers = int(os.environ.get("ARYL_BENCH_WATCHERS", WATCHERS))
@@ -599,14 +604,23 @@ def submit_beside_watchers(ctx: BenchContext) -> None:
         spawn = multiprocessing.get_context("spawn")
         opened = [spawn.Event() for _ in range(WATCHER_PROCESSES)]
         stop = spawn.Event()
-        children = [spawn.Process(target=_watch_events, args=(scheduler.address, watchers // WATCHER_PROCESSES,
-                                                              opened[i], stop)) for i in range(WATCHER_PROCESSES)]
+        received = spawn.Value("q", 0)
+        per_process = watchers // WATCHER_PROCESSES
+        children = [spawn.Process(target=_watch_events, args=(scheduler.address, per_process, opened[i], stop,
+                                                              received)) for i in range(WATCHER_PROCESSES)]
         for child in children:
             child.start()
         try:
             for event in opened:
                 event.wait(SCHEDULER_READY_TIMEOUT_S)
+            before = received.value
             watched = _timed_phase(url, scheduler, job_requests(n, tag="watched"))
+            answered = time.monotonic()
+            due = watched.events * per_process * WATCHER_PROCESSES  # (events of the cycles still running: a few)
+            delivered_at_last_answer = (received.value - before) / due if due else 1.0
+            while received.value - before < due and time.monotonic() - answered < DRAIN_TIMEOUT_S:
+                time.sleep(0.1)
+            drained_s = time.monotonic() - answered
         finally:
             stop.set()
             for child in children:
@@ -622,6 +636,8 @@ def submit_beside_watchers(ctx: BenchContext) -> None:
         emit_figure("submit_job_median_beside_watchers", statistics.median(watched.run.latencies_s) * 1e3, "ms",
                     watchers=watchers, jobs=n, latency_p99_ms=percentile_ms(watched.run.latencies_s, 99),
                     events_per_submit=round(watched.events / n, 2), load_avg=watched.load_avg, **cpu,
+                    delivered_at_last_answer=round(delivered_at_last_answer, 3),
+                    streams_caught_up_s=round(drained_s, 1),
                     reference_name="submit_job_median_without_watchers", reference_value=median_alone,
                     reference_unit="ms", reference_load_avg=alone.load_avg, target=2 * median_alone)
 

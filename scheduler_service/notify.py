@@ -25,6 +25,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any, Generic, Protocol, TypeVar
 
 import structlog
@@ -205,6 +206,8 @@ class SlowReader(Exception):
 STREAM_BUFFER_SETTING = "events.watch_stream_buffer (ARYL_EVENTS__WATCH_STREAM_BUFFER)"
 DEFAULT_STREAM_BUFFER = 1000  # as in scheduler_service.config.EventsConfig
 DISPATCH_SLICE = 64  # streams served between two turns of the loop: submissions' callbacks wait behind no more
+PACE_WAIT_S = 1.0  # a slice whose sends take longer (a client that stopped reading) is not waited for
+FANOUT_PAUSE = 1.0  # after each slice's sends, the loop is left to others this many times as long
 
 
 class _Subscriber(Generic[E]):
@@ -222,7 +225,8 @@ class _Subscriber(Generic[E]):
         self.waiter: asyncio.Future[None] | None = None
 
     def why(self) -> str:
-        return (f"this stream fell more than {self.limit} events behind (its client reads too slowly) and is ended "
+        return (f"this stream fell more than {self.limit} events behind (its client reads too slowly, or more "
+                f"streams take every event than the scheduler sends to while it serves its calls) and is ended "
                 f"rather than slowing the scheduler: read faster, filter by job or server, resume from the last "
                 f"event id seen (after_event_id), or raise {STREAM_BUFFER_SETTING}")
 
@@ -239,7 +243,10 @@ class _Subscriber(Generic[E]):
             self.pending.clear()
             if self.on_overflow is not None:
                 self.on_overflow(self.why())
-        if (self.pending or self.overflowed) and self.waiter is not None and not self.waiter.done():
+            self.wake()  # at once: it ends, whatever the pacing
+
+    def wake(self) -> None:
+        if self.waiter is not None and not self.waiter.done():
             self.waiter.set_result(None)
 
 
@@ -255,11 +262,16 @@ class EventFeed(Generic[E]):
 
     The reader is also the *dispatcher*: it queues each new entry on the live streams whose *topic*
     (e.g. "every event", or one job's) is among the entry's ``topics(entry)`` and whose ``match``
-    takes it, ``DISPATCH_SLICE`` streams per turn of the event loop, so unary calls (SubmitJob's
-    replies) are served between slices however many streams watch. Each stream holds at most
-    ``stream_buffer`` queued entries: a stream further behind (its client reads too slowly) is not
-    waited for; it ends with ``SlowReader`` (and ``on_overflow`` is called at once, so a stream stuck
-    in a send can be ended from outside).
+    takes it. A *pacer* (a task) then wakes the streams with entries queued, ``DISPATCH_SLICE`` at a
+    time; each sends all it holds, and the next slice waits until those sends completed and as long
+    again (``FANOUT_PAUSE``). So fan-out takes at most about half of the event loop (and of the
+    interpreter lock its threads share) however many streams watch, and when there is more to send
+    than that allows, the streams lag rather than the unary calls (SubmitJob): issue 37 measured
+    2,000 unfiltered streams (4,000 sends a submit) at 40x SubmitJob's median unpaced. Each stream
+    holds at most ``stream_buffer`` queued entries: a stream further behind (its client reads too
+    slowly, or there is more to send than the pacer allows) is not waited for; it ends with
+    ``SlowReader`` (and ``on_overflow`` is called at once, so a stream stuck in a send can be ended
+    from outside).
 
     The last ``capacity`` or so entries stay in memory for streams that start: a stream whose
     position is older than what memory holds (a replay from ``after_event_id``) pages through the
@@ -283,6 +295,10 @@ class EventFeed(Generic[E]):
         self._topics = topics
         self.stream_buffer = stream_buffer
         self._live: dict[Hashable, dict[_Subscriber[E], None]] = {}  # live streams by topic, in arrival order
+        self._due: dict[_Subscriber[E], None] = {}  # waiting streams with entries to send, in order
+        self._pacer: asyncio.Task[None] | None = None
+        self._sending: set[_Subscriber[E]] = set()  # woken by the pacer, not yet back (their sends under way)
+        self._sent: asyncio.Future[None] | None = None  # done once _sending is empty
         self.reads = 0  # database reads by the reader (tests and metrics: one per change, not per stream)
         self.dropped = 0  # streams ended for falling stream_buffer behind
         self._events: list[E] = []
@@ -343,22 +359,31 @@ class EventFeed(Generic[E]):
             # Live from here: no wait since memory was looked at, so the dispatcher queues every later entry.
             self._live.setdefault(topic, {})[subscriber] = None
             pending = subscriber.pending
+            woken = False
             while True:
                 if subscriber.overflowed:
                     raise SlowReader(subscriber.why())
-                if pending:
+                if pending and woken:  # the pacer's turn for this stream: send what it holds
+                    woken = False
                     batch = [row for row in pending if row.id > position]  # a replayed entry may have been queued too
                     pending.clear()
                     if batch:
                         position = batch[-1].id
                         yield batch
+                    self._back(subscriber)
                     continue
+                self._back(subscriber)
+                if pending:  # queued while it sent: wait for its next turn, not ahead of the others
+                    self._mark_ready(subscriber)
                 subscriber.waiter = self._loop.create_future()
                 try:
                     await subscriber.waiter
                 finally:
                     subscriber.waiter = None
+                woken = True
         finally:
+            self._due.pop(subscriber, None)
+            self._back(subscriber)
             self.watchers -= 1
             live = self._live.get(topic)
             if live is not None:
@@ -424,16 +449,42 @@ class EventFeed(Generic[E]):
             for topic in self._topics(row):
                 if topic in self._live:
                     by_topic.setdefault(topic, []).append(row)
-        served = 0
         for topic, topic_rows in by_topic.items():
             for subscriber in list(self._live.get(topic, ())):
                 was_overflowed = subscriber.overflowed
                 subscriber.offer(topic_rows)
                 if subscriber.overflowed and not was_overflowed:
                     self.dropped += 1
-                served += 1
-                if served % DISPATCH_SLICE == 0:
-                    await asyncio.sleep(0)  # let unary calls' callbacks run between slices
+                elif subscriber.pending and subscriber.waiter is not None:
+                    self._mark_ready(subscriber)
+
+    def _mark_ready(self, subscriber: _Subscriber[E]) -> None:
+        self._due[subscriber] = None
+        if self._pacer is None or self._pacer.done():
+            self._pacer = self._loop.create_task(self._pace())
+
+    def _back(self, subscriber: _Subscriber[E]) -> None:
+        """``subscriber`` is done with the turn the pacer gave it (sent, or had nothing, or ended)."""
+        if subscriber in self._sending:
+            self._sending.discard(subscriber)
+            if not self._sending and self._sent is not None and not self._sent.done():
+                self._sent.set_result(None)
+
+    async def _pace(self) -> None:
+        """Wake the streams with entries to send, ``DISPATCH_SLICE`` per turn of the loop, then leave the
+        loop to everything else for ``FANOUT_PAUSE`` times as long as their sends took: fan-out takes at
+        most about half of the loop, however many streams wait, and streams lag rather than submits."""
+        while self._due:
+            started = self._loop.time()
+            self._sent = self._loop.create_future()
+            for subscriber in list(islice(self._due, DISPATCH_SLICE)):
+                del self._due[subscriber]
+                self._sending.add(subscriber)
+                subscriber.wake()
+            if self._sending:  # until every woken stream's sends completed (gRPC finishes them later)
+                await asyncio.wait({self._sent}, timeout=PACE_WAIT_S)
+            self._sending.clear()
+            await asyncio.sleep((self._loop.time() - started) * FANOUT_PAUSE)
 
     def _up_to_a_gap(self, rows: Sequence[E]) -> tuple[Sequence[E], bool]:
         """``rows`` up to the first id missing after ``head``, and whether any were held back.
