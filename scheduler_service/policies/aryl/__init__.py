@@ -8,25 +8,39 @@ One cycle, in order (each step works on the state the previous ones left):
    ``min_workers`` are scaled in, the others preempted and requeued. Vacated reclaimed servers return
    to serving. Idle inference servers beyond demand + a buffer, idle long enough, are **loaned**
    while training has work for them (hysteresis: the buffer is the band between loan and reclaim).
-1. **Base demands.** The queue in order: starving jobs first (waited past ``starvation_s``), then
-   priority, then shortest estimated remaining GPU-time, then arrival. Each job gets ``min_workers``
-   as a gang, or waits; later jobs backfill around a waiting one, except onto the servers reserved
-   for the first starving job that does not fit. Base workers prefer training-owned servers. A gang
-   may take GPUs from other jobs' elastic *extra* workers (they are scaled in for it). Queues
-   (``core.quota``): a job its queue may not take the GPUs for waits aside; within the starving/other
-   split, jobs within their queue's quota come first, then higher priority classes, then fair share;
+1. **Joint sizing** (``sizing.joint_sizing``; the elastic variants but ``aryl-nojoint``). One multiple-choice
+   knapsack over every queued job (wait, or start at ``min_workers .. max_workers``) and every running
+   elastic job outside its protection window (``min_workers`` plus 0 .. its extras), on the free GPUs plus
+   those the extras hold. The objective: the sum of the jobs' completion rates, 1 / (estimated remaining
+   time + a restart for a size change) -- maximising it runs short jobs first and grows a job only while
+   the GPUs speed it up more than they would anywhere else (elastic jobs scale sub-linearly); a queued
+   job's rates are multiplied by its response ratio, (waited + run) / run, so a long job rises as it
+   waits instead of jumping every queue at ``starvation_s``. Tiers before the rates: within quota before
+   borrowing, higher priority class, higher priority, fair share. Why this and not Pollux's power mean of
+   speed-ups: it is the rate at which jobs complete, so it reads the estimates where Pollux reads none;
+   docs/evaluation.md ("Loaning + goodput") measures both, non-clairvoyant.
+2. **Base demands.** The queue in order: priority, then shortest estimated remaining GPU-time, then
+   arrival (``aryl-nojoint``, ``sjf``, ``aryl-noelastic``: starving jobs first). A job the joint sizing
+   deferred waits, or takes GPUs that admitted gangs could not use (``base._start_deferred``). Each
+   other job gets ``min_workers`` as a gang, or waits; later jobs backfill around a waiting one, except
+   onto the servers reserved for the first starving job that does not fit (those whose jobs end soonest;
+   a job estimated to finish before them may still use them). Base workers prefer training-owned servers.
+   A gang may take GPUs from other jobs' elastic *extra* workers (they are scaled in for it:
+   shrink-to-admit). Queues (``core.quota``): a job its queue may not take the GPUs for waits aside;
+   jobs within their queue's quota come first, then higher priority classes, then fair share;
    a gang that still does not fit may preempt, cheapest first, jobs of queues that borrow (when it is
-   within its own quota) or of lower classes of its own queue. Growth in step 2 stays within quotas.
-2. **Elastic extras.** A multiple-choice knapsack (``solvers.knapsack``) over the elastic jobs: option
-   k = k more workers than ``min_workers``, weight k x gpus_per_worker, value = JCT reduction minus a
-   restart cost when the size changes, plus, for an option that turns a predicted deadline miss
-   into a hit, ``deadline_weight`` x the job's remaining time at ``min_workers``. Capacity: the GPUs
-   left after step 1, including loaned ones and those extras already hold. Extra workers prefer
+   within its own quota) or of lower classes of its own queue. Growth in step 3 stays within quotas.
+3. **Elastic extras.** A multiple-choice knapsack (``solvers.knapsack``) over the elastic jobs: option
+   k = k more workers than ``min_workers``, weight k x gpus_per_worker, value = the joint sizing's
+   completion-rate gain (``aryl-nojoint``: JCT reduction minus a restart cost when the size changes), plus,
+   for an option that turns a predicted deadline miss into a hit, ``deadline_weight`` x the job's remaining
+   time at ``min_workers`` (as a rate for the joint sizing). Capacity: the GPUs
+   left after step 2, including loaned ones and those extras already hold. Extra workers prefer
    loaned servers, so a reclaim shrinks, not kills. A reclaim's preemption cost counts a deadline it
    would make a job miss (``deadline_weight`` x the job's remaining GPU-time).
    Anti-thrashing (``core.protection``, one window for every step): a job in its protection window
    (started or resized less than ``min_resize_interval_s`` ago, or ``max_disruptions_per_hour``
-   reached) keeps its size in step 2, keeps its extras in step 1 (queued gangs, starving jobs) and is
+   reached) keeps its size in steps 1 and 3, keeps its extras in step 2 (queued gangs, starving jobs) and is
    not preempted for quota or priority; an inference reclaim prefers servers without protected jobs
    and overrides the window only when those do not suffice, saying so in the job's message.
 
@@ -38,11 +52,12 @@ model) and send the batch chosen with its allocation (``Plan.batches``). Jobs wi
 Variants (same code, same placement, so comparisons isolate the mechanism): ``aryl`` (loaning and
 elasticity), ``aryl-noloan``, ``aryl-noelastic``, ``sjf`` (neither: separate clusters, jobs run at
 ``min_workers``), ``aryl-naivereclaim`` (``aryl`` with a naive reclaim: most recently loaned first), and
-``aryl-nogoodput`` (``aryl`` on declared throughput only: no goodput model, no batch choice).
+``aryl-nogoodput`` (``aryl`` on declared throughput only: no goodput model, no batch choice), and
+``aryl-nojoint`` (``aryl`` with the earlier two steps: queued gangs first, then extras by JCT reduction).
 
 The package, one module per phase (each imports ``cycle`` and no other; this module runs them in order):
-``cycle`` (the cycle's scratch state and the helpers the steps share), ``loans`` (step 0), ``base``
-(step 1), ``sizing`` (the joint sizing and step 2, then the plan's job changes).
+``cycle`` (the cycle's scratch state and the helpers the steps share), ``loans`` (step 0), ``sizing`` (the
+joint sizing, step 1, and the extras, step 3, then the plan's job changes), ``base`` (step 2).
 
 Pure: no I/O, no wall clock; deterministic for a given snapshot.
 """
