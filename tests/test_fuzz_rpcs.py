@@ -57,6 +57,7 @@ from scheduler_service.api import validation
 from scheduler_service.errors import InvalidArgument
 from scheduler_service.store.models import Base
 from tests.harness import register_fake_server, secure_channel
+from tests.helpers import scaled_timeout
 
 Code = grpc.StatusCode
 OK, INVALID = Code.OK, Code.INVALID_ARGUMENT
@@ -794,7 +795,7 @@ class Harness:
             if not self._settled:
                 self.settle()
             before = self.database.fingerprint()
-        outcome = self._call(rpc, case.request)
+        outcome = self._call(rpc, case.request, refused=case.expect is not None and OK not in case.expect)
         if currently_in_test_context():  # --hypothesis-show-statistics shows the mix of answers
             event(f"{rpc} -> {outcome.code.name}")
         what = f"{rpc}({_show(case.request)}) -> {outcome.code.name}: {outcome.details[:300]!r}"
@@ -821,7 +822,7 @@ class Harness:
             return changed
         self.database.settle(quiet_s=CONFIRM_QUIET_S)
         before_again = self.database.fingerprint()
-        again = self._call(rpc, case.request)
+        again = self._call(rpc, case.request, refused=case.expect is not None and OK not in case.expect)
         changed_again = changed_tables(before_again, self.database.fingerprint())
         if again.code == refused.code and not changed_again:
             return {}
@@ -856,9 +857,9 @@ class Harness:
                 f"{what}\nexpected the refusal to name one of {list(case.fields)}"
             )
 
-    def _call(self, rpc: str, request: Message | bytes) -> Outcome:
+    def _call(self, rpc: str, request: Message | bytes, *, refused: bool = False) -> Outcome:
         if rpc == "WatchEvents":
-            return self._watch(request)
+            return self._watch(request, refused=refused)
         service = SERVICE_OF[rpc]
         if isinstance(request, bytes):  # a serialized request with extra fields on the wire
             method: Callable[..., Any] = self.channel.unary_unary(
@@ -872,9 +873,12 @@ class Harness:
         except grpc.RpcError as err:
             return _refused(err)
 
-    def _watch(self, request: scheduler_pb2.WatchEventsRequest) -> Outcome:
-        """Read at most two events; the short deadline ends a stream with nothing to send."""
-        stream = self.scheduler.WatchEvents(request, timeout=WATCH_DEADLINE_S)
+    def _watch(self, request: scheduler_pb2.WatchEventsRequest, *, refused: bool = False) -> Outcome:
+        """Read at most two events; the short deadline ends a stream with nothing to send. A request the case
+        expects refused gets the RPCs' deadline: its refusal may take longer than a stream's short deadline on
+        a loaded machine (it answered DEADLINE_EXCEEDED so under load 13)."""
+        timeout = scaled_timeout(RPC_TIMEOUT_S) if refused else WATCH_DEADLINE_S
+        stream = self.scheduler.WatchEvents(request, timeout=timeout)
         events: list[types_pb2.Event] = []
         try:
             for item in stream:
@@ -953,8 +957,11 @@ def names_a_field(message: Message, path: str) -> bool:
 
 
 @pytest.fixture
-def harness(scheduler, database_url: str) -> Iterator[Harness]:
-    """One scheduler for all examples of a test: state accumulates from example to example."""
+def harness(scheduler_factory, database_url: str) -> Iterator[Harness]:
+    """One scheduler for all examples of a test: state accumulates from example to example. Its fake servers
+    never report, so they are never LOST while a test runs (on a loaded machine a test outlasts the default
+    30 s, and a server going LOST during a refused call was blamed on the call)."""
+    scheduler = scheduler_factory(agents={"lost_after_s": 86400.0})
     database = Database(database_url)
     h = Harness(scheduler.address, database)
     yield h
