@@ -8,6 +8,7 @@ machine), finding a free port, finding the processes a test left behind.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import Callable
@@ -74,3 +75,14 @@ def processes_mentioning(marker: str) -> list[int]:
         except OSError:
             continue
     return found
+
+
+async def wait_until(predicate: Callable[[], object], what: str, timeout: float = 30.0, poll_s: float = 0.05) -> None:
+    """``wait_for`` for a coroutine: poll without blocking the event loop, within ``timeout`` as
+    ARYL_TEST_TIMEOUT_FACTOR stretches it."""
+    timeout = scaled_timeout(timeout)
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        await asyncio.sleep(poll_s)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,21 +37,14 @@ from scheduler_service.api.stream_limits import StreamLimits, TooManyStreams
 from scheduler_service.notify import EventFeed, Signal, SlowReader
 from scheduler_service.server import ServerHandle, serve_in_background
 from tests.harness import pki, scheduler_config, security_section
-from tests.helpers import scaled_timeout
+from tests.helpers import scaled_timeout, wait_until
 
 ALICE, BOB = Principal("user", "alice"), Principal("user", "bob")
 ROUTER, ADMIN = Principal("router", "r1"), Principal("admin", "root")
 
 
 async def _wait(predicate: Any, what: str, timeout: float = 60.0) -> None:
-    """``tests.helpers.wait_for`` for a coroutine: poll without blocking the loop, within ``timeout`` as
-    ARYL_TEST_TIMEOUT_FACTOR stretches it."""
-    timeout = scaled_timeout(timeout)
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        await asyncio.sleep(0.02)
+    await wait_until(predicate, what, timeout, poll_s=0.02)
 
 
 # ---------------------------------------------------------------------------------------------

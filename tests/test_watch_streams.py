@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +31,7 @@ from scheduler_service.api.stream_limits import StreamLimits, TooManyStreams, cl
 from scheduler_service.notify import EventFeed, Signal
 from scheduler_service.server import ServerHandle, serve_in_background
 from tests.harness import client_security, job_spec, scheduler_config, secure_aio_channel, secure_channel
-from tests.helpers import scaled_timeout, wait_for
+from tests.helpers import wait_for, wait_until
 
 STREAMS = 200
 WINDOW_S = 2.0  # how long transactions are counted, idle; the assertion is on the counts
@@ -92,14 +91,7 @@ async def _collect(call: Any, into: list[Any]) -> None:
 
 
 async def _wait(predicate: Any, what: str, timeout: float = 30.0) -> None:
-    """``tests.helpers.wait_for`` for a coroutine: poll without blocking the loop, within ``timeout`` as
-    ARYL_TEST_TIMEOUT_FACTOR stretches it."""
-    timeout = scaled_timeout(timeout)
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        await asyncio.sleep(0.05)
+    await wait_until(predicate, what, timeout, poll_s=0.05)
 
 
 def test_idle_watch_streams_cost_no_database_work_and_a_change_reaches_every_stream(start_scheduler: Any) -> None:
