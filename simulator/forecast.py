@@ -42,6 +42,7 @@ from scheduler_service.core.snapshot import ClusterSnapshot, ServerView
 from scheduler_service.core.throughput import estimate
 from scheduler_service.cycle import ClusterState
 from scheduler_service.lifecycle import Pool, ServerState
+from scheduler_service.solvers import warm_up as warm_up_solvers
 from simulator.clock import VirtualClock
 from simulator.cluster import SimulatedCluster
 from simulator.engine import SimulationResult, simulate
@@ -320,3 +321,9 @@ __all__ = [
     "DEFAULT_HORIZON_S", "WHAT_IF_MAX_HORIZON_S", "Forecast", "ForecastSettings", "JobForecast",
     "WhatIf", "WhatIfRun", "changed_params", "forecast", "trace_jobs", "what_if", "with_inference_servers",
 ]
+
+
+def warm_up_kernels() -> None:
+    """Load (or compile) the scheduling kernels (numba) before any forecast is timed: in a fresh process the
+    first forecast would pay for it out of its wall budget (``ForecastSettings.wall_budget_s``)."""
+    warm_up_solvers()

@@ -242,7 +242,9 @@ def test_json_and_yaml_print_zero_values(ctl) -> None:
     code, out, _ = ctl("-o", "yaml", "job", job["job_id"])
     assert code == 0
     described = yaml.safe_load(out)["job"]
-    assert (described["preemptions"], described["spec"]["env"], described["pending_reason"]) == (0, {}, "")
+    assert (described["preemptions"], described["spec"]["env"]) == (0, {})
+    # Printed even when empty; a cycle may have set it by now (on a loaded machine it had: no server exists).
+    assert "pending_reason" in described
     assert "deadline" not in described["spec"]  # an unset message field is absent, not a zero
 
 

@@ -60,7 +60,8 @@ def cordoned(server, admin: AdminState = AdminState.CORDONED, deadline: float | 
 
 
 def test_nothing_new_is_placed_on_a_cordoned_server_and_what_runs_there_stays() -> None:
-    elastic = running_job(1, [("a", (0,)), ("a", (1,))], low=1, high=4, resized=NOW - 3600)
+    # A long job (10 h): starting job 2 completes more than growing it would (the joint sizing's rates).
+    elastic = running_job(1, [("a", (0,)), ("a", (1,))], low=1, high=4, resized=NOW - 3600, runtime=36000)
     snap = snapshot_of([cordoned(training_server("a", 4)), training_server("b", 2)],
                        [elastic, pending_job(2, gpus=2)])
     plan = create_policy("aryl").schedule(snap)

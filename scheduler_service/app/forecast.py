@@ -52,6 +52,7 @@ from simulator.forecast import (
     WhatIfRun,
     changed_params,
     forecast,
+    warm_up_kernels,
     what_if,
 )
 
@@ -160,15 +161,18 @@ PARENT_CHECK_S = 0.2
 
 
 def _start_forecast_process(scheduler_pid: int) -> None:
-    """In the forecast's process, first: die with the scheduler (``ForecastProcess``), and yield the CPU
+    """In the forecast's process, first: die with the scheduler (``ForecastProcess``), yield the CPU
     to the scheduler's own process and the database (the ETA is best effort: on a busy machine a
-    forecast reaches less far within its budget)."""
+    forecast reaches less far within its budget), and load the scheduling kernels."""
     _die_with_parent()
     if os.getppid() != scheduler_pid:  # the scheduler died before the kernel was asked
         os._exit(1)
     threading.Thread(target=_exit_with_parent, args=(scheduler_pid,), name="aryl-forecast-parent",
                      daemon=True).start()
     os.nice(FORECAST_NICENESS)
+    # The scheduling kernels before the first forecast: their load (or compile) is not a forecast's to pay
+    # out of its wall budget (``ForecastSettings.wall_budget_s``), which it would cut short.
+    warm_up_kernels()
 
 
 def _die_with_parent() -> None:

@@ -90,8 +90,11 @@ def joint_sizing(cycle: _Cycle) -> None:
     open_jobs = sorted((j for j in cycle.running.values()
                         if j.view.max_workers > j.view.min_workers and j.view.job_id not in cycle.protected),
                        key=lambda j: j.view.job_id)
-    capacity = cycle.capacity.total - cycle.capacity.free_on(cycle.reserved) + sum(
-        j.extras * j.view.gpus_per_worker for j in open_jobs)
+    # Nothing new goes on a cordoned server (``core.placement``): its free GPUs, and extras there, are not shared out.
+    cordoned = {sid for sid, server in cycle.servers.items() if server.cordoned}
+    capacity = cycle.capacity.total - cycle.capacity.free_on(cycle.reserved | cordoned) + sum(
+        j.view.gpus_per_worker for j in open_jobs for w in j.workers[j.view.min_workers:]
+        if w.server_id not in cordoned)
     pending = snap.pending_jobs()
     cycle.admitted = {}
     if not pending or capacity <= 0:
