@@ -90,8 +90,9 @@ __all__ = ["UsageError", "build_parser", "format_table", "main", "parse_args"]
 
 PROG: Final = "arylctl"
 # `events` without --follow: the log has no end marker, so "caught up" means the stream was
-# quiet this long (the connection is established before the clock starts).
-EVENTS_IDLE_S: Final = 0.5
+# quiet this long (the connection is established before the clock starts). A busy scheduler paces its
+# fan-out to streams (``scheduler_service.notify``): 0.5 s returned an empty log under load.
+EVENTS_IDLE_S: Final = 2.0
 LIST_ALL_PAGE_SIZE: Final = 1000  # the server's maximum; fewer round trips for --all
 # `events --follow` after losing its stream: the longest wait between reconnection attempts. It
 # retries until Ctrl-C: following is meant to outlive a scheduler restart or upgrade.
