@@ -347,7 +347,10 @@ def test_the_batch_reaches_the_worker_and_a_change_alone_does_not_restart_it(sup
     batches = out.with_suffix(".batches")
     wait_for(lambda: batches.exists() and "[64, 0]" in batches.read_text(), timeout=WAIT_S, what="the new batch read")
     assert batches.read_text().split() == ["[43,", "1]", "[64,", "0]"]
-    (record,) = [w for w in load_state(sup.layout.state_file) if w.id.job_id == "job-b"]
+    # The state file is written after the batch file the worker reads: wait for it (CI read it in between).
+    record = wait_for(lambda: next((w for w in load_state(sup.layout.state_file) if w.id.job_id == "job-b"
+                                    and w.spec.local_batch_size == 64), None),
+                      timeout=WAIT_S, what="the new batch saved")
     assert (record.pid, record.phase, record.spec.local_batch_size) == (pid, Phase.RUNNING, 64)
     # A job without batch limits gets none of the variables.
     plain = desired_worker([sys.executable, "-c", BATCH_WORKER, str(tmp_path / "plain")], job="job-p",
