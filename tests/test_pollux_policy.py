@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import random
 from dataclasses import astuple
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from scheduler_service.policies.pollux_search import fit_perf_params_lbfgs, min_
 from simulator.engine import simulate
 from simulator.goodput_sim import load_workload, run_workload
 from simulator.model import ClusterSpec
-from tests.harness import linear_job, pending_job, running_job, snapshot_of, training_server
+from tests.harness import NOW, linear_job, pending_job, running_job, snapshot_of, training_server
 
 PERF = PerfParams(0.02, 0.0008, 0.06, 0.003, 0.012, 0.0015, 2.5)
 GRAD = GradParams(0.5, 4.0)
@@ -199,3 +200,26 @@ def test_aryl_s_registered_policies_run_on_the_goodput_model(policy: str) -> Non
     workload = load_workload(data / "workloads" / "workload-6.csv")[:12]
     result = run_workload(workload, data / "traces", policy, nodes=4, gpus_per_node=4)
     assert len(result.jcts) == 12 and result.average_jct > 0
+
+
+def test_pollux_never_sizes_a_job_below_its_gang() -> None:
+    """The packing may find a job less room than its GPU count; a size below ``min_workers`` is no size (the
+    rule book refused 12-60 such actions per run of the goodput evaluation). On small random clusters every
+    plan passes the invariants (seed 38 failed before: a 3-worker gang started at 1)."""
+    policy = create_policy("pollux")
+    for seed in range(60):
+        rng = random.Random(seed)
+        servers = [training_server(f"t{k}", gpus=4) for k in range(rng.randint(1, 3))]
+        free = {s.server_id: list(range(4)) for s in servers}
+        jobs, jid = [], 1
+        for _ in range(rng.randint(0, 4)):
+            sid, n = rng.choice(list(free)), rng.randint(1, 2)
+            if len(free[sid]) >= n:
+                gpus, free[sid] = tuple(free[sid][:n]), free[sid][n:]
+                jobs.append(running_job(jid, [(sid, gpus)], low=1, high=rng.randint(1, 3), resized=NOW - 3000))
+                jid += 1
+        for _ in range(rng.randint(1, 4)):
+            jobs.append(pending_job(jid, gpus=rng.choice([1, 2]), workers=rng.randint(1, 3), max_workers=4))
+            jid += 1
+        snap = snapshot_of(servers, jobs)
+        assert check_plan(snap, policy.schedule(snap)) == [], seed

@@ -351,7 +351,14 @@ class PolluxPolicy:
                 restarts=0, min_replicas=max(1, j.min_workers) * gpw, model=fitted, step=gpw,
                 speed=_speeds(model, gpw, most * gpw + total + 1)))
         decided = pollux_decide(decision_jobs, capacity, p=self.p)
-        target = {j.job_id: len(decided.get(j.job_id, [])) // j.gpus_per_worker for j in active}
+        target = {}
+        for j in active:
+            count = len(decided.get(j.job_id, [])) // j.gpus_per_worker
+            # The packing may find a job less room than its count: below its gang's minimum, a queued job waits
+            # and a running one keeps its size (a size below min_workers is no size: the rule book refuses it).
+            if 0 < count < j.min_workers:
+                count = 0 if j.state == JobState.PENDING else j.num_workers
+            target[j.job_id] = count
         plan = plan_worker_targets(
             snapshot, active, target, who="Pollux", largest_first=True,
             why_waiting="the free GPUs raise the cluster's mean speed-up more on other jobs",
