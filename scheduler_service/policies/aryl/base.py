@@ -127,7 +127,7 @@ def _start_deferred(cycle: _Cycle, later: list[JobView]) -> None:
     """The joint sizing's deferred jobs, in the queue's order, after every other: the GPUs it admitted
     jobs for that then did not fit (their gangs found no room on the servers, where the sizing counts
     GPUs) go to these on free GPUs, so no GPU the sizing gave out idles. The rest wait, saying why."""
-    admitted = cycle.admitted or {}
+    admitted = cycle.admitted or set()
     started = {s.job_id for s in cycle.starts}
     views = {j.job_id: j for j in cycle.snapshot.pending_jobs() if j.job_id in admitted}
     budget = sum(v.min_workers * v.gpus_per_worker for job_id, v in views.items() if job_id not in started)

@@ -119,9 +119,9 @@ class _Cycle:
     # ``blocked_by`` as long as the cycle, so no id is reused meanwhile).
     shield_texts: dict[int, str] = field(default_factory=dict)
     # The joint sizing's answer (``sizing.joint_sizing``; None: the policy does not size jointly): the queued jobs
-    # it admits this cycle, by job id, with the workers it sized them at; and the queued jobs it weighed
-    # and left waiting, with why (step 1 starts none of those unless it starves).
-    admitted: dict[int, int] | None = None
+    # it admits this cycle (step 2 starts them at min_workers, step 3 grows them as the sizing would), and the
+    # queued jobs it weighed and left waiting, with why (step 2 starts those only on what admitted gangs left).
+    admitted: set[int] | None = None
     deferred: dict[int, str] = field(default_factory=dict)
 
     def training_capable(self, server_id: str) -> bool:

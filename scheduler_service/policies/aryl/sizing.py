@@ -66,6 +66,16 @@ def response_ratio(job: JobView, est: JobEstimate, now: float, restart_s: float)
     return 1.0 + max(now - job.submitted_at, 0.0) / run
 
 
+def extra_gains(cycle: _Cycle, job: _Job, count: int, current: int) -> list[float]:
+    """What 1 .. ``count`` extra workers add to a running job's completion rate (``completion_rates`` from
+    ``current`` workers), plus a deadline they save (``_deadline_bonus``, as a rate): its knapsack values,
+    in the joint sizing and in step 3 alike."""
+    view = job.view
+    rates = completion_rates(cycle.estimate(view), view.min_workers, count, current, cycle.params.restart_cost_s)
+    saved = _rate_bonus(_deadline_bonus(cycle, job, count), rates)
+    return [r - rates[0] + b for r, b in zip(rates[1:], saved, strict=True)]
+
+
 def _rate_bonus(seconds: list[float] | None, rates: list[float]) -> list[float]:
     """A deadline bonus worth ``seconds[k - 1]`` of completion time at option k, as a completion rate: a
     cut of ``d`` seconds from ``T`` to ``T'`` raises the rate by ``d / (T T')``."""
@@ -96,7 +106,7 @@ def joint_sizing(cycle: _Cycle) -> None:
         j.view.gpus_per_worker for j in open_jobs for w in j.workers[j.view.min_workers:]
         if w.server_id not in cordoned)
     pending = snap.pending_jobs()
-    cycle.admitted = {}
+    cycle.admitted = set()
     if not pending or capacity <= 0:
         return
     quota = _ledger(cycle, {})
@@ -153,10 +163,8 @@ def joint_sizing(cycle: _Cycle) -> None:
     for other in open_jobs:
         view = other.view
         count = min(view.max_workers - view.min_workers, p.max_extra_options)
-        rates = completion_rates(cycle.estimate(view), view.min_workers, count, len(other.workers), restart)
-        extra = _rate_bonus(_deadline_bonus(cycle, other, count), rates)
         bonus = _TIER_BONUS * tiers[tier(view)]  # for an option that speeds it up at all
-        gains = [r - rates[0] + b for r, b in zip(rates[1:], extra, strict=True)]
+        gains = extra_gains(cycle, other, count, len(other.workers))
         groups.append(([k * view.gpus_per_worker for k in range(1, count + 1)],
                        [g + bonus if g > 0 else g for g in gains]))
     width = max(len(w) for w, _ in groups)
@@ -166,7 +174,7 @@ def joint_sizing(cycle: _Cycle) -> None:
     choice = solve_knapsack(weights, values, counts, capacity).choice.tolist()
     for job, option in zip(queued, choice, strict=False):
         if option > 0:
-            cycle.admitted[job.job_id] = job.min_workers + option - 1
+            cycle.admitted.add(job.job_id)
         else:
             cycle.deferred[job.job_id] = (
                 f"the joint sizing found that the {capacity} GPUs it shares out (free, and running jobs' "
@@ -262,10 +270,7 @@ def elastic_extras(cycle: _Cycle, *, joint: bool) -> None:
         weights.append(row)
         bonus = _deadline_bonus(cycle, job, count)  # a worker that saves a deadline is worth more
         if joint:  # the joint sizing's completion rates (a job started this cycle: no resize)
-            fresh = job.view.job_id in started
-            rates = completion_rates(cycle.estimate(job.view), job.view.min_workers, count,
-                                     -1 if fresh else len(job.workers), restart)
-            value = [r - rates[0] + b for r, b in zip(rates[1:], _rate_bonus(bonus, rates), strict=True)]
+            value = extra_gains(cycle, job, count, -1 if job.view.job_id in started else len(job.workers))
         else:
             value = [g + shift if k == current else g + shift - restart for k, g in enumerate(gain, 1)]
             if bonus is not None:
