@@ -465,6 +465,11 @@ def render(windows: list[tuple[float, dict[str, dict[int, dict[str, Any]]], dict
     verdict = ("`aryl`'s average JCT is below `pollux`'s on every seed of every window."
                if not behind else
                f"`aryl`'s average JCT is not below `pollux`'s on (window/seed) {', '.join(behind)}.")
+    refused = sorted({p for _, runs, _, _ in windows for p, seeds in runs.items()
+                      if any(r["rejected_actions"] for r in seeds.values())})
+    rejected_text = (f" Runs with rejected actions (plan steps the simulated cluster's rule book refused; 0 in a "
+                     f"sound run): {', '.join(refused)}." if refused else " Every run's plans were applied whole "
+                     "(0 rejected actions).")
     tails = []
     for days, runs, _, _ in windows:
         ratio = statistics.fmean(runs["aryl"][s]["p95_jct_s"] / runs["pollux"][s]["p95_jct_s"] for s in runs["aryl"])
@@ -490,6 +495,5 @@ queued gangs shortest-first, then extras into the GPUs left over, by the JCT the
 loaning) and `aryl-nogoodput` (declared throughput only). Seeds {", ".join(map(str, SEEDS))} (elastic, model
 and estimate draws); mean (min..max) over seeds. This section took {wall_s:.0f} s.
 {"".join(texts)}
-**Against the targets**: {verdict} {tail_text} `pollux`'s runs count rejected actions (plan steps the
-simulated cluster's rule book refused; `aryl`'s runs have none): their cause is not examined here.
+**Against the targets**: {verdict} {tail_text}{rejected_text}
 """
