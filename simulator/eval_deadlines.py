@@ -18,6 +18,9 @@ The setup, fixed before any result was seen (nothing here is tuned toward the pa
 - **Policies**: ``sjf`` (the baseline: jobs at their requested size, shortest first), ``qos`` (and
   ``qos`` with ``qos_hopeless = keep``), ``aryl`` with ``deadline_weight = 0`` (deadlines off) and
   with the default 1 (on). A cycle at every event (``min_cycle_gap_s = 0``), restart overhead 30 s.
+- **Estimates**: non-clairvoyant by default -- each policy sees the job's user estimate, the true run time
+  x exp(0.8 z) (``simulator.estimates``, ``lognormal:0.8``, as the headline); ``qos`` and ``aryl`` (deadlines
+  on) also run with the true run times (the rows marked "exact run times"), since both plan by them.
 - **Seeds** ``SEEDS``: each seed changes the sample, the elastic draws, the deadlines and the snapshots'
   seed; figures are the mean over seeds with the min..max spread.
 """
@@ -42,13 +45,16 @@ SEEDS = (0, 1, 2)
 GPUS_PER_SERVER = 8
 RESTART_OVERHEAD_S = 30.0
 REGIMES = {"short": 2.0, "enough": 0.25}  # offered load / cluster GPUs
-# (label, registered policy, parameters)
-POLICIES: tuple[tuple[str, str, PolicyParams], ...] = (
-    ("sjf", "sjf", PolicyParams()),
-    ("qos", "qos", PolicyParams()),
-    ("qos (hopeless kept)", "qos", PolicyParams(qos_hopeless="keep")),
-    ("aryl (deadlines off)", "aryl", PolicyParams(deadline_weight=0.0)),
-    ("aryl (deadlines on)", "aryl", PolicyParams()),
+ESTIMATES, EXACT = "lognormal:0.8", "exact"  # user estimates (the default), the true run times
+# (label, registered policy, parameters, what the policy sees of a job's length)
+POLICIES: tuple[tuple[str, str, PolicyParams, str], ...] = (
+    ("sjf", "sjf", PolicyParams(), ESTIMATES),
+    ("qos", "qos", PolicyParams(), ESTIMATES),
+    ("qos (hopeless kept)", "qos", PolicyParams(qos_hopeless="keep"), ESTIMATES),
+    ("aryl (deadlines off)", "aryl", PolicyParams(deadline_weight=0.0), ESTIMATES),
+    ("aryl (deadlines on)", "aryl", PolicyParams(), ESTIMATES),
+    ("qos, exact run times", "qos", PolicyParams(), EXACT),
+    ("aryl (deadlines on), exact run times", "aryl", PolicyParams(), EXACT),
 )
 PAPER = {"short_gain_pct": 26.0, "enough_rate_pct": 100.0}  # the QoS framework paper (IJCNN'19)
 
@@ -100,10 +106,10 @@ def run_all(shared: Path) -> dict[str, Any]:
             for setting in DEADLINE_SETTINGS:
                 jobs = assign_deadlines(sample, setting, seed)
                 column = f"{regime}, {setting}"
-                for label, policy, params in POLICIES:
+                for label, policy, params, estimates in POLICIES:
                     started = time.perf_counter()
                     result = simulate(jobs, [], spec, policy, params, seed=seed,
-                                      restart_overhead_s=RESTART_OVERHEAD_S)
+                                      restart_overhead_s=RESTART_OVERHEAD_S, estimates=estimates)
                     summary = summarize(result)
                     log(f"deadlines {column} seed {seed} {label}: {summary.get('deadline_completion_rate')} "
                         f"({result.stop_reason}, {time.perf_counter() - started:.1f}s)")
@@ -132,8 +138,8 @@ def render(data: dict[str, Any]) -> str:
         mean = sum(values) / len(values)
         return f"{mean * scale:.{digits}f} ({min(values) * scale:.{digits}f}-{max(values) * scale:.{digits}f})"
 
-    rate_rows = [[label, *(spread(rates[c][label]) for c in columns)] for label, _, _ in POLICIES]
-    jct_rows = [[label, *(spread(jcts[c][label], 1 / 3600.0, 2) for c in columns)] for label, _, _ in POLICIES]
+    rate_rows = [[label, *(spread(rates[c][label]) for c in columns)] for label, _, _, _ in POLICIES]
+    jct_rows = [[label, *(spread(jcts[c][label], 1 / 3600.0, 2) for c in columns)] for label, _, _, _ in POLICIES]
 
     def mean(values: list[float]) -> float:
         return sum(values) / len(values)
@@ -159,8 +165,9 @@ elastic up to 4x) -- with deadlines by the seeded rule of `simulator/deadlines.p
 (tight) or U(2, 4) (loose) x the run time at the requested size. Load regimes, by the offered load
 (the sample's GPU-time over its {SAMPLE_DAYS} days of arrivals, in GPUs): **short**, a training cluster with half
 that many GPUs (offered load / capacity = 2); **enough**, four times as many (0.25). No inference
-cluster, a cycle at every event, restart overhead {RESTART_OVERHEAD_S:.0f} s. Seeds {seeds} (each samples
-other jobs and draws other deadlines): mean, and min-max over the seeds.
+cluster, a cycle at every event, restart overhead {RESTART_OVERHEAD_S:.0f} s. Non-clairvoyant: every policy
+sees user estimates (`{ESTIMATES}`) of the run times, except the two rows marked "exact run times".
+Seeds {seeds} (each samples other jobs and draws other deadlines): mean, and min-max over the seeds.
 
 - short: {"; ".join(regime_notes["short"])}
 - enough: {"; ".join(regime_notes["enough"])}

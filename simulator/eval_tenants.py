@@ -17,8 +17,10 @@ The setup, fixed before the first run and not changed after (nothing here is tun
   ``quotas``: each team a queue with half the GPUs as its quota, in cohorts of their own (no borrowing);
   ``quotas + borrowing``: the same quotas in one cohort (a team borrows the other's idle quota, and gives
   it back -- shrinking elastic jobs first, then preempting the cheapest -- when the other needs it).
-- **Seeds** ``SEEDS``: each changes the sample, the teams, the elastic draws and the snapshots' seed;
-  figures are means over seeds with the min..max spread.
+- **Estimates** ``ESTIMATES``: non-clairvoyant, as the headline -- the policy sees each job's user estimate,
+  the true run time x exp(0.8 z) (``simulator.estimates``), never the true run time.
+- **Seeds** ``SEEDS``: each changes the sample, the teams, the elastic draws, the estimate errors and the
+  snapshots' seed; figures are means over seeds with the min..max spread.
 
 What it shows: *isolation* (the light team's queueing under quotas vs one shared queue) and
 *borrowing* (utilisation and the heavy team's JCT with borrowing vs hard quotas).
@@ -45,6 +47,7 @@ VISION_SHARE = 0.75
 RHO = 1.0
 SEEDS = (0, 1, 2)
 GPUS_PER_SERVER = 8
+ESTIMATES = "lognormal:0.8"  # what the policy sees of a job's length (module doc)
 TEAMS = ("vision", "nlp")
 CONFIGS = ("shared", "quotas", "quotas + borrowing")
 
@@ -108,7 +111,7 @@ def tenants_section(shared: Path, assets: Path, raw: dict[str, Any]) -> tuple[st
         for config in CONFIGS:
             spec = ClusterSpec(servers, 0, GPUS_PER_SERVER, queues=queues_for(config, gpus))
             started = time.perf_counter()
-            result = simulate(jobs, [], spec, "aryl", PolicyParams(), seed=seed)
+            result = simulate(jobs, [], spec, "aryl", PolicyParams(), seed=seed, estimates=ESTIMATES)
             summary = summarize(result)
             teams = team_figures(result, jobs)
             elapsed = time.perf_counter() - started
@@ -148,7 +151,8 @@ Setup (`simulator/eval_tenants.py`, fixed before the first run and not changed a
 {SAMPLE_DAYS} days of the 15-day window, one job in {round(1 / SAMPLE_SHARE)} by a keyed draw, mapped as in the
 headline) split into two teams by a keyed draw: `vision` gets {VISION_SHARE:.0%} of the jobs, `nlp` the rest. The
 training cluster has as many 8-GPU servers as the sample's offered load (at least twice the largest gang);
-no inference cluster. Policy `aryl` in three configurations: **shared** (no queue configured: one queue,
+no inference cluster. Non-clairvoyant: the policy sees user estimates (`{ESTIMATES}`), not run times.
+Policy `aryl` in three configurations: **shared** (no queue configured: one queue,
 today's behaviour), **quotas** (each team a queue with half the GPUs as its quota, separate cohorts: no
 borrowing), **quotas + borrowing** (the same quotas in one cohort). Seeds {", ".join(map(str, SEEDS))}: mean
 (min-max) over seeds.
