@@ -1,5 +1,6 @@
-"""``arylctl certs init DIR``: a development CA and everything a cluster needs to run with mutual TLS
-and tokens (docs/security.md). For development and compose; production brings its own PKI.
+"""``arylctl certs init DIR`` and ``arylctl certs add DIR``: a development CA and everything a cluster
+needs to run with mutual TLS and tokens (docs/security.md). For development and compose; production
+brings its own PKI.
 
 DIR receives (keys and tokens 0600):
 
@@ -10,16 +11,35 @@ DIR receives (keys and tokens 0600):
 - ``agent-<ID>.crt``/``.key`` per ``--agent ID``: CN and DNS name the server id (also ``localhost`` and
   ``127.0.0.1``, so a one-machine demo's log service can be reached);
 - ``router-<ID>.crt``/``.key`` per ``--router ID``;
-- ``tokens``: the scheduler's token file (hashes only); ``token-<NAME>``: each principal's token.
+- ``tokens``: the scheduler's token file (hashes only); ``token-<NAME>``: each principal's token;
+- ``users``: the agents' user map (``[users] map_file``, ``name:uid:gid`` a line) for every user and
+  admin: a root agent runs each job as its owner's uid and refuses owners it cannot map, so the
+  names that get a token here also get a uid. A name that is an account of this machine (uid >= 1000)
+  keeps that account's uid and gid; any other gets the next free uid from ``DEV_UID_FIRST`` (20001),
+  an unprivileged uid with no account, the gid equal to it. Edit the file to choose others; entries
+  already in it are kept.
+
+``add`` issues more principals from the CA already in DIR (an agent, a router, a user or an admin
+added later): one certificate and token each, a line appended to ``tokens`` (the scheduler reads the
+file again within a second, without a restart) and, for users and admins, to ``users``. ``init`` on a
+DIR that holds a CA does the same for the principals it names that are not issued yet, so re-running
+it with one more ``--agent`` is enough; ``--force`` makes a new CA instead.
+
+It must never overwrite an issued principal's key or token (``add`` skips them and says so): its
+holder would be locked out.
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import ipaddress
+import pwd
 import secrets
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -31,6 +51,12 @@ from aryl_common.security import SCHEDULER_CERT_NAME, hash_token, write_private
 CLIENT_CERT_NAME = "aryl-client"
 VALID_DAYS = 365
 LOCAL_NAMES = ("localhost", "127.0.0.1")
+TOKENS_FILE = "tokens"
+USER_MAP_FILE = "users"
+DEV_UID_FIRST = 20001  # first uid given to a name with no account here (module doc)
+ACCOUNT_MIN_UID = 1000  # a local account below it (daemon, bin...) never lends its uid to a token's name
+ROLES = ("admin", "user", "agent", "router")
+EXIT_OK, EXIT_USAGE = 0, 2
 
 
 @dataclass(frozen=True)
@@ -43,6 +69,26 @@ class DevCluster:
     admins: tuple[str, ...] = ("admin",)
     scheduler_names: tuple[str, ...] = ("localhost", "scheduler", "127.0.0.1")
     extra: dict[str, str] = field(default_factory=dict)
+
+    def principals(self) -> list[tuple[str, str]]:
+        """``(role, name)`` of everyone named, admins first (the order of the token file)."""
+        return ([("admin", n) for n in self.admins] + [("user", n) for n in self.users]
+                + [("agent", n) for n in self.agents] + [("router", n) for n in self.routers])
+
+
+@dataclass(frozen=True)
+class Added:
+    """What ``add`` did: the tokens it issued (by ``role:name``), the principals it found already
+    issued and left as they were, and the user map entries it wrote (name to uid, gid)."""
+
+    tokens: dict[str, str]
+    kept: tuple[str, ...]
+    mapped: dict[str, tuple[int, int]]
+
+
+class CertsError(ValueError):
+    """DIR cannot take what was asked (no CA, a name issued under another role); the message says
+    what to do."""
 
 
 def _key() -> ec.EllipticCurvePrivateKey:
@@ -85,9 +131,33 @@ def _issue(ca_cert: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey, common
     return cert.public_bytes(serialization.Encoding.PEM), _pem_key(key)
 
 
+def _write_pair(out: Path, stem: str, pair: tuple[bytes, bytes]) -> None:
+    (out / f"{stem}.crt").write_bytes(pair[0])
+    write_private(out / f"{stem}.key", pair[1])
+
+
+def _issue_principals(out: Path, ca_cert: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey,
+                      principals: Iterable[tuple[str, str]]) -> tuple[dict[str, str], list[str]]:
+    """Certificates (agents, routers) and tokens of ``principals``; returns the tokens by ``role:name``
+    and the token file's lines for them."""
+    tokens: dict[str, str] = {}
+    lines: list[str] = []
+    for role, name in principals:
+        if role == "agent":
+            _write_pair(out, f"agent-{name}", _issue(ca_cert, ca_key, name, LOCAL_NAMES, server=True))  # logs too
+        elif role == "router":
+            _write_pair(out, f"router-{name}", _issue(ca_cert, ca_key, name, (), server=False))
+        token = f"aryl_{secrets.token_urlsafe(32)}"
+        tokens[f"{role}:{name}"] = token
+        lines.append(f"{role} {name} sha256:{hash_token(token)}")
+        write_private(out / f"token-{name}", token + "\n")
+    return tokens, lines
+
+
 def init(directory: str | Path, cluster: DevCluster) -> dict[str, str]:
     """Write the CA, certificates, keys and tokens of ``cluster`` into ``directory`` (anything there is
-    replaced); returns each principal's token by ``role:name``."""
+    replaced, except the user map's entries, which are kept); returns each principal's token by
+    ``role:name``."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     ca_key = _key()
@@ -106,30 +176,126 @@ def init(directory: str | Path, cluster: DevCluster) -> dict[str, str]:
     )
     (out / "ca.crt").write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
     write_private(out / "ca.key", _pem_key(ca_key))
-
-    def issue(stem: str, common_name: str, names: tuple[str, ...], *, server: bool) -> None:
-        cert, key = _issue(ca_cert, ca_key, common_name, names, server=server)
-        (out / f"{stem}.crt").write_bytes(cert)
-        write_private(out / f"{stem}.key", key)
-
-    issue("scheduler", SCHEDULER_CERT_NAME, cluster.scheduler_names, server=True)
-    issue("client", CLIENT_CERT_NAME, (), server=False)
-    for agent in cluster.agents:
-        issue(f"agent-{agent}", agent, LOCAL_NAMES, server=True)  # it serves worker logs too
-    for router in cluster.routers:
-        issue(f"router-{router}", router, (), server=False)
-
-    principals = ([("admin", n) for n in cluster.admins] + [("user", n) for n in cluster.users]
-                  + [("agent", n) for n in cluster.agents] + [("router", n) for n in cluster.routers])
-    tokens: dict[str, str] = {}
-    lines = ["# ROLE NAME sha256:HEX -- made by arylctl certs init; tokens themselves are in token-<NAME>"]
-    for role, name in principals:
-        token = f"aryl_{secrets.token_urlsafe(32)}"
-        tokens[f"{role}:{name}"] = token
-        lines.append(f"{role} {name} sha256:{hash_token(token)}")
-        write_private(out / f"token-{name}", token + "\n")
-    write_private(out / "tokens", "\n".join(lines) + "\n")
+    _write_pair(out, "scheduler", _issue(ca_cert, ca_key, SCHEDULER_CERT_NAME, cluster.scheduler_names, server=True))
+    _write_pair(out, "client", _issue(ca_cert, ca_key, CLIENT_CERT_NAME, (), server=False))
+    tokens, lines = _issue_principals(out, ca_cert, ca_key, cluster.principals())
+    header = "# ROLE NAME sha256:HEX -- made by arylctl certs init; tokens themselves are in token-<NAME>"
+    write_private(out / TOKENS_FILE, "\n".join([header, *lines]) + "\n")
+    map_users(out, (*cluster.admins, *cluster.users))
     return tokens
+
+
+def _load_ca(out: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    if not (out / "ca.crt").is_file() or not (out / "ca.key").is_file():
+        raise CertsError(f"{out} holds no CA (ca.crt and ca.key): make one with arylctl certs init {out}")
+    ca_cert = x509.load_pem_x509_certificate((out / "ca.crt").read_bytes())
+    ca_key = serialization.load_pem_private_key((out / "ca.key").read_bytes(), password=None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise CertsError(f"{out / 'ca.key'} is not the EC key arylctl certs init writes")
+    return ca_cert, ca_key
+
+
+def issued(directory: str | Path) -> dict[str, str]:
+    """The principals DIR's token file names: name to role."""
+    path = Path(directory) / TOKENS_FILE
+    found: dict[str, str] = {}
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            parts = line.split("#", 1)[0].split()
+            if len(parts) >= 2 and parts[0] in ROLES:
+                found[parts[1]] = parts[0]
+    return found
+
+
+def add(directory: str | Path, cluster: DevCluster) -> Added:
+    """Issue ``cluster``'s principals that DIR's CA has not issued yet (module doc); those already
+    issued keep their keys and tokens. ``CertsError`` when DIR holds no CA or a name is issued under
+    another role (its token file ``token-NAME`` would be shared)."""
+    out = Path(directory)
+    ca_cert, ca_key = _load_ca(out)
+    already = issued(out)
+    wanted = list(dict.fromkeys(cluster.principals()))
+    for role, name in wanted:
+        if name in already and already[name] != role:
+            raise CertsError(f"{name!r} is already issued as {already[name]} in {out / TOKENS_FILE}: "
+                             f"choose another name for the {role}")
+    names = [name for _, name in wanted]
+    if len(set(names)) != len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise CertsError(f"{', '.join(twice)}: one name, one role (each gets its own token-NAME file)")
+    new = [(role, name) for role, name in wanted if name not in already]
+    tokens, lines = _issue_principals(out, ca_cert, ca_key, new)
+    if lines:
+        path = out / TOKENS_FILE
+        before = path.read_text(encoding="utf-8") if path.is_file() else ""
+        if before and not before.endswith("\n"):
+            before += "\n"
+        write_private(path, before + "\n".join(lines) + "\n")  # the scheduler re-reads it (no restart)
+    people = [name for role, name in wanted if role in ("admin", "user")]
+    mapped = map_users(out, people) if people else {}
+    kept = tuple(f"{role}:{name}" for role, name in wanted if name in already)
+    return Added(tokens, kept, mapped)
+
+
+def read_user_map(path: Path) -> dict[str, tuple[int, int]]:
+    """``name:uid:gid`` lines (``#`` comments) of the user map; missing file: empty."""
+    mapping: dict[str, tuple[int, int]] = {}
+    if not path.is_file():
+        return mapping
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        for entry in line.split("#", 1)[0].replace(",", " ").split():
+            name, _, ids = entry.partition(":")
+            uid, _, gid = ids.partition(":")
+            if not name or not uid.isdigit() or not gid.isdigit():
+                raise CertsError(f"{path}:{number}: {entry!r} is not name:uid:gid (e.g. alice:20001:20001)")
+            mapping[name] = (int(uid), int(gid))
+    return mapping
+
+
+def map_users(directory: str | Path, names: Iterable[str]) -> dict[str, tuple[int, int]]:
+    """Give each of ``names`` missing from DIR's user map a uid and gid (module doc) and write the
+    map; returns the entries it added."""
+    path = Path(directory) / USER_MAP_FILE
+    mapping = read_user_map(path)
+    added: dict[str, tuple[int, int]] = {}
+    taken = {uid for uid, _ in mapping.values()}
+    for name in dict.fromkeys(names):
+        if name in mapping:
+            continue
+        ids = _account_ids(name)
+        if ids is None:
+            uid = DEV_UID_FIRST
+            while uid in taken or _uid_has_account(uid):
+                uid += 1
+            ids = (uid, uid)
+        mapping[name] = added[name] = ids
+        taken.add(ids[0])
+    if added or not path.exists():
+        header = ("# The agents' user map ([users] map_file, docs/security.md): a root agent runs each job as its "
+                  "owner's uid:gid here.\n# Written by arylctl certs for the users and admins it issued; edit "
+                  "it to choose other ids.\n")
+        path.write_text(header + "".join(f"{n}:{u}:{g}\n" for n, (u, g) in mapping.items()), encoding="utf-8")
+        path.chmod(0o644)
+    return added
+
+
+def _account_ids(name: str) -> tuple[int, int] | None:
+    """The uid and gid of ``name``'s account on this machine, when it is one of a person (uid >= 1000)."""
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        return None
+    if entry.pw_uid < ACCOUNT_MIN_UID or entry.pw_uid == 65534:  # system accounts, nobody
+        return None
+    return entry.pw_uid, entry.pw_gid
+
+
+def _uid_has_account(uid: int) -> bool:
+    try:
+        pwd.getpwuid(uid)
+    except KeyError:
+        return False
+    return True
 
 
 def issue_from(directory: str | Path, stem: str, common_name: str, names: tuple[str, ...] = LOCAL_NAMES, *,
@@ -137,11 +303,92 @@ def issue_from(directory: str | Path, stem: str, common_name: str, names: tuple[
     """Issue one more certificate (``stem``.crt/.key) from the CA that ``init`` wrote into ``directory``
     (e.g. for an agent added later); returns the certificate's and the key's paths."""
     out = Path(directory)
-    ca_cert = x509.load_pem_x509_certificate((out / "ca.crt").read_bytes())
-    ca_key = serialization.load_pem_private_key((out / "ca.key").read_bytes(), password=None)
-    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
-        raise ValueError(f"{out / 'ca.key'} is not the EC key arylctl certs init writes")
-    cert, key = _issue(ca_cert, ca_key, common_name, names, server=server)
-    (out / f"{stem}.crt").write_bytes(cert)
-    write_private(out / f"{stem}.key", key)
+    ca_cert, ca_key = _load_ca(out)
+    _write_pair(out, stem, _issue(ca_cert, ca_key, common_name, names, server=server))
     return out / f"{stem}.crt", out / f"{stem}.key"
+
+
+# ---------------------------------------------------------------------------------------------------
+# the command line: `arylctl certs init|add`
+
+
+def add_certs_commands(add_command: Callable[..., argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
+    """Register ``certs init`` and ``certs add`` with the CLI's ``add`` (``run_command`` runs them)."""
+    certs = add_command("certs", None, "development certificates and tokens")
+    commands = certs.add_subparsers(dest="certs_command", metavar="init|add", required=True)
+    init_parser = commands.add_parser(
+        "init", parents=[common], allow_abbrev=False,
+        help="make a development CA, scheduler/agent/router certificates, tokens and a user map in DIR",
+        description="Writes ca.crt/.key, scheduler.crt/.key, client.crt/.key, agent-ID.crt/.key, "
+                    "router-ID.crt/.key, tokens (the scheduler's token file), token-NAME (each principal's "
+                    "token) and users (the agents' [users] map_file) into DIR. On a DIR that already holds a CA "
+                    "it keeps the CA and issues only the names not issued yet (as certs add). For development "
+                    "and compose only (docs/security.md).")
+    init_parser.add_argument("--force", action="store_true",
+                             help="replace a CA already in DIR (everything issued from it stops working)")
+    add_parser = commands.add_parser(
+        "add", parents=[common], allow_abbrev=False,
+        help="issue more agents, routers, users or admins from the CA in DIR",
+        description="Issues each named principal that DIR's CA has not issued yet: certificate and key (agents, "
+                    "routers), token-NAME, a line in tokens (the scheduler reads it again within a second) and, "
+                    "for users and admins, a line in users. Those already issued are kept as they are.")
+    for sub, default_people in ((init_parser, "default alice"), (add_parser, "none by default")):
+        sub.add_argument("dir", metavar="DIR")
+        sub.add_argument("--agent", action="append", default=[], metavar="ID", help="an agent's server id (repeat)")
+        sub.add_argument("--router", action="append", default=[], metavar="ID", help="a router's id (repeat)")
+        sub.add_argument("--user", action="append", default=[], metavar="NAME",
+                         help=f"a user (repeat; {default_people})")
+        sub.add_argument("--admin", action="append", default=[], metavar="NAME",
+                         help=f"an admin (repeat; {default_people.replace('alice', 'admin')})")
+    init_parser.add_argument("--scheduler-name", action="append", default=[], metavar="NAME",
+                             help="a name or IP the scheduler is reached by (repeat; default localhost, scheduler, "
+                                  "127.0.0.1)")
+
+
+def run_command(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
+    """``certs init`` or ``certs add`` as parsed by ``add_certs_commands``; returns the exit status."""
+    directory = Path(args.dir).resolve()
+    named = DevCluster(agents=tuple(args.agent), routers=tuple(args.router), users=tuple(args.user),
+                       admins=tuple(args.admin))
+    try:
+        if args.certs_command == "add":
+            if not named.principals():
+                print("error: name someone to add: --agent ID, --router ID, --user NAME or --admin NAME",
+                      file=stderr)
+                return EXIT_USAGE
+            return _report_added(directory, add(directory, named), stdout)
+        if (directory / "ca.crt").exists() and not args.force:
+            print(f"{directory} already holds a CA: kept (--force makes a new one, and every certificate and token "
+                  "issued from the old one stops working)", file=stdout)
+            return _report_added(directory, add(directory, named), stdout) if named.principals() else EXIT_OK
+        cluster = DevCluster(
+            agents=named.agents, routers=named.routers, users=named.users or ("alice",),
+            admins=named.admins or ("admin",),
+            scheduler_names=tuple(args.scheduler_name) or ("localhost", "scheduler", "127.0.0.1"),
+        )
+        tokens = init(directory, cluster)
+    except CertsError as exc:
+        print(f"error: {exc}", file=stderr)
+        return EXIT_USAGE
+    print(f"wrote a development CA, certificates, {len(tokens)} tokens and a user map to {directory}", file=stdout)
+    print(f"scheduler: ARYL_SECURITY__INSECURE=false ARYL_SECURITY__TLS_CERT={directory}/scheduler.crt "
+          f"ARYL_SECURITY__TLS_KEY={directory}/scheduler.key ARYL_SECURITY__TLS_CLIENT_CA={directory}/ca.crt "
+          f"ARYL_SECURITY__TOKENS_FILE={directory}/tokens", file=stdout)
+    print(f"agents:    ARYL_USERS__MAP_FILE={directory}/users (a root agent runs each job as its owner's uid there)",
+          file=stdout)
+    print(f"arylctl:   export ARYL_TLS_CA={directory}/ca.crt ARYL_TLS_CERT={directory}/client.crt "
+          f"ARYL_TLS_KEY={directory}/client.key; arylctl login < {directory}/token-NAME", file=stdout)
+    return EXIT_OK
+
+
+def _report_added(directory: Path, added: Added, stdout: TextIO) -> int:
+    for principal in added.tokens:
+        role, name = principal.split(":", 1)
+        files = f"{role}-{name}.crt/.key, " if role in ("agent", "router") else ""
+        uid = f"; runs jobs as uid {added.mapped[name][0]} (users)" if name in added.mapped else ""
+        print(f"issued {principal}: {files}token-{name}{uid}", file=stdout)
+    for principal in added.kept:
+        print(f"kept {principal}: already issued (its certificate and token are unchanged)", file=stdout)
+    if added.tokens:
+        print(f"{directory}/tokens updated: a running scheduler takes the new tokens within a second", file=stdout)
+    return EXIT_OK

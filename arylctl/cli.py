@@ -1646,25 +1646,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "(~/.config/aryl/token), mode 0600; ARYL_TOKEN overrides it. docs/security.md.")
     login.add_argument("--token", help="the token (default: read from stdin, so it stays out of shell history)")
     login.add_argument("--file", help="where to keep it (default: ~/.config/aryl/token)")
-    certs = add("certs", None, "development certificates and tokens")
-    certs_commands = certs.add_subparsers(dest="certs_command", metavar="init", required=True)
-    certs_init = certs_commands.add_parser(
-        "init", parents=[common], allow_abbrev=False,
-        help="make a development CA, scheduler/agent/router certificates and tokens in DIR",
-        description="Writes ca.crt/.key, scheduler.crt/.key, client.crt/.key, agent-ID.crt/.key, "
-                    "router-ID.crt/.key, tokens (the scheduler's token file) and token-NAME (each principal's "
-                    "token) into DIR. For development and compose only (docs/security.md).")
-    certs_init.add_argument("dir", metavar="DIR")
-    certs_init.add_argument("--force", action="store_true", help="replace a CA already in DIR")
-    certs_init.add_argument("--agent", action="append", default=[], metavar="ID", help="an agent's server id (repeat)")
-    certs_init.add_argument("--router", action="append", default=[], metavar="ID", help="a router's id (repeat)")
-    certs_init.add_argument("--user", action="append", default=[], metavar="NAME",
-                            help="a user (repeat; default alice)")
-    certs_init.add_argument("--admin", action="append", default=[], metavar="NAME",
-                            help="an admin (repeat; default admin)")
-    certs_init.add_argument("--scheduler-name", action="append", default=[], metavar="NAME",
-                            help="a name or IP the scheduler is reached by (repeat; default localhost, scheduler, "
-                                 "127.0.0.1)")
+    certs.add_certs_commands(add, common)
     add("completion", None, "print a shell completion script",
         epilog=f"bash: source <({PROG} completion bash), or save it in /etc/bash_completion.d/{PROG}. "
                f"zsh: source <({PROG} completion zsh). Job ids and server names are completed from what "
@@ -1763,7 +1745,7 @@ def _run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
 
 
 def _run_local(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
-    """``login`` and ``certs init``: files on this machine, no scheduler."""
+    """``login`` and ``certs init|add``: files on this machine, no scheduler."""
     if args.command_name == "login":
         token = (args.token if args.token is not None else sys.stdin.readline()).strip()
         if not token or any(c.isspace() for c in token):
@@ -1778,24 +1760,7 @@ def _run_local(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
             return EXIT_USAGE
         print(f"token stored in {path} (mode 0600)", file=stdout)
         return EXIT_OK
-    cluster = certs.DevCluster(
-        agents=tuple(args.agent), routers=tuple(args.router), users=tuple(args.user) or ("alice",),
-        admins=tuple(args.admin) or ("admin",),
-        scheduler_names=tuple(args.scheduler_name) or ("localhost", "scheduler", "127.0.0.1"),
-    )
-    directory = Path(args.dir).resolve()
-    if (directory / "ca.crt").exists() and not args.force:
-        print(f"{directory} already holds a CA: kept (--force makes a new one, and every certificate and token "
-              "issued from the old one stops working)", file=stdout)
-        return EXIT_OK
-    tokens = certs.init(args.dir, cluster)
-    print(f"wrote a development CA, certificates and {len(tokens)} tokens to {directory}", file=stdout)
-    print(f"scheduler: ARYL_SECURITY__INSECURE=false ARYL_SECURITY__TLS_CERT={directory}/scheduler.crt "
-          f"ARYL_SECURITY__TLS_KEY={directory}/scheduler.key ARYL_SECURITY__TLS_CLIENT_CA={directory}/ca.crt "
-          f"ARYL_SECURITY__TOKENS_FILE={directory}/tokens", file=stdout)
-    print(f"arylctl:   export ARYL_TLS_CA={directory}/ca.crt ARYL_TLS_CERT={directory}/client.crt "
-          f"ARYL_TLS_KEY={directory}/client.key; arylctl login < {directory}/token-NAME", file=stdout)
-    return EXIT_OK
+    return certs.run_command(args, stdout, stderr)
 
 
 def _silence_stdout() -> None:

@@ -1,0 +1,93 @@
+"""``arylctl certs init|add`` (``arylctl.certs``): a development CA that grows by one command, and the
+user map it writes so that a root agent can run the jobs of the users it issued (issue 36).
+
+Files only, no scheduler: ``arylctl`` runs in this process (``cli.main``)."""
+
+from __future__ import annotations
+
+import io
+import pwd
+import stat
+from pathlib import Path
+
+from cryptography import x509
+
+from aryl_common.security import hash_token, load_tokens
+from arylctl import certs, cli
+
+
+def arylctl(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    status = cli.main(list(argv), stdout=out, stderr=err)
+    return status, out.getvalue(), err.getvalue()
+
+
+def common_name(path: Path) -> str:
+    cert = x509.load_pem_x509_certificate(path.read_bytes())
+    return str(cert.subject.get_attributes_for_oid(x509.NameOID.COMMON_NAME)[0].value)
+
+
+def test_init_writes_a_user_map_for_its_users_and_admins(tmp_path: Path) -> None:
+    pki = tmp_path / "pki"
+    status, out, err = arylctl("certs", "init", str(pki), "--agent", "gpu-1", "--user", "alice", "--user", "bob")
+    assert status == 0, err
+    mapping = certs.read_user_map(pki / "users")
+    assert set(mapping) == {"admin", "alice", "bob"}
+    for name, (uid, gid) in mapping.items():
+        assert uid >= 1000 and gid >= 1000, name  # never root, never a system account
+    assert len({uid for uid, _ in mapping.values()}) == 3  # one uid each
+    assert stat.S_IMODE((pki / "users").stat().st_mode) == 0o644  # no secret: the agents read it
+    assert f"ARYL_USERS__MAP_FILE={pki.resolve()}/users" in out
+
+
+def test_a_name_with_an_account_here_keeps_its_uid_and_others_get_free_ones(tmp_path: Path) -> None:
+    person = next((p for p in pwd.getpwall() if 1000 <= p.pw_uid < 65534), None)
+    names = ["carol-has-no-account"] + ([person.pw_name] if person else [])
+    added = certs.map_users(tmp_path, names)
+    first = added["carol-has-no-account"]
+    assert first[0] >= certs.DEV_UID_FIRST and first[0] == first[1]
+    if person is not None:
+        assert added[person.pw_name] == (person.pw_uid, person.pw_gid)
+    # Kept as written (an operator's edit too); a new name takes the next free uid.
+    (tmp_path / "users").write_text((tmp_path / "users").read_text() + "dave:30000:30000\n")
+    again = certs.map_users(tmp_path, ["carol-has-no-account", "dave", "erin-has-no-account"])
+    assert list(again) == ["erin-has-no-account"] and again["erin-has-no-account"][0] not in (first[0], 30000)
+    assert certs.read_user_map(tmp_path / "users")["dave"] == (30000, 30000)
+
+
+def test_an_agent_or_a_user_is_added_to_an_existing_ca_with_one_command(tmp_path: Path) -> None:
+    pki = tmp_path / "pki"
+    assert arylctl("certs", "init", str(pki), "--agent", "gpu-1")[0] == 0
+    before = {name: (pki / name).read_bytes() for name in ("ca.crt", "ca.key", "agent-gpu-1.key", "token-alice")}
+
+    status, out, err = arylctl("certs", "add", str(pki), "--agent", "gpu-3", "--user", "bob", "--agent", "gpu-1")
+    assert status == 0, err
+    assert "issued agent:gpu-3: agent-gpu-3.crt/.key, token-gpu-3" in out
+    assert "issued user:bob: token-bob; runs jobs as uid" in out
+    assert "kept agent:gpu-1: already issued" in out
+    assert {name: (pki / name).read_bytes() for name in before} == before  # nothing issued before changes
+    assert common_name(pki / "agent-gpu-3.crt") == "gpu-3"
+    principals = {str(p) for p in load_tokens(pki / "tokens").values()}
+    assert {"agent:gpu-1", "agent:gpu-3", "user:alice", "user:bob", "admin:admin"} <= principals
+    bob = (pki / "token-bob").read_text().strip()
+    assert str(load_tokens(pki / "tokens")[hash_token(bob)]) == "user:bob"
+    assert "bob" in certs.read_user_map(pki / "users")
+    for name in ("agent-gpu-3.key", "token-gpu-3", "token-bob", "tokens"):
+        assert stat.S_IMODE((pki / name).stat().st_mode) == 0o600, name
+
+    # `init` again with one more agent (what a user tries first) issues it too, and keeps the CA.
+    status, out, _ = arylctl("certs", "init", str(pki), "--agent", "gpu-1", "--agent", "gpu-4")
+    assert status == 0 and "already holds a CA: kept" in out and "issued agent:gpu-4" in out
+    assert (pki / "ca.key").read_bytes() == before["ca.key"] and (pki / "agent-gpu-4.crt").is_file()
+
+
+def test_add_refuses_what_it_cannot_do_and_says_what_to_do(tmp_path: Path) -> None:
+    status, _, err = arylctl("certs", "add", str(tmp_path / "none"), "--agent", "gpu-1")
+    assert status == 2 and "holds no CA" in err and "arylctl certs init" in err
+    pki = tmp_path / "pki"
+    arylctl("certs", "init", str(pki))
+    status, _, err = arylctl("certs", "add", str(pki))
+    assert status == 2 and "--agent ID, --router ID, --user NAME or --admin NAME" in err
+    status, _, err = arylctl("certs", "add", str(pki), "--agent", "alice")  # alice is a user already
+    assert status == 2 and "'alice' is already issued as user" in err
+    assert not (pki / "agent-alice.crt").exists()
