@@ -18,6 +18,11 @@ Rules (``Identities.resolve``):
   one that can map nobody refuses every job and warns at start-up (``start_warning``);
 - otherwise (``run_as = "agent"``, an explicit opt-in, or an agent that is not root and so cannot
   switch) the worker runs as the agent's uid; the rules below still apply.
+- a switching agent must not depend on what only root can reach: the shim runs on an interpreter
+  every uid can execute (``shim_python``: ``[users] python``, else the agent's own interpreter's real
+  file or ``python3`` on the workers' ``PATH``, whichever others can reach), and ``aryl-agent`` refuses
+  to start when its work directory or checkpoint root lies under a directory they cannot enter
+  (``unreachable_directory``). ``arylctl certs`` writes a map file for the users it issues tokens to.
 
 Environment (``clean_environment``): never the agent's own. A worker gets a minimal base (``PATH`` =
 ``[users] path``, ``HOME`` = its job's private directory, ``LANG=C.UTF-8``, ``USER``/``LOGNAME`` = its
@@ -40,7 +45,9 @@ from __future__ import annotations
 
 import os
 import pwd
+import shutil
 import stat
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,8 +111,58 @@ class Identities:
         if not self.switching or self.mapping or s.use_passwd or s.default_uid >= 0:
             return None
         return ("this agent runs as root and maps no job owner to a uid: every job will be refused until [users] "
-                "map, map_file, use_passwd or default_uid is set (docs/security.md); run_as = \"agent\" runs "
-                "every worker as root instead, an explicit and insecure opt-out for single-user machines")
+                "map, map_file (arylctl certs init writes one: DIR/users), use_passwd or default_uid is set "
+                "(docs/security.md); run_as = \"agent\" runs every worker as root instead, an explicit and "
+                "insecure opt-out for single-user machines")
+
+    def maps_anyone(self) -> bool:
+        """Whether some owner can run here as a mapped uid (a switching agent with a map, a map file,
+        passwd lookups or a default uid)."""
+        s = self.section
+        return self.switching and bool(self.mapping or s.use_passwd or s.default_uid >= 0)
+
+    def unreachable_directory(self, setting: str, path: Path) -> str | None:
+        """Why workers of mapped uids could not use ``path`` (the agent's ``setting``, e.g.
+        ``agent.work_dir``), or None: a directory on the way that others cannot enter. Only for an agent
+        that maps someone (``maps_anyone``); the message names the fix."""
+        if not self.maps_anyone():
+            return None
+        closed = closed_directory(path)
+        if closed is None:
+            return None
+        mode = oct(stat.S_IMODE(os.stat(closed).st_mode))
+        return (f"{setting} {path} lies under {closed} (mode {mode}), which the job owners' uids cannot enter: "
+                f"their workers could not start. Give {setting} a path every uid can reach (e.g. /var/lib/aryl/agent "
+                f"or /tmp/aryl-agent), or chmod o+x {closed}")
+
+    def shim_python(self) -> tuple[str, str | None]:
+        """The interpreter that runs the worker shim, and a warning when no good one was found.
+
+        The shim is standard library only and runs with ``-I``, so any Python 3 does. ``[users] python``
+        wins; an agent that does not switch uses its own. A switching agent must not depend on its own
+        interpreter path, which may be private (a venv under root's 0700 home): it takes the first of
+        its own interpreter's real file and ``python3`` on the workers' ``PATH`` that every uid can
+        reach, and warns, naming ``[users] python``, when neither can be."""
+        if self.section.python:
+            return self.section.python, None
+        if not self.switching:
+            return sys.executable, None
+        candidates = [os.path.realpath(sys.executable)]
+        on_path = shutil.which("python3", path=self.section.path)
+        if on_path:
+            candidates.append(os.path.realpath(on_path))
+        for candidate in candidates:
+            try:
+                executable = bool(os.stat(candidate).st_mode & stat.S_IXOTH)
+            except OSError:
+                continue
+            if executable and closed_directory(Path(candidate).parent) is None:
+                return candidate, None
+        return sys.executable, (
+            f"no Python interpreter that the job owners' uids can run was found (this agent's, {sys.executable}, "
+            f"lies in a private directory, and there is no python3 on [users] path {self.section.path}): their "
+            "workers will fail to start; set [users] python (ARYL_USERS__PYTHON) to one, e.g. /usr/bin/python3"
+        )
 
     def resolve(self, user: str) -> RunAs:
         """Who ``user``'s worker runs as; ``Refused`` with the reason when it must not run here."""
@@ -131,8 +188,8 @@ class Identities:
             ids = (self.section.default_uid, self.section.default_gid)
         if ids is None:
             raise Refused(
-                f"no uid mapped for user {user!r} on this server (add it to [users] map or map_file, or set "
-                "[users] default_uid)"
+                f"no uid mapped for user {user!r} on this server (add it to [users] map or map_file -- arylctl "
+                "certs add DIR --user NAME writes DIR/users, a map_file --, or set [users] default_uid)"
             )
         uid, gid = ids
         if (uid == 0 or gid == 0) and not allow_root:
@@ -157,6 +214,22 @@ class Identities:
         env.update(job_env)
         env.update(contract_env)
         return env
+
+
+def closed_directory(path: Path) -> Path | None:
+    """The first existing directory from ``/`` down to ``path`` that users other than its owner and
+    group cannot enter (no ``o+x``), or None: where an unprivileged uid cannot reach ``path``. Parts
+    that do not exist yet count as reachable (the agent creates them 0711)."""
+    current = Path("/")
+    for part in Path(os.path.abspath(path)).parts[1:]:
+        current = Path(os.path.realpath(current / part))
+        try:
+            st = os.stat(current)
+        except OSError:
+            return None
+        if stat.S_ISDIR(st.st_mode) and not st.st_mode & stat.S_IXOTH:
+            return current
+    return None
 
 
 def private_directory(path: Path, run_as: RunAs) -> None:

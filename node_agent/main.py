@@ -14,6 +14,10 @@ again) and stops its workers with their grace periods. With ``--keep-workers``
 (``agent.keep_workers_on_exit``) it exits leaving its workers running instead: the next agent started
 with the same work directory adopts them, so upgrading the agent does not interrupt training.
 
+A root agent that runs workers as their owners' uids (``[users]``, ``node_agent.identity``) refuses to
+start when its work directory or checkpoint root lies under a directory those uids cannot enter (a
+checkout under root's 0700 home): every worker would fail.
+
 Flags beat ``ARYL_<SECTION>__<KEY>`` environment variables, which beat the config file. Exit status
 (``aryl_common.entry``): 0 after a clean shutdown (SIGTERM/SIGINT), 2 for invalid configuration, 3
 when the GPU backend cannot start (no NVML driver); one line on stderr says why (``--debug`` or
@@ -26,13 +30,14 @@ import argparse
 import sys
 from typing import Any
 
-from aryl_common.entry import EXIT_OK, Unreachable, add_standard_flags, run_guarded
+from aryl_common.entry import EXIT_OK, BadInput, Unreachable, add_standard_flags, run_guarded
 from aryl_common.logs import configure_logging
 from aryl_common.metrics import serve_metrics
 from aryl_common.signals import run_until_signalled
 from node_agent.agent import Agent
 from node_agent.config import AgentConfig, load_agent_config
 from node_agent.gpus import GpuBackendUnavailable, select_backend
+from node_agent.identity import Identities
 
 PROG = "aryl-agent"
 
@@ -92,6 +97,13 @@ def run(args: argparse.Namespace) -> int:
     """The program; its failures are typed (``aryl_common.entry``) and reported by ``main``."""
     config: AgentConfig = load_agent_config(args.config, cli_overrides(args))
     configure_logging(config.logging.format, config.logging.level)
+    # A root agent that runs jobs as their owners' uids needs directories those uids can reach: say so
+    # now rather than fail every job (its work directory defaults to one under the current directory).
+    identities = Identities(config.users)
+    for setting, path in (("agent.work_dir", config.agent.work_path),
+                          ("agent.checkpoint_root", config.agent.checkpoint_path)):
+        if (problem := identities.unreachable_directory(setting, path)) is not None:
+            raise BadInput(problem)
     try:
         gpus = select_backend(config.gpus, hostname=config.agent.hostname)
     except GpuBackendUnavailable as exc:

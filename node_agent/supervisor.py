@@ -258,6 +258,8 @@ class Supervisor:
         self._on_change = on_change
         self._exits_seen = 0
         self._shim = SHIM  # until ``start`` installs the copy workers run
+        # The shim's interpreter: one the workers' uids can run (``Identities.shim_python``), chosen at ``start``.
+        self._python = sys.executable
         self._log = structlog.get_logger("node_agent.supervisor").bind(hostname=config.hostname)
 
     # ---------------------------------------------------------------------------------------------
@@ -269,6 +271,11 @@ class Supervisor:
                           self.layout.checkpoint_root):
             parent_directory(directory)  # 0711: each worker reaches its own directory, lists no other
         self._shim = install_shim(self.layout.root)
+        self._python, warning = self.identities.shim_python()
+        if warning is not None:
+            self._log.warning(warning)
+        elif self._python != sys.executable:
+            self._log.info("worker shims run on an interpreter every uid can reach", python=self._python)
         if self.layout.state_file.exists():
             os.chmod(self.layout.state_file, PRIVATE_FILE_MODE)  # one saved by an older agent
         self._adopt()
@@ -507,7 +514,7 @@ class Supervisor:
         switch: dict[str, object] = {}
         if run_as.switches:  # no supplementary groups of the agent's either
             switch = {"user": run_as.uid, "group": run_as.gid, "extra_groups": []}
-        python = self.identities.section.python or sys.executable
+        python = self._python
         with open_log(log_path) as output:
             output.write(self._log_header(spec).encode())
             if note:
@@ -655,10 +662,21 @@ class Supervisor:
             message = f"killed with SIGKILL after the {worker.spec.grace_s:g} s grace period"
         elif worker.stop_requested:
             message = f"stopped by the agent (SIGTERM): {message}"
+        elif exit_code == EXIT_CANNOT_START:
+            message = f"{message}; {self._not_found_hint(worker.spec)}"
         worker.exited(exit_code, message)
         self._exits_seen += 1
         self._dirty = True
         self._log.info("worker exited", worker=str(worker.id), exit_code=exit_code, why=message)
+
+    def _not_found_hint(self, spec: WorkerSpec) -> str:
+        """What an exit status 127 (a command not found, by the shim or by a shell in the job) most often
+        means here: the workers' PATH is not the agent's nor the submitter's."""
+        path = dict(spec.env).get("PATH", self.identities.section.path)
+        where = "the job's env" if "PATH" in dict(spec.env) else "the agent's [users] path"
+        return (f"127 means a command was not found: the workers' PATH is {path} ({where}), not the shell's that "
+                "submitted the job; give the program's full path (e.g. /usr/bin/python3), or add its directory "
+                "to users.path (ARYL_USERS__PATH) on the agents")
 
     def _stop_all(self) -> None:
         """Stop every live worker (grace, then SIGKILL) and wait until all have exited."""

@@ -27,12 +27,12 @@ import pytest
 from arylctl.client import ArylClient
 from node_agent.config import AgentSection, UsersSection
 from node_agent.desired import DesiredStateTracker
-from node_agent.identity import Identities, Refused, parse_map
+from node_agent.identity import Identities, Refused, closed_directory, parse_map
 from node_agent.supervisor import Supervisor, WorkerView
 from node_agent.workers import Phase, WorkerId
 from protos.aryl.v1 import types_pb2
 from scheduler_service.server import serve_in_background
-from tests.harness import daemon_env, desired_state, desired_worker, job_spec, scheduler_config
+from tests.harness import AS_ITSELF, daemon_env, desired_state, desired_worker, job_spec, scheduler_config
 from tests.helpers import processes_mentioning, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
@@ -354,3 +354,88 @@ def test_workers_run_a_copy_of_the_shim_that_any_uid_can_read(tmp_path: Path) ->
     copy.write_text("stale")
     assert install_shim(root).read_bytes() == SHIM.read_bytes()  # an agent's start replaces an older copy
     assert sorted(p.name for p in copy.parent.iterdir()) == ["shim.py"]  # no temporary file left
+
+
+# --------------------------------------------------------------------------------------------------
+# the first hour (issue 36): what a root agent needs besides a user map, said before a job fails
+
+
+def test_a_switching_agent_runs_the_shim_on_an_interpreter_every_uid_can_reach(shared_dir: Path) -> None:
+    assert Identities(UsersSection(python="/opt/py/bin/python3"), euid=0).shim_python() == ("/opt/py/bin/python3",
+                                                                                          None)
+    assert Identities(UsersSection(run_as="agent"), euid=0).shim_python() == (sys.executable, None)
+    python, warning = owner_rules(map="alice:1001:1001").shim_python()
+    if warning is None:  # the agent's own interpreter's real file, or python3 on the workers' PATH
+        assert closed_directory(Path(python).parent) is None and os.stat(python).st_mode & stat.S_IXOTH
+        assert python in (os.path.realpath(sys.executable), os.path.realpath(shutil.which("python3", path=(
+            "/usr/local/bin:/usr/bin:/bin")) or ""))
+    # Neither the agent's interpreter nor python3 on the workers' PATH reachable: a warning naming the fix.
+    private = shared_dir / "private"
+    (private / "bin").mkdir(parents=True)
+    private.chmod(0o700)
+    hidden = private / "bin" / "python3"
+    shutil.copy(os.path.realpath(sys.executable), hidden)
+    original = sys.executable
+    try:
+        sys.executable = str(hidden)
+        assert owner_rules(path=str(private / "bin")).shim_python() == (str(hidden), (
+            f"no Python interpreter that the job owners' uids can run was found (this agent's, {hidden}, lies in a "
+            f"private directory, and there is no python3 on [users] path {private / 'bin'}): their workers will "
+            "fail to start; set [users] python (ARYL_USERS__PYTHON) to one, e.g. /usr/bin/python3"))
+    finally:
+        sys.executable = original
+
+
+def test_a_closed_directory_above_the_work_dir_is_named_with_the_fix(shared_dir: Path) -> None:
+    closed = shared_dir / "home"
+    (closed / "proj").mkdir(parents=True)
+    closed.chmod(0o700)
+    assert closed_directory(closed / "proj" / ".aryl" / "agent-1") == closed
+    assert closed_directory(shared_dir / "not-yet" / "agent") is None  # the agent makes the rest 0711
+    problem = owner_rules(map="alice:1001:1001").unreachable_directory("agent.work_dir", closed / "proj" / "w")
+    assert problem is not None and f"lies under {closed} (mode 0o700)" in problem and "chmod o+x" in problem
+    # No one mapped (every job is refused anyway, with its own warning) or no switching: nothing to say.
+    assert owner_rules().unreachable_directory("agent.work_dir", closed / "w") is None
+    assert Identities(UsersSection(map="alice:1:1"), euid=1000).unreachable_directory("x", closed / "w") is None
+
+
+@needs_root
+def test_a_root_agent_that_maps_users_refuses_a_work_dir_they_cannot_reach(shared_dir: Path) -> None:
+    closed = shared_dir / "closed"
+    closed.mkdir()
+    closed.chmod(0o700)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ARYL_")}
+    env.update(ARYL_AGENT__INSECURE="true", ARYL_USERS__MAP=f"alice:{UID}:{GID}")
+    agent = subprocess.run(
+        [sys.executable, "-m", "node_agent.main", "--scheduler", "127.0.0.1:1", "--hostname", "node-c",
+         "--fake-gpus", "1", "--work-dir", str(closed / "agent")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert agent.returncode == 2, agent.stderr
+    assert f"agent.work_dir {closed}/agent lies under {closed} (mode 0o700)" in agent.stderr
+
+
+def test_a_command_not_found_names_the_workers_path_and_users_path(tmp_path: Path) -> None:
+    config = AgentSection(hostname="p-node", work_dir=str(tmp_path / "agent"), reconcile_interval_s=0.05)
+    tracker = DesiredStateTracker()
+    supervisor = Supervisor(config, tracker, users=AS_ITSELF)
+    supervisor.start()
+    try:
+        missing = desired_worker(["python-that-is-not-there", "train.py"], job="job-127")
+        shell = desired_worker(["/bin/sh", "-c", "exit 127"], job="job-sh", gpus=(1,), env={"PATH": "/job/bin"})
+        assert tracker.offer(desired_state(1, missing, shell)).accepted
+        supervisor.wake()
+        for job, path, where in (("job-127", "/usr/local/bin:/usr/bin:/bin", "the agent's [users] path"),
+                                 ("job-sh", "/job/bin", "the job's env")):
+            view = wait_for(lambda j=job: (v := view_of_job(supervisor, j)) and v.phase is Phase.EXITED and v,
+                            timeout=20, what=f"{job} exited")
+            assert view.exit_code == 127
+            assert f"the workers' PATH is {path} ({where})" in view.message, view.message
+            assert "users.path (ARYL_USERS__PATH)" in view.message
+        assert "command not found: python-that-is-not-there" in view_of_job(supervisor, "job-127").message
+    finally:
+        supervisor.close(stop_workers=True)
+
+
+def view_of_job(supervisor: Supervisor, job: str) -> WorkerView | None:
+    return next((v for v in supervisor.statuses() if v.id.job_id == job), None)
