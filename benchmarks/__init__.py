@@ -16,6 +16,7 @@ progress to stderr. They must never touch a database they did not create.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
@@ -24,6 +25,8 @@ def emit_figure(name: str, value: float, unit: str, **fields: Any) -> None:
     """Print one figure as a JSON line on stdout (and nothing else goes to stdout)."""
     line = {"name": name, "value": _round(value), "unit": unit}
     line.update({key: _round(v) for key, v in fields.items() if v is not None})
+    # Other work on the machine moves every figure: each says how busy the machine was when it was emitted.
+    line.setdefault("load_avg", round(os.getloadavg()[0], 2))
     print(json.dumps(line), file=sys.stdout, flush=True)
 
 

@@ -7,7 +7,10 @@ inference servers on loan), jobs of 1-8 GPUs per worker, 1-4 base workers, half 
 half running and the rest queued, with an inference demand that forces a reclaim of 20 servers. The
 figure is ``policy.schedule(snapshot)`` p50/p99 (the pure core: loan cycle, base demands, knapsack);
 the reference is the ``fifo`` policy on the same snapshot. Every plan is checked against the invariants
-once (outside the timing).
+once (outside the timing). ``aryl_cycle`` also times ``pollux`` on the same snapshot (its figure
+``pollux_cycle_decide_p50``, with ``aryl``'s as the reference): the peer the allocator is measured against.
+``aryl_cycle_equal_values`` is the adversarial case for the sizing's knapsack: every job of one shape and
+one estimate, so thousands of items tie and no value separates them.
 """
 
 from __future__ import annotations
@@ -95,10 +98,57 @@ def array_queue_cluster(servers: int, jobs: int, array: int, seed: int = 0) -> C
     return dataclasses.replace(base, jobs=base.jobs + waiting)
 
 
+def equal_values_cluster(servers: int, jobs: int, seed: int = 0) -> ClusterSnapshot:
+    """``synthetic_cluster``'s servers and running/queued split, but every job one shape (1 GPU per worker,
+    1..8 workers, elastic) with one estimate (1 h) and one submission time: the sizing's values all tie."""
+    base = synthetic_cluster(servers, jobs, seed)
+    same = tuple(dataclasses.replace(j, gpus_per_worker=1, min_workers=1, max_workers=8, submitted_at=NOW - 600,
+                                     estimated_runtime_s=3600.0, workers=(), started_at=None,
+                                     last_resized_at=None, state=JobState.PENDING)
+                 for j in base.jobs)
+    servers_free = tuple(dataclasses.replace(s, allocated=()) for s in base.servers)
+    rng = random.Random(seed)
+    capacity = FreeCapacity.of(dataclasses.replace(base, servers=servers_free, jobs=()))
+    held: dict[str, list[tuple[int, int]]] = {}
+    placed_jobs = []
+    for job in same:
+        if rng.random() < 0.5 and (placed := capacity.place_gang(job, 2)):
+            job = dataclasses.replace(job, state=JobState.RUNNING, started_at=NOW - 3600, last_resized_at=NOW - 3600,
+                                      workers=tuple(WorkerView(w.rank, w.server_id, w.gpu_indices) for w in placed))
+            for w in placed:
+                held.setdefault(w.server_id, []).extend((g, job.job_id) for g in w.gpu_indices)
+        placed_jobs.append(job)
+    servers_out = tuple(dataclasses.replace(s, allocated=tuple(sorted(held.get(s.server_id, []))))
+                        for s in servers_free)
+    return dataclasses.replace(base, servers=servers_out, jobs=tuple(placed_jobs))
+
+
 def cycle_bench(ctx: BenchContext) -> None:
     quick = ctx.sizes is QUICK
     servers, jobs, runs = (250, 1000, 5) if quick else (1250, 5000, 20)
-    _decisions(synthetic_cluster(servers, jobs), runs, "aryl_cycle", dict(servers=servers, jobs=jobs), target=200)
+    snapshot = synthetic_cluster(servers, jobs)
+    aryl_p50 = _decisions(snapshot, runs, "aryl_cycle", dict(servers=servers, jobs=jobs), target=200)
+    # The peer on the same snapshot: a few runs (one pollux decision here takes seconds).
+    pollux = create_policy("pollux", PolicyParams())
+    plan = pollux.schedule(snapshot)
+    problems = check_plan(snapshot, plan)
+    if problems:
+        raise AssertionError(f"pollux plan breaks invariants: {problems[:3]}")
+    samples = []
+    for _ in range(3 if not quick else 1):
+        start = time.perf_counter()
+        pollux.schedule(snapshot)
+        samples.append((time.perf_counter() - start) * 1e3)
+    emit_figure("pollux_cycle_decide_p50", statistics.median(samples), "ms", servers=servers, jobs=jobs,
+                gpus=sum(len(s.gpu_indices) for s in snapshot.servers), runs=len(samples),
+                reference_name="aryl_cycle_decide_p50", reference_value=aryl_p50, reference_unit="ms")
+
+
+def equal_values_bench(ctx: BenchContext) -> None:
+    quick = ctx.sizes is QUICK
+    servers, jobs, runs = (250, 1000, 5) if quick else (1250, 5000, 20)
+    _decisions(equal_values_cluster(servers, jobs), runs, "aryl_cycle_equal_values",
+               dict(servers=servers, jobs=jobs), target=200)
 
 
 def long_queue_bench(ctx: BenchContext) -> None:
@@ -116,8 +166,9 @@ def array_queue_bench(ctx: BenchContext) -> None:
 
 
 def _decisions(snapshot: ClusterSnapshot, runs: int, figure: str, sizes: dict[str, int],
-               target: float | None = None) -> None:
-    """``aryl`` and ``fifo`` decisions on ``snapshot``, ``runs`` of each: ``<figure>_decide_p50``/``_max``."""
+               target: float | None = None) -> float:
+    """``aryl`` and ``fifo`` decisions on ``snapshot``, ``runs`` of each: ``<figure>_decide_p50``/``_max``;
+    returns ``aryl``'s p50 (ms)."""
     params = PolicyParams()
     gpus = sum(len(s.gpu_indices) for s in snapshot.servers)
     timings = {}
@@ -139,11 +190,15 @@ def _decisions(snapshot: ClusterSnapshot, runs: int, figure: str, sizes: dict[st
                   reference_value=timings["fifo"][0], reference_unit="ms")
     emit_figure(f"{figure}_decide_p50", timings["aryl"][0], "ms", target=target, **common)
     emit_figure(f"{figure}_decide_max", timings["aryl"][1], "ms", **common)
+    return timings["aryl"][0]
 
 
 BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("aryl_cycle", cycle_bench,
-              "one Aryl policy decision at 1,250 servers / 10,000 GPUs / 5,000 jobs: p50 vs fifo on the same snapshot"),
+              "one Aryl policy decision at 1,250 servers / 10,000 GPUs / 5,000 jobs: p50 vs fifo on the same snapshot, "
+              "and pollux's decision on it beside aryl's"),
+    Benchmark("aryl_cycle_equal_values", equal_values_bench,
+              "the same cluster with every job of one shape and estimate (the sizing's values all tie): p50 vs fifo"),
     Benchmark("aryl_cycle_long_queue", long_queue_bench,
               "the same cluster with 20,000 more jobs queued, half of a higher priority class than every running "
               "job: p50 vs fifo on the same snapshot"),
