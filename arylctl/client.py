@@ -640,15 +640,16 @@ class ArylClient:
 
     def update_queue(self, name: str, *, quota_gpus: int | None = None, cohort: str | None = None,
                      borrow_limit_gpus: int | None = None, unlimited_borrowing: bool = False,
-                     fair_share: bool | None = None) -> scheduler_pb2.Queue:
-        """Change the given settings of a queue (None: unchanged); configuring "default" creates its row."""
+                     fair_share: bool | None = None, quota_rest: bool = False) -> scheduler_pb2.Queue:
+        """Change the given settings of a queue (None: unchanged); configuring "default" creates its row.
+        ``quota_rest`` ("default" only): its quota becomes the rest again, what the other queues leave."""
         request = scheduler_pb2.UpdateQueueRequest(
             name=name, quota_gpus=quota_gpus, cohort=cohort, borrow_limit_gpus=borrow_limit_gpus,
-            unlimited_borrowing=unlimited_borrowing, fair_share=fair_share)
+            unlimited_borrowing=unlimited_borrowing, fair_share=fair_share, quota_rest=quota_rest)
         return self._unary(self._scheduler.UpdateQueue, request).queue
 
     def delete_queue(self, name: str) -> None:
-        """Delete a queue with no active jobs."""
+        """Delete a queue with no active jobs; "default" is reset instead (unconfigured: its quota the rest)."""
         self._unary(self._scheduler.DeleteQueue, scheduler_pb2.DeleteQueueRequest(name=name))
 
     def list_queues(self) -> list[scheduler_pb2.Queue]:

@@ -446,3 +446,4 @@ class QueueStatus:
     running_jobs: int
     configured: bool
     cohort_idle_gpus: int = 0
+    quota_is_rest: bool = False  # "default": its quota is what the other queues leave

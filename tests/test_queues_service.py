@@ -49,10 +49,16 @@ def test_queue_admin_rpcs_validate_and_refuse_with_the_right_codes(scheduler) ->
         names = [(q.name, q.configured) for q in stub.ListQueues(scheduler_pb2.ListQueuesRequest()).queues]
         assert names == [("default", False), ("vision", True)]
         code, details = code_of(lambda: stub.DeleteQueue(scheduler_pb2.DeleteQueueRequest(name="default")))
-        assert code == grpc.StatusCode.NOT_FOUND  # unconfigured: nothing to delete
+        assert code == grpc.StatusCode.NOT_FOUND and "already the rest" in details  # unconfigured: nothing to reset
         stub.UpdateQueue(scheduler_pb2.UpdateQueueRequest(name="default", quota_gpus=2))  # configures it
-        code, details = code_of(lambda: stub.DeleteQueue(scheduler_pb2.DeleteQueueRequest(name="default")))
-        assert code == grpc.StatusCode.FAILED_PRECONDITION and "always exists" in details
+        # Deleting "default" resets it: unconfigured, its quota the rest again.
+        stub.DeleteQueue(scheduler_pb2.DeleteQueueRequest(name="default"))
+        listed = {q.name: q for q in stub.ListQueues(scheduler_pb2.ListQueuesRequest()).queues}
+        assert (listed["default"].configured, listed["default"].quota_is_rest) == (False, True)
+        for bad in (scheduler_pb2.UpdateQueueRequest(name="vision", quota_rest=True),
+                    scheduler_pb2.UpdateQueueRequest(name="default", quota_rest=True, quota_gpus=1)):
+            code, details = code_of(lambda bad=bad: stub.UpdateQueue(bad))
+            assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("quota_rest"), details
         # A queue with an active job cannot be deleted; without, it can.
         spec = job_spec("j")
         spec.queue = "vision"
@@ -173,3 +179,48 @@ def test_migration_0010_up_and_down() -> None:
                 assert "priority_class" not in {c["name"] for c in inspector.get_columns("jobs")}
         finally:
             engine.dispose()
+
+
+def test_deleting_queues_gives_default_back_the_rest(scheduler, capsys) -> None:
+    """Issue 36, item 4: queues `vision` and `nlp` with quota 2 each on a 4-GPU pool leave `default` 0
+    GPUs (``queues create`` warns); ``queues set default --cohort ""`` meanwhile must not freeze that 0;
+    after both are deleted a default-queue job runs on the idle cluster, and ``queues delete default``
+    returns a configured default to "the rest"."""
+    register_fake_server(scheduler.address, "t1", gpus=4, converge=True)
+
+    def arylctl(*args: str) -> tuple[int, str, str]:
+        code = main(["--server", scheduler.address, "queues", *args])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    assert arylctl("create", "vision", "--quota", "2")[0] == 0
+    code, _, err = arylctl("create", "nlp", "--quota", "2")
+    assert code == 0, err
+    assert "leaves queue `default` no GPUs" in err and "arylctl queues delete nlp" in err, err
+    code, _, err = arylctl("set", "default", "--cohort", "")
+    assert code == 0, err
+    channel, stub = scheduler_stub(scheduler.address)
+    with channel:
+        listed = {q.name: q for q in stub.ListQueues(scheduler_pb2.ListQueuesRequest()).queues}
+        assert (listed["default"].quota_gpus, listed["default"].configured) == (0, True)
+        assert arylctl("delete", "vision")[0] == 0
+        assert arylctl("delete", "nlp")[0] == 0
+        listed = {q.name: q for q in stub.ListQueues(scheduler_pb2.ListQueuesRequest()).queues}
+        assert listed["default"].quota_gpus == 4  # the rest again, though configured (its cohort)
+        job_id = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=job_spec("d", gpus=2))).job.job_id
+        wait_for(lambda: stub.GetJob(scheduler_pb2.GetJobRequest(job_id=job_id)).job.state
+                 in (types_pb2.JOB_STATE_RUNNING, types_pb2.JOB_STATE_SCALING), timeout=15)
+        # A default given a fixed quota returns to the rest with `queues delete default`, jobs and all.
+        assert arylctl("set", "default", "--quota", "0")[0] == 0
+        code, out, err = arylctl("delete", "default")
+        assert code == 0, err
+        assert "rest" in out + err
+        listed = {q.name: q for q in stub.ListQueues(scheduler_pb2.ListQueuesRequest()).queues}
+        assert (listed["default"].quota_gpus, listed["default"].configured) == (4, False)
+        # Or `queues set default --quota rest`, keeping its other settings.
+        assert arylctl("set", "default", "--quota", "1", "--cohort", "lab")[0] == 0
+        code, out, err = arylctl("set", "default", "--quota", "rest")
+        assert code == 0, err
+        assert out.splitlines()[1].split()[:4] == ["default", "lab", "4", "(rest)"]
+        code, _, err = arylctl("set", "default", "--quota", "lots")
+        assert code == 2 and "'lots' is not a number of GPUs (or 'rest', for \"default\")" in err, err

@@ -231,7 +231,7 @@ def queue(status: QueueStatus) -> scheduler_pb2.Queue:
         name=status.name, cohort=status.cohort, quota_gpus=status.quota_gpus,
         borrow_limit_gpus=status.borrow_limit_gpus, fair_share=status.fair_share, used_gpus=status.used_gpus,
         borrowed_gpus=status.borrowed_gpus, pending_jobs=status.pending_jobs, running_jobs=status.running_jobs,
-        configured=status.configured,
+        configured=status.configured, quota_is_rest=status.quota_is_rest,
     )
 
 

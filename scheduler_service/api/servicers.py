@@ -44,6 +44,7 @@ from scheduler_service.app.jobs import KeyInUse
 from scheduler_service.batching import GroupCommitter
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.protection import explain as explain_protection
+from scheduler_service.core.quota import DEFAULT_QUEUE
 from scheduler_service.core.registry import ReclaimPreviewer
 from scheduler_service.errors import InvalidArgument
 from scheduler_service.notify import AsyncNotifier, SlowReader
@@ -478,6 +479,12 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
             change["cohort"] = validation.cohort_name("cohort", request.cohort)
         if request.HasField("quota_gpus"):
             change["quota_gpus"] = validation.gpu_count("quota_gpus", request.quota_gpus)
+        if request.quota_rest:
+            if name != DEFAULT_QUEUE:
+                raise InvalidArgument("quota_rest", f'only "default" may have the rest as its quota, not {name!r}')
+            if "quota_gpus" in change:
+                raise InvalidArgument("quota_rest", "contradicts quota_gpus: give one of them")
+            change["quota_gpus"] = None  # the rest (``core.quota``)
         if request.HasField("borrow_limit_gpus") and request.unlimited_borrowing:
             raise InvalidArgument("unlimited_borrowing", "contradicts borrow_limit_gpus: give one of them")
         if request.HasField("borrow_limit_gpus"):

@@ -56,6 +56,7 @@ class Queues:
         return self.status(name)
 
     def delete(self, name: str) -> None:
+        """Delete a queue without active jobs; "default" returns to its unconfigured self (the rest)."""
         self._db.write(lambda session: self._store.delete(session, name))
         self._notices.state_changed()
 
@@ -109,7 +110,8 @@ def statuses(snapshot: ClusterSnapshot) -> list[QueueStatus]:
         counts[job.queue or DEFAULT_QUEUE] = counts.get(job.queue or DEFAULT_QUEUE, 0) + 1
     return [
         QueueStatus(q.name, q.cohort, q.quota_gpus, q.borrow_limit_gpus, q.fair_share, q.used_gpus, q.borrowed_gpus,
-                    pending.get(q.name, 0), running.get(q.name, 0), q.name in configured, ledger.cohort_idle(q))
+                    pending.get(q.name, 0), running.get(q.name, 0), q.name in configured, ledger.cohort_idle(q),
+                    q.rest)
         for q in ledger.summary() if q.name in configured or q.name == DEFAULT_QUEUE
     ]
 

@@ -11,9 +11,11 @@ Nouns
 - *Borrowed*: usage beyond the quota. A queue may borrow only what its cohort has *idle*: the cohort's
   quotas plus the GPUs of loaned inference servers (cohort-wide borrowable capacity: no queue owns
   them), minus what the cohort's queues use. Borrowing is never beyond ``quota + borrow limit``.
-- *The default queue*: when an admin has not configured it, its quota is what the configured quotas
-  leave of the training servers' healthy GPUs, it may borrow without limit, and it has no fair share
-  (jobs keep the policy's own order). With no queue configured at all nothing is enforced: every job
+- *The default queue*: when an admin has not configured it, its quota is *the rest* (what the other
+  queues' quotas leave of the training servers' healthy GPUs), it may borrow without limit, and it has
+  no fair share (jobs keep the policy's own order). Configured without a quota (``QueueView.quota_gpus``
+  None: a cohort, a borrow limit or fair share set), its quota is still the rest, so deleting the other
+  queues gives their GPUs back to it. With no queue configured at all nothing is enforced: every job
   may use every GPU, exactly as before queues existed.
 - *Quota first*: jobs that fit within their queue's quota are considered before jobs that would borrow.
 - *Return*: a job that fits within its queue's quota but finds no free GPUs may take them back from
@@ -57,6 +59,7 @@ class QueueUsage:
     borrow_limit_gpus: int | None
     fair_share: bool
     used_gpus: int = 0
+    rest: bool = False  # the quota is what the other queues leave ("default" only)
 
     @property
     def borrowed_gpus(self) -> int:
@@ -93,12 +96,13 @@ class QuotaLedger:
         policy's ledger without queues skips it)."""
         self.enforced = bool(queues)
         self.loaned_gpus = loaned_gpus
-        configured = {q.name: q for q in queues}
+        rest = max(0, training_gpus - sum(q.quota_gpus for q in queues if q.quota_gpus is not None))
         self.queues: dict[str, QueueUsage] = {
-            q.name: QueueUsage(q.name, q.cohort, q.quota_gpus, q.borrow_limit_gpus, q.fair_share) for q in queues}
-        if DEFAULT_QUEUE not in configured:
-            rest = max(0, training_gpus - sum(q.quota_gpus for q in queues))
-            self.queues[DEFAULT_QUEUE] = QueueUsage(DEFAULT_QUEUE, "", rest, None, False)
+            q.name: QueueUsage(q.name, q.cohort, rest if q.quota_gpus is None else q.quota_gpus, q.borrow_limit_gpus,
+                               q.fair_share, rest=q.quota_gpus is None)
+            for q in queues}
+        if DEFAULT_QUEUE not in self.queues:
+            self.queues[DEFAULT_QUEUE] = QueueUsage(DEFAULT_QUEUE, "", rest, None, False, rest=True)
         # The GPUs each (queue, user) holds now: fair share reads them.
         self.user_gpus: dict[tuple[str, str], int] = {}
         # The lowest priority class running in each queue (``has_victims``' quick test).

@@ -201,12 +201,13 @@ class DemandView:
 
 @dataclass(frozen=True, slots=True)
 class QueueView:
-    """An admin-configured queue (``core.quota`` defines the nouns): a guaranteed GPU quota, how far it
-    may borrow beyond it (None: no limit) from idle quota of its cohort ("": a cohort of its own) and
-    from loaned inference servers, and whether its users share it fairly."""
+    """An admin-configured queue (``core.quota`` defines the nouns): a guaranteed GPU quota (None,
+    "default" only: the rest, what the other queues leave), how far it may borrow beyond it (None: no
+    limit) from idle quota of its cohort ("": a cohort of its own) and from loaned inference servers,
+    and whether its users share it fairly."""
 
     name: str
-    quota_gpus: int
+    quota_gpus: int | None
     borrow_limit_gpus: int | None = None
     cohort: str = ""
     fair_share: bool = True

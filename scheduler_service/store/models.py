@@ -382,14 +382,15 @@ DEMAND_REPORTS = cast(Table, DemandReport.__table__)
 
 
 class Queue(Base):
-    """An admin-configured queue (``core.quota``): guaranteed GPUs, a borrow limit (NULL: none), a
-    cohort ('' none) and fair share between its users. "default" exists without a row."""
+    """An admin-configured queue (``core.quota``): guaranteed GPUs (NULL, "default" only: the rest, what
+    the other queues leave), a borrow limit (NULL: none), a cohort ('' none) and fair share between its
+    users. "default" exists without a row."""
 
     __tablename__ = "queues"
 
     name: Mapped[str] = mapped_column(String(63), primary_key=True)
     cohort: Mapped[str] = mapped_column(String(63), default="", server_default=text("''"))
-    quota_gpus: Mapped[int] = mapped_column(Integer)
+    quota_gpus: Mapped[int | None] = mapped_column(Integer)
     borrow_limit_gpus: Mapped[int | None] = mapped_column(Integer)
     fair_share: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
     created_at: Mapped[float] = mapped_column(Double)

@@ -45,13 +45,14 @@ class QueueStore:
         return _view(settings)
 
     def update(self, session: Session, name: str, change: dict[str, object], now: float) -> QueueView:
-        """Set the fields in ``change``. "default" without a row gets one (configuring it) from what it
-        is unconfigured: quota 0 unless given, no borrow limit, no cohort, no fair share."""
+        """Set the fields in ``change`` (``quota_gpus`` None: the rest, "default" only). "default" without
+        a row gets one (configuring it) from what it is unconfigured: the rest as its quota unless one
+        is given, no borrow limit, no cohort, no fair share."""
         row = session.get(m.Queue, name)
         if row is None:
             if name != DEFAULT_QUEUE:
                 raise NotFound(f"queue {name!r} does not exist; create it with CreateQueue (arylctl queues create)")
-            row = m.Queue(name=name, cohort="", quota_gpus=0, borrow_limit_gpus=None, fair_share=False,
+            row = m.Queue(name=name, cohort="", quota_gpus=None, borrow_limit_gpus=None, fair_share=False,
                           created_at=now, updated_at=now)
             session.add(row)
         for key, value in change.items():
@@ -61,11 +62,17 @@ class QueueStore:
         return QueueView(row.name, row.quota_gpus, row.borrow_limit_gpus, row.cohort, row.fair_share)
 
     def delete(self, session: Session, name: str) -> None:
+        """Delete the queue ``name``, which must have no active job. "default" is never deleted: its row
+        goes (with active jobs too: they stay in it), so it is unconfigured again, its quota the rest."""
         row = session.get(m.Queue, name)
         if row is None:
+            if name == DEFAULT_QUEUE:
+                raise NotFound('queue "default" is not configured: its quota is already the rest (what the other '
+                               "queues leave)")
             raise NotFound(f"queue {name!r} does not exist")
         if name == DEFAULT_QUEUE:
-            raise FailedPrecondition('queue "default" always exists and cannot be deleted; set its quota instead')
+            session.delete(row)
+            return
         active = session.scalar(sa.select(sa.func.count()).select_from(m.JOBS).where(
             m.JOBS.c.queue == name, m.JOBS.c.state.in_(_ACTIVE)))
         if active:

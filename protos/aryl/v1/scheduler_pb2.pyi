@@ -399,7 +399,7 @@ class DeleteServerResponse(_message.Message):
     def __init__(self, deleted: _Optional[bool] = ..., message: _Optional[str] = ..., server: _Optional[_Union[_types_pb2.Server, _Mapping]] = ...) -> None: ...
 
 class Queue(_message.Message):
-    __slots__ = ("name", "cohort", "quota_gpus", "borrow_limit_gpus", "fair_share", "used_gpus", "borrowed_gpus", "pending_jobs", "running_jobs", "configured")
+    __slots__ = ("name", "cohort", "quota_gpus", "borrow_limit_gpus", "fair_share", "used_gpus", "borrowed_gpus", "pending_jobs", "running_jobs", "configured", "quota_is_rest")
     NAME_FIELD_NUMBER: _ClassVar[int]
     COHORT_FIELD_NUMBER: _ClassVar[int]
     QUOTA_GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -410,6 +410,7 @@ class Queue(_message.Message):
     PENDING_JOBS_FIELD_NUMBER: _ClassVar[int]
     RUNNING_JOBS_FIELD_NUMBER: _ClassVar[int]
     CONFIGURED_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_IS_REST_FIELD_NUMBER: _ClassVar[int]
     name: str
     cohort: str
     quota_gpus: int
@@ -420,7 +421,8 @@ class Queue(_message.Message):
     pending_jobs: int
     running_jobs: int
     configured: bool
-    def __init__(self, name: _Optional[str] = ..., cohort: _Optional[str] = ..., quota_gpus: _Optional[int] = ..., borrow_limit_gpus: _Optional[int] = ..., fair_share: _Optional[bool] = ..., used_gpus: _Optional[int] = ..., borrowed_gpus: _Optional[int] = ..., pending_jobs: _Optional[int] = ..., running_jobs: _Optional[int] = ..., configured: _Optional[bool] = ...) -> None: ...
+    quota_is_rest: bool
+    def __init__(self, name: _Optional[str] = ..., cohort: _Optional[str] = ..., quota_gpus: _Optional[int] = ..., borrow_limit_gpus: _Optional[int] = ..., fair_share: _Optional[bool] = ..., used_gpus: _Optional[int] = ..., borrowed_gpus: _Optional[int] = ..., pending_jobs: _Optional[int] = ..., running_jobs: _Optional[int] = ..., configured: _Optional[bool] = ..., quota_is_rest: _Optional[bool] = ...) -> None: ...
 
 class CreateQueueRequest(_message.Message):
     __slots__ = ("queue",)
@@ -429,20 +431,22 @@ class CreateQueueRequest(_message.Message):
     def __init__(self, queue: _Optional[_Union[Queue, _Mapping]] = ...) -> None: ...
 
 class UpdateQueueRequest(_message.Message):
-    __slots__ = ("name", "cohort", "quota_gpus", "borrow_limit_gpus", "unlimited_borrowing", "fair_share")
+    __slots__ = ("name", "cohort", "quota_gpus", "borrow_limit_gpus", "unlimited_borrowing", "fair_share", "quota_rest")
     NAME_FIELD_NUMBER: _ClassVar[int]
     COHORT_FIELD_NUMBER: _ClassVar[int]
     QUOTA_GPUS_FIELD_NUMBER: _ClassVar[int]
     BORROW_LIMIT_GPUS_FIELD_NUMBER: _ClassVar[int]
     UNLIMITED_BORROWING_FIELD_NUMBER: _ClassVar[int]
     FAIR_SHARE_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_REST_FIELD_NUMBER: _ClassVar[int]
     name: str
     cohort: str
     quota_gpus: int
     borrow_limit_gpus: int
     unlimited_borrowing: bool
     fair_share: bool
-    def __init__(self, name: _Optional[str] = ..., cohort: _Optional[str] = ..., quota_gpus: _Optional[int] = ..., borrow_limit_gpus: _Optional[int] = ..., unlimited_borrowing: _Optional[bool] = ..., fair_share: _Optional[bool] = ...) -> None: ...
+    quota_rest: bool
+    def __init__(self, name: _Optional[str] = ..., cohort: _Optional[str] = ..., quota_gpus: _Optional[int] = ..., borrow_limit_gpus: _Optional[int] = ..., unlimited_borrowing: _Optional[bool] = ..., fair_share: _Optional[bool] = ..., quota_rest: _Optional[bool] = ...) -> None: ...
 
 class QueueResponse(_message.Message):
     __slots__ = ("queue",)

@@ -296,8 +296,11 @@ class SchedulerServiceServicer:
     def CreateQueue(self, request, context):
         """Queues (admin): each job belongs to one; a queue has a guaranteed GPU quota, may borrow idle GPUs of
         its cohort up to a limit, and gives borrowed GPUs back when their owner needs them. "default"
-        always exists. INVALID_ARGUMENT for a bad name or a negative quota; ALREADY_EXISTS, NOT_FOUND;
-        FAILED_PRECONDITION deleting a queue that still has active jobs, or "default".
+        always exists: unless configured, its quota is "the rest" (what the other queues' quotas leave of
+        the training GPUs), and with no other queue nothing is enforced. DeleteQueue("default") returns it
+        to that state (its jobs stay queued in it). INVALID_ARGUMENT for a bad name or a negative quota;
+        ALREADY_EXISTS, NOT_FOUND; FAILED_PRECONDITION deleting a queue (not "default") that still has
+        active jobs.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
