@@ -39,6 +39,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--policy", metavar="NAME",
                         help="scheduling policy, e.g. aryl or fifo (scheduling.policy); an unknown name is "
                              "refused with the list of registered ones")
+    parser.add_argument("--insecure", action="store_true", default=None,
+                        help="plaintext gRPC and no identities: any caller may do anything (security.insecure = "
+                             "true, ARYL_SECURITY__INSECURE=true; development only; the default is TLS and tokens)")
     return parser.parse_args(argv)
 
 
@@ -49,6 +52,7 @@ def build_config(args: argparse.Namespace) -> SchedulerConfig:
             "server": {"listen": args.listen},
             "database": {"url": args.database_url},
             "scheduling": {"policy": args.policy},
+            "security": {"insecure": args.insecure},
         },
     )
 

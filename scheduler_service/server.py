@@ -148,9 +148,9 @@ class SchedulerService:
         # Fail fast on an unknown name or a bad tunable.
         missing = config.security.missing()
         if missing:
-            raise BadInput(f"{', '.join(missing)} must be set for TLS and identities (make them with 'arylctl certs "
-                           "init DIR'; docs/security.md), or start without both with --insecure "
-                           "(security.insecure = true, development only)")
+            raise BadInput(f"{', '.join(missing)} must be set for TLS and identities ('arylctl certs init DIR' makes "
+                           "them and prints the settings; docs/security.md), or start without both: aryl-scheduler "
+                           "--insecure (or ARYL_SECURITY__INSECURE=true, security.insecure = true; development only)")
         self.policy_params = PolicyParams(**config.policy.model_dump())
         self.policy = create_policy(config.scheduling.policy, self.policy_params)
         self.engine = create_engine_for(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -68,3 +69,40 @@ def test_migrate_command_creates_the_schema(tmp_path: Path) -> None:
     with sqlite3.connect(db) as conn:
         tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert {"jobs", "servers", "gpus", "allocations", "loans", "events"} <= tables
+
+
+def _without_security(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if not k.startswith(("ARYL_SECURITY__", "ARYL_INSECURE"))}
+
+
+def test_a_start_without_certificates_names_a_flag_that_exists(tmp_path: Path) -> None:
+    """Issue 36: the refusal names ``aryl-scheduler --insecure``, which then starts a plaintext scheduler;
+    neither start's log names an internal issue number (the migrations' summaries are logged too)."""
+    db = f"sqlite:///{tmp_path / 'aryl.db'}"
+    env = _without_security(dict(os.environ))
+    refused = subprocess.run([str(BIN), "--database-url", db], capture_output=True, text=True, timeout=60,
+                             check=False, env=env)
+    assert refused.returncode == 2
+    assert "aryl-scheduler --insecure (or ARYL_SECURITY__INSECURE=true" in refused.stderr, refused.stderr
+    address = f"127.0.0.1:{free_port()}"
+    proc = subprocess.Popen([str(BIN), "--insecure", "--listen", address, "--database-url", db],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    try:
+        def plaintext_serving() -> bool:
+            try:
+                with grpc.insecure_channel(address) as channel:
+                    reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1)
+                    return reply.status == health_pb2.HealthCheckResponse.SERVING
+            except grpc.RpcError:
+                return False
+
+        wait_for(plaintext_serving, timeout=60, what="the --insecure scheduler to serve plaintext")
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    log = output.decode()
+    assert "scheduler started" in log and "Running upgrade" in log
+    assert re.search(r"issue \d", log + refused.stderr, re.IGNORECASE) is None, log

@@ -1,4 +1,4 @@
-"""queues and gpu types: admin-configured queues, a job's priority class and GPU types (issue 20)
+"""queues and gpu types: admin-configured queues, a job's priority class and GPU types
 
 - ``queues``: one row per configured queue (``core.quota``): its guaranteed GPU quota, its borrow
   limit (NULL: none), its cohort ('' none) and whether its users share it fairly. "default" exists

@@ -1,4 +1,4 @@
-"""job arrays: which array a job belongs to, and its index in it (issue 20)
+"""job arrays: which array a job belongs to, and its index in it
 
 jobs: ``array_job_id`` (the job id of the array's first element; NULL: not in an array) and
 ``array_index`` (the job's index in its array, as ``arylctl submit --array`` numbered it), with an

@@ -1,4 +1,4 @@
-"""identities and audit: who did it, in the event log (issue 18)
+"""identities and audit: who did it, in the event log
 
 events: ``actor``, the authenticated caller (``role:name``) whose RPC wrote the event; "" for the
 scheduler's own decisions and for a scheduler run without identities (``security.insecure``).

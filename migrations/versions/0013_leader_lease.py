@@ -1,5 +1,5 @@
 """leader lease: one row, the lease through which exactly one of several schedulers on one
-PostgreSQL database leads (issue 18, part 6)
+PostgreSQL database leads
 
 ``leader_lease`` holds a single row (id 1, created here): the current holder (its advertised
 address), the epoch of its term (a ``scheduler_terms`` id), when it took the lease and when the

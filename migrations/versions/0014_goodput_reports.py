@@ -1,5 +1,5 @@
 """goodput reports: a job's batch limits, the batch chosen for it, and what its workers measured
-(issue 17, the goodput job contract)
+(the goodput job contract)
 
 - ``jobs.batch_init`` / ``batch_max`` / ``batch_max_local``: its declared batch limits (``JobSpec.batch``;
   NULL: the job does not adapt its batch size).

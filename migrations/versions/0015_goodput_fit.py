@@ -1,4 +1,4 @@
-"""goodput fit: reserved for issue 17 online fit (H17b); no change to the schema yet
+"""goodput fit: a reserved revision, no change to the schema
 
 Revision ID: 0015
 Revises: 0014

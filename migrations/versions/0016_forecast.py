@@ -1,4 +1,4 @@
-"""forecast: reserved for issue 22 ETA / what-if; no change to the schema yet
+"""forecast: a reserved revision, no change to the schema
 
 Revision ID: 0016
 Revises: 0015

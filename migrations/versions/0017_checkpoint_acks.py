@@ -1,4 +1,4 @@
-"""checkpoint acks: reserved for issue 22 checkpoint acknowledgements; no change to the schema yet
+"""checkpoint acks: a reserved revision, no change to the schema
 
 Revision ID: 0017
 Revises: 0016

@@ -1,4 +1,4 @@
-"""protection window: when each job's recent resizes and preemptions were applied (issue 22, anti-thrashing)
+"""protection window: when each job's recent resizes and preemptions were applied (anti-thrashing)
 
 ``jobs.disruptions``: a JSON list of the times (seconds since the UNIX epoch) of the job's resizes and
 preemptions within the last hour, oldest first; the applier appends one at each scale or preemption and

@@ -1,4 +1,4 @@
-"""security rest: reserved for issue 18 remainder; no change to the schema yet
+"""security rest: a reserved revision, no change to the schema
 
 Revision ID: 0019
 Revises: 0018
