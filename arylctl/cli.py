@@ -59,7 +59,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from aryl_common.backoff import Backoff
 from aryl_common.entry import add_debug_flag, package_version, run_guarded
-from aryl_common.security import ClientSecurity, default_token_file
+from aryl_common.security import ENV_INSECURE, SECURE_BY_DEFAULT, ClientSecurity, default_token_file
 from arylctl import certs, completion
 from arylctl.argv_secrets import SECRET_REFERENCE_PREFIX, secret_looking_arguments
 from arylctl.arrays import ArraySpecError, element_key, parse_array
@@ -1681,13 +1681,34 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 # Entry point
 
 
-def _report_rpc_error(exc: ArylError, address: str, timeout: float, stderr: TextIO) -> int:
+def _plaintext(args: argparse.Namespace) -> bool:
+    """Whether arylctl talks plaintext: ``--insecure`` or ``ARYL_INSECURE`` (as ``ClientSecurity.from_env``)."""
+    flag = os.environ.get(ENV_INSECURE, "").lower()
+    return bool(args.insecure) or (flag in ("1", "true", "yes") if flag else not SECURE_BY_DEFAULT)
+
+
+def _tls_hint(message: str, address: str, plaintext: bool) -> str | None:
+    """The fix for a connection that failed at TLS, or None when ``message`` is not about TLS."""
+    if not any(word in message for word in ("ssl", "SSL", "handshake", "Socket closed")):
+        return None
+    tls_env = "ARYL_TLS_CA, ARYL_TLS_CERT and ARYL_TLS_KEY (absolute paths: the cluster's ca.crt and a client " \
+              "certificate and key, as 'arylctl certs init' printed them; docs/security.md)"
+    if plaintext:  # a TLS scheduler closes a plaintext connection at once
+        return (f"hint: arylctl spoke plaintext (--insecure or ARYL_INSECURE) and {address} closed the connection: "
+                f"a scheduler with TLS does that. Leave out --insecure, unset ARYL_INSECURE, and export {tls_env}")
+    if "CERTIFICATE_VERIFY_FAILED" in message:
+        return (f"hint: the certificate of {address} is not signed by a CA arylctl trusts: export {tls_env}; "
+                "ARYL_TLS_CA must be the CA that signed the scheduler's certificate")
+    return (f"hint: the TLS handshake with {address} failed: export {tls_env}; for a scheduler started with "
+            "--insecure (plaintext), pass --insecure or set ARYL_INSECURE=1 instead")
+
+
+def _report_rpc_error(exc: ArylError, address: str, timeout: float, stderr: TextIO, *, plaintext: bool = False) -> int:
     print(f"error: {exc.message} ({exc.code.name})", file=stderr)
     if exc.code == grpc.StatusCode.UNAVAILABLE and not exc.from_scheduler:
-        if any(word in exc.message for word in ("ssl", "SSL", "handshake", "Socket closed")):
-            print(f"hint: the TLS handshake with {address} failed: export ARYL_TLS_CA, ARYL_TLS_CERT and ARYL_TLS_KEY "
-                  "(the cluster's CA and a client certificate, docs/security.md), or pass --insecure for a scheduler "
-                  "run without TLS", file=stderr)
+        hint = _tls_hint(exc.message, address, plaintext)
+        if hint is not None:
+            print(hint, file=stderr)
             return EXIT_UNAVAILABLE
         print(
             f"hint: no scheduler answered at {address}; check --server or the ARYL_SERVER environment variable",
@@ -1733,7 +1754,7 @@ def _run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
         with ArylClient(address, timeout=args.timeout, security=security) as client:
             return args.handler(client, args, out)
     except ArylError as exc:
-        return _report_rpc_error(exc, address, args.timeout, stderr)
+        return _report_rpc_error(exc, address, args.timeout, stderr, plaintext=_plaintext(args))
     except UsageError as exc:
         print(f"error: {exc}", file=stderr)
         return EXIT_USAGE
