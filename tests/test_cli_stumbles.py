@@ -8,20 +8,21 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
+from pathlib import Path
 
-import pytest
-
-from tests.test_cli import arylctl_executable
+ARYLCTL = Path(sys.executable).parent / "arylctl"  # the console script, installed beside the interpreter
 
 # A log line of gRPC's C core: severity letter, MMDD, time, thread, file:line] (e.g. "I1128 19:35:09.912700 8039
 # ssl_transport_security.cc:2563] Handshake failed ...").
 GRPC_LOG_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\]", re.MULTILINE)
 
 
-def console(*argv: str, drop: tuple[str, ...] = (), env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def console(*argv: str, drop: tuple[str, ...] = (),
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """The console script as a user runs it, without the environment variables that start with ``drop``."""
     base = {k: v for k, v in os.environ.items() if not (drop and k.startswith(drop)) and k != "GRPC_VERBOSITY"}
-    return subprocess.run([arylctl_executable(), *argv], capture_output=True, text=True, timeout=60,
+    return subprocess.run([str(ARYLCTL), *argv], capture_output=True, text=True, timeout=60,
                           env={**base, **(env or {})}, check=False)
 
 
