@@ -93,8 +93,8 @@ HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 CMD ["ary
 CMD ["aryl-scheduler", "--help"]
 
 # The agent's workers run in this image: the JOB_PACKAGES build argument adds the jobs' framework, or
-# a job image is `FROM aryl-agent` plus it (README, "Job images"); examples/ lies in the working
-# directory for `python examples/train.py`.
+# a job image is `FROM aryl-agent` plus it (docs/operations.md, "Job images"); examples/ lies in the working
+# directory for `python3 examples/train.py`.
 FROM core AS agent
 # Python packages the jobs need (pip requirement specifiers, space-separated), e.g. "torch==2.5.1".
 ARG JOB_PACKAGES=""

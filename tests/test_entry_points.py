@@ -70,7 +70,7 @@ def scheduler_started_events(db: Path) -> list[str]:
 
 def test_scheduler_starts_with_the_clients_aryl_server_exported_and_arylctl_reads_it(tmp_path: Path) -> None:
     address = f"127.0.0.1:{free_port()}"
-    # As the README has it: ARYL_SERVER exported in the shell that starts the scheduler; the
+    # As docs/configuration.md has it: ARYL_SERVER exported in the shell that starts the scheduler; the
     # scheduler's own [server] keys still come from ARYL_SERVER__<KEY>.
     env = clean_env(ARYL_SERVER=address, ARYL_SERVER__LISTEN=address,
                     ARYL_DATABASE__URL=f"sqlite:///{tmp_path / 'aryl.db'}")

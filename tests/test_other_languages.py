@@ -3,7 +3,7 @@ generated from them (and nothing else of Aryl's) calls a real scheduler and deco
 
 Python's own generator stands in for the other languages' here: what it needs -- the .proto files
 under ``protos`` and each language's standard ``google.rpc`` types -- is what a Go, Java or Node
-client needs (README, "Using Aryl from another language")."""
+client needs (docs/jobs.md, "Using Aryl from another language")."""
 
 from __future__ import annotations
 
