@@ -12,8 +12,9 @@ the simulated cluster shows the policy in place of the truth (``JobView.total_wo
   log space (the median estimate is the truth), off by a factor of ``exp(SIGMA)`` or more for about a
   third of jobs (SIGMA 0.8: 2.2x; 1.0: 2.7x). No total work is declared, so the policy estimates as the
   service does for such a job (``core.throughput.estimate``): the declared time at ``min_workers``
-  less the progress the job reports, never below 10% of the estimate (a job past its estimate still
-  looks short, not done). z is drawn per job from ``(seed, job_id)`` alone, so a job's error does not
+  less the progress the job reports, never below 10% of the estimate and growing again past it
+  (``core.throughput.work_left``: a job that outlives its estimate is not taken to be nearly done).
+  z is drawn per job from ``(seed, job_id)`` alone, so a job's error does not
   depend on the other jobs of the trace, and the same seed gives the same estimates.
 - ``none``: nothing declared; the policy falls back to ``PolicyParams.default_runtime_s`` at
   ``min_workers`` less the reported progress, as the service does for a job without hints.

@@ -162,7 +162,8 @@ def test_a_job_scaled_in_more_than_once_is_told_its_final_size(loaned: bool, que
 
 
 def test_a_restart_must_pay_for_itself() -> None:
-    job = running_job(1, [("t", (0,))], low=1, high=2, runtime=30)  # almost done: not worth a restart
+    # Estimated at 30 s and 25 s run: 5 s left, not worth a restart.
+    job = running_job(1, [("t", (0,))], low=1, high=2, runtime=30, resized=NOW - 25)
     assert plan("aryl-noloan", snapshot_of([training_server("t")], [job]), restart_cost_s=60).scales == ()
 
 

@@ -3,8 +3,9 @@ completion rates, the response ratio, shrink-to-admit, the protection window, ga
 
 The arithmetic in the comments: jobs declare no throughput points, so their speed-up is Amdahl's with alpha
 0.05 (``PolicyParams.amdahl_alpha``): s(1) = 1, s(2) = 1 / (0.05 + 0.95 / 2) = 1.9048. A running job that
-reports no progress is assumed to have run at its size since its last resize, and is never estimated below
-10% of its estimate (``core.throughput.estimate``); ``restart_cost_s`` is 60 s.
+reports no progress is assumed to have run at its size since its last resize; what it has left is
+``max(total - done, done - 0.8 total)`` in 1-worker seconds (``core.throughput.work_left``: at least 10% of the
+estimate, growing again past it); ``restart_cost_s`` is 60 s.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.plan import Reason
 from scheduler_service.core.snapshot import QueueView
-from scheduler_service.core.throughput import JobEstimate, ThroughputModel
+from scheduler_service.core.throughput import JobEstimate, ThroughputModel, work_left
 from scheduler_service.policies.aryl import completion_rates, response_ratio
 from tests.harness import NOW, pending_job, running_job, snapshot_of, training_server
 from tests.test_aryl_policy import plan
@@ -44,10 +45,11 @@ def test_the_response_ratio_is_wait_plus_run_over_run() -> None:
 
 
 def test_a_job_almost_done_keeps_its_extra_worker_over_a_long_queued_job() -> None:
-    # Job 1: 3600 s estimated at 1 worker, 3000 s at 2: past its estimate, so 360 s left (10%). Its second
-    # worker is worth 1/(360/1.9048) - 1/(360 + 60) = 0.00291 a second; job 2's start 1/(3600 + 60) x its
-    # response ratio (1 + 10/3660) = 0.00027. Job 2 waits, saying why.
-    result = plan("aryl-noloan", snapshot_of([training_server("t")], [elastic_on_four_gpus(3600), pending_job(2, 2)]))
+    # Job 1: 6,350 s estimated at 1 worker, 3000 s run at 2 (5,714.3 s done at 1): 635.7 s left, about the
+    # least it can have (10% of the estimate). Its second worker is worth 1.9048/635.7 - 1/(635.7 + 60) =
+    # 0.001559 a second; job 2's start 1/(3600 + 60) x its response ratio (1 + 10/3660) = 0.000274. Job 2
+    # waits, saying why.
+    result = plan("aryl-noloan", snapshot_of([training_server("t")], [elastic_on_four_gpus(6350), pending_job(2, 2)]))
     assert result.starts == () and result.scales == ()
     [waiting] = result.pending
     assert waiting.job_id == 2 and waiting.reason == Reason.WAITING_FOR_GANG
@@ -65,14 +67,33 @@ def test_shrink_to_admit_when_the_queued_job_completes_more() -> None:
     assert scale.message == "scaled in to 1 worker(s) so job 2 can start"
 
 
-@pytest.mark.parametrize(("waited", "admitted"), [(30000, False), (40000, True)])
+@pytest.mark.parametrize(("waited", "admitted"), [(15000, False), (20000, True)])
 def test_a_queued_job_rises_as_it_waits(waited: float, admitted: bool) -> None:
     # As the first case, but job 2 has waited: its start is worth 0.000273 x (1 + waited / 3660), above the
-    # extra worker's 0.00291 once the ratio passes 10.7: at 30,000 s it is 9.2 (waits), at 40,000 s 11.9.
+    # extra worker's 0.001559 once the ratio passes 5.71: at 15,000 s it is 5.10 (waits), at 20,000 s 6.46.
     job = pending_job(2, 2, submitted=NOW - waited)
-    result = plan("aryl-noloan", snapshot_of([training_server("t")], [elastic_on_four_gpus(3600), job]))
+    result = plan("aryl-noloan", snapshot_of([training_server("t")], [elastic_on_four_gpus(6350), job]))
     assert [s.job_id for s in result.starts] == ([2] if admitted else [])
     assert [s.job_id for s in result.scales] == ([1] if admitted else [])
+
+
+def test_a_job_past_its_estimate_is_not_taken_to_be_nearly_done() -> None:
+    # Job 1 estimated at 3,600 s has run 3000 s at 2 workers (5,714.3 s done at 1): it outlived its estimate,
+    # so it has 5,714.3 - 2,880 = 2,834.3 s left (not the 10% floor's 360 s). Its second worker is worth
+    # 1.9048/2,834.3 - 1/(2,834.3 + 60) = 0.000327 a second; job 2's start, having waited 1,000 s,
+    # 0.000273 x (1 + 1000/3660) = 0.000348: job 1 gives its extra worker up.
+    result = plan("aryl-noloan", snapshot_of([training_server("t")],
+                                             [elastic_on_four_gpus(3600), pending_job(2, 2, submitted=NOW - 1000)]))
+    assert [s.job_id for s in result.starts] == [2]
+    assert [(s.job_id, len(s.workers)) for s in result.scales] == [(1, 1)]
+
+
+def test_work_left_never_drops_below_a_tenth_of_the_estimate_and_grows_past_it() -> None:
+    assert work_left(1000.0, 0.0) == 1000.0
+    assert work_left(1000.0, 900.0) == pytest.approx(100.0)   # the least: 10%
+    assert work_left(1000.0, 1000.0) == pytest.approx(200.0)  # at the estimate: 20%
+    assert work_left(1000.0, 2000.0) == pytest.approx(1200.0)
+    assert work_left(1000.0, 950.0) == pytest.approx(150.0)   # continuous through the turn
 
 
 def test_a_job_in_its_protection_window_keeps_its_extra_worker() -> None:
@@ -120,6 +141,6 @@ def test_a_queue_within_its_quota_goes_before_a_shorter_job_that_borrows() -> No
 
 def test_the_two_step_ablation_starts_every_gang_it_can_first() -> None:
     # aryl-nojoint (the earlier policy): queued gangs first, over other jobs' extras, whatever they are worth.
-    result = plan("aryl-nojoint", snapshot_of([training_server("t")], [elastic_on_four_gpus(3600), pending_job(2, 2)]))
+    result = plan("aryl-nojoint", snapshot_of([training_server("t")], [elastic_on_four_gpus(6350), pending_job(2, 2)]))
     assert [s.job_id for s in result.starts] == [2]
     assert PolicyParams().restart_cost_s == 60.0  # the arithmetic above

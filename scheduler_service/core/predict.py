@@ -10,8 +10,9 @@ size; the rest of the module builds on it:
   keeps its shape. No extrapolation past the last report: a stalled job's finish slips, never arrives.
 - *Declared*, before any measured rate: ``(total_work - work_done) / speed(n)`` with declared points
   and total work; else the declared ``estimated_runtime`` (at ``min_workers``) scaled by the model,
-  less the time run at the current size since its last resize, never below 10% of the estimate (as
-  ``throughput.estimate``). Nothing declared and nothing measured: unknown (None), never a guess.
+  less the time run at the current size since its last resize, never below 10% of the estimate and
+  growing again past it (``throughput.work_left``, as ``throughput.estimate``). Nothing declared and
+  nothing measured: unknown (None), never a guess.
 
 *Confidence* (0..1) says how far to trust a prediction: measured, ``r / (r + 3)`` for ``r`` reports
 after the first at this size (1 report: 0.25, 3: 0.5, 9: 0.75), at most 0.95, times 0.8 at a size other
@@ -33,7 +34,7 @@ from enum import StrEnum
 
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.snapshot import JobView
-from scheduler_service.core.throughput import JobEstimate, model_for
+from scheduler_service.core.throughput import JobEstimate, model_for, work_left
 from scheduler_service.lifecycle import JobState
 
 DEFAULT_ALPHA = PolicyParams.amdahl_alpha  # the speed-up model for jobs that declare no points
@@ -80,7 +81,7 @@ def _remaining(job: JobView, workers: int, now: float, alpha: float) -> float | 
     if job.estimated_runtime_s:
         total = job.estimated_runtime_s * model.speed(job.min_workers)  # in the model's relative unit
         done = _time_at_current_size(job, now) * model.speed(job.num_workers)
-        return max(total - done, 0.1 * total) / speed
+        return work_left(total, done) / speed
     return None
 
 

@@ -8,7 +8,8 @@ above the last), or, without points, from Amdahl's law with a serial fraction ``
 
 The remaining work is ``total_work - work_done`` when the job declared both points and total work;
 otherwise it is derived from the estimated run time at ``min_workers`` (declared, or the policy's
-default), minus what the job did so far. ``remaining_time(w)`` is then ``remaining_work / speed(w)``.
+default), minus what the job did so far (``work_left``: near and past the estimate, it grows again).
+``remaining_time(w)`` is then ``remaining_work / speed(w)``.
 
 Speeds are memoised: a model remembers each speed it computed, and ``model_for`` hands out one model
 per (points, alpha), so a scheduler that estimates the same jobs every cycle interpolates each
@@ -123,5 +124,17 @@ def estimate(job: JobView, *, now: float, default_runtime_s: float, alpha: float
     if not done and job.workers and job.last_resized_at is not None:
         # No progress reported: assume it has been running at its current size since its last resize.
         done = max(now - job.last_resized_at, 0.0) * model.speed(job.num_workers)
-    # Never estimate zero: a job past its estimate still needs some time (10% of the estimate).
-    return JobEstimate(model, max(total - done, 0.1 * total))
+    return JobEstimate(model, work_left(total, done))
+
+
+def work_left(total: float, done: float) -> float:
+    """Work left of a job whose user estimated ``total`` and that has done ``done`` (one unit): the estimate
+    less what it did, while that is at least 10% of the estimate; from 90% of it on, the time left grows
+    again with every unit done (``done - 0.8 total``: 20% of the estimate at the estimate, 1.2x it at twice).
+
+    A job past its estimate has shown the estimate short, and the longer it outlives it the longer it is
+    likely to run yet: with user estimates off by a log-normal factor, the expected time left of a job past
+    its estimate is about the estimate again and grows with its age. A fixed floor (10% of the estimate,
+    forever) made every overrunning job look nearly done: a scheduler ranking by time left then kept
+    giving it GPUs ahead of queued work. Continuous, so a prediction never jumps."""
+    return max(total - done, done - 0.8 * total)
