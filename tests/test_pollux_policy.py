@@ -26,7 +26,7 @@ from scheduler_service.core.invariants import check_plan
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.policies import create_policy
 from scheduler_service.policies.pollux import GoodputModel, PolluxJob, pollux_decide
-from scheduler_service.policies.pollux_search import fit_perf_params_lbfgs, min_cost_counts
+from scheduler_service.policies.pollux_search import fit_perf_params_lbfgs, min_cost_counts, min_cost_counts_mckp
 from simulator.engine import simulate
 from simulator.goodput_sim import load_workload, run_workload
 from simulator.model import ClusterSpec
@@ -64,6 +64,23 @@ def test_the_knapsack_finds_the_least_total_cost_within_the_gpus() -> None:
         counts = min_cost_counts(cost, capacity)
         assert counts.sum() <= capacity
         assert sum(cost[j, r] for j, r in enumerate(counts)) == pytest.approx(best)
+        # The policy's solver (the aryl knapsack on the same problem): the same optimum, the same counts.
+        fast = min_cost_counts_mckp(cost, capacity)
+        assert fast.sum() <= capacity
+        assert sum(cost[j, r] for j, r in enumerate(fast)) == pytest.approx(best)
+        assert fast.tolist() == counts.tolist()
+
+
+def test_the_policy_s_knapsack_agrees_with_the_plain_dp_on_larger_instances() -> None:
+    rng = np.random.default_rng(11)
+    for _ in range(40):
+        jobs, width, capacity = int(rng.integers(1, 60)), int(rng.integers(2, 17)), int(rng.integers(0, 200))
+        cost = rng.uniform(0.0, 10.0, size=(jobs, width))
+        cost[rng.uniform(size=cost.shape) < 0.4] = np.inf
+        cost[:, 0] = 1000.0
+        slow, fast = min_cost_counts(cost, capacity), min_cost_counts_mckp(cost, capacity)
+        assert sum(cost[j, r] for j, r in enumerate(fast)) == pytest.approx(sum(cost[j, r] for j, r in enumerate(slow)))
+        assert fast.sum() <= capacity
 
 
 def test_the_gradient_fit_is_pollux_s_own_fit() -> None:

@@ -33,6 +33,7 @@ from scheduler_service.lifecycle import Pool
 # Preferred pool first (step 4). None: no preference.
 TRAINING_FIRST = (Pool.TRAINING, Pool.INFERENCE)  # base workers, inelastic jobs
 LOANED_FIRST = (Pool.INFERENCE, Pool.TRAINING)    # elastic extra workers
+_ALL_POOLS = tuple(Pool)  # (iterating an enum is slow: placement asks for every pool thousands of times a cycle)
 ANY_POOL = (None,)
 
 
@@ -177,7 +178,7 @@ class FreeCapacity:
     def _best_server(self, gpus: int, pools: tuple[Pool | None, ...], exclude: frozenset[str]) -> str | None:
         counts = sorted({count for (_, count), sids in self._buckets.items() if count >= gpus and sids})
         for pool in pools:  # step 4: preferred pool first
-            group = tuple(Pool) if pool is None else (pool,)
+            group = _ALL_POOLS if pool is None else (pool,)
             for count in counts:  # step 5: best fit, the fewest free GPUs that still fit
                 best = None
                 for p in group:

@@ -14,8 +14,8 @@ The decision (``pollux_decide``, pure):
   ``p`` (-1, the authors'): maximised. For ``p < 0`` that is the least sum of ``(speed-up + 0.001)^p``;
   for ``p > 0`` the greatest sum of ``^p``; for 0 the greatest sum of logarithms.
 - each job's GPU count, from 0 to its ``max_replicas``, is chosen **exactly** for that sum within the
-  cluster's GPUs (``policies.pollux_search.min_cost_counts``, a multiple-choice knapsack), valuing ``r``
-  GPUs on the fewest nodes that hold them -- or, for the count it has, where it is without the penalty,
+  cluster's GPUs (``policies.pollux_search.min_cost_counts_mckp``, an exact multiple-choice knapsack),
+  valuing ``r`` GPUs on the fewest nodes that hold them -- or, for the count it has, where it is without the penalty,
   if that is better. (The authors search the allocations with a genetic algorithm, NSGA-II, 100
   generations of 100; the optimum of the same objective is found here in milliseconds.)
 - **placement**: jobs keeping their count (and chosen to stay) keep their GPUs; the others, most GPUs
@@ -39,6 +39,7 @@ the servers it holds, else the tuned ``init_bsz``).
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -55,7 +56,7 @@ from scheduler_service.core.registry import policies
 from scheduler_service.core.snapshot import ClusterSnapshot, JobView
 from scheduler_service.core.throughput import ThroughputModel, model_for
 from scheduler_service.lifecycle import JobState
-from scheduler_service.policies.pollux_search import best_config, min_cost_counts
+from scheduler_service.policies.pollux_search import best_config, min_cost_counts_mckp
 from scheduler_service.policies.worker_targets import plan_worker_targets
 
 RESTART_PENALTY_S = 30.0
@@ -155,7 +156,7 @@ def pollux_decide(jobs: Sequence[PolluxJob], capacity: Mapping[N, int], *, p: fl
                 kept = objective.cost(i, len([g for g in job.placement.values() if g]), r, False)
                 if kept <= cost[i, r]:
                     cost[i, r], stay[i, r] = kept, True
-    counts = min_cost_counts(cost, total)
+    counts = min_cost_counts_mckp(cost, total)
     return _Packing(jobs, objective, capacity, max_nodes_per_job).run(
         [int(c) for c in counts], [bool(stay[i, c]) for i, c in enumerate(counts)])
 
@@ -211,6 +212,13 @@ class _Packing(Generic[N]):
         self.free = dict(capacity)
         self.multi: set[N] = set()   # nodes holding a job that spans nodes
         self.placed: dict[int, dict[N, int]] = {}
+        # Nodes by free GPUs, each a heap by node order (entries whose node's free count changed since are
+        # skipped when met): ``_single``'s best fit without a scan of every node.
+        self.by_free: dict[int, list[tuple[int, N]]] = {}
+        for node, free in self.free.items():
+            self.by_free.setdefault(free, []).append((self.order[node], node))
+        for heap in self.by_free.values():
+            heapq.heapify(heap)
 
     def _take(self, i: int, spread: dict[N, int]) -> None:
         old = self.placed.get(i, {})
@@ -223,17 +231,25 @@ class _Packing(Generic[N]):
             self.free[n] -= g
         if len(spread) > 1:
             self.multi.update(spread)
+        for n in {*old, *spread}:
+            heapq.heappush(self.by_free.setdefault(self.free[n], []), (self.order[n], n))
 
     def _single(self, i: int, want: int) -> dict[N, int] | None:
         own = self.jobs[i].placement
         want -= want % self.jobs[i].step
         if want <= 0:
             return None
-        fits = [n for n in self.free if self.free[n] >= want]
-        if not fits:
-            return None
-        node = min(fits, key=lambda n: (own.get(n, 0) == 0, self.free[n], self.order[n]))
-        return {node: want}
+        # A node it is on first, then the fewest free GPUs that fit, then node order.
+        mine = [n for n, g in own.items() if g and self.free.get(n, 0) >= want]
+        if mine:
+            return {min(mine, key=lambda n: (self.free[n], self.order[n])): want}
+        for free in sorted(f for f in self.by_free if f >= want):
+            heap = self.by_free[free]
+            while heap and self.free[heap[0][1]] != free:
+                heapq.heappop(heap)  # its node's free count changed since
+            if heap:
+                return {heap[0][1]: want}
+        return None
 
     def _spread(self, i: int, want: int) -> dict[N, int]:
         own = self.jobs[i].placement

@@ -18,6 +18,7 @@ import numpy as np
 from numba import njit
 
 from scheduler_service.core.goodput import PerfParams, StepSample, fixed_terms
+from scheduler_service.solvers.knapsack import MAX_OPTIONS, solve_knapsack
 
 _EPS = 1e-8
 CANDIDATES = 50  # batch sizes tried per configuration (geometric, as core.goodput.best_batch_size)
@@ -117,6 +118,30 @@ def min_cost_counts(cost: np.ndarray, capacity: int) -> np.ndarray:
         counts[j] = r
         end -= r
     return counts
+
+
+def min_cost_counts_mckp(cost: np.ndarray, capacity: int) -> np.ndarray:
+    """``min_cost_counts``'s problem on the exact multiple-choice knapsack the ``aryl`` policy uses
+    (``solvers.knapsack``: Pareto pruning and a Lagrangian reduction before its DP). Job ``j`` at ``r`` GPUs
+    is worth its cost at 0 GPUs less its cost there; the most total worth is the least total cost. The same
+    optimum as ``min_cost_counts`` (``tests/test_pollux_policy.py`` checks both against brute force), which
+    is a plain DP over every job, GPU count and option: seconds a decision at thousands of jobs and GPUs.
+    Ties (equal total cost): the fewest GPUs, then the earlier jobs (the knapsack's tie rule)."""
+    if cost.shape[0] == 0:
+        return np.zeros(0, dtype=np.int64)
+    finite = np.isfinite(cost[:, 1:])
+    counts = finite.sum(axis=1).astype(np.int64)
+    slots = max(1, int(counts.max()))
+    if slots > MAX_OPTIONS:  # the knapsack's choice table holds at most this many options a job
+        return min_cost_counts(cost, capacity)
+    # Each job's allowed counts first, in increasing order (a stable sort puts the finite ones ahead).
+    order = np.argsort(~finite, axis=1, kind="stable")[:, :slots]
+    weights = (order + 1).astype(np.int64)
+    values = cost[:, :1] - np.take_along_axis(cost[:, 1:], order, axis=1)
+    values[~np.take_along_axis(finite, order, axis=1)] = 0.0  # slots past a job's count: never read
+    choice = solve_knapsack(weights, values, counts, capacity).choice
+    picked = np.take_along_axis(weights, np.maximum(choice - 1, 0)[:, None], axis=1)[:, 0]
+    return np.where(choice > 0, picked, 0).astype(np.int64)
 
 
 @njit(cache=True)
