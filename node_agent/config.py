@@ -141,10 +141,15 @@ class UsersSection(ConfigSection):
     pass_env: list[str] = Field(
         default_factory=list, description="names of the agent's environment variables every worker gets too"
     )
-    path: str = Field("/usr/local/bin:/usr/bin:/bin", min_length=1, description="the workers' PATH")
+    path: str = Field(
+        "/usr/local/bin:/usr/bin:/bin", min_length=1,
+        description="the workers' PATH (not the submitter's: a command not found exits 127, and the job's message "
+        "names this PATH)",
+    )
     python: str = Field(
-        "", description="interpreter that runs the worker shim; empty: the agent's (it must be executable by "
-        "the mapped users when run_as = owner)"
+        "", description="interpreter that runs the worker shim (any Python 3; the shim is standard library only); "
+        "empty: the agent's own, or, for an agent that runs workers as their owners, one every uid can reach (its "
+        "own interpreter's real file, else python3 on path)"
     )
 
 

@@ -106,8 +106,12 @@ class Identities:
 
     def start_warning(self) -> str | None:
         """What the agent warns of at start-up: every owner would be refused -- switching, with no map, no
-        map file, no passwd lookup and no default uid (a root agent with the default settings)."""
+        map file, no passwd lookup and no default uid (a root agent with the default settings) --, or every
+        worker runs as root (a root agent told ``run_as = "agent"``)."""
         s = self.section
+        if s.run_as == "agent" and self.euid == 0:
+            return ("this agent runs as root with [users] run_as = \"agent\": every job's workers run as root; "
+                    "run_as = \"owner\" (the default) runs each as its owner's mapped uid (docs/security.md)")
         if not self.switching or self.mapping or s.use_passwd or s.default_uid >= 0:
             return None
         return ("this agent runs as root and maps no job owner to a uid: every job will be refused until [users] "
@@ -216,10 +220,11 @@ class Identities:
         return env
 
 
-def closed_directory(path: Path) -> Path | None:
-    """The first existing directory from ``/`` down to ``path`` that users other than its owner and
-    group cannot enter (no ``o+x``), or None: where an unprivileged uid cannot reach ``path``. Parts
-    that do not exist yet count as reachable (the agent creates them 0711)."""
+def closed_directory(path: Path, uid: int | None = None, gid: int | None = None) -> Path | None:
+    """The first existing directory from ``/`` down to ``path`` that ``uid``/``gid`` (with no
+    supplementary groups, as workers run) cannot enter, or None. Without ``uid``: one that users other
+    than its owner and group cannot enter (no ``o+x``), i.e. where some unprivileged uid could not
+    reach ``path``. Parts that do not exist yet count as reachable (the agent creates them 0711)."""
     current = Path("/")
     for part in Path(os.path.abspath(path)).parts[1:]:
         current = Path(os.path.realpath(current / part))
@@ -227,7 +232,15 @@ def closed_directory(path: Path) -> Path | None:
             st = os.stat(current)
         except OSError:
             return None
-        if stat.S_ISDIR(st.st_mode) and not st.st_mode & stat.S_IXOTH:
+        if not stat.S_ISDIR(st.st_mode):
+            continue
+        if uid is not None and st.st_uid == uid:
+            allowed = st.st_mode & stat.S_IXUSR
+        elif gid is not None and st.st_gid == gid:
+            allowed = st.st_mode & stat.S_IXGRP
+        else:
+            allowed = st.st_mode & stat.S_IXOTH
+        if not allowed:
             return current
     return None
 

@@ -62,6 +62,7 @@ from node_agent.identity import (
     Refused,
     RunAs,
     agent_directory,
+    closed_directory,
     parent_directory,
     private_directory,
     read_worker_file,
@@ -149,13 +150,15 @@ class WorkerView:
     stop_acknowledged: bool = False  # it acknowledged the stop under way (or that ended it)
 
 
-def working_directory(spec: WorkerSpec, layout: WorkDir, hostname: str) -> tuple[Path | None, str]:
+def working_directory(spec: WorkerSpec, layout: WorkDir, hostname: str,
+                      run_as: RunAs | None = None) -> tuple[Path | None, str]:
     """Where ``spec``'s worker starts (``node_agent.workers``, "working directory") and a line for
-    its log saying why it starts elsewhere than asked; ``(None, why)`` when it cannot start here."""
+    its log saying why it starts elsewhere than asked; ``(None, why)`` when it cannot start here.
+    A worker that runs as another uid (``run_as``) must be able to enter the directory as that uid."""
     job_dir = layout.job_dir(spec.id.job_id)
     if not spec.working_dir:
         return job_dir, ""
-    problem = _unusable_directory(spec.working_dir)
+    problem = _unusable_directory(spec.working_dir, run_as)
     if not problem:
         return Path(spec.working_dir), ""
     if spec.working_dir_if_exists:
@@ -166,7 +169,7 @@ def working_directory(spec: WorkerSpec, layout: WorkDir, hostname: str) -> tuple
     return None, f"working directory {spec.working_dir} {problem}"
 
 
-def _unusable_directory(path: str) -> str:
+def _unusable_directory(path: str, run_as: RunAs | None = None) -> str:
     """Why the worker cannot start in ``path``, or "" when it can."""
     if not os.path.exists(path):
         return "does not exist"
@@ -174,6 +177,11 @@ def _unusable_directory(path: str) -> str:
         return "is not a directory"
     if not os.access(path, os.X_OK):
         return "cannot be entered by the agent's user"
+    if run_as is not None and run_as.uid is not None and run_as.gid is not None:
+        closed = closed_directory(Path(path), run_as.uid, run_as.gid)
+        if closed is not None:
+            return (f"cannot be entered by uid {run_as.uid}, which {run_as.user or 'the owner'}'s workers run as "
+                    f"({closed} is closed to it)")
     return ""
 
 
@@ -448,14 +456,18 @@ class Supervisor:
         worker.started_at = self._clock()
         problem = "the desired state gives no job id" if not spec.id.job_id else ""
         problem = problem or ("the desired state gives no command" if not spec.command else "")
-        cwd, note = working_directory(spec, self.layout, self._config.hostname)
+        try:
+            run_as = RunAs(spec.user) if problem else self.identities.resolve(spec.user)
+        except Refused as exc:  # its owner: the job fails, no restart
+            self._refuse_start(worker, str(exc))
+            return
+        cwd, note = working_directory(spec, self.layout, self._config.hostname, run_as)
         if cwd is None and not problem:
             self._refuse_start(worker, note)
             return
         popen = None
         try:
             if not problem and cwd is not None:
-                run_as = self.identities.resolve(spec.user)
                 env = worker_environment(spec, self.layout, os.environ, self._config.agent_address, self.identities,
                                          self._config.secrets_file)
                 popen = self._spawn(spec, cwd, note, run_as, env)

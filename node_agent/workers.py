@@ -6,7 +6,8 @@ Nouns:
   must (re)start, so two incarnations of one rank are two different workers;
 - a *worker spec* (``WorkerSpec``) is what the desired state says about a worker: command, world
   size, GPUs, environment, grace period, working directory;
-- a worker's *working directory* is its job's ``working_dir`` when that exists on this server, else
+- a worker's *working directory* is its job's ``working_dir`` when that exists on this server (and
+  the uid the worker runs as can enter it: ``node_agent.identity``), else
   the job's directory here (``WorkDir.job_dir``): always, when the job gives none; when the job's
   is only a default (``working_dir_if_exists``, e.g. the directory ``arylctl submit`` ran in); a
   job that requires a directory this server lacks is not started here (``cannot_start``);

@@ -439,3 +439,51 @@ def test_a_command_not_found_names_the_workers_path_and_users_path(tmp_path: Pat
 
 def view_of_job(supervisor: Supervisor, job: str) -> WorkerView | None:
     return next((v for v in supervisor.statuses() if v.id.job_id == job), None)
+
+
+def test_a_root_agent_told_to_run_workers_as_itself_warns_that_they_run_as_root() -> None:
+    warning = Identities(UsersSection(run_as="agent"), euid=0).start_warning()
+    assert warning is not None and 'run_as = "agent": every job\'s workers run as root' in warning
+    assert Identities(UsersSection(run_as="agent"), euid=1000).start_warning() is None
+
+
+def test_closed_directory_for_a_uid_counts_its_owner_and_group_bits(shared_dir: Path) -> None:
+    mine = shared_dir / "mine"
+    mine.mkdir()
+    mine.chmod(0o700)
+    if os.geteuid() == 0:
+        os.chown(mine, UID, GID)
+    owner = mine.stat().st_uid
+    assert closed_directory(mine, owner, 1) is None  # its owner enters
+    assert closed_directory(mine, owner + 1, 1) == mine  # another uid does not
+    mine.chmod(0o710)
+    assert closed_directory(mine, owner + 1, mine.stat().st_gid) is None  # its group does
+    assert closed_directory(mine) == mine  # and not every uid
+
+
+@needs_root
+@needs_python
+def test_a_default_working_dir_a_mapped_uid_cannot_enter_falls_back_to_the_jobs_directory(shared_dir: Path) -> None:
+    work = shared_dir / "agent"
+    private = shared_dir / "root-only"
+    private.mkdir()
+    private.chmod(0o700)
+    supervisor, tracker = owner_supervisor(work)
+    try:
+        default = desired_worker([PYTHON, "-c", "import os; print('cwd', os.getcwd())"], job="job-cwd")
+        default.user, default.working_dir, default.working_dir_if_exists = "alice", str(private), True
+        required = desired_worker([PYTHON, "-c", "print(1)"], job="job-req", gpus=(1,))
+        required.user, required.working_dir = "alice", str(private)
+        assert tracker.offer(desired_state(1, default, required)).accepted
+        supervisor.wake()
+        done = wait_for(lambda: (v := view_of_job(supervisor, "job-cwd")) and v.phase is Phase.EXITED and v,
+                        timeout=20, what="job-cwd done")
+        assert done.exit_code == 0, done.message
+        log = (work / "logs" / "job-cwd" / "rank-0.log").read_text()
+        assert f"cwd {work / 'jobs' / 'job-cwd'}" in log
+        assert f"working directory {private} cannot be entered by uid {UID}, which alice's workers run as" in log
+        refused = wait_for(lambda: (v := view_of_job(supervisor, "job-req")) and v.phase is Phase.EXITED and v,
+                           timeout=20, what="job-req refused")
+        assert refused.cannot_start and f"cannot be entered by uid {UID}" in refused.message
+    finally:
+        supervisor.close(stop_workers=True)
