@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import difflib
 import itertools
 import json
 import math
@@ -421,6 +422,15 @@ def deadline_cell(job: types_pb2.Job) -> str:
     return f"{when} {word}" if word else when
 
 
+def restart_text(spec: types_pb2.JobSpec) -> str:
+    """What happens when the job fails, in words: ON_FAILURE with at most 0 restarts is never restarted."""
+    on_failure = spec.restart_policy != types_pb2.RESTART_POLICY_NEVER  # UNSPECIFIED is ON_FAILURE
+    if on_failure and spec.max_restarts > 0:
+        times = "once" if spec.max_restarts == 1 else f"up to {spec.max_restarts} times"
+        return f"restarted on failure, {times} (ON_FAILURE, max {spec.max_restarts})"
+    return f"never restarted: a failure ends it ({'ON_FAILURE, max 0' if on_failure else 'NEVER'})"
+
+
 def prediction_text(job: types_pb2.Job) -> str:
     """The predicted finish with its confidence, or ``-``."""
     if not _is_set(job.predicted_finish):
@@ -539,13 +549,21 @@ def submit_spec_mapping(args: argparse.Namespace, note: Callable[[str], None] | 
     if args.command:
         data["command"] = args.command
     _set_working_dir(data, args.chdir, note)
-    if data.get("name") is None:
-        raise UsageError("submit needs a job name: --name NAME (or 'name' in the -f file)")
-    if not data.get("command"):
-        raise UsageError(
-            f"submit needs a command: {PROG} submit [flags] -- PROGRAM [ARGS...] (or 'command' in the -f file)"
-        )
+    problems = submit_spec_problems(data)
+    if problems:
+        raise UsageError("\nerror: ".join(problems))
     return data
+
+
+def submit_spec_problems(data: Mapping[str, Any]) -> list[str]:
+    """What a submission lacks, every item at once: a job name, a command."""
+    problems = []
+    if data.get("name") is None:
+        problems.append("submit needs a job name: --name NAME (or 'name' in the -f file)")
+    if not data.get("command"):
+        problems.append(f"submit needs a command: {PROG} submit [flags] -- PROGRAM [ARGS...] (or 'command' in the "
+                        "-f file)")
+    return problems
 
 
 def _set_working_dir(data: dict[str, Any], chdir: str | None, note: Callable[[str], None] | None) -> None:
@@ -807,7 +825,7 @@ def describe_job(response: scheduler_pb2.GetJobResponse) -> str:
         ("Workers", f"{job.num_workers} running (min {spec.min_workers}, max {spec.max_workers})"),
         ("GPUs per worker", spec.gpus_per_worker),
         ("Priority", spec.priority),
-        ("Restart policy", f"{enum_name(types_pb2.RestartPolicy, spec.restart_policy)} (max {spec.max_restarts})"),
+        ("Restart policy", restart_text(spec)),
         ("Deadline", local_time(spec.deadline) if spec.HasField("deadline") else "-"),
         *([("Deadline outlook", job.deadline_note)] if job.deadline_note and spec.HasField("deadline") else []),
         ("Predicted finish", prediction_text(job)),
@@ -1377,6 +1395,82 @@ def _int32(text: str) -> int:
     return value
 
 
+# What users of Slurm and Kubernetes type, and arylctl's flag for it: `submit --gpus 2` is answered with
+# the flag that exists (and what it means here) instead of the top-level usage.
+FLAG_ALIASES: Final[Mapping[str, tuple[str, str]]] = {
+    **dict.fromkeys(("--gpus", "--gres", "--gpus-per-node", "--gpus-per-task", "--gpu", "--nvidia.com/gpu"),
+                    ("--gpus-per-worker", "GPUs of each worker; the number of workers is --min-workers/--max-workers")),
+    **dict.fromkeys(("--nodes", "-N", "--ntasks", "-n", "--replicas", "--workers", "--num-workers", "--nproc"),
+                    ("--min-workers", "and --max-workers for an elastic job; GPUs of each: --gpus-per-worker")),
+    **dict.fromkeys(("--job-name", "-J"), ("--name", "")),
+    **dict.fromkeys(("--partition", "-p", "--namespace"), ("--queue", "")),
+    **dict.fromkeys(("--time", "-t", "--time-limit", "--active-deadline-seconds"), ("--max-runtime", "in seconds")),
+    **dict.fromkeys(("--export",), ("--env", "NAME=VALUE, repeatable")),
+    **dict.fromkeys(("--workdir", "-D", "--working-dir", "--cwd"), ("--chdir", "")),
+}
+
+
+def did_you_mean(option: str, parser: argparse.ArgumentParser) -> str:
+    """`` (did you mean --x?)`` for an option ``parser`` does not know, or "" when nothing is close: a
+    Slurm or Kubernetes spelling (``FLAG_ALIASES``), an option it begins (``--stat``: ``--state``), or
+    one spelled alike."""
+    known = [o for o in parser._option_string_actions if o.startswith("-")]  # argparse's own table of options
+    name = option.split("=", 1)[0]
+    alias = FLAG_ALIASES.get(name)
+    if alias is not None and alias[0] in known:
+        return f" (did you mean {alias[0]}?{' ' + alias[1] if alias[1] else ''})"
+    begun = sorted(o for o in known if o.startswith(name) and len(name) > 2)
+    close = begun or difflib.get_close_matches(name, known, n=2, cutoff=0.6)
+    return f" (did you mean {' or '.join(close)}?)" if close else ""
+
+
+class ArylArgumentParser(argparse.ArgumentParser):
+    """argparse that answers a mistyped choice (a command, ``--restart-policy``...) with the closest one."""
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        if action.choices is not None and value not in action.choices:
+            close = difflib.get_close_matches(str(value), [str(c) for c in action.choices], n=1, cutoff=0.6)
+            if close:
+                choices = ", ".join(repr(str(c)) for c in action.choices)
+                raise argparse.ArgumentError(
+                    action, f"invalid choice: {value!r} (did you mean {close[0]!r}? choose from {choices})")
+        super()._check_value(action, value)
+
+
+def _chosen_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The (sub)command's own parser that ``args`` came through, e.g. ``queues create``'s."""
+    while True:
+        for action in parser._actions:  # argparse keeps its subcommands there
+            if isinstance(action, argparse._SubParsersAction):
+                chosen = getattr(args, action.dest or "", None)
+                if chosen in action.choices:
+                    parser = action.choices[chosen]
+                    break
+        else:
+            return parser
+
+
+def _unknown_arguments(unknown: Sequence[str], parser: argparse.ArgumentParser, command: str) -> list[str]:
+    """One problem a line for what ``parser`` did not recognise: each option with what the user may have
+    meant (the values that follow an unknown option go with it); stray words once."""
+    problems: list[str] = []
+    stray: list[str] = []
+    after_option = False
+    for arg in unknown:
+        if arg.startswith("-") and arg != "-":
+            problems.append(f"unrecognized argument {arg.split('=', 1)[0]}{did_you_mean(arg, parser)}")
+            after_option = "=" not in arg
+        elif after_option:
+            after_option = False  # the unknown option's value
+        else:
+            stray.append(arg)
+    if stray:
+        where = (f"; a job's command goes after --: {PROG} submit [flags] -- PROGRAM [ARGS...]"
+                 if command == "submit" else "")
+        problems.append(f"unrecognized arguments: {' '.join(stray)}{where}")
+    return problems
+
+
 def _add_global_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
     # Accepted before and after the subcommand. On subcommands the defaults are SUPPRESSed so
     # that an option left out there does not overwrite the one given before the subcommand.
@@ -1415,20 +1509,20 @@ NAME_COMMANDS: Final = frozenset({"jobs", "servers"})
 
 def _global_options_parser() -> argparse.ArgumentParser:
     """The global options as a parent for a command's parser (they then work after it too)."""
-    common = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    common = ArylArgumentParser(add_help=False, allow_abbrev=False)
     _add_global_options(common, defaults=False)
     return common
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArylArgumentParser(
         prog=PROG,
         description="Command line for the Aryl elastic GPU scheduler.",
         allow_abbrev=False,
     )
     parser.add_argument("--version", action="version", version=f"{PROG} {package_version()}")
     _add_global_options(parser, defaults=True)
-    common = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    common = ArylArgumentParser(add_help=False, allow_abbrev=False)
     _add_global_options(common, defaults=False)
     commands = parser.add_subparsers(dest="command_name", metavar="COMMAND", required=True)
 
@@ -1454,7 +1548,8 @@ def build_parser() -> argparse.ArgumentParser:
                "--wait exit codes: 0 the job COMPLETED, 1 it FAILED or was CANCELLED, 130 detached "
                "(Ctrl-C; the job keeps running), 2 and 3 as for every command.",
     )
-    submit.add_argument("-f", "--file", help="job spec file (YAML, or JSON when named *.json; - for stdin)")
+    submit.add_argument("-f", "--file", help="job spec file (YAML, or JSON when named *.json; - for stdin); "
+                                              "default: none, the flags alone")
     submit.add_argument(
         "--chdir", metavar="DIR",
         help="where the workers start, a path on the servers (relative: to the current directory); "
@@ -1466,42 +1561,52 @@ def build_parser() -> argparse.ArgumentParser:
              "or was CANCELLED. Ctrl-C detaches without cancelling",
     )
     submit.add_argument("--poll", type=_positive, default=1.0, metavar="SECONDS", help=argparse.SUPPRESS)
-    submit.add_argument("--name")
+    submit.add_argument("--name", help="the job's name; required (or 'name' in the -f file)")
     submit.add_argument("--user", help="default: your login name")
     submit.add_argument("--queue", help="default: default")
-    submit.add_argument("--gpus-per-worker", type=_uint32, metavar="N")
-    submit.add_argument("--min-workers", type=_uint32, metavar="N")
-    submit.add_argument("--max-workers", type=_uint32, metavar="N", help="default: --min-workers (inelastic)")
-    submit.add_argument("--priority", type=_int32, metavar="N", help="higher runs first among equals")
+    submit.add_argument("--gpus-per-worker", type=_uint32, metavar="N", help="GPUs each worker gets (default: 1)")
+    submit.add_argument("--min-workers", type=_uint32, metavar="N",
+                        help="workers it needs to run at all, started together (default: 1)")
+    submit.add_argument("--max-workers", type=_uint32, metavar="N",
+                        help="the most workers it may grow to (default: --min-workers, inelastic)")
+    submit.add_argument("--priority", type=_int32, metavar="N", help="higher runs first among equals (default: 0)")
     submit.add_argument("--priority-class", metavar="NAME",
                         help="its class within the queue (the scheduler's scheduling.priority_classes): higher "
-                             "classes go first and may preempt lower ones")
+                             "classes go first and may preempt lower ones (default: none, value 0)")
     submit.add_argument("--gpu-type", dest="gpu_types", action="append", metavar="MODEL",
-                        help="run only on this GPU type (as `arylctl servers` shows it); repeatable, preferred first")
+                        help="run only on this GPU type (as `arylctl servers` shows it); repeatable, preferred first "
+                             "(default: any type)")
     submit.add_argument("--batch-size", type=_uint32, metavar="INIT",
                         help="the job adapts its batch size to its allocation (goodput): INIT is the total batch "
                              "its hyper-parameters were tuned for; its workers get ARYL_LOCAL_BATCH_SIZE and "
-                             "ARYL_ACCUM_STEPS (README, the job contract)")
+                             "ARYL_ACCUM_STEPS (README, the job contract); default: none, the job's batch is its own")
     submit.add_argument("--max-batch-size", type=_uint32, metavar="N",
                         help="with --batch-size: the largest total batch it accepts (default: INIT, a fixed total)")
     submit.add_argument("--max-local-batch-size", type=_uint32, metavar="N",
                         help="with --batch-size: the largest batch one GPU fits in one pass (default: INIT's share "
                              "per GPU at --min-workers)")
-    submit.add_argument("--env", type=_env_pair, action="append", metavar="NAME=VALUE", help="repeatable")
+    submit.add_argument("--env", type=_env_pair, action="append", metavar="NAME=VALUE",
+                        help="a variable for the workers; repeatable (default: none; LD_* are refused)")
     submit.add_argument("--deadline", type=_deadline, metavar="TIME",
                         help="when the job should be finished: an ISO 8601 time (2026-11-24T18:00Z; local time "
                              "unless an offset is given) or a time from now (6h, 90m, 1h30m, 2d); the answer says "
-                             "whether it looks feasible")
-    submit.add_argument("--max-runtime", type=_non_negative, metavar="SECONDS")
-    submit.add_argument("--restart-policy", choices=sorted(RESTART_POLICIES))
-    submit.add_argument("--max-restarts", type=_uint32, metavar="N")
+                             "whether it looks feasible (default: none)")
+    submit.add_argument("--max-runtime", type=_non_negative, metavar="SECONDS",
+                        help="the job is stopped and FAILS after running this long (default: no limit)")
+    submit.add_argument("--restart-policy", choices=sorted(RESTART_POLICIES),
+                        help="restart a failed job? on_failure restarts it up to --max-restarts times (default: "
+                             "on_failure, with --max-restarts 0: never restarted)")
+    submit.add_argument("--max-restarts", type=_uint32, metavar="N",
+                        help="restarts after failures with --restart-policy on_failure (default: 0, none)")
     submit.add_argument(
         "--array", metavar="INDICES",
         help="queue a job array: one job per index, all or none, e.g. 0-999, 0-999:2 (step) or 1,3,5 (at most "
              "10,000 jobs; Slurm's %%N is not supported). Each job's workers get ARYL_ARRAY_INDEX and "
-             "ARYL_ARRAY_JOB_ID; arylctl jobs shows NAME[INDEX]",
+             "ARYL_ARRAY_JOB_ID; arylctl jobs shows NAME[INDEX] (default: one job)",
     )
-    submit.add_argument("--estimated-runtime", type=_non_negative, metavar="SECONDS", help="at min workers")
+    submit.add_argument("--estimated-runtime", type=_non_negative, metavar="SECONDS",
+                        help="how long it runs at --min-workers: what its predicted finish and ETAs rest on until "
+                             "it reports progress (default: none; then no predicted finish, never a guess)")
     submit.add_argument(
         "--idempotency-key", default="", metavar="KEY",
         help="default: a random one, printed on stderr if the submit fails. Per user: submitting again with "
@@ -1664,14 +1769,23 @@ def _split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """The command line parsed; every usage error found is reported at once (one ``error:`` line each,
+    after the usage of the command that has them) and exits 2, as argparse does for one."""
     parser = build_parser()
     own, command = _split_command(argv)
-    args = parser.parse_args(own)
-    if command and args.command_name != "submit":
-        parser.error(f"{args.command_name} takes no arguments after --")
+    args, unknown = parser.parse_known_args(own)
     args.command = command
+    chosen = _chosen_parser(parser, args)
+    problems = _unknown_arguments(unknown, chosen, args.command_name)
+    if command and args.command_name != "submit":
+        problems.append(f"{args.command_name} takes no arguments after --")
     if args.output == "name" and args.command_name not in NAME_COMMANDS:
-        parser.error(f"-o name applies only to {' and '.join(sorted(NAME_COMMANDS))}")
+        problems.append(f"-o name applies only to {' and '.join(sorted(NAME_COMMANDS))}")
+    if problems and args.command_name == "submit" and not args.file:
+        problems += submit_spec_problems({"name": args.name, "command": command})  # the rest of its errors
+    if problems:
+        chosen.print_usage(sys.stderr)
+        chosen.exit(EXIT_USAGE, "".join(f"{chosen.prog}: error: {problem}\n" for problem in problems))
     if args.command_name == "jobs":
         args.states = [state for states in args.state_lists or () for state in states]
     return args

@@ -5,11 +5,16 @@ with its defaults, and the restart policy in words."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+from protos.aryl.v1 import types_pb2
 
 ARYLCTL = Path(sys.executable).parent / "arylctl"  # the console script, installed beside the interpreter
 
@@ -42,3 +47,64 @@ def test_tls_failures_hint_the_real_fix_and_grpc_logs_stay_off_the_terminal(sche
     # A user who asks for gRPC's logs gets them.
     verbose = console("--server", scheduler.address, "jobs", drop=("ARYL_TLS_",), env={"GRPC_VERBOSITY": "INFO"})
     assert GRPC_LOG_LINE.search(verbose.stderr) is not None, verbose.stderr
+
+
+def test_slurm_and_kubernetes_spellings_and_typos_get_did_you_mean() -> None:
+    # `submit --gpus` (Slurm's, and what a Kubernetes user reaches for): the flag that exists, and every
+    # other error of the command line at once (the missing --name no longer hides behind it).
+    typed = console("submit", "--gpus", "2", "--", "python3", "train.py")
+    assert typed.returncode == 2
+    lines = typed.stderr.splitlines()
+    assert lines[0].startswith("usage: arylctl submit"), typed.stderr  # the command's usage, not the top level's
+    assert "arylctl submit: error: unrecognized argument --gpus (did you mean --gpus-per-worker?" in typed.stderr
+    assert "arylctl submit: error: submit needs a job name: --name NAME" in typed.stderr
+    both = console("submit", "--job-name", "x", "python3", "train.py")
+    assert "unrecognized argument --job-name (did you mean --name?)" in both.stderr, both.stderr
+    assert "unrecognized arguments: python3 train.py; a job's command goes after --" in both.stderr
+    assert "submit needs a command" in both.stderr
+    command = console("sumbit")
+    assert command.returncode == 2 and "invalid choice: 'sumbit' (did you mean 'submit'?" in command.stderr
+    flag = console("jobs", "--stat", "pending")
+    assert flag.returncode == 2 and "arylctl jobs: error: unrecognized argument --stat (did you mean --state?)" in (
+        flag.stderr)
+    sub = console("queues", "creat", "vision")
+    assert "invalid choice: 'creat' (did you mean 'create'?" in sub.stderr, sub.stderr
+    choice = console("submit", "--name", "x", "--restart-policy", "on-failure", "--", "a")
+    assert "invalid choice: 'on-failure' (did you mean 'on_failure'?" in choice.stderr, choice.stderr
+
+
+def test_submit_without_name_or_command_names_both(capsys) -> None:
+    from arylctl.cli import main
+
+    code = main(["--server", "127.0.0.1:9", "submit", "--min-workers", "1"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "error: submit needs a job name" in err and "error: submit needs a command" in err, err
+
+
+def test_submit_help_shows_every_default() -> None:
+    from arylctl.cli import _global_options_parser, build_parser
+
+    parser = build_parser()
+    submit = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["submit"]
+    global_options = set(_global_options_parser()._option_string_actions)
+    lacking = [action.option_strings[-1] for action in submit._actions
+               if action.option_strings and action.nargs != 0 and action.help != argparse.SUPPRESS
+               and not set(action.option_strings) & global_options
+               and not re.search(r"\b(default|required)\b", action.help or "", re.IGNORECASE)]
+    assert lacking == [], f"submit options whose help names no default: {lacking}"
+    text = submit.format_help()
+    assert "GPUs each worker gets (default: 1)" in " ".join(text.split())
+
+
+@pytest.mark.parametrize(("policy", "restarts", "text"), [
+    (types_pb2.RESTART_POLICY_ON_FAILURE, 0, "never restarted: a failure ends it (ON_FAILURE, max 0)"),
+    (types_pb2.RESTART_POLICY_UNSPECIFIED, 0, "never restarted: a failure ends it (ON_FAILURE, max 0)"),
+    (types_pb2.RESTART_POLICY_NEVER, 3, "never restarted: a failure ends it (NEVER)"),
+    (types_pb2.RESTART_POLICY_ON_FAILURE, 1, "restarted on failure, once (ON_FAILURE, max 1)"),
+    (types_pb2.RESTART_POLICY_ON_FAILURE, 3, "restarted on failure, up to 3 times (ON_FAILURE, max 3)"),
+])
+def test_restart_policy_reads_as_what_it_means(policy: int, restarts: int, text: str) -> None:
+    from arylctl.cli import restart_text
+
+    assert restart_text(types_pb2.JobSpec(restart_policy=policy, max_restarts=restarts)) == text
