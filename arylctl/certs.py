@@ -360,6 +360,9 @@ def run_command(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int
         if (directory / "ca.crt").exists() and not args.force:
             print(f"{directory} already holds a CA: kept (--force makes a new one, and every certificate and token "
                   "issued from the old one stops working)", file=stdout)
+            if args.scheduler_name:
+                print("--scheduler-name is not applied: the scheduler's certificate issued with the CA is kept "
+                      "(--force remakes everything)", file=stderr)
             return _report_added(directory, add(directory, named), stdout) if named.principals() else EXIT_OK
         cluster = DevCluster(
             agents=named.agents, routers=named.routers, users=named.users or ("alice",),

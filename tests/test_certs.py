@@ -79,6 +79,8 @@ def test_an_agent_or_a_user_is_added_to_an_existing_ca_with_one_command(tmp_path
     status, out, _ = arylctl("certs", "init", str(pki), "--agent", "gpu-1", "--agent", "gpu-4")
     assert status == 0 and "already holds a CA: kept" in out and "issued agent:gpu-4" in out
     assert (pki / "ca.key").read_bytes() == before["ca.key"] and (pki / "agent-gpu-4.crt").is_file()
+    status, _, err = arylctl("certs", "init", str(pki), "--scheduler-name", "sched.example")
+    assert status == 0 and "--scheduler-name is not applied" in err  # never silently ignored
 
 
 def test_add_refuses_what_it_cannot_do_and_says_what_to_do(tmp_path: Path) -> None:
