@@ -242,6 +242,10 @@ class SecurityConfig(ConfigSection):
     max_user_priority: int = Field(
         100, description="the highest job priority a user may ask for; above it only an admin may submit"
     )
+    allow_loader_env: bool = Field(
+        False, description="accept dynamic-loader variables (LD_PRELOAD, LD_LIBRARY_PATH: any LD_*) in a job's env; "
+                           "else SubmitJob refuses them, as the agents do unless their [users] allow_loader_env"
+    )
 
     def missing(self) -> list[str]:
         """The settings a secure start lacks (the service refuses to start without them)."""

@@ -259,7 +259,7 @@ class SchedulerService:
             SchedulerServicer(app, executor, notifier, policy_name=self.policy.name, clock_now=self.clock.now,
                               submissions=submissions, cancellations=cancellations,
                               policy=self.policy, log_reader=log_reader, stream_limits=stream_limits,
-                              forecasts=forecasts),
+                              forecasts=forecasts, allow_loader_env=cfg.security.allow_loader_env),
             server,
         )
         agent_pb2_grpc.add_AgentServiceServicer_to_server(

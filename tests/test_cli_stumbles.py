@@ -108,3 +108,36 @@ def test_restart_policy_reads_as_what_it_means(policy: int, restarts: int, text:
     from arylctl.cli import restart_text
 
     assert restart_text(types_pb2.JobSpec(restart_policy=policy, max_restarts=restarts)) == text
+
+
+def test_loader_variables_are_refused_at_submission(scheduler_factory, capsys) -> None:
+    """``--env LD_PRELOAD=...`` is refused by SubmitJob (INVALID_ARGUMENT naming the variable and the
+    settings), not only by the agent when the job is to start; SubmitJobs likewise. A scheduler with
+    security.allow_loader_env takes it."""
+    import grpc
+
+    from arylctl.cli import main
+    from protos.aryl.v1 import scheduler_pb2
+    from tests.harness import job_spec, scheduler_stub
+
+    strict = scheduler_factory()
+    code = main(["--server", strict.address, "submit", "--name", "ld", "--env", "LD_PRELOAD=/tmp/x.so", "--",
+                 "python3", "-c", "print(1)"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "spec.env['LD_PRELOAD']: is a dynamic-loader variable (LD_*), which the agents refuse" in err, err
+    assert "security.allow_loader_env" in err
+    channel, stub = scheduler_stub(strict.address)
+    with channel:
+        spec = job_spec("ld")
+        spec.env["LD_LIBRARY_PATH"] = "/opt/lib"
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.SubmitJobs(scheduler_pb2.SubmitJobsRequest(jobs=[scheduler_pb2.SubmitJobRequest(spec=spec)]))
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert refused.value.details().startswith("jobs[0].spec.env['LD_LIBRARY_PATH']")
+        assert stub.ListJobs(scheduler_pb2.ListJobsRequest()).jobs == []
+    allowing = scheduler_factory(security={"allow_loader_env": True})
+    channel, stub = scheduler_stub(allowing.address)
+    with channel:
+        job = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec)).job
+        assert job.spec.env["LD_LIBRARY_PATH"] == "/opt/lib"

@@ -140,8 +140,10 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
         log_reader: AgentLogReader | None = None,
         cancellations: GroupCommitter[tuple[int, str, str], JobInfo] | None = None,
         stream_limits: StreamLimits | None = None, forecasts: Forecasts | None = None,
+        allow_loader_env: bool = False,
     ) -> None:
         super().__init__(*args, stream_limits=stream_limits)
+        self._allow_loader_env = allow_loader_env  # security.allow_loader_env: LD_* in a job's env accepted
         self._forecasts = forecasts  # the ETA of each job (Job.eta_*) and WhatIf (``app.forecast``)
         # Each event converted once for all the streams that send it (1,000s may watch): insertion
         # order, the oldest dropped beyond EVENT_MESSAGES_KEPT. Used on the event loop only.
@@ -156,7 +158,8 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
     @rpc
     async def SubmitJob(self, request: scheduler_pb2.SubmitJobRequest, context: Any) -> scheduler_pb2.SubmitJobResponse:
         auth.own_spec(request.spec)
-        submission = validation.job_submission(request.spec, request.idempotency_key, now=self._now())
+        submission = validation.job_submission(request.spec, request.idempotency_key, now=self._now(),
+                                               allow_loader_env=self._allow_loader_env)
         # Admission feedback first: with scheduling.deadline_admission = reject, a job that would miss its
         # deadline is refused (FAILED_PRECONDITION) before anything is queued.
         admit = self.app.deadlines.admit  # without a deadline it reads nothing: no thread hop
@@ -200,7 +203,8 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
             # for the whole call (not the group committer: all or none, whatever else is submitted).
             for i, job in enumerate(request.jobs):
                 auth.own_spec(job.spec, f"jobs[{i}].spec")
-            subs = validation.job_submissions(request.jobs, request.array_indices, now=now)
+            subs = validation.job_submissions(request.jobs, request.array_indices, now=now,
+                                              allow_loader_env=self._allow_loader_env)
             records = self.app.jobs.submit_batch(subs, array=bool(request.array_indices))
             return scheduler_pb2.SubmitJobsResponse(jobs=[show(r) for r in records])
 

@@ -206,7 +206,21 @@ def _alone(field: FieldDescriptor, value: Any) -> types_pb2.JobSpec:
 _DATA_ALLOWED = " other than tab, newline and carriage return"
 
 
-def job_submission(spec: types_pb2.JobSpec, idempotency_key: str, *, now: float) -> JobSubmission:
+# A dynamic-loader variable (LD_PRELOAD, LD_LIBRARY_PATH: any LD_* name) loads code into every process of
+# the job. The agents refuse such a job when it is to start unless their [users] allow_loader_env
+# (``node_agent.identity``); it is refused here, at submission, where its owner learns it at once, unless the
+# scheduler's security.allow_loader_env says the agents take them.
+LOADER_ENV_PREFIX = "LD_"
+LOADER_ENV_REFUSAL = ("is a dynamic-loader variable (LD_*), which the agents refuse: set it inside the job's command "
+                      "(e.g. env LD_LIBRARY_PATH=... python3 train.py), or an agent passes its own with [users] "
+                      "pass_env; a cluster that allows them sets security.allow_loader_env on the scheduler and "
+                      "[users] allow_loader_env on the agents")
+
+
+def job_submission(spec: types_pb2.JobSpec, idempotency_key: str, *, now: float,
+                   allow_loader_env: bool = False) -> JobSubmission:
+    """``spec`` checked and turned into a submission; InvalidArgument names the first bad field.
+    ``allow_loader_env``: LD_* variables are accepted (security.allow_loader_env)."""
     # First: it bounds the work every other check does.
     _spec_size(spec)
     name = text("spec.name", spec.name, max_len=NAME_MAX, required=True)
@@ -233,6 +247,8 @@ def job_submission(spec: types_pb2.JobSpec, idempotency_key: str, *, now: float)
             raise InvalidArgument(f"spec.env[{key[:40]!r}]", "is not a valid variable name ([A-Za-z_][A-Za-z0-9_]*)")
         if key in RESERVED_ENV or key.startswith("ARYL_"):
             raise InvalidArgument(f"spec.env[{key!r}]", "is set by Aryl for every worker and cannot be overridden")
+        if key.startswith(LOADER_ENV_PREFIX) and not allow_loader_env:
+            raise InvalidArgument(f"spec.env[{key!r}]", LOADER_ENV_REFUSAL)
         if len(value) > MAX_ENV_VALUE:
             raise InvalidArgument(f"spec.env[{key!r}]", f"must be at most {MAX_ENV_VALUE} characters")
         _refuse_controls(f"spec.env[{key!r}]", value, DATA_CONTROL_CHARS, _DATA_ALLOWED)
@@ -366,7 +382,8 @@ def submitted_jobs_view(value: int) -> int:
 
 
 def job_submissions(
-    jobs: Sequence[scheduler_pb2.SubmitJobRequest], array_indices: Sequence[int], *, now: float
+    jobs: Sequence[scheduler_pb2.SubmitJobRequest], array_indices: Sequence[int], *, now: float,
+    allow_loader_env: bool = False,
 ) -> list[JobSubmission]:
     """Every job of a ``SubmitJobs`` call, checked as ``SubmitJob`` checks one; the first bad one
     refuses the call, its field named ``jobs[i].<field>``. With ``array_indices`` (one per job,
@@ -389,7 +406,7 @@ def job_submissions(
     keys: dict[tuple[str, str], int] = {}
     for i, request in enumerate(jobs):
         try:
-            sub = job_submission(request.spec, request.idempotency_key, now=now)
+            sub = job_submission(request.spec, request.idempotency_key, now=now, allow_loader_env=allow_loader_env)
         except InvalidArgument as exc:
             raise InvalidArgument(f"jobs[{i}].{exc.field}", exc.reason) from None
         if sub.idempotency_key:
