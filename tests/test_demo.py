@@ -13,6 +13,7 @@ then removed by the same function a run without ``--keep`` ends with."""
 from __future__ import annotations
 
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -62,7 +63,7 @@ def test_the_demo_story_its_output_and_its_folder(tmp_path: Path, monkeypatch: p
         return next(i for i, line in enumerate(lines) if text in line)
 
     timeline_starts = first("  event  ")
-    for announced in ("Compiling the scheduling kernels", "kernels ready in", "Starting the scheduler",
+    for announced in ("scheduling kernels ready in", "Starting the scheduler",
                       "scheduler answering", "Starting node agents", "agents registered", "Starting aryl-router"):
         assert first(announced) < timeline_starts, announced
     # The router's first demand (measured before any traffic) is shown before the midday traffic
@@ -82,3 +83,20 @@ def test_the_demo_story_its_output_and_its_folder(tmp_path: Path, monkeypatch: p
     # Without --keep the run ends by removing it with this function: then nothing is left.
     assert demo._remove(kept.resolve())
     assert list(tmp.iterdir()) == []
+
+
+def test_a_warm_start_does_not_announce_a_compile(capsys: pytest.CaptureFixture[str]) -> None:
+    """Kernels loaded from numba's cache (quickly) are only said to be ready; a compile (slow) is announced
+    while it runs."""
+    demo.prepare_kernels(lambda: None, patience_s=2.0)
+    warm = capsys.readouterr().out
+    assert "Compiling" not in warm and "scheduling kernels ready in" in warm and "loaded from numba's cache" in warm
+    demo.prepare_kernels(lambda: time.sleep(0.3), patience_s=0.05)
+    cold = capsys.readouterr().out
+    assert cold.index("Compiling the scheduling kernels") < cold.index("ready in") and "(compiled)" in cold
+
+    def broken() -> None:
+        raise RuntimeError("no compiler")
+
+    with pytest.raises(RuntimeError, match="no compiler"):
+        demo.prepare_kernels(broken)
