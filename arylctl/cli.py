@@ -390,8 +390,9 @@ def _job_row(job: types_pb2.Job, now: dt.datetime) -> list[object]:
 
 
 def eta_cell(job: types_pb2.Job) -> str:
-    """The scheduler's forecast (``Job.eta_*``), local ``MM-DD HH:MM``: a waiting job's expected start,
-    a running one's finish (``ends ...``); ``-`` without one."""
+    """The scheduler's forecast (``Job.eta_*``), local ``MM-DD HH:MM``: a waiting job's predicted start,
+    a running one's predicted finish (``ends ...``); ``-`` without one (never a guess: ``arylctl job ID``
+    says why)."""
     def when(ts: Timestamp) -> str:
         return ts.ToDatetime(tzinfo=dt.UTC).astimezone().strftime("%m-%d %H:%M")
 
@@ -432,10 +433,21 @@ def restart_text(spec: types_pb2.JobSpec) -> str:
 
 
 def prediction_text(job: types_pb2.Job) -> str:
-    """The predicted finish with its confidence, or ``-``."""
-    if not _is_set(job.predicted_finish):
+    """The predicted finish, one line (the one name for it): the forecast's (``eta_finish``: the queue, the
+    policy's resizes) where there is one, else the prediction at its current size while it runs; ``-``
+    with why when nothing says, never a guess."""
+    running = job.state in (types_pb2.JOB_STATE_RUNNING, types_pb2.JOB_STATE_SCALING)
+    confidence = f", confidence {job.prediction_confidence:.2f}" if _is_set(job.predicted_finish) else ""
+    if job.state in TERMINAL_JOB_STATES:
         return "-"
-    return f"{local_time(job.predicted_finish)} (confidence {job.prediction_confidence:.2f})"
+    if _is_set(job.eta_finish):
+        return f"{local_time(job.eta_finish)} (forecast of the cluster{confidence})"
+    if not _is_set(job.predicted_finish):
+        return ("- (no run-time estimate: none declared, e.g. submit --estimated-runtime, and no progress "
+                "reported yet)")
+    if running:
+        return f"{local_time(job.predicted_finish)} (at its current size{confidence})"
+    return "- (its start is unknown)" if job.eta_note else "- (no forecast yet)"
 
 
 EVENT_HEADERS: Final = ("ID", "TIME", "KIND", "JOB", "SERVER", "CHANGE", "REASON", "MESSAGE")
@@ -828,9 +840,9 @@ def describe_job(response: scheduler_pb2.GetJobResponse) -> str:
         ("Restart policy", restart_text(spec)),
         ("Deadline", local_time(spec.deadline) if spec.HasField("deadline") else "-"),
         *([("Deadline outlook", job.deadline_note)] if job.deadline_note and spec.HasField("deadline") else []),
+        *([("Predicted start", job.eta_note or local_time(job.eta_start))]
+          if _is_set(job.eta_start) or job.eta_note else []),
         ("Predicted finish", prediction_text(job)),
-        *([("Expected start", job.eta_note or local_time(job.eta_start))] if _is_set(job.eta_start) else []),
-        *([("Expected finish", local_time(job.eta_finish))] if _is_set(job.eta_finish) else []),
         ("Max runtime", duration_text(spec.max_runtime)),
         ("Estimated runtime", duration_text(spec.throughput.estimated_runtime)),
     ]

@@ -180,7 +180,8 @@ def test_the_service_serves_the_eta_after_a_cycle(scheduler_factory) -> None:
     assert "Expected to start around" in out.getvalue()
     out = io.StringIO()
     assert cli.main(["--server", scheduler.address, "job", b.job_id], stdout=out, stderr=err) == 0, err.getvalue()
-    assert "Expected start" in out.getvalue() and "Expected finish" in out.getvalue()
+    assert "Predicted start" in out.getvalue() and "(forecast of the cluster, confidence" in out.getvalue()
+    assert "Expected finish" not in out.getvalue()  # one name for the predicted finish
     out = io.StringIO()
     assert cli.main(["--server", scheduler.address, "jobs"], stdout=out, stderr=err) == 0, err.getvalue()
     header, *rows = out.getvalue().splitlines()
@@ -258,3 +259,51 @@ def test_forecasts_follow_cycles_at_most_at_their_interval_and_duty() -> None:
     assert not forecasts.due()
     clock.advance(0.1)
     assert forecasts.due()
+
+
+def test_a_job_without_a_run_time_estimate_gets_no_eta_but_a_labelled_guess() -> None:
+    """Issue 36: the forecast runs a job that declares no run time (and reported no progress) for the
+    default hour, but serves no ETA that rests on that: the job itself gets no predicted finish, and a
+    job waiting for it no predicted start or finish; its line gives the guess, labelled one."""
+    from scheduler_service.app.forecast import Forecasts
+    from tests.harness import ManualClock
+
+    def unknown(job: JobView) -> JobView:
+        return dataclasses.replace(job, throughput_points=(), total_work=0.0, work_done=0.0)
+
+    queue = hand_computed_queue()
+    first, second, third = queue.jobs
+    snapshot = dataclasses.replace(queue, jobs=(unknown(first), second, unknown(third)))
+    forecasts = Forecasts(lambda: snapshot, ManualClock(NOW), policy="fifo", params=PolicyParams(),
+                          settings=ForecastSettings(restart_overhead_s=0))
+    assert forecasts.refresh() is not None
+    running = forecasts.eta(1, pending=False)
+    assert running is not None and (running.start, running.finish) == (None, None)  # no guessed finish
+    waiting = forecasts.eta(2, pending=True)  # it waits for job 1, whose run time nobody knows
+    assert waiting is not None and (waiting.start, waiting.finish, waiting.after) == (None, None, (1,))
+    assert waiting.note.startswith("start unknown: it waits for job 1, whose run time is unknown")
+    assert "a guess, if it runs the default 1 h: around " in waiting.note
+    assert forecasts.latest is not None and forecasts.latest.get(2).start is not None  # the forecast did guess
+
+
+def test_the_service_serves_no_eta_for_a_job_without_an_estimate(scheduler_factory) -> None:
+    """On a real scheduler: a running job that declares no run time has no eta_finish (the API) and
+    ``arylctl job`` says why; ``arylctl jobs`` shows no ETA for it."""
+    scheduler = scheduler_factory(scheduling={"forecast_interval_s": 0})
+    channel, stub = scheduler_stub(scheduler.address)
+    register_fake_server(scheduler.address, "eta-2", gpus=1)
+    with channel:
+        a = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=job_spec("a")), timeout=5).job
+        running = wait_for(lambda: (j := stub.GetJob(scheduler_pb2.GetJobRequest(job_id=a.job_id), timeout=5).job)
+                           .HasField("started_at") and j.HasField("eta_made_at")
+                           and j.eta_made_at.ToSeconds() >= j.started_at.ToSeconds() and j, timeout=30,
+                           what="a forecast after job a started")
+        assert not running.HasField("eta_finish") and not running.HasField("predicted_finish")
+    out, err = io.StringIO(), io.StringIO()
+    assert cli.main(["--server", scheduler.address, "job", a.job_id], stdout=out, stderr=err) == 0, err.getvalue()
+    assert "Predicted finish:   - (no run-time estimate: none declared, e.g. submit --estimated-runtime" in (
+        out.getvalue()), out.getvalue()
+    out = io.StringIO()
+    assert cli.main(["--server", scheduler.address, "jobs"], stdout=out, stderr=err) == 0, err.getvalue()
+    header, row = out.getvalue().splitlines()
+    assert row[header.index("ETA"):].split()[0] == "-"

@@ -5,7 +5,12 @@ Both run the simulator's engine forward from the cluster's snapshot (``simulator
 policy code and cycle, a virtual clock, the jobs' predicted run times), never touching the cluster:
 the snapshot is read, the simulation works on its own copy, nothing is written.
 
-- *ETA*: ``refresh`` makes a forecast under the configured policy from a fresh snapshot; the service
+- *ETA*: a job's predicted start (while it waits) and finish, from the latest forecast. It never guesses
+  silently: a job with no run-time estimate of its own (no ``estimated_runtime``, no throughput points with
+  total work, no measured progress: ``core.predict.remaining_seconds`` knows nothing) gets no predicted
+  finish, and a waiting job whose start waits on such jobs gets no predicted start either; its line says
+  so, and what the forecast took in their place (``PolicyParams.default_runtime_s``), labelled a guess.
+  ``refresh`` makes a forecast under the configured policy from a fresh snapshot; the service
   calls it after a cycle (``scheduler_service.server``), at most one at a time, no sooner than
   ``min_gap_s`` after the previous one began and than ``MAX_DUTY`` of the time allows (a forecast that
   took 2 s waits 18 s more), so forecasts take a bounded share of the scheduler's time (and of its
@@ -40,7 +45,7 @@ from dataclasses import dataclass
 
 from scheduler_service.core.clock import Clock
 from scheduler_service.core.params import ParamError, PolicyParams, params_from_text
-from scheduler_service.core.predict import clock_time
+from scheduler_service.core.predict import clock_time, remaining_seconds
 from scheduler_service.core.registry import policies
 from scheduler_service.core.snapshot import ClusterSnapshot
 from scheduler_service.errors import Aborted, InvalidArgument
@@ -74,14 +79,40 @@ class JobEta:
     made_at: float
 
 
-def eta_note(job: JobForecast | None, forecast: Forecast, now: float) -> str:
-    """One line on when a pending job is expected to start, and after which jobs."""
+def unestimated_jobs(snapshot: ClusterSnapshot, alpha: float) -> frozenset[int]:
+    """The active jobs of ``snapshot`` whose remaining run time nothing measured or declared says
+    (``core.predict.remaining_seconds`` at their size now, ``min_workers`` while waiting): the forecast ran
+    them for ``default_runtime_s``, a guess."""
+    unknown = set()
+    for job in snapshot.jobs:
+        if job.state.is_terminal:
+            continue
+        size = job.num_workers if job.state.holds_gpus and job.workers else job.min_workers
+        if remaining_seconds(job, size, snapshot.now, alpha=alpha) is None:
+            unknown.add(job.job_id)
+    return frozenset(unknown)
+
+
+def _jobs_text(ids: tuple[int, ...]) -> str:
+    return f"job {ids[0]}" if len(ids) == 1 else f"jobs {', '.join(str(j) for j in ids)}"
+
+
+def eta_note(job: JobForecast | None, forecast: Forecast, now: float, *, guessed: tuple[int, ...] = (),
+             default_runtime_s: float = 0.0) -> str:
+    """One line on when a pending job is expected to start, and after which jobs. ``guessed``: the jobs
+    it waits for whose run time is unknown (the forecast's default, ``default_runtime_s``, stood in): the
+    start is then no prediction, and the line says so before the guess."""
     if job is None:
         return "no forecast for it yet (it arrived after the last one)"
     if job.start is None:
         if forecast.stop_reason == "stalled":
             return "not expected to start: the cluster as it is cannot place it (see why pending)"
         return f"not expected to start before {clock_time(forecast.horizon_end, now)} (the forecast's reach)"
+    if guessed:
+        unknown = _jobs_text(guessed)
+        return (f"start unknown: it waits for {unknown}, whose run time is unknown (no estimated_runtime, no "
+                f"progress reported yet); a guess, if {'it runs' if len(guessed) == 1 else 'each runs'} the "
+                f"default {default_runtime_s / 3600:g} h: around {clock_time(job.start, now)}")
     text = f"expected to start around {clock_time(job.start, now)}"
     if job.after:
         jobs = ", ".join(str(j) for j in job.after)
@@ -211,6 +242,8 @@ class Forecasts:
         self.settings = settings or ForecastSettings()
         self.min_gap_s = min_gap_s
         self._latest: Forecast | None = None
+        # The jobs of the latest forecast's snapshot with no run-time estimate (``unestimated_jobs``).
+        self._guessed: frozenset[int] = frozenset()
         self._running = threading.Lock()
         self._what_if = threading.Lock()
         self._last_began: float | None = None
@@ -236,24 +269,33 @@ class Forecasts:
         try:
             began = self._last_began = self._clock.monotonic()
             try:
-                made = self._run(self._snapshot(), self.policy, self.params, self.settings)
+                snapshot = self._snapshot()
+                made = self._run(snapshot, self.policy, self.params, self.settings)
+                guessed = unestimated_jobs(snapshot, self.params.amdahl_alpha)
             finally:
                 self._last_took = self._clock.monotonic() - began
-            self._latest = made
+            self._latest, self._guessed = made, guessed  # read together by ``eta`` (one reference each)
             return made
         finally:
             self._running.release()
 
     def eta(self, job_id: int, pending: bool) -> JobEta | None:
-        """``job_id``'s ETA from the latest forecast (None before the first one)."""
-        made = self._latest
+        """``job_id``'s ETA from the latest forecast (None before the first one). No predicted finish for a
+        job without a run-time estimate; no predicted start (nor finish) for a waiting job whose start
+        rests on such jobs: its note gives the forecast's guess, labelled so."""
+        made, unknown = self._latest, self._guessed
         if made is None:
             return None
         job = made.get(job_id)
-        note = eta_note(job, made, self._clock.now()) if pending else ""
         if job is None:
+            note = eta_note(job, made, self._clock.now()) if pending else ""
             return JobEta(None, None, (), note, made.made_at)
-        return JobEta(job.start if pending else None, job.finish, job.after if pending else (), note, made.made_at)
+        guessed = tuple(j for j in job.after if j in unknown) if pending else ()
+        note = eta_note(job, made, self._clock.now(), guessed=guessed,
+                        default_runtime_s=self.params.default_runtime_s) if pending else ""
+        start = job.start if pending and not guessed else None
+        finish = job.finish if job_id not in unknown and not guessed else None
+        return JobEta(start, finish, job.after if pending else (), note, made.made_at)
 
     def what_if(self, policy: str, changes: Mapping[str, str], inference_servers: int, horizon_s: float) -> WhatIf:
         """The next ``horizon_s`` under the configured policy and under ``policy`` ("" the configured one)
