@@ -5,8 +5,8 @@ ServeGen setup with every job mapped to one of the six Pollux models.
 Policies: ``sjf`` (separate clusters, jobs at their requested size), ``pollux`` (goodput and batch-size
 adaptation, no loaning), ``aryl`` (loaning, one joint sizing valued by each job's fitted goodput model, with
 the batch chosen for its allocation) and its ablations ``aryl-nogoodput`` (declared throughput only),
-``aryl-noloan`` and ``aryl-nojoint`` (the earlier two-step sizing). All run on the same simulated cluster, the
-same jobs and the same truth.
+``aryl-noloan``, ``aryl-nojoint`` (the earlier two-step sizing) and ``aryl-noshrink`` (no shrink-to-admit).
+All run on the same simulated cluster, the same jobs and the same truth.
 
 The setup and modelling choices, fixed before the section's full run (nothing here is tuned toward the
 target; the two changes made after the first small trial runs were modelling fixes, not picked by a
@@ -86,7 +86,7 @@ from simulator.load import demand_from_rate, load_servegen_rate
 from simulator.model import ClusterSpec, DemandPoint, TraceJob
 from simulator.traces import JobMapping, job_gpu_seconds, load_philly
 
-POLICIES = ("sjf", "pollux", "aryl-nogoodput", "aryl-noloan", "aryl-nojoint", "aryl")
+POLICIES = ("sjf", "pollux", "aryl-nogoodput", "aryl-noloan", "aryl-nojoint", "aryl-noshrink", "aryl")
 SEEDS = (0, 1, 2)
 WINDOW_DAYS = 1.0
 WINDOWS = (WINDOW_DAYS, 2.0, 7.0)  # the first day, 2 days and 7 days (module doc: why not longer)
@@ -418,6 +418,7 @@ def _window_text(days: float, runs: dict[str, dict[int, dict[str, Any]]], sizes:
     lines = []
     behind_pollux: list[str] = []
     for other, what in (("pollux", "the peer"), ("aryl-nojoint", "what the joint sizing adds"),
+                        ("aryl-noshrink", "what shrink-to-admit adds"),
                         ("aryl-noloan", "what loaning adds"), ("aryl-nogoodput", "what the goodput model adds"),
                         ("sjf", "the baseline")):
         if other not in policies:
@@ -494,7 +495,8 @@ run-time estimate (`{ESTIMATES}`: the truth x exp(0.8 z)); the clairvoyant row f
 (separate clusters), `pollux` (goodput + batch-size adaptation, no loaning), and `aryl` (loaning; one joint
 sizing of every queued and running elastic job by completion rates, valued by each job's goodput model fitted
 online, with the batch chosen for its allocation) with its ablations: `aryl-nojoint` (the earlier two steps:
-queued gangs shortest-first, then extras into the GPUs left over, by the JCT they cut), `aryl-noloan` (no
+queued gangs shortest-first, then extras into the GPUs left over, by the JCT they cut), `aryl-noshrink` (no
+shrink-to-admit: a queued gang starts on free GPUs only, running jobs keep their extras), `aryl-noloan` (no
 loaning) and `aryl-nogoodput` (declared throughput only). Seeds {", ".join(map(str, SEEDS))} (elastic, model
 and estimate draws); mean (min..max) over seeds. This section took {wall_s:.0f} s.
 

@@ -25,8 +25,8 @@ Scenarios (all seeded, deterministic):
    aryl, with resources short and sufficient, tight and loose deadlines.
 6. **DL2** (``dl2``, ``simulator/eval_dl2.py``): drf, optimus and the learned dl2 after warm-up and after RL.
 7. **Loaning + goodput** (``goodput``, ``simulator/eval_goodput.py``): sjf, pollux, aryl and its ablations
-   (aryl-nogoodput, aryl-noloan, aryl-nojoint) on Philly + ServeGen with jobs mapped to the six Pollux models,
-   on the first 1, 2 and 7 days, non-clairvoyant, with a clairvoyant row.
+   (aryl-nogoodput, aryl-noloan, aryl-nojoint, aryl-noshrink) on Philly + ServeGen with jobs mapped to the six
+   Pollux models, on the first 1, 2 and 7 days, non-clairvoyant, with a clairvoyant row.
 """
 
 from __future__ import annotations

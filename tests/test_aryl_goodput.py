@@ -146,7 +146,7 @@ def test_the_goodput_section_runs_on_a_tiny_trace() -> None:
     for j in jobs:  # work in the model's units: the traced time at the requested size with its own batch
         assert j.work / dict(j.throughput)[j.min_workers] == pytest.approx(1800.0 * (1 + j.job_id % 3))
     spec = ClusterSpec(1, 1, gpus_per_server=8)
-    policies = ("sjf", "pollux", "aryl-nogoodput", "aryl-nojoint", "aryl")
+    policies = ("sjf", "pollux", "aryl-nogoodput", "aryl-nojoint", "aryl-noshrink", "aryl")
     runs = {p: {0: figures(run_goodput(jobs, truths, [], p, seed=0, spec=spec, estimates="lognormal:0.8"),
                            "lognormal:0.8")} for p in policies}
     assert all(r[0]["completed"] == len(jobs) for r in runs.values())
@@ -156,7 +156,7 @@ def test_the_goodput_section_runs_on_a_tiny_trace() -> None:
     exact = {0: figures(run_goodput(jobs, truths, [], "aryl", seed=0, spec=spec), "exact")}
     text = render([(1.0, runs, sizes, spec)], exact, 1.0)
     assert "| aryl |" in text and "`aryl` vs `pollux`" in text and "Clairvoyant row" in text
-    assert "(what the joint sizing adds)" in text
+    assert "(what the joint sizing adds)" in text and "(what shrink-to-admit adds)" in text
     # the report is regenerated from summaries.json's raw figures (JSON keys are strings) to the same text
     raw = {"runs": runs, "jobs": sizes, "training_servers": 1, "inference_servers": 1, "wall_s": 1.0,
            "windows": {"1": {"days": 1.0, "jobs": sizes, "training_servers": 1, "inference_servers": 1,

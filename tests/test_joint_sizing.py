@@ -139,6 +139,14 @@ def test_a_queue_within_its_quota_goes_before_a_shorter_job_that_borrows() -> No
     assert [s.job_id for s in result.starts] == [3]
 
 
+def test_the_no_shrink_ablation_leaves_running_jobs_their_extras() -> None:
+    # The shrink-to-admit case, under aryl-noshrink: job 2 finds no free GPUs and waits; job 1 keeps 2 workers.
+    jobs = [elastic_on_four_gpus(36000), pending_job(2, 2)]
+    result = plan("aryl-noshrink", snapshot_of([training_server("t")], jobs))
+    assert result.starts == () and result.scales == ()
+    assert [p.job_id for p in result.pending] == [2]
+
+
 def test_the_two_step_ablation_starts_every_gang_it_can_first() -> None:
     # aryl-nojoint (the earlier policy): queued gangs first, over other jobs' extras, whatever they are worth.
     result = plan("aryl-nojoint", snapshot_of([training_server("t")], [elastic_on_four_gpus(6350), pending_job(2, 2)]))

@@ -118,9 +118,11 @@ class ArylPolicy:
     fitted model are decided exactly as without it."""
 
     def __init__(self, name: str, params: PolicyParams, *, loaning: bool, elastic: bool,
-                 naive_reclaim: bool = False, goodput: bool = False, joint: bool = False) -> None:
+                 naive_reclaim: bool = False, goodput: bool = False, joint: bool = False, shrink: bool = True
+                 ) -> None:
         self.name = name
         self.joint = joint and elastic
+        self.shrink = shrink  # queued gangs may take running jobs' extra workers (shrink-to-admit)
         self.params = params
         self.loaning = loaning
         self.elastic = elastic
@@ -146,8 +148,8 @@ class ArylPolicy:
                                        f"policy {self.name!r} never loans inference servers to training")
         cycle.rebuild_capacity()
         if self.joint:
-            joint_sizing(cycle)
-        base_demands(cycle, joint=self.joint, loaning=self.loaning)
+            joint_sizing(cycle, shrink=self.shrink)
+        base_demands(cycle, joint=self.joint, loaning=self.loaning, shrink=self.shrink)
         if self.elastic:
             elastic_extras(cycle, joint=self.joint)
         else:
@@ -179,10 +181,10 @@ class ArylPolicy:
 
 
 def _register(name: str, *, loaning: bool, elastic: bool, naive_reclaim: bool = False, goodput: bool = False,
-              joint: bool = True) -> None:
+              joint: bool = True, shrink: bool = True) -> None:
     policies.register(name)(
         lambda params: ArylPolicy(name, params, loaning=loaning, elastic=elastic, naive_reclaim=naive_reclaim,
-                                  goodput=goodput, joint=joint)
+                                  goodput=goodput, joint=joint, shrink=shrink)
     )
 
 
@@ -199,3 +201,6 @@ _register("aryl-nogoodput", loaning=True, elastic=True)
 # other jobs' extras), then the spare GPUs to running jobs by the JCT reduction they buy -- instead of one
 # joint decision over every running and queued job.
 _register("aryl-nojoint", loaning=True, elastic=True, goodput=True, joint=False)
+# The shrink-to-admit ablation: the full policy, but a queued gang starts only on free GPUs -- running jobs keep
+# their extra workers (the joint sizing shares out the free GPUs alone; step 3 still resizes running jobs).
+_register("aryl-noshrink", loaning=True, elastic=True, goodput=True, shrink=False)

@@ -25,10 +25,11 @@ from scheduler_service.lifecycle import Pool
 from scheduler_service.policies.aryl.cycle import _Cycle, _Job, _ledger, _placed, _work_lost, _Worker
 
 
-def base_demands(cycle: _Cycle, *, joint: bool, loaning: bool) -> None:
+def base_demands(cycle: _Cycle, *, joint: bool, loaning: bool, shrink: bool = True) -> None:
     """Step 1: the queue's gangs at ``min_workers``, in order (the module doc). ``joint``: the joint sizing
     ran first (``sizing.joint_sizing``: starving jobs are not put first, its deferred jobs go last);
-    ``loaning``: the policy may place on inference servers (what can never fit)."""
+    ``loaning``: the policy may place on inference servers (what can never fit); ``shrink`` False (the
+    ``aryl-noshrink`` ablation): a gang starts on free GPUs only, never over other jobs' extras."""
     p, snap = cycle.params, cycle.snapshot
 
     def starving(job: JobView) -> bool:
@@ -83,7 +84,7 @@ def base_demands(cycle: _Cycle, *, joint: bool, loaning: bool) -> None:
             continue
         exclude = _exclusion(cycle, job)
         workers = cycle.capacity.place_gang(job, job.min_workers, pools=TRAINING_FIRST, exclude=exclude)
-        if workers is None and not any(
+        if workers is None and shrink and not any(
             g <= job.gpus_per_worker and n <= job.min_workers for g, n in no_fit
         ):
             workers = _place_over_extras(cycle, job, exclude)

@@ -84,7 +84,7 @@ def _rate_bonus(seconds: list[float] | None, rates: list[float]) -> list[float]:
     return [b * rates[0] * r for b, r in zip(seconds, rates[1:], strict=True)]
 
 
-def joint_sizing(cycle: _Cycle) -> None:
+def joint_sizing(cycle: _Cycle, *, shrink: bool = True) -> None:
     """Step 1's admissions, decided jointly with step 2's extras: one multiple-choice knapsack
     (``solvers.knapsack``) over every queued job (wait, or start at ``min_workers .. max_workers``) and
     every running elastic job outside its protection window (``min_workers`` plus 0 .. its extras), on the
@@ -94,11 +94,12 @@ def joint_sizing(cycle: _Cycle) -> None:
     others wait (``cycle.deferred``; ``base._start_deferred`` gives them what admitted gangs could not use).
     Running jobs in their protection window, and queued jobs their queue's quota stops, are outside it:
     step 1 handles them as before. A starving job is not put first: its response ratio has grown; if its
-    gang finds no room, step 1 reserves servers for it."""
+    gang finds no room, step 1 reserves servers for it. ``shrink`` False (the ``aryl-noshrink`` ablation):
+    no running job is in it, so it shares out the free GPUs alone."""
     p, snap = cycle.params, cycle.snapshot
     now, restart = snap.now, p.restart_cost_s
     open_jobs = sorted((j for j in cycle.running.values()
-                        if j.view.max_workers > j.view.min_workers and j.view.job_id not in cycle.protected),
+                        if shrink and j.view.max_workers > j.view.min_workers and j.view.job_id not in cycle.protected),
                        key=lambda j: j.view.job_id)
     # Nothing new goes on a cordoned server (``core.placement``): its free GPUs, and extras there, are not shared out.
     cordoned = {sid for sid, server in cycle.servers.items() if server.cordoned}
