@@ -91,7 +91,7 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     trace = parser.add_argument_group("job trace")
     trace.add_argument("--trace-format", choices=("philly", "pollux", "generic"), required=True,
                        help="philly: the Pollux-preprocessed Philly CSV; pollux: a Pollux workload CSV "
-                            "(needs --profiles-dir); generic: the README's job CSV")
+                            "(needs --profiles-dir); generic: the job CSV of docs/simulator.md")
     trace.add_argument("--trace", type=Path, required=True, help="the trace file (plain or .gz)")
     trace.add_argument("--job-model", choices=("throughput", "goodput"), default="throughput",
                        help="throughput: jobs as the scheduler sees them (the default); goodput: a Pollux workload "

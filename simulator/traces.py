@@ -794,7 +794,7 @@ def load_generic_csv(
     profiles_dir: str | Path | None = None,
     limit: int | None = None,
 ) -> list[TraceJob]:
-    """Load the generic job CSV documented in the README (plain or gzip).
+    """Load the generic job CSV documented in docs/simulator.md (plain or gzip).
 
     Columns (header names; only the first three are required, unknown names are an error):
     ``submit_time`` (s since trace start, >= 0), ``gpus_per_worker`` (>= 1), ``min_workers`` (>= 1),
