@@ -45,10 +45,11 @@ def default_starved_warning(queues: list[scheduler_pb2.Queue], changed: str) -> 
     if default is None or default.quota_gpus > 0 or changed == "default" or not (default.quota_is_rest
                                                                                    or not default.configured):
         return None
-    return (f"warning: the queues' quotas now take every training GPU, which leaves queue `default` no GPUs: jobs "
-            f"submitted without --queue will wait (WAITING_FOR_QUOTA) on idle GPUs, or borrow only what its cohort "
-            f"lends. Give default some with smaller quotas ({PROG} queues set {changed} --quota N, or {PROG} queues "
-            f"set default --quota N), or undo with {PROG} queues delete {changed}")
+    return (f"warning: this leaves queue `default` no GPUs (its quota is the rest, what the other queues' quotas "
+            f"leave of the training GPUs: 0 now): jobs submitted without --queue will wait (WAITING_FOR_QUOTA) on "
+            f"idle GPUs, or borrow only what its cohort lends. Give default some with smaller quotas ({PROG} queues "
+            f"set {changed} --quota N, or {PROG} queues set default --quota N), or undo with {PROG} queues delete "
+            f"{changed}")
 
 
 def add_queue_commands(add: Callable[..., argparse.ArgumentParser], common: argparse.ArgumentParser,

@@ -196,7 +196,14 @@ def test_deleting_queues_gives_default_back_the_rest(scheduler, capsys) -> None:
     assert arylctl("create", "vision", "--quota", "2")[0] == 0
     code, _, err = arylctl("create", "nlp", "--quota", "2")
     assert code == 0, err
-    assert "leaves queue `default` no GPUs" in err and "arylctl queues delete nlp" in err, err
+    assert "this leaves queue `default` no GPUs" in err and "arylctl queues delete nlp" in err, err
+    channel, stub = scheduler_stub(scheduler.address)
+    with channel:  # a job of default: explain says its quota is the rest
+        waiting = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=job_spec("w", gpus=1))).job.job_id
+        answer = wait_for(lambda: (a := stub.ExplainJob(scheduler_pb2.ExplainJobRequest(job_id=waiting)))
+                          and "WAITING_FOR_QUOTA" in a.summary and a, timeout=15)
+        assert "its 0-GPU quota (the rest: what the other queues' quotas leave)" in answer.queue_status
+        stub.CancelJob(scheduler_pb2.CancelJobRequest(job_id=waiting))
     code, _, err = arylctl("set", "default", "--cohort", "")
     assert code == 0, err
     channel, stub = scheduler_stub(scheduler.address)

@@ -120,5 +120,7 @@ def describe(status: QueueStatus) -> str:
     """One line on a queue for ``ExplainJob``: usage against quota, borrowing, what the cohort has idle."""
     limit = f"borrow limit {status.borrow_limit_gpus}" if status.borrow_limit_gpus is not None else "no borrow limit"
     cohort = f"cohort `{status.cohort}`" if status.cohort else "no cohort"
-    return (f"queue `{status.name}`: {status.used_gpus} GPU(s) in use of its {status.quota_gpus}-GPU quota, "
+    quota = f"{status.quota_gpus}-GPU quota" + (" (the rest: what the other queues' quotas leave)"
+                                                  if status.quota_is_rest else "")
+    return (f"queue `{status.name}`: {status.used_gpus} GPU(s) in use of its {quota}, "
             f"{status.borrowed_gpus} borrowed ({limit}; {cohort}: {status.cohort_idle_gpus} idle)")
