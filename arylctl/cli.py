@@ -1598,13 +1598,15 @@ def build_parser() -> argparse.ArgumentParser:
                         help="with --batch-size: the largest batch one GPU fits in one pass (default: INIT's share "
                              "per GPU at --min-workers)")
     submit.add_argument("--env", type=_env_pair, action="append", metavar="NAME=VALUE",
-                        help="a variable for the workers; repeatable (default: none; LD_* are refused)")
+                        help="a variable for the workers; repeatable (default: none; LD_* are refused unless "
+                             "the cluster allows them)")
     submit.add_argument("--deadline", type=_deadline, metavar="TIME",
                         help="when the job should be finished: an ISO 8601 time (2026-11-24T18:00Z; local time "
                              "unless an offset is given) or a time from now (6h, 90m, 1h30m, 2d); the answer says "
                              "whether it looks feasible (default: none)")
     submit.add_argument("--max-runtime", type=_non_negative, metavar="SECONDS",
-                        help="the job is stopped and FAILS after running this long (default: no limit)")
+                        help="a run-time limit recorded with the job; the scheduler does not enforce it yet "
+                             "(default: none)")
     submit.add_argument("--restart-policy", choices=sorted(RESTART_POLICIES),
                         help="restart a failed job? on_failure restarts it up to --max-restarts times (default: "
                              "on_failure, with --max-restarts 0: never restarted)")
