@@ -194,7 +194,7 @@ def simulate(
     if wrap_state is not None:
         state = wrap_state(state)
     # A name is built from the registry; an instance (training's sampling ``dl2``) runs as the registry would.
-    decider = create_policy(policy, params) if isinstance(policy, str) else FaultsFirst(policy)
+    decider = create_policy(policy, params) if isinstance(policy, str) else FaultsFirst(policy, params)
     cycle = SchedulingCycle(state, decider, clock, seed=seed)
 
     arrivals = sorted(jobs, key=lambda j: (j.submit_time, j.job_id))

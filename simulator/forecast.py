@@ -38,7 +38,7 @@ from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.plan import ApplyResult, Plan, ScaleJob, StartJob
 from scheduler_service.core.predict import remaining_seconds
 from scheduler_service.core.registry import FaultsFirst, Policy
-from scheduler_service.core.snapshot import ClusterSnapshot, ServerView
+from scheduler_service.core.snapshot import ClusterSnapshot, ServerView, derived
 from scheduler_service.core.throughput import estimate
 from scheduler_service.cycle import ClusterState
 from scheduler_service.lifecycle import Pool, ServerState
@@ -266,13 +266,12 @@ def with_inference_servers(snapshot: ClusterSnapshot, change: int) -> ClusterSna
                        state_since=snapshot.now - 86400.0, gpu_type=gpu_type)
             for k in range(change)
         )
-        return dataclasses.replace(snapshot, servers=snapshot.servers + added, _by_id={})
+        return derived(snapshot, servers=snapshot.servers + added)
     idle = [s for s in inference if s.state == ServerState.SERVING and not s.allocated and not s.cordoned]
     if len(idle) < -change:
         raise ValueError(f"cannot remove {-change} inference server(s): {len(idle)} are serving and idle")
     gone = {s.server_id for s in sorted(idle, key=lambda s: s.server_id)[change:]}
-    return dataclasses.replace(snapshot, servers=tuple(s for s in snapshot.servers if s.server_id not in gone),
-                               _by_id={})
+    return derived(snapshot, servers=tuple(s for s in snapshot.servers if s.server_id not in gone))
 
 
 def _rebased(result: SimulationResult, origin: float) -> SimulationResult:

@@ -28,7 +28,7 @@ from scheduler_service.core.plan import (
     WorkerPlacement,
 )
 from scheduler_service.core.registry import PolicyRegistry, ReclaimPreviewUnsupported, policies
-from scheduler_service.core.snapshot import ClusterSnapshot, JobView, ServerView
+from scheduler_service.core.snapshot import ClusterSnapshot, JobView, QueueView, ServerView
 from scheduler_service.cycle import SchedulingCycle
 from scheduler_service.lifecycle import JobState, Pool, ServerState
 from scheduler_service.policies import create_policy
@@ -426,3 +426,23 @@ def test_preview_reclaim_answers_failed_precondition_under_a_policy_that_does_no
         assert "policy 'fifo' does not loan" in err.value.details()
     finally:
         channel.close()
+
+
+def test_the_evicting_cycle_keeps_the_queues_gpu_speeds_and_loan_note() -> None:
+    # Queue "vision" has a quota of 2 GPUs and may not borrow. Job 1 (vision) holds 2 GPUs of server a; job 3
+    # was on x, now LOST, so this cycle evicts it. Job 2 (vision, 2 GPUs) must still wait for its quota in this
+    # cycle: the snapshot the policy sees after the evictions keeps the queues (it was rebuilt without them).
+    vision = QueueView("vision", 2, borrow_limit_gpus=0)
+    running = dataclasses.replace(job(1, [("a", (0,)), ("a", (1,))], low=2), queue="vision")
+    lost = job(3, [("x", (0,))], low=1)
+    waiting = dataclasses.replace(pending_job(2, 2), queue="vision")
+    snap = dataclasses.replace(snapshot([server("a"), server("x", state=LOST)], [running, lost, waiting]),
+                               queues=(vision,), gpu_speed=(("a100", 2.0),), loan_note="none loaned")
+    found = evictions(snap)
+    assert (found.after.queues, found.after.gpu_speed, found.after.loan_note) == (
+        (vision,), (("a100", 2.0),), "none loaned")
+    plan = create_policy("aryl", PolicyParams()).schedule(snap)
+    assert [p.job_id for p in plan.preemptions] == [3]
+    assert plan.starts == ()
+    [held] = [p for p in plan.pending if p.job_id == 2]
+    assert held.reason == Reason.QUOTA_BORROW_LIMIT  # at its quota, and it may not borrow

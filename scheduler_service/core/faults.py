@@ -48,7 +48,7 @@ from operator import attrgetter
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.plan import KeepSize, Plan, PreemptJob, Reason, ScaleJob, WorkerPlacement, clock_time
 from scheduler_service.core.protection import Mechanism, Protection, overridden, protection
-from scheduler_service.core.snapshot import AdminState, ClusterSnapshot, JobView, ServerView, WorkerView
+from scheduler_service.core.snapshot import AdminState, ClusterSnapshot, JobView, ServerView, WorkerView, derived
 from scheduler_service.lifecycle import JobState, ServerState
 
 _rank = attrgetter("rank")
@@ -133,8 +133,8 @@ def plan_evictions(snapshot: ClusterSnapshot, params: PolicyParams | None = None
     if not scales and not preemptions:
         return Evictions((), (), snapshot, tuple(held)) if held else None
     servers = tuple(_without(s, freed[s.server_id]) if s.server_id in freed else s for s in snapshot.servers)
-    after = ClusterSnapshot(now=snapshot.now, servers=servers, jobs=tuple(jobs), demand=snapshot.demand,
-                            seed=snapshot.seed)
+    # Derived, not rebuilt: the queues, GPU speeds and loan note hold in the cycle that evicts too.
+    after = derived(snapshot, servers=servers, jobs=tuple(jobs))
     return Evictions(tuple(scales), tuple(preemptions), after, tuple(held))
 
 

@@ -236,6 +236,15 @@ class ClusterSnapshot:
         return self._by_id[server_id]
 
 
+def derived(snapshot: ClusterSnapshot, *, servers: tuple[ServerView, ...] | None = None,
+            jobs: tuple[JobView, ...] | None = None) -> ClusterSnapshot:
+    """``snapshot`` with its servers and/or jobs changed and every other field kept (time, demand, seed,
+    queues, GPU speeds, the loan note): the one way to derive a snapshot. Its server index starts empty (a
+    copied one would hand out the old servers)."""
+    return replace(snapshot, servers=snapshot.servers if servers is None else servers,
+                   jobs=snapshot.jobs if jobs is None else jobs, _by_id={})
+
+
 def without_jobs(snapshot: ClusterSnapshot, preempted: set[int]) -> ClusterSnapshot:
     """The snapshot as preempting the jobs ``preempted`` leaves it: their GPUs free, the jobs PENDING with no
     workers. The snapshot itself when there are none."""
@@ -245,4 +254,4 @@ def without_jobs(snapshot: ClusterSnapshot, preempted: set[int]) -> ClusterSnaps
                     for s in snapshot.servers)
     jobs = tuple(replace(j, state=JobState.PENDING, workers=()) if j.job_id in preempted else j
                  for j in snapshot.jobs)
-    return replace(snapshot, servers=servers, jobs=jobs, _by_id={})
+    return derived(snapshot, servers=servers, jobs=jobs)
