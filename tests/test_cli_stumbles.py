@@ -136,6 +136,7 @@ def test_loader_variables_are_refused_at_submission(scheduler_factory, capsys) -
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert refused.value.details().startswith("jobs[0].spec.env['LD_LIBRARY_PATH']")
         assert stub.ListJobs(scheduler_pb2.ListJobsRequest()).jobs == []
+    strict.stop()  # one scheduler at a time leads a PostgreSQL database
     allowing = scheduler_factory(security={"allow_loader_env": True})
     channel, stub = scheduler_stub(allowing.address)
     with channel:
