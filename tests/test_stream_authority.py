@@ -2,6 +2,8 @@
 
 - Revocation reaches open streams: a user's WatchEvents and an agent's WatchDesiredState end with
   UNAUTHENTICATED once their token leaves the token file (``api.auth._OpenStreams``).
+- So does time: a stream opened with a client certificate that expires while it runs ends with
+  UNAUTHENTICATED naming the expiry, and a new connection with an expired certificate is refused.
 - Stream places are counted per principal, whatever addresses it connects from, and the last places
   are reserved for routers and admins: one user cannot starve a router's WatchServingPool
   (``api.stream_limits``).
@@ -12,14 +14,20 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
 import os
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from aryl_common import security
 from aryl_common.security import ClientSecurity, Principal
@@ -188,6 +196,120 @@ def test_revoking_a_token_ends_its_open_watch_and_desired_state_streams(live: An
             await _wait(lambda: handle.service.stream_limits.open == 1, "alice's place released")
             kept.cancel()
             await asyncio.gather(bobs, return_exceptions=True)
+
+    asyncio.run(scenario())
+
+
+# ---------------------------------------------------------------------------------------------
+# A certificate that expires during a stream
+
+
+def _certificate(directory: Path, stem: str, common_name: str, not_after: datetime.datetime) -> tuple[str, str]:
+    """A client certificate from the session's CA, as ``arylctl certs`` issues them but valid only until
+    ``not_after`` (whole seconds: X.509 times carry no fraction); its certificate's and key's paths."""
+    ca_dir = pki().dir
+    ca_cert = x509.load_pem_x509_certificate((ca_dir / "ca.crt").read_bytes())
+    ca_key = serialization.load_pem_private_key((ca_dir / "ca.key").read_bytes(), password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(not_after - datetime.timedelta(hours=1))
+        .not_valid_after(not_after)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(common_name)]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    cert_path, key_path = directory / f"{stem}.crt", directory / f"{stem}.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return str(cert_path), str(key_path)
+
+
+def _channel_with(handle: ServerHandle, principal: str, cert: tuple[str, str]) -> grpc.aio.Channel:
+    """A channel presenting ``cert`` and ``principal``'s token; its own connection (no subchannel shared
+    with another test's channel to the same address)."""
+    creds = ClientSecurity(ca_file=pki().path("ca.crt"), cert_file=cert[0], key_file=cert[1],
+                           token=pki().token(principal))
+    return security.secure_aio_channel(handle.address, creds, [("grpc.use_local_subchannel_pool", 1)])
+
+
+def _whole_seconds_from_now(seconds: float) -> datetime.datetime:
+    return datetime.datetime.fromtimestamp(int(time.time() + seconds) + 1, datetime.UTC)
+
+
+@pytest.mark.timeout(300)
+def test_a_certificate_that_expires_ends_its_open_watch_and_desired_state_streams(live: Any, tmp_path: Path) -> None:
+    handle, _ = live
+    # Long enough to open the streams on a loaded machine (ARYL_TEST_TIMEOUT_FACTOR stretches it), short
+    # enough that the test waits for the expiry itself: a real clock and a real TLS connection, no fakes.
+    not_after = _whole_seconds_from_now(scaled_timeout(4))
+    alices = _certificate(tmp_path, "alice-short", "aryl-client", not_after)
+    agents = _certificate(tmp_path, "gpu-1-short", "gpu-1", not_after)
+
+    async def scenario() -> None:
+        async with _channel_with(handle, "user:alice", alices) as alice, \
+                _channel_with(handle, "agent:gpu-1", agents) as agent, \
+                channel_as(handle, "user:bob") as bob:
+            agent_stub = agent_pb2_grpc.AgentServiceStub(agent)
+            registered = await agent_stub.RegisterServer(agent_pb2.RegisterServerRequest(
+                hostname="gpu-1", pool=types_pb2.POOL_TRAINING, agent_address="gpu-1", agent_version="test",
+                gpus=[agent_pb2.GpuInfo(index=0, uuid="GPU-gpu-1-0", model="Fake", memory_total_bytes=1 << 30)]),
+                timeout=scaled_timeout(30))
+            desired = agent_stub.WatchDesiredState(agent_pb2.WatchDesiredStateRequest(
+                server_id=registered.server_id))
+            await desired.read()  # open and served
+            watch = scheduler_pb2_grpc.SchedulerServiceStub(alice).WatchEvents(scheduler_pb2.WatchEventsRequest())
+            kept = scheduler_pb2_grpc.SchedulerServiceStub(bob).WatchEvents(scheduler_pb2.WatchEventsRequest())
+            ends = [asyncio.create_task(_ended(call)) for call in (watch, desired)]
+            bobs = asyncio.create_task(_ended(kept))
+            await _wait(lambda: handle.service.stream_limits.open == 2, "both watch streams")
+            opened_at = time.time()
+            assert opened_at < not_after.timestamp(), (
+                f"the streams took {opened_at - not_after.timestamp() + scaled_timeout(4):.1f} s to open, past "
+                "the certificates' validity: raise ARYL_TEST_TIMEOUT_FACTOR")
+
+            # Bound: the certificate's notAfter + auth.STREAM_RECHECK_S (1 s); generous here.
+            waited = not_after.timestamp() - opened_at + scaled_timeout(30)
+            for ended in await asyncio.wait_for(asyncio.gather(*ends), timeout=waited):
+                assert ended.code() == grpc.StatusCode.UNAUTHENTICATED, ended
+                details = ended.details() or ""
+                assert "expired at" in details and not_after.strftime("%Y-%m-%d %H:%M:%S") in details, details
+                assert "connect again with a certificate valid now" in details, details  # the fix
+            assert time.time() >= not_after.timestamp()  # not before its time
+            assert not bobs.done()  # a certificate still valid keeps its stream
+            await _wait(lambda: handle.service.stream_limits.open == 1, "alice's place released")
+            kept.cancel()
+            await asyncio.gather(bobs, return_exceptions=True)
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.timeout(300)
+def test_a_new_connection_with_an_expired_certificate_is_refused(live: Any, tmp_path: Path) -> None:
+    handle, _ = live
+    expired = _certificate(tmp_path, "alice-expired", "aryl-client",
+                           datetime.datetime.now(datetime.UTC).replace(microsecond=0) - datetime.timedelta(minutes=1))
+
+    async def scenario() -> None:
+        async with channel_as(handle, "user:alice") as valid:  # the same call is answered with a valid one
+            await scheduler_pb2_grpc.SchedulerServiceStub(valid).GetCluster(
+                scheduler_pb2.GetClusterRequest(), timeout=scaled_timeout(30))
+        async with _channel_with(handle, "user:alice", expired) as alice:
+            stub = scheduler_pb2_grpc.SchedulerServiceStub(alice)
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub.GetCluster(scheduler_pb2.GetClusterRequest(), timeout=scaled_timeout(30))
+            # The TLS handshake fails (UNAVAILABLE), or, had it passed, the call is refused (UNAUTHENTICATED).
+            assert refused.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNAUTHENTICATED), refused
+            watch_refused = await _ended(stub.WatchEvents(scheduler_pb2.WatchEventsRequest()))
+            assert watch_refused.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNAUTHENTICATED)
+        assert handle.service.stream_limits.open == 0
 
     asyncio.run(scenario())
 

@@ -340,6 +340,13 @@ def certificate_expiry(auth_context: Mapping[str, Any]) -> float | None:
     return None
 
 
+def certificate_expired(who: Principal, expires: float) -> str:
+    """Why a stream of ``who`` ended when its client certificate expired (at ``expires``), and the fix."""
+    when = datetime.datetime.fromtimestamp(expires, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return (f"the client certificate of {who} expired at {when} (its notAfter); connect again with a "
+            "certificate valid now, issued by the cluster's CA (docs/security.md)")
+
+
 class _Stream:
     __slots__ = ("context", "ended", "expires", "method", "principal", "task", "token_hash", "waiting")
 
@@ -393,8 +400,7 @@ class _OpenStreams:
                     await self._end(stream, f"the token of {stream.principal} was revoked or changed in the token "
                                             "file (security.tokens_file); authenticate again to watch")
                 elif stream.expires is not None and now >= stream.expires:
-                    await self._end(stream, f"the client certificate of {stream.principal} expired; present a "
-                                            "valid certificate to watch")
+                    await self._end(stream, certificate_expired(stream.principal, stream.expires))
 
     async def _end(self, stream: _Stream, reason: str) -> None:
         stream.ended = True
