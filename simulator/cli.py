@@ -33,7 +33,14 @@ from simulator.engine import SimulationResult, simulate
 from simulator.estimates import EXACT, Estimates, EstimatesError
 from simulator.failures import FailureTraceError, load_failure_trace
 from simulator.goodput_profiles import ProfileError
-from simulator.goodput_sim import GOODPUT_POLICIES, WorkloadError, format_summaries, load_workload, run_workload
+from simulator.goodput_sim import (
+    GOODPUT_POLICIES,
+    PARAMETERISED,
+    WorkloadError,
+    format_summaries,
+    load_workload,
+    run_workload,
+)
 from simulator.goodput_sim import summary as goodput_summary
 from simulator.load import demand_from_rate, diurnal_demand, load_servegen_rate
 from simulator.model import ClusterSpec, DemandPoint, FailureRate, ServerFailure, TraceJob
@@ -337,6 +344,10 @@ def _run_goodput(args: argparse.Namespace) -> int:
             raise UsageError("--job-model goodput needs --trace-format pollux and --profiles-dir (pollux-data/traces)")
         if any(name not in GOODPUT_POLICIES for name in names):
             raise UsageError(f"--job-model goodput runs the policies {', '.join(GOODPUT_POLICIES)}")
+        params = parse_params(args.param) if args.param else None
+        if params is not None and (unread := [n for n in names if n not in PARAMETERISED]):
+            raise UsageError(f"--param is read by {', '.join(PARAMETERISED)} under --job-model goodput; "
+                             f"{', '.join(unread)} there run the authors' rules and read none")
         workload = load_workload(args.trace)[: args.limit]
         settings = {"nodes": args.training_servers, "gpus_per_node": args.gpus_per_server,
                     "interval_s": args.cycle_interval, "restart_s": args.restart_overhead}
@@ -344,7 +355,7 @@ def _run_goodput(args: argparse.Namespace) -> int:
         for name in names:
             result = run_workload(workload, args.profiles_dir, name, nodes=args.training_servers,
                                   gpus_per_node=args.gpus_per_server, interval_s=args.cycle_interval,
-                                  restart_s=args.restart_overhead)
+                                  restart_s=args.restart_overhead, params=params)
             print(f"{name}: {len(result.jcts)} jobs, {result.wall_s:.1f}s", file=sys.stderr)
             summaries.append(goodput_summary(result, settings))
     except (UsageError, WorkloadError, ProfileError, ValueError, OSError) as exc:

@@ -394,14 +394,21 @@ class SnapshotDecider:
                        last_resized_at=self._resized.get(job.index))
 
 
-def _registered(name: str, elastic: bool) -> Callable[[int, int], Decider]:
-    return lambda nodes, gpus: SnapshotDecider(nodes, gpus, name, elastic)
+def _registered(name: str, elastic: bool) -> Callable[[int, int, PolicyParams | None], Decider]:
+    return lambda nodes, gpus, params: SnapshotDecider(nodes, gpus, name, elastic, params or PolicyParams())
 
 
-DECIDERS: dict[str, Callable[[int, int], Decider]] = {"tiresias": TiresiasDecider, "optimus": OptimusOracleDecider,
-                                                      "pollux": PolluxDecider, "sjf": _registered("sjf", False),
-                                                      "aryl-noloan": _registered("aryl-noloan", True)}
+def _authors(decider: Callable[[int, int], Decider]) -> Callable[[int, int, PolicyParams | None], Decider]:
+    return lambda nodes, gpus, params: decider(nodes, gpus)
+
+
+# name -> factory(nodes, GPUs per node, PolicyParams or None). tiresias, optimus and pollux run the authors'
+# decision rules on this job model and read no PolicyParams; sjf and aryl-noloan are Aryl's registered policies.
+DECIDERS: dict[str, Callable[[int, int, PolicyParams | None], Decider]] = {
+    "tiresias": _authors(TiresiasDecider), "optimus": _authors(OptimusOracleDecider), "pollux": _authors(PolluxDecider),
+    "sjf": _registered("sjf", False), "aryl-noloan": _registered("aryl-noloan", True)}
 GOODPUT_POLICIES = tuple(DECIDERS)
+PARAMETERISED = ("sjf", "aryl-noloan")  # the goodput job model's policies that read PolicyParams (--param)
 
 
 @dataclass(frozen=True)
@@ -419,13 +426,18 @@ class GoodputRunResult:
 
 def run_workload(workload: list[WorkloadJob], data_dir: str | Path, policy: str, *, nodes: int = 16,
                  gpus_per_node: int = 4, interval_s: float = 60.0, restart_s: float = 30.0,
-                 max_time_s: float = 30 * 86400.0, until_s: float | None = None) -> GoodputRunResult:
+                 max_time_s: float = 30 * 86400.0, until_s: float | None = None,
+                 params: PolicyParams | None = None) -> GoodputRunResult:
     """Simulate ``workload`` under ``policy`` (``GOODPUT_POLICIES``) until every job completed, or only the
-    intervals up to ``until_s`` of simulated time (a bounded run: the jobs completed by then)."""
+    intervals up to ``until_s`` of simulated time (a bounded run: the jobs completed by then). ``params``:
+    the policy's parameters (``PARAMETERISED`` policies only: the others read none, and say so)."""
     if policy not in GOODPUT_POLICIES:
         raise ValueError(f"the goodput job model runs {', '.join(GOODPUT_POLICIES)}, not {policy!r}")
+    if params is not None and policy not in PARAMETERISED:
+        raise ValueError(f"{policy} in the goodput job model runs the authors' rules and reads no policy "
+                         f"parameters (--param applies to {', '.join(PARAMETERISED)} there)")
     started = time.perf_counter()
-    decider = DECIDERS[policy](nodes, gpus_per_node)
+    decider = DECIDERS[policy](nodes, gpus_per_node, params)
     adaptive = bool(getattr(decider, "adaptive_batch", False))
     jobs = [SimJob(i, spec, load_application(data_dir, spec.application), adaptive=adaptive)
             for i, spec in enumerate(workload)]

@@ -47,7 +47,7 @@ from scheduler_service.policies.tiresias import (
 from simulator.cli import main as cli_main
 from simulator.engine import simulate
 from simulator.goodput_profiles import load_application, normalise_placement
-from simulator.goodput_sim import SimJob, WorkloadJob, _placement_of
+from simulator.goodput_sim import SimJob, WorkloadJob, _placement_of, load_workload, run_workload
 from simulator.model import ClusterSpec
 from tests.harness import NOW, linear_job, pending_job, running_job, snapshot_of, training_server
 
@@ -332,3 +332,20 @@ def test_aryl_sim_runs_a_pollux_workload_under_the_goodput_model(tmp_path: Path,
     assert summary["tiresias"]["avg_jct_s"] == pytest.approx(sum(summary["tiresias"]["jcts_s"].values()) / 12)
     assert cli_main(["run", "--policy", "aryl", *common]) == 2
     assert "runs the policies tiresias, optimus" in capsys.readouterr().err
+
+
+def test_the_goodput_job_model_reads_param_or_refuses_it(capsys: pytest.CaptureFixture[str]) -> None:
+    traces = traces_dir()
+    workload = load_workload(traces.parent / "workloads" / "workload-6.csv")[:6]
+    with pytest.raises(ValueError, match="reads no policy parameters"):
+        run_workload(workload, traces, "pollux", nodes=2, gpus_per_node=4, params=PolicyParams())
+    # aryl-noloan reads them: one extra worker at most per job (max_extra_options) changes its run.
+    one = run_workload(workload, traces, "aryl-noloan", nodes=2, gpus_per_node=4, until_s=7200.0,
+                       params=PolicyParams(max_extra_options=1))
+    default = run_workload(workload, traces, "aryl-noloan", nodes=2, gpus_per_node=4, until_s=7200.0)
+    assert one.jcts != default.jcts
+    common = ["--job-model", "goodput", "--trace-format", "pollux", "--trace",
+              str(traces.parent / "workloads" / "workload-6.csv"), "--profiles-dir", str(traces), "--limit", "4",
+              "--training-servers", "2", "--inference-servers", "0", "--gpus-per-server", "4"]
+    assert cli_main(["run", "--policy", "pollux", "--param", "restart_cost_s=10", *common]) == 2
+    assert "--param is read by sjf, aryl-noloan" in capsys.readouterr().err
