@@ -27,12 +27,13 @@ toward a figure; the issue's targets are compared against, never aimed at):
 - **Seeds** (``SEEDS``): a seed changes the elastic draw of every job (which jobs are elastic), the
   estimate errors, the model draw of the ``pollux-gputime`` mapping, and the snapshots' seed handed to
   the policies. With exact estimates and Amdahl's law, ``sjf`` sees nothing a seed changes.
-- **Peers**: ``tiresias`` (no loaning) on the whole trace; ``optimus`` and ``pollux`` are too slow on the
-  whole trace's clusters for the report's budget, so all peers also run, beside ``sjf`` and ``aryl``, on
-  the trace's first ``PEER_SUBSET_JOBS`` jobs, on clusters sized by the same busy rule from that subset's
-  own offered load. No peer loans (the inference servers stay with inference); all see the same estimates.
+- **Peers**: ``tiresias`` and ``pollux`` (no loaning) on the whole trace (``pollux`` since its knapsack
+  moved to the exact MCKP solver ``aryl`` uses); ``optimus`` is too slow on the whole trace's clusters for
+  the report's budget, so all peers also run, beside ``sjf`` and ``aryl``, on the trace's first
+  ``PEER_SUBSET_JOBS`` jobs, on clusters sized by the same busy rule from that subset's own offered load.
+  No peer loans (the inference servers stay with inference); all see the same estimates.
 - **Budget** (``Plan``): every seed for the headline pair (estimated and exact), ``aryl-noloan``,
-  ``tiresias`` and the subset's runs; seed 0 only for the other ablations, the light-load row and the
+  ``tiresias``, ``pollux`` and the subset's runs; seed 0 only for the other ablations, the light-load row and the
   sensitivity rows.
 
 Runs are independent and go to a process pool (``run_all``); every figure is a function of its
@@ -367,7 +368,7 @@ class Plan:
     other ablations, the light-load row and the sensitivity rows on fewer seeds (smaller in tests)."""
 
     seeds: tuple[int, ...] = SEEDS
-    policies: tuple[str, ...] = ("sjf", "tiresias", "aryl-noloan", "aryl")
+    policies: tuple[str, ...] = ("sjf", "tiresias", "pollux", "aryl-noloan", "aryl")
     ablations: tuple[str, ...] = ("aryl-noelastic", "aryl-naivereclaim")
     ablation_seeds: tuple[int, ...] = SEEDS[:1]
     exact_policies: tuple[str, ...] = EXACT_POLICIES
@@ -516,7 +517,7 @@ def headline_text(raw: Mapping[str, Any], plan: Plan) -> str:
         ["useful utilisation gain (arrival window)", "--", f">= +{TARGET['usage_gain_pct']:.0f}%",
          _vs(vs["useful_usage_gain_pct"], "gain"), _vs(vs_exact.get("useful_usage_gain_pct"), "gain")],
     ]
-    peers = [p for p in ("tiresias", "aryl-noloan") if p in raw]
+    peers = [p for p in ("tiresias", "pollux", "aryl-noloan") if p in raw]
     best_peer = min(peers, key=lambda p: raw[p]["avg_jct_s"]) if peers else None
     peer_line = ""
     if best_peer:
@@ -545,14 +546,13 @@ def headline_text(raw: Mapping[str, Any], plan: Plan) -> str:
                            f"{cell(c['queue_reduction'], 'x')}, JCT {cell(c['jct_reduction'], 'x')}, useful "
                            f"utilisation {cell(c['useful_usage_gain_pct'], 'gain')}.\n")
         subset_text = f"""
-**Peers on a subset.** `optimus` and `pollux` decide too slowly on the whole trace's clusters for this
-report's budget (measured once while building this section: an `optimus` run of the whole trace on 60
-training servers, exact work, had not finished after 12 minutes here; `pollux` took 94-487 s for the first
-2,000 jobs on those clusters, its search growing with the GPUs and the jobs waiting), so the peers run on
-the trace's first {sub['jobs']:,} jobs ({sub['regime']['arrival_window_h']:.0f} h of arrivals), on clusters sized
-by the same busy-regime rule from that subset's own offered load -- {regime_line(sub['regime'])} -- with the same
-estimates, seeds {', '.join(map(str, sub['seeds']))}, beside `sjf` and `aryl` on the same jobs. The peers, like
-`sjf`, never loan: the inference servers stay with inference.
+**Peers on a subset.** `optimus` decides too slowly on the whole trace's clusters for this report's budget
+(measured once while building this section: an `optimus` run of the whole trace on 60 training servers, exact
+work, had not finished after 12 minutes here); `pollux` runs on the whole trace above, and here too. So the
+peers also run on the trace's first {sub['jobs']:,} jobs ({sub['regime']['arrival_window_h']:.0f} h of arrivals), on
+clusters sized by the same busy-regime rule from that subset's own offered load --
+{regime_line(sub['regime'])} -- with the same estimates, seeds {', '.join(map(str, sub['seeds']))}, beside `sjf`
+and `aryl` on the same jobs. The peers, like `sjf`, never loan: the inference servers stay with inference.
 
 {table([policy_row(p, sub[p]) for p in names], POLICY_HEADER)}
 {subset_peer}"""
@@ -665,19 +665,20 @@ def reading_text(raw: Mapping[str, Any]) -> str:
         f"{cell(a.get('inference_shortfall.requests_short_share'), 'share')} of requests arrived while some capacity "
         f"was missing and {cell(a.get('inference_shortfall.requests_unserved_share'), 'share')} exceeded what "
         f"was serving.")
-    sub = raw.get("peers_subset")
-    if sub and "pollux" in sub and "aryl" in sub:
-        c = comparison(sub["pollux"], sub["aryl"])
-        lines.append(
-            f"- Peers: on the subset `pollux` (no loaning) has the lower average JCT -- `aryl` vs `pollux` "
-            f"{cell(c['jct_reduction'], 'x')} -- by shrinking running jobs to start every job at once, where "
-            f"`aryl` starts gangs shortest-first and grows jobs only into GPUs left over.")
+    for where, figures in (("the whole trace", raw), ("the subset", raw.get("peers_subset") or {})):
+        if "pollux" in figures and "aryl" in figures:
+            c = comparison(figures["pollux"], figures["aryl"])
+            ahead = figures["aryl"]["avg_jct_s"] < figures["pollux"]["avg_jct_s"]
+            lines.append(
+                f"- Peers, {where}: `aryl` vs `pollux` (no loaning) average JCT {cell(c['jct_reduction'], 'x')} -- "
+                + ("`aryl` lower." if ahead else "`pollux` lower: it sizes every job at once by its power mean of "
+                   "speed-ups, which starts more jobs sooner, where `aryl`'s joint sizing orders by completion "
+                   "rates (short jobs first)."))
     light = raw.get("light")
     lines.append(
-        "- What would close the gap: the elastic allocation (which jobs start and how far they grow: `pollux`'s "
-        "start-everyone sizing wins on JCT above; the `goodput` section measures `aryl` with goodput-aware "
-        "sizing), not a setting of this evaluation: the loanable share is the environment's and is not varied "
-        "toward the target"
+        "- What would close the gap: the elastic allocation (which jobs start and how far they grow; the `goodput` "
+        "section measures `aryl`'s joint sizing on the Pollux job model, with its ablations), not a setting of "
+        "this evaluation: the loanable share is the environment's and is not varied toward the target"
         + (f" (the light-load row, {light['regime']['loanable_share']:.0%} loanable at "
            f"{light['regime']['offered_load']:.0%} offered load, gives JCT "
            f"{cell(light['vs_sjf'][ESTIMATED]['jct_reduction'], 'x')})." if light else "."))
@@ -718,9 +719,12 @@ def lead_text(raw: Mapping[str, Any]) -> str:
         f"{names[k]} {'met' if ok else 'not met'} "
         + (f"({m:+.1f}% vs >= +{t:g}%)" if k == "usage_gain_pct" else f"({m:.2f}x vs >= {t:g}x)")
         for k, (m, t, ok) in verdicts(raw).items())
-    sub = raw.get("peers_subset", {})
-    peer_note = (" (`pollux` beats `aryl` on JCT on a subset)"
-                 if "pollux" in sub and "aryl" in sub and sub["pollux"]["avg_jct_s"] < sub["aryl"]["avg_jct_s"] else "")
+    peers = raw if "pollux" in raw else raw.get("peers_subset", {})
+    where = "on the whole trace" if "pollux" in raw else "on a subset"
+    peer_note = ""
+    if "pollux" in peers and "aryl" in peers:
+        lower = peers["aryl"]["avg_jct_s"] < peers["pollux"]["avg_jct_s"]
+        peer_note = f" (`{'aryl' if lower else 'pollux'}` has the lower average JCT of the two {where})"
     short = raw["aryl"]["spread"].get("inference_shortfall.requests_short_share")
     return f"""**Headline** (section 1): `aryl` (capacity loaning + elastic scaling) against `sjf` on separate
 clusters, on the busiest 15 days of Philly (28,554 jobs) with ServeGen inference load, in a **busy
