@@ -1,6 +1,6 @@
-"""``arylctl certs init DIR`` and ``arylctl certs add DIR``: a development CA and everything a cluster
-needs to run with mutual TLS and tokens (docs/security.md). For development and compose; production
-brings its own PKI.
+"""``arylctl certs init DIR``, ``arylctl certs add DIR`` and ``arylctl certs renew DIR``: a development
+CA and everything a cluster needs to run with mutual TLS and tokens (docs/security.md). For development
+and compose; production brings its own PKI.
 
 DIR receives (keys and tokens 0600):
 
@@ -25,8 +25,13 @@ file again within a second, without a restart) and, for users and admins, to ``u
 DIR that holds a CA does the same for the principals it names that are not issued yet, so re-running
 it with one more ``--agent`` is enough; ``--force`` makes a new CA instead.
 
-It must never overwrite an issued principal's key or token (``add`` skips them and says so): its
-holder would be locked out.
+``renew`` issues every certificate in DIR again from its CA, valid ``VALID_DAYS`` from now (never past
+the CA's own expiry), with the same key, subject, names and usages: a certificate that expired (which
+the scheduler refuses, and which ends the streams it opened) is replaced by copying the new ``.crt``
+to its holder; keys and tokens stay as they are.
+
+It must never overwrite an issued principal's key or token (``add`` skips them and says so, ``renew``
+keeps them): its holder would be locked out.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from pathlib import Path
 from typing import TextIO
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -308,14 +314,58 @@ def issue_from(directory: str | Path, stem: str, common_name: str, names: tuple[
     return out / f"{stem}.crt", out / f"{stem}.key"
 
 
+@dataclass(frozen=True)
+class Renewed:
+    """A certificate ``renew`` issued again: its file and its new notAfter."""
+
+    file: str
+    not_after: datetime.datetime
+
+
+def renew(directory: str | Path) -> list[Renewed]:
+    """Issue every certificate in DIR that its CA issued (``ca.crt`` aside) again, valid ``VALID_DAYS``
+    from now but not past the CA's own notAfter, keeping its key, subject, names and usages (module
+    doc). ``CertsError`` when DIR holds no CA or the CA itself has expired (renewing under it would
+    not help)."""
+    out = Path(directory)
+    ca_cert, ca_key = _load_ca(out)
+    now = datetime.datetime.now(datetime.UTC)
+    ca_until = ca_cert.not_valid_after_utc
+    if ca_until <= now:
+        raise CertsError(f"the CA in {out} expired at {ca_until:%Y-%m-%d %H:%M:%S} UTC: certificates issued under "
+                         f"it are refused whatever their own dates; arylctl certs init {out} --force makes a new CA "
+                         "(and everything issued from the old one must be replaced)")
+    not_after = min(now + datetime.timedelta(days=VALID_DAYS), ca_until)
+    renewed: list[Renewed] = []
+    for path in sorted(out.glob("*.crt")):
+        if path.name == "ca.crt":
+            continue
+        try:
+            old = x509.load_pem_x509_certificate(path.read_bytes())
+            old.verify_directly_issued_by(ca_cert)
+        except (ValueError, TypeError, InvalidSignature):
+            continue  # not a certificate, or not this CA's: not ours to re-issue
+        builder = (
+            x509.CertificateBuilder().subject_name(old.subject).issuer_name(ca_cert.subject)
+            .public_key(old.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(not_after)
+        )
+        for extension in old.extensions:
+            builder = builder.add_extension(extension.value, extension.critical)
+        path.write_bytes(builder.sign(ca_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM))
+        renewed.append(Renewed(path.name, not_after))
+    return renewed
+
+
 # ---------------------------------------------------------------------------------------------------
-# the command line: `arylctl certs init|add`
+# the command line: `arylctl certs init|add|renew`
 
 
 def add_certs_commands(add_command: Callable[..., argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
-    """Register ``certs init`` and ``certs add`` with the CLI's ``add`` (``run_command`` runs them)."""
+    """Register ``certs init``, ``certs add`` and ``certs renew`` with the CLI's ``add`` (``run_command``
+    runs them)."""
     certs = add_command("certs", None, "development certificates and tokens")
-    commands = certs.add_subparsers(dest="certs_command", metavar="init|add", required=True)
+    commands = certs.add_subparsers(dest="certs_command", metavar="init|add|renew", required=True)
     init_parser = commands.add_parser(
         "init", parents=[common], allow_abbrev=False,
         help="make a development CA, scheduler/agent/router certificates, tokens and a user map in DIR",
@@ -340,14 +390,34 @@ def add_certs_commands(add_command: Callable[..., argparse.ArgumentParser], comm
                          help=f"a user (repeat; {default_people})")
         sub.add_argument("--admin", action="append", default=[], metavar="NAME",
                          help=f"an admin (repeat; {default_people.replace('alice', 'admin')})")
+    renew_parser = commands.add_parser(
+        "renew", parents=[common], allow_abbrev=False,
+        help="issue every certificate in DIR again from its CA (an expired one included), keys and tokens kept",
+        description="Issues each certificate in DIR that its CA issued (scheduler, client, agents, routers) again, "
+                    f"valid {VALID_DAYS} days from now but not past the CA's own expiry, with the same key, names "
+                    "and usages. Copy the new .crt files to their holders and restart them; keys and tokens do not "
+                    "change. An expired certificate is refused by the scheduler and ends the streams it opened.")
+    renew_parser.add_argument("dir", metavar="DIR")
     init_parser.add_argument("--scheduler-name", action="append", default=[], metavar="NAME",
                              help="a name or IP the scheduler is reached by (repeat; default localhost, scheduler, "
                                   "127.0.0.1)")
 
 
 def run_command(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
-    """``certs init`` or ``certs add`` as parsed by ``add_certs_commands``; returns the exit status."""
+    """``certs init``, ``certs add`` or ``certs renew`` as parsed by ``add_certs_commands``; returns the
+    exit status."""
     directory = Path(args.dir).resolve()
+    if args.certs_command == "renew":
+        try:
+            renewed = renew(directory)
+        except CertsError as exc:
+            print(f"error: {exc}", file=stderr)
+            return EXIT_USAGE
+        for cert in renewed:
+            print(f"renewed {cert.file}: valid until {cert.not_after:%Y-%m-%d %H:%M:%S} UTC (same key)", file=stdout)
+        if not renewed:
+            print(f"{directory} holds no certificate issued by its CA to renew", file=stdout)
+        return EXIT_OK
     named = DevCluster(agents=tuple(args.agent), routers=tuple(args.router), users=tuple(args.user),
                        admins=tuple(args.admin))
     try:

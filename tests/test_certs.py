@@ -1,16 +1,20 @@
-"""``arylctl certs init|add`` (``arylctl.certs``): a development CA that grows by one command, and the
-user map it writes so that a root agent can run the jobs of the users it issued (issue 36).
+"""``arylctl certs init|add|renew`` (``arylctl.certs``): a development CA that grows by one command, the
+user map it writes so that a root agent can run the jobs of the users it issued (issue 36), and
+certificates issued again when they expire (issue 37: an expired one ends its streams).
 
 Files only, no scheduler: ``arylctl`` runs in this process (``cli.main``)."""
 
 from __future__ import annotations
 
+import datetime
 import io
 import pwd
 import stat
 from pathlib import Path
 
 from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from aryl_common.security import hash_token, load_tokens
 from arylctl import certs, cli
@@ -93,3 +97,53 @@ def test_add_refuses_what_it_cannot_do_and_says_what_to_do(tmp_path: Path) -> No
     status, _, err = arylctl("certs", "add", str(pki), "--agent", "alice")  # alice is a user already
     assert status == 2 and "'alice' is already issued as user" in err
     assert not (pki / "agent-alice.crt").exists()
+
+
+def _reissue(pki: Path, name: str, not_after: datetime.datetime) -> None:
+    """Replace ``name``.crt with the same certificate (key, subject, extensions) valid only until
+    ``not_after``, signed by the CA's key (its own certificate when ``name`` is the CA)."""
+    ca_key = serialization.load_pem_private_key((pki / "ca.key").read_bytes(), password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    old = x509.load_pem_x509_certificate((pki / f"{name}.crt").read_bytes())
+    builder = (x509.CertificateBuilder().subject_name(old.subject).issuer_name(old.issuer)
+               .public_key(old.public_key()).serial_number(x509.random_serial_number())
+               .not_valid_before(not_after - datetime.timedelta(days=1)).not_valid_after(not_after))
+    for extension in old.extensions:
+        builder = builder.add_extension(extension.value, extension.critical)
+    (pki / f"{name}.crt").write_bytes(builder.sign(ca_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM))
+
+
+def test_renew_issues_expired_certificates_again_with_the_same_keys_and_names(tmp_path: Path) -> None:
+    pki = tmp_path / "pki"
+    assert arylctl("certs", "init", str(pki), "--agent", "gpu-1", "--router", "r1")[0] == 0
+    now = datetime.datetime.now(datetime.UTC)
+    _reissue(pki, "client", now - datetime.timedelta(minutes=1))  # what the scheduler refuses
+    _reissue(pki, "agent-gpu-1", now - datetime.timedelta(minutes=1))
+    before = {p.name: p.read_bytes() for p in pki.iterdir() if not p.name.endswith(".crt")}
+    old = {p.name: x509.load_pem_x509_certificate(p.read_bytes()) for p in pki.glob("*.crt")}
+
+    status, out, err = arylctl("certs", "renew", str(pki))
+    assert status == 0, err
+    for name in ("client.crt", "agent-gpu-1.crt", "router-r1.crt", "scheduler.crt"):
+        assert f"renewed {name}: valid until " in out, out
+    assert "ca.crt" not in out
+    assert {p.name: p.read_bytes() for p in pki.iterdir() if not p.name.endswith(".crt")} == before  # keys, tokens
+    ca = x509.load_pem_x509_certificate((pki / "ca.crt").read_bytes())
+    for name in ("client.crt", "agent-gpu-1.crt", "router-r1.crt", "scheduler.crt"):
+        new = x509.load_pem_x509_certificate((pki / name).read_bytes())
+        new.verify_directly_issued_by(ca)
+        assert new.not_valid_after_utc > now + datetime.timedelta(days=300), name
+        assert new.not_valid_after_utc <= ca.not_valid_after_utc, name  # never past the CA
+        assert new.public_key() == old[name].public_key(), name  # the holder's key file still fits
+        assert new.subject == old[name].subject and list(new.extensions) == list(old[name].extensions), name
+    assert common_name(pki / "agent-gpu-1.crt") == "gpu-1"
+
+
+def test_renew_refuses_a_directory_without_a_ca_or_with_an_expired_one(tmp_path: Path) -> None:
+    status, _, err = arylctl("certs", "renew", str(tmp_path / "none"))
+    assert status == 2 and "holds no CA" in err and "arylctl certs init" in err
+    pki = tmp_path / "pki"
+    arylctl("certs", "init", str(pki))
+    _reissue(pki, "ca", datetime.datetime.now(datetime.UTC) - datetime.timedelta(minutes=1))
+    status, _, err = arylctl("certs", "renew", str(pki))
+    assert status == 2 and "the CA in" in err and "expired at" in err and "--force makes a new CA" in err

@@ -282,6 +282,7 @@ def test_a_certificate_that_expires_ends_its_open_watch_and_desired_state_stream
                 details = ended.details() or ""
                 assert "expired at" in details and not_after.strftime("%Y-%m-%d %H:%M:%S") in details, details
                 assert "connect again with a certificate valid now" in details, details  # the fix
+                assert "arylctl certs renew DIR" in details, details
             assert time.time() >= not_after.timestamp()  # not before its time
             assert not bobs.done()  # a certificate still valid keeps its stream
             await _wait(lambda: handle.service.stream_limits.open == 1, "alice's place released")
