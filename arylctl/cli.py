@@ -1325,8 +1325,11 @@ def _job_state(text: str) -> list[int]:
         try:
             states.append(types_pb2.JobState.Value("JOB_STATE_" + name.upper()))
         except ValueError:
-            choices = ", ".join(enum_name(types_pb2.JobState, v).lower() for v in types_pb2.JobState.values() if v)
-            raise argparse.ArgumentTypeError(f"unknown job state {name!r} (choose from {choices})") from None
+            names = [enum_name(types_pb2.JobState, v).lower() for v in types_pb2.JobState.values() if v]
+            close = difflib.get_close_matches(name.lower(), names, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise argparse.ArgumentTypeError(
+                f"unknown job state {name!r} ({hint}choose from {', '.join(names)})") from None
     return states
 
 
@@ -1436,8 +1439,37 @@ def did_you_mean(option: str, parser: argparse.ArgumentParser) -> str:
     return f" (did you mean {' or '.join(close)}?)" if close else ""
 
 
+# Where ``ArylArgumentParser.parse_known_args`` leaves the bad values it met (argparse stops at the first).
+_BAD_VALUES = "_aryl_bad_values"
+
+
 class ArylArgumentParser(argparse.ArgumentParser):
-    """argparse that answers a mistyped choice (a command, ``--restart-policy``...) with the closest one."""
+    """argparse that answers a mistyped choice (a command, ``--restart-policy``...) with the closest one,
+    and that reports every bad value of a command line at once: a value its type refuses is noted and
+    parsing goes on, and ``parse_args`` reports them all with the unrecognised arguments (argparse's own
+    stops at the first). Whoever calls ``parse_known_args`` reports ``bad_values(namespace)`` itself."""
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        self._bad_values: list[str] = []
+        parsed, extras = super().parse_known_args(args, namespace)
+        setattr(parsed, _BAD_VALUES, [*getattr(parsed, _BAD_VALUES, []), *self._bad_values])  # a command's too
+        return parsed, extras
+
+    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        parsed, unknown = self.parse_known_args(args, namespace)
+        problems = bad_values(parsed) + _unknown_arguments(unknown, _chosen_parser(self, parsed), "")
+        if problems:
+            report_usage_errors(_chosen_parser(self, parsed), problems)
+        return parsed
+
+    def _get_value(self, action: argparse.Action, arg_string: str) -> Any:
+        try:
+            return super()._get_value(action, arg_string)
+        except argparse.ArgumentError as exc:
+            self._bad_values.append(str(exc))  # reported with every other error of the command line
+            return None
 
     def _check_value(self, action: argparse.Action, value: Any) -> None:
         if action.choices is not None and value not in action.choices:
@@ -1447,6 +1479,17 @@ class ArylArgumentParser(argparse.ArgumentParser):
                 raise argparse.ArgumentError(
                     action, f"invalid choice: {value!r} (did you mean {close[0]!r}? choose from {choices})")
         super()._check_value(action, value)
+
+
+def bad_values(args: argparse.Namespace) -> list[str]:
+    """The values ``ArylArgumentParser`` refused while parsing ``args`` (each "argument --x: why")."""
+    return list(getattr(args, _BAD_VALUES, []))
+
+
+def report_usage_errors(parser: argparse.ArgumentParser, problems: Sequence[str]) -> None:
+    """``parser``'s usage, then one ``error:`` line per problem; exits 2, as argparse does for one."""
+    parser.print_usage(sys.stderr)
+    parser.exit(EXIT_USAGE, "".join(f"{parser.prog}: error: {problem}\n" for problem in problems))
 
 
 def _chosen_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
@@ -1790,7 +1833,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     args, unknown = parser.parse_known_args(own)
     args.command = command
     chosen = _chosen_parser(parser, args)
-    problems = _unknown_arguments(unknown, chosen, args.command_name)
+    problems = bad_values(args) + _unknown_arguments(unknown, chosen, args.command_name)
     if command and args.command_name != "submit":
         problems.append(f"{args.command_name} takes no arguments after --")
     if args.output == "name" and args.command_name not in NAME_COMMANDS:
@@ -1798,8 +1841,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     if problems and args.command_name == "submit" and not args.file:
         problems += submit_spec_problems({"name": args.name, "command": command})  # the rest of its errors
     if problems:
-        chosen.print_usage(sys.stderr)
-        chosen.exit(EXIT_USAGE, "".join(f"{chosen.prog}: error: {problem}\n" for problem in problems))
+        report_usage_errors(chosen, problems)
     if args.command_name == "jobs":
         args.states = [state for states in args.state_lists or () for state in states]
     return args

@@ -73,6 +73,16 @@ def test_slurm_and_kubernetes_spellings_and_typos_get_did_you_mean() -> None:
     assert "invalid choice: 'on-failure' (did you mean 'on_failure'?" in choice.stderr, choice.stderr
 
 
+def test_every_bad_value_of_a_command_line_is_reported_at_once() -> None:
+    bad = console("submit", "--min-workers", "two", "--max-workers", "x", "--gpus", "2", "--", "python3", "t.py")
+    assert bad.returncode == 2
+    errors = [line for line in bad.stderr.splitlines() if line.startswith("arylctl submit: error: ")]
+    assert [e.split(": error: ", 1)[1].split(":")[0].split(" (")[0] for e in errors] == [
+        "argument --min-workers", "argument --max-workers", "unrecognized argument --gpus", "submit needs a job name"]
+    state = console("jobs", "--state", "runing")
+    assert "unknown job state 'runing' (did you mean 'running'? choose from pending" in state.stderr, state.stderr
+
+
 def test_submit_without_name_or_command_names_both(capsys) -> None:
     from arylctl.cli import main
 
