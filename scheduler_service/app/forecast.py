@@ -1,4 +1,4 @@
-"""The scheduler's forecast: each job's expected start and finish (the ETA beside "why pending"), and
+"""The scheduler's forecast: each job's predicted start and finish (the ETA beside "why pending"), and
 what-if runs of the live cluster under another policy, other parameters or another inference pool.
 
 Both run the simulator's engine forward from the cluster's snapshot (``simulator.forecast``: the same
