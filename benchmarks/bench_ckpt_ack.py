@@ -22,7 +22,7 @@ import logging
 import statistics
 
 from benchmarks import emit_figure
-from benchmarks.bench_reclaim import SETTINGS, _reclaim_latencies, reclaim_cluster
+from benchmarks.bench_reclaim import PROTECTION, SETTINGS, _reclaim_latencies, reclaim_cluster
 from benchmarks.bench_service import BenchContext, Benchmark
 
 log = logging.getLogger("aryl.bench")
@@ -41,7 +41,7 @@ def checkpoint_ack_latency(ctx: BenchContext) -> None:
         waited = _reclaim_latencies(address, iterations, CHECKPOINT_S, (*hanging, "--no-ack"))
     log.info("reclaim to serving, workers hanging after their checkpoint: acknowledging %s s, not %s s",
              [round(x, 2) for x in acked], [round(x, 2) for x in waited])
-    common = {"iterations": iterations, "grace_period_s": GRACE_S, "worker_checkpoint_s": CHECKPOINT_S}
+    common = {"iterations": iterations, "grace_period_s": GRACE_S, "worker_checkpoint_s": CHECKPOINT_S, **PROTECTION}
     emit_figure("reclaim_latency_checkpoint_ack_median", statistics.median(acked), "s", **common,
                 reference_name="reclaim_latency_grace_wait_median", reference_value=statistics.median(waited),
                 reference_unit="s")

@@ -12,6 +12,13 @@ the cycle picks the server and scales the job in, the agent gets the new desired
 the workers, they checkpoint and exit, the agent reports convergence, the next cycle returns the
 server. Target: p99 <= grace + 1 s. Reference in the same run: the same reclaim with workers that
 exit at once on SIGTERM, which is the protocol's own cost.
+
+The protection window (``core.protection``) is off in the scheduler started here, and every figure
+says so (``min_resize_interval_s``, ``max_disruptions_per_hour``: 0). Each iteration disrupts the job
+twice within seconds (the scale-out onto the loan, the scale-in at the reclaim); the default cap of 6
+disruptions an hour held the job at its size after the third reclaim, so the fourth scale-out never
+came. The window decides whether a job may grow again, not how fast a reclaim completes: a reclaim
+overrides it when it must, and with one loaned server there is no other choice to prefer.
 """
 
 from __future__ import annotations
@@ -23,8 +30,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
+from functools import partial
 from pathlib import Path
 from tempfile import TemporaryDirectory
 
@@ -42,10 +50,15 @@ CHECKPOINT_S = 1.5
 TARGET_S = GRACE_S + 1.0
 SETTINGS = {
     "ARYL_POLICY__LOAN_IDLE_S": "0", "ARYL_POLICY__DRAIN_TIMEOUT_S": "0", "ARYL_POLICY__MIN_LOAN_S": "0",
-    "ARYL_POLICY__LOAN_BUFFER_SERVERS": "0", "ARYL_POLICY__MIN_RESIZE_INTERVAL_S": "0",
-    "ARYL_POLICY__RESTART_COST_S": "0", "ARYL_SCHEDULING__DEFAULT_GRACE_PERIOD_S": str(GRACE_S),
+    "ARYL_POLICY__LOAN_BUFFER_SERVERS": "0", "ARYL_POLICY__RESTART_COST_S": "0",
+    # The protection window off (the module docstring says why); PROTECTION names it in the figures.
+    "ARYL_POLICY__MIN_RESIZE_INTERVAL_S": "0", "ARYL_POLICY__MAX_DISRUPTIONS_PER_HOUR": "0",
+    "ARYL_SCHEDULING__DEFAULT_GRACE_PERIOD_S": str(GRACE_S),
     "ARYL_SCHEDULING__CYCLE_INTERVAL_S": "1", "ARYL_AGENTS__REPORT_INTERVAL_S": "1",
 }
+# The protection window the scheduler runs with, as fields of every figure measured under SETTINGS.
+PROTECTION = {"min_resize_interval_s": float(SETTINGS["ARYL_POLICY__MIN_RESIZE_INTERVAL_S"]),
+              "max_disruptions_per_hour": int(SETTINGS["ARYL_POLICY__MAX_DISRUPTIONS_PER_HOUR"])}
 
 
 def start_agent(scheduler: str, hostname: str, pool: str, gpus: int, work: Path) -> subprocess.Popen[bytes]:
@@ -95,11 +108,13 @@ class PoolWatch:
         self._channel.close()
 
 
-def _wait(predicate, what: str, timeout: float = 60.0) -> None:
+def _wait(predicate: Callable[[], bool], what: str, timeout: float = 60.0,
+          why: Callable[[], str] | None = None) -> None:
+    """Poll ``predicate`` until it holds; on timeout raise, with what ``why`` says about the wait."""
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
+            raise TimeoutError(f"timed out waiting for {what}" + (f" ({why()})" if why else ""))
         time.sleep(0.05)
 
 
@@ -123,6 +138,13 @@ def _reclaim_latencies(address: str, iterations: int, checkpoint_s: float,
         servers = scheduler.ListServers(scheduler_pb2.ListServersRequest(), timeout=10).servers
         return next(s.state for s in servers if s.server_id == "bench-infer")
 
+    def held(reclaims: int) -> str:  # why the job did not grow: the policy's note says (e.g. its protection)
+        now = job()
+        return f"job {job_id} after {reclaims} reclaims: {types_pb2.JobState.Name(now.state)}, {now.size_note!r}"
+
+    def running(rank: int, incarnation: int) -> bool:
+        return f"(incarnation {incarnation})" in _log_tail(scheduler, job_id, rank)
+
     spec = types_pb2.JobSpec(
         name=f"elastic-checkpoint-{checkpoint_s:g}s", user="bench", gpus_per_worker=1, min_workers=1, max_workers=3,
         command=[sys.executable, str(REPO / "examples" / "train.py"), "--total-steps", "10000000",
@@ -136,11 +158,11 @@ def _reclaim_latencies(address: str, iterations: int, checkpoint_s: float,
         for i in range(iterations):
             demand(0)
             _wait(lambda: state() == types_pb2.SERVER_STATE_LOANED, "the loan")
-            _wait(lambda: any(w.server_id == "bench-infer" for w in job().workers), "the scale-out")
+            _wait(lambda: any(w.server_id == "bench-infer" for w in job().workers), "the scale-out",
+                  why=partial(held, i))
             incarnation = job().incarnation
             for rank in sorted(w.rank for w in job().workers if w.server_id == "bench-infer"):
-                _wait(lambda r=rank, i=incarnation: f"(incarnation {i})" in _log_tail(scheduler, job_id, r),
-                      f"rank {rank} running on the loaned server")
+                _wait(partial(running, rank, incarnation), f"rank {rank} running on the loaned server")
             started = time.monotonic()
             demand(1)
             latencies.append(watch.wait("bench-infer", serving=True) - started)
@@ -190,7 +212,7 @@ def reclaim_latency(ctx: BenchContext) -> None:
     for pct in (50, 99):
         emit_figure(
             f"reclaim_latency_p{pct}", percentile_ms(busy, pct) / 1e3, "s", iterations=iterations,
-            grace_period_s=GRACE_S, worker_checkpoint_s=CHECKPOINT_S, target_s=TARGET_S,
+            grace_period_s=GRACE_S, worker_checkpoint_s=CHECKPOINT_S, target_s=TARGET_S, **PROTECTION,
             reference_name=f"reclaim_latency_instant_stop_p{pct}", reference_value=percentile_ms(instant, pct) / 1e3,
             reference_unit="s",
         )
