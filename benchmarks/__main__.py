@@ -16,6 +16,7 @@ from benchmarks import (
     bench_auth,
     bench_ckpt_ack,
     bench_cycle,
+    bench_dl2,
     bench_pollux,
     bench_reclaim,
     bench_router,
@@ -29,7 +30,7 @@ from benchmarks.bench_service import FULL, QUICK, BenchContext, Benchmark
 BENCHMARKS = (
     bench_service.BENCHMARKS + bench_agents.BENCHMARKS + bench_solvers.BENCHMARKS + bench_cycle.BENCHMARKS
     + bench_sim.BENCHMARKS + bench_reclaim.BENCHMARKS + bench_router.BENCHMARKS + bench_pollux.BENCHMARKS
-    + bench_submit.BENCHMARKS + bench_auth.BENCHMARKS + bench_ckpt_ack.BENCHMARKS
+    + bench_submit.BENCHMARKS + bench_auth.BENCHMARKS + bench_ckpt_ack.BENCHMARKS + bench_dl2.BENCHMARKS
 )
 
 DEFAULT_ADMIN_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
