@@ -3,7 +3,8 @@
 - Revocation reaches open streams: a user's WatchEvents and an agent's WatchDesiredState end with
   UNAUTHENTICATED once their token leaves the token file (``api.auth._OpenStreams``).
 - So does time: a stream opened with a client certificate that expires while it runs ends with
-  UNAUTHENTICATED naming the expiry, and a new connection with an expired certificate is refused.
+  UNAUTHENTICATED naming the expiry and the fix; a call on a connection made before the expiry is
+  refused after it; a new connection with an expired certificate is refused at the handshake.
 - Stream places are counted per principal, whatever addresses it connects from, and the last places
   are reserved for routers and admins: one user cannot starve a router's WatchServingPool
   (``api.stream_limits``).
@@ -310,6 +311,31 @@ def test_a_new_connection_with_an_expired_certificate_is_refused(live: Any, tmp_
             assert refused.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNAUTHENTICATED), refused
             watch_refused = await _ended(stub.WatchEvents(scheduler_pb2.WatchEventsRequest()))
             assert watch_refused.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNAUTHENTICATED)
+        assert handle.service.stream_limits.open == 0
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.timeout(300)
+def test_a_connection_made_before_its_certificate_expired_is_refused_calls_after(live: Any, tmp_path: Path) -> None:
+    """TLS checks a certificate's dates only at the handshake: a connection made while it was valid stays
+    up. Every call on it after the notAfter is refused, not only the streams open at the expiry."""
+    handle, _ = live
+    not_after = _whole_seconds_from_now(scaled_timeout(2))
+    alices = _certificate(tmp_path, "alice-short", "aryl-client", not_after)
+
+    async def scenario() -> None:
+        async with _channel_with(handle, "user:alice", alices) as alice:
+            stub = scheduler_pb2_grpc.SchedulerServiceStub(alice)
+            await stub.GetCluster(scheduler_pb2.GetClusterRequest(), timeout=scaled_timeout(30))  # connected
+            await asyncio.sleep(max(0.0, not_after.timestamp() - time.time()) + 0.1)
+            assert alice.get_state() == grpc.ChannelConnectivity.READY  # the same connection
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub.GetCluster(scheduler_pb2.GetClusterRequest(), timeout=scaled_timeout(30))
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED, refused.value
+            assert "expired at" in (refused.value.details() or ""), refused.value
+            stream_refused = await _ended(stub.WatchEvents(scheduler_pb2.WatchEventsRequest()))
+            assert stream_refused.code() == grpc.StatusCode.UNAUTHENTICATED, stream_refused
         assert handle.service.stream_limits.open == 0
 
     asyncio.run(scenario())

@@ -12,7 +12,9 @@ again while they run, not only when they open (``_OpenStreams``): about every ``
 the token file is looked at (``TokenFile`` reads it again when it changed), and a stream whose token
 no longer names the same principal (revoked, or given another role or name), or whose client
 certificate has expired, ends with UNAUTHENTICATED. Bound: within STREAM_RECHECK_S + the token
-file's check interval (1 s each: about 2 s) of the change or the expiry.
+file's check interval (1 s each: about 2 s) of the change or the expiry. Every call is refused
+(UNAUTHENTICATED) once its client certificate is past its notAfter: TLS checks the dates only at the
+handshake, so a connection made before the expiry would otherwise go on being served.
 
 With ``security.insecure`` the interceptor is not installed and ``caller()`` is None: every check
 here then allows (the development mode without identities).
@@ -23,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import datetime
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Final
 
@@ -227,8 +230,10 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         self._max_priority = max_user_priority
         self.streams = _OpenStreams(self._tokens, stream_recheck_s)
 
-    def _authenticate(self, method: str, context: Any) -> tuple[Caller, str]:
-        """The caller, and the hash of the token it presented."""
+    def _authenticate(self, method: str, context: Any) -> tuple[Caller, str, float | None]:
+        """The caller, the hash of the token it presented, and when its client certificate expires
+        (None without TLS). A certificate past its notAfter is refused here, on every call: TLS checks
+        the dates only at the handshake, and a connection made before the expiry stays up."""
         token = ""
         for key, value in context.invocation_metadata() or ():
             if key == AUTH_METADATA_KEY and isinstance(value, str):
@@ -244,8 +249,14 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             raise _Refused(grpc.StatusCode.PERMISSION_DENIED,
                            f"{method.rsplit('/', 1)[-1]} needs role {' or '.join(sorted(roles))}; "
                            f"you are {principal}")
-        names = peer_names(context.auth_context()) if self._tls else None
-        return Caller(principal, names, self._max_priority), hash_token(token)
+        names = expires = None
+        if self._tls:
+            auth_context = context.auth_context()
+            expires = certificate_expiry(auth_context)
+            if expires is not None and _now() >= expires:
+                raise _Refused(grpc.StatusCode.UNAUTHENTICATED, certificate_expired(principal, expires))
+            names = peer_names(auth_context)
+        return Caller(principal, names, self._max_priority), hash_token(token), expires
 
     async def intercept_service(
         self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
@@ -257,7 +268,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             return handler
         authenticate = self._authenticate
 
-        async def admit(context: Any) -> tuple[Caller, str]:
+        async def admit(context: Any) -> tuple[Caller, str, float | None]:
             try:
                 return authenticate(method, context)
             except _Refused as refused:
@@ -268,7 +279,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             inner_uu: Any = handler.unary_unary
 
             async def unary_unary(request: Any, context: Any) -> Any:
-                who, _ = await admit(context)
+                who, _, _ = await admit(context)
                 token, actor_token = _CALLER.set(who), ACTOR.set(str(who.principal))
                 try:
                     return await inner_uu(request, context)
@@ -283,14 +294,12 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
             inner_us: Any = handler.unary_stream
 
             streams = self.streams
-            tls = self._tls
 
             async def unary_stream(request: Any, context: Any) -> AsyncIterator[Any]:
-                who, token_hash = await admit(context)
+                who, token_hash, expires = await admit(context)
                 _CALLER.set(who)  # this stream's own task: nothing to reset
                 ACTOR.set(str(who.principal))
-                stream = streams.opened(method, context, who.principal, token_hash,
-                                        certificate_expiry(context.auth_context()) if tls else None)
+                stream = streams.opened(method, context, who.principal, token_hash, expires)
                 items = inner_us(request, context)
                 try:
                     while not stream.ended:
@@ -333,11 +342,22 @@ def certificate_expiry(auth_context: Mapping[str, Any]) -> float | None:
     """When the peer's verified client certificate expires (Unix time), or None without one."""
     pems = auth_context.get("x509_pem_cert") or ()
     for pem in pems:
-        try:
-            return x509.load_pem_x509_certificate(pem).not_valid_after_utc.timestamp()
-        except ValueError:
-            return None
+        return _not_after(bytes(pem))
     return None
+
+
+@functools.lru_cache(maxsize=1024)
+def _not_after(pem: bytes) -> float | None:
+    # Parsed once per certificate, not once per call: a connection presents the same one on every call.
+    try:
+        return x509.load_pem_x509_certificate(pem).not_valid_after_utc.timestamp()
+    except ValueError:
+        return None
+
+
+def _now() -> float:
+    """The wall clock's Unix time: certificates' notAfter is a wall-clock time."""
+    return datetime.datetime.now(datetime.UTC).timestamp()
 
 
 def certificate_expired(who: Principal, expires: float) -> str:
@@ -392,7 +412,7 @@ class _OpenStreams:
         while self._open:
             await asyncio.sleep(self.recheck_s)
             tokens = self._tokens()  # read again when the file changed (TokenFile)
-            now = datetime.datetime.now(datetime.UTC).timestamp()
+            now = _now()
             changed, seen = tokens is not seen, tokens
             for stream in list(self._open):
                 if stream.ended:
