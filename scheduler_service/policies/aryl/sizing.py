@@ -387,10 +387,11 @@ def _gpu_type_of(cycle: _Cycle, job: _Job) -> tuple[str, ...] | None:
 def plan_scales(cycle: _Cycle) -> list[ScaleJob]:
     """The plan's scales: each running job whose workers this cycle changed. A job started this cycle and
     grown at once starts at its full size instead (its ``StartJob`` is rewritten)."""
-    started = {s.job_id for s in cycle.starts}
+    started = {s.job_id: s for s in cycle.starts}
     scales = []
     changed = sorted((job_id, job) for job_id, job in cycle.running.items()
                      if job_id in started or not _unchanged(job))
+    regrown: dict[int, StartJob] = {}
     for job_id, job in changed:
         before = [(w.rank, w.server_id, w.gpu_indices) for w in sorted(job.view.workers, key=lambda w: w.rank)]
         after = [(rank, w.server_id, w.gpu_indices) for rank, w in enumerate(job.workers)]
@@ -400,19 +401,19 @@ def plan_scales(cycle: _Cycle) -> list[ScaleJob]:
                 # (the message names the size it starts with, not only its minimum).
                 grown = tuple(WorkerPlacement(r, sid, g) for r, sid, g in after)
                 extras = len(grown) - job.view.min_workers
-                cycle.starts = [
-                    StartJob(s.job_id, grown, s.reason,
-                             f"{_placed(grown)}: its minimum of {job.view.min_workers} and {extras} elastic "
-                             f"extra(s) from this cycle's spare GPUs{s.message.removeprefix(_placed(s.workers))}")
-                    if s.job_id == job_id else s
-                    for s in cycle.starts
-                ]
+                s = started[job_id]
+                regrown[job_id] = StartJob(
+                    s.job_id, grown, s.reason,
+                    f"{_placed(grown)}: its minimum of {job.view.min_workers} and {extras} elastic "
+                    f"extra(s) from this cycle's spare GPUs{s.message.removeprefix(_placed(s.workers))}")
             continue
         if after != before:
             scales.append(
                 ScaleJob(job_id, tuple(WorkerPlacement(r, sid, g) for r, sid, g in after),
                          job.reason or Reason.SCALED_OUT, job.message)
             )
+    if regrown:
+        cycle.starts = [regrown.get(s.job_id, s) for s in cycle.starts]
     return scales
 
 
