@@ -54,8 +54,8 @@ def test_unknown_policy_is_refused_at_start_up(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=60, check=False,
     )
     assert result.returncode == 2
-    registered = ("aryl, aryl-naivereclaim, aryl-noelastic, aryl-nogoodput, aryl-nojoint, aryl-noloan, dl2, drf, fifo, "
-                  "optimus, pollux, qos, sjf, tiresias")
+    registered = ("aryl, aryl-naivereclaim, aryl-noelastic, aryl-nogoodput, aryl-nojoint, aryl-noloan, aryl-noshrink, "
+                  "dl2, drf, fifo, optimus, pollux, qos, sjf, tiresias")
     assert f"unknown policy 'nope'; registered: {registered}" in result.stderr
 
 
