@@ -1634,7 +1634,7 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--batch-size", type=_uint32, metavar="INIT",
                         help="the job adapts its batch size to its allocation (goodput): INIT is the total batch "
                              "its hyper-parameters were tuned for; its workers get ARYL_LOCAL_BATCH_SIZE and "
-                             "ARYL_ACCUM_STEPS (README, the job contract); default: none, the job's batch is its own")
+                             "ARYL_ACCUM_STEPS (the job contract: docs/jobs.md); default: none, its batch is its own")
     submit.add_argument("--max-batch-size", type=_uint32, metavar="N",
                         help="with --batch-size: the largest total batch it accepts (default: INIT, a fixed total)")
     submit.add_argument("--max-local-batch-size", type=_uint32, metavar="N",
