@@ -10,6 +10,7 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Sequence
 
 from benchmarks import (
     bench_agents,
@@ -37,19 +38,20 @@ DEFAULT_ADMIN_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
 log = logging.getLogger("aryl.bench")
 
 
-def registry() -> dict[str, Benchmark]:
+def registry(benchmarks: Sequence[Benchmark] = BENCHMARKS) -> dict[str, Benchmark]:
     by_name: dict[str, Benchmark] = {}
-    for bench in BENCHMARKS:
+    for bench in benchmarks:
         if bench.name in by_name:
             raise ValueError(f"two benchmarks are named {bench.name!r}")
         by_name[bench.name] = bench
     return by_name
 
 
-def parse_args(argv: list[str] | None, names: list[str]) -> argparse.Namespace:
+def parse_args(argv: list[str] | None, by_name: dict[str, Benchmark]) -> argparse.Namespace:
+    names = list(by_name)
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks", description="Aryl benchmarks: one JSON figure per line on stdout.",
-        epilog="Benchmarks: " + "; ".join(f"{b.name}: {b.summary}" for b in BENCHMARKS),
+        epilog="Benchmarks: " + "; ".join(f"{b.name}: {b.summary}" for b in by_name.values()),
     )
     parser.add_argument("--only", action="append", choices=names, metavar="NAME",
                         help=f"run only this benchmark (repeatable; one of: {', '.join(names)})")
@@ -62,9 +64,10 @@ def parse_args(argv: list[str] | None, names: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    by_name = registry()
-    args = parse_args(argv, list(by_name))
+def main(argv: list[str] | None = None, benchmarks: Sequence[Benchmark] = BENCHMARKS) -> int:
+    """Run the benchmarks of ``argv`` (all by default) from ``benchmarks``; 1 when any of them raised."""
+    by_name = registry(benchmarks)
+    args = parse_args(argv, by_name)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
     ctx = BenchContext(admin_url=args.database_url, sizes=QUICK if args.quick else FULL)
     failed = []
