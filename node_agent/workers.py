@@ -268,14 +268,6 @@ class Worker:
         return cls(spec=WorkerSpec(**spec), **{**fields, "phase": Phase(fields["phase"])})
 
 
-def read_exit_file(path: Path) -> tuple[int, str] | None:
-    """``(exit_code, message)`` as the shim recorded it; None when it recorded nothing."""
-    try:
-        return parse_exit_record(path.read_text(encoding="utf-8"))
-    except OSError:
-        return None
-
-
 def parse_exit_record(text: str | None) -> tuple[int, str] | None:
     """An exit file's text as ``(exit_code, message)``; None when it is not one."""
     try:

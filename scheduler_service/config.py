@@ -78,7 +78,8 @@ class DatabaseConfig(ConfigSection):
 
 
 class SchedulingConfig(ConfigSection):
-    policy: str = Field("aryl", description="registered policy name: aryl, aryl-noloan, aryl-noelastic, sjf, fifo")
+    policy: str = Field("aryl", description="a registered policy's name (docs/policies.md lists every one; an "
+                                            "unknown name is refused at start-up, naming them all)")
     cycle_interval_s: float = Field(2.0, gt=0, description="periodic cycle tick; events also trigger cycles")
     min_cycle_gap_s: float = Field(
         0.05, ge=0, description="least time between two cycles: a burst of events is batched into one cycle"

@@ -146,12 +146,6 @@ def require_owner(owner: str, what: str) -> None:
                            f"(you are {who.principal})")
 
 
-def can_see_env(owner: str) -> bool:
-    """Whether the caller may read a job's environment: its owner and admins."""
-    who = _CALLER.get()
-    return who is None or who.is_admin or who.name == owner
-
-
 def require_server(server_id: str) -> None:
     """PermissionDenied unless the caller is the agent of ``server_id`` (token and, with TLS, its client
     certificate both naming it) or an admin."""

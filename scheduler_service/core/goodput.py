@@ -188,11 +188,6 @@ def best_batch_size(perf: PerfParams, grad: GradParams, init_bsz: int, nodes: in
     return best
 
 
-def remaining_fraction(progress: float, target: float) -> float:
-    """The share of a job's training target still to do (0 once reached)."""
-    return max(0.0, 1.0 - progress / target) if target > 0 else 0.0
-
-
 # --------------------------------------------------------------------------------------------------
 # Fitting the step-time parameters to a job's measurements
 # --------------------------------------------------------------------------------------------------

@@ -196,9 +196,6 @@ class QuotaLedger:
     def release(self, job: JobView, gpus: int) -> None:
         self.queue_of(job).used_gpus -= gpus
 
-    def borrowing_queues(self) -> frozenset[str]:
-        return frozenset(q.name for q in self.queues.values() if q.used_gpus > q.quota_gpus)
-
     # -- ordering ---------------------------------------------------------------------------------
 
     def order(self, jobs: Iterable[JobView], key: Callable[[JobView], Any]) -> list[JobView]:

@@ -124,9 +124,6 @@ class _Cycle:
     admitted: set[int] | None = None
     deferred: dict[int, str] = field(default_factory=dict)
 
-    def training_capable(self, server_id: str) -> bool:
-        return self.server_state[server_id] in _TRAINING_CAPABLE
-
     def estimate(self, job: JobView) -> JobEstimate:
         """The job's remaining work and speed curve at ``now``; computed once per cycle, and only for
         the jobs a step asks about (the queue, the elastic jobs), not every active job."""
