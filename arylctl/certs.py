@@ -117,9 +117,10 @@ def _san(names: tuple[str, ...]) -> x509.SubjectAlternativeName:
 
 
 def _issue(ca_cert: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey, common_name: str,
-           names: tuple[str, ...], *, server: bool) -> tuple[bytes, bytes]:
+           names: tuple[str, ...], *, server: bool, not_after: datetime.datetime | None = None) -> tuple[bytes, bytes]:
     key = _key()
     now = datetime.datetime.now(datetime.UTC)
+    not_after = not_after or now + datetime.timedelta(days=VALID_DAYS)
     usages = [ExtendedKeyUsageOID.CLIENT_AUTH] + ([ExtendedKeyUsageOID.SERVER_AUTH] if server else [])
     cert = (
         x509.CertificateBuilder()
@@ -127,8 +128,8 @@ def _issue(ca_cert: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey, common
         .issuer_name(ca_cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=VALID_DAYS))
+        .not_valid_before(min(now, not_after) - datetime.timedelta(minutes=5))
+        .not_valid_after(not_after)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         .add_extension(_san((common_name, *names)), critical=False)
@@ -305,12 +306,13 @@ def _uid_has_account(uid: int) -> bool:
 
 
 def issue_from(directory: str | Path, stem: str, common_name: str, names: tuple[str, ...] = LOCAL_NAMES, *,
-               server: bool = True) -> tuple[Path, Path]:
+               server: bool = True, not_after: datetime.datetime | None = None) -> tuple[Path, Path]:
     """Issue one more certificate (``stem``.crt/.key) from the CA that ``init`` wrote into ``directory``
-    (e.g. for an agent added later); returns the certificate's and the key's paths."""
+    (e.g. for an agent added later), valid ``VALID_DAYS`` or until ``not_after``; returns the
+    certificate's and the key's paths."""
     out = Path(directory)
     ca_cert, ca_key = _load_ca(out)
-    _write_pair(out, stem, _issue(ca_cert, ca_key, common_name, names, server=server))
+    _write_pair(out, stem, _issue(ca_cert, ca_key, common_name, names, server=server, not_after=not_after))
     return out / f"{stem}.crt", out / f"{stem}.key"
 
 

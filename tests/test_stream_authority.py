@@ -25,13 +25,10 @@ from typing import Any
 
 import grpc
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from aryl_common import security
 from aryl_common.security import ClientSecurity, Principal
+from arylctl import certs
 from migrations import upgrade
 from protos.aryl.v1 import (
     agent_pb2,
@@ -161,6 +158,43 @@ def test_one_user_cannot_starve_a_routers_or_an_admins_stream(live: Any) -> None
 # Revocation during a stream
 
 
+async def _desired_state_of_gpu_1(agent: grpc.aio.Channel) -> Any:
+    """Register server gpu-1 as its agent on ``agent``; its WatchDesiredState stream, open and served."""
+    stub = agent_pb2_grpc.AgentServiceStub(agent)
+    registered = await stub.RegisterServer(agent_pb2.RegisterServerRequest(
+        hostname="gpu-1", pool=types_pb2.POOL_TRAINING, agent_address="gpu-1", agent_version="test",
+        gpus=[agent_pb2.GpuInfo(index=0, uuid="GPU-gpu-1-0", model="Fake", memory_total_bytes=1 << 30)]),
+        timeout=scaled_timeout(30))
+    desired = stub.WatchDesiredState(agent_pb2.WatchDesiredStateRequest(server_id=registered.server_id))
+    await desired.read()
+    return desired
+
+
+async def _streams(handle: ServerHandle, alice: grpc.aio.Channel, bob: grpc.aio.Channel,
+                   agent: grpc.aio.Channel) -> tuple[list[asyncio.Task[grpc.aio.AioRpcError]], Any,
+                                                     asyncio.Task[grpc.aio.AioRpcError]]:
+    """Alice's WatchEvents and gpu-1's WatchDesiredState (the streams a test ends: the tasks that read
+    them to their end), and Bob's WatchEvents (the stream it keeps, and the task reading it), all open."""
+    desired = await _desired_state_of_gpu_1(agent)
+    watch = scheduler_pb2_grpc.SchedulerServiceStub(alice).WatchEvents(scheduler_pb2.WatchEventsRequest())
+    kept = scheduler_pb2_grpc.SchedulerServiceStub(bob).WatchEvents(scheduler_pb2.WatchEventsRequest())
+    ends = [asyncio.create_task(_ended(call)) for call in (watch, desired)]
+    bobs = asyncio.create_task(_ended(kept))
+    limits = handle.service.stream_limits
+    assert limits is not None
+    await _wait(lambda: limits.open == 2, "both watch streams")
+    return ends, kept, bobs
+
+
+async def _close_kept(handle: ServerHandle, kept: Any, bobs: asyncio.Task[grpc.aio.AioRpcError]) -> None:
+    """Once alice's stream has ended: its place released, and bob's stream closed by bob."""
+    limits = handle.service.stream_limits
+    assert limits is not None
+    await _wait(lambda: limits.open == 1, "alice's place released")
+    kept.cancel()
+    await asyncio.gather(bobs, return_exceptions=True)
+
+
 def _revoke(tokens: Path, *principals: str) -> None:
     kept = [line for line in tokens.read_text().splitlines()
             if not any(line.startswith(f"{p.replace(':', ' ')} ") for p in principals)]
@@ -175,18 +209,7 @@ def test_revoking_a_token_ends_its_open_watch_and_desired_state_streams(live: An
     async def scenario() -> None:
         async with channel_as(handle, "user:alice") as alice, channel_as(handle, "user:bob") as bob, \
                 channel_as(handle, "agent:gpu-1", server_id="gpu-1") as agent:
-            agents = agent_pb2_grpc.AgentServiceStub(agent)
-            registered = await agents.RegisterServer(agent_pb2.RegisterServerRequest(
-                hostname="gpu-1", pool=types_pb2.POOL_TRAINING, agent_address="gpu-1", agent_version="test",
-                gpus=[agent_pb2.GpuInfo(index=0, uuid="GPU-gpu-1-0", model="Fake", memory_total_bytes=1 << 30)]),
-                timeout=30)
-            desired = agents.WatchDesiredState(agent_pb2.WatchDesiredStateRequest(server_id=registered.server_id))
-            await desired.read()  # open and served
-            watch = scheduler_pb2_grpc.SchedulerServiceStub(alice).WatchEvents(scheduler_pb2.WatchEventsRequest())
-            kept = scheduler_pb2_grpc.SchedulerServiceStub(bob).WatchEvents(scheduler_pb2.WatchEventsRequest())
-            ends = [asyncio.create_task(_ended(call)) for call in (watch, desired)]
-            bobs = asyncio.create_task(_ended(kept))
-            await _wait(lambda: handle.service.stream_limits.open == 2, "both watch streams")
+            ends, kept, bobs = await _streams(handle, alice, bob, agent)
 
             _revoke(tokens, "user:alice", "agent:gpu-1")
             # Bound: auth.STREAM_RECHECK_S + the token file's check interval (about 2 s); generous here.
@@ -194,9 +217,7 @@ def test_revoking_a_token_ends_its_open_watch_and_desired_state_streams(live: An
                 assert ended.code() == grpc.StatusCode.UNAUTHENTICATED, ended
                 assert "revoked" in (ended.details() or "")
             assert not bobs.done()  # a token still in the file keeps its stream
-            await _wait(lambda: handle.service.stream_limits.open == 1, "alice's place released")
-            kept.cancel()
-            await asyncio.gather(bobs, return_exceptions=True)
+            await _close_kept(handle, kept, bobs)
 
     asyncio.run(scenario())
 
@@ -205,32 +226,12 @@ def test_revoking_a_token_ends_its_open_watch_and_desired_state_streams(live: An
 # A certificate that expires during a stream
 
 
-def _certificate(directory: Path, stem: str, common_name: str, not_after: datetime.datetime) -> tuple[str, str]:
-    """A client certificate from the session's CA, as ``arylctl certs`` issues them but valid only until
-    ``not_after`` (whole seconds: X.509 times carry no fraction); its certificate's and key's paths."""
-    ca_dir = pki().dir
-    ca_cert = x509.load_pem_x509_certificate((ca_dir / "ca.crt").read_bytes())
-    ca_key = serialization.load_pem_private_key((ca_dir / "ca.key").read_bytes(), password=None)
-    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(not_after - datetime.timedelta(hours=1))
-        .not_valid_after(not_after)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(common_name)]), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    cert_path, key_path = directory / f"{stem}.crt", directory / f"{stem}.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    return str(cert_path), str(key_path)
+def _certificate(tmp_path: Path, who: str, common_name: str, not_after: datetime.datetime) -> tuple[str, str]:
+    """A client certificate from the session's CA (``arylctl certs``) valid only until ``not_after``
+    (whole seconds: X.509 times carry no fraction); its certificate's and key's paths."""
+    cert, key = certs.issue_from(pki().dir, f"{tmp_path.name}-{who}", common_name, (), server=False,
+                                 not_after=not_after)
+    return str(cert), str(key)
 
 
 def _channel_with(handle: ServerHandle, principal: str, cert: tuple[str, str]) -> grpc.aio.Channel:
@@ -258,19 +259,7 @@ def test_a_certificate_that_expires_ends_its_open_watch_and_desired_state_stream
         async with _channel_with(handle, "user:alice", alices) as alice, \
                 _channel_with(handle, "agent:gpu-1", agents) as agent, \
                 channel_as(handle, "user:bob") as bob:
-            agent_stub = agent_pb2_grpc.AgentServiceStub(agent)
-            registered = await agent_stub.RegisterServer(agent_pb2.RegisterServerRequest(
-                hostname="gpu-1", pool=types_pb2.POOL_TRAINING, agent_address="gpu-1", agent_version="test",
-                gpus=[agent_pb2.GpuInfo(index=0, uuid="GPU-gpu-1-0", model="Fake", memory_total_bytes=1 << 30)]),
-                timeout=scaled_timeout(30))
-            desired = agent_stub.WatchDesiredState(agent_pb2.WatchDesiredStateRequest(
-                server_id=registered.server_id))
-            await desired.read()  # open and served
-            watch = scheduler_pb2_grpc.SchedulerServiceStub(alice).WatchEvents(scheduler_pb2.WatchEventsRequest())
-            kept = scheduler_pb2_grpc.SchedulerServiceStub(bob).WatchEvents(scheduler_pb2.WatchEventsRequest())
-            ends = [asyncio.create_task(_ended(call)) for call in (watch, desired)]
-            bobs = asyncio.create_task(_ended(kept))
-            await _wait(lambda: handle.service.stream_limits.open == 2, "both watch streams")
+            ends, kept, bobs = await _streams(handle, alice, bob, agent)
             opened_at = time.time()
             assert opened_at < not_after.timestamp(), (
                 f"the streams took {opened_at - not_after.timestamp() + scaled_timeout(4):.1f} s to open, past "
@@ -286,9 +275,7 @@ def test_a_certificate_that_expires_ends_its_open_watch_and_desired_state_stream
                 assert "arylctl certs renew DIR" in details, details
             assert time.time() >= not_after.timestamp()  # not before its time
             assert not bobs.done()  # a certificate still valid keeps its stream
-            await _wait(lambda: handle.service.stream_limits.open == 1, "alice's place released")
-            kept.cancel()
-            await asyncio.gather(bobs, return_exceptions=True)
+            await _close_kept(handle, kept, bobs)
 
     asyncio.run(scenario())
 
