@@ -7,7 +7,8 @@ change serves every stream (the event log for WatchEvents, the serving pool for 
 server's desired state for WatchDesiredState), so an idle stream costs no database work and holds no
 thread (the server is asyncio). Watch streams are counted per principal, per role and in all
 (``stream_limits``); an event stream that falls its buffer behind is ended (RESOURCE_EXHAUSTED), and
-every stream whose caller's token is revoked is ended by ``auth`` (UNAUTHENTICATED).
+every stream whose caller's token is revoked, or whose client certificate expires, is ended by ``auth``
+(UNAUTHENTICATED).
 """
 
 from __future__ import annotations
