@@ -355,7 +355,8 @@ def _now() -> float:
 
 
 def certificate_expired(who: Principal, expires: float) -> str:
-    """Why a stream of ``who`` ended when its client certificate expired (at ``expires``), and the fix."""
+    """Why a call of ``who`` is refused, or its stream ended, after its client certificate expired (at
+    ``expires``), and the fix."""
     when = datetime.datetime.fromtimestamp(expires, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     return (f"the client certificate of {who} expired at {when} (its notAfter); connect again with a "
             "certificate valid now, issued by the cluster's CA (a development CA: arylctl certs renew DIR issues "
