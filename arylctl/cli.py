@@ -60,7 +60,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from aryl_common.backoff import Backoff
 from aryl_common.entry import add_debug_flag, package_version, run_guarded
-from aryl_common.security import ENV_INSECURE, SECURE_BY_DEFAULT, ClientSecurity, default_token_file
+from aryl_common.security import ENV_INSECURE, ENV_TLS_CERT, SECURE_BY_DEFAULT, ClientSecurity, default_token_file
 from arylctl import certs, completion
 from arylctl.argv_secrets import SECRET_REFERENCE_PREFIX, secret_looking_arguments
 from arylctl.arrays import ArraySpecError, element_key, parse_array
@@ -1869,8 +1869,29 @@ def _tls_hint(message: str, address: str, plaintext: bool) -> str | None:
     if "CERTIFICATE_VERIFY_FAILED" in message:
         return (f"hint: the certificate of {address} is not signed by a CA arylctl trusts: export {tls_env}; "
                 "ARYL_TLS_CA must be the CA that signed the scheduler's certificate")
+    expired = _client_certificate_expiry()
+    if expired is not None:  # the scheduler's TLS refuses it at the handshake: it closes the socket
+        path, not_after = expired
+        return (f"hint: the client certificate {path} (ARYL_TLS_CERT) expired at {not_after:%Y-%m-%d %H:%M:%S} UTC; "
+                "a development CA re-issues its certificates with 'arylctl certs renew DIR' (same keys), "
+                "otherwise ask the cluster's admin for a new one (docs/security.md)")
     return (f"hint: the TLS handshake with {address} failed: export {tls_env}; for a scheduler started with "
             "--insecure (plaintext), pass --insecure or set ARYL_INSECURE=1 instead")
+
+
+def _client_certificate_expiry() -> tuple[str, dt.datetime] | None:
+    """(path, notAfter) of the client certificate ARYL_TLS_CERT names, when it has expired; None otherwise
+    (none set, unreadable, or still valid)."""
+    path = os.environ.get(ENV_TLS_CERT)
+    if not path:
+        return None
+    try:
+        from cryptography import x509
+
+        not_after = x509.load_pem_x509_certificate(Path(path).read_bytes()).not_valid_after_utc
+    except (OSError, ValueError):
+        return None
+    return (path, not_after) if not_after <= dt.datetime.now(dt.UTC) else None
 
 
 def _report_rpc_error(exc: ArylError, address: str, timeout: float, stderr: TextIO, *, plaintext: bool = False) -> int:

@@ -152,3 +152,36 @@ def test_loader_variables_are_refused_at_submission(scheduler_factory, capsys) -
     with channel:
         job = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec)).job
         assert job.spec.env["LD_LIBRARY_PATH"] == "/opt/lib"
+
+
+def test_an_expired_client_certificate_is_named_with_its_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The scheduler's TLS refuses an expired client certificate at the handshake: the client only sees the
+    # socket closed, so arylctl reads ARYL_TLS_CERT's notAfter itself.
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    from arylctl import cli
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "user:alice")])
+    now = datetime.datetime.now(datetime.UTC)
+
+    def certificate(not_after: datetime.datetime) -> Path:
+        cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+                .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=2))
+                .not_valid_after(not_after).sign(key, hashes.SHA256()))
+        path = tmp_path / f"client-{not_after.timestamp():.0f}.crt"
+        path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        return path
+
+    old = certificate(now - datetime.timedelta(days=1))
+    monkeypatch.setenv("ARYL_TLS_CERT", str(old))
+    hint = cli._tls_hint("Socket closed", "sched:50051", False)
+    assert hint is not None and f"{old} (ARYL_TLS_CERT) expired at" in hint and "arylctl certs renew DIR" in hint
+    monkeypatch.setenv("ARYL_TLS_CERT", str(certificate(now + datetime.timedelta(days=1))))
+    hint = cli._tls_hint("Socket closed", "sched:50051", False)
+    assert hint is not None and "expired" not in hint and "TLS handshake" in hint
