@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
+import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from aryl_common.ports import free_loopback_port as free_port  # noqa: F401 (tests import it from here)
 
@@ -86,3 +89,21 @@ async def wait_until(predicate: Callable[[], object], what: str, timeout: float 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
         await asyncio.sleep(poll_s)
+
+
+@contextmanager
+def terminating(proc: subprocess.Popen[Any], *, timeout: float = 30.0) -> Iterator[Callable[[], Any]]:
+    """``with terminating(proc) as stop:`` ... ``output = stop()``: ``stop`` sends SIGTERM and returns the
+    process's whole output once it exited (within ``timeout``, scaled); leaving the block kills it if it
+    is still running (the block failed before ``stop``, or ``stop`` timed out)."""
+    def stop() -> Any:
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=scaled_timeout(timeout))
+        return output
+
+    try:
+        yield stop
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
-import signal
 import socket
 import sqlite3
 import subprocess
@@ -23,7 +22,7 @@ from inference_router.config import load_router_config
 from node_agent.config import load_agent_config
 from scheduler_service.config import load_config
 from tests.harness import postgres_admin_url, security_env
-from tests.helpers import free_port, wait_for
+from tests.helpers import free_port, terminating, wait_for
 from tests.test_scheduler_process import serving
 
 BIN = Path(sys.executable).parent
@@ -76,17 +75,12 @@ def test_scheduler_starts_with_the_clients_aryl_server_exported_and_arylctl_read
                     ARYL_DATABASE__URL=f"sqlite:///{tmp_path / 'aryl.db'}")
     proc = subprocess.Popen([str(BIN / "aryl-scheduler")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             env=env, text=True)
-    try:
+    with terminating(proc) as stop:
         wait_for(lambda: proc.poll() is not None or serving(address), timeout=60, what="the scheduler to serve")
         assert proc.poll() is None, proc.communicate()[0]
         cluster = run("arylctl", "cluster", env=env)  # no --server: the address comes from ARYL_SERVER
         assert cluster.returncode == 0, cluster.stderr
-        proc.send_signal(signal.SIGTERM)
-        output, _ = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        output = stop()
     assert proc.returncode == 0, output
     assert "scheduler started" in output
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +12,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.harness import secure_channel
-from tests.helpers import free_port, wait_for
+from tests.helpers import free_port, terminating, wait_for
 
 BIN = Path(sys.executable).parent / "aryl-scheduler"
 
@@ -34,14 +33,9 @@ def test_starts_on_an_empty_database_and_stops_on_sigterm(tmp_path: Path) -> Non
         [str(BIN), "--listen", address, "--database-url", f"sqlite:///{tmp_path / 'db' / 'aryl.db'}"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
     )
-    try:
+    with terminating(proc) as stop:
         wait_for(lambda: serving(address), timeout=60, what="the scheduler to serve")
-        proc.send_signal(signal.SIGTERM)
-        output, _ = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        output = stop()
     assert proc.returncode == 0
     log = output.decode()
     assert '"event": "scheduler started"' in log
@@ -87,22 +81,17 @@ def test_a_start_without_certificates_names_a_flag_that_exists(tmp_path: Path) -
     address = f"127.0.0.1:{free_port()}"
     proc = subprocess.Popen([str(BIN), "--insecure", "--listen", address, "--database-url", db],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
-    try:
-        def plaintext_serving() -> bool:
-            try:
-                with grpc.insecure_channel(address) as channel:
-                    reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1)
-                    return reply.status == health_pb2.HealthCheckResponse.SERVING
-            except grpc.RpcError:
-                return False
+    def plaintext_serving() -> bool:
+        try:
+            with grpc.insecure_channel(address) as channel:
+                reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1)
+                return reply.status == health_pb2.HealthCheckResponse.SERVING
+        except grpc.RpcError:
+            return False
 
+    with terminating(proc) as stop:
         wait_for(plaintext_serving, timeout=60, what="the --insecure scheduler to serve plaintext")
-        proc.send_signal(signal.SIGTERM)
-        output, _ = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        output = stop()
     log = output.decode()
     assert "scheduler started" in log and "Running upgrade" in log
     assert re.search(r"issue \d", log + refused.stderr, re.IGNORECASE) is None, log
