@@ -10,7 +10,7 @@ last event it printed.
 
 A job as ``-o json|yaml`` prints it (``arylctl job ID``, ``submit``, ``cancel``) is a valid
 ``submit -f`` file: its ``spec`` is submitted, in the protobuf JSON spelling
-(``arylctl.client.normalize_job_spec_mapping``), and the job's read-only fields (``job_id``,
+(``arylctl.spec.normalize_job_spec_mapping``), and the job's read-only fields (``job_id``,
 ``state``, ``events``, ...) are ignored with a note on stderr.
 
 Exit codes (those of every Aryl program, ``aryl_common.entry``): 0 success; 1 the server refused or
@@ -39,23 +39,17 @@ import argparse
 import datetime as dt
 import difflib
 import itertools
-import json
 import math
 import os
 import sys
 import threading
 import time
-import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from queue import Empty, SimpleQueue
 from typing import Any, Final, TextIO
 
 import grpc
-import yaml
-from google.protobuf.duration_pb2 import Duration
-from google.protobuf.json_format import MessageToDict
-from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from aryl_common.backoff import Backoff
@@ -79,17 +73,48 @@ from arylctl.client import (
     default_address,
     job_spec_from_mapping,
     new_idempotency_key,
-    normalize_job_spec_mapping,
     parse_deadline,
 )
 from arylctl.login import UnsafeTokenPath, store_token
+from arylctl.output import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    NAME_COMMANDS,
+    PROG,
+    Output,
+    UsageError,
+    age,
+    duration_text,
+    elapsed_text,
+    enum_name,
+    format_fields,
+    format_table,
+    local_time,
+    printable,
+    short_state,
+)
 from arylctl.queues import add_queue_commands
+from arylctl.spec import submit_directory, submit_spec_mapping, submit_spec_problems
 from arylctl.what_if import add_what_if_command
 from protos.aryl.v1 import scheduler_pb2, types_pb2
 
-__all__ = ["UsageError", "build_parser", "format_table", "main", "parse_args"]
+# Some of these live in arylctl.output and arylctl.spec now; they stay importable from here.
+__all__ = [
+    "UsageError",
+    "build_parser",
+    "elapsed_text",
+    "enum_name",
+    "format_table",
+    "main",
+    "parse_args",
+    "printable",
+    "submit_directory",
+    "submit_spec_mapping",
+]
 
-PROG: Final = "arylctl"
 # `events` without --follow: the log has no end marker, so "caught up" means the stream was
 # quiet this long (the connection is established before the clock starts). A busy scheduler paces its
 # fan-out to streams (``scheduler_service.notify``): 0.5 s returned an empty log under load.
@@ -109,213 +134,6 @@ EVENTS_RECONNECT_CODES: Final = frozenset({
 # `submit` retrying a submission (the scheduler restarting): a progress line at the first retry and then
 # at most this often.
 SUBMIT_PROGRESS_EVERY_S: Final = 5.0
-
-EXIT_OK: Final = 0
-EXIT_FAILED: Final = 1
-EXIT_USAGE: Final = 2
-EXIT_UNAVAILABLE: Final = 3
-EXIT_INTERRUPTED: Final = 130
-
-
-class UsageError(Exception):
-    """The command line (or a spec file it names) is wrong; the message says how."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Formatting
-
-
-# Characters that must not reach a terminal as they are: C0/C1 controls (ESC starts sequences that
-# move the cursor, recolour, retitle the window or worse), DEL, line/paragraph separators and the
-# invisible format characters (U+202E and the other bidi overrides reorder what follows).
-_UNPRINTABLE_CATEGORIES: Final = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"})
-
-
-def printable(value: object) -> str:
-    """``str(value)`` safe to print in a table or a text line: every control or invisible format
-    character becomes a visible escape (``\\x1b``, ``\\u202e``, ``\\n``: newlines too, since a value
-    is one cell). Used by every table and text renderer; never on ``logs`` (the worker's own
-    stream) nor on ``-o json|yaml`` (their encoders escape these already)."""
-    text = "" if value is None else str(value)
-    if text.isprintable():  # the common case, and it is fast
-        return text
-    return "".join(_escape(ch) for ch in text)
-
-
-def _escape(ch: str) -> str:
-    if unicodedata.category(ch) not in _UNPRINTABLE_CATEGORIES:
-        return ch  # e.g. a plain space, which isprintable() also counts as printable
-    code = ord(ch)
-    if ch in "\t\n\r":
-        return repr(ch)[1:-1]
-    if code <= 0xFF:
-        return f"\\x{code:02x}"
-    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
-
-
-def format_table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
-    """Plain-text columns aligned on the widest cell, two spaces apart; the last column ragged.
-    Cells go through :func:`printable`."""
-    cells = [list(headers)] + [[printable(value) for value in row] for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in cells]
-    return "\n".join(lines)
-
-
-def format_fields(fields: Iterable[tuple[str, object]]) -> str:
-    """``Label:  value`` lines with the values aligned (through :func:`printable`)."""
-    pairs = [(label + ":", printable(value)) for label, value in fields]
-    width = max((len(label) for label, _ in pairs), default=0)
-    return "\n".join(f"{label.ljust(width)}  {value}".rstrip() for label, value in pairs)
-
-
-def enum_name(enum: Any, value: int) -> str:
-    """``JOB_STATE_RUNNING`` -> ``RUNNING``: the name without the prefix its UNSPECIFIED value shares."""
-    prefix = enum.Name(0).removesuffix("UNSPECIFIED")
-    try:
-        return enum.Name(value).removeprefix(prefix)
-    except ValueError:  # a value from a newer server
-        return str(value)
-
-
-_STATE_PREFIXES: Final = tuple(
-    enum.Name(0).removesuffix("UNSPECIFIED")
-    for enum in (types_pb2.JobState, types_pb2.ServerState, types_pb2.LoanState)
-)
-
-
-def short_state(name: str) -> str:
-    """An event's from/to state string without its enum prefix."""
-    for prefix in _STATE_PREFIXES:
-        if name.startswith(prefix):
-            return name.removeprefix(prefix)
-    return name
-
-
-def local_time(ts: Timestamp) -> str:
-    """A timestamp as local ISO time to the second; ``-`` when unset."""
-    if ts.seconds == 0 and ts.nanos == 0:
-        return "-"
-    return ts.ToDatetime(tzinfo=dt.UTC).astimezone().strftime("%Y-%m-%d %H:%M:%S")
-
-
-def age(ts: Timestamp, now: dt.datetime | None = None) -> str:
-    """How long ago, coarsely (``42s``, ``5m``, ``3h``, ``2d``); ``-`` when unset."""
-    if ts.seconds == 0 and ts.nanos == 0:
-        return "-"
-    now = now or dt.datetime.now(dt.UTC)
-    return seconds_text(max(0.0, (now - ts.ToDatetime(tzinfo=dt.UTC)).total_seconds()), coarse=True)
-
-
-def seconds_text(seconds: float, *, coarse: bool = False) -> str:
-    """``5400`` -> ``1h30m``; coarse keeps only the largest unit."""
-    remaining = round(seconds)
-    parts = []
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
-        count, remaining = divmod(remaining, size)
-        if count:
-            parts.append(f"{count}{unit}")
-    if not parts:
-        return "0s"
-    return parts[0] if coarse else "".join(parts)
-
-
-def elapsed_text(seconds: float) -> str:
-    """A span in its two largest units, the second zero-padded: ``42s``, ``3m12s``, ``2h05m``,
-    ``4d3h`` (days are not padded: ``4d03h`` reads as a typo)."""
-    total = max(0, int(seconds))
-    days, rest = divmod(total, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days}d{hours}h"
-    if hours:
-        return f"{hours}h{minutes:02d}m"
-    if minutes:
-        return f"{minutes}m{secs:02d}s"
-    return f"{secs}s"
-
-
-def duration_text(duration: Duration) -> str:
-    return seconds_text(duration.ToTimedelta().total_seconds()) if duration.ByteSize() else "-"
-
-
-def to_dict(message: Message) -> dict[str, Any]:
-    # Every field, zero values included: a missing `priority` or `restarts` would read as "unknown".
-    # (Message fields that are not set, such as an absent deadline, still have no key.)
-    return MessageToDict(message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
-
-
-class Output:
-    """Where a command's result goes (``stream``, in the format chosen with ``-o``) and where
-    notes for the human go (``notes``: "No jobs found." and the like, never mixed into data)."""
-
-    def __init__(self, fmt: str, stream: TextIO, notes: TextIO) -> None:
-        self.fmt = fmt
-        self.stream = stream
-        self.notes = notes
-        self._snapshots = 0  # renders printed by --watch so far
-
-    def note(self, text: str) -> None:
-        print(text, file=self.notes)
-
-    def emit(
-        self,
-        data: Message | Sequence[Message],
-        table: Callable[[], str],
-        names: Callable[[], Iterable[str]] | None = None,
-    ) -> None:
-        """One result: a message (or a list of them for list commands); ``table`` renders it and
-        ``names`` gives its ids for ``-o name`` (commands without it are refused ``-o name``
-        before they call the server: ``NAME_COMMANDS``)."""
-        if self.fmt == "table":
-            text = table()
-            if text:
-                print(text, file=self.stream)
-            return
-        if self.fmt == "name":
-            if names is None:  # pragma: no cover - NAME_COMMANDS keeps this from happening
-                raise UsageError("-o name applies only to " + ", ".join(sorted(NAME_COMMANDS)))
-            for name in names():
-                print(printable(name), file=self.stream)
-            return
-        payload: Any = to_dict(data) if isinstance(data, Message) else [to_dict(item) for item in data]
-        self._dump(payload)
-
-    def emit_snapshot(
-        self, data: Sequence[Message], table: Callable[[], str], names: Callable[[], Iterable[str]]
-    ) -> None:
-        """One render of a watched list (``-w``): a table or ``-o name`` list after a blank line
-        (but the first); with ``-o json`` the list as one JSON line, with ``-o yaml`` one document."""
-        if self.fmt == "json":
-            print(json.dumps([to_dict(item) for item in data]), file=self.stream, flush=True)
-            return
-        if self.fmt == "yaml":
-            print("---", file=self.stream)
-            self._dump([to_dict(item) for item in data])
-        else:
-            if self._snapshots:
-                print(file=self.stream)
-            self.emit(data, table, names)
-        self._snapshots += 1
-        self.stream.flush()
-
-    def emit_stream_item(self, message: Message) -> None:
-        """One item of an unbounded stream: a JSON line, or a YAML document."""
-        if self.fmt == "json":
-            print(json.dumps(to_dict(message)), file=self.stream, flush=True)
-        else:
-            print("---", file=self.stream)
-            self._dump(to_dict(message))
-            self.stream.flush()
-
-    def _dump(self, payload: Any) -> None:
-        if self.fmt == "json":
-            print(json.dumps(payload, indent=2), file=self.stream)
-        else:
-            print(yaml.safe_dump(payload, sort_keys=False).rstrip("\n"), file=self.stream)
-
-
 # ---------------------------------------------------------------------------------------------
 # Rows
 
@@ -482,140 +300,6 @@ def _stream_line(row: Sequence[object], widths: Sequence[int]) -> str:
 # Commands. Each takes (client, parsed args, output) and returns an exit code.
 
 
-def _read_spec_file(path: str) -> dict[str, Any]:
-    try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text()
-    except OSError as exc:
-        raise UsageError(f"cannot read spec file {path}: {exc.strerror or exc}") from exc
-    try:
-        data = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        kind = "JSON" if path.endswith(".json") else "YAML"
-        raise UsageError(f"spec file {path} is not valid {kind}: {exc}") from exc
-    if not isinstance(data, dict):
-        raise UsageError(f"spec file {path} must hold a mapping of job spec keys, got {type(data).__name__}")
-    return data
-
-
-# submit flag (argparse dest) -> job spec key, for flags that override a spec file's value.
-_SUBMIT_FLAG_KEYS: Final = {
-    "name": "name",
-    "user": "user",
-    "queue": "queue",
-    "gpus_per_worker": "gpus_per_worker",
-    "min_workers": "min_workers",
-    "max_workers": "max_workers",
-    "priority": "priority",
-    "deadline": "deadline",
-    "max_runtime": "max_runtime_s",
-    "restart_policy": "restart_policy",
-    "max_restarts": "max_restarts",
-    "estimated_runtime": "estimated_runtime_s",
-    "priority_class": "priority_class",
-    "gpu_types": "gpu_types",
-    "batch_size": "batch_size",
-    "max_batch_size": "max_batch_size",
-    "max_local_batch_size": "max_local_batch_size",
-}
-
-
-READ_ONLY_NOTE_NAMES: Final = 4  # read-only keys named in the note about a job file; the rest counted
-
-
-def spec_of_file(data: Mapping[str, Any], path: str, note: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """The job spec keys of a spec file, which may also hold a whole job as ``-o json|yaml``
-    prints one: ``{job: {spec: ..., state: ...}, events: [...]}`` (``arylctl job``) or
-    ``{job_id: ..., spec: ..., state: ...}`` (``submit``/``cancel``). Of a job only the spec is
-    submitted; its read-only fields are ignored, with a note saying so."""
-    beside_job: list[str] = []
-    ignored: list[str] = []
-    if isinstance(data.get("job"), Mapping):
-        beside_job = [str(key) for key in data if key != "job"]
-        data = data["job"]
-    if isinstance(data.get("spec"), Mapping):
-        ignored = [str(key) for key in data if key != "spec"]
-        data = data["spec"]
-    ignored += beside_job  # the job's own fields first: job_id and state say what the file is
-    if ignored and note is not None:
-        named = ", ".join(ignored[:READ_ONLY_NOTE_NAMES])
-        more = f" and {len(ignored) - READ_ONLY_NOTE_NAMES} more" if len(ignored) > READ_ONLY_NOTE_NAMES else ""
-        note(f"note: {path} holds a job: submitting its spec, ignoring its read-only fields ({named}{more})")
-    try:
-        return normalize_job_spec_mapping(data)
-    except ValueError as exc:
-        raise UsageError(f"spec file {path}: {exc}") from exc
-
-
-def submit_spec_mapping(args: argparse.Namespace, note: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """The job spec keys from ``-f`` overlaid with the flags given (env entries merge per name)."""
-    data = spec_of_file(_read_spec_file(args.file), args.file, note) if args.file else {}
-    for flag, key in _SUBMIT_FLAG_KEYS.items():
-        value = getattr(args, flag)
-        if value is not None:
-            data[key] = value
-    if args.env:
-        env = data.get("env") or {}
-        if not isinstance(env, Mapping):
-            raise UsageError(f"spec file {args.file}: 'env' must be a mapping, got {env!r}")
-        data["env"] = {**env, **dict(args.env)}
-    if args.command:
-        data["command"] = args.command
-    _set_working_dir(data, args.chdir, note)
-    problems = submit_spec_problems(data)
-    if problems:
-        raise UsageError("\nerror: ".join(problems))
-    return data
-
-
-def submit_spec_problems(data: Mapping[str, Any]) -> list[str]:
-    """What a submission lacks, every item at once: a job name, a command."""
-    problems = []
-    if data.get("name") is None:
-        problems.append("submit needs a job name: --name NAME (or 'name' in the -f file)")
-    if not data.get("command"):
-        problems.append(f"submit needs a command: {PROG} submit [flags] -- PROGRAM [ARGS...] (or 'command' in the "
-                        "-f file)")
-    return problems
-
-
-def _set_working_dir(data: dict[str, Any], chdir: str | None, note: Callable[[str], None] | None) -> None:
-    """``working_dir``: ``--chdir`` (required on the servers), else the file's, else the submit
-    directory as a default (``working_dir_if_exists``). A relative path is taken from the directory
-    arylctl runs in, as Slurm's ``--chdir`` is."""
-    if chdir is not None:
-        data["working_dir"], data["working_dir_if_exists"] = chdir, False
-    given = data.get("working_dir")
-    if isinstance(given, str) and given:
-        data["working_dir"] = os.path.abspath(given)
-        return
-    submit_dir = submit_directory()
-    if submit_dir is None:
-        if note is not None:
-            note("note: the submit directory cannot be sent as the job's working directory (unreadable, or "
-                 "not a printable path of at most 4096 characters); the workers start in the agent's directory "
-                 "for the job (--chdir DIR to choose one)")
-        return
-    data["working_dir"], data["working_dir_if_exists"] = submit_dir, True
-
-
-WORKING_DIR_MAX: Final = 4096  # the scheduler's limit (spec.working_dir)
-
-
-def submit_directory() -> str | None:
-    """The directory arylctl runs in, as the shell names it (``$PWD``, when it is the same directory:
-    a symlinked path such as ``/home/alice`` is more likely to exist on the servers than what it
-    resolves to); None when it cannot be sent (unreadable, too long, not printable)."""
-    try:
-        cwd = os.getcwd()
-    except OSError:
-        return None
-    pwd = os.environ.get("PWD", "")
-    try:
-        if pwd.startswith("/") and os.path.samefile(pwd, cwd):
-            cwd = pwd
-    except OSError:
-        pass
-    return cwd if len(cwd) <= WORKING_DIR_MAX and cwd.isprintable() else None
 
 
 def job_summary_table(job: types_pb2.Job) -> str:
@@ -1558,8 +1242,6 @@ WATCH_HELP: Final = (
     "print the list, then again after each change the event log reports, until Ctrl-C "
     "(-o json: one JSON list per line; -o yaml: one document per change)"
 )
-# The commands that have ids to print with `-o name`; the others refuse it before calling the server.
-NAME_COMMANDS: Final = frozenset({"jobs", "servers"})
 
 
 def _global_options_parser() -> argparse.ArgumentParser:
