@@ -24,6 +24,7 @@ from protos.aryl.v1 import types_pb2
 # (built by ``arylctl.cli.build_parser``, with the global options as a parent).
 AddCommand = Callable[..., argparse.ArgumentParser]
 
+
 def job_states(text: str) -> list[int]:
     states = []
     for name in filter(None, (part.strip() for part in text.split(","))):
@@ -87,8 +88,6 @@ def count(text: str) -> int:
 
 
 UINT32_MAX: Final = 2**32 - 1
-
-
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
 

@@ -46,7 +46,7 @@ from typing import Any, TextIO
 import grpc
 
 from aryl_common.entry import package_version, run_guarded
-from aryl_common.security import ENV_INSECURE, ENV_TLS_CERT, SECURE_BY_DEFAULT, ClientSecurity, default_token_file
+from aryl_common.security import ENV_INSECURE, ENV_TLS_CERT, SECURE_BY_DEFAULT, ClientSecurity
 from arylctl import certs, completion
 from arylctl.args import (
     ArylArgumentParser,
@@ -61,7 +61,7 @@ from arylctl.client import ArylClient, ArylError, default_address
 from arylctl.commands import add_commands
 from arylctl.commands.explain import describe_explanation
 from arylctl.commands.jobs import job_elapsed, restart_text
-from arylctl.login import UnsafeTokenPath, store_token
+from arylctl.commands.local import run_login
 from arylctl.output import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -100,6 +100,8 @@ __all__ = [
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The whole command line: ``--version`` and the global options, then every command, each registered by
+    its module (``arylctl.commands.REGISTRATIONS``) through ``add``, which gives it the global options too."""
     parser = ArylArgumentParser(
         prog=PROG,
         description="Command line for the Aryl elastic GPU scheduler.",
@@ -262,19 +264,7 @@ def _run(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
 def _run_local(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
     """``login`` and ``certs init|add``: files on this machine, no scheduler."""
     if args.command_name == "login":
-        token = (args.token if args.token is not None else sys.stdin.readline()).strip()
-        if not token or any(c.isspace() for c in token):
-            print("error: the token is empty or has spaces; paste it as issued (token-NAME of arylctl certs init)",
-                  file=stderr)
-            return EXIT_USAGE
-        path = Path(args.file) if args.file else default_token_file()
-        try:
-            store_token(path, token)
-        except UnsafeTokenPath as exc:
-            print(f"error: {exc}", file=stderr)
-            return EXIT_USAGE
-        print(f"token stored in {path} (mode 0600)", file=stdout)
-        return EXIT_OK
+        return run_login(args, stdout, stderr)
     return certs.run_command(args, stdout, stderr)
 
 

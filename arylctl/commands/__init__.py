@@ -15,19 +15,7 @@ from typing import Final
 
 from arylctl import certs
 from arylctl.args import AddCommand
-from arylctl.commands import cluster, events, explain, jobs, loans, local, logs, servers, submit
-from arylctl.output import EXIT_OK, format_table
-from arylctl.queues import add_queue_commands
-from arylctl.what_if import add_what_if_command
-
-
-def _add_queue_commands(add: AddCommand, common: argparse.ArgumentParser) -> None:
-    add_queue_commands(add, common, format_table, EXIT_OK)
-
-
-def _add_what_if_command(add: AddCommand, common: argparse.ArgumentParser) -> None:
-    add_what_if_command(add, EXIT_OK)
-
+from arylctl.commands import cluster, events, explain, jobs, loans, local, logs, queues, servers, submit, what_if
 
 REGISTRATIONS: Final[tuple[Callable[[AddCommand, argparse.ArgumentParser], None], ...]] = (
     submit.add_submit_command,
@@ -35,8 +23,8 @@ REGISTRATIONS: Final[tuple[Callable[[AddCommand, argparse.ArgumentParser], None]
     jobs.add_job_command,
     jobs.add_cancel_command,
     cluster.add_cluster_command,
-    _add_queue_commands,
-    _add_what_if_command,
+    queues.add_queue_commands,
+    what_if.add_what_if_command,
     servers.add_servers_command,
     loans.add_loans_command,
     events.add_events_command,

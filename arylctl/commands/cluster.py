@@ -5,22 +5,9 @@ from __future__ import annotations
 
 import argparse
 
-from arylctl.args import (
-    AddCommand,
-    non_negative,
-    uint32,
-)
-from arylctl.client import (
-    ArylClient,
-)
-from arylctl.output import (
-    EXIT_OK,
-    Output,
-    enum_name,
-    format_fields,
-    format_table,
-    local_time,
-)
+from arylctl.args import AddCommand, non_negative, uint32
+from arylctl.client import ArylClient
+from arylctl.output import EXIT_OK, Output, enum_name, format_fields, format_table, local_time
 from protos.aryl.v1 import scheduler_pb2, types_pb2
 
 
@@ -81,11 +68,9 @@ def cmd_demand_get(client: ArylClient, args: argparse.Namespace, out: Output) ->
     return EXIT_OK
 
 
-
 def add_cluster_command(add: AddCommand, common: argparse.ArgumentParser) -> None:
     """``cluster``."""
     add("cluster", cmd_cluster, "capacity per pool, jobs per state, inference demand, policy")
-
 
 
 def add_demand_command(add: AddCommand, common: argparse.ArgumentParser) -> None:

@@ -14,39 +14,18 @@ from typing import Final
 import grpc
 
 from aryl_common.backoff import Backoff
-from arylctl.args import (
-    AddCommand,
-    count,
-)
-from arylctl.client import (
-    ArylClient,
-    ArylError,
-    DeadlineExceeded,
-    Unavailable,
-)
-from arylctl.output import (
-    EXIT_OK,
-    PROG,
-    Output,
-    enum_name,
-    format_table,
-    local_time,
-    printable,
-    short_state,
-)
+from arylctl.args import AddCommand, count
+from arylctl.client import ArylClient, ArylError, DeadlineExceeded, Unavailable
+from arylctl.output import EXIT_OK, PROG, Output, enum_name, format_table, local_time, printable, short_state
 from protos.aryl.v1 import types_pb2
 
 # `events` without --follow: the log has no end marker, so "caught up" means the stream was
 # quiet this long (the connection is established before the clock starts). A busy scheduler paces its
 # fan-out to streams (``scheduler_service.notify``): 0.5 s returned an empty log under load.
 EVENTS_IDLE_S: Final = 2.0
-
-
 # `events --follow` after losing its stream: the longest wait between reconnection attempts. It
 # retries until Ctrl-C: following is meant to outlive a scheduler restart or upgrade.
 EVENTS_RECONNECT_MAX_S: Final = 5.0
-
-
 # How a stream ends when its scheduler goes away (killed, restarted, stopped: its server cancels
 # open streams) rather than because the request is wrong.
 EVENTS_RECONNECT_CODES: Final = frozenset({
@@ -57,8 +36,6 @@ EVENTS_RECONNECT_CODES: Final = frozenset({
 
 
 EVENT_HEADERS: Final = ("ID", "TIME", "KIND", "JOB", "SERVER", "CHANGE", "REASON", "MESSAGE")
-
-
 # Streamed rows cannot be aligned on the widest cell; these widths fit typical values.
 EVENT_STREAM_WIDTHS: Final = (6, 19, 22, 12, 12, 22, 20, 0)
 
@@ -167,8 +144,6 @@ def _reconnect(current: ArylClient, backoff: Backoff) -> ArylClient:
 # `-w`: events that arrive within this long of each other are one change, rendered once (a
 # scheduling cycle writes several events in one transaction).
 WATCH_SETTLE_S: Final = 0.2
-
-
 _STREAM_END: Final = object()
 
 
@@ -232,7 +207,6 @@ def _changes(stream: Iterable[types_pb2.Event]) -> Iterator[None]:
         if item is _STREAM_END:
             return
         yield None
-
 
 
 def add_events_command(add: AddCommand, common: argparse.ArgumentParser) -> None:

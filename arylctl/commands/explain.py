@@ -5,20 +5,9 @@ from __future__ import annotations
 
 import argparse
 
-from arylctl.args import (
-    AddCommand,
-)
-from arylctl.client import (
-    ArylClient,
-)
-from arylctl.output import (
-    EXIT_OK,
-    Output,
-    enum_name,
-    format_table,
-    local_time,
-    printable,
-)
+from arylctl.args import AddCommand
+from arylctl.client import ArylClient
+from arylctl.output import EXIT_OK, Output, enum_name, format_table, local_time, printable
 from protos.aryl.v1 import scheduler_pb2, types_pb2
 
 
@@ -45,7 +34,6 @@ def cmd_explain(client: ArylClient, args: argparse.Namespace, out: Output) -> in
     response = client.explain_job(args.job_id)
     out.emit(response, lambda: describe_explanation(response))
     return EXIT_OK
-
 
 
 def add_explain_command(add: AddCommand, common: argparse.ArgumentParser) -> None:

@@ -11,16 +11,8 @@ from typing import Any, Final
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from arylctl.args import (
-    WATCH_HELP,
-    AddCommand,
-    job_states,
-    positive_int,
-)
-from arylctl.client import (
-    TERMINAL_JOB_STATES,
-    ArylClient,
-)
+from arylctl.args import WATCH_HELP, AddCommand, job_states, positive_int
+from arylctl.client import TERMINAL_JOB_STATES, ArylClient
 from arylctl.commands.events import EVENT_HEADERS, event_row, watch
 from arylctl.output import (
     EXIT_OK,
@@ -59,8 +51,6 @@ JOB_HEADERS: Final = (
 # The COMMAND column of `jobs`: a longer command is cut to this many characters, ending in "...";
 # `arylctl job ID` shows it whole.
 COMMAND_COLUMN_CHARS: Final = 40
-
-
 ELLIPSIS: Final = "..."
 
 
@@ -337,7 +327,6 @@ def cmd_cancel(client: ArylClient, args: argparse.Namespace, out: Output) -> int
     return EXIT_OK
 
 
-
 def add_jobs_command(add: AddCommand, common: argparse.ArgumentParser) -> None:
     """``jobs [--state S] [--user U] [--queue Q] [--limit N|--all] [-w]``."""
     jobs = add(
@@ -357,11 +346,9 @@ def add_jobs_command(add: AddCommand, common: argparse.ArgumentParser) -> None:
     jobs.add_argument("-w", "--watch", action="store_true", help=WATCH_HELP)
 
 
-
 def add_job_command(add: AddCommand, common: argparse.ArgumentParser) -> None:
     """``job ID``."""
     add("job", cmd_job, "describe a job: its fields, workers and events").add_argument("job_id", metavar="ID")
-
 
 
 def add_cancel_command(add: AddCommand, common: argparse.ArgumentParser) -> None:

@@ -5,22 +5,9 @@ from __future__ import annotations
 
 import argparse
 
-from arylctl.args import (
-    AddCommand,
-    uint32,
-)
-from arylctl.client import (
-    ArylClient,
-)
-from arylctl.output import (
-    EXIT_OK,
-    Output,
-    enum_name,
-    format_fields,
-    format_table,
-    local_time,
-    printable,
-)
+from arylctl.args import AddCommand, uint32
+from arylctl.client import ArylClient
+from arylctl.output import EXIT_OK, Output, enum_name, format_fields, format_table, local_time, printable
 from protos.aryl.v1 import scheduler_pb2, types_pb2
 
 
@@ -75,13 +62,11 @@ def cmd_reclaim_preview(client: ArylClient, args: argparse.Namespace, out: Outpu
     return EXIT_OK
 
 
-
 def add_loans_command(add: AddCommand, common: argparse.ArgumentParser) -> None:
     """``loans [--all]``."""
     add("loans", cmd_loans, "list loans of inference servers to training").add_argument(
         "--all", action="store_true", help="include returned loans"
     )
-
 
 
 def add_reclaim_preview_command(add: AddCommand, common: argparse.ArgumentParser) -> None:

@@ -4,14 +4,15 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
+from typing import TextIO
 
+from aryl_common.security import default_token_file
 from arylctl import completion
-from arylctl.args import (
-    AddCommand,
-)
-from arylctl.output import (
-    PROG,
-)
+from arylctl.args import AddCommand
+from arylctl.login import UnsafeTokenPath, store_token
+from arylctl.output import EXIT_OK, EXIT_USAGE, PROG
 
 
 def add_login_command(add: AddCommand, common: argparse.ArgumentParser) -> None:
@@ -23,10 +24,26 @@ def add_login_command(add: AddCommand, common: argparse.ArgumentParser) -> None:
     login.add_argument("--file", help="where to keep it (default: ~/.config/aryl/token)")
 
 
-
 def add_completion_command(add: AddCommand, common: argparse.ArgumentParser) -> None:
     """``completion bash|zsh``."""
     add("completion", None, "print a shell completion script",
         epilog=f"bash: source <({PROG} completion bash), or save it in /etc/bash_completion.d/{PROG}. "
                f"zsh: source <({PROG} completion zsh). Job ids and server names are completed from what "
                f"the scheduler lists ({PROG} jobs|servers -o name).").add_argument("shell", choices=completion.SHELLS)
+
+
+def run_login(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
+    """``login``: the token from ``--token`` or stdin, kept in a file only the user can read."""
+    token = (args.token if args.token is not None else sys.stdin.readline()).strip()
+    if not token or any(c.isspace() for c in token):
+        print("error: the token is empty or has spaces; paste it as issued (token-NAME of arylctl certs init)",
+              file=stderr)
+        return EXIT_USAGE
+    path = Path(args.file) if args.file else default_token_file()
+    try:
+        store_token(path, token)
+    except UnsafeTokenPath as exc:
+        print(f"error: {exc}", file=stderr)
+        return EXIT_USAGE
+    print(f"token stored in {path} (mode 0600)", file=stdout)
+    return EXIT_OK

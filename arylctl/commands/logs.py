@@ -5,19 +5,9 @@ from __future__ import annotations
 
 import argparse
 
-from arylctl.args import (
-    AddCommand,
-    count,
-    positive,
-    uint32,
-)
-from arylctl.client import (
-    ArylClient,
-)
-from arylctl.output import (
-    EXIT_OK,
-    Output,
-)
+from arylctl.args import AddCommand, count, positive, uint32
+from arylctl.client import ArylClient
+from arylctl.output import EXIT_OK, Output
 
 LOG_TAIL_WINDOW = 1024 * 1024  # bytes read from the end to find the last --tail lines
 
@@ -55,7 +45,6 @@ def cmd_logs(client: ArylClient, args: argparse.Namespace, out: Output) -> int:
         if not chunk.data or offset >= chunk.size:
             break
     return EXIT_OK
-
 
 
 def add_logs_command(add: AddCommand, common: argparse.ArgumentParser) -> None:

@@ -8,25 +8,10 @@ import datetime as dt
 from collections.abc import Callable
 from typing import Any, Final
 
-from arylctl.args import (
-    WATCH_HELP,
-    AddCommand,
-    global_options_parser,
-    non_negative,
-    pool,
-)
-from arylctl.client import (
-    ArylClient,
-)
+from arylctl.args import WATCH_HELP, AddCommand, global_options_parser, non_negative, pool
+from arylctl.client import ArylClient
 from arylctl.commands.events import watch
-from arylctl.output import (
-    EXIT_OK,
-    PROG,
-    Output,
-    age,
-    enum_name,
-    format_table,
-)
+from arylctl.output import EXIT_OK, PROG, Output, age, enum_name, format_table
 from protos.aryl.v1 import scheduler_pb2, types_pb2
 
 SERVER_HEADERS: Final = ("ID", "POOL", "STATE", "GPUS", "HEALTHY", "LAST SEEN", "REASON")
@@ -100,7 +85,6 @@ def cmd_server_delete(client: ArylClient, args: argparse.Namespace, out: Output)
     response = client.delete_server(args.server_id, force=args.force)
     out.emit(response, lambda: response.message, lambda: [args.server_id])
     return EXIT_OK
-
 
 
 def add_servers_command(add: AddCommand, common: argparse.ArgumentParser) -> None:

@@ -12,15 +12,7 @@ from typing import Final
 
 import grpc
 
-from arylctl.args import (
-    AddCommand,
-    deadline_time,
-    env_pair,
-    int32,
-    non_negative,
-    positive,
-    uint32,
-)
+from arylctl.args import AddCommand, deadline_time, env_pair, int32, non_negative, positive, uint32
 from arylctl.argv_secrets import SECRET_REFERENCE_PREFIX, secret_looking_arguments
 from arylctl.arrays import ArraySpecError, element_key, parse_array
 from arylctl.client import (
@@ -194,7 +186,6 @@ def _follow_until_finished(client: ArylClient, job_id: str, poll_s: float, out: 
         if finished:
             return job
         time.sleep(poll_s)
-
 
 
 def add_submit_command(add: AddCommand, common: argparse.ArgumentParser) -> None:

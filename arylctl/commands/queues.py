@@ -13,10 +13,11 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
+from arylctl.args import AddCommand
 from arylctl.client import ArylClient
+from arylctl.output import EXIT_OK, PROG, format_table
 from protos.aryl.v1 import scheduler_pb2
 
-PROG = "arylctl"  # as ``arylctl.cli.PROG`` (which imports this module)
 HEADERS = ("QUEUE", "COHORT", "QUOTA", "USED", "BORROWED", "LIMIT", "PENDING", "RUNNING", "FAIR")
 
 
@@ -52,15 +53,13 @@ def default_starved_warning(queues: list[scheduler_pb2.Queue], changed: str) -> 
             f"{changed}")
 
 
-def add_queue_commands(add: Callable[..., argparse.ArgumentParser], common: argparse.ArgumentParser,
-                       format_table: Callable[..., str], ok: int) -> None:
-    """Register ``queues [list|create|set|delete]`` with the CLI's ``add`` (its handlers print with
-    ``format_table`` and return ``ok``)."""
+def add_queue_commands(add: AddCommand, common: argparse.ArgumentParser) -> None:
+    """Register ``queues [list|create|set|delete]`` with the CLI's ``add``."""
 
     def cmd_list(client: ArylClient, args: argparse.Namespace, out: Any) -> int:
         queues = client.list_queues()
         out.emit(queues, lambda: format_table(HEADERS, [queue_row(q) for q in queues]))
-        return ok
+        return EXIT_OK
 
     def warn_if_default_starved(client: ArylClient, changed: str, out: Any) -> None:
         warning = default_starved_warning(client.list_queues(), changed)
@@ -72,7 +71,7 @@ def add_queue_commands(add: Callable[..., argparse.ArgumentParser], common: argp
                                 fair_share=not args.no_fair_share)
         out.emit(q, lambda: format_table(HEADERS, [queue_row(q)]))
         warn_if_default_starved(client, args.name, out)
-        return ok
+        return EXIT_OK
 
     def cmd_set(client: ArylClient, args: argparse.Namespace, out: Any) -> int:
         fair = True if args.fair_share else False if args.no_fair_share else None
@@ -83,7 +82,7 @@ def add_queue_commands(add: Callable[..., argparse.ArgumentParser], common: argp
         out.emit(q, lambda: format_table(HEADERS, [queue_row(q)]))
         if args.quota is not None:
             warn_if_default_starved(client, args.name, out)
-        return ok
+        return EXIT_OK
 
     def cmd_delete(client: ArylClient, args: argparse.Namespace, out: Any) -> int:
         client.delete_queue(args.name)
@@ -96,7 +95,7 @@ def add_queue_commands(add: Callable[..., argparse.ArgumentParser], common: argp
             if default is not None and default.configured and not default.quota_is_rest:
                 out.note(f"note: queue default keeps its fixed quota of {default.quota_gpus} GPUs; {PROG} queues set "
                          "default --quota rest gives it what the other queues leave")
-        return ok
+        return EXIT_OK
 
     queues = add("queues", cmd_list, "list queues with their GPU quota, usage and borrowing; admins: create, set, "
                                       "delete", epilog=__doc__.split("\n\n")[1] if __doc__ else None)

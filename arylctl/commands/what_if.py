@@ -12,10 +12,11 @@ answers with ``aryl-sim compare``'s table; nothing in the cluster changes. Admin
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 from typing import Any
 
+from arylctl.args import AddCommand
 from arylctl.client import ArylClient
+from arylctl.output import EXIT_OK
 from protos.aryl.v1 import scheduler_pb2
 
 
@@ -56,14 +57,14 @@ def describe(response: scheduler_pb2.WhatIfResponse) -> str:
             f"nothing in the cluster changed)\n{head}\n\n{response.table.rstrip()}")
 
 
-def add_what_if_command(add: Callable[..., argparse.ArgumentParser], ok: int) -> None:
+def add_what_if_command(add: AddCommand, common: argparse.ArgumentParser) -> None:
     """Register ``what-if`` with the CLI's ``add``."""
 
     def cmd_what_if(client: ArylClient, args: argparse.Namespace, out: Any) -> int:
         response = client.what_if(policy=args.policy or "", params=dict(args.param),
                                   inference_servers=args.inference_servers, horizon_hours=args.hours)
         out.emit(response, lambda: describe(response))
-        return ok
+        return EXIT_OK
 
     parser = add("what-if", cmd_what_if, "simulate the next hours under another policy or setting (admin; "
                                          "changes nothing)", epilog=__doc__.split("\n\n")[1] if __doc__ else None,
