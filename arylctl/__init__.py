@@ -1,4 +1,15 @@
-"""``arylctl``: the command line (``arylctl.cli``) and the Python client (``arylctl.client``) of Aryl."""
+"""``arylctl``: the command line (``arylctl.cli``) and the Python client (``arylctl.client``) of Aryl.
+
+Where things are:
+
+- ``client``: :class:`~arylctl.client.ArylClient`, one method per RPC; its failures (``errors``) and its
+  event streams (``streams``).
+- ``spec``: every job spec built and read: ``job_spec``, a ``-f`` file, ``submit``'s flags.
+- ``cli``: the entry point ``main``, the global flags, and what an RPC failure tells the user.
+- ``args``: argument types and the parser; ``output``: tables, fields, times, ``-o`` and exit codes.
+- ``commands``: one module per command group, each registering its own parser and handlers
+  (``commands.REGISTRATIONS`` lists them in ``--help`` order); ``certs`` registers ``certs`` the same way.
+"""
 
 from __future__ import annotations
 

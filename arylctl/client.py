@@ -67,16 +67,26 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from queue import Empty, SimpleQueue
 from types import TracebackType
 from typing import Any, Final
 
 import grpc
-from google.rpc import error_details_pb2, status_pb2
 
 from aryl_common.backoff import Backoff
 from aryl_common.channels import SchedulerAddresses, leader_hint
 from aryl_common.security import ClientSecurity, secure_channel
+from arylctl.errors import (  # re-exported: the client's documented API
+    Aborted,
+    AlreadyExists,
+    ArylError,
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    OutOfRange,
+    Unavailable,
+    aryl_error,
+)
 from arylctl.spec import (  # built there; re-exported: the client's documented API
     RESTART_POLICIES,
     job_spec,
@@ -84,6 +94,7 @@ from arylctl.spec import (  # built there; re-exported: the client's documented 
     normalize_job_spec_mapping,
     parse_deadline,
 )
+from arylctl.streams import EventStream
 from protos.aryl.v1 import (
     inference_pb2,
     inference_pb2_grpc,
@@ -140,8 +151,6 @@ DEAD_LEADER_S: Final = 5.0
 # A channel's reconnect backoff (gRPC's grows to 2 minutes): a scheduler back after a restart is
 # reached at the next try, not after the channel's backoff.
 RECONNECT_BACKOFF_MS: Final = 1000
-# ResourceInfo.resource_type of the job an ALREADY_EXISTS answer to SubmitJob names.
-_JOB_RESOURCE_TYPE: Final = "aryl.v1.Job"
 
 JobSpec = types_pb2.JobSpec
 Job = types_pb2.Job
@@ -153,102 +162,6 @@ Loan = types_pb2.Loan
 def default_address() -> str:
     """The scheduler address used when none is given: ``$ARYL_SERVER``, else 127.0.0.1:50051."""
     return os.environ.get(SERVER_ENV_VAR) or DEFAULT_ADDRESS
-
-
-# ---------------------------------------------------------------------------------------------
-# Errors
-
-
-class ArylError(Exception):
-    """A call to the scheduler failed. ``code`` is the gRPC status, ``message`` the server's words."""
-
-    def __init__(self, code: grpc.StatusCode, message: str, *, from_scheduler: bool = False) -> None:
-        super().__init__(f"{message} ({code.name})")
-        self.code = code
-        self.message = message
-        # The scheduler itself answered with this status (as opposed to gRPC failing to reach it).
-        self.from_scheduler = from_scheduler
-        # From a submission: the idempotency key it was sent with (submitting again with it is safe).
-        self.idempotency_key = ""
-
-
-class InvalidArgument(ArylError):
-    """The request is malformed (e.g. ``min_workers=0``); the message names the bad field."""
-
-
-class NotFound(ArylError):
-    """The job (or other object) does not exist."""
-
-
-class OutOfRange(ArylError):
-    """A well-formed request past the current end of something that grows (an offset past the end
-    of a worker's log): unlike :class:`InvalidArgument`, the same call may succeed later."""
-
-
-class AlreadyExists(ArylError):
-    """The object exists already. From ``submit_job``: the user's idempotency key was used for
-    another spec, and ``job_id`` is the job that holds it (read from the status details)."""
-
-    job_id: str = ""
-
-
-class FailedPrecondition(ArylError):
-    """The object is in a state that refuses the call (e.g. cancelling a finished job)."""
-
-
-class Unavailable(ArylError):
-    """The scheduler cannot be reached (wrong address, not running, network down)."""
-
-
-class DeadlineExceeded(ArylError):
-    """The call did not finish within the client's timeout."""
-
-
-class Aborted(ArylError):
-    """A concurrent change won a race on the server; retrying the call is safe."""
-
-
-_ERROR_BY_CODE: Final[Mapping[grpc.StatusCode, type[ArylError]]] = {
-    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
-    grpc.StatusCode.NOT_FOUND: NotFound,
-    grpc.StatusCode.OUT_OF_RANGE: OutOfRange,
-    grpc.StatusCode.ALREADY_EXISTS: AlreadyExists,
-    grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition,
-    grpc.StatusCode.ABORTED: Aborted,
-    grpc.StatusCode.UNAVAILABLE: Unavailable,
-    grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
-}
-
-
-def _translate(exc: grpc.RpcError) -> ArylError:
-    """The typed exception for a failed call (``grpc.RpcError`` raised by calls is a ``grpc.Call``)."""
-    # Seen as a plain object: grpc's type stubs give every RpcError a Call's methods, but at run time only
-    # the errors that calls raise have them.
-    call: object = exc
-    code: grpc.StatusCode | None = None
-    details: str | None = None
-    trailing: Sequence[tuple[str, str | bytes]] | None = None
-    if isinstance(call, grpc.Call):
-        code, details, trailing = call.code(), call.details(), call.trailing_metadata()
-    code = code or grpc.StatusCode.UNKNOWN
-    answered = any(key == "aryl-answered-by" for key, _ in trailing or ())
-    error = _ERROR_BY_CODE.get(code, ArylError)(code, details or code.name, from_scheduler=answered)
-    if isinstance(error, AlreadyExists):
-        error.job_id = _existing_job_id(trailing or ())
-    return error
-
-
-def _existing_job_id(trailing: Sequence[tuple[str, str | bytes]]) -> str:
-    """The job an ALREADY_EXISTS status names in a google.rpc.ResourceInfo detail ("" if none)."""
-    for key, value in trailing:
-        if key != "grpc-status-details-bin" or not isinstance(value, bytes):
-            continue
-        status = status_pb2.Status.FromString(value)
-        for detail in status.details:
-            info = error_details_pb2.ResourceInfo()
-            if detail.Unpack(info) and info.resource_type == _JOB_RESOURCE_TYPE:
-                return info.resource_name
-    return ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,89 +197,6 @@ def _with_key(error: ArylError, key: str) -> None:
     if key and not error.idempotency_key:
         error.idempotency_key = key
         error.add_note(f"idempotency key {key!r}: submitting again with it never queues the job twice")
-
-
-# ---------------------------------------------------------------------------------------------
-# Event streams
-
-
-_END: Final = object()  # queue marker: the stream is over (after its events or its error)
-
-
-def _pump(call: Any, events: SimpleQueue[object]) -> None:
-    """Move a call's events into a queue. Holds no reference to the EventStream, so that a
-    stream dropped by its user is garbage-collected and its ``__del__`` cancels the call."""
-    try:
-        for event in call:
-            events.put(event)
-    except grpc.RpcError as exc:
-        events.put(exc)
-    finally:
-        events.put(_END)
-
-
-class EventStream(Iterator[types_pb2.Event]):
-    """Events from ``WatchEvents``, in order; iterate it, and cancel it when done.
-
-    Without ``idle_timeout`` the stream runs until the server ends it or it is cancelled. With
-    ``idle_timeout`` (seconds) iteration also stops once no event has arrived for that long — the
-    way to say "replay the log and stop when caught up", since the log has no end marker.
-    A stream cancelled by this side (``cancel()``, ``with``, closing the client) ends iteration
-    quietly; any other failure raises :class:`ArylError`.
-    """
-
-    def __init__(self, call: Any, *, idle_timeout: float | None, client_closed: threading.Event) -> None:
-        self._call = call
-        self._idle_timeout = idle_timeout
-        self._client_closed = client_closed
-        self._cancelled = False
-        self._done = False
-        # A reader thread hands events over through a queue so that the wait for the next event
-        # can time out (grpc's own iterator cannot) and Ctrl-C interrupts the wait.
-        self._events: SimpleQueue[object] = SimpleQueue()
-        threading.Thread(target=_pump, args=(call, self._events), name="aryl-watch-events", daemon=True).start()
-
-    def __iter__(self) -> EventStream:
-        return self
-
-    def __next__(self) -> types_pb2.Event:
-        if self._done:
-            raise StopIteration
-        try:
-            item = self._events.get(timeout=self._idle_timeout)
-        except Empty:
-            self.cancel()
-            raise StopIteration from None
-        if isinstance(item, types_pb2.Event):
-            return item
-        self._done = True
-        ended_here = self._cancelled or self._client_closed.is_set()
-        if isinstance(item, grpc.RpcError) and not ended_here:
-            raise _translate(item) from item
-        raise StopIteration
-
-    def cancel(self) -> None:
-        """Stop the stream; iteration then ends. Idempotent, callable from any thread."""
-        self._cancelled = True
-        self._done = True
-        self._call.cancel()
-
-    def __enter__(self) -> EventStream:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.cancel()
-
-    def __del__(self) -> None:
-        # A loop that breaks out and drops the stream must not leave the server streaming forever.
-        call = getattr(self, "_call", None)
-        if call is not None:
-            try:
-                call.cancel()
-            except Exception:  # noqa: BLE001 - interpreter shutdown; nothing left to clean up
-                pass
 
 
 # ---------------------------------------------------------------------------------------------
@@ -438,7 +268,7 @@ class ArylClient:
             if where is None or self._closed.is_set():
                 return None
             before = self._addresses.current
-            if not (_translate(exc).from_scheduler or leader_hint(exc)):  # not reached: not followed again for a while
+            if not (aryl_error(exc).from_scheduler or leader_hint(exc)):  # not reached: not followed again for a while
                 self._unreachable[before] = time.monotonic()
             after = self._next_address(exc)
             if after is None:
@@ -496,7 +326,7 @@ class ArylClient:
                 unavailable = isinstance(exc, grpc.Call) and exc.code() == grpc.StatusCode.UNAVAILABLE
                 method = self._follow_leader(method, exc) if unavailable and tries > 0 else None
                 if method is None:
-                    raise _translate(exc) from exc
+                    raise aryl_error(exc) from exc
             else:
                 self._reached.set()
                 return answer
@@ -679,7 +509,7 @@ class ArylClient:
             response: scheduler_pb2.WhatIfResponse = self._scheduler.WhatIf(
                 request, timeout=max(self.timeout, WHAT_IF_TIMEOUT_S))
         except grpc.RpcError as exc:
-            raise _translate(exc) from exc
+            raise aryl_error(exc) from exc
         return response
 
     def preview_reclaim(self, servers: int) -> scheduler_pb2.PreviewReclaimResponse:
