@@ -277,7 +277,10 @@ def aggregate(summaries: Sequence[Mapping[str, Any]], seeds: Sequence[int]) -> d
     """One policy over seeds: each metric's mean at its own path (``avg_queue_s``,
     ``gpu_utilization.overall``, ...) and ``spread`` {metric: mean, min, max, per_seed}."""
     out: dict[str, Any] = {"seeds": list(seeds), "estimates": summaries[0].get("estimates", EXACT),
-                           "stop_reasons": sorted({str(s.get("stop_reason")) for s in summaries}), "spread": {}}
+                           "stop_reasons": sorted({str(s.get("stop_reason")) for s in summaries}),
+                           # plan steps the simulated cluster refused, over the seeds (0 for sound runs)
+                           "rejected_actions": sum(int(s.get("rejected_actions") or 0) for s in summaries),
+                           "spread": {}}
     for metric in METRICS:
         stats = spread(lookup(s, metric) for s in summaries)
         if stats is None:

@@ -79,7 +79,7 @@ def test_headline_end_to_end_seeds_and_structure(tmp_path: Path) -> None:
             assert len(entry["spread"][key]["per_seed"]) == 3
         assert entry["gpu_utilization"]["overall"] == entry["spread"]["gpu_utilization.overall"]["mean"]
         assert entry["spread"]["jobs_completed"]["per_seed"] == [60, 60, 60]
-        assert entry["estimates"] == ESTIMATED
+        assert entry["estimates"] == ESTIMATED and entry["rejected_actions"] == 0  # every plan applied whole
         assert raw["exact"][policy]["estimates"] == EXACT
         spread = entry["spread"]["avg_jct_s"]
         assert spread["min"] <= spread["mean"] <= spread["max"]
@@ -120,9 +120,10 @@ def test_headline_end_to_end_seeds_and_structure(tmp_path: Path) -> None:
 
 
 def test_aggregate_means_and_ranges() -> None:
-    runs = [{"avg_queue_s": 10.0, "gpu_utilization": {"overall": 0.5}, "estimates": "exact"},
-            {"avg_queue_s": 30.0, "gpu_utilization": {"overall": 0.7}, "estimates": "exact"}]
+    runs = [{"avg_queue_s": 10.0, "gpu_utilization": {"overall": 0.5}, "estimates": "exact", "rejected_actions": 2},
+            {"avg_queue_s": 30.0, "gpu_utilization": {"overall": 0.7}, "estimates": "exact", "rejected_actions": 1}]
     agg = aggregate(runs, [0, 1])
+    assert agg["rejected_actions"] == 3
     assert agg["avg_queue_s"] == 20.0 and agg["gpu_utilization"]["overall"] == 0.6
     assert agg["spread"]["avg_queue_s"] == {"mean": 20.0, "min": 10.0, "max": 30.0, "per_seed": [10.0, 30.0]}
     assert "avg_jct_s" not in agg  # a metric no run has is left out
