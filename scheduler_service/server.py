@@ -172,6 +172,7 @@ class SchedulerService:
         self.gate = LeaderGate()
         # PostgreSQL: the leader lease (None on SQLite, and until ``run`` set it up).
         self.leadership: Leadership | None = None
+        self._lease_stop: threading.Event | None = None  # ends the lease thread (``stop_leading``)
 
     async def run(self) -> None:
         cfg = self.config
@@ -183,7 +184,7 @@ class SchedulerService:
         server = self._bind_server()
         # The lease is renewed on a thread of its own from the moment it is taken: what follows (the
         # solvers' warm-up, setting up the services) may take longer than a lease on a loaded machine.
-        lease_stop = threading.Event()
+        lease_stop = self._lease_stop = threading.Event()
         lease_thread: threading.Thread | None = None
         try:
             self.metrics_endpoint = serve_metrics(self.metrics.registry, cfg.metrics)
@@ -498,6 +499,13 @@ class SchedulerService:
 
         committer.add_stop_callback(stopped)
 
+    def stop_leading(self) -> None:
+        """End the lease thread now (thread-safe), whatever the rest of the shutdown is doing: the lease
+        is no longer renewed or taken again, so it lapses and a standby leads. For a shutdown that overran
+        (``ServerHandle.stop``): a scheduler that never finished stopping must not lead again."""
+        if self._lease_stop is not None:
+            self._lease_stop.set()
+
     def stop(self) -> None:
         """Ask a running service to shut down gracefully (thread-safe)."""
         if self._loop is not None and self._stop is not None and not self._loop.is_closed():
@@ -557,9 +565,16 @@ class ServerHandle:
     thread: threading.Thread
     address: str
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Shut the scheduler down and wait for it; one that has not stopped within ``timeout_s`` stops
+        leading at once (``SchedulerService.stop_leading``) and is said so in the log, so that it cannot
+        take the lease back from the schedulers after it (it had, in a test whose database went away)."""
         self.service.stop()
-        self.thread.join(timeout=30)
+        self.thread.join(timeout=timeout_s)
+        if self.thread.is_alive():
+            self.service.stop_leading()
+            log.error("the scheduler did not stop in time; its lease thread was stopped so it cannot lead again",
+                      address=self.address, waited_s=timeout_s)
 
 
 def serve_in_background(config: SchedulerConfig, *, ready_timeout: float = 120.0,
