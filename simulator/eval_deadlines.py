@@ -115,7 +115,8 @@ def run_all(shared: Path) -> dict[str, Any]:
                         f"({result.stop_reason}, {time.perf_counter() - started:.1f}s)")
                     rates.setdefault(column, {}).setdefault(label, []).append(summary["deadline_completion_rate"])
                     jcts.setdefault(column, {}).setdefault(label, []).append(summary["avg_jct_s"] or 0.0)
-                    runs[f"{column}|seed {seed}|{label}"] = {key: summary.get(key) for key in KEPT}
+                    runs[f"{column}|seed {seed}|{label}"] = {**{key: summary.get(key) for key in KEPT},
+                                                             "estimates": estimates}
     tight_slack = []
     for seed in SEEDS:
         jobs = assign_deadlines(philly_sample(shared, seed), "tight", seed)
