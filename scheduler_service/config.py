@@ -20,6 +20,7 @@ from pydantic import Field, create_model, field_validator, model_validator
 from aryl_common.config import ArylSettings, ConfigSection, LoggingConfig, load_settings
 from aryl_common.metrics import MetricsConfig
 from aryl_common.security import SECURE_BY_DEFAULT
+from scheduler_service.core.demand_forecast import DAY_S, ForecastSettings
 from scheduler_service.core.params import PolicyParams
 
 
@@ -275,6 +276,39 @@ class InferenceConfig(ConfigSection):
     )
 
 
+class DemandForecastConfig(ConfigSection):
+    """The inference demand forecast (``core.demand_forecast``) that the aryl policy reclaims ahead of: one
+    per scheduler process, fed by every cycle from the routers' reported need. Defaults are
+    ``ForecastSettings``'; short bins (bin_s = 1, trend_window_s = 20) suit tests and the demo."""
+
+    bin_s: float = Field(
+        ForecastSettings.bin_s, gt=0,
+        description="seconds per bin of the need's history (a bin holds the highest need seen in it)",
+    )
+    history_s: float = Field(
+        ForecastSettings.history_s, ge=DAY_S,
+        description="seconds of history kept (at least a day: the time-of-day anchors need one)",
+    )
+    season_window_s: float = Field(
+        ForecastSettings.season_window_s, gt=0,
+        description="the band is learned from the bins within this many seconds of now's time of day on past "
+                    "days, and from the last this many seconds",
+    )
+    trend_window_s: float = Field(
+        ForecastSettings.trend_window_s, gt=0,
+        description="the need's recent slope is fitted over this many seconds and carried ahead when rising; the "
+                    "band never falls below it",
+    )
+    min_anchors: int = Field(
+        ForecastSettings.min_anchors, ge=0,
+        description="fewer past moments than this to learn from (the first minutes): the band is the need now "
+                    "or its trend",
+    )
+
+    def settings(self) -> ForecastSettings:
+        return ForecastSettings(**self.model_dump())
+
+
 class SchedulerConfig(ArylSettings):
     """Everything the scheduler service can be told. One instance, built at start-up."""
 
@@ -287,6 +321,7 @@ class SchedulerConfig(ArylSettings):
     security: SecurityConfig = SecurityConfig()
     ha: HaConfig = HaConfig()
     inference: InferenceConfig = InferenceConfig()
+    demand_forecast: DemandForecastConfig = DemandForecastConfig()
     logging: LoggingConfig = LoggingConfig()
     metrics: MetricsConfig = MetricsConfig()  # Prometheus /metrics (scheduler_service.metrics); off by default
 

@@ -15,6 +15,12 @@ Two kinds:
   ``aryl_scheduler_loan_steps_total{step}`` (LOAN, ACTIVATE, CANCEL, RECLAIM, RETURN: loans and
   reclaims), ``aryl_scheduler_plan_rejections_total``, and
   ``aryl_scheduler_job_queueing_seconds{queue}``: submission to first start.
+- **The inference demand forecast** at the last cycle (``observe_demand_forecast``,
+  ``app.demand_forecast``), in serving servers, over the policy's lead at its quantile:
+  ``aryl_scheduler_demand_forecast_servers{kind}`` (``level``: the need now; ``point``; ``upper``: the band
+  the aryl policy reclaims ahead of), ``aryl_scheduler_demand_forecast_lead_seconds`` and
+  ``aryl_scheduler_reclaim_latency_seconds`` (measured, p90 of the last reclaims; absent until one was).
+  All absent until a cycle saw a demand report.
 
 Never: change anything. A scrape that cannot read the database answers with the cycle metrics
 alone (and ``aryl_scheduler_scrape_errors_total``), not an error page.
@@ -31,6 +37,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy.orm import Session
 
+from scheduler_service.app.demand_forecast import DemandForecastInfo
 from scheduler_service.core.plan import LoanStep
 from scheduler_service.cycle import CycleReport
 from scheduler_service.store.metrics import ClusterGauges, cluster_gauges, first_start_waits
@@ -72,8 +79,15 @@ class SchedulerMetrics:
                                   ["queue"], buckets=QUEUEING_BUCKETS, registry=r)
         self.scrape_errors = Counter("aryl_scheduler_scrape_errors",
                                      "Scrapes whose database read failed", registry=r)
+        self.demand_forecast: DemandForecastInfo | None = None  # the last cycle's (observe_demand_forecast)
         self._read = read
         r.register(_ClusterCollector(self))
+        r.register(_DemandForecastCollector(self))
+
+    def observe_demand_forecast(self, info: DemandForecastInfo | None) -> None:
+        """The forecast at the last cycle (None: no demand seen yet; its gauges stay absent)."""
+        if info is not None:
+            self.demand_forecast = info
 
     def observe_cycle(self, report: CycleReport, began: float) -> None:
         """Record one cycle; ``began`` is the clock's ``now()`` before it ran (for first starts)."""
@@ -148,3 +162,34 @@ class _ClusterCollector(Collector):
             if g.gpus > n:  # the free GPUs' mean: the group's total less the held ones'
                 util.add_metric([g.server_id, g.model, ""], max(0.0, (g.utilization * g.gpus - total) / (g.gpus - n)))
         yield from (gpus, healthy, allocated, util)
+
+
+class _DemandForecastCollector(Collector):
+    """The last cycle's demand forecast (module doc): absent before one, and the measured reclaim latency
+    absent before a reclaim was measured (never a 0 that reads as "instant")."""
+
+    def __init__(self, metrics: SchedulerMetrics) -> None:
+        self._metrics = metrics
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        info = self._metrics.demand_forecast
+        if info is None:
+            return
+        servers = GaugeMetricFamily("aryl_scheduler_demand_forecast_servers",
+                                    "The inference demand forecast at the last cycle, in serving servers: level "
+                                    "(the need now), point and upper (its band at the policy's quantile) within "
+                                    "the lead", labels=["kind"])
+        for kind, value in (("level", info.needed_now), ("point", info.point), ("upper", info.upper)):
+            servers.add_metric([kind], value)
+        yield servers
+        yield GaugeMetricFamily("aryl_scheduler_demand_forecast_lead_seconds",
+                                "How far ahead of the forecast rise a reclaim starts: the reclaim latency "
+                                "(policy.reclaim_deadline_s before one is measured) plus the decision lag",
+                                value=info.lead_s)
+        if info.reclaim_latency_s is not None:
+            yield GaugeMetricFamily("aryl_scheduler_reclaim_latency_seconds",
+                                    "Measured time from a reclaim decision to the server serving again (p90 of "
+                                    "the last reclaims)", value=info.reclaim_latency_s)

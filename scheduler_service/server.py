@@ -52,6 +52,7 @@ from scheduler_service.api.servicers import AgentServicer, InferenceServicer, Sc
 from scheduler_service.api.stream_limits import StreamLimits
 from scheduler_service.app import SchedulerApp
 from scheduler_service.app.deadlines import DeadlineAdmission
+from scheduler_service.app.demand_forecast import LiveDemandForecast
 from scheduler_service.app.forecast import ForecastProcess, Forecasts
 from scheduler_service.app.lease import Leadership
 from scheduler_service.app.liveness import Liveness
@@ -153,6 +154,10 @@ class SchedulerService:
                            "--insecure (or ARYL_SECURITY__INSECURE=true, security.insecure = true; development only)")
         self.policy_params = PolicyParams(**config.policy.model_dump())
         self.policy = create_policy(config.scheduling.policy, self.policy_params)
+        # The inference demand's forecast (``app.demand_forecast``): one per process, fed by its scheduling
+        # cycles. It lives as long as the process, across its leadership terms; a scheduler that becomes the
+        # leader starts from the history it learned itself -- empty if it never led (nothing is stored).
+        self.demand_forecast = LiveDemandForecast(config.demand_forecast.settings())
         self.engine = create_engine_for(
             config.database.url,
             statement_timeout_ms=config.database.statement_timeout_ms,
@@ -260,7 +265,8 @@ class SchedulerService:
             SchedulerServicer(app, executor, notifier, policy_name=self.policy.name, clock_now=self.clock.now,
                               submissions=submissions, cancellations=cancellations,
                               policy=self.policy, log_reader=log_reader, stream_limits=stream_limits,
-                              forecasts=forecasts, allow_loader_env=cfg.security.allow_loader_env),
+                              forecasts=forecasts, allow_loader_env=cfg.security.allow_loader_env,
+                              demand_forecast=lambda: self.demand_forecast.outlook(self.policy_params)),
             server,
         )
         agent_pb2_grpc.add_AgentServiceServicer_to_server(
@@ -282,7 +288,8 @@ class SchedulerService:
         self.group_committers = (submissions, cancellations)
         for committer in self.group_committers:
             self._watch_committer(committer, health_servicer, loop)
-        cycle = SchedulingCycle(app.cluster, self.policy, self.clock, seed=cfg.scheduling.seed)
+        cycle = SchedulingCycle(app.cluster, self.policy, self.clock, seed=cfg.scheduling.seed,
+                                forecaster=self.demand_forecast)
         # The cycle on a thread of its own: it never waits for a free RPC thread behind a burst of
         # status reports, and cycles never overlap (one decides at a time).
         cycle_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aryl-cycle")
@@ -427,6 +434,8 @@ class SchedulerService:
                 report = await loop.run_in_executor(executor, cycle.run_once)
                 took = report.total_s
                 await loop.run_in_executor(executor, self.metrics.observe_cycle, report, began)
+                await loop.run_in_executor(executor, lambda: self.metrics.observe_demand_forecast(
+                    self.demand_forecast.outlook(self.policy_params)))
                 if forecasts is not None and forecaster is not None and forecasts.due():
                     forecaster.submit(_forecast_quietly, forecasts)
                 if report.result.started or report.result.rejected:

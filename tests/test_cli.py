@@ -20,7 +20,7 @@ import yaml
 from arylctl.cli import enum_name, format_table, main, parse_args, submit_directory, submit_spec_mapping
 from protos.aryl.v1 import types_pb2
 from tests.harness import register_fake_server
-from tests.helpers import free_port
+from tests.helpers import free_port, wait_for
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -443,7 +443,8 @@ def test_cluster_servers_loans_and_demand(ctl, scheduler) -> None:
     assert code == 0 and out.startswith("Not loaning (since ") and "NOT_LOANED_NO_DEMAND" in out
     assert "No active loans" in err
     code, out, _ = ctl("-o", "json", "loans", "--all")
-    assert (code, json.loads(out)) == (0, [])
+    assert (code, json.loads(out)["loans"]) == (0, [])  # the whole answer: loans, not_loaned, demand_forecast
+    assert "demand_forecast" not in json.loads(out)  # no demand reported yet: nothing to forecast from
 
     code, out, _ = ctl("demand", "set", "1", "--rps", "42.5")
     assert code == 0
@@ -454,6 +455,14 @@ def test_cluster_servers_loans_and_demand(ctl, scheduler) -> None:
     assert (demand["servers_needed"], demand["observed_rps"], demand["source"]) == (1, 42.5, "arylctl")
     _, out, _ = ctl("-o", "json", "cluster")
     assert json.loads(out)["demand"]["servers_needed"] == 1
+    # Once a cycle saw the demand, `arylctl loans` shows its forecast (app.demand_forecast).
+    wait_for(lambda: "Demand forecast" in ctl("loans")[1], timeout=30, interval=0.2,
+             what="the demand forecast in arylctl loans")
+    code, out, _ = ctl("loans")
+    assert "inference needs 1 serving server(s) now" in out and "reclaim latency not measured yet" in out
+    forecast = json.loads(ctl("-o", "json", "loans")[1])["demand_forecast"]
+    assert (forecast["servers_needed_now"], forecast["quantile"]) == (1.0, 0.999)
+    assert "reclaim_latency_s" not in forecast
 
 
 # ---------------------------------------------------------------------------------------------

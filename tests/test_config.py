@@ -9,6 +9,7 @@ import pytest
 
 from aryl_common.config import ConfigError, env_var_names
 from scheduler_service.config import SchedulerConfig, load_config
+from scheduler_service.core.demand_forecast import ForecastSettings
 
 
 @pytest.fixture(autouse=True)
@@ -47,6 +48,8 @@ def test_yaml_files_work(tmp_path: Path) -> None:
         ("[agents]\nlost_after_s = -1\n", "agents.lost_after_s"),
         ("[logging]\nformat = 'xml'\n", "logging.format"),
         ("nonsense = [", "not valid toml"),
+        ("[demand_forecast]\nbin_s = 0\n", "demand_forecast.bin_s"),
+        ("[demand_forecast]\nhistory_s = 3600\n", "demand_forecast.history_s"),
     ],
 )
 def test_bad_files_name_the_key(tmp_path: Path, text: str, expected: str) -> None:
@@ -65,3 +68,11 @@ def test_bad_environment_value_names_the_key(monkeypatch: pytest.MonkeyPatch) ->
 def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read config file"):
         load_config(tmp_path / "absent.toml")
+
+
+def test_demand_forecast_settings_reach_the_forecaster(tmp_path: Path) -> None:
+    """Defaults are the forecaster's own; a file's short bins (tests, the demo) reach ``ForecastSettings``."""
+    assert load_config().demand_forecast.settings() == ForecastSettings()
+    path = tmp_path / "aryl.toml"
+    path.write_text("[demand_forecast]\nbin_s = 1\ntrend_window_s = 20\n")
+    assert load_config(path).demand_forecast.settings() == ForecastSettings(bin_s=1, trend_window_s=20)

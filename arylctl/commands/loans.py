@@ -11,12 +11,28 @@ from arylctl.output import EXIT_OK, Output, enum_name, format_fields, format_tab
 from protos.aryl.v1 import scheduler_pb2, types_pb2
 
 
+def describe_demand_forecast(forecast: scheduler_pb2.DemandForecast) -> str:
+    """The inference demand forecast the policy reclaims ahead of, e.g. "Demand forecast (at 12:00:03):
+    inference needs 2 serving server(s) now; within the next 130 s 2.4 expected, up to 3.0 (upper band at
+    99.9%); lead 130 s: reclaim latency not measured yet (policy.reclaim_deadline_s) + decision lag 10 s"."""
+    measured = forecast.HasField("reclaim_latency_s")
+    latency = (f"reclaim latency {forecast.reclaim_latency_s:.0f} s (measured)" if measured
+               else "reclaim latency not measured yet (policy.reclaim_deadline_s)")
+    return printable(
+        f"Demand forecast (at {local_time(forecast.made_at)}): inference needs {forecast.servers_needed_now:g} "
+        f"serving server(s) now; within the next {forecast.lead_s:.0f} s {forecast.point:.1f} expected, up to "
+        f"{forecast.upper:.1f} (upper band at {forecast.quantile:.1%}); lead {forecast.lead_s:.0f} s: {latency} + "
+        f"decision lag {forecast.decision_lag_s:.0f} s")
+
+
 def cmd_loans(client: ArylClient, args: argparse.Namespace, out: Output) -> int:
     response = client.list_loans_response(include_returned=args.all)
     loans = list(response.loans)
     # The scheduler's standing reason for loaning no (further) server: a non-event, said once per decision.
     why = (printable(f"Not loaning (since {local_time(response.not_loaned_since)}): {response.not_loaned}")
            if response.not_loaned else "")
+    if response.HasField("demand_forecast"):
+        why = "\n".join(line for line in (why, describe_demand_forecast(response.demand_forecast)) if line)
 
     def table() -> str:
         if not loans:
@@ -37,7 +53,8 @@ def cmd_loans(client: ArylClient, args: argparse.Namespace, out: Output) -> int:
         listed = format_table(("LOAN", "SERVER", "STATE", "STARTED", "ENDED", "HARD DEADLINE", "REASON"), rows)
         return f"{listed}\n\n{why}" if why else listed
 
-    out.emit(loans, table)
+    # -o json|yaml: the whole answer (loans, not_loaned, demand_forecast); a table shows the same.
+    out.emit(response, table)
     return EXIT_OK
 
 

@@ -11,6 +11,7 @@ from google.protobuf import duration_pb2, timestamp_pb2
 
 from protos.aryl.v1 import agent_pb2, scheduler_pb2, types_pb2
 from scheduler_service.app.deadlines import job_view
+from scheduler_service.app.demand_forecast import DemandForecastInfo
 from scheduler_service.core import goodput_fit
 from scheduler_service.core.batch import job_batch, noise_scale, prediction_sizes, step_sample
 from scheduler_service.core.predict import DeadlineOutlook, DeadlineStatus
@@ -232,6 +233,16 @@ def queue(status: QueueStatus) -> scheduler_pb2.Queue:
         borrow_limit_gpus=status.borrow_limit_gpus, fair_share=status.fair_share, used_gpus=status.used_gpus,
         borrowed_gpus=status.borrowed_gpus, pending_jobs=status.pending_jobs, running_jobs=status.running_jobs,
         configured=status.configured, quota_is_rest=status.quota_is_rest,
+    )
+
+
+def demand_forecast(info: DemandForecastInfo | None) -> scheduler_pb2.DemandForecast | None:
+    if info is None:
+        return None
+    return scheduler_pb2.DemandForecast(
+        made_at=timestamp(info.made_at), servers_needed_now=info.needed_now, point=info.point, upper=info.upper,
+        lead_s=info.lead_s, quantile=info.quantile, reclaim_latency_s=info.reclaim_latency_s,
+        decision_lag_s=info.decision_lag_s, anchors=info.anchors, trend_per_hour=info.trend_per_h,
     )
 
 

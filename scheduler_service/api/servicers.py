@@ -40,6 +40,7 @@ from scheduler_service.api.status import ANSWERED_BY_KEY, rpc
 from scheduler_service.api.stream_limits import StreamLimits, TooManyStreams
 from scheduler_service.app import SchedulerApp
 from scheduler_service.app.deadlines import job_view
+from scheduler_service.app.demand_forecast import DemandForecastInfo
 from scheduler_service.app.forecast import Forecasts
 from scheduler_service.app.jobs import KeyInUse
 from scheduler_service.batching import GroupCommitter
@@ -141,9 +142,11 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
         log_reader: AgentLogReader | None = None,
         cancellations: GroupCommitter[tuple[int, str, str], JobInfo] | None = None,
         stream_limits: StreamLimits | None = None, forecasts: Forecasts | None = None,
-        allow_loader_env: bool = False,
+        allow_loader_env: bool = False, demand_forecast: Callable[[], DemandForecastInfo | None] | None = None,
     ) -> None:
         super().__init__(*args, stream_limits=stream_limits)
+        # The inference demand's forecast at the last cycle, over the policy's lead (``app.demand_forecast``).
+        self._demand_forecast = demand_forecast
         self._allow_loader_env = allow_loader_env  # security.allow_loader_env: LD_* in a job's env accepted
         self._forecasts = forecasts  # the ETA of each job (Job.eta_*) and WhatIf (``app.forecast``)
         # Each event converted once for all the streams that send it (1,000s may watch): insertion
@@ -351,6 +354,7 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
         return scheduler_pb2.ListLoansResponse(
             loans=[convert.loan(row) for row in loans], not_loaned=note.summary if note is not None else "",
             not_loaned_since=convert.timestamp(note.since) if note is not None else None,
+            demand_forecast=convert.demand_forecast(self._demand_forecast() if self._demand_forecast else None),
         )
 
     @rpc

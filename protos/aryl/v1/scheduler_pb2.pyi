@@ -201,14 +201,40 @@ class ListLoansRequest(_message.Message):
     def __init__(self, include_returned: _Optional[bool] = ...) -> None: ...
 
 class ListLoansResponse(_message.Message):
-    __slots__ = ("loans", "not_loaned", "not_loaned_since")
+    __slots__ = ("loans", "not_loaned", "not_loaned_since", "demand_forecast")
     LOANS_FIELD_NUMBER: _ClassVar[int]
     NOT_LOANED_FIELD_NUMBER: _ClassVar[int]
     NOT_LOANED_SINCE_FIELD_NUMBER: _ClassVar[int]
+    DEMAND_FORECAST_FIELD_NUMBER: _ClassVar[int]
     loans: _containers.RepeatedCompositeFieldContainer[_types_pb2.Loan]
     not_loaned: str
     not_loaned_since: _timestamp_pb2.Timestamp
-    def __init__(self, loans: _Optional[_Iterable[_Union[_types_pb2.Loan, _Mapping]]] = ..., not_loaned: _Optional[str] = ..., not_loaned_since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    demand_forecast: DemandForecast
+    def __init__(self, loans: _Optional[_Iterable[_Union[_types_pb2.Loan, _Mapping]]] = ..., not_loaned: _Optional[str] = ..., not_loaned_since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., demand_forecast: _Optional[_Union[DemandForecast, _Mapping]] = ...) -> None: ...
+
+class DemandForecast(_message.Message):
+    __slots__ = ("made_at", "servers_needed_now", "point", "upper", "lead_s", "quantile", "reclaim_latency_s", "decision_lag_s", "anchors", "trend_per_hour")
+    MADE_AT_FIELD_NUMBER: _ClassVar[int]
+    SERVERS_NEEDED_NOW_FIELD_NUMBER: _ClassVar[int]
+    POINT_FIELD_NUMBER: _ClassVar[int]
+    UPPER_FIELD_NUMBER: _ClassVar[int]
+    LEAD_S_FIELD_NUMBER: _ClassVar[int]
+    QUANTILE_FIELD_NUMBER: _ClassVar[int]
+    RECLAIM_LATENCY_S_FIELD_NUMBER: _ClassVar[int]
+    DECISION_LAG_S_FIELD_NUMBER: _ClassVar[int]
+    ANCHORS_FIELD_NUMBER: _ClassVar[int]
+    TREND_PER_HOUR_FIELD_NUMBER: _ClassVar[int]
+    made_at: _timestamp_pb2.Timestamp
+    servers_needed_now: float
+    point: float
+    upper: float
+    lead_s: float
+    quantile: float
+    reclaim_latency_s: float
+    decision_lag_s: float
+    anchors: int
+    trend_per_hour: float
+    def __init__(self, made_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., servers_needed_now: _Optional[float] = ..., point: _Optional[float] = ..., upper: _Optional[float] = ..., lead_s: _Optional[float] = ..., quantile: _Optional[float] = ..., reclaim_latency_s: _Optional[float] = ..., decision_lag_s: _Optional[float] = ..., anchors: _Optional[int] = ..., trend_per_hour: _Optional[float] = ...) -> None: ...
 
 class ExplainJobRequest(_message.Message):
     __slots__ = ("job_id",)
