@@ -13,9 +13,11 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from scheduler_service.core.clock import Clock
-from scheduler_service.core.plan import ApplyResult, Plan
+from scheduler_service.core.demand_forecast import DemandForecaster
+from scheduler_service.core.plan import ApplyResult, LoanStep, Plan
 from scheduler_service.core.registry import Policy
 from scheduler_service.core.snapshot import ClusterSnapshot
+from scheduler_service.lifecycle import ServerState
 
 
 class ClusterState(Protocol):
@@ -33,19 +35,35 @@ class CycleReport:
 
 
 class SchedulingCycle:
-    def __init__(self, state: ClusterState, policy: Policy, clock: Clock, *, seed: int = 0) -> None:
+    """``forecaster``: the inference demand's forecaster (``core.demand_forecast``), fed here -- each
+    snapshot's demand, and each reclaimed server's time from its RECLAIM to its RETURN step -- so that the
+    service and the simulator feed it alike; its view goes into the snapshot's demand. None: no forecast
+    (the snapshot's demand carries none)."""
+
+    def __init__(self, state: ClusterState, policy: Policy, clock: Clock, *, seed: int = 0,
+                 forecaster: DemandForecaster | None = None) -> None:
         self.state = state
         self.policy = policy
         self._clock = clock
         self._seed = seed
+        self.forecaster = forecaster
 
     def run_once(self) -> CycleReport:
         start = self._clock.monotonic()
         snapshot = self.state.snapshot(seed=self._seed)
+        if self.forecaster is not None and snapshot.demand is not None:
+            self.forecaster.observe(snapshot.now, snapshot.demand.servers_needed)
+            snapshot = replace(snapshot, demand=replace(snapshot.demand,
+                                                        forecast=self.forecaster.view(snapshot.now)))
         decided = self._clock.monotonic()
         plan = only_changed_reasons(self.policy.schedule(snapshot), snapshot)
         decide_s = self._clock.monotonic() - decided
         result = self.state.apply(plan)
+        if self.forecaster is not None and result.server_steps:
+            reclaiming = {s.server_id: s.state_since for s in snapshot.servers if s.state == ServerState.RECLAIMING}
+            for server_id, step in result.server_steps:
+                if step == LoanStep.RETURN and server_id in reclaiming:
+                    self.forecaster.observe_reclaim(snapshot.now - reclaiming[server_id])
         return CycleReport(len(snapshot.jobs), plan, result, decide_s, self._clock.monotonic() - start)
 
 

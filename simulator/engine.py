@@ -39,6 +39,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NoReturn
 
+from scheduler_service.core.demand_forecast import DemandForecaster
 from scheduler_service.core.invariants import check_plan
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.plan import ApplyResult, Plan
@@ -195,7 +196,7 @@ def simulate(
         state = wrap_state(state)
     # A name is built from the registry; an instance (training's sampling ``dl2``) runs as the registry would.
     decider = create_policy(policy, params) if isinstance(policy, str) else FaultsFirst(policy, params)
-    cycle = SchedulingCycle(state, decider, clock, seed=seed)
+    cycle = SchedulingCycle(state, decider, clock, seed=seed, forecaster=DemandForecaster())
 
     arrivals = sorted(jobs, key=lambda j: (j.submit_time, j.job_id))
     points = sorted(demand, key=lambda p: p.time)  # stable: of points at one time, the last one wins

@@ -268,7 +268,9 @@ def test_loan_then_reclaim_preempts_an_inelastic_job_which_resumes_from_its_chec
     # 1 s), when the job starts. Reclaimed at 2000 s: preempted, loses 1669 - 970 = 699 units, i.e.
     # 699 s x 8 GPUs (the checkpoint at 1301 s); serving again at 2300 s (next tick). Loaned again at
     # 5000 s, active at 5001 s: resumes from the checkpoint's 970 units, done at 5001 + 30 + 19030.
-    result = run([linear_job(1, 0.0, 8, 1, 1, 20000.0)], ClusterSpec(0, 1), "aryl",
+    # ``aryl-reactive``: loans follow the need now (``aryl``'s forecast would keep the server serving for the
+    # hour after the rise it saw: tests/test_demand_forecast.py).
+    result = run([linear_job(1, 0.0, 8, 1, 1, 20000.0)], ClusterSpec(0, 1), "aryl-reactive",
                  demand=[DemandPoint(0.0, 0), DemandPoint(2000.0, 1), DemandPoint(5000.0, 0)],
                  params=PolicyParams(loan_buffer_servers=0), checkpoint_interval_s=1000.0)
     job = result.jobs[0]

@@ -21,6 +21,10 @@ class PolicyParams:
     # A reclaim's hard deadline: a RECLAIMING server whose agent has not confirmed the training workers
     # gone by then goes back to inference anyway (routing still waits for the agent's confirmation).
     reclaim_deadline_s: float = 120.0
+    # The share of inference requests that may arrive while serving capacity is below need (``aryl``'s
+    # forecast-aware loaning, ``policies.aryl.loans``): its complement is the quantile of the demand
+    # forecast's upper band that the reclaim starts ahead of and that no loan may eat into.
+    inference_short_budget: float = 0.001
     starvation_s: float = 3600.0       # a job waiting this long gets a reservation
     # Anti-thrashing (``core.protection``: one window every mechanism honours): a job runs at least this
     # long after a start or resize before it is resized or preempted again, and is disrupted at most
@@ -56,6 +60,9 @@ class PolicyParams:
                              f"(got {self.qos_hopeless!r})")
         if self.dl2_online_batch_jobs < 1:
             raise ValueError(f"policy.dl2_online_batch_jobs must be >= 1 (got {self.dl2_online_batch_jobs})")
+        if not self.inference_short_budget < 1:
+            raise ValueError(f"policy.inference_short_budget must be below 1, a share of requests "
+                             f"(got {self.inference_short_budget}; the default is 0.001)")
         if not 1 <= self.max_extra_options <= 126:
             raise ValueError(f"policy.max_extra_options must be between 1 and 126 (got {self.max_extra_options})")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
+from scheduler_service.core.demand_forecast import ForecastView
 from scheduler_service.core.goodput import GradParams, StepSample
 from scheduler_service.lifecycle import JobState, Pool, ServerState
 
@@ -197,6 +198,9 @@ class DemandView:
     servers_needed: int
     observed_rps: float
     reported_at: float
+    # The demand's forecast at this snapshot (``core.demand_forecast``), attached by the scheduling cycle that
+    # feeds the forecaster; None where none runs (a what-if, a test's hand-built snapshot).
+    forecast: ForecastView | None = None
 
 
 @dataclass(frozen=True, slots=True)

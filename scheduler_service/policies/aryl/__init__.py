@@ -118,8 +118,8 @@ class ArylPolicy:
     fitted model are decided exactly as without it."""
 
     def __init__(self, name: str, params: PolicyParams, *, loaning: bool, elastic: bool,
-                 naive_reclaim: bool = False, goodput: bool = False, joint: bool = False, shrink: bool = True
-                 ) -> None:
+                 naive_reclaim: bool = False, goodput: bool = False, joint: bool = False, shrink: bool = True,
+                 forecast: bool = True) -> None:
         self.name = name
         self.joint = joint and elastic
         self.shrink = shrink  # queued gangs may take running jobs' extra workers (shrink-to-admit)
@@ -128,6 +128,7 @@ class ArylPolicy:
         self.elastic = elastic
         self.naive_reclaim = naive_reclaim
         self.goodput = goodput
+        self.forecast = forecast  # reclaim ahead of the demand forecast, loan only what it leaves
         self._carried: dict[int, tuple[JobView, int, JobEstimate]] = {}  # the last cycle's (``_Cycle.carry``)
 
     def schedule(self, snapshot: ClusterSnapshot) -> Plan:
@@ -142,7 +143,7 @@ class ArylPolicy:
         )
         cycle.protected = protected_jobs((j.view for j in cycle.running.values()), snapshot.now, self.params)
         if self.loaning:
-            loan_cycle(cycle, naive_reclaim=self.naive_reclaim, elastic=self.elastic)
+            loan_cycle(cycle, naive_reclaim=self.naive_reclaim, elastic=self.elastic, forecast=self.forecast)
         else:
             cycle.loan_note = LoanNote(Reason.NOT_LOANED_BY_POLICY,
                                        f"policy {self.name!r} never loans inference servers to training")
@@ -181,10 +182,10 @@ class ArylPolicy:
 
 
 def _register(name: str, *, loaning: bool, elastic: bool, naive_reclaim: bool = False, goodput: bool = False,
-              joint: bool = True, shrink: bool = True) -> None:
+              joint: bool = True, shrink: bool = True, forecast: bool = True) -> None:
     policies.register(name)(
         lambda params: ArylPolicy(name, params, loaning=loaning, elastic=elastic, naive_reclaim=naive_reclaim,
-                                  goodput=goodput, joint=joint, shrink=shrink)
+                                  goodput=goodput, joint=joint, shrink=shrink, forecast=forecast)
     )
 
 
@@ -204,3 +205,6 @@ _register("aryl-nojoint", loaning=True, elastic=True, goodput=True, joint=False)
 # The shrink-to-admit ablation: the full policy, but a queued gang starts only on free GPUs -- running jobs keep
 # their extra workers (the joint sizing shares out the free GPUs alone; step 3 still resizes running jobs).
 _register("aryl-noshrink", loaning=True, elastic=True, goodput=True, shrink=False)
+# The forecast ablation: the full policy, but loans and reclaims follow the inference need now alone (reactive:
+# a reclaim starts when the need exceeds what serves, and any server beyond the need now may be loaned).
+_register("aryl-reactive", loaning=True, elastic=True, goodput=True, forecast=False)

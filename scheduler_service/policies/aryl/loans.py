@@ -10,13 +10,16 @@ Must never place a queued job or size a running one beyond the reclaim's scale-i
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 from scheduler_service.core.goodput_fit import job_goodput
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.plan import LoanNote, LoanStep, PreemptJob, Reason, clock_time
 from scheduler_service.core.predict import predicted_remaining
 from scheduler_service.core.protection import Mechanism, overridden, protection, reclaim_penalty
 from scheduler_service.core.registry import ReclaimDecision
-from scheduler_service.core.snapshot import ClusterSnapshot, ServerView
+from scheduler_service.core.snapshot import ClusterSnapshot, DemandView, ServerView
 from scheduler_service.lifecycle import Pool, ServerState
 from scheduler_service.policies.aryl.cycle import _Cycle, _Job, _work_lost, goodput_estimate
 from scheduler_service.solvers.reclaim import ReclaimInstance, reclaim_greedy, reclaim_most_recent_first
@@ -24,10 +27,11 @@ from scheduler_service.solvers.reclaim import ReclaimInstance, reclaim_greedy, r
 _TRAINING_OR_DRAINING = (ServerState.TRAINING, ServerState.LOANED, ServerState.DRAINING)
 
 
-def loan_cycle(cycle: _Cycle, *, naive_reclaim: bool, elastic: bool) -> None:
+def loan_cycle(cycle: _Cycle, *, naive_reclaim: bool, elastic: bool, forecast: bool = True) -> None:
     """Step 0: the loans and reclaims the inference demand calls for (the module doc). ``naive_reclaim``:
     reclaim the most recently loaned servers (``choose_reclaim``); ``elastic``: training's demand counts
-    its running jobs' growth."""
+    its running jobs' growth; ``forecast``: reclaim ahead of the demand's forecast and loan only what it
+    leaves (``demand_outlook``), else on the need now alone (reactive)."""
     p, snap = cycle.params, cycle.snapshot
     inference = [s for s in snap.servers if s.pool == Pool.INFERENCE]
     by_state: dict[ServerState, list[ServerView]] = {}
@@ -67,22 +71,23 @@ def loan_cycle(cycle: _Cycle, *, naive_reclaim: bool, elastic: bool) -> None:
                                    "no server loaned: no inference demand reported yet (loans follow the "
                                    "router's demand signal)")
         return
-    needed = snap.demand.servers_needed
+    outlook = demand_outlook(snap.demand, len(inference), p, forecast=forecast)
+    needed = outlook.needed
     serving = list(cycle.server_state.values()).count(ServerState.SERVING)
     coming_back = sum(1 for s in by_state.get(ServerState.RECLAIMING, [])
                       if cycle.server_state[s.server_id] == ServerState.RECLAIMING)
-    deficit = needed - serving - coming_back
+    deficit = outlook.reclaim_to - serving - coming_back
     draining = [s for s in by_state.get(ServerState.DRAINING, []) if not s.cordoned]
     if deficit > 0:
         for s in reversed(draining):  # the most recent loans are the cheapest to cancel
             if deficit == 0:
                 break
             cycle.act(s.server_id, LoanStep.CANCEL, ServerState.SERVING, Reason.LOAN_CANCELLED,
-                      f"inference needs {needed} server(s) again")
+                      outlook.reclaim_why or f"inference needs {needed} server(s) again")
             deficit -= 1
         if deficit > 0:
             _reclaim(cycle, [s for s in by_state.get(ServerState.LOANED, []) if not s.draining], deficit,
-                     why=f"inference needs {needed} serving server(s)", naive=naive_reclaim)
+                     why=outlook.reclaim_why or f"inference needs {needed} serving server(s)", naive=naive_reclaim)
     for s in draining:
         if cycle.server_state[s.server_id] != ServerState.DRAINING:
             continue
@@ -95,15 +100,63 @@ def loan_cycle(cycle: _Cycle, *, naive_reclaim: bool, elastic: bool) -> None:
         )
         if why is not None:
             cycle.act(s.server_id, LoanStep.ACTIVATE, ServerState.LOANED, Reason.LOAN_ACTIVE, why)
-    surplus = serving - needed - p.loan_buffer_servers
+    surplus = serving - outlook.keep - p.loan_buffer_servers
     if deficit <= 0 and surplus > 0:
-        _loan(cycle, by_state.get(ServerState.SERVING, []), surplus, needed, elastic=elastic)
+        _loan(cycle, by_state.get(ServerState.SERVING, []), surplus, outlook, elastic=elastic)
     else:
         cycle.loan_note = LoanNote(
             Reason.NOT_LOANED_NO_SURPLUS,
-            f"{_no_loan(cycle)}: inference needs {needed} server(s) + {p.loan_buffer_servers} spare "
+            f"{_no_loan(cycle)}: inference needs {outlook.keep_text} + {p.loan_buffer_servers} spare "
             f"(policy.loan_buffer_servers); {serving} serving" + (f", {coming_back} coming back" if coming_back
                                                                   else ""))
+
+
+@dataclass(frozen=True)
+class DemandOutlook:
+    """What the loan cycle holds inference to: ``needed`` serving servers now (the routers' signal),
+    ``reclaim_to`` serving or coming back now (reclaim starts ahead of a forecast rise), and ``keep``
+    that no loan may take (a loan must not be needed back before it pays for its restarts)."""
+
+    needed: int
+    reclaim_to: int
+    keep: int
+    reclaim_why: str = ""   # the reason a reclaim ahead of the need gives ("" when the need now asks for it)
+    keep_text: str = ""
+
+
+def demand_outlook(demand: DemandView, inference_servers: int, params: PolicyParams, *, forecast: bool
+                   ) -> DemandOutlook:
+    """The need now and, with ``forecast`` and a forecast in the demand (``core.demand_forecast``), ahead:
+
+    - ``reclaim_to``: the forecast's upper band over the *lead* -- the measured reclaim latency (the reclaim
+      deadline, ``policy.reclaim_deadline_s``, before any is measured) plus the decision lag: a reclaim
+      started now serves then, so a rise within it must be reclaimed for now;
+    - ``keep``: the band over the lead plus a loan's *payback*, ``2 x policy.restart_cost_s`` (a loan costs
+      the job that grows onto it one restart and its reclaim another): a server needed back sooner than that
+      costs training more than it gains.
+
+    The band's quantile is ``1 - policy.inference_short_budget``: the need rises beyond it within the horizon
+    at about that share of moments, and then is met reactively, one reclaim latency late. Never beyond the
+    inference cluster. Without a forecast: the need now, for all three (reactive)."""
+    needed = demand.servers_needed
+    view = demand.forecast if forecast else None
+    if view is None:
+        return DemandOutlook(needed, needed, needed, keep_text=f"{needed} server(s)")
+    q = 1.0 - params.inference_short_budget
+    lead = view.lead_s(params.reclaim_deadline_s)
+    soon = view.forecast(lead, q)
+    later = view.forecast(lead + 2.0 * params.restart_cost_s, q)
+    reclaim_to = max(needed, min(inference_servers, math.ceil(soon.upper - 1e-9)))
+    keep = max(reclaim_to, min(inference_servers, math.ceil(later.upper - 1e-9)))
+    measured = ("measured" if view.reclaim_latency_s is not None
+                else "not measured yet: policy.reclaim_deadline_s")
+    why = (f"the demand forecast says inference needs {reclaim_to} serving server(s) within {lead:.0f}s, the time "
+           f"a reclaim takes to serve (reclaim latency {measured}, plus the decision lag; upper band at "
+           f"{q:.1%}, policy.inference_short_budget = {params.inference_short_budget:g}); it needs {needed} now"
+           ) if reclaim_to > needed else ""
+    keep_text = (f"{needed} server(s) now and up to {keep} within {later.horizon_s:.0f}s by its forecast"
+                 if keep > needed else f"{needed} server(s)")
+    return DemandOutlook(needed, reclaim_to, keep, why, keep_text)
 
 
 def _reclaim(cycle: _Cycle, loaned: list[ServerView], count: int, *, why: str, naive: bool,
@@ -136,7 +189,8 @@ def _reclaim(cycle: _Cycle, loaned: list[ServerView], count: int, *, why: str, n
         cycle.act(server_id, LoanStep.RECLAIM, ServerState.RECLAIMING, Reason.RECLAIMED_FOR_INFERENCE, why)
 
 
-def _loan(cycle: _Cycle, serving: list[ServerView], surplus: int, needed: int, *, elastic: bool) -> None:
+def _loan(cycle: _Cycle, serving: list[ServerView], surplus: int, outlook: DemandOutlook, *, elastic: bool
+          ) -> None:
     p, snap = cycle.params, cycle.snapshot
     demand = _training_demand_gpus(cycle, elastic=elastic)
     if demand <= 0:
@@ -159,7 +213,7 @@ def _loan(cycle: _Cycle, serving: list[ServerView], surplus: int, needed: int, *
         if demand <= 0:
             break
         cycle.act(s.server_id, LoanStep.LOAN, ServerState.DRAINING, Reason.LOANED_IDLE_SERVER,
-                  f"inference needs {needed} server(s) + {p.loan_buffer_servers} spare; training waits for "
+                  f"inference needs {outlook.keep_text} + {p.loan_buffer_servers} spare; training waits for "
                   f"{demand} GPU(s)")
         demand -= len(s.gpu_indices)
 
