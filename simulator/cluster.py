@@ -181,6 +181,7 @@ class UtilisationSample:
     loaned_servers: int         # inference servers in state LOANED
     servers_needed: int         # the inference demand signal (0 before the first demand point)
     rate_rps: float             # the request rate behind it
+    servers_wanted: int = 0     # the need before it was clipped to the inference cluster (``DemandPoint``)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -307,6 +308,7 @@ class SimulatedCluster:
         self.useful_spans: list[tuple[float, float, float]] = []  # (from, until, useful GPU-s per s)
         self._demand: DemandView | None = None
         self._demand_rate = 0.0
+        self._demand_wanted = 0
         # Levels for the utilisation series, kept up to date as allocations and server states change.
         self._allocated_gpus = {Pool.TRAINING: 0, Pool.INFERENCE: 0}
         self._inference_states = {state: 0 for state in ServerState}
@@ -445,6 +447,7 @@ class SimulatedCluster:
         """The router's latest signal: inference needs ``servers_needed`` serving servers."""
         self._demand = DemandView(point.servers_needed, point.rate_rps, point.time)
         self._demand_rate = point.rate_rps
+        self._demand_wanted = point.servers_needed if point.servers_wanted is None else point.servers_wanted
 
     def next_completion(self) -> float | None:
         """When the next running job finishes its work (None: no job is running)."""
@@ -554,6 +557,7 @@ class SimulatedCluster:
             loaned_servers=self._inference_states[ServerState.LOANED],
             servers_needed=needed,
             rate_rps=self._demand_rate,
+            servers_wanted=self._demand_wanted if self._demand else 0,
         )
         if self.samples:
             last = self.samples[-1]
@@ -922,5 +926,5 @@ def _worker_views(workers: tuple[WorkerPlacement, ...]) -> tuple[WorkerView, ...
 
 def _same_levels(a: UtilisationSample, b: UtilisationSample) -> bool:
     return (a.training_gpus, a.inference_gpus, a.loaned_training_gpus, a.loaned_servers, a.servers_needed,
-            a.rate_rps) == (b.training_gpus, b.inference_gpus, b.loaned_training_gpus, b.loaned_servers,
-                            b.servers_needed, b.rate_rps)
+            a.rate_rps, a.servers_wanted) == (b.training_gpus, b.inference_gpus, b.loaned_training_gpus,
+                                              b.loaned_servers, b.servers_needed, b.rate_rps, b.servers_wanted)

@@ -8,8 +8,8 @@ by hand except the Aryl paper's published headline figures, quoted for compariso
 Scenarios (all seeded, deterministic):
 1. **Headline** (``simulator/eval_headline.py``): the busiest 15 days of Philly (by jobs submitted:
    2017-10-10..25, 28,554 jobs) with ServeGen ``m-small`` LLM load on an inference cluster, in a *busy*
-   regime sized from the trace (offered load >= 90% of the training capacity, inference sized at the
-   0.99 quantile of its demand) and, as a second row, the earlier *light* setting. Non-clairvoyant
+   regime sized from the trace (offered load >= 90% of the training capacity, inference sized for the
+   maximum of its demand) and, as a second row, the earlier *light* setting. Non-clairvoyant
    (log-normal user estimates) and exact, 3 seeds each. Policies: ``sjf`` (separate clusters: the
    baseline), the elastic peers ``tiresias`` and ``optimus``, ``aryl-noloan``, ``aryl-noelastic``,
    ``aryl`` and ``aryl-naivereclaim``; ``pollux`` on a subset. Its figures also write the report's
@@ -27,6 +27,9 @@ Scenarios (all seeded, deterministic):
 7. **Loaning + goodput** (``goodput``, ``simulator/eval_goodput.py``): sjf, pollux, aryl and its ablations
    (aryl-nogoodput, aryl-noloan, aryl-nojoint, aryl-noshrink) on Philly + ServeGen with jobs mapped to the six
    Pollux models, on the first 1, 2 and 7 days, non-clairvoyant, with a clairvoyant row.
+8. **Inference** (``inference``, ``simulator/eval_inference.py``): forecast-aware loaning against the reactive
+   loan cycle and the naive reclaim, on the headline's training side with ServeGen and the spiky Alibaba GenAI
+   load, the inference cluster provisioned for each load's peak, shortfall against the unclipped need.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from simulator.eval_dl2 import dl2_section
 from simulator.eval_eta import eta_section
 from simulator.eval_goodput import goodput_section
 from simulator.eval_headline import headline_section, lead_text, sensitivity_section
+from simulator.eval_inference import inference_section
 from simulator.eval_tenants import tenants_section
 
 REPO = Path(__file__).resolve().parent.parent
@@ -154,6 +158,7 @@ SECTIONS: dict[str, Section] = {
     "dl2": dl2_section,
     "eta": eta_section,  # simulator/eval_eta.py: the start-time forecast against actual starts
     "goodput": goodput_section,
+    "inference": inference_section,  # simulator/eval_inference.py: does serving notice the loans?
 }
 
 

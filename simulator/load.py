@@ -15,14 +15,23 @@ Rules (cited by the evaluation)
   (default) their rate is interpolated linearly from the nearest non-gap windows on both sides (the
   nearest one at the ends).
 - **Servers needed** at rate ``r``: ``ceil(r * (1 + headroom) / per_server_rps)``, clipped to
-  ``[min_servers, inference_servers]``. "Scaled to the inference cluster": when ``per_server_rps``
-  is not given it is chosen so that the series' peak needs ``peak_utilisation`` of the cluster, i.e.
+  ``[min_servers, inference_servers]`` (what the router can ask for); the need before the upper clip is kept as
+  ``servers_wanted``, and the shortfall is counted against it (``simulator.results``). "Scaled to the
+  inference cluster": when ``per_server_rps`` is not given it is chosen so that the series' peak needs
+  ``peak_utilisation`` of the cluster, i.e.
   ``per_server_rps = peak * (1 + headroom) / (peak_utilisation * inference_servers)``; with the
   default ``peak_utilisation = 1.0`` the peak window needs exactly the whole cluster. ``peak`` is
   the ``peak_quantile`` of the rates (default 1.0: the maximum; a lower quantile lets rarer spikes
   clip at the full cluster). For ServeGen m-small the maximum (3,880 rps, at hour 284) is 2.3x the
   mean daily peak (about 1,700 rps at 20h); scaled to it, the daily peaks of the first 9 days need
   40-50% of the cluster (``peak_quantile=0.99``: 2,367 rps is the full cluster).
+- **Request traces** (``load_request_times_rate``; the Alibaba GenAI trace ``lora_request_trace.csv``: one row
+  per request, ``gmt_create`` as ``YYYY-MM-DD HH:MM:SS``): requests are counted in bins of ``bin_s`` (600 s)
+  from the local midnight before the first request, and a bin's rate is its count / ``bin_s`` (requests/s;
+  every request counts, failed ones too: they were load). Bins without requests have rate 0 -- not gaps: this
+  trace has whole idle hours. ``start_day`` drops the days before it (the Alibaba trace's first 4 days carry
+  about 90 requests a day, then 400-2,700). Spikes are kept as they are: scaled with ``peak_quantile = 1``,
+  the largest bin needs the whole cluster and nothing is clipped.
 - **Covering the simulation.** The series is laid from ``start_s`` (a time on the series' own clock,
   default its start) and repeated end to end with period = its span (last ``t`` - first ``t`` + one
   step; 14 days for ServeGen's language models, 1 day for the others -- whole days, so the time of
@@ -46,7 +55,7 @@ import numpy as np
 from simulator.model import DemandPoint
 from simulator.traces import TraceFormatError, _open_text
 
-__all__ = ["demand_from_rate", "diurnal_demand", "load_servegen_rate"]
+__all__ = ["demand_from_rate", "diurnal_demand", "load_request_times_rate", "load_servegen_rate"]
 
 
 def load_servegen_rate(
@@ -103,6 +112,42 @@ def load_servegen_rate(
     if fill_gaps and gap.any() and not gap.all():
         rates[gap] = np.interp(times[gap], times[~gap], rates[~gap])
     return [(float(t), float(r)) for t, r in zip(times, rates, strict=True)]
+
+
+def load_request_times_rate(path: str | Path, *, bin_s: float = 600.0, time_column: str = "gmt_create",
+                            start_day: int = 0) -> list[tuple[float, float]]:
+    """``[(t_sec, rate_rps), ...]`` from a per-request trace (plain or gzip CSV), binned as the module doc
+    says; every bin from the first kept midnight to the last request's bin, zero-rate bins included."""
+    from datetime import datetime, timedelta
+
+    if not bin_s > 0 or start_day < 0:
+        raise ValueError(f"need bin_s > 0 and start_day >= 0, got {bin_s}, {start_day}")
+    stamps: list[datetime] = []
+    with _open_text(path) as fh:
+        reader = csv.reader(fh)
+        header = [h.strip() for h in next(reader, [])]
+        if time_column not in header:
+            raise TraceFormatError(path, 1, time_column, f"missing column {time_column!r}; header is {header}")
+        col = header.index(time_column)
+        for values in reader:
+            if not values:
+                continue
+            text = values[col] if col < len(values) else ""
+            try:
+                # Local times of the trace's own zone (offset-shifted upstream): only differences are used.
+                stamps.append(datetime.strptime(text.strip(), "%Y-%m-%d %H:%M:%S"))  # noqa: DTZ007
+            except ValueError:
+                raise TraceFormatError(path, reader.line_num, time_column,
+                                       f"expected YYYY-MM-DD HH:MM:SS, got {text!r}") from None
+    if not stamps:
+        raise ValueError(f"{path}: no requests")
+    origin = min(stamps).replace(hour=0, minute=0, second=0, microsecond=0) + timedelta(days=start_day)
+    offsets = np.array([(t - origin).total_seconds() for t in stamps])
+    offsets = offsets[offsets >= 0]
+    if not len(offsets):
+        raise ValueError(f"{path}: no requests from day {start_day} on")
+    counts = np.bincount((offsets // bin_s).astype(np.int64))
+    return [(k * bin_s, float(c) / bin_s) for k, c in enumerate(counts)]
 
 
 def _clip(needed: int, lo: int, hi: int) -> int:
@@ -164,7 +209,8 @@ def demand_from_rate(
         rate = float(rates[i])
         # ceil with a tolerance, so that the peak needs exactly peak_utilisation * N, not one more
         needed = math.ceil(rate * (1.0 + headroom) / per_server_rps - 1e-9)
-        out.append(DemandPoint(time=sim_t, servers_needed=_clip(needed, min_servers, inference_servers), rate_rps=rate))
+        out.append(DemandPoint(time=sim_t, servers_needed=_clip(needed, min_servers, inference_servers), rate_rps=rate,
+                               servers_wanted=max(needed, min_servers)))
         i += 1
         if i == len(offsets):
             lap, i = lap + 1, 0

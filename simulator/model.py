@@ -52,6 +52,9 @@ class DemandPoint:
     time: float              # seconds since the trace's start
     servers_needed: int
     rate_rps: float = 0.0    # the request rate behind it (plots; the share of requests met short: simulator.results)
+    # What the rate asks for before it is clipped to the inference cluster (``simulator.load``); None: as
+    # ``servers_needed``. The policy sees ``servers_needed``; the shortfall is counted against this.
+    servers_wanted: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,14 +46,15 @@ Metrics (``summarize``), all in seconds unless named otherwise:
   counted as useful) -- ``gpu_utilization.overall`` with allocated training GPUs replaced by useful
   ones. Progress is placed in time exactly (``simulator.cluster``'s useful spans).
 - ``inference_shortfall``, over [0, makespan]. At each moment the serving shortfall is
-  ``max(min(servers needed, inference servers) - SERVING servers, 0)``: servers inference needed but
-  did not have because they were draining, loaned, being reclaimed or down (demand beyond the whole
-  inference cluster is not counted: no policy could serve it).
+  ``max(servers wanted - min(servers needed, SERVING servers), 0)``: servers inference needed but did not
+  have because they were draining, loaned, being reclaimed or down, or because the demand was beyond the
+  whole inference cluster (``DemandPoint.servers_wanted``, the need before the clip: counted, unclipped).
   - ``server_s``: the shortfall integrated over time (server-seconds); ``time_s``: seconds with any;
   - with a request-rate trace (``DemandPoint.rate_rps``), ``requests_short_share``: the share of
     requests that arrived while the shortfall was above 0, and ``requests_unserved_share``: the share
     beyond serving capacity, rate x shortfall / servers needed (each serving server taking an equal
-    share); None without a rate.
+    share); None without a rate. ``requests_beyond_cluster_share``: the share that arrived while the
+    demand was beyond the whole inference cluster (no policy could serve them: the floor under the first).
 - ``loans``: loans begun (LOAN steps committed; a loan cancelled while draining counts);
   ``reclaims``: RECLAIM steps committed (one per reclaimed server).
 - ``preemptions``, ``scale_ins``, ``scale_outs``: over all jobs (a resize to the same size elsewhere
@@ -184,9 +185,11 @@ class _Series:
 
     def __init__(self, result: SimulationResult) -> None:
         rows = np.array([(s.time, s.training_gpus, s.inference_gpus, s.loaned_training_gpus, s.servers_needed,
-                          s.rate_rps) for s in result.utilisation], dtype=float).reshape(-1, 6)
+                          s.rate_rps, max(s.servers_wanted, s.servers_needed)) for s in result.utilisation],
+                        dtype=float).reshape(-1, 7)
         self.times = np.append(rows[:, 0], result.end_time)
-        names = ("training_gpus", "inference_gpus", "loaned_training_gpus", "servers_needed", "rate_rps")
+        names = ("training_gpus", "inference_gpus", "loaned_training_gpus", "servers_needed", "rate_rps",
+                 "servers_wanted")
         self.levels = {name: rows[:, k + 1] for k, name in enumerate(names)}
 
     def durations(self, start: float, end: float) -> np.ndarray:
@@ -266,22 +269,27 @@ def useful_utilization(result: SimulationResult, start: float, end: float, *,
 def inference_shortfall(result: SimulationResult, *, series: _Series | None = None) -> dict[str, float | None]:
     """Servers inference needed but had not serving, over [0, end_time] (module doc)."""
     empty: dict[str, float | None] = {"server_s": 0.0, "time_s": 0.0, "requests_short_share": None,
-                                      "requests_unserved_share": None}
+                                      "requests_unserved_share": None, "requests_beyond_cluster_share": None}
     if not result.utilisation or result.end_time <= 0:
         return empty
     spec, series = result.spec, series or _Series(result)
     level, durations = series.levels, series.durations(0.0, result.end_time)
-    needed = np.clip(level["servers_needed"], 0.0, None)
+    wanted = np.clip(level["servers_wanted"], 0.0, None)   # unclipped
     serving = level["inference_gpus"] / spec.gpus_per_server  # min(needed, SERVING)
-    short = np.clip(np.minimum(needed, spec.inference_servers) - serving, 0.0, None)
+    short = np.clip(wanted - serving, 0.0, None)
     rate = level["rate_rps"]
     requests = float(np.dot(rate, durations))
-    unserved = np.divide(short, needed, out=np.zeros_like(short), where=needed > 0)
+    unserved = np.divide(short, wanted, out=np.zeros_like(short), where=wanted > 0)
+
+    def share(weights: np.ndarray) -> float | None:
+        return float(np.dot(rate * weights, durations)) / requests if requests > 0 else None
+
     return {
         "server_s": float(np.dot(short, durations)),
         "time_s": float(durations[short > 0].sum()),
-        "requests_short_share": float(np.dot(rate * (short > 0), durations)) / requests if requests > 0 else None,
-        "requests_unserved_share": float(np.dot(rate * unserved, durations)) / requests if requests > 0 else None,
+        "requests_short_share": share((short > 0).astype(float)),
+        "requests_unserved_share": share(unserved),
+        "requests_beyond_cluster_share": share((wanted > spec.inference_servers).astype(float)),
     }
 
 

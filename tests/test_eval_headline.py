@@ -63,7 +63,7 @@ def test_busy_regime_is_sized_from_the_offered_load(tmp_path: Path) -> None:
     assert offered / (regime.training_servers * 8) >= 0.9
     assert offered / ((regime.training_servers + 1) * 8) < 0.9  # the most servers that still holds
     assert regime.inference_servers == max(1, round(regime.training_servers / 2))
-    assert regime.peak_quantile == 0.99
+    assert regime.peak_quantile == 1.0  # provisioned for the peak (issue 31)
 
 
 def test_headline_end_to_end_seeds_and_structure(tmp_path: Path) -> None:

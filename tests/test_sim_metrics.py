@@ -121,7 +121,8 @@ def test_inference_shortfall_and_preemptions_per_reclaim() -> None:
     # of the needed capacity was missing, so the unserved share is the same).
     assert s["inference_shortfall"] == {"server_s": 300.0, "time_s": 300.0,
                                         "requests_short_share": round(15000 / 360610, 4),
-                                        "requests_unserved_share": round(15000 / 360610, 4)}
+                                        "requests_unserved_share": round(15000 / 360610, 4),
+                                        "requests_beyond_cluster_share": 0.0}
     assert (s["reclaims"], s["reclaim_preemptions"], s["reclaim_scale_ins"], s["preemptions_per_reclaim"]) == \
         (1, 1, 0, 1.0)
 
@@ -137,16 +138,24 @@ def test_shortfall_counts_the_share_of_need_missing_and_no_rate_means_no_share()
     assert (s["reclaims"], s["reclaim_scale_ins"], s["reclaim_preemptions"], s["preemptions_per_reclaim"]) == \
         (1, 1, 0, 0.0)
     assert s["inference_shortfall"] == {"server_s": 300.0, "time_s": 300.0, "requests_short_share": None,
-                                        "requests_unserved_share": None}
+                                        "requests_unserved_share": None, "requests_beyond_cluster_share": None}
 
 
-def test_no_reclaims_no_ratio_and_demand_beyond_the_cluster_is_not_a_shortfall() -> None:
-    # Demand 3 servers of a 1-server inference cluster that never lends: 2 servers short all along, but
-    # no policy could serve them, so nothing counts.
+def test_no_reclaims_no_ratio_and_demand_beyond_the_cluster_is_short_and_shown_as_such() -> None:
+    # Demand 3 servers of a 1-server inference cluster that never lends: 2 servers short all along. They count
+    # (the shortfall is against the unclipped demand), and the share beyond the cluster says no policy could
+    # have served them: every request arrived then.
     result = run([linear_job(1, 0.0, 1, 1, 1, 100.0)], ClusterSpec(1, 1), "fifo", demand=[DemandPoint(0.0, 3, 5.0)])
     s = summarize(result)
     assert s["preemptions_per_reclaim"] is None
-    assert s["inference_shortfall"]["server_s"] == 0.0 and s["inference_shortfall"]["requests_short_share"] == 0.0
+    short = s["inference_shortfall"]
+    assert (short["server_s"], short["time_s"]) == (2 * 130.0, 130.0)
+    assert (short["requests_short_share"], short["requests_beyond_cluster_share"]) == (1.0, 1.0)
+    assert short["requests_unserved_share"] == round(2 / 3, 4)
+    # A point that carries its unclipped need: the router asks for the whole cluster, 4 were wanted.
+    clipped = run([linear_job(1, 0.0, 1, 1, 1, 100.0)], ClusterSpec(1, 1), "fifo",
+                  demand=[DemandPoint(0.0, 1, 5.0, servers_wanted=4)])
+    assert summarize(clipped)["inference_shortfall"]["server_s"] == 3 * 130.0
 
 
 # -- percentiles -----------------------------------------------------------------------------------------
