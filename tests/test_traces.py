@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from simulator.load import demand_from_rate, diurnal_demand, load_servegen_rate
+from simulator.load import demand_from_rate, diurnal_demand, load_request_times_rate, load_servegen_rate
 from simulator.model import TraceJob
 from simulator.traces import (
     POLLUX_APPLICATIONS,
@@ -420,6 +420,37 @@ def test_servegen_rate_loads_and_fills_gaps(tmp_path: Path, gz: bool) -> None:
     assert load_servegen_rate(path, model="m-large") == [(0.0, 5.0)]
     with pytest.raises(ValueError, match="available"):
         load_servegen_rate(path, model="m-huge")
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_a_request_trace_is_binned_from_its_first_midnight(tmp_path: Path, gz: bool) -> None:
+    # The Alibaba GenAI trace's shape: one row per request, its time in gmt_create. Day 0 starts at the midnight
+    # before the first request; 10-minute bins; empty bins are rate 0 (idle, not a gap).
+    rows = ["2024-11-15 16:57:50", "2024-11-16 00:00:00", "2024-11-16 00:09:59", "2024-11-16 00:25:00",
+            "2024-11-16 00:25:01", "2024-11-16 00:29:00"]
+    text = "gmt_create,predict_type,predict_status,exec_time_seconds\n" + "".join(
+        f"{t},TXT_2_IMG,SUCCEED,30.0\n" for t in rows)
+    path = write(tmp_path / ("r.csv.gz" if gz else "r.csv"), text, gz=gz)
+    whole = load_request_times_rate(path)
+    assert whole[0] == (0.0, 0.0) and len(whole) == 144 + 3  # 2024-11-15 00:00 .. the bin of 2024-11-16 00:29
+    assert whole[16 * 6 + 5] == (60600.0, 1 / 600)       # 16:57:50 falls in 16:50-17:00
+    # From day 1: 00:00 and 00:09:59 in bin 0, none in bin 1, three in bin 2.
+    assert load_request_times_rate(path, start_day=1) == [(0.0, 2 / 600), (600.0, 0.0), (1200.0, 3 / 600)]
+    assert load_request_times_rate(path, start_day=1, bin_s=1800.0) == [(0.0, 5 / 1800)]
+    with pytest.raises(ValueError, match="no requests from day 5"):
+        load_request_times_rate(path, start_day=5)
+    bad = write(tmp_path / "bad.csv", "gmt_create\n2024-11-15T16:57:50\n")
+    with pytest.raises(TraceFormatError, match="YYYY-MM-DD HH:MM:SS"):
+        load_request_times_rate(bad)
+    with pytest.raises(TraceFormatError, match="missing column 'gmt_create'"):
+        load_request_times_rate(write(tmp_path / "none.csv", "time\n1\n"))
+
+
+def test_the_need_before_the_clip_is_kept() -> None:
+    series = [(0.0, 0.0), (600.0, 1000.0)]
+    points = demand_from_rate(series, inference_servers=5, per_server_rps=30.0, headroom=0.2)
+    # 1000 * 1.2 / 30 = 40 servers wanted, 5 asked for (the whole cluster); 0 -> 1 (min_servers) both ways.
+    assert [(p.servers_needed, p.servers_wanted) for p in points] == [(1, 1), (5, 40)]
 
 
 def test_demand_ceil_headroom_and_clipping() -> None:
