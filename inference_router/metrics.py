@@ -8,6 +8,12 @@ served by ``inference_router.router.serve`` on ``[metrics] port``).
   ``aryl_router_backends{state,routable}``, ``aryl_router_observed_rps{window}`` (short, long),
   ``aryl_router_demand_servers_needed`` (what it would report now; absent while unknown),
   ``aryl_router_demand_servers_reported`` and ``aryl_router_demand_reports_total``.
+- The inference shortfall, read at each scrape: ``aryl_router_requests_arrived_total`` (every request
+  to be proxied, as it arrives) and ``aryl_router_requests_short_total`` (those that arrived while the
+  serving pool held fewer SERVING servers than ``aryl_router_demand_servers_needed``): their ratio is the
+  live ``requests_short_share`` that ``policy.inference_short_budget`` bounds
+  (``rate(aryl_router_requests_short_total[1h]) / rate(aryl_router_requests_arrived_total[1h])``), and
+  ``aryl_router_serving_servers``, the serving pool's size.
 
 Never: change how requests are routed.
 """
@@ -69,8 +75,7 @@ class _RouterCollector(Collector):
         rps.add_metric(["short"], router.meter.short_rate(now))
         rps.add_metric(["long"], router.meter.long_rate(now))
         yield rps
-        needed = (router.config.servers_needed if router.estimator is None
-                  else router.last_estimate.servers_needed if router.last_estimate else None)
+        needed = router.servers_needed_now()
         if needed is not None:
             yield GaugeMetricFamily("aryl_router_demand_servers_needed",
                                     "Inference servers the load needs (static, or the latest estimate)", value=needed)
@@ -79,3 +84,10 @@ class _RouterCollector(Collector):
                                     "Inference servers last reported to the scheduler", value=router.demand_reported)
         yield CounterMetricFamily("aryl_router_demand_reports", "Demand reports the scheduler accepted",
                                   value=router.demand_reports)
+        yield CounterMetricFamily("aryl_router_requests_arrived", "Requests that arrived to be proxied",
+                                  value=router.requests_arrived)
+        yield CounterMetricFamily("aryl_router_requests_short",
+                                  "Requests that arrived while fewer servers were SERVING than the load needs "
+                                  "(aryl_router_demand_servers_needed)", value=router.requests_short)
+        yield GaugeMetricFamily("aryl_router_serving_servers", "Backends SERVING in the pool",
+                                value=router.pool.serving)

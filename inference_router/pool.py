@@ -117,6 +117,7 @@ class BackendPool:
         self.backends: dict[str, Backend] = {}
         self.version = 0
         self.updates_applied = 0
+        self.serving = 0  # backends SERVING after the last update (the serving pool's size)
         self._last_picked: str | None = None
         self.listeners: list[Callable[[Backend, RoutingState | None, bool], None]] = []
         self._changed = asyncio.Condition()
@@ -150,6 +151,7 @@ class BackendPool:
             changes.append((backend, backend.state, True))
         self.version = update.version
         self.updates_applied += 1
+        self.serving = sum(1 for b in self.backends.values() if b.state is RoutingState.SERVING)
         for backend, previous, gone in changes:
             for listener in self.listeners:
                 listener(backend, previous, gone)

@@ -88,6 +88,11 @@ class Router:
         self.demand_reports = 0
         self.drains_reported: list[str] = []
         self.responses_failed = 0      # answers the router made up (502/503/504) or aborted
+        # Requests that arrived, and those that arrived while the serving pool held fewer SERVING servers than
+        # the router's current servers_needed (``servers_needed_now``): the live form of the simulator's
+        # requests_short_share, which policy.inference_short_budget bounds.
+        self.requests_arrived = 0
+        self.requests_short = 0
         self.retries = 0
         self.in_flight = 0
         self._log = structlog.get_logger("inference_router").bind(source=config.source)
@@ -287,6 +292,10 @@ class Router:
         assert self._session is not None
         started = self.clock()
         self.meter.record_arrival(started)
+        self.requests_arrived += 1
+        needed = self.servers_needed_now()
+        if needed is not None and self.pool.serving < needed:
+            self.requests_short += 1
         self.in_flight += 1
         tried: set[str] = set()
         errors: list[str] = []
@@ -334,6 +343,13 @@ class Router:
             self.in_flight -= 1
 
     # -- demand ------------------------------------------------------------------------------------
+
+    def servers_needed_now(self) -> int | None:
+        """What the router holds the load to need now: ``router.servers_needed`` (static), else the latest
+        estimate (after hysteresis: what it reports); None before the first estimate."""
+        if self.estimator is None:
+            return self.config.servers_needed
+        return self.last_estimate.servers_needed if self.last_estimate else None
 
     def evaluate_demand(self) -> tuple[int, float]:
         """``(servers_needed, observed_rps)`` now: static, or from the meter through the estimator."""
@@ -405,6 +421,7 @@ class Router:
                 for b in sorted(self.pool.backends.values(), key=lambda b: b.server_id)
             ],
             "requests": self.meter.total_arrivals,
+            "requests_short": self.requests_short,
             "in_flight": self.in_flight,
             "responses_failed": self.responses_failed,
             "retries": self.retries,
@@ -413,8 +430,8 @@ class Router:
             "latency_ms": {"p50": None if p50 is None else p50 * 1000, "p99": None if p99 is None else p99 * 1000},
             "demand": {
                 "mode": self.demand_mode,
-                "servers_needed": self.config.servers_needed if self.estimator is None else (
-                    estimate.servers_needed if estimate else None),
+                "servers_needed": self.servers_needed_now(),
+                "servers_serving": self.pool.serving,
                 "raw_need": estimate.raw_need if estimate else None,
                 "forecast_rps": estimate.forecast_rate if estimate else None,
                 "reported": self.demand_reported,
