@@ -9,8 +9,9 @@ The day: at midday traffic is high and every inference server serves; in the eve
 falls, the router's demand drops, idle inference servers are drained (the router stops sending
 them requests and acknowledges) and loaned to training, where a waiting job starts and an elastic
 job scales out (restarting from its checkpoint at the new size); next morning a spike comes, the
-loaned servers are reclaimed (the elastic job scales in, the inelastic one is preempted and
-requeued) and serve again once their agents confirm the workers are gone. A timeline of the
+loaned servers are reclaimed ahead of it, on the scheduler's demand forecast (the elastic job scales in,
+the inelastic one is preempted and requeued), and serve again once their agents confirm the workers
+are gone. A timeline of the
 scheduler's events and the traffic is printed throughout, then a summary: not one inference request
 may fail. Everything stops by itself, well within three minutes. ``arylctl --server ADDRESS ...``
 shows the state live meanwhile (the address is printed first).
@@ -59,8 +60,10 @@ EXAMPLES = REPO / "examples"
 TRAINING = (("train-1", 4), ("train-2", 4))
 INFERENCE = (("infer-1", 4), ("infer-2", 4), ("infer-3", 4))
 CAPACITY_RPS = 20.0  # what one inference server serves (the router's per-server capacity)
-# The traffic of a compressed day, in requests per second through the router.
+# The traffic of a compressed day, in requests per second through the router; the morning climbs from the
+# evening's rate to its peak over MORNING_RAMP_S.
 MIDDAY_RPS, EVENING_RPS, MORNING_SPIKE_RPS = 42.0, 12.0, 45.0
+MORNING_RAMP_S = 20.0
 JOBS = (
     # name, gpus per worker, min workers, max workers, steps (a step takes 1 s / world size)
     ("bert-large", 2, 2, 2, 600),
@@ -85,6 +88,10 @@ DEMO_SETTINGS = {
     "ARYL_POLICY__MIN_LOAN_S": "0",
     "ARYL_POLICY__MIN_RESIZE_INTERVAL_S": "0",
     "ARYL_POLICY__RESTART_COST_S": "1",
+    # The demand forecast (core.demand_forecast) in one-second bins, its trend over the last 20 s: the compressed
+    # morning's climb is seen within seconds, and the reclaim starts on the forecast, ahead of the need.
+    "ARYL_DEMAND_FORECAST__BIN_S": "1",
+    "ARYL_DEMAND_FORECAST__TREND_WINDOW_S": "20",
     "ARYL_AGENT__ADVERTISE_ADDRESS": "127.0.0.1",
     "ARYL_AGENT__LOGS_LISTEN_HOST": "127.0.0.1",
     "ARYL_AGENT__RECONCILE_INTERVAL_S": "0.2",
@@ -210,6 +217,9 @@ class DemoOutcome:
     requests_failed: list[str] = field(default_factory=list)
     loans_made: int = 0
     servers_reclaimed: int = 0
+    # Reclaims whose reason is the demand forecast (started ahead of the need), and the first one's reason.
+    reclaims_on_forecast: int = 0
+    forecast_reclaim_reason: str = ""
     # Requests each loaned server's model server answered while the server was on loan (must be 0).
     served_while_loaned: dict[str, int] = field(default_factory=dict)
     jobs: dict[str, types_pb2.Job] = field(default_factory=dict)
@@ -500,8 +510,13 @@ def run(workdir: Path, *, insecure: bool = False) -> DemoOutcome:
         line(f"  while on loan, {', '.join(on_loan)} answered "
              f"{sum(outcome.served_while_loaned.values())} inference request(s): the router sent them none")
 
-        say(f"Next morning: a spike to {MORNING_SPIKE_RPS:g} req/s -> 3 servers needed at once; the loaned servers "
-            "are reclaimed: resnet50 scales in, vit-huge is preempted (checkpointed) and requeued")
+        say(f"Next morning: traffic climbs to {MORNING_SPIKE_RPS:g} req/s over {MORNING_RAMP_S:g} s -> 3 servers "
+            "needed; the scheduler's demand forecast sees the climb and reclaims the loaned servers ahead of the need "
+            "(the reclaim's reason says so): resnet50 scales in, vit-huge is preempted (checkpointed) and requeued")
+        began = time.monotonic()
+        while (elapsed := time.monotonic() - began) < MORNING_RAMP_S:
+            traffic.rate = EVENING_RPS + (MORNING_SPIKE_RPS - EVENING_RPS) * elapsed / MORNING_RAMP_S
+            time.sleep(0.25)
         traffic.rate = MORNING_SPIKE_RPS
         wait_until(lambda: loaned() == 0 and _router_ready(router_port, len(INFERENCE)), 60,
                    "the reclaimed servers to serve again")
@@ -518,6 +533,10 @@ def run(workdir: Path, *, insecure: bool = False) -> DemoOutcome:
         events = list(client.watch_events(after_event_id=0, idle_timeout=1.0))
         outcome.loans_made = len(loans)
         outcome.servers_reclaimed = sum(e.to_state == "RECLAIMING" for e in events)
+        on_forecast = [e.message for e in events if e.to_state == "RECLAIMING"
+                       and e.message.startswith("the demand forecast says")]
+        outcome.reclaims_on_forecast = len(on_forecast)
+        outcome.forecast_reclaim_reason = on_forecast[0] if on_forecast else ""
         outcome.requests_sent, outcome.requests_ok = traffic.sent, traffic.ok
         outcome.requests_failed = list(traffic.failed)
         summarize(outcome, workdir)
@@ -573,7 +592,9 @@ def summarize(outcome: DemoOutcome, workdir: Path) -> None:
           f"{sum(outcome.served_while_loaned.values())}")
     for failure in outcome.requests_failed[:5]:
         print(f"     failed: {failure}")
-    print(f"   loans: {outcome.loans_made} made; servers reclaimed: {outcome.servers_reclaimed}")
+    print(f"   loans: {outcome.loans_made} made; servers reclaimed: {outcome.servers_reclaimed}, "
+          f"{outcome.reclaims_on_forecast} of them ahead of the need, on the demand forecast"
+          + (f": {outcome.forecast_reclaim_reason}" if outcome.forecast_reclaim_reason else ""))
     print("   the first jobs as the loan segment ended (the queues segment then cancelled them):")
     for name, j in outcome.jobs.items():
         print(f"   {name:<11} {types_pb2.JobState.Name(j.state).removeprefix('JOB_STATE_'):<9} "

@@ -351,10 +351,11 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
     async def ListLoans(self, request: scheduler_pb2.ListLoansRequest, context: Any) -> scheduler_pb2.ListLoansResponse:
         loans = await self.run(self.app.views.loans, request.include_returned)
         note = await self.run(self.app.views.loan_note)
+        forecast = await self.run(self._demand_forecast) if self._demand_forecast is not None else None
         return scheduler_pb2.ListLoansResponse(
             loans=[convert.loan(row) for row in loans], not_loaned=note.summary if note is not None else "",
             not_loaned_since=convert.timestamp(note.since) if note is not None else None,
-            demand_forecast=convert.demand_forecast(self._demand_forecast() if self._demand_forecast else None),
+            demand_forecast=convert.demand_forecast(forecast),
         )
 
     @rpc
