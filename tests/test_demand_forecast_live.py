@@ -1,8 +1,9 @@
 """Predictive reclaim, live (issue 31): a real scheduler service (aryl policy, short forecast bins), a real
-``inference_router.Router`` in front of real HTTP model servers, and a steadily rising load sent through
-the router. The router measures the load and reports its need over the real ReportDemand path, follows the
-serving pool over WatchServingPool and acknowledges drains over ReportDrained; the scheduler's forecaster
-learns from those reports and the aryl policy reclaims ahead of its forecast.
+``inference_router.Router`` in front of real HTTP model servers, and a steadily rising load sent through the
+router (the demo's load generator, ``aryl_demo.demo.Traffic``). The router measures the load and reports its
+need over the real ReportDemand path, follows the serving pool over WatchServingPool and acknowledges drains
+over ReportDrained; the scheduler's forecaster learns from those reports and the aryl policy reclaims ahead of
+its forecast.
 
 What is faked: the agents. Servers register and report status over the real AgentService, from this test
 (a thread that reports every server's desired generation as applied, as a converged agent does), so a
@@ -22,10 +23,10 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-import aiohttp
 import pytest
 from aiohttp import web
 
+from aryl_demo.demo import Traffic
 from arylctl.client import ArylClient
 from inference_router.config import RouterSection
 from inference_router.router import Router
@@ -39,7 +40,10 @@ LOW_RPS, TOP_RPS, RAMP_S = 5.0, 36.0, 75.0  # need 1, then one more server every
 POLICY = {
     "loan_idle_s": 0, "min_loan_s": 0, "min_resize_interval_s": 0, "restart_cost_s": 1,
     "drain_timeout_s": 30,          # the router's drain acknowledgement comes first
-    "loan_buffer_servers": 1,       # one spare serving: a rise of one server is met by the spare, not by luck
+    # One spare serving: the need is whole servers, so a rise shows in its history only as a step; with a spare,
+    # the first step (1 -> 2) is met by what serves, and the forecast it starts reclaims the next server ahead.
+    # Without one, any step exceeds the pool at once and no forecast can start the first reclaim sooner.
+    "loan_buffer_servers": 1,
     "reclaim_deadline_s": 20,       # the lead before a reclaim is measured (core.demand_forecast)
 }
 FORECAST = {"bin_s": 1, "trend_window_s": 20}
@@ -109,45 +113,6 @@ class ConvergedAgents:
 
 
 @dataclass
-class RisingLoad:
-    """Open-loop requests through the router at ``rate`` per second; every answer is checked."""
-
-    url: str
-    rate: float = 0.0
-    sent: int = 0
-    ok: int = 0
-    failed: list[str] = field(default_factory=list)
-    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
-
-    async def run(self, stop: asyncio.Event) -> None:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
-            next_at = time.monotonic()
-            while not stop.is_set():
-                if self.rate > 0:
-                    task = asyncio.create_task(self._one(session))
-                    self._tasks.add(task)
-                    task.add_done_callback(self._tasks.discard)
-                    next_at += 1.0 / self.rate
-                else:
-                    next_at = time.monotonic() + 0.1
-                await asyncio.sleep(max(0.0, next_at - time.monotonic()))
-            if self._tasks:
-                await asyncio.gather(*self._tasks)
-
-    async def _one(self, session: aiohttp.ClientSession) -> None:
-        self.sent += 1
-        try:
-            async with session.post(f"{self.url}/v1/infer", json={"n": self.sent}) as response:
-                body = await response.read()
-                if response.status == 200:
-                    self.ok += 1
-                else:
-                    self.failed.append(f"HTTP {response.status}: {body[:200]!r}")
-        except Exception as exc:  # noqa: BLE001 - every failure is counted and shown
-            self.failed.append(f"{type(exc).__name__}: {exc}")
-
-
-@dataclass
 class ShortWatch:
     """When the router's measured need first exceeded the servers it could route to (wall clock), sampled."""
 
@@ -209,9 +174,11 @@ def test_a_rising_load_through_the_router_is_met_by_a_reclaim_on_the_forecast(sc
         await router.start()
         await until(lambda: router.pool.serving == len(INFERENCE), timeout=30, what="the router to see the pool")
         stop = asyncio.Event()
-        load = RisingLoad(router.url, rate=LOW_RPS)
+        load = Traffic(router.url, rate=LOW_RPS)  # the demo's open-loop load generator, on a thread of its own
+        load_thread = threading.Thread(target=load.run, name="load", daemon=True)
+        load_thread.start()
         watch = ShortWatch()
-        background = [asyncio.create_task(load.run(stop)), asyncio.create_task(watch.run(router, stop))]
+        background = [asyncio.create_task(watch.run(router, stop))]
         try:
             # Low load: the router needs 1 server; with the spare, 2 serve and 2 are loaned to an elastic job.
             job = await asyncio.to_thread(lambda: stub.SubmitJob(scheduler_pb2.SubmitJobRequest(
@@ -251,6 +218,8 @@ def test_a_rising_load_through_the_router_is_met_by_a_reclaim_on_the_forecast(sc
                         timeout=30, what="the reclaim latency measured")
         finally:
             stop.set()
+            load.stop.set()
+            await asyncio.to_thread(load_thread.join, scaled_timeout(60))
             await asyncio.gather(*background, return_exceptions=True)
             await router.stop()
             for model in models:
