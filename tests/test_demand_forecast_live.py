@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import pytest
 from aiohttp import web
+from prometheus_client import generate_latest
 
 from aryl_demo.demo import Traffic
 from arylctl.client import ArylClient
@@ -212,10 +213,13 @@ def test_a_rising_load_through_the_router_is_met_by_a_reclaim_on_the_forecast(sc
             assert watch.first_short_at is None or decided_at < watch.first_short_at, (
                 f"the first reclaim was decided {decided_at - watch.first_short_at:.1f} s after the router's need "
                 f"first exceeded what served: {first.message}")
-            # The forecast now knows a reclaim's latency, measured.
+            # The forecast now knows a reclaim's latency, measured; the scheduler's metrics show it too.
             await until(lambda: stub.ListLoans(scheduler_pb2.ListLoansRequest(), timeout=5
                                                ).demand_forecast.HasField("reclaim_latency_s"),
                         timeout=30, what="the reclaim latency measured")
+            scraped = generate_latest(scheduler.service.metrics.registry).decode()
+            assert 'aryl_scheduler_demand_forecast_servers{kind="upper"}' in scraped
+            assert "aryl_scheduler_reclaim_latency_seconds " in scraped
         finally:
             stop.set()
             load.stop.set()
@@ -227,6 +231,9 @@ def test_a_rising_load_through_the_router_is_met_by_a_reclaim_on_the_forecast(sc
         assert load.failed == [] and load.ok == load.sent > 0, load.failed[:5]
         assert router.responses_failed == 0
         assert router.requests_arrived == load.sent
+        scraped = generate_latest(router.metrics.registry).decode()
+        assert f"aryl_router_requests_arrived_total {float(load.sent)}" in scraped
+        assert f"aryl_router_requests_short_total {float(router.requests_short)}" in scraped
         # The router's own shortfall counter agrees with the watch: requests arrived while short, if any,
         # only after the first reclaim was under way.
         if watch.first_short_at is None:
