@@ -278,8 +278,8 @@ class InferenceConfig(ConfigSection):
 
 class DemandForecastConfig(ConfigSection):
     """The inference demand forecast (``core.demand_forecast``) that the aryl policy reclaims ahead of: one
-    per scheduler process, fed by every cycle from the routers' reported need. Defaults are
-    ``ForecastSettings``'; short bins (bin_s = 1, trend_window_s = 20) suit tests and the demo."""
+    per scheduler process, fed by every cycle from the routers' reported need. The defaults are
+    ``ForecastSettings``'s; short bins (bin_s = 1, trend_window_s = 20) suit tests and the demo."""
 
     bin_s: float = Field(
         ForecastSettings.bin_s, gt=0,
