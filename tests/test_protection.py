@@ -281,7 +281,10 @@ def test_a_drained_loaned_server_waits_for_its_jobs_window_too() -> None:
     settled = dataclasses.replace(job, last_resized_at=NOW - 1000)
     result = plan("aryl", snapshot_of([training_server("t"), loaned], [settled]))
     assert [a.server_id for a in result.server_actions] == ["i1"]
-    assert [p.job_id for p in result.preemptions] == [2]
+    # Its job restarts on the training server's free GPUs instead of being requeued (``base.relocate_displaced``).
+    [moved] = result.scales
+    assert (moved.job_id, {w.server_id for w in moved.workers}, moved.reason) == (2, {"t"}, Reason.MOVED_FOR_RECLAIM)
+    assert result.preemptions == ()
 
 
 def test_a_lost_server_is_never_protected() -> None:

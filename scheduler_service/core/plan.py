@@ -39,6 +39,7 @@ class Reason(StrEnum):
     SCALED_IN_FOR_BASE_DEMAND = "SCALED_IN_FOR_BASE_DEMAND"  # a queued job's minimum needed them
     SCALED_IN_FOR_RECLAIM = "SCALED_IN_FOR_RECLAIM"  # its loaned server went back to inference
     PREEMPTED_FOR_RECLAIM = "PREEMPTED_FOR_RECLAIM"  # reclaim left it below min_workers
+    MOVED_FOR_RECLAIM = "MOVED_FOR_RECLAIM"  # reclaim left it below min_workers; restarted elsewhere instead
     PREEMPTED_FOR_QUOTA = "PREEMPTED_FOR_QUOTA"    # its queue borrowed GPUs a queue within its quota needed back
     PREEMPTED_FOR_PRIORITY = "PREEMPTED_FOR_PRIORITY"  # a job of a higher priority class of its queue needed them
     PREEMPTED_BY_POLICY = "PREEMPTED_BY_POLICY"  # its GPUs went to jobs the policy ranks first (tiresias, optimus)

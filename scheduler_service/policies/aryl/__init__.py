@@ -71,7 +71,7 @@ from scheduler_service.core.protection import protected_jobs
 from scheduler_service.core.registry import ReclaimDecision, ReclaimPreviewUnsupported, policies
 from scheduler_service.core.snapshot import ClusterSnapshot, JobView
 from scheduler_service.core.throughput import JobEstimate
-from scheduler_service.policies.aryl.base import base_demands
+from scheduler_service.policies.aryl.base import base_demands, relocate_displaced
 from scheduler_service.policies.aryl.cycle import (
     _Cycle,
     _Job,
@@ -148,6 +148,7 @@ class ArylPolicy:
             cycle.loan_note = LoanNote(Reason.NOT_LOANED_BY_POLICY,
                                        f"policy {self.name!r} never loans inference servers to training")
         cycle.rebuild_capacity()
+        relocate_displaced(cycle)
         if self.joint:
             joint_sizing(cycle, shrink=self.shrink)
         base_demands(cycle, joint=self.joint, loaning=self.loaning, shrink=self.shrink)

@@ -124,6 +124,34 @@ def base_demands(cycle: _Cycle, *, joint: bool, loaning: bool, shrink: bool = Tr
         _start_deferred(cycle, later)
 
 
+def relocate_displaced(cycle: _Cycle) -> None:
+    """Before anything else is placed: each job a reclaim left below ``min_workers`` (``cycle.displaced``, from
+    step 0) restarts at ``min_workers`` elsewhere -- a graceful resize, checkpoint first, so it loses no work --
+    on free GPUs (its own that stay count), else over other jobs' unprotected elastic extras (scaled in for it,
+    as for a queued gang: ``_place_over_extras``); only a job that fits nowhere is preempted and requeued.
+
+    Why before the queue: a move costs the job one restart and each job scaled in for it one, while a
+    preemption costs it the work since its checkpoint, the restart and the wait for a place again; and a
+    displaced job has waited once already. In the order the reclaim chose them."""
+    for job, preemption in cycle.displaced:
+        view = job.view
+        workers = cycle.capacity.place_gang(view, view.min_workers, pools=TRAINING_FIRST, exclude=cycle.reserved)
+        if workers is None:  # (place_gang took its GPUs; _place_over_extras takes them, scaling the extras in)
+            workers = _place_over_extras(cycle, view, cycle.reserved)
+        if workers is None:
+            cycle.preemptions.append(preemption)
+            continue
+        servers = sorted({w.server_id for w in job.workers} - {w.server_id for w in workers})
+        job.workers = list(workers)
+        job.reason = Reason.MOVED_FOR_RECLAIM
+        job.message = (f"moved: its server(s) {', '.join(servers)} went back to inference and left it below "
+                       f"min_workers={view.min_workers}; restarted at {len(workers)} worker(s) on "
+                       f"{', '.join(sorted({w.server_id for w in workers}))} instead of being requeued"
+                       + preemption.message.partition(", requeued")[2])
+        cycle.running[view.job_id] = job
+    cycle.displaced = []
+
+
 def _start_deferred(cycle: _Cycle, later: list[JobView]) -> None:
     """The joint sizing's deferred jobs, in the queue's order, after every other: the GPUs it admitted
     jobs for that then did not fit (their gangs found no room on the servers, where the sizing counts

@@ -123,6 +123,9 @@ class _Cycle:
     # queued jobs it weighed and left waiting, with why (step 2 starts those only on what admitted gangs left).
     admitted: set[int] | None = None
     deferred: dict[int, str] = field(default_factory=dict)
+    # Jobs a reclaim left below min_workers, to be restarted elsewhere before anything else is placed
+    # (``base.relocate_displaced``), each with its preemption should that fail; in the reclaim's order.
+    displaced: list[tuple[_Job, PreemptJob]] = field(default_factory=list)
 
     def estimate(self, job: JobView) -> JobEstimate:
         """The job's remaining work and speed curve at ``now``; computed once per cycle, and only for

@@ -170,12 +170,15 @@ def _reclaim(cycle: _Cycle, loaned: list[ServerView], count: int, *, why: str, n
     for job_id in decision.preempted:
         job = cycle.running.pop(job_id)
         shield = cycle.protected.get(job_id)
-        cycle.preemptions.append(
-            PreemptJob(job_id, Reason.PREEMPTED_FOR_RECLAIM,
-                       f"its loaned server(s) {', '.join(sorted(chosen & {w.server_id for w in job.workers}))} "
-                       f"went back to inference; below min_workers={job.view.min_workers}, requeued"
-                       + (f"; {overridden(shield, mechanism, need)}" if shield else ""))
-        )
+        preemption = PreemptJob(
+            job_id, Reason.PREEMPTED_FOR_RECLAIM,
+            f"its loaned server(s) {', '.join(sorted(chosen & {w.server_id for w in job.workers}))} "
+            f"went back to inference; below min_workers={job.view.min_workers}, requeued"
+            + (f"; {overridden(shield, mechanism, need)}" if shield else ""))
+        if naive:  # the baseline: whatever runs there is preempted
+            cycle.preemptions.append(preemption)
+        else:  # restarted elsewhere if it fits (``base.relocate_displaced``), else preempted
+            cycle.displaced.append((job, preemption))
     for job_id, _, after in decision.scaled_in:
         job = cycle.running[job_id]
         job.workers = [w for w in job.workers if w.server_id not in chosen]
