@@ -42,7 +42,7 @@ from simulator.goodput_sim import (
     run_workload,
 )
 from simulator.goodput_sim import summary as goodput_summary
-from simulator.load import demand_from_rate, diurnal_demand, load_servegen_rate
+from simulator.load import demand_from_rate, diurnal_demand, load_request_times_rate, load_servegen_rate
 from simulator.model import ClusterSpec, DemandPoint, FailureRate, ServerFailure, TraceJob
 from simulator.results import format_table, summarize, write_outputs
 from simulator.traces import JobMapping, TraceFormatError, load_generic_csv, load_philly, load_pollux_workload
@@ -130,6 +130,9 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     source = load.add_mutually_exclusive_group()
     source.add_argument("--servegen", type=Path, default=None,
                         help="ServeGen's servegen_total_rate_10min.csv: request rate -> servers needed")
+    source.add_argument("--request-trace", type=Path, default=None,
+                        help="a per-request CSV (the Alibaba GenAI trace's lora_request_trace.csv.gz: one row per "
+                             "request, its time in gmt_create), counted in 10-minute bins -> servers needed")
     source.add_argument("--diurnal", action="store_true",
                         help="a synthetic daily curve (20%%..100%% of the inference servers, peak at 20h, "
                              "5%% noise; the default)")
@@ -138,11 +141,15 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
                              "buffer may be loaned")
     load.add_argument("--servegen-model", default="m-small", help="ServeGen model (default: m-small)")
     load.add_argument("--servegen-category", default="language", help="ServeGen category (default: language)")
+    load.add_argument("--request-trace-start-day", type=int, default=0,
+                      help="--request-trace: drop the days before this one (the Alibaba trace's first 4 are "
+                           "light; default: 0)")
     load.add_argument("--peak-quantile", type=float, default=1.0,
-                      help="ServeGen: the rate quantile that needs the whole inference cluster (default: 1.0)")
+                      help="ServeGen, --request-trace: the rate quantile that needs the whole inference cluster "
+                           "(default: 1.0; below it, the need beyond the cluster counts as shortfall)")
     load.add_argument("--headroom", type=float, default=0.2,
-                      help="ServeGen: servers needed = ceil(rate x (1 + headroom) / per-server rate) "
-                           "(default: 0.2)")
+                      help="ServeGen, --request-trace: servers needed = ceil(rate x (1 + headroom) / per-server "
+                           "rate) (default: 0.2)")
 
     cluster = parser.add_argument_group("cluster")
     cluster.add_argument("--training-servers", type=_positive_int, default=100,
@@ -254,8 +261,11 @@ def load_demand(args: argparse.Namespace, jobs: Sequence[TraceJob]) -> list[Dema
     if args.inference_servers == 0:
         return []
     span_s = (max((j.submit_time for j in jobs), default=0.0)) + LOAD_MARGIN_DAYS * 86400.0
-    if args.servegen is not None:
-        series = load_servegen_rate(args.servegen, category=args.servegen_category, model=args.servegen_model)
+    series = (load_servegen_rate(args.servegen, category=args.servegen_category, model=args.servegen_model)
+              if args.servegen is not None else
+              load_request_times_rate(args.request_trace, start_day=args.request_trace_start_day)
+              if args.request_trace is not None else None)
+    if series is not None:
         return demand_from_rate(series, inference_servers=args.inference_servers, headroom=args.headroom,
                                 peak_quantile=args.peak_quantile, duration_s=span_s)
     return diurnal_demand(inference_servers=args.inference_servers, days=math.ceil(span_s / 86400.0), seed=args.seed)

@@ -420,3 +420,19 @@ def test_cli_refuses_unknown_policies_and_params(tmp_path: Path, capsys: pytest.
     assert "unknown policy parameter" in capsys.readouterr().err
     assert cli_main(["run", "--policy", "fifo", *common, "--no-inference-load"]) == 0
     assert "jobs completed" in capsys.readouterr().out
+
+
+def test_cli_runs_on_a_request_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The Alibaba GenAI trace's shape: a request at 00:05 and two at 00:15 of day 0: 10-minute bins of 1 and 2
+    # requests; the larger needs the whole 2-server inference cluster.
+    trace, requests = tmp_path / "trace.csv", tmp_path / "requests.csv"
+    write_generic_trace(trace, [linear_job(1, 0.0, 1, 1, 1, 10.0)])
+    requests.write_text("gmt_create,predict_status\n2024-11-15 00:05:00,SUCCEED\n2024-11-15 00:15:00,SUCCEED\n"
+                        "2024-11-15 00:15:30,FAILED\n", encoding="utf-8")
+    out = tmp_path / "out"
+    assert cli_main(["run", "--policy", "aryl", "--trace-format", "generic", "--trace", str(trace), "--no-progress",
+                     "--request-trace", str(requests), "--inference-servers", "2", "--training-servers", "1",
+                     "--out", str(out)]) == 0
+    assert "jobs completed" in capsys.readouterr().out
+    utilisation = (out / "utilization-aryl.csv").read_text(encoding="utf-8").splitlines()
+    assert utilisation[1].split(",")[5] == "1"  # servers needed at t = 0: ceil(1 / 2 x 2) = 1
