@@ -48,3 +48,21 @@ class Aborted(AppError):
 
 class Unavailable(AppError):
     """A part the request needs (e.g. a server's agent) cannot be reached now; retry later."""
+
+
+# -- the store's refusals: a write broke one of its unique keys ---------------------------------------
+# Raised by ``scheduler_service.store`` (``Transactions.write``, ``store.db.refusal``) in place of the
+# database driver's integrity error, so the use cases never see SQL. Not answers by themselves (no gRPC
+# status): the use case that wrote decides what its caller reads, and one that reaches the API
+# unanswered is an internal error, as the driver's was.
+
+
+class KeyTaken(Exception):
+    """A job being inserted repeats the idempotency key its user gave an earlier job (the unique key
+    ``uq_jobs_user_idempotency_key``; or two submissions of one insert). Nothing was written; the
+    caller finds out which key and which job (``JobStore.by_key``)."""
+
+
+class GpuTaken(Exception):
+    """A server reports a GPU whose UUID is registered to another server (the unique key ``uq_gpus_uuid``).
+    Nothing was written."""

@@ -14,13 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy.exc import IntegrityError
-
 from scheduler_service.app.memory import Heartbeats, ReportDigest, ReportDigests, health_of
 from scheduler_service.app.notices import Announcer
 from scheduler_service.app.term import Term
 from scheduler_service.core.clock import Clock
-from scheduler_service.errors import AlreadyExists, NotFound
+from scheduler_service.errors import AlreadyExists, GpuTaken, NotFound
 from scheduler_service.lifecycle import ServerState
 from scheduler_service.records import DesiredServerState, ServerRegistration, StatusReport
 from scheduler_service.store.agents import AgentStore
@@ -53,7 +51,7 @@ class Agents:
         self._heartbeats.heard(reg.hostname)  # before the write, as in ``report_status``
         try:
             touched = self._db.write(lambda session: self._store.register(session, reg, now))
-        except IntegrityError as exc:
+        except GpuTaken as exc:
             raise AlreadyExists(
                 f"a GPU UUID reported by {reg.hostname} is already registered to another server"
             ) from exc

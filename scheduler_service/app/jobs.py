@@ -13,14 +13,13 @@ import base64
 import json
 from collections.abc import Sequence
 
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from scheduler_service.app.notices import Announcer
 from scheduler_service.app.queues import Queues
 from scheduler_service.core.clock import Clock
 from scheduler_service.core.fit import never_fits
-from scheduler_service.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from scheduler_service.errors import AlreadyExists, FailedPrecondition, InvalidArgument, KeyTaken, NotFound
 from scheduler_service.kill_points import kill_point
 from scheduler_service.lifecycle import JobState
 from scheduler_service.records import EventInfo, Explanation, JobFilter, JobInfo, JobSubmission
@@ -85,7 +84,7 @@ class Jobs:
 
         try:
             refused, jobs = self._db.write(insert)
-        except IntegrityError as exc:
+        except KeyTaken as exc:
             if len(subs) == 1:
                 return [self._resubmission(subs[0], exc)]
             # Some key collided: retry one by one so only the resubmissions are answered apart.
@@ -129,7 +128,7 @@ class Jobs:
             new = [sub for sub, job in zip(subs, answers, strict=True) if job is None]
             try:
                 inserted = iter(self._insert(new, array=array) if new else ())
-            except IntegrityError:
+            except KeyTaken:
                 if attempt == 2:
                     raise
                 continue  # a concurrent call took one of the keys between the read and the insert: read again
@@ -160,14 +159,14 @@ class Jobs:
                     "or register larger servers first")
         return refused
 
-    def _resubmission(self, sub: JobSubmission, exc: IntegrityError) -> JobInfo | AlreadyExists:
-        """The answer to ``sub`` when its insert broke a unique key: the job its user submitted with
+    def _resubmission(self, sub: JobSubmission, exc: KeyTaken) -> JobInfo | AlreadyExists:
+        """The answer to ``sub`` when its insert repeated an idempotency key: the job its user submitted with
         its key, when the specs are the same (a client that could not tell whether its first try
         landed retries with the same key), else ``KeyInUse`` naming that job."""
         key = sub.idempotency_key
         existing = self._db.read(lambda session: self._store.by_key(session, sub.user, key)) if key else None
         if existing is None:
-            raise exc  # not a key collision: a real integrity problem, let it surface
+            raise exc  # the job holding the key is gone since: let it surface
         if _same_spec(sub, existing):
             return existing
         return KeyInUse(existing.id, f"idempotency_key {key!r} of user {sub.user!r} was already used by job "

@@ -10,7 +10,8 @@ of work holds its locks for long however much it has to write; PostgreSQL also e
 idle inside a transaction that long (a stalled thread's locks).
 
 ``connection_lost`` and ``database_busy`` sort SQLAlchemy's errors into what a client can act on
-(UNAVAILABLE: retry) and the rest (a bug: INTERNAL).
+(UNAVAILABLE: retry) and the rest (a bug: INTERNAL); ``refusal`` turns a broken unique key the domain
+names into its domain error (``KeyTaken``, ``GpuTaken``), so no use case sees SQLAlchemy's.
 
 Never: decide whether a unit of work may run again (``store.transactions`` does).
 """
@@ -18,15 +19,17 @@ Never: decide whether a unit of work may run again (``store.transactions`` does)
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy import Connection, Engine, Table, UniqueConstraint, create_engine, event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from scheduler_service.errors import Unavailable
+from scheduler_service.errors import GpuTaken, KeyTaken, Unavailable
+from scheduler_service.store import models as m
 
 UNREACHABLE = "the scheduler's database is unreachable; retry"
 BUSY = "the scheduler's database is busy (a lock or statement timed out); retry"
@@ -38,6 +41,7 @@ _CONNECTION_ENDED = frozenset({"57P01", "57P02", "57P03"})
 # query_canceled (statement_timeout) and lock_not_available (lock_timeout).
 _TIMED_OUT = frozenset({"57014", "55P03"})
 _NO_SQLSTATE = object()  # sqlite3's errors have no pgcode attribute at all
+_UNIQUE_VIOLATION = "23505"  # PostgreSQL's unique_violation
 
 
 class TransactionTimedOut(Unavailable):
@@ -140,6 +144,38 @@ def connection_lost(exc: BaseException) -> bool:
 def database_busy(exc: BaseException) -> bool:
     """True when PostgreSQL cancelled a statement for running or waiting on a lock too long."""
     return isinstance(exc, DBAPIError) and getattr(exc.orig, "pgcode", None) in _TIMED_OUT
+
+
+def broke_unique_key(exc: IntegrityError, key: UniqueConstraint) -> bool:
+    """True when ``exc`` is the database refusing a row because another row holds its ``key`` already
+    (not a foreign key, a check or another unique key): PostgreSQL names the constraint
+    (``store.models``' naming convention, the migrations' names), SQLite names its columns."""
+    diag = getattr(exc.orig, "diag", None)
+    if diag is not None:  # psycopg2
+        return getattr(exc.orig, "pgcode", None) == _UNIQUE_VIOLATION and diag.constraint_name == key.name
+    table = key.table.name
+    return str(exc.orig) == "UNIQUE constraint failed: " + ", ".join(f"{table}.{c.name}" for c in key.columns)
+
+
+def _unique_key(table: Table, name: str) -> UniqueConstraint:
+    return next(c for c in table.constraints if isinstance(c, UniqueConstraint) and c.name == name)
+
+
+# The unique keys whose breach is a fact of the domain, not a bug, and the error the store raises for
+# each in place of the driver's (``refusal``).
+_REFUSALS: tuple[tuple[UniqueConstraint, Callable[[], Exception]], ...] = (
+    # A user's idempotency keys are unique (a retry finds its own job, never another user's).
+    (_unique_key(m.JOBS, "uq_jobs_user_idempotency_key"),
+     lambda: KeyTaken("a submission repeats an idempotency key its user has used before")),
+    # A GPU is one server's.
+    (_unique_key(m.GPUS, "uq_gpus_uuid"), lambda: GpuTaken("a GPU UUID is already registered to another server")),
+)
+
+
+def refusal(exc: IntegrityError) -> Exception | None:
+    """The domain error (``KeyTaken``, ``GpuTaken``) for an integrity error that broke one of the unique
+    keys the domain names; None for any other (a bug: it surfaces as it is)."""
+    return next((make() for key, make in _REFUSALS if broke_unique_key(exc, key)), None)
 
 
 def session_factory(engine: Engine) -> sessionmaker[Session]:

@@ -43,7 +43,8 @@ class JobStore:
         """Queue ``subs`` as PENDING jobs submitted at ``now``, each with its JOB_SUBMITTED event.
         With ``array`` they form one job array whose id is the first one's job id. On PostgreSQL the rows
         go in with COPY (``_copy_in``), elsewhere with multi-row INSERTs.
-        Raises IntegrityError when a user's idempotency key was used before (by that user)."""
+        Raises IntegrityError when a user's idempotency key was used before (by that user); the use
+        cases see it as ``KeyTaken`` (``Transactions.write``)."""
         rows = [_job_row(sub, now) for sub in subs]
         if session.get_bind().dialect.name == "postgresql":
             return _copy_in(session, subs, rows, array=array)

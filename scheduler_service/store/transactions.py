@@ -33,7 +33,7 @@ from typing import TypeVar
 
 import sqlalchemy as sa
 import structlog
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.orm.exc import StaleDataError
 
@@ -41,7 +41,7 @@ from aryl_common.backoff import Backoff
 from scheduler_service.errors import Aborted, Unavailable
 from scheduler_service.kill_points import kill_point
 from scheduler_service.records import DesiredServerState
-from scheduler_service.store.db import BUSY, UNREACHABLE, connection_lost, database_busy
+from scheduler_service.store.db import BUSY, UNREACHABLE, connection_lost, database_busy, refusal
 
 T = TypeVar("T")
 
@@ -81,7 +81,8 @@ class Transactions:
         this stays rare); once more on a fresh connection when the connection was lost before COMMIT. The
         desired states ``stage_desired_states`` staged inside the transaction are handed to
         ``publish`` right after commit (and ``published`` names their servers, so the caller does
-        not ask for them again)."""
+        not ask for them again). A write that breaks a unique key the domain names raises that key's
+        error (``store.db.refusal``: ``KeyTaken``, ``GpuTaken``), with nothing committed."""
         self._local.published = frozenset()
         attempt = 0
         reconnected = False
@@ -105,6 +106,11 @@ class Transactions:
                 if attempt == retries - 1:
                     raise Aborted("a concurrent change modified the same object; retry") from None
                 time.sleep(pause.next_delay())
+            except IntegrityError as exc:  # never a lost race that running again resolves
+                refused = refusal(exc)
+                if refused is None:
+                    raise
+                raise refused from exc
             except DBAPIError as exc:
                 if connection_lost(exc):
                     if committing:
