@@ -264,8 +264,9 @@ class SchedulerService:
         scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(
             SchedulerServicer(app, executor, notifier, policy_name=self.policy.name, clock_now=self.clock.now,
                               submissions=submissions, cancellations=cancellations,
-                              policy=self.policy, log_reader=log_reader, stream_limits=stream_limits,
-                              forecasts=forecasts, allow_loader_env=cfg.security.allow_loader_env,
+                              policy=self.policy, policy_params=self.policy_params, log_reader=log_reader,
+                              stream_limits=stream_limits, forecasts=forecasts,
+                              allow_loader_env=cfg.security.allow_loader_env,
                               demand_forecast=lambda: self.demand_forecast.outlook(self.policy_params)),
             server,
         )

@@ -12,6 +12,7 @@ from google.protobuf import duration_pb2, timestamp_pb2
 from protos.aryl.v1 import agent_pb2, scheduler_pb2, types_pb2
 from scheduler_service.app.deadlines import job_view
 from scheduler_service.app.demand_forecast import DemandForecastInfo
+from scheduler_service.app.explain import JobExplanation
 from scheduler_service.core import goodput_fit
 from scheduler_service.core.batch import job_batch, noise_scale, prediction_sizes, step_sample
 from scheduler_service.core.predict import DeadlineOutlook, DeadlineStatus
@@ -200,6 +201,18 @@ def event(row: EventInfo) -> types_pb2.Event:
         job_id=str(row.job_id) if row.job_id is not None else "", server_id=row.server_id or "",
         from_state=row.from_state, to_state=row.to_state, reason=row.reason, message=row.message,
         details={str(k): str(v) for k, v in (row.details or {}).items()},
+    )
+
+
+def explanation(explained: JobExplanation, job_message: types_pb2.Job) -> scheduler_pb2.ExplainJobResponse:
+    """ExplainJob's answer (``app.explain``); ``job_message``: the job as ``job`` converts it, with its ETA
+    (``api.forecast.add_eta``), whose note is the answer's ``eta`` too."""
+    return scheduler_pb2.ExplainJobResponse(
+        job=job_message, summary=explained.summary, eta=job_message.eta_note,
+        protection=explained.protection, disruptions_last_hour=explained.disruptions_last_hour,
+        decisions=[event(e) for e in explained.decisions],
+        deadline=explained.outlook.note if explained.job.deadline is not None else "",
+        queue_status=explained.queue_status,
     )
 
 

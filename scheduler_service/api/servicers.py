@@ -39,13 +39,11 @@ from scheduler_service.api.forecast import add_eta, what_if_response
 from scheduler_service.api.status import ANSWERED_BY_KEY, rpc
 from scheduler_service.api.stream_limits import StreamLimits, TooManyStreams
 from scheduler_service.app import SchedulerApp
-from scheduler_service.app.deadlines import job_view
 from scheduler_service.app.demand_forecast import DemandForecastInfo
 from scheduler_service.app.forecast import Forecasts
 from scheduler_service.app.jobs import KeyInUse
 from scheduler_service.batching import GroupCommitter
 from scheduler_service.core.params import PolicyParams
-from scheduler_service.core.protection import explain as explain_protection
 from scheduler_service.core.quota import DEFAULT_QUEUE
 from scheduler_service.core.registry import ReclaimPreviewer
 from scheduler_service.errors import InvalidArgument
@@ -138,7 +136,7 @@ class _StreamEnd:
 class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
     def __init__(
         self, *args: Any, policy_name: str, clock_now: Callable[[], float],
-        submissions: GroupCommitter[JobSubmission, JobInfo], policy: ReclaimPreviewer,
+        submissions: GroupCommitter[JobSubmission, JobInfo], policy: ReclaimPreviewer, policy_params: PolicyParams,
         log_reader: AgentLogReader | None = None,
         cancellations: GroupCommitter[tuple[int, str, str], JobInfo] | None = None,
         stream_limits: StreamLimits | None = None, forecasts: Forecasts | None = None,
@@ -155,6 +153,7 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
         self._logs = log_reader or AgentLogReader(timeout_s=5.0)
         self.policy_name = policy_name
         self._policy = policy
+        self._policy_params = policy_params  # the configured policy's (ExplainJob's protection windows)
         self._now = clock_now
         self._submissions = submissions
         self._cancellations = cancellations
@@ -363,21 +362,11 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
         self, request: scheduler_pb2.ExplainJobRequest, context: Any
     ) -> scheduler_pb2.ExplainJobResponse:
         job_id = validation.job_id("job_id", request.job_id)
-        explanation = await self.run(self.app.jobs.explain, job_id)
-        auth.require_owner(explanation.job.user, f"job {job_id}")
-        outlook = (await self.run(self.app.deadlines.outlooks, [explanation.job]))[explanation.job.id]
-        job = add_eta(convert.job(explanation.job, outlook), explanation.job, self._forecasts)
-        # Its anti-thrashing window (core.protection), by the configured policy's parameters.
-        protection, disruptions = explain_protection(
-            dataclasses.replace(job_view(explanation.job), disruptions=explanation.job.disruptions), self._now(),
-            getattr(self._policy, "params", None) or PolicyParams())
-        return scheduler_pb2.ExplainJobResponse(
-            job=job, summary=explanation.summary, eta=job.eta_note,
-            protection=protection, disruptions_last_hour=disruptions,
-            decisions=[convert.event(e) for e in explanation.decisions],
-            deadline=outlook.note if explanation.job.deadline is not None else "",
-            queue_status=await self.run(self.app.queues.describe, explanation.job.queue),
-        )
+        await self.require_job_owner(job_id)
+        # Its anti-thrashing window (core.protection) by the configured policy's parameters, judged now.
+        explained = await self.run(self.app.explainer.explain, job_id, now=self._now(), params=self._policy_params)
+        job = add_eta(convert.job(explained.job, explained.outlook), explained.job, self._forecasts)
+        return convert.explanation(explained, job)
 
 
     @rpc

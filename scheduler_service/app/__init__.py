@@ -4,6 +4,7 @@ One small class per use case, each built here from the same database sessions, c
 
 - ``jobs`` (``Jobs``): submit, cancel, get, list, explain, locate a rank's logs;
 - ``deadlines`` (``Deadlines``): predicted finishes, deadline outlooks, SubmitJob's admission feedback;
+- ``explainer`` (``JobExplainer``): a job explained (ExplainJob) by the policy's parameters it is given;
 - ``agents`` (``Agents``): register a server, record its status reports, its desired state;
 - ``inference`` (``Inference``): demand, drain acknowledgements, the serving pool, reclaim previews;
 - ``views`` (``ClusterViews``): servers, loans, the cluster summary, the event log;
@@ -31,6 +32,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from scheduler_service.app.agents import Agents
 from scheduler_service.app.cluster import DatabaseCluster
 from scheduler_service.app.deadlines import DeadlineAdmission, Deadlines
+from scheduler_service.app.explain import JobExplainer
 from scheduler_service.app.inference import Inference
 from scheduler_service.app.jobs import Jobs
 from scheduler_service.app.liveness import Liveness
@@ -91,6 +93,7 @@ class SchedulerApp:
         self.queues = Queues(db, clock, notices, snapshot=self.cluster.snapshot, priority_classes=priority_classes)
         self.jobs = Jobs(db, JobStore(changes, desired, clock), clock, notices, queues=self.queues)
         self.deadlines = Deadlines(db, clock, admission=deadline_admission, alpha=amdahl_alpha)
+        self.explainer = JobExplainer(self.jobs, self.deadlines, self.queues)
         admin = ServerAdminStore(changes, desired, clock)
         self.agents = Agents(
             db, AgentStore(changes, desired, clock), desired, clock, term=self.term, heartbeats=heartbeats,
