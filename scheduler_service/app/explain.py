@@ -30,7 +30,7 @@ class JobExplanation:
 
     job: JobInfo
     summary: str
-    decisions: tuple[EventInfo, ...]  # one per decision, oldest first (``Jobs.explain``)
+    decisions: tuple[EventInfo, ...]  # one entry per decision (``Jobs.explain``)
     outlook: DeadlineOutlook
     protection: str
     disruptions_last_hour: int
