@@ -142,6 +142,14 @@ def relocate_displaced(cycle: _Cycle) -> None:
             cycle.preemptions.append(preemption)
             continue
         servers = sorted({w.server_id for w in job.workers} - {w.server_id for w in workers})
+        # The GPUs it leaves (on servers still lent or training) stay out of this cycle's capacity: a job scaled
+        # in for it that then grew onto them would take GPUs this move frees while it frees GPUs this move takes,
+        # a cycle no applier can order (``core.plan.apply_order``). They are free again next cycle.
+        kept = {(w.server_id, g) for w in workers for g in w.gpu_indices}
+        for w in job.workers:
+            left = [g for g in w.gpu_indices if (w.server_id, g) not in kept]
+            if left and w.server_id in cycle.capacity.servers:
+                cycle.capacity.take(w.server_id, left)
         job.workers = list(workers)
         job.reason = Reason.MOVED_FOR_RECLAIM
         job.message = (f"moved: its server(s) {', '.join(servers)} went back to inference and left it below "
