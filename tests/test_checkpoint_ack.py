@@ -181,7 +181,12 @@ def test_a_worker_that_acknowledges_and_exits_keeps_its_own_exit_status(agent: A
     workers = [desired_worker(train(), job="clean", rank=r, world_size=2, gpus=(r,), grace_s=LONG_GRACE_S)
                for r in (0, 1)]
     agent.push(*workers)
-    running(agent, "clean", progress=2)
+    # Both ranks past their first steps (their SIGTERM handlers set): one rank's progress says nothing of the
+    # other's, and on a busy machine a rank still starting dies of the SIGTERM (exit -15).
+    for rank in (0, 1):
+        agent.wait_reported(lambda w, r=rank: w.job_id == "clean" and w.rank == r
+                            and w.phase == agent_pb2.WORKER_PHASE_RUNNING and w.progress >= 2,
+                            f"rank {rank} running with progress >= 2")
     since = agent.push()
     for rank in (0, 1):
         exited = agent.wait_reported(
