@@ -51,10 +51,11 @@ from simulator.eval_headline import (
     arrival_span,
     busy_regime,
     cell,
+    gain_spread,
     load_jobs,
     load_rate,
     log,
-    spread,
+    ratio_spread,
     table,
 )
 from simulator.load import demand_from_rate, load_request_times_rate
@@ -153,15 +154,6 @@ def inference_section(shared: Path, assets: Path, raw: dict[str, Any],
     return inference_text(figures), figures
 
 
-def _ratio(base: Mapping[str, Any], other: Mapping[str, Any], metric: str, *, pct: bool = False
-           ) -> dict[str, Any] | None:
-    b, o = base["spread"].get(metric), other["spread"].get(metric)
-    if b is None or o is None:
-        return None
-    pairs = zip(b["per_seed"], o["per_seed"], strict=True)
-    return spread(((y - x) / x * 100.0 if pct else x / y) if (x if pct else y) else None for x, y in pairs)
-
-
 HEADER = ["load", "policy", "requests short", "requests unserved", "beyond the cluster", "server-h short",
           "avg JCT (h)", "p95 JCT (h)", "loans", "reclaims", "preempt. / reclaimed server", "GPU-h lost"]
 
@@ -178,8 +170,8 @@ def inference_text(figures: Mapping[str, Any]) -> str:
                          cell(s.get("p95_jct_s")), cell(s.get("loans"), "n"), cell(s.get("reclaims"), "n"),
                          cell(s.get("preemptions_per_reclaim"), "f2"), cell(s.get("gpu_hours_lost"), "n")])
         reactive, aryl, naive = per["aryl-reactive"], per["aryl"], per["aryl-naivereclaim"]
-        cost = _ratio(reactive, aryl, "avg_jct_s", pct=True)
-        naive_ratio = _ratio(naive, aryl, "preemptions_per_reclaim")
+        cost = gain_spread(reactive, aryl, "avg_jct_s")
+        naive_ratio = ratio_spread(naive, aryl, "preemptions_per_reclaim")
         short = aryl["spread"].get("inference_shortfall.requests_short_share")
         cov = per["coverage"]
         lines.append(
