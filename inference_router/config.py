@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
@@ -52,6 +52,23 @@ class RouterSection(ClientSecurityFields):
     source: str = Field(default_factory=default_source, min_length=1, description="who reports, for the event log")
     rpc_timeout_s: float = Field(5.0, gt=0, description="deadline of each ReportDemand/ReportDrained call")
     reconnect_max_backoff_s: float = Field(10.0, gt=0, description="cap of the retry backoff after a failed call")
+
+    # --- the data plane: HAProxy (default), programmed by the router, or the router's own Python proxy
+    data_plane: Literal["haproxy", "python"] = Field(
+        "haproxy",
+        description="who carries the requests: 'haproxy' (a HAProxy child process the router programs over its "
+        "runtime API and reads the load from) or 'python' (the router's own aiohttp proxy, for hosts without "
+        "HAProxy)",
+    )
+    haproxy_binary: str = Field(
+        "haproxy", description="the haproxy executable (a name on PATH or in /usr/sbin, or a path)"
+    )
+    haproxy_slots: int = Field(
+        64, ge=1, le=10_000, description="server slots in HAProxy's pool backend: the most inference servers routed to"
+    )
+    stats_interval_s: float = Field(
+        0.25, gt=0, description="haproxy: how often its statistics (requests, queue, in flight) are read"
+    )
 
     # --- the HTTP proxy
     listen: str = Field("127.0.0.1:8080", description="host:port the HTTP proxy binds (port 0: any free port)")

@@ -54,12 +54,16 @@ class LoadMeter:
         self.total_arrivals = 0
 
     def record_arrival(self, now: float) -> None:
+        self.record_arrivals(now, 1)
+
+    def record_arrivals(self, now: float, count: int) -> None:
+        """``count`` arrivals at ``now`` (HAProxy's counter, read once a sample)."""
         second = math.floor(now)
         if self._arrivals and self._arrivals[-1][0] == second:
-            self._arrivals[-1][1] += 1
+            self._arrivals[-1][1] += count
         else:
-            self._arrivals.append([second, 1])
-        self.total_arrivals += 1
+            self._arrivals.append([second, count])
+        self.total_arrivals += count
         self._trim(now)
 
     def record_latency(self, now: float, latency_s: float) -> None:

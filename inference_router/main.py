@@ -1,14 +1,16 @@
-"""``aryl-router``: the inference router daemon (an HTTP reverse proxy that reports demand; see the package doc).
+"""``aryl-router``: the inference router daemon (the controller of HAProxy, or a Python proxy, that reports
+demand; see the package doc).
 
     aryl-router [--config FILE] [--listen HOST:PORT] [--scheduler HOST:PORT | --no-scheduler]
                 [--backend URL ...] [--servers-needed N | --capacity-rps RPS] [--headroom H]
                 [--min-servers N] [--scale-down-delay SECONDS] [--interval SECONDS] [--source NAME]
-                [--health-path PATH]
+                [--health-path PATH] [--data-plane haproxy|python]
 
 Flags beat ``ARYL_<SECTION>__<KEY>`` environment variables, which beat the config file. Exit status
 (``aryl_common.entry``): 0 after a clean shutdown (SIGTERM/SIGINT: stop accepting, finish in-flight
-requests within ``router.shutdown_timeout_s``), 2 for invalid configuration or a listen address that
-cannot be bound; one line on stderr says why (``--debug`` or ``ARYL_DEBUG=1`` adds the traceback).
+requests within ``router.shutdown_timeout_s``), 2 for invalid configuration, a listen address that
+cannot be bound or a HAProxy that cannot be found or started; one line on stderr says why (``--debug``
+or ``ARYL_DEBUG=1`` adds the traceback).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from aryl_common.logs import configure_logging
 from aryl_common.metrics import MetricsConfig
 from aryl_common.signals import stop_on_signals
 from inference_router.config import load_router_config
-from inference_router.router import ListenError, serve
+from inference_router.router import DataPlaneError, ListenError, serve
 
 PROG = "aryl-router"
 
@@ -31,8 +33,8 @@ PROG = "aryl-router"
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog=PROG,
-        description="Aryl inference router: proxies HTTP requests to the serving inference servers and "
-        "reports to the scheduler how many servers the load needs.",
+        description="Aryl inference router: programs HAProxy (or its own Python proxy) to route HTTP requests to "
+        "the serving inference servers and reports to the scheduler how many servers the load needs.",
     )
     add_standard_flags(parser)
     parser.add_argument("--config", help="TOML or YAML config file (default: $ARYL_CONFIG)")
@@ -52,6 +54,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--interval", type=float, metavar="SECONDS", help="router.report_interval_s (heartbeat)")
     parser.add_argument("--source", help="router.source")
     parser.add_argument("--health-path", metavar="PATH", help="router.health_path (e.g. /healthz)")
+    parser.add_argument("--data-plane", choices=("haproxy", "python"),
+                        help="router.data_plane: haproxy (default; HAProxy carries the requests) or python (the "
+                        "router's own proxy, for hosts without HAProxy)")
     return parser.parse_args(argv)
 
 
@@ -69,6 +74,7 @@ def cli_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         ("report_interval_s", args.interval),
         ("source", args.source),
         ("health_path", args.health_path),
+        ("data_plane", args.data_plane),
     )
     router = {key: value for key, value in pairs if value is not None}
     return {"router": router} if router else {}
@@ -93,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
         asyncio.run(run_until_signalled(config.router, config.metrics))
     except ListenError as exc:
         raise BadInput(f"{exc}; choose another address with --listen or router.listen") from exc
+    except DataPlaneError as exc:
+        raise BadInput(str(exc)) from exc
     return EXIT_OK
 
 

@@ -1,19 +1,32 @@
-"""The router: an asyncio HTTP reverse proxy over the serving pool, plus the loops around it.
+"""The router: the controller of the inference data plane, plus the loops around it.
 
-One event loop runs everything: the aiohttp server (every path except ``/aryl/...`` is proxied),
-the pool source (the scheduler's WatchServingPool, or a static list), one active health check per
-backend, one drain per DRAINING backend, and the demand loop. Ports, each replaceable in tests:
-``PoolSource`` (pool.py), ``DrainReporter`` and ``DemandSink`` (``SchedulerLink`` implements all
-three), and the clocks (``clock``: monotonic seconds; ``wall_clock``: epoch seconds).
+The data plane (``router.data_plane``) is one of two:
+- ``haproxy`` (the default): HAProxy carries every request (``inference_router.haproxy``). The router
+  starts and supervises it, programs its pool over the runtime API as the serving pool changes, and reads
+  its statistics every ``stats_interval_s``: the requests it received (the load, 503s included), its
+  queue, the requests in flight at each server, its own 5xx answers and its average times. The router's
+  own HTTP server listens on a loopback port of its own and gets only ``/aryl/...`` from HAProxy.
+- ``python``: the router's own aiohttp proxy (``proxy.py``) carries them, on the same event loop as
+  everything else; for a host without HAProxy. Every path except ``/aryl/...`` is proxied.
 
-Drain: when a backend turns DRAINING it gets no new request (pool.py guarantees it); once its
-in-flight count reaches zero, ``ReportDrained`` is called once -- retried with backoff while the
-scheduler is unreachable (``Retryable``), given up with a log line when the scheduler refuses it
-(``Refused``, e.g. FAILED_PRECONDITION: the server is no longer DRAINING, the scheduler moved on).
-A server that leaves the pool gets nothing at all; one that returns to SERVING cancels its drain.
+One event loop runs the rest: the pool source (the scheduler's WatchServingPool, or a static list), the
+health checks (python: one per backend; haproxy: HAProxy's own), one drain per DRAINING backend, and
+the demand loop. Ports, each replaceable in tests: ``PoolSource`` (pool.py), ``DrainReporter`` and
+``DemandSink`` (``SchedulerLink`` implements all three), and the clocks (``clock``: monotonic seconds;
+``wall_clock``: epoch seconds).
 
-Load: every proxied request counts towards the rate, including those answered 503 for want of a
-backend (unserved demand is still demand); latency is measured over relayed answers only.
+Drain: when a backend turns DRAINING it gets no new request (python: pool.py guarantees it; haproxy:
+its slot is set to ``drain`` before anything else is waited on); once nothing is in flight there
+(python: the router's own count; haproxy: a statistics sample taken after the drain was programmed
+shows no session and no queued request at its slot), ``ReportDrained`` is called once -- retried with
+backoff while the scheduler is unreachable (``Retryable``), given up with a log line when the scheduler
+refuses it (``Refused``, e.g. FAILED_PRECONDITION: the server is no longer DRAINING, the scheduler moved
+on). A server that leaves the pool gets nothing at all; one that returns to SERVING cancels its drain.
+
+Load: every request for the pool counts towards the rate, including those answered 503 for want of a
+backend (unserved demand is still demand). Python: counted as it arrives, latency percentiles over
+relayed answers. HAProxy: the pool backend's request counter, read at each sample, and HAProxy's
+average times over its last 1,024 requests.
 
 Router endpoints: ``GET /aryl/stats`` (JSON: backends, rates, latency, demand) and
 ``GET /aryl/healthz`` (the router itself is up). The router never decides loans: it reports demand.
@@ -22,6 +35,7 @@ Router endpoints: ``GET /aryl/stats`` (JSON: backends, rates, latency, demand) a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 from collections.abc import Callable
@@ -35,6 +49,15 @@ from aryl_common.backoff import Backoff
 from aryl_common.metrics import MetricsConfig, serve_metrics
 from inference_router.config import RouterSection, split_host_port
 from inference_router.demand import DemandEstimate, DemandEstimator, LoadMeter
+from inference_router.haproxy import (
+    HaproxyError,
+    HaproxyListenError,
+    HaproxyPlane,
+    RuntimeApiError,
+    StatSample,
+    Wanted,
+    choose_listen,
+)
 from inference_router.metrics import RouterMetrics
 from inference_router.pool import Backend, BackendPool, PoolSource, PoolUpdate, RoutingState, StaticPoolSource
 from inference_router.proxy import Outcome, forward, json_error
@@ -104,6 +127,15 @@ class Router:
         self.address: tuple[str, int] | None = None
         self._stopped = False
         self._pool_known = asyncio.Event()  # set by the first pool update
+        # haproxy: the plane, the pool changes it has yet to get, and the counters' last values read
+        self.plane: HaproxyPlane | None = None
+        self.control_address: tuple[str, int] | None = None  # the router's own HTTP server (haproxy: loopback)
+        self.queued = 0
+        self._pool_dirty = asyncio.Event()
+        self._programmed_version = 0
+        self._seen_requests = 0
+        self._seen_own_errors = 0
+        self._absorbed_at = -math.inf
         self.metrics = RouterMetrics(self)  # served by ``serve`` ([metrics] port)
 
     @classmethod
@@ -125,6 +157,10 @@ class Router:
         return "static" if self.estimator is None else "measured"
 
     @property
+    def uses_haproxy(self) -> bool:
+        return self.config.data_plane == "haproxy"
+
+    @property
     def url(self) -> str:
         assert self.address is not None, "not started"
         return f"http://{self.address[0]}:{self.address[1]}"
@@ -132,44 +168,58 @@ class Router:
     # -- lifecycle ---------------------------------------------------------------------------------
 
     async def start(self) -> None:
+        """Bind, start the data plane and every loop. Raises OSError (python) or HaproxyListenError when
+        the listen address cannot be bound, HaproxyError when HAProxy cannot be found or started."""
         cfg = self.config
-        connector = aiohttp.TCPConnector(limit=0, limit_per_host=cfg.backend_connections,
-                                         keepalive_timeout=cfg.keepalive_timeout_s)
-        self._session = aiohttp.ClientSession(
-            connector=connector, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar(),
-            skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
-            timeout=aiohttp.ClientTimeout(total=None, connect=cfg.connect_timeout_s,
-                                          sock_read=cfg.request_timeout_s),
-        )
         app = web.Application(client_max_size=0)
         app.router.add_get(STATS_PATH, self._stats)
         app.router.add_get(HEALTH_PATH, self._own_health)
-        app.router.add_route("*", "/{tail:.*}", self._proxy)
+        if not self.uses_haproxy:
+            connector = aiohttp.TCPConnector(limit=0, limit_per_host=cfg.backend_connections,
+                                             keepalive_timeout=cfg.keepalive_timeout_s)
+            self._session = aiohttp.ClientSession(
+                connector=connector, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar(),
+                skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
+                timeout=aiohttp.ClientTimeout(total=None, connect=cfg.connect_timeout_s,
+                                              sock_read=cfg.request_timeout_s),
+            )
+            app.router.add_route("*", "/{tail:.*}", self._proxy)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=cfg.shutdown_timeout_s)
         await self._runner.setup()
-        host, port = split_host_port(cfg.listen)
+        # haproxy: the router's own server gets /aryl/... from HAProxy on a loopback port of its own.
+        host, port = ("127.0.0.1", 0) if self.uses_haproxy else split_host_port(cfg.listen)
         site = web.TCPSite(self._runner, host, port, backlog=1024)
         await site.start()
         bound = self._runner.addresses[0]
-        self.address = (host, bound[1])
+        self.control_address = (host, bound[1])
+        if self.uses_haproxy:
+            listen = choose_listen(cfg.listen)
+            self.plane = HaproxyPlane(cfg, listen=listen, control_port=bound[1])
+            await self.plane.start()
+            self.address = listen
+            self._loops.append(asyncio.create_task(self.plane.run(self._on_haproxy_restart), name="haproxy"))
+            self._loops.append(asyncio.create_task(self._program_loop(), name="haproxy-program"))
+            self._loops.append(asyncio.create_task(self._stats_loop(), name="haproxy-stats"))
+        else:
+            self.address = self.control_address
         self._loops.append(asyncio.create_task(self._run_pool_source(), name="pool-source"))
         if self.demand_sink is not None:
             self._loops.append(asyncio.create_task(self._demand_loop(), name="demand"))
-        self._log.info("router listening", url=self.url, demand=self.demand_mode,
+        self._log.info("router listening", url=self.url, demand=self.demand_mode, data_plane=cfg.data_plane,
                        backends="static" if isinstance(self.pool_source, StaticPoolSource) else "scheduler")
 
     async def stop(self) -> None:
-        """Stop accepting, let in-flight requests finish (``shutdown_timeout_s``), then stop the loops.
-        Idempotent."""
+        """Stop accepting, let in-flight requests finish (``shutdown_timeout_s``), then stop the loops
+        (haproxy: the loops first, since HAProxy finishes its requests on its own). Idempotent."""
         if self._stopped:
             return
         self._stopped = True
+        if self.plane is not None:
+            await self._cancel_loops()
+            await self.plane.stop()      # HAProxy's soft stop: no new connection, in-flight ones finish
         if self._runner is not None:
             await self._runner.cleanup()
-        tasks = [*self._loops, *self._health_tasks.values(), *self._drain_tasks.values()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._cancel_loops()
         if self._session is not None:
             await self._session.close()
         for close in self._closers:
@@ -177,6 +227,12 @@ class Router:
             if asyncio.iscoroutine(result):
                 await result
         self._log.info("router stopped", demand_reports=self.demand_reports)
+
+    async def _cancel_loops(self) -> None:
+        tasks = [*self._loops, *self._health_tasks.values(), *self._drain_tasks.values()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _run_pool_source(self) -> None:
         while True:
@@ -188,6 +244,7 @@ class Router:
 
     def _apply_pool(self, update: PoolUpdate) -> None:
         self.pool.apply(update)
+        self._pool_dirty.set()   # haproxy: the program loop takes it from here
         if not self._pool_known.is_set():
             self._pool_known.set()
             if self.estimator is not None:  # measured demand starts from what serves now
@@ -207,7 +264,7 @@ class Router:
         if previous is None:
             self._log.info("backend joined the pool", server_id=sid, endpoint=backend.endpoint,
                            state=backend.state.value)
-            if self.config.health_check_interval_s > 0:
+            if self.config.health_check_interval_s > 0 and not self.uses_haproxy:  # HAProxy checks its own
                 self._health_tasks[sid] = asyncio.create_task(self._health_loop(backend), name=f"health-{sid}")
         else:
             self._log.info("backend changed state", server_id=sid, state=backend.state.value,
@@ -233,7 +290,10 @@ class Router:
     async def _drain(self, backend: Backend) -> None:
         sid = backend.server_id
         try:
-            await backend.idle.wait()
+            if self.plane is not None:
+                await self.plane.wait_idle(sid)   # programmed ``drain``, then nothing in flight there
+            else:
+                await backend.idle.wait()
             if self.drain_reporter is None:
                 self._log.info("backend drained (no scheduler to tell)", server_id=sid)
                 return
@@ -279,6 +339,96 @@ class Router:
                     server_id=backend.server_id, endpoint=backend.endpoint, result=why)
             backend.active_ok = ok
             await asyncio.sleep(cfg.health_check_interval_s)
+
+    # -- haproxy: programming it and reading it ----------------------------------------------------
+
+    def wanted_in_haproxy(self) -> dict[str, Wanted]:
+        return {b.server_id: Wanted(b.endpoint, "ready" if b.state is RoutingState.SERVING else "drain")
+                for b in self.pool.backends.values()}
+
+    async def _program_loop(self) -> None:
+        """Give HAProxy every pool change, in order, one at a time; retried with backoff when its runtime
+        API fails (the supervisor restarts a dead HAProxy and marks the pool to be given again)."""
+        assert self.plane is not None
+        backoff = Backoff.capped(self.config.reconnect_max_backoff_s)
+        while True:
+            await self._pool_dirty.wait()
+            self._pool_dirty.clear()
+            version = self.pool.version
+            try:
+                await self.plane.program(self.wanted_in_haproxy())
+                self._programmed_version = version
+            except RuntimeApiError as exc:
+                self._pool_dirty.set()
+                delay = backoff.next_delay()
+                self._log.warning("programming haproxy failed; retrying", error=str(exc), retry_in_s=round(delay, 2))
+                await asyncio.sleep(delay)
+            else:
+                backoff.reset()
+
+    @property
+    def programmed_version(self) -> int:
+        """The pool version the data plane routes by (python: the pool itself; haproxy: the last one given to
+        HAProxy in full)."""
+        return self.pool.version if self.plane is None else self._programmed_version
+
+    def _on_haproxy_restart(self) -> None:
+        self._seen_requests = self._seen_own_errors = 0   # a new HAProxy counts from zero
+        self._pool_dirty.set()
+
+    async def _stats_loop(self) -> None:
+        failures = 0
+        while True:
+            try:
+                await self.refresh_stats()
+                failures = 0
+            except RuntimeApiError as exc:
+                failures += 1
+                if failures == 1 or failures % 100 == 0:
+                    self._log.warning("reading haproxy's statistics failed", error=str(exc), failures=failures)
+            await asyncio.sleep(self.config.stats_interval_s)
+
+    async def refresh_stats(self) -> StatSample:
+        """Sample HAProxy now and take what it counted since the last sample into the load meter and the
+        counters. Raises RuntimeApiError."""
+        assert self.plane is not None
+        sample = await self.plane.sample()
+        if sample.taken_at > self._absorbed_at:   # a later sample may have been absorbed first
+            self._absorbed_at = sample.taken_at
+            self._absorb(sample)
+        return sample
+
+    def _absorb(self, sample: StatSample) -> None:
+        arrived = sample.requests - self._seen_requests
+        if arrived < 0:          # HAProxy restarted between two samples: its counters started again
+            arrived = sample.requests
+        self._seen_requests = sample.requests
+        own = sample.own_errors - self._seen_own_errors
+        self._seen_own_errors = sample.own_errors
+        self.responses_failed += max(0, own if own >= 0 else sample.own_errors)
+        self.in_flight, self.queued = sample.in_flight, sample.queued
+        if arrived:
+            self.meter.record_arrivals(self.clock(), arrived)
+            self.requests_arrived += arrived
+            needed = self.servers_needed_now()
+            # Sampled: the requests of one interval count as short when the pool is short at its end.
+            if needed is not None and self.pool.serving < needed:
+                self.requests_short += arrived
+
+    def routable(self, backend: Backend, now: float) -> bool:
+        """Would the next request be allowed to go to ``backend``? (haproxy: its slot is UP and ready)."""
+        if self.plane is None:
+            return backend.routable(now)
+        slot = self.plane.slot_of(backend.server_id)
+        stats = self.plane.slot_stats(backend.server_id)
+        return (backend.state is RoutingState.SERVING and slot is not None and slot.state == "ready"
+                and stats is not None and stats.up)
+
+    def healthy(self, backend: Backend, now: float) -> bool:
+        if self.plane is None:
+            return backend.healthy(now)
+        stats = self.plane.slot_stats(backend.server_id)
+        return stats is not None and stats.up
 
     # -- the proxy ---------------------------------------------------------------------------------
 
@@ -396,38 +546,26 @@ class Router:
         return web.json_response({"status": "ok"})
 
     async def _stats(self, _request: web.Request) -> web.Response:
+        if self.plane is not None:
+            with contextlib.suppress(RuntimeApiError):   # the last sample, if HAProxy does not answer now
+                await self.refresh_stats()
         return web.json_response(self.stats())
 
     def stats(self) -> dict[str, object]:
         now = self.clock()
-        p50, p99 = self.meter.latency_percentiles(now, 50, 99)
         estimate = self.last_estimate
         return {
+            "data_plane": self.config.data_plane,
             "pool_version": self.pool.version,
-            "backends": [
-                {
-                    "server_id": b.server_id,
-                    "endpoint": b.endpoint,
-                    "state": b.state.value,
-                    "routable": b.routable(now),
-                    "healthy": b.healthy(now),
-                    "health_check_ok": b.active_ok,
-                    "ejected_for_s": round(max(0.0, b.ejected_until - now), 3) if b.ejected_until else 0.0,
-                    "in_flight": b.in_flight,
-                    "requests": b.requests,
-                    "failures": b.failures,
-                    "drained_reported": b.drained_reported,
-                }
-                for b in sorted(self.pool.backends.values(), key=lambda b: b.server_id)
-            ],
+            "backends": [self._backend_stats(b, now)
+                         for b in sorted(self.pool.backends.values(), key=lambda b: b.server_id)],
             "requests": self.meter.total_arrivals,
             "requests_short": self.requests_short,
             "in_flight": self.in_flight,
             "responses_failed": self.responses_failed,
-            "retries": self.retries,
             "rate_rps": {"short": self.meter.short_rate(now), "long": self.meter.long_rate(now),
                          "short_window_s": self.config.short_window_s, "long_window_s": self.config.long_window_s},
-            "latency_ms": {"p50": None if p50 is None else p50 * 1000, "p99": None if p99 is None else p99 * 1000},
+            **self._plane_stats(now),
             "demand": {
                 "mode": self.demand_mode,
                 "servers_needed": self.servers_needed_now(),
@@ -440,9 +578,43 @@ class Router:
             "drains_reported": list(self.drains_reported),
         }
 
+    def _backend_stats(self, b: Backend, now: float) -> dict[str, object]:
+        common = {"server_id": b.server_id, "endpoint": b.endpoint, "state": b.state.value,
+                  "routable": self.routable(b, now), "healthy": self.healthy(b, now),
+                  "drained_reported": b.drained_reported}
+        if self.plane is None:
+            return {**common, "health_check_ok": b.active_ok,
+                    "ejected_for_s": round(max(0.0, b.ejected_until - now), 3) if b.ejected_until else 0.0,
+                    "in_flight": b.in_flight, "requests": b.requests, "failures": b.failures}
+        slot, stats = self.plane.slot_of(b.server_id), self.plane.slot_stats(b.server_id)
+        return {**common, "slot": slot.name if slot else None,
+                "haproxy_status": stats.status if stats else None,
+                "unroutable_because": self.plane.unroutable.get(b.server_id),
+                "in_flight": stats.in_flight if stats else 0, "queued": stats.queued if stats else 0,
+                "requests": stats.dispatched - slot.base_dispatched if stats and slot else 0,
+                "failures": stats.failures - slot.base_failures if stats and slot else 0}
+
+    def _plane_stats(self, now: float) -> dict[str, object]:
+        if self.plane is None:
+            p50, p99 = self.meter.latency_percentiles(now, 50, 99)
+            return {"retries": self.retries,
+                    "latency_ms": {"p50": None if p50 is None else p50 * 1000,
+                                   "p99": None if p99 is None else p99 * 1000}}
+        sample = self.plane.last_sample
+        return {"queued": self.queued,
+                "latency_ms": {f"avg_{k}": v for k, v in sample.avg_ms.items()} if sample else {},
+                "latency_over": "haproxy's last 1024 requests",
+                "haproxy": {"pid": self.plane.pid, "restarts": self.plane.restarts,
+                            "slots": len(self.plane.slots), "slots_used": len(self.plane.by_server),
+                            "sampled_s_ago": round(time.monotonic() - sample.taken_at, 3) if sample else None}}
+
 
 class ListenError(Exception):
     """The HTTP listen address could not be bound."""
+
+
+class DataPlaneError(Exception):
+    """The data plane (HAProxy) could not be found or started; the message says what to do."""
 
 
 async def serve(config: RouterSection, stop: asyncio.Event, metrics: MetricsConfig | None = None) -> None:
@@ -451,9 +623,13 @@ async def serve(config: RouterSection, stop: asyncio.Event, metrics: MetricsConf
     router = Router.from_config(config)
     try:
         await router.start()
-    except OSError as exc:
+    except (OSError, HaproxyListenError) as exc:
         await router.stop()
-        raise ListenError(f"cannot serve on {config.listen}: {exc.strerror or exc}") from exc
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ListenError(f"cannot serve on {config.listen}: {why}") from exc
+    except HaproxyError as exc:
+        await router.stop()
+        raise DataPlaneError(str(exc)) from exc
     try:
         endpoint = serve_metrics(router.metrics.registry, metrics) if metrics is not None else None
     except BaseException:

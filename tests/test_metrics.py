@@ -25,7 +25,7 @@ from node_agent.gpus import FakeBackend as FakeGpus
 from protos.aryl.v1 import scheduler_pb2
 from tests.harness import AS_ITSELF, daemon_security, job_spec, register_fake_server, scheduler_stub
 from tests.helpers import free_port, wait_for
-from tests.test_router import FakeBackend, router_section, run, until
+from tests.router_rig import FakeBackend, router_section, run, until
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

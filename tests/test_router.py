@@ -1,25 +1,24 @@
 """The inference router: proxying, least-outstanding balancing, retries, health, drains, demand.
 
-Everything runs over real loopback sockets: the router's aiohttp server, in-process aiohttp backends
-(or real ``examples/inference_server.py`` processes), and a small fake scheduler -- a real grpc.aio
-``InferenceService`` server that implements WatchServingPool / ReportDrained / ReportDemand the way
-the contract in ``inference.proto`` says. The demand arithmetic is driven by made-up times. No test
-asserts on how long anything took; waits poll a condition with a generous timeout.
+Everything runs over real loopback sockets (``tests/router_rig.py``): the router, in-process aiohttp
+backends (or real ``examples/inference_server.py`` processes), and a small fake scheduler -- a real
+grpc.aio ``InferenceService``. The tests of the router's contract with the scheduler (drains, removals,
+the pool watch, demand reports) run on both data planes (``PLANES``: HAProxy, programmed by the router,
+and the Python proxy); those of the Python proxy's own behaviour (headers, retries, its 502/503/504
+bodies, its health checks) on it alone -- HAProxy's are in ``test_router_haproxy.py``. The demand
+arithmetic is driven by made-up times. No test asserts on how long anything took; waits poll a condition
+with a generous timeout.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import math
 import os
-import signal
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -33,258 +32,20 @@ from inference_router.demand import DemandEstimator, LoadMeter, RateEwma, TimeOf
 from inference_router.main import cli_overrides, parse_args
 from inference_router.pool import BackendPool, PoolMember, PoolUpdate, RoutingState
 from inference_router.proxy import request_headers
-from inference_router.router import Router
-from protos.aryl.v1 import inference_pb2, inference_pb2_grpc, types_pb2
-from tests.helpers import free_port, scaled_timeout
-
-ROOT = Path(__file__).resolve().parent.parent
-EXAMPLE_SERVER = ROOT / "examples" / "inference_server.py"
-SERVING, DRAINING, LOANED = (types_pb2.SERVER_STATE_SERVING, types_pb2.SERVER_STATE_DRAINING,
-                             types_pb2.SERVER_STATE_LOANED)
-
-
-def run(coro: Awaitable[None], timeout: float = 120.0) -> None:
-    async def bounded() -> None:
-        await asyncio.wait_for(coro, scaled_timeout(timeout))
-
-    asyncio.run(bounded())
-
-
-async def until(predicate: Callable[[], object], *, timeout: float = 15.0, what: str = "condition") -> None:
-    """``tests.helpers.wait_for`` for a coroutine: poll without blocking the loop, within ``timeout`` as
-    ARYL_TEST_TIMEOUT_FACTOR stretches it."""
-    timeout = scaled_timeout(timeout)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        await asyncio.sleep(0.01)
-
-
-def router_section(**values: object) -> RouterSection:
-    base: dict[str, object] = {
-        "listen": "127.0.0.1:0", "scheduler_address": "", "health_check_interval_s": 0,
-        "shutdown_timeout_s": 5, "connect_timeout_s": 2, "source": "test-router",
-        "insecure": True,  # its schedulers are the in-process FakeScheduler, which listens in plaintext
-    }
-    base.update(values)
-    return RouterSection(**base)
-
-
-# ---------------------------------------------------------------------------------------------
-# Fakes over real sockets
-
-
-class FakeBackend:
-    """An in-process HTTP backend; ``hold()`` parks requests until ``release()``."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.arrivals = 0
-        self.in_flight = 0
-        self.healthy = True
-        self.last_headers: dict[str, str] = {}
-        self._gate: asyncio.Event | None = None
-        self._runner: web.AppRunner | None = None
-        self.url = ""
-
-    def hold(self) -> None:
-        self._gate = asyncio.Event()
-
-    def release(self) -> None:
-        if self._gate is not None:
-            self._gate.set()
-        self._gate = None
-
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
-        self.arrivals += 1
-        self.in_flight += 1
-        self.last_headers = dict(request.headers)
-        try:
-            body = await request.read()
-            if self._gate is not None:
-                await self._gate.wait()
-            if request.path == "/echo":
-                return web.Response(body=body, headers={"X-Backend": self.name, "Connection": "keep-alive",
-                                                        "Keep-Alive": "timeout=5", "X-Custom": "kept"})
-            return web.json_response({"backend": self.name, "path": request.path_qs, "body_len": len(body)})
-        finally:
-            self.in_flight -= 1
-
-    async def _health(self, _request: web.Request) -> web.Response:
-        return web.json_response({"ok": self.healthy}, status=200 if self.healthy else 503)
-
-    async def start(self) -> FakeBackend:
-        app = web.Application(client_max_size=64 << 20)
-        app.router.add_get("/healthz", self._health)
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
-        return self
-
-    async def stop(self) -> None:
-        self.release()
-        if self._runner is not None:
-            await self._runner.cleanup()
-
-
-class FakeScheduler(inference_pb2_grpc.InferenceServiceServicer):
-    """The scheduler's side of the router contract, in memory, behind a real grpc.aio server.
-
-    ReportDrained moves a DRAINING server to LOANED (it leaves the pool) and answers
-    FAILED_PRECONDITION otherwise; ``drained_errors`` scripts failures to answer first.
-    """
-
-    def __init__(self) -> None:
-        self.servers: dict[str, tuple[str, int]] = {}
-        self.version = 0
-        self.drained_calls: list[str] = []
-        self.drained_errors: list[grpc.StatusCode] = []
-        self.demand_calls: list[tuple[int, float, str]] = []
-        self.watchers = 0
-        self._changed: asyncio.Condition | None = None
-        self._server: grpc.aio.Server | None = None
-        self.address = ""
-
-    def set(self, **states: tuple[str, int]) -> None:
-        """Replace the pool: ``set(a=(url, SERVING), ...)`` and push it to watchers."""
-        self.servers = dict(states)
-        self._bump()
-
-    def change(self, server_id: str, state: int | None, endpoint: str | None = None) -> None:
-        if state is None:
-            self.servers.pop(server_id, None)
-        else:
-            self.servers[server_id] = (endpoint or self.servers[server_id][0], state)
-        self._bump()
-
-    def _bump(self) -> None:
-        self.version += 1
-        assert self._changed is not None
-        changed = self._changed
-
-        async def notify() -> None:
-            async with changed:
-                changed.notify_all()
-
-        asyncio.get_running_loop().create_task(notify())
-
-    def _message(self) -> inference_pb2.ServingPool:
-        return inference_pb2.ServingPool(
-            servers=[inference_pb2.RoutableServer(server_id=sid, endpoint=url, state=state)
-                     for sid, (url, state) in sorted(self.servers.items()) if state in (SERVING, DRAINING)],
-            version=self.version,
-        )
-
-    async def WatchServingPool(self, request, context):
-        assert self._changed is not None
-        self.watchers += 1
-        sent = -1
-        while True:
-            async with self._changed:
-                await self._changed.wait_for(lambda sent=sent: self.version != sent)
-                sent, message = self.version, self._message()
-            yield message
-
-    async def ReportDrained(self, request, context):
-        self.drained_calls.append(request.server_id)
-        if self.drained_errors:
-            await context.abort(self.drained_errors.pop(0), "scripted failure")
-        _, state = self.servers.get(request.server_id, ("", LOANED))
-        if state != DRAINING:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{request.server_id} is not DRAINING")
-        self.change(request.server_id, LOANED)
-        return inference_pb2.ReportDrainedResponse(state=LOANED)
-
-    async def ReportDemand(self, request, context):
-        self.demand_calls.append((request.servers_needed, request.observed_rps, request.source))
-        return inference_pb2.ReportDemandResponse(
-            demand=types_pb2.InferenceDemand(servers_needed=request.servers_needed, source=request.source),
-            servers_serving=sum(1 for _, s in self.servers.values() if s == SERVING),
-        )
-
-    async def start(self, port: int = 0) -> FakeScheduler:
-        self._changed = asyncio.Condition()
-        self._server = grpc.aio.server()
-        inference_pb2_grpc.add_InferenceServiceServicer_to_server(self, self._server)
-        port = self._server.add_insecure_port(f"127.0.0.1:{port}")
-        await self._server.start()
-        self.address = f"127.0.0.1:{port}"
-        return self
-
-    async def stop(self) -> None:
-        if self._server is not None:
-            await self._server.stop(0)
-
-
-async def started_router(config: RouterSection, **ports: object) -> Router:
-    router = Router.from_config(config, **ports)
-    await router.start()
-    await until(lambda: len(router.pool.backends) == len(config.static_backends), what="the static pool")
-    return router
-
-
-@dataclass
-class Rig:
-    """A started router over in-process backends, with a client session; the fake scheduler if any."""
-
-    router: Router
-    backends: dict[str, FakeBackend]
-    scheduler: FakeScheduler | None
-    session: aiohttp.ClientSession
-
-    async def infer(self, path: str = "/v1/infer") -> tuple[int, dict]:
-        async with self.session.post(self.router.url + path, json={"input": "x"}) as response:
-            return response.status, await response.json()
-
-    async def infer_many(self, n: int) -> list[tuple[int, dict]]:
-        return [await self.infer() for _ in range(n)]
-
-    async def backends_used(self, n: int) -> set[str]:
-        results = await self.infer_many(n)
-        assert {status for status, _ in results} == {200}, results
-        return {body["backend"] for _, body in results}
-
-    async def publish(self, **states: tuple[str, int]) -> None:
-        """Set the fake scheduler's pool and wait until the router has it."""
-        assert self.scheduler is not None
-        self.scheduler.set(**states)
-        version = self.scheduler.version
-        await until(lambda: self.router.pool.version >= version, what=f"pool version {version} at the router")
-
-    async def change(self, server_id: str, state: int | None, endpoint: str | None = None) -> None:
-        assert self.scheduler is not None
-        self.scheduler.change(server_id, state, endpoint)
-        version = self.scheduler.version
-        await until(lambda: self.router.pool.version >= version, what=f"pool version {version} at the router")
-
-
-@contextlib.asynccontextmanager
-async def rig(*names: str, scheduled: bool = False, extra_backends: tuple[str, ...] = (),
-              ports: dict[str, object] | None = None, **config: object) -> AsyncIterator[Rig]:
-    """Backends named ``names``; a router over them (static), or over a fake scheduler's pool
-    (``scheduled``: the pool starts empty, fill it with ``Rig.publish``)."""
-    scheduler = await FakeScheduler().start() if scheduled else None
-    backends = {name: await FakeBackend(name).start() for name in names}
-    if scheduler is not None:
-        config = {"scheduler_address": scheduler.address, "servers_needed": 1, **config}
-    else:
-        config = {"static_backends": [*extra_backends, *(b.url for b in backends.values())], **config}
-    router = await started_router(router_section(**config), **(ports or {}))
-    try:
-        async with aiohttp.ClientSession() as session:
-            yield Rig(router, backends, scheduler, session)
-    finally:
-        await router.stop()
-        if scheduler is not None:
-            await scheduler.stop()
-        for backend in backends.values():
-            await backend.stop()
-
+from tests.helpers import free_port
+from tests.router_rig import (
+    DRAINING,
+    PLANES,
+    SERVING,
+    FakeScheduler,
+    require_haproxy,
+    rig,
+    router_section,
+    run,
+    start_example_server,
+    stop_process,
+    until,
+)
 
 # ---------------------------------------------------------------------------------------------
 # Balancing
@@ -460,9 +221,10 @@ def test_stop_finishes_in_flight_requests_and_refuses_new_connections() -> None:
 # The serving pool from the scheduler: drains and removals
 
 
-def test_draining_backend_finishes_in_flight_gets_nothing_new_and_is_reported_drained_once() -> None:
+@pytest.mark.parametrize("plane", PLANES)
+def test_draining_backend_finishes_in_flight_gets_nothing_new_and_is_reported_drained_once(plane: str) -> None:
     async def scenario() -> None:
-        async with rig("a", "b", scheduled=True) as r:
+        async with rig("a", "b", scheduled=True, plane=plane) as r:
             a, b, scheduler = r.backends["a"], r.backends["b"], r.scheduler
             assert scheduler is not None
             await r.publish(a=(a.url, SERVING), b=(b.url, SERVING))
@@ -474,24 +236,25 @@ def test_draining_backend_finishes_in_flight_gets_nothing_new_and_is_reported_dr
             await r.change("b", DRAINING)
             b_arrivals = b.arrivals
             assert await r.backends_used(10) == {"a"}
-            assert b.arrivals == b_arrivals and r.router.pool.backends["b"].requests == 2
-            await asyncio.sleep(0.2)              # give a premature report every chance to happen
+            assert b.arrivals == b_arrivals == 2
+            await r.chance_to_act()              # give a premature report every chance to happen
             assert scheduler.drained_calls == []
             b.release()
             assert [status for status, _ in await asyncio.gather(*held)] == [200] * 4  # b's in-flight finished
             await until(lambda: scheduler.drained_calls == ["b"], what="ReportDrained(b)")
             await until(lambda: "b" not in r.router.pool.backends, what="b loaned (gone from the pool)")
             assert await r.backends_used(5) == {"a"} and b.arrivals == b_arrivals
-            await asyncio.sleep(0.2)
+            await r.chance_to_act()
             assert scheduler.drained_calls == ["b"]             # exactly once
             assert r.router.stats()["responses_failed"] == 0
 
     run(scenario())
 
 
-def test_drain_report_retries_while_unavailable_and_gives_up_on_failed_precondition() -> None:
+@pytest.mark.parametrize("plane", PLANES)
+def test_drain_report_retries_while_unavailable_and_gives_up_on_failed_precondition(plane: str) -> None:
     async def scenario() -> None:
-        async with rig("a", "b", scheduled=True, reconnect_max_backoff_s=0.2) as r:
+        async with rig("a", "b", scheduled=True, reconnect_max_backoff_s=0.2, plane=plane) as r:
             a, b, scheduler = r.backends["a"], r.backends["b"], r.scheduler
             assert scheduler is not None
             scheduler.drained_errors = [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNAVAILABLE]
@@ -503,16 +266,17 @@ def test_drain_report_retries_while_unavailable_and_gives_up_on_failed_precondit
             scheduler.drained_errors = [grpc.StatusCode.FAILED_PRECONDITION]
             await r.change("b", DRAINING)
             await until(lambda: len(scheduler.drained_calls) == 4, what="b's report")
-            await asyncio.sleep(0.5)
+            await r.chance_to_act(0.5)
             assert scheduler.drained_calls == ["a", "a", "a", "b"]    # refused: not retried
             assert r.router.drains_reported == ["a"] and not r.router._drain_tasks
 
     run(scenario())
 
 
-def test_a_server_removed_from_the_pool_gets_nothing_and_a_returning_one_stops_draining() -> None:
+@pytest.mark.parametrize("plane", PLANES)
+def test_a_server_removed_from_the_pool_gets_nothing_and_a_returning_one_stops_draining(plane: str) -> None:
     async def scenario() -> None:
-        async with rig("a", "b", scheduled=True) as r:
+        async with rig("a", "b", scheduled=True, plane=plane) as r:
             a, b, scheduler = r.backends["a"], r.backends["b"], r.scheduler
             assert scheduler is not None
             await r.publish(a=(a.url, SERVING), b=(b.url, SERVING))
@@ -529,15 +293,16 @@ def test_a_server_removed_from_the_pool_gets_nothing_and_a_returning_one_stops_d
             await r.change("a", SERVING)
             a.release()
             assert (await held)[0] == 200
-            await asyncio.sleep(0.2)
+            await r.chance_to_act()
             assert scheduler.drained_calls == []
 
     run(scenario())
 
 
-def test_the_router_keeps_its_pool_while_the_scheduler_is_away_and_resubscribes() -> None:
+@pytest.mark.parametrize("plane", PLANES)
+def test_the_router_keeps_its_pool_while_the_scheduler_is_away_and_resubscribes(plane: str) -> None:
     async def scenario() -> None:
-        async with rig("a", scheduled=True, reconnect_max_backoff_s=0.3) as r:
+        async with rig("a", scheduled=True, reconnect_max_backoff_s=0.3, plane=plane) as r:
             assert r.scheduler is not None
             await r.publish(a=(r.backends["a"].url, SERVING))
             port = int(r.scheduler.address.rsplit(":", 1)[1])
@@ -557,29 +322,10 @@ def test_the_router_keeps_its_pool_while_the_scheduler_is_away_and_resubscribes(
 # End to end: the real aryl-router and example inference servers, under continuous load
 
 
-def start_example_server(service_time_ms: float, server_id: str) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen(
-        [sys.executable, str(EXAMPLE_SERVER), "--port", "0", "--service-time-ms", str(service_time_ms),
-         "--concurrency", "4", "--server-id", server_id],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    assert line.startswith("listening on "), line
-    return proc, line.split()[-1]
-
-
-def stop_process(proc: subprocess.Popen) -> int:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        return proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        raise
-
 
 def test_no_request_fails_while_a_server_is_drained_and_another_added_under_load(tmp_path: Path) -> None:
+    """The real aryl-router with its default data plane, HAProxy."""
+    require_haproxy()
     servers = {name: start_example_server(5, name) for name in ("s1", "s2", "s3")}
     router_proc: subprocess.Popen | None = None
     port = free_port()
@@ -778,12 +524,13 @@ def test_time_of_day_profile_learns_day_over_day_and_asks_for_servers_before_the
     assert est.evaluate(26 * hour, day + 14 * hour, 10.0, 10.0).servers_needed == 1
 
 
-def test_measured_demand_is_reported_when_it_changes_and_as_a_heartbeat() -> None:
+@pytest.mark.parametrize("plane", PLANES)
+def test_measured_demand_is_reported_when_it_changes_and_as_a_heartbeat(plane: str) -> None:
     async def scenario() -> None:
         now = [1000.0]
         async with rig("a", scheduled=True, servers_needed=None, server_capacity_rps=10.0, headroom=0.0,
                        min_servers=1, scale_down_delay_s=0.0, evaluate_interval_s=0.02, report_interval_s=0.2,
-                       ports={"clock": lambda: now[0]}) as r:
+                       ports={"clock": lambda: now[0]}, plane=plane) as r:
             scheduler = r.scheduler
             assert scheduler is not None
             await r.publish(a=(r.backends["a"].url, SERVING))
@@ -844,6 +591,8 @@ def test_cli_flags_map_to_config_keys() -> None:
 
 
 def test_router_cli_refuses_bad_config_and_serves_static_backends_until_sigterm(tmp_path: Path) -> None:
+    """The real aryl-router with its default data plane, HAProxy."""
+    require_haproxy()
     aryl_router = str(Path(sys.executable).parent / "aryl-router")
     env = {k: v for k, v in os.environ.items() if not k.startswith("ARYL_")}
     bad = subprocess.run([aryl_router, "--no-scheduler"], capture_output=True, text=True, env=env, timeout=60,
