@@ -35,10 +35,10 @@ from simulator.failures import FailureTraceError, load_failure_trace
 from simulator.goodput_profiles import ProfileError
 from simulator.goodput_sim import (
     GOODPUT_POLICIES,
-    PARAMETERISED,
     WorkloadError,
     format_summaries,
     load_workload,
+    parameterised,
     run_workload,
 )
 from simulator.goodput_sim import summary as goodput_summary
@@ -355,8 +355,8 @@ def _run_goodput(args: argparse.Namespace) -> int:
         if any(name not in GOODPUT_POLICIES for name in names):
             raise UsageError(f"--job-model goodput runs the policies {', '.join(GOODPUT_POLICIES)}")
         params = parse_params(args.param) if args.param else None
-        if params is not None and (unread := [n for n in names if n not in PARAMETERISED]):
-            raise UsageError(f"--param is read by {', '.join(PARAMETERISED)} under --job-model goodput; "
+        if params is not None and (unread := [n for n in names if n not in parameterised()]):
+            raise UsageError(f"--param is read by {', '.join(parameterised())} under --job-model goodput; "
                              f"{', '.join(unread)} there run the authors' rules and read none")
         workload = load_workload(args.trace)[: args.limit]
         settings = {"nodes": args.training_servers, "gpus_per_node": args.gpus_per_server,

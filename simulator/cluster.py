@@ -55,7 +55,7 @@ Nouns:
 from __future__ import annotations
 
 import heapq
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from math import floor
 
@@ -265,7 +265,9 @@ class SimulatedCluster:
         checkpoint_interval_s: float = 1800.0,
         drain_ack_s: float | None = 1.0,
         reclaim_deadline_s: float = PolicyParams.reclaim_deadline_s,
+        training_server_ids: Sequence[str] | None = None,
     ) -> None:
+        """``training_server_ids``: the training servers' names, one per server (default ``t0000``..)."""
         if restart_overhead_s < 0:
             raise ValueError(f"restart_overhead_s must be >= 0 (got {restart_overhead_s})")
         if not checkpoint_interval_s > 0:
@@ -282,8 +284,11 @@ class SimulatedCluster:
         self.drain_ack_s = float(drain_ack_s) if drain_ack_s is not None and drain_ack_s >= 0 else None
         self._drain_acks: dict[str, float] = {}  # DRAINING server -> when the router acknowledges it
         gpus = tuple(range(spec.gpus_per_server))
-        servers = [_Server(f"t{k:04d}", Pool.TRAINING, gpus, home_state(Pool.TRAINING))
-                   for k in range(spec.training_servers)]
+        names = [f"t{k:04d}" for k in range(spec.training_servers)] if training_server_ids is None else \
+            list(training_server_ids)
+        if len(names) != spec.training_servers or len(set(names)) != len(names):
+            raise ValueError(f"{spec.training_servers} training servers need as many distinct names, not {names}")
+        servers = [_Server(name, Pool.TRAINING, gpus, home_state(Pool.TRAINING)) for name in names]
         servers += [_Server(f"i{k:04d}", Pool.INFERENCE, gpus, home_state(Pool.INFERENCE),
                             gpu_type=spec.inference_gpu_type)
                     for k in range(spec.inference_servers)]
@@ -475,6 +480,26 @@ class SimulatedCluster:
             job.outcome.end = end
             done.append(job_id)
         return sorted(done)
+
+    def finish(self, job_id: int) -> None:
+        """The running job completed now by its job model's own account, not by this cluster's segments:
+        a job model that computes progress itself (``simulator.goodput_cluster``) submits its jobs with
+        infinite work and says here when each is done. Its GPUs are free from now on."""
+        job = self._running.get(job_id)
+        if job is None:
+            raise ValueError(f"job {job_id} is not running: it cannot complete")
+        now = self.now
+        self._end_segment(job, now, kept_until=now)
+        JOB_LIFECYCLE.check(job.state, JobState.COMPLETED)
+        job.state = JobState.COMPLETED
+        self._free(job)
+        del self._running[job_id]
+        del self._active[job_id]
+        job.outcome.end = now
+
+    def workers_of(self, job_id: int) -> tuple[WorkerView, ...]:
+        """The active job's workers now, by rank (none: it is pending)."""
+        return self._active[job_id].workers
 
     def next_drain_ack(self) -> float | None:
         """When the router next acknowledges a drain (None: no drain awaits one)."""

@@ -31,6 +31,12 @@ Modelling choices (each is the authors'; each changes the figures):
   (``policies.pollux_search.fit_perf_params_lbfgs``) each time they run a configuration (nodes, GPUs,
   atomic batch) not seen before, and the gradient statistics last measured. NCF keeps 32768.
 
+The run is the scheduler's own cycle (``scheduler_service.cycle.SchedulingCycle``) at every tick's end
+on a ``simulator.goodput_cluster.GoodputCluster``, the ``ClusterState`` port of this job model, which
+applies every plan by the same rules as the main engine and the service (``core.plan.apply_order``,
+``core.apply_rules``); the policy is looked up in the registry (``simulator.goodput_policies``). This
+module is the tick driver and the run's figures; a job's physics are ``simulator.goodput_jobs``.
+
 Policies: ``tiresias`` (``scheduler_service.policies.tiresias.tiresias_decide``, requested GPUs as the
 gang; queue 0 in arrival order, queue 1 in demotion order) and ``optimus``
 (``scheduler_service.policies.optimus.optimus_allocate``, the study's Optimus+Oracle: the oracle's step
@@ -40,375 +46,32 @@ atomic batch; the remaining iterations at the requested batch size from the star
 1 in the last). The decisions are the registered policies' own functions, imported, not copied; the
 placement of both is ``core.most_free.place_in_order`` (kept jobs stay; the others take the most free node
 first). ``pollux`` (``scheduler_service.policies.pollux.pollux_decide``, ``PolluxDecider``) on the jobs' own
-fitted models. ``sjf`` and ``aryl-noloan``: the registered policies themselves on a snapshot of the
-simulated jobs, their plans applied (``SnapshotDecider``).
+fitted models. ``sjf`` and ``aryl-noloan``: the registered policies themselves on snapshots of the
+simulated jobs (``simulator.goodput_policies.OracleDeclaration``: what the jobs declare), with ``--param``.
 """
 
 from __future__ import annotations
 
-import csv
-import os
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
-from scheduler_service.core.goodput import GradParams, PerfParams, StepSample, progress_rate, split_batch
-from scheduler_service.core.most_free import place_in_order
 from scheduler_service.core.params import PolicyParams
-from scheduler_service.core.snapshot import ClusterSnapshot, JobView, ServerView, WorkerView
-from scheduler_service.lifecycle import JobState, Pool, ServerState
-from scheduler_service.policies.optimus import OptimusJob, optimus_allocate, optimus_place
-from scheduler_service.policies.pollux import GoodputModel, PolluxJob, pollux_decide
-from scheduler_service.policies.pollux_search import fit_perf_params_lbfgs
-from scheduler_service.policies.tiresias import TiresiasJob, TiresiasState, tiresias_decide
-from simulator.goodput_profiles import Application, load_application
+from scheduler_service.cycle import SchedulingCycle
+from simulator.clock import VirtualClock
+from simulator.goodput_cluster import GoodputCluster
+from simulator.goodput_jobs import SimJob, WorkloadError, WorkloadJob, load_workload
+from simulator.goodput_policies import GOODPUT_POLICIES, UnreadParams, goodput_policy, parameterised
+from simulator.goodput_profiles import load_application
 
-# Each Pollux job refits 7 step-time parameters (scipy's L-BFGS-B) whenever it runs a new configuration:
-# thousands of tiny fits per run, in which BLAS threads only contend (0.6 s a fit instead of 0.03 s on a
-# busy 2-core machine). scipy's BLAS (not numpy's) reads this when scipy is first imported, which the
-# simulation does lazily, after this; an explicit setting wins.
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+__all__ = ["GOODPUT_POLICIES", "GoodputRunResult", "PlanRefused", "SimJob", "UnreadParams", "WorkloadError",
+           "WorkloadJob", "format_summaries", "load_workload", "parameterised", "run_workload", "summary"]
 
 
-@dataclass(frozen=True, slots=True)
-class WorkloadJob:
-    name: str
-    submit_time: float
-    application: str
-    num_replicas: int   # GPUs requested (Tiresias' gang)
-    batch_size: int     # total batch size requested
-
-
-class WorkloadError(ValueError):
-    """A workload file is malformed; the message names the file and line."""
-
-
-def load_workload(path: str | Path) -> list[WorkloadJob]:
-    """``name,time,application,num_replicas,batch_size`` rows, in file order."""
-    path = Path(path)
-    jobs: list[WorkloadJob] = []
-    try:
-        with path.open(newline="") as handle:
-            reader = csv.DictReader(handle)
-            need = ("name", "time", "application", "num_replicas", "batch_size")
-            missing = [c for c in need if c not in (reader.fieldnames or ())]
-            if missing:
-                raise WorkloadError(f"{path}: missing column(s) {', '.join(missing)}")
-            for line, row in enumerate(reader, start=2):
-                try:
-                    jobs.append(WorkloadJob(row["name"], float(row["time"]), row["application"],
-                                            int(row["num_replicas"]), int(row["batch_size"])))
-                except ValueError as exc:
-                    raise WorkloadError(f"{path}:{line}: {exc}") from None
-    except OSError as exc:
-        raise WorkloadError(f"{path}: {exc.strerror or exc}") from exc
-    return jobs
-
-
-@dataclass(slots=True)
-class SimJob:
-    """A job's simulated state (the authors' ``Job``: placement, batch split, progress, epoch)."""
-
-    index: int
-    spec: WorkloadJob
-    app: Application
-    placement: tuple[int, ...] = ()
-    atomic_bsz: int = 0
-    accum_steps: int = 0
-    progress: float = 0.0
-    epoch: int = 0
-    restart_left: float = 0.0
-    attained_gpu_s: float = 0.0
-    completion_time: float | None = None
-    restarts: int = -1  # -1: never started
-    # Pollux's jobs (``adaptive``): the batch size is the job's own choice, from the goodput model it fits
-    # to the configurations it has run (``profile``: (nodes, replicas, atomic batch) -> (step, sync) s)
-    # and the gradient statistics it last measured.
-    adaptive: bool = False
-    profile: dict[tuple[int, int, int], tuple[float, float]] = field(default_factory=dict)
-    perf: PerfParams | None = None
-    grad: GradParams | None = None
-
-    @property
-    def batch_size(self) -> int:
-        """The batch size asked for (Pollux's NCF jobs too: 32768, as the authors fix it)."""
-        return 32768 if self.adaptive and self.app.name == "ncf" else self.spec.batch_size
-
-    def model(self) -> GoodputModel | None:
-        if self.perf is None or self.grad is None:
-            return None
-        app = self.app
-        return GoodputModel(self.perf, self.grad, app.init_batch_size, app.max_batch_size, app.min_atomic_bsz,
-                            app.max_atomic_bsz)
-
-    def set_batch(self) -> None:
-        replicas = sum(self.placement)
-        app = self.app
-        nodes = len([g for g in self.placement if g])
-        model = self.model() if self.adaptive and app.name != "ncf" else None
-        if model is not None:
-            _, atomic, accum = model.best(nodes, replicas)
-            self.accum_steps = accum
-            self.atomic_bsz = min(atomic, int(app.max_batch_size / (replicas * (accum + 1))))
-            return
-        batch = self.batch_size
-        if self.adaptive and app.name != "ncf":  # no model yet: the smallest batch the GPUs allow
-            batch = max(app.init_batch_size, app.min_atomic_bsz * replicas)
-        split = split_batch(batch, replicas, app.max_atomic_bsz,
-                            init_bsz=app.init_batch_size, max_batch_size=app.max_batch_size)
-        self.atomic_bsz, self.accum_steps = split.atomic_bsz, split.accum_steps
-
-    def observe(self, batch: int, step: float, sync: float) -> None:
-        """What a Pollux job measures while it runs: the gradient statistics, and a step-time sample of a
-        configuration not yet seen, which refits its step-time parameters."""
-        self.grad = self.app.grad_params(batch, self.epoch)
-        key = (len([g for g in self.placement if g]), sum(self.placement), self.atomic_bsz)
-        if key in self.profile:
-            return
-        self.profile[key] = (step, sync)
-        self.perf = _fit(self.app.name, self.profile)
-
-    def reallocate(self, placement: tuple[int, ...], restart_s: float) -> None:
-        self.placement = placement
-        if placement:
-            self.set_batch()
-            self.restart_left = restart_s
-            self.restarts += 1
-        else:
-            self.atomic_bsz = 0
-
-    def advance(self, start: float, seconds: float) -> None:
-        """Run from ``start`` for ``seconds`` (module doc: restart delay, then epoch by epoch)."""
-        if not self.placement or self.completion_time is not None:
-            return
-        gpus = sum(self.placement)
-        delay = min(self.restart_left, seconds)
-        self.restart_left -= delay
-        self.attained_gpu_s += delay * gpus
-        now, seconds = start + delay, seconds - delay
-        app = self.app
-        while seconds > 0 and self.completion_time is None:
-            batch = sum(self.placement) * self.atomic_bsz * (self.accum_steps + 1)
-            step, sync = app.step_times(self.placement, self.atomic_bsz)
-            rate = progress_rate(app.gain(batch, self.epoch), step + (step - sync) * self.accum_steps)
-            if self.adaptive:
-                self.observe(batch, step, sync)
-            epoch_end = app.epoch_end(self.epoch)
-            if self.progress + rate * seconds < epoch_end:
-                self.progress += rate * seconds
-                self.attained_gpu_s += seconds * gpus
-                seconds = 0
-            else:
-                delta = round((epoch_end - self.progress) / rate)
-                self.epoch += 1
-                if self.epoch > app.completion_epoch:
-                    self.completion_time = now + delta
-                self.progress = epoch_end
-                now += delta
-                self.attained_gpu_s += delta * gpus
-                seconds -= delta
-            if self.adaptive:  # the batch size is chosen again after every stretch of training
-                self.set_batch()
-
-
-_FITS: dict[tuple[str, frozenset[tuple[tuple[int, int, int], tuple[float, float]]]], PerfParams] = {}
-
-
-def _fit(app: str, profile: dict[tuple[int, int, int], tuple[float, float]]) -> PerfParams:
-    """``policies.pollux_search.fit_perf_params_lbfgs`` on a job's samples, memoised on the samples: jobs of one
-    model that ran the same configurations hold the same fit."""
-    key = (app, frozenset(profile.items()))
-    known = _FITS.get(key)
-    if known is None:
-        samples = [StepSample(n, r, b, step - sync, step) for (n, r, b), (step, sync) in profile.items()]
-        known = _FITS[key] = fit_perf_params_lbfgs(samples)
-    return known
-
-
-def _placement_of(nodes: list[int]) -> tuple[int, ...]:
-    """GPUs per node, in the order of ``nodes`` (one node index per GPU)."""
-    out: list[int] = []
-    for i, node in enumerate(nodes):
-        if i and node == nodes[i - 1]:
-            out[-1] += 1
-        else:
-            out.append(1)
-    return tuple(out)
-
-
-def _packed(gpus: int, per_node: int) -> tuple[int, ...]:
-    full, rest = divmod(gpus, per_node)
-    return (per_node,) * full + ((rest,) if rest else ())
-
-
-class Decider(Protocol):
-    """One policy's cycle over the simulated jobs: (active jobs in arrival order, their previous
-    allocations, now) -> allocations, one node index per GPU. Holds what the policy keeps between cycles."""
-
-    def decide(self, active: list[SimJob], previous: dict[int, list[int]], now: float) -> dict[int, list[int]]: ...
-
-
-@dataclass
-class TiresiasDecider:
-    """``tiresias_decide`` on the requested GPUs as gangs; its queues carried from cycle to cycle."""
-
-    nodes: int
-    gpus_per_node: int
-    state: TiresiasState = field(default_factory=TiresiasState)
-
-    def decide(self, active: list[SimJob], previous: dict[int, list[int]], now: float) -> dict[int, list[int]]:
-        self.state, run = tiresias_decide(self.state, [TiresiasJob(j.index, j.spec.num_replicas) for j in active],
-                                          now, self.nodes * self.gpus_per_node)
-        kept = {k: previous[k] for k in run if previous.get(k)}
-        capacity = dict.fromkeys(range(self.nodes), self.gpus_per_node)
-        return place_in_order(run, {j.index: j.spec.num_replicas for j in active}, kept, capacity)
-
-
-@dataclass
-class OptimusOracleDecider:
-    """``optimus_allocate`` with the oracle's step times and remaining iterations (module doc)."""
-
-    nodes: int
-    gpus_per_node: int
-    _memo: dict[tuple[str, int, int], float] = field(default_factory=dict)
-
-    def decide(self, active: list[SimJob], previous: dict[int, list[int]], now: float) -> dict[int, list[int]]:
-        jobs = [OptimusJob(j.index, 1 if j.app.name == "ncf" else j.spec.batch_size // j.app.min_atomic_bsz,
-                           self._remaining(j), self._step_time(j)) for j in active]
-        count = optimus_allocate(jobs, self.nodes * self.gpus_per_node)
-        return optimus_place(count, previous, dict.fromkeys(range(self.nodes), self.gpus_per_node))
-
-    @staticmethod
-    def _remaining(job: SimJob) -> float:
-        """Iterations left at the requested batch size, counted to the end of the current epoch."""
-        app, batch = job.app, job.spec.batch_size
-        if app.completion_epoch <= job.epoch:
-            return 1.0
-        return app.iterations_after(batch, app.completion_epoch) - app.iterations_after(batch, job.epoch)
-
-    def _step_time(self, job: SimJob) -> Callable[[int], float]:
-        app, batch = job.app, job.spec.batch_size
-
-        def step_time(replicas: int) -> float:
-            key = (app.name, batch, replicas)
-            known = self._memo.get(key)
-            if known is None:
-                # The authors' oracle: a packed placement, and at least two passes on one GPU.
-                split = split_batch(batch, replicas, app.max_atomic_bsz, max_batch_size=app.max_batch_size,
-                                    init_bsz=0 if replicas == 1 else None)
-                step, sync = app.step_times(_packed(replicas, self.gpus_per_node), split.atomic_bsz)
-                known = self._memo[key] = step + (step - sync) * split.accum_steps
-            return known
-
-        return step_time
-
-
-@dataclass
-class PolluxDecider:
-    """``pollux_decide`` on the jobs' own goodput models (fitted to what each ran), least attained
-    service first; a job may take at most twice the most GPUs it has run on (at least 1, at most 64
-    and as many as its smallest atomic batch allows in its largest batch); NCF one GPU (the authors')."""
-
-    nodes: int
-    gpus_per_node: int
-    adaptive_batch: bool = True
-
-    def decide(self, active: list[SimJob], previous: dict[int, list[int]], now: float) -> dict[int, list[int]]:
-        ordered = sorted(active, key=lambda j: (j.attained_gpu_s, j.spec.submit_time))
-        jobs = []
-        for j in ordered:
-            app = j.app
-            seen = max((r for _, r, _ in j.profile), default=0)
-            most = 1 if app.name == "ncf" else min(max(2 * seen, 1), 64, app.max_batch_size // app.min_atomic_bsz)
-            held: dict[int, int] = {}
-            for node in previous.get(j.index, ()):
-                held[node] = held.get(node, 0) + 1
-            jobs.append(PolluxJob(j.index, most, held, now - j.spec.submit_time, max(j.restarts, 0), j.model()))
-        return pollux_decide(jobs, dict.fromkeys(range(self.nodes), self.gpus_per_node))
-
-
-@dataclass
-class SnapshotDecider:
-    """A registered policy (``create_policy(name)``) deciding on a ``ClusterSnapshot`` of the simulated jobs,
-    its plan applied to the allocations: how Aryl's own policies (``sjf``, ``aryl-noloan``) run on the
-    goodput model. Each job is a gang of its requested GPUs (``min_workers``, 1 GPU per worker); elastic
-    (``elastic``) up to 16x that, within what its batch allows (the smallest atomic batch per GPU) and one
-    GPU for NCF, as ``optimus``. It declares what an oracle knows, as ``optimus`` is given: its progress
-    rate per worker count at its requested batch size (this epoch's efficiency, a packed placement) as its
-    throughput points, and its training target and progress as its total work and work done. The batch
-    size stays the requested one (the policies do not choose it)."""
-
-    nodes: int
-    gpus_per_node: int
-    policy: str = "sjf"
-    elastic: bool = False
-    params: PolicyParams = field(default_factory=PolicyParams)
-    _workers: dict[int, tuple[WorkerView, ...]] = field(default_factory=dict)
-    _started: dict[int, float] = field(default_factory=dict)
-    _resized: dict[int, float] = field(default_factory=dict)
-
-    def decide(self, active: list[SimJob], previous: dict[int, list[int]], now: float) -> dict[int, list[int]]:
-        from scheduler_service.policies import create_policy  # the registry imports every policy
-
-        alive = {j.index for j in active}
-        self._workers = {k: v for k, v in self._workers.items() if k in alive}
-        views = [self._view(j, now) for j in active]
-        allocated = sorted((int(w.server_id[1:]), g, k) for k, ws in self._workers.items() for w in ws
-                           for g in w.gpu_indices)
-        servers = tuple(ServerView(f"n{i}", Pool.TRAINING, ServerState.TRAINING, tuple(range(self.gpus_per_node)),
-                                   allocated=tuple((g, k) for n, g, k in allocated if n == i))
-                        for i in range(self.nodes))
-        plan = create_policy(self.policy, self.params).schedule(ClusterSnapshot(now=now, servers=servers,
-                                                                                jobs=tuple(views)))
-        for p in plan.preemptions:
-            self._workers.pop(p.job_id, None)
-        changes = [(s.job_id, s.workers) for s in plan.scales] + [(s.job_id, s.workers) for s in plan.starts]
-        for key, placed in changes:
-            self._workers[key] = tuple(WorkerView(w.rank, w.server_id, w.gpu_indices) for w in placed)
-            self._started.setdefault(key, now)
-            self._resized[key] = now
-        return {k: sorted(int(w.server_id[1:]) for w in ws for _ in w.gpu_indices)
-                for k, ws in self._workers.items() if ws}
-
-    def _view(self, job: SimJob, now: float) -> JobView:
-        app, batch = job.app, job.spec.batch_size
-        request = 1 if app.name == "ncf" else job.spec.num_replicas
-        most = request
-        if self.elastic and app.name != "ncf":
-            most = max(request, min(16 * request, batch // app.min_atomic_bsz, self.nodes * self.gpus_per_node))
-        gain = app.gain(batch, min(job.epoch, app.completion_epoch))
-        points = []
-        for w in range(1, most + 1):
-            split = split_batch(batch, w, app.max_atomic_bsz, init_bsz=app.init_batch_size,
-                                max_batch_size=app.max_batch_size)
-            step, sync = app.step_times(_packed(w, self.gpus_per_node), split.atomic_bsz)
-            points.append((w, progress_rate(gain, step + (step - sync) * split.accum_steps)))
-        workers = self._workers.get(job.index, ())
-        target = app.epoch_end(app.completion_epoch)
-        return JobView(job_id=job.index, state=JobState.RUNNING if workers else JobState.PENDING, gpus_per_worker=1,
-                       min_workers=request, max_workers=most, priority=0, submitted_at=job.spec.submit_time,
-                       workers=workers, throughput_points=tuple(points), total_work=target,
-                       work_done=min(job.progress, target), started_at=self._started.get(job.index),
-                       last_resized_at=self._resized.get(job.index))
-
-
-def _registered(name: str, elastic: bool) -> Callable[[int, int, PolicyParams | None], Decider]:
-    return lambda nodes, gpus, params: SnapshotDecider(nodes, gpus, name, elastic, params or PolicyParams())
-
-
-def _authors(decider: Callable[[int, int], Decider]) -> Callable[[int, int, PolicyParams | None], Decider]:
-    return lambda nodes, gpus, params: decider(nodes, gpus)
-
-
-# name -> factory(nodes, GPUs per node, PolicyParams or None). tiresias, optimus and pollux run the authors'
-# decision rules on this job model and read no PolicyParams; sjf and aryl-noloan are Aryl's registered policies.
-DECIDERS: dict[str, Callable[[int, int, PolicyParams | None], Decider]] = {
-    "tiresias": _authors(TiresiasDecider), "optimus": _authors(OptimusOracleDecider), "pollux": _authors(PolluxDecider),
-    "sjf": _registered("sjf", False), "aryl-noloan": _registered("aryl-noloan", True)}
-GOODPUT_POLICIES = tuple(DECIDERS)
-PARAMETERISED = ("sjf", "aryl-noloan")  # the goodput job model's policies that read PolicyParams (--param)
+class PlanRefused(AssertionError):
+    """The rules refused part of a plan of the goodput job model: nothing changes between a snapshot and
+    its plan here, so a sound policy's plan applies in full; a refusal is a defect (of the policy, or of
+    ``goodput_policies.plan_for_allocations``), and the run stops rather than diverge from its decisions."""
 
 
 @dataclass(frozen=True)
@@ -430,36 +93,32 @@ def run_workload(workload: list[WorkloadJob], data_dir: str | Path, policy: str,
                  params: PolicyParams | None = None) -> GoodputRunResult:
     """Simulate ``workload`` under ``policy`` (``GOODPUT_POLICIES``) until every job completed, or only the
     intervals up to ``until_s`` of simulated time (a bounded run: the jobs completed by then). ``params``:
-    the policy's parameters (``PARAMETERISED`` policies only: the others read none, and say so)."""
-    if policy not in GOODPUT_POLICIES:
-        raise ValueError(f"the goodput job model runs {', '.join(GOODPUT_POLICIES)}, not {policy!r}")
-    if params is not None and policy not in PARAMETERISED:
-        raise ValueError(f"{policy} in the goodput job model runs the authors' rules and reads no policy "
-                         f"parameters (--param applies to {', '.join(PARAMETERISED)} there)")
+    the policy's parameters (``parameterised()`` policies only: the others read none, and say so:
+    ``UnreadParams``). ``PlanRefused`` if the rules refuse any action of a plan."""
     started = time.perf_counter()
-    decider = DECIDERS[policy](nodes, gpus_per_node, params)
-    adaptive = bool(getattr(decider, "adaptive_batch", False))
-    jobs = [SimJob(i, spec, load_application(data_dir, spec.application), adaptive=adaptive)
+    chosen = goodput_policy(policy, params, nodes, gpus_per_node)
+    jobs = [SimJob(i, spec, load_application(data_dir, spec.application), adaptive=chosen.adaptive_batch)
             for i, spec in enumerate(workload)]
-    allocations: dict[int, list[int]] = {}
+    clock = VirtualClock(0.0)
+    cluster = GoodputCluster.of_nodes(jobs, nodes, gpus_per_node, clock, chosen.declaration, restart_s=restart_s)
+    cycle = SchedulingCycle(cluster, chosen.build(jobs), clock)
     now = 0.0
     while any(j.completion_time is None for j in jobs):
         if until_s is not None and now >= until_s:
             break
         if now >= max_time_s:
             raise RuntimeError(f"{policy}: jobs still running at {max_time_s} s of simulated time")
-        for job in jobs:
-            job.advance(now, interval_s)
+        cluster.advance(now, interval_s)
         now += interval_s
-        active = [j for j in jobs if j.spec.submit_time <= now and j.completion_time is None]
-        if not active:
+        clock.advance_to(now)
+        if not cluster.arrive():
             continue
-        previous = {j.index: allocations[j.index] for j in active if j.index in allocations}
-        decided = decider.decide(active, previous, now)
-        for job in active:
-            if decided.get(job.index) != previous.get(job.index):
-                job.reallocate(_placement_of(decided.get(job.index, [])), restart_s)
-        allocations = decided
+        while True:
+            result = cycle.run_once().result
+            if result.rejected:
+                raise PlanRefused(f"{policy} at t={now}: the rules refused {list(result.rejected[:5])}")
+            if not chosen.follow_up_due(now):
+                break
     return GoodputRunResult(
         policy=policy,
         jcts={j.spec.name: j.completion_time - j.spec.submit_time for j in jobs if j.completion_time is not None},

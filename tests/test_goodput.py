@@ -46,8 +46,9 @@ from scheduler_service.policies.tiresias import (
 )
 from simulator.cli import main as cli_main
 from simulator.engine import simulate
+from simulator.goodput_jobs import placement_of
 from simulator.goodput_profiles import load_application, normalise_placement
-from simulator.goodput_sim import SimJob, WorkloadJob, _placement_of, load_workload, run_workload
+from simulator.goodput_sim import SimJob, WorkloadJob, load_workload, run_workload
 from simulator.model import ClusterSpec
 from tests.harness import NOW, linear_job, pending_job, running_job, snapshot_of, training_server
 
@@ -287,7 +288,7 @@ def traces_dir() -> Path:
 def test_placements_are_normalised_to_their_smallest_rotation() -> None:
     assert normalise_placement((4, 2, 0, 4)) == (2, 4, 4)
     assert normalise_placement((1, 3)) == (1, 3) and normalise_placement((3, 1)) == (1, 3)
-    assert _placement_of([5, 5, 2, 2, 2, 7]) == (2, 3, 1)
+    assert placement_of([5, 5, 2, 2, 2, 7]) == (2, 3, 1)
 
 
 def test_a_profile_reads_the_measured_step_times_and_limits() -> None:
