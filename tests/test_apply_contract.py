@@ -1,6 +1,8 @@
 """The appliers' contract: the service's SQL applier and the simulator's cluster apply the same plans
 to the same cluster with the same results -- what each commits, what it refuses and why (message and
-``RefusalCode``) -- and leave the same state behind.
+``RefusalCode``) -- and leave the same state behind. So does the goodput job model's cluster
+(``simulator.goodput_cluster``), which applies through the simulator's and moves its jobs' physics to
+where the applied plans put them.
 
 Both call the rules in ``scheduler_service.core.apply_rules``; this test holds them to it. One script
 of plans, from one initial cluster built on both sides (the service: servers registered and jobs
@@ -17,8 +19,9 @@ states, workers, pending reasons, times). Times are compared from the clocks' co
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -38,13 +41,15 @@ from scheduler_service.core.plan import (
     StartJob,
     WorkerPlacement,
 )
-from scheduler_service.core.snapshot import AdminState, ClusterSnapshot
+from scheduler_service.core.snapshot import AdminState, ClusterSnapshot, JobView, WorkerView
 from scheduler_service.lifecycle import Pool, ServerState
 from scheduler_service.policies import create_policy
 from scheduler_service.records import GpuReport, GpuSample, JobSubmission, ServerRegistration, StatusReport
 from scheduler_service.store.db import create_engine_for, session_factory
 from simulator.clock import VirtualClock
 from simulator.cluster import SimulatedCluster
+from simulator.goodput_cluster import GoodputCluster
+from simulator.goodput_jobs import placement_of
 from simulator.model import ClusterSpec, TraceJob
 from tests.harness import T0, ManualClock, linear_job, scale, start, step
 
@@ -163,6 +168,65 @@ class SimulatorSide:
 
     def fail_server(self, server_id: str) -> None:
         self.cluster.fail_server(server_id)
+
+
+class PlacedJob:
+    """A stand-in for a goodput job (``simulator.goodput_jobs.SimJob``) of the script: its shape, and where
+    the job model last (re)allocated it (``reallocations``: how often)."""
+
+    def __init__(self, job: TraceJob) -> None:
+        self.index = job.job_id
+        self.spec = SimpleNamespace(name=job.name, submit_time=job.submit_time)
+        self.app = SimpleNamespace(name="contract")
+        self.completion_time: float | None = None
+        self.shape = (job.gpus_per_worker, job.min_workers, job.max_workers)
+        self.placement: tuple[int, ...] = ()
+        self.reallocations = 0
+
+    def reallocate(self, placement: tuple[int, ...], restart_s: float) -> None:
+        self.placement = placement
+        self.reallocations += 1
+
+
+SERVER_IDS = sorted([f"t{k:04d}" for k in range(SPEC.training_servers)] +
+                    [f"i{k:04d}" for k in range(SPEC.inference_servers)])
+
+
+class AsSubmitted:
+    """The goodput cluster's ``JobDeclaration`` for the script's jobs: their shapes, shown as the cluster
+    holds them; an allocation is the index (in ``SERVER_IDS``) of each GPU's server, by rank."""
+
+    def shape(self, job: PlacedJob) -> tuple[int, int, int]:
+        return job.shape
+
+    def view(self, job: PlacedJob, shown: JobView, now: float) -> JobView:
+        return shown
+
+    def allocation(self, workers: Sequence[WorkerView]) -> list[int]:
+        return [SERVER_IDS.index(w.server_id) for w in sorted(workers, key=lambda w: w.rank) for _ in w.gpu_indices]
+
+
+class GoodputSide(SimulatorSide):
+    """The goodput job model's cluster around a simulated cluster of ``SPEC`` with the same jobs."""
+
+    def __init__(self) -> None:  # the outside world's events reach its simulated cluster as SimulatorSide's
+        self.clock = VirtualClock(T0)
+        self.cluster = SimulatedCluster(SPEC, self.clock, reclaim_deadline_s=RECLAIM_DEADLINE_S)
+        self.jobs = [PlacedJob(job) for job in trace_jobs()]
+        self.goodput = GoodputCluster(self.jobs, self.cluster, AsSubmitted(), restart_s=30.0)  # type: ignore[arg-type]
+        assert self.goodput.arrive() == len(JOBS)
+
+    def apply(self, plan: Plan) -> ApplyResult:
+        return self.goodput.apply(plan)
+
+    def snapshot(self) -> ClusterSnapshot:
+        return self.goodput.snapshot()
+
+    def runs_where_placed(self, snapshot: ClusterSnapshot) -> None:
+        """Every job's physics run where the applied plans placed it (none for a pending job)."""
+        for view in snapshot.jobs:
+            job = self.jobs[view.job_id - 1]
+            assert job.placement == placement_of(AsSubmitted().allocation(view.workers)), view.job_id
 
 
 Side = ServiceSide | SimulatorSide
@@ -342,37 +406,45 @@ SCRIPT = (
 
 
 @pytest.fixture
-def sides(database_url: str) -> Iterator[tuple[ServiceSide, SimulatorSide]]:
-    service, simulator = ServiceSide(database_url), SimulatorSide()
+def sides(database_url: str) -> Iterator[tuple[ServiceSide, SimulatorSide, GoodputSide]]:
+    service, simulator, goodput = ServiceSide(database_url), SimulatorSide(), GoodputSide()
     try:
-        yield service, simulator
+        yield service, simulator, goodput
     finally:
         service.close()
 
 
 def test_both_appliers_commit_and_refuse_the_same_actions_and_leave_the_same_state(
-    sides: tuple[ServiceSide, SimulatorSide],
+    sides: tuple[ServiceSide, SimulatorSide, GoodputSide],
 ) -> None:
-    service, simulator = sides
-    assert state_of(service.snapshot()) == state_of(simulator.snapshot())
+    service, simulator, goodput = sides
+    assert state_of(service.snapshot()) == state_of(simulator.snapshot()) == state_of(goodput.snapshot())
     every_code: set[RefusalCode] = set()
     for s in SCRIPT:
-        for side in (service, simulator):
+        for side in (service, simulator, goodput):
             side.advance(STEP_S)
             for event in s.events:
                 event(side)
         before = simulator.snapshot()
         assert state_of(service.snapshot()) == state_of(before), s.name
+        assert state_of(goodput.snapshot()) == state_of(before), s.name
         plan = s.plan if isinstance(s.plan, Plan) else s.plan(before)
         by_simulator = simulator.apply(plan)
         by_service = service.apply(plan)
+        reallocations = [job.reallocations for job in goodput.jobs]
+        by_goodput = goodput.apply(plan)
 
         assert by_service == by_simulator, s.name
+        assert by_goodput == by_simulator, s.name
+        goodput.runs_where_placed(goodput.snapshot())
+        moved = {job.index for job, n in zip(goodput.jobs, reallocations, strict=True) if job.reallocations > n}
+        assert moved <= {*by_goodput.started, *by_goodput.scaled, *by_goodput.preempted}, s.name
         assert tuple(zip((i for i, _ in by_simulator.rejected), by_simulator.rejected_codes, strict=True)) \
             == s.refused, s.name
         assert all(why.startswith("STALE_PLAN: ") for _, why in by_simulator.rejected), s.name
         after = simulator.snapshot()
         assert state_of(service.snapshot()) == state_of(after), s.name
+        assert state_of(goodput.snapshot()) == state_of(after), s.name
         if s.check is not None:
             s.check(by_simulator, after)
         every_code.update(code for _, code in s.refused)
