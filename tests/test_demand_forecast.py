@@ -173,3 +173,26 @@ def test_a_larger_budget_takes_a_lower_quantile_of_the_rises():
 def test_the_budget_must_be_a_share():
     with pytest.raises(ValueError, match="inference_short_budget must be below 1"):
         PolicyParams(inference_short_budget=1.0)
+
+
+def test_reclaimed_shares_count_the_loaned_servers_each_anchor_rise_takes_back():
+    # 12 one-minute bins, need 3 but 4 at bin 4 and 6 at bin 7; now in bin 11, level 3. Anchors (the last hour,
+    # whole window in the past) for a 2-minute window: bins 0..8. Each one's rise over its next 2 bins, applied
+    # to the level (3 + 3 x rise), with 3 serving and 2 loaned, takes back: bins 0, 1: 0 (max 3); 2: 4 -> 1;
+    # 3: 4 -> 1; 4: (3 - 4) / 4 -> 2.25 -> 0; 5: 6 -> 2 (all loaned); 6: 6 -> 2; 7: 1.5 -> 0; 8: 0.
+    # Mean 6 / 9 servers: a share of 1/3 of the 2 loaned.
+    forecaster = DemandForecaster(ForecastSettings(min_anchors=4))
+    for b in range(12):
+        forecaster.observe(b * 60.0, {4: 4, 7: 6}.get(b, 3))
+    view = forecaster.view(11 * 60.0 + 30)
+    assert view is not None and view.level == 3
+    assert view.reclaimed_shares([120.0], serving=3, loaned=2) == pytest.approx((1 / 3,))
+    assert view.reclaimed_shares([120.0], serving=3, loaned=0) == (0.0,)
+    # Fewer anchors than min_anchors: the rising trend carried ahead, one sample. Flat at 3: nothing back;
+    # rising 0.01 server a minute (3.11 now): 3.13 within 2 minutes (4 needed: one back), 3.71 within an hour.
+    for slope, shares in ((0.0, (0.0, 0.0)), (0.01, (0.5, 0.5))):
+        sparse = DemandForecaster(ForecastSettings(min_anchors=20))
+        for b in range(12):
+            sparse.observe(b * 60.0, 3 + slope * b)
+        view = sparse.view(11 * 60.0 + 30)
+        assert view is not None and view.reclaimed_shares([120.0, 3600.0], serving=3, loaned=2) == shares

@@ -22,6 +22,7 @@ def test_the_text_reports_the_cost_and_the_reclaim_ratio_per_seed():
     seeds = [0, 1]
     runs = {"aryl-reactive": [summary(3600.0, 0.01, 0.5), summary(7200.0, 0.02, 0.5)],
             "aryl": [summary(3672.0, 0.0005, 0.25), summary(7488.0, 0.0007, 0.1)],
+            "aryl-risk": [summary(3635.28, 0.0005, 0.25), summary(7488.0, 0.0007, 0.1)],
             "aryl-naivereclaim": [summary(3700.0, 0.0005, 0.5), summary(7500.0, 0.0007, 0.5)]}
     per = {p: aggregate(runs[p], seeds) for p in POLICIES}
     per["coverage"] = {"miss_share": 0.001, "band_height_servers": 2.5, "mean_need_servers": 10.0,
@@ -31,6 +32,8 @@ def test_the_text_reports_the_cost_and_the_reclaim_ratio_per_seed():
     # JCT cost per seed: +2% and +4%: mean +3.0% (+2.0%-+4.0%); naive / greedy preemptions per reclaim: 2x and 5x.
     assert "at +3.0% (+2.0%-+4.0%) average JCT against `aryl-reactive`" in text
     assert "makes 3.50x (2.00x-5.00x) the preemptions per reclaimed server" in text
+    # aryl-risk against aryl per seed: -1% and 0% average JCT; the same GPU-hours lost.
+    assert "`aryl-risk` against `aryl`: average JCT -0.5% (-1.0%-+0.0%), GPU-hours lost +0.0%." in text
     assert "`aryl` leaves 0.06% (0.05%-0.07%) of requests short (`aryl-reactive`: 1.50% (1.00%-2.00%))" in text
     assert "rose above the band at 0.10% of minutes; the band stood 2.5 servers above the need" in text
     assert "| servegen | `aryl` | 0.06% (0.05%-0.07%) |" in text

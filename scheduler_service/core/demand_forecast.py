@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -51,6 +52,28 @@ def _nearest_rank(values: list[float] | np.ndarray, q: float) -> float:
     ordered = np.sort(np.asarray(values, dtype=float))
     rank = max(1, math.ceil(q * len(ordered)))
     return float(ordered[min(rank, len(ordered)) - 1])
+
+
+def _max_table(values: np.ndarray, longest: int) -> list[np.ndarray]:
+    """A sparse table of ``values``: level ``j`` holds the max of each run of ``2**j`` values from each index
+    (shorter at the end), for every ``2**j <= longest``; ``_window_max`` reads any window from two entries."""
+    table = [values]
+    width = 1
+    while 2 * width <= longest:
+        prev = table[-1]
+        nxt = prev.copy()
+        nxt[:len(prev) - width] = np.maximum(prev[:len(prev) - width], prev[width:])
+        table.append(nxt)
+        width *= 2
+    return table
+
+
+def _window_max(table: list[np.ndarray], starts: np.ndarray, k: int) -> np.ndarray:
+    """``max(values[a .. a + k - 1])`` for each start ``a`` (the windows lie within the values)."""
+    j = k.bit_length() - 1
+    level = table[j]
+    out: np.ndarray = np.maximum(level[starts], level[starts + k - (1 << j)])
+    return out
 
 
 @dataclass(frozen=True)
@@ -111,14 +134,9 @@ class ForecastView:
         s = self.settings
         k = max(1, math.ceil(horizon_s / s.bin_s - 1e-9))
         now_bin = self.first_bin + len(self.history) - 1
-        per_day = round(DAY_S / s.bin_s)
-        window = max(1, round(s.season_window_s / s.bin_s))
         # Anchors: around now's time of day on past days, and the recent past; each with its whole horizon
         # before the current bin (a partly observed bin is no outcome yet).
-        starts = [now_bin - window]
-        starts += [now_bin - d * per_day - window for d in range(1, len(self.history) // per_day + 2)]
-        anchors = np.unique(np.concatenate([np.arange(a, a + 2 * window + 1) for a in starts]))
-        anchors = anchors[(anchors >= self.first_bin) & (anchors + k <= now_bin - 1)]
+        anchors = self._anchors(now_bin, k)
         rises = np.empty(0)
         if len(anchors) >= s.min_anchors:
             rel = anchors - self.first_bin
@@ -130,6 +148,46 @@ class ForecastView:
         upper = max(by_trend, self.level + scale * _nearest_rank(rises, quantile) if len(rises) else self.level)
         point = self.level + scale * max(0.0, float(np.median(rises))) if len(rises) else by_trend
         return Forecast(self.level, point, upper, horizon_s, quantile, len(rises), trend * 3600.0)
+
+    def reclaimed_shares(self, windows_s: Sequence[float], serving: int, loaned: int) -> tuple[float, ...]:
+        """For each window ``W``: the expected share of the ``loaned`` servers that inference takes back within
+        ``W``, with ``serving`` servers serving now (the risk-valued loans of ``policies.aryl``). A sample per
+        anchor (the band's anchors, module doc): the need goes to ``level + max(level, 1) x`` the anchor's rise
+        over ``W``, and the servers it needs beyond ``serving`` come back, at most ``loaned``. The mean over
+        the anchors (with fewer than ``min_anchors``: the rising trend carried ``W`` ahead, one sample).
+        Windows are in seconds from now; a reclaim that must start a lead ahead of the need is the caller's to
+        add to ``W``."""
+        if loaned <= 0:
+            return tuple(0.0 for _ in windows_s)
+        s = self.settings
+        ks = [max(1, math.ceil(w / s.bin_s - 1e-9)) for w in windows_s]
+        now_bin = self.first_bin + len(self.history) - 1
+        anchors = self._anchors(now_bin, max(ks))
+        if len(anchors) < s.min_anchors:
+            trend = max(0.0, self._trend_per_s())
+            return tuple(min(loaned, max(0, math.ceil(self.level + trend * w - 1e-9) - serving)) / loaned
+                         for w in windows_s)
+        rel = anchors - self.first_bin
+        base = self.history[rel]
+        scale = max(self.level, 1.0)
+        table = _max_table(self.history, max(ks))
+        out = []
+        for k in ks:
+            ahead = _window_max(table, rel + 1, k)  # max(need[a+1 .. a+k]) for each anchor
+            need = self.level + scale * (ahead - base) / np.maximum(base, 1.0)
+            taken = np.clip(np.ceil(need - 1e-9) - serving, 0, loaned)
+            out.append(float(taken.mean()) / loaned)
+        return tuple(out)
+
+    def _anchors(self, now_bin: int, k: int) -> np.ndarray:
+        """The band's anchors (module doc) whose whole horizon of ``k`` bins is in the past."""
+        s = self.settings
+        per_day = round(DAY_S / s.bin_s)
+        window = max(1, round(s.season_window_s / s.bin_s))
+        starts = [now_bin - window]
+        starts += [now_bin - d * per_day - window for d in range(1, len(self.history) // per_day + 2)]
+        anchors = np.unique(np.concatenate([np.arange(a, a + 2 * window + 1) for a in starts]))
+        return anchors[(anchors >= self.first_bin) & (anchors + k <= now_bin - 1)]
 
     def _trend_per_s(self) -> float:
         s = self.settings

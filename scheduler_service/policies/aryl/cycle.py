@@ -8,6 +8,7 @@ Pure: no I/O, no wall clock (``now`` is the snapshot's).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -73,6 +74,31 @@ class _Job:
         self.message = message + (f"; {self.override}" if self.override else "")
 
 
+@dataclass(frozen=True, slots=True)
+class LoanRisk:
+    """How likely a worker on a loaned server is to lose it, by how long it must keep it (the risk-valued loans:
+    ``loans.loan_risk`` builds it, ``sizing.completion_rates`` reads it). ``windows_s``: ascending horizons from
+    now; ``shares``: the expected share of the loaned servers inference takes back within each
+    (``core.demand_forecast.ForecastView.reclaimed_shares``, the reclaim lead included). Between them the chance
+    grows linearly from 0 at no time; beyond the last window it stays at its share (the forecast reaches no
+    further)."""
+
+    windows_s: tuple[float, ...]
+    shares: tuple[float, ...]
+
+    def lost_within(self, seconds: float, scale: float = 1.0) -> tuple[float, float]:
+        """``(F, I)`` at ``seconds``: ``F`` the chance that a loaned server has gone back by then, ``I`` the
+        integral of that chance from now to then (seconds), both times ``scale``."""
+        xs, ys = (0.0, *self.windows_s), (0.0, *self.shares)
+        area = 0.0
+        for (x0, y0), (x1, y1) in itertools.pairwise(zip(xs, ys, strict=True)):
+            if seconds <= x1:
+                y = y0 + (y1 - y0) * (seconds - x0) / (x1 - x0)
+                return scale * y, scale * (area + (y0 + y) * (seconds - x0) / 2)
+            area += (y0 + y1) * (x1 - x0) / 2
+        return scale * ys[-1], scale * (area + ys[-1] * (seconds - xs[-1]))
+
+
 @dataclass(slots=True)
 class _Cycle:
     """Scratch state of one scheduling cycle, computed once and changed step by step."""
@@ -126,6 +152,9 @@ class _Cycle:
     # Jobs a reclaim left below min_workers, to be restarted elsewhere before anything else is placed
     # (``base.relocate_displaced``), each with its preemption should that fail; in the reclaim's order.
     displaced: list[tuple[_Job, PreemptJob]] = field(default_factory=list)
+    # The risk-valued loans (``loans.loan_risk``; None: extra workers on loaned servers are valued as if the
+    # servers stayed -- no forecast, nothing loaned, or a variant without it).
+    loan_risk: LoanRisk | None = None
 
     def estimate(self, job: JobView) -> JobEstimate:
         """The job's remaining work and speed curve at ``now``; computed once per cycle, and only for

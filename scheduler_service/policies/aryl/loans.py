@@ -21,7 +21,7 @@ from scheduler_service.core.protection import Mechanism, overridden, protection,
 from scheduler_service.core.registry import ReclaimDecision
 from scheduler_service.core.snapshot import ClusterSnapshot, DemandView, ServerView
 from scheduler_service.lifecycle import Pool, ServerState
-from scheduler_service.policies.aryl.cycle import _Cycle, _Job, _work_lost, goodput_estimate
+from scheduler_service.policies.aryl.cycle import LoanRisk, _Cycle, _Job, _work_lost, goodput_estimate
 from scheduler_service.solvers.reclaim import ReclaimInstance, reclaim_greedy, reclaim_most_recent_first
 
 _TRAINING_OR_DRAINING = (ServerState.TRAINING, ServerState.LOANED, ServerState.DRAINING)
@@ -157,6 +157,32 @@ def demand_outlook(demand: DemandView, inference_servers: int, params: PolicyPar
     keep_text = (f"{needed} server(s) now and up to {keep} within {later.horizon_s:.0f}s by its forecast"
                  if keep > needed else f"{needed} server(s)")
     return DemandOutlook(needed, reclaim_to, keep, why, keep_text)
+
+
+# The horizons the risk-valued loans are worked out for (``loan_risk``): from 10 minutes to a day; a job with
+# longer left is valued at the day's risk.
+RISK_WINDOWS_S = (600.0, 1800.0, 3600.0, 3 * 3600.0, 6 * 3600.0, 12 * 3600.0, 24 * 3600.0)
+
+
+def loan_risk(cycle: _Cycle) -> LoanRisk | None:
+    """The risk-valued loans (after step 0's loans and reclaims): how likely a loaned server is to go back to
+    inference within each of ``RISK_WINDOWS_S``, from the demand forecast: the expected share of the loaned
+    servers that the need's rises, as the forecast saw them from its anchors, take back within the window
+    plus the reclaim lead (a reclaim starts that far ahead of the need). None without a forecast or a loaned
+    server. The sizing values an extra worker by it (``sizing.completion_rates``): the "liveput" of spot-instance
+    training, applied to loaned servers."""
+    demand = cycle.snapshot.demand
+    view = demand.forecast if demand is not None else None
+    if view is None:
+        return None
+    states = [state for sid, state in cycle.server_state.items() if cycle.servers[sid].pool == Pool.INFERENCE]
+    loaned = sum(state in (ServerState.LOANED, ServerState.DRAINING) for state in states)
+    if not loaned:
+        return None
+    serving = sum(state in (ServerState.SERVING, ServerState.RECLAIMING) for state in states)
+    lead = view.lead_s(cycle.params.reclaim_deadline_s)
+    shares = view.reclaimed_shares([w + lead for w in RISK_WINDOWS_S], serving, loaned)
+    return LoanRisk(RISK_WINDOWS_S, shares)
 
 
 def _reclaim(cycle: _Cycle, loaned: list[ServerView], count: int, *, why: str, naive: bool,

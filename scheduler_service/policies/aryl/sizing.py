@@ -12,7 +12,7 @@ which queued jobs step 1 admits. Pure: no I/O, no wall clock; deterministic for 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -24,6 +24,7 @@ from scheduler_service.core.protection import ProtectionRule
 from scheduler_service.core.quota import DEFAULT_QUEUE, QuotaLedger
 from scheduler_service.core.snapshot import JobView
 from scheduler_service.core.throughput import JobEstimate
+from scheduler_service.lifecycle import ServerState
 from scheduler_service.policies.aryl.cycle import _Cycle, _Job, _ledger, _placed, _Worker
 from scheduler_service.solvers.knapsack import MAX_OPTIONS as _MAX_OPTIONS
 from scheduler_service.solvers.knapsack import solve_knapsack
@@ -41,20 +42,45 @@ _TIER_BONUS = 1e9
 _CANDIDATE_SPAN = 2
 
 
-def completion_rates(est: JobEstimate, low: int, count: int, current: int, restart_s: float) -> list[float]:
+def completion_rates(est: JobEstimate, low: int, count: int, current: int, restart_s: float,
+                     risk: Callable[[float], tuple[float, float]] | None = None) -> list[float]:
     """The joint sizing's value of a job at ``low .. low + count`` workers: the rate at which it completes
     what is left, ``1 / (remaining time there + restart_s if that is not its current size)``. The sum over
     jobs is the rate at which the cluster completes jobs; maximising it runs short jobs first and gives a
     job another worker only while that speeds it up more than the same GPUs would elsewhere (elastic jobs
     scale sub-linearly, so that makes efficient sizes). ``current``: its size now (0 for a queued job, which
-    pays the restart of its start at any size; -1: no size pays one, a job started this cycle)."""
+    pays the restart of its start at any size; -1: no size pays one, a job started this cycle).
+
+    ``risk`` (the risk-valued loans; None: every worker keeps its server): for a time ``t``, ``(F(t), I(t))``,
+    the chance that the workers beyond ``low`` have lost their server to inference by ``t`` and its integral
+    from now (``_extra_risk``). A size above ``low`` is then valued by its expected remaining time: ``L`` (its
+    time there) if the server stays; if it goes back at ``T < L``, ``T``, a restart, and what is left at
+    ``low``, ``A (1 - T / L)``. Over ``T``'s distribution that is ``L + restart F(L) + (A / L - 1) I(L)``."""
     work, out = est.remaining_work, []
-    for n, speed in enumerate(est.model.speeds(low, count + 1), start=low):
+    speeds = est.model.speeds(low, count + 1)
+    at_low = work / speeds[0] if speeds[0] > 0 else math.inf
+    for n, speed in enumerate(speeds, start=low):
         left = work / speed if speed > 0 else math.inf
+        if risk is not None and n > low and math.isfinite(at_low) and left > 0:
+            lost, area = risk(left)
+            left += restart_s * lost + (at_low / left - 1.0) * area
         if current >= 0 and n != current:
             left += restart_s
         out.append(1.0 / max(left, 1e-3) if math.isfinite(left) else 0.0)
     return out
+
+
+def _extra_risk(cycle: _Cycle, loaned_gpus: int, capacity: int) -> Callable[[float], tuple[float, float]] | None:
+    """The risk of one knapsack's extra workers (``completion_rates``): the chance a loaned server goes back
+    within a time (``cycle.loan_risk``) times the share of the GPUs the knapsack shares out that are on loaned
+    servers (``loaned_gpus`` of ``capacity``) -- where a given extra worker lands is placement's to say
+    (extras prefer loaned servers, base workers training ones), so the knapsack values every extra at that
+    share. None when nothing loaned is shared out or the policy does not value the risk."""
+    risk = cycle.loan_risk
+    if risk is None or loaned_gpus <= 0 or capacity <= 0:
+        return None
+    share = min(1.0, loaned_gpus / capacity)
+    return lambda seconds: risk.lost_within(seconds, share)
 
 
 def response_ratio(job: JobView, est: JobEstimate, now: float, restart_s: float) -> float:
@@ -66,12 +92,14 @@ def response_ratio(job: JobView, est: JobEstimate, now: float, restart_s: float)
     return 1.0 + max(now - job.submitted_at, 0.0) / run
 
 
-def extra_gains(cycle: _Cycle, job: _Job, count: int, current: int) -> list[float]:
+def extra_gains(cycle: _Cycle, job: _Job, count: int, current: int,
+                risk: Callable[[float], tuple[float, float]] | None = None) -> list[float]:
     """What 1 .. ``count`` extra workers add to a running job's completion rate (``completion_rates`` from
-    ``current`` workers), plus a deadline they save (``_deadline_bonus``, as a rate): its knapsack values,
-    in the joint sizing and in step 3 alike."""
+    ``current`` workers, at the knapsack's ``risk``), plus a deadline they save (``_deadline_bonus``, as a
+    rate): its knapsack values, in the joint sizing and in step 3 alike."""
     view = job.view
-    rates = completion_rates(cycle.estimate(view), view.min_workers, count, current, cycle.params.restart_cost_s)
+    rates = completion_rates(cycle.estimate(view), view.min_workers, count, current, cycle.params.restart_cost_s,
+                             risk)
     saved = _rate_bonus(_deadline_bonus(cycle, job, count), rates)
     return [r - rates[0] + b for r, b in zip(rates[1:], saved, strict=True)]
 
@@ -106,6 +134,10 @@ def joint_sizing(cycle: _Cycle, *, shrink: bool = True) -> None:
     capacity = cycle.capacity.total - cycle.capacity.free_on(cycle.reserved | cordoned) + sum(
         j.view.gpus_per_worker for j in open_jobs for w in j.workers[j.view.min_workers:]
         if w.server_id not in cordoned)
+    loaned = _loaned_servers(cycle) - cycle.reserved - cordoned
+    risk = _extra_risk(cycle, cycle.capacity.free_on(loaned) + sum(
+        j.view.gpus_per_worker for j in open_jobs for w in j.workers[j.view.min_workers:] if w.server_id in loaned),
+        capacity)
     pending = snap.pending_jobs()
     cycle.admitted = set()
     if not pending or capacity <= 0:
@@ -160,12 +192,12 @@ def joint_sizing(cycle: _Cycle, *, shrink: bool = True) -> None:
         aged = response_ratio(job, est, now, restart)
         bonus = _TIER_BONUS * tiers[tier(job)]
         groups.append(([n * job.gpus_per_worker for n in range(job.min_workers, job.min_workers + count + 1)],
-                       [bonus + r * aged for r in completion_rates(est, job.min_workers, count, 0, restart)]))
+                       [bonus + r * aged for r in completion_rates(est, job.min_workers, count, 0, restart, risk)]))
     for other in open_jobs:
         view = other.view
         count = min(view.max_workers - view.min_workers, p.max_extra_options)
         bonus = _TIER_BONUS * tiers[tier(view)]  # for an option that speeds it up at all
-        gains = extra_gains(cycle, other, count, len(other.workers))
+        gains = extra_gains(cycle, other, count, len(other.workers), risk)
         groups.append(([k * view.gpus_per_worker for k in range(1, count + 1)],
                        [g + bonus if g > 0 else g for g in gains]))
     width = max(len(w) for w, _ in groups)
@@ -180,6 +212,11 @@ def joint_sizing(cycle: _Cycle, *, shrink: bool = True) -> None:
             cycle.deferred[job.job_id] = (
                 f"the joint sizing found that the {capacity} GPUs it shares out (free, and running jobs' "
                 f"elastic extras) cut the estimated average completion time more on other jobs")
+
+
+def _loaned_servers(cycle: _Cycle) -> set[str]:
+    """The servers on loan to training as the cycle stands (after step 0's loans and reclaims)."""
+    return {sid for sid, state in cycle.server_state.items() if state == ServerState.LOANED}
 
 
 def _deadline_bonus(cycle: _Cycle, job: _Job, count: int) -> list[float] | None:
@@ -251,6 +288,8 @@ def elastic_extras(cycle: _Cycle, *, joint: bool) -> None:
     total = free_cap.total + sum(len(free) for free in released.values()) - free_cap.free_on(released)
     reserved = sum(len(released[sid]) if sid in released else len(free_cap.free(sid)) for sid in cycle.reserved)
     capacity = total - reserved
+    risk = _extra_risk(cycle, sum(len(released[sid]) if sid in released else len(free_cap.free(sid))
+                                  for sid in _loaned_servers(cycle) - cycle.reserved), capacity)
     counts = [min(j.view.max_workers - j.view.min_workers, p.max_extra_options) for j in jobs]
     k_max = max(counts)
     # Option k of job g: k more workers. gains[g][k - 1]: the JCT reduction it buys.
@@ -271,7 +310,7 @@ def elastic_extras(cycle: _Cycle, *, joint: bool) -> None:
         weights.append(row)
         bonus = _deadline_bonus(cycle, job, count)  # a worker that saves a deadline is worth more
         if joint:  # the joint sizing's completion rates (a job started this cycle: no resize)
-            value = extra_gains(cycle, job, count, -1 if job.view.job_id in started else len(job.workers))
+            value = extra_gains(cycle, job, count, -1 if job.view.job_id in started else len(job.workers), risk)
         else:
             value = [g + shift if k == current else g + shift - restart for k, g in enumerate(gain, 1)]
             if bonus is not None:
