@@ -2,7 +2,7 @@
 #
 #   docker build --target scheduler -t aryl-scheduler .   aryl-scheduler (+ numba for the solvers)
 #   docker build --target agent     -t aryl-agent .       aryl-agent, arylctl, examples/; base of job images
-#   docker build --target router    -t aryl-router .      aryl-router
+#   docker build --target router    -t aryl-router .      aryl-router and HAProxy, its data plane
 #
 # Every target runs its program under tini (PID 1: forwards signals, reaps orphaned processes) and
 # has a HEALTHCHECK (deploy/healthcheck.py). The base image is a build argument: the default is the
@@ -75,7 +75,9 @@ RUN --mount=type=bind,from=wheel,source=/wheels,target=/wheels \
     pip install --no-deps --force-reinstall /wheels/aryl-*.whl
 
 # ---- the roles ------------------------------------------------------------------------------------
+# The router programs HAProxy (Debian's package), its data plane, which it starts as its own child process.
 FROM core AS router
+RUN apt-get update && apt-get install -y --no-install-recommends haproxy && rm -rf /var/lib/apt/lists/*
 USER aryl
 EXPOSE 8080
 HEALTHCHECK --interval=10s --timeout=5s --start-period=10s --retries=3 CMD ["aryl-healthcheck", "router"]

@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-under-load lint bench protos evaluation clean chaos soak soak-ci compose-test
+.PHONY: demo test test-under-load lint bench protos evaluation clean chaos soak soak-ci compose-test haproxy wrk
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -13,7 +13,25 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
 
-demo: $(STAMP)
+# HAProxy, the inference router's data plane (Debian's package; docs/operations.md): installed with apt-get where it
+# is missing (on PATH or in /usr/sbin), through sudo when not root. Elsewhere install it yourself, or run the router
+# with router.data_plane = python.
+haproxy:
+	@if ! command -v haproxy >/dev/null 2>&1 && ! test -x /usr/sbin/haproxy; then \
+		echo "haproxy: not found; installing the Debian package (apt-get install -y haproxy)"; \
+		if [ "$$(id -u)" = 0 ]; then sudo=; else sudo=sudo; fi; \
+		$$sudo apt-get update -q && $$sudo apt-get install -y -q haproxy; \
+	fi
+
+# wrk (Debian's package), the load generator of the router_throughput benchmark; the same way.
+wrk:
+	@if ! command -v wrk >/dev/null 2>&1; then \
+		echo "wrk: not found; installing the Debian package (apt-get install -y wrk)"; \
+		if [ "$$(id -u)" = 0 ]; then sudo=; else sudo=sudo; fi; \
+		$$sudo apt-get update -q && $$sudo apt-get install -y -q wrk; \
+	fi
+
+demo: $(STAMP) haproxy
 	$(BIN)/aryl-demo
 
 # Lint, then types, then the tests; the first that fails stops the target (and CI, which runs `make test`).
@@ -23,7 +41,7 @@ demo: $(STAMP)
 # Each test fails after 600 s with every thread's stack (pytest-timeout; pyproject.toml). Waits that tests size for an
 # idle machine are multiplied by ARYL_TEST_TIMEOUT_FACTOR (default 1; tests/helpers.py): raise it on a loaded one.
 PYTEST_WORKERS ?= 2
-test: lint
+test: lint haproxy
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 	$(MAKE) --no-print-directory soak-ci
 
@@ -33,7 +51,7 @@ test: lint
 LOAD_HOGS   ?= $(shell nproc 2>/dev/null || echo 2)
 LOAD_FACTOR ?= 4
 PYTEST_ARGS ?=
-test-under-load: $(STAMP)
+test-under-load: $(STAMP) haproxy
 	@hogs=""; for _ in $$(seq $(LOAD_HOGS)); do nice -n 0 $(BIN)/python -c 'while True: pass' & hogs="$$hogs $$!"; done; \
 	trap 'kill $$hogs 2>/dev/null' EXIT INT TERM; \
 	echo "test-under-load: $(LOAD_HOGS) CPU hogs ($$hogs), ARYL_TEST_TIMEOUT_FACTOR=$(LOAD_FACTOR)"; \
@@ -63,7 +81,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check --quiet .
 	$(BIN)/mypy
 
-bench: $(STAMP)
+bench: $(STAMP) haproxy wrk
 	$(BIN)/python -m benchmarks
 
 # Regenerates docs/evaluation.md from the public traces in ../shared (set SHARED=... elsewhere).

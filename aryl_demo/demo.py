@@ -2,8 +2,9 @@
 
 Started here: the scheduler (Aryl policy, embedded SQLite), node agents for two training servers
 and three inference servers, a tiny inference server behind each inference server's agent, and
-``aryl-router`` in front of them. A synthetic day of inference traffic goes through the router
-(a load generator in this process), and real training programs (``examples/train.py``) run as jobs.
+``aryl-router`` in front of them: HAProxy carries the requests, the router programs it and reads the
+load from it. A synthetic day of inference traffic goes through it (a load generator in this process),
+and real training programs (``examples/train.py``) run as jobs.
 
 The day: at midday traffic is high and every inference server serves; in the evening traffic
 falls, the router's demand drops, idle inference servers are drained (the router stops sending
@@ -439,15 +440,17 @@ def run(workdir: Path, *, insecure: bool = False) -> DemoOutcome:
         wait_until(lambda: len(client.list_servers()) == len(TRAINING) + len(INFERENCE), 60, "all agents")
         line(f"  {len(TRAINING) + len(INFERENCE)} agents registered")
 
-        say(f"Starting aryl-router on http://127.0.0.1:{router_port}: follows the serving pool, {CAPACITY_RPS:g} "
-            "req/s per server, 20% headroom, turns traffic into demand (before it has measured any, it asks "
-            "for the servers serving now)")
+        say(f"Starting aryl-router on http://127.0.0.1:{router_port}: HAProxy carries the requests; the router "
+            f"programs it from the serving pool, reads the load from its statistics ({CAPACITY_RPS:g} req/s per "
+            "server, 20% headroom) and turns it into demand (before it has measured any, it asks for the servers "
+            "serving now)")
         start(stack, "router", [str(BIN / "aryl-router"), "--listen", f"127.0.0.1:{router_port}",
                                 "--scheduler", address, "--capacity-rps", str(CAPACITY_RPS), "--headroom", "0.2",
                                 "--min-servers", "1", "--scale-down-delay", "4", "--interval", "2"], workdir,
               {**env, **metrics_settings(metrics_ports, "router")})
         traffic = Traffic(f"http://127.0.0.1:{router_port}")
         wait_until(lambda: _router_ready(router_port, len(INFERENCE)), 60, "the router to route to 3 servers")
+        line(f"  data plane: {_router_plane(router_port)}")
         wait_until(lambda: client.get_demand().source.startswith("aryl-router"), 30, "the router's first demand")
         say("Prometheus metrics (text format; docker-compose's monitoring profile scrapes them into Grafana):")
         for name, metrics_port in metrics_ports.items():
@@ -604,6 +607,16 @@ def summarize(outcome: DemoOutcome, workdir: Path) -> None:
           f"resizes: {outcome.resnet_progress_before_reclaim:g} steps before the reclaim, "
           f"{outcome.jobs['resnet50'].progress:g} at the end")
     print(f"   demo took {time.monotonic() - CLOCK.start:.0f}s", flush=True)
+
+
+def _router_plane(port: int) -> str:
+    """What carries the requests, from the router's /aryl/stats: e.g. "haproxy (pid 4242), 3 of 64 server slots"."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/aryl/stats", timeout=2) as response:
+        stats = json.load(response)
+    haproxy = stats.get("haproxy")
+    if not haproxy:
+        return str(stats.get("data_plane", "python"))
+    return f"haproxy (pid {haproxy['pid']}), {haproxy['slots_used']} of {haproxy['slots']} server slots programmed"
 
 
 def _router_ready(port: int, servers: int) -> bool:

@@ -248,6 +248,7 @@ class StatSample:
     queued: int             # the pool backend's qcur
     in_flight: int          # the pool backend's scur
     own_errors: int         # 5xx answers HAProxy made itself (502/503/504): backend 5xx - the slots' 5xx
+    retries: int            # wretr + wredis: connections retried, requests sent to another server
     responses: dict[str, int]   # answers by status class ("1xx".."5xx", "other"), from the backend
     avg_ms: dict[str, int]  # queue, connect, response, total: averages over the last 1,024 requests
     slots: dict[str, SlotStats] = field(default_factory=dict)
@@ -278,6 +279,7 @@ def parse_show_stat(text: str, taken_at: float) -> StatSample:
         queued=_int(backend, "qcur"),
         in_flight=_int(backend, "scur"),
         own_errors=max(0, _int(backend, "hrsp_5xx") - sum(s.hrsp_5xx for s in slots.values())),
+        retries=_int(backend, "wretr") + _int(backend, "wredis"),
         responses={c: _int(backend, f"hrsp_{c}") for c in classes},
         avg_ms={k: _int(backend, f"{k[0]}time") for k in ("queue", "connect", "response", "total")},
         slots=slots,
@@ -423,7 +425,8 @@ class HaproxyPlane:
             self._log.error("haproxy exited; restarting it", exit_code=code, restarts=self.restarts)
             await asyncio.sleep(delay)
             try:
-                await self.start()
+                async with self._program_lock:   # no program() half-way over the slots start() empties
+                    await self.start()
             except HaproxyError as exc:
                 self._log.error("haproxy failed to restart; trying again", error=str(exc))
                 delay = min(delay * 2, self.config.reconnect_max_backoff_s)

@@ -29,7 +29,8 @@ relayed answers. HAProxy: the pool backend's request counter, read at each sampl
 average times over its last 1,024 requests.
 
 Router endpoints: ``GET /aryl/stats`` (JSON: backends, rates, latency, demand) and
-``GET /aryl/healthz`` (the router itself is up). The router never decides loans: it reports demand.
+``GET /aryl/healthz`` (the router itself is up: 200 once started, with a static pool routed to; 503
+before). The router never decides loans: it reports demand.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ from inference_router.proxy import Outcome, forward, json_error
 from inference_router.scheduler_link import Refused, Retryable, SchedulerLink
 
 STATS_PATH = "/aryl/stats"
+PROGRAM_TIMEOUT_S = 30.0  # the longest start() waits for HAProxy to take a static pool
 HEALTH_PATH = "/aryl/healthz"
 
 
@@ -126,6 +128,7 @@ class Router:
         self._runner: web.AppRunner | None = None
         self.address: tuple[str, int] | None = None
         self._stopped = False
+        self.started = False
         self._pool_known = asyncio.Event()  # set by the first pool update
         # haproxy: the plane, the pool changes it has yet to get, and the counters' last values read
         self.plane: HaproxyPlane | None = None
@@ -133,8 +136,10 @@ class Router:
         self.queued = 0
         self._pool_dirty = asyncio.Event()
         self._programmed_version = 0
+        self._programmed_once = asyncio.Event()  # haproxy: the first pool is in HAProxy
         self._seen_requests = 0
         self._seen_own_errors = 0
+        self._seen_retries = 0
         self._absorbed_at = -math.inf
         self.metrics = RouterMetrics(self)  # served by ``serve`` ([metrics] port)
 
@@ -205,6 +210,11 @@ class Router:
         self._loops.append(asyncio.create_task(self._run_pool_source(), name="pool-source"))
         if self.demand_sink is not None:
             self._loops.append(asyncio.create_task(self._demand_loop(), name="demand"))
+        if self.plane is not None and isinstance(self.pool_source, StaticPoolSource):
+            # A static pool is known now: route to it before saying we listen (no 503 for the first requests).
+            # The scheduler's pool comes when it comes; until then HAProxy answers 503, as the Python proxy does.
+            await asyncio.wait_for(self._programmed_once.wait(), PROGRAM_TIMEOUT_S)
+        self.started = True
         self._log.info("router listening", url=self.url, demand=self.demand_mode, data_plane=cfg.data_plane,
                        backends="static" if isinstance(self.pool_source, StaticPoolSource) else "scheduler")
 
@@ -216,6 +226,8 @@ class Router:
         self._stopped = True
         if self.plane is not None:
             await self._cancel_loops()
+            with contextlib.suppress(RuntimeApiError):   # the requests counted since the last sample
+                await self.refresh_stats()
             await self.plane.stop()      # HAProxy's soft stop: no new connection, in-flight ones finish
         if self._runner is not None:
             await self._runner.cleanup()
@@ -358,10 +370,12 @@ class Router:
             try:
                 await self.plane.program(self.wanted_in_haproxy())
                 self._programmed_version = version
-            except RuntimeApiError as exc:
+                self._programmed_once.set()
+            except Exception as exc:  # noqa: BLE001 - RuntimeApiError, or a bug: either way HAProxy must get the pool
                 self._pool_dirty.set()
                 delay = backoff.next_delay()
-                self._log.warning("programming haproxy failed; retrying", error=str(exc), retry_in_s=round(delay, 2))
+                (self._log.warning if isinstance(exc, RuntimeApiError) else self._log.exception)(
+                    "programming haproxy failed; retrying", error=str(exc), retry_in_s=round(delay, 2))
                 await asyncio.sleep(delay)
             else:
                 backoff.reset()
@@ -373,7 +387,7 @@ class Router:
         return self.pool.version if self.plane is None else self._programmed_version
 
     def _on_haproxy_restart(self) -> None:
-        self._seen_requests = self._seen_own_errors = 0   # a new HAProxy counts from zero
+        self._seen_requests = self._seen_own_errors = self._seen_retries = 0   # a new HAProxy counts from zero
         self._pool_dirty.set()
 
     async def _stats_loop(self) -> None:
@@ -406,6 +420,9 @@ class Router:
         own = sample.own_errors - self._seen_own_errors
         self._seen_own_errors = sample.own_errors
         self.responses_failed += max(0, own if own >= 0 else sample.own_errors)
+        retried = sample.retries - self._seen_retries
+        self._seen_retries = sample.retries
+        self.retries += retried if retried >= 0 else sample.retries
         self.in_flight, self.queued = sample.in_flight, sample.queued
         if arrived:
             self.meter.record_arrivals(self.clock(), arrived)
@@ -543,6 +560,9 @@ class Router:
     # -- router endpoints --------------------------------------------------------------------------
 
     async def _own_health(self, _request: web.Request) -> web.Response:
+        """200 once ``start`` has returned (a static pool is routed to by then); 503 while it is starting."""
+        if not self.started:
+            return web.json_response({"status": "starting"}, status=503)
         return web.json_response({"status": "ok"})
 
     async def _stats(self, _request: web.Request) -> web.Response:

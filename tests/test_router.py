@@ -368,7 +368,7 @@ def test_no_request_fails_while_a_server_is_drained_and_another_added_under_load
             async with aiohttp.ClientSession() as session:
                 async def ready() -> bool:
                     try:
-                        return len((await stats(session))["backends"]) == 2
+                        return sum(1 for b in (await stats(session))["backends"] if b["routable"]) == 2
                     except aiohttp.ClientConnectionError:
                         return False
 
