@@ -3,10 +3,10 @@
 ``snapshot()`` and ``apply()`` have the service's semantics (``scheduler_service.app.cluster``);
 only the storage differs (dicts instead of tables) and the agents, which are simulated. The policy and
 the cycle cannot tell the two apart. The applier's rules are not here but in
-``scheduler_service.core.apply_rules``, which the service's applier calls too (this module reads its
-dicts for them: ``_Facts``); ``tests/test_apply_contract.py`` holds the two appliers to the same
-results. What this module must never do: decide anything (placement, loans, sizes are the policy's)
-or look at which policy runs.
+``scheduler_service.core.apply_rules``, which the service's applier calls too (they read this module's
+records, ``simulator.cluster_records``, through ``RecordFacts``); ``tests/test_apply_contract.py`` holds
+the appliers to the same results. What a run records is ``simulator.outcomes``. What this module must
+never do: decide anything (placement, loans, sizes are the policy's) or look at which policy runs.
 
 Nouns:
 - *Segment*: the stretch of a job's life at one placement, from a start or resize until the next
@@ -55,12 +55,10 @@ Nouns:
 from __future__ import annotations
 
 import heapq
-from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
 from math import floor
 
 from scheduler_service.core.apply_rules import (
-    JobFacts,
     LoanState,
     RefusalCode,
     RefusalLog,
@@ -84,10 +82,8 @@ from scheduler_service.core.plan import (
     ScaleJob,
     ServerAction,
     StartJob,
-    WorkerPlacement,
     apply_order,
 )
-from scheduler_service.core.protection import record_disruption
 from scheduler_service.core.snapshot import (
     AdminState,
     ClusterSnapshot,
@@ -106,149 +102,9 @@ from scheduler_service.lifecycle import (
     ServerState,
     home_state,
 )
+from simulator.cluster_records import ON_LOAN_STATES, JobRecord, RecordFacts, ServerRecord, disrupted, worker_views
 from simulator.model import ClusterSpec, DemandPoint, TraceJob
-
-_ON_LOAN_STATES = frozenset({ServerState.DRAINING, ServerState.LOANED, ServerState.RECLAIMING})
-
-
-# ---------------------------------------------------------------------------------------------
-# What the simulation records (filled in as it runs; read by simulator.results)
-
-
-@dataclass(slots=True)
-class JobOutcome:
-    """One trace job's history. Times are seconds since the trace's start; ``start``/``end`` are None
-    while the job has not started/finished (a run stopped by a guard leaves them so)."""
-
-    job_id: int
-    name: str
-    submit: float
-    gpus_per_worker: int
-    min_workers: int
-    max_workers: int
-    start: float | None = None          # first start
-    end: float | None = None            # completion
-    preemptions: int = 0
-    scale_outs: int = 0                 # resizes to more workers
-    scale_ins: int = 0                  # resizes to fewer workers
-    moves: int = 0                      # resizes to the same number of workers elsewhere
-    lost_work_gpu_s: float = 0.0        # GPU time of work thrown away by preemptions
-    overhead_gpu_s: float = 0.0         # GPU time spent restarting (starts, restarts, resizes)
-    deadline: float | None = None       # the trace job's (None: none)
-    reclaim_preemptions: int = 0        # preemptions because a loaned server went back (PREEMPTED_FOR_RECLAIM)
-    reclaim_scale_ins: int = 0          # shrinks for the same reason (SCALED_IN_FOR_RECLAIM)
-    useful_gpu_s: float = 0.0           # its useful spans' GPU-seconds (the module doc's reference cost)
-
-    @property
-    def gpu_seconds_lost(self) -> float:
-        return self.lost_work_gpu_s + self.overhead_gpu_s
-
-    @property
-    def queue_s(self) -> float | None:
-        """First start minus submission."""
-        return None if self.start is None else self.start - self.submit
-
-    @property
-    def jct_s(self) -> float | None:
-        """Completion minus submission."""
-        return None if self.end is None else self.end - self.submit
-
-    @property
-    def met_deadline(self) -> bool | None:
-        """Completed by its deadline (None: it has none; a job that never completed missed it)."""
-        if self.deadline is None:
-            return None
-        return self.end is not None and self.end <= self.deadline
-
-
-@dataclass(slots=True)
-class ServerOutcome:
-    server_id: str
-    pool: Pool
-    loans: int = 0      # LOAN steps committed (a loan begun; a cancelled one counts too)
-    reclaims: int = 0   # RECLAIM steps committed
-
-
-@dataclass(frozen=True, slots=True)
-class UtilisationSample:
-    """The cluster's usage from ``time`` until the next sample (piecewise constant), in GPUs unless
-    named otherwise."""
-
-    time: float
-    training_gpus: int          # training-pool GPUs allocated to training jobs
-    inference_gpus: int         # inference-pool GPUs serving inference: min(needed, SERVING) x GPUs/server
-    loaned_training_gpus: int   # inference-pool GPUs allocated to training jobs (on loan)
-    loaned_servers: int         # inference servers in state LOANED
-    servers_needed: int         # the inference demand signal (0 before the first demand point)
-    rate_rps: float             # the request rate behind it
-    servers_wanted: int = 0     # the need before it was clipped to the inference cluster (``DemandPoint``)
-
-
-# ---------------------------------------------------------------------------------------------
-# The in-memory state
-
-
-@dataclass(slots=True)
-class _Server:
-    server_id: str
-    pool: Pool
-    gpu_indices: tuple[int, ...]
-    state: ServerState
-    state_since: float = 0.0
-    loan: LoanState | None = None        # the open loan's state (ACTIVE, RECLAIMING); None: no open loan
-    loan_started_at: float | None = None
-    reclaim_deadline: float | None = None  # the open loan's, from its RECLAIM step on
-    unhealthy: frozenset[int] = frozenset()
-    allocated: dict[int, int] = field(default_factory=dict)  # gpu index -> job id
-    drained: bool = False                # DRAINING: the router acknowledged the drain
-    admin: AdminState = AdminState.NONE  # an operator's cordon or drain (``set_admin``)
-    drain_deadline: float | None = None
-    gpu_type: str = ""                   # the model of its GPUs (``ClusterSpec.training_gpu_types``)
-    view: ServerView | None = None       # cached; None when stale
-
-    def build_view(self) -> ServerView:
-        if self.view is None:
-            self.view = ServerView(
-                server_id=self.server_id, pool=self.pool, state=self.state, gpu_indices=self.gpu_indices,
-                unhealthy_gpus=self.unhealthy, allocated=tuple(sorted(self.allocated.items())),
-                state_since=self.state_since,
-                loan_started_at=self.loan_started_at if self.state in _ON_LOAN_STATES else None,
-                agent_converged=True,  # simulated agents apply every desired state at once
-                drained=self.drained,
-                reclaim_deadline=self.reclaim_deadline if self.state == ServerState.RECLAIMING else None,
-                admin=self.admin, drain_deadline=self.drain_deadline, gpu_type=self.gpu_type,
-            )
-        return self.view
-
-
-@dataclass(slots=True)
-class _Job:
-    trace: TraceJob
-    outcome: JobOutcome
-    model: ThroughputModel
-    state: JobState = JobState.PENDING
-    workers: tuple[WorkerView, ...] = ()
-    pending_reason: str = ""
-    started_at: float | None = None
-    last_resized_at: float | None = None
-    disruptions: tuple[float, ...] = ()  # its resizes and preemptions of the last hour (core.protection)
-    # The last checkpoint before the current segment (or the one it resumed from): time and work.
-    checkpoint_at: float | None = None
-    checkpoint_work: float = 0.0
-    # The current segment (meaningful while running): it began at ``seg_start`` with ``seg_work``
-    # done, progresses at ``seg_speed`` from ``seg_start + overhead``, on ``seg_gpus`` GPUs.
-    seg_start: float = 0.0
-    seg_work: float = 0.0
-    seg_speed: float = 0.0
-    seg_gpus: int = 0
-    seg_version: int = 0                 # bumped whenever the segment ends (invalidates its completion)
-    reference_cost: float = 0.0          # GPU-seconds per unit of work at min_workers (useful spans)
-    shown_work: float = 0.0              # the total work its view shows (declared, else the truth)
-    view: JobView | None = None          # cached view of a job that is not running; None when stale
-
-    @property
-    def running(self) -> bool:
-        return self.state.holds_gpus
+from simulator.outcomes import JobOutcome, ServerOutcome, UtilisationSample, same_levels
 
 
 class SimulatedCluster:
@@ -288,8 +144,8 @@ class SimulatedCluster:
             list(training_server_ids)
         if len(names) != spec.training_servers or len(set(names)) != len(names):
             raise ValueError(f"{spec.training_servers} training servers need as many distinct names, not {names}")
-        servers = [_Server(name, Pool.TRAINING, gpus, home_state(Pool.TRAINING)) for name in names]
-        servers += [_Server(f"i{k:04d}", Pool.INFERENCE, gpus, home_state(Pool.INFERENCE),
+        servers = [ServerRecord(name, Pool.TRAINING, gpus, home_state(Pool.TRAINING)) for name in names]
+        servers += [ServerRecord(f"i{k:04d}", Pool.INFERENCE, gpus, home_state(Pool.INFERENCE),
                             gpu_type=spec.inference_gpu_type)
                     for k in range(spec.inference_servers)]
         if spec.training_gpu_types:  # typed training servers, in id order
@@ -301,13 +157,13 @@ class SimulatedCluster:
                 server.gpu_type = gpu_type
         self._speed = dict(spec.gpu_speed)
         servers.sort(key=lambda s: s.server_id)  # the service lists servers by id
-        self._servers: dict[str, _Server] = {s.server_id: s for s in servers}
+        self._servers: dict[str, ServerRecord] = {s.server_id: s for s in servers}
         self.server_outcomes: dict[str, ServerOutcome] = {s.server_id: ServerOutcome(s.server_id, s.pool)
                                                           for s in servers}
         # Active jobs (PENDING, RUNNING, SCALING) by id, kept in id order (the service's snapshot order).
-        self._active: dict[int, _Job] = {}
+        self._active: dict[int, JobRecord] = {}
         self._active_in_order = True
-        self._running: dict[int, _Job] = {}
+        self._running: dict[int, JobRecord] = {}
         self.outcomes: dict[int, JobOutcome] = {}
         self._completions: list[tuple[float, int, int]] = []  # heap of (end time, job id, segment version)
         self.useful_spans: list[tuple[float, float, float]] = []  # (from, until, useful GPU-s per s)
@@ -364,8 +220,8 @@ class SimulatedCluster:
         now = clock.now()
         servers = []
         for view in sorted(snapshot.servers, key=lambda v: v.server_id):
-            on_loan = view.state in _ON_LOAN_STATES
-            server = _Server(
+            on_loan = view.state in ON_LOAN_STATES
+            server = ServerRecord(
                 view.server_id, view.pool, view.gpu_indices, view.state, state_since=view.state_since,
                 loan=(LoanState.RECLAIMING if view.state == ServerState.RECLAIMING else LoanState.ACTIVE)
                 if on_loan else None,
@@ -443,7 +299,7 @@ class SimulatedCluster:
         self.outcomes[trace.job_id] = outcome
         if self._active and trace.job_id < next(reversed(self._active)):
             self._active_in_order = False
-        self._active[trace.job_id] = _Job(
+        self._active[trace.job_id] = JobRecord(
             trace, outcome, model,
             reference_cost=trace.min_workers * trace.gpus_per_worker / model.speed(trace.min_workers),
             shown_work=trace.work if trace.declared_work is None else trace.declared_work)
@@ -551,7 +407,7 @@ class SimulatedCluster:
     def server_ids(self) -> tuple[str, ...]:
         return tuple(self._servers)
 
-    def _move_server(self, server: _Server, target: ServerState, now: float) -> None:
+    def _move_server(self, server: ServerRecord, target: ServerState, now: float) -> None:
         """A server's state change through the lifecycle table, with what follows from it: the pool
         levels, the drain acknowledgement (one per DRAINING spell), a stale view."""
         SERVER_LIFECYCLE.check(server.state, target)
@@ -566,7 +422,7 @@ class SimulatedCluster:
             self._drain_acks[server.server_id] = now + self.drain_ack_s
         self._server_changed(server)
 
-    def _server_changed(self, server: _Server) -> None:
+    def _server_changed(self, server: ServerRecord) -> None:
         server.view = None
         self._stale_servers.add(server.server_id)
 
@@ -586,7 +442,7 @@ class SimulatedCluster:
         )
         if self.samples:
             last = self.samples[-1]
-            if _same_levels(sample, last):
+            if same_levels(sample, last):
                 return
             if last.time == sample.time:
                 self.samples[-1] = sample  # the last word at one instant holds from then on
@@ -636,7 +492,7 @@ class SimulatedCluster:
         return ClusterSnapshot(now=now, servers=self._server_views, jobs=jobs, demand=self._demand, seed=seed,
                                queues=self.spec.queues, gpu_speed=self.spec.gpu_speed)
 
-    def _idle_view(self, job: _Job) -> JobView:
+    def _idle_view(self, job: JobRecord) -> JobView:
         if job.view is None:
             t = job.trace
             job.view = JobView(
@@ -654,13 +510,13 @@ class SimulatedCluster:
 
     # -- progress within a segment ----------------------------------------------------------------
 
-    def _work_at(self, job: _Job, when: float) -> float:
+    def _work_at(self, job: JobRecord, when: float) -> float:
         productive = when - job.seg_start - self.restart_overhead_s
         if productive <= 0:
             return job.seg_work
         return min(job.seg_work + job.seg_speed * productive, job.trace.work)
 
-    def _last_checkpoint(self, job: _Job, when: float) -> tuple[float | None, float]:
+    def _last_checkpoint(self, job: JobRecord, when: float) -> tuple[float | None, float]:
         """(time, work) of the newest checkpoint at ``when``: periodic ones every interval after the
         segment's start, else the one the segment began from."""
         periods = floor((when - job.seg_start) / self.checkpoint_interval_s)
@@ -669,7 +525,7 @@ class SimulatedCluster:
             return at, self._work_at(job, at)
         return job.checkpoint_at, job.checkpoint_work
 
-    def _begin_segment(self, job: _Job, now: float, workers: tuple[WorkerView, ...], work: float) -> None:
+    def _begin_segment(self, job: JobRecord, now: float, workers: tuple[WorkerView, ...], work: float) -> None:
         """The job (re)starts now at ``workers`` from ``work`` done; schedule its completion."""
         job.workers = workers
         job.seg_start = now
@@ -684,7 +540,7 @@ class SimulatedCluster:
             end = now + self.restart_overhead_s + (job.trace.work - work) / job.seg_speed
             heapq.heappush(self._completions, (end, job.trace.job_id, job.seg_version))
 
-    def _end_segment(self, job: _Job, now: float, *, kept_until: float) -> None:
+    def _end_segment(self, job: JobRecord, now: float, *, kept_until: float) -> None:
         """Close the running segment at ``now``: charge the restart overhead it actually spent, and
         record its useful span, the progress made until ``kept_until`` (``now``, or the checkpoint it
         falls back to: a time before the segment's progress began keeps none)."""
@@ -692,7 +548,7 @@ class SimulatedCluster:
         self._record_useful_span(job, kept_until)
         job.seg_version += 1
 
-    def _record_useful_span(self, job: _Job, until: float) -> None:
+    def _record_useful_span(self, job: JobRecord, until: float) -> None:
         began = job.seg_start + self.restart_overhead_s
         if until > began and job.seg_speed > 0:
             rate = job.seg_speed * job.reference_cost
@@ -708,7 +564,7 @@ class SimulatedCluster:
 
     # -- allocations ------------------------------------------------------------------------------
 
-    def _free(self, job: _Job) -> set[str]:
+    def _free(self, job: JobRecord) -> set[str]:
         servers = set()
         for w in job.workers:
             server = self._servers[w.server_id]
@@ -722,7 +578,7 @@ class SimulatedCluster:
         job.workers = ()
         return servers
 
-    def _take(self, job: _Job, workers: Iterable[WorkerView]) -> None:
+    def _take(self, job: JobRecord, workers: Iterable[WorkerView]) -> None:
         for w in workers:
             server = self._servers[w.server_id]
             for gpu in w.gpu_indices:
@@ -749,7 +605,7 @@ class SimulatedCluster:
             if s.job_id in self._active
         }
         refusals = RefusalLog(log, plan, held)
-        facts = _Facts(self._servers, self._active, self.outcomes)
+        facts = RecordFacts(self._servers, self._active, self.outcomes)
         for action in apply_order(plan, held):
             try:
                 if isinstance(action, ServerAction):
@@ -771,12 +627,12 @@ class SimulatedCluster:
         self.rejected_actions += len(log.rejected)
         return log.result()
 
-    def _set_job_state(self, job: _Job, target: JobState) -> None:
+    def _set_job_state(self, job: JobRecord, target: JobState) -> None:
         JOB_LIFECYCLE.check(job.state, target)
         job.state = target
         job.view = None
 
-    def _apply_preemption(self, facts: _Facts, action: PreemptJob, now: float) -> set[str]:
+    def _apply_preemption(self, facts: RecordFacts, action: PreemptJob, now: float) -> set[str]:
         """Stop every worker and requeue (RUNNING -> PREEMPTED -> PENDING). The job falls back to its
         last checkpoint; the work since is lost."""
         check_preemption(facts, action)
@@ -789,7 +645,7 @@ class SimulatedCluster:
         servers = self._free(job)
         job.checkpoint_at, job.checkpoint_work = checkpoint_at, checkpoint_work
         job.outcome.preemptions += 1
-        _disrupted(job, now)
+        disrupted(job, now)
         if action.reason == Reason.PREEMPTED_FOR_RECLAIM:
             job.outcome.reclaim_preemptions += 1
         job.pending_reason = f"{action.reason}: {action.message}"[:1024]
@@ -798,7 +654,7 @@ class SimulatedCluster:
         del self._running[action.job_id]
         return servers
 
-    def _apply_scale(self, facts: _Facts, action: ScaleJob, now: float) -> set[str]:
+    def _apply_scale(self, facts: RecordFacts, action: ScaleJob, now: float) -> set[str]:
         """Restart the job at its new placement (RUNNING -> SCALING -> RUNNING): a graceful resize
         checkpoints first, so no work is lost; the new segment pays the restart overhead. A resize
         that drops a worker on a LOST server is not graceful: that worker died, so the job restarts
@@ -816,13 +672,13 @@ class SimulatedCluster:
             checkpoint_at, work = now, self._work_at(job, now)  # the graceful resize's checkpoint
         self._end_segment(job, now, kept_until=job.seg_start if checkpoint_at is None else checkpoint_at)
         old_servers = self._free(job)
-        workers = _worker_views(action.workers)
+        workers = worker_views(action.workers)
         self._take(job, workers)
         self._set_job_state(job, JobState.SCALING)
         job.checkpoint_at, job.checkpoint_work = checkpoint_at, work
         self._begin_segment(job, now, workers, work)
         self._set_job_state(job, JobState.RUNNING)
-        _disrupted(job, now)
+        disrupted(job, now)
         after = len(workers)
         if after > before:
             job.outcome.scale_outs += 1
@@ -838,17 +694,17 @@ class SimulatedCluster:
     def _on_lost_server(self, server_ids: Iterable[str]) -> bool:
         return any(self._servers[sid].state == ServerState.LOST for sid in server_ids)
 
-    def _lose_work_since(self, job: _Job, checkpoint_work: float, now: float) -> None:
+    def _lose_work_since(self, job: JobRecord, checkpoint_work: float, now: float) -> None:
         """The job falls back to ``checkpoint_work``: charge the GPU time of the work done since."""
         lost_work = self._work_at(job, now) - checkpoint_work
         if lost_work > 0 and job.seg_speed > 0:
             job.outcome.lost_work_gpu_s += lost_work / job.seg_speed * job.seg_gpus
 
-    def _apply_start(self, facts: _Facts, action: StartJob, now: float) -> set[str]:
+    def _apply_start(self, facts: RecordFacts, action: StartJob, now: float) -> set[str]:
         """Place a pending job's gang; it resumes from its last checkpoint (from scratch the first time)."""
         check_start(facts, action)
         job = self._active[action.job_id]
-        workers = _worker_views(action.workers)
+        workers = worker_views(action.workers)
         self._take(job, workers)
         if job.started_at is None:
             job.started_at = now
@@ -860,7 +716,7 @@ class SimulatedCluster:
         self._running[action.job_id] = job
         return {w.server_id for w in workers}
 
-    def _apply_server_step(self, facts: _Facts, action: ServerAction, now: float) -> set[str]:
+    def _apply_server_step(self, facts: RecordFacts, action: ServerAction, now: float) -> set[str]:
         """One step of the loan cycle (``core.apply_rules.LOAN_STEPS``): the server's transition and
         its loan (begun, moved on, or closed), as the service records them."""
         rule = check_loan_step(facts, action)
@@ -888,68 +744,3 @@ class SimulatedCluster:
             if job is not None and job.state == JobState.PENDING:
                 job.pending_reason = p.summary
                 job.view = None
-
-
-class _Facts:
-    """``core.apply_rules.ApplyFacts`` over the simulated cluster's dicts, read as the actions applied
-    so far left them. A finished job reads as COMPLETED (the service keeps its row; no other final
-    state happens here)."""
-
-    __slots__ = ("_active", "_outcomes", "_servers")
-
-    def __init__(self, servers: dict[str, _Server], active: dict[int, _Job], outcomes: dict[int, JobOutcome]) -> None:
-        self._servers = servers
-        self._active = active
-        self._outcomes = outcomes
-
-    def job(self, job_id: int) -> JobFacts | None:
-        job = self._active.get(job_id)
-        if job is not None:
-            t = job.trace
-            return JobFacts(job_id, job.state, t.gpus_per_worker, t.min_workers, t.max_workers)
-        done = self._outcomes.get(job_id)
-        if done is None or done.end is None:
-            return None
-        return JobFacts(job_id, JobState.COMPLETED, done.gpus_per_worker, done.min_workers, done.max_workers)
-
-    def server_state(self, server_id: str) -> ServerState | None:
-        server = self._servers.get(server_id)
-        return server.state if server is not None else None
-
-    def server_cordoned(self, server_id: str) -> bool:
-        server = self._servers.get(server_id)
-        return server is not None and server.admin != AdminState.NONE
-
-    def open_loan(self, server_id: str) -> LoanState | None:
-        server = self._servers.get(server_id)
-        return server.loan if server is not None else None
-
-    def gpu_usable(self, server_id: str, index: int) -> bool:
-        server = self._servers.get(server_id)
-        return server is not None and index in server.gpu_indices and index not in server.unhealthy
-
-    def gpu_holder(self, server_id: str, index: int) -> int | None:
-        server = self._servers.get(server_id)
-        return server.allocated.get(index) if server is not None else None
-
-    def jobs_on(self, server_id: str) -> Collection[int]:
-        server = self._servers.get(server_id)
-        return server.allocated.values() if server is not None else ()
-
-
-def _disrupted(job: _Job, now: float) -> None:
-    """Record a resize or preemption at ``now`` (``JobView.disruptions``: the last hour's are kept)."""
-    job.disruptions = record_disruption(job.disruptions, now)
-    job.view = None
-
-
-def _worker_views(workers: tuple[WorkerPlacement, ...]) -> tuple[WorkerView, ...]:
-    """The placement as the service's snapshot shows it: by rank, each worker's GPUs ascending."""
-    return tuple(WorkerView(w.rank, w.server_id, tuple(sorted(w.gpu_indices)))
-                 for w in sorted(workers, key=lambda w: w.rank))
-
-
-def _same_levels(a: UtilisationSample, b: UtilisationSample) -> bool:
-    return (a.training_gpus, a.inference_gpus, a.loaned_training_gpus, a.loaned_servers, a.servers_needed,
-            a.rate_rps, a.servers_wanted) == (b.training_gpus, b.inference_gpus, b.loaned_training_gpus,
-                                              b.loaned_servers, b.servers_needed, b.rate_rps, b.servers_wanted)

@@ -48,10 +48,11 @@ from scheduler_service.core.snapshot import ClusterSnapshot
 from scheduler_service.cycle import ClusterState, SchedulingCycle
 from scheduler_service.policies import create_policy
 from simulator.clock import VirtualClock
-from simulator.cluster import JobOutcome, ServerOutcome, SimulatedCluster, UtilisationSample
+from simulator.cluster import SimulatedCluster
 from simulator.estimates import EXACT, Estimates
 from simulator.failures import FAIL, FailureSchedule
 from simulator.model import ClusterSpec, DemandPoint, FailureRate, ServerFailure, TraceJob
+from simulator.outcomes import JobOutcome, ServerOutcome, UtilisationSample
 
 if TYPE_CHECKING:  # imported where used: tqdm loads only when a bar is drawn
     from tqdm import tqdm
