@@ -10,6 +10,7 @@ import json
 import math
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -34,7 +35,7 @@ from scheduler_service.core.goodput import (
 from scheduler_service.core.invariants import check_plan
 from scheduler_service.core.most_free import place_most_free
 from scheduler_service.core.params import PolicyParams
-from scheduler_service.core.plan import Reason
+from scheduler_service.core.plan import Reason, unorderable
 from scheduler_service.lifecycle import JobState
 from scheduler_service.policies import create_policy
 from scheduler_service.policies.optimus import OptimusJob, optimus_allocate, optimus_place
@@ -45,8 +46,12 @@ from scheduler_service.policies.tiresias import (
     tiresias_decide,
 )
 from simulator.cli import main as cli_main
+from simulator.clock import VirtualClock
+from simulator.cluster import SimulatedCluster
 from simulator.engine import simulate
+from simulator.goodput_cluster import allocation_of
 from simulator.goodput_jobs import placement_of
+from simulator.goodput_policies import AuthorsRules, plan_for_allocations
 from simulator.goodput_profiles import load_application, normalise_placement
 from simulator.goodput_sim import SimJob, WorkloadJob, load_workload, run_workload
 from simulator.model import ClusterSpec
@@ -350,3 +355,38 @@ def test_the_goodput_job_model_reads_param_or_refuses_it(capsys: pytest.CaptureF
               "--training-servers", "2", "--inference-servers", "0", "--gpus-per-server", "4"]
     assert cli_main(["run", "--policy", "pollux", "--param", "restart_cost_s=10", *common]) == 2
     assert "--param is read by sjf, aryl-noloan" in capsys.readouterr().err
+
+
+# -- the authors' rules as plans (simulator.goodput_policies) --------------------------------------------
+
+
+class _Decided:
+    """A decider that decides ``allocations`` whatever it is shown."""
+
+    def __init__(self, allocations: dict[int, list[int]]) -> None:
+        self.allocations = allocations
+
+    def decide(self, active: list[SimJob], previous: dict[int, list[int]], now: float) -> dict[int, list[int]]:
+        return self.allocations
+
+
+def test_a_swap_the_authors_rules_decide_is_applied_in_two_plans_at_one_instant() -> None:
+    # Two full 2-GPU nodes, job 1 on n0 and job 2 on n1, swapped by the decision: as two resizes no order
+    # applies them (each takes GPUs the other still holds), so one job is preempted and then started again.
+    cluster = SimulatedCluster(ClusterSpec(2, 0, gpus_per_server=2), VirtualClock(0.0),
+                               training_server_ids=["n0", "n1"])
+    for job_id in (1, 2):
+        cluster.submit(linear_job(job_id, 0.0, 1, 1, 4, 1e9))
+    first = AuthorsRules("test", _Decided({1: [0, 0], 2: [1, 1]}), [SimpleNamespace(index=k) for k in (1, 2)])
+    assert cluster.apply(first.schedule(cluster.snapshot())).started == (1, 2)
+    swapped = {1: [1, 1], 2: [0, 0]}
+    snapshot = cluster.snapshot()
+    held = {j.job_id: [(w.server_id, g) for w in j.workers for g in w.gpu_indices] for j in snapshot.jobs}
+    assert len(unorderable(plan_for_allocations(snapshot, swapped, "test"), held)) == 2
+    rules = AuthorsRules("test", _Decided(swapped), [SimpleNamespace(index=k) for k in (1, 2)])
+    one = cluster.apply(rules.schedule(snapshot))
+    assert (one.preempted, one.scaled, one.rejected) == ((1,), (2,), ())
+    assert rules.follow_up_due(snapshot.now)
+    two = cluster.apply(rules.schedule(cluster.snapshot()))
+    assert (two.started, two.rejected) == ((1,), ()) and not rules.follow_up_due(snapshot.now)
+    assert {j.job_id: allocation_of(j.workers) for j in cluster.snapshot().jobs} == swapped
