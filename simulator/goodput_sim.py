@@ -22,8 +22,10 @@ Modelling choices (each is the authors'; each changes the figures):
 - **batch size**: fixed as the workload requests it (Tiresias, Optimus); split over the replicas as
   ``core.goodput.split_batch`` (one GPU running more than the initial batch makes two passes), the atomic
   batch cut so that the total stays within the largest validated batch.
-- **placement**: the policy returns, per job, one node index per GPU; the job's placement is the GPUs per
-  node in that order (consecutive equal indices), which sets its measured step time.
+- **placement**: the authors' rules return, per job, one node index per GPU; the job's placement is the
+  GPUs per node in that order (consecutive equal indices; the plan's ranks keep it), which sets its
+  measured step time. A registered policy's placement is read in node order, and a resize that keeps a
+  job's GPUs per node is no re-allocation (``goodput_policies.OracleDeclaration.allocation``).
 - **NCF** jobs never get more than one GPU (Optimus, Pollux).
 - **Pollux's jobs** (``pollux``) choose their own batch size: before they have run, the smallest their GPUs
   allow; then, after every stretch of training and at every re-allocation, the best by their goodput model
