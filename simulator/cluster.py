@@ -326,14 +326,7 @@ class SimulatedCluster:
         now, done = self.now, []
         while (end := self.next_completion()) is not None and end <= now:
             _, job_id, _ = heapq.heappop(self._completions)
-            job = self._running[job_id]
-            self._end_segment(job, end, kept_until=end)
-            JOB_LIFECYCLE.check(job.state, JobState.COMPLETED)
-            job.state = JobState.COMPLETED
-            self._free(job)
-            del self._running[job_id]
-            del self._active[job_id]
-            job.outcome.end = end
+            self._complete(self._running[job_id], end)
             done.append(job_id)
         return sorted(done)
 
@@ -344,14 +337,17 @@ class SimulatedCluster:
         job = self._running.get(job_id)
         if job is None:
             raise ValueError(f"job {job_id} is not running: it cannot complete")
-        now = self.now
-        self._end_segment(job, now, kept_until=now)
+        self._complete(job, self.now)
+
+    def _complete(self, job: JobRecord, end: float) -> None:
+        """The running job completed at ``end``: its segment closes, its GPUs are free, it is no longer active."""
+        self._end_segment(job, end, kept_until=end)
         JOB_LIFECYCLE.check(job.state, JobState.COMPLETED)
         job.state = JobState.COMPLETED
         self._free(job)
-        del self._running[job_id]
-        del self._active[job_id]
-        job.outcome.end = now
+        del self._running[job.trace.job_id]
+        del self._active[job.trace.job_id]
+        job.outcome.end = end
 
     def workers_of(self, job_id: int) -> tuple[WorkerView, ...]:
         """The active job's workers now, by rank (none: it is pending)."""
