@@ -1,5 +1,6 @@
 """The policy's numeric solvers at production sizes: the multiple-choice knapsack (elastic extras) and
-the greedy reclaim, numba kernels against their plain-Python references, plus numba's compile cost.
+the greedy reclaim, numba kernels against their plain-Python references, the greedy's gap to the exact reclaim
+on small instances, plus numba's compile cost.
 
 Instances are synthetic but shaped like the real thing:
 - knapsack: one group per elastic job; option k = add k workers of ``gpus_per_worker`` in {1, 2, 4, 8};
@@ -35,6 +36,7 @@ from benchmarks.bench_service import FULL as SERVICE_FULL
 from benchmarks.bench_service import QUICK, BenchContext, Benchmark
 from scheduler_service.solvers import (
     ReclaimInstance,
+    reclaim_exact,
     reclaim_greedy,
     reclaim_greedy_reference,
     reclaim_most_recent_first,
@@ -221,6 +223,40 @@ def reclaim_bench(ctx: BenchContext | None = None) -> None:
     )
 
 
+# The greedy's gap to the exact reclaim, on instances small enough for the exact one (``reclaim_solve`` uses it
+# up to ``EXACT_SUBSETS`` subsets): (loaned servers, servers returned), each with 2.5 jobs per server.
+GAP_SHAPES = ((12, 3), (16, 4), (20, 6))
+
+
+def reclaim_gap_bench(ctx: BenchContext | None = None) -> None:
+    instances = 10 if ctx is not None and ctx.sizes is QUICK else 100
+    rng = np.random.default_rng(SEED + 3)
+    for servers, reclaim in GAP_SHAPES:
+        gaps, preempt_greedy, preempt_exact, exact_ms, greedy_ms = [], 0, 0, [], []
+        for _ in range(instances):
+            instance, _ = loaned_servers(rng, servers, int(2.5 * servers))
+            start = time.perf_counter()
+            greedy = reclaim_greedy(instance, reclaim)
+            greedy_ms.append((time.perf_counter() - start) * 1e3)
+            start = time.perf_counter()
+            exact = reclaim_exact(instance, reclaim)
+            exact_ms.append((time.perf_counter() - start) * 1e3)
+            if greedy.total_cost < exact.total_cost - 1e-6 * max(1.0, exact.total_cost):
+                raise AssertionError(f"the greedy beat the exact reclaim ({greedy.total_cost} < {exact.total_cost})")
+            gaps.append((greedy.total_cost - exact.total_cost) / exact.total_cost * 100 if exact.total_cost else 0.0)
+            preempt_greedy += greedy.preemptions
+            preempt_exact += exact.preemptions
+        emit_figure(
+            f"reclaim_greedy_gap_{servers}_servers", statistics.mean(gaps), "% above the exact cost",
+            servers=servers, reclaim=reclaim, jobs=int(2.5 * servers), instances=instances,
+            greedy_optimal_share=sum(g <= 1e-9 for g in gaps) / len(gaps), max_gap_pct=max(gaps),
+            p95_gap_pct=_p(gaps, 95), preemptions=preempt_greedy, reference_preemptions=preempt_exact,
+            greedy_p50_ms=statistics.median(greedy_ms),
+            reference_name="reclaim_exact (every subset, numba), p50 time", reference_value=statistics.median(exact_ms),
+            reference_unit="ms",
+        )
+
+
 # ---------------------------------------------------------------------------------------------
 # Compile cost: a fresh interpreter, with an empty numba cache directory, then again with it filled.
 
@@ -279,6 +315,9 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("reclaim_solver", reclaim_bench,
               "greedy reclaim, 1,000 loaned servers / 5,000 jobs / 200 returned: numba p50 vs plain Python; "
               "cost vs latest-loaned-first"),
+    Benchmark("reclaim_gap", reclaim_gap_bench,
+              "the greedy reclaim's cost above the exact one (every subset) on 12-20 loaned servers, 100 instances "
+              "each; the exact solver's time as the reference"),
     Benchmark("solver_compile", compile_bench,
               "numba first-call time in a fresh process, empty vs filled on-disk cache"),
 )

@@ -18,10 +18,12 @@ from scheduler_service.solvers import (
     SolverInputError,
     knapsack,
     reclaim_cost_of,
+    reclaim_exact,
     reclaim_exhaustive,
     reclaim_greedy,
     reclaim_greedy_reference,
     reclaim_most_recent_first,
+    reclaim_solve,
     solve_knapsack,
     solve_knapsack_brute_force,
     solve_knapsack_reference,
@@ -306,6 +308,28 @@ def test_hand_computed_greedy_is_myopic() -> None:
     best = reclaim_exhaustive(instance, 2)
     assert best.servers.tolist() == [0, 1] and best.total_cost == 101.0
     assert best.preempted.tolist() == [True, False, False]
+
+
+def test_the_exact_kernel_finds_the_exhaustive_optimum() -> None:
+    rng = np.random.default_rng(2026)
+    for _ in range(300):
+        servers = int(rng.integers(1, 9))
+        instance = random_reclaim(rng, servers, int(rng.integers(1, 13)))
+        n = int(rng.integers(0, servers + 1))
+        exact, reference = reclaim_exact(instance, n), reclaim_exhaustive(instance, n)
+        check_outcome(instance, exact, n)
+        assert exact.total_cost == reference.total_cost  # the same sums, in the same order
+        assert exact.servers.tolist() == reference.servers.tolist()  # ties: the lexicographically smallest
+
+
+def test_reclaim_solve_is_exact_while_the_subsets_are_few_and_greedy_beyond() -> None:
+    # The myopic case above: C(3, 2) = 3 subsets, so the policy's solve finds the optimum (101), not the
+    # greedy's 170; with room for only 2 subsets it falls back to the greedy.
+    instance = ReclaimInstance.from_triples(
+        [(0, 0, 2), (0, 1, 2), (1, 1, 1), (2, 2, 3)], n_servers=3,
+        job_workers=[4, 2, 3], job_min=[3, 1, 3], job_cost=[100.0, 50.0, 70.0], scale_in_cost=[1.0, 1.0, 1.0])
+    assert reclaim_solve(instance, 2).total_cost == 101.0
+    assert reclaim_solve(instance, 2, exact_subsets=2).servers.tolist() == [2, 0]
 
 
 def test_most_recently_loaned_first() -> None:

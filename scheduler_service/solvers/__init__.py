@@ -49,10 +49,12 @@ from scheduler_service.solvers.reclaim import (  # noqa: E402
     ReclaimInstance,
     ReclaimOutcome,
     reclaim_cost_of,
+    reclaim_exact,
     reclaim_exhaustive,
     reclaim_greedy,
     reclaim_greedy_reference,
     reclaim_most_recent_first,
+    reclaim_solve,
 )
 
 __all__ = [
@@ -61,10 +63,12 @@ __all__ = [
     "ReclaimOutcome",
     "SolverInputError",
     "reclaim_cost_of",
+    "reclaim_exact",
     "reclaim_exhaustive",
     "reclaim_greedy",
     "reclaim_greedy_reference",
     "reclaim_most_recent_first",
+    "reclaim_solve",
     "solve_knapsack",
     "solve_knapsack_brute_force",
     "solve_knapsack_reference",

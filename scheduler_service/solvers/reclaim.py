@@ -14,6 +14,9 @@ on it. For each job *j*, after returning a set S of servers:
 The cost of S is the sum over jobs, left to right in job order (``reclaim_cost_of``); it depends only on
 the set, not on the order. An inelastic job has ``job_min == job_workers``: any loss preempts it.
 
+The exact optimum (``reclaim_exact``, numba; ``reclaim_exhaustive``, plain Python) tries every subset: the
+policy (``reclaim_solve``) uses it while there are at most ``EXACT_SUBSETS`` of them, the greedy beyond.
+
 The greedy (``reclaim_greedy``, numba; ``reclaim_greedy_reference``, plain Python, identical picks):
 ``n_reclaim`` times, return the server whose *marginal cost* ``cost(S + {l}) - cost(S)`` is lowest
 (ties: the lower server index), then recompute. Per job on *l* that marginal is:
@@ -41,6 +44,7 @@ Never: import grpc, SQLAlchemy or the wall clock; know about jobs or servers as 
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -276,6 +280,70 @@ def reclaim_greedy(instance: ReclaimInstance, n_reclaim: int) -> ReclaimOutcome:
         instance.scale_in_cost, n,
     )
     return _outcome(picks, preempted, new_workers, total)
+
+
+@njit(cache=True)
+def _reclaim_exact_kernel(server_ptr: IntArray, server_job: IntArray, server_workers: IntArray, job_workers: IntArray,
+                          job_min: IntArray, job_cost: FloatArray, scale_in_cost: FloatArray, n_reclaim: int
+                          ) -> IntArray:
+    """The cheapest set of ``n_reclaim`` servers, every subset tried in lexicographic order (the first of equal
+    cost kept); each subset's cost summed over the jobs in ascending order, as ``reclaim_cost_of`` sums it."""
+    n_servers = server_ptr.shape[0] - 1
+    n_jobs = job_workers.shape[0]
+    subset = np.arange(n_reclaim)
+    best = subset.copy()
+    best_cost = np.inf
+    removed = np.zeros(n_jobs, np.int64)
+    while True:
+        removed[:] = 0
+        for s in subset:
+            for e in range(server_ptr[s], server_ptr[s + 1]):
+                removed[server_job[e]] += server_workers[e]
+        total = 0.0
+        for j in range(n_jobs):
+            if removed[j] > 0:
+                if job_workers[j] - removed[j] < job_min[j]:
+                    total += job_cost[j]
+                else:
+                    total += scale_in_cost[j] * removed[j]
+        if total < best_cost:
+            best_cost = total
+            best[:] = subset
+        # The next combination: the rightmost index that can move, moved, and the ones after it packed behind.
+        i = n_reclaim - 1
+        while i >= 0 and subset[i] == n_servers - n_reclaim + i:
+            i -= 1
+        if i < 0:
+            return best
+        subset[i] += 1
+        for k in range(i + 1, n_reclaim):
+            subset[k] = subset[k - 1] + 1
+
+
+# Subsets the exact reclaim tries at most (``reclaim_solve``): C(20, 6) = 38,760 -- about a millisecond per
+# thousand subsets of a few dozen jobs; beyond it, the greedy (its gap: ``benchmarks/bench_solvers``,
+# ``reclaim_gap``).
+EXACT_SUBSETS = 40_000
+
+
+def reclaim_exact(instance: ReclaimInstance, n_reclaim: int) -> ReclaimOutcome:
+    """The cheapest set of ``n_reclaim`` servers over all C(L, n) subsets (numba kernel; ``reclaim_exhaustive`` is
+    its plain-Python reference): ascending server indices, ties to the lexicographically smallest."""
+    n = _check_count(instance, n_reclaim)
+    if n == 0:
+        return reclaim_cost_of(instance, ())
+    best = _reclaim_exact_kernel(instance.server_ptr, instance.server_job, instance.server_workers,
+                                 instance.job_workers, instance.job_min, instance.job_cost, instance.scale_in_cost, n)
+    return reclaim_cost_of(instance, best.tolist())
+
+
+def reclaim_solve(instance: ReclaimInstance, n_reclaim: int, exact_subsets: int = EXACT_SUBSETS) -> ReclaimOutcome:
+    """The Aryl reclaim: exact (``reclaim_exact``) when choosing ``n_reclaim`` of the loaned servers leaves at most
+    ``exact_subsets`` subsets to try, else the greedy (``reclaim_greedy``)."""
+    n = _check_count(instance, n_reclaim)
+    if math.comb(instance.n_servers, n) <= exact_subsets:
+        return reclaim_exact(instance, n)
+    return reclaim_greedy(instance, n)
 
 
 # ---------------------------------------------------------------------------------------------

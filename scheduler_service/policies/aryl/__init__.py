@@ -3,8 +3,9 @@
 One cycle, in order (each step works on the state the previous ones left):
 
 0. **Loan cycle.** From the inference demand: drained loans become active; loans still draining are
-   cancelled first when inference needs servers back; then loaned servers are **reclaimed** greedily
-   on server preemption cost (``solvers.reclaim``): elastic jobs that stay at or above
+   cancelled first when inference needs servers back; then loaned servers are **reclaimed** by their whole
+   cost (``solvers.reclaim.reclaim_solve``: exact over every subset while they are few, else greedy on server
+   preemption cost): elastic jobs that stay at or above
    ``min_workers`` are scaled in, the others preempted and requeued. Vacated reclaimed servers return
    to serving. Idle inference servers beyond demand + a buffer, idle long enough, are **loaned**
    while training has work for them (hysteresis: the buffer is the band between loan and reclaim).

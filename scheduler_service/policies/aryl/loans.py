@@ -1,6 +1,7 @@
 """Step 0 of an Aryl cycle: the loan cycle. From the inference demand, drained loans become active, loans
 still draining are cancelled when inference needs servers back, loaned servers are reclaimed
-(``choose_reclaim``: greedy on server preemption cost, a deadline a preemption makes a job miss counted in),
+(``choose_reclaim``: the cheapest set by whole cost, exact while small, else greedy; a deadline a preemption
+makes a job miss counted in),
 vacated reclaimed servers serve again, and idle inference servers beyond demand are loaned while training
 has work for them.
 
@@ -22,7 +23,7 @@ from scheduler_service.core.registry import ReclaimDecision
 from scheduler_service.core.snapshot import ClusterSnapshot, DemandView, ServerView
 from scheduler_service.lifecycle import Pool, ServerState
 from scheduler_service.policies.aryl.cycle import LoanRisk, _Cycle, _Job, _work_lost, goodput_estimate
-from scheduler_service.solvers.reclaim import ReclaimInstance, reclaim_greedy, reclaim_most_recent_first
+from scheduler_service.solvers.reclaim import ReclaimInstance, reclaim_most_recent_first, reclaim_solve
 
 _TRAINING_OR_DRAINING = (ServerState.TRAINING, ServerState.LOANED, ServerState.DRAINING)
 
@@ -280,7 +281,8 @@ def _no_loan(cycle: _Cycle) -> str:
 
 def choose_reclaim(running: dict[int, _Job], loaned: list[ServerView], count: int, params: PolicyParams,
                    now: float, *, naive: bool = False, goodput_servers: int = 0) -> ReclaimDecision:
-    """Greedy on server preemption cost (solvers.reclaim), recomputed after each pick. Loans younger
+    """The cheapest servers to return by their whole cost (``solvers.reclaim.reclaim_solve``: exact while the
+    subsets to try are few, else greedy on server preemption cost, recomputed after each pick). Loans younger
     than ``min_loan_s`` are taken only when the older ones do not suffice. ``naive``: the baseline
     the greedy is measured against -- the most recently loaned servers, whatever runs on them.
     ``goodput_servers`` > 0 (the servers' GPUs; a goodput-aware policy): a job with a fitted goodput
@@ -296,7 +298,7 @@ def choose_reclaim(running: dict[int, _Job], loaned: list[ServerView], count: in
         (j for j in running.values() if any(w.server_id in index for w in j.workers)), key=lambda j: j.view.job_id
     )
     # Anti-thrashing (``core.protection``): a protected job weighs a penalty per worker stopped, so the
-    # greedy takes a server with one only when the servers without do not suffice (inference must get
+    # reclaim takes a server with one only when the servers without do not suffice (inference must get
     # its servers back). The decision's cost leaves the penalties out.
     penalty = [reclaim_penalty(protection(j.view, now, params)) for j in jobs]
     triples: dict[tuple[int, int], int] = {}
@@ -325,7 +327,7 @@ def choose_reclaim(running: dict[int, _Job], loaned: list[ServerView], count: in
         loaned_at = [s.loan_started_at if s.loan_started_at is not None else s.state_since for s in candidates]
         outcome = reclaim_most_recent_first(instance, count, loaned_at)
     else:
-        outcome = reclaim_greedy(instance, count)
+        outcome = reclaim_solve(instance, count)
     return ReclaimDecision(
         servers=tuple(candidates[int(i)].server_id for i in outcome.servers),
         preempted=tuple(jobs[ji].view.job_id for ji in range(len(jobs)) if outcome.preempted[ji]),
