@@ -93,16 +93,6 @@ class GoodputCluster:
                                    drain_ack_s=None, training_server_ids=[f"n{i}" for i in range(nodes)])
         return cls(jobs, cluster, declaration, restart_s=restart_s)
 
-    @property
-    def cluster(self) -> SimulatedCluster:
-        """The simulated cluster that holds the allocations and applies the plans."""
-        return self._cluster
-
-    @property
-    def rejected_actions(self) -> int:
-        """Plan actions the rules refused (``core.apply_rules``); 0 in a sound run."""
-        return self._cluster.rejected_actions
-
     def advance(self, start: float, seconds: float) -> None:
         """Every job runs from ``start`` for ``seconds`` at its placement (a job without one stands still)."""
         for job in self.jobs.values():
