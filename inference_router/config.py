@@ -66,6 +66,9 @@ class RouterSection(ClientSecurityFields):
     haproxy_slots: int = Field(
         64, ge=1, le=10_000, description="server slots in HAProxy's pool backend: the most inference servers routed to"
     )
+    haproxy_threads: int = Field(
+        0, ge=0, le=64, description="haproxy: its worker threads (0: HAProxy's default, one per CPU it may use)"
+    )
     stats_interval_s: float = Field(
         0.25, gt=0, description="haproxy: how often its statistics (requests, queue, in flight) are read"
     )

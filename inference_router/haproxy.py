@@ -119,9 +119,10 @@ def render_config(config: RouterSection, *, listen: tuple[str, int], control_por
         check = (f" check inter {_ms(config.health_check_interval_s)} fall 1 rise 1"
                  f" observe layer4 error-limit {config.unhealthy_after_failures} on-error mark-down")
     errorfiles = "\n".join(f"    errorfile {status} {error_dir / f'{status}.http'}" for status in sorted(ERROR_BODIES))
+    threads = f"    nbthread {config.haproxy_threads}\n" if config.haproxy_threads else ""
     return f"""# Written by aryl-router (inference_router/haproxy.py); the router programs the slots at run time.
 global
-    stats socket {socket_path} mode 600 level admin
+{threads}    stats socket {socket_path} mode 600 level admin
     stats timeout 30s
     hard-stop-after {_ms(config.shutdown_timeout_s)}
 
@@ -331,7 +332,7 @@ class HaproxyPlane:
         self.control_port = control_port
         self.clock = clock
         self.binary = find_haproxy(config.haproxy_binary)
-        self._dir = Path(tempfile.mkdtemp(prefix="aryl-haproxy-"))
+        self._dir = runtime_dir()
         self.socket_path = self._dir / "admin.sock"
         self.config_path = self._dir / "haproxy.cfg"
         self.api = RuntimeApi(self.socket_path)
@@ -543,6 +544,20 @@ class HaproxyPlane:
         """Return once ``idle_after_drain(server_id)`` holds (checked after every program and sample)."""
         async with self._changed:
             await self._changed.wait_for(lambda: self.idle_after_drain(server_id))
+
+
+# HAProxy refuses a stats socket path longer than this (a Unix socket address holds 108 bytes).
+MAX_SOCKET_PATH = 97
+
+
+def runtime_dir() -> Path:
+    """A fresh private directory for HAProxy's config and socket: under the temporary directory, or under
+    /tmp when that one's path is too long for a Unix socket (a test's or a CI job's TMPDIR can be)."""
+    made = Path(tempfile.mkdtemp(prefix="aryl-haproxy-"))
+    if len(str(made / "admin.sock")) <= MAX_SOCKET_PATH:
+        return made
+    made.rmdir()
+    return Path(tempfile.mkdtemp(prefix="aryl-haproxy-", dir="/tmp"))
 
 
 def choose_listen(address: str) -> tuple[str, int]:

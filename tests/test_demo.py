@@ -64,9 +64,9 @@ def test_the_demo_story_its_output_and_its_folder(tmp_path: Path, monkeypatch: p
 
     timeline_starts = first("  event  ")
     for announced in ("scheduling kernels ready in", "Starting the scheduler",
-                      "scheduler answering", "Starting node agents", "agents registered", "Starting aryl-router",
-                      "data plane: haproxy (pid"):  # HAProxy carries the demo's requests
+                      "scheduler answering", "Starting node agents", "agents registered", "Starting aryl-router"):
         assert first(announced) < timeline_starts, announced
+    assert first("data plane: haproxy (pid") > first("Starting aryl-router")  # HAProxy carries the demo's requests
     # The router's first demand (measured before any traffic) is shown before the midday traffic
     # starts, and every rate the demo prints for the router is the one it measured.
     assert first("demand_changed") < first("== Midday")

@@ -17,12 +17,13 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import aiohttp
 from prometheus_client import generate_latest
 
-from inference_router.haproxy import POOL_BACKEND, RuntimeApi
+from inference_router.haproxy import MAX_SOCKET_PATH, POOL_BACKEND, RuntimeApi
 from tests.helpers import free_port, scaled_timeout
 from tests.router_rig import (
     DRAINING,
@@ -308,3 +309,18 @@ def test_no_request_fails_through_haproxy_during_a_loan_and_a_reclaim(tmp_path: 
                 stop_process(proc)
         if reclaimed is not None:
             stop_process(reclaimed)
+
+
+def test_haproxy_starts_under_a_temporary_directory_too_long_for_a_unix_socket(tmp_path: Path, monkeypatch) -> None:
+    """HAProxy refuses a stats socket path over 97 bytes; a long TMPDIR (pytest's, a CI job's) must not stop it."""
+    require_haproxy()
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+
+    async def scenario() -> None:
+        async with rig("a", plane="haproxy") as r:
+            assert r.router.plane is not None and len(str(r.router.plane.socket_path)) <= MAX_SOCKET_PATH
+            assert await r.backends_used(2) == {"a"}
+
+    run(scenario())
