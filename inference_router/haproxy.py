@@ -532,7 +532,9 @@ class HaproxyPlane:
 
     def idle_after_drain(self, server_id: str) -> bool:
         """The backend's slot is programmed ``drain`` and a sample taken after that shows nothing in flight
-        or queued there."""
+        or queued there (or HAProxy never had it)."""
+        if server_id in self.unroutable and server_id not in self.by_server:
+            return True   # HAProxy never had it (its endpoint cannot be routed to): nothing can be in flight there
         slot = self.by_server.get(server_id)
         sample = self.last_sample
         if slot is None or slot.state != "drain" or sample is None or sample.taken_at <= slot.programmed_at:

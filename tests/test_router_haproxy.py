@@ -324,3 +324,21 @@ def test_haproxy_starts_under_a_temporary_directory_too_long_for_a_unix_socket(t
             assert await r.backends_used(2) == {"a"}
 
     run(scenario())
+
+
+def test_an_endpoint_haproxy_cannot_take_is_named_and_its_drain_is_reported_at_once() -> None:
+    """An https:// endpoint (the Python data plane's business) never gets a slot: /aryl/stats says why, the
+    rest of the pool is routed to, and its drain is acknowledged at once (nothing can be in flight there)."""
+    require_haproxy()
+
+    async def scenario() -> None:
+        async with rig("a", scheduled=True, plane="haproxy") as r:
+            assert r.scheduler is not None
+            await r.publish(a=(r.backends["a"].url, SERVING), x=("https://127.0.0.1:1", SERVING))
+            x = next(b for b in r.router.stats()["backends"] if b["server_id"] == "x")
+            assert not x["routable"] and "http:// endpoints only" in x["unroutable_because"]
+            assert await r.backends_used(4) == {"a"}
+            await r.change("x", DRAINING)
+            await until(lambda: r.scheduler is not None and r.scheduler.drained_calls == ["x"], what="x drained")
+
+    run(scenario())
