@@ -583,6 +583,7 @@ class Router:
             "requests_short": self.requests_short,
             "in_flight": self.in_flight,
             "responses_failed": self.responses_failed,
+            "retries": self.retries,
             "rate_rps": {"short": self.meter.short_rate(now), "long": self.meter.long_rate(now),
                          "short_window_s": self.config.short_window_s, "long_window_s": self.config.long_window_s},
             **self._plane_stats(now),
@@ -617,8 +618,7 @@ class Router:
     def _plane_stats(self, now: float) -> dict[str, object]:
         if self.plane is None:
             p50, p99 = self.meter.latency_percentiles(now, 50, 99)
-            return {"retries": self.retries,
-                    "latency_ms": {"p50": None if p50 is None else p50 * 1000,
+            return {"latency_ms": {"p50": None if p50 is None else p50 * 1000,
                                    "p99": None if p99 is None else p99 * 1000}}
         sample = self.plane.last_sample
         return {"queued": self.queued,
