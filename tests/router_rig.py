@@ -21,7 +21,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
@@ -311,6 +311,34 @@ async def rig(*names: str, scheduled: bool = False, extra_backends: tuple[str, .
         for backend in backends.values():
             await backend.stop()
 
+
+
+@dataclass
+class RouterLoad:
+    """Clients that POST ``/v1/infer`` through the router at ``url`` back to back until ``stop`` is set, each
+    answer checked against the example server's (the input reversed) and its status kept."""
+
+    url: str
+    statuses: list[int] = field(default_factory=list)
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def client(self, session: aiohttp.ClientSession) -> None:
+        while not self.stop.is_set():
+            async with session.post(self.url + "/v1/infer", json={"input": "abc"}) as response:
+                body = await response.json()
+                self.statuses.append(response.status)
+                assert response.status != 200 or body["output"] == "cba", body
+
+    async def stats(self, session: aiohttp.ClientSession) -> dict:
+        """The router's /aryl/stats."""
+        async with session.get(self.url + "/aryl/stats") as response:
+            return await response.json()
+
+
+async def served(session: aiohttp.ClientSession, server_url: str) -> int:
+    """Requests an example inference server has answered (its /stats)."""
+    async with session.get(server_url + "/stats") as response:
+        return (await response.json())["served"]
 
 
 def start_example_server(service_time_ms: float, server_id: str) -> tuple[subprocess.Popen, str]:

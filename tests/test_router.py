@@ -38,10 +38,12 @@ from tests.router_rig import (
     PLANES,
     SERVING,
     FakeScheduler,
+    RouterLoad,
     require_haproxy,
     rig,
     router_section,
     run,
+    served,
     start_example_server,
     stop_process,
     until,
@@ -345,24 +347,8 @@ def test_no_request_fails_while_a_server_is_drained_and_another_added_under_load
              "--source", "e2e-router"],
             stdout=log, stderr=subprocess.STDOUT, env=env,
         )
-        url = f"http://127.0.0.1:{port}"
-        statuses: list[int] = []
-        stop = asyncio.Event()
-
-        async def client(session: aiohttp.ClientSession) -> None:
-            while not stop.is_set():
-                async with session.post(url + "/v1/infer", json={"input": "abc"}) as response:
-                    body = await response.json()
-                    statuses.append(response.status)
-                    assert response.status != 200 or body["output"] == "cba", body
-
-        async def stats(session: aiohttp.ClientSession) -> dict:
-            async with session.get(url + "/aryl/stats") as response:
-                return await response.json()
-
-        async def served(session: aiohttp.ClientSession, name: str) -> int:
-            async with session.get(servers[name][1] + "/stats") as response:
-                return (await response.json())["served"]
+        load = RouterLoad(f"http://127.0.0.1:{port}")
+        statuses, stats = load.statuses, load.stats
 
         try:
             async with aiohttp.ClientSession() as session:
@@ -377,20 +363,20 @@ def test_no_request_fails_while_a_server_is_drained_and_another_added_under_load
                     if await ready():
                         break
                     await asyncio.sleep(0.05)
-                clients = [asyncio.create_task(client(session)) for _ in range(6)]
+                clients = [asyncio.create_task(load.client(session)) for _ in range(6)]
                 await until(lambda: len(statuses) > 100, what="load flowing")
                 scheduler.change("s1", DRAINING)              # drained: ReportDrained -> LOANED (gone)
                 await until(lambda: scheduler.drained_calls == ["s1"], what="s1 reported drained")
-                s1_served = await served(session, "s1")
+                s1_served = await served(session, servers["s1"][1])
                 mark = len(statuses)
                 scheduler.change("s3", SERVING, servers["s3"][1])
                 await until(lambda: len(statuses) > mark + 200, what="load after the change")
                 await until(lambda: scheduler.demand_calls, what="a demand report")
-                stop.set()
+                load.stop.set()
                 await asyncio.gather(*clients)
                 final = await stats(session)
-                assert await served(session, "s1") == s1_served     # nothing after it was drained
-                assert await served(session, "s3") > 0
+                assert await served(session, servers["s1"][1]) == s1_served     # nothing after it was drained
+                assert await served(session, servers["s3"][1]) > 0
             assert statuses and set(statuses) == {200}, {s: statuses.count(s) for s in set(statuses)}
             assert final["responses_failed"] == 0
             assert [b["server_id"] for b in final["backends"]] == ["s2", "s3"]

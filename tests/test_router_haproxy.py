@@ -29,9 +29,11 @@ from tests.router_rig import (
     DRAINING,
     SERVING,
     FakeScheduler,
+    RouterLoad,
     require_haproxy,
     rig,
     run,
+    served,
     start_example_server,
     stop_process,
     until,
@@ -215,24 +217,8 @@ def test_no_request_fails_through_haproxy_during_a_loan_and_a_reclaim(tmp_path: 
              "2", "--interval", "0.5", "--source", "loan-test"],
             stdout=log, stderr=subprocess.STDOUT, env=env,
         )
-        url = f"http://127.0.0.1:{port}"
-        statuses: list[int] = []
-        stop = asyncio.Event()
-
-        async def client(session: aiohttp.ClientSession) -> None:
-            while not stop.is_set():
-                async with session.post(url + "/v1/infer", json={"input": "abc"}) as response:
-                    body = await response.json()
-                    statuses.append(response.status)
-                    assert response.status != 200 or body["output"] == "cba", body
-
-        async def stats(session: aiohttp.ClientSession) -> dict:
-            async with session.get(url + "/aryl/stats") as response:
-                return await response.json()
-
-        async def served(session: aiohttp.ClientSession, base: str) -> int:
-            async with session.get(base + "/stats") as response:
-                return (await response.json())["served"]
+        load = RouterLoad(f"http://127.0.0.1:{port}")
+        statuses, stats = load.statuses, load.stats
 
         try:
             async with aiohttp.ClientSession() as session:
@@ -250,7 +236,7 @@ def test_no_request_fails_through_haproxy_during_a_loan_and_a_reclaim(tmp_path: 
                         await asyncio.sleep(0.05)
 
                 await asyncio.wait_for(ready(), scaled_timeout(60))
-                clients = [asyncio.create_task(client(session)) for _ in range(8)]
+                clients = [asyncio.create_task(load.client(session)) for _ in range(8)]
                 await until(lambda: len(statuses) > 200, timeout=30, what="load flowing")
 
                 # The loan.
@@ -286,7 +272,7 @@ def test_no_request_fails_through_haproxy_during_a_loan_and_a_reclaim(tmp_path: 
                         await asyncio.sleep(0.05)
 
                 await asyncio.wait_for(serving_again(), scaled_timeout(60))
-                stop.set()
+                load.stop.set()
                 await asyncio.gather(*clients)
                 final = await stats(session)
             sent = len(statuses)
