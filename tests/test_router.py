@@ -569,10 +569,12 @@ def test_config_requires_a_demand_mode_with_a_scheduler_and_backends_without_one
 def test_cli_flags_map_to_config_keys() -> None:
     args = parse_args(["--listen", "0.0.0.0:9000", "--no-scheduler", "--backend", "http://a:1", "--backend",
                        "http://b:1", "--capacity-rps", "40", "--headroom", "0.5", "--min-servers", "2",
-                       "--health-path", "/ready"])
+                       "--health-path", "/ready", "--data-plane", "python"])
     assert cli_overrides(args) == {"router": {
         "listen": "0.0.0.0:9000", "scheduler_address": "", "static_backends": ["http://a:1", "http://b:1"],
-        "server_capacity_rps": 40.0, "headroom": 0.5, "min_servers": 2, "health_path": "/ready"}}
+        "server_capacity_rps": 40.0, "headroom": 0.5, "min_servers": 2, "health_path": "/ready",
+        "data_plane": "python"}}
+    assert RouterSection().data_plane == "haproxy"            # the default: HAProxy carries the requests
     assert RouterSection().listen == "127.0.0.1:8080" and RouterSection().health_path == "/healthz"
 
 
