@@ -1,8 +1,8 @@
 """The policies of the goodput job model, looked up by name in the policy registry
 (``scheduler_service.core.registry``), and what each is told.
 
-Every name is the registered policy's: ``policies.create(name, params)`` builds it (an unknown name is the
-registry's ``UnknownPolicy``; ``params`` are its ``PolicyParams``). It then runs one of two ways:
+Every name is the registered policy's: ``policies.create(name, params)`` builds it (``params``: its
+``PolicyParams``), once ``GOODPUT_POLICIES`` has it (another name is refused first). It runs one of two ways:
 
 - **the authors' rules** -- for the policies the Pollux study's simulator ran (``tiresias``, ``optimus``,
   ``pollux``: ``AUTHORS_RULES``, each naming the registered policy class it stands for): their pure
