@@ -383,3 +383,33 @@ def test_reclaim_cost_is_a_set_function() -> None:
     for subset in itertools.combinations(range(6), 3):
         costs = {reclaim_cost_of(instance, order).total_cost for order in itertools.permutations(subset)}
         assert len(costs) == 1
+
+
+def test_the_lagrangian_bound_holds_where_a_value_per_gpu_rounds_above_zero() -> None:
+    # A joint-sizing knapsack from a goodput run (aryl-noloan, Pollux workload-8; Pareto-kept options). The
+    # largest value per GPU is option 13's, 0.0004798168556152065 / 21; at that multiplier its v - lam w rounds
+    # to 5.4e-20 > 0, so it was the maximiser at the bisection's upper end: with 0 GPUs the rounded "feasible"
+    # solution took 21, the bound fell below it (dual - lower = -4.8e-4), the reduction kept no option of some
+    # groups and the DP read uninitialised rows (a crash, or a garbage choice). The upper end is now twice the
+    # largest ratio.
+    from scheduler_service.solvers.knapsack import _lagrangian, _pareto_options
+
+    weights = np.array([[1, 4, 5, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+                        [3, 4, 5, 6, 8, 10, 11, 12, 13, 14, 17, 20, 21, 22, 23, 25, 29, 31, 33, 38]], np.int64)
+    values = np.array([
+        [9.729146037703267e-07, 1.0147969459710896e-06, 1.1022256351466927e-06, 1.2745480354514805e-06]
+        + [-1.0] * 16,
+        [3.5775661177020295e-06, 5.882009525233413e-05, 8.182955644961442e-05, 0.00011394310608299019,
+         0.00015897865199702738, 0.00018390599768067413, 0.0001867904642791396, 0.00018968937238535513,
+         0.00020594208373926907, 0.00026077287437968534, 0.0003029300024413982, 0.00039920381031127163,
+         0.0004798168556152065, 0.00048143445228709524, 0.00048581825279716943, 0.000498544659651711,
+         0.0005098088185840249, 0.0005111060355470891, 0.0005209631674951179, 0.0005237529358319428]])
+    counts = np.array([4, 20], np.int64)
+    opt, ow = np.empty((2, 21), np.int64), np.empty((2, 21), np.int64)
+    ov, nk = np.empty((2, 21), np.float64), np.empty(2, np.int64)
+    _pareto_options(weights, values, counts, opt, ow, ov, nk)
+    _, _, x, _ = _lagrangian(ow, ov, nk, 0)
+    assert [int(ow[g, x[g]]) for g in range(2)] == [0, 0]  # the rounded solution fits in 0 GPUs
+    for capacity in (0, 5, 21, 30):
+        assert solve_knapsack(weights, values, counts, capacity).choice.tolist() == \
+            solve_knapsack_brute_force(weights, values, counts, capacity).choice.tolist()

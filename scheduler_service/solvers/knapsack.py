@@ -236,6 +236,11 @@ def _lagrangian(ow: IntArray, ov: FloatArray, nk: IntArray, capacity: int
                 r = ov[g, j] / ow[g, j]
                 if r > hi:
                     hi = r
+    # Twice the largest value per weight: every option of positive weight is then worth less than nothing at hi
+    # (v - 2 (v / w) w = -v), with room to spare. At the ratio itself, ``v - (v / w) w`` may round to a hair
+    # above 0, that option becomes the maximiser at hi, and the invariant below fails: the "feasible" rounded
+    # solution does not fit, ``dual - lower`` goes negative, and the reduction keeps no option of some group.
+    hi *= 2.0
     lo = 0.0
     x = np.empty(groups, np.int64)
     at_lo = np.empty(groups, np.int64)
@@ -457,7 +462,7 @@ def _knapsack_kernel(weights: IntArray, values: FloatArray, counts: IntArray, ca
     lower = 0.0
     for g in range(groups):
         lower += ov[g, x[g]]
-    threshold = dual - lower + margin
+    threshold = max(dual - lower + margin, 0.0)  # >= 0: every group keeps its rc = 0 option
     # Round 1, only when the bound from the rounded solution leaves a big core: solve exactly over the
     # first_core options of smallest reduced cost (plus every group's rc = 0 option), which is a
     # restriction, so its optimum is feasible and usually all but optimal.
@@ -474,7 +479,7 @@ def _knapsack_kernel(weights: IntArray, values: FloatArray, counts: IntArray, ca
             return choice, dp_groups, dp_cap
         dp_groups, dp_cap = _solve_options(r_opt, r_ow, r_ov, r_nk, capacity, choice)
         lower = _totals(weights, values, choice)[0]
-        threshold = dual - lower + margin
+        threshold = max(dual - lower + margin, 0.0)
         if threshold <= trial:
             # Every option that can be in an optimal solution was in the restricted problem.
             return choice, dp_groups, dp_cap
