@@ -6,6 +6,7 @@ PostgreSQL."""
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,6 +29,7 @@ from scheduler_service.store.db import create_engine_for, session_factory
 from scheduler_service.store.desired import DesiredStates
 from scheduler_service.store.jobs import JobStore
 from scheduler_service.store.transactions import Transactions
+from tests.helpers import scaled_timeout, wait_for
 
 NOW = 1_790_000_000.0
 
@@ -155,3 +157,50 @@ def test_a_gpu_registered_to_another_server_is_gpu_taken_and_writes_nothing(engi
     assert _count(engine, m.SERVERS) == 1 and _count(engine, m.GPUS) == 1
     register("node-b", "GPU-2")
     assert _count(engine, m.GPUS) == 2
+
+
+@pytest.mark.postgres
+def test_a_registration_that_loses_the_insert_race_updates_the_winners_row(postgres_url: str) -> None:
+    # Two agents register the same new hostname at once. The first's INSERT is in flight (uncommitted) when the
+    # second's arrives: on PostgreSQL the second INSERT waits for the first transaction, then breaks the primary
+    # key. The store turns that into an update of the row the first committed: both registrations succeed.
+    engine = create_engine_for(postgres_url)
+    clock = SystemClock()
+    store, db = AgentStore(StateChanges(clock), DesiredStates(epoch=lambda: 1), clock), _db(engine)
+    reg = ServerRegistration(hostname="node-a", pool=Pool.TRAINING, agent_address="", agent_version="test",
+                             gpus=(GpuReport(index=0, uuid="GPU-1", model="Fake-GPU", memory_total_bytes=1 << 30),))
+    first = session_factory(engine)()
+    first.begin()
+    store.register(first, reg, NOW)
+    first.flush()
+    outcome: list[object] = []
+    second = threading.Thread(target=lambda: outcome.append(_attempt(lambda: db.write(
+        lambda session: store.register(session, reg, NOW + 1)))), daemon=True)
+    second.start()
+    try:
+        wait_for(lambda: _waiting_on_a_lock(engine), timeout=30.0,
+                 what="the second registration to wait for the first's INSERT")
+    finally:
+        first.commit()
+        first.close()
+    second.join(timeout=scaled_timeout(60.0))
+    assert outcome == [{"node-a"}]  # the update path: its desired generation bumped
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(m.SERVERS.c.id, m.SERVERS.c.desired_generation)).all()
+        registered = conn.scalar(sa.select(sa.func.count()).select_from(m.EVENTS).where(
+            m.EVENTS.c.kind == "SERVER_REGISTERED"))
+    assert [tuple(r) for r in rows] == [("node-a", 2)] and registered == 1
+    engine.dispose()
+
+
+def _attempt(call: Any) -> object:
+    try:
+        return call()
+    except Exception as exc:  # noqa: BLE001 -- the test asserts on whatever it raised
+        return exc
+
+
+def _waiting_on_a_lock(engine: sa.Engine) -> bool:
+    with engine.connect() as conn:
+        return bool(conn.scalar(sa.text(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()")))

@@ -18,15 +18,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from scheduler_service.core.clock import Clock
 from scheduler_service.core.snapshot import AdminState
-from scheduler_service.errors import FailedPrecondition, InvalidArgument, NotFound
+from scheduler_service.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
 from scheduler_service.lifecycle import JobState, ServerState, home_state
 from scheduler_service.records import GpuReport, GpuSample, ServerRegistration, StatusReport, WorkerReport
 from scheduler_service.store import models as m
 from scheduler_service.store.changes import StateChanges, at_least, free_allocations
+from scheduler_service.store.db import broke_unique_key
 from scheduler_service.store.desired import DesiredStates
 from scheduler_service.store.goodput import with_report
 from scheduler_service.store.transactions import commit_without_flush_wait
@@ -64,15 +66,12 @@ class AgentStore:
         desired state is sent again). Returns the servers whose desired generation was bumped by hand."""
         touched: set[str] = set()
         server = session.get(m.Server, reg.hostname)
-        if server is None:
-            server = m.Server(
-                id=reg.hostname, hostname=reg.hostname, pool=reg.pool, state=home_state(reg.pool),
-                state_reason="registered", agent_address=reg.agent_address, agent_version=reg.agent_version,
-                registered_at=now, last_seen_at=now, desired_generation=1, observed_generation=0,
-                state_changed_at=now, logs_address=reg.logs_address, inference_endpoint=reg.inference_endpoint,
-            )
-            session.add(server)
-            session.flush()
+        inserted = server is None and (server := self._insert_server(session, reg, now)) is not None
+        if server is None:  # a concurrent registration of the same hostname inserted it first: update that row
+            server = session.get(m.Server, reg.hostname, populate_existing=True)
+            if server is None:
+                raise Aborted(f"server {reg.hostname} was registered and removed by concurrent calls; retry")
+        if inserted:
             self._changes.event(
                 session, "SERVER_REGISTERED", server_id=server.id, to_state=server.state, reason="REGISTERED",
                 message=f"{reg.pool.lower()} server with {len(reg.gpus)} GPU(s), agent {reg.agent_version}",
@@ -100,6 +99,27 @@ class AgentStore:
             touched.add(server.id)
         self._sync_gpus(session, server, reg.gpus)
         return touched
+
+    def _insert_server(self, session: Session, reg: ServerRegistration, now: float) -> m.Server | None:
+        """The new server's row, or None when a concurrent registration of the same hostname committed it
+        first: on PostgreSQL this INSERT waits for that transaction, then breaks the primary key; the savepoint
+        keeps this transaction going, so the registration updates that row instead (a registration is an
+        upsert, and one that lost the race must not fail)."""
+        server = m.Server(
+            id=reg.hostname, hostname=reg.hostname, pool=reg.pool, state=home_state(reg.pool),
+            state_reason="registered", agent_address=reg.agent_address, agent_version=reg.agent_version,
+            registered_at=now, last_seen_at=now, desired_generation=1, observed_generation=0,
+            state_changed_at=now, logs_address=reg.logs_address, inference_endpoint=reg.inference_endpoint,
+        )
+        try:
+            with session.begin_nested():
+                session.add(server)
+                session.flush()
+        except IntegrityError as exc:
+            if broke_unique_key(exc, m.SERVERS.primary_key):
+                return None
+            raise
+        return server
 
     def _sync_gpus(self, session: Session, server: m.Server, reported: Sequence[GpuReport]) -> None:
         existing = {g.index: g for g in session.scalars(sa.select(m.Gpu).where(m.Gpu.server_id == server.id))}

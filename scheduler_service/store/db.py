@@ -27,6 +27,7 @@ from sqlalchemy import Connection, Engine, Table, UniqueConstraint, create_engin
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.sql.schema import ColumnCollectionConstraint
 
 from scheduler_service.errors import GpuTaken, KeyTaken, Unavailable
 from scheduler_service.store import models as m
@@ -146,9 +147,9 @@ def database_busy(exc: BaseException) -> bool:
     return isinstance(exc, DBAPIError) and getattr(exc.orig, "pgcode", None) in _TIMED_OUT
 
 
-def broke_unique_key(exc: IntegrityError, key: UniqueConstraint) -> bool:
-    """True when ``exc`` is the database refusing a row because another row holds its ``key`` already
-    (not a foreign key, a check or another unique key): PostgreSQL names the constraint
+def broke_unique_key(exc: IntegrityError, key: ColumnCollectionConstraint) -> bool:
+    """True when ``exc`` is the database refusing a row because another row holds its ``key`` (a unique key or
+    the primary key) already (not a foreign key, a check or another unique key): PostgreSQL names the constraint
     (``store.models``' naming convention, the migrations' names), SQLite names its columns."""
     diag = getattr(exc.orig, "diag", None)
     if diag is not None:  # psycopg2
