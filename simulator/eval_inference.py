@@ -180,7 +180,7 @@ def inference_text(figures: Mapping[str, Any]) -> str:
             f"- **{load}**: `aryl` leaves {cell(short, 'share')} of requests short "
             f"(`aryl-reactive`: {cell(reactive['spread'].get('inference_shortfall.requests_short_share'), 'share')}) "
             f"at {cell(cost, 'gain')} average JCT against `aryl-reactive`. Reclaim: `aryl-naivereclaim` makes "
-            f"{cell(naive_ratio, 'x')} the preemptions per reclaimed server of `aryl`'s greedy. `aryl-risk` against "
+            f"{cell(naive_ratio, 'x')} the preemptions per reclaimed server of `aryl`'s reclaim. `aryl-risk` against "
             f"`aryl`: average JCT {cell(risk_jct, 'gain')}, GPU-hours lost {cell(risk_lost, 'gain')}. "
             "The forecast alone: "
             f"the need within {figures['coverage_lead_s']:.0f} s rose above the band at {cov['miss_share']:.2%} of "
@@ -217,7 +217,8 @@ evening bursts). "Requests short": the share that arrived while serving capacity
 
 Targets (issue 31): at most 0.1% of requests short on the busy ServeGen load at no more than 2% higher average
 JCT than `aryl-reactive`; at most 0.5% on the spiky load with the JCT cost reported; at least 3x fewer
-preemptions per reclaimed server than naive. Not yet built: a reclaim solved exactly on small cases; the greedy
-reclaim is the one measured above. The risk valuation covers extra workers only: a queued job's base workers
-placed on a loaned server are valued at their full rate (a reclaim relocates them where it can).
+preemptions per reclaimed server than naive. `aryl`'s reclaim is exact while there are at most 40,000 sets of
+loaned servers to try (`solvers.reclaim.reclaim_solve`), greedy on server preemption cost beyond (its gap to the
+exact answer: `make bench`, `reclaim_gap`). The risk valuation covers extra workers only: a queued job's base
+workers placed on a loaned server are valued at their full rate (a reclaim relocates them where it can).
 """

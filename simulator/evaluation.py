@@ -136,10 +136,10 @@ Average JCT per workload, Aryl's policies and the authors' published results
   `reference/pollux-simulator/README.md`; `make bench`, `pollux`, times both on the same intervals in one
   run).
 - `sjf` and `aryl-noloan` are Aryl's registered policies deciding on snapshots of the simulated jobs
-  through the scheduler's own cycle (`simulator/goodput_policies.py`): gangs of the requested GPUs, `aryl-noloan` elastic up to 16x its request (within
-  its batch); both at the requested batch size, with the oracle's throughput and remaining work as
-  declared points and work (as Optimus+Oracle gets). Neither adapts batch sizes, which is most of what
-  Pollux gains.
+  through the scheduler's own cycle (`simulator/goodput_policies.py`): gangs of the requested GPUs,
+  `aryl-noloan` elastic up to 16x its request (within its batch); both at the requested batch size, with
+  the oracle's throughput and remaining work as declared points and work (as Optimus+Oracle gets).
+  Neither adapts batch sizes, which is most of what Pollux gains.
 """
     return text, {"ours": ours, "theirs": theirs}
 

@@ -29,7 +29,7 @@ def test_the_text_reports_the_cost_and_the_reclaim_ratio_per_seed():
                        "inference_servers": 30}
     text = inference_text({"seeds": seeds, "estimates": "lognormal:0.8", "budget": 0.001, "coverage_lead_s": 120.0,
                            "loads": {"servegen": per}})
-    # JCT cost per seed: +2% and +4%: mean +3.0% (+2.0%-+4.0%); naive / greedy preemptions per reclaim: 2x and 5x.
+    # JCT cost per seed: +2% and +4%: mean +3.0% (+2.0%-+4.0%); naive / aryl preemptions per reclaim: 2x and 5x.
     assert "at +3.0% (+2.0%-+4.0%) average JCT against `aryl-reactive`" in text
     assert "makes 3.50x (2.00x-5.00x) the preemptions per reclaimed server" in text
     # aryl-risk against aryl per seed: -1% and 0% average JCT; the same GPU-hours lost.

@@ -218,6 +218,6 @@ _register("aryl-noshrink", loaning=True, elastic=True, goodput=True, shrink=Fals
 # a reclaim starts when the need exceeds what serves, and any server beyond the need now may be loaned).
 _register("aryl-reactive", loaning=True, elastic=True, goodput=True, forecast=False)
 # Risk-valued loans: the full policy, and an extra worker is valued by its expected time before its loaned server
-# goes back (``loans.loan_risk``). Not the default: on the busy ServeGen headline it changed average JCT by +0.05%
-# and GPU-hours lost by +2.7% (seed 0; docs/evaluation.md, the inference section, has all seeds).
+# goes back (``loans.loan_risk``). Not the default: in docs/evaluation.md's inference section it moved average JCT
+# by +0.0% (ServeGen) and +0.4% (Alibaba), GPU-hours lost by +2.1% and -0.1% (3 seeds each).
 _register("aryl-risk", loaning=True, elastic=True, goodput=True, risk=True)
