@@ -433,8 +433,8 @@ def test_reclaim_counts_the_work_since_the_acknowledged_checkpoint(monkeypatch: 
                                 last_checkpoint_at=NOW - age)
             for jid, sid, age in ((1, "l1", 60.0), (2, "l2", 3000.0))]
     instances: list[ReclaimInstance] = []
-    real = aryl.loans.reclaim_greedy
-    monkeypatch.setattr(aryl.loans, "reclaim_greedy",
+    real = aryl.loans.reclaim_solve
+    monkeypatch.setattr(aryl.loans, "reclaim_solve",
                         lambda instance, count: instances.append(instance) or real(instance, count))
     params = PolicyParams(restart_cost_s=10.0)
     decision = create_policy("aryl", params).preview_reclaim(snapshot_of(servers, jobs, demand=1), 1)
