@@ -87,7 +87,7 @@ bench: $(STAMP) haproxy wrk
 # Regenerates docs/evaluation.md from the public traces in ../shared (set SHARED=... elsewhere).
 SHARED ?= ../shared
 evaluation: $(STAMP)
-	$(BIN)/python -m simulator.evaluation --shared $(SHARED)
+	$(BIN)/python -m evaluation --shared $(SHARED)
 
 protos: $(STAMP)
 	$(BIN)/python -m protos.generate

@@ -1,7 +1,7 @@
 """The simulator's speed: the 15-day Philly window (28,554 jobs) and the full trace with ``aryl``.
 
 Targets from the issue: <= 60 s on one core for the 15-day window, <= 5 min for the full 82k-job trace,
-at the evaluation's settings (``simulator.evaluation``: cycles batched at least 60 s apart).
+at the evaluation's settings (``evaluation.document``: cycles batched at least 60 s apart).
 Figures: wall seconds of one ``simulate`` run of the 15-day window with a cycle at every event
 (``min_cycle_gap_s=0``, as the service) and with cycles at least 60 s apart (as the evaluation runs),
 and of the full trace at 60 s; reference: ``fifo`` on the same inputs at gap 0 (the simulator's own

@@ -502,7 +502,7 @@ def pollux_environment(shared: Path, numbers: Sequence[int], *, folder: str = PO
                        seed: int = 0) -> Environment:
     """Pollux's workloads ``numbers`` on 16 servers x 4 GPUs (the Pollux simulator's cluster), every job
     elastic up to 16x its request, speeds from Pollux's measured profiles -- the setting of
-    ``simulator.evaluation``'s Pollux section -- with cycles on events, at least 60 s apart."""
+    ``evaluation.pollux``'s section -- with cycles on events, at least 60 s apart."""
     from simulator.traces import JobMapping, load_pollux_workload
 
     mapping = JobMapping(seed=seed, elastic_share=1.0, max_scale=16, gpus_per_server=4)

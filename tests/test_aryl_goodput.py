@@ -133,7 +133,7 @@ def test_pollux_sends_batches_for_jobs_with_limits_and_uses_the_fit() -> None:
 
 
 def test_the_goodput_section_runs_on_a_tiny_trace() -> None:
-    from simulator.eval_goodput import figures, goodput_jobs, render, run_goodput, text_of
+    from evaluation.goodput import figures, goodput_jobs, render, run_goodput, text_of
     from simulator.traces import JobMapping
 
     data = traces_dir()
@@ -165,8 +165,8 @@ def test_the_goodput_section_runs_on_a_tiny_trace() -> None:
 
 
 def test_the_goodput_cluster_shows_what_a_job_measured() -> None:
+    from evaluation.goodput import GoodputCluster, goodput_jobs
     from simulator.clock import VirtualClock
-    from simulator.eval_goodput import GoodputCluster, goodput_jobs
     from simulator.traces import JobMapping
 
     trace = [linear_job(1, 0.0, 1, 1, 2, 600.0)]

@@ -1,4 +1,4 @@
-"""The headline's orchestration (simulator/eval_headline.py) end to end on a tiny synthetic trace: the
+"""The headline's orchestration (evaluation/headline.py) end to end on a tiny synthetic trace: the
 busy regime's sizing rule, the process pool, the seed aggregation and the summaries' structure."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from simulator.eval_headline import (
+from evaluation.document import splice_lead
+from evaluation.headline import (
     ESTIMATED,
     EXACT,
     Inputs,
@@ -23,7 +24,6 @@ from simulator.eval_headline import (
     load_jobs,
     offered_load,
 )
-from simulator.evaluation import splice_lead
 
 
 def tiny_inputs(tmp_path: Path) -> Inputs:
@@ -152,12 +152,12 @@ def _fake_other(shared: Path, assets: Path, raw: dict) -> tuple[str, dict]:
 
 def test_other_sections_run_beside_the_headline_and_keep_their_order(tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    import simulator.evaluation as evaluation
+    import evaluation.document as document
 
-    monkeypatch.setattr(evaluation, "SECTIONS", {"headline": _fake_headline, "sensitivity": _fake_sensitivity,
+    monkeypatch.setattr(document, "SECTIONS", {"headline": _fake_headline, "sensitivity": _fake_sensitivity,
                                                  "other": _fake_other})
-    monkeypatch.setattr(evaluation, "lead_text", lambda raw: "the lead\n")
-    assert evaluation.main(["--out", str(tmp_path), "--shared", str(tmp_path)]) == 0
+    monkeypatch.setattr(document, "lead_text", lambda raw: "the lead\n")
+    assert document.main(["--out", str(tmp_path), "--shared", str(tmp_path)]) == 0
     doc = (tmp_path / "evaluation.md").read_text()
     assert doc.startswith("# Evaluation\n\n<!-- section:lead -->\nthe lead\n")
     assert doc.index("## headline") < doc.index("## sensitivity") < doc.index("## other")
@@ -166,6 +166,6 @@ def test_other_sections_run_beside_the_headline_and_keep_their_order(tmp_path: P
     assert raw["other"]["pid"] != os.getpid()  # in a worker process, beside the headline
     # --only other: in this process, in place; the headline's figures are kept
     (tmp_path / "evaluation" / "summaries.json").write_text(json.dumps({**raw, "kept": 1}))
-    assert evaluation.main(["--out", str(tmp_path), "--shared", str(tmp_path), "--only", "other"]) == 0
+    assert document.main(["--out", str(tmp_path), "--shared", str(tmp_path), "--only", "other"]) == 0
     again = json.loads((tmp_path / "evaluation" / "summaries.json").read_text())
     assert again["other"]["pid"] == os.getpid() and again["kept"] == 1 and again["headline"] == raw["headline"]

@@ -1,12 +1,12 @@
-"""The inference section's text (``simulator.eval_inference``) from made-up summaries: the JCT cost against the
+"""The inference section's text (``evaluation.inference``) from made-up summaries: the JCT cost against the
 reactive row and the naive reclaim's ratio are computed per seed, and every figure lands in its row."""
 
 from __future__ import annotations
 
 import pytest
 
-from simulator.eval_headline import aggregate
-from simulator.eval_inference import POLICIES, inference_text
+from evaluation.headline import aggregate
+from evaluation.inference import POLICIES, inference_text
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -32,6 +32,7 @@ ALLOWED: dict[str, frozenset[str] | None] = {
     "inference_router": frozenset({"aryl_common", "protos"}),
     "arylctl": frozenset({"aryl_common", "protos"}),
     "simulator": frozenset({"scheduler_service", "aryl_common"}),
+    "evaluation": frozenset({"simulator", "scheduler_service", "aryl_common"}),  # above the simulator, never below
     "aryl_demo": ANYTHING,
     "aryl_train": frozenset({"node_agent"}),  # a training program's helper: the contract module only
     "benchmarks": ANYTHING,

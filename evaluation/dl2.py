@@ -1,4 +1,4 @@
-"""The evaluation's ``dl2`` section (``python -m simulator.evaluation --only dl2``): ``drf``, ``optimus``, ``dl2``
+"""The evaluation's ``dl2`` section (``python -m evaluation --only dl2``): ``drf``, ``optimus``, ``dl2``
 after its supervised warm-up only, and ``dl2`` after reinforcement learning, beside DL2's published
 figures (Peng et al., 2019: average JCT -44.1% vs DRF, -17.5% vs Optimus).
 
@@ -79,7 +79,7 @@ def philly_sample(shared: Path) -> Environment:
 
 
 def dl2_section(shared: Path, assets: Path, earlier: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """The section (``simulator.evaluation.SECTIONS``): markdown and raw figures."""
+    """The section (``evaluation.document.SECTIONS``): markdown and raw figures."""
     started = time.perf_counter()
     seeds = [s for s, path in WEIGHTS.items() if path.exists()]
     nets: dict[str, Network] = {}
@@ -168,12 +168,12 @@ paper's parameter-server jobs (DL2 allocates workers *and* parameter servers; he
 network sees the {32} oldest active jobs; DRF's users are the jobs themselves (the traces carry no users
 for these runs); `optimus` here uses the declared throughput curves, not an oracle of step times. No
 user-estimate row: the jobs declare their training target and report progress, the features the networks
-were trained on; a non-clairvoyant DL2 needs training under estimates first (`simulator/eval_dl2.py`). This
+were trained on; a non-clairvoyant DL2 needs training under estimates first (`evaluation/dl2.py`). This
 section took {wall_s:.0f} s.
 """
 
 
-def main() -> None:  # for a quick look: python -m simulator.eval_dl2
+def main() -> None:  # for a quick look: python -m evaluation.dl2
     text, raw = dl2_section(REPO.parent / "shared", REPO / "docs/evaluation", {})
     print(text)
     print(json.dumps({k: v for k, v in raw.items() if k != "meta"}, indent=1)[:2000])

@@ -1,4 +1,4 @@
-"""The "goodput" section of ``docs/evaluation.md`` (``python -m simulator.evaluation --only goodput``):
+"""The "goodput" section of ``docs/evaluation.md`` (``python -m evaluation --only goodput``):
 capacity loaning and goodput-optimised elasticity together (issue 17), on the headline's Philly +
 ServeGen setup with every job mapped to one of the six Pollux models.
 
@@ -43,7 +43,7 @@ it was committed):
   re-read at the next step): the segment's progress goes on from where it is at the new rate (a
   checkpoint taken earlier in that segment is then valued on the new rate, which only a later preemption
   in the same segment would read).
-- **Cluster**: sized by the headline's *busy-regime* rule (``simulator.eval_headline.busy_regime``) on
+- **Cluster**: sized by the headline's *busy-regime* rule (``evaluation.headline.busy_regime``) on
   this window: the most 8-GPU training servers its offered load (every job started when submitted at its
   traced size, averaged over the arrival window) still fills to ``BUSY_LOAD`` (90%); one inference server
   per two training servers, whose ServeGen ``m-small`` demand (20% headroom) needs the whole inference
@@ -71,6 +71,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from evaluation.headline import DEMAND_QUANTILE, GPUS_PER_SERVER, busy_regime
 from scheduler_service.core.clock import Clock
 from scheduler_service.core.goodput import BatchSplit, GradParams, StepSample, progress_rate, split_batch
 from scheduler_service.core.params import PolicyParams
@@ -80,7 +81,6 @@ from scheduler_service.core.throughput import ThroughputModel
 from simulator.clock import VirtualClock
 from simulator.cluster import SimulatedCluster
 from simulator.engine import SimulationResult, simulate
-from simulator.eval_headline import DEMAND_QUANTILE, GPUS_PER_SERVER, busy_regime
 from simulator.goodput_profiles import Application, load_application
 from simulator.load import demand_from_rate, load_servegen_rate
 from simulator.model import ClusterSpec, DemandPoint, TraceJob
@@ -275,7 +275,7 @@ def _placement(workers: tuple[WorkerView, ...]) -> tuple[int, ...]:
 
 
 def busy_cluster(jobs: list[TraceJob]) -> ClusterSpec:
-    """The busy-regime clusters for ``jobs`` (module doc; the headline's rule, ``eval_headline.busy_regime``)."""
+    """The busy-regime clusters for ``jobs`` (module doc; the headline's rule, ``evaluation.headline.busy_regime``)."""
     regime = busy_regime(jobs)
     return ClusterSpec(regime.training_servers, regime.inference_servers, GPUS_PER_SERVER)
 
@@ -490,7 +490,7 @@ def render(windows: list[tuple[float, dict[str, dict[int, dict[str, Any]]], dict
 The first {spans} day(s) of the busiest Philly window, each on clusters sized by the
 headline's busy-regime rule (ServeGen `m-small` demand), every job mapped to one of the six Pollux models by
 Pollux's own rule for Philly jobs, with its measured profile as the truth (step times, statistical efficiency;
-`simulator/eval_goodput.py` states every modelling choice). **Non-clairvoyant**: the policies see a user's
+`evaluation/goodput.py` states every modelling choice). **Non-clairvoyant**: the policies see a user's
 run-time estimate (`{ESTIMATES}`: the truth x exp(0.8 z)); the clairvoyant row follows. Policies: `sjf`
 (separate clusters), `pollux` (goodput + batch-size adaptation, no loaning), and `aryl` (loaning; one joint
 sizing of every queued and running elastic job by completion rates, valued by each job's goodput model fitted

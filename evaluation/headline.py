@@ -49,9 +49,8 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from functools import lru_cache, partial
@@ -60,6 +59,7 @@ from typing import Any
 
 import numpy as np
 
+from evaluation.report import cell, gain_spread, log, lookup, ratio_spread, spread, table
 from scheduler_service.core.params import PolicyParams
 from simulator.engine import SimulationResult, simulate
 from simulator.load import demand_from_rate, load_servegen_rate
@@ -93,10 +93,6 @@ METRICS = ("avg_queue_s", "median_queue_s", "p95_queue_s", "p99_queue_s", "avg_j
            "inference_shortfall.requests_beyond_cluster_share", "loans", "reclaims", "preemptions",
            "reclaim_preemptions", "preemptions_per_reclaim", "scale_ins",
            "gpu_hours_lost", "jobs_completed", "jobs_total")
-
-
-def log(message: str) -> None:
-    print(f"[evaluation] {message}", file=sys.stderr, flush=True)
 
 
 # -- inputs and sizing ----------------------------------------------------------------------------
@@ -258,25 +254,6 @@ def run_all(inputs: Inputs, specs: Sequence[RunSpec], workers: int | None = None
 # -- aggregation over seeds ---------------------------------------------------------------------
 
 
-def lookup(summary: Mapping[str, Any], path: str) -> float | None:
-    value: Any = summary
-    for part in path.split("."):
-        if not isinstance(value, Mapping):
-            return None
-        value = value.get(part)
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def spread(values: Iterable[float | None]) -> dict[str, Any] | None:
-    """Mean, min, max and the per-seed values; None when any seed has no value."""
-    seen = list(values)
-    if not seen or any(v is None for v in seen):
-        return None
-    numbers = [float(v) for v in seen if v is not None]
-    return {"mean": round(sum(numbers) / len(numbers), 4), "min": round(min(numbers), 4),
-            "max": round(max(numbers), 4), "per_seed": [round(v, 4) for v in numbers]}
-
-
 def aggregate(summaries: Sequence[Mapping[str, Any]], seeds: Sequence[int]) -> dict[str, Any]:
     """One policy over seeds: each metric's mean at its own path (``avg_queue_s``,
     ``gpu_utilization.overall``, ...) and ``spread`` {metric: mean, min, max, per_seed}."""
@@ -295,22 +272,6 @@ def aggregate(summaries: Sequence[Mapping[str, Any]], seeds: Sequence[int]) -> d
     return out
 
 
-def ratio_spread(base: Mapping[str, Any], other: Mapping[str, Any], metric: str) -> dict[str, Any] | None:
-    """``base / other`` per seed (same seeds in the same order), as a spread."""
-    b, o = base["spread"].get(metric), other["spread"].get(metric)
-    if b is None or o is None:
-        return None
-    return spread(x / y if y else None for x, y in zip(b["per_seed"], o["per_seed"], strict=True))
-
-
-def gain_spread(base: Mapping[str, Any], other: Mapping[str, Any], metric: str) -> dict[str, Any] | None:
-    """``(other - base) / base`` in percent per seed, as a spread."""
-    b, o = base["spread"].get(metric), other["spread"].get(metric)
-    if b is None or o is None:
-        return None
-    return spread((y - x) / x * 100.0 if x else None for x, y in zip(b["per_seed"], o["per_seed"], strict=True))
-
-
 def comparison(base: Mapping[str, Any], other: Mapping[str, Any]) -> dict[str, Any]:
     return {"queue_reduction": ratio_spread(base, other, "avg_queue_s"),
             "jct_reduction": ratio_spread(base, other, "avg_jct_s"),
@@ -319,25 +280,6 @@ def comparison(base: Mapping[str, Any], other: Mapping[str, Any]) -> dict[str, A
 
 
 # -- formatting -------------------------------------------------------------------------------------
-
-
-def cell(stats: Mapping[str, Any] | None, kind: str = "h") -> str:
-    """``mean (min-max)`` in hours (``h``), a percentage (``pct`` of a fraction), a ratio (``x``), a
-    signed percentage (``gain``) or a count (``n``)."""
-    if stats is None:
-        return "n/a"
-    fmt = {"h": lambda v: f"{v / 3600:.2f}", "pct": lambda v: f"{v:.1%}", "x": lambda v: f"{v:.2f}x",
-           "gain": lambda v: f"{v:+.1f}%", "n": lambda v: f"{v:,.0f}", "f2": lambda v: f"{v:.2f}",
-           "share": lambda v: f"{v:.2%}"}[kind]
-    if stats["min"] == stats["max"]:
-        return fmt(stats["mean"])
-    return f"{fmt(stats['mean'])} ({fmt(stats['min'])}-{fmt(stats['max'])})"
-
-
-def table(rows: list[list[str]], header: list[str]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines)
 
 
 POLICY_HEADER = ["policy", "avg queue (h)", "p95 queue (h)", "avg JCT (h)", "p95 JCT (h)",
@@ -599,7 +541,7 @@ aryl vs sjf at light load (estimated / exact): queueing {cell(lv[ESTIMATED]['que
                  f"average JCT {cell(a.get('avg_jct_s'))} h vs {cell(n.get('avg_jct_s'))} h.\n")
     return f"""## 1. Headline: Philly (15 busiest days) + ServeGen m-small, busy training cluster
 
-**Regime** (`simulator/eval_headline.py`, rules fixed before the first run): {regime_line(r)}.
+**Regime** (`evaluation/headline.py`, rules fixed before the first run): {regime_line(r)}.
 {r['jobs']:,} jobs over {r['arrival_window_h']:.0f} h of arrivals. The training cluster has the most 8-GPU
 servers the offered load (GPU demand if every job started on arrival at its traced size, over the
 arrival window) still fills to >= {BUSY_LOAD:.0%}; the inference cluster keeps the earlier ratio of one

@@ -1,4 +1,4 @@
-"""The "deadlines" section of ``docs/evaluation.md`` (``python -m simulator.evaluation --only deadlines``):
+"""The "deadlines" section of ``docs/evaluation.md`` (``python -m evaluation --only deadlines``):
 deadline completion rates of ``sjf``, ``qos`` and ``aryl`` (deadlines off and on) on a Philly sample,
 on a cluster short of GPUs and on one with enough, with the deadline rule's tight and loose settings,
 over several seeds -- beside the QoS framework paper's +26% (short) and 100% (enough).
@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from evaluation.report import log, table
 from scheduler_service.core.params import PolicyParams
 from simulator.deadlines import DEADLINE_SETTINGS, assign_deadlines
 from simulator.engine import simulate
@@ -90,7 +91,6 @@ def deadlines_section(shared: Path, assets: Path, raw: dict[str, Any]) -> tuple[
 
 
 def run_all(shared: Path) -> dict[str, Any]:
-    from simulator.evaluation import log  # the report's helper (that module registers this one)
 
     rates: dict[str, dict[str, list[float]]] = {}  # column -> label -> rate per seed
     jcts: dict[str, dict[str, list[float]]] = {}
@@ -129,7 +129,6 @@ def run_all(shared: Path) -> dict[str, Any]:
 
 def render(data: dict[str, Any]) -> str:
     """The section's markdown, from ``run_all``'s figures."""
-    from simulator.evaluation import table  # the report's helper (that module registers this one)
 
     rates, jcts, regime_notes = data["rates"], data["avg_jct_s"], data["regimes"]
     tight_slack = data["tight_deadlines_below_one_restart"]
@@ -160,7 +159,7 @@ def render(data: dict[str, Any]) -> str:
     text = f"""## Deadlines (QoS): completion rates
 
 How many jobs finish by their deadline: `deadlines_met / jobs_with_deadline` (`simulator/results.py`).
-Setup (`simulator/eval_deadlines.py`, fixed before any result was seen): a Philly sample -- the first
+Setup (`evaluation/deadlines.py`, fixed before any result was seen): a Philly sample -- the first
 {SAMPLE_DAYS} days of the 15-day window, one job in {one_in} by a keyed draw, mapped as in the headline (half
 elastic up to 4x) -- with deadlines by the seeded rule of `simulator/deadlines.py`: submit + U(1, 2)
 (tight) or U(2, 4) (loose) x the run time at the requested size. Load regimes, by the offered load

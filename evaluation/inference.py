@@ -4,7 +4,7 @@ replaced (``aryl-reactive``), and its reclaim against the naive one (``aryl-naiv
 first), on two inference loads with the headline's training side.
 
 The setup (fixed before the first run; nothing here is tuned toward a figure):
-- **Training side**: the headline's busy regime (``eval_headline.busy_regime``): the busiest 15 days of Philly,
+- **Training side**: the headline's busy regime (``evaluation.headline.busy_regime``): the busiest 15 days of Philly,
   its clusters, job mapping and seeds, **non-clairvoyant** (``lognormal:0.8`` estimates).
 - **Loads**, each scaled so that its **maximum** needs the whole inference cluster with 20% headroom
   (``peak_quantile = 1``: provisioned for the peak, nothing clipped), and the shortfall counted against the
@@ -39,9 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from scheduler_service.core.demand_forecast import DemandForecaster
-from scheduler_service.core.params import PolicyParams
-from simulator.eval_headline import (
+from evaluation.headline import (
     CYCLE_GAP_S,
     ESTIMATED,
     HEADROOM,
@@ -51,14 +49,12 @@ from simulator.eval_headline import (
     aggregate,
     arrival_span,
     busy_regime,
-    cell,
-    gain_spread,
     load_jobs,
     load_rate,
-    log,
-    ratio_spread,
-    table,
 )
+from evaluation.report import cell, gain_spread, log, ratio_spread, table
+from scheduler_service.core.demand_forecast import DemandForecaster
+from scheduler_service.core.params import PolicyParams
 from simulator.load import demand_from_rate, load_request_times_rate
 from simulator.model import ClusterSpec, DemandPoint
 
@@ -189,7 +185,7 @@ def inference_text(figures: Mapping[str, Any]) -> str:
     budget = figures["budget"]
     return f"""## Inference: does serving notice the loans?
 
-`simulator/eval_inference.py` (its module doc has the setup). The headline's training side (busy regime,
+`evaluation/inference.py` (its module doc has the setup). The headline's training side (busy regime,
 non-clairvoyant `{figures['estimates']}`, seeds {', '.join(map(str, figures['seeds']))}) with two inference loads,
 each scaled so that its **maximum** needs the whole inference cluster (provisioned for the peak: nothing is
 clipped, and the shortfall is counted against the unclipped need; "beyond the cluster" is the share of requests

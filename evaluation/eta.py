@@ -1,11 +1,11 @@
-"""The "eta" section of ``docs/evaluation.md`` (``python -m simulator.evaluation --only eta``): how far the
+"""The "eta" section of ``docs/evaluation.md`` (``python -m evaluation --only eta``): how far the
 scheduler's start-time forecast (``simulator.forecast``, what ``Job.eta_start`` shows) is from the start
 a job then really gets, on a Philly sample.
 
 The setup, fixed before the accuracy figures were seen (but for one change: a first run at ``RHO`` 1.0,
 forecasts every 4 h, made only 2 forecasts with a job waiting, so the load and the rate were raised):
 
-- **Sample and cluster**: the deadlines section's Philly sample (``eval_deadlines.philly_sample``: the
+- **Sample and cluster**: the deadlines section's Philly sample (``evaluation.deadlines.philly_sample``: the
   first 3 days of the busiest 15-day window, one job in eight, half elastic up to 4x) on a training
   cluster with ``RHO`` (1.5) times fewer GPUs than the sample's offered load, so a queue builds up
   over the three days, no inference cluster. Restart
@@ -36,13 +36,14 @@ from typing import Any
 
 import numpy as np
 
+from evaluation.deadlines import GPUS_PER_SERVER, RESTART_OVERHEAD_S, philly_sample, servers_for
+from evaluation.report import log, table
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.plan import ApplyResult, Plan
 from scheduler_service.core.snapshot import ClusterSnapshot
 from scheduler_service.cycle import ClusterState
 from scheduler_service.lifecycle import JobState
 from simulator.engine import simulate
-from simulator.eval_deadlines import GPUS_PER_SERVER, RESTART_OVERHEAD_S, philly_sample, servers_for
 from simulator.forecast import ForecastSettings, forecast
 from simulator.model import ClusterSpec
 
@@ -115,7 +116,6 @@ def run_one(shared: Path, policy: str, seed: int, estimates: str = "exact") -> d
 
 
 def eta_section(shared: Path, assets: Path, raw: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    from simulator.evaluation import log  # the report's helper (that module registers this one)
 
     data: dict[str, Any] = {}
     for policy, estimates in CONFIGS:
@@ -153,7 +153,6 @@ def _h(seconds: float) -> str:
 
 
 def render(data: dict[str, Any]) -> str:
-    from simulator.evaluation import table
 
     rows, bucket_rows = [], []
     for policy, estimates in CONFIGS:
@@ -185,7 +184,7 @@ def render(data: dict[str, Any]) -> str:
         "plan, with the "
         "service's default bounds (a week ahead, 2,000 cycles, 2 s of host time). Error = actual - predicted start, "
         f"over every job pending and never started at a forecast; seeds {', '.join(map(str, SEEDS))} pooled. "
-        "Set up in `simulator/eval_eta.py` (a first run at load 1.0 had too few waiting jobs to measure; the load "
+        "Set up in `evaluation/eta.py` (a first run at load 1.0 had too few waiting jobs to measure; the load "
         "was raised once, nothing else changed).",
         "",
         table(rows, ["policy", "forecasts", "pending per forecast (median)", "predictions", "no ETA (beyond reach)",

@@ -1,4 +1,4 @@
-"""The "tenants" section of ``docs/evaluation.md`` (``python -m simulator.evaluation --only tenants``):
+"""The "tenants" section of ``docs/evaluation.md`` (``python -m evaluation --only tenants``):
 two teams share one training cluster through queues with quotas (``core.quota``), on a Philly sample,
 with and without borrowing, beside one shared queue.
 
@@ -34,6 +34,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from evaluation.report import log, table
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.snapshot import QueueView
 from simulator.engine import SimulationResult, simulate
@@ -95,7 +96,6 @@ def team_figures(result: SimulationResult, jobs: list[TraceJob]) -> dict[str, di
 
 
 def tenants_section(shared: Path, assets: Path, raw: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    from simulator.evaluation import log, table  # the report's helpers (that module registers this one)
 
     runs: dict[str, Any] = {}
     notes = []
@@ -147,7 +147,7 @@ def tenants_section(shared: Path, assets: Path, raw: dict[str, Any]) -> tuple[st
     util_hard, util_borrow = mean("quotas", "util"), mean("quotas + borrowing", "util")
     text = f"""## Two teams, one cluster: queues with quotas and borrowing
 
-Setup (`simulator/eval_tenants.py`, fixed before the first run and not changed after): a Philly sample (the first
+Setup (`evaluation/tenants.py`, fixed before the first run and not changed after): a Philly sample (the first
 {SAMPLE_DAYS} days of the 15-day window, one job in {round(1 / SAMPLE_SHARE)} by a keyed draw, mapped as in the
 headline) split into two teams by a keyed draw: `vision` gets {VISION_SHARE:.0%} of the jobs, `nlp` the rest. The
 training cluster has as many 8-GPU servers as the sample's offered load (at least twice the largest gang);
