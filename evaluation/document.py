@@ -17,9 +17,10 @@ Scenarios (all seeded, deterministic):
 2. **Sensitivity**: ``aryl`` vs ``sjf`` in the busy regime under other speed-up models (Amdahl alpha
    0.02-0.2, Pollux's measured profiles). Computed with the headline in one process pool: ``--only
    headline`` regenerates both.
-3. **Pollux workloads** (``pollux``): the 8 ``workloads`` traces on 64 GPUs (16 x 4), on the Pollux
-   study's own goodput job model (``simulator/goodput_sim.py``): Aryl's tiresias, optimus, pollux, sjf and
-   aryl-noloan beside the authors' published results (``pollux-data/results-jobload/*-1.0``).
+3. **Pollux workloads** (``pollux``, ``evaluation/pollux.py``): the 8 ``workloads`` traces on 64 GPUs
+   (16 x 4), on the Pollux study's own goodput job model (``simulator/goodput_sim.py``): Aryl's tiresias,
+   optimus, pollux, sjf and aryl-noloan beside the authors' published results
+   (``pollux-data/results-jobload/*-1.0``).
 4. **Tenants** (``tenants``, ``evaluation/tenants.py``): two teams' queues with quotas on a Philly sample.
 5. **Deadlines** (``deadlines``, ``evaluation/deadlines.py``): deadline completion rates of sjf, qos and
    aryl, with resources short and sufficient, tight and loose deadlines.
@@ -28,8 +29,9 @@ Scenarios (all seeded, deterministic):
    (aryl-nogoodput, aryl-noloan, aryl-nojoint, aryl-noshrink) on Philly + ServeGen with jobs mapped to the six
    Pollux models, on the first 1, 2 and 7 days, non-clairvoyant, with a clairvoyant row.
 8. **Inference** (``inference``, ``evaluation/inference.py``): forecast-aware loaning against the reactive
-   loan cycle and the naive reclaim, on the headline's training side with ServeGen and the spiky Alibaba GenAI
-   load, the inference cluster provisioned for each load's peak, shortfall against the unclipped need.
+   loan cycle, the risk-valued loans (``aryl-risk``) and the naive reclaim, on the headline's training side
+   with ServeGen and the spiky Alibaba GenAI load, the inference cluster provisioned for each load's peak,
+   shortfall against the unclipped need.
 """
 
 from __future__ import annotations
