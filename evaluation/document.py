@@ -43,7 +43,6 @@ import re
 import sys
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +53,7 @@ from evaluation.goodput import goodput_section
 from evaluation.headline import headline_section, lead_text, sensitivity_section
 from evaluation.inference import inference_section
 from evaluation.pollux import pollux_section
-from evaluation.report import log
+from evaluation.report import log, process_pool
 from evaluation.tenants import tenants_section
 
 REPO = Path(__file__).resolve().parent.parent
@@ -126,10 +125,11 @@ def splice_lead(doc: str, text: str) -> str:
 HEADLINE_PAIR = ("headline", "sensitivity")
 
 
-def run_section(name: str, shared: Path, assets: Path) -> tuple[str, Any]:
-    """One section in a worker process (by name: the registry is rebuilt there on import)."""
+def run_section(name: str, section: Section, shared: Path, assets: Path) -> tuple[str, Any]:
+    """One section in a worker process (the function itself is sent: a spawned worker starts from a fresh
+    import and sees the registry as the module defines it, not as the caller may have changed it)."""
     log(f"section {name} (worker process)")
-    return SECTIONS[name](shared, assets, {})
+    return section(shared, assets, {})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,8 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     # With the headline, the other sections run in worker processes beside its pool (each section is
     # independent of the others' figures), so the whole report takes about its CPU time over the cores.
     beside = [n for n in wanted if n not in HEADLINE_PAIR] if "headline" in wanted else []
-    with ProcessPoolExecutor(max_workers=max(1, min(len(beside), os.cpu_count() or 1))) as pool:
-        futures = {name: pool.submit(run_section, name, args.shared, assets) for name in beside}
+    with process_pool(min(len(beside), os.cpu_count() or 1)) as pool:
+        futures = {name: pool.submit(run_section, name, SECTIONS[name], args.shared, assets) for name in beside}
         for name in wanted:
             if name not in futures:
                 log(f"section {name}")

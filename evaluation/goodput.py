@@ -72,6 +72,7 @@ from pathlib import Path
 from typing import Any
 
 from evaluation.headline import DEMAND_QUANTILE, GPUS_PER_SERVER, busy_regime
+from evaluation.report import process_pool
 from scheduler_service.core.clock import Clock
 from scheduler_service.core.goodput import BatchSplit, GradParams, StepSample, progress_rate, split_batch
 from scheduler_service.core.params import PolicyParams
@@ -351,7 +352,6 @@ def goodput_section(shared: Path, assets: Path, raw: dict[str, Any]) -> tuple[st
     """Run every policy on every window and seed (and ``aryl`` with exact run times on the first window);
     the section's markdown and its raw figures. ``runs`` keeps the first window's, as before."""
     import os
-    from concurrent.futures import ProcessPoolExecutor
 
     started = time.perf_counter()
     windows: dict[str, Any] = {}
@@ -367,7 +367,7 @@ def goodput_section(shared: Path, assets: Path, raw: dict[str, Any]) -> tuple[st
     work += [(WINDOWS[0], seed, "aryl", EXACT) for seed in SEEDS]
     # Longest first, so the pool's last minutes are not one long run alone.
     work.sort(key=lambda w: (-w[0], w[2] != "pollux"))
-    with ProcessPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
+    with process_pool(os.cpu_count() or 1) as pool:
         futures = {w: pool.submit(_one_run, shared, *w) for w in work}
         exact: dict[int, Any] = {}
         for (days, seed, policy, estimates), future in futures.items():

@@ -51,7 +51,6 @@ import math
 import os
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from functools import lru_cache, partial
 from pathlib import Path
@@ -59,7 +58,7 @@ from typing import Any
 
 import numpy as np
 
-from evaluation.report import cell, gain_spread, log, lookup, ratio_spread, spread, table
+from evaluation.report import cell, gain_spread, log, lookup, process_pool, ratio_spread, spread, table
 from scheduler_service.core.params import PolicyParams
 from simulator.engine import SimulationResult, simulate
 from simulator.load import demand_from_rate, load_servegen_rate
@@ -244,7 +243,7 @@ def run_all(inputs: Inputs, specs: Sequence[RunSpec], workers: int | None = None
     if workers <= 1 or len(specs) <= 1:
         outs = [run_one(inputs, s) for s in specs]
     else:
-        with ProcessPoolExecutor(max_workers=min(workers, len(specs))) as pool:
+        with process_pool(min(workers, len(specs))) as pool:
             outs = list(pool.map(partial(run_one, inputs), specs))
     log(f"{len(specs)} runs on {workers} processes: {time.perf_counter() - started:.0f} s wall, "
         f"{sum(o['wall_s'] for o in outs):.0f} s of runs")

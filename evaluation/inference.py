@@ -31,7 +31,6 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache, partial
 from pathlib import Path
@@ -52,7 +51,7 @@ from evaluation.headline import (
     load_jobs,
     load_rate,
 )
-from evaluation.report import cell, gain_spread, log, ratio_spread, table
+from evaluation.report import cell, gain_spread, log, process_pool, ratio_spread, table
 from scheduler_service.core.demand_forecast import DemandForecaster
 from scheduler_service.core.params import PolicyParams
 from simulator.load import demand_from_rate, load_request_times_rate
@@ -138,7 +137,7 @@ def inference_section(shared: Path, assets: Path, raw: dict[str, Any],
                       seeds: Sequence[int] = SEEDS, loads: Sequence[str] = LOADS) -> tuple[str, dict[str, Any]]:
     """The section (evaluation.py's registry): its markdown and summaries."""
     specs = [InferenceRun(load, policy, seed) for load in loads for policy in POLICIES for seed in seeds]
-    with ProcessPoolExecutor(max_workers=max(1, min(len(specs), os.cpu_count() or 1))) as pool:
+    with process_pool(min(len(specs), os.cpu_count() or 1)) as pool:
         outs = list(pool.map(partial(run_one, shared), specs))
     figures: dict[str, Any] = {"seeds": list(seeds), "estimates": ESTIMATED, "budget": PolicyParams().
                                inference_short_budget, "coverage_lead_s": COVERAGE_LEAD_S, "loads": {}}

@@ -10,9 +10,15 @@ Must never: run a simulation or decide what a section reports.
 
 from __future__ import annotations
 
+import multiprocessing
 import sys
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ProcessPoolExecutor
 from typing import Any
+
+from simulator.results import lookup
+
+__all__ = ["cell", "gain_spread", "log", "lookup", "process_pool", "ratio_spread", "spread", "table"]
 
 
 def log(message: str) -> None:
@@ -20,13 +26,11 @@ def log(message: str) -> None:
     print(f"[evaluation] {message}", file=sys.stderr, flush=True)
 
 
-def lookup(summary: Mapping[str, Any], path: str) -> float | None:
-    value: Any = summary
-    for part in path.split("."):
-        if not isinstance(value, Mapping):
-            return None
-        value = value.get(part)
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+def process_pool(workers: int) -> ProcessPoolExecutor:
+    """A pool of ``workers`` processes that start fresh (``spawn``) rather than as forks of this one: a fork
+    copies the caller's threads' locks in whatever state they were (pytest-xdist's workers, gRPC's, numba's)
+    and a child can wait on one forever -- seen as a run_all that never returned under CI."""
+    return ProcessPoolExecutor(max_workers=max(1, workers), mp_context=multiprocessing.get_context("spawn"))
 
 
 def spread(values: Iterable[float | None]) -> dict[str, Any] | None:

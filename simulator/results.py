@@ -420,13 +420,15 @@ def summary_json(summaries: Mapping[str, Mapping[str, object]]) -> str:
     return json.dumps(summaries, indent=2, sort_keys=True) + "\n"
 
 
-def _lookup(summary: Mapping[str, object], key: str) -> float | None:
+def lookup(summary: Mapping[str, object], key: str) -> float | None:
+    """The number at dotted ``key`` of a summary (``gpu_utilization.overall``) as a float; None where the
+    path is missing or ends at something that is not a number (a bool is not one)."""
     value: object = summary
     for part in key.split("."):
         if not isinstance(value, Mapping):
             return None
         value = value.get(part)
-    return value if isinstance(value, (int, float)) else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def format_table(summaries: Mapping[str, Mapping[str, object]]) -> str:
@@ -437,12 +439,12 @@ def format_table(summaries: Mapping[str, Mapping[str, object]]) -> str:
     header = ["metric", *names]
     rows = [header]
     for key, label, fmt in TABLE_ROWS:
-        if key in OPTIONAL_ROWS and all(_lookup(summaries[name], key) is None for name in names):
+        if key in OPTIONAL_ROWS and all(lookup(summaries[name], key) is None for name in names):
             continue
         row = [label]
-        base = _lookup(baseline, key)
+        base = lookup(baseline, key)
         for index, name in enumerate(names):
-            value = _lookup(summaries[name], key)
+            value = lookup(summaries[name], key)
             if value is None:
                 row.append("-")
                 continue
