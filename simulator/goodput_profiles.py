@@ -186,13 +186,14 @@ class Application:
         return self.max_epochs - 1
 
 
-def load_application(data_dir: str | Path, name: str) -> Application:
-    """Read ``<data_dir>/<name>/`` (memoised per folder)."""
-    return _load_application(str(Path(data_dir).resolve()), name)
+def load_application(data_dir: str | Path, name: str, gpu_type: str = "") -> Application:
+    """Read ``<data_dir>/<name>/`` (memoised per folder). ``gpu_type``: the profile of that GPU type,
+    ``placements-<type>.csv`` and ``scalability-<type>.csv`` (the Sia study's layout, ``simulator.hetero``)."""
+    return _load_application(str(Path(data_dir).resolve()), name, gpu_type)
 
 
-@lru_cache(maxsize=16)
-def _load_application(data_dir: str, name: str) -> Application:
+@lru_cache(maxsize=64)
+def _load_application(data_dir: str, name: str, gpu_type: str = "") -> Application:
     root = Path(data_dir) / name
     if name not in MAX_EPOCHS:
         raise ProfileError(f"unknown application {name!r}; known: {', '.join(sorted(MAX_EPOCHS))}")
@@ -206,7 +207,8 @@ def _load_application(data_dir: str, name: str) -> Application:
         validation[int(path.stem.split("-")[-1])] = ValidationRun(rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3])
     if not validation:
         raise ProfileError(f"{root}: no validation-*.csv")
-    placement_rows = _read_rows(root / "placements.csv", ("placement", "local_bsz", "step_time", "sync_time"))
+    suffix = f"-{gpu_type}" if gpu_type else ""
+    placement_rows = _read_rows(root / f"placements{suffix}.csv", ("placement", "local_bsz", "step_time", "sync_time"))
     by_id: dict[int, list[tuple[float, float, float]]] = {}
     by_key: dict[tuple[int, int, int], list[tuple[float, float]]] = {}
     for pid, bsz, step, sync in placement_rows:
@@ -223,7 +225,7 @@ def _load_application(data_dir: str, name: str) -> Application:
     keys = sorted(by_key)
     points: list[list[float]] = [[float(x) for x in k] for k in keys]
     values = [[float(np.mean([s for s, _ in by_key[k]])), float(np.mean([y for _, y in by_key[k]]))] for k in keys]
-    for nodes, replicas, bsz, step, sync in _read_rows(root / "scalability.csv",
+    for nodes, replicas, bsz, step, sync in _read_rows(root / f"scalability{suffix}.csv",
                                                        ("num_nodes", "num_replicas", "local_bsz", "step_time",
                                                         "sync_time")):
         points.append([nodes, replicas, bsz])

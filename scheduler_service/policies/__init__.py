@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.registry import FaultsFirst, policies
-from scheduler_service.policies import aryl, dl2, drf, fifo, optimus, pollux, qos, tiresias  # noqa: F401  (registers the policies)
+from scheduler_service.policies import aryl, dl2, drf, fifo, gavel, optimus, pollux, qos, sia, tiresias  # noqa: F401  (registers the policies)
 
 
 def create_policy(name: str, params: PolicyParams | None = None) -> FaultsFirst:

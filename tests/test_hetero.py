@@ -1,0 +1,197 @@
+"""The heterogeneous job model (``simulator.hetero``) and the policies that decide per GPU type (``sia``,
+``gavel``; issue 33), on synthetic profiles of the Sia study's shape generated here (none of the study's
+data is in the repository: ``simulator.hetero_gate`` compares with it where it is at hand)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from scheduler_service.core.gpu_configs import GpuPool, configurations
+from scheduler_service.core.params import PolicyParams
+from scheduler_service.policies.gavel import GavelJob, GavelRound, gavel_allocate, max_sum_throughput
+from scheduler_service.policies.sia import SiaJob, SiaParams, _goodput_row, sia_allocate
+from simulator.engine import simulate
+from simulator.goodput_jobs import WorkloadJob
+from simulator.hetero import RESTART_S, HeteroJob, TypePool, load_typed_app, run_hetero
+from simulator.model import ClusterSpec, TraceJob
+
+POOLS = (TypePool("slow", 3, 4), TypePool("fast", 2, 8))
+SPEED = {"slow": 1.0, "fast": 2.5}
+
+
+def _write(path: Path, header: str, rows: Sequence[Sequence[float]]) -> None:
+    path.write_text(header + "\n" + "\n".join(",".join(f"{v:g}" for v in r) for r in rows) + "\n")
+
+
+def synthetic_traces(root: Path, epochs: int = 100, per_epoch: float = 150.0) -> Path:
+    """A ``cifar10``-named model on the two types of ``POOLS``: step time linear in the local batch,
+    slower across nodes, ``SPEED`` times faster on ``fast``; gradient noise that makes larger batches
+    less efficient."""
+    app = root / "cifar10"
+    app.mkdir(parents=True)
+    for pool in POOLS:
+        f = SPEED[pool.gpu_type]
+        per = pool.gpus_per_node
+        placements, scal = [], []
+        shapes = [(1,), (2,), (4,)] + ([(8,)] if per == 8 else []) + [(per, per)]
+        for shape in shapes:
+            pid = int("".join(map(str, shape)))
+            for bsz in (32, 64, 128):
+                sync = 0.0 if sum(shape) == 1 else 0.01 * len(shape) + 0.002 * sum(shape)
+                compute = (0.01 + 0.0004 * bsz) / f
+                placements.append((pid, bsz, compute + sync, sync))
+        for nodes in range(1, pool.nodes + 1):
+            for replicas in sorted({nodes, nodes * per // 2, nodes * per}):
+                for bsz in (32, 64, 128):
+                    sync = 0.0 if replicas == 1 else 0.01 * nodes + 0.002 * replicas
+                    scal.append((nodes, replicas, bsz, (0.01 + 0.0004 * bsz) / f + sync, sync))
+        _write(app / f"placements-{pool.gpu_type}.csv", "placement,local_bsz,step_time,sync_time", placements)
+        _write(app / f"scalability-{pool.gpu_type}.csv", "num_nodes,num_replicas,local_bsz,step_time,sync_time", scal)
+    for batch in (128, 256, 512, 1024):
+        rows = [((e + 1) * per_epoch, (e + 1) * per_epoch * 128 / batch, 0.5, 1.0, 40.0 / (1 + e / 20))
+                for e in range(epochs)]
+        _write(app / f"validation-{batch}.csv", "progress,iteration,metric,grad_sqr,grad_var", rows)
+    return root
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return synthetic_traces(tmp_path_factory.mktemp("hetero"))
+
+
+def _workload(n: int = 12) -> list[WorkloadJob]:
+    return [WorkloadJob(f"cifar10-{i}", 30.0 * i, "cifar10", 1 + (i % 3) * 2, 256 * (1 + i % 2)) for i in range(n)]
+
+
+# -- configurations -------------------------------------------------------------------------------------
+
+def test_configurations_follow_sias_list() -> None:
+    four = configurations(GpuPool("t4", 4, tuple(f"s{i}" for i in range(6))))
+    assert [(n, g) for _, n, g in four] == [(1, 1), (1, 2), (1, 4), (2, 8), (3, 12), (4, 16), (5, 20), (6, 24)]
+    eight = configurations(GpuPool("a100", 8, ("a", "b")))
+    assert [(n, g) for _, n, g in eight] == [(1, 1), (1, 2), (1, 4), (1, 8), (2, 16)]
+
+
+# -- sia's program is exact -----------------------------------------------------------------------------
+
+def _brute_force(jobs: list[SiaJob], pools: tuple[GpuPool, ...], params: SiaParams) -> float:
+    configs = [c for p in pools for c in configurations(p)]
+    types = [p.gpu_type for p in pools]
+    per_node = {p.gpu_type: p.gpus_per_node for p in pools}
+    cost = [np.minimum(np.round(np.power(np.array(_goodput_row(j, configs, types, per_node, params)), params.p), 2),
+                       3000.0) for j in jobs]
+    best = math.inf
+    for choice in itertools.product(range(-1, len(configs)), repeat=len(jobs)):
+        used = {t: 0 for t in types}
+        value = 0.0
+        for i, k in enumerate(choice):
+            if k < 0:
+                value += params.lambda_n
+            else:
+                used[configs[k][0]] += configs[k][2]
+                value += cost[i][k]
+        if all(used[p.gpu_type] <= p.gpus for p in pools):
+            best = min(best, value)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_sia_program_matches_brute_force(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    pools = (GpuPool("a", 4, ("a0",)), GpuPool("b", 8, ("b0",)))
+    jobs = []
+    for k in range(3):
+        scale = {"a": 1.0, "b": float(rng.uniform(0.5, 3.0))}
+        alpha = float(rng.uniform(0.3, 1.0))
+        has_b = k != 0  # job 0 has no model on b: bootstrapped
+
+        def goodput(t: str, nodes: int, gpus: int, scale=scale, alpha=alpha, has_b=has_b) -> float | None:
+            if t == "b" and not has_b:
+                return None
+            return scale[t] * gpus ** alpha / nodes ** 0.1
+
+        jobs.append(SiaJob(k, goodput, {"a": 1.0, "b": scale["b"]}, max_gpus=8,
+                           current=("a", 1, 2) if k == 1 else None, age_s=900.0, restarts=1, restart_s=30.0))
+    params = SiaParams()
+    decision = sia_allocate(jobs, pools, params)
+    assert decision.objective == pytest.approx(_brute_force(jobs, pools, params), abs=1e-6)
+
+
+def test_sia_offers_a_job_never_seen_run_one_gpu() -> None:
+    pools = (GpuPool("a", 4, ("a0", "a1")),)
+    fresh = SiaJob(1, lambda t, n, g: None, {"a": 1.0}, max_gpus=8)
+    assert sia_allocate([fresh], pools).configs == {1: ("a", 1, 1)}
+
+
+def test_sia_keeps_a_job_in_its_restart() -> None:
+    pools = (GpuPool("a", 4, ("a0",)),)
+    busy = SiaJob(1, lambda t, n, g: float(g), {"a": 1.0}, max_gpus=4, current=("a", 1, 1), in_restart=True)
+    other = SiaJob(2, lambda t, n, g: float(g), {"a": 1.0}, max_gpus=4)
+    configs = sia_allocate([busy, other], pools).configs
+    assert configs[1] == ("a", 1, 1)
+
+
+# -- gavel ----------------------------------------------------------------------------------------------
+
+def test_gavel_puts_throughput_where_it_is_largest() -> None:
+    pools = (GpuPool("slow", 4, ("s0",)), GpuPool("fast", 4, ("f0",)))
+    jobs = [GavelJob(1, 4, {"slow": 1.0, "fast": 3.0}, {}), GavelJob(2, 4, {"slow": 1.0, "fast": 1.2}, {})]
+    x = max_sum_throughput(jobs, pools)
+    assert x[0, 1] == pytest.approx(1.0) and x[1, 0] == pytest.approx(1.0)
+    round_ = GavelRound({j.key: j for j in jobs}, {"slow": 0.0, "fast": 0.0})
+    assert gavel_allocate(round_, [1, 2], pools) == {1: "fast", 2: "slow"}
+
+
+# -- the job model ------------------------------------------------------------------------------------
+
+def test_restart_only_on_a_new_type_or_shape(traces: Path) -> None:
+    apps = {p.gpu_type: load_typed_app(traces, "cifar10", p.gpu_type) for p in POOLS}
+    job = HeteroJob(0, WorkloadJob("cifar10-0", 0.0, "cifar10", 2, 256), apps, tuned=True)
+    assert job.reallocate("slow", (2,), 0.0) and job.restart_left == RESTART_S["cifar10"] and job.restarts == 0
+    assert not job.reallocate("slow", (2,), 60.0)   # other nodes, same shape: no restart
+    assert job.reallocate("fast", (2,), 120.0) and job.restarts == 1
+    job.advance(120.0, 50.0)
+    assert job.progress == 0.0 and job.restart_left == 0.0   # the restart delay: no progress
+    job.advance(170.0, 60.0)
+    assert job.progress > 0 and "fast" in job.perf and "slow" not in job.perf
+
+
+def test_the_fast_type_runs_faster(traces: Path) -> None:
+    apps = {p.gpu_type: load_typed_app(traces, "cifar10", p.gpu_type) for p in POOLS}
+    done = {}
+    for gpu_type in ("slow", "fast"):
+        job = HeteroJob(0, WorkloadJob("cifar10-0", 0.0, "cifar10", 1, 256), apps, tuned=False)
+        job.reallocate(gpu_type, (1,), 0.0)
+        job.advance(0.0, 10 * 86400.0)
+        done[gpu_type] = job.completion_time
+    assert done["fast"] is not None and done["slow"] is not None and done["fast"] < done["slow"]
+
+
+@pytest.mark.parametrize("policy", ["sia", "gavel"])
+def test_runs_complete_and_are_pinned(traces: Path, policy: str) -> None:
+    result = run_hetero(_workload(), traces, policy, pools=POOLS, check_plans=True)
+    assert len(result.jcts) == 12
+    again = run_hetero(_workload(), traces, policy, pools=POOLS)
+    assert again.jcts == result.jcts  # deterministic
+    pinned = {"sia": PINNED_SIA, "gavel": PINNED_GAVEL}[policy]
+    assert result.average_jct == pytest.approx(pinned, rel=1e-6)
+
+
+PINNED_SIA = 778.5833333333334    # seconds; moves only when the model or a policy changes
+PINNED_GAVEL = 997.4166666666666
+
+
+@pytest.mark.parametrize("policy", ["sia", "gavel"])
+def test_live_policies_run_on_a_typed_cluster(policy: str) -> None:
+    """The registered policies on a plain engine run (declared speeds per type, no job model of theirs)."""
+    spec = ClusterSpec(4, 0, 4, training_gpu_types=(("t4", 2), ("a100", 2)), gpu_speed=(("a100", 2.0),))
+    jobs = [TraceJob(i + 1, f"j{i}", 30.0 * i, 1, 1, 4, work=3600.0 * (1 + i % 3),
+                     throughput=((1, 1.0), (2, 1.8), (4, 3.0))) for i in range(6)]
+    result = simulate(jobs, [], spec, policy, PolicyParams(), seed=0, cycle_interval_s=60.0, check_plans=True)
+    assert result.stop_reason == "completed" and all(j.end is not None for j in result.jobs)
