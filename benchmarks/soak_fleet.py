@@ -12,6 +12,11 @@ interval ``RegisterServer`` returned, many agents per shard process) in two ways
 
 Each shard records every report's round-trip with the time it was answered, and counts failed
 calls by method and status; the coordinator drains both once a minute (``SoakFleet.stats``).
+
+Security as a production agent has it, given a ``pki`` folder (``arylctl certs init``'s, which
+``benchmarks.soak`` makes): each agent opens a mutual-TLS channel with the certificate issued for its
+own server id and sends its own bearer token (``token-<ID>``) on every call, so the scheduler's
+``require_server`` checks run on every report. Without a ``pki`` (``--insecure``): plaintext.
 """
 
 from __future__ import annotations
@@ -24,10 +29,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
+from pathlib import Path
 
 import grpc
 
+from aryl_common.security import ClientSecurity, secure_aio_channel
 from benchmarks.bench_agents import AGENTS_PER_SHARD, GPUS_PER_SERVER, RPC_TIMEOUT_S, Fleet, _exit_with_parent
+from benchmarks.bench_auth import _client as client_security
 from protos.aryl.v1 import agent_pb2, agent_pb2_grpc, types_pb2
 
 RUN_ENV = "SOAK_RUN_S"        # a job's run time in seconds, in its environment
@@ -37,6 +45,12 @@ RETRY_S = 1.0                  # pause before a failed call or a broken stream i
 
 def soak_server_name(pool: str, index: int) -> str:
     return f"soak-{pool[:5]}-{index:05d}"
+
+
+def agent_security(pki: Path | None, server_id: str) -> ClientSecurity:
+    """What the agent of ``server_id`` presents: its own certificate and token from ``pki``; nothing
+    (plaintext) without one."""
+    return client_security(pki, f"agent-{server_id}", server_id)
 
 
 @dataclass
@@ -52,12 +66,14 @@ class _ShardStats:
 
 
 class SoakAgent:
-    def __init__(self, server_id: str, pool: str, address: str, stats: _ShardStats) -> None:
+    def __init__(self, server_id: str, pool: str, address: str, stats: _ShardStats, pki: Path | None) -> None:
         self.server_id = server_id
         self._pool = pool
         self._stats = stats
-        # Its own subchannel pool: without it gRPC would share one connection between all agents.
-        self.channel = grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
+        # Its own subchannel pool: without it gRPC would share one connection (and one TLS session)
+        # between all agents.
+        self.channel = secure_aio_channel(address, agent_security(pki, server_id),
+                                          [("grpc.use_local_subchannel_pool", 1)])
         self._stub = agent_pb2_grpc.AgentServiceStub(self.channel)
         self._epoch = 0
         self.interval = 5.0
@@ -124,9 +140,10 @@ class SoakAgent:
             self._stats.reports.append((time.time(), time.perf_counter() - sent))
 
 
-async def _run_shard(address: str, agents_of: Sequence[tuple[str, str]], control: Connection) -> None:
+async def _run_shard(address: str, agents_of: Sequence[tuple[str, str]], control: Connection,
+                     pki: Path | None) -> None:
     stats = _ShardStats()
-    agents = [SoakAgent(server_id, pool, address, stats) for server_id, pool in agents_of]
+    agents = [SoakAgent(server_id, pool, address, stats, pki) for server_id, pool in agents_of]
     tasks: list[asyncio.Task[None]] = [asyncio.create_task(_exit_with_parent())]
     loop = asyncio.get_running_loop()
     try:
@@ -158,9 +175,10 @@ async def _run_shard(address: str, agents_of: Sequence[tuple[str, str]], control
         await asyncio.gather(*(a.channel.close() for a in agents), return_exceptions=True)
 
 
-def _shard_main(address: str, agents_of: Sequence[tuple[str, str]], control: Connection) -> None:
+def _shard_main(address: str, agents_of: Sequence[tuple[str, str]], control: Connection,
+                pki: Path | None) -> None:
     try:
-        asyncio.run(_run_shard(address, agents_of, control))
+        asyncio.run(_run_shard(address, agents_of, control, pki))
     except BaseException as exc:  # reported to the coordinator, which fails the soak
         try:
             control.send(("error", repr(exc)))
@@ -170,11 +188,13 @@ def _shard_main(address: str, agents_of: Sequence[tuple[str, str]], control: Con
 
 
 class SoakFleet(Fleet):
-    """``bench_agents.Fleet`` (shard processes, stopped on exit) with the soak's agents."""
+    """``bench_agents.Fleet`` (shard processes, stopped on exit) with the soak's agents, each with its
+    own certificate and token from ``pki`` (plaintext when None)."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, pki: Path | None) -> None:
         super().__init__(address)
         self._ctx = mp.get_context("spawn")  # never fork a process that has started gRPC
+        self._pki = pki
 
     def add_agents(self, agents_of: Sequence[tuple[str, str]], *, timeout_s: float = 600.0) -> None:
         """Start shards for ``agents_of`` ((server id, pool) pairs, at most AGENTS_PER_SHARD per
@@ -183,7 +203,8 @@ class SoakFleet(Fleet):
         for first in range(0, len(agents_of), AGENTS_PER_SHARD):
             ours, theirs = self._ctx.Pipe()
             proc = self._ctx.Process(
-                target=_shard_main, args=(self._address, list(agents_of[first:first + AGENTS_PER_SHARD]), theirs),
+                target=_shard_main,
+                args=(self._address, list(agents_of[first:first + AGENTS_PER_SHARD]), theirs, self._pki),
                 name=f"aryl-soak-agents-{len(self._shards)}", daemon=True,
             )
             proc.start()
