@@ -32,6 +32,7 @@ from simulator.dl2_train import add_train_dl2_parser, train_dl2_command
 from simulator.engine import SimulationResult, simulate
 from simulator.estimates import EXACT, Estimates, EstimatesError
 from simulator.failures import FailureTraceError, load_failure_trace
+from simulator.generic_trace import load_generic_csv
 from simulator.goodput_profiles import ProfileError
 from simulator.goodput_sim import (
     GOODPUT_POLICIES,
@@ -45,7 +46,8 @@ from simulator.goodput_sim import summary as goodput_summary
 from simulator.load import demand_from_rate, diurnal_demand, load_request_times_rate, load_servegen_rate
 from simulator.model import ClusterSpec, DemandPoint, FailureRate, ServerFailure, TraceJob
 from simulator.results import format_table, summarize, write_outputs
-from simulator.traces import JobMapping, TraceFormatError, load_generic_csv, load_philly, load_pollux_workload
+from simulator.trace_csv import TraceFormatError
+from simulator.traces import JobMapping, load_philly, load_pollux_workload
 
 PROG = "aryl-sim"
 DEFAULT_COMPARE = "fifo,aryl-noloan,aryl-noelastic,aryl"

@@ -53,7 +53,7 @@ from pathlib import Path
 import numpy as np
 
 from simulator.model import DemandPoint
-from simulator.traces import TraceFormatError, _open_text
+from simulator.trace_csv import TraceFormatError, _open_text
 
 __all__ = ["demand_from_rate", "diurnal_demand", "load_request_times_rate", "load_servegen_rate"]
 

@@ -27,7 +27,7 @@ class TraceJob:
     model: str = ""                 # e.g. "bert", "imagenet", "philly"
     deadline: float | None = None   # seconds since the trace's start
     priority: int = 0
-    # Queues, priority classes and GPU types (``core.quota``; trace columns in ``simulator.traces``).
+    # Queues, priority classes and GPU types (``core.quota``; trace columns in ``simulator.generic_trace``).
     queue: str = "default"
     user: str = ""
     priority_class: int = 0         # the class's value

@@ -14,8 +14,9 @@ from scheduler_service.core.placement import FreeCapacity
 from scheduler_service.core.plan import Reason
 from scheduler_service.policies import create_policy
 from simulator.engine import simulate
+from simulator.generic_trace import load_generic_csv
 from simulator.model import ClusterSpec
-from simulator.traces import TraceFormatError, load_generic_csv
+from simulator.trace_csv import TraceFormatError
 from tests.harness import NOW, linear_job, pending_job, running_job, snapshot_of, training_server
 
 

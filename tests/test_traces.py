@@ -1,4 +1,4 @@
-"""Trace loaders and inference load (simulator/traces.py, simulator/load.py).
+"""Trace loaders and inference load (simulator/traces.py, generic_trace.py, trace_profiles.py, trace_csv.py, load.py).
 
 Small synthetic files of the real shapes are written to tmp_path; the tests at the end run on the real
 traces in ``../shared`` (or ``$ARYL_SHARED_DIR``) and skip cleanly when those are absent.
@@ -17,20 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from simulator.generic_trace import load_generic_csv
 from simulator.load import demand_from_rate, diurnal_demand, load_request_times_rate, load_servegen_rate
 from simulator.model import TraceJob
-from simulator.traces import (
-    POLLUX_APPLICATIONS,
-    JobMapping,
-    TraceFormatError,
-    busiest_window,
-    gang_shape,
-    job_gpu_seconds,
-    load_generic_csv,
-    load_philly,
-    load_pollux_profile,
-    load_pollux_workload,
-)
+from simulator.trace_csv import TraceFormatError
+from simulator.trace_profiles import POLLUX_APPLICATIONS, load_pollux_profile
+from simulator.traces import JobMapping, busiest_window, gang_shape, job_gpu_seconds, load_philly, load_pollux_workload
 
 SHARED = Path(os.environ.get("ARYL_SHARED_DIR") or Path(__file__).resolve().parents[1].parent / "shared")
 
