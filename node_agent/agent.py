@@ -54,8 +54,8 @@ from node_agent.epoch_file import EpochFile
 from node_agent.gpus import GpuBackend, GpuInfo, GpuSample
 from node_agent.logs import serve_worker_logs
 from node_agent.metrics import AgentMetrics
-from node_agent.supervisor import Supervisor, WorkerView
-from node_agent.workers import Phase
+from node_agent.supervisor import Supervisor
+from node_agent.workers import Phase, WorkerView
 from protos.aryl.v1 import agent_pb2, agent_pb2_grpc, types_pb2
 
 # Used when the scheduler's answer carries no report interval (it always should).

@@ -451,6 +451,25 @@ def parse_checkpoint_ack(text: str | None) -> CheckpointAck | None:
     return ack
 
 
+STOP_NOTICE_MODE = 0o644  # the agent's file in the worker's private directory: the worker reads it
+
+
+def write_stop_notice(path: Path, notice: StopNotice) -> None:
+    """Write ``notice`` to ``path`` atomically (what the agent does, just before its SIGTERM), into the
+    worker's own directory: a new file under a random name (never through a link the worker planted),
+    renamed over the notice. ``OSError`` when it cannot."""
+    temporary = path.with_name(f"{path.name}.{os.urandom(6).hex()}.tmp")
+    try:
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, STOP_NOTICE_MODE)
+        with os.fdopen(descriptor, "w", encoding="utf-8") as file:
+            os.fchmod(file.fileno(), STOP_NOTICE_MODE)  # whatever the umask: the worker must read it
+            json.dump({"stop_id": notice.stop_id, "grace_s": notice.grace_s, "deadline": notice.deadline}, file)
+        os.replace(temporary, path)
+    except OSError:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
 def parse_stop_notice(text: str | None) -> StopNotice | None:
     """A stop notice's text as ``StopNotice``; None when there is none or it is not valid."""
     try:

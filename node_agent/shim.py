@@ -21,7 +21,7 @@ What it does besides:
 It must stay pure standard library and import nothing from Aryl: it runs with ``python -I`` (no
 site packages, no PYTHON* variables of the job's environment) so that whatever the job puts in its
 environment cannot break it. For the same reason it must stay one file: the agent runs a copy of it
-in its work directory (``supervisor.install_shim``), which a worker's uid can read even when the
+in its work directory (``launch.install_shim``), which a worker's uid can read even when the
 agent's source tree is private to root.
 """
 

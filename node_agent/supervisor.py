@@ -1,6 +1,7 @@
 """The worker supervisor: converges this server's worker processes to the accepted desired state.
 
-Nouns (records, shim, state file: see ``node_agent.workers``): the *reconciler* is one thread that,
+Nouns (records, shim, state file: see ``node_agent.workers``; how a worker is set up before it starts:
+``node_agent.launch``): the *reconciler* is one thread that,
 on every accepted desired state and every ``reconcile_interval_s``, (1) notes which worker
 processes have exited, (2) converges, (3) sends SIGKILL to workers whose grace period is over, and
 (4) saves the state file. Only that thread starts or signals processes, so neither the
@@ -34,26 +35,21 @@ This module never decides what should run; it only makes it so.
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import signal
-import stat
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
-from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
-from typing import BinaryIO
 
 import structlog
 
 from aryl_common.exits import describe_exit
-from node_agent import contract, secrets
+from node_agent import contract
 from node_agent.config import AgentSection, UsersSection
 from node_agent.desired import DesiredStateTracker
 from node_agent.identity import (
@@ -62,174 +58,40 @@ from node_agent.identity import (
     Refused,
     RunAs,
     agent_directory,
-    closed_directory,
     parent_directory,
     private_directory,
     read_worker_file,
 )
+from node_agent.launch import (
+    EXIT_CANNOT_START,
+    SHIM,
+    STOP_SIGNALS,
+    install_shim,
+    log_header,
+    not_found_hint,
+    open_log,
+    signals_blocked,
+    worker_environment,
+    working_directory,
+)
 from node_agent.workers import (
-    DEFAULT_MASTER_PORT,
     Phase,
     StateFileError,
     WorkDir,
     Worker,
     WorkerId,
     WorkerSpec,
+    WorkerView,
     desired_specs,
-    find_shim,
     load_state,
     parse_exit_record,
     process_alive,
     process_start_ticks,
+    resolve_launch,
     save_state,
 )
 
-SHIM = Path(__file__).with_name("shim.py")
-# The copy of the shim that workers run (``install_shim``), under the agent's work directory; named like the source
-# (``node_agent/shim.py``), so that what finds shims by their command line finds these.
-SHIM_COPY = Path("lib", "node_agent", "shim.py")
-SHIM_COPY_MODE = 0o644  # any uid reads it: a worker's interpreter runs it as the worker's user
-EXIT_CANNOT_START = 127
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 STOPPING_POLL_S = 0.1  # the reconciler's longest wait while a worker is stopping (module doc)
-STOP_NOTICE_MODE = 0o644  # the agent's file in the worker's private directory: the worker reads it
-
-
-def install_shim(root: Path) -> Path:
-    """Copy the shim into the agent's work directory ``root`` (a directory 0711 the agent owns, the file
-    0644), replacing any older copy atomically; returns the copy's path. Why a copy: a worker running
-    as a mapped uid must read the script its interpreter runs, and the agent's own source tree may be
-    private (a clone under root's 0700 home); the work directory is already one a worker reaches, as
-    its job's directory is under it."""
-    target = root / SHIM_COPY
-    for directory in reversed(target.parents[:len(SHIM_COPY.parents) - 1]):  # lib, then lib/node_agent
-        parent_directory(directory)
-    st = os.lstat(target.parent)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
-        raise OSError(f"{target.parent} is not a directory of the agent's user")
-    temporary = target.with_name(f".{target.name}.{os.getpid()}")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, SHIM_COPY_MODE)
-    try:
-        os.fchmod(fd, SHIM_COPY_MODE)  # not narrowed by the umask
-        with os.fdopen(fd, "wb", closefd=False) as file:
-            file.write(SHIM.read_bytes())
-    finally:
-        os.close(fd)
-    os.replace(temporary, target)  # a worker starting meanwhile runs the old copy or the new, never half of one
-    return target
-
-
-@contextmanager
-def signals_blocked(signals: tuple[signal.Signals, ...]) -> Iterator[None]:
-    """Block ``signals`` in the calling thread (children inherit the mask); pending ones arrive after."""
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-
-
-def open_log(path: Path) -> BinaryIO:
-    """A worker's log for appending, the agent's own (0600), never through a link."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, PRIVATE_FILE_MODE)
-    return os.fdopen(fd, "ab")
-
-
-@dataclass(frozen=True)
-class WorkerView:
-    """One worker as reported to the scheduler (``agent_pb2.WorkerStatus`` without the protobuf)."""
-
-    id: WorkerId
-    phase: Phase
-    exit_code: int
-    message: str
-    stop_requested: bool
-    progress: contract.Progress
-    cannot_start: bool = False
-    ack: contract.CheckpointAck | None = None  # its incarnation's last checkpoint acknowledgement
-    stop_acknowledged: bool = False  # it acknowledged the stop under way (or that ended it)
-
-
-def working_directory(spec: WorkerSpec, layout: WorkDir, hostname: str,
-                      run_as: RunAs | None = None) -> tuple[Path | None, str]:
-    """Where ``spec``'s worker starts (``node_agent.workers``, "working directory") and a line for
-    its log saying why it starts elsewhere than asked; ``(None, why)`` when it cannot start here.
-    A worker that runs as another uid (``run_as``) must be able to enter the directory as that uid."""
-    job_dir = layout.job_dir(spec.id.job_id)
-    if not spec.working_dir:
-        return job_dir, ""
-    problem = _unusable_directory(spec.working_dir, run_as)
-    if not problem:
-        return Path(spec.working_dir), ""
-    if spec.working_dir_if_exists:
-        return job_dir, (
-            f"working directory {spec.working_dir} {problem} on {hostname} (it was a default, such as the "
-            f"directory arylctl submit ran in); running in the job's directory {job_dir}"
-        )
-    return None, f"working directory {spec.working_dir} {problem}"
-
-
-def _unusable_directory(path: str, run_as: RunAs | None = None) -> str:
-    """Why the worker cannot start in ``path``, or "" when it can."""
-    if not os.path.exists(path):
-        return "does not exist"
-    if not os.path.isdir(path):
-        return "is not a directory"
-    if not os.access(path, os.X_OK):
-        return "cannot be entered by the agent's user"
-    if run_as is not None and run_as.uid is not None and run_as.gid is not None:
-        closed = closed_directory(Path(path), run_as.uid, run_as.gid)
-        if closed is not None:
-            return (f"cannot be entered by uid {run_as.uid}, which {run_as.user or 'the owner'}'s workers run as "
-                    f"({closed} is closed to it)")
-    return ""
-
-
-def contract_environment(spec: WorkerSpec, layout: WorkDir, default_master_addr: str) -> dict[str, str]:
-    """The job contract's variables (``node_agent.contract``), which nothing may override; the rest of
-    the worker's environment is ``Identities.environment`` (no variable of the agent's own)."""
-    return {
-        contract.WORLD_SIZE: str(spec.world_size),
-        contract.RANK: str(spec.id.rank),
-        contract.LOCAL_RANK: str(spec.local_rank),
-        contract.MASTER_ADDR: spec.master_addr or default_master_addr,
-        contract.MASTER_PORT: str(spec.master_port or DEFAULT_MASTER_PORT),
-        contract.CUDA_VISIBLE_DEVICES: ",".join(str(i) for i in spec.gpu_indices),
-        contract.CUDA_DEVICE_ORDER: "PCI_BUS_ID",  # NVML's indices (node_agent.gpus)
-        contract.JOB_ID: spec.id.job_id,
-        contract.INCARNATION: str(spec.id.incarnation),
-        contract.CHECKPOINT_DIR: str(layout.checkpoint_dir(spec.id.job_id)),
-        contract.PROGRESS_FILE: str(layout.progress_file(spec.id)),
-        contract.STOP_NOTICE_FILE: str(layout.stop_notice_file(spec.id)),
-        contract.CHECKPOINT_ACK_FILE: str(layout.ack_file(spec.id)),
-    }
-
-
-def worker_environment(
-    spec: WorkerSpec, layout: WorkDir, agent_env: Mapping[str, str], default_master_addr: str,
-    identities: Identities | None = None, secrets_file: str = "",
-) -> dict[str, str]:
-    """The worker's whole environment (``node_agent.identity``), its secret references resolved from
-    ``secrets_file`` (``node_agent.secrets``); ``Refused`` for a job env it refuses."""
-    identities = identities or Identities()
-    return identities.environment(
-        spec.user, layout.job_dir(spec.id.job_id), secrets.resolve(dict(spec.env), secrets_file),
-        {**contract_environment(spec, layout, default_master_addr), **batch_environment(spec, layout)}, agent_env,
-    )
-
-
-def batch_environment(spec: WorkerSpec, layout: WorkDir) -> dict[str, str]:
-    """The contract's batch variables (``node_agent.contract``), only for a job with batch limits."""
-    if spec.batch is None:
-        return {}
-    return {
-        contract.LOCAL_BATCH_SIZE: str(spec.local_batch_size),
-        contract.ACCUM_STEPS: str(spec.accum_steps),
-        contract.INIT_BATCH_SIZE: str(spec.init_batch_size),
-        contract.MAX_BATCH_SIZE: str(spec.max_batch_size),
-        contract.MAX_LOCAL_BATCH_SIZE: str(spec.max_local_batch_size),
-        contract.BATCH_FILE: str(layout.batch_file(spec.id)),
-    }
 
 
 class Supervisor:
@@ -504,7 +366,7 @@ class Supervisor:
             log_path = self.layout.log_file(spec.id.job_id, spec.id.rank)
             agent_directory(log_path.parent)
             with open_log(log_path) as output:
-                output.write(self._log_header(spec).encode())
+                output.write(log_header(spec, self._clock()).encode())
                 output.write(f"===== aryl-agent on {self._config.hostname}: not started: {why}\n".encode())
         except OSError as exc:
             self._log.warning("cannot write the worker's log", worker=str(worker.id), error=str(exc))
@@ -528,7 +390,7 @@ class Supervisor:
             switch = {"user": run_as.uid, "group": run_as.gid, "extra_groups": []}
         python = self._python
         with open_log(log_path) as output:
-            output.write(self._log_header(spec).encode())
+            output.write(log_header(spec, self._clock()).encode())
             if note:
                 output.write(f"===== aryl-agent on {self._config.hostname}: {note}\n".encode())
             output.flush()
@@ -549,13 +411,6 @@ class Supervisor:
                     **switch,
                 )
 
-    def _log_header(self, spec: WorkerSpec) -> str:
-        now = datetime.fromtimestamp(self._clock(), UTC).isoformat(timespec="seconds")
-        return (
-            f"===== {now} aryl-agent: incarnation {spec.id.incarnation}, rank {spec.id.rank} of world size "
-            f"{spec.world_size}, GPUs [{','.join(map(str, spec.gpu_indices))}]: {shlex.join(spec.command)}\n"
-        )
-
     def _stop(self, worker: Worker) -> None:
         worker.phase, worker.stop_requested = Phase.STOPPING, True
         worker.stop_deadline = self._monotonic() + worker.spec.grace_s
@@ -571,17 +426,10 @@ class Supervisor:
         """The stop notice (``node_agent.contract.StopNotice``), atomically, into the worker's own
         directory: a new file under a random name (never through a link the worker planted), renamed
         over the notice. A failure only means this stop cannot be acknowledged."""
-        path = self.layout.stop_notice_file(worker.id)
-        temporary = path.with_name(f"{path.name}.{os.urandom(6).hex()}.tmp")
         notice = contract.StopNotice(worker.stop_id, worker.spec.grace_s, self._clock() + worker.spec.grace_s)
         try:
-            descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, STOP_NOTICE_MODE)
-            with os.fdopen(descriptor, "w", encoding="utf-8") as file:
-                os.fchmod(file.fileno(), STOP_NOTICE_MODE)  # whatever the umask: the worker must read it
-                json.dump({"stop_id": notice.stop_id, "grace_s": notice.grace_s, "deadline": notice.deadline}, file)
-            os.replace(temporary, path)
+            contract.write_stop_notice(self.layout.stop_notice_file(worker.id), notice)
         except OSError as exc:
-            temporary.unlink(missing_ok=True)
             self._log.warning("cannot write the stop notice: the worker cannot acknowledge this stop",
                               worker=str(worker.id), error=str(exc))
 
@@ -675,20 +523,11 @@ class Supervisor:
         elif worker.stop_requested:
             message = f"stopped by the agent (SIGTERM): {message}"
         elif exit_code == EXIT_CANNOT_START:
-            message = f"{message}; {self._not_found_hint(worker.spec)}"
+            message = f"{message}; {not_found_hint(worker.spec, self.identities.section.path)}"
         worker.exited(exit_code, message)
         self._exits_seen += 1
         self._dirty = True
         self._log.info("worker exited", worker=str(worker.id), exit_code=exit_code, why=message)
-
-    def _not_found_hint(self, spec: WorkerSpec) -> str:
-        """What an exit status 127 (a command not found, by the shim or by a shell in the job) most often
-        means here: the workers' PATH is not the agent's nor the submitter's."""
-        path = dict(spec.env).get("PATH", self.identities.section.path)
-        where = "the job's env" if "PATH" in dict(spec.env) else "the agent's [users] path"
-        return (f"127 means a command was not found: the workers' PATH is {path} ({where}), not the shell's that "
-                "submitted the job; give the program's full path (e.g. /usr/bin/python3), or add its directory "
-                "to users.path (ARYL_USERS__PATH) on the agents")
 
     def _stop_all(self) -> None:
         """Stop every live worker (grace, then SIGKILL) and wait until all have exited."""
@@ -722,7 +561,7 @@ class Supervisor:
         with self._lock:
             for worker in records:
                 if worker.launching:
-                    self._resolve_launch(worker)
+                    resolve_launch(worker, self.layout.exit_file(worker.id))
                 # A deadline beyond a whole grace period from now is not one of this boot's monotonic
                 # clock (a state file from an agent that stored wall time): the grace starts over.
                 if worker.phase is Phase.STOPPING:
@@ -736,18 +575,6 @@ class Supervisor:
                     pid=worker.pid,
                     running=alive,
                 )
-
-    def _resolve_launch(self, worker: Worker) -> None:
-        """``worker``'s previous agent stopped while spawning its shim: adopt the shim if it runs,
-        take its exit if it ran already, else it never started (it starts if still desired)."""
-        exit_file = self.layout.exit_file(worker.id)
-        pid = find_shim(exit_file)
-        if pid is not None:
-            worker.phase, worker.pid, worker.start_ticks = Phase.RUNNING, pid, process_start_ticks(pid)
-        elif exit_file.exists():
-            worker.phase, worker.pid = Phase.RUNNING, 0  # no process: the next pass records its exit
-        else:
-            worker.started_at = 0.0
 
     def _forget(self, worker: Worker) -> None:
         del self._workers[worker.id]

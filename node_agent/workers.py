@@ -296,6 +296,21 @@ def save_state(path: Path, workers: list[Worker]) -> None:
         raise
 
 
+@dataclass(frozen=True)
+class WorkerView:
+    """One worker as reported to the scheduler (``agent_pb2.WorkerStatus`` without the protobuf)."""
+
+    id: WorkerId
+    phase: Phase
+    exit_code: int
+    message: str
+    stop_requested: bool
+    progress: contract.Progress
+    cannot_start: bool = False
+    ack: contract.CheckpointAck | None = None  # its incarnation's last checkpoint acknowledgement
+    stop_acknowledged: bool = False  # it acknowledged the stop under way (or that ended it)
+
+
 class StateFileError(Exception):
     """The state file exists but cannot be read; the agent moves it aside and starts empty."""
 
@@ -336,6 +351,18 @@ def find_shim(exit_file: Path) -> int | None:
         if needle in cmdline and process_start_ticks(int(entry)) is not None:
             return int(entry)
     return None
+
+
+def resolve_launch(worker: Worker, exit_file: Path) -> None:
+    """``worker``'s previous agent stopped while spawning its shim (its ``exit_file``): adopt the shim
+    if it runs, take its exit if it ran already, else it never started (it starts if still desired)."""
+    pid = find_shim(exit_file)
+    if pid is not None:
+        worker.phase, worker.pid, worker.start_ticks = Phase.RUNNING, pid, process_start_ticks(pid)
+    elif exit_file.exists():
+        worker.phase, worker.pid = Phase.RUNNING, 0  # no process: the next pass records its exit
+    else:
+        worker.started_at = 0.0
 
 
 def process_start_ticks(pid: int) -> int | None:

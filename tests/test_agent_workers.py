@@ -24,8 +24,8 @@ from node_agent import contract
 from node_agent.config import AgentSection
 from node_agent.desired import DesiredStateTracker
 from node_agent.logs import MAX_CHUNK_BYTES, OffsetPastEnd, read_chunk, serve_worker_logs
-from node_agent.supervisor import Supervisor, WorkerView
-from node_agent.workers import Phase, WorkDir, WorkerId, load_state, path_component
+from node_agent.supervisor import Supervisor
+from node_agent.workers import Phase, WorkDir, WorkerId, WorkerView, load_state, path_component
 from protos.aryl.v1 import agent_pb2, agent_pb2_grpc
 from tests.harness import AGENT_RUNS_AS_ITSELF, AS_ITSELF, FakeScheduler, desired_state, desired_worker
 from tests.helpers import processes_mentioning, wait_for

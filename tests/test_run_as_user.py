@@ -28,8 +28,8 @@ from arylctl.client import ArylClient
 from node_agent.config import AgentSection, UsersSection
 from node_agent.desired import DesiredStateTracker
 from node_agent.identity import Identities, Refused, closed_directory, parse_map
-from node_agent.supervisor import Supervisor, WorkerView
-from node_agent.workers import Phase, WorkerId
+from node_agent.supervisor import Supervisor
+from node_agent.workers import Phase, WorkerId, WorkerView
 from protos.aryl.v1 import types_pb2
 from scheduler_service.server import serve_in_background
 from tests.harness import AS_ITSELF, daemon_env, desired_state, desired_worker, job_spec, scheduler_config
@@ -343,7 +343,7 @@ def test_a_root_agent_with_the_default_users_section_warns_at_start_up(tmp_path:
 def test_workers_run_a_copy_of_the_shim_that_any_uid_can_read(tmp_path: Path) -> None:
     """A worker's uid never reads the agent's source tree (which may be a clone under root's 0700 home):
     the agent copies the shim into its work directory, the directories 0711 and the file 0644."""
-    from node_agent.supervisor import SHIM, install_shim
+    from node_agent.launch import SHIM, install_shim
 
     root = tmp_path / "agent"
     root.mkdir()

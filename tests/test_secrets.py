@@ -13,8 +13,8 @@ from node_agent import secrets
 from node_agent.config import AgentSection
 from node_agent.desired import DesiredStateTracker
 from node_agent.identity import Refused
-from node_agent.supervisor import Supervisor, WorkerView
-from node_agent.workers import Phase, WorkerId
+from node_agent.supervisor import Supervisor
+from node_agent.workers import Phase, WorkerId, WorkerView
 from protos.aryl.v1 import scheduler_pb2, scheduler_pb2_grpc
 from tests.harness import AS_ITSELF, desired_state, desired_worker, job_spec, secure_channel
 from tests.helpers import wait_for
