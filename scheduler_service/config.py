@@ -10,6 +10,7 @@ silently falls back to a default. Nothing else in the service reads the environm
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import fields
 from pathlib import Path
@@ -120,6 +121,22 @@ class SchedulingConfig(ConfigSection):
                     "higher class goes first and may preempt lower classes; a job keeps the value it was "
                     "submitted with; no class is 0",
     )
+
+    gpu_speeds: dict[str, float] = Field(
+        default_factory=dict,
+        description="declared relative speed of each GPU model, as NVML names it (e.g. {\"NVIDIA A100-SXM4-80GB\": "
+                    "1.0, \"Tesla T4\": 0.25}): policies that weigh GPU types read it (sia, gavel), and a job's "
+                    "speed on a model it has not run on is bootstrapped from it (arylctl job: Speed by GPU type)",
+    )
+
+    @field_validator("gpu_speeds")
+    @classmethod
+    def _speeds_positive(cls, speeds: dict[str, float]) -> dict[str, float]:
+        bad = {name: value for name, value in speeds.items() if not (value > 0 and math.isfinite(value)) or not name}
+        if bad:
+            raise ValueError(f"scheduling.gpu_speeds needs a GPU model name and a finite speed > 0 for each entry "
+                             f"(got {bad})")
+        return speeds
 
     @model_validator(mode="after")
     def _master_ports_ordered(self) -> SchedulingConfig:

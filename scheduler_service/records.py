@@ -158,6 +158,7 @@ class StepTimeInfo:
     pass_time_s: float
     step_time_s: float
     measured_at: float
+    gpu_type: str = ""  # the model of the GPUs it ran on; "": not known, or a mix of models
 
 
 @dataclass(frozen=True)

@@ -204,6 +204,7 @@ class SchedulerService:
                     deadline_admission=DeadlineAdmission(cfg.scheduling.deadline_admission),
                     amdahl_alpha=self.policy_params.amdahl_alpha,
                     priority_classes=cfg.scheduling.priority_classes,
+                    gpu_speeds=cfg.scheduling.gpu_speeds,
                     demand_rules=DemandRules(cfg.inference.demand_ttl_s, cfg.inference.demand_combine),
                 )
                 if self.engine.dialect.name == "postgresql":
@@ -266,7 +267,7 @@ class SchedulerService:
                               submissions=submissions, cancellations=cancellations,
                               policy=self.policy, policy_params=self.policy_params, log_reader=log_reader,
                               stream_limits=stream_limits, forecasts=forecasts,
-                              allow_loader_env=cfg.security.allow_loader_env,
+                              allow_loader_env=cfg.security.allow_loader_env, gpu_speeds=cfg.scheduling.gpu_speeds,
                               demand_forecast=lambda: self.demand_forecast.outlook(self.policy_params)),
             server,
         )

@@ -274,7 +274,7 @@ def describe_job(response: scheduler_pb2.GetJobResponse) -> str:
         rows = [(w.rank, w.server_id, ",".join(str(i) for i in w.gpu_indices)) for w in job.workers]
         sections.append("Workers:\n" + format_table(("RANK", "SERVER", "GPUS"), rows))
     if job.step_times:
-        steps = [(t.nodes, t.replicas, t.local_batch_size, t.accum_steps, f"{t.pass_time_s:.4g}",
+        steps = [(t.nodes, t.replicas, t.gpu_type or "-", t.local_batch_size, t.accum_steps, f"{t.pass_time_s:.4g}",
                   f"{t.step_time_s:.4g}", local_time(t.measured_at)) for t in job.step_times]
         sections.append("Step times (measured by rank 0):\n" + format_table(STEP_TIME_HEADERS, steps))
     events = [event_row(e) for e in response.events]
@@ -282,7 +282,7 @@ def describe_job(response: scheduler_pb2.GetJobResponse) -> str:
     return "\n\n".join(sections)
 
 
-STEP_TIME_HEADERS: Final = ("SERVERS", "GPUS", "LOCAL BATCH", "ACCUM", "PASS S", "STEP S", "MEASURED")
+STEP_TIME_HEADERS: Final = ("SERVERS", "GPUS", "GPU TYPE", "LOCAL BATCH", "ACCUM", "PASS S", "STEP S", "MEASURED")
 
 
 def goodput_fields(job: types_pb2.Job) -> list[tuple[str, object]]:
@@ -305,6 +305,10 @@ def goodput_fields(job: types_pb2.Job) -> list[tuple[str, object]]:
         first = job.predicted_speedups[0]
         points = ", ".join(f"{p.workers}w {p.speedup:.2f}x (batch {p.batch_size})" for p in job.predicted_speedups)
         fields.append(("Predicted speed-up", f"{points}; {first.source}, over {first.reference_workers} worker(s)"))
+    if job.type_speeds:
+        fields.append(("Speed by GPU type", "; ".join(
+            f"{s.gpu_type} {s.samples_per_gpu_s:.4g} samples/s per GPU (x{s.relative:.2f}, {s.source})"
+            for s in job.type_speeds)))
     return fields
 
 

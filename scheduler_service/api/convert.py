@@ -16,6 +16,7 @@ from scheduler_service.app.explain import JobExplanation
 from scheduler_service.core import goodput_fit
 from scheduler_service.core.batch import job_batch, noise_scale, prediction_sizes, step_sample
 from scheduler_service.core.predict import DeadlineOutlook, DeadlineStatus
+from scheduler_service.core.type_speed import type_speeds
 from scheduler_service.records import (
     ClusterSummary,
     DemandInfo,
@@ -74,11 +75,17 @@ def job_ids_view(row: JobInfo) -> types_pb2.Job:
     )
 
 
-def job(row: JobInfo, outlook: DeadlineOutlook | None = None) -> types_pb2.Job:
+def job(row: JobInfo, outlook: DeadlineOutlook | None = None, *,
+        gpu_speeds: Mapping[str, float] | None = None) -> types_pb2.Job:
     """The whole job, its spec as submitted (GetJob, SubmitJob, CancelJob); with ``outlook``, its
-    predicted finish and deadline status (``app.deadlines``); a goodput job's predicted speed-ups."""
+    predicted finish and deadline status (``app.deadlines``); a goodput job's predicted speed-ups and its
+    speed by GPU type (``core.type_speed``: measured, or bootstrapped by the declared ``gpu_speeds``)."""
     message = _job(row, command=row.command, env=row.env, outlook=outlook)
     message.predicted_speedups.extend(predicted_speedups(row))
+    message.type_speeds.extend(
+        types_pb2.TypeSpeed(gpu_type=s.gpu_type, samples_per_gpu_s=s.samples_per_gpu_s,
+                            local_batch_size=s.local_batch_size, source=s.source, relative=s.relative)
+        for s in type_speeds(row.goodput.step_times, gpu_speeds or {}))
     return message
 
 
@@ -183,7 +190,7 @@ def goodput_fields(row: JobInfo) -> dict[str, Any]:
         step_times=[
             types_pb2.StepTime(nodes=t.nodes, replicas=t.replicas, local_batch_size=t.local_batch_size,
                                accum_steps=t.accum_steps, pass_time_s=t.pass_time_s, step_time_s=t.step_time_s,
-                               measured_at=timestamp(t.measured_at))
+                               measured_at=timestamp(t.measured_at), gpu_type=t.gpu_type)
             for t in info.step_times
         ],
         samples=info.samples, noise_scale=noise_scale(info.grad, limits.init_bsz),

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import dataclasses
-from collections.abc import AsyncIterator, Callable, Hashable, Sequence
+from collections.abc import AsyncIterator, Callable, Hashable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -141,8 +141,10 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
         cancellations: GroupCommitter[tuple[int, str, str], JobInfo] | None = None,
         stream_limits: StreamLimits | None = None, forecasts: Forecasts | None = None,
         allow_loader_env: bool = False, demand_forecast: Callable[[], DemandForecastInfo | None] | None = None,
+        gpu_speeds: Mapping[str, float] | None = None,
     ) -> None:
         super().__init__(*args, stream_limits=stream_limits)
+        self._gpu_speeds = dict(gpu_speeds or {})  # scheduling.gpu_speeds: Job.type_speeds' bootstrap
         # The inference demand's forecast at the last cycle, over the policy's lead (``app.demand_forecast``).
         self._demand_forecast = demand_forecast
         self._allow_loader_env = allow_loader_env  # security.allow_loader_env: LD_* in a job's env accepted
@@ -235,7 +237,8 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
             record, events = self.app.jobs.get(job_id, include_events=request.include_events)
             auth.require_owner(record.user, f"job {job_id}")
             outlook = self.app.deadlines.outlooks([record])[record.id]
-            return scheduler_pb2.GetJobResponse(job=add_eta(convert.job(record, outlook), record, self._forecasts),
+            shown = convert.job(record, outlook, gpu_speeds=self._gpu_speeds)
+            return scheduler_pb2.GetJobResponse(job=add_eta(shown, record, self._forecasts),
                                                 events=[convert.event(e) for e in events])
 
         return await self.run(answer)
@@ -365,7 +368,8 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
         await self.require_job_owner(job_id)
         # Its anti-thrashing window (core.protection) by the configured policy's parameters, judged now.
         explained = await self.run(self.app.explainer.explain, job_id, now=self._now(), params=self._policy_params)
-        job = add_eta(convert.job(explained.job, explained.outlook), explained.job, self._forecasts)
+        job = add_eta(convert.job(explained.job, explained.outlook, gpu_speeds=self._gpu_speeds), explained.job,
+                      self._forecasts)
         return convert.explanation(explained, job)
 
 

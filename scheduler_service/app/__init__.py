@@ -77,6 +77,7 @@ class SchedulerApp:
         amdahl_alpha: float = PolicyParams.amdahl_alpha,
         priority_classes: Mapping[str, int] | None = None,
         demand_rules: DemandRules | None = None,
+        gpu_speeds: Mapping[str, float] | None = None,
     ) -> None:
         self.notifier: Notifier = notifier or NullNotifier()
         db = Transactions(sessions, publish=self.notifier.desired_states_committed)
@@ -86,7 +87,7 @@ class SchedulerApp:
         heartbeats, digests = Heartbeats(clock), ReportDigests()
         notices = Announcer(self.notifier, db, digests)
         self.cluster = DatabaseCluster(
-            db, SnapshotReader(clock, demand_rules),
+            db, SnapshotReader(clock, demand_rules, gpu_speeds=gpu_speeds),
             Applier(changes, desired, clock, reclaim_deadline_s=reclaim_deadline_s, ports=MasterPorts(master_ports)),
             notices,
         )

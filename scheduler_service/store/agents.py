@@ -344,12 +344,18 @@ class AgentStore:
         if job.batch_init is None or rank0 is None:
             return
         replicas = nodes = 0
+        gpu_type = ""
         if rank0.step_time_s > 0:  # the configuration only matters to a step time
-            a = m.ALLOCATIONS.c
-            replicas, nodes = session.execute(
-                sa.select(sa.func.count(), sa.func.count(sa.distinct(a.server_id))).where(a.job_id == job.id)
+            a, g = m.ALLOCATIONS.c, m.GPUS.c
+            replicas, nodes, models, model = session.execute(
+                sa.select(sa.func.count(), sa.func.count(sa.distinct(a.server_id)),
+                          sa.func.count(sa.distinct(g.model)), sa.func.min(g.model))
+                .select_from(m.ALLOCATIONS.outerjoin(m.GPUS, (g.server_id == a.server_id) & (g.index == a.gpu_index)))
+                .where(a.job_id == job.id)
             ).one()
-        document = with_report(job.goodput_reports, rank0, nodes=nodes, replicas=replicas, now=now)
+            gpu_type = (model or "") if models == 1 else ""  # a mix of models: no one type's speed
+        document = with_report(job.goodput_reports, rank0, nodes=nodes, replicas=replicas, now=now,
+                               gpu_type=gpu_type)
         if document is not None:
             session.execute(sa.update(m.JOBS).where(m.JOBS.c.id == job.id).values(goodput_reports=document))
             session.expire(job, ["goodput_reports"])

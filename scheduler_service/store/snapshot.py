@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections import defaultdict, namedtuple
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from operator import attrgetter
 from typing import Any
 
@@ -48,9 +48,12 @@ ON_LOAN_STATES = frozenset({ServerState.DRAINING, ServerState.LOANED, ServerStat
 
 
 class SnapshotReader:
-    def __init__(self, clock: Clock, demand_rules: DemandRules | None = None) -> None:
+    def __init__(self, clock: Clock, demand_rules: DemandRules | None = None, *,
+                 gpu_speeds: Mapping[str, float] | None = None) -> None:
         self._clock = clock
         self._demand_rules = demand_rules or DemandRules()
+        # The declared speed of each GPU model (scheduling.gpu_speeds): ClusterSnapshot.gpu_speed.
+        self._gpu_speed = tuple(sorted((gpu_speeds or {}).items()))
         # The server views of the last snapshot with what each was built from (reused when unchanged).
         self._server_views: dict[str, tuple[tuple[Any, ...], ServerView]] = {}
         # The active jobs' views of the last snapshot, likewise (most pending jobs' rows do not change).
@@ -115,6 +118,7 @@ class SnapshotReader:
             now=self._clock.now(), servers=servers, jobs=jobs, seed=seed, queues=queue_views(session),
             loan_note=f"{loan_note.reason}: {loan_note.message}"[:1024] if loan_note is not None else "",
             demand=DemandView(demand.servers_needed, demand.observed_rps, demand.time) if demand else None,
+            gpu_speed=self._gpu_speed,
         )
 
     def stamps(self, job_ids: Iterable[int]) -> dict[int, str]:

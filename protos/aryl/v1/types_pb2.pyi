@@ -165,7 +165,7 @@ class BatchHints(_message.Message):
     def __init__(self, init_batch_size: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., max_local_batch_size: _Optional[int] = ...) -> None: ...
 
 class StepTime(_message.Message):
-    __slots__ = ("nodes", "replicas", "local_batch_size", "accum_steps", "pass_time_s", "step_time_s", "measured_at")
+    __slots__ = ("nodes", "replicas", "local_batch_size", "accum_steps", "pass_time_s", "step_time_s", "measured_at", "gpu_type")
     NODES_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     LOCAL_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -173,6 +173,7 @@ class StepTime(_message.Message):
     PASS_TIME_S_FIELD_NUMBER: _ClassVar[int]
     STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
     MEASURED_AT_FIELD_NUMBER: _ClassVar[int]
+    GPU_TYPE_FIELD_NUMBER: _ClassVar[int]
     nodes: int
     replicas: int
     local_batch_size: int
@@ -180,7 +181,22 @@ class StepTime(_message.Message):
     pass_time_s: float
     step_time_s: float
     measured_at: _timestamp_pb2.Timestamp
-    def __init__(self, nodes: _Optional[int] = ..., replicas: _Optional[int] = ..., local_batch_size: _Optional[int] = ..., accum_steps: _Optional[int] = ..., pass_time_s: _Optional[float] = ..., step_time_s: _Optional[float] = ..., measured_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    gpu_type: str
+    def __init__(self, nodes: _Optional[int] = ..., replicas: _Optional[int] = ..., local_batch_size: _Optional[int] = ..., accum_steps: _Optional[int] = ..., pass_time_s: _Optional[float] = ..., step_time_s: _Optional[float] = ..., measured_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., gpu_type: _Optional[str] = ...) -> None: ...
+
+class TypeSpeed(_message.Message):
+    __slots__ = ("gpu_type", "samples_per_gpu_s", "local_batch_size", "source", "relative")
+    GPU_TYPE_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_PER_GPU_S_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    RELATIVE_FIELD_NUMBER: _ClassVar[int]
+    gpu_type: str
+    samples_per_gpu_s: float
+    local_batch_size: int
+    source: str
+    relative: float
+    def __init__(self, gpu_type: _Optional[str] = ..., samples_per_gpu_s: _Optional[float] = ..., local_batch_size: _Optional[int] = ..., source: _Optional[str] = ..., relative: _Optional[float] = ...) -> None: ...
 
 class SpeedupPrediction(_message.Message):
     __slots__ = ("workers", "reference_workers", "speedup", "local_batch_size", "accum_steps", "batch_size", "source")
@@ -260,7 +276,7 @@ class WorkerAllocation(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., server_id: _Optional[str] = ..., gpu_indices: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("job_id", "spec", "state", "reason", "message", "pending_reason", "num_workers", "workers", "submitted_at", "started_at", "finished_at", "restarts", "preemptions", "idempotency_key", "version", "progress", "incarnation", "last_checkpoint_at", "size_note", "predicted_finish", "prediction_confidence", "deadline_status", "deadline_note", "workers_needed", "priority_class_value", "array_job_id", "array_index", "local_batch_size", "accum_steps", "batch_size", "step_times", "grad_sqr", "grad_var", "noise_scale", "samples", "predicted_speedups", "eta_start", "eta_finish", "eta_note", "eta_after_job_ids", "eta_made_at")
+    __slots__ = ("job_id", "spec", "state", "reason", "message", "pending_reason", "num_workers", "workers", "submitted_at", "started_at", "finished_at", "restarts", "preemptions", "idempotency_key", "version", "progress", "incarnation", "last_checkpoint_at", "size_note", "predicted_finish", "prediction_confidence", "deadline_status", "deadline_note", "workers_needed", "priority_class_value", "array_job_id", "array_index", "local_batch_size", "accum_steps", "batch_size", "step_times", "grad_sqr", "grad_var", "noise_scale", "samples", "predicted_speedups", "type_speeds", "eta_start", "eta_finish", "eta_note", "eta_after_job_ids", "eta_made_at")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -297,6 +313,7 @@ class Job(_message.Message):
     NOISE_SCALE_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     PREDICTED_SPEEDUPS_FIELD_NUMBER: _ClassVar[int]
+    TYPE_SPEEDS_FIELD_NUMBER: _ClassVar[int]
     ETA_START_FIELD_NUMBER: _ClassVar[int]
     ETA_FINISH_FIELD_NUMBER: _ClassVar[int]
     ETA_NOTE_FIELD_NUMBER: _ClassVar[int]
@@ -338,12 +355,13 @@ class Job(_message.Message):
     noise_scale: float
     samples: float
     predicted_speedups: _containers.RepeatedCompositeFieldContainer[SpeedupPrediction]
+    type_speeds: _containers.RepeatedCompositeFieldContainer[TypeSpeed]
     eta_start: _timestamp_pb2.Timestamp
     eta_finish: _timestamp_pb2.Timestamp
     eta_note: str
     eta_after_job_ids: _containers.RepeatedScalarFieldContainer[str]
     eta_made_at: _timestamp_pb2.Timestamp
-    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., state: _Optional[_Union[JobState, str]] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., pending_reason: _Optional[str] = ..., num_workers: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerAllocation, _Mapping]]] = ..., submitted_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., restarts: _Optional[int] = ..., preemptions: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., version: _Optional[int] = ..., progress: _Optional[float] = ..., incarnation: _Optional[int] = ..., last_checkpoint_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., size_note: _Optional[str] = ..., predicted_finish: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., prediction_confidence: _Optional[float] = ..., deadline_status: _Optional[_Union[DeadlineStatus, str]] = ..., deadline_note: _Optional[str] = ..., workers_needed: _Optional[int] = ..., priority_class_value: _Optional[int] = ..., array_job_id: _Optional[str] = ..., array_index: _Optional[int] = ..., local_batch_size: _Optional[int] = ..., accum_steps: _Optional[int] = ..., batch_size: _Optional[int] = ..., step_times: _Optional[_Iterable[_Union[StepTime, _Mapping]]] = ..., grad_sqr: _Optional[float] = ..., grad_var: _Optional[float] = ..., noise_scale: _Optional[float] = ..., samples: _Optional[float] = ..., predicted_speedups: _Optional[_Iterable[_Union[SpeedupPrediction, _Mapping]]] = ..., eta_start: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., eta_finish: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., eta_note: _Optional[str] = ..., eta_after_job_ids: _Optional[_Iterable[str]] = ..., eta_made_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    def __init__(self, job_id: _Optional[str] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., state: _Optional[_Union[JobState, str]] = ..., reason: _Optional[str] = ..., message: _Optional[str] = ..., pending_reason: _Optional[str] = ..., num_workers: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerAllocation, _Mapping]]] = ..., submitted_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., restarts: _Optional[int] = ..., preemptions: _Optional[int] = ..., idempotency_key: _Optional[str] = ..., version: _Optional[int] = ..., progress: _Optional[float] = ..., incarnation: _Optional[int] = ..., last_checkpoint_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., size_note: _Optional[str] = ..., predicted_finish: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., prediction_confidence: _Optional[float] = ..., deadline_status: _Optional[_Union[DeadlineStatus, str]] = ..., deadline_note: _Optional[str] = ..., workers_needed: _Optional[int] = ..., priority_class_value: _Optional[int] = ..., array_job_id: _Optional[str] = ..., array_index: _Optional[int] = ..., local_batch_size: _Optional[int] = ..., accum_steps: _Optional[int] = ..., batch_size: _Optional[int] = ..., step_times: _Optional[_Iterable[_Union[StepTime, _Mapping]]] = ..., grad_sqr: _Optional[float] = ..., grad_var: _Optional[float] = ..., noise_scale: _Optional[float] = ..., samples: _Optional[float] = ..., predicted_speedups: _Optional[_Iterable[_Union[SpeedupPrediction, _Mapping]]] = ..., type_speeds: _Optional[_Iterable[_Union[TypeSpeed, _Mapping]]] = ..., eta_start: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., eta_finish: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., eta_note: _Optional[str] = ..., eta_after_job_ids: _Optional[_Iterable[str]] = ..., eta_made_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class Gpu(_message.Message):
     __slots__ = ("index", "uuid", "model", "memory_total_bytes", "healthy", "health_reason", "job_id", "utilization", "memory_used_bytes", "temperature_c")
