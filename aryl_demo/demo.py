@@ -27,8 +27,6 @@ the last line says where they are, or were.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import os
 import shutil
 import signal
@@ -37,19 +35,18 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-import aiohttp
-
 from aryl_common.entry import FatalError, add_standard_flags, run_guarded
 from aryl_common.ports import free_loopback_port as free_port
 from aryl_common.security import ClientSecurity, token_from_file
-from arylctl import certs, cli
+from aryl_demo.output import CLI_ENV, CLOCK, Timeline, line, say, show, timeline
+from aryl_demo.traffic import Traffic, model_served, router_plane, router_ready, traffic_reporter
+from arylctl import certs
 from arylctl.client import ArylClient, job_spec
 from protos.aryl.v1 import types_pb2
 from scheduler_service.solvers import warm_up as warm_up_solvers
@@ -116,30 +113,6 @@ def wait_until(predicate: Callable[[], T], timeout: float, what: str) -> T:
         time.sleep(0.1)
 
 
-class Clock:
-    """Seconds since the demo started, for the timeline."""
-
-    def __init__(self) -> None:
-        self.start = time.monotonic()
-
-    def __str__(self) -> str:
-        return f"{time.monotonic() - self.start:6.1f}s"
-
-
-CLOCK = Clock()
-PRINT_LOCK = threading.Lock()
-
-
-def line(text: str) -> None:
-    with PRINT_LOCK:
-        print(f"[{CLOCK}] {text}", flush=True)
-
-
-def say(text: str) -> None:
-    with PRINT_LOCK:
-        print(f"\n[{CLOCK}] == {text}", flush=True)
-
-
 # A warm numba cache loads the kernels in well under this; only a compile (a first run) takes longer.
 KERNELS_PATIENCE_S = 2.0
 
@@ -169,26 +142,6 @@ def prepare_kernels(warm_up: Callable[[], None] = warm_up_solvers, patience_s: f
         raise failed[0]
     how = "compiled" if compiling else "loaded from numba's cache"
     line(f"  scheduling kernels ready in {time.monotonic() - began:.1f}s ({how})")
-
-
-# What arylctl (``show``) presents to the demo's scheduler: its CA, the client certificate, the admin's token.
-CLI_ENV: dict[str, str] = {}
-
-
-def show(address: str, *args: str) -> None:
-    with PRINT_LOCK:
-        print(f"$ arylctl {' '.join(args)}", flush=True)
-        saved = {key: os.environ.get(key) for key in (*CLI_ENV, "ARYL_TOKEN")}
-        os.environ.pop("ARYL_TOKEN", None)
-        os.environ.update(CLI_ENV)
-        try:
-            cli.main(["--server", address, *args])
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
 
 
 def start(stack: ExitStack, name: str, argv: list[str], log_dir: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -226,111 +179,6 @@ class DemoOutcome:
     jobs: dict[str, types_pb2.Job] = field(default_factory=dict)
     resnet_scaled_out_to: int = 0
     resnet_progress_before_reclaim: float = 0.0
-
-
-# ---------------------------------------------------------------------------------------------
-# Inference traffic
-
-
-@dataclass
-class Traffic:
-    """An open-loop load generator: ``rate`` requests per second through the router, counted."""
-
-    url: str
-    rate: float = 0.0
-    sent: int = 0
-    ok: int = 0
-    failed: list[str] = field(default_factory=list)
-    served_by: dict[str, int] = field(default_factory=dict)
-    stop: threading.Event = field(default_factory=threading.Event)
-
-    def run(self) -> None:
-        asyncio.run(self._run())
-
-    async def _run(self) -> None:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
-            tasks: set[asyncio.Task[None]] = set()
-            next_at = time.monotonic()
-            while not self.stop.is_set():
-                if self.rate > 0:
-                    task = asyncio.create_task(self._one(session))
-                    tasks.add(task)
-                    task.add_done_callback(tasks.discard)
-                    next_at += 1.0 / self.rate
-                else:
-                    next_at = time.monotonic() + 0.1
-                await asyncio.sleep(max(0.0, next_at - time.monotonic()))
-            if tasks:
-                await asyncio.gather(*tasks)
-
-    async def _one(self, session: aiohttp.ClientSession) -> None:
-        self.sent += 1
-        try:
-            async with session.post(f"{self.url}/v1/infer", json={"input": f"request {self.sent}"}) as response:
-                body = await response.json(content_type=None)
-                if response.status == 200:
-                    self.ok += 1
-                    server = str(body.get("server_id", "?"))
-                    self.served_by[server] = self.served_by.get(server, 0) + 1
-                else:
-                    self.failed.append(f"HTTP {response.status}: {body}")
-        except Exception as exc:  # noqa: BLE001 - every failure is counted and shown in the summary
-            self.failed.append(f"{type(exc).__name__}: {exc}")
-
-
-# ---------------------------------------------------------------------------------------------
-# The timeline: the scheduler's event log, streamed
-
-
-SHOWN_EVENTS = {"JOB_STATE_CHANGED", "LOAN_STARTED", "LOAN_ENDED", "DEMAND_CHANGED", "SERVER_STATE_CHANGED",
-                "SERVER_DRAINED", "WORKER_EXITED", "JOB_BATCH_CHANGED"}
-
-
-@dataclass
-class Timeline:
-    """The newest event id the timeline has printed (or skipped), so the story can wait for it."""
-
-    seen: int = 0
-
-    def caught_up(self, client: ArylClient) -> bool:
-        return not list(client.watch_events(after_event_id=self.seen, idle_timeout=0.2))
-
-
-def timeline(client: ArylClient, names: dict[str, str], stop: threading.Event, shown: Timeline) -> None:
-    try:
-        for event in client.watch_events(after_event_id=0):
-            if stop.is_set():
-                return
-            shown.seen = max(shown.seen, event.event_id)
-            kind = types_pb2.EventKind.Name(event.kind).removeprefix("EVENT_KIND_")
-            if kind not in SHOWN_EVENTS:
-                continue
-            who = names.get(event.job_id, f"job {event.job_id}") if event.job_id else event.server_id or "scheduler"
-            change = f"{event.from_state}->{event.to_state}" if event.to_state else kind.lower()
-            line(f"  event  {who:<11} {change:<22} {event.reason:<24} {event.message[:120]}")
-    except Exception:  # noqa: BLE001 - the stream ends when the scheduler stops
-        return
-
-
-def traffic_reporter(traffic: Traffic, client: ArylClient, stop: threading.Event) -> None:
-    while not stop.wait(5.0):
-        try:
-            demand = client.get_demand()
-            serving = sum(s.state == types_pb2.SERVER_STATE_SERVING for s in client.list_servers(
-                pool=types_pb2.POOL_INFERENCE))
-            line(f"  load   {traffic.rate:4.0f} req/s offered, router measured {demand.observed_rps:.1f} req/s and "
-                 f"asks for {demand.servers_needed} server(s), {serving} serving; requests ok {traffic.ok}, "
-                 f"failed {len(traffic.failed)}")
-        except Exception:  # noqa: BLE001 - the scheduler may be stopping
-            return
-
-
-# ---------------------------------------------------------------------------------------------
-
-
-def model_served(port: int) -> int:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=2) as response:
-        return int(json.load(response)["served"])
 
 
 def metrics_settings(ports: dict[str, int], name: str) -> dict[str, str]:
@@ -449,8 +297,8 @@ def run(workdir: Path, *, insecure: bool = False) -> DemoOutcome:
                                 "--min-servers", "1", "--scale-down-delay", "4", "--interval", "2"], workdir,
               {**env, **metrics_settings(metrics_ports, "router")})
         traffic = Traffic(f"http://127.0.0.1:{router_port}")
-        wait_until(lambda: _router_ready(router_port, len(INFERENCE)), 60, "the router to route to 3 servers")
-        line(f"  data plane: {_router_plane(router_port)}")
+        wait_until(lambda: router_ready(router_port, len(INFERENCE)), 60, "the router to route to 3 servers")
+        line(f"  data plane: {router_plane(router_port)}")
         wait_until(lambda: client.get_demand().source.startswith("aryl-router"), 30, "the router's first demand")
         say("Prometheus metrics (text format; docker-compose's monitoring profile scrapes them into Grafana):")
         for name, metrics_port in metrics_ports.items():
@@ -521,7 +369,7 @@ def run(workdir: Path, *, insecure: bool = False) -> DemoOutcome:
             traffic.rate = EVENING_RPS + (MORNING_SPIKE_RPS - EVENING_RPS) * elapsed / MORNING_RAMP_S
             time.sleep(0.25)
         traffic.rate = MORNING_SPIKE_RPS
-        wait_until(lambda: loaned() == 0 and _router_ready(router_port, len(INFERENCE)), 60,
+        wait_until(lambda: loaned() == 0 and router_ready(router_port, len(INFERENCE)), 60,
                    "the reclaimed servers to serve again")
         time.sleep(3)
         show(address, "jobs")
@@ -607,23 +455,6 @@ def summarize(outcome: DemoOutcome, workdir: Path) -> None:
           f"resizes: {outcome.resnet_progress_before_reclaim:g} steps before the reclaim, "
           f"{outcome.jobs['resnet50'].progress:g} at the end")
     print(f"   demo took {time.monotonic() - CLOCK.start:.0f}s", flush=True)
-
-
-def _router_plane(port: int) -> str:
-    """What carries the requests, from the router's /aryl/stats: e.g. "haproxy (pid 4242), 3 of 64 server slots"."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/aryl/stats", timeout=2) as response:
-        stats = json.load(response)
-    haproxy = stats.get("haproxy")
-    if not haproxy:
-        return str(stats.get("data_plane", "python"))
-    return f"haproxy (pid {haproxy['pid']}), {haproxy['slots_used']} of {haproxy['slots']} server slots programmed"
-
-
-def _router_ready(port: int, servers: int) -> bool:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/aryl/stats", timeout=2) as response:
-        stats = json.load(response)
-    backends = stats.get("backends", [])
-    return sum(1 for b in backends if b.get("state") == "SERVING" and b.get("healthy", True)) >= servers
 
 
 def _stop_workers(workdir: Path) -> None:

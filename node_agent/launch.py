@@ -77,7 +77,6 @@ def open_log(path: Path) -> BinaryIO:
     return os.fdopen(fd, "ab")
 
 
-
 def working_directory(spec: WorkerSpec, layout: WorkDir, hostname: str,
                       run_as: RunAs | None = None) -> tuple[Path | None, str]:
     """Where ``spec``'s worker starts (``node_agent.workers``, "working directory") and a line for
@@ -158,7 +157,6 @@ def batch_environment(spec: WorkerSpec, layout: WorkDir) -> dict[str, str]:
         contract.MAX_LOCAL_BATCH_SIZE: str(spec.max_local_batch_size),
         contract.BATCH_FILE: str(layout.batch_file(spec.id)),
     }
-
 
 
 def log_header(spec: WorkerSpec, wall_time: float) -> str:

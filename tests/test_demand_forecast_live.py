@@ -1,6 +1,6 @@
 """Predictive reclaim, live (issue 31): a real scheduler service (aryl policy, short forecast bins), a real
 ``inference_router.Router`` in front of real HTTP model servers, and a steadily rising load sent through the
-router (the demo's load generator, ``aryl_demo.demo.Traffic``). The router measures the load and reports its
+router (the demo's load generator, ``aryl_demo.traffic.Traffic``). The router measures the load and reports its
 need over the real ReportDemand path, follows the serving pool over WatchServingPool and acknowledges drains
 over ReportDrained; the scheduler's forecaster learns from those reports and the aryl policy reclaims ahead of
 its forecast.
@@ -27,7 +27,7 @@ import pytest
 from aiohttp import web
 from prometheus_client import generate_latest
 
-from aryl_demo.demo import Traffic
+from aryl_demo.traffic import Traffic
 from arylctl.client import ArylClient
 from inference_router.config import RouterSection
 from inference_router.router import Router
