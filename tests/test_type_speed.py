@@ -5,6 +5,7 @@ and PostgreSQL (``database_url``)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
 import pytest
@@ -123,3 +124,26 @@ def test_a_job_that_ran_on_two_gpu_models_shows_both_measured_and_a_third_bootst
             "(x0.62, measured); SlowGPU 80 samples/s per GPU (x0.15, measured)") in " ".join(text.split())
     # The declared factors reach the policies too (sia and gavel weigh GPU types by them).
     assert dict(app.cluster.snapshot().gpu_speed) == {"FastGPU": 1.0, "SlowGPU": 0.4, "NewGPU": 2.0}
+
+
+def test_sia_live_weighs_a_type_by_the_jobs_own_measured_speed_over_the_declared_one() -> None:
+    """Declared, 'fast' is 4x 'slow'; this job measured itself 3x faster on 'slow' (a model that suits it).
+    One GPU of each is free: Sia puts it where it runs fastest for it, not where the declaration says."""
+    from scheduler_service.core.params import PolicyParams
+    from scheduler_service.core.snapshot import ClusterSnapshot, JobView, ServerView
+    from scheduler_service.core.type_speed import job_type_speeds
+    from scheduler_service.lifecycle import JobState, ServerState
+    from scheduler_service.policies import create_policy
+
+    servers = (ServerView("f", Pool.TRAINING, ServerState.TRAINING, (0,), gpu_type="fast"),
+               ServerView("s", Pool.TRAINING, ServerState.TRAINING, (0,), gpu_type="slow"))
+    declared = (("fast", 4.0), ("slow", 1.0))
+    plain = JobView(1, JobState.PENDING, 1, 1, 1, 0, 0.0, estimated_runtime_s=600.0)
+    measured = dataclasses.replace(plain, type_speeds=(("fast", 10.0), ("slow", 30.0)))
+    assert job_type_speeds(plain, dict(declared), ["fast", "slow"]) == {"fast": 4.0, "slow": 1.0}
+    assert job_type_speeds(measured, dict(declared), ["fast", "slow", "other"]) == {
+        "fast": pytest.approx(1 / 3), "slow": 1.0, "other": pytest.approx(2 / 3)}  # other: the mean of the known
+    for job, where in ((plain, "f"), (measured, "s")):
+        plan = create_policy("sia", PolicyParams()).schedule(
+            ClusterSnapshot(now=0.0, servers=servers, jobs=(job,), gpu_speed=declared))
+        assert [w.server_id for s in plan.starts for w in s.workers] == [where]

@@ -179,6 +179,8 @@ class JobView:
     grad_stats: GradParams | None = None
     # The batch it runs now, as (atomic_bsz, accum_steps, GPUs it was chosen for); None: none chosen yet.
     batch_now: tuple[int, int, int] | None = None
+    # One GPU's measured samples per second on each GPU model it ran on alone (``core.type_speed``).
+    type_speeds: tuple[tuple[str, float], ...] = ()
 
     # Anti-thrashing (``core.protection``'s disruption cap): when its recent resizes and preemptions were
     # applied, oldest first (at least the last ``protection.DISRUPTION_WINDOW_S``; older ones are ignored).

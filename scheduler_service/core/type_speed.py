@@ -21,6 +21,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from scheduler_service.core.snapshot import JobView
+
 MEASURED, BOOTSTRAPPED = "measured", "bootstrapped"
 
 
@@ -62,7 +64,12 @@ def type_speeds(step_times: Sequence[StepTimeInfo], declared: Mapping[str, float
                 types: Iterable[str] = ()) -> tuple[TypeSpeed, ...]:
     """The job's speed on each type it ran on (measured) and on each other type of ``types`` or ``declared``
     that a declared factor reaches (bootstrapped); fastest first, then by name."""
-    measured = measured_speeds(step_times)
+    return estimate(measured_speeds(step_times), declared, types)
+
+
+def estimate(measured: Mapping[str, tuple[float, int]], declared: Mapping[str, float],
+             types: Iterable[str] = ()) -> tuple[TypeSpeed, ...]:
+    """``type_speeds`` from the measured (speed, batch) per type."""
     out = [TypeSpeed(gpu_type, speed, batch, MEASURED) for gpu_type, (speed, batch) in measured.items()]
     anchors = [(speed, batch, declared[gpu_type]) for gpu_type, (speed, batch) in measured.items()
                if declared.get(gpu_type, 0.0) > 0]
@@ -80,3 +87,17 @@ def type_speeds(step_times: Sequence[StepTimeInfo], declared: Mapping[str, float
         (TypeSpeed(s.gpu_type, s.samples_per_gpu_s, s.local_batch_size, s.source,
                    s.samples_per_gpu_s / fastest if fastest > 0 else 0.0) for s in out),
         key=lambda s: (-s.samples_per_gpu_s, s.gpu_type)))
+
+
+def job_type_speeds(job: JobView, declared: Mapping[str, float], types: Iterable[str]) -> dict[str, float]:
+    """A policy's speed factor of each GPU type in ``types`` for ``job``: its per-GPU speed there over its
+    fastest (measured or bootstrapped, ``JobView.type_speeds``), where that is known; elsewhere the type's
+    declared factor (``ClusterSnapshot.gpu_speed``; 1 if none is declared), scaled alike."""
+    wanted = list(types)
+    known = {s.gpu_type: s.relative
+             for s in estimate({t: (v, 0) for t, v in job.type_speeds}, declared, wanted)}
+    if not known:
+        return {t: declared.get(t, 1.0) for t in wanted}
+    # A type the job's measures do not reach (no factor declared for it): the mean of the known ones.
+    rest = sum(known.values()) / len(known)
+    return {t: known.get(t, rest) for t in wanted}

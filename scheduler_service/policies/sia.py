@@ -54,6 +54,7 @@ from scheduler_service.core.plan import Plan
 from scheduler_service.core.registry import policies
 from scheduler_service.core.snapshot import ClusterSnapshot, JobView
 from scheduler_service.core.throughput import ThroughputModel, estimate
+from scheduler_service.core.type_speed import job_type_speeds
 from scheduler_service.policies.worker_targets import active_jobs
 
 ZERO_GAIN = 1e-4   # a configuration the job cannot use
@@ -220,8 +221,10 @@ class SiaPolicy:
                                    why_preempted="its GPUs give more p-mean goodput to other jobs")
 
     def _declared(self, snapshot: ClusterSnapshot, active: Sequence[JobView]) -> dict[int, SiaJob]:
-        """Estimates from what jobs declare: speed by workers, times each type's declared speed."""
-        speed = dict(snapshot.gpu_speed)
+        """Estimates from what jobs declare: speed by workers, times each type's speed for the job -- its own,
+        measured where it ran and bootstrapped elsewhere (``core.type_speed``, ``JobView.type_speeds``), else
+        the type's declared speed."""
+        declared = dict(snapshot.gpu_speed)
         types = server_types(snapshot)
         pools = gpu_pools(snapshot)
         out: dict[int, SiaJob] = {}
@@ -229,9 +232,10 @@ class SiaPolicy:
             model = estimate(job, now=snapshot.now, default_runtime_s=self.params.default_runtime_s,
                              alpha=self.params.amdahl_alpha).model
             per = max(1, job.gpus_per_worker)
+            speed = job_type_speeds(job, declared, [p.gpu_type for p in pools])
 
             def goodput(gpu_type: str, nodes: int, gpus: int, model: ThroughputModel = model,
-                        per: int = per) -> float | None:
+                        per: int = per, speed: dict[str, float] = speed) -> float | None:
                 return float(model.speed(max(1, gpus // per))) * speed.get(gpu_type, 1.0)
 
             def allowed(config: Config, job: JobView = job) -> bool:
@@ -240,7 +244,7 @@ class SiaPolicy:
             resized = job.last_resized_at
 
             out[job.job_id] = SiaJob(
-                job.job_id, goodput, {p.gpu_type: speed.get(p.gpu_type, 1.0) for p in pools},
+                job.job_id, goodput, speed,
                 max_gpus=job.max_workers * per, current=current_config(job, types),
                 age_s=max(0.0, snapshot.now - job.submitted_at), restarts=len(job.disruptions),
                 restart_s=self.params.restart_cost_s,

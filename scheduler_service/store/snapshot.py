@@ -33,6 +33,7 @@ from scheduler_service.core.snapshot import (
     ServerView,
     WorkerView,
 )
+from scheduler_service.core.type_speed import measured_speeds
 from scheduler_service.lifecycle import JobState, Pool, ServerState
 from scheduler_service.store import models as m
 from scheduler_service.store.changes import index_list
@@ -268,7 +269,8 @@ def goodput_fields(row: Any, decoded: _Decoded) -> dict[str, Any]:
     info = goodput_info(decoded(row.goodput_reports))
     now = (row.batch_local, row.batch_accum, row.batch_replicas)
     return dict(batch_limits=limits, step_samples=step_samples(info), grad_stats=info.grad,
-                batch_now=None if None in now else now)
+                batch_now=None if None in now else now,
+                type_speeds=tuple(sorted((t, speed) for t, (speed, _) in measured_speeds(info.step_times).items())))
 
 
 def progress_window(row: Any) -> ProgressWindow | None:
