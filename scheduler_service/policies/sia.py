@@ -24,9 +24,10 @@ Each cycle, for every active job and every *configuration* -- (GPU type, nodes, 
   program; the others are 0 at every optimum, so the answer is the same.
 
 The registered policy (``sia``) runs the decision on a ``ClusterSnapshot``: pools from the servers' GPU
-types, estimates from the job's declared throughput (``core.throughput.estimate``) times the declared
-speed of each type (``ClusterSnapshot.gpu_speed``) -- a live job has no per-type model yet (issue 33, item
-4). A job model that knows more (the simulator's heterogeneous job model, ``simulator.hetero``) hands its
+types, estimates from the job's declared throughput (``core.throughput.estimate``) times its speed on
+each type (``core.type_speed.job_type_speeds``: measured from its step times where it ran, bootstrapped
+elsewhere by the declared speeds, ``ClusterSnapshot.gpu_speed``; the declared speed alone until it has
+measures). A job model that knows more (the simulator's heterogeneous job model, ``simulator.hetero``) hands its
 estimates in with ``with_estimates``. Placement (one type per job) is ``core.gpu_configs``.
 """
 
