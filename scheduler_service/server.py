@@ -65,7 +65,7 @@ from scheduler_service.core.params import PolicyParams
 from scheduler_service.cycle import SchedulingCycle
 from scheduler_service.errors import Aborted, Unavailable
 from scheduler_service.metrics import SchedulerMetrics
-from scheduler_service.notify import AsyncNotifier
+from scheduler_service.notify.notifier import AsyncNotifier
 from scheduler_service.policies import create_policy
 from scheduler_service.solvers import warm_up as warm_up_solvers
 from scheduler_service.store import lease as lease_store

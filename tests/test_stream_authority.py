@@ -40,7 +40,8 @@ from protos.aryl.v1 import (
     types_pb2,
 )
 from scheduler_service.api.stream_limits import StreamLimits, TooManyStreams
-from scheduler_service.notify import EventFeed, Signal, SlowReader
+from scheduler_service.notify.event_feed import EventFeed, SlowReader
+from scheduler_service.notify.signals import Signal
 from scheduler_service.server import ServerHandle, serve_in_background
 from tests.harness import pki, scheduler_config, security_section
 from tests.helpers import scaled_timeout, wait_until

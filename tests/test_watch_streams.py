@@ -26,9 +26,10 @@ from structlog.testing import capture_logs
 
 from inference_router.scheduler_link import SchedulerLink
 from protos.aryl.v1 import inference_pb2, inference_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc
-from scheduler_service import notify
 from scheduler_service.api.stream_limits import StreamLimits, TooManyStreams, client_of
-from scheduler_service.notify import EventFeed, Signal
+from scheduler_service.notify import event_feed
+from scheduler_service.notify.event_feed import EventFeed
+from scheduler_service.notify.signals import Signal
 from scheduler_service.server import ServerHandle, serve_in_background
 from tests.harness import client_security, job_spec, scheduler_config, secure_aio_channel, secure_channel
 from tests.helpers import wait_for, wait_until
@@ -342,7 +343,7 @@ def test_an_event_committed_after_a_newer_one_still_reaches_the_streams_in_order
 
 
 def test_a_gap_left_by_a_rolled_back_write_is_passed_after_a_while(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(notify, "GAP_WAIT_S", 0.2)
+    monkeypatch.setattr(event_feed, "GAP_WAIT_S", 0.2)
 
     async def steps(committed: list[int], wake: Signal, got: list[int], feed: Any) -> None:
         committed.extend([12, 13])  # 11 was rolled back: it never commits

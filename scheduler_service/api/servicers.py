@@ -47,7 +47,8 @@ from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.quota import DEFAULT_QUEUE
 from scheduler_service.core.registry import ReclaimPreviewer
 from scheduler_service.errors import InvalidArgument
-from scheduler_service.notify import AsyncNotifier, SlowReader
+from scheduler_service.notify.event_feed import SlowReader
+from scheduler_service.notify.notifier import AsyncNotifier
 from scheduler_service.records import AdminChange, EventInfo, JobInfo, JobSubmission, QueueSettings
 
 T = TypeVar("T")

@@ -1,17 +1,11 @@
-"""In-process wake-ups from committed changes to the asyncio streams that wait for them.
+"""``EventFeed``: the event log's new entries fanned out to every ``WatchEvents`` stream from one read per
+change, paced so that fan-out never starves the unary calls.
 
-A ``Signal`` is a version counter: writers (any thread) bump it after commit; readers remember the
-version they saw, re-read the database, and wait for a newer one. A missed wake-up only delays a
-reader until its poll timeout; it never loses data, because the database is re-read every time.
-
-A ``DesiredStateFeed`` fans the desired state of servers out to the agent streams that watch them:
-after a commit, one batched read serves every touched server, however many streams wait. An
-``EventFeed`` does the same for the event log (WatchEvents: one read of the new entries per change,
-recent entries held in memory and filtered per stream), and a ``SharedRead`` for one answer that
-many streams watch (WatchServingPool). Streams with nothing new cost no database work; each feed
-re-reads at least every ``recheck_s`` while watched (writes by other processes), and nothing when not.
-
-Never: hold domain state of its own beyond the last state read for a watched server, or decide
+Nouns: a *topic* is what a stream watches (every event, one job's, one server's); a *subscriber* is
+one live stream with the entries queued for it (at most its *stream buffer*: a stream further behind
+ends with ``SlowReader``); the *dispatcher* queues new entries on the streams of their topics, and the
+*pacer* wakes those streams a slice at a time; a *gap* is an id not yet visible after the newest held.
+Never: lose an entry at a gap that may still commit, hold entries while no stream watches, or decide
 anything; the database stays the single source of truth.
 """
 
@@ -19,175 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import random
-import threading
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterable, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 import structlog
 
-from scheduler_service.errors import NotFound
+from scheduler_service.notify.signals import Signal
 
 log = structlog.get_logger("aryl.notify")
-
-
-class Signal:
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self.version = 0
-        self._waiters: set[asyncio.Future[None]] = set()
-
-    def bump_threadsafe(self) -> None:
-        try:
-            self._loop.call_soon_threadsafe(self.bump)
-        except RuntimeError:
-            pass  # the loop is closed: the service is shutting down, nobody is waiting
-
-    def bump(self) -> None:
-        """Wake every waiter; only on the loop's own thread."""
-        self.version += 1
-        for waiter in self._waiters:
-            if not waiter.done():
-                waiter.set_result(None)
-        self._waiters.clear()
-
-    async def wait_newer(self, seen: int, timeout: float | None) -> None:
-        """Return once ``version > seen`` or after ``timeout`` seconds (None: no timeout)."""
-        if self.version > seen:
-            return
-        waiter = self._loop.create_future()
-        self._waiters.add(waiter)
-        try:
-            await asyncio.wait_for(waiter, timeout)
-        except TimeoutError:
-            pass
-        finally:
-            self._waiters.discard(waiter)
-
-
-class Generational(Protocol):
-    @property
-    def generation(self) -> int: ...
-
-
-S = TypeVar("S", bound=Generational)
-
-
-@dataclass
-class _Slot(Generic[S]):
-    """What the feed knows of one watched server: its last read state, or why the read failed."""
-
-    signal: Signal
-    state: S | None = None
-    error: BaseException | None = None
-    watchers: int = 0
-
-
-@dataclass
-class DesiredStateFeed(Generic[S]):
-    """Serves ``watch(server_id)`` streams from batched reads.
-
-    ``load(server_ids)`` reads the desired state of each registered server among ``server_ids`` in
-    one consistent read (a server missing from its answer is not registered). It runs on
-    ``executor``. Reads are sequential: servers touched while one runs are read together by the
-    next, so a burst of decisions costs a few reads, not one per server, and a stream never reads
-    the database itself. A stream's periodic re-read (``refresh_s``) joins the next batch the same
-    way. A state never replaces a newer generation of the same server."""
-
-    loop: asyncio.AbstractEventLoop
-    load: Callable[[Sequence[str]], Mapping[str, S]]
-    executor: Executor | None = None
-    _slots: dict[str, _Slot[S]] = field(default_factory=dict)
-    _dirty: set[str] = field(default_factory=set)
-    _reader: asyncio.Task[None] | None = None
-
-    def changed_threadsafe(self, server_ids: Iterable[str]) -> None:
-        """After commit, from any thread: these servers' desired state may have changed."""
-        ids = tuple(server_ids)
-        if ids:
-            try:
-                self.loop.call_soon_threadsafe(self._request, ids)
-            except RuntimeError:
-                pass  # the loop is closed: the service is shutting down, nobody is waiting
-
-    def publish_threadsafe(self, states: Mapping[str, S]) -> None:
-        """After commit, from any thread: these are the servers' desired states as committed (read in
-        the committing transaction); watchers get them without another read."""
-        if states:
-            try:
-                self.loop.call_soon_threadsafe(self._publish, dict(states))
-            except RuntimeError:
-                pass  # the loop is closed: the service is shutting down, nobody is waiting
-
-    def _publish(self, states: Mapping[str, S]) -> None:
-        for server_id, state in states.items():
-            slot = self._slots.get(server_id)
-            if slot is None:
-                continue  # nobody watches it
-            if slot.state is None or state.generation >= slot.state.generation:
-                slot.state, slot.error = state, None
-                slot.signal.bump()
-
-    def _request(self, server_ids: Iterable[str]) -> None:
-        self._dirty.update(s for s in server_ids if s in self._slots)  # unwatched servers cost nothing
-        if self._dirty and (self._reader is None or self._reader.done()):
-            self._reader = self.loop.create_task(self._read_dirty())
-
-    async def _read_dirty(self) -> None:
-        while self._dirty:
-            batch = sorted(self._dirty)
-            self._dirty.clear()
-            error: Exception | None = None
-            try:
-                states = await self.loop.run_in_executor(self.executor, self.load, batch)
-            except Exception as exc:  # noqa: BLE001 - handed to the streams that waited for this read
-                log.warning("desired-state read failed", servers=len(batch), error=repr(exc))
-                states, error = {}, exc
-            for server_id in batch:
-                slot = self._slots.get(server_id)
-                if slot is None:
-                    continue  # its last stream closed during the read
-                state = states.get(server_id)
-                if error is not None:
-                    slot.error = error
-                elif state is None:
-                    slot.error = NotFound(f"server {server_id} is not registered")
-                elif slot.state is None or state.generation >= slot.state.generation:
-                    slot.state, slot.error = state, None
-                slot.signal.bump()
-
-    async def watch(self, server_id: str, *, refresh_s: float) -> AsyncIterator[S]:
-        """Yield the server's desired state now and whenever its generation changes; re-read it
-        every ``refresh_s`` or so (covers writes this process was not told about; each wait is drawn
-        from 0.5..1.0 x ``refresh_s`` so 1,000s of streams do not re-read in step). Raises what the
-        read raised, or ``NotFound`` for a server that is not registered."""
-        slot = self._slots.get(server_id)
-        if slot is None:
-            slot = self._slots[server_id] = _Slot(Signal(self.loop))
-        slot.watchers += 1
-        try:
-            seen = slot.signal.version
-            self._request((server_id,))
-            sent: int | None = None
-            while True:
-                await slot.signal.wait_newer(seen, timeout=refresh_s * random.uniform(0.5, 1.0))
-                if slot.signal.version == seen:  # nothing read meanwhile: ask for a re-read
-                    self._request((server_id,))
-                    continue
-                seen = slot.signal.version
-                if slot.error is not None:
-                    raise slot.error
-                if slot.state is not None and slot.state.generation != sent:
-                    sent = slot.state.generation
-                    yield slot.state
-        finally:
-            slot.watchers -= 1
-            if slot.watchers == 0:
-                del self._slots[server_id]
 
 
 class Identified(Protocol):
@@ -196,7 +32,6 @@ class Identified(Protocol):
 
 
 E = TypeVar("E", bound=Identified)
-T = TypeVar("T")
 
 
 class SlowReader(Exception):
@@ -516,160 +351,3 @@ class EventFeed(Generic[E]):
 # this long, reading again every GAP_RECHECK_S meanwhile.
 GAP_WAIT_S = 2.0
 GAP_RECHECK_S = 0.05
-
-
-class SharedRead(Generic[T]):
-    """The answer of one read, shared by every stream that watches it: while any stream watches,
-    one reader (a task on the loop) re-reads it on ``executor`` after each wake-up of ``wake``
-    (coalesced) and at least every ``recheck_s``, and streams are woken only when ``key`` of the
-    answer changed. A stream costs no database work of its own."""
-
-    def __init__(
-        self, loop: asyncio.AbstractEventLoop, wake: Signal, read: Callable[[], T], *, executor: Executor | None,
-        recheck_s: float, key: Callable[[T], object] = lambda value: value,
-    ) -> None:
-        self._loop = loop
-        self._wake = wake
-        self._read = read
-        self._executor = executor
-        self.recheck_s = recheck_s
-        self._key = key
-        self.changed = Signal(loop)
-        self.reads = 0
-        self.value: T | None = None
-        self.watchers = 0
-        self._reader: asyncio.Task[None] | None = None
-        self._ready: asyncio.Future[None] | None = None
-
-    async def watch(self) -> AsyncIterator[T]:
-        """Yield the answer now (a fresh read when no stream watched) and again whenever it changes."""
-        self.watchers += 1
-        try:
-            if self._reader is None or self._reader.done():
-                self._ready = self._loop.create_future()
-                self._reader = self._loop.create_task(self._run(self._ready))
-            assert self._ready is not None
-            await asyncio.shield(self._ready)
-            sent: object = _NOTHING
-            while True:
-                seen = self.changed.version
-                value = self.value
-                assert value is not None
-                if self._key(value) != sent:
-                    sent = self._key(value)
-                    yield value
-                if self.changed.version == seen:
-                    await self.changed.wait_newer(seen, timeout=None)
-        finally:
-            self.watchers -= 1
-
-    async def _run(self, ready: asyncio.Future[None]) -> None:
-        retry_s = min(1.0, self.recheck_s)
-        while True:
-            seen = self._wake.version
-            try:
-                value = await self._loop.run_in_executor(self._executor, self._read)
-                self.reads += 1
-                wait = self.recheck_s
-            except Exception as exc:  # noqa: BLE001 - the first read's error goes to the streams waiting
-                if not ready.done():
-                    ready.set_exception(exc)
-                    ready.exception()
-                    return
-                log.warning("shared read failed; retrying", error=repr(exc), retry_s=retry_s)
-                wait = retry_s
-            else:
-                if self.value is None or self._key(value) != self._key(self.value):
-                    self.value = value
-                    self.changed.bump()
-                if not ready.done():
-                    ready.set_result(None)
-            if not self.watchers:
-                self.value = None  # nobody watches: the next stream gets a fresh read
-                return
-            await self._wake.wait_newer(seen, timeout=wait)
-            if not self.watchers:
-                self.value = None
-                return
-
-
-_NOTHING = object()
-
-
-class AsyncNotifier:
-    """The service's ``Notifier``: event-log and cycle-trigger signals, and the desired-state feed."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self.events = Signal(loop)
-        self.cycle = Signal(loop)
-        self.desired_states: DesiredStateFeed[Any] | None = None  # set by serve_desired_states()
-        self.event_log: EventFeed[Any] | None = None  # set by serve_event_log()
-        self.serving_pool: SharedRead[Any] | None = None  # set by serve_serving_pool()
-        self._servers: dict[str, Signal] = {}
-        self._lock = threading.Lock()
-
-    def serve_desired_states(
-        self, load: Callable[[Sequence[str]], Mapping[str, S]], executor: Executor | None
-    ) -> DesiredStateFeed[S]:
-        """Start fanning desired state out to watchers; ``load`` as in ``DesiredStateFeed``."""
-        self.desired_states = DesiredStateFeed(self._loop, load, executor)
-        return self.desired_states
-
-    def serve_event_log(
-        self, read_after: Callable[[int, int], Sequence[E]], last_id: Callable[[], int], executor: Executor | None,
-        *, recheck_s: float, topics: Callable[[E], Iterable[Hashable]], capacity: int = 10_000,
-        stream_buffer: int = DEFAULT_STREAM_BUFFER,
-    ) -> EventFeed[E]:
-        """Start fanning the event log out to watchers, woken by ``events_appended``; as in ``EventFeed``."""
-        feed = EventFeed(self._loop, self.events, read_after=read_after, last_id=last_id, executor=executor,
-                         recheck_s=recheck_s, topics=topics, capacity=capacity, stream_buffer=stream_buffer)
-        self.event_log = feed
-        return feed
-
-    def serve_serving_pool(
-        self, read: Callable[[], T], executor: Executor | None, *, recheck_s: float, key: Callable[[T], object]
-    ) -> SharedRead[T]:
-        """Share one read of the serving pool among its watchers, re-read after every event-log change
-        (every server state change appends an event)."""
-        shared = SharedRead(self._loop, self.events, read, executor=executor, recheck_s=recheck_s, key=key)
-        self.serving_pool = shared
-        return shared
-
-    def server(self, server_id: str) -> Signal:
-        with self._lock:
-            signal = self._servers.get(server_id)
-            if signal is None:
-                signal = self._servers[server_id] = Signal(self._loop)
-            return signal
-
-    def events_appended(self) -> None:
-        self.events.bump_threadsafe()
-
-    def desired_state_changed(self, server_ids: Iterable[str]) -> None:
-        ids = tuple(server_ids)
-        if self.desired_states is not None:
-            self.desired_states.changed_threadsafe(ids)
-        self._bump_servers(ids)
-
-    def _bump_servers(self, ids: Sequence[str]) -> None:
-        with self._lock:
-            signals = [s for s in map(self._servers.get, ids) if s is not None]
-        if signals:
-
-            def bump_all() -> None:
-                for signal in signals:
-                    signal.bump()
-
-            try:  # one wake-up of the loop for the whole commit, not one per server
-                self._loop.call_soon_threadsafe(bump_all)
-            except RuntimeError:
-                pass  # the loop is closed: the service is shutting down, nobody is waiting
-
-    def desired_states_committed(self, states: Mapping[str, Any]) -> None:
-        if self.desired_states is not None:
-            self.desired_states.publish_threadsafe(states)
-        self._bump_servers(tuple(states))
-
-    def cycle_requested(self) -> None:
-        self.cycle.bump_threadsafe()

@@ -1,0 +1,144 @@
+"""``DesiredStateFeed``: the desired state of servers fanned out to the agent streams that watch them.
+
+After a commit, one batched read serves every touched server, however many streams wait; a server's
+*slot* holds its last read state (or why the read failed) while any stream watches it.
+Never: hold a state for a server nobody watches, replace a newer generation by an older one, or
+decide anything; the database stays the single source of truth.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
+
+import structlog
+
+from scheduler_service.errors import NotFound
+from scheduler_service.notify.signals import Signal
+
+log = structlog.get_logger("aryl.notify")
+
+
+class Generational(Protocol):
+    @property
+    def generation(self) -> int: ...
+
+
+S = TypeVar("S", bound=Generational)
+
+
+@dataclass
+class _Slot(Generic[S]):
+    """What the feed knows of one watched server: its last read state, or why the read failed."""
+
+    signal: Signal
+    state: S | None = None
+    error: BaseException | None = None
+    watchers: int = 0
+
+
+@dataclass
+class DesiredStateFeed(Generic[S]):
+    """Serves ``watch(server_id)`` streams from batched reads.
+
+    ``load(server_ids)`` reads the desired state of each registered server among ``server_ids`` in
+    one consistent read (a server missing from its answer is not registered). It runs on
+    ``executor``. Reads are sequential: servers touched while one runs are read together by the
+    next, so a burst of decisions costs a few reads, not one per server, and a stream never reads
+    the database itself. A stream's periodic re-read (``refresh_s``) joins the next batch the same
+    way. A state never replaces a newer generation of the same server."""
+
+    loop: asyncio.AbstractEventLoop
+    load: Callable[[Sequence[str]], Mapping[str, S]]
+    executor: Executor | None = None
+    _slots: dict[str, _Slot[S]] = field(default_factory=dict)
+    _dirty: set[str] = field(default_factory=set)
+    _reader: asyncio.Task[None] | None = None
+
+    def changed_threadsafe(self, server_ids: Iterable[str]) -> None:
+        """After commit, from any thread: these servers' desired state may have changed."""
+        ids = tuple(server_ids)
+        if ids:
+            try:
+                self.loop.call_soon_threadsafe(self._request, ids)
+            except RuntimeError:
+                pass  # the loop is closed: the service is shutting down, nobody is waiting
+
+    def publish_threadsafe(self, states: Mapping[str, S]) -> None:
+        """After commit, from any thread: these are the servers' desired states as committed (read in
+        the committing transaction); watchers get them without another read."""
+        if states:
+            try:
+                self.loop.call_soon_threadsafe(self._publish, dict(states))
+            except RuntimeError:
+                pass  # the loop is closed: the service is shutting down, nobody is waiting
+
+    def _publish(self, states: Mapping[str, S]) -> None:
+        for server_id, state in states.items():
+            slot = self._slots.get(server_id)
+            if slot is None:
+                continue  # nobody watches it
+            if slot.state is None or state.generation >= slot.state.generation:
+                slot.state, slot.error = state, None
+                slot.signal.bump()
+
+    def _request(self, server_ids: Iterable[str]) -> None:
+        self._dirty.update(s for s in server_ids if s in self._slots)  # unwatched servers cost nothing
+        if self._dirty and (self._reader is None or self._reader.done()):
+            self._reader = self.loop.create_task(self._read_dirty())
+
+    async def _read_dirty(self) -> None:
+        while self._dirty:
+            batch = sorted(self._dirty)
+            self._dirty.clear()
+            error: Exception | None = None
+            try:
+                states = await self.loop.run_in_executor(self.executor, self.load, batch)
+            except Exception as exc:  # noqa: BLE001 - handed to the streams that waited for this read
+                log.warning("desired-state read failed", servers=len(batch), error=repr(exc))
+                states, error = {}, exc
+            for server_id in batch:
+                slot = self._slots.get(server_id)
+                if slot is None:
+                    continue  # its last stream closed during the read
+                state = states.get(server_id)
+                if error is not None:
+                    slot.error = error
+                elif state is None:
+                    slot.error = NotFound(f"server {server_id} is not registered")
+                elif slot.state is None or state.generation >= slot.state.generation:
+                    slot.state, slot.error = state, None
+                slot.signal.bump()
+
+    async def watch(self, server_id: str, *, refresh_s: float) -> AsyncIterator[S]:
+        """Yield the server's desired state now and whenever its generation changes; re-read it
+        every ``refresh_s`` or so (covers writes this process was not told about; each wait is drawn
+        from 0.5..1.0 x ``refresh_s`` so 1,000s of streams do not re-read in step). Raises what the
+        read raised, or ``NotFound`` for a server that is not registered."""
+        slot = self._slots.get(server_id)
+        if slot is None:
+            slot = self._slots[server_id] = _Slot(Signal(self.loop))
+        slot.watchers += 1
+        try:
+            seen = slot.signal.version
+            self._request((server_id,))
+            sent: int | None = None
+            while True:
+                await slot.signal.wait_newer(seen, timeout=refresh_s * random.uniform(0.5, 1.0))
+                if slot.signal.version == seen:  # nothing read meanwhile: ask for a re-read
+                    self._request((server_id,))
+                    continue
+                seen = slot.signal.version
+                if slot.error is not None:
+                    raise slot.error
+                if slot.state is not None and slot.state.generation != sent:
+                    sent = slot.state.generation
+                    yield slot.state
+        finally:
+            slot.watchers -= 1
+            if slot.watchers == 0:
+                del self._slots[server_id]
