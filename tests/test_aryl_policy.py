@@ -7,11 +7,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scheduler_service.core import ClusterSnapshot, JobView, Reason, ServerView, WorkerView
-from scheduler_service.core.invariants import check_plan
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.plan import LoanStep, Plan
 from scheduler_service.lifecycle import JobState, ServerState
 from scheduler_service.policies import create_policy
+from tests.fixtures.policies import plan
 from tests.harness import (
     NOW,
     first_fit_workers,
@@ -23,12 +23,6 @@ from tests.harness import (
 )
 
 VARIANTS = ("aryl", "aryl-noloan", "aryl-noelastic", "sjf", "fifo", "aryl-naivereclaim")
-
-
-def plan(name: str, snap: ClusterSnapshot, **params) -> Plan:
-    result = create_policy(name, PolicyParams(**params)).schedule(snap)
-    assert check_plan(snap, result) == [], check_plan(snap, result)
-    return result
 
 
 def steps(result: Plan) -> list[tuple[str, LoanStep]]:

@@ -19,8 +19,8 @@ from scheduler_service.core.plan import Reason
 from scheduler_service.core.snapshot import QueueView
 from scheduler_service.core.throughput import JobEstimate, ThroughputModel, work_left
 from scheduler_service.policies.aryl import completion_rates, response_ratio
+from tests.fixtures.policies import plan
 from tests.harness import NOW, pending_job, running_job, snapshot_of, training_server
-from tests.test_aryl_policy import plan
 
 S2 = 1 / (0.05 + 0.95 / 2)
 
