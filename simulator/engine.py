@@ -17,7 +17,9 @@ imported, none copied, and then moves virtual time from event to event:
   their own instant). Default 0: every event instant gets its cycle. After a cycle that evicted jobs
   from a LOST server, another cycle follows at once (as soon as the gap allows), so a requeued job
   queues again without waiting for the tick: the service runs a cycle after every commit; this
-  engine does so only after evictions, so runs without failures cycle as before.
+  engine does so only after evictions, and after a plan that stopped a job to move it
+  (``Reason.PREEMPTED_TO_MOVE``: a swap of GPUs between two jobs, done in two cycles; one such
+  follow-up per instant), so other runs cycle as before.
 
 The run ends when every job has completed, or at a guard: ``max_time_s`` (virtual seconds), or a
 *stall* -- nothing running, no event left, and no cycle committed anything for longer than the
@@ -42,7 +44,7 @@ from typing import TYPE_CHECKING, NoReturn
 from scheduler_service.core.demand_forecast import DemandForecaster
 from scheduler_service.core.invariants import check_plan
 from scheduler_service.core.params import PolicyParams
-from scheduler_service.core.plan import ApplyResult, Plan
+from scheduler_service.core.plan import ApplyResult, Plan, Reason
 from scheduler_service.core.registry import FaultsFirst, Policy
 from scheduler_service.core.snapshot import ClusterSnapshot
 from scheduler_service.cycle import ClusterState, SchedulingCycle
@@ -257,14 +259,16 @@ def simulate(
 
             if now >= _next_cycle(last_cycle, trigger_at, cycle_interval_s, min_cycle_gap_s):
                 evicted = cluster.fault_evictions
+                followed_up = last_cycle == now  # one follow-up per instant for moves (no endless swapping)
                 report = cycle.run_once()
                 cycles += 1
                 last_cycle, trigger_at = now, None
                 result = report.result
                 if result.started or result.scaled or result.preempted or result.server_steps:
                     last_change = now
-                if cluster.fault_evictions > evicted:
-                    trigger_at = now  # requeued jobs queue again at once (see the module docstring)
+                if cluster.fault_evictions > evicted or (not followed_up and any(
+                        p.reason == Reason.PREEMPTED_TO_MOVE for p in report.plan.preemptions)):
+                    trigger_at = now  # requeued or moving jobs queue again at once (see the module docstring)
             cluster.sample()
 
             # A server that is down will come back, which may let a waiting job run: not a stall.

@@ -322,9 +322,14 @@ class HeteroCluster(SimulatedCluster):
         self.cluster_time = {p.gpu_type: 0.0 for p in pools}
 
     def trace_jobs(self) -> list[TraceJob]:
-        """The engine's arrivals: every job one GPU per worker, 1..64 workers, its work its own."""
-        return [TraceJob(key, job.spec.name, job.spec.submit_time, 1, 1, MAX_GPUS, work=math.inf,
+        """The engine's arrivals: every job one GPU per worker, 1..64 workers, its work its own; each
+        arrives at the end of the round it was submitted in, where the policy first sees it (its JCT
+        counts from its true submission, ``HeteroJob.spec.submit_time``)."""
+        return [TraceJob(key, job.spec.name, self._round_end(job.spec.submit_time), 1, 1, MAX_GPUS, work=math.inf,
                          throughput=((1, 1.0),), model=job.model) for key, job in self.hetero.items()]
+
+    def _round_end(self, t: float) -> float:
+        return math.ceil(t / self.interval_s - 1e-9) * self.interval_s
 
     def submit(self, trace: TraceJob) -> None:
         super().submit(trace)
@@ -337,8 +342,14 @@ class HeteroCluster(SimulatedCluster):
         """Jobs advance to the last round's end; those done by then complete (at their exact time)."""
         boundary = math.floor(self.now / self.interval_s + 1e-9) * self.interval_s
         if boundary > self._advanced_to:
-            for key in list(self._running):
-                self.hetero[key].advance(self._advanced_to, boundary - self._advanced_to)
+            for key, record in self._running.items():
+                job = self.hetero[key]
+                job.advance(self._advanced_to, boundary - self._advanced_to)
+                # gavel's accounting: the rounds each job held a type, counted as each round ends
+                gpu_type = self._servers[record.workers[0].server_id].gpu_type
+                rounds = (boundary - self._advanced_to)
+                job.time_on[gpu_type] = job.time_on.get(gpu_type, 0.0) + rounds
+                self.cluster_time[gpu_type] += rounds
             self._advanced_to = boundary
         done = sorted(k for k in self._running if self.hetero[k].completion_time is not None)
         for key in done:
@@ -356,10 +367,6 @@ class HeteroCluster(SimulatedCluster):
             after = self._shape(key)
             if after != before.get(key):
                 self.hetero[key].reallocate(after[0], after[1], now)
-        for key, record in self._running.items():  # gavel's accounting: a round on the type it holds
-            gpu_type = self._servers[record.workers[0].server_id].gpu_type
-            self.hetero[key].time_on[gpu_type] = self.hetero[key].time_on.get(gpu_type, 0.0) + self.interval_s
-            self.cluster_time[gpu_type] += self.interval_s
         return result
 
     def _shape(self, key: int) -> tuple[str | None, tuple[int, ...]]:
@@ -454,8 +461,10 @@ def run_hetero(workload: Sequence[WorkloadJob], traces_dir: str | Path, policy: 
             timings.append(time.perf_counter() - started)
             return plan
 
+    # Every event falls on a round's end (arrivals are moved there, jobs complete there), so cycles run at
+    # rounds' ends, and at once again after a plan that moves a job in two steps (``PREEMPTED_TO_MOVE``).
     result = simulate(cluster.trace_jobs(), [], cluster.spec, Timed(), params, seed=0, cycle_interval_s=interval,
-                      min_cycle_gap_s=interval, max_time_s=max_time_s, cluster=cluster, clock=clock,
+                      min_cycle_gap_s=0.0, max_time_s=max_time_s, cluster=cluster, clock=clock,
                       check_plans=check_plans)
     jcts = {j.spec.name: j.completion_time - j.spec.submit_time for j in jobs if j.completion_time is not None}
     return HeteroRunResult(policy, jcts, {j.spec.name: max(j.restarts, 0) for j in jobs},

@@ -217,15 +217,17 @@ def _workers(chosen: list[tuple[str, list[int]]], per_worker: int) -> tuple[Work
 
 
 def _without_swaps(plan: Plan, active: Sequence[JobView], who: str) -> Plan:
+    """Break each cycle of GPU moves by stopping one of its resized jobs (the lowest id), until the plan
+    has an apply order (a swap of two jobs: one moves now, the other at the next cycle)."""
     from scheduler_service.core.plan import unorderable
 
     held = {j.job_id: [(w.server_id, g) for w in j.workers for g in w.gpu_indices] for j in active if j.workers}
-    stuck = {a.job_id for a in unorderable(plan, held) if isinstance(a, ScaleJob)}
-    if not stuck:
-        return plan
-    return Plan(starts=tuple(s for s in plan.starts if s.job_id not in stuck),
-                scales=tuple(s for s in plan.scales if s.job_id not in stuck),
-                preemptions=plan.preemptions + tuple(PreemptJob(k, Reason.PREEMPTED_BY_POLICY,
-                                                                f"{who}: its new GPUs free only next cycle")
-                                                     for k in sorted(stuck)),
-                pending=plan.pending)
+    while True:
+        stuck = sorted(a.job_id for a in unorderable(plan, held) if isinstance(a, ScaleJob))
+        if not stuck:
+            return plan
+        key = stuck[0]
+        plan = Plan(starts=plan.starts, scales=tuple(s for s in plan.scales if s.job_id != key),
+                    preemptions=plan.preemptions + (PreemptJob(key, Reason.PREEMPTED_TO_MOVE,
+                                                               f"{who}: to move to GPUs freed by this plan"),),
+                    pending=plan.pending)

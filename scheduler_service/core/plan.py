@@ -43,6 +43,9 @@ class Reason(StrEnum):
     PREEMPTED_FOR_QUOTA = "PREEMPTED_FOR_QUOTA"    # its queue borrowed GPUs a queue within its quota needed back
     PREEMPTED_FOR_PRIORITY = "PREEMPTED_FOR_PRIORITY"  # a job of a higher priority class of its queue needed them
     PREEMPTED_BY_POLICY = "PREEMPTED_BY_POLICY"  # its GPUs went to jobs the policy ranks first (tiresias, optimus)
+    # stopped to move where this plan frees GPUs only as it applies (a swap with another job has no apply
+    # order): it restarts there at the next cycle, which follows at once (``core.gpu_configs``)
+    PREEMPTED_TO_MOVE = "PREEMPTED_TO_MOVE"
     # A server it ran on is LOST (its agent went silent): shrunk to its workers elsewhere when that
     # keeps min_workers, else requeued (core.faults decides, before any policy step).
     SERVER_LOST = "SERVER_LOST"

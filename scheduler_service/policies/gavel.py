@@ -6,8 +6,9 @@ Each job asks for a fixed number of GPUs (its ``gpus``) and runs on one type at 
 1. **allocation** -- the linear program of Gavel's max-sum-throughput policy: the fraction of time
    ``x[j, t]`` that job ``j`` should spend on type ``t``, maximising ``sum(x[j, t] * T[j, t])`` (``T``: the
    job's throughput on ``t`` at its size) subject to ``sum_t x[j, t] <= 1`` and, per type,
-   ``sum_j gpus_j * x[j, t] <= GPUs of t``. Solved exactly by HiGHS (``scipy.optimize.linprog``);
-   where the optimum is not unique, HiGHS' vertex may differ from another solver's.
+   ``sum_j gpus_j * x[j, t] <= GPUs of t``. Solved by an interior-point method of our own
+   (``central_lp``), as Gavel solves it (ECOS): where the optimum is not unique, the solution is the
+   central one, equal jobs sharing a type evenly, not a vertex.
 2. **priorities** -- ``x[j, t]`` divided by the share of the type's time the job has received so far
    (``GavelJob.time_on``, over ``cluster_time``; every job starts with half a round on every type); a job
    that has received none ranks first among those with ``x > 0``.
@@ -16,7 +17,9 @@ Each job asks for a fixed number of GPUs (its ``gpus``) and runs on one type at 
 
 The registered policy (``gavel``) decides on a ``ClusterSnapshot``: a job's size is its ``max_workers``
 workers, its throughput on a type its declared speed there (``core.throughput.estimate`` times the type's
-declared speed), the time it has received its current run's (a live snapshot keeps no history of rounds).
+declared speed), the time it has received its work done at that speed (a live snapshot keeps no history of
+rounds), and a running job that has not checkpointed since it (re)started keeps its type (``pinned``):
+stopped, it would lose its work.
 A job model that knows more (``simulator.hetero``) hands its own in with ``with_estimates``. Placement
 (one type per job) is ``core.gpu_configs``.
 """
@@ -51,6 +54,7 @@ class GavelJob:
     gpus: int
     throughput: Mapping[str, float]   # per GPU type, at ``gpus`` GPUs
     time_on: Mapping[str, float]      # seconds of rounds received per type (plus half a round each)
+    pinned: str | None = None         # the type it keeps this round whatever its priority (None: none)
 
 
 @dataclass(frozen=True)
@@ -60,29 +64,75 @@ class GavelRound:
 
 
 def max_sum_throughput(jobs: Sequence[GavelJob], pools: Sequence[GpuPool]) -> np.ndarray:
-    """The allocation ``x`` (jobs x pools) of step 1."""
-    from scipy.optimize import linprog  # type: ignore[import-untyped]
-
+    """The allocation ``x`` (jobs x pools) of step 1: the central optimum (``central_lp``), rounded to 5
+    decimals; HiGHS' vertex (``scipy.optimize.linprog``) where the interior-point iteration fails."""
     m, n = len(jobs), len(pools)
     if not m or not n:
         return np.zeros((m, n))
-    t = np.array([[job.throughput.get(p.gpu_type, 0.0) for p in pools] for job in jobs])
-    a_rows: list[np.ndarray] = []
-    b: list[float] = []
-    for j in range(m):
-        row = np.zeros(m * n)
-        row[j * n:(j + 1) * n] = 1.0
-        a_rows.append(row)
-        b.append(1.0)
+    t = np.array([[job.throughput.get(p.gpu_type, 0.0) for p in pools] for job in jobs]).reshape(-1)
+    a = np.zeros((m + n, m * n))
+    b = np.zeros(m + n)
+    for j, job in enumerate(jobs):
+        a[j, j * n:(j + 1) * n] = 1.0
+        b[j] = 1.0
+        for k in range(n):
+            a[m + k, j * n + k] = job.gpus
     for k, pool in enumerate(pools):
-        row = np.zeros(m * n)
-        for j, job in enumerate(jobs):
-            row[j * n + k] = job.gpus
-        a_rows.append(row)
-        b.append(float(pool.gpus))
-    result = linprog(-t.reshape(-1), A_ub=np.array(a_rows), b_ub=np.array(b), bounds=(0.0, 1.0), method="highs")
-    x = np.asarray(result.x).reshape(m, n) if result.x is not None else np.zeros((m, n))
-    return np.asarray(np.clip(np.round(x, 5), 0.0, 1.0))
+        b[m + k] = float(pool.gpus)
+    x = central_lp(t, a, b)
+    if x is None:
+        from scipy.optimize import linprog  # type: ignore[import-untyped]
+
+        result = linprog(-t, A_ub=a, b_ub=b, bounds=(0.0, None), method="highs")
+        x = np.asarray(result.x) if result.x is not None else np.zeros(m * n)
+    return np.asarray(np.clip(np.round(x.reshape(m, n), 5), 0.0, 1.0))
+
+
+def central_lp(c: np.ndarray, a: np.ndarray, b: np.ndarray, *, tolerance: float = 1e-9,
+               iterations: int = 100) -> np.ndarray | None:
+    """``max c.x`` subject to ``a x <= b``, ``x >= 0`` (``b > 0``), by a primal-dual interior-point method
+    (Mehrotra's predictor-corrector). Where the optimum is not unique its iterates tend to the analytic
+    centre of the optimal face -- equal jobs share a type's GPUs evenly -- as those of Gavel's solver
+    (ECOS, an interior-point method too) do, where a simplex method would return a vertex (one job all,
+    the other none), and Gavel's rounds depend on that. None if it does not converge."""
+    rows, cols = a.shape
+    m = np.hstack([a, np.eye(rows)])            # a x + s = b, z = (x, s) >= 0
+    q = np.concatenate([-c, np.zeros(rows)])   # minimise -c.x
+    z, w, y = np.ones(cols + rows), np.ones(cols + rows), np.zeros(rows)
+    size = len(z)
+    for _ in range(iterations):
+        rp = b - m @ z
+        rd = q - m.T @ y - w
+        mu = float(z @ w) / size
+        if (np.linalg.norm(rp) <= tolerance * (1 + np.linalg.norm(b))
+                and np.linalg.norm(rd) <= tolerance * (1 + np.linalg.norm(q)) and mu <= tolerance):
+            return z[:cols]
+        d = z / w
+        normal = (m * d) @ m.T
+
+        def direction(rc: np.ndarray, normal: np.ndarray = normal, d: np.ndarray = d, rp: np.ndarray = rp,
+                      rd: np.ndarray = rd, w: np.ndarray = w) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            dy = np.linalg.solve(normal, rp - m @ (rc / w) + m @ (d * rd))
+            dw = rd - m.T @ dy
+            return rc / w - d * dw, dy, dw
+
+        try:
+            dz, dy, dw = direction(-z * w)
+            step_p, step_d = _step(z, dz), _step(w, dw)
+            mu_aff = float((z + step_p * dz) @ (w + step_d * dw)) / size
+            sigma = (mu_aff / mu) ** 3
+            dz, dy, dw = direction(sigma * mu - z * w - dz * dw)
+        except np.linalg.LinAlgError:
+            return None
+        step_p, step_d = 0.995 * _step(z, dz), 0.995 * _step(w, dw)
+        z, y, w = z + step_p * dz, y + step_d * dy, w + step_d * dw
+    return None
+
+
+def _step(v: np.ndarray, dv: np.ndarray) -> float:
+    """The longest step in [0, 1] along ``dv`` that keeps ``v`` >= 0."""
+    falling = dv < 0
+    return float(min(1.0, np.min(-v[falling] / dv[falling]))) if falling.any() else 1.0
 
 
 def gavel_allocate(round_: GavelRound, order: Sequence[int], pools: Sequence[GpuPool]) -> dict[int, str | None]:
@@ -101,6 +151,10 @@ def gavel_allocate(round_: GavelRound, order: Sequence[int], pools: Sequence[Gpu
     entries.sort(key=lambda e: (-e[0], -e[1], e[2]))
     left = {p.gpu_type: p.gpus for p in pools}
     chosen: dict[int, str | None] = {k: None for k in order}
+    for job in jobs:  # pinned jobs keep their type first
+        if job.pinned is not None and job.pinned in left and job.gpus <= left[job.pinned]:
+            left[job.pinned] -= job.gpus
+            chosen[job.key] = job.pinned
     for _, _, position, j in entries:
         gpu_type = pools[position // len(jobs)].gpu_type
         job = jobs[j]
@@ -155,10 +209,13 @@ class GavelPolicy:
             rate = model.speed(job.max_workers)
             throughput = {p.gpu_type: (rate * speed.get(p.gpu_type, 1.0) if gpus <= p.gpus else 0.0) for p in pools}
             held = current_config(job, types)
-            ran = snapshot.now - job.last_resized_at if held is not None and job.last_resized_at is not None else 0.0
-            jobs[job.job_id] = GavelJob(job.job_id, gpus, throughput,
-                                        {p.gpu_type: 1.0 + (ran if held and held[0] == p.gpu_type else 0.0)
-                                         for p in pools})
+            # Service received so far, at its size: the work it has done (a live snapshot keeps no rounds).
+            received = job.work_done / rate if rate > 0 else 0.0
+            # A running job that has not checkpointed since it (re)started would lose its work: it keeps its GPUs.
+            fresh = held is not None and (job.last_checkpoint_at is None or job.last_resized_at is None
+                                          or job.last_checkpoint_at < job.last_resized_at)
+            jobs[job.job_id] = GavelJob(job.job_id, gpus, throughput, {p.gpu_type: 1.0 + received for p in pools},
+                                        pinned=held[0] if fresh and held is not None else None)
         cluster_time = {p.gpu_type: sum(j.time_on[p.gpu_type] for j in jobs.values()) for p in pools}
         return GavelRound(jobs, cluster_time)
 

@@ -1,0 +1,144 @@
+"""The fidelity gate of the heterogeneous job model (issue 33, item 3): ``sia`` and ``gavel`` on the Sia study's
+workloads and cluster, ours (``simulator.hetero``) against the authors' simulator, average JCT within 5%.
+
+Run it with ``make sia-gate`` (or ``python -m simulator.hetero_gate``). It needs ``SIA_REF_GIT``: a git
+directory holding the public repository ``siasosp23/artifacts`` at commit ``ARTIFACT_COMMIT`` (a clone or a
+mirror, bare or not). The artifact has **no licence**, so nothing of it enters this repository: the
+profiles (``sia-simulator/traces/<model>/``) and the workloads are extracted from that git directory into a
+temporary folder for the run and deleted after it. The authors' figures come from their own simulator,
+run by the reference harness (``run-reference.sh``, ``SIA_REF_HARNESS``; default
+``../shared/reference/sia-simulator/run-reference.sh``) into ``--authors-dir`` (default
+``$TMPDIR/aryl-sia-gate``; a run already there, ``<policy>-<set>-<workload>/summary.json``, is reused:
+``sia`` takes ~15 minutes a workload on a busy 2-core machine, ``gavel`` about one).
+
+Printed: per workload and policy, our average JCT and the authors', the difference, restarts per job, and
+decision times (ours: a whole ``schedule`` call; the authors': their CBC solve, as it logs it, ``sia`` only).
+Exit status 1 when a difference exceeds ``--tolerance`` (0.05), 2 when the inputs are missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from simulator.goodput_jobs import load_workload
+from simulator.hetero import run_hetero
+
+ARTIFACT_COMMIT = "aaf7a0de7b6cb5eab06ea020467ede5d2fd18e70"
+MODELS = ("bert", "cifar10", "deepspeech2", "imagenet", "ncf", "yolov3")
+DEFAULT_WORKLOADS = ("saturn/workload-2", "philly/workload-3")   # the smallest of each 160-job set
+DEFAULT_HARNESS = Path(__file__).resolve().parent.parent.parent / "shared/reference/sia-simulator/run-reference.sh"
+
+HOW_TO = """The Sia gate needs the authors' public artifact, which this repository may not hold (it has no licence):
+  git clone --bare https://github.com/siasosp23/artifacts.git /tmp/sia-artifacts.git
+  SIA_REF_GIT=/tmp/sia-artifacts.git make sia-gate
+(any clone or mirror holding commit {commit} will do)."""
+
+
+def extract(git_dir: str, paths: list[str], into: Path) -> None:
+    """The files under ``paths`` (in ``sia-simulator/``) at ``ARTIFACT_COMMIT``, written under ``into``."""
+    listing = subprocess.run(["git", "--git-dir", git_dir, "ls-tree", "-r", ARTIFACT_COMMIT, "--",
+                              *(f"sia-simulator/{p}" for p in paths)], check=True, capture_output=True,
+                             text=True).stdout
+    for line in listing.splitlines():
+        meta, path = line.split("\t", 1)
+        blob = meta.split()[2]
+        target = into / path.removeprefix("sia-simulator/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(subprocess.run(["git", "--git-dir", git_dir, "cat-file", "blob", blob], check=True,
+                                          capture_output=True).stdout)
+
+
+def authors_run(policy: str, workload: str, out: Path, harness: Path, git_dir: str) -> Path:
+    """The authors' simulator's output folder for one run (run by the harness unless already there)."""
+    name = f"{policy}-{workload.replace('/', '-')}"
+    folder = out / name
+    if not (folder / "summary.json").exists() and (out / f"out-{name}" / "summary.json").exists():
+        folder = out / f"out-{name}"   # as the harness's own examples name them (SIA_REF_OUT=out-...)
+    if not (folder / "summary.json").exists():
+        if not harness.exists():
+            raise FileNotFoundError(f"no reference harness at {harness} (set SIA_REF_HARNESS)")
+        env = dict(os.environ, SIA_REF_GIT=git_dir, SIA_REF_OUT=str(folder))
+        print(f"running the authors' simulator: {policy} on {workload} (log: {folder})", flush=True)
+        subprocess.run(["bash", str(harness), policy, f"workloads/{workload}.csv"], check=True, env=env,
+                       stdout=subprocess.DEVNULL)
+    return folder
+
+
+def authors_figures(folder: Path) -> dict[str, float]:
+    summary = json.loads((folder / "summary.json").read_text())
+    avg = float(next(iter(summary["avgs"].values())))
+    figures = {"avg_jct_s": avg}
+    log = folder / "simulator-stdout.log"
+    if log.exists():
+        pattern = r"Total time \(CPU seconds\):\s+[\d.]+\s+\(Wallclock seconds\):\s+([\d.]+)"  # CBC's, per solve
+        times = [float(t) for t in re.findall(pattern, log.read_text(errors="replace"))]
+        if times:
+            times.sort()
+            figures["solve_mean_ms"] = 1000 * sum(times) / len(times)
+            figures["solve_p95_ms"] = 1000 * times[int(0.95 * (len(times) - 1))]
+    return figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m simulator.hetero_gate", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS),
+                        help="comma-separated <set>/<workload> of the artifact (default: %(default)s)")
+    parser.add_argument("--policies", default="sia,gavel")
+    parser.add_argument("--authors-dir", default=str(Path(tempfile.gettempdir()) / "aryl-sia-gate"))
+    parser.add_argument("--tolerance", type=float, default=0.05)
+    parser.add_argument("--json", help="write the figures here as JSON")
+    args = parser.parse_args(argv)
+    git_dir = os.environ.get("SIA_REF_GIT")
+    if not git_dir:
+        print(HOW_TO.format(commit=ARTIFACT_COMMIT), file=sys.stderr)
+        return 2
+    workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    harness = Path(os.environ.get("SIA_REF_HARNESS", str(DEFAULT_HARNESS)))
+    out = Path(args.authors_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="aryl-sia-inputs."))
+    results: dict[str, dict[str, dict[str, float]]] = {}
+    failed = False
+    try:
+        extract(git_dir, [f"traces/{m}" for m in MODELS] + [f"workloads/{w}.csv" for w in workloads], scratch)
+        print(f"{'workload':20} {'policy':6} {'ours h':>8} {'authors h':>9} {'diff':>7} {'restarts':>8} "
+              f"{'decide ms mean/p95':>18} {'authors solve ms':>16}")
+        for workload in workloads:
+            jobs = load_workload(scratch / "workloads" / f"{workload}.csv")
+            for policy in [p.strip() for p in args.policies.split(",") if p.strip()]:
+                ours = run_hetero(jobs, scratch / "traces", policy)
+                theirs = authors_figures(authors_run(policy, workload, out, harness, git_dir))
+                diff = ours.average_jct / theirs["avg_jct_s"] - 1
+                failed |= abs(diff) > args.tolerance
+                times = sorted(ours.decision_s)
+                mean_ms = 1000 * sum(times) / max(1, len(times))
+                p95_ms = 1000 * times[int(0.95 * (len(times) - 1))] if times else 0.0
+                restarts = sum(ours.restarts.values()) / max(1, len(ours.restarts))
+                solve = (f"{theirs['solve_mean_ms']:.0f}/{theirs['solve_p95_ms']:.0f}"
+                         if "solve_mean_ms" in theirs else "-")
+                print(f"{workload:20} {policy:6} {ours.average_jct / 3600:8.3f} {theirs['avg_jct_s'] / 3600:9.3f} "
+                      f"{100 * diff:+6.1f}% {restarts:8.2f} {mean_ms:9.0f}/{p95_ms:<8.0f} {solve:>16}", flush=True)
+                results.setdefault(workload, {})[policy] = {
+                    "ours": round(ours.average_jct, 1), "authors": round(theirs["avg_jct_s"], 1),
+                    "restarts_per_job": round(restarts, 3), "decision_mean_ms": round(mean_ms, 1),
+                    "decision_p95_ms": round(p95_ms, 1), **{k: round(v, 1) for k, v in theirs.items()
+                                                            if k != "avg_jct_s"}}
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+    print("gate: " + ("FAILED (a difference beyond" if failed else "passed (every difference within")
+          + f" {100 * args.tolerance:.0f}%)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
