@@ -52,6 +52,7 @@ queued it) is tried again with the same key: ``SUBMIT_ATTEMPTS`` tries when no s
 reached (a wrong address fails fast), and for up to ``SUBMIT_RETRY_S`` once one was (a restart or a
 takeover, which take seconds, is waited out). A submission that fails anyway raises with its key
 (``ArylError.idempotency_key``, and a note on the exception): submitting again with that key is safe.
+(The rules are ``arylctl.retries``'s.)
 
 What this module must never do: decide anything (validation of a spec is the server's job; the
 helpers here only build messages and reject what cannot be expressed in one), or retry any other
@@ -60,19 +61,15 @@ call on its own — whether a retry is safe is the caller's to know.
 
 from __future__ import annotations
 
-import math
 import os
-import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final
 
 import grpc
 
-from aryl_common.backoff import Backoff
 from aryl_common.channels import SchedulerAddresses, leader_hint
 from aryl_common.security import ClientSecurity, secure_channel
 from arylctl.errors import (  # re-exported: the client's documented API
@@ -86,6 +83,14 @@ from arylctl.errors import (  # re-exported: the client's documented API
     OutOfRange,
     Unavailable,
     aryl_error,
+)
+from arylctl.retries import (  # SUBMIT_*, SubmitRetry, new_idempotency_key: re-exported (documented API)
+    SUBMIT_ATTEMPTS,
+    SUBMIT_RETRY_S,
+    SubmitRetry,
+    never_connected,
+    new_idempotency_key,
+    submit_with_retries,
 )
 from arylctl.spec import (  # built there; re-exported: the client's documented API
     RESTART_POLICIES,
@@ -138,13 +143,6 @@ SERVER_ENV_VAR: Final = "ARYL_SERVER"
 # Same as the server's default (scheduler_service.config.ServerConfig.max_message_bytes): a
 # ListJobs page of 1000 jobs with long commands and env must not trip gRPC's 4 MiB default.
 MAX_MESSAGE_BYTES: Final = 16 * 1024 * 1024
-# Tries of one submit_job in all when no scheduler was ever reached (a wrong address, the scheduler not
-# running), each with the client's timeout, 0.25-0.5 s then 0.5-1 s apart (jittered).
-SUBMIT_ATTEMPTS: Final = 3
-# How long submit_job keeps trying once a scheduler was reached (it may have queued the job and died
-# before answering): a restart takes ~5 s, a standby's takeover a lease (~10 s). Tries 1-2 s apart.
-SUBMIT_RETRY_S: Final = 30.0
-SUBMIT_RETRY_MAX_DELAY_S: Final = 2.0
 # A leader that stopped answering is not followed again, when a standby still names it, for this long:
 # the client stays with the addresses it was given, one of which is about to lead.
 DEAD_LEADER_S: Final = 5.0
@@ -162,41 +160,6 @@ Loan = types_pb2.Loan
 def default_address() -> str:
     """The scheduler address used when none is given: ``$ARYL_SERVER``, else 127.0.0.1:50051."""
     return os.environ.get(SERVER_ENV_VAR) or DEFAULT_ADDRESS
-
-
-@dataclass(frozen=True, slots=True)
-class SubmitRetry:
-    """A submission about to be tried again (``submit``'s ``on_retry``): what failed, after how long."""
-
-    idempotency_key: str
-    error: ArylError
-    tries: int            # made so far
-    waited_s: float       # since the first failure
-    retry_s: float        # how long the submission is retried in all
-
-
-def new_idempotency_key() -> str:
-    """A fresh random idempotency key (what ``submit_job`` sends when given none)."""
-    return secrets.token_hex(16)
-
-
-# How gRPC words an UNAVAILABLE call that never had a connection (nothing listening, no such host, TLS refused).
-_NOT_CONNECTED: Final = ("failed to connect", "resolv", "handshake")
-
-
-def _never_connected(exc: grpc.RpcError) -> bool:
-    """Whether the failed call never reached a server (it cannot have been acted on)."""
-    if not isinstance(exc, grpc.Call) or exc.code() != grpc.StatusCode.UNAVAILABLE:
-        return False
-    details = (exc.details() or "").lower()
-    return any(words in details for words in _NOT_CONNECTED)
-
-
-def _with_key(error: ArylError, key: str) -> None:
-    """``error`` of a submission sent with ``key``: the key set on it, and said in a note."""
-    if key and not error.idempotency_key:
-        error.idempotency_key = key
-        error.add_note(f"idempotency key {key!r}: submitting again with it never queues the job twice")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -320,7 +283,7 @@ class ArylClient:
             try:
                 answer = method(request, timeout=self.timeout)
             except grpc.RpcError as exc:
-                if not _never_connected(exc):
+                if not never_connected(exc):
                     self._reached.set()
                 tries -= 1
                 unavailable = isinstance(exc, grpc.Call) and exc.code() == grpc.StatusCode.UNAVAILABLE
@@ -364,37 +327,11 @@ class ArylClient:
         """
         key = idempotency_key or new_idempotency_key()
         request = scheduler_pb2.SubmitJobRequest(spec=spec, idempotency_key=key)
-        answer: scheduler_pb2.SubmitJobResponse = self._submitting(
+        answer: scheduler_pb2.SubmitJobResponse = submit_with_retries(
             lambda: self._unary(self._scheduler.SubmitJob, request), key=key, attempts=attempts, retry_s=retry_s,
-            on_retry=on_retry)
+            on_retry=on_retry, reached=self._reached, closed=self._closed)
         return answer
 
-    def _submitting(self, call: Callable[[], Any], *, key: str, attempts: int | None, retry_s: float,
-                    on_retry: Callable[[SubmitRetry], None] | None) -> Any:
-        """``call`` (a submission carrying ``key``) with ``submit``'s retries; a failure raises with the key."""
-        if attempts is not None and attempts < 1:
-            raise ValueError(f"attempts must be >= 1, got {attempts}")
-        backoff = Backoff(SUBMIT_RETRY_MAX_DELAY_S, initial_s=0.5)
-        first_failure: float | None = None
-        tries = 0
-        while True:
-            tries += 1
-            try:
-                return call()
-            except (Unavailable, DeadlineExceeded) as exc:
-                now = time.monotonic()
-                first_failure = now if first_failure is None else first_failure
-                delay = backoff.next_delay()
-                out_of_tries = tries >= (attempts or (math.inf if self._reached.is_set() else SUBMIT_ATTEMPTS))
-                if out_of_tries or self._closed.is_set() or now + delay - first_failure > retry_s:
-                    _with_key(exc, key)
-                    raise
-                if on_retry is not None:
-                    on_retry(SubmitRetry(key, exc, tries, now - first_failure, retry_s))
-                time.sleep(delay)
-            except ArylError as exc:
-                _with_key(exc, key)
-                raise
 
     def submit_jobs(
         self, jobs: Sequence[tuple[types_pb2.JobSpec, str]], *, array_indices: Sequence[int] = (),
@@ -410,9 +347,9 @@ class ArylClient:
             jobs=[scheduler_pb2.SubmitJobRequest(spec=spec, idempotency_key=key) for spec, key in jobs],
             array_indices=list(array_indices),
         )
-        answer = self._submitting(lambda: self._unary(self._scheduler.SubmitJobs, request),
-                                  key=jobs[0][1] if jobs else "", attempts=attempts, retry_s=retry_s,
-                                  on_retry=on_retry)
+        answer = submit_with_retries(lambda: self._unary(self._scheduler.SubmitJobs, request),
+                                     key=jobs[0][1] if jobs else "", attempts=attempts, retry_s=retry_s,
+                                     on_retry=on_retry, reached=self._reached, closed=self._closed)
         return list(answer.jobs)
 
     def cancel_job_array(self, array_job_id: str, *, reason: str = "") -> list[str]:
