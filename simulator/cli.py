@@ -102,11 +102,15 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
                        help="philly: the Pollux-preprocessed Philly CSV; pollux: a Pollux workload CSV "
                             "(needs --profiles-dir); generic: the job CSV of docs/simulator.md")
     trace.add_argument("--trace", type=Path, required=True, help="the trace file (plain or .gz)")
-    trace.add_argument("--job-model", choices=("throughput", "goodput"), default="throughput",
+    trace.add_argument("--job-model", choices=("throughput", "goodput", "hetero"), default="throughput",
                        help="throughput: jobs as the scheduler sees them (the default); goodput: a Pollux workload "
                             "under the Pollux goodput model (simulator.goodput_sim: --profiles-dir is "
                             "pollux-data/traces, the cluster --training-servers x --gpus-per-server, a decision every "
-                            "--cycle-interval s, --restart-overhead per reallocation; policies tiresias, optimus)")
+                            "--cycle-interval s, --restart-overhead per reallocation; policies tiresias, optimus); "
+                            "hetero: a Sia workload on GPUs of several types (simulator.hetero: --profiles-dir holds "
+                            "placements-<type>.csv per model, the cluster --gpu-pools, the study's rounds)")
+    trace.add_argument("--gpu-pools", default="aws:6x4,dgx-ext:2x8,rtx:3x8",
+                       help="--job-model hetero: TYPE:NODESxGPUS,... (default: the Sia study's cluster, %(default)s)")
     trace.add_argument("--limit", type=_positive_int, default=None,
                        help="keep only the first N jobs of the trace (default: all)")
     trace.add_argument("--seed", type=int, default=0,
@@ -311,6 +315,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> int:
     if args.job_model == "goodput":
         return _run_goodput(args)
+    if args.job_model == "hetero":
+        return _run_hetero(args)
     try:
         names = _policy_names(args)
         params = parse_params(args.param)
@@ -345,6 +351,33 @@ def run(args: argparse.Namespace) -> int:
     else:
         summaries = {r.policy: summarize(r) for r in results}
     sys.stdout.write(format_table(summaries))
+    return 0
+
+
+def _run_hetero(args: argparse.Namespace) -> int:
+    """``--job-model hetero``: a Sia workload through ``simulator.hetero`` (each policy at its study's rounds)."""
+    from simulator.hetero import parse_pools, run_hetero
+    from simulator.hetero import summary as hetero_summary
+
+    try:
+        names = _policy_names(args)
+        if args.trace_format != "pollux" or args.profiles_dir is None:
+            raise UsageError("--job-model hetero needs --trace-format pollux (a Sia workload CSV) and --profiles-dir")
+        params = parse_params(args.param)
+        pools = parse_pools(args.gpu_pools)
+        workload = load_workload(args.trace)[: args.limit]
+        summaries = []
+        for name in names:
+            result = run_hetero(workload, args.profiles_dir, name, pools=pools, params=params, check_plans=args.check)
+            print(f"{name}: {len(result.jcts)} jobs, {result.cycles} cycles, {result.wall_s:.1f}s", file=sys.stderr)
+            summaries.append(hetero_summary(result))
+    except (UsageError, WorkloadError, ProfileError, ValueError, OSError) as exc:
+        raise BadInput(f"error: {exc}") from exc
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "summary.json").write_text(json.dumps({s["policy"]: s for s in summaries}, indent=1) + "\n")
+        print(f"wrote {args.out}", file=sys.stderr)
+    sys.stdout.write(format_summaries(summaries))
     return 0
 
 

@@ -472,6 +472,44 @@ def run_hetero(workload: Sequence[WorkloadJob], traces_dir: str | Path, policy: 
                            result.cycles, tuple(timings), result.wall_s)
 
 
+def summary(result: HeteroRunResult) -> dict[str, object]:
+    """The figures of one run (``aryl-sim --job-model hetero``), JSON-ready, in the goodput model's keys."""
+    jcts = sorted(result.jcts.values())
+    times = sorted(result.decision_s)
+
+    def quantile(values: list[float], q: float) -> float:
+        if not values:
+            return 0.0
+        position = (len(values) - 1) * q
+        low = int(position)
+        high = min(low + 1, len(values) - 1)
+        return values[low] + (values[high] - values[low]) * (position - low)
+
+    return {
+        "policy": result.policy, "job_model": "hetero", "jobs": len(jcts), "avg_jct_s": round(result.average_jct, 3),
+        "median_jct_s": quantile(jcts, 0.5), "p99_jct_s": quantile(jcts, 0.99), "makespan_s": result.end_time,
+        "avg_restarts": round(sum(result.restarts.values()) / max(1, len(result.restarts)), 3),
+        "wall_s": round(result.wall_s, 2), "decision_mean_ms": round(1000 * sum(times) / max(1, len(times)), 2),
+        "decision_p95_ms": round(1000 * quantile(times, 0.95), 2), "jcts_s": dict(result.jcts),
+    }
+
+
+def parse_pools(text: str) -> tuple[TypePool, ...]:
+    """``aws:6x4,dgx-ext:2x8,rtx:3x8`` (type:nodes x GPUs per node, ...) -> pools."""
+    pools = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        try:
+            gpu_type, shape = part.rsplit(":", 1)
+            nodes, per = shape.lower().split("x")
+            pools.append(TypePool(gpu_type, int(nodes), int(per)))
+        except ValueError:
+            raise ValueError(f"bad GPU pool {part!r}: expected TYPE:NODESxGPUS, e.g. rtx:3x8") from None
+    if not pools:
+        raise ValueError("no GPU pool given")
+    return tuple(pools)
+
+
 __all__ = ["SIA_CLUSTER", "HeteroCluster", "HeteroJob", "HeteroRunResult", "TypePool", "TypedApp", "informed",
-           "load_typed_app", "run_hetero"]
+           "load_typed_app", "parse_pools", "run_hetero",
+           "summary"]
 

@@ -243,3 +243,16 @@ def test_the_gate_reads_the_authors_figures(tmp_path: Path) -> None:
         "Total time (CPU seconds):       0.10   (Wallclock seconds):       0.18\n")
     figures = authors_figures(tmp_path)
     assert figures["avg_jct_s"] == 2575.15 and figures["solve_mean_ms"] == pytest.approx(100.0)
+
+
+def test_aryl_sim_runs_the_hetero_job_model(traces: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from simulator.cli import main
+
+    workload = tmp_path / "workload.csv"
+    workload.write_text("name,time,application,num_replicas,batch_size\n" + "".join(
+        f"{j.name},{j.submit_time},{j.application},{j.num_replicas},{j.batch_size}\n" for j in _workload(4)))
+    assert main(["compare", "--policies", "sia,gavel", "--job-model", "hetero", "--trace-format", "pollux",
+                 "--trace", str(workload), "--profiles-dir", str(traces), "--gpu-pools", "slow:3x4,fast:2x8",
+                 "--check"]) == 0
+    table = capsys.readouterr().out
+    assert "avg_jct_s" in table and "gavel" in table
