@@ -63,6 +63,7 @@ from inference_router.metrics import RouterMetrics
 from inference_router.pool import Backend, BackendPool, PoolSource, PoolUpdate, RoutingState, StaticPoolSource
 from inference_router.proxy import Outcome, forward, json_error
 from inference_router.scheduler_link import Refused, Retryable, SchedulerLink
+from inference_router.stats import router_stats
 
 STATS_PATH = "/aryl/stats"
 PROGRAM_TIMEOUT_S = 30.0  # the longest start() waits for HAProxy to take a static pool
@@ -572,61 +573,8 @@ class Router:
         return web.json_response(self.stats())
 
     def stats(self) -> dict[str, object]:
-        now = self.clock()
-        estimate = self.last_estimate
-        return {
-            "data_plane": self.config.data_plane,
-            "pool_version": self.pool.version,
-            "backends": [self._backend_stats(b, now)
-                         for b in sorted(self.pool.backends.values(), key=lambda b: b.server_id)],
-            "requests": self.meter.total_arrivals,
-            "requests_short": self.requests_short,
-            "in_flight": self.in_flight,
-            "responses_failed": self.responses_failed,
-            "retries": self.retries,
-            "rate_rps": {"short": self.meter.short_rate(now), "long": self.meter.long_rate(now),
-                         "short_window_s": self.config.short_window_s, "long_window_s": self.config.long_window_s},
-            **self._plane_stats(now),
-            "demand": {
-                "mode": self.demand_mode,
-                "servers_needed": self.servers_needed_now(),
-                "servers_serving": self.pool.serving,
-                "raw_need": estimate.raw_need if estimate else None,
-                "forecast_rps": estimate.forecast_rate if estimate else None,
-                "reported": self.demand_reported,
-                "reports_sent": self.demand_reports,
-            },
-            "drains_reported": list(self.drains_reported),
-        }
-
-    def _backend_stats(self, b: Backend, now: float) -> dict[str, object]:
-        common = {"server_id": b.server_id, "endpoint": b.endpoint, "state": b.state.value,
-                  "routable": self.routable(b, now), "healthy": self.healthy(b, now),
-                  "drained_reported": b.drained_reported}
-        if self.plane is None:
-            return {**common, "health_check_ok": b.active_ok,
-                    "ejected_for_s": round(max(0.0, b.ejected_until - now), 3) if b.ejected_until else 0.0,
-                    "in_flight": b.in_flight, "requests": b.requests, "failures": b.failures}
-        slot, stats = self.plane.slot_of(b.server_id), self.plane.slot_stats(b.server_id)
-        return {**common, "slot": slot.name if slot else None,
-                "haproxy_status": stats.status if stats else None,
-                "unroutable_because": self.plane.unroutable.get(b.server_id),
-                "in_flight": stats.in_flight if stats else 0, "queued": stats.queued if stats else 0,
-                "requests": stats.dispatched - slot.base_dispatched if stats and slot else 0,
-                "failures": stats.failures - slot.base_failures if stats and slot else 0}
-
-    def _plane_stats(self, now: float) -> dict[str, object]:
-        if self.plane is None:
-            p50, p99 = self.meter.latency_percentiles(now, 50, 99)
-            return {"latency_ms": {"p50": None if p50 is None else p50 * 1000,
-                                   "p99": None if p99 is None else p99 * 1000}}
-        sample = self.plane.last_sample
-        return {"queued": self.queued,
-                "latency_ms": {f"avg_{k}": v for k, v in sample.avg_ms.items()} if sample else {},
-                "latency_over": "haproxy's last 1024 requests",
-                "haproxy": {"pid": self.plane.pid, "restarts": self.plane.restarts,
-                            "slots": len(self.plane.slots), "slots_used": len(self.plane.by_server),
-                            "sampled_s_ago": round(time.monotonic() - sample.taken_at, 3) if sample else None}}
+        """What ``GET /aryl/stats`` answers (``inference_router.stats``)."""
+        return router_stats(self)
 
 
 class ListenError(Exception):
