@@ -11,6 +11,10 @@ Nouns:
 
 Benchmarks never assert on time: they print figures (stdout, one JSON object per line) and log
 progress to stderr. They must never touch a database they did not create.
+
+What every benchmark stands on (sizes, a scratch database, the scheduler as a child process, CPU
+accounting) is ``benchmarks.harness``; ``bench_*`` modules hold the benchmarks, each listing its own in
+``BENCHMARKS``.
 """
 
 from __future__ import annotations

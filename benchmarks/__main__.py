@@ -26,7 +26,7 @@ from benchmarks import (
     bench_solvers,
     bench_submit,
 )
-from benchmarks.bench_service import FULL, QUICK, BenchContext, Benchmark
+from benchmarks.harness import FULL, QUICK, BenchContext, Benchmark
 
 BENCHMARKS = (
     bench_service.BENCHMARKS + bench_agents.BENCHMARKS + bench_solvers.BENCHMARKS + bench_cycle.BENCHMARKS

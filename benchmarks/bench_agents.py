@@ -48,7 +48,7 @@ import sqlalchemy as sa
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from benchmarks import emit_figure
-from benchmarks.bench_service import FULL, BenchContext, Benchmark, SchedulerProcess, scratch_database
+from benchmarks.harness import FULL, BenchContext, Benchmark, SchedulerProcess, scratch_database
 from protos.aryl.v1 import agent_pb2, agent_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc, types_pb2
 
 log = logging.getLogger("aryl.bench")

@@ -29,14 +29,7 @@ from typing import Any
 from aryl_common.security import ClientSecurity, secure_aio_channel, token_from_file
 from arylctl import certs
 from benchmarks import emit_figure
-from benchmarks.bench_service import (
-    RPC_TIMEOUT_S,
-    BenchContext,
-    Benchmark,
-    SchedulerProcess,
-    percentile_ms,
-    scratch_database,
-)
+from benchmarks.harness import RPC_TIMEOUT_S, BenchContext, Benchmark, SchedulerProcess, percentile_ms, scratch_database
 from protos.aryl.v1 import agent_pb2, agent_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc, types_pb2
 
 log = logging.getLogger("aryl.bench.auth")

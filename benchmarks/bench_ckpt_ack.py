@@ -23,7 +23,7 @@ import statistics
 
 from benchmarks import emit_figure
 from benchmarks.bench_reclaim import PROTECTION, SETTINGS, _reclaim_latencies, reclaim_cluster
-from benchmarks.bench_service import BenchContext, Benchmark
+from benchmarks.harness import BenchContext, Benchmark
 
 log = logging.getLogger("aryl.bench")
 

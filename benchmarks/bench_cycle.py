@@ -22,7 +22,7 @@ import statistics
 import time
 
 from benchmarks import emit_figure
-from benchmarks.bench_service import QUICK, BenchContext, Benchmark
+from benchmarks.harness import QUICK, BenchContext, Benchmark
 from scheduler_service.core import ClusterSnapshot, DemandView, JobView, ServerView, WorkerView
 from scheduler_service.core.invariants import check_plan
 from scheduler_service.core.params import PolicyParams

@@ -26,7 +26,7 @@ import numpy as np
 
 from benchmarks import emit_figure
 from benchmarks.bench_cycle import synthetic_cluster
-from benchmarks.bench_service import QUICK, BenchContext, Benchmark
+from benchmarks.harness import QUICK, BenchContext, Benchmark
 from scheduler_service.core import ClusterSnapshot
 from scheduler_service.core.invariants import check_plan
 from scheduler_service.core.params import PolicyParams

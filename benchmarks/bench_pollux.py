@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 
 from benchmarks import emit_figure
-from benchmarks.bench_service import QUICK, BenchContext, Benchmark
 from benchmarks.bench_sim import shared_dir
+from benchmarks.harness import QUICK, BenchContext, Benchmark
 from simulator.goodput_sim import load_workload, run_workload
 
 log = logging.getLogger("aryl.bench")

@@ -39,7 +39,7 @@ from tempfile import TemporaryDirectory
 import grpc
 
 from benchmarks import emit_figure
-from benchmarks.bench_service import BenchContext, Benchmark, SchedulerProcess, percentile_ms, scratch_database
+from benchmarks.harness import BenchContext, Benchmark, SchedulerProcess, percentile_ms, scratch_database
 from protos.aryl.v1 import inference_pb2, inference_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc, types_pb2
 
 log = logging.getLogger("aryl.bench")

@@ -50,7 +50,7 @@ import aiohttp
 
 from aryl_common.ports import free_loopback_port
 from benchmarks import emit_figure
-from benchmarks.bench_service import QUICK, BenchContext, Benchmark
+from benchmarks.harness import QUICK, BenchContext, Benchmark
 from inference_router.demand import percentile
 from inference_router.haproxy import find_haproxy
 
@@ -330,7 +330,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
-    from benchmarks.bench_service import FULL
+    from benchmarks.harness import FULL
 
     context = BenchContext(admin_url="", sizes=QUICK if "--quick" in sys.argv[1:] else FULL)
     run_router_latency(context)

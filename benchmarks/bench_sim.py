@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from benchmarks import emit_figure
-from benchmarks.bench_service import QUICK, BenchContext, Benchmark
+from benchmarks.harness import QUICK, BenchContext, Benchmark
 from scheduler_service.core.params import PolicyParams
 from simulator.engine import simulate
 from simulator.load import demand_from_rate, load_servegen_rate

@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import emit_figure
-from benchmarks.bench_service import FULL as SERVICE_FULL
-from benchmarks.bench_service import QUICK, BenchContext, Benchmark
+from benchmarks.harness import FULL as SERVICE_FULL
+from benchmarks.harness import QUICK, BenchContext, Benchmark
 from scheduler_service.solvers import (
     ReclaimInstance,
     reclaim_exact,

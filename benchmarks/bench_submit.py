@@ -24,17 +24,15 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sqlalchemy.orm import Session
 
 from benchmarks import emit_figure
-from benchmarks.bench_service import (
+from benchmarks.bench_service import insert_ceiling, job_requests, submit_jobs
+from benchmarks.harness import (
     RPC_TIMEOUT_S,
     BenchContext,
     Benchmark,
     CpuMeter,
     SchedulerProcess,
-    insert_ceiling,
-    job_requests,
     percentile_ms,
     scratch_database,
-    submit_jobs,
     truncate_jobs,
     wait_until_idle,
 )

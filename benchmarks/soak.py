@@ -73,7 +73,7 @@ import sqlalchemy as sa
 from aryl_common.security import secure_aio_channel
 from arylctl import certs
 from benchmarks.bench_agents import _raise_fd_limit, _sigterm_unwinds
-from benchmarks.bench_service import SchedulerProcess, scratch_database
+from benchmarks.harness import SchedulerProcess, scratch_database
 from benchmarks.soak_fleet import RUN_ENV, SoakFleet, client_security, shards_for, soak_server_name
 from protos.aryl.v1 import inference_pb2, inference_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc, types_pb2
 

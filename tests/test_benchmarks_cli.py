@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from benchmarks.__main__ import main, registry
-from benchmarks.bench_service import QUICK, BenchContext, Benchmark
+from benchmarks.harness import QUICK, BenchContext, Benchmark
 
 
 def stand_ins(ran: list[str]) -> tuple[Benchmark, ...]:
