@@ -11,7 +11,8 @@ run by the reference harness (``run-reference.sh``, ``SIA_REF_HARNESS``; default
 ``$TMPDIR/aryl-sia-gate``; a run already there, ``<policy>-<set>-<workload>/summary.json``, is reused:
 ``sia`` takes ~15 minutes a workload on a busy 2-core machine, ``gavel`` about one).
 
-Printed: per workload and policy, our average JCT and the authors', the difference, restarts per job, and
+Printed: per workload and policy, our average JCT and the authors', the difference, restarts per job (ours /
+theirs), and
 decision times (ours: a whole ``schedule`` call; the authors': their CBC solve, as it logs it, ``sia`` only).
 Exit status 1 when a difference exceeds ``--tolerance`` (0.05), 2 when the inputs are missing.
 """
@@ -76,6 +77,11 @@ def authors_figures(folder: Path) -> dict[str, float]:
     summary = json.loads((folder / "summary.json").read_text())
     avg = float(next(iter(summary["avgs"].values())))
     figures = {"avg_jct_s": avg}
+    stats = folder / "stats.txt"   # the authors' print_run_stats.py, as the harness saves it
+    if stats.exists():
+        found = re.search(r"Average num restarts per job = ([\d.]+)", stats.read_text(errors="replace"))
+        if found:
+            figures["restarts_per_job"] = float(found.group(1))
     log = folder / "simulator-stdout.log"
     if log.exists():
         pattern = r"Total time \(CPU seconds\):\s+[\d.]+\s+\(Wallclock seconds\):\s+([\d.]+)"  # CBC's, per solve
@@ -109,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = False
     try:
         extract(git_dir, [f"traces/{m}" for m in MODELS] + [f"workloads/{w}.csv" for w in workloads], scratch)
-        print(f"{'workload':20} {'policy':6} {'ours h':>8} {'authors h':>9} {'diff':>7} {'restarts':>8} "
+        print(f"{'workload':20} {'policy':6} {'ours h':>8} {'authors h':>9} {'diff':>7} {'restarts':>12} "
               f"{'decide ms mean/p95':>18} {'authors solve ms':>16}")
         for workload in workloads:
             jobs = load_workload(scratch / "workloads" / f"{workload}.csv")
@@ -122,15 +128,19 @@ def main(argv: list[str] | None = None) -> int:
                 mean_ms = 1000 * sum(times) / max(1, len(times))
                 p95_ms = 1000 * times[int(0.95 * (len(times) - 1))] if times else 0.0
                 restarts = sum(ours.restarts.values()) / max(1, len(ours.restarts))
+                theirs_restarts = f"{theirs['restarts_per_job']:.2f}" if "restarts_per_job" in theirs else "-"
                 solve = (f"{theirs['solve_mean_ms']:.0f}/{theirs['solve_p95_ms']:.0f}"
                          if "solve_mean_ms" in theirs else "-")
                 print(f"{workload:20} {policy:6} {ours.average_jct / 3600:8.3f} {theirs['avg_jct_s'] / 3600:9.3f} "
-                      f"{100 * diff:+6.1f}% {restarts:8.2f} {mean_ms:9.0f}/{p95_ms:<8.0f} {solve:>16}", flush=True)
+                      f"{100 * diff:+6.1f}% {restarts:5.2f}/{theirs_restarts:>6} {mean_ms:9.0f}/{p95_ms:<8.0f} "
+                      f"{solve:>16}", flush=True)
                 results.setdefault(workload, {})[policy] = {
                     "ours": round(ours.average_jct, 1), "authors": round(theirs["avg_jct_s"], 1),
-                    "restarts_per_job": round(restarts, 3), "decision_mean_ms": round(mean_ms, 1),
+                    "restarts_per_job": round(restarts, 3),
+                    "authors_restarts_per_job": theirs.get("restarts_per_job", -1.0),
+                    "decision_mean_ms": round(mean_ms, 1),
                     "decision_p95_ms": round(p95_ms, 1), **{k: round(v, 1) for k, v in theirs.items()
-                                                            if k != "avg_jct_s"}}
+                                                            if k not in ("avg_jct_s", "restarts_per_job")}}
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     if args.json:
