@@ -34,7 +34,6 @@ estimates in with ``with_estimates``. Placement (one type per job) is ``core.gpu
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -93,14 +92,13 @@ class SiaDecision:
     configs: dict[int, Config | None]
     objective: float
     variables: int
-    solve_s: float
 
 
 def sia_allocate(jobs: Sequence[SiaJob], pools: Sequence[GpuPool], params: SiaParams = SiaParams()) -> SiaDecision:
     """The configuration of every job (None: it waits), by the program in the module doc."""
     configs = [c for pool in pools for c in configurations(pool)]
     if not jobs or not configs:
-        return SiaDecision({j.key: None for j in jobs}, 0.0, 0, 0.0)
+        return SiaDecision({j.key: None for j in jobs}, 0.0, 0)
     per_node = {p.gpu_type: p.gpus_per_node for p in pools}
     capacity = {p.gpu_type: p.gpus for p in pools}
     types = [p.gpu_type for p in pools]
@@ -117,7 +115,6 @@ def sia_allocate(jobs: Sequence[SiaJob], pools: Sequence[GpuPool], params: SiaPa
                 pairs.append((i, c))
             elif cost[i, c] < params.lambda_n and rows[i, c] > ZERO_GAIN * 1.0001:
                 pairs.append((i, c))
-    started = time.perf_counter()
     chosen: dict[int, Config | None] = {j.key: None for j in jobs}
     objective = params.lambda_n * len(jobs)
     if pairs:
@@ -126,7 +123,7 @@ def sia_allocate(jobs: Sequence[SiaJob], pools: Sequence[GpuPool], params: SiaPa
             if x[v] > 0.5:
                 chosen[jobs[i].key] = configs[c]
                 objective += cost[i, c] - params.lambda_n
-    return SiaDecision(chosen, float(objective), len(pairs), time.perf_counter() - started)
+    return SiaDecision(chosen, float(objective), len(pairs))
 
 
 def _goodput_row(job: SiaJob, configs: Sequence[Config], types: Sequence[str], per_node: Mapping[str, int],
