@@ -8,11 +8,9 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -39,10 +37,10 @@ from node_agent.gpus import (
 )
 from node_agent.main import cli_overrides, parse_args
 from protos.aryl.v1 import agent_pb2, inference_pb2, inference_pb2_grpc, scheduler_pb2, types_pb2
+from tests.fixtures.daemons import console_script, running_daemon
 from tests.harness import (
     AS_ITSELF,
     FakeScheduler,
-    daemon_env,
     desired_state,
     register_fake_server,
     scheduler_stub,
@@ -609,47 +607,6 @@ def test_agent_stops_promptly_while_the_scheduler_is_unreachable(tmp_path: Path)
 
 # --------------------------------------------------------------------------------------------------
 # The real daemons, as console scripts, against a real scheduler
-
-
-def console_script(name: str) -> str:
-    path = Path(sys.executable).parent / name
-    assert path.exists(), f"console script {name} is not installed next to {sys.executable}; pip install -e ."
-    return str(path)
-
-
-@contextmanager
-def running_daemon(args: list[str], log_path: Path) -> Iterator[Callable[[], None]]:
-    """Run a daemon; yields ``check_alive()``. On leaving, the daemon must still run, exit 0 on
-    SIGTERM within 10 s, and leave no process of its group behind."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ARYL_")}
-    # TLS and a token to real schedulers; an agent's certificate names its --hostname (its log service's).
-    hostname = args[args.index("--hostname") + 1] if "--hostname" in args else ""
-    env.update(daemon_env(hostname, section="AGENT"), **daemon_env(section="ROUTER"))
-    with log_path.open("wb") as log:
-        # Own session = own process group, so the test can tell whether anything outlives the daemon.
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-
-    def check_alive() -> None:
-        assert proc.poll() is None, f"{args[0]} exited early ({proc.returncode}):\n{log_path.read_text()[-3000:]}"
-
-    try:
-        yield check_alive
-    except BaseException:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        raise
-    check_alive()
-    proc.send_signal(signal.SIGTERM)
-    try:
-        code = proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        pytest.fail(f"{args[0]} ignored SIGTERM for 10 s; log:\n{log_path.read_text()[-3000:]}")
-    assert code == 0, f"exit status {code}; log:\n{log_path.read_text()[-3000:]}"
-    with pytest.raises(ProcessLookupError):
-        os.killpg(proc.pid, 0)  # no orphan left in the daemon's process group
 
 
 def test_agent_daemon_registers_with_a_real_scheduler_and_exits_cleanly(scheduler, tmp_path: Path) -> None:

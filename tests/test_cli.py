@@ -3,13 +3,9 @@ in-process (``main([...])``) and through the installed console script."""
 
 from __future__ import annotations
 
-import io
 import json
-import os
-import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -19,20 +15,9 @@ import yaml
 
 from arylctl.cli import enum_name, format_table, main, parse_args, submit_directory, submit_spec_mapping
 from protos.aryl.v1 import types_pb2
+from tests.fixtures.cli import arylctl, arylctl_executable, run, submit_json
 from tests.harness import register_fake_server
 from tests.helpers import free_port, wait_for
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    """Run arylctl in-process: (exit code, stdout, stderr).
-
-    Results and errors are captured through main's own streams: the in-process test scheduler
-    logs to the process's stdout from its threads, and those lines must not mix into the JSON
-    being checked. argparse's usage errors go to the process's stderr, captured by capsys.
-    """
-    out, err = io.StringIO(), io.StringIO()
-    code = main(list(argv), stdout=out, stderr=err)
-    return code, out.getvalue(), err.getvalue() + capsys.readouterr().err
 
 
 def closed_address() -> str:
@@ -169,12 +154,6 @@ def ctl(scheduler, capsys: pytest.CaptureFixture[str]):
         return run(capsys, "--server", scheduler.address, *argv)
 
     return invoke
-
-
-def submit_json(ctl, *argv: str) -> dict:
-    code, out, err = ctl("-o", "json", "submit", *argv)
-    assert code == 0, err
-    return json.loads(out)
 
 
 def test_submit_via_flags(ctl) -> None:
@@ -467,21 +446,6 @@ def test_cluster_servers_loans_and_demand(ctl, scheduler) -> None:
 
 # ---------------------------------------------------------------------------------------------
 # The installed console script, as a user runs it
-
-
-def arylctl_executable() -> str:
-    beside_python = Path(sys.executable).parent / "arylctl"
-    found = str(beside_python) if beside_python.exists() else shutil.which("arylctl")
-    assert found, "the arylctl console script is not installed (pip install -e .)"
-    return found
-
-
-def arylctl(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    # check=False: the tests assert the exit code themselves (usage errors exit non-zero on purpose).
-    return subprocess.run(
-        [arylctl_executable(), *argv], capture_output=True, text=True, timeout=60, env={**os.environ, **(env or {})},
-        check=False,
-    )
 
 
 def test_console_script_submit_list_and_errors(scheduler) -> None:

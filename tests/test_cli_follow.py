@@ -15,7 +15,6 @@ import json
 import os
 import signal
 import subprocess
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,32 +24,12 @@ from node_agent.config import AgentSection
 from node_agent.logs import serve_worker_logs
 from node_agent.workers import WorkDir
 from protos.aryl.v1 import agent_pb2, agent_pb2_grpc, scheduler_pb2, types_pb2
+from tests.fixtures.cli import Lines, arylctl, arylctl_executable
+from tests.fixtures.daemons import BIN, serving
 from tests.harness import daemon_security, job_spec, job_state, register_fake_server, scheduler_stub, secure_channel
 from tests.helpers import free_port, wait_for
-from tests.test_cli import arylctl, arylctl_executable
-from tests.test_scheduler_process import BIN, serving
 
 SERVER = "gpu-follow"
-
-
-class Lines:
-    """A process's output stream read by a thread, line by line, so a test can wait for a line
-    without blocking forever on a process that prints nothing."""
-
-    def __init__(self, stream) -> None:
-        self.lines: list[str] = []
-        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
-        self._thread.start()
-
-    def _read(self, stream) -> None:
-        for line in stream:
-            self.lines.append(line)
-
-    def text(self) -> str:
-        return "".join(self.lines)
-
-    def join(self, timeout: float) -> None:
-        self._thread.join(timeout)
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_cli import run
+from tests.fixtures.cli import run
 
 
 def test_login_writes_the_token_mode_0600(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -19,9 +19,9 @@ import yaml
 
 from arylctl.cli import elapsed_text, job_elapsed, printable
 from protos.aryl.v1 import types_pb2
+from tests.fixtures.cli import arylctl_executable, run, submit_json
 from tests.harness import register_fake_server
 from tests.helpers import wait_for
-from tests.test_cli import arylctl_executable, run, submit_json
 
 # A terminal would clear the screen and then show the rest of the line reversed.
 HOSTILE = "ok\x1b[2J\x1b]0;pwned\x07\u202edesrever\x9b\x7f"

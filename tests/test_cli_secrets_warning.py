@@ -8,7 +8,7 @@ import json
 import pytest
 
 from arylctl.argv_secrets import secret_looking_arguments
-from tests.test_cli import run
+from tests.fixtures.cli import run
 
 
 @pytest.mark.parametrize(("command", "named"), [

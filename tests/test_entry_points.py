@@ -21,9 +21,9 @@ from sqlalchemy.engine import make_url
 from inference_router.config import load_router_config
 from node_agent.config import load_agent_config
 from scheduler_service.config import load_config
+from tests.fixtures.daemons import serving
 from tests.harness import postgres_admin_url, security_env
 from tests.helpers import free_port, terminating, wait_for
-from tests.test_scheduler_process import serving
 
 BIN = Path(sys.executable).parent
 EXECUTABLES = ("aryl-scheduler", "aryl-agent", "aryl-router", "arylctl", "aryl-sim", "aryl-demo")

@@ -21,6 +21,7 @@ from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.plan import clock_time
 from scheduler_service.cycle import only_changed_reasons
 from scheduler_service.policies import create_policy
+from tests.fixtures.cli import run
 from tests.harness import (
     NOW,
     inference_server,
@@ -34,7 +35,6 @@ from tests.harness import (
     training_server,
 )
 from tests.helpers import wait_for
-from tests.test_cli import run
 
 
 def elastic_at_one(resized: float) -> object:

@@ -22,9 +22,9 @@ from grpc_status import rpc_status
 from arylctl.client import SUBMIT_ATTEMPTS, AlreadyExists, ArylClient, DeadlineExceeded, SubmitRetry, Unavailable
 from migrations import downgrade, upgrade
 from protos.aryl.v1 import scheduler_pb2
+from tests.fixtures.cli import run
 from tests.harness import job_spec, scheduler_stub, scratch_postgres
 from tests.helpers import free_port
-from tests.test_cli import run
 
 
 @pytest.fixture

@@ -19,9 +19,9 @@ import grpc
 import pytest
 
 from protos.aryl.v1 import scheduler_pb2, types_pb2
+from tests.fixtures.daemons import console_script, running_daemon
 from tests.harness import job_spec, scheduler_stub
 from tests.helpers import wait_for
-from tests.test_agent import console_script, running_daemon
 
 # Each is refused in names; the last four are the bidi controls ("Trojan Source").
 REFUSED = {

@@ -36,6 +36,7 @@ from simulator.engine import simulate
 from simulator.model import ClusterSpec
 from simulator.results import summarize
 from simulator.thrash import thrash_metrics
+from tests.fixtures.cli import run
 from tests.harness import (
     NOW,
     ManualClock,
@@ -52,7 +53,6 @@ from tests.harness import (
     training_server,
 )
 from tests.helpers import wait_for
-from tests.test_cli import run
 
 # Six disruptions within the last hour (the oldest at NOW - 3000), one older; last resized 900 s ago, so
 # only the cap protects it, until NOW - 3000 + 3600 = NOW + 600.

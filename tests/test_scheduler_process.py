@@ -5,25 +5,13 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.harness import secure_channel
+from tests.fixtures.daemons import BIN, serving
 from tests.helpers import free_port, terminating, wait_for
-
-BIN = Path(sys.executable).parent / "aryl-scheduler"
-
-
-def serving(address: str) -> bool:
-    try:
-        with secure_channel(address) as channel:
-            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1)
-            return reply.status == health_pb2.HealthCheckResponse.SERVING
-    except grpc.RpcError:
-        return False
 
 
 def test_starts_on_an_empty_database_and_stops_on_sigterm(tmp_path: Path) -> None:
