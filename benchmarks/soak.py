@@ -618,6 +618,15 @@ def _lease_epoch(engine: sa.Engine) -> int | None:
     return None if epoch is None else int(epoch)
 
 
+def _database_settings(engine: sa.Engine) -> str:
+    """The PostgreSQL server's settings that move a long run's figures: without autovacuum, dead rows
+    of the tables updated on every cycle (allocations, jobs, gpus) pile up for the whole run."""
+    with engine.connect() as conn:
+        got = {name: conn.execute(sa.text(f"SHOW {name}")).scalar_one() for name in ("autovacuum", "jit")}
+        version = conn.execute(sa.text("SHOW server_version")).scalar_one()
+    return f"PostgreSQL {version}, " + ", ".join(f"{k}={v}" for k, v in got.items())
+
+
 def make_pki(directory: Path, server_ids: Sequence[str]) -> None:
     """A development CA (``arylctl certs init``) with a certificate and token for every agent, the
     router and each user."""
@@ -712,6 +721,7 @@ def run(args: argparse.Namespace) -> Summary:
                 make_pki(pki, [server_id for server_id, _ in agents_of])
             engine = sa.create_engine(url, pool_size=1, max_overflow=1)
             try:
+                described["database"] = _database_settings(engine)
                 with SchedulerProcess(url, {**SETTINGS, **security_settings(pki)}) as scheduler, \
                         SoakFleet(scheduler.address, pki) as fleet:
                     started = time.monotonic()
