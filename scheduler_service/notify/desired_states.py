@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 import structlog
 
-from scheduler_service.errors import NotFound
+from scheduler_service.errors import NotFound, Unavailable
 from scheduler_service.notify.signals import Signal
 
 log = structlog.get_logger("aryl.notify")
@@ -50,14 +50,24 @@ class DesiredStateFeed(Generic[S]):
     ``executor``. Reads are sequential: servers touched while one runs are read together by the
     next, so a burst of decisions costs a few reads, not one per server, and a stream never reads
     the database itself. A stream's periodic re-read (``refresh_s``) joins the next batch the same
-    way. A state never replaces a newer generation of the same server."""
+    way. A state never replaces a newer generation of the same server.
+
+    A read the database refused for now (``Unavailable``: a statement or lock timed out) is retried after
+    ``retry_base_s``, doubling up to ``retry_max_s``, ``retries`` times in a row before the streams that wait
+    get the error: meanwhile they keep the state they have (the agent keeps what it runs), so a few slow
+    reads do not end every stream waiting on them (1,000s, each reconnecting at once). Any other failure, and
+    ``Unavailable`` once the retries are spent, goes to those streams at once, as before."""
 
     loop: asyncio.AbstractEventLoop
     load: Callable[[Sequence[str]], Mapping[str, S]]
     executor: Executor | None = None
+    retries: int = 5
+    retry_base_s: float = 0.5
+    retry_max_s: float = 8.0
     _slots: dict[str, _Slot[S]] = field(default_factory=dict)
     _dirty: set[str] = field(default_factory=set)
     _reader: asyncio.Task[None] | None = None
+    _failures: int = 0  # reads refused as Unavailable in a row
 
     def changed_threadsafe(self, server_ids: Iterable[str]) -> None:
         """After commit, from any thread: these servers' desired state may have changed."""
@@ -98,9 +108,21 @@ class DesiredStateFeed(Generic[S]):
             error: Exception | None = None
             try:
                 states = await self.loop.run_in_executor(self.executor, self.load, batch)
+            except Unavailable as exc:
+                self._failures += 1
+                if self._failures <= self.retries:
+                    delay = min(self.retry_base_s * 2 ** (self._failures - 1), self.retry_max_s)
+                    log.warning("desired-state read refused for now; retrying", servers=len(batch),
+                                attempt=self._failures, retry_in_s=delay, error=repr(exc))
+                    self.loop.call_later(delay, self._request, batch)
+                    continue  # its streams keep their last state meanwhile
+                log.warning("desired-state read failed", servers=len(batch), error=repr(exc))
+                states, error = {}, exc
             except Exception as exc:  # noqa: BLE001 - handed to the streams that waited for this read
                 log.warning("desired-state read failed", servers=len(batch), error=repr(exc))
                 states, error = {}, exc
+            else:
+                self._failures = 0
             for server_id in batch:
                 slot = self._slots.get(server_id)
                 if slot is None:
@@ -114,7 +136,7 @@ class DesiredStateFeed(Generic[S]):
                     slot.state, slot.error = state, None
                 slot.signal.bump()
 
-    async def watch(self, server_id: str, *, refresh_s: float) -> AsyncIterator[S]:
+    async def watch(self, server_id: str, *, refresh_s: float) -> AsyncGenerator[S, None]:
         """Yield the server's desired state now and whenever its generation changes; re-read it
         every ``refresh_s`` or so (covers writes this process was not told about; each wait is drawn
         from 0.5..1.0 x ``refresh_s`` so 1,000s of streams do not re-read in step). Raises what the
