@@ -70,7 +70,7 @@ from scheduler_service.policies import create_policy
 from scheduler_service.solvers import warm_up as warm_up_solvers
 from scheduler_service.store import lease as lease_store
 from scheduler_service.store.changes import StateChanges
-from scheduler_service.store.db import create_engine_for, session_factory
+from scheduler_service.store.db import AUTOVACUUM_OFF, autovacuum_off, create_engine_for, session_factory
 from scheduler_service.store.inference import DemandRules
 from scheduler_service.store.transactions import Transactions
 
@@ -208,6 +208,8 @@ class SchedulerService:
                     demand_rules=DemandRules(cfg.inference.demand_ttl_s, cfg.inference.demand_combine),
                 )
                 if self.engine.dialect.name == "postgresql":
+                    if await asyncio.to_thread(autovacuum_off, self.engine):
+                        log.warning(AUTOVACUUM_OFF)
                     leadership = self.leadership = self._leadership(app, loop)
                     await asyncio.to_thread(leadership.step)  # alone, or restarted on its address: leads at once
                     epoch = leadership.epoch
