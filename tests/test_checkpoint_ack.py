@@ -28,6 +28,8 @@ from scheduler_service.core.params import PolicyParams
 from scheduler_service.lifecycle import ServerState
 from scheduler_service.policies import aryl, create_policy
 from scheduler_service.solvers.reclaim import ReclaimInstance
+from tests.fixtures.workers import Agent, _app, get_job, submit, worker
+from tests.fixtures.workers import running as running_job_in  # the job RUNNING with n workers
 from tests.harness import (
     AGENT_RUNS_AS_ITSELF,
     NOW,
@@ -42,8 +44,6 @@ from tests.harness import (
     snapshot_of,
 )
 from tests.helpers import processes_mentioning, wait_for
-from tests.test_worker_lifecycle import Agent, _app, get_job, submit, worker
-from tests.test_worker_lifecycle import running as running_job_in  # the job RUNNING with n workers
 
 REPO = Path(__file__).resolve().parent.parent
 TRAIN = str(REPO / "examples" / "train.py")

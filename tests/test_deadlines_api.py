@@ -23,9 +23,9 @@ from arylctl.cli import describe_explanation
 from arylctl.client import parse_deadline
 from protos.aryl.v1 import scheduler_pb2, types_pb2
 from scheduler_service.server import ServerHandle, serve_in_background
+from tests.fixtures.cli import arylctl_executable
+from tests.fixtures.workers import EXITED, Agent, get_job, running, worker
 from tests.harness import T0, ManualClock, job_spec, register_fake_server, scheduler_config, scheduler_stub
-from tests.test_cli import arylctl_executable
-from tests.test_worker_lifecycle import EXITED, Agent, get_job, running, worker
 
 J = types_pb2
 

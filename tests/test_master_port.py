@@ -14,9 +14,9 @@ import sqlalchemy as sa
 
 from protos.aryl.v1 import scheduler_pb2, types_pb2
 from scheduler_service.store.db import create_engine_for
+from tests.fixtures.workers import Agent, get_job, running, submit
 from tests.harness import job_spec, register_fake_server, scheduler_config, scheduler_stub
 from tests.helpers import wait_for
-from tests.test_worker_lifecycle import Agent, get_job, running, submit
 
 TWO_PORTS = {"master_port_min": 29500, "master_port_max": 29501}
 

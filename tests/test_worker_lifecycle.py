@@ -11,62 +11,13 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from protos.aryl.v1 import agent_pb2, agent_pb2_grpc, scheduler_pb2, types_pb2
+from protos.aryl.v1 import agent_pb2, scheduler_pb2, types_pb2
 from scheduler_service.app import SchedulerApp
 from scheduler_service.store.db import create_engine_for, session_factory
 from scheduler_service.worker_outcomes import Verdict, judge_exits
-from tests.harness import ManualClock, job_spec, register_fake_server, scheduler_stub, secure_channel
+from tests.fixtures.workers import EXITED, RUNNING, Agent, J, _app, get_job, running, submit, worker
+from tests.harness import ManualClock, job_spec, register_fake_server, scheduler_stub
 from tests.helpers import wait_for
-
-EXITED = agent_pb2.WORKER_PHASE_EXITED
-RUNNING = agent_pb2.WORKER_PHASE_RUNNING
-J = types_pb2
-
-
-class Agent:
-    """Reports for one registered server, as its agent would."""
-
-    def __init__(self, address: str, server_id: str, epoch: int) -> None:
-        self.server_id = server_id
-        self.epoch = epoch
-        self._channel = secure_channel(address)
-        self.stub = agent_pb2_grpc.AgentServiceStub(self._channel)
-
-    def desired(self) -> agent_pb2.DesiredState:
-        stream = self.stub.WatchDesiredState(agent_pb2.WatchDesiredStateRequest(server_id=self.server_id), timeout=5)
-        try:
-            return next(iter(stream))
-        finally:
-            stream.cancel()
-
-    def report(self, *workers: agent_pb2.WorkerStatus) -> agent_pb2.ReportStatusResponse:
-        return self.stub.ReportStatus(
-            agent_pb2.ReportStatusRequest(server_id=self.server_id, scheduler_epoch=self.epoch, workers=workers),
-            timeout=5,
-        )
-
-    def close(self) -> None:
-        self._channel.close()
-
-
-def worker(job_id: str, rank: int, incarnation: int, phase=RUNNING, **fields) -> agent_pb2.WorkerStatus:
-    return agent_pb2.WorkerStatus(job_id=job_id, rank=rank, incarnation=incarnation, phase=phase, **fields)
-
-
-def get_job(stub, job_id: str) -> types_pb2.Job:
-    return stub.GetJob(scheduler_pb2.GetJobRequest(job_id=job_id), timeout=5).job
-
-
-def running(stub, job_id: str, workers: int = 1, *, reporting: tuple[Agent, ...] = ()):
-    """Wait for the job to run with ``workers`` workers. ``reporting`` agents report on every poll, so that
-    their servers, under a short ``lost_after_s``, stay alive however long a loaded machine takes to start it."""
-    return wait_for(lambda: all(a.report() for a in reporting) and (j := get_job(stub, job_id)).state
-                    == J.JOB_STATE_RUNNING and j.num_workers == workers and j,
-                    timeout=20, what=f"job {job_id} running with {workers} worker(s)")
-
-
-def submit(stub, spec: types_pb2.JobSpec) -> str:
-    return stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=5).job.job_id
 
 
 @pytest.fixture
@@ -251,13 +202,6 @@ def test_job_logs_are_located_by_rank_with_clear_errors(cluster) -> None:
 def test_judge_exits(exits, policy, restarts, expected) -> None:
     verdict, why = judge_exits(exits, num_workers=2, restart_policy=policy, restarts=restarts, max_restarts=1)
     assert verdict == expected and (why != "") == (expected is not None)
-
-
-def _app(scheduler) -> SchedulerApp:
-    """A second application object on the scheduler's database, for reading fields the API hides."""
-    engine = create_engine_for(scheduler.service.config.database.url)
-    app = SchedulerApp(session_factory(engine), scheduler.service.clock)
-    return app
 
 
 def test_reports_that_say_nothing_new_skip_the_database_until_the_telemetry_interval(scheduler_factory) -> None:
