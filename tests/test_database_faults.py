@@ -279,7 +279,7 @@ def test_a_write_that_keeps_losing_races_runs_again_after_pauses_until_it_wins(p
 
     from scheduler_service.errors import Aborted
     from scheduler_service.store.transactions import CONFLICT_RETRIES
-    from tests.test_store import make_job
+    from tests.fixtures.store import make_job
 
     engine = create_engine_for(postgres_url)
     try:

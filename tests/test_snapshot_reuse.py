@@ -22,8 +22,8 @@ from scheduler_service.store.applier import pending_reasons_in_one_statement
 from scheduler_service.store.db import create_engine_for
 from scheduler_service.store.jobs import JobStore
 from scheduler_service.store.snapshot import SnapshotReader
+from tests.fixtures.store import NOW, make_server
 from tests.harness import job_spec
-from tests.test_store import NOW, make_server
 
 
 @pytest.fixture

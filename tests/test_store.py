@@ -19,8 +19,7 @@ from sqlalchemy.orm import Session
 
 from scheduler_service.store.db import create_engine_for
 from scheduler_service.store.models import Allocation, Event, Gpu, Job, Loan, Server
-
-NOW = 1_700_000_000.0
+from tests.fixtures.store import NOW, make_job, make_server
 
 # How each dialect names the violated unique key: PostgreSQL by constraint name, SQLite by columns.
 ONE_WORKER_PER_GPU = (
@@ -39,50 +38,6 @@ def engine(database_url: str) -> Iterator[sa.Engine]:
 
 
 # --- builders -------------------------------------------------------------------------------------
-
-
-def make_server(
-    session: Session, server_id: str, pool: str = "TRAINING", gpus: int = 4, **overrides: Any
-) -> Server:
-    state = overrides.pop("state", "TRAINING" if pool == "TRAINING" else "SERVING")
-    server = Server(
-        id=server_id,
-        hostname=f"{server_id}.example",
-        pool=pool,
-        state=state,
-        registered_at=NOW,
-        last_seen_at=NOW,
-        **overrides,
-    )
-    session.add(server)
-    # The models declare no relationship(), so the unit of work does not know GPUs depend on their
-    # server: flush the server first or the GPU inserts may come first and break the foreign key.
-    session.flush()
-    session.add_all(Gpu(server_id=server_id, index=i, uuid=f"GPU-{server_id}-{i}") for i in range(gpus))
-    session.flush()
-    return server
-
-
-def make_job(session: Session, **overrides: Any) -> Job:
-    fields: dict[str, Any] = dict(
-        name="resnet",
-        user="alice",
-        queue="default",
-        command=["python", "train.py"],
-        env={},
-        gpus_per_worker=1,
-        min_workers=1,
-        max_workers=2,
-        throughput={},
-        restart_policy="NEVER",
-        state="PENDING",
-        submitted_at=NOW,
-    )
-    fields.update(overrides)
-    job = Job(**fields)
-    session.add(job)
-    session.flush()
-    return job
 
 
 def make_allocation(session: Session, job_id: int, server_id: str, gpu_index: int, rank: int = 0) -> Allocation:
