@@ -18,6 +18,7 @@ from scheduler_service.policies import create_policy
 from scheduler_service.policies.aryl import _goodput_scale_in_cost, _Job
 from simulator.engine import simulate
 from simulator.model import ClusterSpec
+from tests.fixtures.traces import traces_dir
 from tests.harness import (
     NOW,
     inference_server,
@@ -27,7 +28,6 @@ from tests.harness import (
     snapshot_of,
     training_server,
 )
-from tests.test_goodput import traces_dir
 
 PERF = PerfParams(alpha_c=0.05, beta_c=0.002, alpha_n=0.2, beta_n=0.01, alpha_r=0.05, beta_r=0.005, gamma=1.5)
 LIMITS = BatchLimits(init_bsz=64, max_bsz=8192, max_atomic_bsz=256)

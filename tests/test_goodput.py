@@ -8,7 +8,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -55,6 +54,7 @@ from simulator.goodput_policies import AuthorsRules, plan_for_allocations
 from simulator.goodput_profiles import load_application, normalise_placement
 from simulator.goodput_sim import SimJob, WorkloadJob, load_workload, run_workload
 from simulator.model import ClusterSpec
+from tests.fixtures.traces import traces_dir
 from tests.harness import NOW, linear_job, pending_job, running_job, snapshot_of, training_server
 
 PERF = PerfParams(alpha_c=0.02, beta_c=0.001, alpha_n=0.05, beta_n=0.004, alpha_r=0.01, beta_r=0.001, gamma=2.0)
@@ -277,17 +277,6 @@ def test_registered_tiresias_keeps_a_demoted_job_in_queue_1_once_it_is_preempted
 
 
 # -- measured profiles and the simulated job (need the Pollux data) -------------------------------------
-
-SHARED = Path(os.environ.get("ARYL_SHARED_DIR") or Path(__file__).resolve().parents[1].parent / "shared")
-
-
-def traces_dir() -> Path:
-    path = SHARED / "pollux-data" / "traces"
-    if not path.exists():
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{path} missing (set ARYL_SHARED_DIR)")
-        pytest.skip(f"{path} not present (set ARYL_SHARED_DIR)")
-    return path
 
 
 def test_placements_are_normalised_to_their_smallest_rotation() -> None:
