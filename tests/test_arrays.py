@@ -15,7 +15,8 @@ import pytest
 from arylctl.arrays import MAX_ARRAY_SIZE, ArraySpecError, parse_array
 from arylctl.cli import main as arylctl
 from protos.aryl.v1 import types_pb2
-from tests.test_e2e_workers import Cluster, processes_mentioning, wait_for
+from tests.fixtures.cluster import Cluster
+from tests.helpers import processes_mentioning, wait_for
 
 
 @pytest.mark.parametrize(("text", "indices"), [

@@ -12,91 +12,19 @@ from __future__ import annotations
 import io
 import os
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from arylctl.cli import main as arylctl
-from arylctl.client import ArylClient
 from protos.aryl.v1 import types_pb2
-from scheduler_service.server import serve_in_background
-from tests.harness import daemon_env, job_spec, scheduler_config
+from tests.fixtures.cluster import Cluster
 from tests.helpers import processes_mentioning, wait_for
 
-REPO = Path(__file__).resolve().parent.parent
-TRAIN = str(REPO / "examples" / "train.py")
 J = types_pb2
 
 pytestmark = pytest.mark.postgres
-
-
-class Cluster:
-    """A scheduler and agent daemons under one temporary directory."""
-
-    def __init__(self, tmp_path: Path, database_url: str) -> None:
-        self.tmp = tmp_path
-        self.url = database_url
-        self.scheduler = None
-        self.agents: dict[str, subprocess.Popen[bytes]] = {}
-        self.checkpoints = tmp_path / "checkpoints"  # shared by all agents, as a shared filesystem would be
-
-    def start_scheduler(self, **sections: dict) -> None:
-        base = {"agents": {"report_interval_s": 0.3, "lost_after_s": 3.0, "telemetry_write_s": 1.0},
-                "scheduling": {"cycle_interval_s": 0.2, "default_grace_period_s": 5.0},
-                "policy": {"min_resize_interval_s": 0, "restart_cost_s": 0}}
-        if self.scheduler is not None:  # a restart: same address, so the agents find it again
-            base["server"] = {"listen": self.scheduler.address}
-        for name, values in sections.items():
-            base.setdefault(name, {}).update(values)
-        self.scheduler = serve_in_background(scheduler_config(self.url, **base))
-        self.client = ArylClient(self.scheduler.address, timeout=10)
-
-    def stop_scheduler(self) -> None:
-        self.client.close()
-        self.scheduler.stop()
-
-    def start_agent(self, hostname: str, gpus: int = 2) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ARYL_")}
-        env.update(ARYL_AGENT__RECONCILE_INTERVAL_S="0.1", ARYL_AGENT__CHECKPOINT_ROOT=str(self.checkpoints),
-                   ARYL_AGENT__LOGS_LISTEN_HOST="127.0.0.1", ARYL_AGENT__ADVERTISE_ADDRESS="127.0.0.1",
-                   ARYL_LOGGING__LEVEL="info", ARYL_E2E_MARKER=str(self.tmp), **daemon_env(hostname))
-        args = [sys.executable, "-m", "node_agent.main", "--scheduler", self.scheduler.address,
-                "--hostname", hostname, "--fake-gpus", str(gpus), "--work-dir", str(self.tmp / f"agent-{hostname}")]
-        with (self.tmp / f"{hostname}.log").open("ab") as log:
-            self.agents[hostname] = subprocess.Popen(args, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-
-    def kill_agent(self, hostname: str) -> None:
-        agent = self.agents.pop(hostname)
-        agent.kill()
-        agent.wait(timeout=10)
-
-    def job(self, job_id: str) -> types_pb2.Job:
-        return self.client.get_job(job_id).job
-
-    def wait_job(self, job_id: str, check, what: str, timeout: float = 60) -> types_pb2.Job:
-        return wait_for(lambda: j if check(j := self.job(job_id)) else None, timeout=timeout, interval=0.2,
-                        what=f"job {job_id}: {what}")
-
-    def submit(self, name: str, *train_args: str, **fields) -> str:
-        spec = job_spec(name, **fields)
-        del spec.command[:]
-        spec.command.extend([sys.executable, TRAIN, *train_args])
-        return self.client.submit_job(spec).job_id
-
-    def close(self) -> None:
-        """Stop the agents, and with them (stop_workers_on_exit is off) kill what they left."""
-        for agent in self.agents.values():
-            agent.send_signal(signal.SIGTERM)
-        for agent in self.agents.values():
-            try:
-                agent.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                agent.kill()
-        if self.scheduler is not None and self.scheduler.thread.is_alive():
-            self.stop_scheduler()
 
 
 @pytest.fixture

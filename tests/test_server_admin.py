@@ -33,6 +33,7 @@ from scheduler_service.lifecycle import Pool, ServerState
 from scheduler_service.policies import create_policy
 from scheduler_service.records import GpuReport, JobSubmission, ServerRegistration, StatusReport
 from scheduler_service.store.db import create_engine_for, session_factory
+from tests.fixtures.cluster import REPO, Cluster
 from tests.harness import (
     NOW,
     ManualClock,
@@ -46,7 +47,6 @@ from tests.harness import (
     training_server,
 )
 from tests.helpers import processes_mentioning, wait_for
-from tests.test_e2e_workers import REPO, Cluster
 
 J = types_pb2
 ARYLCTL = str(Path(sys.executable).with_name("arylctl"))
@@ -129,7 +129,7 @@ def test_the_jobs_of_a_deregistered_server_are_evicted_as_having_left() -> None:
 # -- the service, end to end ----------------------------------------------------------------------
 
 class AdminCluster(Cluster):
-    """``tests.test_e2e_workers.Cluster`` whose agents may take extra flags."""
+    """``tests.fixtures.cluster.Cluster`` whose agents may take extra flags."""
 
     def start_agent(self, hostname: str, *flags: str, gpus: int = 2) -> None:  # type: ignore[override]
         env = {k: v for k, v in os.environ.items() if not k.startswith("ARYL_")}

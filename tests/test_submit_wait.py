@@ -18,11 +18,10 @@ import pytest
 
 from protos.aryl.v1 import types_pb2
 from scheduler_service.server import serve_in_background
+from tests.fixtures.cli import Lines, arylctl_executable, ctl
+from tests.fixtures.cluster import Node
 from tests.harness import scheduler_config
 from tests.helpers import wait_for
-from tests.test_cli import arylctl_executable
-from tests.test_cli_follow import Lines
-from tests.test_working_dir import Node, ctl
 
 
 @pytest.fixture

@@ -18,9 +18,7 @@ without an agent, on SQLite and PostgreSQL.
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -33,77 +31,17 @@ import yaml
 from arylctl.client import ArylClient
 from protos.aryl.v1 import scheduler_pb2, types_pb2
 from scheduler_service.server import serve_in_background
-from tests.harness import daemon_env, job_spec, scheduler_config, scheduler_stub
-from tests.helpers import processes_mentioning, wait_for
-from tests.test_cli import arylctl_executable
+from tests.fixtures.cli import ctl
+from tests.fixtures.cluster import NODE, Node
+from tests.harness import job_spec, scheduler_config, scheduler_stub
 
-REPO = Path(__file__).resolve().parent.parent
-NODE = "wd-node"
 # Prints where it runs; found by a relative path only when it runs in its own directory.
 SHOW_CWD = "import os; print('cwd=' + os.getcwd(), flush=True)"
-
-
-def ctl(address: str, *argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """The installed arylctl run from ``cwd`` (with ``PWD`` as a shell would set it)."""
-    env = {**os.environ, "PWD": str(cwd)}
-    return subprocess.run([arylctl_executable(), "--server", address, *argv], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=60, check=False)
 
 
 def submitted(result: subprocess.CompletedProcess[str]) -> str:
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)["job_id"]
-
-
-class Node:
-    """A real agent daemon; ``work_dir`` is its work directory, ``cwd`` the directory it runs in."""
-
-    def __init__(self, address: str, tmp: Path) -> None:
-        self.address = address
-        self.marker = str(tmp)
-        self.work_dir = tmp / "agent-work"
-        self.cwd = tmp / "agent-cwd"
-        self.cwd.mkdir()
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ARYL_")}
-        env.update(ARYL_AGENT__RECONCILE_INTERVAL_S="0.1", ARYL_AGENT__LOGS_LISTEN_HOST="127.0.0.1",
-                   ARYL_WD_MARKER=str(tmp), **daemon_env(NODE))
-        self.log = tmp / "agent.log"
-        with self.log.open("ab") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "node_agent.main", "--scheduler", address, "--hostname", NODE,
-                 "--advertise-address", "127.0.0.1", "--fake-gpus", "2", "--work-dir", str(self.work_dir)],
-                cwd=self.cwd, env={**env, "PYTHONPATH": str(REPO)}, stdout=log, stderr=subprocess.STDOUT,
-            )
-        self.client = ArylClient(address, timeout=10)
-        wait_for(lambda: any(s.server_id == NODE for s in self.client.list_servers()), timeout=30,
-                 what=f"the agent to register; its log:\n{self.agent_log()}")
-
-    def agent_log(self) -> str:
-        return self.log.read_text(errors="replace")[-3000:]
-
-    def finished(self, job_id: str) -> types_pb2.Job:
-        terminal = (types_pb2.JOB_STATE_COMPLETED, types_pb2.JOB_STATE_FAILED, types_pb2.JOB_STATE_CANCELLED)
-        return wait_for(lambda: job if (job := self.client.get_job(job_id).job).state in terminal else None,
-                        timeout=30, interval=0.1, what=f"job {job_id} to finish; agent log:\n{self.agent_log()}")
-
-    def worker_log(self, job_id: str) -> str:
-        return (self.work_dir / "logs" / job_id / "rank-0.log").read_text()
-
-    def close(self) -> None:
-        """Stop the agent, then what it left running (workers outlive their agent on purpose)."""
-        self.client.close()
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        for pid in processes_mentioning(self.marker):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        wait_for(lambda: not processes_mentioning(self.marker), timeout=10, what="no processes left")
 
 
 @pytest.fixture
