@@ -22,42 +22,20 @@ import grpc
 import pytest
 import sqlalchemy as sa
 
-from aryl_common.channels import leader_hint
 from protos.aryl.v1 import scheduler_pb2, scheduler_pb2_grpc
-from tests.chaos.conftest import FULL, Agents, RetryingClient, SchedulerProcess, _end_processes, chaos_job, scaled
+from tests.chaos.conftest import Agents, RetryingClient, SchedulerProcess, _end_processes, chaos_job, scaled
 from tests.chaos.invariants import check_invariants, wait_workers_match
+from tests.fixtures.chaos_ha import LEASE_S, RENEW_S, TAKEOVER_BOUND_S, db_scalar, epoch_at, named_leader, process_state
 from tests.harness import secure_channel
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.postgres
 
-LEASE_S, RENEW_S = (8.0, 2.0) if FULL else (4.0, 1.0)
-TAKEOVER_BOUND_S = 15.0
 # Agents silent this long are LOST: longer than their reconnect backoff (10 s) while they look for
 # the new leader, so that a takeover costs no server.
 LOST_AFTER_S = 20.0
 SETTINGS = {"ARYL_HA__LEASE_S": str(LEASE_S), "ARYL_HA__RENEW_S": str(RENEW_S),
             "ARYL_AGENTS__LOST_AFTER_S": str(LOST_AFTER_S), "ARYL_LOGGING__LEVEL": "info"}
-
-
-def epoch_at(address: str) -> int | None:
-    """The epoch the scheduler at ``address`` leads in; None when it is a standby or unreachable."""
-    try:
-        with secure_channel(address) as channel:
-            stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
-            return stub.GetCluster(scheduler_pb2.GetClusterRequest(), timeout=2).scheduler_epoch
-    except grpc.RpcError:
-        return None
-
-
-def named_leader(address: str) -> str:
-    """The leader the scheduler at ``address`` names when it refuses a call as a standby ('' if none)."""
-    try:
-        with secure_channel(address) as channel:
-            scheduler_pb2_grpc.SchedulerServiceStub(channel).GetCluster(scheduler_pb2.GetClusterRequest(), timeout=2)
-    except grpc.RpcError as exc:
-        return leader_hint(exc)
-    return ""
 
 
 class Pair:
@@ -106,16 +84,6 @@ def incarnations(url: str) -> dict[int, int]:
         with engine.connect() as conn:
             rows = conn.execute(sa.text("SELECT id, incarnation FROM jobs WHERE state IN ('RUNNING', 'SCALING')"))
             return {int(job_id): int(incarnation) for job_id, incarnation in rows}
-    finally:
-        engine.dispose()
-
-
-def db_scalar(url: str, sql: str) -> object:
-    """The first column of the first row ``sql`` gives on the database at ``url`` (None: no row)."""
-    engine = sa.create_engine(url)
-    try:
-        with engine.connect() as conn:
-            return conn.scalar(sa.text(sql))
     finally:
         engine.dispose()
 
@@ -246,12 +214,6 @@ def test_paused_leader_is_refused_then_a_killed_leader_loses_nothing(pair: Pair)
     wait_workers_match(pair.url, pair.marker, timeout=60)
     assert count_lost(pair.url) == 0, "a server was marked LOST during a takeover"
     print(f"{len(load.acknowledged)} jobs acknowledged, all stored; {len(incarnations(pair.url))} running")
-
-
-def process_state(pid: int) -> str:
-    """The process's state letter from /proc (``T``: stopped)."""
-    with open(f"/proc/{pid}/stat") as stat:
-        return stat.read().rsplit(")", 1)[1].split()[0]
 
 
 def test_a_leader_paused_between_its_fence_and_its_commit_does_not_commit(pair: Pair) -> None:

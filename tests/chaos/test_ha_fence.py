@@ -30,7 +30,7 @@ import sqlalchemy as sa
 from protos.aryl.v1 import scheduler_pb2, scheduler_pb2_grpc
 from scheduler_service.store.lease import DB_NOW
 from tests.chaos.conftest import SchedulerProcess, chaos_job
-from tests.chaos.test_ha import (
+from tests.fixtures.chaos_ha import (
     LEASE_S,
     RENEW_S,
     TAKEOVER_BOUND_S,
