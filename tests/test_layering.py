@@ -226,3 +226,72 @@ def test_the_architecture_table_names_every_module_of_the_policies_package() -> 
     modules |= {p.name for p in package.iterdir() if (p / "__init__.py").exists()}
     missing = sorted(name for name in modules if f"`{name}`" not in row)
     assert not missing, f"docs/architecture.md's policies row does not name {', '.join(missing)}"
+
+
+# Inside tests/: no module imports a test module (tests/harness.py's rule). What two test modules share
+# lives in tests/harness.py, tests/helpers.py or tests/fixtures/, never in one of them for the other to import.
+TESTS = REPO / "tests"
+
+
+def is_test_module(module: str) -> bool:
+    """``tests.test_cli``, ``tests.chaos.test_ha``: a module of the test tree named ``test_*``."""
+    names = module.split(".")
+    return names[0] == "tests" and any(name.startswith("test_") for name in names[1:])
+
+
+def imported_test_modules(path: Path, root: Path) -> Iterator[tuple[int, str]]:
+    """``(line, test module)`` for every test module ``path`` imports, however spelled: ``import``,
+    ``from ... import`` (relative too), or the module taken by name from its package
+    (``from tests import test_cli``, ``from . import test_ha``)."""
+    for line, module in imported_modules(path, root):
+        if is_test_module(module):
+            yield line, module
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    module_parts = list(path.relative_to(root).with_suffix("").parts)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = ".".join(module_parts[: len(module_parts) - node.level]) if node.level else ""
+            package = ".".join(part for part in (base, node.module) if part)
+            if is_test_module(package):
+                continue  # reported above, as the module it is
+            for alias in node.names:
+                if is_test_module(f"{package}.{alias.name}"):
+                    yield node.lineno, f"{package}.{alias.name}"
+
+
+def imports_between_test_modules(tests: Path = TESTS) -> list[str]:
+    """``path:line: imports tests.test_x`` for every module under ``tests`` that imports a test module."""
+    root = tests.parent
+    return [
+        f"{path.relative_to(root)}:{line}: imports {module}"
+        for path in sorted(tests.rglob("*.py"))
+        for line, module in sorted(imported_test_modules(path, root))
+    ]
+
+
+def test_no_test_module_imports_another() -> None:
+    assert len(list(TESTS.glob("test_*.py"))) > 10 and list((TESTS / "chaos").glob("test_*.py"))
+    assert imports_between_test_modules() == []
+
+
+def test_a_test_module_importing_another_is_reported(tmp_path: Path) -> None:
+    """The check can fail: every spelling of the import, in a test module, a chaos test and a fixtures module;
+    what test modules may import (the harness, the fixtures, the chaos conftest) is not reported."""
+    tests = tmp_path / "tests"
+    for package in ("chaos", "fixtures"):
+        (tests / package).mkdir(parents=True)
+        (tests / package / "__init__.py").write_text("")
+    (tests / "test_a.py").write_text("from tests.test_b import x\nimport tests.chaos.test_c\n")
+    (tests / "test_b.py").write_text("from tests.fixtures.cli import run\nfrom tests.harness import NOW\n")
+    (tests / "chaos" / "test_c.py").write_text(
+        "from .test_d import y\nfrom tests.chaos import test_d\ndef f():\n    from tests import test_b\n")
+    (tests / "chaos" / "test_d.py").write_text("from tests.chaos.conftest import FULL\nfrom . import invariants\n")
+    (tests / "fixtures" / "cli.py").write_text("from tests.test_a import z\n")
+    assert imports_between_test_modules(tests) == [
+        "tests/chaos/test_c.py:1: imports tests.chaos.test_d",
+        "tests/chaos/test_c.py:2: imports tests.chaos.test_d",
+        "tests/chaos/test_c.py:4: imports tests.test_b",
+        "tests/fixtures/cli.py:1: imports tests.test_a",
+        "tests/test_a.py:1: imports tests.test_b",
+        "tests/test_a.py:2: imports tests.chaos.test_c",
+    ]
