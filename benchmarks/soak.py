@@ -627,6 +627,17 @@ def _database_settings(engine: sa.Engine) -> str:
     return f"PostgreSQL {version}, " + ", ".join(f"{k}={v}" for k, v in got.items())
 
 
+def _autovacuum_off(engine: sa.Engine) -> bool:
+    with engine.connect() as conn:
+        return str(conn.execute(sa.text("SHOW autovacuum")).scalar_one()).lower() == "off"
+
+
+def _vacuum(engine: sa.Engine) -> None:
+    """VACUUM (ANALYZE) the scratch database: what autovacuum does on a server that runs it (``--vacuum``)."""
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(sa.text("VACUUM (ANALYZE)"))
+
+
 def make_pki(directory: Path, server_ids: Sequence[str]) -> None:
     """A development CA (``arylctl certs init``) with a certificate and token for every agent, the
     router and each user."""
@@ -662,9 +673,10 @@ def _verify(engine: sa.Engine, driver: Driver, errors: Mapping[str, int], messag
 
 
 def _sample_until(duration_s: float, sample_s: float, scheduler: SchedulerProcess, engine: sa.Engine,
-                  driver: Driver, fleet: SoakFleet, recorder: Recorder) -> int | None:
+                  driver: Driver, fleet: SoakFleet, recorder: Recorder, *, vacuum: bool = False) -> int | None:
     """Sample at the start and every ``sample_s`` until ``duration_s``; the scheduler's exit status
-    if it exited meanwhile (sampling stops there), else None."""
+    if it exited meanwhile (sampling stops there), else None. ``vacuum``: after each sample, VACUUM the
+    scratch database (``_vacuum``)."""
     t0 = time.monotonic()
     recorder.add(_sample(0.0, scheduler.pid, engine, driver, fleet, window=False))
     n = 1
@@ -682,6 +694,8 @@ def _sample_until(duration_s: float, sample_s: float, scheduler: SchedulerProces
         if not fleet.alive():
             raise RuntimeError("an agent shard died")
         recorder.add(s := _sample(time.monotonic() - t0, scheduler.pid, engine, driver, fleet))
+        if vacuum:
+            _vacuum(engine)
         log.info("%.1f min: RSS %.1f MiB, fds %d, db %.1f MiB, submit p99 %.1f ms, report p99 %.1f ms, submits %d, "
                  "cancels %d, completed %d, active %d, loans %d, reclaims %d, errors %d, load %.1f",
                  s.t_s / 60, s.rss_mib, s.fds, s.db_mib, s.submit_p99_ms, s.report_p99_ms, s.submits, s.cancels,
@@ -722,6 +736,9 @@ def run(args: argparse.Namespace) -> Summary:
             engine = sa.create_engine(url, pool_size=1, max_overflow=1)
             try:
                 described["database"] = _database_settings(engine)
+                vacuum = args.vacuum == "auto" and _autovacuum_off(engine)
+                described["vacuum"] = ("by the soak after each sample (the server's autovacuum is off; "
+                                       "a production server runs it: docs/operations.md)" if vacuum else "autovacuum's")
                 with SchedulerProcess(url, {**SETTINGS, **security_settings(pki)}) as scheduler, \
                         SoakFleet(scheduler.address, pki) as fleet:
                     started = time.monotonic()
@@ -732,7 +749,7 @@ def run(args: argparse.Namespace) -> Summary:
                     driver.start()
                     try:
                         scheduler_exit = _sample_until(duration_s, args.sample_s, scheduler, engine, driver, fleet,
-                                                       recorder)
+                                                       recorder, vacuum=vacuum)
                     finally:
                         driver.stop()  # every call sent has been answered
                     _, report_errors, messages = fleet.drain()
@@ -768,6 +785,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--insecure", action="store_true",
                         help="plaintext gRPC without certificates or tokens (default: mutual TLS + tokens, as "
                              "a production deployment runs)")
+    parser.add_argument("--vacuum", choices=("auto", "never"), default="auto",
+                        help="auto (the default): where the PostgreSQL server has autovacuum off, VACUUM the "
+                             "soak's database after each sample, as autovacuum would on a production server; "
+                             "never: leave its dead rows (what a server without autovacuum does to the scheduler)")
     parser.add_argument(
         "--database-url", default=os.environ.get("ARYL_BENCH_DATABASE_URL", DEFAULT_ADMIN_URL),
         help="PostgreSQL URL allowed to create databases; the soak creates, migrates and drops its own "
