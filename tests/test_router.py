@@ -525,6 +525,8 @@ def test_measured_demand_is_reported_when_it_changes_and_as_a_heartbeat(plane: s
             assert await r.backends_used(35) == {"a"}
             # Reported at once when the need changes (the rate may still have been rising then) ...
             await until(lambda: scheduler.demand_calls[-1][0] == 4, what="the new need reported")
+            # The proxy's counters may lag its answers (HAProxy's stats are polled): all 35 counted first.
+            await until(lambda: r.router.meter.short_rate(now[0]) == 35.0, what="the 35 requests metered")
             for _ in range(2):                                   # ... and, unchanged, re-sent every 0.2 s
                 reports = len(scheduler.demand_calls)
                 await asyncio.sleep(0.1)
