@@ -373,6 +373,11 @@ def _run_hetero(args: argparse.Namespace) -> int:
             summaries.append(hetero_summary(result))
     except (UsageError, WorkloadError, ProfileError, ValueError, OSError) as exc:
         raise BadInput(f"error: {exc}") from exc
+    return _write_summaries(args, summaries)
+
+
+def _write_summaries(args: argparse.Namespace, summaries: list[dict[str, object]]) -> int:
+    """The policies' summaries as a table on stdout and, with ``--out``, as ``summary.json`` there."""
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "summary.json").write_text(json.dumps({s["policy"]: s for s in summaries}, indent=1) + "\n")
@@ -405,12 +410,7 @@ def _run_goodput(args: argparse.Namespace) -> int:
             summaries.append(goodput_summary(result, settings))
     except (UsageError, WorkloadError, ProfileError, ValueError, OSError) as exc:
         raise BadInput(f"error: {exc}") from exc
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "summary.json").write_text(json.dumps({s["policy"]: s for s in summaries}, indent=1) + "\n")
-        print(f"wrote {args.out}", file=sys.stderr)
-    sys.stdout.write(format_summaries(summaries))
-    return 0
+    return _write_summaries(args, summaries)
 
 
 if __name__ == "__main__":

@@ -7,12 +7,10 @@ from __future__ import annotations
 import os
 import subprocess
 
-import grpc
 import sqlalchemy as sa
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from scheduler_service.store.db import AUTOVACUUM_OFF, autovacuum_off, create_engine_for
-from tests.fixtures.daemons import BIN
+from tests.fixtures.daemons import BIN, serving
 from tests.helpers import free_port, terminating, wait_for
 
 
@@ -32,16 +30,8 @@ def test_a_server_without_autovacuum_is_named_at_start_up_with_the_fix(postgres_
     proc = subprocess.Popen([str(BIN), "--insecure", "--listen", address, "--database-url", postgres_url],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
 
-    def serving() -> bool:
-        try:
-            with grpc.insecure_channel(address) as channel:
-                reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1)
-                return reply.status == health_pb2.HealthCheckResponse.SERVING
-        except grpc.RpcError:
-            return False
-
     with terminating(proc) as stop:
-        wait_for(serving, timeout=60, what="the scheduler to serve")
+        wait_for(lambda: serving(address, plaintext=True), timeout=60, what="the scheduler to serve")
         log = stop().decode()
     assert (AUTOVACUUM_OFF in log) is off, log[-2000:]
     assert "ALTER SYSTEM SET autovacuum = on" in AUTOVACUUM_OFF  # the fix, named

@@ -7,9 +7,6 @@ import re
 import subprocess
 from pathlib import Path
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
 from tests.fixtures.daemons import BIN, serving
 from tests.helpers import free_port, terminating, wait_for
 
@@ -69,16 +66,9 @@ def test_a_start_without_certificates_names_a_flag_that_exists(tmp_path: Path) -
     address = f"127.0.0.1:{free_port()}"
     proc = subprocess.Popen([str(BIN), "--insecure", "--listen", address, "--database-url", db],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
-    def plaintext_serving() -> bool:
-        try:
-            with grpc.insecure_channel(address) as channel:
-                reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1)
-                return reply.status == health_pb2.HealthCheckResponse.SERVING
-        except grpc.RpcError:
-            return False
-
     with terminating(proc) as stop:
-        wait_for(plaintext_serving, timeout=60, what="the --insecure scheduler to serve plaintext")
+        wait_for(lambda: serving(address, plaintext=True), timeout=60,
+                 what="the --insecure scheduler to serve plaintext")
         output = stop()
     log = output.decode()
     assert "scheduler started" in log and "Running upgrade" in log
