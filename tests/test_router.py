@@ -330,12 +330,14 @@ def test_no_request_fails_while_a_server_is_drained_and_another_added_under_load
     require_haproxy()
     servers = {name: start_example_server(5, name) for name in ("s1", "s2", "s3")}
     router_proc: subprocess.Popen | None = None
-    port = free_port()
 
     async def scenario() -> None:
         nonlocal router_proc
         scheduler = await FakeScheduler().start()
         scheduler.set(s1=(servers["s1"][1], SERVING), s2=(servers["s2"][1], SERVING))
+        # Picked once this test's own servers hold theirs: a port chosen before them could be handed to one
+        # of them, and HAProxy then cannot bind it (seen in CI: "Address already in use").
+        port = free_port()
         log = (tmp_path / "router.log").open("wb")
         env = {k: v for k, v in os.environ.items() if not k.startswith("ARYL_")}
         env["ARYL_ROUTER__INSECURE"] = "true"  # the FakeScheduler listens in plaintext
