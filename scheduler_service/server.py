@@ -208,14 +208,16 @@ class SchedulerService:
                     demand_rules=DemandRules(cfg.inference.demand_ttl_s, cfg.inference.demand_combine),
                 )
                 if self.engine.dialect.name == "postgresql":
-                    if await asyncio.to_thread(autovacuum_off, self.engine):
-                        log.warning(AUTOVACUUM_OFF)
                     leadership = self.leadership = self._leadership(app, loop)
                     await asyncio.to_thread(leadership.step)  # alone, or restarted on its address: leads at once
                     epoch = leadership.epoch
                     lease_thread = threading.Thread(target=leadership.run, args=(lease_stop,), name="aryl-lease",
                                                     daemon=True)
                     lease_thread.start()
+                    # Only now: the leadership names every new connection after this scheduler, so that a
+                    # successor can end its sessions; one opened before would stay in the pool unnamed.
+                    if await asyncio.to_thread(autovacuum_off, self.engine):
+                        log.warning(AUTOVACUUM_OFF)
                 else:
                     epoch = await asyncio.to_thread(app.term.start, socket.gethostname())
         except BaseException:
