@@ -317,7 +317,7 @@ class Plan:
 
     seeds: tuple[int, ...] = SEEDS
     policies: tuple[str, ...] = ("sjf", "tiresias", "pollux", "aryl-noloan", "aryl")
-    ablations: tuple[str, ...] = ("aryl-noelastic", "aryl-naivereclaim")
+    ablations: tuple[str, ...] = ("aryl-noelastic", "aryl-naivereclaim", "aryl-nopreempt")
     ablation_seeds: tuple[int, ...] = SEEDS[:1]
     exact_policies: tuple[str, ...] = EXACT_POLICIES
     light: bool = True
@@ -538,6 +538,14 @@ aryl vs sjf at light load (estimated / exact): queueing {cell(lv[ESTIMATED]['que
                  f"{cell(n.get('preemptions'), 'n')}, "
                  f"GPU-hours lost {cell(a.get('gpu_hours_lost'), 'n')} vs {cell(n.get('gpu_hours_lost'), 'n')}, "
                  f"average JCT {cell(a.get('avg_jct_s'))} h vs {cell(n.get('avg_jct_s'))} h.\n")
+    if "aryl-nopreempt" in abl:
+        a, n = abl["aryl"]["spread"], abl["aryl-nopreempt"]["spread"]
+        naive += (f"\n**Preempt-to-admit** (`aryl` against `aryl-nopreempt`, which never preempts a running job to "
+                  f"admit queued ones){seeds_note}: average JCT {cell(a.get('avg_jct_s'))} h vs "
+                  f"{cell(n.get('avg_jct_s'))} h, p95 JCT {cell(a.get('p95_jct_s'))} h vs "
+                  f"{cell(n.get('p95_jct_s'))} h, "
+                  f"preemptions {cell(a.get('preemptions'), 'n')} vs {cell(n.get('preemptions'), 'n')}, GPU-hours "
+                  f"lost {cell(a.get('gpu_hours_lost'), 'n')} vs {cell(n.get('gpu_hours_lost'), 'n')}.\n")
     return f"""## 1. Headline: Philly (15 busiest days) + ServeGen m-small, busy training cluster
 
 **Regime** (`evaluation/headline.py`, rules fixed before the first run): {regime_line(r)}.

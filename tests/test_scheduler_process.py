@@ -33,8 +33,9 @@ def test_unknown_policy_is_refused_at_start_up(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=60, check=False,
     )
     assert result.returncode == 2
-    registered = ("aryl, aryl-naivereclaim, aryl-noelastic, aryl-nogoodput, aryl-nojoint, aryl-noloan, aryl-noshrink, "
-                  "aryl-reactive, aryl-risk, dl2, drf, fifo, gavel, optimus, pollux, qos, sia, sjf, tiresias")
+    registered = ("aryl, aryl-naivereclaim, aryl-noelastic, aryl-nogoodput, aryl-nojoint, aryl-noloan, "
+                  "aryl-nopreempt, aryl-noshrink, aryl-reactive, aryl-risk, dl2, drf, fifo, gavel, optimus, pollux, "
+                  "qos, sia, sjf, tiresias")
     assert f"unknown policy 'nope'; registered: {registered}" in result.stderr
 
 

@@ -42,7 +42,8 @@ class Reason(StrEnum):
     MOVED_FOR_RECLAIM = "MOVED_FOR_RECLAIM"  # reclaim left it below min_workers; restarted elsewhere instead
     PREEMPTED_FOR_QUOTA = "PREEMPTED_FOR_QUOTA"    # its queue borrowed GPUs a queue within its quota needed back
     PREEMPTED_FOR_PRIORITY = "PREEMPTED_FOR_PRIORITY"  # a job of a higher priority class of its queue needed them
-    PREEMPTED_BY_POLICY = "PREEMPTED_BY_POLICY"  # its GPUs went to jobs the policy ranks first (tiresias, optimus)
+    # Its GPUs went to jobs the policy ranks first (tiresias, optimus; aryl's preempt-to-admit).
+    PREEMPTED_BY_POLICY = "PREEMPTED_BY_POLICY"
     # stopped to move where this plan frees GPUs only as it applies (a swap with another job has no apply
     # order): it restarts there at the next cycle, which follows at once (``core.gpu_configs``)
     PREEMPTED_TO_MOVE = "PREEMPTED_TO_MOVE"

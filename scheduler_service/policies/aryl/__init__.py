@@ -17,7 +17,12 @@ One cycle, in order (each step works on the state the previous ones left):
    the GPUs speed it up more than they would anywhere else (elastic jobs scale sub-linearly); a queued
    job's rates are multiplied by its response ratio, (waited + run) / run, so a long job rises as it
    waits instead of jumping every queue at ``starvation_s``. Tiers before the rates: within quota before
-   borrowing, higher priority class, higher priority, fair share. Why this and not Pollux's power mean of
+   borrowing, higher priority class, higher priority, fair share. **Preempt-to-admit**: when every queued job
+   it weighs is of one tier and none is of a lower one, running jobs of that tier outside their protection
+   window are in it too, from size 0 (preempted, requeued) up, keeping one worth its rate plus what a
+   preemption costs it (the work since its checkpoint, a restart); one whose GPUs queued jobs complete more
+   on is preempted once step 2 starts a job on them (``sizing.settle_suspensions``), else kept as it was.
+   Why this and not Pollux's power mean of
    speed-ups: it is the rate at which jobs complete, so it reads the estimates where Pollux reads none;
    docs/evaluation.md ("Loaning + goodput") measures both, non-clairvoyant.
 2. **Base demands.** The queue in order: priority, then shortest estimated remaining GPU-time, then
@@ -55,7 +60,8 @@ elasticity), ``aryl-noloan``, ``aryl-noelastic``, ``sjf`` (neither: separate clu
 ``min_workers``), ``aryl-naivereclaim`` (``aryl`` with a naive reclaim: most recently loaned first), and
 ``aryl-nogoodput`` (``aryl`` on declared throughput only: no goodput model, no batch choice),
 ``aryl-nojoint`` (``aryl`` with the earlier two steps: queued gangs first, then extras by JCT reduction),
-``aryl-noshrink`` (no shrink-to-admit), ``aryl-reactive`` (loans and reclaims on the need now, no forecast) and
+``aryl-noshrink`` (no shrink-to-admit), ``aryl-nopreempt`` (no preempt-to-admit), ``aryl-reactive`` (loans and
+reclaims on the need now, no forecast) and
 ``aryl-risk`` (``aryl`` with risk-valued loans: an extra worker valued by its expected time before its loaned
 server goes back, ``loans.loan_risk``; ``aryl`` values it at its full rate).
 
@@ -99,6 +105,7 @@ from scheduler_service.policies.aryl.sizing import (
     plan_batches,
     plan_scales,
     response_ratio,
+    settle_suspensions,
     size_notes,
 )
 
@@ -124,10 +131,11 @@ class ArylPolicy:
 
     def __init__(self, name: str, params: PolicyParams, *, loaning: bool, elastic: bool,
                  naive_reclaim: bool = False, goodput: bool = False, joint: bool = False, shrink: bool = True,
-                 forecast: bool = True, risk: bool = False) -> None:
+                 forecast: bool = True, risk: bool = False, suspend: bool = True) -> None:
         self.name = name
         self.joint = joint and elastic
         self.shrink = shrink  # queued gangs may take running jobs' extra workers (shrink-to-admit)
+        self.suspend = suspend and shrink  # the joint sizing may preempt running jobs to admit queued ones
         self.params = params
         self.loaning = loaning
         self.elastic = elastic
@@ -158,8 +166,9 @@ class ArylPolicy:
             cycle.loan_risk = loan_risk(cycle)
         relocate_displaced(cycle)
         if self.joint:
-            joint_sizing(cycle, shrink=self.shrink)
+            joint_sizing(cycle, shrink=self.shrink, suspend=self.suspend)
         base_demands(cycle, joint=self.joint, loaning=self.loaning, shrink=self.shrink)
+        settle_suspensions(cycle)
         if self.elastic:
             elastic_extras(cycle, joint=self.joint)
         else:
@@ -191,10 +200,12 @@ class ArylPolicy:
 
 
 def _register(name: str, *, loaning: bool, elastic: bool, naive_reclaim: bool = False, goodput: bool = False,
-              joint: bool = True, shrink: bool = True, forecast: bool = True, risk: bool = False) -> None:
+              joint: bool = True, shrink: bool = True, forecast: bool = True, risk: bool = False,
+              suspend: bool = True) -> None:
     policies.register(name)(
         lambda params: ArylPolicy(name, params, loaning=loaning, elastic=elastic, naive_reclaim=naive_reclaim,
-                                  goodput=goodput, joint=joint, shrink=shrink, forecast=forecast, risk=risk)
+                                  goodput=goodput, joint=joint, shrink=shrink, forecast=forecast, risk=risk,
+                                  suspend=suspend)
     )
 
 
@@ -214,6 +225,9 @@ _register("aryl-nojoint", loaning=True, elastic=True, goodput=True, joint=False)
 # The shrink-to-admit ablation: the full policy, but a queued gang starts only on free GPUs -- running jobs keep
 # their extra workers (the joint sizing shares out the free GPUs alone; step 3 still resizes running jobs).
 _register("aryl-noshrink", loaning=True, elastic=True, goodput=True, shrink=False)
+# The preempt-to-admit ablation: the full policy, but the joint sizing never preempts a running job to admit
+# queued ones (it still takes their extra workers).
+_register("aryl-nopreempt", loaning=True, elastic=True, goodput=True, suspend=False)
 # The forecast ablation: the full policy, but loans and reclaims follow the inference need now alone (reactive:
 # a reclaim starts when the need exceeds what serves, and any server beyond the need now may be loaned).
 _register("aryl-reactive", loaning=True, elastic=True, goodput=True, forecast=False)

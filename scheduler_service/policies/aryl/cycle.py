@@ -149,6 +149,10 @@ class _Cycle:
     # queued jobs it weighed and left waiting, with why (step 2 starts those only on what admitted gangs left).
     admitted: set[int] | None = None
     deferred: dict[int, str] = field(default_factory=dict)
+    # Running jobs the joint sizing took out so that queued jobs could start on their GPUs (preempt-to-admit):
+    # out of ``running`` and ``capacity`` until ``sizing.settle_suspensions`` preempts those a start took GPUs
+    # of and puts the others back as they were.
+    suspended: list[_Job] = field(default_factory=list)
     # Jobs a reclaim left below min_workers, to be restarted elsewhere before anything else is placed
     # (``base.relocate_displaced``), each with its preemption should that fail; in the reclaim's order.
     displaced: list[tuple[_Job, PreemptJob]] = field(default_factory=list)
@@ -213,9 +217,13 @@ def goodput_estimate(job: JobView, now: float, params: PolicyParams, gpus_per_se
 
 def _work_lost(job: _Job, now: float) -> float:
     """GPU-seconds lost if the job is preempted now: work since its last checkpoint or resize."""
-    view = job.view
+    return _since_checkpoint(job.view, now) * len(job.workers) * job.view.gpus_per_worker
+
+
+def _since_checkpoint(view: JobView, now: float) -> float:
+    """Seconds of its progress a preemption now throws away: since its last checkpoint or resize (at least 1)."""
     since = max(t for t in (view.last_checkpoint_at, view.last_resized_at, view.started_at, 0.0) if t is not None)
-    return max(now - since, 1.0) * len(job.workers) * view.gpus_per_worker
+    return max(now - since, 1.0)
 
 
 def _running_jobs(snapshot: ClusterSnapshot) -> dict[int, _Job]:
