@@ -107,8 +107,11 @@ def test_arylctl_reads_absolute_and_relative_deadlines_and_refuses_the_rest(sche
 @pytest.fixture
 def manual(database_url: str) -> Iterator[tuple[ServerHandle, ManualClock]]:
     clock = ManualClock()
-    # Servers never go LOST here: the clock jumps by tens of seconds between reports.
-    handle = serve_in_background(scheduler_config(database_url, agents={"lost_after_s": 1e6}), clock=clock)
+    # Servers never go LOST here, nor does the leader lease lapse (on PostgreSQL): the clock jumps by tens of
+    # seconds between reports, past ha.lease_s (8 s) before the lease thread's next renewal, whose round then
+    # stepped down (a loaded CI run saw GetJob answered "this scheduler is a standby").
+    handle = serve_in_background(scheduler_config(database_url, agents={"lost_after_s": 1e6},
+                                                  ha={"lease_s": 1e6}), clock=clock)
     yield handle, clock
     handle.stop()
 

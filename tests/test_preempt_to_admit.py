@@ -1,7 +1,8 @@
 """The aryl policy's preempt-to-admit (``policies.aryl.sizing``: ``_suspension_candidates``, ``_kept_options``,
 ``settle_suspensions``): hand-computed cases of its rules -- a long job just past a checkpoint gives its GPUs to
-short queued jobs; one that would lose more than a restart's worth of work, one in its protection window, one a
-tier other than the queue's and one whose GPUs no queued gang can use keep running; ``aryl-nopreempt`` never preempts.
+short queued jobs; one that would lose more than a restart's worth of work, one whose length nothing declared,
+one in its protection window, one of a tier other than the queue's and one whose GPUs no queued gang can use
+keep running; ``aryl-nopreempt`` never preempts.
 
 The arithmetic in the comments: jobs declare no throughput points (Amdahl, alpha 0.05: a 1-worker job runs at
 speed 1); ``restart_cost_s`` is 60 s; a queued job's start is worth 1 / (its run + 60) x its response ratio.
@@ -31,9 +32,10 @@ def short_jobs(count: int = 4, **fields: object) -> list[JobView]:
 
 
 def test_a_long_job_just_past_its_checkpoint_gives_its_gpus_to_short_queued_jobs() -> None:
-    # Keeping job 1 is worth its rate plus what a preemption costs it: 30 s of work since the checkpoint and a
-    # 60 s restart, d = 90 s, d r^2 / (1 + d r) = 8.3e-8 -- together 0.0000304 a second, against the four
-    # starts' 0.00615: it is preempted, and the four start on its GPUs.
+    # Keeping job 1 is worth its rate times its response ratio (submitted at 0: 1 + 100,000 / 33,060 = 4.025)
+    # plus what a preemption costs it (30 s of work since the checkpoint and a 60 s restart, d = 90 s,
+    # d r^2 / (1 + d r) = 8.3e-8): 0.000122 a second, against the four starts' 0.00615: it is preempted, and
+    # the four start on its GPUs.
     result = plan("aryl-noloan", snapshot_of([training_server("t")], [long_job(NOW - 30), *short_jobs()]))
     [preempted] = result.preemptions
     assert (preempted.job_id, preempted.reason) == (1, Reason.PREEMPTED_BY_POLICY)
@@ -41,6 +43,15 @@ def test_a_long_job_just_past_its_checkpoint_gives_its_gpus_to_short_queued_jobs
     assert "an estimated 33000s left at 1 worker(s)" in preempted.message
     assert sorted(s.job_id for s in result.starts) == [2, 3, 4, 5]
     assert {g for s in result.starts for w in s.workers for g in w.gpu_indices} == {0, 1, 2, 3}
+
+
+def test_a_queued_job_as_long_does_not_take_turns_with_it() -> None:
+    # Job 2 (4 GPUs, estimated 36,000 s, submitted at 0 like job 1, so it has waited 100,000 s): its start is
+    # worth 1 / 36,060 x (1 + 100,000 / 36,060) = 0.000105 a second; keeping job 1, 0.000122 with its own age
+    # counted (without it, 0.0000304: job 1 would go, then, queued and older, preempt job 2 back).
+    snap = snapshot_of([training_server("t")], [long_job(NOW - 30), pending_job(2, 4, runtime=36000, submitted=0.0)])
+    result = plan("aryl-noloan", snap)
+    assert result.preemptions == () and result.starts == ()
 
 
 def test_a_job_that_would_lose_more_than_a_restart_keeps_running() -> None:
@@ -54,6 +65,13 @@ def test_a_job_that_would_lose_more_than_a_restart_keeps_running() -> None:
 def test_a_job_that_never_checkpointed_is_never_preempted_to_admit() -> None:
     # No checkpoint: everything since its start (3,000 s) would be lost.
     result = plan("aryl-noloan", snapshot_of([training_server("t")], [long_job(None), *short_jobs()]))  # type: ignore[arg-type]
+    assert result.preemptions == () and result.starts == ()
+
+
+def test_a_job_whose_length_nothing_declared_is_never_preempted_to_admit() -> None:
+    # No run-time estimate: its time left would be policy.default_runtime_s, a guess, for it and for any other.
+    result = plan("aryl-noloan", snapshot_of([training_server("t")],
+                                             [long_job(NOW - 30, estimated_runtime_s=None), *short_jobs()]))
     assert result.preemptions == () and result.starts == ()
 
 
