@@ -309,9 +309,9 @@ def _suspension_candidates(preemptible: list[_Job], queued: list[JobView], open_
 def _kept_options(cycle: _Cycle, job: _Job, count: int, bonus: float,
                   risk: Callable[[float], tuple[float, float]] | None) -> tuple[list[int], list[float]]:
     """A preempt-to-admit candidate's knapsack group (``joint_sizing``): option 0, preempted (worth 0); then
-    ``min_workers`` plus 0 .. ``count`` extras, each worth its completion rate there (a deadline it saves
-    counted in) times its response ratio, plus the tier's bonus, plus what a preemption would cost it
-    (``_suspension_cost``)."""
+    ``min_workers``, worth its completion rate there times its response ratio plus what a preemption would cost
+    it (``_suspension_cost``), plus the tier's bonus; then 1 .. ``count`` extras on top, each adding the rate
+    it buys (a deadline it saves counted in), as ``extra_gains`` values any running job's."""
     view, restart = job.view, cycle.params.restart_cost_s
     est = cycle.estimate(view)
     rates = completion_rates(est, view.min_workers, count, len(job.workers), restart, risk)
@@ -321,9 +321,10 @@ def _kept_options(cycle: _Cycle, job: _Job, count: int, bonus: float,
     # Its age counts as a queued job's does (``response_ratio``, since its submission): a job it is preempted for
     # must complete more even against that, or the two would take turns -- the one preempted, queued again and
     # older, preempting the other back (a demo's two equal jobs did, every protection window).
-    aged = response_ratio(view, est, cycle.snapshot.now, restart)
+    # Its extras are valued as any running job's (``extra_gains``: the rate they add, not aged).
+    kept = rates[0] * response_ratio(view, est, cycle.snapshot.now, restart) + cost
     return ([n * view.gpus_per_worker for n in range(view.min_workers, view.min_workers + count + 1)],
-            [bonus + r * aged + cost for r in rates])
+            [bonus + kept + r - rates[0] for r in rates])
 
 
 def _suspension_cost(cycle: _Cycle, job: _Job, rate: float) -> float:
