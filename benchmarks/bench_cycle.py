@@ -34,7 +34,9 @@ log = logging.getLogger("aryl.bench")
 NOW = 1_000_000.0
 
 
-def synthetic_cluster(servers: int, jobs: int, seed: int = 0) -> ClusterSnapshot:
+def synthetic_cluster(servers: int, jobs: int, seed: int = 0, checkpointed_s: float | None = None) -> ClusterSnapshot:
+    """``checkpointed_s``: every running job last checkpointed that long ago (None: never), so that at most
+    ``restart_cost_s`` makes each one a candidate of ``aryl``'s preempt-to-admit."""
     rng = random.Random(seed)
     n_infer = servers // 5
     views = [ServerView(f"t{k:04d}", Pool.TRAINING, ServerState.TRAINING, tuple(range(8)))
@@ -59,7 +61,8 @@ def synthetic_cluster(servers: int, jobs: int, seed: int = 0) -> ClusterSnapshot
             if placed:
                 workers = tuple(WorkerView(w.rank, w.server_id, w.gpu_indices) for w in placed)
                 view = JobView(jid, JobState.RUNNING, gpus, low, high, 0, view.submitted_at, workers=workers,
-                               estimated_runtime_s=runtime, started_at=NOW - 3600, last_resized_at=NOW - 3600)
+                               estimated_runtime_s=runtime, started_at=NOW - 3600, last_resized_at=NOW - 3600,
+                               last_checkpoint_at=None if checkpointed_s is None else NOW - checkpointed_s)
                 for w in placed:
                     held.setdefault(w.server_id, []).extend((g, jid) for g in w.gpu_indices)
         job_views.append(view)
@@ -144,6 +147,13 @@ def cycle_bench(ctx: BenchContext) -> None:
                 reference_name="aryl_cycle_decide_p50", reference_value=aryl_p50, reference_unit="ms")
 
 
+def preempt_bench(ctx: BenchContext) -> None:
+    quick = ctx.sizes is QUICK
+    servers, jobs, runs = (250, 1000, 5) if quick else (1250, 5000, 20)
+    _decisions(synthetic_cluster(servers, jobs, checkpointed_s=30.0), runs, "aryl_cycle_preempt",
+               dict(servers=servers, jobs=jobs), target=200)
+
+
 def equal_values_bench(ctx: BenchContext) -> None:
     quick = ctx.sizes is QUICK
     servers, jobs, runs = (250, 1000, 5) if quick else (1250, 5000, 20)
@@ -197,6 +207,9 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("aryl_cycle", cycle_bench,
               "one Aryl policy decision at 1,250 servers / 10,000 GPUs / 5,000 jobs: p50 vs fifo on the same snapshot, "
               "and pollux's decision on it beside aryl's"),
+    Benchmark("aryl_cycle_preempt", preempt_bench,
+              "aryl_cycle's cluster with every running job checkpointed 30 s ago, so every one is a candidate of "
+              "preempt-to-admit (its worst case): p50 vs fifo"),
     Benchmark("aryl_cycle_equal_values", equal_values_bench,
               "the same cluster with every job of one shape and estimate (the sizing's values all tie): p50 vs fifo"),
     Benchmark("aryl_cycle_long_queue", long_queue_bench,

@@ -339,11 +339,13 @@ def settle_suspensions(cycle: _Cycle) -> None:
     """After step 1: each job the joint sizing took out (``cycle.suspended``) is preempted and requeued when a
     start took any of its GPUs, with the jobs that did named; one whose GPUs no gang used (they did not fit
     there) is put back as it was, so no job is preempted for nothing."""
+    if not cycle.suspended:
+        return
+    started = {(w.server_id, g): s.job_id for s in cycle.starts for w in s.workers for g in w.gpu_indices}
     for job in cycle.suspended:
         view = job.view
-        held = {(w.server_id, g) for w in job.workers for g in w.gpu_indices}
-        takers = sorted({s.job_id for s in cycle.starts for w in s.workers
-                         if any((w.server_id, g) in held for g in w.gpu_indices)})
+        takers = sorted({started[key] for w in job.workers for g in w.gpu_indices
+                         if (key := (w.server_id, g)) in started})
         if not takers:
             for w in job.workers:
                 cycle.capacity.take(w.server_id, w.gpu_indices)
