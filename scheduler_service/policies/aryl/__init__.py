@@ -19,7 +19,8 @@ One cycle, in order (each step works on the state the previous ones left):
    waits instead of jumping every queue at ``starvation_s``. Tiers before the rates: within quota before
    borrowing, higher priority class, higher priority, fair share. **Preempt-to-admit**: when every queued job
    it weighs is of one tier and none is of a lower one, running jobs of that tier outside their protection
-   window are in it too, from size 0 (preempted, requeued) up, keeping one worth its rate plus what a
+   window, whose length something declared and checkpointed at most ``restart_cost_s`` ago, are in it too,
+   from size 0 (preempted, requeued) up, keeping one worth its rate times its response ratio plus what a
    preemption costs it (the work since its checkpoint, a restart); one whose GPUs queued jobs complete more
    on is preempted once step 2 starts a job on them (``sizing.settle_suspensions``), else kept as it was.
    Why this and not Pollux's power mean of

@@ -138,8 +138,9 @@ def joint_sizing(cycle: _Cycle, *, shrink: bool = True, suspend: bool = True) ->
     their protection window are in it at every size from 0 (preempted and requeued) up, their whole GPUs
     shared out, when every queued job it weighs is of one tier and none is of a lower one
     (``_suspension_candidates``: so a job is never preempted for one its tiers rank below it). Keeping one
-    is worth its completion rate plus what a preemption would cost it (``_suspension_cost``: the work since
-    its checkpoint and a restart); a job whose GPUs are worth more to queued jobs is taken out of the cycle
+    is worth its completion rate times its response ratio plus what a preemption would cost it
+    (``_kept_options``, ``_suspension_cost``: the work since its checkpoint and a restart); a job whose GPUs
+    are worth more to queued jobs is taken out of the cycle
     (``cycle.suspended``) and preempted once step 1 has started a job on them (``settle_suspensions``)."""
     p, snap = cycle.params, cycle.snapshot
     now, restart = snap.now, p.restart_cost_s
