@@ -515,12 +515,12 @@ estimate is taken to have as much left as it ran past 80% of it (`core.throughpu
 nearly done. The cost of ordering by time left alone is the tail: a burst of short jobs queues behind long
 jobs that hold their GPUs at their minimum, where `pollux` preempts them (its power mean, p = -1, counts a job
 without GPUs as infinitely slowed). So the joint sizing may also preempt a running job to admit queued ones
-(**preempt-to-admit**): keeping it is worth its completion rate plus what the preemption costs it (the work
-since its checkpoint and a restart, as a rate); only jobs checkpointed at most a restart's cost ago are
-candidates, since the work a preemption throws away is GPU-time the whole cluster pays for again, which no
-job's own rate sees (allowing it at any point, the headline's busy trace, seed 0, lost 11,342 GPU-hours to
-preemptions and restarts against 2,087 with the rule, for a higher average JCT); and only within one tier of
-quota, class and priority.
+(**preempt-to-admit**): keeping it is worth its completion rate times its response ratio plus what the
+preemption costs it (the work since its checkpoint and a restart, as a rate); only jobs whose length something
+declared and checkpointed at most a restart's cost ago are candidates, since the work a preemption throws away
+is GPU-time the whole cluster pays for again, which no job's own rate sees (allowing it at any point, the
+headline's busy trace, seed 0, lost 11,342 GPU-hours to preemptions and restarts against 2,011 with the rule,
+for a higher average JCT); and only within one tier of quota, class and priority.
 {"".join(texts)}
 **Against the targets**: {verdict} {tail_text}{rejected_text}
 """
