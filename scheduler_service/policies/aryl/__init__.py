@@ -17,13 +17,13 @@ One cycle, in order (each step works on the state the previous ones left):
    the GPUs speed it up more than they would anywhere else (elastic jobs scale sub-linearly); a queued
    job's rates are multiplied by its response ratio, (waited + run) / run, so a long job rises as it
    waits instead of jumping every queue at ``starvation_s``. Tiers before the rates: within quota before
-   borrowing, higher priority class, higher priority, fair share. **Preempt-to-admit**: when every queued job
-   it weighs is of one tier and none is of a lower one, running jobs of that tier outside their protection
-   window, whose length something declared and checkpointed at most ``restart_cost_s`` ago, are in it too,
-   from size 0 (preempted, requeued) up, keeping one worth its rate times its response ratio plus what a
-   preemption costs it (the work since its checkpoint, a restart); one whose GPUs queued jobs complete more
-   on is preempted once step 2 starts a job on them (``sizing.settle_suspensions``), else kept as it was.
-   Why this and not Pollux's power mean of
+   borrowing, higher priority class, higher priority, fair share. **Preempt-to-admit**: when every queued job it
+   weighs is of one tier and none is of a lower one, running jobs of that tier outside their protection window,
+   whose time left something measured or declared says and checkpointed at most ``restart_cost_s`` ago, are in it
+   too, from size 0 (preempted, requeued) up, keeping one worth its rate times its response ratio plus what a
+   preemption costs it (the work since its checkpoint, a restart); one whose GPUs queued jobs complete more on is
+   preempted once step 2 starts a job on them (``sizing.settle_suspensions``), else kept as it was. Why this and not
+   Pollux's power mean of
    speed-ups: it is the rate at which jobs complete, so it reads the estimates where Pollux reads none;
    docs/evaluation.md ("Loaning + goodput") measures both, non-clairvoyant.
 2. **Base demands.** The queue in order: priority, then shortest estimated remaining GPU-time, then

@@ -28,7 +28,7 @@ from scheduler_service.core.plan import (
     WorkerPlacement,
     clock_time,
 )
-from scheduler_service.core.predict import predicted_remaining
+from scheduler_service.core.predict import predicted_remaining, remaining_seconds
 from scheduler_service.core.protection import ProtectionRule
 from scheduler_service.core.quota import DEFAULT_QUEUE, QuotaLedger
 from scheduler_service.core.snapshot import JobView
@@ -253,8 +253,9 @@ def joint_sizing(cycle: _Cycle, *, shrink: bool = True, suspend: bool = True) ->
 
 def _preemptible(cycle: _Cycle, cordoned: set[str]) -> list[_Job]:
     """The running jobs preempt-to-admit may take (``joint_sizing``): outside their protection window, untouched
-    so far this cycle (a reclaim, a move), on no reserved or cordoned server, without a deadline, whose length
-    something declared (``_length_known``: no job is preempted on ``default_runtime_s``, a guess), and
+    so far this cycle (a reclaim, a move), on no reserved or cordoned server, without a deadline, whose time left
+    something measured or declared says (``core.predict.remaining_seconds``: no job is preempted on
+    ``default_runtime_s``, a guess), and
     checkpointed at most ``restart_cost_s`` ago; least completion per GPU first (their rate at
     ``min_workers``).
 
@@ -269,19 +270,14 @@ def _preemptible(cycle: _Cycle, cordoned: set[str]) -> list[_Job]:
     for job in cycle.running.values():
         view = job.view
         if (view.job_id in cycle.protected or job.reason is not None or view.deadline is not None
-                or not _length_known(view) or len(job.workers) < view.min_workers
-                or _since_checkpoint(view, now) > restart or any(w.server_id in blocked for w in job.workers)):
+                or len(job.workers) < view.min_workers or _since_checkpoint(view, now) > restart
+                or any(w.server_id in blocked for w in job.workers)
+                or remaining_seconds(view, view.min_workers, now, alpha=cycle.params.amdahl_alpha) is None):
             continue
         rate = completion_rates(cycle.estimate(view), view.min_workers, 0, view.min_workers, restart)[0]
         out.append((rate / (view.min_workers * view.gpus_per_worker), view.job_id, job))
     out.sort(key=lambda c: (c[0], c[1]))
     return [job for _, _, job in out]
-
-
-def _length_known(view: JobView) -> bool:
-    """Whether the job declared what its time left is estimated from: a run time, or its total work with
-    throughput points (``core.throughput.estimate``); else that estimate is ``default_runtime_s`` for every job."""
-    return bool(view.estimated_runtime_s) or (bool(view.throughput_points) and view.total_work > 0)
 
 
 def _suspension_candidates(preemptible: list[_Job], queued: list[JobView], open_jobs: list[_Job],
@@ -315,17 +311,14 @@ def _kept_options(cycle: _Cycle, job: _Job, count: int, bonus: float,
     it buys (a deadline it saves counted in), as ``extra_gains`` values any running job's."""
     view, restart = job.view, cycle.params.restart_cost_s
     est = cycle.estimate(view)
-    rates = completion_rates(est, view.min_workers, count, len(job.workers), restart, risk)
-    saved = _rate_bonus(_deadline_bonus(cycle, job, count), rates)
-    rates = [rates[0]] + [r + b for r, b in zip(rates[1:], saved, strict=True)]
-    cost = _suspension_cost(cycle, job, rates[0])
+    rate = completion_rates(est, view.min_workers, 0, len(job.workers), restart, risk)[0]
     # Its age counts as a queued job's does (``response_ratio``, since its submission): a job it is preempted for
     # must complete more even against that, or the two would take turns -- the one preempted, queued again and
     # older, preempting the other back (a demo's two equal jobs did, every protection window).
+    kept = bonus + rate * response_ratio(view, est, cycle.snapshot.now, restart) + _suspension_cost(cycle, job, rate)
     # Its extras are valued as any running job's (``extra_gains``: the rate they add, not aged).
-    kept = rates[0] * response_ratio(view, est, cycle.snapshot.now, restart) + cost
     return ([n * view.gpus_per_worker for n in range(view.min_workers, view.min_workers + count + 1)],
-            [bonus + kept + r - rates[0] for r in rates])
+            [kept] + [kept + g for g in extra_gains(cycle, job, count, len(job.workers), risk)])
 
 
 def _suspension_cost(cycle: _Cycle, job: _Job, rate: float) -> float:
