@@ -23,8 +23,8 @@ One cycle, in order (each step works on the state the previous ones left):
    too, from size 0 (preempted, requeued) up, keeping one worth its rate times its response ratio plus what a
    preemption costs it (the work since its checkpoint, a restart); one whose GPUs queued jobs complete more on is
    preempted once step 2 starts a job on them (``sizing.settle_suspensions``), else kept as it was. Why this and not
-   Pollux's power mean of
-   speed-ups: it is the rate at which jobs complete, so it reads the estimates where Pollux reads none;
+   Pollux's power mean of speed-ups: it is the rate at which jobs complete, so it reads the estimates where Pollux
+   reads none;
    docs/evaluation.md ("Loaning + goodput") measures both, non-clairvoyant.
 2. **Base demands.** The queue in order: priority, then shortest estimated remaining GPU-time, then
    arrival (``aryl-nojoint``, ``sjf``, ``aryl-noelastic``: starving jobs first). A job the joint sizing
