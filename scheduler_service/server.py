@@ -254,6 +254,9 @@ class SchedulerService:
         stream_limits = self.stream_limits = StreamLimits(
             per_client=cfg.server.max_watch_streams_per_client, total=cfg.server.max_watch_streams,
             per_principal=cfg.server.max_watch_streams_per_principal, reserved=cfg.server.max_watch_streams_reserved)
+        # Telemetry-only status reports are written behind their answers, on a thread of their own: a
+        # report never holds an RPC thread for a write that decides nothing (``app.agents``).
+        telemetry_writer = app.agents.write_telemetry_behind()
         submissions = GroupCommitter(app.jobs.submit_many, max_batch=256, name="aryl-submit")
         cancellations = GroupCommitter(app.jobs.cancel_many, max_batch=256, name="aryl-cancel")
         # The ETA forecast after cycles, on a thread of its own (``app.forecast``); what-if on request.
@@ -319,6 +322,7 @@ class SchedulerService:
                 await task
             except asyncio.CancelledError:
                 pass
+        await asyncio.to_thread(telemetry_writer.close)  # what waits is written while this scheduler leads
         if self.leadership is not None and lease_thread is not None:
             await self._stop_lease(lease_stop, lease_thread)
             self.leadership.close()

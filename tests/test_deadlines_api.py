@@ -109,9 +109,10 @@ def manual(database_url: str) -> Iterator[tuple[ServerHandle, ManualClock]]:
     clock = ManualClock()
     # Servers never go LOST here, nor does the leader lease lapse (on PostgreSQL): the clock jumps by tens of
     # seconds between reports, past ha.lease_s (8 s) before the lease thread's next renewal, whose round then
-    # stepped down (a loaded CI run saw GetJob answered "this scheduler is a standby").
-    handle = serve_in_background(scheduler_config(database_url, agents={"lost_after_s": 1e6},
-                                                  ha={"lease_s": 1e6}), clock=clock)
+    # stepped down (a loaded CI run saw GetJob answered "this scheduler is a standby"). Every report is written
+    # before it is answered (telemetry_write_s 0), so that the figures read right after it count it.
+    agents = {"lost_after_s": 1e6, "telemetry_write_s": 0}
+    handle = serve_in_background(scheduler_config(database_url, agents=agents, ha={"lease_s": 1e6}), clock=clock)
     yield handle, clock
     handle.stop()
 

@@ -3,20 +3,31 @@
 Most status reports say nothing new: the same generation, the same GPU health, no worker exit. Those
 are answered from memory (``ReportDigests``) and their telemetry (GPU load, progress, last seen) is
 written at most every ``telemetry_write_s``; liveness is in memory anyway. So a fleet of 1,000s of
-agents costs the database little. A report whose only news is a newer observed generation writes
-just that (one statement). Anything else that may need a decision (a health change, an exit, a LOST
-server reporting again) goes through the full path at once.
+agents costs the database little. Where the service gives it a writer (``write_telemetry_behind``),
+that write happens behind the answer, on the writer's one thread, the latest report per server
+(``batching.LatestWriter``): a report never waits for a database write that decides nothing, nor
+takes an RPC thread from the calls that do. A report whose only news is a newer observed generation
+writes just that (one statement). Anything else that may need a decision (a health change, an exit,
+a LOST server reporting again) goes through the full path at once. Per server, a report written
+behind never overwrites what a report that arrived after it recorded (``_ReportOrder``).
 
 Never: decide what a server runs (the policy does), or hold SQL (the store does).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import structlog
 
 from scheduler_service.app.memory import Heartbeats, ReportDigest, ReportDigests, health_of
 from scheduler_service.app.notices import Announcer
 from scheduler_service.app.term import Term
+from scheduler_service.batching import LatestWriter
 from scheduler_service.core.clock import Clock
 from scheduler_service.errors import AlreadyExists, GpuTaken, NotFound
 from scheduler_service.lifecycle import ServerState
@@ -25,6 +36,42 @@ from scheduler_service.store.agents import AgentStore
 from scheduler_service.store.desired import DesiredStates
 from scheduler_service.store.server_admin import ServerAdminStore
 from scheduler_service.store.transactions import Transactions
+
+log = structlog.get_logger("aryl.agents")
+
+
+@dataclass
+class _ServerOrder:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    newest: int = -1  # the ticket of the newest report recorded
+
+
+class _ReportOrder:
+    """Reports are numbered as they arrive (``ticket``); per server, a report written behind its
+    answer is skipped when a report that arrived after it was recorded first: its progress would go
+    back, which the progress window reads as a resume from a checkpoint (``store.agents``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tickets = itertools.count()
+        self._servers: dict[str, _ServerOrder] = {}
+
+    def ticket(self) -> int:
+        with self._lock:
+            return next(self._tickets)
+
+    @contextmanager
+    def recording(self, server_id: str, ticket: int, *, behind: bool) -> Iterator[bool]:
+        """Hold the server's turn; yields whether to record the report (always, unless ``behind`` and
+        a later one was recorded)."""
+        with self._lock:
+            order = self._servers.setdefault(server_id, _ServerOrder())
+        with order.lock:
+            if behind and ticket < order.newest:
+                yield False
+                return
+            yield True
+            order.newest = max(order.newest, ticket)
 
 
 class Agents:
@@ -45,6 +92,15 @@ class Agents:
         self._digests = digests
         self._notices = notices
         self._telemetry_write_s = telemetry_write_s
+        self._order = _ReportOrder()
+        self._behind: LatestWriter[tuple[int, float, StatusReport]] | None = None
+
+    def write_telemetry_behind(self) -> LatestWriter[tuple[int, float, StatusReport]]:
+        """Start the thread that writes telemetry-only reports behind their answers (see the module's
+        docstring); the caller closes it (which writes what waits). Without one, such a report is
+        written on the caller's thread before it is answered."""
+        self._behind = LatestWriter(self._write_behind, key=lambda item: item[2].server_id, name="aryl-telemetry")
+        return self._behind
 
     def register(self, reg: ServerRegistration) -> DesiredServerState:
         now = self._clock.now()
@@ -66,15 +122,23 @@ class Agents:
         answer = self.answer_from_memory(report)
         if answer is not None:
             return answer
-        digest = self._unchanged_since_digest(report)
-        if digest is not None:
+        ticket = self._order.ticket()
+        digest, due = self._unchanged_since_digest(report)
+        if digest is not None and not due:
             answer = self._record_observed_generation(report, digest)
             if answer is not None:
                 return answer
-        now = self._clock.now()
         # Heard before the write: a LOST server this report brings back must not look silent to a liveness
         # sweep between the commit and here (it marked the server LOST again, the report's answer aside).
         self._heartbeats.heard(report.server_id)
+        if self._behind is not None:
+            self._behind.withdraw(report.server_id)  # this report says all that one would, and newer
+        with self._order.recording(report.server_id, ticket, behind=False):
+            return self._record(report, self._clock.now())
+
+    def _record(self, report: StatusReport, now: float) -> int:
+        """The full path: everything ``report`` (arrived at ``now``) says, in one transaction; what it
+        changed announced."""
         recorded = self._db.write(
             lambda session: self._store.record_report(session, report, now, epoch=self._term.epoch)
         )
@@ -90,34 +154,56 @@ class Agents:
             self._notices.state_changed()
         return recorded.desired_generation
 
+    def _write_behind(self, item: tuple[int, float, StatusReport]) -> None:
+        """On the writer's thread: a telemetry-only report answered from memory, recorded in full
+        (unless a report that arrived after it was). A failure (the server deleted, a new term) is
+        logged and its digest forgotten: the server's next report takes the full path and its agent
+        is answered with the error there."""
+        ticket, arrived_at, report = item
+        try:
+            with self._order.recording(report.server_id, ticket, behind=True) as current:
+                if current:
+                    self._record(report, arrived_at)
+        except Exception as exc:  # noqa: BLE001 - the agent hears of it at its next report
+            self._digests.forget([report.server_id])
+            log.warning("a status report's telemetry could not be written; the server's next report takes the "
+                        "full path", server=report.server_id, error=str(exc))
+
     def answer_from_memory(self, report: StatusReport) -> int | None:
         """``report_status``'s fast path, safe on any thread and touching no database: when ``report``
         carries nothing that needs the database now, record that the server was heard from and return
-        the desired generation to answer with; otherwise None (call ``report_status``)."""
-        digest = self._unchanged_since_digest(report)
+        the desired generation to answer with; otherwise None (call ``report_status``). A report whose
+        telemetry is due is answered here too where a writer writes it behind the answer."""
+        digest, due = self._unchanged_since_digest(report)
         if digest is None or report.observed_generation > digest.observed_generation:
             return None
+        if due:
+            if self._behind is None or self._telemetry_write_s <= 0:
+                return None  # written before the answer (telemetry_write_s 0: every report, as it comes)
+            if not self._behind.offer((self._order.ticket(), self._clock.now(), report)):
+                return None  # the writer stopped: on the caller's thread, as without one
+            self._digests.written(report.server_id, digest, self._clock.monotonic())
         self._heartbeats.heard(report.server_id)
         return digest.desired_generation
 
-    def _unchanged_since_digest(self, report: StatusReport) -> ReportDigest | None:
+    def _unchanged_since_digest(self, report: StatusReport) -> tuple[ReportDigest | None, bool]:
         """The server's digest when ``report`` says nothing new but (perhaps) a newer observed
-        generation: same epoch, same GPU health, no exit the scheduler did not ask for, and telemetry
-        written recently. None when it must take the full path."""
+        generation: same epoch, same GPU health, no exit the scheduler did not ask for; and whether
+        its telemetry is due (last written ``telemetry_write_s`` ago or more). None when it must take
+        the full path."""
         digest = self._digests.get(report.server_id)
         epoch = self._term.epoch
         if (
             digest is None
             or digest.epoch != epoch
             or report.scheduler_epoch != epoch
-            or self._clock.monotonic() - digest.written_at >= self._telemetry_write_s
             or health_of(report) != digest.health
             or any(w.phase == "EXITED" and not w.stop_requested for w in report.workers)
             # A stop ended by a checkpoint acknowledgement: the requeued job's resume point (reported once).
             or any(w.stop_acknowledged for w in report.workers)
         ):
-            return None
-        return digest
+            return None, False
+        return digest, self._clock.monotonic() - digest.written_at >= self._telemetry_write_s
 
     def _record_observed_generation(self, report: StatusReport, digest: ReportDigest) -> int | None:
         """A report whose only news is a newer observed generation (the agent converged after a push:

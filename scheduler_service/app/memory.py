@@ -87,6 +87,13 @@ class ReportDigests:
                     digest, observed_generation=observed, desired_generation=desired
                 )
 
+    def written(self, server_id: str, digest: ReportDigest, at: float) -> None:
+        """The server's telemetry counts as written at ``at`` (monotonic; a writer has it queued): kept
+        only if nothing forgot or replaced ``digest`` meanwhile, as ``advance``."""
+        with self._lock:
+            if self._digests.get(server_id) is digest:
+                self._digests[server_id] = dataclasses.replace(digest, written_at=at)
+
     def forget(self, server_ids: Iterable[str]) -> None:
         """Their state or desired generation changed: the next report of each takes the full path."""
         with self._lock:
