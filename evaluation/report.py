@@ -11,7 +11,10 @@ Must never: run a simulation or decide what a section reports.
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.connection
+import os
 import sys
+import threading
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
@@ -29,8 +32,23 @@ def log(message: str) -> None:
 def process_pool(workers: int) -> ProcessPoolExecutor:
     """A pool of ``workers`` processes that start fresh (``spawn``) rather than as forks of this one: a fork
     copies the caller's threads' locks in whatever state they were (pytest-xdist's workers, gRPC's, numba's)
-    and a child can wait on one forever -- seen as a run_all that never returned under CI."""
-    return ProcessPoolExecutor(max_workers=max(1, workers), mp_context=multiprocessing.get_context("spawn"))
+    and a child can wait on one forever -- seen as a run_all that never returned under CI. Each worker exits
+    when this process does, however it ends (a killed evaluation left its workers running a simulation each)."""
+    return ProcessPoolExecutor(max_workers=max(1, workers), mp_context=multiprocessing.get_context("spawn"),
+                               initializer=exit_with_parent)
+
+
+def exit_with_parent() -> None:
+    """In a child process: exit as soon as the parent has (a thread waits on the parent's sentinel)."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        multiprocessing.connection.wait([parent.sentinel])
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
 def spread(values: Iterable[float | None]) -> dict[str, Any] | None:
