@@ -65,17 +65,18 @@ def completion_rates(est: JobEstimate, low: int, count: int, current: int, resta
     from now (``_extra_risk``). A size above ``low`` is then valued by its expected remaining time: ``L`` (its
     time there) if the server stays; if it goes back at ``T < L``, ``T``, a restart, and what is left at
     ``low``, ``A (1 - T / L)``. Over ``T``'s distribution that is ``L + restart F(L) + (A / L - 1) I(L)``."""
-    work, out = est.remaining_work, []
+    # The hottest loop of a decision (10,000s of calls at 5,000 jobs): no builtin call per option.
+    work, out, inf = est.remaining_work, [], math.inf
     speeds = est.model.speeds(low, count + 1)
-    at_low = work / speeds[0] if speeds[0] > 0 else math.inf
+    at_low = work / speeds[0] if speeds[0] > 0 else inf
     for n, speed in enumerate(speeds, start=low):
-        left = work / speed if speed > 0 else math.inf
-        if risk is not None and n > low and math.isfinite(at_low) and left > 0:
+        left = work / speed if speed > 0 else inf
+        if risk is not None and n > low and at_low < inf and left > 0:
             lost, area = risk(left)
             left += restart_s * lost + (at_low / left - 1.0) * area
         if current >= 0 and n != current:
             left += restart_s
-        out.append(1.0 / max(left, 1e-3) if math.isfinite(left) else 0.0)
+        out.append(1.0 / (left if left > 1e-3 else 1e-3) if left < inf else 0.0)
     return out
 
 
@@ -435,27 +436,27 @@ def elastic_extras(cycle: _Cycle, *, joint: bool) -> None:
                                   for sid in _loaned_servers(cycle) - cycle.reserved), capacity)
     counts = [min(j.view.max_workers - j.view.min_workers, p.max_extra_options) for j in jobs]
     k_max = max(counts)
-    # Option k of job g: k more workers. gains[g][k - 1]: the JCT reduction it buys.
-    gains = [cycle.estimate(j.view).jct_reductions(j.view.min_workers, n)
-             for j, n in zip(jobs, counts, strict=True)]
+    # Option k of job g: k more workers, valued by what it adds to the job's completion rate (joint) or
+    # the JCT reduction it buys.
     weights, values = [], []
     restart = p.restart_cost_s
     started = {start.job_id for start in cycle.starts}
     rows: dict[tuple[int, int], list[int]] = {}  # weights by (gpus per worker, count): few distinct
-    for job, count, gain in zip(jobs, counts, gains, strict=True):
+    for job, count in zip(jobs, counts, strict=True):
         current, per_worker = len(job.workers) - job.view.min_workers, job.view.gpus_per_worker
-        # Changing size costs a restart; shifting the whole group by that cost keeps option 0 at 0.
-        shift = restart if current > 0 else 0.0
         padding = k_max - count  # slots beyond the job's count are ignored by the solver
         row = rows.get((per_worker, count))
         if row is None:
             row = rows[(per_worker, count)] = [k * per_worker for k in range(1, count + 1)] + [0] * padding
         weights.append(row)
-        bonus = _deadline_bonus(cycle, job, count)  # a worker that saves a deadline is worth more
         if joint:  # the joint sizing's completion rates (a job started this cycle: no resize)
             value = extra_gains(cycle, job, count, -1 if job.view.job_id in started else len(job.workers), risk)
         else:
+            gain = cycle.estimate(job.view).jct_reductions(job.view.min_workers, count)
+            # Changing size costs a restart; shifting the whole group by that cost keeps option 0 at 0.
+            shift = restart if current > 0 else 0.0
             value = [g + shift if k == current else g + shift - restart for k, g in enumerate(gain, 1)]
+            bonus = _deadline_bonus(cycle, job, count)  # a worker that saves a deadline is worth more
             if bonus is not None:
                 value = [v + b for v, b in zip(value, bonus, strict=True)]
         values.append(value + [-1.0] * padding)
