@@ -21,6 +21,10 @@ Two kinds:
   the aryl policy reclaims ahead of), ``aryl_scheduler_demand_forecast_lead_seconds`` and
   ``aryl_scheduler_reclaim_latency_seconds`` (measured, p90 of the last reclaims; absent until one was).
   All absent until a cycle saw a demand report.
+- **The status reports' write-behind** (``app.agents``), read at each scrape:
+  ``aryl_scheduler_telemetry_backlog``, servers whose latest telemetry-only report waits to be written
+  (at most one per server; a backlog near the fleet's size says the database cannot keep up with
+  ``agents.telemetry_write_s``, and telemetry is that much staler).
 
 Never: change anything. A scrape that cannot read the database answers with the cycle metrics
 alone (and ``aryl_scheduler_scrape_errors_total``), not an error page.
@@ -32,7 +36,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import structlog
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy.orm import Session
@@ -79,6 +83,9 @@ class SchedulerMetrics:
                                   ["queue"], buckets=QUEUEING_BUCKETS, registry=r)
         self.scrape_errors = Counter("aryl_scheduler_scrape_errors",
                                      "Scrapes whose database read failed", registry=r)
+        self.telemetry_backlog = Gauge("aryl_scheduler_telemetry_backlog",
+                                       "Servers whose latest telemetry-only status report waits to be written",
+                                       registry=r)
         self.demand_forecast: DemandForecastInfo | None = None  # the last cycle's (observe_demand_forecast)
         self._read = read
         r.register(_ClusterCollector(self))

@@ -257,6 +257,7 @@ class SchedulerService:
         # Telemetry-only status reports are written behind their answers, on a thread of their own: a
         # report never holds an RPC thread for a write that decides nothing (``app.agents``).
         telemetry_writer = app.agents.write_telemetry_behind()
+        self.metrics.telemetry_backlog.set_function(telemetry_writer.backlog)
         submissions = GroupCommitter(app.jobs.submit_many, max_batch=256, name="aryl-submit")
         cancellations = GroupCommitter(app.jobs.cancel_many, max_batch=256, name="aryl-cancel")
         # The ETA forecast after cycles, on a thread of its own (``app.forecast``); what-if on request.

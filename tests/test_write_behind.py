@@ -129,11 +129,12 @@ def _reporting_job(scheduler_factory):
 
 
 def test_a_report_whose_telemetry_is_due_is_written_behind_its_answer(scheduler_factory) -> None:
-    _, channel, stub, agent, job_id = _reporting_job(scheduler_factory)
+    scheduler, channel, stub, agent, job_id = _reporting_job(scheduler_factory)
     try:
         agent.report(worker(job_id, 0, 1, progress=2.0))
         # No further report: only the writer can write it.
         wait_for(lambda: get_job(stub, job_id).progress == 2.0, timeout=60, what="the progress written behind")
+        assert scheduler.service.metrics.registry.get_sample_value("aryl_scheduler_telemetry_backlog") == 0.0
     finally:
         agent.close()
         channel.close()
