@@ -57,7 +57,7 @@ from scheduler_service.app.forecast import ForecastProcess, Forecasts
 from scheduler_service.app.lease import Leadership
 from scheduler_service.app.liveness import Liveness
 from scheduler_service.app.retention import EventRetention
-from scheduler_service.batching import GroupCommitter
+from scheduler_service.batching import GroupCommitter, LatestWriter
 from scheduler_service.clock import SystemClock
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.core.clock import Clock
@@ -256,7 +256,8 @@ class SchedulerService:
             per_principal=cfg.server.max_watch_streams_per_principal, reserved=cfg.server.max_watch_streams_reserved)
         # Telemetry-only status reports are written behind their answers, on a thread of their own: a
         # report never holds an RPC thread for a write that decides nothing (``app.agents``).
-        telemetry_writer = app.agents.write_telemetry_behind()
+        telemetry_writer = LatestWriter(app.agents.write_behind, key=lambda item: item.server_id, name="aryl-telemetry")
+        app.agents.write_telemetry_behind(telemetry_writer)
         self.metrics.telemetry_backlog.set_function(telemetry_writer.backlog)
         submissions = GroupCommitter(app.jobs.submit_many, max_batch=256, name="aryl-submit")
         cancellations = GroupCommitter(app.jobs.cancel_many, max_batch=256, name="aryl-cancel")

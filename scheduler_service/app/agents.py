@@ -5,7 +5,7 @@ are answered from memory (``ReportDigests``) and their telemetry (GPU load, prog
 written at most every ``telemetry_write_s``; liveness is in memory anyway. So a fleet of 1,000s of
 agents costs the database little. Where the service gives it a writer (``write_telemetry_behind``),
 that write happens behind the answer, on the writer's one thread, the latest report per server
-(``batching.LatestWriter``): a report never waits for a database write that decides nothing, nor
+(the service's ``batching.LatestWriter``): a report never waits for a database write that decides nothing, nor
 takes an RPC thread from the calls that do. A report whose only news is a newer observed generation
 writes just that (one statement). Anything else that may need a decision (a health change, an exit,
 a LOST server reporting again) goes through the full path at once. Per server, a report written
@@ -21,13 +21,13 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import structlog
 
 from scheduler_service.app.memory import Heartbeats, ReportDigest, ReportDigests, health_of
 from scheduler_service.app.notices import Announcer
 from scheduler_service.app.term import Term
-from scheduler_service.batching import LatestWriter
 from scheduler_service.core.clock import Clock
 from scheduler_service.errors import AlreadyExists, GpuTaken, NotFound
 from scheduler_service.lifecycle import ServerState
@@ -38,6 +38,27 @@ from scheduler_service.store.server_admin import ServerAdminStore
 from scheduler_service.store.transactions import Transactions
 
 log = structlog.get_logger("aryl.agents")
+
+
+@dataclass(frozen=True)
+class BehindReport:
+    """A telemetry-only report answered from memory, to be written behind its answer (``Agents.write_behind``)."""
+
+    ticket: int  # its place among the reports as they arrived (``_ReportOrder``)
+    arrived_at: float
+    report: StatusReport
+
+    @property
+    def server_id(self) -> str:
+        return self.report.server_id
+
+
+class WriteBehind(Protocol):
+    """Where such reports go (``batching.LatestWriter``, keyed by server): the latest per server waits."""
+
+    def offer(self, item: BehindReport) -> bool: ...  # False: not taken (write it now)
+
+    def withdraw(self, key: str) -> None: ...  # the server's waiting report, if any, is dropped
 
 
 @dataclass
@@ -93,14 +114,13 @@ class Agents:
         self._notices = notices
         self._telemetry_write_s = telemetry_write_s
         self._order = _ReportOrder()
-        self._behind: LatestWriter[tuple[int, float, StatusReport]] | None = None
+        self._behind: WriteBehind | None = None
 
-    def write_telemetry_behind(self) -> LatestWriter[tuple[int, float, StatusReport]]:
-        """Start the thread that writes telemetry-only reports behind their answers (see the module's
-        docstring); the caller closes it (which writes what waits). Without one, such a report is
+    def write_telemetry_behind(self, writer: WriteBehind) -> None:
+        """From now on, telemetry-only reports are answered from memory and offered to ``writer``, which
+        calls ``write_behind`` with each (see the module's docstring). Without one, such a report is
         written on the caller's thread before it is answered."""
-        self._behind = LatestWriter(self._write_behind, key=lambda item: item[2].server_id, name="aryl-telemetry")
-        return self._behind
+        self._behind = writer
 
     def register(self, reg: ServerRegistration) -> DesiredServerState:
         now = self._clock.now()
@@ -154,16 +174,16 @@ class Agents:
             self._notices.state_changed()
         return recorded.desired_generation
 
-    def _write_behind(self, item: tuple[int, float, StatusReport]) -> None:
+    def write_behind(self, item: BehindReport) -> None:
         """On the writer's thread: a telemetry-only report answered from memory, recorded in full
         (unless a report that arrived after it was). A failure (the server deleted, a new term) is
         logged and its digest forgotten: the server's next report takes the full path and its agent
         is answered with the error there."""
-        ticket, arrived_at, report = item
+        report = item.report
         try:
-            with self._order.recording(report.server_id, ticket, behind=True) as current:
+            with self._order.recording(report.server_id, item.ticket, behind=True) as current:
                 if current:
-                    self._record(report, arrived_at)
+                    self._record(report, item.arrived_at)
         except Exception as exc:  # noqa: BLE001 - the agent hears of it at its next report
             self._digests.forget([report.server_id])
             log.warning("a status report's telemetry could not be written; the server's next report takes the "
@@ -180,7 +200,7 @@ class Agents:
         if due:
             if self._behind is None or self._telemetry_write_s <= 0:
                 return None  # written before the answer (telemetry_write_s 0: every report, as it comes)
-            if not self._behind.offer((self._order.ticket(), self._clock.now(), report)):
+            if not self._behind.offer(BehindReport(self._order.ticket(), self._clock.now(), report)):
                 return None  # the writer stopped: on the caller's thread, as without one
             self._digests.written(report.server_id, digest, self._clock.monotonic())
         self._heartbeats.heard(report.server_id)
