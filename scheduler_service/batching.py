@@ -193,8 +193,7 @@ class LatestWriter(Generic[In]):
         self._key = key
         self._waiting: dict[str, In] = {}  # oldest key first
         self._changed = threading.Condition()
-        self._closing = False
-        self._stopped = False
+        self._closing = False  # close() called, or the thread stopped: offers are refused
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -202,7 +201,7 @@ class LatestWriter(Generic[In]):
         """Queue ``item`` (replacing an older item of its key that waits); False once the writer has
         stopped or is closing, when nothing is queued."""
         with self._changed:
-            if self._stopped or self._closing:
+            if self._closing:
                 return False
             key = self._key(item)
             first = key not in self._waiting
@@ -246,5 +245,5 @@ class LatestWriter(Generic[In]):
             raise
         finally:
             with self._changed:
-                self._stopped = True
+                self._closing = True
                 self._waiting.clear()
