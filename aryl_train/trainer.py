@@ -13,6 +13,11 @@ What it does around the program's own forward pass (``pass_loss``), and why:
   the other half. One small all-reduce per step sums the local norms over the replicas, and carries
   two more things so that every rank acts at the same step: a stop flag (any rank saw SIGTERM) and
   the batch rank 0 read from ``ARYL_BATCH_FILE`` (the contract's in-place batch change);
+- *the first step's batch*: the ranks of one world are started by different agents, and the scheduler
+  may change the batch in place between two of those starts, so ranks may start with different
+  batches. Before the first step every rank takes rank 0's current batch (one broadcast: at
+  construction where the process group exists, else at the first step). Ranks whose passes per step
+  differed would pair their all-reduces wrongly, and the first step would weigh ranks unequally;
 - *checkpoints* (rank 0, atomically: a temporary file then ``os.replace``): model, optimiser, step,
   samples, RNG states and the smoothed gradient statistics. Rank 0 alone reads it back and
   broadcasts it, so every rank resumes from the same state even if another rank's server sees an
@@ -63,6 +68,7 @@ class Trainer:
         self.optimizer = optimizer
         self.allocation = allocation
         self.batch: Batch = allocation.batch
+        self._batch_agreed = False  # every rank runs rank 0's batch from the first step (module doc)
         self.step = 0
         self.samples = 0
         self.checkpoint_step = 0
@@ -79,6 +85,7 @@ class Trainer:
         for parameter in self._parameters():
             parameter.register_hook(self._on_local_grad)
         signal.signal(signal.SIGTERM, self._on_sigterm)
+        self._agree_start_batch()
 
     # --- the loop ----------------------------------------------------------------------------------
 
@@ -105,6 +112,8 @@ class Trainer:
     def train_step(self, pass_loss: PassLoss) -> float:
         """One optimiser step (module doc); returns the mean loss of its passes on this replica."""
         started = time.perf_counter()
+        if not self._batch_agreed:
+            self._agree_start_batch()
         batch = self.batch
         passes = batch.accum_steps + 1
         self.optimizer.zero_grad(set_to_none=True)
@@ -193,6 +202,27 @@ class Trainer:
         tensor = torch.tensor(values, dtype=torch.float64)
         dist.all_reduce(tensor)
         return tensor.tolist()
+
+    def _agree_start_batch(self) -> None:
+        """Every rank takes rank 0's current batch (the batch file, else its start), once; a world of 1
+        has nothing to agree. Waits for the process group: a trainer built before it agrees at its first step."""
+        if self.allocation.world_size == 1:
+            self._batch_agreed = True
+            return
+        if not dist.is_initialized():
+            return
+        values = [0.0, 0.0]
+        if self.allocation.rank == 0:
+            current = contract.current_batch() or self.batch
+            values = [float(current.local_batch_size), float(current.accum_steps)]
+        tensor = torch.tensor(values, dtype=torch.float64)
+        dist.broadcast(tensor, src=0)
+        local, accum = (int(v) for v in tensor.tolist())
+        if local > 0 and Batch(local, accum) != self.batch:
+            self._log(f"batch {self.batch.local_batch_size}x{self.batch.accum_steps + 1} at start -> rank 0's "
+                      f"{local}x{accum + 1}")
+            self.batch = Batch(local, accum)
+        self._batch_agreed = True
 
     def _on_local_grad(self, grad: torch.Tensor) -> None:
         self._local_terms.append(grad.detach().pow(2).sum(dtype=torch.float64))

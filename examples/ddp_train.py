@@ -77,11 +77,11 @@ def main(args: argparse.Namespace) -> int:
     if world > 1:  # the agent set MASTER_ADDR and MASTER_PORT: rank 0's host is the rendezvous
         dist.init_process_group("gloo", timeout=timedelta(seconds=60))
         model = DistributedDataParallel(net)
-    batch = allocation.batch
-    say(f"incarnation {allocation.incarnation}: batch local {batch.local_batch_size} accum {batch.accum_steps} "
-        f"({'from the scheduler' if allocation.batch_from_scheduler else 'own'}), init {allocation.init_batch_size}")
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     trainer = Trainer(model, optimizer, allocation, log=say)
+    batch = trainer.batch  # rank 0's, on every rank (the trainer agrees on it before the first step)
+    say(f"incarnation {allocation.incarnation}: batch local {batch.local_batch_size} accum {batch.accum_steps} "
+        f"({'from the scheduler' if allocation.batch_from_scheduler else 'own'}), init {allocation.init_batch_size}")
     samples = Samples(args.seed, rank, trainer)
     mse = nn.MSELoss()
 

@@ -36,7 +36,10 @@ its batch size to its allocation as Pollux does (goodput = throughput x statisti
   program picks the new batch up at its next step (``current_batch()``). In a multi-worker job,
   rank 0 should read it and broadcast the value so that every rank switches at the same step (the
   ranks' passes per step must agree, or their all-reduces no longer pair up). A resize always
-  restarts the workers (new incarnation), with the new batch in the variables.
+  restarts the workers (new incarnation), with the new batch in the variables. The agents start a
+  world's ranks at different moments, and an in-place change may fall between two starts: ranks of one
+  world may start with different variables, so agree on rank 0's batch before the first step too
+  (``aryl_train.Trainer`` does both).
 
   Why in place: Pollux re-chooses the batch as the gradient noise grows during training, at a fixed
   allocation, many times in a job's life; a restart for each would cost a checkpoint, a stop and a

@@ -226,10 +226,15 @@ WORKER = textwrap.dedent("""
 
 
 def start_world(tmp_path: Path, total_steps: int, *, local: int, accum: int,
-                checkpoint_dirs: tuple[str, str] = ("ck", "ck")) -> list[subprocess.Popen[str]]:
+                checkpoint_dirs: tuple[str, str] = ("ck", "ck"),
+                rank_1_batch: tuple[int, int] | None = None) -> list[subprocess.Popen[str]]:
+    """Two ranks started with batch (local, accum); rank 1 with ``rank_1_batch`` where given (its agent
+    had already heard of an in-place change when it started it)."""
     port = str(free_port())
     workers = []
     for rank in range(2):
+        if rank == 1 and rank_1_batch is not None:
+            local, accum = rank_1_batch
         env = {k: v for k, v in os.environ.items() if not k.startswith("ARYL_")}
         env.update(WORLD_SIZE="2", RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
                    ARYL_LOCAL_BATCH_SIZE=str(local), ARYL_ACCUM_STEPS=str(accum), ARYL_INIT_BATCH_SIZE="16",
@@ -259,6 +264,15 @@ def test_two_ranks_sum_their_local_gradients_into_the_known_statistics(tmp_path:
     assert report.grad_var == pytest.approx(TRUE_TRACE / 16, rel=0.15)
     other = read_progress(tmp_path / "progress-1.json")
     assert other is not None and (other.grad_sqr, other.grad_var) == (report.grad_sqr, report.grad_var)  # agreed
+
+
+def test_ranks_started_with_different_batches_all_run_rank_0_s_from_the_first_step(tmp_path: Path) -> None:
+    """Agents start a world's ranks at different moments, and the batch may change in place between two
+    starts. Every rank must run rank 0's batch from the first step: the ranks' sample counts agree."""
+    outputs = finish(start_world(tmp_path, 5, local=8, accum=1, rank_1_batch=(4, 1)))
+    reports = [read_progress(tmp_path / f"progress-{r}.json") for r in range(2)]
+    assert [(r.progress, r.samples) for r in reports if r is not None] == [(5, 5 * 2 * 8 * 2)] * 2, outputs
+    assert "batch 4x2 at start -> rank 0's 8x2" in outputs[1], outputs[1]
 
 
 def test_sigterm_to_one_rank_stops_both_at_the_same_step_after_rank_0_saved(tmp_path: Path) -> None:
