@@ -41,6 +41,8 @@ _BEGAN_AT = "aryl.transaction_began_at"
 _CONNECTION_ENDED = frozenset({"57P01", "57P02", "57P03"})
 # query_canceled (statement_timeout) and lock_not_available (lock_timeout).
 _TIMED_OUT = frozenset({"57014", "55P03"})
+# SQLite's SQLITE_BUSY and SQLITE_LOCKED primary result codes.
+_SQLITE_BUSY = frozenset({5, 6})
 _NO_SQLSTATE = object()  # sqlite3's errors have no pgcode attribute at all
 _UNIQUE_VIOLATION = "23505"  # PostgreSQL's unique_violation
 
@@ -143,8 +145,14 @@ def connection_lost(exc: BaseException) -> bool:
 
 
 def database_busy(exc: BaseException) -> bool:
-    """True when PostgreSQL cancelled a statement for running or waiting on a lock too long."""
-    return isinstance(exc, DBAPIError) and getattr(exc.orig, "pgcode", None) in _TIMED_OUT
+    """True when PostgreSQL cancelled a statement for running or waiting on a lock too long, or SQLite
+    gave up waiting for its file lock (``busy_timeout`` ran out: "database is locked")."""
+    if not isinstance(exc, DBAPIError):
+        return False
+    if getattr(exc.orig, "pgcode", None) in _TIMED_OUT:
+        return True
+    code = getattr(exc.orig, "sqlite_errorcode", None)  # the extended code: its low byte is the primary one
+    return isinstance(code, int) and code & 0xFF in _SQLITE_BUSY
 
 
 def broke_unique_key(exc: IntegrityError, key: ColumnCollectionConstraint) -> bool:
