@@ -25,6 +25,14 @@ file again within a second, without a restart) and, for users and admins, to ``u
 DIR that holds a CA does the same for the principals it names that are not issued yet, so re-running
 it with one more ``--agent`` is enough; ``--force`` makes a new CA instead.
 
+``add --agent ID --bundle FILE --scheduler-address HOST:PORT`` also packs what that one GPU server needs
+into a gzipped tar (``-``: standard output), to copy there and unpack into ``/etc/aryl``
+(``deploy/compose.agent.yml``, docs/operations.md "A cluster across servers"): ``pki/ca.crt``,
+``pki/agent.crt``, ``pki/agent.key``, ``pki/token``, ``pki/users`` and ``agent.env`` (the compose
+file's variables: ``ARYL_SERVER_ID``, ``ARYL_SCHEDULER_ADDRESS``). Its files belong to uid/gid
+``IMAGE_UID`` (the images' ``aryl`` user, which the agent's container runs as) when unpacked as root;
+keys and the token are 0600.
+
 ``renew`` issues every certificate in DIR again from its CA, valid ``VALID_DAYS`` from now (never past
 the CA's own expiry), with the same key, subject, names and usages: a certificate that expired (which
 the scheduler refuses, and which ends the streams it opened) is replaced by copying the new ``.crt``
@@ -38,9 +46,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import io
 import ipaddress
 import pwd
+import re
 import secrets
+import tarfile
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +75,8 @@ DEV_UID_FIRST = 20001  # first uid given to a name with no account here (module 
 ACCOUNT_MIN_UID = 1000  # a local account below it (daemon, bin...) never lends its uid to a token's name
 ROLES = ("admin", "user", "agent", "router")
 EXIT_OK, EXIT_USAGE = 0, 2
+IMAGE_UID = 10001  # the images' unprivileged user (Dockerfile: useradd --uid 10001 aryl): owns a bundle's files
+_HOST_PORT = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?:[0-9]{1,5}$")
 
 
 @dataclass(frozen=True)
@@ -244,6 +258,42 @@ def add(directory: str | Path, cluster: DevCluster) -> Added:
     return Added(tokens, kept, mapped)
 
 
+def agent_bundle(directory: str | Path, agent: str, scheduler_address: str) -> bytes:
+    """The gzipped tar of what GPU server ``agent`` needs (module doc), from DIR where ``agent`` is issued;
+    ``CertsError`` when it is not, or when ``scheduler_address`` is not HOST:PORT."""
+    out = Path(directory)
+    if issued(out).get(agent) != "agent":
+        raise CertsError(f"{agent!r} is not an agent issued in {out / TOKENS_FILE}: "
+                         f"arylctl certs add {out} --agent {agent}")
+    _check_scheduler_address(scheduler_address)
+    files = [
+        ("pki/ca.crt", (out / "ca.crt").read_bytes(), 0o644),
+        ("pki/agent.crt", (out / f"agent-{agent}.crt").read_bytes(), 0o644),
+        ("pki/agent.key", (out / f"agent-{agent}.key").read_bytes(), 0o600),
+        ("pki/token", (out / f"token-{agent}").read_bytes(), 0o600),
+        ("pki/users", (out / USER_MAP_FILE).read_bytes() if (out / USER_MAP_FILE).is_file() else b"", 0o644),
+        ("agent.env", f"ARYL_SERVER_ID={agent}\nARYL_SCHEDULER_ADDRESS={scheduler_address}\n".encode(), 0o644),
+    ]
+    buffer = io.BytesIO()
+    now = time.time()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        def entry(name: str, mode: int, kind: bytes = tarfile.REGTYPE, size: int = 0) -> tarfile.TarInfo:
+            info = tarfile.TarInfo(name)
+            info.type, info.mode, info.size, info.mtime = kind, mode, size, now
+            info.uid = info.gid = IMAGE_UID  # numeric owner: no name to look up on the GPU server
+            return info
+        tar.addfile(entry("pki", 0o700, tarfile.DIRTYPE))
+        for name, data, mode in files:
+            tar.addfile(entry(name, mode, size=len(data)), io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def _check_scheduler_address(address: str) -> None:
+    if not _HOST_PORT.match(address):
+        raise CertsError(f"--scheduler-address {address!r}: give HOST:PORT, the address the GPU server reaches the "
+                         "scheduler at (a name or IP the scheduler's certificate holds: certs init --scheduler-name)")
+
+
 def read_user_map(path: Path) -> dict[str, tuple[int, int]]:
     """``name:uid:gid`` lines (``#`` comments) of the user map; missing file: empty."""
     mapping: dict[str, tuple[int, int]] = {}
@@ -392,6 +442,12 @@ def add_certs_commands(add_command: Callable[..., argparse.ArgumentParser], comm
                          help=f"a user (repeat; {default_people})")
         sub.add_argument("--admin", action="append", default=[], metavar="NAME",
                          help=f"an admin (repeat; {default_people.replace('alice', 'admin')})")
+    add_parser.add_argument("--bundle", metavar="FILE",
+                            help="with one --agent: also write that GPU server's certificate, key, token, CA and "
+                                 "agent.env as a .tar.gz to FILE (- for standard output), to unpack into /etc/aryl "
+                                 "there (deploy/compose.agent.yml)")
+    add_parser.add_argument("--scheduler-address", metavar="HOST:PORT",
+                            help="with --bundle: where that server reaches the scheduler (written to agent.env)")
     renew_parser = commands.add_parser(
         "renew", parents=[common], allow_abbrev=False,
         help="issue every certificate in DIR again from its CA (an expired one included), keys and tokens kept",
@@ -428,7 +484,9 @@ def run_command(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int
                 print("error: name someone to add: --agent ID, --router ID, --user NAME or --admin NAME",
                       file=stderr)
                 return EXIT_USAGE
-            return _report_added(directory, add(directory, named), stdout)
+            if args.bundle is None:
+                return _report_added(directory, add(directory, named), stdout)
+            return _add_with_bundle(directory, named, args, stdout, stderr)
         if (directory / "ca.crt").exists() and not args.force:
             print(f"{directory} already holds a CA: kept (--force makes a new one, and every certificate and token "
                   "issued from the old one stops working)", file=stdout)
@@ -453,6 +511,39 @@ def run_command(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int
           file=stdout)
     print(f"arylctl:   export ARYL_TLS_CA={directory}/ca.crt ARYL_TLS_CERT={directory}/client.crt "
           f"ARYL_TLS_KEY={directory}/client.key; arylctl login < {directory}/token-NAME", file=stdout)
+    return EXIT_OK
+
+
+def _add_with_bundle(directory: Path, named: DevCluster, args: argparse.Namespace, stdout: TextIO,
+                     stderr: TextIO) -> int:
+    """``certs add --agent ID --bundle FILE``: the agent issued (or kept), then its bundle written; the report
+    goes to standard error when the bundle goes to standard output."""
+    if len(named.agents) != 1 or len(named.principals()) != 1:
+        print("error: --bundle packs one GPU server's files: name exactly one --agent and no one else", file=stderr)
+        return EXIT_USAGE
+    if not args.scheduler_address:
+        print("error: --bundle needs --scheduler-address HOST:PORT, where that server reaches the scheduler",
+              file=stderr)
+        return EXIT_USAGE
+    _check_scheduler_address(args.scheduler_address)  # before anything is issued
+    to_stdout = args.bundle == "-"
+    binary_out = getattr(stdout, "buffer", None)
+    if to_stdout and binary_out is None:
+        print("error: --bundle -: this standard output takes no binary data; give a file name", file=stderr)
+        return EXIT_USAGE
+    report = stderr if to_stdout else stdout
+    _report_added(directory, add(directory, named), report)
+    data = agent_bundle(directory, named.agents[0], args.scheduler_address)
+    if binary_out is not None and to_stdout:
+        stdout.flush()
+        binary_out.write(data)
+        binary_out.flush()
+    else:
+        Path(args.bundle).write_bytes(data)
+    where = "standard output" if to_stdout else args.bundle
+    print(f"bundle for {named.agents[0]} written to {where}: on that server, as root, mkdir -p /etc/aryl && "
+          "tar -xzf BUNDLE -C /etc/aryl, then docker compose --env-file /etc/aryl/agent.env -f "
+          "deploy/compose.agent.yml up -d (docs/operations.md, \"A cluster across servers\")", file=report)
     return EXIT_OK
 
 

@@ -69,16 +69,20 @@ fi
 
 # ---- teardown, always --------------------------------------------------------------------------------
 COMPOSE_FILE_RENDERED=$STATE/compose.yml
+# Each project brought up, as "NAME FILE": the one-host stack, then the two-host layout's control and GPU hosts.
+STACKS=("$PROJECT $COMPOSE_FILE_RENDERED")
 teardown() {
-    local status=$?
-    if [ -s "$COMPOSE_FILE_RENDERED" ]; then
+    local status=$? stack name file
+    for stack in "${STACKS[@]}"; do
+        name=${stack%% *} file=${stack#* }
+        [ -s "$file" ] || continue
         if [ "$status" != 0 ]; then
-            say "logs of the failed run (last 40 lines per service):"
-            "${COMPOSE[@]}" -p "$PROJECT" -f "$COMPOSE_FILE_RENDERED" logs --no-color --tail 40 2>&1 | tail -300 || true
+            say "logs of the failed run, project $name (last 40 lines per service):"
+            "${COMPOSE[@]}" -p "$name" -f "$file" logs --no-color --tail 40 2>&1 | tail -300 || true
         fi
-        say "tearing down the stack"
-        "${COMPOSE[@]}" -p "$PROJECT" -f "$COMPOSE_FILE_RENDERED" down -v --remove-orphans -t 60 >/dev/null 2>&1 || true
-    fi
+        say "tearing down project $name"
+        "${COMPOSE[@]}" -p "$name" -f "$file" down -v --remove-orphans -t 60 >/dev/null 2>&1 || true
+    done
     if [ -n "$STARTED_ENGINE" ] && [ -z "${ARYL_COMPOSE_KEEP_ENGINE:-}" ]; then
         say "stopping the dockerd this script started"
         kill "$STARTED_ENGINE" 2>/dev/null || true
@@ -139,14 +143,20 @@ docker image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep -E '^aryl-'
 # ---- 4. the stack ----------------------------------------------------------------------------------------
 "${COMPOSE[@]}" -p "$PROJECT" -f docker-compose.yml -f deploy/compose.no-gpu.yml -f deploy/compose.offline.yml \
     config >"$STATE/merged.yml"
-"$PYTHON" - "$STATE/merged.yml" "$COMPOSE_FILE_RENDERED" <<'EOF'
+# No NVIDIA runtime here: the agents' device reservations go, and they use fake GPUs (FAKE_COUNT where given).
+without_gpus() {  # MERGED RENDERED [FAKE_COUNT]
+    "$PYTHON" - "$@" <<'EOF'
 import sys, yaml
 compose = yaml.safe_load(open(sys.argv[1]))
 for name, service in compose["services"].items():
-    if name.startswith("agent-"):
-        service.pop("deploy", None)  # no NVIDIA runtime here: the agents use fake GPUs
+    if "aryl-agent" in str(service.get("command", "")):
+        service.pop("deploy", None)
+        if len(sys.argv) > 3:
+            service["environment"].update(ARYL_GPUS__BACKEND="fake", ARYL_GPUS__FAKE_COUNT=sys.argv[3])
 yaml.safe_dump(compose, open(sys.argv[2], "w"), sort_keys=False)
 EOF
+}
+without_gpus "$STATE/merged.yml" "$COMPOSE_FILE_RENDERED"
 dc() { "${COMPOSE[@]}" -p "$PROJECT" -f "$COMPOSE_FILE_RENDERED" "$@"; }
 # arylctl as the admin, in the training agent's container: its pki volume holds the client certificate and
 # the admin's token (the `pki` service made them; docs/security.md).
@@ -158,7 +168,8 @@ ctl() {
 say "docker-compose up"
 dc up -d --no-build >"$STATE/up.log" 2>&1 || { cat "$STATE/up.log"; fail "compose up"; }
 
-container() { dc ps -q "$1"; }
+DC=dc  # the project wait_healthy looks in
+container() { $DC ps -q "$1"; }
 wait_healthy() {  # SERVICE...
     local service
     for service in "$@"; do
@@ -189,9 +200,10 @@ say "tini is PID 1"
 
 # From the host, as docker-compose.yml's header says: the pki copied out of the scheduler's container.
 docker cp "$(container scheduler)":$PKI "$STATE/pki" >/dev/null || fail "copying the pki out of the scheduler"
+HOST_PKI=$STATE/pki CTL_SERVER=127.0.0.1:50051
 host_ctl() {
-    ARYL_TLS_CA="$STATE/pki/ca.crt" ARYL_TLS_CERT="$STATE/pki/client.crt" ARYL_TLS_KEY="$STATE/pki/client.key" \
-        ARYL_TOKEN_FILE="$STATE/pki/token-admin" "$ROOT/.venv/bin/arylctl" --server 127.0.0.1:50051 "$@"
+    ARYL_TLS_CA="$HOST_PKI/ca.crt" ARYL_TLS_CERT="$HOST_PKI/client.crt" ARYL_TLS_KEY="$HOST_PKI/client.key" \
+        ARYL_TOKEN_FILE="$HOST_PKI/token-admin" "$ROOT/.venv/bin/arylctl" --server "$CTL_SERVER" "$@"
 }
 servers_ready() {
     local listing
@@ -213,18 +225,19 @@ data = json.load(sys.stdin)
 job = data.get("job", data)
 print(job.get(sys.argv[1], ""))' "$1"
 }
-job_state() { ctl job "$1" -o json | field state; }
+CTL=ctl  # how the checks below reach the scheduler (section 6: host_ctl, as from another machine)
+job_state() { $CTL job "$1" -o json | field state; }
 wait_state() {  # JOB STATE SECONDS
     for _ in $(seq "$3"); do
         state=$(job_state "$1" || true)
         [ "$state" = "$2" ] || [ "$state" = "JOB_STATE_$2" ] && return 0
-        case "$state" in *FAILED|*CANCELLED) ctl job "$1" || true; fail "job $1 is $state, expected $2" ;; esac
+        case "$state" in *FAILED|*CANCELLED) $CTL job "$1" || true; fail "job $1 is $state, expected $2" ;; esac
         sleep 1
     done
-    ctl job "$1" || true
+    $CTL job "$1" || true
     fail "job $1 is not $2 after $3 s (state: ${state:-?})"
 }
-submit() { ctl submit -o json --chdir /home/aryl --gpus-per-worker 1 --min-workers 1 "$@"; }
+submit() { $CTL submit -o json --chdir /home/aryl --gpus-per-worker 1 --min-workers 1 "$@"; }
 
 job=$(submit --name short -- python examples/train.py --total-steps 6 --step-time 0.5 --checkpoint-every 2 | field job_id)
 say "submitted job $job (6 steps)"
@@ -247,3 +260,53 @@ grep -Eq "starting at step [1-9][0-9]* of 60" <<<"$log" || { echo "$log"; fail "
 say "job $job: its worker was stopped cleanly with the container, restarted from its checkpoint, COMPLETED"
 grep -E "starting at step|preempted|done:" <<<"$log" | sed 's/^/    /'
 wait_healthy agent-train-1
+
+# ---- 6. a cluster across servers: the control host and a GPU server as two compose projects -----------
+# docker-compose.yml's scheduler and router with deploy/compose.control.yml on one network, and
+# deploy/compose.agent.yml (host networking, as on a GPU server) in another project, joined only through
+# the scheduler's published port at this host's address, as two machines would be. The GPU server gets its
+# certificate, token and agent.env from one command on the control host (certs add --bundle).
+say "tearing down the one-host stack: the two-host layout next"
+dc down -v --remove-orphans -t 60 >/dev/null 2>&1 || true
+HOST_IP=$(hostname -I | tr ' ' '\n' | grep -E '^[0-9]+(\.[0-9]+){3}$' | grep -v '^127\.' | head -1)
+[ -n "$HOST_IP" ] || fail "no IPv4 address of this host (hostname -I) to publish the scheduler on"
+CONTROL=${PROJECT}-control GPU_HOST=${PROJECT}-gpu
+CONTROL_RENDERED=$STATE/control.yml GPU_RENDERED=$STATE/gpu.yml
+ARYL_SCHEDULER_NAME=$HOST_IP ARYL_PUBLISH_ADDRESS=$HOST_IP "${COMPOSE[@]}" -p "$CONTROL" -f docker-compose.yml \
+    -f deploy/compose.control.yml -f deploy/compose.offline.yml config >"$STATE/control-merged.yml"
+without_gpus "$STATE/control-merged.yml" "$CONTROL_RENDERED"
+STACKS+=("$CONTROL $CONTROL_RENDERED")
+dcc() { "${COMPOSE[@]}" -p "$CONTROL" -f "$CONTROL_RENDERED" "$@"; }
+say "control host: docker-compose up scheduler router (scheduler published on $HOST_IP:50051)"
+dcc up -d --no-build scheduler router >"$STATE/up-control.log" 2>&1 || { cat "$STATE/up-control.log"; fail "control up"; }
+DC=dcc wait_healthy postgres scheduler router
+
+say "control host: arylctl certs add --agent gpu-remote-1 --bundle - (one command)"
+dcc run --rm -T pki arylctl certs add /var/lib/aryl/pki --agent gpu-remote-1 --bundle - \
+    --scheduler-address "$HOST_IP:50051" >"$STATE/gpu-remote-1.tgz" 2>"$STATE/bundle.log" \
+    || { cat "$STATE/bundle.log"; fail "issuing the GPU server's bundle"; }
+mkdir "$STATE/gpu-host"
+tar -xzf "$STATE/gpu-remote-1.tgz" -C "$STATE/gpu-host" || fail "the bundle is not a tar.gz: $(head -c 300 "$STATE/gpu-remote-1.tgz")"
+[ "$(stat -c %u "$STATE/gpu-host/pki/agent.key")" = 10001 ] || fail "the bundle's key is not the image user's"
+say "GPU server: the bundle unpacked ($(tr '\n' ' ' <"$STATE/gpu-host/agent.env"))"
+
+ARYL_AGENT_PKI=$STATE/gpu-host/pki ARYL_ADVERTISE_ADDRESS=$HOST_IP "${COMPOSE[@]}" -p "$GPU_HOST" \
+    --env-file "$STATE/gpu-host/agent.env" -f deploy/compose.agent.yml config >"$STATE/gpu-merged.yml"
+without_gpus "$STATE/gpu-merged.yml" "$GPU_RENDERED" 2
+STACKS+=("$GPU_HOST $GPU_RENDERED")
+dcg() { "${COMPOSE[@]}" -p "$GPU_HOST" -f "$GPU_RENDERED" "$@"; }
+say "GPU server: docker-compose -f deploy/compose.agent.yml up (host network, 2 fake GPUs)"
+dcg up -d --no-build >"$STATE/up-gpu.log" 2>&1 || { cat "$STATE/up-gpu.log"; fail "GPU server up"; }
+DC=dcg wait_healthy agent
+
+docker cp "$(DC=dcc container scheduler)":$PKI "$STATE/control-pki" >/dev/null || fail "copying the control host's pki"
+HOST_PKI=$STATE/control-pki CTL_SERVER=$HOST_IP:50051 CTL=host_ctl
+remote_registered() { host_ctl servers | grep -q gpu-remote-1; }
+wait_for 90 "gpu-remote-1 registered with the control host's scheduler" remote_registered
+say "gpu-remote-1 registered through $HOST_IP:50051 (TLS: the scheduler's certificate names $HOST_IP)"
+job=$(submit --name remote -- python examples/train.py --total-steps 6 --step-time 0.5 --checkpoint-every 2 \
+    | field job_id)
+wait_state "$job" COMPLETED 120
+host_ctl logs "$job" | grep -q "done: step 6" || { host_ctl logs "$job" || true; fail "job $job's log (read by the scheduler from $HOST_IP:50052)"; }
+dcg exec -T agent test -d "/var/lib/aryl/agent/logs/$job" || fail "job $job did not run on gpu-remote-1"
+say "job $job ran on the remote agent and COMPLETED; its log came back through the scheduler"

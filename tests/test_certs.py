@@ -10,6 +10,9 @@ import datetime
 import io
 import pwd
 import stat
+import subprocess
+import sys
+import tarfile
 from pathlib import Path
 
 from cryptography import x509
@@ -147,3 +150,67 @@ def test_renew_refuses_a_directory_without_a_ca_or_with_an_expired_one(tmp_path:
     _reissue(pki, "ca", datetime.datetime.now(datetime.UTC) - datetime.timedelta(minutes=1))
     status, _, err = arylctl("certs", "renew", str(pki))
     assert status == 2 and "the CA in" in err and "expired at" in err and "--force makes a new CA" in err
+
+
+def test_one_command_issues_a_gpu_server_and_packs_what_it_needs(tmp_path: Path) -> None:
+    """``certs add --agent ID --bundle FILE``: the server's certificate, key, token, the CA and agent.env in
+    one archive, owned by the images' user when unpacked as root (deploy/compose.agent.yml mounts them)."""
+    pki, bundle = tmp_path / "pki", tmp_path / "gpu-7.tgz"
+    assert arylctl("certs", "init", str(pki), "--scheduler-name", "10.0.0.5")[0] == 0
+    status, out, err = arylctl("certs", "add", str(pki), "--agent", "gpu-7", "--bundle", str(bundle),
+                               "--scheduler-address", "10.0.0.5:50051")
+    assert status == 0, err
+    assert "issued agent:gpu-7" in out and "tar -xzf BUNDLE -C /etc/aryl" in out
+    with tarfile.open(bundle) as tar:
+        members = {m.name: m for m in tar.getmembers()}
+        assert set(members) == {"pki", "pki/ca.crt", "pki/agent.crt", "pki/agent.key", "pki/token", "pki/users",
+                                "agent.env"}
+        assert {(m.uid, m.gid) for m in members.values()} == {(certs.IMAGE_UID, certs.IMAGE_UID)}
+        assert stat.S_IMODE(members["pki/agent.key"].mode) == stat.S_IMODE(members["pki/token"].mode) == 0o600
+        read = lambda name: tar.extractfile(name).read()  # type: ignore[union-attr]  # noqa: E731
+        assert read("pki/agent.crt") == (pki / "agent-gpu-7.crt").read_bytes()
+        assert read("pki/agent.key") == (pki / "agent-gpu-7.key").read_bytes()
+        assert read("pki/ca.crt") == (pki / "ca.crt").read_bytes()
+        token = read("pki/token").decode().strip()
+        assert read("agent.env").decode().splitlines() == ["ARYL_SERVER_ID=gpu-7",
+                                                             "ARYL_SCHEDULER_ADDRESS=10.0.0.5:50051"]
+    tokens = load_tokens(pki / "tokens")
+    assert (tokens[hash_token(token)].role, tokens[hash_token(token)].name) == ("agent", "gpu-7")
+    # Again for the same server: its key and token are kept (its holder is not locked out), the bundle re-made.
+    status, out, _ = arylctl("certs", "add", str(pki), "--agent", "gpu-7", "--bundle", str(tmp_path / "again.tgz"),
+                             "--scheduler-address", "10.0.0.5:50051")
+    assert status == 0 and "kept agent:gpu-7" in out
+    with tarfile.open(tmp_path / "again.tgz") as tar:
+        assert tar.extractfile("pki/token").read().decode().strip() == token  # type: ignore[union-attr]
+
+
+def test_a_bundle_to_standard_output_is_the_archive_alone(tmp_path: Path) -> None:
+    pki = tmp_path / "pki"
+    assert arylctl("certs", "init", str(pki))[0] == 0
+    argv = ["certs", "add", str(pki), "--agent", "gpu-8", "--bundle", "-", "--scheduler-address", "ctl.example:50051"]
+    done = subprocess.run([sys.executable, "-c", "import sys; from arylctl.cli import main; sys.exit(main())", *argv],
+                          capture_output=True, check=True)
+    assert b"issued agent:gpu-8" in done.stderr
+    with tarfile.open(fileobj=io.BytesIO(done.stdout)) as tar:
+        assert b"ARYL_SERVER_ID=gpu-8" in tar.extractfile("agent.env").read()  # type: ignore[union-attr]
+
+
+def test_a_bundle_refuses_what_it_cannot_pack_before_issuing_anything(tmp_path: Path) -> None:
+    pki = tmp_path / "pki"
+    assert arylctl("certs", "init", str(pki))[0] == 0
+    bundle = str(tmp_path / "b.tgz")
+    for argv, problem in [
+        (["--agent", "gpu-1", "--bundle", bundle], "needs --scheduler-address HOST:PORT"),
+        (["--agent", "gpu-1", "--bundle", bundle, "--scheduler-address", "10.0.0.5"], "give HOST:PORT"),
+        (["--agent", "gpu-1", "--agent", "gpu-2", "--bundle", bundle, "--scheduler-address", "a:1"], "exactly one"),
+        (["--agent", "gpu-1", "--user", "bob", "--bundle", bundle, "--scheduler-address", "a:1"], "exactly one"),
+    ]:
+        status, _, err = arylctl("certs", "add", str(pki), *argv)
+        assert status == 2 and problem in err, (argv, err)
+    assert not (pki / "agent-gpu-1.crt").exists() and "gpu-1" not in certs.issued(pki)
+    assert not Path(bundle).exists()
+
+
+def test_the_bundle_s_owner_is_the_images_user() -> None:
+    dockerfile = (Path(__file__).resolve().parent.parent / "Dockerfile").read_text()
+    assert f"useradd --create-home --uid {certs.IMAGE_UID} " in dockerfile
