@@ -8,11 +8,12 @@ records, ``simulator.cluster_records``, through ``RecordFacts``); ``tests/test_a
 the appliers to the same results. What a run records is ``simulator.outcomes``. What this module must
 never do: decide anything (placement, loans, sizes are the policy's) or look at which policy runs.
 
+The cluster is three layers, one module each: its state and what the engine drives (here), the plan's
+application (``simulator.cluster_apply.PlanApplication``) and the jobs' physics
+(``simulator.cluster_progress.SegmentProgress``: segments, checkpoints, GPU-seconds lost, useful spans).
+
 Nouns:
-- *Segment*: the stretch of a job's life at one placement, from a start or resize until the next
-  resize, preemption or completion. Within a segment the job runs at one true speed,
-  ``ThroughputModel(points=trace.throughput).speed(workers)``, so progress is linear and the
-  completion time exact.
+- *Segment*: the stretch of a job's life at one placement (``simulator.cluster_progress``).
 - *Simulated agents*, the assumptions (each documented where it is applied):
   - every desired-state change is carried out at once; agents always report converged
     (``agent_converged`` is True), so a RECLAIMING server is vacated at once and returns to serving at
@@ -37,16 +38,6 @@ Nouns:
     report): an unhealthy GPU shows in the snapshot and takes no new worker; a worker already on it
     runs on;
   - progress reporting is perfect: ``work_done`` in the snapshot is the job's true progress at ``now``.
-- *GPU-seconds lost* per job: the GPU time of the work a preemption threw away (productive seconds
-  since the last checkpoint x the segment's GPUs) plus the GPU time of restart overheads (the
-  overhead seconds actually spent, x the segment's GPUs).
-- *Useful spans* (``useful_spans``): when each job's progress that stands was made, as
-  ``(from, until, useful GPU-seconds per second)``; one per segment, from the end of its restart
-  overhead until it ended, or until its last checkpoint when the work since was thrown away. The rate
-  is the segment's speed x the job's *reference cost* (GPU-seconds per unit of work at
-  ``min_workers`` on a GPU of speed 1.0: ``min_workers x gpus_per_worker / speed(min_workers)``), so a
-  job's spans add up to its kept work at that cost (``simulator.results`` defines useful work by them).
-  Segments still running when the run stops count up to then (``close_useful_spans``).
 - *Declared length*: the job's view shows ``TraceJob.declared_work`` / ``declared_runtime_s`` where
   the trace sets them (``simulator.estimates``: a noisy or no user estimate), else its true ``work``;
   the truth alone drives progress and completion.
@@ -55,35 +46,12 @@ Nouns:
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from math import floor
 
-from scheduler_service.core.apply_rules import (
-    LoanState,
-    RefusalCode,
-    RefusalLog,
-    Refused,
-    check_loan_step,
-    check_preemption,
-    check_scale,
-    check_start,
-    reclaim_deadline,
-)
+from scheduler_service.core.apply_rules import LoanState
 from scheduler_service.core.clock import Clock
 from scheduler_service.core.params import PolicyParams
-from scheduler_service.core.plan import (
-    ApplyLog,
-    ApplyResult,
-    KeepPending,
-    LoanStep,
-    Plan,
-    PreemptJob,
-    Reason,
-    ScaleJob,
-    ServerAction,
-    StartJob,
-    apply_order,
-)
 from scheduler_service.core.snapshot import (
     AdminState,
     ClusterSnapshot,
@@ -95,19 +63,18 @@ from scheduler_service.core.snapshot import (
 from scheduler_service.core.throughput import ThroughputModel
 from scheduler_service.lifecycle import (
     JOB_LIFECYCLE,
-    SERVER_LIFECYCLE,
-    IllegalTransition,
     JobState,
     Pool,
     ServerState,
     home_state,
 )
-from simulator.cluster_records import ON_LOAN_STATES, JobRecord, RecordFacts, ServerRecord, disrupted, worker_views
+from simulator.cluster_apply import PlanApplication
+from simulator.cluster_records import ON_LOAN_STATES, JobRecord, ServerRecord
 from simulator.model import ClusterSpec, DemandPoint, TraceJob
 from simulator.outcomes import JobOutcome, ServerOutcome, UtilisationSample, same_levels
 
 
-class SimulatedCluster:
+class SimulatedCluster(PlanApplication):
     """The ``ClusterState`` port (``snapshot`` + ``apply``) over an in-memory cluster, plus what the
     engine drives: ``submit`` (a job arrives), ``set_demand`` (the inference demand changes),
     ``complete_due`` (jobs that finished their work by now)."""
@@ -271,10 +238,6 @@ class SimulatedCluster:
     # -- what the engine drives -------------------------------------------------------------------
 
     @property
-    def now(self) -> float:
-        return self._clock.now()
-
-    @property
     def active_jobs(self) -> int:
         return len(self._active)
 
@@ -403,25 +366,6 @@ class SimulatedCluster:
     def server_ids(self) -> tuple[str, ...]:
         return tuple(self._servers)
 
-    def _move_server(self, server: ServerRecord, target: ServerState, now: float) -> None:
-        """A server's state change through the lifecycle table, with what follows from it: the pool
-        levels, the drain acknowledgement (one per DRAINING spell), a stale view."""
-        SERVER_LIFECYCLE.check(server.state, target)
-        if server.pool == Pool.INFERENCE:
-            self._inference_states[server.state] -= 1
-            self._inference_states[target] += 1
-        server.state = target
-        server.state_since = now
-        server.drained = False
-        self._drain_acks.pop(server.server_id, None)
-        if target == ServerState.DRAINING and self.drain_ack_s is not None:
-            self._drain_acks[server.server_id] = now + self.drain_ack_s
-        self._server_changed(server)
-
-    def _server_changed(self, server: ServerRecord) -> None:
-        server.view = None
-        self._stale_servers.add(server.server_id)
-
     def sample(self) -> None:
         """Record the utilisation levels from now on (a new sample only when a level changed)."""
         serving = self._inference_states[ServerState.SERVING]
@@ -503,240 +447,3 @@ class SimulatedCluster:
                 disruptions=job.disruptions,
             )
         return job.view
-
-    # -- progress within a segment ----------------------------------------------------------------
-
-    def _work_at(self, job: JobRecord, when: float) -> float:
-        productive = when - job.seg_start - self.restart_overhead_s
-        if productive <= 0:
-            return job.seg_work
-        return min(job.seg_work + job.seg_speed * productive, job.trace.work)
-
-    def _last_checkpoint(self, job: JobRecord, when: float) -> tuple[float | None, float]:
-        """(time, work) of the newest checkpoint at ``when``: periodic ones every interval after the
-        segment's start, else the one the segment began from."""
-        periods = floor((when - job.seg_start) / self.checkpoint_interval_s)
-        if periods >= 1:
-            at = job.seg_start + periods * self.checkpoint_interval_s
-            return at, self._work_at(job, at)
-        return job.checkpoint_at, job.checkpoint_work
-
-    def _begin_segment(self, job: JobRecord, now: float, workers: tuple[WorkerView, ...], work: float) -> None:
-        """The job (re)starts now at ``workers`` from ``work`` done; schedule its completion."""
-        job.workers = workers
-        job.seg_start = now
-        job.seg_work = work
-        job.seg_speed = job.model.speed(len(workers))
-        if self._speed:  # declared speed of its GPU type (all its workers share one)
-            job.seg_speed *= self._speed.get(self._servers[workers[0].server_id].gpu_type, 1.0)
-        job.seg_gpus = len(workers) * job.trace.gpus_per_worker
-        job.last_resized_at = now
-        job.view = None
-        if job.seg_speed > 0:
-            end = now + self.restart_overhead_s + (job.trace.work - work) / job.seg_speed
-            heapq.heappush(self._completions, (end, job.trace.job_id, job.seg_version))
-
-    def _end_segment(self, job: JobRecord, now: float, *, kept_until: float) -> None:
-        """Close the running segment at ``now``: charge the restart overhead it actually spent, and
-        record its useful span, the progress made until ``kept_until`` (``now``, or the checkpoint it
-        falls back to: a time before the segment's progress began keeps none)."""
-        job.outcome.overhead_gpu_s += min(self.restart_overhead_s, now - job.seg_start) * job.seg_gpus
-        self._record_useful_span(job, kept_until)
-        job.seg_version += 1
-
-    def _record_useful_span(self, job: JobRecord, until: float) -> None:
-        began = job.seg_start + self.restart_overhead_s
-        if until > began and job.seg_speed > 0:
-            rate = job.seg_speed * job.reference_cost
-            self.useful_spans.append((began, until, rate))
-            job.outcome.useful_gpu_s += rate * (until - began)
-
-    def close_useful_spans(self) -> None:
-        """The run stops now: record the useful spans of the segments still running, up to now (their
-        progress stands; nothing is thrown away). Call once, at the end."""
-        now = self.now
-        for job_id in sorted(self._running):
-            self._record_useful_span(self._running[job_id], now)
-
-    # -- allocations ------------------------------------------------------------------------------
-
-    def _free(self, job: JobRecord) -> set[str]:
-        servers = set()
-        for w in job.workers:
-            server = self._servers[w.server_id]
-            for gpu in w.gpu_indices:
-                if server.allocated.get(gpu) == job.trace.job_id:
-                    del server.allocated[gpu]
-                    self._allocated_gpus[server.pool] -= 1
-            server.view = None
-            servers.add(w.server_id)
-        self._stale_servers.update(servers)
-        job.workers = ()
-        return servers
-
-    def _take(self, job: JobRecord, workers: Iterable[WorkerView]) -> None:
-        for w in workers:
-            server = self._servers[w.server_id]
-            for gpu in w.gpu_indices:
-                server.allocated[gpu] = job.trace.job_id
-                self._allocated_gpus[server.pool] += 1
-            server.view = None
-            self._stale_servers.add(w.server_id)
-
-    # -- the port: apply --------------------------------------------------------------------------
-
-    def apply(self, plan: Plan) -> ApplyResult:
-        """Apply ``plan`` as the service's applier does (``store.applier.Applier.apply``), in the shared
-        ``core.plan.apply_order``; then pending reasons. Each action is re-checked by
-        ``core.apply_rules`` against the state the earlier ones left and refused alone
-        (``ApplyResult.rejected``, reason STALE_PLAN, the rule's code in ``rejected_codes``) when that
-        state does not allow it."""
-        if plan.is_empty:
-            return ApplyResult((), (), frozenset())
-        now = self.now
-        log = ApplyLog()
-        held = {
-            s.job_id: [(w.server_id, g) for w in self._active[s.job_id].workers for g in w.gpu_indices]
-            for s in plan.scales
-            if s.job_id in self._active
-        }
-        refusals = RefusalLog(log, plan, held)
-        facts = RecordFacts(self._servers, self._active, self.outcomes)
-        for action in apply_order(plan, held):
-            try:
-                if isinstance(action, ServerAction):
-                    servers = self._apply_server_step(facts, action, now)
-                elif isinstance(action, PreemptJob):
-                    servers = self._apply_preemption(facts, action, now)
-                elif isinstance(action, ScaleJob):
-                    servers = self._apply_scale(facts, action, now)
-                else:
-                    servers = self._apply_start(facts, action, now)
-            except Refused as refusal:
-                refusals.refused(action, refusal)
-                continue
-            except IllegalTransition as exc:  # the rules check the lifecycles first: never expected
-                refusals.refused(action, Refused(RefusalCode.ILLEGAL_TRANSITION, str(exc)))
-                continue
-            log.applied(action, servers)
-        self._apply_pending(plan.pending)
-        self.rejected_actions += len(log.rejected)
-        return log.result()
-
-    def _set_job_state(self, job: JobRecord, target: JobState) -> None:
-        JOB_LIFECYCLE.check(job.state, target)
-        job.state = target
-        job.view = None
-
-    def _apply_preemption(self, facts: RecordFacts, action: PreemptJob, now: float) -> set[str]:
-        """Stop every worker and requeue (RUNNING -> PREEMPTED -> PENDING). The job falls back to its
-        last checkpoint; the work since is lost."""
-        check_preemption(facts, action)
-        job = self._active[action.job_id]
-        if self._on_lost_server(w.server_id for w in job.workers):
-            self.fault_evictions += 1
-        checkpoint_at, checkpoint_work = self._last_checkpoint(job, now)
-        self._lose_work_since(job, checkpoint_work, now)
-        self._end_segment(job, now, kept_until=job.seg_start if checkpoint_at is None else checkpoint_at)
-        servers = self._free(job)
-        job.checkpoint_at, job.checkpoint_work = checkpoint_at, checkpoint_work
-        job.outcome.preemptions += 1
-        disrupted(job, now)
-        if action.reason == Reason.PREEMPTED_FOR_RECLAIM:
-            job.outcome.reclaim_preemptions += 1
-        job.pending_reason = f"{action.reason}: {action.message}"[:1024]
-        self._set_job_state(job, JobState.PREEMPTED)
-        self._set_job_state(job, JobState.PENDING)
-        del self._running[action.job_id]
-        return servers
-
-    def _apply_scale(self, facts: RecordFacts, action: ScaleJob, now: float) -> set[str]:
-        """Restart the job at its new placement (RUNNING -> SCALING -> RUNNING): a graceful resize
-        checkpoints first, so no work is lost; the new segment pays the restart overhead. A resize
-        that drops a worker on a LOST server is not graceful: that worker died, so the job restarts
-        from its last checkpoint and the work since is lost."""
-        check_scale(facts, action)
-        job = self._active[action.job_id]
-        held_pairs = {(w.server_id, g) for w in job.workers for g in w.gpu_indices}
-        before = len(job.workers)
-        dropped = held_pairs - {(w.server_id, g) for w in action.workers for g in w.gpu_indices}
-        if self._on_lost_server(s for s, _ in dropped):
-            self.fault_evictions += 1
-            checkpoint_at, work = self._last_checkpoint(job, now)
-            self._lose_work_since(job, work, now)
-        else:
-            checkpoint_at, work = now, self._work_at(job, now)  # the graceful resize's checkpoint
-        self._end_segment(job, now, kept_until=job.seg_start if checkpoint_at is None else checkpoint_at)
-        old_servers = self._free(job)
-        workers = worker_views(action.workers)
-        self._take(job, workers)
-        self._set_job_state(job, JobState.SCALING)
-        job.checkpoint_at, job.checkpoint_work = checkpoint_at, work
-        self._begin_segment(job, now, workers, work)
-        self._set_job_state(job, JobState.RUNNING)
-        disrupted(job, now)
-        after = len(workers)
-        if after > before:
-            job.outcome.scale_outs += 1
-        elif after < before:
-            job.outcome.scale_ins += 1
-            if action.reason == Reason.SCALED_IN_FOR_RECLAIM:
-                job.outcome.reclaim_scale_ins += 1
-        else:
-            job.outcome.moves += 1
-        # Every worker restarts at the new world size, so every server it ran or runs on changes.
-        return old_servers | {w.server_id for w in workers}
-
-    def _on_lost_server(self, server_ids: Iterable[str]) -> bool:
-        return any(self._servers[sid].state == ServerState.LOST for sid in server_ids)
-
-    def _lose_work_since(self, job: JobRecord, checkpoint_work: float, now: float) -> None:
-        """The job falls back to ``checkpoint_work``: charge the GPU time of the work done since."""
-        lost_work = self._work_at(job, now) - checkpoint_work
-        if lost_work > 0 and job.seg_speed > 0:
-            job.outcome.lost_work_gpu_s += lost_work / job.seg_speed * job.seg_gpus
-
-    def _apply_start(self, facts: RecordFacts, action: StartJob, now: float) -> set[str]:
-        """Place a pending job's gang; it resumes from its last checkpoint (from scratch the first time)."""
-        check_start(facts, action)
-        job = self._active[action.job_id]
-        workers = worker_views(action.workers)
-        self._take(job, workers)
-        if job.started_at is None:
-            job.started_at = now
-        if job.outcome.start is None:  # a restored job's first start here (``from_snapshot``)
-            job.outcome.start = now
-        job.pending_reason = ""
-        self._set_job_state(job, JobState.RUNNING)
-        self._begin_segment(job, now, workers, job.checkpoint_work)
-        self._running[action.job_id] = job
-        return {w.server_id for w in workers}
-
-    def _apply_server_step(self, facts: RecordFacts, action: ServerAction, now: float) -> set[str]:
-        """One step of the loan cycle (``core.apply_rules.LOAN_STEPS``): the server's transition and
-        its loan (begun, moved on, or closed), as the service records them."""
-        rule = check_loan_step(facts, action)
-        server = self._servers[action.server_id]
-        self._move_server(server, rule.target, now)
-        if rule.loan_before is None:
-            server.loan_started_at = now
-        if rule.starts_reclaim_deadline:
-            server.reclaim_deadline = reclaim_deadline(now, self.reclaim_deadline_s)
-        server.loan = None if rule.loan_after == LoanState.RETURNED else rule.loan_after
-        if server.loan is None:
-            server.loan_started_at = server.reclaim_deadline = None
-        server.view = None
-        self._stale_servers.add(server.server_id)
-        if action.kind == LoanStep.LOAN:
-            self.server_outcomes[server.server_id].loans += 1
-        elif action.kind == LoanStep.RECLAIM:
-            self.server_outcomes[server.server_id].reclaims += 1
-        return {server.server_id}
-
-    def _apply_pending(self, pending: tuple[KeepPending, ...]) -> None:
-        """Record the pending reasons of jobs that are still pending after this plan."""
-        for p in pending:
-            job = self._active.get(p.job_id)
-            if job is not None and job.state == JobState.PENDING:
-                job.pending_reason = p.summary
-                job.view = None
