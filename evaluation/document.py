@@ -50,7 +50,7 @@ from evaluation.deadlines import deadlines_section
 from evaluation.dl2 import dl2_section
 from evaluation.eta import eta_section
 from evaluation.goodput import goodput_section
-from evaluation.headline import headline_section, lead_text, sensitivity_section
+from evaluation.headline_sections import headline_section, lead_text, sensitivity_section
 from evaluation.inference import inference_section
 from evaluation.pollux import pollux_section
 from evaluation.report import log, process_pool
@@ -110,7 +110,7 @@ def splice(doc: str, name: str, text: str) -> str:
     return doc[:anchor] + marked(name, text) + "\n" + doc[anchor:]
 
 
-LEAD = "lead"  # the report's opening lines (``evaluation.headline.lead_text``), rewritten with the headline
+LEAD = "lead"  # the report's opening lines (``evaluation.headline_sections.lead_text``), rewritten with the headline
 
 
 def splice_lead(doc: str, text: str) -> str:

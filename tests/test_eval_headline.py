@@ -1,5 +1,6 @@
-"""The headline's orchestration (evaluation/headline.py) end to end on a tiny synthetic trace: the
-busy regime's sizing rule, the process pool, the seed aggregation and the summaries' structure."""
+"""The headline's orchestration (evaluation/headline.py, its sections evaluation/headline_sections.py) end
+to end on a tiny synthetic trace: the busy regime's sizing rule, the process pool, the seed aggregation and
+the summaries' structure."""
 
 from __future__ import annotations
 
@@ -19,11 +20,10 @@ from evaluation.headline import (
     Plan,
     aggregate,
     busy_regime,
-    headline,
-    lead_text,
     load_jobs,
     offered_load,
 )
+from evaluation.headline_sections import headline, lead_text
 
 
 def tiny_inputs(tmp_path: Path) -> Inputs:
