@@ -13,33 +13,18 @@ agent with the certificate and token of its own server id, each submitting user 
 leader lease, which a scheduler on PostgreSQL always holds (``ha.lease_s``/``renew_s`` at their
 defaults). ``--insecure`` runs plaintext without identities instead, an explicit opt-in.
 
-- **Submits** arrive as a Poisson stream; a fifth of the jobs are rigid (1..4 workers), the rest
-  elastic (1..4 up to 8..32 workers), all of 8-GPU workers, each running ``SOAK_RUN_S`` seconds
-  (uniform in the run-time range) once placed; then the agents report its workers exited 0 and the
-  job completes. Every submission carries an idempotency key, and is made by the user it names.
-- **Cancels** arrive as a Poisson stream too and pick a random recent job not yet cancelled. One
-  that has ended meanwhile is refused FAILED_PRECONDITION: that is the one expected error.
-- **Inference demand** (``ReportDemand``, every few seconds like a router) follows a sine between
-  a fifth of the inference pool and all of it but one, so idle inference servers are lent to
-  training while it is low (after a short drain timeout: no router acknowledges drains) and
-  reclaimed while it rises.
+The load (``benchmarks.soak_load``): submits and cancels as Poisson streams, from ten users, and the
+inference demand as a sine, reported like a router's, so idle inference servers are lent to training
+while it is low and reclaimed while it rises.
 
 A **sample** (at the start, then each minute): the scheduler's RSS and open file descriptors
 (``/proc/PID``), the database's size (``pg_database_size``), row counts of ``events`` and ``jobs``,
 loans and reclaims so far (``loans`` rows), and the p50/p99 of SubmitJob and of the agents'
 ReportStatus round-trips answered during the minute before it, and the machine's load average.
 
-The **checks** (exit 1 when one fails): the scheduler's RSS grew 10% or more from the end of the
-warm-up to the end; its descriptors grew by more than ``FD_SLACK``; an acknowledged submission is
-missing from the database, or an acknowledged cancellation did not end its job CANCELLED; any error
-other than the expected one; the scheduler exited; it lost the leader lease (the lease's term at the
-end is not the one it took at the start); **latency drift**: the median of the per-minute p99s of
-SubmitJob, or of ReportStatus, over the last ``DRIFT_WINDOW`` samples is more than ``DRIFT_LIMIT``
-times its median over the first ``DRIFT_WINDOW`` samples after the warm-up. Medians of ten minutes
-because the machine is shared: a minute of a neighbour's burst moves one p99, not the median of ten
-(benchmarks/README.md, "Soak", says why the bound is 2x). A run with fewer than two disjoint windows
-after its warm-up (``soak-ci``'s five minutes) reports its drift over shorter windows but is not
-judged on it.
+The **checks** and the summary (``benchmarks.soak_summary``; exit 1 when one fails): the scheduler's RSS
+and descriptors after the warm-up, acknowledged submissions and cancellations against the database,
+errors, the scheduler's exit, the leader lease, and the drift of the per-minute p99s.
 
 Never: import from ``tests/``, or touch a database it did not create.
 """
@@ -47,444 +32,50 @@ Never: import from ``tests/``, or touch a database it did not create.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import csv
 import logging
-import math
 import os
-import random
-import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import uuid
 from collections import Counter
-from collections.abc import Callable, Coroutine, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
-import grpc
 import sqlalchemy as sa
 
-from aryl_common.security import secure_aio_channel
 from arylctl import certs
 from benchmarks.bench_agents import _raise_fd_limit, _sigterm_unwinds
 from benchmarks.harness import SchedulerProcess, scratch_database
-from benchmarks.soak_fleet import RUN_ENV, SoakFleet, client_security, shards_for, soak_server_name
-from protos.aryl.v1 import inference_pb2, inference_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc, types_pb2
+from benchmarks.soak_fleet import SoakFleet, soak_server_name
+from benchmarks.soak_load import (
+    CANCEL_SHARE,
+    INFERENCE_SHARE,
+    ROUTER,
+    SETTINGS,
+    SUBMITS_PER_S_PER_1000_AGENTS,
+    USERS,
+    Driver,
+    Regime,
+)
+from benchmarks.soak_summary import (
+    EXPECTED_ERRORS,
+    Outcome,
+    Sample,
+    Summary,
+    percent_text,
+    percentile_ms,
+    render,
+    summarize,
+    warmup_seconds,
+)
 
 log = logging.getLogger("aryl.soak")
 
 DEFAULT_ADMIN_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
-RSS_GROWTH_LIMIT = 0.10          # the target, and a check
-# Latency drift (a check): the median of the per-minute p99s over the last DRIFT_WINDOW samples
-# against the median over the first DRIFT_WINDOW after the warm-up, at most DRIFT_LIMIT times it.
-# Why these values: benchmarks/README.md, "Soak".
-DRIFT_WINDOW = 10
-DRIFT_LIMIT = 2.0
-FD_SLACK = 16                    # descriptors the scheduler may gain after the warm-up (streams, pool churn)
-EXPECTED_ERRORS = frozenset({"CancelJob:FAILED_PRECONDITION"})  # the job ended before the cancel came
-RPC_TIMEOUT_S = 60.0
-DEMAND_REPORT_S = 5.0
-INFERENCE_SHARE = 0.2            # of the fleet's agents
-SUBMITS_PER_S_PER_1000_AGENTS = 1.0
-CANCEL_SHARE = 0.1               # cancels per submit
-RIGID_SHARE = 0.2
-RUN_S = (60.0, 240.0)
-GPUS_PER_WORKER = 8
-RECENT_JOBS = 200                # cancels pick among the latest acknowledged jobs
-USERS = tuple(f"user-{i}" for i in range(10))  # who submits; each with a token of its own
-ROUTER = "soak-router"           # who reports the inference demand
-# The scheduler's settings: loans and reclaims within minutes, not the production half hour.
-SETTINGS = {
-    "ARYL_POLICY__LOAN_IDLE_S": "15", "ARYL_POLICY__DRAIN_TIMEOUT_S": "5", "ARYL_POLICY__MIN_LOAN_S": "60",
-}
-
-
-# ---------------------------------------------------------------------------------------------
-# Samples, and what the summary makes of them (pure: tests/test_soak_summary.py)
-
-
-@dataclass(frozen=True)
-class Sample:
-    t_s: float                 # seconds since the load started
-    rss_mib: float             # scheduler resident set
-    fds: int                   # scheduler open descriptors
-    db_mib: float              # pg_database_size
-    events_rows: int
-    jobs_rows: int
-    jobs_active: int           # PENDING, RUNNING, SCALING, PREEMPTED
-    submits: int               # acknowledged so far
-    cancels: int               # acknowledged so far
-    completed: int             # jobs COMPLETED so far
-    loans: int                 # loans so far (loans rows)
-    reclaims: int              # of them reclaimed (RECLAIMING or RETURNED)
-    errors: int                # unexpected errors so far
-    submit_calls: int          # SubmitJob calls answered in the minute before
-    submit_p50_ms: float
-    submit_p99_ms: float
-    reports: int               # ReportStatus calls answered in the minute before
-    report_p50_ms: float
-    report_p99_ms: float
-    load1: float               # the machine's 1-minute load average
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What the end-of-run verification found, and the error counts by ``Method:CODE``."""
-
-    acknowledged: int
-    lost: int                       # acknowledged submissions missing from the database
-    cancels_not_applied: int        # acknowledged cancellations whose job is not CANCELLED
-    errors: Mapping[str, int]
-    scheduler_exit: int | None = None  # set when the scheduler exited during the run
-    messages: Mapping[str, str] = field(default_factory=dict)  # the first message of each kind of error
-    # The leader lease's term (epoch) when the load started and after it stopped; None: no lease row
-    # (a scheduler on PostgreSQL that does not lead).
-    lease_epochs: tuple[int | None, int | None] = (None, None)
-
-
-@dataclass(frozen=True)
-class Summary:
-    warmup_s: float
-    rss_start_mib: float
-    rss_end_mib: float
-    rss_growth: float               # fraction of rss_start
-    fds_start: int
-    fds_end: int
-    fd_growth: int
-    # Latency drift: medians of the per-minute p99s over the first window after the warm-up and the
-    # last window, each of ``drift_window`` samples (DRIFT_WINDOW, fewer in a short run).
-    drift_window: int
-    drift_judged: bool              # two disjoint windows of DRIFT_WINDOW samples fit after the warm-up
-    first_window: tuple[float, float]  # (t_s of its first sample, of its last)
-    last_window: tuple[float, float]
-    submit_p99_first_ms: float
-    submit_p99_last_ms: float
-    report_p99_first_ms: float
-    report_p99_last_ms: float
-    load_first: float               # mean load1 over each window
-    load_last: float
-    db_start_mib: float
-    db_end_mib: float
-    submits: int
-    cancels: int
-    completed: int
-    loans: int
-    reclaims: int
-    outcome: Outcome
-    failures: tuple[str, ...] = field(default=())
-
-    @property
-    def submit_drift(self) -> float:
-        return _ratio(self.submit_p99_last_ms, self.submit_p99_first_ms)
-
-    @property
-    def report_drift(self) -> float:
-        return _ratio(self.report_p99_last_ms, self.report_p99_first_ms)
-
-
-def _ratio(a: float, b: float) -> float:
-    return a / b if b > 0 and not math.isnan(a) and not math.isnan(b) else math.nan
-
-
-def warmup_seconds(minutes: float) -> float:
-    """The warm-up: the first 10% of the run, at least one minute."""
-    return max(60.0, 0.1 * minutes * 60.0)
-
-
-def _median_p99(window: Sequence[Sample], p99: Callable[[Sample], float]) -> float:
-    """The median of the window's per-minute p99s that have a value (a minute without calls has none)."""
-    values = [v for v in map(p99, window) if not math.isnan(v)]
-    return statistics.median(values) if values else math.nan
-
-
-def summarize(samples: Sequence[Sample], outcome: Outcome, *, warmup_s: float,
-              rss_limit: float = RSS_GROWTH_LIMIT, fd_slack: int = FD_SLACK,
-              drift_window: int = DRIFT_WINDOW, drift_limit: float = DRIFT_LIMIT) -> Summary:
-    """Growth from the first sample at or after ``warmup_s`` to the last, latency drift (the first
-    ``drift_window`` samples after it against the last ``drift_window``), and the checks that failed.
-    Drift is judged only when the two windows are disjoint and full; a shorter run compares windows
-    of half the samples after its warm-up (at least one each) and reports them only."""
-    if len(samples) < 2:
-        raise ValueError(f"a soak needs at least two samples (got {len(samples)})")
-    start = next((i for i, s in enumerate(samples) if s.t_s >= warmup_s), len(samples) - 1)
-    start = min(start, len(samples) - 2)  # a run no longer than its warm-up: growth over its last window
-    base, last = samples[start], samples[-1]
-    after = samples[start + 1:]  # each holds the latencies of the minute before it: all after the base
-    judged = len(after) >= 2 * drift_window
-    window = drift_window if judged else max(1, len(after) // 2)
-    first_w, last_w = after[:window], after[-window:]
-    submit_first, submit_last = (_median_p99(w, lambda s: s.submit_p99_ms) for w in (first_w, last_w))
-    report_first, report_last = (_median_p99(w, lambda s: s.report_p99_ms) for w in (first_w, last_w))
-    rss_growth = (last.rss_mib - base.rss_mib) / base.rss_mib if base.rss_mib > 0 else math.nan
-    fails = []
-    if not rss_growth < rss_limit:
-        fails.append(f"scheduler RSS grew {_pct(rss_growth)} after the warm-up "
-                     f"({base.rss_mib:.1f} -> {last.rss_mib:.1f} MiB; limit {rss_limit:.0%})")
-    if last.fds - base.fds > fd_slack:
-        fails.append(f"scheduler file descriptors grew by {last.fds - base.fds} after the warm-up "
-                     f"({base.fds} -> {last.fds}; limit {fd_slack})")
-    if outcome.lost:
-        fails.append(f"{outcome.lost} of {outcome.acknowledged} acknowledged job(s) are missing from the database")
-    if outcome.cancels_not_applied:
-        fails.append(f"{outcome.cancels_not_applied} acknowledged cancellation(s) did not end their job CANCELLED")
-    unexpected = {k: v for k, v in outcome.errors.items() if k not in EXPECTED_ERRORS and v}
-    if unexpected:
-        fails.append("unexpected errors: " + ", ".join(f"{k} x{v}" for k, v in sorted(unexpected.items())))
-    if outcome.scheduler_exit is not None:
-        fails.append(f"the scheduler exited during the run (code {outcome.scheduler_exit})")
-    began, ended = outcome.lease_epochs
-    if began is None or ended is None or began != ended:
-        fails.append(f"the scheduler did not hold the leader lease throughout (its term when the load started: "
-                     f"{began}, after it stopped: {ended})")
-    for method, before, after_ in (("SubmitJob", submit_first, submit_last),
-                                   ("ReportStatus", report_first, report_last)):
-        drift = _ratio(after_, before)
-        if judged and drift > drift_limit:
-            fails.append(f"{method} p99 drifted x{drift:.2f} (median of the minutes' p99s {before:.1f} -> "
-                         f"{after_:.1f} ms, first {window} samples after the warm-up against the last {window}; "
-                         f"limit x{drift_limit:g})")
-    return Summary(
-        warmup_s=base.t_s, rss_start_mib=base.rss_mib, rss_end_mib=last.rss_mib, rss_growth=rss_growth,
-        fds_start=base.fds, fds_end=last.fds, fd_growth=last.fds - base.fds,
-        drift_window=window, drift_judged=judged,
-        first_window=(first_w[0].t_s, first_w[-1].t_s), last_window=(last_w[0].t_s, last_w[-1].t_s),
-        submit_p99_first_ms=submit_first, submit_p99_last_ms=submit_last,
-        report_p99_first_ms=report_first, report_p99_last_ms=report_last,
-        load_first=statistics.fmean(s.load1 for s in first_w), load_last=statistics.fmean(s.load1 for s in last_w),
-        db_start_mib=base.db_mib, db_end_mib=last.db_mib,
-        submits=last.submits, cancels=last.cancels, completed=last.completed, loans=last.loans,
-        reclaims=last.reclaims, outcome=outcome, failures=tuple(fails),
-    )
-
-
-def _pct(x: float) -> str:
-    return "n/a" if math.isnan(x) else f"{x:+.1%}"
-
-
-def render(summary: Summary, regime: Mapping[str, object]) -> str:
-    s, o = summary, summary.outcome
-    limit = (f"limit x{DRIFT_LIMIT:g}" if s.drift_judged else
-             f"not judged: fewer than 2 x {DRIFT_WINDOW} samples after the warm-up")
-    expected = {k: v for k, v in o.errors.items() if k in EXPECTED_ERRORS}
-    unexpected = {k: v for k, v in o.errors.items() if k not in EXPECTED_ERRORS and v}
-    lines = [
-        "Aryl soak: " + ("PASS" if not s.failures else "FAIL"),
-        "load regime: " + "; ".join(f"{k}={v}" for k, v in regime.items()),
-        f"measured from the end of the warm-up (sample at {s.warmup_s / 60:.1f} min) to the end:",
-        f"  scheduler RSS        {s.rss_start_mib:.1f} -> {s.rss_end_mib:.1f} MiB ({_pct(s.rss_growth)}; "
-        f"target < {RSS_GROWTH_LIMIT:.0%})",
-        f"  scheduler fds        {s.fds_start} -> {s.fds_end} ({s.fd_growth:+d}; limit +{FD_SLACK})",
-        f"  database size        {s.db_start_mib:.1f} -> {s.db_end_mib:.1f} MiB",
-        f"latency drift: median of the per-minute p99s, samples at {_minutes(s.first_window)} min "
-        f"(load1 {s.load_first:.1f}) against {_minutes(s.last_window)} min (load1 {s.load_last:.1f}):",
-        f"  SubmitJob p99        {s.submit_p99_first_ms:.1f} -> {s.submit_p99_last_ms:.1f} ms "
-        f"(x{s.submit_drift:.2f}; {limit})",
-        f"  ReportStatus p99     {s.report_p99_first_ms:.1f} -> {s.report_p99_last_ms:.1f} ms "
-        f"(x{s.report_drift:.2f}; {limit})",
-        f"counts at the last sample: submits {s.submits}, cancels {s.cancels}, completed {s.completed}, "
-        f"loans {s.loans}, reclaims {s.reclaims}",
-        f"after the load stopped: acknowledged jobs {o.acknowledged}, lost {o.lost}; cancellations not applied "
-        f"{o.cancels_not_applied}",
-        "errors: expected " + (", ".join(f"{k} x{v}" for k, v in sorted(expected.items())) or "none")
-        + "; unexpected " + (", ".join(f"{k} x{v}" for k, v in sorted(unexpected.items())) or "none"),
-    ]
-    lines += [f"  first {k}: {o.messages[k]}" for k in sorted(o.messages) if k in o.errors]
-    lines.append(f"leader lease: term {o.lease_epochs[0]} when the load started, {o.lease_epochs[1]} after it stopped")
-    lines += [f"FAILED: {f}" for f in s.failures]
-    return "\n".join(lines) + "\n"
-
-
-def _minutes(window: tuple[float, float]) -> str:
-    a, b = (t / 60 for t in window)
-    return f"{a:.0f}" if round(a) == round(b) else f"{a:.0f}-{b:.0f}"
-
-
-def percentile_ms(samples_s: Sequence[float], pct: int) -> float:
-    if len(samples_s) < 2:
-        return samples_s[0] * 1e3 if samples_s else math.nan
-    return statistics.quantiles(samples_s, n=100, method="inclusive")[pct - 1] * 1e3
-
-
-# ---------------------------------------------------------------------------------------------
-# The load driver: submits, cancels and demand, on its own thread and event loop
-
-
-@dataclass(frozen=True)
-class Regime:
-    agents: int
-    inference_agents: int
-    submits_per_s: float
-    cancels_per_s: float
-    demand_period_s: float
-
-    @property
-    def training_agents(self) -> int:
-        return self.agents - self.inference_agents
-
-    def demand(self, t_s: float) -> int:
-        """Inference servers needed at ``t_s``: a sine from all but one (t = 0) down to a fifth."""
-        high, low = max(1, self.inference_agents - 1), max(1, self.inference_agents // 5)
-        return round(low + (high - low) * (0.5 + 0.5 * math.cos(2 * math.pi * t_s / self.demand_period_s)))
-
-    def describe(self) -> dict[str, object]:
-        return {
-            "agents": f"{self.agents} ({self.training_agents} training + {self.inference_agents} inference, "
-                      f"{shards_for(self.agents)} shard processes, 8 GPUs each, one report per interval)",
-            "submits": f"{self.submits_per_s:g}/s Poisson ({RIGID_SHARE:.0%} rigid 1..4 workers, the rest elastic "
-                       f"1..4 up to 8..32 workers, 8 GPUs/worker, run {RUN_S[0]:.0f}..{RUN_S[1]:.0f} s once placed)",
-            "cancels": f"{self.cancels_per_s:g}/s Poisson among the {RECENT_JOBS} latest jobs",
-            "demand": f"ReportDemand every {DEMAND_REPORT_S:g} s, servers_needed a sine "
-                      f"{self.demand(self.demand_period_s / 2)}..{self.demand(0)} over {self.demand_period_s:g} s",
-            "scheduler": "defaults except " + ", ".join(f"{k.removeprefix('ARYL_').lower()}={v}"
-                                                         for k, v in SETTINGS.items()),
-        }
-
-
-class Driver:
-    """Submits, cancels and demand reports. With a ``pki`` each user calls with its own token (and the
-    client certificate), and the demand comes from the router ``ROUTER`` with its certificate and
-    token; without one, plaintext on one channel."""
-
-    def __init__(self, address: str, regime: Regime, seed: int, pki: Path | None) -> None:
-        self._address = address
-        self._pki = pki
-        self._regime = regime
-        self._rng = random.Random(seed)
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._main, name="soak-driver", daemon=True)
-        self.acked: list[str] = []               # acknowledged job ids, in order
-        self._owner: dict[str, str] = {}         # job id -> the user that submitted it
-        self.cancelled: set[str] = set()         # acknowledged cancellations
-        self._tried: set[str] = set()            # jobs a cancellation was sent for (never picked again)
-        self.errors: Counter[str] = Counter()
-        self.messages: dict[str, str] = {}       # the first message of each kind of error
-        self._submit_latency: list[float] = []
-        self.crashed: BaseException | None = None
-        self._started = 0.0
-
-    def start(self) -> None:
-        self._started = time.monotonic()
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=RPC_TIMEOUT_S + 30)
-
-    def drain_latency(self) -> list[float]:
-        with self._lock:
-            got, self._submit_latency = self._submit_latency, []
-        return got
-
-    def _main(self) -> None:
-        try:
-            asyncio.run(self._run())
-        except BaseException as exc:  # a broken driver fails the soak
-            log.exception("the load driver failed")
-            self.crashed = exc
-
-    async def _run(self) -> None:
-        async with contextlib.AsyncExitStack() as stack:
-            def channel(cert: str, principal: str) -> grpc.aio.Channel:
-                opened = secure_aio_channel(self._address, client_security(self._pki, cert, principal), [])
-                stack.push_async_callback(opened.close)
-                return opened
-
-            if self._pki is None:
-                shared = channel("", "")
-                jobs = {user: scheduler_pb2_grpc.SchedulerServiceStub(shared) for user in USERS}
-                inference = inference_pb2_grpc.InferenceServiceStub(shared)
-            else:
-                jobs = {user: scheduler_pb2_grpc.SchedulerServiceStub(channel("client", user)) for user in USERS}
-                inference = inference_pb2_grpc.InferenceServiceStub(channel(f"router-{ROUTER}", ROUTER))
-            calls: set[asyncio.Task[None]] = set()
-            loops = [self._poisson(self._regime.submits_per_s, lambda: self._submit(jobs), calls),
-                     self._poisson(self._regime.cancels_per_s, lambda: self._cancel(jobs), calls),
-                     self._demand(inference)]
-            await asyncio.gather(*loops)
-            await asyncio.gather(*calls)  # every call sent is answered before the checks
-
-    async def _sleep(self, seconds: float) -> bool:
-        """Sleep unless stopping; False once stopping."""
-        end = time.monotonic() + seconds
-        while not self._stop.is_set():
-            left = end - time.monotonic()
-            if left <= 0:
-                return True
-            await asyncio.sleep(min(left, 0.5))
-        return False
-
-    async def _poisson(
-        self, rate: float, call: Callable[[], Coroutine[Any, Any, None]], calls: set[asyncio.Task[None]]
-    ) -> None:
-        if rate <= 0:
-            return
-        while await self._sleep(self._rng.expovariate(rate)):
-            task = asyncio.create_task(call())
-            calls.add(task)
-            task.add_done_callback(calls.discard)
-
-    def _spec(self) -> types_pb2.JobSpec:
-        rng = self._rng
-        if rng.random() < RIGID_SHARE:
-            low = high = rng.randint(1, 4)
-        else:
-            low, high = rng.randint(1, 4), rng.randint(8, 32)
-        return types_pb2.JobSpec(
-            name=f"soak-{'rigid' if low == high else 'elastic'}-{uuid.uuid4().hex[:8]}",
-            user=rng.choice(USERS), command=["python", "train.py"],
-            env={RUN_ENV: f"{rng.uniform(*RUN_S):.0f}"}, gpus_per_worker=GPUS_PER_WORKER,
-            min_workers=low, max_workers=high,
-        )
-
-    async def _submit(self, stubs: Mapping[str, scheduler_pb2_grpc.SchedulerServiceStub]) -> None:
-        request = scheduler_pb2.SubmitJobRequest(spec=self._spec(), idempotency_key=uuid.uuid4().hex)
-        sent = time.perf_counter()
-        try:
-            reply = await stubs[request.spec.user].SubmitJob(request, timeout=RPC_TIMEOUT_S)
-        except grpc.aio.AioRpcError as exc:
-            self._error("SubmitJob", exc)
-            return
-        with self._lock:
-            self._submit_latency.append(time.perf_counter() - sent)
-            self.acked.append(reply.job.job_id)
-            self._owner[reply.job.job_id] = request.spec.user
-
-    async def _cancel(self, stubs: Mapping[str, scheduler_pb2_grpc.SchedulerServiceStub]) -> None:
-        with self._lock:
-            recent = [j for j in self.acked[-RECENT_JOBS:] if j not in self._tried]
-        if not recent:
-            return
-        job_id = self._rng.choice(recent)
-        self._tried.add(job_id)
-        try:  # by its owner: a user may cancel only its own jobs
-            await stubs[self._owner[job_id]].CancelJob(scheduler_pb2.CancelJobRequest(job_id=job_id, reason="soak"),
-                                                       timeout=RPC_TIMEOUT_S)
-        except grpc.aio.AioRpcError as exc:
-            self._error("CancelJob", exc)
-            return
-        self.cancelled.add(job_id)
-
-    def _error(self, method: str, exc: grpc.aio.AioRpcError) -> None:
-        key = f"{method}:{exc.code().name}"
-        self.errors[key] += 1
-        self.messages.setdefault(key, exc.details() or "")
-
-    async def _demand(self, stub: inference_pb2_grpc.InferenceServiceStub) -> None:
-        while not self._stop.is_set():
-            needed = self._regime.demand(time.monotonic() - self._started)
-            try:
-                await stub.ReportDemand(inference_pb2.ReportDemandRequest(
-                    servers_needed=needed, observed_rps=10.0 * needed, source="aryl-soak"), timeout=RPC_TIMEOUT_S)
-            except grpc.aio.AioRpcError as exc:
-                self._error("ReportDemand", exc)
-            await self._sleep(DEMAND_REPORT_S)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -763,7 +354,7 @@ def run(args: argparse.Namespace) -> Summary:
     summary = summarize(recorder.samples, outcome, warmup_s=warmup_s)
     text = render(summary, described)
     recorder.plot(f"Aryl soak: {regime.agents} agents, {args.minutes:g} min "
-                  f"(RSS {_pct(summary.rss_growth)} after warm-up)")
+                  f"(RSS {percent_text(summary.rss_growth)} after warm-up)")
     (recorder.out / "summary.txt").write_text(text)
     print(text, end="")
     return summary

@@ -1,4 +1,4 @@
-"""The soak's summary and checks (benchmarks.soak.summarize/render) on synthetic samples: each check
+"""The soak's summary and checks (benchmarks.soak_summary.summarize/render) on synthetic samples: each check
 can fail, and the warm-up and latency windows are the ones the summary names; and the soak's
 security: the scheduler's settings and every client's credentials come from one development CA."""
 
@@ -11,22 +11,20 @@ from pathlib import Path
 import pytest
 
 from aryl_common.security import load_tokens
-from benchmarks.soak import (
+from benchmarks.soak import make_pki, security_settings
+from benchmarks.soak_fleet import agent_security, client_security
+from benchmarks.soak_load import ROUTER, USERS
+from benchmarks.soak_summary import (
     DRIFT_LIMIT,
     DRIFT_WINDOW,
     FD_SLACK,
-    ROUTER,
-    USERS,
     Outcome,
     Sample,
     Summary,
-    make_pki,
     render,
-    security_settings,
     summarize,
     warmup_seconds,
 )
-from benchmarks.soak_fleet import agent_security, client_security
 
 
 def sample(minute: int, *, rss: float = 200.0, fds: int = 1100, submit_p99: float = 20.0,
