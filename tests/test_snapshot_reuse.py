@@ -18,9 +18,9 @@ from scheduler_service.clock import SystemClock
 from scheduler_service.core.plan import KeepPending, Reason
 from scheduler_service.core.snapshot import ClusterSnapshot
 from scheduler_service.store import models as m
-from scheduler_service.store.applier import pending_reasons_in_one_statement
 from scheduler_service.store.db import create_engine_for
 from scheduler_service.store.jobs import JobStore
+from scheduler_service.store.pending_reasons import pending_reasons_in_one_statement
 from scheduler_service.store.snapshot import SnapshotReader
 from tests.fixtures.store import NOW, make_server
 from tests.harness import job_spec

@@ -24,11 +24,11 @@ from scheduler_service.core.plan import KeepPending, Reason
 from scheduler_service.records import JobInfo, JobSubmission
 from scheduler_service.store import jobs as store_jobs
 from scheduler_service.store import models as m
-from scheduler_service.store.applier import pending_reasons_in_bulk, pending_reasons_in_one_statement
 from scheduler_service.store.changes import StateChanges
 from scheduler_service.store.db import create_engine_for
 from scheduler_service.store.desired import DesiredStates
 from scheduler_service.store.jobs import JobStore
+from scheduler_service.store.pending_reasons import pending_reasons_in_bulk, pending_reasons_in_one_statement
 from scheduler_service.store.rows import job_info
 from scheduler_service.store.snapshot import SnapshotReader
 

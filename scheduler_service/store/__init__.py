@@ -6,7 +6,8 @@
 - ``changes``: the writes every use case shares (events, lifecycle-checked state changes, allocations);
 - ``rows``: ORM rows -> the plain values of ``scheduler_service.records``;
 - ``jobs``, ``agents``, ``desired``, ``inference``, ``liveness``, ``term``, ``views``: each use case's SQL;
-- ``snapshot`` and ``applier``: the scheduling cycle's reader and writer.
+- ``snapshot`` and ``applier``: the scheduling cycle's reader and writer (the applier's re-checks read
+  ``apply_facts``; it writes pending reasons through ``pending_reasons``).
 
 Never: decide anything (policies do), or hand an ORM row or a session out of the store.
 """

@@ -6,12 +6,13 @@ The rules are not here: ``core.apply_rules`` holds them once for this applier an
 hard deadline). This module reads what they ask about and writes what an allowed action does.
 
 Nouns: a *loan step* moves an inference server through the loan cycle (LOAN, ACTIVATE, CANCEL,
-RECLAIM, RETURN) with its ``loans`` row (``LoanState``); the *facts* (``_SessionFacts``) are what
-the rules read -- the plan's jobs, and the servers, GPUs, allocations and open loans it touches --
+RECLAIM, RETURN) with its ``loans`` row (``LoanState``); the *facts* (``store.apply_facts.SessionFacts``)
+are what the rules read -- the plan's jobs, and the servers, GPUs, allocations and open loans it touches --
 loaded once per apply and kept up to date in memory as its actions apply; a *refusal*
 (``core.apply_rules.Refused``) is an action fresh state no longer allows, reported in
 ``ApplyResult.rejected`` with its code. The database's unique keys and row versions stay the last
-guard: a change another transaction made since the facts were read is refused there, alone.
+guard: a change another transaction made since the facts were read is refused there, alone. Pending
+reasons are written in bulk by ``store.pending_reasons``.
 
 Never: decide (the plan did; this only re-checks and writes), or commit: the caller's transaction
 does, and agents hear of the changes only after it.
@@ -20,7 +21,7 @@ does, and agents hear of the changes only after it.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import sqlalchemy as sa
@@ -29,8 +30,6 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm.exc import StaleDataError
 
 from scheduler_service.core.apply_rules import (
-    LOAN_STEPS,
-    JobFacts,
     LoanState,
     RefusalCode,
     RefusalLog,
@@ -59,9 +58,9 @@ from scheduler_service.core.plan import (
     apply_order,
 )
 from scheduler_service.core.protection import record_disruption
-from scheduler_service.core.snapshot import AdminState
-from scheduler_service.lifecycle import IllegalTransition, JobState, ServerState
+from scheduler_service.lifecycle import IllegalTransition, JobState
 from scheduler_service.store import models as m
+from scheduler_service.store.apply_facts import SessionFacts
 from scheduler_service.store.changes import (
     StateChanges,
     free_allocations,
@@ -69,17 +68,17 @@ from scheduler_service.store.changes import (
     new_incarnation,
 )
 from scheduler_service.store.desired import DesiredStates
+from scheduler_service.store.pending_reasons import (
+    NO_STAMPS,
+    pending_reasons_in_bulk,
+    pending_reasons_in_one_statement,
+)
 from scheduler_service.store.ports import MasterPorts
 from scheduler_service.store.rows import batch_limits
 from scheduler_service.store.transactions import is_postgresql
 
-_Pair = tuple[str, int]  # (server id, GPU index)
-
 # A plan with at least this many starts applies them as one batch (``_apply_starts_together``).
 _BATCH_STARTS_FROM = 2
-
-
-_NO_STAMPS: Mapping[int, str] = {}
 
 
 @dataclass
@@ -105,7 +104,7 @@ class Applier:
         self._reclaim_deadline_s = reclaim_deadline_s
         self._ports = ports or MasterPorts()
 
-    def apply(self, session: Session, plan: Plan, stamps: Mapping[int, str] = _NO_STAMPS) -> SqlApplyLog:
+    def apply(self, session: Session, plan: Plan, stamps: Mapping[int, str] = NO_STAMPS) -> SqlApplyLog:
         """Apply ``plan`` in ``session``, in ``core.plan.apply_order`` (shared with the simulator):
         ACTIVATE steps, preemptions, scales that release GPUs, starts, other scales, other loan steps --
         so GPUs freed by one action serve a later one and loan steps see what the job actions left;
@@ -120,7 +119,7 @@ class Applier:
         Every server whose allocations or state changed gets one desired-generation bump."""
         log = SqlApplyLog()  # per attempt: a retried transaction starts over
         now = self._clock.now()
-        facts = _SessionFacts.load(session, plan)
+        facts = SessionFacts.load(session, plan)
         held = facts.held_by(s.job_id for s in plan.scales)
         refusals = RefusalLog(log, plan, held)
         together: set[int] | None = None  # the starts applied as one batch (_apply_starts_together)
@@ -218,7 +217,7 @@ class Applier:
             log.rebatched.append(job_id)
             log.touched.update(held)
 
-    def _apply_preemption(self, session: Session, facts: _SessionFacts, action: PreemptJob,
+    def _apply_preemption(self, session: Session, facts: SessionFacts, action: PreemptJob,
                           now: float) -> set[str]:
         """Stop every worker and requeue: RUNNING -> PREEMPTED -> PENDING, both recorded with the
         action's reason; the reason also becomes the pending reason ExplainJob shows."""
@@ -234,7 +233,7 @@ class Applier:
         self._changes.set_job_state(session, job, JobState.PENDING, action.reason, f"requeued: {action.message}")
         return servers
 
-    def _apply_scale(self, session: Session, facts: _SessionFacts, action: ScaleJob, now: float) -> set[str]:
+    def _apply_scale(self, session: Session, facts: SessionFacts, action: ScaleJob, now: float) -> set[str]:
         """Replace the job's allocations with exactly the planned placement (workers that stay keep
         their rows) and record RUNNING -> SCALING -> RUNNING. A resize is not a restart: ``restarts``
         counts failures only."""
@@ -263,7 +262,7 @@ class Applier:
         # Every worker restarts at the new world size, so every server it ran or runs on changes.
         return {row.server_id for row in current} | {w.server_id for w in action.workers}
 
-    def _apply_start(self, session: Session, facts: _SessionFacts, action: StartJob, now: float) -> set[str]:
+    def _apply_start(self, session: Session, facts: SessionFacts, action: StartJob, now: float) -> set[str]:
         check_start(facts, action)
         job = facts.row(action.job_id)
         planned = [(w.rank, w.server_id, index) for w in action.workers for index in w.gpu_indices]
@@ -278,7 +277,7 @@ class Applier:
         return {w.server_id for w in action.workers}
 
     def _apply_starts_together(
-        self, session: Session, starts: Sequence[StartJob], facts: _SessionFacts, now: float, log: ApplyLog,
+        self, session: Session, starts: Sequence[StartJob], facts: SessionFacts, now: float, log: ApplyLog,
     ) -> set[int]:
         """Apply ``starts`` in one savepoint with a fixed number of statements, however many there are
         (one plan after a burst of submissions starts 100s of jobs); returns the ids applied.
@@ -352,7 +351,7 @@ class Applier:
         return {action.job_id for action, _ in ready}
 
     def _apply_server_step(
-        self, session: Session, facts: _SessionFacts, action: ServerAction, now: float
+        self, session: Session, facts: SessionFacts, action: ServerAction, now: float
     ) -> tuple[set[str], m.Loan]:
         """One step of the loan cycle (``core.apply_rules.LOAN_STEPS``): the server's transition, its
         loan row (returned), and LOAN_STARTED / LOAN_ENDED events."""
@@ -382,7 +381,7 @@ class Applier:
         return {server.id}, loan
 
     def _apply_pending(self, session: Session, pending: Sequence[KeepPending],
-                       stamps: Mapping[int, str] = _NO_STAMPS) -> list[tuple[int, str, str, str]]:
+                       stamps: Mapping[int, str] = NO_STAMPS) -> list[tuple[int, str, str, str]]:
         """Record new pending reasons in bulk, each with a JOB_PENDING_REASON event, for the jobs still
         PENDING: on PostgreSQL in one statement (a burst of submits brings thousands a cycle), elsewhere
         one SELECT, one UPDATE and one events INSERT for all of them. ``stamps``: the row versions (PostgreSQL
@@ -430,201 +429,6 @@ class Applier:
         session.execute(sa.insert(n).values(topic=m.LOANS_TOPIC, reason=note.reason, message=note.message[:1024],
                                             since=now))
         self._changes.event(session, "LOAN_DECISION", reason=note.reason, message=note.message[:2048])
-
-
-def pending_reasons_in_bulk(session: Session, pending: Sequence[KeepPending], now: float) -> None:
-    """``Applier._apply_pending`` on any database."""
-    jobs = m.JOBS
-    still_pending = set(session.scalars(
-        sa.select(jobs.c.id)
-        .where(jobs.c.id.in_([p.job_id for p in pending]), jobs.c.state == JobState.PENDING)
-        .with_for_update()
-    ))
-    items = [p for p in pending if p.job_id in still_pending]
-    if not items:
-        return
-    session.execute(
-        sa.update(jobs)
-        .where(jobs.c.id == sa.bindparam("job_id"))
-        .values(pending_reason=sa.bindparam("why"), version=jobs.c.version + 1),
-        [{"job_id": p.job_id, "why": p.summary} for p in items],
-    )
-    session.execute(sa.insert(m.EVENTS), [
-        dict(time=now, kind="JOB_PENDING_REASON", job_id=p.job_id, server_id=None, from_state="", to_state="",
-             reason=p.reason, message=p.message[:2048], details={})
-        for p in items
-    ])
-
-
-def pending_reasons_in_one_statement(session: Session, pending: Sequence[KeepPending], now: float,
-                                     stamps: Mapping[int, str] = _NO_STAMPS) -> list[tuple[int, str, str, str]]:
-    """``Applier._apply_pending`` on PostgreSQL: what ``pending_reasons_in_bulk`` writes, in one statement.
-    A job with a stamp in ``stamps`` (the row version its reason was decided on) gets it only if its row
-    is still that version: a reason decided on a row changed since is left to the next cycle, which
-    decides on the change. Returns those jobs as (job, the version read, the new version, the reason)."""
-    rows = session.execute(_PENDING_REASONS, dict(
-        ids=[p.job_id for p in pending], whys=[p.summary for p in pending],
-        reasons=[str.__str__(p.reason) for p in pending], messages=[p.message[:2048] for p in pending],
-        seen=[stamps.get(p.job_id) for p in pending], now=now, pending=str.__str__(JobState.PENDING),
-    ))
-    return [(job_id, seen, stamp, why) for job_id, seen, stamp, why in rows if seen is not None]
-
-
-# ``pending_reasons_in_one_statement``: only jobs still PENDING are written (the UPDATE's row locks
-# re-check it), each with its event, in the plan's order.
-_PENDING_REASONS = sa.text("""
-WITH t AS (
-    SELECT * FROM unnest(CAST(:ids AS bigint[]), CAST(:whys AS text[]), CAST(:reasons AS text[]),
-                         CAST(:messages AS text[]), CAST(:seen AS text[]))
-                  WITH ORDINALITY AS t(id, why, reason, message, seen, n)
-), written AS (
-    UPDATE jobs SET pending_reason = t.why, version = jobs.version + 1
-    FROM t WHERE jobs.id = t.id AND jobs.state = :pending AND (t.seen IS NULL OR jobs.xmin::text = t.seen)
-    RETURNING jobs.id, t.seen, jobs.xmin::text AS stamp, t.why
-), logged AS (
-    INSERT INTO events (time, kind, job_id, server_id, from_state, to_state, reason, message, details, actor)
-    SELECT :now, 'JOB_PENDING_REASON', t.id, NULL, '', '', t.reason, t.message, '{}'::json, ''
-    FROM t JOIN written ON written.id = t.id
-    ORDER BY t.n
-)
-SELECT id, seen, stamp, why FROM written
-""")
-
-
-class _SessionFacts:
-    """``core.apply_rules.ApplyFacts`` over the session: the plan's jobs (ORM rows, kept alive here:
-    the identity map is weak), and the servers it places workers on or steps through the loan cycle --
-    their states, usable GPUs, allocations and open loans -- read in a few queries per ``apply`` and
-    kept up to date in memory as each action commits to its savepoint (``applied``), so re-checking an
-    action costs no round trip. Allocations are read for those servers and for the plan's jobs
-    wherever they run; a GPU elsewhere reads as unheld, which the rules never ask about."""
-
-    def __init__(self, jobs: dict[int, m.Job], states: dict[str, str], usable: set[_Pair],
-                 allocations: Iterable[tuple[str, int, int]], servers: dict[str, m.Server],
-                 loans: dict[str, m.Loan], cordoned: set[str]) -> None:
-        self._jobs = jobs
-        self._states = states
-        self._cordoned = cordoned          # of the servers the plan places on or steps
-        self._usable = usable
-        self._servers = servers            # ORM rows of the servers the plan steps (it writes them)
-        self._loans = loans                # their open loans (ORM rows)
-        self._holders: dict[str, dict[int, int]] = defaultdict(dict)  # server -> GPU -> job
-        self._by_job: dict[int, set[_Pair]] = defaultdict(set)
-        for server_id, index, job_id in allocations:
-            self._holders[server_id][index] = job_id
-            self._by_job[job_id].add((server_id, index))
-
-    @classmethod
-    def load(cls, session: Session, plan: Plan) -> _SessionFacts:
-        job_ids = sorted({p.job_id for p in plan.preemptions} | {s.job_id for s in plan.scales}
-                         | {s.job_id for s in plan.starts})
-        placing: tuple[StartJob | ScaleJob, ...] = (*plan.starts, *plan.scales)
-        placed_on = sorted({w.server_id for action in placing for w in action.workers})
-        stepped = sorted({a.server_id for a in plan.server_actions})
-        touched = sorted({*placed_on, *stepped})
-        jobs: dict[int, m.Job] = {}
-        if job_ids:
-            jobs = {job.id: job for job in session.scalars(sa.select(m.Job).where(m.Job.id.in_(job_ids)))}
-        s, g, a = m.SERVERS.c, m.GPUS.c, m.ALLOCATIONS.c
-        servers: dict[str, m.Server] = {}
-        loans: dict[str, m.Loan] = {}
-        if stepped:
-            servers = {server.id: server
-                       for server in session.scalars(sa.select(m.Server).where(m.Server.id.in_(stepped)))}
-            loans = {loan.server_id: loan for loan in session.scalars(
-                sa.select(m.Loan).where(m.Loan.server_id.in_(stepped), m.Loan.state != LoanState.RETURNED))}
-        states = {sid: server.state for sid, server in servers.items()}
-        cordoned = {sid for sid, server in servers.items() if server.admin_state != AdminState.NONE}
-        usable: set[_Pair] = set()
-        if placed_on:
-            unstepped = [sid for sid in placed_on if sid not in servers]
-            for sid, state, admin in session.execute(
-                sa.select(s.id, s.state, s.admin_state).where(s.id.in_(unstepped))
-            ):
-                states[sid] = state
-                if admin != AdminState.NONE:
-                    cordoned.add(sid)
-            usable = {(sid, index) for sid, index in session.execute(
-                sa.select(g.server_id, g.index).where(g.server_id.in_(placed_on), g.healthy))}
-        allocations: list[tuple[str, int, int]] = []
-        if touched or job_ids:
-            allocations = [(row.server_id, row.gpu_index, row.job_id) for row in session.execute(
-                sa.select(a.server_id, a.gpu_index, a.job_id).where(sa.or_(a.server_id.in_(touched),
-                                                                           a.job_id.in_(job_ids))))]
-        return cls(jobs, states, usable, allocations, servers, loans, cordoned)
-
-    # -- ApplyFacts --------------------------------------------------------------------------------
-
-    def job(self, job_id: int) -> JobFacts | None:
-        job = self._jobs.get(job_id)
-        if job is None:
-            return None
-        return JobFacts(job.id, JobState(job.state), job.gpus_per_worker, job.min_workers, job.max_workers)
-
-    def server_state(self, server_id: str) -> ServerState | None:
-        state = self._states.get(server_id)
-        return ServerState(state) if state is not None else None
-
-    def server_cordoned(self, server_id: str) -> bool:
-        return server_id in self._cordoned
-
-    def open_loan(self, server_id: str) -> LoanState | None:
-        loan = self._loans.get(server_id)
-        return LoanState(loan.state) if loan is not None else None
-
-    def gpu_usable(self, server_id: str, index: int) -> bool:
-        return (server_id, index) in self._usable
-
-    def gpu_holder(self, server_id: str, index: int) -> int | None:
-        return self._holders[server_id].get(index) if server_id in self._holders else None
-
-    def jobs_on(self, server_id: str) -> Collection[int]:
-        return self._holders[server_id].values() if server_id in self._holders else ()
-
-    # -- what the applier reads and writes ---------------------------------------------------------
-
-    def row(self, job_id: int) -> m.Job:
-        """The job's ORM row (the rules found it)."""
-        return self._jobs[job_id]
-
-    def server_row(self, server_id: str) -> m.Server:
-        return self._servers[server_id]
-
-    def loan_row(self, server_id: str) -> m.Loan | None:
-        return self._loans.get(server_id)
-
-    def held_by(self, job_ids: Iterable[int]) -> dict[int, list[_Pair]]:
-        """Each job's (server, GPU) pairs now (``apply_order``'s ``held``)."""
-        return {job_id: sorted(self._by_job[job_id]) for job_id in job_ids if job_id in self._by_job}
-
-    def applied(self, action: StartJob | ScaleJob | PreemptJob | ServerAction, loan: m.Loan | None = None) -> None:
-        """``action`` committed to its savepoint: a job action's GPUs change hands; a loan step moves
-        the server and its open loan (``loan``: the row the step wrote)."""
-        if isinstance(action, ServerAction):
-            rule = LOAN_STEPS[action.kind]
-            self._states[action.server_id] = rule.target
-            if rule.loan_after == LoanState.RETURNED or loan is None:
-                self._loans.pop(action.server_id, None)
-            else:
-                self._loans[action.server_id] = loan
-            return
-        for server_id, index in self._by_job.pop(action.job_id, set()):
-            if self._holders[server_id].get(index) == action.job_id:
-                del self._holders[server_id][index]
-        if isinstance(action, PreemptJob):
-            return
-        for w in action.workers:
-            for index in w.gpu_indices:
-                self._holders[w.server_id][index] = action.job_id
-                self._by_job[action.job_id].add((w.server_id, index))
-
-    def undo_start(self, action: StartJob) -> None:
-        """A start recorded by ``applied`` that the database then refused: its GPUs are free again."""
-        self._by_job.pop(action.job_id, None)
-        for w in action.workers:
-            for index in w.gpu_indices:
-                if self._holders[w.server_id].get(index) == action.job_id:
-                    del self._holders[w.server_id][index]
 
 
 def _rank0_server(workers: Sequence[WorkerPlacement]) -> str:
