@@ -41,7 +41,7 @@ from benchmarks.harness import (
     wait_until_idle,
 )
 from protos.aryl.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2
-from scheduler_service.api import validation
+from scheduler_service.api import job_validation
 from scheduler_service.app.jobs import DEFAULT_PAGE_SIZE
 from scheduler_service.core.plan import Reason
 from scheduler_service.lifecycle import JobState
@@ -113,7 +113,7 @@ def insert_ceiling(engine: Engine, requests: Sequence[scheduler_pb2.SubmitJobReq
     """Jobs/s for inserting the rows SubmitJob writes (one job + its JOB_SUBMITTED event) with
     SQLAlchemy Core executemany, ``CEILING_BATCH`` jobs per transaction: the database's ceiling."""
     now = time.time()
-    submissions = [validation.job_submission(r.spec, "", now=now) for r in requests]
+    submissions = [job_validation.job_submission(r.spec, "", now=now) for r in requests]
     job_rows = [
         dict(
             name=s.name, user=s.user, queue=s.queue, command=list(s.command), env=dict(s.env),

@@ -37,7 +37,7 @@ from benchmarks.harness import (
     wait_until_idle,
 )
 from protos.aryl.v1 import scheduler_pb2, scheduler_pb2_grpc
-from scheduler_service.api import validation
+from scheduler_service.api import job_validation
 from scheduler_service.store import jobs as store_jobs
 
 log = logging.getLogger("aryl.bench")
@@ -100,7 +100,7 @@ def copy_ceiling(engine: sa.Engine, requests: Sequence[scheduler_pb2.SubmitJobRe
     INSERT ... SELECT of their events), ``BATCH_SIZE`` jobs per committed transaction, no RPC, no
     validation: the database and its driver, with the rows' rendering as COPY text."""
     now = time.time()
-    subs = [validation.job_submission(r.spec, "", now=now) for r in requests]
+    subs = [job_validation.job_submission(r.spec, "", now=now) for r in requests]
     start = time.perf_counter()
     for first in range(0, len(subs), BATCH_SIZE):
         batch = subs[first:first + BATCH_SIZE]

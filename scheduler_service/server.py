@@ -1,8 +1,12 @@
-"""The scheduler service process: gRPC server (asyncio), scheduling-cycle loop, graceful shutdown.
+"""The scheduler service process: the composition root that builds and wires every part, serves until
+stopped, and shuts down gracefully.
 
 ``SchedulerService.run()`` serves until ``stop()``; ``serve_in_background(config)`` runs one in a
-thread (tests, the demo). Health checking and server reflection are served so generic gRPC tools
-(grpcurl, grpc_health_probe) work without the .proto files.
+thread (tests, the demo). It builds the use cases (``app``), the policy, the leadership, the
+post-commit fan-outs and the servicers; ``grpc_server`` puts them on a gRPC server (asyncio) with
+health checking and server reflection, and ``service_loops`` runs the scheduling cycles, liveness
+sweeps and event pruning beside the RPCs. What this module must never do: decide anything or hold
+SQL (it wires what does).
 
 On PostgreSQL several schedulers may share the database (``docs/ha.md``): each starts as a standby
 and the one that takes the leader lease leads (``app.lease``, on a thread of its own); a standby
@@ -15,7 +19,6 @@ file are not supported).
 from __future__ import annotations
 
 import asyncio
-import errno
 import gc
 import socket
 import threading
@@ -25,48 +28,37 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
 import sqlalchemy.exc
 import structlog
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_health.v1 import health_pb2
 from sqlalchemy.engine import make_url
 
-from aryl_common.channels import KEEPALIVE_TIME_MS, MAX_DESIRED_STATE_BYTES
 from aryl_common.entry import BadInput, Unreachable, one_line
 from aryl_common.metrics import MetricsEndpoint, serve_metrics
-from aryl_common.security import ClientSecurity, TokenFile, server_credentials
+from aryl_common.security import ClientSecurity
 from migrations import upgrade
-from protos.aryl.v1 import (
-    agent_pb2,
-    agent_pb2_grpc,
-    inference_pb2,
-    inference_pb2_grpc,
-    scheduler_pb2,
-    scheduler_pb2_grpc,
-)
 from scheduler_service.api.agent_logs import AgentLogReader
-from scheduler_service.api.auth import AuthInterceptor
+from scheduler_service.api.agent_servicer import AgentServicer
+from scheduler_service.api.inference_servicer import InferenceServicer
 from scheduler_service.api.leader_gate import LeaderGate
-from scheduler_service.api.servicers import AgentServicer, InferenceServicer, SchedulerServicer, event_topics
+from scheduler_service.api.scheduler_servicer import SchedulerServicer, event_topics
 from scheduler_service.api.stream_limits import StreamLimits
 from scheduler_service.app import SchedulerApp
 from scheduler_service.app.deadlines import DeadlineAdmission
-from scheduler_service.app.demand_forecast import LiveDemandForecast
+from scheduler_service.app.demand_forecast import DemandForecastInfo, LiveDemandForecast
 from scheduler_service.app.forecast import ForecastProcess, Forecasts
 from scheduler_service.app.lease import Leadership
-from scheduler_service.app.liveness import Liveness
-from scheduler_service.app.retention import EventRetention
 from scheduler_service.batching import GroupCommitter, LatestWriter
 from scheduler_service.clock import SystemClock
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.core.clock import Clock
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.cycle import SchedulingCycle
-from scheduler_service.errors import Aborted, Unavailable
+from scheduler_service.grpc_server import SERVICE_NAMES, add_services, bind_server, watch_committer
 from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.notify.notifier import AsyncNotifier
 from scheduler_service.policies import create_policy
+from scheduler_service.service_loops import ServiceLoops
 from scheduler_service.solvers import warm_up as warm_up_solvers
 from scheduler_service.store import lease as lease_store
 from scheduler_service.store.changes import StateChanges
@@ -76,44 +68,8 @@ from scheduler_service.store.transactions import Transactions
 
 log = structlog.get_logger("aryl.scheduler")
 
-SERVICE_NAMES = (
-    scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name,
-    agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name,
-    inference_pb2.DESCRIPTOR.services_by_name["InferenceService"].full_name,
-)
-
-
-class ListenError(BadInput):
-    """``server.listen`` cannot be bound: taken, or not this machine's (exit 2: the fix is the address)."""
-
-
 class DatabaseUnreachable(Unreachable):
     """The database of ``database.url`` cannot be reached or opened (exit 3)."""
-
-
-LISTEN_HINT = "choose another address with --listen or server.listen (ARYL_SERVER__LISTEN)"
-
-
-def probe_listen_address(listen: str) -> None:
-    """ListenError, naming the reason (in use, not this machine's), when ``host:port`` cannot be bound.
-
-    gRPC's own bind failure is a bare error on stderr from its C core plus an exception without the
-    reason, so the address is tried with a plain socket first (SO_REUSEADDR as gRPC sets it: a port
-    left in TIME_WAIT by a previous run is free). Forms other than ``host:port`` are left to gRPC."""
-    host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit():
-        return
-    try:
-        family, kind, proto, _, address = socket.getaddrinfo(
-            host.strip("[]") or None, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )[0]
-        with socket.socket(family, kind, proto) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind(address)
-    except OSError as exc:  # socket.gaierror included: a host name that does not resolve
-        if exc.errno == errno.EAFNOSUPPORT:
-            return  # e.g. [::] on a host without IPv6, where gRPC falls back to IPv4
-        raise ListenError(f"cannot listen on {listen}: {exc.strerror or exc}; {LISTEN_HINT}") from exc
 
 
 def displayed_url(url: str) -> str:
@@ -186,7 +142,7 @@ class SchedulerService:
         self._stop = asyncio.Event()
         # The port first, then the database, and only then the term: a start that cannot serve
         # (address taken) or cannot reach its database fails before it writes SCHEDULER_STARTED.
-        server = self._bind_server()
+        server, self.port = bind_server(cfg, self.gate)
         # The lease is renewed on a thread of its own from the moment it is taken: what follows (the
         # solvers' warm-up, setting up the services) may take longer than a lease on a loaded machine.
         lease_stop = self._lease_stop = threading.Event()
@@ -271,42 +227,36 @@ class SchedulerService:
         sec = cfg.security
         log_reader = AgentLogReader(timeout_s=cfg.agents.rpc_timeout_s, security=ClientSecurity(
             insecure=sec.insecure, ca_file=sec.tls_client_ca, cert_file=sec.tls_cert, key_file=sec.tls_key))
-        scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(
+        health_servicer = add_services(
+            server,
             SchedulerServicer(app, executor, notifier, policy_name=self.policy.name, clock_now=self.clock.now,
                               submissions=submissions, cancellations=cancellations,
                               policy=self.policy, policy_params=self.policy_params, log_reader=log_reader,
                               stream_limits=stream_limits, forecasts=forecasts,
                               allow_loader_env=cfg.security.allow_loader_env, gpu_speeds=cfg.scheduling.gpu_speeds,
-                              demand_forecast=lambda: self.demand_forecast.outlook(self.policy_params)),
-            server,
-        )
-        agent_pb2_grpc.add_AgentServiceServicer_to_server(
+                              demand_forecast=self._demand_outlook),
             AgentServicer(app, executor, notifier, report_interval_s=cfg.agents.report_interval_s,
                           desired_state_refresh_s=cfg.agents.desired_state_refresh_s,
                           grace_period_s=cfg.scheduling.default_grace_period_s,
                           endpoint_allow=cfg.inference.endpoint_allow),
-            server,
+            InferenceServicer(app, executor, notifier, stream_limits=stream_limits),
         )
-        inference_pb2_grpc.add_InferenceServiceServicer_to_server(
-            InferenceServicer(app, executor, notifier, stream_limits=stream_limits), server
-        )
-        health_servicer = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-        reflection.enable_server_reflection((*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
         await server.start()
         for name in ("", *SERVICE_NAMES):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
         self.group_committers = (submissions, cancellations)
         for committer in self.group_committers:
-            self._watch_committer(committer, health_servicer, loop)
+            watch_committer(committer, health_servicer, loop, stopping=self._stopping)
         cycle = SchedulingCycle(app.cluster, self.policy, self.clock, seed=cfg.scheduling.seed,
                                 forecaster=self.demand_forecast)
         # The cycle on a thread of its own: it never waits for a free RPC thread behind a burst of
         # status reports, and cycles never overlap (one decides at a time).
         cycle_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aryl-cycle")
-        cycle_task = asyncio.create_task(self._cycle_loop(cycle, notifier, cycle_thread, forecasts, forecast_thread))
-        liveness_task = asyncio.create_task(self._liveness_loop(app.liveness, executor))
-        retention_task = asyncio.create_task(self._retention_loop(app.retention, executor))
+        loops = ServiceLoops(cfg, self.clock, leading=self._leading, metrics=self.metrics,
+                             demand_outlook=self._demand_outlook)
+        cycle_task = asyncio.create_task(loops.cycles(cycle, notifier, cycle_thread, forecasts, forecast_thread))
+        liveness_task = asyncio.create_task(loops.liveness(app.liveness, executor))
+        retention_task = asyncio.create_task(loops.retention(app.retention, executor))
         log.info("scheduler started", listen=cfg.server.listen, port=self.port, epoch=epoch,
                  role="leader" if self._leading() else "standby", policy=self.policy.name,
                  database=self.engine.url.render_as_string(hide_password=True))
@@ -358,42 +308,6 @@ class SchedulerService:
         if callable(close):
             close()
 
-    def _bind_server(self) -> grpc.aio.Server:
-        """A gRPC server bound to ``server.listen``, its services not added yet; ListenError when the
-        address cannot be bound (in use, or not an address of this machine)."""
-        cfg = self.config
-        probe_listen_address(cfg.server.listen)
-        options = [
-            # A server's desired state may be larger than any request (workers x job specs at the
-            # cap), and agents accept up to MAX_DESIRED_STATE_BYTES; sending less would cut the
-            # server off. What the scheduler sends it builds itself, so this bounds nothing a client controls.
-            ("grpc.max_send_message_length", max(cfg.server.max_message_bytes, MAX_DESIRED_STATE_BYTES)),
-            ("grpc.max_receive_message_length", cfg.server.max_message_bytes),
-            ("grpc.max_concurrent_streams", cfg.server.max_concurrent_streams),
-            ("grpc.so_reuseport", 0),
-            # Daemons ping every KEEPALIVE_TIME_MS (aryl_common.channels), also between calls; allow
-            # twice that rate so their pings are never taken for abuse.
-            ("grpc.keepalive_permit_without_calls", 1),
-            ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_TIME_MS // 2),
-            ("grpc.http2.max_ping_strikes", 0),
-        ]
-        sec = cfg.security
-        interceptors = [] if sec.insecure else [AuthInterceptor(
-            TokenFile(sec.tokens_file, on_error=lambda problem: log.error("token file not reloaded", reason=problem)),
-            tls=True, max_user_priority=sec.max_user_priority)]
-        credentials = None if sec.insecure else server_credentials(sec.tls_cert, sec.tls_key, sec.tls_client_ca)
-        server = grpc.aio.server(options=options, interceptors=[*interceptors, self.gate])
-        try:
-            if credentials is None:
-                self.port = server.add_insecure_port(cfg.server.listen)
-            else:
-                self.port = server.add_secure_port(cfg.server.listen, credentials)
-        except RuntimeError:  # grpc's "Failed to bind to address ..."
-            self.port = 0
-        if self.port == 0:  # taken between the probe and here, or a form only gRPC understands
-            raise ListenError(f"cannot listen on {cfg.server.listen}; {LISTEN_HINT}")
-        return server
-
     def _leadership(self, app: SchedulerApp, loop: asyncio.AbstractEventLoop) -> Leadership:
         """The leader lease of this scheduler (PostgreSQL), on a connection pool of its own, its fence
         installed on every write of ``app``; the gate opens and closes with its terms."""
@@ -425,100 +339,18 @@ class SchedulerService:
         self.gate.attach(leadership)
         return leadership
 
+    def _demand_outlook(self) -> DemandForecastInfo | None:
+        """The inference demand's forecast at the last cycle, over the policy's lead (``app.demand_forecast``)."""
+        return self.demand_forecast.outlook(self.policy_params)
+
+    def _stopping(self) -> bool:
+        """Whether the service is shutting down (or not running): a group-commit worker that stops then is
+        no news for health (``grpc_server.watch_committer``)."""
+        return self._stop is None or self._stop.is_set()
+
     def _leading(self) -> bool:
         """Whether this scheduler decides: always on SQLite; while it holds the lease on PostgreSQL."""
         return self.leadership is None or self.leadership.leading
-
-    async def _cycle_loop(self, cycle: SchedulingCycle, notifier: AsyncNotifier, executor: ThreadPoolExecutor,
-                          forecasts: Forecasts | None = None, forecaster: ThreadPoolExecutor | None = None) -> None:
-        """Run a cycle on every trigger (coalesced) and at least every ``cycle_interval_s``; after a cycle,
-        the ETA forecast when it is due (``app.forecast``), on ``forecaster`` (never holding up cycles)."""
-        loop = asyncio.get_running_loop()
-        duty = self.config.scheduling.max_cycle_duty
-        while True:
-            seen = notifier.cycle.version
-            took = 0.0
-            if not self._leading():  # a standby decides nothing
-                await notifier.cycle.wait_newer(seen, timeout=self.config.scheduling.cycle_interval_s)
-                continue
-            try:
-                began = self.clock.now()
-                report = await loop.run_in_executor(executor, cycle.run_once)
-                took = report.total_s
-                await loop.run_in_executor(executor, self.metrics.observe_cycle, report, began)
-                await loop.run_in_executor(executor, lambda: self.metrics.observe_demand_forecast(
-                    self.demand_forecast.outlook(self.policy_params)))
-                if forecasts is not None and forecaster is not None and forecasts.due():
-                    forecaster.submit(_forecast_quietly, forecasts)
-                if report.result.started or report.result.rejected:
-                    log.info("cycle", jobs=report.snapshot_jobs, started=len(report.result.started),
-                             rejected=list(report.result.rejected), decide_ms=round(report.decide_s * 1e3, 2),
-                             total_ms=round(report.total_s * 1e3, 2))
-            except (Unavailable, Aborted) as exc:  # the database is away or busy, or a race was lost: expected
-                log.warning("scheduling cycle skipped; retrying at the next tick", reason=str(exc))
-            except Exception:  # a failed cycle is logged and retried, never fatal
-                log.exception("scheduling cycle failed; retrying at the next tick")
-            # Batch a burst of triggers (e.g. many submissions) into the next cycle, and keep cycles to
-            # their share of the time however long they take (a large cluster's snapshot is not free).
-            await asyncio.sleep(max(self.config.scheduling.min_cycle_gap_s, took * (1 / duty - 1)))
-            await notifier.cycle.wait_newer(seen, timeout=self.config.scheduling.cycle_interval_s)
-
-    async def _liveness_loop(self, liveness: Liveness, executor: ThreadPoolExecutor) -> None:
-        """Mark servers LOST whose agents are silent past ``agents.lost_after_s`` (this process's
-        monotonic clock), checking a few times per grace period."""
-        loop = asyncio.get_running_loop()
-        lost_after = self.config.agents.lost_after_s
-        while True:
-            await asyncio.sleep(min(1.0, lost_after / 4))
-            if not self._leading():  # liveness is judged by the leader alone
-                continue
-            try:
-                lost = await loop.run_in_executor(executor, liveness.sweep_lost, lost_after)
-                if lost:
-                    log.warning("servers lost: their agents are silent", servers=lost, lost_after_s=lost_after)
-            except (Unavailable, Aborted) as exc:  # the database is away or busy, or this one stepped down
-                log.warning("liveness check skipped; retrying", reason=str(exc))
-            except Exception:  # retried at the next check, never fatal
-                log.exception("liveness check failed; retrying")
-
-    async def _retention_loop(self, retention: EventRetention, executor: ThreadPoolExecutor) -> None:
-        """Every ``events.prune_interval_s``, delete events older than ``events.retention_days``, in
-        short batches (``app.retention``); a failure is logged and retried at the next run."""
-        loop = asyncio.get_running_loop()
-        events = self.config.events
-        while True:
-            await asyncio.sleep(events.prune_interval_s)
-            if not self._leading():
-                continue
-            try:
-                deleted = await loop.run_in_executor(executor, lambda: retention.prune(
-                    now=self.clock.now(), retention_days=events.retention_days, batch=events.prune_batch))
-                if deleted:
-                    log.info("old events pruned", deleted=deleted, retention_days=events.retention_days)
-            except Exception:  # retried at the next run, never fatal
-                log.exception("event pruning failed; retrying at the next run")
-
-    def _watch_committer(self, committer: GroupCommitter[Any, Any], health_servicer: health.aio.HealthServicer,
-                         loop: asyncio.AbstractEventLoop) -> None:
-        """Once ``committer``'s worker stops while the service runs, health says NOT_SERVING (overall and
-        for SchedulerService): every later SubmitJob or CancelJob is refused until a restart, which a
-        probe can now order. Its callers are refused at once by the committer itself."""
-
-        async def not_serving() -> None:
-            for name in ("", SERVICE_NAMES[0]):
-                await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-
-        def stopped(error: BaseException | None) -> None:  # on the committer's thread
-            if self._stop is None or self._stop.is_set():
-                return  # shutting down: health already says so
-            log.critical("a group-commit worker stopped; health says NOT_SERVING until a restart",
-                         committer=committer.name, error=repr(error))
-            try:
-                asyncio.run_coroutine_threadsafe(not_serving(), loop)
-            except RuntimeError:
-                pass  # the loop closed meanwhile: the service has stopped
-
-        committer.add_stop_callback(stopped)
 
     def stop_leading(self) -> None:
         """End the lease thread now (thread-safe), whatever the rest of the shutdown is doing: the lease
@@ -535,15 +367,6 @@ class SchedulerService:
             except RuntimeError:
                 pass  # the loop closed meanwhile: already stopped
 
-
-def _forecast_quietly(forecasts: Forecasts) -> None:
-    """One ETA forecast; a failure is logged and the previous forecast stays (the next cycle tries again)."""
-    try:
-        forecasts.refresh()
-    except (Unavailable, Aborted) as exc:
-        log.warning("forecast skipped; retrying after the next cycle", reason=str(exc))
-    except Exception:  # a failed forecast is never fatal
-        log.exception("forecast failed; retrying after the next cycle")
 
 
 def advertised_address(config: SchedulerConfig, port: int) -> str:

@@ -14,7 +14,7 @@ import pytest
 import sqlalchemy as sa
 
 from protos.aryl.v1 import types_pb2
-from scheduler_service.api import validation
+from scheduler_service.api import job_validation
 from scheduler_service.app.explain import JobExplainer, JobExplanation
 from scheduler_service.clock import SystemClock
 from scheduler_service.core.params import PolicyParams
@@ -127,7 +127,7 @@ def _count(engine: sa.Engine, table: sa.Table) -> int:
 def test_a_repeated_idempotency_key_is_key_taken_and_writes_nothing(engine: sa.Engine) -> None:
     clock = SystemClock()
     store, db = JobStore(StateChanges(clock), DesiredStates(epoch=lambda: 1), clock), _db(engine)
-    first = validation.job_submission(types_pb2.JobSpec(
+    first = job_validation.job_submission(types_pb2.JobSpec(
         name="first", user="alice", command=["python", "train.py"], gpus_per_worker=1, min_workers=1,
     ), "key-1", now=NOW)
     db.write(lambda session: store.insert(session, [first], NOW))

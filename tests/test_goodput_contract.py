@@ -28,7 +28,7 @@ from node_agent.desired import DesiredStateTracker
 from node_agent.supervisor import Supervisor
 from node_agent.workers import Phase, WorkerId, load_state
 from protos.aryl.v1 import types_pb2
-from scheduler_service.api import convert, validation
+from scheduler_service.api import convert, job_validation
 from scheduler_service.app import SchedulerApp
 from scheduler_service.core.batch import prediction_sizes
 from scheduler_service.core.goodput import BatchSplit, GradParams, StepSample
@@ -128,26 +128,26 @@ def batch_spec(init: int = 256, largest: int = 1024, local: int = 64, **fields) 
 
 
 def test_batch_limits_are_validated_with_messages_that_say_what_to_fix() -> None:
-    sub = validation.job_submission(batch_spec(workers=2, max_workers=4), "", now=0.0)
+    sub = job_validation.job_submission(batch_spec(workers=2, max_workers=4), "", now=0.0)
     assert sub.batch_limits == LIMITS
-    assert validation.job_submission(job_spec("plain"), "", now=0.0).batch_limits is None
+    assert job_validation.job_submission(job_spec("plain"), "", now=0.0).batch_limits is None
     refused = {
         "spec.batch.init_batch_size": (batch_spec(init=0), "between 1 and"),
         "spec.batch.max_batch_size": (batch_spec(largest=0), "is required"),
     }
     for field, (spec, words) in refused.items():
         with pytest.raises(InvalidArgument) as caught:
-            validation.job_submission(spec, "", now=0.0)
+            job_validation.job_submission(spec, "", now=0.0)
         assert (caught.value.field, words in caught.value.reason) == (field, True), caught.value.reason
     with pytest.raises(InvalidArgument) as caught:
-        validation.job_submission(batch_spec(largest=128), "", now=0.0)
+        job_validation.job_submission(batch_spec(largest=128), "", now=0.0)
     assert caught.value.field == "spec.batch.max_batch_size"
     assert "must be >= init_batch_size (256)" in caught.value.reason
     with pytest.raises(InvalidArgument) as caught:  # 8 workers x 4 GPUs: at least 32 samples a step
-        validation.job_submission(batch_spec(init=16, largest=16, gpus=4, workers=1, max_workers=8), "", now=0.0)
+        job_validation.job_submission(batch_spec(init=16, largest=16, gpus=4, workers=1, max_workers=8), "", now=0.0)
     assert caught.value.field == "spec.batch.max_batch_size" and "must be >= 32" in caught.value.reason
     with pytest.raises(InvalidArgument) as caught:
-        validation.job_submission(batch_spec(local=0), "", now=0.0)
+        job_validation.job_submission(batch_spec(local=0), "", now=0.0)
     assert caught.value.field == "spec.batch.max_local_batch_size" and "is required" in caught.value.reason
 
 

@@ -22,7 +22,7 @@ import pytest
 from aryl_common import security
 from aryl_common.security import ClientSecurity
 from protos.aryl.v1 import agent_pb2, inference_pb2, inference_pb2_grpc, scheduler_pb2, types_pb2
-from scheduler_service.api.validation import allowed_endpoint, peer_host
+from scheduler_service.api.agent_validation import allowed_endpoint, peer_host
 from scheduler_service.errors import PermissionDenied
 from scheduler_service.records import ServerRegistration
 from tests.harness import job_spec, pki, register_fake_server, scheduler_stub, secure_channel

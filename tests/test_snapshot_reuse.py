@@ -13,7 +13,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from scheduler_service.api import validation
+from scheduler_service.api import job_validation
 from scheduler_service.clock import SystemClock
 from scheduler_service.core.plan import KeepPending, Reason
 from scheduler_service.core.snapshot import ClusterSnapshot
@@ -41,7 +41,7 @@ def read(engine: sa.Engine, reader: SnapshotReader) -> ClusterSnapshot:
 
 
 def add_jobs(engine: sa.Engine, count: int, tag: str) -> None:
-    subs = [validation.job_submission(job_spec(f"{tag}-{i}", workers=1, max_workers=2), "", now=NOW)
+    subs = [job_validation.job_submission(job_spec(f"{tag}-{i}", workers=1, max_workers=2), "", now=NOW)
             for i in range(count)]
     with Session(engine) as session, session.begin():
         JobStore(None, None, SystemClock()).insert(session, subs, NOW)  # type: ignore[arg-type]

@@ -28,7 +28,7 @@ from node_agent.agent import Agent
 from node_agent.config import AgentSection
 from node_agent.gpus import FakeBackend
 from protos.aryl.v1 import agent_pb2, agent_pb2_grpc, scheduler_pb2, types_pb2
-from scheduler_service.api import validation
+from scheduler_service.api import agent_validation, job_validation, validation
 from tests.harness import AS_ITSELF, daemon_security, job_spec, register_fake_server, scheduler_stub, secure_channel
 from tests.helpers import wait_for
 
@@ -76,14 +76,14 @@ def test_the_bounds_hold_a_server_full_of_workers_at_the_cap() -> None:
     spec = spec_of_size(MAX_JOB_SPEC_BYTES)
     worker = agent_pb2.DesiredWorker(
         job_id=str(validation.MAX_JOB_ID), rank=4095, world_size=4096, local_rank=1023,
-        gpu_indices=[validation.MAX_GPUS_PER_SERVER - 1] * validation.MAX_GPUS_PER_WORKER,
+        gpu_indices=[agent_validation.MAX_GPUS_PER_SERVER - 1] * job_validation.MAX_GPUS_PER_WORKER,
         command=spec.command, env=spec.env, master_addr="a" * validation.NAME_MAX, master_port=65535,
         incarnation=2**31,
     )
     worker.grace_period.FromSeconds(10**9)
     assert worker.ByteSize() <= MAX_JOB_SPEC_BYTES + DESIRED_WORKER_OVERHEAD_BYTES
     # A worker holds at least one GPU, so a server has at most as many workers as GPUs.
-    assert MAX_DESIRED_STATE_BYTES >= validation.MAX_GPUS_PER_SERVER * (
+    assert MAX_DESIRED_STATE_BYTES >= agent_validation.MAX_GPUS_PER_SERVER * (
         MAX_JOB_SPEC_BYTES + DESIRED_WORKER_OVERHEAD_BYTES
     )
     assert ("grpc.max_receive_message_length", MAX_DESIRED_STATE_BYTES) in scheduler_channel_options(1.0)

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from aryl_common.channels import MAX_JOB_SPEC_BYTES
-from scheduler_service.api import validation
+from scheduler_service.api import job_validation
 from scheduler_service.errors import InvalidArgument
 from tests.harness import job_spec
 
@@ -31,7 +31,7 @@ def test_the_refusal_names_the_bulky_field(field: str) -> None:
 
     began = time.perf_counter()
     with pytest.raises(InvalidArgument) as refused:
-        validation.job_submission(spec, "", now=time.time())
+        job_validation.job_submission(spec, "", now=time.time())
 
     assert refused.value.field == f"spec.{field}"
     assert str(MAX_JOB_SPEC_BYTES) in refused.value.reason

@@ -10,7 +10,7 @@ import pytest
 import sqlalchemy as sa
 
 from protos.aryl.v1 import agent_pb2, agent_pb2_grpc, scheduler_pb2, types_pb2
-from scheduler_service.api.validation import MAX_BATCH_JOBS
+from scheduler_service.api.job_validation import MAX_BATCH_JOBS
 from tests.harness import job_spec, register_fake_server, scheduler_stub
 from tests.helpers import wait_for
 

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from migrations import upgrade
 from protos.aryl.v1 import types_pb2
-from scheduler_service.api import validation
+from scheduler_service.api import job_validation
 from scheduler_service.clock import SystemClock
 from scheduler_service.core.plan import KeepPending, Reason
 from scheduler_service.records import JobInfo, JobSubmission
@@ -45,10 +45,10 @@ def engine(postgres_url: str) -> Iterator[sa.Engine]:
 
 
 def _submissions() -> list[JobSubmission]:
-    plain = validation.job_submission(types_pb2.JobSpec(
+    plain = job_validation.job_submission(types_pb2.JobSpec(
         name="plain", user="alice", command=["python", "train.py"], gpus_per_worker=1, min_workers=1,
     ), "", now=NOW)
-    full = validation.job_submission(types_pb2.JobSpec(
+    full = job_validation.job_submission(types_pb2.JobSpec(
         name="ünïcode-job", user="bob", queue="", command=["sh", "-c", r"echo 'a\b' \"c\" %s {}"],
         env={"PATH_LIKE": r"C:\dir\N", "QUOTE": "it's \"quoted\"", "EMPTY": ""},
         gpus_per_worker=2, min_workers=1, max_workers=4, priority=7, max_restarts=3,

@@ -1,57 +1,44 @@
-"""The three gRPC services: user-facing SchedulerService, AgentService, InferenceService.
+"""The user-facing SchedulerService: jobs (submit, get, list, cancel, arrays), the event stream, the
+cluster's views (servers, loans), explanations, forecasts (what-if, reclaim previews) and job logs.
 
-Each method: validate -> call the use case it needs (``scheduler_service.app``) in a worker thread ->
-convert the answer.
-Streams wait on in-process fan-outs fed after commits (``scheduler_service.notify``): one read per
-change serves every stream (the event log for WatchEvents, the serving pool for WatchServingPool, a
-server's desired state for WatchDesiredState), so an idle stream costs no database work and holds no
-thread (the server is asyncio). Watch streams are counted per principal, per role and in all
-(``stream_limits``); an event stream that falls its buffer behind is ended (RESOURCE_EXHAUSTED), and
-every stream whose caller's token is revoked, or whose client certificate expires, is ended by ``auth``
-(UNAUTHENTICATED).
+Its operators' RPCs (servers taken out, queues) are ``operator_rpcs``'s. Streams wait on in-process
+fan-outs fed after commits (``scheduler_service.notify``): one read per change serves every
+WatchEvents stream, so an idle stream costs no database work and holds no thread (the server is
+asyncio). Watch streams are counted per principal, per role and in all (``stream_limits``); an event
+stream that falls its buffer behind is ended (RESOURCE_EXHAUSTED), and every stream whose caller's
+token is revoked, or whose client certificate expires, is ended by ``auth`` (UNAUTHENTICATED).
+What this module must never do: hold SQL or decide (it validates, calls ``app`` and converts).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import dataclasses
-from collections.abc import AsyncIterator, Callable, Hashable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Callable, Hashable, Mapping
+from typing import Any
 
 import grpc
 import structlog
 from google.rpc import error_details_pb2, status_pb2
 
-from protos.aryl.v1 import (
-    agent_pb2,
-    agent_pb2_grpc,
-    inference_pb2,
-    inference_pb2_grpc,
-    scheduler_pb2,
-    scheduler_pb2_grpc,
-    types_pb2,
-)
-from scheduler_service.api import auth, convert, validation
+from protos.aryl.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2
+from scheduler_service.api import auth, convert, job_validation, validation
 from scheduler_service.api.agent_logs import AgentLogReader
 from scheduler_service.api.forecast import add_eta, what_if_response
+from scheduler_service.api.operator_rpcs import OperatorRpcs
+from scheduler_service.api.servicer_base import refuse_stream
 from scheduler_service.api.status import ANSWERED_BY_KEY, rpc
 from scheduler_service.api.stream_limits import StreamLimits, TooManyStreams
-from scheduler_service.app import SchedulerApp
 from scheduler_service.app.demand_forecast import DemandForecastInfo
 from scheduler_service.app.forecast import Forecasts
 from scheduler_service.app.jobs import KeyInUse
 from scheduler_service.batching import GroupCommitter
 from scheduler_service.core.params import PolicyParams
-from scheduler_service.core.quota import DEFAULT_QUEUE
 from scheduler_service.core.registry import ReclaimPreviewer
 from scheduler_service.errors import InvalidArgument
 from scheduler_service.notify.event_feed import SlowReader
-from scheduler_service.notify.notifier import AsyncNotifier
-from scheduler_service.records import AdminChange, EventInfo, JobInfo, JobSubmission, QueueSettings
+from scheduler_service.records import EventInfo, JobInfo, JobSubmission
 
-T = TypeVar("T")
 log = structlog.get_logger("aryl.api")
 
 ALL_EVENTS = "all events"  # the WatchEvents topic of unfiltered streams
@@ -61,30 +48,6 @@ EVENT_MESSAGES_KEPT = 4096
 
 # ResourceInfo.resource_type of the job named by an ALREADY_EXISTS answer to SubmitJob.
 JOB_RESOURCE_TYPE = "aryl.v1.Job"
-
-
-class _Base:
-    def __init__(
-        self, app: SchedulerApp, executor: ThreadPoolExecutor, notifier: AsyncNotifier, *,
-        stream_limits: StreamLimits | None = None,
-    ) -> None:
-        self.app = app
-        self._executor = executor
-        self.notifier = notifier
-        # Shared by the services whose watch streams count together (server.max_watch_streams*).
-        self.stream_limits = stream_limits or StreamLimits(per_client=64, total=1024)
-
-    async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        loop = asyncio.get_running_loop()
-        context = contextvars.copy_context()  # the caller (api.auth) goes along: events record it
-        return await loop.run_in_executor(self._executor, lambda: context.run(fn, *args, **kwargs))
-
-    async def require_job_owner(self, job_id: int, what: str = "") -> None:
-        """PermissionDenied unless the caller owns job ``job_id`` or is an admin (api.auth)."""
-        if auth.needs_owner_check():
-            record, _ = await self.run(self.app.jobs.get, job_id)
-            auth.require_owner(record.user, what or f"job {job_id}")
-
 
 
 def event_topics(event: EventInfo) -> tuple[Hashable, ...]:
@@ -102,13 +65,6 @@ def _stream_topic(job_id: int | None, server_id: str) -> Hashable:
     if job_id is not None:
         return ("job", job_id)
     return ("server", server_id) if server_id else ALL_EVENTS
-
-
-async def refuse_stream(context: Any, exc: TooManyStreams) -> None:
-    """RESOURCE_EXHAUSTED for a watch stream beyond a limit; the message names the limit and its setting."""
-    log.warning("watch stream refused", peer=context.peer(), reason=str(exc))
-    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc),
-                        trailing_metadata=((ANSWERED_BY_KEY, "aryl-scheduler"),))
 
 
 class _StreamEnd:
@@ -134,7 +90,7 @@ class _StreamEnd:
         asyncio.get_running_loop().create_task(self.send(code, message))
 
 
-class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
+class SchedulerServicer(OperatorRpcs, scheduler_pb2_grpc.SchedulerServiceServicer):
     def __init__(
         self, *args: Any, policy_name: str, clock_now: Callable[[], float],
         submissions: GroupCommitter[JobSubmission, JobInfo], policy: ReclaimPreviewer, policy_params: PolicyParams,
@@ -164,7 +120,7 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
     @rpc
     async def SubmitJob(self, request: scheduler_pb2.SubmitJobRequest, context: Any) -> scheduler_pb2.SubmitJobResponse:
         auth.own_spec(request.spec)
-        submission = validation.job_submission(request.spec, request.idempotency_key, now=self._now(),
+        submission = job_validation.job_submission(request.spec, request.idempotency_key, now=self._now(),
                                                allow_loader_env=self._allow_loader_env)
         # Admission feedback first: with scheduling.deadline_admission = reject, a job that would miss its
         # deadline is refused (FAILED_PRECONDITION) before anything is queued.
@@ -201,7 +157,7 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
         self, request: scheduler_pb2.SubmitJobsRequest, context: Any
     ) -> scheduler_pb2.SubmitJobsResponse:
         now = self._now()
-        view = validation.submitted_jobs_view(request.view)
+        view = job_validation.submitted_jobs_view(request.view)
         show = convert.job_ids_view if view == scheduler_pb2.SUBMITTED_JOBS_VIEW_IDS else convert.job_summary
 
         def answer() -> scheduler_pb2.SubmitJobsResponse:
@@ -209,7 +165,7 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
             # for the whole call (not the group committer: all or none, whatever else is submitted).
             for i, job in enumerate(request.jobs):
                 auth.own_spec(job.spec, f"jobs[{i}].spec")
-            subs = validation.job_submissions(request.jobs, request.array_indices, now=now,
+            subs = job_validation.job_submissions(request.jobs, request.array_indices, now=now,
                                               allow_loader_env=self._allow_loader_env)
             records = self.app.jobs.submit_batch(subs, array=bool(request.array_indices))
             return scheduler_pb2.SubmitJobsResponse(jobs=[show(r) for r in records])
@@ -246,7 +202,7 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
 
     @rpc
     async def ListJobs(self, request: scheduler_pb2.ListJobsRequest, context: Any) -> scheduler_pb2.ListJobsResponse:
-        flt = validation.job_filter(request.states, request.user, request.queue)
+        flt = job_validation.job_filter(request.states, request.user, request.queue)
         token = validation.text("page_token", request.page_token, max_len=256)
 
         def answer() -> scheduler_pb2.ListJobsResponse:
@@ -414,223 +370,3 @@ class SchedulerServicer(_Base, scheduler_pb2_grpc.SchedulerServiceServicer):
         return scheduler_pb2.GetJobLogsResponse(
             data=chunk.data, offset=chunk.offset, next_offset=chunk.next_offset, size=chunk.size, server_id=server_id
         )
-
-
-    # -- servers an operator takes out (arylctl servers cordon|uncordon|drain|delete) ----------------
-
-    @rpc
-    async def CordonServer(
-        self, request: scheduler_pb2.CordonServerRequest, context: Any
-    ) -> scheduler_pb2.ServerAdminResponse:
-        server_id = validation.server_id("server_id", request.server_id)
-        reason = validation.text("reason", request.reason, max_len=1024)
-        return await self.run(self._admin_answer, lambda: self.app.server_admin.cordon(server_id, reason))
-
-    @rpc
-    async def UncordonServer(
-        self, request: scheduler_pb2.UncordonServerRequest, context: Any
-    ) -> scheduler_pb2.ServerAdminResponse:
-        server_id = validation.server_id("server_id", request.server_id)
-        return await self.run(self._admin_answer, lambda: self.app.server_admin.uncordon(server_id))
-
-    @rpc
-    async def DrainServer(
-        self, request: scheduler_pb2.DrainServerRequest, context: Any
-    ) -> scheduler_pb2.ServerAdminResponse:
-        server_id = validation.server_id("server_id", request.server_id)
-        reason = validation.text("reason", request.reason, max_len=1024)
-        timeout_s = validation.finite("timeout_seconds", request.timeout_seconds)
-        return await self.run(self._admin_answer, lambda: self.app.server_admin.drain(
-            server_id, reason, timeout_s=timeout_s, force=request.force))
-
-    @rpc
-    async def DeleteServer(
-        self, request: scheduler_pb2.DeleteServerRequest, context: Any
-    ) -> scheduler_pb2.DeleteServerResponse:
-        server_id = validation.server_id("server_id", request.server_id)
-
-        def answer() -> scheduler_pb2.DeleteServerResponse:
-            before = self.app.server_admin.server(server_id)
-            change = self.app.server_admin.delete(server_id, force=request.force)
-            now = self.app.server_admin.server(server_id) if not change.deleted else before
-            return scheduler_pb2.DeleteServerResponse(
-                deleted=change.deleted, message=change.message,
-                server=convert.server(now) if now is not None else None,
-            )
-
-        return await self.run(answer)
-
-    # Queues: admin-only (not listed in ``auth.METHOD_ROLES``, so only admins may call them).
-
-    @rpc
-    async def CreateQueue(self, request: scheduler_pb2.CreateQueueRequest, context: Any) -> scheduler_pb2.QueueResponse:
-        q = request.queue
-        settings = QueueSettings(
-            name=validation.queue_name("queue.name", q.name),
-            quota_gpus=validation.gpu_count("queue.quota_gpus", q.quota_gpus),
-            borrow_limit_gpus=(validation.gpu_count("queue.borrow_limit_gpus", q.borrow_limit_gpus)
-                               if q.HasField("borrow_limit_gpus") else None),
-            cohort=validation.cohort_name("queue.cohort", q.cohort), fair_share=q.fair_share,
-        )
-        return await self.run(
-            lambda: scheduler_pb2.QueueResponse(queue=convert.queue(self.app.queues.create(settings))))
-
-    @rpc
-    async def UpdateQueue(self, request: scheduler_pb2.UpdateQueueRequest, context: Any) -> scheduler_pb2.QueueResponse:
-        name = validation.queue_name("name", request.name)
-        change: dict[str, object] = {}
-        if request.HasField("cohort"):
-            change["cohort"] = validation.cohort_name("cohort", request.cohort)
-        if request.HasField("quota_gpus"):
-            change["quota_gpus"] = validation.gpu_count("quota_gpus", request.quota_gpus)
-        if request.quota_rest:
-            if name != DEFAULT_QUEUE:
-                raise InvalidArgument("quota_rest", f'only "default" may have the rest as its quota, not {name!r}')
-            if "quota_gpus" in change:
-                raise InvalidArgument("quota_rest", "contradicts quota_gpus: give one of them")
-            change["quota_gpus"] = None  # the rest (``core.quota``)
-        if request.HasField("borrow_limit_gpus") and request.unlimited_borrowing:
-            raise InvalidArgument("unlimited_borrowing", "contradicts borrow_limit_gpus: give one of them")
-        if request.HasField("borrow_limit_gpus"):
-            change["borrow_limit_gpus"] = validation.gpu_count("borrow_limit_gpus", request.borrow_limit_gpus)
-        if request.unlimited_borrowing:
-            change["borrow_limit_gpus"] = None
-        if request.HasField("fair_share"):
-            change["fair_share"] = request.fair_share
-        return await self.run(
-            lambda: scheduler_pb2.QueueResponse(queue=convert.queue(self.app.queues.update(name, change))))
-
-    @rpc
-    async def DeleteQueue(
-        self, request: scheduler_pb2.DeleteQueueRequest, context: Any
-    ) -> scheduler_pb2.DeleteQueueResponse:
-        name = validation.queue_name("name", request.name)
-        await self.run(self.app.queues.delete, name)
-        return scheduler_pb2.DeleteQueueResponse()
-
-    @rpc
-    async def ListQueues(
-        self, request: scheduler_pb2.ListQueuesRequest, context: Any
-    ) -> scheduler_pb2.ListQueuesResponse:
-        return await self.run(
-            lambda: scheduler_pb2.ListQueuesResponse(queues=[convert.queue(s) for s in self.app.queues.all()]))
-
-    def _admin_answer(self, change: Callable[[], AdminChange]) -> scheduler_pb2.ServerAdminResponse:
-        done = change()
-        server = self.app.server_admin.server(done.server_id)
-        return scheduler_pb2.ServerAdminResponse(
-            server=convert.server(server) if server is not None else None, message=done.message)
-
-
-class AgentServicer(_Base, agent_pb2_grpc.AgentServiceServicer):
-    def __init__(
-        self, *args: Any, report_interval_s: float, grace_period_s: float, desired_state_refresh_s: float = 30.0,
-        endpoint_allow: Sequence[str] = (),
-    ) -> None:
-        super().__init__(*args)
-        self._endpoint_allow = tuple(endpoint_allow)  # [inference] endpoint_allow (api.validation)
-        self._report_interval = report_interval_s
-        self._refresh_s = desired_state_refresh_s
-        self._grace = grace_period_s
-
-    @rpc
-    async def RegisterServer(
-        self, request: agent_pb2.RegisterServerRequest, context: Any
-    ) -> agent_pb2.RegisterServerResponse:
-        registration = validation.registration(request)
-        auth.require_server(registration.hostname)
-        validation.allowed_endpoint(registration, self._endpoint_allow, context.peer())
-        desired = await self.run(self.app.agents.register, registration)
-        log.info("server registered", server=desired.server_id, pool=registration.pool, gpus=len(registration.gpus))
-        return agent_pb2.RegisterServerResponse(
-            server_id=desired.server_id, scheduler_epoch=desired.epoch,
-            report_interval=convert.duration(self._report_interval),
-            desired=convert.desired_state(desired, grace_period_s=self._grace),
-        )
-
-    @rpc
-    async def ReportStatus(
-        self, request: agent_pb2.ReportStatusRequest, context: Any
-    ) -> agent_pb2.ReportStatusResponse:
-        report = validation.status_report(request)
-        auth.require_server(report.server_id)
-        # Most reports say nothing new and are answered from memory, here on the loop: a thread hop
-        # per report would cost more than the answer (1,000s of agents report every few seconds).
-        generation = self.app.agents.answer_from_memory(report)
-        if generation is None:
-            generation = await self.run(self.app.agents.report_status, report)
-        return agent_pb2.ReportStatusResponse(
-            desired_generation=generation, report_interval=convert.duration(self._report_interval)
-        )
-
-    @rpc
-    async def Deregister(self, request: agent_pb2.DeregisterRequest, context: Any) -> agent_pb2.DeregisterResponse:
-        server_id = validation.server_id("server_id", request.server_id)
-        reason = validation.text("reason", request.reason, max_len=1024)
-        auth.require_server(server_id)
-        await self.run(self.app.agents.deregister, server_id, reason)
-        log.info("server deregistered: its agent left", server=server_id, reason=reason)
-        return agent_pb2.DeregisterResponse()
-
-    @rpc
-    async def WatchDesiredState(
-        self, request: agent_pb2.WatchDesiredStateRequest, context: Any
-    ) -> AsyncIterator[agent_pb2.DesiredState]:
-        server_id = validation.server_id("server_id", request.server_id)
-        auth.require_server(server_id)
-        assert self.notifier.desired_states is not None, "the service serves desired states before agents"
-        async for desired in self.notifier.desired_states.watch(server_id, refresh_s=self._refresh_s):
-            yield convert.desired_state(desired, grace_period_s=self._grace)
-
-
-class InferenceServicer(_Base, inference_pb2_grpc.InferenceServiceServicer):
-    @rpc
-    async def ReportDemand(
-        self, request: inference_pb2.ReportDemandRequest, context: Any
-    ) -> inference_pb2.ReportDemandResponse:
-        # More than the inference pool's servers: InvalidArgument from the store, which counts them.
-        rps = validation.finite("observed_rps", request.observed_rps)
-        source = auth.require_router() or validation.text("source", request.source, max_len=253) or context.peer()[:253]
-        report, serving, loaned = await self.run(self.app.inference.report_demand, request.servers_needed, rps, source)
-        return inference_pb2.ReportDemandResponse(
-            demand=convert.demand(report), servers_serving=serving, servers_loaned=loaned
-        )
-
-    @rpc
-    async def GetDemand(self, request: inference_pb2.GetDemandRequest, context: Any) -> inference_pb2.GetDemandResponse:
-        return inference_pb2.GetDemandResponse(demand=convert.demand(await self.run(self.app.inference.latest_demand)))
-
-    @rpc
-    async def WatchServingPool(
-        self, request: inference_pb2.WatchServingPoolRequest, context: Any
-    ) -> AsyncIterator[inference_pb2.ServingPool]:
-        source = auth.require_router() or validation.text("source", request.source, max_len=253) or context.peer()[:253]
-        pool = self.notifier.serving_pool
-        assert pool is not None, "the service serves the serving pool before streams"
-        try:
-            with self.stream_limits.admit(context.peer(), auth.principal()):
-                log.info("serving pool watched", source=source)
-                # One shared read per change (every server state change appends an event), yielded when
-                # the servers changed.
-                async for version, servers in pool.watch():
-                    yield inference_pb2.ServingPool(
-                        version=version,
-                        servers=[
-                            inference_pb2.RoutableServer(
-                                server_id=sid, endpoint=endpoint, state=convert.server_state(state)
-                            )
-                            for sid, endpoint, state in servers
-                        ],
-                    )
-        except TooManyStreams as exc:
-            await refuse_stream(context, exc)
-
-    @rpc
-    async def ReportDrained(
-        self, request: inference_pb2.ReportDrainedRequest, context: Any
-    ) -> inference_pb2.ReportDrainedResponse:
-        server_id = validation.server_id("server_id", request.server_id)
-        source = auth.require_router() or validation.text("source", request.source, max_len=253) or context.peer()[:253]
-        state = await self.run(self.app.inference.report_drained, server_id, source)
-        return inference_pb2.ReportDrainedResponse(state=convert.server_state(state))
-
