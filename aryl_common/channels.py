@@ -27,12 +27,12 @@ KEEPALIVE_TIME_MS = 10_000
 KEEPALIVE_TIMEOUT_MS = 5_000
 
 # A job spec's whole encoded size (name, command, environment, everything), refused above this by
-# the scheduler (scheduler_service/api/validation.py). Well under what every hop takes: Linux's
+# the scheduler (scheduler_service/api/job_validation.py). Well under what every hop takes: Linux's
 # execve accepts ARG_MAX (~2 MiB by default: a quarter of the 8 MiB stack) for argv and envp
 # together and 128 KiB for one string, and the scheduler's messages default to 16 MiB.
 MAX_JOB_SPEC_BYTES = 256 * 1024
 # A server's desired state repeats each of its workers' command and environment. A worker holds at
-# least one GPU and a server registers at most this many (validation.MAX_GPUS_PER_SERVER), so that
+# least one GPU and a server registers at most this many (agent_validation.MAX_GPUS_PER_SERVER), so that
 # is also the most workers one desired state can carry.
 MAX_WORKERS_PER_SERVER = 1024
 # What a DesiredWorker adds to its job's command and environment (ids, ranks, up to 64 GPU indices,

@@ -8,7 +8,7 @@ imported, none copied, and then moves virtual time from event to event:
   segment's true speed, after its restart overhead), inference-demand changes, the router's drain
   acknowledgements (``drain_ack_s`` after a loan begins), server failures and repairs
   (``simulator.failures``);
-- **cycles**: as in the service (``scheduler_service.server``), a cycle runs on events and at least
+- **cycles**: as in the service (``scheduler_service.service_loops``), a cycle runs on events and at least
   every ``cycle_interval_s`` (the periodic tick, so that time-based thresholds -- loan idle time, drain
   timeout, anti-thrashing, starvation -- take effect without events). Events at one instant are
   processed together, then one cycle runs. ``min_cycle_gap_s`` is the service's setting of the same

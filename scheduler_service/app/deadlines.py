@@ -86,7 +86,7 @@ def _most_workers(server_gpus: Sequence[int], gpus_per_worker: int, max_workers:
 
 
 def _declared(throughput: dict[str, object]) -> dict[str, object]:
-    """JobView's fields of throughput hints as stored (``api.validation``'s JSON)."""
+    """JobView's fields of throughput hints as stored (``api.job_validation``'s JSON)."""
     points = throughput.get("points") or ()
     runtime = throughput.get("estimated_runtime_s")
     return dict(

@@ -11,7 +11,7 @@ the snapshot is read, the simulation works on its own copy, nothing is written.
   finish, and a waiting job whose start waits on such jobs gets no predicted start either; its line says
   so, and what the forecast took in their place (``PolicyParams.default_runtime_s``), labelled a guess.
   ``refresh`` makes a forecast under the configured policy from a fresh snapshot; the service
-  calls it after a cycle (``scheduler_service.server``), at most one at a time, no sooner than
+  calls it after a cycle (``scheduler_service.service_loops``), at most one at a time, no sooner than
   ``min_gap_s`` after the previous one began and than ``MAX_DUTY`` of the time allows (a forecast that
   took 2 s waits 18 s more), so forecasts take a bounded share of the scheduler's time (and of its
   interpreter lock, which its RPC threads share) whatever the queue or the RPC load.

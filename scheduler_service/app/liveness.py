@@ -4,7 +4,7 @@ its plan shrinks or requeues the jobs that ran there (``core.faults``, before an
 Silence is measured on this scheduler's monotonic clock only (``Heartbeats``), never on the agents'
 clocks or the database's wall times, so a clock jump is not silence and a restarted scheduler (or a
 standby that begins to lead, ``begin_term``) gives every agent a full grace period. Only the leader
-sweeps (``scheduler_service.server``).
+sweeps (``scheduler_service.service_loops``).
 
 Never: hold SQL (``store.liveness`` marks the server), or move jobs (the policy does).
 """

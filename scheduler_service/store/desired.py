@@ -138,7 +138,7 @@ def _worker_env(env: dict[str, str], array_job_id: int | None, array_index: int 
     """The job's environment, plus its place in its job array for an array's element (the job
     contract, ``node_agent.contract``: ``ARYL_ARRAY_JOB_ID``, ``ARYL_ARRAY_INDEX``). Carried in the
     desired state's env because they are per job, like the env itself; a spec cannot set ``ARYL_*``
-    names (``api.validation``), so nothing a user wrote is overridden."""
+    names (``api.job_validation``), so nothing a user wrote is overridden."""
     if array_job_id is None:
         return dict(env)
     return {**env, "ARYL_ARRAY_JOB_ID": str(array_job_id), "ARYL_ARRAY_INDEX": str(array_index or 0)}
