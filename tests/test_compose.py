@@ -2,327 +2,49 @@
 
 Every service command must be one of our console scripts, every ``ARYL_*`` variable a service sets
 must be one its program understands with a value its config accepts, the agents must get NVIDIA
-GPUs without sharing them, and the image must install the project. Each checker returns a list of
-problems; the last tests feed them broken input to show they can fail.
+GPUs without sharing them, and the image must install the project. The checkers
+(``tests/fixtures/compose_checks.py``) each return a list of problems; the last tests feed them broken
+input to show they can fail. The two-host layout: ``tests/test_compose_across_servers.py``.
 """
 
 from __future__ import annotations
 
 import copy
-import io
 import json
 import os
 import re
-import shlex
 import subprocess
 import sys
-import tarfile
 import tomllib
 from collections.abc import Callable
-from importlib import metadata
-from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import pytest
 import yaml
-from pydantic_settings import BaseSettings
 
-from aryl_common.config import ConfigError, env_var_names
-from inference_router.config import RouterConfig, load_router_config
-from node_agent.config import AgentConfig, load_agent_config
-from scheduler_service.config import SchedulerConfig, load_config
+from node_agent.config import AgentConfig
+from tests.fixtures.compose_checks import (
+    COMPOSE,
+    CONFIG_OF,
+    DOCKERFILE,
+    DOCKERIGNORE,
+    ROLE_TARGETS,
+    ROOT,
+    agent_identity_problems,
+    command_problems,
+    command_words,
+    declared_scripts,
+    dependency_problems,
+    dockerfile_problems,
+    environment,
+    environment_problems,
+    gpu_reservation_problems,
+    load_compose,
+    port_binding_problems,
+    published_ports,
+    services_running,
+)
 from tests.harness import security_env
-
-ROOT = Path(__file__).resolve().parent.parent
-COMPOSE = ROOT / "docker-compose.yml"
-DOCKERFILE = ROOT / "Dockerfile"
-DOCKERIGNORE = ROOT / ".dockerignore"
-
-# The program a service runs -> the typed config it reads, and how that program loads it (the
-# loaders also enforce what is required, e.g. the router's servers_needed).
-CONFIG_OF: dict[str, tuple[type[BaseSettings], Callable[[], Any]]] = {
-    "aryl-scheduler": (SchedulerConfig, load_config),
-    "aryl-agent": (AgentConfig, load_agent_config),
-    "aryl-router": (RouterConfig, load_router_config),
-}
-
-
-def load_compose() -> dict[str, Any]:
-    return yaml.safe_load(COMPOSE.read_text())
-
-
-def declared_scripts() -> dict[str, str]:
-    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-
-
-def command_words(service: dict[str, Any]) -> list[str]:
-    command = service.get("command", [])
-    return shlex.split(command) if isinstance(command, str) else [str(word) for word in command]
-
-
-def environment(service: dict[str, Any]) -> dict[str, Any]:
-    """A service's environment as a dict (compose allows a mapping or a list of NAME=VALUE)."""
-    env = service.get("environment") or {}
-    if isinstance(env, list):
-        return dict(item.split("=", 1) if "=" in item else (item, None) for item in env)
-    return dict(env)
-
-
-def services_running(compose: dict[str, Any], program: str) -> dict[str, dict[str, Any]]:
-    return {
-        name: svc for name, svc in compose["services"].items() if command_words(svc)[:1] == [program]
-    }
-
-
-# --------------------------------------------------------------------------------------------------
-# Checkers: each returns the problems it finds (empty: fine)
-
-
-def command_problems(name: str, service: dict[str, Any], scripts: dict[str, str]) -> list[str]:
-    words = command_words(service)
-    if not words:
-        return [f"{name}: empty command"]
-    program = words[0]
-    if program not in scripts:
-        return [f"{name}: {program!r} is not a console script in pyproject.toml {sorted(scripts)}"]
-    found = metadata.entry_points(group="console_scripts").select(name=program)
-    if not found:
-        return [f"{name}: {program!r} is declared but not installed as an entry point (pip install -e .)"]
-    (entry_point,) = found
-    if entry_point.value != scripts[program]:
-        return [f"{name}: installed {program} -> {entry_point.value}, pyproject says {scripts[program]}"]
-    if not callable(entry_point.load()):
-        return [f"{name}: {entry_point.value} is not callable"]
-    return []
-
-
-def environment_problems(name: str, service: dict[str, Any]) -> list[str]:
-    env = environment(service)
-    problems = [
-        f"{name}: {key}={value!r} must be a string or number (compose rejects booleans; quote it)"
-        for key, value in env.items()
-        if isinstance(value, bool) or value is None or not isinstance(value, (str, int, float))
-    ]
-    aryl = {key: str(value) for key, value in env.items() if key.startswith("ARYL_")}
-    if not aryl:
-        return problems
-    program = command_words(service)[:1]
-    if not program or program[0] not in CONFIG_OF:
-        return [*problems, f"{name}: sets ARYL_* variables but runs {program}, which has no known config"]
-    config_class, load = CONFIG_OF[program[0]]
-    unknown = sorted(set(aryl) - env_var_names(config_class))
-    if unknown:
-        return [*problems, f"{name}: {program[0]} does not understand {unknown}"]
-    # Load the program's config exactly as it would start: with only this service's ARYL_* env.
-    clean = {key: value for key, value in os.environ.items() if not key.startswith("ARYL_")}
-    with mock.patch.dict(os.environ, {**clean, **aryl}, clear=True):
-        try:
-            load()
-        except ConfigError as exc:
-            problems.append(f"{name}: {exc}")
-    return problems
-
-
-def gpu_reservation_problems(compose: dict[str, Any]) -> list[str]:
-    """Each agent reserves NVIDIA GPUs through NVML, and no two agents on the host share one."""
-    problems = []
-    claims: dict[str, set[str] | None] = {}  # agent -> device ids; None = all GPUs
-    for name, svc in services_running(compose, "aryl-agent").items():
-        devices = svc.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices", [])
-        nvidia = [d for d in devices if d.get("driver") == "nvidia" and "gpu" in d.get("capabilities", [])]
-        if not nvidia:
-            problems.append(f"{name}: no NVIDIA GPU reservation (driver nvidia, capabilities [gpu])")
-            continue
-        if environment(svc).get("ARYL_GPUS__BACKEND") != "nvml":
-            problems.append(f"{name}: must set ARYL_GPUS__BACKEND=nvml so a broken driver cannot yield fake GPUs")
-        ids: set[str] | None = set()
-        for device in nvidia:
-            if device.get("count") == "all":
-                ids = None
-            elif ids is not None:
-                ids |= {str(i) for i in device.get("device_ids", [])}
-        claims[name] = ids
-    agents = sorted(claims)
-    for i, a in enumerate(agents):
-        for b in agents[i + 1 :]:
-            if claims[a] is None or claims[b] is None or claims[a] & claims[b]:
-                problems.append(f"{a} and {b} can see the same GPUs: the scheduler would get one GPU twice")
-    return problems
-
-
-def agent_identity_problems(compose: dict[str, Any]) -> list[str]:
-    """Agents on one host need distinct hostnames (the server id), else they are one server."""
-    names = {
-        name: environment(svc).get("ARYL_AGENT__HOSTNAME") or svc.get("hostname")
-        for name, svc in services_running(compose, "aryl-agent").items()
-    }
-    problems = [f"{svc}: no ARYL_AGENT__HOSTNAME or hostname" for svc, host in names.items() if not host]
-    hosts = [h for h in names.values() if h]
-    if len(hosts) != len(set(hosts)):
-        problems.append(f"agents share a hostname: {names}")
-    return problems
-
-
-def dependency_problems(compose: dict[str, Any]) -> list[str]:
-    services = compose["services"]
-    scheduler = services.get("scheduler", {})
-    problems = []
-    if scheduler.get("depends_on", {}).get("postgres", {}).get("condition") != "service_healthy":
-        problems.append("scheduler must depend on postgres with condition service_healthy")
-    if "healthcheck" not in services.get("postgres", {}):
-        problems.append("postgres needs a healthcheck for service_healthy to mean anything")
-    return problems
-
-
-_VARIABLE = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>[^}]*)|:\?(?P<required>[^}]*))?\}")
-
-
-class MissingVariable(ValueError):
-    """A ``${VAR:?message}`` whose VAR is unset or empty: compose refuses the file with the message."""
-
-
-def interpolate(value: str, env: dict[str, str]) -> str:
-    """Compose's ``${VAR}`` / ``${VAR:-default}`` (the default also when VAR is set but empty) and
-    ``${VAR:?message}`` (``MissingVariable`` with the message when VAR is unset or empty)."""
-    def one(match: re.Match[str]) -> str:
-        if env.get(match["name"]):
-            return env[match["name"]]
-        if match["required"] is not None:
-            raise MissingVariable(match["required"])
-        return match["default"] or ""
-    return _VARIABLE.sub(one, value)
-
-
-def interpolated(node: Any, env: dict[str, str]) -> Any:
-    """A parsed compose file with every string interpolated (``interpolate``)."""
-    if isinstance(node, str):
-        return interpolate(node, env)
-    if isinstance(node, dict):
-        return {key: interpolated(value, env) for key, value in node.items()}
-    if isinstance(node, list):
-        return [interpolated(value, env) for value in node]
-    return node
-
-
-def published_ports(service: dict[str, Any], env: dict[str, str]) -> list[tuple[str, str, str]]:
-    """``(host address, host port, container port)`` per published port; host address "" when the
-    entry names none (Docker then listens on every interface)."""
-    bindings = []
-    for entry in service.get("ports", []):
-        if isinstance(entry, dict):  # long syntax
-            bindings.append((str(entry.get("host_ip", "")), str(entry.get("published", "")), str(entry["target"])))
-            continue
-        parts = interpolate(str(entry), env).split("/")[0].rsplit(":", 2)
-        host_ip, host_port, target = [""] * (3 - len(parts)) + parts
-        bindings.append((host_ip.strip("[]"), host_port, target))
-    return bindings
-
-
-# Who may be reached from outside the host, where, and which variable moves it (see the top of
-# docker-compose.yml): the scheduler's unauthenticated control API on loopback, the router (the
-# inference clients' front door, with no control over jobs) on every interface; nothing else.
-PUBLISHED = {
-    "scheduler": ("ARYL_PUBLISH_ADDRESS", "127.0.0.1", "50051"),
-    "router": ("ARYL_ROUTER_PUBLISH_ADDRESS", "0.0.0.0", "8080"),
-    "prometheus": ("ARYL_MONITORING_PUBLISH_ADDRESS", "127.0.0.1", "9090"),
-    "grafana": ("ARYL_MONITORING_PUBLISH_ADDRESS", "127.0.0.1", "3000"),
-}
-
-
-def port_binding_problems(compose: dict[str, Any], env: dict[str, str]) -> list[str]:
-    problems = []
-    for name, svc in compose["services"].items():
-        bindings = published_ports(svc, env)
-        if name not in PUBLISHED:
-            problems += [f"{name}: publishes {b}; only {sorted(PUBLISHED)} may" for b in bindings]
-            continue
-        variable, default, port = PUBLISHED[name]
-        expected = [(env.get(variable) or default, port, port)]
-        if bindings != expected:
-            problems.append(f"{name}: publishes {bindings}, expected {expected} ({variable}={env.get(variable)!r})")
-    return problems
-
-
-ROLE_TARGETS = {"aryl-scheduler": "scheduler", "aryl-agent": "agent", "aryl-router": "router"}
-
-
-def dockerfile_stages(dockerfile: str) -> dict[str, list[tuple[str, str]]]:
-    """Instructions per build stage (``FROM ... AS name``), continuation lines joined; comments dropped.
-    The global ``ARG``s before the first ``FROM`` are the stage ``""``."""
-    joined = re.sub(r"\\\n", " ", dockerfile)
-    stages: dict[str, list[tuple[str, str]]] = {"": []}
-    current = ""
-    for raw in joined.splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        op, _, arg = line.partition(" ")
-        if op.upper() == "FROM":
-            words = arg.split()
-            current = words[2] if len(words) >= 3 and words[1].upper() == "AS" else f"<{len(stages)}>"
-            stages[current] = []
-        stages[current].append((op.upper(), arg.strip()))
-    return stages
-
-
-def stage_chain(stages: dict[str, list[tuple[str, str]]], name: str) -> list[tuple[str, str]]:
-    """A stage's instructions after those of the stages it is built FROM (the effective image)."""
-    parent = stages[name][0][1].split()[0]
-    return (stage_chain(stages, parent) if parent in stages else []) + stages[name]
-
-
-def dockerfile_problems(dockerfile: str, dockerignore: str) -> list[str]:
-    stages = dockerfile_stages(dockerfile)
-    problems = []
-    base_args = [arg for op, arg in stages[""] if op == "ARG" and arg.startswith("BASE_IMAGE=")]
-    if not base_args or not re.fullmatch(r"BASE_IMAGE=python:3\.11\.\d+-slim-bookworm(@sha256:[0-9a-f]{64})?",
-                                         base_args[0]):
-        problems.append("ARG BASE_IMAGE must default to a pinned python:3.11.N-slim-bookworm")
-    froms = [instructions[0][1].split()[0] for name, instructions in stages.items() if name]
-    if any(image not in stages and image != "${BASE_IMAGE}" for image in froms):
-        problems.append(f"every stage must build FROM ${{BASE_IMAGE}} or another stage: {froms}")
-    everything = [instruction for instructions in stages.values() for instruction in instructions]
-    if any(op == "RUN" and "rm -rf /src" in arg for op, arg in everything):
-        problems.append("COPY-then-rm of the sources does not shrink an image: build a wheel in a builder stage")
-    if not any(op == "RUN" and "pip wheel" in arg for op, arg in everything):
-        problems.append("no builder stage builds the project's wheel (pip wheel)")
-    for program, target in ROLE_TARGETS.items():
-        if target not in stages:
-            problems.append(f"no build target {target!r} for {program}")
-            continue
-        chain = stage_chain(stages, target)
-        copies = [arg for op, arg in chain if op == "COPY"]
-        if any(not arg.startswith("--from=") and arg.split()[0] in (".", "./") for arg in copies):
-            problems.append(f"{target}: COPYs the whole source tree into the image")
-        installs = " ".join(arg for op, arg in chain if op == "RUN" and "pip install" in arg)
-        if "from=wheel" not in installs or "/wheels/aryl-*.whl" not in installs or " -e " in installs:
-            problems.append(f"{target}: does not install the built wheel (a regular, non-editable install)")
-        wants_numba = target == "scheduler"
-        if ("[scheduler]" in installs) != wants_numba:
-            problems.append(f"{target}: numba (aryl[scheduler]) must be in the scheduler's image only")
-        if "[sim]" in installs or "[dev]" in installs:
-            problems.append(f"{target}: installs the simulator's or the developers' extras")
-        users = [arg for op, arg in chain if op == "USER"]
-        if not users or users[-1].split(":")[0] in ("root", "0"):
-            problems.append(f"{target}: must switch to a non-root USER")
-        entrypoints = [arg for op, arg in chain if op == "ENTRYPOINT"]
-        if not entrypoints or entrypoints[-1].replace(" ", "") != '["tini","--"]':
-            problems.append(f"{target}: ENTRYPOINT must be tini alone (PID 1 reaps orphans; compose names the program)")
-        checks = [arg for op, arg in chain if op == "HEALTHCHECK"]
-        if not checks or f'"aryl-healthcheck", "{target}"' not in checks[-1]:
-            problems.append(f"{target}: no HEALTHCHECK running aryl-healthcheck {target}")
-    ignored = {
-        line.strip().rstrip("/") for line in dockerignore.splitlines() if line.strip() and not line.startswith("#")
-    }
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    needed = {"pyproject.toml", project["project"]["readme"], "deploy"} | {
-        pattern.rstrip("*") for pattern in project["tool"]["setuptools"]["packages"]["find"]["include"]
-    }
-    problems += [f".dockerignore excludes {name}, which the image build needs" for name in sorted(needed & ignored)]
-    problems += [f".dockerignore should exclude {name}" for name in (".git", ".venv") if name not in ignored]
-    return problems
-
 
 # --------------------------------------------------------------------------------------------------
 # The real files
@@ -771,64 +493,3 @@ def test_monitoring_checkers_find_problems() -> None:
     fake = {"panels": [{"title": "t", "targets": [{"expr": "rate(aryl_no_such_thing_total[5m])"}]}]}
     assert dashboard_problems(fake, exported_metric_names()) == ["panel 't': aryl_no_such_thing_total is not "
                                                                  "exported by any daemon"]
-
-
-# --------------------------------------------------------------------------------------------------
-# A cluster across servers: the control host (docker-compose.yml + deploy/compose.control.yml) and one
-# agent per GPU server (deploy/compose.agent.yml), joined by the bundle `arylctl certs add --bundle` makes.
-
-AGENT_COMPOSE = ROOT / "deploy" / "compose.agent.yml"
-CONTROL_COMPOSE = ROOT / "deploy" / "compose.control.yml"
-GPU_SERVER = {"ARYL_SERVER_ID": "gpu-7", "ARYL_SCHEDULER_ADDRESS": "10.0.0.5:50051",
-              "ARYL_ADVERTISE_ADDRESS": "10.0.0.7"}
-
-
-def test_a_gpu_server_runs_one_agent_with_every_gpu_on_the_host_network_from_its_bundle(tmp_path: Path) -> None:
-    from arylctl import certs
-    compose = interpolated(yaml.safe_load(AGENT_COMPOSE.read_text()), GPU_SERVER)
-    (name, agent), = services_running(compose, "aryl-agent").items()
-    assert agent["network_mode"] == "host" and "ports" not in agent  # workers of other servers reach its ports
-    assert gpu_reservation_problems(compose) == []
-    assert agent["deploy"]["resources"]["reservations"]["devices"][0]["count"] == "all"
-    assert environment_problems(name, agent) == []
-    assert command_problems(name, agent, declared_scripts()) == []
-    env = environment(agent)
-    assert (env["ARYL_AGENT__HOSTNAME"], env["ARYL_AGENT__SCHEDULER_ADDRESS"], env["ARYL_AGENT__ADVERTISE_ADDRESS"]) \
-        == ("gpu-7", "10.0.0.5:50051", "10.0.0.7")
-    assert env["ARYL_AGENT__KEEP_WORKERS_ON_EXIT"] == "false" and env["ARYL_GPUS__BACKEND"] == "nvml"
-    assert float(agent["stop_grace_period"].removesuffix("s")) > AgentConfig().agent.stop_grace_s
-    assert not any(key.endswith("__INSECURE") for key in env)
-    # The files it reads are the bundle's, where the bundle unpacks (pki/ mounted read-only), and agent.env
-    # sets what the file requires of it.
-    assert "/etc/aryl/pki:/var/lib/aryl/pki:ro" in agent["volumes"]
-    pki = tmp_path / "pki"
-    certs.init(pki, certs.DevCluster(agents=("gpu-7",)))
-    with tarfile.open(fileobj=io.BytesIO(certs.agent_bundle(pki, "gpu-7", "10.0.0.5:50051"))) as tar:
-        unpacked = {m.name.removeprefix("pki/") for m in tar.getmembers() if m.name.startswith("pki/")}
-        agent_env = dict(line.split("=", 1) for line in tar.extractfile("agent.env").read().decode().split())  # type: ignore[union-attr]
-    for key in ("TLS_CA", "TLS_CERT", "TLS_KEY", "TOKEN_FILE"):
-        path = env[f"ARYL_AGENT__{key}"]
-        assert path.startswith("/var/lib/aryl/pki/") and path.removeprefix("/var/lib/aryl/pki/") in unpacked, key
-    assert agent_env == {"ARYL_SERVER_ID": "gpu-7", "ARYL_SCHEDULER_ADDRESS": "10.0.0.5:50051"}
-    for variable in GPU_SERVER:  # each one compose refuses the file without, naming it
-        with pytest.raises(MissingVariable, match=variable):
-            interpolated(yaml.safe_load(AGENT_COMPOSE.read_text()), {**GPU_SERVER, variable: ""})
-
-
-def test_the_control_host_is_the_compose_file_s_control_services_with_a_certificate_for_its_address() -> None:
-    base = load_compose()["services"]
-    raw = yaml.safe_load(CONTROL_COMPOSE.read_text())["services"]
-    assert set(raw) <= set(base)
-    control = interpolated(raw, {"ARYL_SCHEDULER_NAME": "10.0.0.5", "ARYL_PUBLISH_ADDRESS": "10.0.0.5"})
-    pki = {**base["pki"], **control["pki"]}
-    assert command_problems("pki", pki, declared_scripts()) == []
-    words = command_words(pki)
-    names = [words[i + 1] for i, word in enumerate(words) if word == "--scheduler-name"]
-    assert names == ["scheduler", "localhost", "127.0.0.1", "10.0.0.5"]  # the compose network's, and the GPU servers'
-    assert "--agent" not in words and "--router" in words  # agents are issued one by one (certs add --bundle)
-    from arylctl.cli import build_parser
-    parsed = build_parser().parse_args(words[1:])
-    assert parsed.scheduler_name == names
-    for variable in ("ARYL_SCHEDULER_NAME", "ARYL_PUBLISH_ADDRESS"):  # without them the GPU servers could not connect
-        with pytest.raises(MissingVariable, match=variable):
-            interpolated(raw, {"ARYL_SCHEDULER_NAME": "x", "ARYL_PUBLISH_ADDRESS": "y", variable: ""})
