@@ -31,11 +31,13 @@ from concurrent import futures
 from contextlib import contextmanager
 from pathlib import Path
 from queue import Empty, Queue
-from typing import Any
+from typing import Any, Protocol, cast
 
 import grpc
 import pytest
 import sqlalchemy as sa
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from sqlalchemy.engine import make_url
 
 from aryl_common import security
@@ -320,10 +322,11 @@ def security_env() -> dict[str, str]:
     return env
 
 
-def scheduler_config(database_url: str, **sections: dict) -> SchedulerConfig:
+def scheduler_config(database_url: str, **sections: dict[str, Any]) -> SchedulerConfig:
     """A scheduler for tests: loopback on a port the OS picks, fast cycles and reports; ``sections``
     override keys section by section (``policy={"loan_idle_s": 0}``)."""
-    base: dict[str, dict[str, Any]] = {
+    # Sections by name, each a dict of its keys: typed as the ``**kwargs`` of SchedulerConfig take them.
+    base: dict[str, Any] = {
         "server": {"listen": "127.0.0.1:0", "shutdown_grace_s": 0.5, "worker_threads": 8},
         "database": {"url": database_url, "auto_migrate": False},
         "scheduling": {"cycle_interval_s": 0.2},
@@ -400,6 +403,51 @@ def scheduler_stub(address: str) -> tuple[grpc.Channel, scheduler_pb2_grpc.Sched
 
 def job_state(stub: scheduler_pb2_grpc.SchedulerServiceStub, job_id: str) -> int:
     return stub.GetJob(scheduler_pb2.GetJobRequest(job_id=job_id), timeout=scaled_timeout(5)).job.state
+
+
+# --------------------------------------------------------------------------------------------------
+# Reading what gRPC answers, typed (grpc's stubs leave these loose)
+
+
+class HealthChecker(Protocol):
+    """The one method of the gRPC health service's stub that tests call."""
+
+    def Check(self, request: health_pb2.HealthCheckRequest,  # gRPC's method name
+              timeout: float | None = None) -> health_pb2.HealthCheckResponse: ...
+
+
+def health_stub(channel: grpc.Channel) -> HealthChecker:
+    """``health_pb2_grpc.HealthStub(channel)``, typed: its stubs (types-grpcio-health-checking) declare the
+    class without the methods it gets at run time."""
+    return cast(HealthChecker, health_pb2_grpc.HealthStub(channel))
+
+
+class ReflectionReader(Protocol):
+    """The one method of the gRPC reflection service's stub: a stream of requests, a stream of answers."""
+
+    def ServerReflectionInfo(self, requests: Iterator[reflection_pb2.ServerReflectionRequest],  # gRPC's name
+                             timeout: float | None = None) -> Iterator[reflection_pb2.ServerReflectionResponse]: ...
+
+
+def reflection_stub(channel: grpc.Channel) -> ReflectionReader:
+    """``reflection_pb2_grpc.ServerReflectionStub(channel)``, typed: its stubs (types-grpcio-reflection) give
+    the method the type ``binascii.Incomplete``, an exception class, by a wrong import."""
+    return cast(ReflectionReader, reflection_pb2_grpc.ServerReflectionStub(channel))
+
+
+def details_of(error: grpc.RpcError) -> str:
+    """A refusal's details. grpc types them ``str | None``; every refusal of ours carries a text, so None
+    means the premise of the test is wrong."""
+    text = error.details()
+    assert text is not None, f"{error.code()} without details"
+    return text
+
+
+def as_call(error: grpc.RpcError) -> grpc.Call:
+    """The refusal a synchronous stub raised, as the ``grpc.Call`` it also is (``rpc_status.from_call``
+    takes one): grpc types what it raises as a bare ``RpcError``."""
+    assert isinstance(error, grpc.Call), type(error)
+    return error
 
 
 # --------------------------------------------------------------------------------------------------

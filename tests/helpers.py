@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from aryl_common.ports import free_loopback_port as free_port  # noqa: F401 (tests import it from here)
 
@@ -47,10 +47,11 @@ def scaled_timeout(seconds: float) -> float:
     return seconds * TIMEOUT_FACTOR
 
 
-def wait_for(predicate: Callable[[], T], *, timeout: float = 10.0, interval: float = 0.05,
-             what: str = "condition") -> T:
+def wait_for(predicate: Callable[[], T | Literal[False, ""] | None], *, timeout: float = 10.0,
+             interval: float = 0.05, what: str = "condition") -> T:
     """Poll ``predicate`` until it returns something truthy; fail with ``what`` after ``timeout``
-    (sized for an idle machine: ``scaled_timeout``)."""
+    (sized for an idle machine: ``scaled_timeout``). The value returned is the truthy one: never None,
+    False or "" (the type says so, so ``wait_for(lambda: ready and job)`` gives the job)."""
     timeout = scaled_timeout(timeout)
     deadline = time.monotonic() + timeout
     while True:

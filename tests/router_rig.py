@@ -150,7 +150,7 @@ class FakeScheduler(inference_pb2_grpc.InferenceServiceServicer):
     """
 
     def __init__(self) -> None:
-        self.servers: dict[str, tuple[str, int]] = {}
+        self.servers: dict[str, tuple[str, types_pb2.ServerState]] = {}
         self.version = 0
         self.drained_calls: list[str] = []
         self.drained_errors: list[grpc.StatusCode] = []
@@ -160,12 +160,12 @@ class FakeScheduler(inference_pb2_grpc.InferenceServiceServicer):
         self._server: grpc.aio.Server | None = None
         self.address = ""
 
-    def set(self, **states: tuple[str, int]) -> None:
+    def set(self, **states: tuple[str, types_pb2.ServerState]) -> None:
         """Replace the pool: ``set(a=(url, SERVING), ...)`` and push it to watchers."""
         self.servers = dict(states)
         self._bump()
 
-    def change(self, server_id: str, state: int | None, endpoint: str | None = None) -> None:
+    def change(self, server_id: str, state: types_pb2.ServerState | None, endpoint: str | None = None) -> None:
         if state is None:
             self.servers.pop(server_id, None)
         else:
@@ -196,7 +196,9 @@ class FakeScheduler(inference_pb2_grpc.InferenceServiceServicer):
         sent = -1
         while True:
             async with self._changed:
-                await self._changed.wait_for(lambda sent=sent: self.version != sent)
+                def changed(sent: int = sent) -> bool:
+                    return self.version != sent
+                await self._changed.wait_for(changed)
                 sent, message = self.version, self._message()
             yield message
 
@@ -262,7 +264,7 @@ class Rig:
         assert {status for status, _ in results} == {200}, results
         return {body["backend"] for _, body in results}
 
-    async def publish(self, **states: tuple[str, int]) -> None:
+    async def publish(self, **states: tuple[str, types_pb2.ServerState]) -> None:
         """Set the fake scheduler's pool and wait until the router has it."""
         assert self.scheduler is not None
         self.scheduler.set(**states)
@@ -277,12 +279,13 @@ class Rig:
         if plane is not None:
             since = asyncio.get_running_loop().time()
             for _ in range(2):
-                await until(lambda since=since: plane.last_sample is not None and plane.last_sample.taken_at > since,
-                            what="a haproxy statistics sample")
+                def sampled(since: float = since) -> bool:
+                    return plane.last_sample is not None and plane.last_sample.taken_at > since
+                await until(sampled, what="a haproxy statistics sample")
                 assert plane.last_sample is not None
                 since = plane.last_sample.taken_at
 
-    async def change(self, server_id: str, state: int | None, endpoint: str | None = None) -> None:
+    async def change(self, server_id: str, state: types_pb2.ServerState | None, endpoint: str | None = None) -> None:
         assert self.scheduler is not None
         self.scheduler.change(server_id, state, endpoint)
         version = self.scheduler.version

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import structlog
@@ -152,7 +153,8 @@ class FakeNvml:
         self.init_error = init_error
         self.shutdowns = 0
 
-    def _get(self, handle: int, key: str, default: object = None) -> object:
+    def _get(self, handle: int, key: str, default: object = None) -> Any:
+        """The value a test scripted for this GPU (of the type the NVML call returns), or ``default``."""
         value = self.gpus[handle].get(key, default)
         if isinstance(value, type) and issubclass(value, Exception):
             raise value(key)
@@ -399,12 +401,18 @@ def desired(epoch: int, generation: int, workers: int = 0) -> agent_pb2.DesiredS
                          epoch=epoch, server_id="s")
 
 
+def latest_of(tracker: DesiredStateTracker) -> agent_pb2.DesiredState:
+    """The tracker's latest desired state, which a test has offered one to."""
+    assert tracker.latest is not None
+    return tracker.latest
+
+
 def test_newer_generations_are_accepted_in_order() -> None:
     tracker = DesiredStateTracker()
     assert tracker.observed_generation == 0 and tracker.latest is None
     assert tracker.offer(desired(1, 1)) is Verdict.ACCEPTED
     assert tracker.offer(desired(1, 3, workers=2)) is Verdict.ACCEPTED  # gaps are fine
-    assert tracker.observed_generation == 3 and len(tracker.latest.workers) == 2
+    assert tracker.observed_generation == 3 and len(latest_of(tracker).workers) == 2
 
 
 def test_duplicates_and_reordered_deliveries_are_ignored() -> None:
@@ -412,7 +420,7 @@ def test_duplicates_and_reordered_deliveries_are_ignored() -> None:
     tracker.offer(desired(1, 5))
     assert tracker.offer(desired(1, 5)) is Verdict.OLD_GENERATION
     assert tracker.offer(desired(1, 4, workers=9)) is Verdict.OLD_GENERATION
-    assert tracker.observed_generation == 5 and not tracker.latest.workers
+    assert tracker.observed_generation == 5 and not latest_of(tracker).workers
 
 
 def test_generation_zero_means_no_desired_state() -> None:

@@ -23,7 +23,7 @@ from protos.aryl.v1 import agent_pb2, agent_pb2_grpc
 from scheduler_service.store import db
 from scheduler_service.store import models as m
 from scheduler_service.store.transactions import Transactions
-from tests.harness import register_fake_server, secure_channel
+from tests.harness import as_call, details_of, register_fake_server, secure_channel
 
 GPUS = 4
 
@@ -40,7 +40,7 @@ def _report(epoch: int, samples: list[agent_pb2.GpuStatus], generation: int = 0)
 
 def _refused_field(error: grpc.RpcError) -> str:
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
-    status = rpc_status.from_call(error)
+    status = rpc_status.from_call(as_call(error))
     assert status is not None
     bad_request = error_details_pb2.BadRequest()
     assert status.details[0].Unpack(bad_request)
@@ -73,7 +73,7 @@ def test_a_report_of_100k_samples_is_refused_at_once_and_the_server_goes_on(sche
             flooding.result()
         refused_after = time.monotonic() - started
         assert _refused_field(refused.value) == "gpus"
-        assert "one sample per GPU" in refused.value.details()
+        assert "one sample per GPU" in details_of(refused.value)
         assert refused_after < 3, f"the flood took {refused_after:.1f} s to refuse"
         epoch = again.result(timeout=10).scheduler_epoch
         normal = agent.ReportStatus(_report(epoch, [_sample(i) for i in range(GPUS)]), timeout=5)
@@ -90,11 +90,11 @@ def test_a_gpu_reported_twice_or_more_samples_than_gpus_are_refused(scheduler, d
         with pytest.raises(grpc.RpcError) as twice:
             agent.ReportStatus(_report(epoch, [_sample(0), _sample(1, healthy=False), _sample(1)]), timeout=5)
         assert _refused_field(twice.value) == "gpus[2].index"
-        assert "reported twice" in twice.value.details()
+        assert "reported twice" in details_of(twice.value)
         with pytest.raises(grpc.RpcError) as too_many:
             agent.ReportStatus(_report(epoch, [_sample(i) for i in range(GPUS + 1)]), timeout=5)
         assert _refused_field(too_many.value) == "gpus"
-        assert f"registered {GPUS} GPU(s)" in too_many.value.details()
+        assert f"registered {GPUS} GPU(s)" in details_of(too_many.value)
         # Past any server's size: refused before the store is asked.
         with pytest.raises(grpc.RpcError) as huge:
             agent.ReportStatus(_report(epoch, [_sample(i) for i in range(1025)]), timeout=5)
@@ -131,6 +131,6 @@ def test_a_transaction_past_its_bound_is_rolled_back_and_frees_its_lock(database
         # Nothing of it was saved, and the row is free for the next writer.
         transactions.write(lambda session: session.execute(
             sa.update(m.SERVERS).where(m.SERVERS.c.id == "node-1").values(state_reason="next")))
-        assert transactions.read(lambda session: session.get(m.Server, "node-1").state_reason) == "next"
+        assert transactions.read(lambda session: session.get_one(m.Server, "node-1").state_reason) == "next"
     finally:
         engine.dispose()

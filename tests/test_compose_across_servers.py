@@ -55,7 +55,9 @@ def test_a_gpu_server_runs_one_agent_with_every_gpu_on_the_host_network_from_its
     certs.init(pki, certs.DevCluster(agents=("gpu-7",)))
     with tarfile.open(fileobj=io.BytesIO(certs.agent_bundle(pki, "gpu-7", "10.0.0.5:50051"))) as tar:
         unpacked = {m.name.removeprefix("pki/") for m in tar.getmembers() if m.name.startswith("pki/")}
-        agent_env = dict(line.split("=", 1) for line in tar.extractfile("agent.env").read().decode().split())  # type: ignore[union-attr]
+        env_file = tar.extractfile("agent.env")
+        assert env_file is not None
+        agent_env = {key: value for key, value in (line.split("=", 1) for line in env_file.read().decode().split())}
     for key in ("TLS_CA", "TLS_CERT", "TLS_KEY", "TOKEN_FILE"):
         path = env[f"ARYL_AGENT__{key}"]
         assert path.startswith("/var/lib/aryl/pki/") and path.removeprefix("/var/lib/aryl/pki/") in unpacked, key

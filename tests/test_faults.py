@@ -44,6 +44,7 @@ from simulator.model import ClusterSpec, DemandPoint, FailureRate, ServerFailure
 from tests.harness import (
     NOW,
     ManualClock,
+    details_of,
     inference_server,
     linear_job,
     pending_job,
@@ -423,7 +424,7 @@ def test_preview_reclaim_answers_failed_precondition_under_a_policy_that_does_no
         with pytest.raises(grpc.RpcError) as err:
             stub.PreviewReclaim(scheduler_pb2.PreviewReclaimRequest(servers=1), timeout=5)
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-        assert "policy 'fifo' does not loan" in err.value.details()
+        assert "policy 'fifo' does not loan" in details_of(err.value)
     finally:
         channel.close()
 

@@ -40,6 +40,7 @@ from hypothesis import strategies as st
 
 from protos.aryl.v1 import (
     agent_pb2,
+    inference_pb2,
     scheduler_pb2,
     scheduler_pb2_grpc,
     types_pb2,
@@ -144,7 +145,7 @@ def with_inference(without_jobs: Harness) -> Harness:
 
 @FUZZ
 @given(case=submit_cases())
-def test_submit_job(harness: Harness, case: Case) -> None:
+def test_submit_job(harness: Harness, case: Case[scheduler_pb2.SubmitJobRequest]) -> None:
     outcome = harness.send("SubmitJob", case)
     if outcome.code == OK:
         job = outcome.response.job
@@ -154,7 +155,7 @@ def test_submit_job(harness: Harness, case: Case) -> None:
 
 @FUZZ
 @given(case=get_job_cases())
-def test_get_job(with_jobs: Harness, case: Case) -> None:
+def test_get_job(with_jobs: Harness, case: Case[scheduler_pb2.GetJobRequest]) -> None:
     outcome = with_jobs.send("GetJob", case)
     if outcome.code == OK:
         assert outcome.response.job.job_id == str(int(case.request.job_id))
@@ -163,7 +164,7 @@ def test_get_job(with_jobs: Harness, case: Case) -> None:
 
 @FUZZ
 @given(case=explain_job_cases())
-def test_explain_job(with_jobs: Harness, case: Case) -> None:
+def test_explain_job(with_jobs: Harness, case: Case[scheduler_pb2.ExplainJobRequest]) -> None:
     outcome = with_jobs.send("ExplainJob", case)
     if outcome.code == OK:
         assert outcome.response.job.job_id == str(int(case.request.job_id)) and outcome.response.summary
@@ -171,7 +172,7 @@ def test_explain_job(with_jobs: Harness, case: Case) -> None:
 
 @FUZZ
 @given(case=cancel_job_cases())
-def test_cancel_job(with_jobs: Harness, case: Case) -> None:
+def test_cancel_job(with_jobs: Harness, case: Case[scheduler_pb2.CancelJobRequest]) -> None:
     outcome = with_jobs.send("CancelJob", case)
     if outcome.code == OK:
         job = outcome.response.job
@@ -180,7 +181,7 @@ def test_cancel_job(with_jobs: Harness, case: Case) -> None:
 
 @FUZZ
 @given(case=list_jobs_cases())
-def test_list_jobs(with_jobs: Harness, case: Case) -> None:
+def test_list_jobs(with_jobs: Harness, case: Case[scheduler_pb2.ListJobsRequest]) -> None:
     outcome = with_jobs.send("ListJobs", case)
     if outcome.code == OK:
         request, jobs = case.request, outcome.response.jobs
@@ -193,7 +194,7 @@ def test_list_jobs(with_jobs: Harness, case: Case) -> None:
 
 @FEW
 @given(case=watch_cases())
-def test_watch_events(with_jobs: Harness, case: Case) -> None:
+def test_watch_events(with_jobs: Harness, case: Case[scheduler_pb2.WatchEventsRequest]) -> None:
     outcome = with_jobs.send("WatchEvents", case)
     request = case.request
     for item in outcome.response or ():
@@ -204,13 +205,13 @@ def test_watch_events(with_jobs: Harness, case: Case) -> None:
 
 @FEW
 @given(case=get_cluster_cases())
-def test_get_cluster(without_jobs: Harness, case: Case) -> None:
+def test_get_cluster(without_jobs: Harness, case: Case[bytes]) -> None:
     without_jobs.send("GetCluster", case)
 
 
 @FEW
 @given(case=list_servers_cases())
-def test_list_servers(without_jobs: Harness, case: Case) -> None:
+def test_list_servers(without_jobs: Harness, case: Case[scheduler_pb2.ListServersRequest | bytes]) -> None:
     outcome = without_jobs.send("ListServers", case)
     if outcome.code == OK and isinstance(case.request, Message) and case.request.pool:
         assert all(s.pool == case.request.pool for s in outcome.response.servers)
@@ -218,13 +219,13 @@ def test_list_servers(without_jobs: Harness, case: Case) -> None:
 
 @FEW
 @given(case=list_loans_cases())
-def test_list_loans(without_jobs: Harness, case: Case) -> None:
+def test_list_loans(without_jobs: Harness, case: Case[scheduler_pb2.ListLoansRequest | bytes]) -> None:
     without_jobs.send("ListLoans", case)
 
 
 @FEW
 @given(case=preview_reclaim_cases())
-def test_preview_reclaim(without_jobs: Harness, case: Case) -> None:
+def test_preview_reclaim(without_jobs: Harness, case: Case[scheduler_pb2.PreviewReclaimRequest]) -> None:
     outcome = without_jobs.send("PreviewReclaim", case)
     if outcome.code == OK:
         preview = outcome.response
@@ -234,7 +235,7 @@ def test_preview_reclaim(without_jobs: Harness, case: Case) -> None:
 
 @FUZZ
 @given(case=report_demand_cases())
-def test_report_demand(with_inference: Harness, case: Case) -> None:
+def test_report_demand(with_inference: Harness, case: Case[inference_pb2.ReportDemandRequest]) -> None:
     outcome = with_inference.send("ReportDemand", case)
     if outcome.code == OK:  # the largest fresh router's report counts (store.inference)
         assert case.request.servers_needed <= outcome.response.demand.servers_needed <= len(INFERENCE_SERVERS)
@@ -242,7 +243,7 @@ def test_report_demand(with_inference: Harness, case: Case) -> None:
 
 @FUZZ
 @given(case=register_cases())
-def test_register_server(without_jobs: Harness, case: Case) -> None:
+def test_register_server(without_jobs: Harness, case: Case[agent_pb2.RegisterServerRequest]) -> None:
     outcome = without_jobs.send("RegisterServer", case)
     if outcome.code == OK:
         assert outcome.response.server_id == case.request.hostname
@@ -401,7 +402,8 @@ def test_list_jobs_with_a_forged_page_token_beyond_int64(harness: Harness) -> No
 def test_register_server_with_memory_beyond_int64(harness: Harness) -> None:
     # uint64 on the wire, a signed 64-bit column in the database.
     gpu = agent_pb2.GpuInfo(index=0, uuid="GPU-0", memory_total_bytes=2**63)
-    harness.send("RegisterServer", Case(agent_pb2.RegisterServerRequest(hostname="h", pool=1, gpus=[gpu])))
+    request = agent_pb2.RegisterServerRequest(hostname="h", pool=types_pb2.POOL_TRAINING, gpus=[gpu])
+    harness.send("RegisterServer", Case(request))
 
 
 def test_report_status_with_memory_beyond_int64(with_servers: Harness) -> None:

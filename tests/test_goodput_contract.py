@@ -408,8 +408,8 @@ def test_a_real_agent_passes_the_batch_down_and_the_measures_up(tmp_path: Path, 
                             timeout=60, what="the worker's environment")
         # 100 over 2 GPUs in passes of at most 32: 25 per pass, 2 passes.
         assert (env_seen["ARYL_LOCAL_BATCH_SIZE"], env_seen["ARYL_ACCUM_STEPS"]) == ("25", "1")
-        job = wait_for(lambda: (j := client.get_job(job_id).job).step_times and j.grad_sqr and j, timeout=60,
-                       what="the measures to reach the scheduler")
+        job = wait_for(lambda: j if (j := client.get_job(job_id).job).step_times and j.grad_sqr else None,
+                       timeout=60, what="the measures to reach the scheduler")
         assert [(t.nodes, t.replicas, t.local_batch_size, t.accum_steps, t.step_time_s, t.pass_time_s)
                 for t in job.step_times] == [(1, 2, 25, 1, 0.25, 0.1)]
         assert (job.grad_sqr, job.grad_var, job.noise_scale) == (0.5, 1.5, 300.0)

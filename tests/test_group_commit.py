@@ -16,12 +16,12 @@ from concurrent.futures import CancelledError
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from protos.aryl.v1 import scheduler_pb2, types_pb2
 from scheduler_service.batching import GroupCommitter
 from scheduler_service.errors import Unavailable
-from tests.harness import job_spec, scheduler_stub, secure_channel
+from tests.harness import health_stub, job_spec, scheduler_stub, secure_channel
 from tests.helpers import wait_for
 
 SCHEDULER_SERVICE = scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name
@@ -179,7 +179,7 @@ def _impatient_calls(futures: list[grpc.Future]) -> list[grpc.StatusCode]:
 
 def _health(address: str, service: str = "") -> int:
     with secure_channel(address) as channel:
-        return health_pb2_grpc.HealthStub(channel).Check(
+        return health_stub(channel).Check(
             health_pb2.HealthCheckRequest(service=service), timeout=5).status
 
 

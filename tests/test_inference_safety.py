@@ -24,8 +24,9 @@ from aryl_common.security import ClientSecurity
 from protos.aryl.v1 import agent_pb2, inference_pb2, inference_pb2_grpc, scheduler_pb2, types_pb2
 from scheduler_service.api.agent_validation import allowed_endpoint, peer_host
 from scheduler_service.errors import PermissionDenied
+from scheduler_service.lifecycle import Pool
 from scheduler_service.records import ServerRegistration
-from tests.harness import job_spec, pki, register_fake_server, scheduler_stub, secure_channel
+from tests.harness import details_of, job_spec, pki, register_fake_server, scheduler_stub, secure_channel
 from tests.helpers import wait_for
 
 S = types_pb2
@@ -54,11 +55,11 @@ def refused(call, code: grpc.StatusCode) -> str:
     with pytest.raises(grpc.RpcError) as err:
         call()
     assert err.value.code() == code, err.value.details()
-    return err.value.details()
+    return details_of(err.value)
 
 
 def registration(endpoint: str, hostname: str = "inf-1", agent_address: str = "") -> ServerRegistration:
-    return ServerRegistration(hostname=hostname, pool="INFERENCE", gpus=(), agent_address=agent_address or hostname,
+    return ServerRegistration(hostname=hostname, pool=Pool.INFERENCE, gpus=(), agent_address=agent_address or hostname,
                               agent_version="", logs_address="", inference_endpoint=endpoint)
 
 

@@ -25,7 +25,7 @@ from node_agent.config import AgentSection
 from node_agent.logs import serve_worker_logs
 from node_agent.workers import WorkDir
 from protos.aryl.v1 import scheduler_pb2, types_pb2
-from tests.harness import daemon_security, job_spec, register_fake_server, scheduler_stub
+from tests.harness import as_call, daemon_security, job_spec, register_fake_server, scheduler_stub
 from tests.helpers import wait_for
 
 SERVER = "gpu-logs"
@@ -87,7 +87,7 @@ def test_out_of_range_carries_a_bad_request_naming_the_offset(logged_job: Logged
     finally:
         channel.close()
     assert past_end.value.code() == grpc.StatusCode.OUT_OF_RANGE
-    status = rpc_status.from_call(past_end.value)  # raises if the details' code is not OUT_OF_RANGE
+    status = rpc_status.from_call(as_call(past_end.value))  # raises if the details' code is not OUT_OF_RANGE
     assert status is not None
     bad_request = error_details_pb2.BadRequest()
     assert status.details[0].Unpack(bad_request)

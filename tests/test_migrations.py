@@ -70,7 +70,7 @@ def schema_differences(url: str) -> list:
         engine.dispose()
 
 
-def check_constraint_names(url: str) -> dict[str, set[str]]:
+def check_constraint_names(url: str) -> dict[str, set[str | None]]:
     engine = sa.create_engine(url)
     try:
         with engine.connect() as conn:

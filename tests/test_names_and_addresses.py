@@ -14,13 +14,14 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 
 from protos.aryl.v1 import scheduler_pb2, types_pb2
 from tests.fixtures.daemons import console_script, running_daemon
-from tests.harness import job_spec, scheduler_stub
+from tests.harness import details_of, job_spec, scheduler_stub
 from tests.helpers import wait_for
 
 # Each is refused in names; the last four are the bidi controls ("Trojan Source").
@@ -45,7 +46,7 @@ def stub(scheduler):
 
 
 def spec_with(*, command: list[str] | None = None, env: dict[str, str] | None = None,
-              **fields: str) -> types_pb2.JobSpec:
+              **fields: Any) -> types_pb2.JobSpec:
     """``tests.harness.job_spec`` with these fields replaced."""
     spec = job_spec(**fields)
     if command is not None:
@@ -59,7 +60,7 @@ def refusal(stub, spec: types_pb2.JobSpec) -> str:
     with pytest.raises(grpc.RpcError) as err:
         stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=5)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
-    return err.value.details()
+    return details_of(err.value)
 
 
 @pytest.mark.parametrize("what", sorted(REFUSED))

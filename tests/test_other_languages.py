@@ -13,13 +13,17 @@ import sys
 import textwrap
 from importlib import resources
 from pathlib import Path
+from typing import Literal, get_args
 
 from google.protobuf import descriptor_pb2
 from grpc_tools import protoc
 
 from protos.generate import API_DIR, INCLUDE_ROOT, compile_protos, proto_files
 
-LANGUAGE_OPTIONS = ("go_package", "java_package", "java_multiple_files", "java_outer_classname", "csharp_namespace")
+# A Literal, since FileOptions.HasField takes only the names of its fields.
+LanguageOption = Literal[
+    "go_package", "java_package", "java_multiple_files", "java_outer_classname", "csharp_namespace"]
+LANGUAGE_OPTIONS: tuple[LanguageOption, ...] = get_args(LanguageOption)
 
 
 def _protos_alone(tmp_path: Path) -> Path:

@@ -18,6 +18,6 @@ def test_generated_stubs_are_up_to_date(tmp_path: Path) -> None:
 def test_stubs_import_as_a_package() -> None:
     from protos.aryl.v1 import agent_pb2_grpc, inference_pb2_grpc, scheduler_pb2_grpc
 
-    assert scheduler_pb2_grpc.SchedulerServiceStub
-    assert agent_pb2_grpc.AgentServiceStub
-    assert inference_pb2_grpc.InferenceServiceStub
+    assert callable(scheduler_pb2_grpc.SchedulerServiceStub)
+    assert callable(agent_pb2_grpc.AgentServiceStub)
+    assert callable(inference_pb2_grpc.InferenceServiceStub)

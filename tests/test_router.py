@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import grpc
@@ -53,18 +54,25 @@ from tests.router_rig import (
 # Balancing
 
 
+def picked(pool: BackendPool, now: float, **exclude: set[str]) -> str:
+    """The server ``pool.pick`` chose (``exclude=``: passed on), which the test expects there to be."""
+    backend = pool.pick(now, **exclude)
+    assert backend is not None
+    return backend.server_id
+
+
 def test_pick_prefers_fewest_in_flight_and_breaks_ties_round_robin_by_id() -> None:
     async def scenario() -> None:
         pool = BackendPool(unhealthy_after_failures=3, unhealthy_cooldown_s=10)
         pool.apply(PoolUpdate(tuple(PoolMember(s, f"http://{s}", RoutingState.SERVING) for s in "cab"), 1))
-        assert [pool.pick(0).server_id for _ in range(4)] == ["a", "b", "c", "a"]
+        assert [picked(pool, 0) for _ in range(4)] == ["a", "b", "c", "a"]
         pool.begin(pool.backends["a"])
         pool.begin(pool.backends["b"])
-        assert pool.pick(0).server_id == "c"          # the only idle one, whatever the rotation
+        assert picked(pool, 0) == "c"          # the only idle one, whatever the rotation
         pool.begin(pool.backends["c"])
         pool.begin(pool.backends["c"])
-        assert {pool.pick(0).server_id, pool.pick(0).server_id} == {"a", "b"}
-        assert pool.pick(0, exclude={"a", "b"}).server_id == "c"
+        assert {picked(pool, 0), picked(pool, 0)} == {"a", "b"}
+        assert picked(pool, 0, exclude={"a", "b"}) == "c"
 
     run(scenario())
 
@@ -144,7 +152,7 @@ def test_a_dead_backend_is_retried_elsewhere_and_ejected_without_client_visible_
         dead = f"http://127.0.0.1:{free_port()}"
         async with rig("live", extra_backends=(dead,), unhealthy_after_failures=2, unhealthy_cooldown_s=300) as r:
             assert await r.backends_used(10) == {"live"}         # every request answered 200
-            stats = r.router.stats()
+            stats: dict[str, Any] = r.router.stats()  # the JSON of GET /aryl/stats
             dead_stats = next(b for b in stats["backends"] if b["endpoint"] == dead)
             assert dead_stats["failures"] == 2 and not dead_stats["healthy"]    # ejected after 2, then skipped
             assert stats["retries"] == 2 and stats["responses_failed"] == 0
@@ -361,7 +369,7 @@ def test_no_request_fails_while_a_server_is_drained_and_another_added_under_load
                         return False
 
                 for _ in range(600):
-                    assert router_proc.poll() is None, (tmp_path / "router.log").read_text()
+                    assert router_proc is not None and router_proc.poll() is None, (tmp_path / "router.log").read_text()
                     if await ready():
                         break
                     await asyncio.sleep(0.05)
@@ -534,11 +542,13 @@ def test_measured_demand_is_reported_when_it_changes_and_as_a_heartbeat(plane: s
                 await asyncio.sleep(0.1)
                 assert len(scheduler.demand_calls) == reports    # the injected clock stands still
                 now[0] += 0.25
-                await until(lambda reports=reports: len(scheduler.demand_calls) == reports + 1, what="a heartbeat")
+                def heartbeat(reports: int = reports) -> bool:
+                    return len(scheduler.demand_calls) == reports + 1
+                await until(heartbeat, what="a heartbeat")
                 assert scheduler.demand_calls[-1][:2] == (4, 35.0)
             now[0] += 100.0                                     # the load is gone
             await until(lambda: scheduler.demand_calls[-1][0] == 1, what="the lower need reported")
-            stats = r.router.stats()
+            stats: dict[str, Any] = r.router.stats()  # the JSON of GET /aryl/stats
             assert stats["demand"]["mode"] == "measured" and stats["demand"]["servers_needed"] == 1
 
     run(scenario())

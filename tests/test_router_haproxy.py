@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 from prometheus_client import generate_latest
@@ -73,7 +74,8 @@ def test_the_router_programs_haproxy_and_reads_the_load_from_its_statistics() ->
             assert await r.backends_used(20) == {"a", "b"}
             await r.router.refresh_stats()
             assert r.router.requests_arrived == 20 and r.router.meter.total_arrivals == 20
-            backends = {x["server_id"]: x for x in r.router.stats()["backends"]}
+            stats: dict[str, Any] = r.router.stats()  # the JSON of GET /aryl/stats
+            backends = {x["server_id"]: x for x in stats["backends"]}
             assert backends["a"]["requests"] == a.arrivals and backends["b"]["requests"] == b.arrivals
             assert a.arrivals + b.arrivals == 20
 
@@ -321,7 +323,8 @@ def test_an_endpoint_haproxy_cannot_take_is_named_and_its_drain_is_reported_at_o
         async with rig("a", scheduled=True, plane="haproxy") as r:
             assert r.scheduler is not None
             await r.publish(a=(r.backends["a"].url, SERVING), x=("https://127.0.0.1:1", SERVING))
-            x = next(b for b in r.router.stats()["backends"] if b["server_id"] == "x")
+            stats: dict[str, Any] = r.router.stats()  # the JSON of GET /aryl/stats
+            x = next(b for b in stats["backends"] if b["server_id"] == "x")
             assert not x["routable"] and "http:// endpoints only" in x["unroutable_because"]
             assert await r.backends_used(4) == {"a"}
             await r.change("x", DRAINING)

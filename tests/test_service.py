@@ -6,11 +6,20 @@ import threading
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from grpc_health.v1 import health_pb2
+from grpc_reflection.v1alpha import reflection_pb2
 
 from protos.aryl.v1 import agent_pb2, agent_pb2_grpc, inference_pb2, inference_pb2_grpc, scheduler_pb2, types_pb2
-from tests.harness import job_spec, job_state, register_fake_server, scheduler_stub, secure_channel
+from tests.harness import (
+    details_of,
+    health_stub,
+    job_spec,
+    job_state,
+    reflection_stub,
+    register_fake_server,
+    scheduler_stub,
+    secure_channel,
+)
 from tests.helpers import wait_for
 
 RUNNING = types_pb2.JOB_STATE_RUNNING
@@ -82,7 +91,7 @@ def test_cancel_frees_gpus_for_the_next_job_and_cannot_repeat(scheduler, stub) -
     with pytest.raises(grpc.RpcError) as err:
         stub.CancelJob(scheduler_pb2.CancelJobRequest(job_id=first.job_id), timeout=5)
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert "already CANCELLED" in err.value.details()
+    assert "already CANCELLED" in details_of(err.value)
 
 
 def test_duplicate_idempotency_key_is_refused_without_a_second_job(stub) -> None:
@@ -90,7 +99,7 @@ def test_duplicate_idempotency_key_is_refused_without_a_second_job(stub) -> None
     with pytest.raises(grpc.RpcError) as err:
         submit(stub, job_spec("another spec"), key="batch-7")  # the same spec is a retry: tests/test_idempotency.py
     assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
-    assert f"job {first.job_id}" in err.value.details()
+    assert f"job {first.job_id}" in details_of(err.value)
     assert len(stub.ListJobs(scheduler_pb2.ListJobsRequest(), timeout=5).jobs) == 1
 
 
@@ -125,7 +134,7 @@ def test_invalid_requests_name_the_field(stub) -> None:
         with pytest.raises(grpc.RpcError) as err:
             submit(stub, spec)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, field
-        assert err.value.details().startswith(field), err.value.details()
+        assert details_of(err.value).startswith(field), details_of(err.value)
     for bad in ("abc", "-1", "0", "99999999999999999999"):
         with pytest.raises(grpc.RpcError) as err:
             stub.GetJob(scheduler_pb2.GetJobRequest(job_id=bad), timeout=5)
@@ -251,11 +260,11 @@ def test_restart_keeps_state_and_starts_a_new_epoch(scheduler_factory) -> None:
 
 def test_health_and_reflection_are_served(scheduler) -> None:
     with secure_channel(scheduler.address) as channel:
-        health = health_pb2_grpc.HealthStub(channel).Check(
+        health = health_stub(channel).Check(
             health_pb2.HealthCheckRequest(service="aryl.v1.SchedulerService"), timeout=5
         )
         assert health.status == health_pb2.HealthCheckResponse.SERVING
-        responses = reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(
+        responses = reflection_stub(channel).ServerReflectionInfo(
             iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5
         )
         names = {s.name for r in responses for s in r.list_services_response.service}

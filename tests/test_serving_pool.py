@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from protos.aryl.v1 import inference_pb2, inference_pb2_grpc, scheduler_pb2, types_pb2
-from tests.harness import job_spec, register_fake_server, scheduler_stub, secure_channel
+from tests.harness import details_of, job_spec, register_fake_server, scheduler_stub, secure_channel
 from tests.helpers import wait_for
 
 S = types_pb2
@@ -75,7 +75,7 @@ def test_pool_watch_drain_acknowledgement_and_loan(scheduler_factory) -> None:
         # Before any drain, an acknowledgement is refused with the reason.
         with pytest.raises(grpc.RpcError) as err:
             watch.stub.ReportDrained(inference_pb2.ReportDrainedRequest(server_id="inf-1", source="t"), timeout=5)
-        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "not DRAINING" in err.value.details()
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "not DRAINING" in details_of(err.value)
 
         # Training waits and demand falls to one server: one is drained (still in the pool, marked
         # DRAINING, so the router stops sending it requests) ...
@@ -119,4 +119,4 @@ def test_only_servers_with_an_endpoint_and_a_converged_agent_are_routable(schedu
         watch.close()
     with pytest.raises(grpc.RpcError) as err:
         register_inference_server(scheduler.address, "bad", "ftp://x")
-    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "inference_endpoint" in err.value.details()
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "inference_endpoint" in details_of(err.value)

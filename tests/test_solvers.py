@@ -7,6 +7,8 @@ their order and the implementations must agree bit for bit, tie-breaks included.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -169,7 +171,7 @@ def test_knapsack_tie_rule() -> None:
 
 def test_knapsack_rejects_malformed_input() -> None:
     ok_w, ok_v = np.array([[1, 2]]), np.array([[1.0, 2.0]])
-    cases = [
+    cases: list[tuple[dict[str, Any], str]] = [  # malformed on purpose: any type
         (dict(weights=[1, 2]), "weights"),
         (dict(values=np.ones((2, 2))), "values"),
         (dict(counts=[3]), "counts"),
@@ -181,7 +183,7 @@ def test_knapsack_rejects_malformed_input() -> None:
         (dict(weights=np.ones((1, 127), np.int64), values=np.ones((1, 127)), counts=[1]), "weights"),
     ]
     for override, field in cases:
-        args = dict(weights=ok_w, values=ok_v, counts=[2], capacity=3) | override
+        args: dict[str, Any] = dict(weights=ok_w, values=ok_v, counts=[2], capacity=3) | override
         with pytest.raises(SolverInputError) as err:
             solve_knapsack(**args)
         assert err.value.field == field
@@ -355,11 +357,12 @@ def test_reclaim_encoding_round_trip() -> None:
 
 
 def test_reclaim_rejects_malformed_input() -> None:
-    def build(triples=((0, 0, 1),), **override):
-        args = dict(n_servers=2, job_workers=[2], job_min=[1], job_cost=[1.0], scale_in_cost=[1.0]) | override
+    def build(triples: Iterable[tuple[int, int, int]] = ((0, 0, 1),), **override: Any) -> ReclaimInstance:
+        args: dict[str, Any] = dict(n_servers=2, job_workers=[2], job_min=[1], job_cost=[1.0],
+                                    scale_in_cost=[1.0]) | override
         return ReclaimInstance.from_triples(list(triples), **args)
 
-    for triples, override, field in [
+    cases: list[tuple[tuple[tuple[int, int, int], ...], dict[str, Any], str]] = [  # malformed on purpose
         (((0, 2, 1),), {}, "placements"),
         (((1, 0, 1),), {}, "placements"),
         (((0, 0, 1), (0, 0, 1)), {}, "placements"),
@@ -368,7 +371,8 @@ def test_reclaim_rejects_malformed_input() -> None:
         (((0, 0, 1),), dict(job_cost=[np.nan]), "job_cost"),
         (((0, 0, 1),), dict(scale_in_cost=[-1.0]), "scale_in_cost"),
         (((0, 0, 1),), dict(job_min=[1, 1]), "job_min"),
-    ]:
+    ]
+    for triples, override, field in cases:
         with pytest.raises(SolverInputError) as err:
             build(triples, **override)
         assert err.value.field == field

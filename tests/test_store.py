@@ -70,7 +70,9 @@ def make_event(session: Session, **overrides: Any) -> Event:
 
 def count(engine: sa.Engine, model: type) -> int:
     with Session(engine) as session:
-        return session.scalar(sa.select(sa.func.count()).select_from(model))
+        rows = session.scalar(sa.select(sa.func.count()).select_from(model))
+        assert rows is not None  # count(*) always answers one row
+        return rows
 
 
 # --- one GPU, one worker --------------------------------------------------------------------------
@@ -337,7 +339,9 @@ def test_a_concurrent_change_to_a_versioned_row_is_detected_even_in_a_batched_fl
         with Session(engine) as first, Session(engine) as second:
             mine = first.scalars(sa.select(Job).where(Job.id.in_(ids)).order_by(Job.id)).all()
             with second.begin():
-                second.get(Job, ids[1]).priority = 7  # commits: version 1 -> 2
+                second_job = second.get(Job, ids[1])
+                assert second_job is not None
+                second_job.priority = 7  # commits: version 1 -> 2
             for job in mine:
                 job.priority = 3
             with pytest.raises(StaleDataError):

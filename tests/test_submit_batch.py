@@ -11,7 +11,7 @@ import sqlalchemy as sa
 
 from protos.aryl.v1 import agent_pb2, agent_pb2_grpc, scheduler_pb2, types_pb2
 from scheduler_service.api.job_validation import MAX_BATCH_JOBS
-from tests.harness import job_spec, register_fake_server, scheduler_stub
+from tests.harness import details_of, job_spec, register_fake_server, scheduler_stub
 from tests.helpers import wait_for
 
 
@@ -72,9 +72,9 @@ def test_the_ids_view_answers_with_ids_and_the_list_view_is_the_default(schedule
             assert listed.spec.user == "alice" and list(listed.spec.command) and not listed.spec.env
 
         error = _refusal(stub.SubmitJobs, scheduler_pb2.SubmitJobsRequest(
-            jobs=[scheduler_pb2.SubmitJobRequest(spec=job_spec("d"))], view=7))
+            jobs=[scheduler_pb2.SubmitJobRequest(spec=job_spec("d"))], view=7))  # type: ignore[arg-type]  # no such view
         assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert error.details().startswith("view: unknown value 7; use one of SUBMITTED_JOBS_VIEW_LIST, ")
+        assert details_of(error).startswith("view: unknown value 7; use one of SUBMITTED_JOBS_VIEW_LIST, ")
     assert _jobs_in_db(database_url) == 4
 
 
@@ -86,7 +86,7 @@ def test_one_bad_spec_refuses_the_whole_batch_naming_its_index(scheduler, databa
     with channel:
         error = _refusal(stub.SubmitJobs, _batch(*specs))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert f"jobs[{bad_index}].spec.gpus_per_worker" in error.details()
+    assert f"jobs[{bad_index}].spec.gpus_per_worker" in details_of(error)
     assert _jobs_in_db(database_url) == 0
 
 
@@ -104,7 +104,7 @@ def test_batch_shape_refusals(scheduler, database_url) -> None:
         for expected, request in cases.items():
             error = _refusal(stub.SubmitJobs, request)
             assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, expected
-            assert expected in error.details(), (expected, error.details())
+            assert expected in details_of(error), (expected, details_of(error))
         # Different users may use the same key in one batch: keys are per user.
         stub.SubmitJobs(_batch(job_spec("a", user="u1"), job_spec("b", user="u2"), keys=("k", "k")), timeout=10)
     assert _jobs_in_db(database_url) == 2
@@ -116,7 +116,7 @@ def test_the_size_cap_per_call(scheduler, database_url) -> None:
     with channel:
         error = _refusal(stub.SubmitJobs, _batch(*[spec] * (MAX_BATCH_JOBS + 1)))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert f"at most {MAX_BATCH_JOBS} jobs per call" in error.details()
+    assert f"at most {MAX_BATCH_JOBS} jobs per call" in details_of(error)
     assert _jobs_in_db(database_url) == 0
 
 
@@ -136,7 +136,7 @@ def test_idempotency_keys_per_job(scheduler, database_url) -> None:
         # A key reused with another spec refuses everything, naming the index and the job holding it.
         error = _refusal(stub.SubmitJobs, _batch(job_spec("d"), job_spec("other", gpus=2), keys=("kd", "ka")))
         assert error.code() == grpc.StatusCode.ALREADY_EXISTS
-        assert "jobs[1]" in error.details() and f"job {first.jobs[0].job_id}" in error.details()
+        assert "jobs[1]" in details_of(error) and f"job {first.jobs[0].job_id}" in details_of(error)
     assert _jobs_in_db(database_url) == 3
 
 
@@ -146,7 +146,7 @@ def test_a_gang_that_can_never_fit_refuses_the_batch(scheduler, database_url) ->
     with channel:
         error = _refusal(stub.SubmitJobs, _batch(job_spec("a"), job_spec("huge", gpus=8)))
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert "jobs[1]" in error.details() and "nothing was queued" in error.details()
+    assert "jobs[1]" in details_of(error) and "nothing was queued" in details_of(error)
     assert _jobs_in_db(database_url) == 0
 
 
