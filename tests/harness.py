@@ -10,6 +10,8 @@ place, and no test module imports another. Sections, by what they build:
 - *Simulator input*: trace jobs whose speed is easy to compute by hand.
 - *Time*: ``ManualClock``, the ``Clock`` port moved by hand.
 - *A scheduler over gRPC*: its configuration for tests, fake agent registrations and job specs.
+- *Reading what gRPC answers*: the health and reflection stubs and a refusal's details, typed where grpc's
+  own stubs leave them loose.
 - *Agents*: desired states as the scheduler pushes them, and ``FakeScheduler``, an in-process
   AgentService that records what an agent sends.
 - *Databases*: scratch PostgreSQL databases.

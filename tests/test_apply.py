@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -18,7 +19,7 @@ from sqlalchemy.orm import Session
 from scheduler_service.app import SchedulerApp
 from scheduler_service.core.plan import ApplyResult, LoanStep, Plan, PreemptJob, Reason
 from scheduler_service.lifecycle import JobState, Pool, ServerState
-from scheduler_service.records import GpuReport, GpuSample, JobSubmission, ServerRegistration, StatusReport
+from scheduler_service.records import GpuReport, GpuSample, JobInfo, JobSubmission, ServerRegistration, StatusReport
 from scheduler_service.store.db import create_engine_for, session_factory
 from scheduler_service.store.models import Allocation
 from tests.harness import T0, ManualClock, scale, start, step
@@ -84,8 +85,9 @@ def submit(app: SchedulerApp, name: str = "job", *, gpus: int = 1, workers: int 
     ).id
 
 
-def applied(app: SchedulerApp, **actions) -> ApplyResult:
-    return app.cluster.apply(Plan(**{k: tuple(v) for k, v in actions.items()}))
+def applied(app: SchedulerApp, **actions: Iterable[Any]) -> ApplyResult:
+    fields: dict[str, Any] = {k: tuple(v) for k, v in actions.items()}  # Plan's fields of actions, by name
+    return app.cluster.apply(Plan(**fields))
 
 
 def allocations(app: SchedulerApp, job_id: int) -> set[tuple[int, str, int]]:
@@ -454,7 +456,7 @@ def test_cancels_in_one_batch_each_get_their_own_answer(app: SchedulerApp, notif
     assert allocations(app, running) == set()
     assert transitions(app, running)[-1] == ("RUNNING", "CANCELLED", "CANCELLED_BY_USER")
     # Each cancelled job is written with its own request's reason, in the answer as in the database.
-    assert [(r.state, r.state_message, r.num_workers) for r in results[:2]] == [
+    assert [(r.state, r.state_message, r.num_workers) for r in results[:2] if isinstance(r, JobInfo)] == [
         ("CANCELLED", "a", 0), ("CANCELLED", "cancelled by user", 0)]
     for job_id, message in ((running, "a"), (queued, "cancelled by user")):
         row = job_row(app, job_id)
@@ -761,10 +763,10 @@ def test_a_change_the_database_aborts_to_break_a_deadlock_is_run_again(postgres_
             (cancel_pid,) = wait_for(lambda: blocked_by(engine, gate_pid), timeout=30, interval=0.02,
                                      what="the cancel to wait for the gate")
             # ...the rival, holding s1, waits for the job...
-            wants_the_job = threading.Thread(target=lambda: (
-                rival.execute(sa.text("UPDATE jobs SET priority = priority + 1 WHERE id = :id"), {"id": job}),
-                rival.commit(),
-            ))
+            def want_the_job() -> None:
+                rival.execute(sa.text("UPDATE jobs SET priority = priority + 1 WHERE id = :id"), {"id": job})
+                rival.commit()
+            wants_the_job = threading.Thread(target=want_the_job)
             wants_the_job.start()
             wait_for(lambda: rival_pid in blocked_by(engine, cancel_pid), timeout=30, interval=0.02,
                      what="the rival to wait for the job")
@@ -774,7 +776,9 @@ def test_a_change_the_database_aborts_to_break_a_deadlock_is_run_again(postgres_
             wants_the_job.join(timeout=60)
             canceller.join(timeout=60)
         assert [type(r).__name__ for r in outcome] == ["JobInfo"], outcome
-        assert outcome[0].state == "CANCELLED" and outcome[0].priority == 1  # saw the rival's change
+        cancelled = outcome[0]
+        assert isinstance(cancelled, JobInfo)
+        assert cancelled.state == "CANCELLED" and cancelled.priority == 1  # saw the rival's change
         assert allocations(app, job) == set()
         assert transitions(app, job)[-1] == ("RUNNING", "CANCELLED", "CANCELLED_BY_USER")
     finally:

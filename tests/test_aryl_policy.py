@@ -11,6 +11,7 @@ from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.plan import LoanStep, Plan
 from scheduler_service.lifecycle import JobState, ServerState
 from scheduler_service.policies import create_policy
+from scheduler_service.policies.aryl import ArylPolicy
 from tests.fixtures.policies import plan
 from tests.harness import (
     NOW,
@@ -50,13 +51,15 @@ def test_a_queued_jobs_estimate_is_kept_while_its_view_is_the_same_object() -> N
     servers = [training_server("t", gpus=4)]
     policy = create_policy("aryl", PolicyParams())
     first = policy.schedule(snapshot_of(servers, [busy, *waiting]))
-    carried = dict(policy.policy._carried)
+    aryl = policy.policy
+    assert isinstance(aryl, ArylPolicy)
+    carried = dict(aryl._carried)
     assert sorted(carried) == [1, 2, 3]  # the queued ones (3 starts now: its next view is another); 9 runs
     changed = JobView(2, JobState.PENDING, 4, 1, 1, 0, NOW - 10, estimated_runtime_s=9000)  # a new row version
     later = snapshot_of(servers, [busy, waiting[0], changed], now=NOW + 60)
     again = policy.schedule(later)
-    assert policy.policy._carried[1][2] is carried[1][2]  # the same view: the same estimate object
-    assert policy.policy._carried[2][0] is changed and policy.policy._carried[2][2] is not carried[2][2]
+    assert aryl._carried[1][2] is carried[1][2]  # the same view: the same estimate object
+    assert aryl._carried[2][0] is changed and aryl._carried[2][2] is not carried[2][2]
     assert again == create_policy("aryl", PolicyParams()).schedule(later)
     # Shortest first: 2 (600 s) before 1 (7,200 s), then 1 before 2 once 2 says 9,000 s (a kept estimate would not).
     assert [p.job_id for p in first.pending] == [2, 1] and [p.job_id for p in again.pending] == [1, 2]
@@ -147,7 +150,8 @@ def test_a_job_scaled_in_more_than_once_is_told_its_final_size(loaned: bool, que
     """The applier appends "(now N worker(s))" to the scale's message: the message names that N too."""
     lent = [inference_server("i", ServerState.LOANED, gpus=2, since=NOW - 7200)] if loaned else []
     servers = [training_server("t"), *lent]
-    placement = [("t", (g,)) for g in range(4)] + ([("i", (0,)), ("i", (1,))] if loaned else [])
+    placement: list[tuple[str, tuple[int, ...]]] = [("t", (g,)) for g in range(4)]
+    placement += [("i", (0,)), ("i", (1,))] if loaned else []
     elastic = running_job(1, placement, low=1, high=len(placement), resized=NOW - 7200, runtime=72000)
     result = plan("aryl", snapshot_of(servers, [elastic, *queued], demand=1 if loaned else 0))
     assert sorted(s.job_id for s in result.starts) == [j.job_id for j in queued]

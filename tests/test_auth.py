@@ -20,7 +20,7 @@ from typing import Any
 import grpc
 import pytest
 import sqlalchemy as sa
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from aryl_common.entry import BadInput
 from aryl_common.security import ClientSecurity, load_tokens, secure_channel
@@ -41,7 +41,7 @@ from protos.aryl.v1 import (
 from scheduler_service.api.auth import METHOD_ROLES
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.server import SchedulerService, ServerHandle, serve_in_background
-from tests.harness import daemon_security, job_spec, pki, scheduler_config, security_env
+from tests.harness import daemon_security, details_of, health_stub, job_spec, pki, scheduler_config, security_env
 
 SERVICES = {
     "SchedulerService": (scheduler_pb2, scheduler_pb2_grpc.SchedulerServiceStub),
@@ -155,7 +155,7 @@ def test_every_rpc_without_credentials_is_unauthenticated(secure: ServerHandle, 
         for client, says in ((anonymous, "no credentials"), (bad, "unknown or malformed bearer token")):
             error = refused(getattr(client.stub(service), method), request_of(service, method))
             assert error.code() == grpc.StatusCode.UNAUTHENTICATED, (method, error.details())
-            assert says in error.details() and "ARYL_TOKEN" in error.details()
+            assert says in details_of(error) and "ARYL_TOKEN" in details_of(error)
     finally:
         anonymous.channel.close()
         bad.channel.close()
@@ -170,20 +170,20 @@ def test_every_rpc_refuses_a_role_it_does_not_allow(as_: Any, service: str, meth
     wrong = next(p for p in ("agent:gpu-1", "router:r1", "user:alice") if p.split(":")[0] not in roles)
     error = refused(getattr(as_(wrong).stub(service), method), request_of(service, method))
     assert error.code() == grpc.StatusCode.PERMISSION_DENIED, (method, wrong, error.details())
-    assert f"{method} needs role" in error.details() and f"you are {wrong}" in error.details()
+    assert f"{method} needs role" in details_of(error) and f"you are {wrong}" in details_of(error)
 
 
 def test_health_stays_open_without_a_token_but_not_without_tls(secure: ServerHandle, ca: Any) -> None:
     anonymous = Client(secure.address, ca[0], token="")
     try:
-        health = health_pb2_grpc.HealthStub(anonymous.channel)
+        health = health_stub(anonymous.channel)
         answer = health.Check(health_pb2.HealthCheckRequest(), timeout=10)
         assert answer.status == health_pb2.HealthCheckResponse.SERVING
     finally:
         anonymous.channel.close()
     with grpc.insecure_channel(secure.address) as plain:
         with pytest.raises(grpc.RpcError) as info:
-            health_pb2_grpc.HealthStub(plain).Check(health_pb2.HealthCheckRequest(), timeout=5)
+            health_stub(plain).Check(health_pb2.HealthCheckRequest(), timeout=5)
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE
 
 
@@ -246,7 +246,7 @@ def test_another_users_job_cannot_be_read_cancelled_explained_watched_or_logged(
     for call, request in calls:
         error = refused(call, request)
         assert error.code() == grpc.StatusCode.PERMISSION_DENIED, (call, error.details())
-        assert "belongs to another user" in error.details() and "user:bob" in error.details()
+        assert "belongs to another user" in details_of(error) and "user:bob" in details_of(error)
     alice = as_("user:alice").scheduler
     assert alice.GetJob(scheduler_pb2.GetJobRequest(job_id=job_id), timeout=10).job.state == types_pb2.JOB_STATE_PENDING
     # An admin may do everything: here, read it with its environment.
@@ -265,11 +265,11 @@ def test_the_user_field_cannot_name_someone_else(as_: Any) -> None:
     spoof = job_spec("spoof", user="bob")
     error = refused(as_("user:alice").scheduler.SubmitJob, scheduler_pb2.SubmitJobRequest(spec=spoof))
     assert error.code() == grpc.StatusCode.PERMISSION_DENIED
-    assert "spec.user 'bob' is not you (user:alice)" in error.details()
+    assert "spec.user 'bob' is not you (user:alice)" in details_of(error)
     batch = scheduler_pb2.SubmitJobsRequest(jobs=[scheduler_pb2.SubmitJobRequest(spec=job_spec("a", user="")),
                                                   scheduler_pb2.SubmitJobRequest(spec=spoof)])
     error = refused(as_("user:alice").scheduler.SubmitJobs, batch)
-    assert error.code() == grpc.StatusCode.PERMISSION_DENIED and "jobs[1].spec.user" in error.details()
+    assert error.code() == grpc.StatusCode.PERMISSION_DENIED and "jobs[1].spec.user" in details_of(error)
     # Naming oneself is fine; an admin submits on a user's behalf.
     mine = as_("user:alice").scheduler.SubmitJob(
         scheduler_pb2.SubmitJobRequest(spec=job_spec("mine", user="alice")), timeout=10).job
@@ -283,7 +283,7 @@ def test_a_priority_above_the_ceiling_needs_an_admin(as_: Any) -> None:
     high = job_spec("high", user="", priority=101)
     error = refused(as_("user:alice").scheduler.SubmitJob, scheduler_pb2.SubmitJobRequest(spec=high))
     assert error.code() == grpc.StatusCode.PERMISSION_DENIED
-    assert "priority 101 is above 100 (security.max_user_priority)" in error.details()
+    assert "priority 101 is above 100 (security.max_user_priority)" in details_of(error)
     at_ceiling = job_spec("at", user="", priority=100)
     assert as_("user:alice").scheduler.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=at_ceiling), timeout=10)
     assert as_("admin:test-admin").scheduler.SubmitJob(
@@ -307,7 +307,7 @@ def test_a_rogue_agent_cannot_register_report_or_watch_for_another_server(as_: A
     ):
         error = refused(call, request)
         assert error.code() == grpc.StatusCode.PERMISSION_DENIED
-        assert "agent 'gpu-1' may only act for its own server, not 'gpu-2'" in error.details()
+        assert "agent 'gpu-1' may only act for its own server, not 'gpu-2'" in details_of(error)
 
 
 def test_an_agent_token_with_another_servers_certificate_is_refused(as_: Any, ca: Any) -> None:
@@ -315,7 +315,7 @@ def test_an_agent_token_with_another_servers_certificate_is_refused(as_: Any, ca
     stolen = as_("agent:gpu-2", cert="agent-gpu-1").agent
     error = refused(stolen.RegisterServer, registration("gpu-2"))
     assert error.code() == grpc.StatusCode.PERMISSION_DENIED
-    assert "certificate does not name server 'gpu-2'" in error.details()
+    assert "certificate does not name server 'gpu-2'" in details_of(error)
     # ... and with the generic client certificate neither.
     error = refused(as_("agent:gpu-2", cert="client").agent.RegisterServer, registration("gpu-2"))
     assert error.code() == grpc.StatusCode.PERMISSION_DENIED
@@ -336,7 +336,7 @@ def test_a_status_report_from_another_agent_cannot_end_a_job(as_: Any) -> None:
 
 def test_demand_comes_from_routers_under_their_own_id(as_: Any) -> None:
     error = refused(as_("user:alice").inference.ReportDemand, inference_pb2.ReportDemandRequest(servers_needed=100000))
-    assert error.code() == grpc.StatusCode.PERMISSION_DENIED and "needs role admin or router" in error.details()
+    assert error.code() == grpc.StatusCode.PERMISSION_DENIED and "needs role admin or router" in details_of(error)
     answer = as_("router:r1").inference.ReportDemand(
         inference_pb2.ReportDemandRequest(servers_needed=0, source="someone-else"), timeout=10)
     assert answer.demand.source == "r1"  # the certificate's router id, not the request's field
@@ -420,7 +420,7 @@ def test_an_agents_log_service_lets_only_the_scheduler_in(tmp_path: Path) -> Non
     layout = WorkDir(tmp_path / "agent", tmp_path / "checkpoints")
     server, port = serve_worker_logs(layout, "gpu-1", "127.0.0.1", 0, tls=AgentSection(**daemon_security("gpu-1")))
     request = agent_pb2.ReadWorkerLogRequest(job_id="7", rank=0)
-    options = [("grpc.ssl_target_name_override", "gpu-1")]
+    options: list[tuple[str, str | int]] = [("grpc.ssl_target_name_override", "gpu-1")]
 
     def read(cert: str) -> grpc.RpcError:
         security = ClientSecurity(ca_file=ca.path("ca.crt"), cert_file=ca.path(f"{cert}.crt"),
@@ -432,7 +432,7 @@ def test_an_agents_log_service_lets_only_the_scheduler_in(tmp_path: Path) -> Non
         # Another user, or another agent, with a certificate from the cluster's CA: refused.
         for cert in ("client", "agent-gpu-2"):
             error = read(cert)
-            assert error.code() == grpc.StatusCode.PERMISSION_DENIED and "only the scheduler" in error.details()
+            assert error.code() == grpc.StatusCode.PERMISSION_DENIED and "only the scheduler" in details_of(error)
         # The scheduler's certificate gets in (this log does not exist: NOT_FOUND from the service itself).
         assert read("scheduler").code() == grpc.StatusCode.NOT_FOUND
         with grpc.insecure_channel(f"127.0.0.1:{port}") as plain:

@@ -27,7 +27,7 @@ from protos.aryl.v1 import agent_pb2, scheduler_pb2, types_pb2
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.lifecycle import ServerState
 from scheduler_service.policies import aryl, create_policy
-from scheduler_service.solvers.reclaim import ReclaimInstance
+from scheduler_service.solvers.reclaim import ReclaimInstance, ReclaimOutcome, reclaim_solve
 from tests.fixtures.workers import Agent, _app, get_job, submit, worker
 from tests.fixtures.workers import running as running_job_in  # the job RUNNING with n workers
 from tests.harness import (
@@ -184,14 +184,14 @@ def test_a_worker_that_acknowledges_and_exits_keeps_its_own_exit_status(agent: A
     # Both ranks past their first steps (their SIGTERM handlers set): one rank's progress says nothing of the
     # other's, and on a busy machine a rank still starting dies of the SIGTERM (exit -15).
     for rank in (0, 1):
-        agent.wait_reported(lambda w, r=rank: w.job_id == "clean" and w.rank == r
-                            and w.phase == agent_pb2.WORKER_PHASE_RUNNING and w.progress >= 2,
-                            f"rank {rank} running with progress >= 2")
+        def running(w: agent_pb2.WorkerStatus, r: int = rank) -> bool:
+            return w.job_id == "clean" and w.rank == r and w.phase == agent_pb2.WORKER_PHASE_RUNNING and w.progress >= 2
+        agent.wait_reported(running, f"rank {rank} running with progress >= 2")
     since = agent.push()
     for rank in (0, 1):
-        exited = agent.wait_reported(
-            lambda w, r=rank: w.job_id == "clean" and w.rank == r and w.phase == agent_pb2.WORKER_PHASE_EXITED,
-            f"rank {rank}'s exit", since)
+        def exited_rank(w: agent_pb2.WorkerStatus, r: int = rank) -> bool:
+            return w.job_id == "clean" and w.rank == r and w.phase == agent_pb2.WORKER_PHASE_EXITED
+        exited = agent.wait_reported(exited_rank, f"rank {rank}'s exit", since)
         assert exited.exit_code == 0 and exited.stop_acknowledged
         assert exited.message.startswith("stopped by the agent (SIGTERM): exited with status 0; it acknowledged")
 
@@ -370,6 +370,7 @@ def test_an_acknowledged_checkpoint_counts_from_when_the_worker_saved_it(cluster
     agent.report(acked(job_id, 1, 30.0, age_s=600, progress=41.0, checkpoint_progress=30.0))
     record, _ = app.jobs.get(int(job_id))
     assert record.checkpoint_work == 30.0
+    assert record.last_checkpoint_at is not None
     assert before - 601 <= record.last_checkpoint_at <= time.time() - 599  # saved 600 s before the report
 
     agent.report(acked(job_id, 1, 30.0, age_s=600.2, progress=42.0))  # the same ack again: no news
@@ -377,7 +378,8 @@ def test_an_acknowledged_checkpoint_counts_from_when_the_worker_saved_it(cluster
     assert again.last_checkpoint_at == record.last_checkpoint_at
     agent.report(acked(job_id, 1, 35.0, age_s=2, progress=43.0))
     newer, _ = app.jobs.get(int(job_id))
-    assert newer.checkpoint_work == 35.0 and newer.last_checkpoint_at >= before - 3
+    assert newer.checkpoint_work == 35.0 and newer.last_checkpoint_at is not None \
+        and newer.last_checkpoint_at >= before - 3
     agent.report(acked(job_id, 7, 99.0, age_s=0, progress=99.0))  # another incarnation's: history
     assert app.jobs.get(int(job_id))[0].checkpoint_work == 35.0
 
@@ -433,9 +435,12 @@ def test_reclaim_counts_the_work_since_the_acknowledged_checkpoint(monkeypatch: 
                                 last_checkpoint_at=NOW - age)
             for jid, sid, age in ((1, "l1", 60.0), (2, "l2", 3000.0))]
     instances: list[ReclaimInstance] = []
-    real = aryl.loans.reclaim_solve
-    monkeypatch.setattr(aryl.loans, "reclaim_solve",
-                        lambda instance, count: instances.append(instance) or real(instance, count))
+    real = reclaim_solve  # what aryl.loans calls, imported from the solvers
+
+    def recorded(instance: ReclaimInstance, count: int) -> ReclaimOutcome:
+        instances.append(instance)
+        return real(instance, count)
+    monkeypatch.setattr(aryl.loans, "reclaim_solve", recorded)
     params = PolicyParams(restart_cost_s=10.0)
     decision = create_policy("aryl", params).preview_reclaim(snapshot_of(servers, jobs, demand=1), 1)
     [instance] = instances

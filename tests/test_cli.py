@@ -476,6 +476,7 @@ def test_console_script_follow_streams_until_ctrl_c(scheduler) -> None:
         stderr=subprocess.PIPE,
         text=True,
     )
+    assert follower.stdout is not None
     watchdog = threading.Timer(30, follower.kill)  # a hung stream fails the test instead of hanging it
     watchdog.start()
     try:

@@ -93,6 +93,7 @@ def test_logs_follow_exits_0_once_the_finished_jobs_log_is_read_to_the_end(
         except subprocess.TimeoutExpired:
             pytest.fail("arylctl logs -f kept following a completed job")
         out.join(5)
+        assert follower.stderr is not None
         err = follower.stderr.read()
         assert follower.returncode == 0, err
         assert out.text() == "step 1\nstep 2\ndone\n"  # everything, once

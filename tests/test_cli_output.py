@@ -16,6 +16,7 @@ import threading
 import pytest
 import sqlalchemy
 import yaml
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from arylctl.cli import elapsed_text, job_elapsed, printable
 from protos.aryl.v1 import types_pb2
@@ -64,9 +65,7 @@ def test_elapsed_text_keeps_two_units(seconds: int, text: str) -> None:
     assert elapsed_text(seconds) == text
 
 
-def _ts(moment: dt.datetime) -> object:
-    from google.protobuf.timestamp_pb2 import Timestamp
-
+def _ts(moment: dt.datetime) -> Timestamp:
     ts = Timestamp()
     ts.FromDatetime(moment)
     return ts
@@ -157,6 +156,7 @@ def test_control_characters_in_followed_events_are_escaped(ctl, scheduler, datab
         [arylctl_executable(), "--server", scheduler.address, "events", "--follow", "--job", job["job_id"]],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
+    assert follower.stdout is not None
     watchdog = threading.Timer(30, follower.kill)
     watchdog.start()
     try:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from protos.aryl.v1 import types_pb2
+from tests.harness import details_of
 
 ARYLCTL = Path(sys.executable).parent / "arylctl"  # the console script, installed beside the interpreter
 
@@ -114,7 +115,7 @@ def test_submit_help_shows_every_default() -> None:
     (types_pb2.RESTART_POLICY_ON_FAILURE, 1, "restarted on failure, once (ON_FAILURE, max 1)"),
     (types_pb2.RESTART_POLICY_ON_FAILURE, 3, "restarted on failure, up to 3 times (ON_FAILURE, max 3)"),
 ])
-def test_restart_policy_reads_as_what_it_means(policy: int, restarts: int, text: str) -> None:
+def test_restart_policy_reads_as_what_it_means(policy: types_pb2.RestartPolicy, restarts: int, text: str) -> None:
     from arylctl.cli import restart_text
 
     assert restart_text(types_pb2.JobSpec(restart_policy=policy, max_restarts=restarts)) == text
@@ -144,7 +145,7 @@ def test_loader_variables_are_refused_at_submission(scheduler_factory, capsys) -
         with pytest.raises(grpc.RpcError) as refused:
             stub.SubmitJobs(scheduler_pb2.SubmitJobsRequest(jobs=[scheduler_pb2.SubmitJobRequest(spec=spec)]))
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert refused.value.details().startswith("jobs[0].spec.env['LD_LIBRARY_PATH']")
+        assert details_of(refused.value).startswith("jobs[0].spec.env['LD_LIBRARY_PATH']")
         assert stub.ListJobs(scheduler_pb2.ListJobsRequest()).jobs == []
     strict.stop()  # one scheduler at a time leads a PostgreSQL database
     allowing = scheduler_factory(security={"allow_loader_env": True})

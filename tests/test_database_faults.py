@@ -208,7 +208,8 @@ def _add_event(runs: list[int], reason: str) -> Callable[[Session], int]:
 
 def _events(transactions: Transactions, reason: str) -> int:
     return transactions.read(
-        lambda session: session.scalar(sa.select(sa.func.count()).select_from(m.Event).where(m.Event.reason == reason)))
+        lambda session: session.execute(
+            sa.select(sa.func.count()).select_from(m.Event).where(m.Event.reason == reason)).scalar_one())
 
 
 def test_a_write_whose_connection_is_lost_before_commit_runs_again(postgres_url: str) -> None:
@@ -290,13 +291,13 @@ def test_a_write_that_keeps_losing_races_runs_again_after_pauses_until_it_wins(p
         assert transactions.write(_conflicting(engine, job_id, 3, runs)) == job_id  # three lost races, then won
         assert len(runs) == 4 and runs == sorted(runs) and len(set(runs)) == 4
         with Session(engine) as session:
-            assert session.get(m.Job, job_id).priority == 1004  # type: ignore[union-attr]
+            assert session.get_one(m.Job, job_id).priority == 1004
 
         runs.clear()
         with pytest.raises(Aborted, match="a concurrent change modified the same object"):
             transactions.write(_conflicting(engine, job_id, CONFLICT_RETRIES, runs))
         assert len(runs) == CONFLICT_RETRIES  # every attempt lost: the caller hears ABORTED, nothing half-written
         with Session(engine) as session:
-            assert session.get(m.Job, job_id).priority == 1004 + CONFLICT_RETRIES  # type: ignore[union-attr]
+            assert session.get_one(m.Job, job_id).priority == 1004 + CONFLICT_RETRIES
     finally:
         engine.dispose()

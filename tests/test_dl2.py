@@ -10,6 +10,7 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -115,7 +116,7 @@ def test_any_sequence_of_legal_actions_makes_a_valid_plan(seed: int) -> None:
     rng.shuffle(free)
     for jid in range(1, 5):  # running jobs, 1-GPU workers, on scattered GPUs
         n = int(rng.integers(1, 4))
-        placement = [(sid, (g,)) for sid, g in free[:n]]
+        placement: list[tuple[str, tuple[int, ...]]] = [(sid, (g,)) for sid, g in free[:n]]
         free = free[n:]
         low, high = int(rng.integers(1, n + 1)), n + int(rng.integers(0, 4))
         jobs.append(replace(running_job(jid, placement, low=low, high=high), submitted_at=float(jid)))
@@ -152,10 +153,12 @@ def test_a_missing_or_mismatched_weights_file_is_refused(tmp_path: Path) -> None
         create_dl2(PolicyParams(dl2_model=str(tmp_path / "nope.npz")))
     odd = random_network(hidden=8)
     meta = {**odd.meta, "encoding_version": 0}  # an older encoding
-    np.savez(tmp_path / "old.npz", meta=np.array(json.dumps(meta)), **odd.arrays())
+    old: dict[str, Any] = {"meta": np.array(json.dumps(meta)), **odd.arrays()}  # savez's **kwds: arrays by name
+    np.savez(tmp_path / "old.npz", **old)
     with pytest.raises(ModelFileError, match="was made for encoding"):
         load_network(tmp_path / "old.npz")
-    np.savez(tmp_path / "cut.npz", meta=np.array(json.dumps(odd.meta)), **{**odd.arrays(), "w1": odd.w1[:-1]})
+    cut: dict[str, Any] = {"meta": np.array(json.dumps(odd.meta)), **odd.arrays(), "w1": odd.w1[:-1]}
+    np.savez(tmp_path / "cut.npz", **cut)
     with pytest.raises(ModelFileError, match="array w1 has shape"):
         load_network(tmp_path / "cut.npz")
     (tmp_path / "junk.npz").write_bytes(b"not a weights file")
@@ -193,14 +196,14 @@ def tiny_trace(seed: int, jobs: int = 10) -> tuple[TraceJob, ...]:
 
 
 @pytest.fixture(scope="module")
-def tiny_env():  # type: ignore[no-untyped-def]
+def tiny_env():
     from simulator.dl2_train import Environment
 
     return Environment((tiny_trace(1), tiny_trace(2)), ClusterSpec(2, 0, 4))
 
 
 @needs_torch
-def test_warm_up_agrees_with_its_teacher(tiny_env) -> None:  # type: ignore[no-untyped-def]
+def test_warm_up_agrees_with_its_teacher(tiny_env) -> None:
     from simulator.dl2_train import imitate
 
     result, teacher_jct, steps = imitate(tiny_env, seed=0, epochs=40, dagger_rounds=1)
@@ -210,7 +213,7 @@ def test_warm_up_agrees_with_its_teacher(tiny_env) -> None:  # type: ignore[no-u
 
 
 @needs_torch
-def test_reinforcement_learning_improves_on_the_warm_up(tiny_env) -> None:  # type: ignore[no-untyped-def]
+def test_reinforcement_learning_improves_on_the_warm_up(tiny_env) -> None:
     from simulator.dl2_train import greedy_jct, imitate, reinforce
 
     warm, _, _ = imitate(tiny_env, seed=0, epochs=10, dagger_rounds=0)  # a short warm-up: room to improve
@@ -227,20 +230,22 @@ def test_reinforcement_learning_improves_on_the_warm_up(tiny_env) -> None:  # ty
 
 @needs_torch
 def test_online_learning_updates_weights_in_the_background_with_valid_plans(tmp_path: Path) -> None:
+    from scheduler_service.policies.dl2_online import OnlineLearner
     from simulator.engine import simulate
     from simulator.model import DemandPoint
 
     params = PolicyParams(dl2_online_learning=True)
     policy = create_dl2(params)
     learner = policy.chooser
+    assert isinstance(learner, OnlineLearner)
     first = policy.current()
     result = simulate(list(tiny_trace(3, jobs=24)), [DemandPoint(0.0, 0, 0.0)], ClusterSpec(2, 0, 4), policy, params,
                       seed=0, min_cycle_gap_s=60.0, drain_ack_s=None, check_plans=True)
     assert result.stop_reason == "completed"
-    assert learner.wait_idle(30.0)  # type: ignore[attr-defined]
-    assert learner.updates >= 2, (learner.updates, learner.dropped_batches)  # type: ignore[attr-defined]
+    assert learner.wait_idle(30.0)
+    assert learner.updates >= 2, (learner.updates, learner.dropped_batches)
     assert not np.array_equal(policy.current().wp, first.wp)  # new weights were swapped in
-    learner.stop()  # type: ignore[attr-defined]
+    learner.stop()
 
 
 def test_greedy_decisions_do_not_need_torch() -> None:

@@ -152,7 +152,10 @@ def test_online_learning_in_the_service_learns_from_completed_jobs_without_holdi
     agent = Agent(handle.address, epoch)
     try:
         run_jobs_to_completion(handle, stub, agent, on_round=watch)
-        wait_for(lambda: (watch(), release.is_set())[1], timeout=20, what="3 cycles while a learning step is held")
+        def watched() -> bool:
+            watch()
+            return release.is_set()
+        wait_for(watched, timeout=20, what="3 cycles while a learning step is held")
         assert held["updates_while_held"] == 0  # the cycles ran while the thread was inside its first step
         assert learner.wait_idle(30.0)
     finally:

@@ -114,8 +114,9 @@ def test_an_elastic_job_scales_out_and_keeps_its_progress(cluster: Cluster) -> N
     # The new world of 3 resumes from the checkpoint and carries on: progress never restarts at 0.
     job = cluster.wait_job(job_id, lambda j: j.progress >= before + 10, "progress after the resize")
     for rank in range(3):
-        text = wait_for(lambda r=rank: t if "/3] starting" in (t := logs(cluster, job_id, "--rank", str(r))) else None,
-                        what=f"rank {rank} started in the world of 3")
+        def started(r: int = rank) -> str | None:
+            return t if "/3] starting" in (t := logs(cluster, job_id, "--rank", str(r))) else None
+        text = wait_for(started, what=f"rank {rank} started in the world of 3")
         assert int(text.split("/3] starting at step ")[-1].split()[0]) >= 15
 
 

@@ -130,8 +130,9 @@ def test_a_forecast_in_its_own_process_is_the_forecast_and_a_dead_process_is_rep
         made = run(hand_computed_queue(), "aryl", PolicyParams(), settings)
         assert made == forecast(hand_computed_queue(), "aryl", PolicyParams(), settings)
         assert made.jobs[3].start == NOW + 930
-        [child] = run._pool._processes.values()  # type: ignore[union-attr]
-        assert child.pid != os.getpid()
+        assert run._pool is not None
+        [child] = run._pool._processes.values()
+        assert child.pid is not None and child.pid != os.getpid()
         assert os.getpriority(os.PRIO_PROCESS, child.pid) == os.getpriority(os.PRIO_PROCESS, 0) + 10  # it yields
         os.kill(child.pid, signal.SIGKILL)
         child.join(10)
@@ -139,7 +140,8 @@ def test_a_forecast_in_its_own_process_is_the_forecast_and_a_dead_process_is_rep
             run(hand_computed_queue(), "fifo", PolicyParams(), settings)
         again = run(hand_computed_queue(), "fifo", PolicyParams(), settings)
         assert again.jobs[3].start == NOW + 930
-        [other] = run._pool._processes.values()  # type: ignore[union-attr]
+        assert run._pool is not None
+        [other] = run._pool._processes.values()
         assert other.pid != child.pid
     finally:
         run.close()
@@ -283,7 +285,9 @@ def test_a_job_without_a_run_time_estimate_gets_no_eta_but_a_labelled_guess() ->
     assert waiting is not None and (waiting.start, waiting.finish, waiting.after) == (None, None, (1,))
     assert waiting.note.startswith("start unknown: it waits for job 1, whose run time is unknown")
     assert "a guess, if it runs the default 1 h: around " in waiting.note
-    assert forecasts.latest is not None and forecasts.latest.get(2).start is not None  # the forecast did guess
+    assert forecasts.latest is not None
+    guess = forecasts.latest.get(2)
+    assert guess is not None and guess.start is not None  # the forecast did guess
 
 
 def test_the_service_serves_no_eta_for_a_job_without_an_estimate(scheduler_factory) -> None:

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from protos.aryl.v1 import inference_pb2, inference_pb2_grpc, scheduler_pb2, types_pb2
-from scheduler_service.core import Reason
+from scheduler_service.core import JobView, Reason
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.plan import clock_time
 from scheduler_service.cycle import only_changed_reasons
@@ -37,7 +37,7 @@ from tests.harness import (
 from tests.helpers import wait_for
 
 
-def elastic_at_one(resized: float) -> object:
+def elastic_at_one(resized: float) -> JobView:
     return running_job(1, [("t1", (0,))], low=1, high=4, resized=resized)
 
 

@@ -366,13 +366,15 @@ def test_a_swap_the_authors_rules_decide_is_applied_in_two_plans_at_one_instant(
                                training_server_ids=["n0", "n1"])
     for job_id in (1, 2):
         cluster.submit(linear_job(job_id, 0.0, 1, 1, 4, 1e9))
-    first = AuthorsRules("test", _Decided({1: [0, 0], 2: [1, 1]}), [SimpleNamespace(index=k) for k in (1, 2)])
+    # Stand-ins for the authors' jobs (SimJob): the rules read only their index.
+    first = AuthorsRules("test", _Decided({1: [0, 0], 2: [1, 1]}),
+                         [SimpleNamespace(index=k) for k in (1, 2)])  # type: ignore[misc]
     assert cluster.apply(first.schedule(cluster.snapshot())).started == (1, 2)
     swapped = {1: [1, 1], 2: [0, 0]}
     snapshot = cluster.snapshot()
     held = {j.job_id: [(w.server_id, g) for w in j.workers for g in w.gpu_indices] for j in snapshot.jobs}
     assert len(unorderable(plan_for_allocations(snapshot, swapped, "test"), held)) == 2
-    rules = AuthorsRules("test", _Decided(swapped), [SimpleNamespace(index=k) for k in (1, 2)])
+    rules = AuthorsRules("test", _Decided(swapped), [SimpleNamespace(index=k) for k in (1, 2)])  # type: ignore[misc]
     one = cluster.apply(rules.schedule(snapshot))
     assert (one.preempted, one.scaled, one.rejected) == ((1,), (2,), ())
     assert rules.follow_up_due(snapshot.now)

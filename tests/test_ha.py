@@ -36,7 +36,7 @@ from scheduler_service.app.lease import Leadership, NotLeader
 from scheduler_service.app.term import Term
 from scheduler_service.clock import SystemClock
 from scheduler_service.config import HaConfig
-from scheduler_service.server import serve_in_background
+from scheduler_service.server import ServerHandle, serve_in_background
 from scheduler_service.store import lease as lease_store
 from scheduler_service.store.changes import StateChanges
 from scheduler_service.store.db import create_engine_for, session_factory
@@ -98,6 +98,13 @@ def events(url: str, kind: str = "HA_TEST") -> list[str]:
             return list(conn.scalars(sa.text("SELECT message FROM events WHERE kind = :k ORDER BY id"), {"k": kind}))
     finally:
         engine.dispose()
+
+
+def leading(handle: ServerHandle) -> bool:
+    """Whether the scheduler of ``handle`` leads now (it runs with HA on: it has a leadership)."""
+    leadership = handle.service.leadership
+    assert leadership is not None
+    return leadership.leading
 
 
 def test_one_contender_leads_and_a_deposed_leaders_next_write_is_refused(
@@ -196,7 +203,8 @@ def test_two_schedulers_one_leads_the_standby_redirects_and_takes_over_on_a_clea
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
         assert f"the leader is at {first.address}; retry there" in (refused.value.details() or "")
         assert leader_hint(refused.value) == first.address
-        assert (LEADER_METADATA_KEY, first.address) in list(refused.value.trailing_metadata() or ())
+        hint: object = (LEADER_METADATA_KEY, first.address)  # grpc's stubs type every metadata value as bytes
+        assert hint in list(refused.value.trailing_metadata() or ())
 
         # A client given both addresses, the standby first, follows the leader.
         with ArylClient(f"{second.address},{first.address}", timeout=5) as client:
@@ -216,7 +224,7 @@ def test_two_schedulers_one_leads_the_standby_redirects_and_takes_over_on_a_clea
 
             started = time.monotonic()
             first.stop()  # releases the lease: the standby leads at its next look, not after the lease
-            wait_for(lambda: second.service.leadership.leading, timeout=5, what="the standby to lead")
+            wait_for(lambda: leading(second), timeout=5, what="the standby to lead")
             took = time.monotonic() - started
             assert took < 2.0, f"clean hand-over took {took:.2f}s"
             # The same client: its leader is gone, the next address leads now.
@@ -374,11 +382,11 @@ def test_a_leader_that_loses_the_database_steps_down_and_the_standby_takes_over(
         assert first.service.leadership.leading and not second.service.leadership.leading
         lost_at = time.monotonic()
         proxy.cut()
-        wait_for(lambda: second.service.leadership.leading, timeout=15, interval=0.05, what="the standby to lead")
+        wait_for(lambda: leading(second), timeout=15, interval=0.05, what="the standby to lead")
         took = time.monotonic() - lost_at
         print(f"takeover after the leader lost the database: {took:.2f}s (lease 2s, renew 0.5s)")
         assert took < 2.0 + 0.5 + 2.0  # lease + a look + slack
-        wait_for(lambda: not first.service.leadership.leading, timeout=5, what="the cut-off leader to step down")
+        wait_for(lambda: not leading(first), timeout=5, what="the cut-off leader to step down")
         assert second.service.leadership.epoch > first.service.leadership.epoch
     finally:
         second.stop()
@@ -406,7 +414,7 @@ def test_a_stream_on_a_leader_that_steps_down_ends_unavailable(ha_db: str) -> No
                     pass
             assert ended.value.code() == grpc.StatusCode.UNAVAILABLE, ended.value
         # Nobody else took the lease: the same scheduler leads again, in a new term.
-        wait_for(lambda: leader.service.leadership.leading, timeout=5, what="a new term")
+        wait_for(lambda: leading(leader), timeout=5, what="a new term")
         assert leader.service.leadership.epoch > epoch
     finally:
         leader.stop()
@@ -427,7 +435,7 @@ def test_a_client_given_the_standby_alone_fails_over_to_it_when_the_leader_it_wa
             assert epoch == first.service.leadership.epoch
 
             first.stop()
-            wait_for(lambda: second.service.leadership.leading, timeout=30, what="the standby to lead")
+            wait_for(lambda: leading(second), timeout=30, what="the standby to lead")
             # The next call, not one a minute later: the dead leader is left for the address given.
             assert client.get_job(job.job_id).job.job_id == job.job_id
             assert client.get_cluster().scheduler_epoch > epoch
@@ -454,7 +462,7 @@ def test_a_standby_naming_a_leader_that_just_failed_is_not_followed_back_to_it(h
             if not second.service.leadership.leading:
                 assert "is a standby" in refused.value.message  # the standby's answer, not a dead address's
             assert client._addresses.current == second.address
-            wait_for(lambda: second.service.leadership.leading, timeout=30, what="the standby to lead")
+            wait_for(lambda: leading(second), timeout=30, what="the standby to lead")
             assert client.get_cluster().scheduler_epoch > 0
             assert client._addresses.current == second.address
     finally:

@@ -11,6 +11,7 @@ speed 1); ``restart_cost_s`` is 60 s; a queued job's start is worth 1 / (its run
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from scheduler_service.core.plan import Reason
 from scheduler_service.core.snapshot import JobView
@@ -18,14 +19,14 @@ from tests.fixtures.policies import plan
 from tests.harness import NOW, pending_job, running_job, snapshot_of, training_server
 
 
-def long_job(checkpointed: float, resized: float = NOW - 3000, **fields: object) -> JobView:
+def long_job(checkpointed: float | None, resized: float = NOW - 3000, **fields: Any) -> JobView:
     """Job 1: one worker of 4 GPUs on server t (all its GPUs), estimated at 36,000 s, running since ``resized``:
     33,000 s left, a completion rate of 1 / 33,000 = 0.0000303 a second, last checkpointed at ``checkpointed``."""
     job = running_job(1, [("t", (0, 1, 2, 3))], low=1, resized=resized, runtime=36000)
     return dataclasses.replace(job, last_checkpoint_at=checkpointed, **fields)
 
 
-def short_jobs(count: int = 4, **fields: object) -> list[JobView]:
+def short_jobs(count: int = 4, **fields: Any) -> list[JobView]:
     """Jobs 2.. : 1 GPU, estimated at 600 s, queued 10 s: each start is worth 1 / 660 x (1 + 10 / 660) =
     0.00154 a second, 50 times job 1's rate."""
     return [dataclasses.replace(pending_job(2 + i, runtime=600), **fields) for i in range(count)]
@@ -64,7 +65,7 @@ def test_a_job_that_would_lose_more_than_a_restart_keeps_running() -> None:
 
 def test_a_job_that_never_checkpointed_is_never_preempted_to_admit() -> None:
     # No checkpoint: everything since its start (3,000 s) would be lost.
-    result = plan("aryl-noloan", snapshot_of([training_server("t")], [long_job(None), *short_jobs()]))  # type: ignore[arg-type]
+    result = plan("aryl-noloan", snapshot_of([training_server("t")], [long_job(None), *short_jobs()]))
     assert result.preemptions == () and result.starts == ()
 
 

@@ -27,18 +27,29 @@ import time
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from arylctl.client import Aborted, ArylClient, DeadlineExceeded, FailedPrecondition, Unavailable
 from migrations import upgrade
 from protos.aryl.v1 import types_pb2
 from scheduler_service.server import ServerHandle, serve_in_background
 from tests.chaos.invariants import MARKER_ENV, SERVER_ENV
-from tests.harness import daemon_env, job_spec, scheduler_config, scratch_postgres, secure_channel, security_env
+from tests.harness import (
+    daemon_env,
+    health_stub,
+    job_spec,
+    scheduler_config,
+    scratch_postgres,
+    secure_channel,
+    security_env,
+)
 from tests.helpers import TIMEOUT_FACTOR, free_port, processes_mentioning, wait_for
+
+T = TypeVar("T")
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEDULER_BIN = Path(sys.executable).parent / "aryl-scheduler"
@@ -85,7 +96,7 @@ def chaos_db() -> Iterator[str]:
 def serving(address: str) -> bool:
     try:
         with secure_channel(address) as channel:
-            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1)
+            reply = health_stub(channel).Check(health_pb2.HealthCheckRequest(), timeout=1)
             return reply.status == health_pb2.HealthCheckResponse.SERVING
     except grpc.RpcError:
         return False
@@ -111,7 +122,7 @@ class RetryingClient:
         self.address = address
         self._client = ArylClient(address, timeout=5)
 
-    def call(self, do: Callable[[ArylClient], object], *, give_up: Callable[[], bool] = lambda: False) -> object:
+    def call(self, do: Callable[[ArylClient], T], *, give_up: Callable[[], bool] = lambda: False) -> T:
         """``do`` until it is answered; ``GaveUp`` as soon as ``give_up()`` holds after a failure."""
         for _ in range(round(600 * TIMEOUT_FACTOR)):  # ~a minute of refusals, longer on a loaded machine
             try:

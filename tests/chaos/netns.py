@@ -27,7 +27,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-PRIVATE_RANGE = ipaddress.ip_network("10.213.0.0/16")
+PRIVATE_RANGE = ipaddress.IPv4Network("10.213.0.0/16")
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

@@ -39,6 +39,7 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import NoReturn, overload
 
 import pytest
 import sqlalchemy as sa
@@ -46,7 +47,7 @@ import sqlalchemy as sa
 from arylctl.client import ArylClient
 from protos.aryl.v1 import types_pb2
 from scheduler_service.clock import SystemClock
-from scheduler_service.server import serve_in_background
+from scheduler_service.server import ServerHandle, serve_in_background
 from tests.chaos import netns
 from tests.chaos.invariants import MARKER_ENV, SERVER_ENV, check_invariants, live_workers, wait_workers_match
 from tests.harness import IN_CI, daemon_env, job_spec, scheduler_config
@@ -127,10 +128,20 @@ class Cluster:
         self.markers.mkdir()
         (tmp / "worker.py").write_text(WORKER)
         self.agents: dict[str, subprocess.Popen[bytes]] = {}
-        self.scheduler = None
-        self.client: ArylClient | None = None
+        self._scheduler: ServerHandle | None = None
+        self._client: ArylClient | None = None
         self.acknowledged: list[str] = []
         self.names: list[str] = []
+
+    @property
+    def scheduler(self) -> ServerHandle:
+        assert self._scheduler is not None, "start_scheduler first"
+        return self._scheduler
+
+    @property
+    def client(self) -> ArylClient:
+        assert self._client is not None, "start_scheduler first"
+        return self._client
 
     # -- daemons -----------------------------------------------------------------------------------
 
@@ -141,8 +152,8 @@ class Cluster:
             agents={"report_interval_s": 0.5, "lost_after_s": lost_after_s, "telemetry_write_s": 1.0},
             scheduling={"cycle_interval_s": 0.2, "default_grace_period_s": grace_s},
             policy={"min_resize_interval_s": 0, "restart_cost_s": 0})
-        self.scheduler = serve_in_background(config, clock=clock)
-        self.client = ArylClient(self.scheduler.address, timeout=10)
+        self._scheduler = serve_in_background(config, clock=clock)
+        self._client = ArylClient(self._scheduler.address, timeout=10)
 
     def start_agent(self, hostname: str, *, gpus: int = 1, ns: netns.NetNamespace | None = None,
                     work_dir: Path | None = None, clock_offset_file: Path | None = None) -> None:
@@ -205,12 +216,12 @@ class Cluster:
         for agent in self.agents.values():
             agent.wait(timeout=10)
         self.agents.clear()
-        if self.client is not None:
-            self.client.close()
-            self.client = None
-        if self.scheduler is not None:
-            self.scheduler.stop()
-            self.scheduler = None
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        if self._scheduler is not None:
+            self._scheduler.stop()
+            self._scheduler = None
         # Workers outlive their agents by design: end them (each leads its process group).
         for pid in processes_mentioning(self.marker):
             try:
@@ -296,6 +307,10 @@ def cluster(tmp_path: Path, postgres_url: str) -> Iterator[Cluster]:
         c.close()
 
 
+@overload
+def require(reason: None) -> None: ...
+@overload
+def require(reason: str) -> NoReturn: ...
 def require(reason: str | None) -> None:
     """Skip a case the machine cannot run; under CI=true that is a failure (CI runs as root with iproute2)."""
     if reason is None:
@@ -391,7 +406,9 @@ def test_an_agent_killed_with_workers_running_readopts_them_and_never_runs_one_t
     for round_ in range(2):
         known = set(cluster.worker_pids())
         running.append(cluster.submit(f"spawned-{round_}", workers=1))
-        wait_for(lambda known=known: new_shim(cluster, known), interval=0.0005, what="the worker's shim spawned")
+        def spawned(known: set[int] = known) -> int | None:
+            return new_shim(cluster, known)
+        wait_for(spawned, interval=0.0005, what="the worker's shim spawned")
         cluster.restart_agent("a", gpus=4)
         cluster.settled()
 

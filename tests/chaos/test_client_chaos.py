@@ -24,13 +24,13 @@ from concurrent import futures
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from arylctl.client import ArylClient
 from protos.aryl.v1 import scheduler_pb2, scheduler_pb2_grpc
 from tests.chaos.conftest import InProcessCluster, RetryingClient, chaos_job, scaled, serving
 from tests.chaos.invariants import check_invariants, wait_workers_match
-from tests.harness import secure_channel
+from tests.harness import health_stub, secure_channel
 
 pytestmark = pytest.mark.postgres
 
@@ -46,7 +46,7 @@ def submit_request(name: str) -> scheduler_pb2.SubmitJobRequest:
 
 def health(address: str) -> int:
     with secure_channel(address) as channel:
-        return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10).status
+        return health_stub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10).status
 
 
 def test_clients_giving_up_mid_call_never_wedge_the_scheduler_or_apply_twice(

@@ -22,20 +22,23 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import grpc
 import pytest
 import sqlalchemy as sa
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from arylctl.client import ArylClient, ArylError, FailedPrecondition, Unavailable
 from protos.aryl.v1 import types_pb2
 from tests.chaos.conftest import InProcessCluster, RetryingClient, chaos_job, scaled, serving
 from tests.chaos.invariants import check_invariants, database_workers, live_workers, violations, wait_workers_match
-from tests.harness import secure_channel
+from tests.harness import health_stub, secure_channel
 from tests.helpers import processes_mentioning, wait_for
 
 pytestmark = pytest.mark.postgres
+
+T = TypeVar("T")
 
 CATCH_UP_S = 60.0
 BUSY = "the scheduler's database is busy (a lock or statement timed out); retry"
@@ -61,8 +64,8 @@ class CheckedClient(RetryingClient):
         super().__init__(address)
         self.refusals: dict[str, int] = {}
 
-    def call(self, do: Callable[[ArylClient], object], *, give_up: Callable[[], bool] = lambda: False) -> object:
-        def recorded(client: ArylClient) -> object:
+    def call(self, do: Callable[[ArylClient], T], *, give_up: Callable[[], bool] = lambda: False) -> T:
+        def recorded(client: ArylClient) -> T:
             try:
                 return do(client)
             except ArylError as exc:
@@ -189,7 +192,7 @@ def test_rows_locked_past_the_lock_timeout_answer_unavailable_and_the_service_re
         with pytest.raises(FailedPrecondition):
             plain.cancel_job(victim)
         with secure_channel(cluster.address) as channel:
-            health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+            health = health_stub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
         assert health.status == health_pb2.HealthCheckResponse.SERVING
         check_invariants(cluster.url, acknowledged.values())
         wait_workers_match(cluster.url, cluster.marker, timeout=CATCH_UP_S)

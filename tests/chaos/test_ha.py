@@ -170,6 +170,7 @@ def test_paused_leader_is_refused_then_a_killed_leader_loses_nothing(pair: Pair)
     """One pair of processes for both cases (each pair costs two scheduler starts): first the leader is
     paused past its lease (it stands by afterwards), then the new leader is killed -9 under load."""
     pause_past_the_lease(pair)
+    leader: SchedulerProcess | None  # the one leading; each round finds it again
     standby, leader = pair.schedulers  # after the pause, the second leads
     for i in range(2):
         pair.agents.start(pair.addresses, f"ha-{i}", gpus=4)
@@ -192,8 +193,9 @@ def test_paused_leader_is_refused_then_a_killed_leader_loses_nothing(pair: Pair)
         time.sleep(1.0)  # under load
         killed_at = time.monotonic()
         leader.kill9()
-        wait_for(lambda address=standby.address: epoch_at(address) is not None, timeout=TAKEOVER_BOUND_S + 15,
-                 interval=0.1, what="the standby to lead")
+        def leading(address: str = standby.address) -> bool:
+            return epoch_at(address) is not None
+        wait_for(leading, timeout=TAKEOVER_BOUND_S + 15, interval=0.1, what="the standby to lead")
         took = time.monotonic() - killed_at
         new_epoch = epoch_at(standby.address)
         print(f"kill {round_no}: takeover in {took:.2f}s (lease {LEASE_S:g}s, renew {RENEW_S:g}s), "
@@ -239,7 +241,9 @@ def test_a_leader_paused_between_its_fence_and_its_commit_does_not_commit(pair: 
 
     caller = threading.Thread(target=submit, daemon=True)
     caller.start()
-    wait_for(lambda: process_state(first.proc.pid) == "T", timeout=15, interval=0.05,  # type: ignore[union-attr]
+    first_proc = first.proc
+    assert first_proc is not None
+    wait_for(lambda: process_state(first_proc.pid) == "T", timeout=15, interval=0.05,
              what="the leader to stop itself between its fence and its commit")
     try:
         standby_leads(second, since=time.monotonic(), what="takeover past a paused write")

@@ -80,7 +80,7 @@ def schedulers(tmp_path: Path, chaos_db: str) -> Iterator[tuple[SchedulerProcess
 
 def next_lease_round_in(url: str) -> float:
     """Seconds until the leader's lease thread next wakes: its last round set the lease's expiry."""
-    remaining = float(db_scalar(url, f"SELECT expires_at - {DB_NOW} FROM leader_lease WHERE id = 1"))  # type: ignore[arg-type]
+    remaining = float(db_scalar(url, f"SELECT expires_at - {DB_NOW} FROM leader_lease WHERE id = 1"))
     return RESUMING_RENEW_S - (RESUMING_LEASE_S - remaining)
 
 
@@ -119,9 +119,10 @@ def lease_holder(url: str) -> str:
 def resume_the_stopped_leader(leader: SchedulerProcess, standby: SchedulerProcess, url: str) -> None:
     """Once the leader has stopped itself: end its lease in the database, wait for the standby to lead,
     resume the old leader."""
-    assert leader.proc is not None
+    proc = leader.proc
+    assert proc is not None
     try:
-        wait_for(lambda: process_state(leader.proc.pid) == "T", timeout=15, interval=0.05,  # type: ignore[union-attr]
+        wait_for(lambda: process_state(proc.pid) == "T", timeout=15, interval=0.05,
                  what="the leader to stop itself before the database's fence check")
         end_lease_in_database(url, leader.address)
         ended_at = time.monotonic()
@@ -131,7 +132,7 @@ def resume_the_stopped_leader(leader: SchedulerProcess, standby: SchedulerProces
         print(f"takeover {time.monotonic() - ended_at:.2f}s after the lease ended in the database")
     finally:
         leader.kill_file.write_text("")
-        leader.proc.send_signal(signal.SIGCONT)
+        proc.send_signal(signal.SIGCONT)
 
 
 def stepping_down_reasons(log: str) -> list[str]:
