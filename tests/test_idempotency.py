@@ -23,7 +23,7 @@ from arylctl.client import SUBMIT_ATTEMPTS, AlreadyExists, ArylClient, DeadlineE
 from migrations import downgrade, upgrade
 from protos.aryl.v1 import scheduler_pb2
 from tests.fixtures.cli import run
-from tests.harness import job_spec, scheduler_stub, scratch_postgres
+from tests.harness import as_call, details_of, job_spec, scheduler_stub, scratch_postgres
 from tests.helpers import free_port
 
 
@@ -70,8 +70,8 @@ def test_the_same_key_with_another_spec_is_already_exists_naming_the_job(stub) -
         submit(stub, job_spec("train", user="ann", workers=2), "run-1")
 
     assert refused.value.code() == grpc.StatusCode.ALREADY_EXISTS
-    assert f"job {first.job_id}" in refused.value.details()
-    status = rpc_status.from_call(refused.value)
+    assert f"job {first.job_id}" in details_of(refused.value)
+    status = rpc_status.from_call(as_call(refused.value))
     assert status is not None
     infos = []
     for detail in status.details:
@@ -134,7 +134,8 @@ class _LostAnswer(grpc.RpcError, grpc.Call):
     def is_active(self) -> bool:
         return False
 
-    def time_remaining(self) -> float | None:
+    # grpc documents None for a call without a deadline; its stubs (types-grpcio) say float.
+    def time_remaining(self) -> float | None:  # type: ignore[override]
         return None
 
     def cancel(self) -> bool:
@@ -306,7 +307,7 @@ _JOBS = sa.table(
 )
 
 
-def _insert_job(url: str, user: str, key: str) -> None:
+def _insert_job(url: str, user: str, key: str | None) -> None:
     engine = sa.create_engine(url)
     try:
         with engine.begin() as conn:

@@ -45,6 +45,13 @@ def value(samples: Samples, name: str, **labels: str) -> float | None:
     return samples.get((name, tuple(sorted(labels.items()))))
 
 
+def number(samples: Samples, name: str, **labels: str) -> float:
+    """``value`` of a sample the test expects there to be (to compare it with a bound)."""
+    found = value(samples, name, **labels)
+    assert found is not None, f"no sample {name} {labels}"
+    return found
+
+
 def test_the_scheduler_serves_jobs_gpus_and_cycle_metrics(scheduler_factory) -> None:
     port = free_port()
     scheduler = scheduler_factory(metrics={"port": port})
@@ -70,10 +77,10 @@ def test_the_scheduler_serves_jobs_gpus_and_cycle_metrics(scheduler_factory) -> 
     assert value(after, "aryl_gpus_allocated", server="train-1", model="Fake-GPU", queue="default") == 2
     assert value(after, "aryl_gpu_utilization_ratio", server="train-1", model="Fake-GPU", queue="") == 0
     assert value(after, "aryl_servers", pool="TRAINING", state="TRAINING") == 1
-    assert value(after, "aryl_scheduler_job_starts_total") >= 1
+    assert number(after, "aryl_scheduler_job_starts_total") >= 1
     assert value(after, "aryl_scheduler_job_queueing_seconds_count", queue="default") == 1
-    assert value(after, "aryl_scheduler_cycle_duration_seconds_count") >= 1
-    assert value(after, "aryl_scheduler_plan_actions_sum", kind="start") >= 1
+    assert number(after, "aryl_scheduler_cycle_duration_seconds_count") >= 1
+    assert number(after, "aryl_scheduler_plan_actions_sum", kind="start") >= 1
     assert job.job_id
 
 
@@ -106,8 +113,8 @@ def test_the_agent_serves_report_latency_gpus_and_workers(scheduler_factory, tmp
                  what="three status reports in the agent's metrics")
         samples = scrape(endpoint.url)
         assert value(samples, "aryl_agent_registrations_total") == 1
-        assert value(samples, "aryl_agent_report_latency_seconds_count") >= 3
-        assert 0 < value(samples, "aryl_agent_report_latency_seconds_sum") < 10
+        assert number(samples, "aryl_agent_report_latency_seconds_count") >= 3
+        assert 0 < number(samples, "aryl_agent_report_latency_seconds_sum") < 10
         for gpu in ("0", "1"):
             assert value(samples, "aryl_agent_gpu_healthy", gpu=gpu, model="Fake-A100-80GB") == 1
             assert value(samples, "aryl_agent_gpu_utilization_ratio", gpu=gpu, model="Fake-A100-80GB") is not None
@@ -148,10 +155,10 @@ def test_the_router_serves_requests_latency_and_demand(scheduler) -> None:
             assert value(samples, "aryl_router_request_duration_seconds_count", code="2xx") == 5
             assert value(samples, "aryl_router_backends", state="SERVING", routable="true") == 1
             assert value(samples, "aryl_router_demand_servers_needed") == 2
-            assert value(samples, "aryl_router_observed_rps", window="short") > 0
+            assert number(samples, "aryl_router_observed_rps", window="short") > 0
             await until(lambda: value(scrape(url), "aryl_router_demand_servers_reported") == 2,
                         what="the demand reported to the scheduler")
-            assert value(scrape(url), "aryl_router_demand_reports_total") >= 1
+            assert number(scrape(url), "aryl_router_demand_reports_total") >= 1
         finally:
             stop.set()
             await served

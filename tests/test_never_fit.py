@@ -17,6 +17,7 @@ from scheduler_service.core.fit import never_fits
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.policies import create_policy
 from tests.harness import (
+    details_of,
     inference_server,
     job_spec,
     pending_job,
@@ -50,12 +51,12 @@ def test_submit_refuses_shapes_no_registered_server_can_hold_but_not_before_any_
 
         too_wide = refusal(stub, job_spec("wide", gpus=64))
         assert too_wide.code() == grpc.StatusCode.FAILED_PRECONDITION
-        assert "needs 64 GPUs per worker; the largest server has 8" in too_wide.details()
+        assert "needs 64 GPUs per worker; the largest server has 8" in details_of(too_wide)
         too_many = refusal(stub, job_spec("many", gpus=4, workers=4096))
         assert too_many.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert ("needs at least 4096 x 4 GPUs; the cluster holds at most 3 worker(s) of 4 GPUs "
-                "(12 GPUs on 2 training + inference servers)") in too_many.details()
-        assert "'many'" in too_many.details()
+                "(12 GPUs on 2 training + inference servers)") in details_of(too_many)
+        assert "'many'" in details_of(too_many)
         jobs = stub.ListJobs(scheduler_pb2.ListJobsRequest(), timeout=5).jobs
         assert [j.spec.name for j in jobs] == ["early"]  # nothing queued for the refused ones
 

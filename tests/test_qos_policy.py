@@ -17,7 +17,7 @@ from protos.aryl.v1 import scheduler_pb2, types_pb2
 from scheduler_service.core import ClusterSnapshot, JobView
 from scheduler_service.core.invariants import check_plan
 from scheduler_service.core.params import PolicyParams
-from scheduler_service.core.plan import Plan
+from scheduler_service.core.plan import Plan, ScaleJob, StartJob
 from scheduler_service.lifecycle import JobState, ServerState
 from scheduler_service.policies import create_policy
 from simulator.engine import simulate
@@ -51,7 +51,8 @@ def queued(jid: int, work: float, *, high: int, deadline: float | None, gpus: in
 
 
 def sizes(result: Plan) -> dict[int, int]:
-    return {a.job_id: len(a.workers) for a in (*result.starts, *result.scales)}
+    actions: tuple[StartJob | ScaleJob, ...] = (*result.starts, *result.scales)
+    return {a.job_id: len(a.workers) for a in actions}
 
 
 def with_deadline(job: TraceJob, deadline: float) -> TraceJob:
@@ -72,11 +73,11 @@ def test_qos_sizes_each_deadline_job_to_meet_it_and_meets_every_deadline_in_a_fe
     # Simulated to the end: both deadlines met under qos; sjf (jobs at min_workers) meets neither.
     jobs = [with_deadline(linear_job(1, 0, 1, 1, 8, 4000.0), 1100.0),
             with_deadline(linear_job(2, 0, 1, 1, 8, 2000.0), 1100.0), linear_job(3, 0, 1, 1, 8, 10000.0)]
-    ends = {}
+    ends: dict[str, dict[int, float]] = {}  # the finished jobs' ends
     for name in ("qos", "sjf"):
         result = simulate(jobs, [], ClusterSpec(1, 0, gpus_per_server=8), name, PolicyParams(), seed=0,
                           check_plans=True)
-        ends[name] = {j.job_id: j.end for j in result.jobs}
+        ends[name] = {j.job_id: j.end for j in result.jobs if j.end is not None}
     assert ends["qos"][1] == 30 + 4000 / 5 and ends["qos"][2] == 30 + 2000 / 2  # 830 s, 1030 s
     assert ends["sjf"][1] > 1100 and ends["sjf"][2] > 1100
 

@@ -12,14 +12,14 @@ import sqlalchemy as sa
 from arylctl.cli import main
 from migrations import downgrade, upgrade
 from protos.aryl.v1 import scheduler_pb2, types_pb2
-from tests.harness import job_spec, register_fake_server, scheduler_stub, scratch_postgres
+from tests.harness import details_of, job_spec, register_fake_server, scheduler_stub, scratch_postgres
 from tests.helpers import wait_for
 
 
 def code_of(call) -> tuple[grpc.StatusCode, str]:
     with pytest.raises(grpc.RpcError) as err:
         call()
-    return err.value.code(), err.value.details()
+    return err.value.code(), details_of(err.value)
 
 
 def queue(name: str, quota: int, **fields) -> scheduler_pb2.CreateQueueRequest:
@@ -55,9 +55,9 @@ def test_queue_admin_rpcs_validate_and_refuse_with_the_right_codes(scheduler) ->
         stub.DeleteQueue(scheduler_pb2.DeleteQueueRequest(name="default"))
         listed = {q.name: q for q in stub.ListQueues(scheduler_pb2.ListQueuesRequest()).queues}
         assert (listed["default"].configured, listed["default"].quota_is_rest) == (False, True)
-        for bad in (scheduler_pb2.UpdateQueueRequest(name="vision", quota_rest=True),
+        for bad_update in (scheduler_pb2.UpdateQueueRequest(name="vision", quota_rest=True),
                     scheduler_pb2.UpdateQueueRequest(name="default", quota_rest=True, quota_gpus=1)):
-            code, details = code_of(lambda bad=bad: stub.UpdateQueue(bad))
+            code, details = code_of(lambda bad=bad_update: stub.UpdateQueue(bad))
             assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("quota_rest"), details
         # A queue with an active job cannot be deleted; without, it can.
         spec = job_spec("j")

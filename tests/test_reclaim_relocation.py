@@ -10,7 +10,7 @@ import pytest
 from scheduler_service.core.invariants import check_plan
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.plan import LoanStep, Plan, Reason
-from scheduler_service.core.snapshot import ClusterSnapshot
+from scheduler_service.core.snapshot import ClusterSnapshot, JobView
 from scheduler_service.lifecycle import ServerState
 from scheduler_service.policies import create_policy
 from tests.harness import NOW, inference_server, running_job, snapshot_of, training_server
@@ -32,7 +32,7 @@ LOANED = inference_server("i1", ServerState.LOANED, gpus=4, since=NOW - 7200)
 RIGID = running_job(2, [("i1", (0, 1, 2, 3))], low=1, resized=NOW - 3600)
 
 
-def elastic(resized: float) -> object:
+def elastic(resized: float) -> JobView:
     return running_job(3, [("t", (0, 1, 2, 3)), ("t", (4, 5, 6, 7))], low=1, high=2, resized=resized)
 
 

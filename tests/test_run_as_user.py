@@ -202,8 +202,9 @@ def test_a_mapped_users_worker_runs_with_its_uid_in_private_directories(shared_d
         for job, reason in (("job-root", "jobs of user root are refused"),
                             ("job-x", "no uid mapped for user 'mallory'"),
                             ("job-ld", "LD_PRELOAD: dynamic-loader variables are refused")):
-            refused = wait_for(lambda j=job: (v := view_of(supervisor, j)) and v.phase is Phase.EXITED and v,
-                               timeout=10, what=f"{job} refused")
+            def exited(j: str = job) -> WorkerView | None:
+                return v if (v := view_of(supervisor, j)) and v.phase is Phase.EXITED else None
+            refused = wait_for(exited, timeout=10, what=f"{job} refused")
             assert refused.cannot_start and reason in refused.message and refused.exit_code == 127
             assert reason in (work / "logs" / job / "rank-0.log").read_text()
 
@@ -427,12 +428,15 @@ def test_a_command_not_found_names_the_workers_path_and_users_path(tmp_path: Pat
         supervisor.wake()
         for job, path, where in (("job-127", "/usr/local/bin:/usr/bin:/bin", "the agent's [users] path"),
                                  ("job-sh", "/job/bin", "the job's env")):
-            view = wait_for(lambda j=job: (v := view_of_job(supervisor, j)) and v.phase is Phase.EXITED and v,
-                            timeout=20, what=f"{job} exited")
+            def exited(j: str = job) -> WorkerView | None:
+                return v if (v := view_of_job(supervisor, j)) and v.phase is Phase.EXITED else None
+            view = wait_for(exited, timeout=20, what=f"{job} exited")
             assert view.exit_code == 127
             assert f"the workers' PATH is {path} ({where})" in view.message, view.message
             assert "users.path (ARYL_USERS__PATH)" in view.message
-        assert "command not found: python-that-is-not-there" in view_of_job(supervisor, "job-127").message
+        not_found = view_of_job(supervisor, "job-127")
+        assert not_found is not None
+        assert "command not found: python-that-is-not-there" in not_found.message
     finally:
         supervisor.close(stop_workers=True)
 

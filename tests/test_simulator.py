@@ -102,7 +102,9 @@ def test_no_simulation_branches_anywhere() -> None:
                     node.values if isinstance(node, ast.BoolOp) else [node.test]
                 names = [n.id if isinstance(n, ast.Name) else n.attr for t in tests for n in ast.walk(t)
                          if isinstance(n, (ast.Name, ast.Attribute))]
-                offenders += [f"{path.relative_to(REPO)}:{node.lineno}: {name}" for name in names
+                # A comprehension has no line of its own (its target has).
+                line = node.target.lineno if isinstance(node, ast.comprehension) else node.lineno
+                offenders += [f"{path.relative_to(REPO)}:{line}: {name}" for name in names
                               if "simulat" in name.lower()]
             if isinstance(node, ast.Attribute) and re.fullmatch(r"_?(is_)?simulat\w*", node.attr):
                 offenders.append(f"{path.relative_to(REPO)}:{node.lineno}: .{node.attr}")

@@ -12,6 +12,7 @@ import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -29,7 +30,15 @@ from node_agent.config import AgentSection
 from node_agent.gpus import FakeBackend
 from protos.aryl.v1 import agent_pb2, agent_pb2_grpc, scheduler_pb2, types_pb2
 from scheduler_service.api import agent_validation, job_validation, validation
-from tests.harness import AS_ITSELF, daemon_security, job_spec, register_fake_server, scheduler_stub, secure_channel
+from tests.harness import (
+    AS_ITSELF,
+    daemon_security,
+    details_of,
+    job_spec,
+    register_fake_server,
+    scheduler_stub,
+    secure_channel,
+)
 from tests.helpers import wait_for
 
 # Variables of this many characters stay under execve's 128 KiB per string and the 32 KiB per value.
@@ -48,7 +57,7 @@ def bulky_env(total_bytes: int) -> dict[str, str]:
     return env
 
 
-def spec_of_size(target: int, **fields: object) -> types_pb2.JobSpec:
+def spec_of_size(target: int, **fields: Any) -> types_pb2.JobSpec:
     """A spec whose encoded size is exactly ``target`` bytes (the padding in its environment)."""
     spec = job_spec("big", **fields)
     spec.env.update(bulky_env(target - spec.ByteSize()))
@@ -99,7 +108,7 @@ def test_a_spec_over_the_cap_is_refused_naming_the_field_and_the_limit(stub, bul
     with pytest.raises(grpc.RpcError) as refused:
         submit(stub, spec)
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    details = refused.value.details()
+    details = details_of(refused.value)
     assert f"spec.{bulk}" in details and str(MAX_JOB_SPEC_BYTES) in details
     assert not stub.ListJobs(scheduler_pb2.ListJobsRequest(), timeout=10).jobs
 

@@ -93,6 +93,7 @@ def test_wait_exits_1_when_the_job_is_cancelled_before_it_starts(node: Node) -> 
     wait_for(lambda: "job 2 is PENDING" in notes.text(), timeout=30, what="the pending note")
     assert ctl(node.address, "cancel", "2", "--reason", "no room", cwd=Path.cwd()).returncode == 0
     try:
+        assert proc.stdout is not None
         out = proc.stdout.read()
         proc.wait(timeout=30)
     finally:
@@ -114,6 +115,7 @@ def test_ctrl_c_detaches_without_cancelling_and_says_how_to_reattach_or_cancel(n
         wait_for(lambda: "started\n" in out.text(), timeout=30, what=f"the worker's output; agent:\n{node.agent_log()}")
         proc.send_signal(signal.SIGINT)
         code = proc.wait(timeout=30)
+        assert proc.stderr is not None
         err = proc.stderr.read()
     finally:
         if proc.poll() is None:

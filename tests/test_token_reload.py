@@ -37,7 +37,8 @@ def write(path: Path, *lines: str) -> None:
 
 def test_changes_are_read_at_most_once_per_check_interval_and_a_bad_file_keeps_the_last_good_one(
         tmp_path: Path) -> None:
-    path, clock, problems = tmp_path / "tokens", Clock(), []
+    path, clock = tmp_path / "tokens", Clock()
+    problems: list[str] = []
     write(path, "user alice tok-alice")
     tokens = TokenFile(path, check_s=1.0, on_error=problems.append, clock=clock)
     assert dict(tokens.current()) == {hash_token("tok-alice"): Principal("user", "alice")}

@@ -46,9 +46,9 @@ def test_measured_types_take_their_largest_batch_and_unseen_ones_are_bootstrappe
     # C from A: 80 x 0.1 / 1.0 = 8; from B: 20 x 0.1 / 0.5 = 4 -> 6. D: (160 + 80) / 2 = 120. E: no factor.
     assert got == (
         TypeSpeed("D", 120.0, 64, BOOTSTRAPPED, 1.0),
-        TypeSpeed("A", 80.0, 64, MEASURED, pytest.approx(80 / 120)),
-        TypeSpeed("B", 20.0, 64, MEASURED, pytest.approx(20 / 120)),
-        TypeSpeed("C", 6.0, 64, BOOTSTRAPPED, pytest.approx(6 / 120)),
+        TypeSpeed("A", 80.0, 64, MEASURED, pytest.approx(80 / 120)),  # type: ignore[arg-type]  # approx: equal to the float
+        TypeSpeed("B", 20.0, 64, MEASURED, pytest.approx(20 / 120)),  # type: ignore[arg-type]  # approx: equal to the float
+        TypeSpeed("C", 6.0, 64, BOOTSTRAPPED, pytest.approx(6 / 120)),  # type: ignore[arg-type]  # approx: equal to the float
     )
     # Without factors only what was measured; without measures nothing (never a guess).
     assert [s.gpu_type for s in type_speeds(steps, {})] == ["A", "B"]

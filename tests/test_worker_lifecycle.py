@@ -16,7 +16,7 @@ from scheduler_service.app import SchedulerApp
 from scheduler_service.store.db import create_engine_for, session_factory
 from scheduler_service.worker_outcomes import Verdict, judge_exits
 from tests.fixtures.workers import EXITED, RUNNING, Agent, J, _app, get_job, running, submit, worker
-from tests.harness import ManualClock, job_spec, register_fake_server, scheduler_stub
+from tests.harness import ManualClock, details_of, job_spec, register_fake_server, scheduler_stub
 from tests.helpers import wait_for
 
 
@@ -100,10 +100,10 @@ def test_reports_with_bad_workers_are_refused_with_the_field(cluster) -> None:
     _, _, agent = cluster
     with pytest.raises(grpc.RpcError) as err:
         agent.report(agent_pb2.WorkerStatus(job_id="x", rank=0, phase=RUNNING))
-    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "workers[0].job_id" in err.value.details()
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "workers[0].job_id" in details_of(err.value)
     with pytest.raises(grpc.RpcError) as err:
         agent.report(worker("1", 0, 1, progress=float("nan")))
-    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "workers[0].progress" in err.value.details()
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "workers[0].progress" in details_of(err.value)
 
 
 def test_silent_agents_make_servers_lost_shrinking_elastic_jobs_and_requeueing_others(scheduler_factory) -> None:
@@ -121,12 +121,16 @@ def test_silent_agents_make_servers_lost_shrinking_elastic_jobs_and_requeueing_o
         def servers() -> dict[str, types_pb2.Server]:
             return {s.server_id: s for s in stub.ListServers(scheduler_pb2.ListServersRequest(), timeout=5).servers}
 
-        wait_for(lambda: agents["a"].report() and servers()["b"].state == J.SERVER_STATE_LOST,
-                 timeout=20, interval=0.2, what="server b lost")
+        def b_lost() -> bool:
+            agents["a"].report()  # a status report keeps "a" alive
+            return servers()["b"].state == J.SERVER_STATE_LOST
+        wait_for(b_lost, timeout=20, interval=0.2, what="server b lost")
         assert servers()["a"].state == J.SERVER_STATE_TRAINING
         # The cycle after the sweep evicts (core.faults): wait for its plan, not for the sweep.
-        job = wait_for(lambda: agents["a"].report() and (j := get_job(stub, elastic)).num_workers != 4 and j,
-                       timeout=20, interval=0.2, what="the job shrunk by the next cycle")
+        def shrunk() -> types_pb2.Job | None:
+            agents["a"].report()
+            return j if (j := get_job(stub, elastic)).num_workers != 4 else None
+        job = wait_for(shrunk, timeout=20, interval=0.2, what="the job shrunk by the next cycle")
         assert job.state == J.JOB_STATE_RUNNING and job.num_workers == 2
         assert {a.server_id for a in job.workers} == {"a"}
         assert sorted({a.rank for a in job.workers}) == [0, 1]  # ranks renumbered densely
@@ -182,11 +186,11 @@ def test_job_logs_are_located_by_rank_with_clear_errors(cluster) -> None:
     running(stub, job_id)
     with pytest.raises(grpc.RpcError) as err:
         stub.GetJobLogs(scheduler_pb2.GetJobLogsRequest(job_id=job_id, rank=3), timeout=5)
-    assert err.value.code() == grpc.StatusCode.NOT_FOUND and "no rank 3" in err.value.details()
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND and "no rank 3" in details_of(err.value)
     # This server registered without a logs address: the user is told where the logs are instead.
     with pytest.raises(grpc.RpcError) as err:
         stub.GetJobLogs(scheduler_pb2.GetJobLogsRequest(job_id=job_id, rank=0), timeout=5)
-    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "gpu-1" in err.value.details()
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "gpu-1" in details_of(err.value)
 
 
 @pytest.mark.parametrize(
