@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -27,7 +28,7 @@ from node_agent.logs import MAX_CHUNK_BYTES, OffsetPastEnd, read_chunk, serve_wo
 from node_agent.supervisor import Supervisor
 from node_agent.workers import Phase, WorkDir, WorkerId, WorkerView, load_state, path_component
 from protos.aryl.v1 import agent_pb2, agent_pb2_grpc
-from tests.harness import AGENT_RUNS_AS_ITSELF, AS_ITSELF, FakeScheduler, desired_state, desired_worker
+from tests.harness import AGENT_RUNS_AS_ITSELF, AS_ITSELF, FakeScheduler, desired_state, desired_worker, details_of
 from tests.helpers import processes_mentioning, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
@@ -80,7 +81,7 @@ class Node:
         wanted = WorkerId(job, rank, incarnation)
         return next((v for v in self.supervisor.statuses() if v.id == wanted), None)
 
-    def wait_phase(self, phase: Phase, **identity: object) -> WorkerView:
+    def wait_phase(self, phase: Phase, **identity: Any) -> WorkerView:
         return wait_for(
             lambda: (view := self.status(**identity)) is not None and view.phase is phase and view,
             timeout=WAIT_S,
@@ -414,6 +415,7 @@ def test_the_agent_daemon_survives_kill_9_and_adopts_its_workers(tmp_path: Path,
         wait_for(lambda: len(scheduler.service.registrations) == 2, timeout=WAIT_S, what="re-registration")
         wait_for(lambda: len(scheduler.service.reports) > reports_before + 2, timeout=WAIT_S, what="new reports")
         adopted = reported_worker(scheduler, lambda w: w.job_id == "job-a")
+        assert adopted is not None
         assert adopted.phase == agent_pb2.WORKER_PHASE_RUNNING and adopted.progress >= running.progress
 
         def stopped() -> agent_pb2.WorkerStatus | None:
@@ -445,7 +447,7 @@ def check_log_service(port: int) -> None:
         assert chunk.data.startswith(b"===== ") and chunk.offset == 0 and chunk.next_offset == len(chunk.data)
         with pytest.raises(grpc.RpcError) as missing:
             stub.ReadWorkerLog(agent_pb2.ReadWorkerLogRequest(job_id="job-zz", rank=0), timeout=5)
-        assert missing.value.code() == grpc.StatusCode.NOT_FOUND and "job-zz" in missing.value.details()
+        assert missing.value.code() == grpc.StatusCode.NOT_FOUND and "job-zz" in details_of(missing.value)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -213,6 +213,7 @@ class GoodputSide(SimulatorSide):
         self.clock = VirtualClock(T0)
         self.cluster = SimulatedCluster(SPEC, self.clock, reclaim_deadline_s=RECLAIM_DEADLINE_S)
         self.jobs = [PlacedJob(job) for job in trace_jobs()]
+        # The script's PlacedJobs stand in for SimJobs: the cluster only holds them and hands them back.
         self.goodput = GoodputCluster(self.jobs, self.cluster, AsSubmitted(), restart_s=30.0)  # type: ignore[arg-type]
         assert self.goodput.arrive() == len(JOBS)
 

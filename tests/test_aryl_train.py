@@ -295,4 +295,5 @@ def test_sigterm_to_one_rank_stops_both_at_the_same_step_after_rank_0_saved(tmp_
     saved = outputs[0].split(f"saved step {step} (parameters ")[1].split(")")[0]
     outputs = finish(start_world(tmp_path, step + 2, local=2, accum=0, checkpoint_dirs=("ck", "elsewhere")))
     assert all(f"resumed step {step} (parameters {saved})" in output for output in outputs), outputs
-    assert read_progress(tmp_path / "progress-1.json").progress == step + 2  # type: ignore[union-attr]
+    progress = read_progress(tmp_path / "progress-1.json")
+    assert progress is not None and progress.progress == step + 2

@@ -167,7 +167,10 @@ def test_one_command_issues_a_gpu_server_and_packs_what_it_needs(tmp_path: Path)
                                 "agent.env"}
         assert {(m.uid, m.gid) for m in members.values()} == {(certs.IMAGE_UID, certs.IMAGE_UID)}
         assert stat.S_IMODE(members["pki/agent.key"].mode) == stat.S_IMODE(members["pki/token"].mode) == 0o600
-        read = lambda name: tar.extractfile(name).read()  # type: ignore[union-attr]  # noqa: E731
+        def read(name: str) -> bytes:
+            member = tar.extractfile(name)
+            assert member is not None
+            return member.read()
         assert read("pki/agent.crt") == (pki / "agent-gpu-7.crt").read_bytes()
         assert read("pki/agent.key") == (pki / "agent-gpu-7.key").read_bytes()
         assert read("pki/ca.crt") == (pki / "ca.crt").read_bytes()
@@ -181,7 +184,8 @@ def test_one_command_issues_a_gpu_server_and_packs_what_it_needs(tmp_path: Path)
                              "--scheduler-address", "10.0.0.5:50051")
     assert status == 0 and "kept agent:gpu-7" in out
     with tarfile.open(tmp_path / "again.tgz") as tar:
-        assert tar.extractfile("pki/token").read().decode().strip() == token  # type: ignore[union-attr]
+        again = tar.extractfile("pki/token")
+        assert again is not None and again.read().decode().strip() == token
 
 
 def test_a_bundle_to_standard_output_is_the_archive_alone(tmp_path: Path) -> None:
@@ -192,7 +196,8 @@ def test_a_bundle_to_standard_output_is_the_archive_alone(tmp_path: Path) -> Non
                           capture_output=True, check=True)
     assert b"issued agent:gpu-8" in done.stderr
     with tarfile.open(fileobj=io.BytesIO(done.stdout)) as tar:
-        assert b"ARYL_SERVER_ID=gpu-8" in tar.extractfile("agent.env").read()  # type: ignore[union-attr]
+        agent_env = tar.extractfile("agent.env")
+        assert agent_env is not None and b"ARYL_SERVER_ID=gpu-8" in agent_env.read()
 
 
 def test_a_bundle_refuses_what_it_cannot_pack_before_issuing_anything(tmp_path: Path) -> None:

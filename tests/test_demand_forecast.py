@@ -49,7 +49,8 @@ def test_a_daily_rise_is_forecast_from_the_days_before():
     assert ahead.point == pytest.approx(10.0)
     # At noon no past day rose within 10 minutes: the band is the level.
     noon = 3 * DAY_S + 12 * HOUR
-    assert fed(noon).view(noon).forecast(600.0, 0.999).upper == pytest.approx(10.0)  # type: ignore[union-attr]
+    at_noon = fed(noon).view(noon)
+    assert at_noon is not None and at_noon.forecast(600.0, 0.999).upper == pytest.approx(10.0)
 
 
 def test_the_band_does_not_know_where_in_the_hour_a_rise_comes():
@@ -78,7 +79,8 @@ def test_without_history_the_band_is_the_level_or_the_rising_trend():
     falling = DemandForecaster(ForecastSettings(min_anchors=1000))
     for minute in range(10):
         falling.observe(minute * 60.0, 20 - minute)
-    assert falling.view(600.0).forecast(120.0, 0.999).upper == pytest.approx(11.0)  # type: ignore[union-attr]
+    after_the_fall = falling.view(600.0)
+    assert after_the_fall is not None and after_the_fall.forecast(120.0, 0.999).upper == pytest.approx(11.0)
 
 
 def test_skipped_bins_hold_the_need_in_force_and_history_is_bounded():

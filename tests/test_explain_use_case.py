@@ -72,7 +72,7 @@ class _Queues:
 
 
 def _explainer(job: JobInfo) -> JobExplainer:
-    return JobExplainer(_Jobs(job), _Deadlines(), _Queues())  # type: ignore[arg-type]
+    return JobExplainer(_Jobs(job), _Deadlines(), _Queues())  # type: ignore[arg-type]  # fakes of the stores
 
 
 def test_the_use_case_returns_a_plain_value_judged_by_the_params_it_is_given() -> None:

@@ -5,6 +5,7 @@ figure is worked out by hand in the comments."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 
@@ -26,13 +27,13 @@ from scheduler_service.lifecycle import JobState
 POINTS = ((1, 10.0), (2, 20.0), (4, 40.0))
 
 
-def running(workers: int = 4, **changes: object) -> JobView:
+def running(workers: int = 4, **changes: Any) -> JobView:
     job = JobView(
         job_id=1, state=JobState.RUNNING, gpus_per_worker=1, min_workers=2, max_workers=8, priority=0,
         submitted_at=0.0, workers=tuple(WorkerView(r, "s1", (r,)) for r in range(workers)),
         throughput_points=POINTS, total_work=10_000.0, started_at=0.0, last_resized_at=0.0,
     )
-    return dataclasses.replace(job, **changes)  # type: ignore[arg-type]
+    return dataclasses.replace(job, **changes)
 
 
 def window(first: tuple[float, float], last: tuple[float, float], reports: int, workers: int = 4) -> ProgressWindow:
@@ -51,7 +52,8 @@ def test_measured_rate_at_its_size_and_scaled_to_others() -> None:
     assert confidence(job, 8) == pytest.approx(0.8 * 10 / 13)  # another size: the model's shape assumed
     p = predict(job, 1100.0)
     assert p is not None and (p.workers, p.basis) == (4, Basis.MEASURED) and p.finish == pytest.approx(1900.0)
-    assert predict(job, 1100.0, 8).basis == Basis.SCALED  # type: ignore[union-attr]
+    p8 = predict(job, 1100.0, 8)
+    assert p8 is not None and p8.basis == Basis.SCALED
 
 
 def test_declared_before_any_progress() -> None:
@@ -61,7 +63,8 @@ def test_declared_before_any_progress() -> None:
     assert remaining_seconds(job, 1, 0.0) == pytest.approx(1000.0)
     assert confidence(job, 4) == 0.3
     # Pending: predicted at min_workers (2) as if it started now: 10,000 / 20 = 500 s.
-    assert predict(job, 100.0).finish == pytest.approx(600.0)  # type: ignore[union-attr]
+    p = predict(job, 100.0)
+    assert p is not None and p.finish == pytest.approx(600.0)
     # Only an estimated run time (1 h at min_workers = 2), Amdahl alpha 0.05: speed(2) = 2/1.05,
     # speed(4) = 4/1.15 -> 3600 * (2/1.05) / (4/1.15) = 1971.43 s.
     bare = dataclasses.replace(job, throughput_points=(), total_work=0.0, estimated_runtime_s=3600.0)
@@ -92,7 +95,8 @@ def test_prediction_converges_on_a_job_with_steady_progress() -> None:
     # Confidence grows with the reports: 1/4, 2/5, 3/6, ... 9/12.
     assert confidences[1:] == pytest.approx([r / (r + 3) for r in range(1, 10)])
     assert confidences[1:] == sorted(confidences[1:])
-    assert predict(job, 0.0).finish == pytest.approx(250.0)  # type: ignore[union-attr]
+    p = predict(job, 0.0)
+    assert p is not None and p.finish == pytest.approx(250.0)
 
 
 def test_a_rate_that_drifts_is_followed() -> None:
@@ -149,7 +153,8 @@ def test_admission_at_the_most_workers_it_could_have() -> None:
     assert fits.note == ("can meet its deadline: needs ~2 min at its max 8 workers, the deadline is in 3 min; "
                          "at least 5 worker(s) from now on")
     short = admission_outlook(job, 0.0, most_workers=4)
-    assert short.status == DeadlineStatus.WILL_MISS and short.prediction.remaining_s == pytest.approx(250.0)  # type: ignore[union-attr]
+    assert short.status == DeadlineStatus.WILL_MISS and short.prediction is not None \
+        and short.prediction.remaining_s == pytest.approx(250.0)
     assert short.note == ("cannot meet its deadline: needs ~4 min at 4 workers (the most the cluster holds); "
                           "the deadline is in 3 min")
     free = admission_outlook(dataclasses.replace(job, deadline=None), 0.0, most_workers=64)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -27,7 +28,7 @@ from scheduler_service.core.protection import (
     record_disruption,
 )
 from scheduler_service.core.snapshot import AdminState, ClusterSnapshot, JobView, QueueView, ServerView
-from scheduler_service.lifecycle import JobState, ServerState
+from scheduler_service.lifecycle import JobState, Pool, ServerState
 from scheduler_service.policies import create_policy
 from scheduler_service.records import GpuReport, JobSubmission, ServerRegistration
 from scheduler_service.store.db import create_engine_for, session_factory
@@ -59,8 +60,8 @@ from tests.helpers import wait_for
 CAPPED = (NOW - 5000, NOW - 3000, NOW - 2500, NOW - 2000, NOW - 1500, NOW - 1000, NOW - 900)
 
 
-def plan(policy: str, snapshot: ClusterSnapshot, **params: object) -> Plan:
-    result = create_policy(policy, PolicyParams(**params)).schedule(snapshot)  # type: ignore[arg-type]
+def plan(policy: str, snapshot: ClusterSnapshot, **params: Any) -> Plan:
+    result = create_policy(policy, PolicyParams(**params)).schedule(snapshot)
     check_plan(snapshot, result)
     return result
 
@@ -92,7 +93,8 @@ def test_the_window_is_a_minimum_runtime_after_a_start_or_resize_and_a_cap_per_h
     assert protection(capped, NOW, PolicyParams(max_disruptions_per_hour=0)) is None  # 0: no cap
     # Both rules: the one that lasts longer is the one reported.
     both = dataclasses.replace(capped, last_resized_at=NOW - 100)
-    assert protection(both, NOW, params).rule == ProtectionRule.DISRUPTION_CAP  # type: ignore[union-attr]
+    both_rules = protection(both, NOW, params)
+    assert both_rules is not None and both_rules.rule == ProtectionRule.DISRUPTION_CAP
     # Recording one keeps the last hour's only.
     assert record_disruption(CAPPED, NOW) == (*CAPPED[1:], NOW)
     assert record_disruption(None, NOW) == (NOW,)
@@ -309,7 +311,7 @@ def app(database_url: str) -> Iterator[tuple[SchedulerApp, ManualClock]]:
 def test_the_store_records_each_resize_and_preemption_for_the_cap(app: tuple[SchedulerApp, ManualClock]) -> None:
     scheduler, clock = app
     scheduler.agents.register(ServerRegistration(
-        hostname="s1", pool="TRAINING", agent_address="s1:7000", agent_version="test",  # type: ignore[arg-type]
+        hostname="s1", pool=Pool.TRAINING, agent_address="s1:7000", agent_version="test",
         gpus=tuple(GpuReport(i, f"GPU-s1-{i}", "Fake-GPU", 80 << 30) for i in range(2))))
     job = scheduler.jobs.submit(JobSubmission(
         name="job", user="alice", queue="default", command=("python", "train.py"), env={},

@@ -24,6 +24,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -100,7 +101,7 @@ def run_block(scratch: Path, account: pwd.struct_passwd | None = None) -> tuple[
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("ARYL_", "VIRTUAL_ENV", "PYTHON")) or k == "ARYL_TEST_TIMEOUT_FACTOR"}
     env.update(TMPDIR=str(tmp), XDG_CONFIG_HOME=str(scratch / "config"), ARYL_PORT=str(free_port()))
-    switch: dict[str, object] = {}
+    switch: dict[str, Any] = {}  # subprocess.run's user, group and extra_groups
     if account is not None:
         for path in (scratch, tmp, script):
             os.chown(path, account.pw_uid, account.pw_gid)
@@ -108,7 +109,7 @@ def run_block(scratch: Path, account: pwd.struct_passwd | None = None) -> tuple[
         switch = {"user": account.pw_uid, "group": account.pw_gid, "extra_groups": []}
     try:
         done = subprocess.run(["bash", "-e", str(script)], cwd=REPO, env=env, capture_output=True, text=True,
-                              timeout=scaled_timeout(RUN_LIMIT_S), check=False, **switch)  # type: ignore[call-overload]
+                              timeout=scaled_timeout(RUN_LIMIT_S), check=False, **switch)
     except subprocess.TimeoutExpired as exc:
         output = "\n".join(o.decode(errors="replace") if isinstance(o, bytes) else o or ""
                            for o in (exc.stdout, exc.stderr))

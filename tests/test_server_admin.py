@@ -131,6 +131,7 @@ def test_the_jobs_of_a_deregistered_server_are_evicted_as_having_left() -> None:
 class AdminCluster(Cluster):
     """``tests.fixtures.cluster.Cluster`` whose agents may take extra flags."""
 
+    # Its second positional parameter is a flag, not the GPU count: every caller passes gpus by name.
     def start_agent(self, hostname: str, *flags: str, gpus: int = 2) -> None:  # type: ignore[override]
         env = {k: v for k, v in os.environ.items() if not k.startswith("ARYL_")}
         env.update(ARYL_AGENT__RECONCILE_INTERVAL_S="0.1", ARYL_AGENT__CHECKPOINT_ROOT=str(self.checkpoints),
@@ -288,7 +289,7 @@ def test_a_sigtermed_agent_deregisters_its_jobs_move_at_once_and_it_can_be_delet
 
 
 @pytest.mark.postgres
-def test_an_agent_told_to_keep_its_workers_leaves_them_running_for_the_next_agent(cluster: Cluster) -> None:
+def test_an_agent_told_to_keep_its_workers_leaves_them_running_for_the_next_agent(cluster: AdminCluster) -> None:
     cluster.start_scheduler(agents={"lost_after_s": 600.0})
     cluster.start_agent("node-a", "--keep-workers")
     job = running_on(cluster, cluster.submit("stays", *LONG, gpus=2), "running")
@@ -330,7 +331,8 @@ def test_the_admin_use_cases_refuse_what_they_must_and_delete_by_force_once_the_
 
         # --force: DELETING (drained at once); the next cycle requeues the job; the sweep removes a.
         change = app.server_admin.delete("a", force=True)
-        assert not change.deleted and app.server_admin.server("a").admin_state == AdminState.DELETING
+        deleting = app.server_admin.server("a")
+        assert not change.deleted and deleting is not None and deleting.admin_state == AdminState.DELETING
         with pytest.raises(FailedPrecondition, match="being deleted"):
             app.server_admin.uncordon("a")
         assert app.liveness.sweep_lost(1e9) == [] and app.server_admin.server("a") is not None  # jobs still there
@@ -359,6 +361,6 @@ def test_the_admin_use_cases_refuse_what_they_must_and_delete_by_force_once_the_
         app.agents.register(ServerRegistration(
             "b", Pool.TRAINING, tuple(GpuReport(i, f"GPU-b-{i}", "m", 1) for i in range(2)), "b", "t"))
         server = app.server_admin.server("b")
-        assert (server.state, server.admin_state) == ("TRAINING", "")
+        assert server is not None and (server.state, server.admin_state) == ("TRAINING", "")
     finally:
         engine.dispose()

@@ -44,6 +44,7 @@ def add_jobs(engine: sa.Engine, count: int, tag: str) -> None:
     subs = [job_validation.job_submission(job_spec(f"{tag}-{i}", workers=1, max_workers=2), "", now=NOW)
             for i in range(count)]
     with Session(engine) as session, session.begin():
+        # Inserting uses neither the state changes nor the desired states: None stands for both.
         JobStore(None, None, SystemClock()).insert(session, subs, NOW)  # type: ignore[arg-type]
 
 

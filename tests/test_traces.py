@@ -194,7 +194,8 @@ def test_amdahl_curve_matches_the_core_formula(tmp_path: Path) -> None:
     path = write(tmp_path / "p.csv", philly_csv([("2017-10-10 00:00:00", 100.0, 2, "a")]))
     (job,) = load_philly(path, mapping=JobMapping(elastic_share=1.0, max_scale=4, amdahl_alpha=0.1))
     s = lambda n: n / (1 + 0.1 * (n - 1))  # noqa: E731
-    assert job.throughput == tuple((w, pytest.approx(s(2 * w) / s(2))) for w in range(1, 5))
+    expected: object = tuple((w, pytest.approx(s(2 * w) / s(2))) for w in range(1, 5))  # approx: equal to floats
+    assert job.throughput == expected
     assert job.work == 100.0
 
 
@@ -268,7 +269,8 @@ def test_pollux_workload_parses(tmp_path: Path, profiles_dir: Path, gz: bool) ->
     cifar = jobs[1]
     profile = load_pollux_profile(profiles_dir, "cifar10")
     assert cifar.work == pytest.approx(profile.samples_to_finish(4))
-    assert cifar.throughput[0] == (1, pytest.approx(profile.goodput(1, 4)))
+    first: object = (1, pytest.approx(profile.goodput(1, 4)))  # approx: equal to a float
+    assert cifar.throughput[0] == first
     for job in jobs:
         assert_points_sound(job)
         assert job.max_workers <= job.min_workers * 4
@@ -561,7 +563,9 @@ def test_real_pollux_profiles_match_pollux_simulator_single_gpu() -> None:
     runs). The fastest of its 487 1-GPU cifar10 jobs at batch 128 took 4,030 s, a 30-s start delay
     included."""
     profile = load_pollux_profile(shared_path(PROFILES), "cifar10")
-    runtime = profile.samples_to_finish(128) / profile.goodput(1, 128)
+    goodput = profile.goodput(1, 128)
+    assert goodput is not None
+    runtime = profile.samples_to_finish(128) / goodput
     assert runtime == pytest.approx(4028, rel=0.01)
 
 

@@ -20,6 +20,7 @@ from scheduler_service.store.models import Base
 from simulator.forecast import what_if, with_inference_servers
 from tests.harness import (
     NOW,
+    details_of,
     inference_server,
     job_spec,
     pending_job,
@@ -179,7 +180,7 @@ def test_what_if_refuses_bad_inputs_naming_the_choices(busy_cluster, request_fie
     with pytest.raises(grpc.RpcError) as caught:
         stub.WhatIf(scheduler_pb2.WhatIfRequest(**request_fields), timeout=30)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert caught.value.details().startswith(f"{field}: ") and names in caught.value.details()
+    assert details_of(caught.value).startswith(f"{field}: ") and names in details_of(caught.value)
 
 
 @pytest.mark.postgres

@@ -33,7 +33,7 @@ from protos.aryl.v1 import scheduler_pb2, types_pb2
 from scheduler_service.server import serve_in_background
 from tests.fixtures.cli import ctl
 from tests.fixtures.cluster import NODE, Node
-from tests.harness import job_spec, scheduler_config, scheduler_stub
+from tests.harness import details_of, job_spec, scheduler_config, scheduler_stub
 
 # Prints where it runs; found by a relative path only when it runs in its own directory.
 SHOW_CWD = "import os; print('cwd=' + os.getcwd(), flush=True)"
@@ -171,7 +171,7 @@ def test_working_dir_is_validated(scheduler, working_dir: str, if_exists: bool, 
         with pytest.raises(grpc.RpcError) as refused:
             stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=spec), timeout=5)
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert refused.value.details().startswith(f"{field}: ") and says in refused.value.details()
+        assert details_of(refused.value).startswith(f"{field}: ") and says in details_of(refused.value)
         assert not stub.ListJobs(scheduler_pb2.ListJobsRequest(), timeout=5).jobs  # nothing half-written
     finally:
         channel.close()
