@@ -75,7 +75,7 @@ soak-ci: $(STAMP)
 compose-test: $(STAMP)
 	bash deploy/compose-test.sh
 
-# ruff (pyflakes, pycodestyle, import order, bug patterns) and mypy (strict on core/, policies/, solvers/);
+# ruff (pyflakes, pycodestyle, import order, bug patterns) and mypy (every package and tests/, strict on core/, policies/, solvers/);
 # both read their settings from pyproject.toml. `$(BIN)/ruff check --fix` sorts imports and fixes the mechanical rest.
 lint: $(STAMP)
 	$(BIN)/ruff check --quiet .
