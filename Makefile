@@ -47,7 +47,7 @@ test: lint haproxy
 
 # The pytest part of `make test` while LOAD_HOGS busy loops (one per core, at the tests' own priority) keep the CPUs
 # busy, as CI finds the machine right after work stops; waits and per-test limits stretched by LOAD_FACTOR.
-# PYTEST_ARGS narrows it (`make test-under-load PYTEST_ARGS=tests/test_store.py`). LOAD_FACTOR: a whole number.
+# PYTEST_ARGS narrows it (`make test-under-load PYTEST_ARGS=tests/store/test_store.py`). LOAD_FACTOR: a whole number.
 LOAD_HOGS   ?= $(shell nproc 2>/dev/null || echo 2)
 LOAD_FACTOR ?= 4
 PYTEST_ARGS ?=

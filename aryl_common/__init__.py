@@ -15,5 +15,5 @@ settings build on), ``logs`` (structlog set-up), ``exits`` (one wording for a wo
 Everything here is mechanism, never policy: it decides nothing about jobs, servers, loans or
 demand, and it imports nothing from Aryl's own packages (``scheduler_service``, ``node_agent``,
 ``inference_router``, ``arylctl``, ``simulator``), so each of them can import it without
-pulling in another (``tests/test_layering.py`` holds that).
+pulling in another (``tests/contract/test_layering.py`` holds that).
 """

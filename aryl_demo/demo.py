@@ -164,7 +164,7 @@ def stop_process(proc: subprocess.Popen[bytes]) -> None:
 
 @dataclass
 class DemoOutcome:
-    """What the demo observed, for its summary and for tests/test_demo.py."""
+    """What the demo observed, for its summary and for tests/e2e/test_demo.py."""
 
     requests_sent: int = 0
     requests_ok: int = 0

@@ -1,6 +1,6 @@
 """The soak's samples and what its summary makes of them: growth after the warm-up, latency drift and
 the checks (``summarize``), and the text ``benchmarks.soak`` prints (``render``). Pure: no process, no
-database, no clock (tests/test_soak_summary.py runs it on synthetic samples).
+database, no clock (tests/simulator/test_soak_summary.py runs it on synthetic samples).
 
 The **checks** (``benchmarks.soak`` exits 1 when one fails): the scheduler's RSS grew 10% or more from the end of the
 warm-up to the end; its descriptors grew by more than ``FD_SLACK``; an acknowledged submission is

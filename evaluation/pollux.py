@@ -56,7 +56,7 @@ Average JCT per workload, Aryl's policies and the authors' published results
 {table(rows, header)}
 
 - `tiresias` and `optimus` (the authors' Optimus+Oracle) reproduce the authors' results job for job on
-  all 8 workloads (`tests/test_pollux_reproduction.py`): mean {gaps["tiresias"]:+.2%} and
+  all 8 workloads (`tests/simulator/test_pollux_reproduction.py`): mean {gaps["tiresias"]:+.2%} and
   {gaps["optimus"]:+.2%}.
 - `pollux` (`scheduler_service/policies/pollux.py`): the authors' objective (power mean, p = -1, of
   goodput speed-ups over a fair share, the re-allocation penalty) optimised exactly over GPU counts by a

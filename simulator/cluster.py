@@ -4,7 +4,7 @@
 only the storage differs (dicts instead of tables) and the agents, which are simulated. The policy and
 the cycle cannot tell the two apart. The applier's rules are not here but in
 ``scheduler_service.core.apply_rules``, which the service's applier calls too (they read this module's
-records, ``simulator.cluster_records``, through ``RecordFacts``); ``tests/test_apply_contract.py`` holds
+records, ``simulator.cluster_records``, through ``RecordFacts``); ``tests/contract/test_apply_contract.py`` holds
 the appliers to the same results. What a run records is ``simulator.outcomes``. What this module must
 never do: decide anything (placement, loans, sizes are the policy's) or look at which policy runs.
 

@@ -4,7 +4,7 @@ over ``nodes`` x ``gpus_per_node`` GPUs and the jobs of a Pollux workload (``sim
 One applier for both job models: the servers, GPUs, allocations and job lifecycles are held by the main
 engine's ``SimulatedCluster`` (``simulator.cluster``), and every plan is applied by it -- in
 ``core.plan.apply_order``, each action re-checked by ``core.apply_rules`` -- as the service's applier
-applies the service's plans (``tests/test_apply_contract.py`` holds all of them to the same results, this
+applies the service's plans (``tests/contract/test_apply_contract.py`` holds all of them to the same results, this
 one included). What this module adds is the job model's physics:
 
 - a job's progress and completion are its ``SimJob``'s, not the simulated cluster's linear segments:

@@ -7,7 +7,7 @@ computed by this module's physics instead of the cluster's linear segments -- an
 decide per GPU type (``sia``, ``gavel``), what the jobs tell them (``with_estimates``). Nothing of the Sia
 study's code or data is in this repository: the profiles and workloads are read at run time from a folder
 the caller names (``simulator.hetero_gate`` extracts them from the authors' public artifact, never
-committed); ``tests/test_hetero.py`` runs the model on synthetic profiles of the same shape.
+committed); ``tests/policies/test_hetero.py`` runs the model on synthetic profiles of the same shape.
 
 Modelling choices (the study's simulator's, as its paper and README describe them; each changes figures):
 

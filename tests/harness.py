@@ -306,7 +306,7 @@ def daemon_env(server_id: str = "", section: str = "AGENT") -> dict[str, str]:
 
 # Tests run as root on CI, from checkouts a mapped uid cannot read (/root/...): their agents run workers as
 # themselves, an explicit opt-in (a root agent's default maps owners to uids and refuses the unmapped;
-# tests/test_run_as_user.py covers that default).
+# tests/agent/test_run_as_user.py covers that default).
 AGENT_RUNS_AS_ITSELF = {"ARYL_USERS__RUN_AS": "agent"}
 AS_ITSELF = UsersSection(run_as="agent")  # the same, for a Supervisor built in process
 

@@ -22,7 +22,7 @@ the snapshot is read, the simulation works on its own copy, nothing is written.
   ``simulator.forecast.WHAT_IF_WALL_BUDGET_S`` of host time, and one what-if runs at a time (another
   asked meanwhile is Aborted: try again).
 
-Why the service imports the simulator here (and only here; tests/test_layering.py): the forecast is
+Why the service imports the simulator here (and only here; tests/contract/test_layering.py): the forecast is
 the simulator's engine, and writing a second one inside the service would be the rule written twice.
 
 Never: write, decide (the policy does), or hold SQL.

@@ -5,7 +5,7 @@ Both appliers -- the service's SQL applier (``store.applier``) and the simulator
 (``simulator.cluster``) -- apply a plan one action at a time in ``core.plan.apply_order`` and ask
 these functions, over the state the earlier actions left, whether the next one may apply. Each
 applier only reads its own state for them (``ApplyFacts``) and writes what an allowed action does;
-``tests/test_apply_contract.py`` holds the two to the same results, refusals included.
+``tests/contract/test_apply_contract.py`` holds the two to the same results, refusals included.
 
 Nouns:
 - *Facts* (``ApplyFacts``): the narrow read interface an applier implements over its state: a job's

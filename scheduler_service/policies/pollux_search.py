@@ -5,7 +5,7 @@ fit of a job's step-time parameters as Pollux fits them (``fit_perf_params_lbfgs
 ``core.goodput``'s objective with its exact gradient, jitted).
 
 The goodput equations are ``scheduler_service.core.goodput``'s (``best_batch_size`` and ``goodput``),
-restated over arrays so that one call covers a job's whole table; ``tests/test_pollux_policy.py`` checks
+restated over arrays so that one call covers a job's whole table; ``tests/policies/test_pollux_policy.py`` checks
 them against the pure-Python functions.
 """
 
@@ -124,7 +124,7 @@ def min_cost_counts_mckp(cost: np.ndarray, capacity: int) -> np.ndarray:
     """``min_cost_counts``'s problem on the exact multiple-choice knapsack the ``aryl`` policy uses
     (``solvers.knapsack``: Pareto pruning and a Lagrangian reduction before its DP). Job ``j`` at ``r`` GPUs
     is worth its cost at 0 GPUs less its cost there; the most total worth is the least total cost. The same
-    optimum as ``min_cost_counts`` (``tests/test_pollux_policy.py`` checks both against brute force), which
+    optimum as ``min_cost_counts`` (``tests/policies/test_pollux_policy.py`` checks both against brute force), which
     is a plain DP over every job, GPU count and option: seconds a decision at thousands of jobs and GPUs.
     Ties (equal total cost): the fewest GPUs, then the earlier jobs (the knapsack's tie rule)."""
     if cost.shape[0] == 0:

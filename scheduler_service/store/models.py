@@ -13,7 +13,7 @@ Nouns:
 - ``LeaderLease``: the one row saying which scheduler leads, in which term, until when (PostgreSQL).
 
 The schema is created only by the Alembic migrations in ``migrations/``; these models must match them
-(``tests/test_migrations.py`` checks). Times are UNIX seconds (float) so SQLite and PostgreSQL agree.
+(``tests/store/test_migrations.py`` checks). Times are UNIX seconds (float) so SQLite and PostgreSQL agree.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 # Made to be stacked: each use adds a case.
 # Decorators meant to be stacked: each application adds a case, an example, or (SQLAlchemy) a listener
 # for another event, so a repeat is not a mistake.

@@ -399,7 +399,7 @@ SCRIPT = (
          check=something_applied),
     # An operator drains t0000: the policy's plan (core.faults first) moves the elastic jobs off it (no
     # worker elsewhere: requeued) and places nothing there, on both sides alike. The protection window is
-    # off here (those jobs started moments ago: a drain waits for it, tests/test_protection.py).
+    # off here (those jobs started moments ago: a drain waits for it, tests/unit/test_protection.py).
     Step("the aryl policy's plan with t0000 draining",
          lambda snap: create_policy("aryl", NO_PROTECTION).schedule(snap),
          events=(admin("t0000", AdminState.DRAINING),), check=no_elastic_work_on_t0000),
@@ -450,5 +450,5 @@ def test_both_appliers_commit_and_refuse_the_same_actions_and_leave_the_same_sta
             s.check(by_simulator, after)
         every_code.update(code for _, code in s.refused)
     # The script refuses by every rule but the database's own (a concurrent writer, not scriptable here) and
-    # the service's port range (the simulator runs no rendezvous: tests/test_master_port.py covers it).
+    # the service's port range (the simulator runs no rendezvous: tests/service/test_master_port.py covers it).
     assert every_code == set(RefusalCode) - {RefusalCode.CHANGED_CONCURRENTLY, RefusalCode.MASTER_PORT_RANGE_FULL}

@@ -45,7 +45,7 @@ from tests.harness import (
 )
 from tests.helpers import processes_mentioning, wait_for
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TRAIN = str(REPO / "examples" / "train.py")
 WAIT_S = 120.0  # a guard only: the machine is small and shared (an agent may take long to start)
 LONG_GRACE_S = 600.0  # no test waits this out: finishing at all shows the stop ended early

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 # package -> the other packages of ours it may import (itself always; third-party always).
 ANYTHING = None
@@ -234,7 +234,7 @@ TESTS = REPO / "tests"
 
 
 def is_test_module(module: str) -> bool:
-    """``tests.test_cli``, ``tests.chaos.test_ha``: a module of the test tree named ``test_*``."""
+    """``tests.cli.test_cli``, ``tests.chaos.test_ha``: a module of the test tree named ``test_*``."""
     names = module.split(".")
     return names[0] == "tests" and any(name.startswith("test_") for name in names[1:])
 
@@ -242,7 +242,7 @@ def is_test_module(module: str) -> bool:
 def imported_test_modules(path: Path, root: Path) -> Iterator[tuple[int, str]]:
     """``(line, test module)`` for every test module ``path`` imports, however spelled: ``import``,
     ``from ... import`` (relative too), or the module taken by name from its package
-    (``from tests import test_cli``, ``from . import test_ha``)."""
+    (``from tests.cli import test_cli``, ``from . import test_ha``)."""
     for line, module in imported_modules(path, root):
         if is_test_module(module):
             yield line, module
@@ -260,7 +260,7 @@ def imported_test_modules(path: Path, root: Path) -> Iterator[tuple[int, str]]:
 
 
 def imports_between_test_modules(tests: Path = TESTS) -> list[str]:
-    """``path:line: imports tests.test_x`` for every module under ``tests`` that imports a test module."""
+    """``path:line: imports tests.unit.test_x`` for every module under ``tests`` that imports a test module."""
     root = tests.parent
     return [
         f"{path.relative_to(root)}:{line}: imports {module}"
@@ -270,7 +270,7 @@ def imports_between_test_modules(tests: Path = TESTS) -> list[str]:
 
 
 def test_no_test_module_imports_another() -> None:
-    assert len(list(TESTS.glob("test_*.py"))) > 10 and list((TESTS / "chaos").glob("test_*.py"))
+    assert len(list(TESTS.glob("*/test_*.py"))) > 10 and list((TESTS / "chaos").glob("test_*.py"))
     assert imports_between_test_modules() == []
 
 

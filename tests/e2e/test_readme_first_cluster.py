@@ -31,7 +31,7 @@ import pytest
 from node_agent.identity import closed_directory
 from tests.helpers import free_port, processes_mentioning, scaled_timeout, wait_for
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 BEGIN, END = "<!-- first-cluster:begin", "<!-- first-cluster:end -->"
 RUN_LIMIT_S = 300.0  # the whole block on an idle machine takes ~10-20 s; scaled_timeout stretches it
 

@@ -97,7 +97,8 @@ def test_cancel_frees_gpus_for_the_next_job_and_cannot_repeat(scheduler, stub) -
 def test_duplicate_idempotency_key_is_refused_without_a_second_job(stub) -> None:
     first = submit(stub, key="batch-7")
     with pytest.raises(grpc.RpcError) as err:
-        submit(stub, job_spec("another spec"), key="batch-7")  # the same spec is a retry: tests/test_idempotency.py
+        # Another spec under the same key (the same spec would be a retry: tests/service/test_idempotency.py).
+        submit(stub, job_spec("another spec"), key="batch-7")
     assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
     assert f"job {first.job_id}" in details_of(err.value)
     assert len(stub.ListJobs(scheduler_pb2.ListJobsRequest(), timeout=5).jobs) == 1

@@ -41,7 +41,7 @@ from tests.router_rig import (
 )
 
 ARYL_ROUTER = str(Path(sys.executable).parent / "aryl-router")
-EXAMPLE_SERVER = str(Path(__file__).resolve().parent.parent / "examples" / "inference_server.py")
+EXAMPLE_SERVER = str(Path(__file__).resolve().parents[2] / "examples" / "inference_server.py")
 
 
 FORCED_MAINT, FORCED_DRAIN = 0x1, 0x8   # srv_admin_state bits the runtime API's "set server ... state" sets

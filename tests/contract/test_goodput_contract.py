@@ -4,8 +4,8 @@ and environment, changed in place without a restart; rank 0's step times and gra
 the current incarnation stored and in the snapshot, older incarnations' ignored.
 
 Store tests run through the application layer on SQLite and PostgreSQL (``database_url``), as
-``tests/test_apply.py`` does; the agent tests run real worker processes under the real supervisor
-(``tests/test_agent_workers.py``'s way); one test runs a real scheduler and a real agent daemon.
+``tests/store/test_apply.py`` does; the agent tests run real worker processes under the real supervisor
+(``tests/agent/test_agent_workers.py``'s way); one test runs a real scheduler and a real agent daemon.
 """
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ def test_batch_limits_are_validated_with_messages_that_say_what_to_fix() -> None
 
 
 class RecordingNotifier:
-    """The desired states each commit pushes (``tests/test_apply.py``'s notifier, reduced)."""
+    """The desired states each commit pushes (``tests/store/test_apply.py``'s notifier, reduced)."""
 
     def __init__(self) -> None:
         self.committed: list[dict[str, DesiredServerState]] = []
@@ -321,7 +321,7 @@ def supervisor(tmp_path: Path) -> Iterator[tuple[Supervisor, DesiredStateTracker
 
 def batch_worker(out: Path, local: int, accum: int, *, incarnation: int = 1):
     worker = desired_worker([sys.executable, "-c", BATCH_WORKER, str(out)], job="job-b", incarnation=incarnation,
-                            env={"PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+                            env={"PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     worker.local_batch_size, worker.accum_steps = local, accum
     worker.init_batch_size, worker.max_batch_size, worker.max_local_batch_size = 256, 1024, 64
     return worker
@@ -354,7 +354,7 @@ def test_the_batch_reaches_the_worker_and_a_change_alone_does_not_restart_it(sup
     assert (record.pid, record.phase, record.spec.local_batch_size) == (pid, Phase.RUNNING, 64)
     # A job without batch limits gets none of the variables.
     plain = desired_worker([sys.executable, "-c", BATCH_WORKER, str(tmp_path / "plain")], job="job-p",
-                           gpus=(1,), env={"PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+                           gpus=(1,), env={"PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     tracker.offer(desired_state(3, batch_worker(out, 64, 0), plain))
     sup.wake()
     plain_env = wait_for(lambda: (p := tmp_path / "plain.env").exists() and p.stat().st_size
@@ -392,14 +392,14 @@ def test_a_real_agent_passes_the_batch_down_and_the_measures_up(tmp_path: Path, 
     agent = subprocess.Popen(
         [sys.executable, "-m", "node_agent.main", "--scheduler", scheduler.address, "--hostname", "gp-1",
          "--fake-gpus", "2", "--work-dir", str(tmp_path / "agent")],
-        cwd=Path(__file__).resolve().parent.parent, env=env, stdout=(tmp_path / "agent.log").open("ab"),
+        cwd=Path(__file__).resolve().parents[2], env=env, stdout=(tmp_path / "agent.log").open("ab"),
         stderr=subprocess.STDOUT)
     from arylctl.client import ArylClient
     client = ArylClient(scheduler.address, timeout=10)
     try:
         dump = tmp_path / "env.json"
         spec = batch_spec(gpus=1, workers=2, init=100, largest=400, local=32,
-                          env={"PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+                          env={"PYTHONPATH": str(Path(__file__).resolve().parents[2])})
         del spec.command[:]
         spec.command.extend([sys.executable, "-c", REPORTING_WORKER, str(dump)])
         spec.working_dir = str(tmp_path)

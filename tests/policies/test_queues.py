@@ -31,7 +31,7 @@ def queued(jid: int, queue: str, gpus: int = 2, workers: int = 1, *, cls: int = 
 def running(jid: int, queue: str, placement: list[tuple[str, tuple[int, ...]]], *, low: int | None = None,
             high: int | None = None, resized: float = NOW - 1000, cls: int = 0, runtime: float = 3600.0) -> JobView:
     # Resized 1000 s ago by default: outside its protection window (policy.min_resize_interval_s = 300 s;
-    # tests/test_protection.py shows the window honoured by queue reclaim and priority preemption).
+    # tests/unit/test_protection.py shows the window honoured by queue reclaim and priority preemption).
     job = running_job(jid, placement, low=low or len(placement), high=high, resized=resized, runtime=runtime)
     return dataclasses.replace(job, queue=queue, priority_class=cls)
 

@@ -652,7 +652,7 @@ def test_agent_daemon_registers_with_a_real_scheduler_and_exits_cleanly(schedule
 
 
 def test_router_daemon_reports_demand_to_a_real_scheduler_and_exits_cleanly(scheduler, tmp_path: Path) -> None:
-    # Static demand mode against a real scheduler (the proxy itself is tested in tests/test_router.py).
+    # Static demand mode against a real scheduler (the proxy itself is tested in tests/router/test_router.py).
     for name in ("inf-1", "inf-2", "inf-3"):  # demand is at most the inference pool's size
         register_fake_server(scheduler.address, name, pool="inference", gpus=1)
     args = [

@@ -6,7 +6,7 @@ a golden regression on a small synthetic trace; and the rule that the simulator 
 cycle and policies and branches on nothing.
 
 Golden files live in ``tests/golden/``. After an intended change of behaviour, regenerate them with
-``ARYL_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/test_simulator.py -k golden`` and review the diff.
+``ARYL_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/simulator/test_simulator.py -k golden`` and review the diff.
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ from simulator.model import ClusterSpec, DemandPoint, TraceJob
 from simulator.results import format_table, jobs_csv, summarize, summary_json, write_outputs
 from tests.harness import linear_job, placed_on
 
-REPO = Path(__file__).resolve().parent.parent
-GOLDEN = Path(__file__).resolve().parent / "golden"
+REPO = Path(__file__).resolve().parents[2]
+GOLDEN = REPO / "tests" / "golden"
 UPDATE_GOLDEN = os.environ.get("ARYL_UPDATE_GOLDEN", "") not in ("", "0")
 
 
@@ -271,7 +271,7 @@ def test_loan_then_reclaim_preempts_an_inelastic_job_which_resumes_from_its_chec
     # 699 s x 8 GPUs (the checkpoint at 1301 s); serving again at 2300 s (next tick). Loaned again at
     # 5000 s, active at 5001 s: resumes from the checkpoint's 970 units, done at 5001 + 30 + 19030.
     # ``aryl-reactive``: loans follow the need now (``aryl``'s forecast would keep the server serving for the
-    # hour after the rise it saw: tests/test_demand_forecast.py).
+    # hour after the rise it saw: tests/policies/test_demand_forecast.py).
     result = run([linear_job(1, 0.0, 8, 1, 1, 20000.0)], ClusterSpec(0, 1), "aryl-reactive",
                  demand=[DemandPoint(0.0, 0), DemandPoint(2000.0, 1), DemandPoint(5000.0, 0)],
                  params=PolicyParams(loan_buffer_servers=0), checkpoint_interval_s=1000.0)

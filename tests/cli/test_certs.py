@@ -217,5 +217,5 @@ def test_a_bundle_refuses_what_it_cannot_pack_before_issuing_anything(tmp_path: 
 
 
 def test_the_bundle_s_owner_is_the_images_user() -> None:
-    dockerfile = (Path(__file__).resolve().parent.parent / "Dockerfile").read_text()
+    dockerfile = (Path(__file__).resolve().parents[2] / "Dockerfile").read_text()
     assert f"useradd --create-home --uid {certs.IMAGE_UID} " in dockerfile

@@ -31,7 +31,7 @@ from protos.aryl.v1 import agent_pb2, agent_pb2_grpc
 from tests.harness import AGENT_RUNS_AS_ITSELF, AS_ITSELF, FakeScheduler, desired_state, desired_worker, details_of
 from tests.helpers import processes_mentioning, wait_for
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TRAIN = str(REPO / "examples" / "train.py")
 WAIT_S = 30.0  # generous: the test machine is small and shared
 

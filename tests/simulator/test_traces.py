@@ -24,7 +24,7 @@ from simulator.trace_csv import TraceFormatError
 from simulator.trace_profiles import POLLUX_APPLICATIONS, load_pollux_profile
 from simulator.traces import JobMapping, busiest_window, gang_shape, job_gpu_seconds, load_philly, load_pollux_workload
 
-SHARED = Path(os.environ.get("ARYL_SHARED_DIR") or Path(__file__).resolve().parents[1].parent / "shared")
+SHARED = Path(os.environ.get("ARYL_SHARED_DIR") or Path(__file__).resolve().parents[2].parent / "shared")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from aryl_train import Allocation, GradStats, SmoothedGradStats, Trainer, estima
 from node_agent.contract import Batch, read_progress, write_batch
 from tests.helpers import free_port, wait_for
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 D, SIGMA = 6, 2.0
 MU = [0.5, -1.0, 0.25, 0.0, 1.5, -0.5]
 TRUE_SQR = sum(m * m for m in MU)  # |μ|² = 3.875
@@ -242,7 +242,7 @@ def start_world(tmp_path: Path, total_steps: int, *, local: int, accum: int,
                    ARYL_CHECKPOINT_DIR=str(tmp_path / checkpoint_dirs[rank]),
                    ARYL_PROGRESS_FILE=str(tmp_path / f"progress-{rank}.json"),
                    ARYL_CHECKPOINT_ACK_FILE=str(tmp_path / f"ack-{rank}.json"),
-                   PYTHONPATH=str(REPO), TEST_DIR=str(REPO / "tests"), OMP_NUM_THREADS="1")
+                   PYTHONPATH=str(REPO), TEST_DIR=str(Path(__file__).resolve().parent), OMP_NUM_THREADS="1")
         workers.append(subprocess.Popen([sys.executable, "-c", WORKER, str(total_steps)], env=env, cwd=tmp_path,
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     return workers

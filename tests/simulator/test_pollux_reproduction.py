@@ -23,7 +23,7 @@ import pytest
 from simulator.goodput_profiles import Application
 from simulator.goodput_sim import GoodputRunResult, load_workload, run_workload
 
-SHARED = Path(os.environ.get("ARYL_SHARED_DIR") or Path(__file__).resolve().parents[1].parent / "shared")
+SHARED = Path(os.environ.get("ARYL_SHARED_DIR") or Path(__file__).resolve().parents[2].parent / "shared")
 PUBLISHED = {"tiresias": 3469.7, "optimus": 5301.9}  # the paper's artifact, results-jobload/*-1.0, workload-6
 POLLUX_W6, POLLUX_MEAN = 2446.1, 2751.1                 # results-jobload/pollux-1.0: workload-6, 8-workload mean
 

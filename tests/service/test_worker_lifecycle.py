@@ -3,7 +3,7 @@ about workers (progress, checkpoints, exits) drives job completion and the resta
 agents make their servers LOST and the next cycle shrinks or requeues their jobs; logs are located by rank.
 
 The agents here are the test itself speaking the AgentService protocol (register, report), so each
-report is exactly the one under test; tests/test_agent_workers.py runs real agents and workers.
+report is exactly the one under test; tests/agent/test_agent_workers.py runs real agents and workers.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 # A process that imports the agent as aryl-agent does (node_agent first), keeps gRPC busy in threads
 # and spawns with user= (the fork path, as for a worker that switches uid; its own uid needs no root).

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tests.helpers import wait_for
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # An evaluation in miniature: a pool of two, each worker busy with a task that would run for ten minutes;
 # prints the workers' pids once both run.

@@ -127,8 +127,9 @@ def test_recently_resized_jobs_are_left_alone() -> None:
 
 
 def test_a_queued_gang_takes_gpus_from_extra_workers() -> None:
-    # Resized 600 s ago: outside its protection window (300 s; tests/test_protection.py for inside it). A long
-    # job (10 h): its second worker completes less of it than the queued job's start (tests/test_joint_sizing.py).
+    # Resized 600 s ago: outside its protection window (300 s; tests/unit/test_protection.py for inside it).
+    # A long job (10 h): its second worker completes less of it than the queued job's start
+    # (tests/policies/test_joint_sizing.py).
     elastic = running_job(1, [("t", (0, 1)), ("t", (2, 3))], low=1, high=2, resized=NOW - 600, runtime=36000)
     result = plan("aryl-noloan", snapshot_of([training_server("t")], [elastic, pending_job(2, gpus=2)]))
     [scale] = result.scales

@@ -80,12 +80,12 @@ def test_useful_work_counts_work_at_the_reference_efficiency_of_a_sub_linear_job
 
 
 def reclaim_run() -> SimulationResult:
-    # tests/test_simulator.py's reclaim case: one inference server, demand 0 -> 1 at 2000 s -> 0 at
+    # tests/simulator/test_simulator.py's reclaim case: one inference server, demand 0 -> 1 at 2000 s -> 0 at
     # 5000 s (10, 50, 10 requests/s), checkpoints every 1000 s. An 8-GPU job of 20000 units at 1/s runs
     # on the loan from 301 s, is preempted by the reclaim at 2000 s (back to its checkpoint at 1301 s:
     # 970 units), the server serves again at 2300 s (the next tick), is loaned again at 5000 s, and the
     # job runs 5001..24061 from its checkpoint. ``aryl-reactive``: loans follow the need now (``aryl``'s forecast
-    # would keep the server serving for the hour after the rise it saw: tests/test_demand_forecast.py).
+    # would keep the server serving for the hour after the rise it saw: tests/policies/test_demand_forecast.py).
     return run([linear_job(1, 0.0, 8, 1, 1, 20000.0)], ClusterSpec(0, 1), "aryl-reactive",
                demand=[DemandPoint(0.0, 0, 10.0), DemandPoint(2000.0, 1, 50.0), DemandPoint(5000.0, 0, 10.0)],
                params=PolicyParams(loan_buffer_servers=0), checkpoint_interval_s=1000.0)

@@ -4,7 +4,7 @@ Every service command must be one of our console scripts, every ``ARYL_*`` varia
 must be one its program understands with a value its config accepts, the agents must get NVIDIA
 GPUs without sharing them, and the image must install the project. The checkers
 (``tests/fixtures/compose_checks.py``) each return a list of problems; the last tests feed them broken
-input to show they can fail. The two-host layout: ``tests/test_compose_across_servers.py``.
+input to show they can fail. The two-host layout: ``tests/e2e/test_compose_across_servers.py``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The ``pollux`` policy: its numba kernels against the pure-Python goodput model and a brute force, its
 decision (``pollux_decide``) on hand-built jobs, the registered policy on snapshots and in the simulator,
 and a Pollux job in the goodput job model adapting its batch size. The workload-6 reproduction against
-the authors' figure is in ``tests/test_pollux_reproduction.py``."""
+the authors' figure is in ``tests/simulator/test_pollux_reproduction.py``."""
 
 from __future__ import annotations
 
@@ -193,7 +193,7 @@ def test_the_registered_policy_runs_a_trace_in_the_simulator() -> None:
 
 
 def pollux_data() -> Path:
-    root = Path(os.environ.get("ARYL_SHARED_DIR") or Path(__file__).resolve().parents[1].parent / "shared")
+    root = Path(os.environ.get("ARYL_SHARED_DIR") or Path(__file__).resolve().parents[2].parent / "shared")
     path = root / "pollux-data"
     if not path.exists():
         if os.environ.get("CI") == "true":

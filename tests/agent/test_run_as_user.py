@@ -35,7 +35,7 @@ from scheduler_service.server import serve_in_background
 from tests.harness import AS_ITSELF, daemon_env, desired_state, desired_worker, job_spec, scheduler_config
 from tests.helpers import processes_mentioning, wait_for
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PYTHON = "/usr/bin/python3"
 UID, GID = 4242, 4242
 SHOW_IDS = "import os; print('ids', os.getuid(), os.getgid(), sorted(os.getgroups()), flush=True)"

@@ -35,7 +35,7 @@ from tests.helpers import processes_mentioning, wait_for
 if os.environ.get("CI") != "true":  # torch is in the dev extra: under CI a missing torch fails, never skips
     pytest.importorskip("torch", reason="PyTorch is not installed (pip install -e '.[dev]' brings the CPU build)")
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DDP_TRAIN = str(REPO / "examples" / "ddp_train.py")
 RUNNING = types_pb2.JOB_STATE_RUNNING
 BATCH = types_pb2.BatchHints(init_batch_size=24, max_batch_size=192, max_local_batch_size=32)
@@ -44,7 +44,7 @@ pytestmark = pytest.mark.postgres
 
 
 class Cluster:
-    """A scheduler and agent daemons under one temporary directory (as tests/test_e2e_workers.py's)."""
+    """A scheduler and agent daemons under one temporary directory (as tests/e2e/test_e2e_workers.py's)."""
 
     def __init__(self, tmp_path: Path, database_url: str) -> None:
         self.tmp = tmp_path
