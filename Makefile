@@ -71,7 +71,8 @@ soak: $(STAMP)
 soak-ci: $(STAMP)
 	$(BIN)/python -m benchmarks.soak --minutes 5 --out soak-results
 
-# The docker-compose stack for real: images built, stack up, a job run, an agent restarted, all torn down.
+# The docker-compose stack for real: images built, stack up, a job run, an agent restarted; then the two-host layout
+# (a control host and a GPU server as two projects, a job on the remote agent); all torn down.
 compose-test: $(STAMP)
 	bash deploy/compose-test.sh
 
