@@ -441,9 +441,24 @@ def monitoring_problems(compose: dict[str, Any], prometheus: dict[str, Any]) -> 
     return problems
 
 
+def _datasources(node: Any) -> list[dict[str, Any]]:
+    """Every ``datasource`` reference in a dashboard (panels' and their queries')."""
+    if isinstance(node, dict):
+        found = [node["datasource"]] if isinstance(node.get("datasource"), dict) else []
+        return found + [d for value in node.values() for d in _datasources(value)]
+    return [d for value in node for d in _datasources(value)] if isinstance(node, list) else []
+
+
 def dashboard_problems(dashboard: dict[str, Any], known: set[str]) -> list[str]:
-    """Each panel query names only metrics the daemons export (histogram and counter suffixes allowed)."""
-    problems = []
+    """Each panel query names only metrics the daemons export (histogram and counter suffixes allowed), and
+    the dashboard pins no data source: each names the ``datasource`` variable (a Prometheus data source
+    chosen when it is imported or opened, the provisioned default otherwise)."""
+    variables = {v.get("name"): v for v in dashboard.get("templating", {}).get("list", [])}
+    variable = variables.get("datasource", {})
+    problems = [] if (variable.get("type"), variable.get("query")) == ("datasource", "prometheus") else [
+        "no templating variable 'datasource' of type datasource (query prometheus)"]
+    problems += [f"a data source pinned by uid {d.get('uid')!r}, not ${{datasource}}"
+                 for d in _datasources(dashboard["panels"]) if d.get("uid") != "${datasource}"]
     for panel in dashboard["panels"]:
         for target in panel.get("targets", []):
             for name in _METRIC_NAME.findall(target["expr"]):
@@ -491,5 +506,10 @@ def test_monitoring_checkers_find_problems() -> None:
     unscraped = {"scrape_configs": [{"job_name": "x", "static_configs": [{"targets": ["scheduler:9464"]}]}]}
     assert any("agent-train-1:9465 is not a target" in p for p in monitoring_problems(compose, unscraped))
     fake = {"panels": [{"title": "t", "targets": [{"expr": "rate(aryl_no_such_thing_total[5m])"}]}]}
-    assert dashboard_problems(fake, exported_metric_names()) == ["panel 't': aryl_no_such_thing_total is not "
-                                                                 "exported by any daemon"]
+    assert dashboard_problems(fake, exported_metric_names()) == [
+        "no templating variable 'datasource' of type datasource (query prometheus)",
+        "panel 't': aryl_no_such_thing_total is not exported by any daemon"]
+    pinned = json.loads(DASHBOARD.read_text())
+    pinned["panels"][1]["targets"][0]["datasource"] = {"type": "prometheus", "uid": "aryl-prometheus"}
+    assert dashboard_problems(pinned, exported_metric_names()) == [
+        "a data source pinned by uid 'aryl-prometheus', not ${datasource}"]
