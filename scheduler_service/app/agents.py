@@ -159,6 +159,7 @@ class Agents:
     def _record(self, report: StatusReport, now: float) -> int:
         """The full path: everything ``report`` (arrived at ``now``) says, in one transaction; what it
         changed announced."""
+        since = self._digests.since(report.server_id)
         recorded = self._db.write(
             lambda session: self._store.record_report(session, report, now, epoch=self._term.epoch)
         )
@@ -167,7 +168,7 @@ class Agents:
                 epoch=self._term.epoch, observed_generation=recorded.observed_generation,
                 desired_generation=recorded.desired_generation, health=health_of(report),
                 written_at=self._clock.monotonic(),
-            ))
+            ), since)
         if recorded.touched:
             self._notices.servers_changed(recorded.touched)  # also requests a cycle
         elif recorded.cycle_needed:

@@ -68,15 +68,29 @@ class ReportDigests:
 
     def __init__(self) -> None:
         self._digests: dict[str, ReportDigest] = {}
+        self._forgets: dict[str, int] = {}  # per server, how often it was forgotten (see ``put``)
         self._lock = threading.Lock()
 
     def get(self, server_id: str) -> ReportDigest | None:
         with self._lock:
             return self._digests.get(server_id)
 
-    def put(self, server_id: str, digest: ReportDigest) -> None:
+    def since(self, server_id: str) -> int:
+        """A mark to pass to ``put``: taken before the transaction that records a report."""
         with self._lock:
+            return self._forgets.get(server_id, 0)
+
+    def put(self, server_id: str, digest: ReportDigest, since: int) -> bool:
+        """``digest`` of a report whose transaction began after ``since`` was taken, kept only if nothing
+        forgot the server meanwhile: a commit that changed it (a cycle's start, a new desired generation)
+        and announced that while the report was recorded may hold what the report's transaction did not
+        see, and a digest put after that announcement would answer the next reports with it. Returns
+        whether it was kept."""
+        with self._lock:
+            if self._forgets.get(server_id, 0) != since:
+                return False
             self._digests[server_id] = digest
+            return True
 
     def advance(self, server_id: str, digest: ReportDigest, *, observed: int, desired: int) -> None:
         """The server converged to ``observed`` (desired: ``desired``) since ``digest``: kept as its
@@ -99,3 +113,4 @@ class ReportDigests:
         with self._lock:
             for server_id in server_ids:
                 self._digests.pop(server_id, None)
+                self._forgets[server_id] = self._forgets.get(server_id, 0) + 1

@@ -218,12 +218,21 @@ def test_reports_that_say_nothing_new_skip_the_database_until_the_telemetry_inte
         running(stub, job_id)
         agent.report(worker(job_id, 0, 1, progress=1.0))  # first report: written
         assert get_job(stub, job_id).progress == 1.0
-        agent.report(worker(job_id, 0, 1, progress=2.0))  # nothing new: answered from memory
-        assert get_job(stub, job_id).progress == 1.0
+        # Nothing new: answered from memory. The cycle that started the job forgets gpu-1's digest when it
+        # announces its commit, which a loaded machine may delay past the first report: that report's
+        # digest is then not kept, the next one is written and keeps one, and the one after is the test.
+        recorded = 1.0
+        for progress in (2.0, 3.0, 4.0):
+            agent.report(worker(job_id, 0, 1, progress=progress))
+            if get_job(stub, job_id).progress == recorded:
+                break
+            recorded = progress
+        else:
+            pytest.fail(f"every report was written (progress {recorded}): none was answered from memory")
         # An exit is news: written at once (with the progress it carries), and the job completes.
-        agent.report(worker(job_id, 0, 1, EXITED, exit_code=0, progress=3.0))
+        agent.report(worker(job_id, 0, 1, EXITED, exit_code=0, progress=5.0))
         job = get_job(stub, job_id)
-        assert job.state == J.JOB_STATE_COMPLETED and job.progress == 3.0
+        assert job.state == J.JOB_STATE_COMPLETED and job.progress == 5.0
     finally:
         agent.close()
         channel.close()
