@@ -15,8 +15,7 @@ import pytest
 from arylctl.arrays import MAX_ARRAY_SIZE, ArraySpecError, parse_array
 from arylctl.cli import main as arylctl
 from protos.aryl.v1 import types_pb2
-from tests.fixtures.cluster import Cluster
-from tests.helpers import processes_mentioning, wait_for
+from tests.fixtures.cluster import Cluster, end_leftovers
 
 
 @pytest.mark.parametrize(("text", "indices"), [
@@ -63,14 +62,7 @@ def cluster(tmp_path: Path, postgres_url: str) -> Iterator[Cluster]:
     c = Cluster(tmp_path, postgres_url)
     yield c
     c.close()
-    for pid in processes_mentioning(str(tmp_path)):
-        import os
-        import signal
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    wait_for(lambda: not processes_mentioning(str(tmp_path)), timeout=10, what="no processes left")
+    end_leftovers(tmp_path)
 
 
 def _ctl(cluster: Cluster, *args: str) -> str:

@@ -10,8 +10,6 @@ test (checked through /proc).
 from __future__ import annotations
 
 import io
-import os
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +17,7 @@ import pytest
 
 from arylctl.cli import main as arylctl
 from protos.aryl.v1 import types_pb2
-from tests.fixtures.cluster import Cluster
+from tests.fixtures.cluster import Cluster, end_leftovers
 from tests.helpers import processes_mentioning, wait_for
 
 J = types_pb2
@@ -32,14 +30,7 @@ def cluster(tmp_path: Path, postgres_url: str) -> Iterator[Cluster]:
     c = Cluster(tmp_path, postgres_url)
     yield c
     c.close()
-    # Agents leave workers running on purpose (an agent upgrade must not kill training): end them
-    # here, then insist that nothing of this test is left.
-    for pid in processes_mentioning(str(tmp_path)):
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    wait_for(lambda: not processes_mentioning(str(tmp_path)), timeout=10, what="no processes left")
+    end_leftovers(tmp_path)
 
 
 def logs(cluster: Cluster, job_id: str, *args: str) -> str:

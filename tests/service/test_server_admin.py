@@ -33,7 +33,7 @@ from scheduler_service.lifecycle import Pool, ServerState
 from scheduler_service.policies import create_policy
 from scheduler_service.records import GpuReport, JobSubmission, ServerRegistration, StatusReport
 from scheduler_service.store.db import create_engine_for, session_factory
-from tests.fixtures.cluster import REPO, Cluster
+from tests.fixtures.cluster import REPO, Cluster, end_leftovers
 from tests.harness import (
     NOW,
     ManualClock,
@@ -46,7 +46,7 @@ from tests.harness import (
     snapshot_of,
     training_server,
 )
-from tests.helpers import processes_mentioning, wait_for
+from tests.helpers import wait_for
 
 J = types_pb2
 ARYLCTL = str(Path(sys.executable).with_name("arylctl"))
@@ -149,12 +149,7 @@ def cluster(tmp_path: Path, postgres_url: str) -> Iterator[AdminCluster]:
     c = AdminCluster(tmp_path, postgres_url)
     yield c
     c.close()
-    for pid in processes_mentioning(str(tmp_path)):
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    wait_for(lambda: not processes_mentioning(str(tmp_path)), timeout=10, what="no processes left")
+    end_leftovers(tmp_path)
 
 
 def arylctl(cluster: Cluster, *argv: str) -> subprocess.CompletedProcess[str]:
