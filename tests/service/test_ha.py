@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -41,6 +40,7 @@ from scheduler_service.store import lease as lease_store
 from scheduler_service.store.changes import StateChanges
 from scheduler_service.store.db import create_engine_for, session_factory
 from scheduler_service.store.transactions import Transactions
+from tests.fixtures.tcp_relay import TcpRelay
 from tests.harness import (
     AS_ITSELF,
     FakeScheduler,
@@ -310,69 +310,9 @@ def test_a_restarted_agent_refuses_an_older_epoch_and_moves_to_the_next_schedule
             fake.stop()
 
 
-class TcpProxy:
-    """A loopback TCP forwarder to ``target`` that can be cut: every connection through it closed at
-    once and no new one accepted (the database lost, as a network partition loses it)."""
-
-    def __init__(self, target: tuple[str, int]) -> None:
-        self.target = target
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self._sockets: list[socket.socket] = []
-        self._lock = threading.Lock()
-        self._cut = False
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            try:
-                server = socket.create_connection(self.target)
-            except OSError:
-                client.close()
-                continue
-            with self._lock:
-                if self._cut:
-                    client.close()
-                    server.close()
-                    return
-                self._sockets += [client, server]
-            for source, sink in ((client, server), (server, client)):
-                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
-
-    @staticmethod
-    def _pump(source: socket.socket, sink: socket.socket) -> None:
-        try:
-            while data := source.recv(65536):
-                sink.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for end in (source, sink):
-                try:
-                    end.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-    def cut(self) -> None:
-        with self._lock:
-            self._cut = True
-            sockets, self._sockets = self._sockets, []
-        self.listener.close()
-        for end in sockets:
-            try:
-                end.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            end.close()
-
-
 def test_a_leader_that_loses_the_database_steps_down_and_the_standby_takes_over(ha_db: str) -> None:
     url = make_url(ha_db)
-    proxy = TcpProxy((url.host or "127.0.0.1", url.port or 5432))
+    proxy = TcpRelay((url.host or "127.0.0.1", url.port or 5432))
     through_proxy = url.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
     ha = {"lease_s": 2.0, "renew_s": 0.5}
     first = serve_in_background(scheduler_config(through_proxy, ha=ha))
@@ -381,7 +321,7 @@ def test_a_leader_that_loses_the_database_steps_down_and_the_standby_takes_over(
         assert first.service.leadership is not None and second.service.leadership is not None
         assert first.service.leadership.leading and not second.service.leadership.leading
         lost_at = time.monotonic()
-        proxy.cut()
+        proxy.close()
         wait_for(lambda: leading(second), timeout=15, interval=0.05, what="the standby to lead")
         took = time.monotonic() - lost_at
         print(f"takeover after the leader lost the database: {took:.2f}s (lease 2s, renew 0.5s)")
@@ -391,7 +331,7 @@ def test_a_leader_that_loses_the_database_steps_down_and_the_standby_takes_over(
     finally:
         second.stop()
         first.stop()
-        proxy.cut()
+        proxy.close()
 
 
 def test_a_stream_on_a_leader_that_steps_down_ends_unavailable(ha_db: str) -> None:

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -32,69 +30,12 @@ from scheduler_service.server import serve_in_background
 from scheduler_service.store import models as m
 from scheduler_service.store.db import create_engine_for, session_factory
 from scheduler_service.store.transactions import Transactions
+from tests.fixtures.tcp_relay import TcpRelay
 from tests.harness import job_spec, register_fake_server, scheduler_config, scheduler_stub
 
 pytestmark = pytest.mark.postgres
 
 UNREACHABLE = "the scheduler's database is unreachable; retry"
-
-
-class Relay:
-    """A TCP relay from a loopback port to PostgreSQL: ``close`` drops every connection through it
-    and refuses new ones (the database is unreachable); ``open`` listens on the same port again."""
-
-    def __init__(self, target: tuple[str, int]) -> None:
-        self._target = target
-        self._lock = threading.Lock()
-        self._sockets: list[socket.socket] = []
-        self._listener: socket.socket | None = None
-        self.port = 0
-        self.open()
-
-    def open(self) -> None:
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", self.port))
-        listener.listen(64)
-        self.port = listener.getsockname()[1]
-        self._listener = listener
-        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
-
-    def _accept(self, listener: socket.socket) -> None:
-        while True:
-            try:
-                client, _ = listener.accept()
-            except OSError:
-                return  # closed
-            server = socket.create_connection(self._target)
-            with self._lock:
-                self._sockets += [client, server]
-            for a, b in ((client, server), (server, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pipe(source: socket.socket, sink: socket.socket) -> None:
-        try:
-            while data := source.recv(65536):
-                sink.sendall(data)
-        except OSError:
-            pass
-        finally:
-            with contextlib.suppress(OSError):
-                sink.shutdown(socket.SHUT_RDWR)
-
-    def close(self) -> None:
-        assert self._listener is not None
-        # shutdown wakes the thread blocked in accept() (close alone leaves it accepting on Linux).
-        with contextlib.suppress(OSError):
-            self._listener.shutdown(socket.SHUT_RDWR)
-        self._listener.close()
-        with self._lock:
-            sockets, self._sockets = self._sockets, []
-        for s in sockets:
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-            s.close()
 
 
 @contextlib.contextmanager
@@ -163,7 +104,7 @@ def test_every_call_succeeds_after_the_schedulers_connections_are_terminated(pos
 
 def test_calls_answer_unavailable_while_the_database_is_unreachable(postgres_url: str) -> None:
     url = make_url(postgres_url)
-    relay = Relay((url.host or "127.0.0.1", url.port or 5432))
+    relay = TcpRelay((url.host or "127.0.0.1", url.port or 5432))
     relayed = url.set(host="127.0.0.1", port=relay.port).render_as_string(hide_password=False)
     try:
         with _scheduler(relayed) as address:
