@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import enum
 from collections.abc import Callable, Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -168,7 +169,7 @@ class BackendPool:
 
     # -- routing ---------------------------------------------------------------------------------
 
-    def pick(self, now: float, exclude: set[str] = frozenset()) -> Backend | None:  # type: ignore[assignment]
+    def pick(self, now: float, exclude: AbstractSet[str] = frozenset()) -> Backend | None:
         """The routable backend with the fewest requests in flight (ties: round robin by id)."""
         candidates = [b for b in self.backends.values() if b.server_id not in exclude and b.routable(now)]
         if not candidates:
