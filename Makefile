@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-under-load lint bench protos evaluation clean chaos soak soak-ci compose-test haproxy wrk sia-gate
+.PHONY: demo test test-under-load lint bench protos evaluation clean chaos soak soak-ci compose-test haproxy wrk sia-gate gpu-check
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -57,6 +57,12 @@ test-under-load: $(STAMP) haproxy
 	echo "test-under-load: $(LOAD_HOGS) CPU hogs ($$hogs), ARYL_TEST_TIMEOUT_FACTOR=$(LOAD_FACTOR)"; \
 	ARYL_TEST_TIMEOUT_FACTOR=$(LOAD_FACTOR) $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile \
 		--timeout $$((600 * $(LOAD_FACTOR))) -o faulthandler_timeout=$$((600 * $(LOAD_FACTOR) + 60)) $(PYTEST_ARGS)
+
+# On a server with NVIDIA GPUs and a CUDA build of PyTorch in the venv: the real NVML backend, an agent registering
+# the real GPUs and a CUDA training job through a real scheduler (tests/gpu); a missing GPU fails here, where
+# `make test` skips these. scripts/device_gpu_check.sh runs the same on a machine without the venv or network.
+gpu-check: $(STAMP)
+	ARYL_REQUIRE_GPU=1 $(BIN)/python -m pytest tests/gpu -v
 
 # Fault injection, full run (100 scheduler kill points, 120 s partitions, ...): tests/chaos with ARYL_CHAOS=full;
 # each run's logs stay in chaos-output/ until the next run.

@@ -19,9 +19,13 @@ What it does around the program's own forward pass (``pass_loss``), and why:
   construction where the process group exists, else at the first step). Ranks whose passes per step
   differed would pair their all-reduces wrongly, and the first step would weigh ranks unequally;
 - *checkpoints* (rank 0, atomically: a temporary file then ``os.replace``): model, optimiser, step,
-  samples, RNG states and the smoothed gradient statistics. Rank 0 alone reads it back and
-  broadcasts it, so every rank resumes from the same state even if another rank's server sees an
-  older file (only rank 0's server needs ``ARYL_CHECKPOINT_DIR``'s latest content);
+  samples, RNG states (the CUDA generator's too, on a GPU) and the smoothed gradient statistics.
+  Rank 0 alone reads it back (onto the CPU first, so a checkpoint saved on a GPU resumes on a CPU and
+  the other way round) and broadcasts it, so every rank resumes from the same state even if another
+  rank's server sees an older file (only rank 0's server needs ``ARYL_CHECKPOINT_DIR``'s latest content);
+- *devices*: the model may live on a GPU (``examples/ddp_train.py --device cuda``). The small tensors
+  the ranks exchange live on the device their process group's backend reduces on (the model's under
+  NCCL, the CPU under gloo);
 - *SIGTERM* (a resize or preemption): the step in flight finishes on every rank, rank 0 saves, all
   ranks meet at a barrier (so no rank of the next incarnation can read an older file), acknowledge
   the checkpoint (the agent then ends the stop without waiting out the grace period) and return 0.
@@ -199,7 +203,7 @@ class Trainer:
                 values[2:] = [float(current.local_batch_size), float(current.accum_steps)]
         if self.allocation.world_size == 1:
             return values
-        tensor = torch.tensor(values, dtype=torch.float64)
+        tensor = torch.tensor(values, dtype=torch.float64, device=self._collective_device())
         dist.all_reduce(tensor)
         return tensor.tolist()
 
@@ -215,7 +219,7 @@ class Trainer:
         if self.allocation.rank == 0:
             current = contract.current_batch() or self.batch
             values = [float(current.local_batch_size), float(current.accum_steps)]
-        tensor = torch.tensor(values, dtype=torch.float64)
+        tensor = torch.tensor(values, dtype=torch.float64, device=self._collective_device())
         dist.broadcast(tensor, src=0)
         local, accum = (int(v) for v in tensor.tolist())
         if local > 0 and Batch(local, accum) != self.batch:
@@ -234,6 +238,16 @@ class Trainer:
 
     def _parameters(self) -> list[nn.Parameter]:
         return [p for p in self.module.parameters() if p.requires_grad]
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model's parameters live (the CPU for a model without any)."""
+        return next((p.device for p in self.module.parameters()), torch.device("cpu"))
+
+    def _collective_device(self) -> torch.device:
+        """Where a tensor the ranks all-reduce or broadcast must live: NCCL reduces only GPU tensors,
+        gloo is given CPU ones."""
+        return self.device if dist.get_backend() == dist.Backend.NCCL else torch.device("cpu")
 
     def _on_sigterm(self, _signum: int, _frame: object) -> None:
         self._sigterm = True
@@ -255,7 +269,7 @@ class Trainer:
         state = {
             "step": self.step, "samples": self.samples, "batch": [self.batch.local_batch_size, self.batch.accum_steps],
             "model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
-            "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
+            "rng": self._rng_state(),
             "grad_stats": self.grad_stats.state_dict(),
         }
         temporary = self.checkpoint_path.with_name(f"{CHECKPOINT}.tmp.{os.getpid()}")
@@ -272,7 +286,9 @@ class Trainer:
         step it holds (0: starting afresh)."""
         state = None
         if self.allocation.rank == 0 and self.checkpoint_path.exists():
-            state = torch.load(self.checkpoint_path, weights_only=True)
+            # Onto the CPU whatever device saved it: the loads below copy each tensor to its parameter's
+            # device, and the RNG states must be CPU tensors.
+            state = torch.load(self.checkpoint_path, weights_only=True, map_location="cpu")
         if self.allocation.world_size > 1:
             box = [state]
             dist.broadcast_object_list(box, src=0)
@@ -282,13 +298,26 @@ class Trainer:
             return 0
         self.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        torch.set_rng_state(state["rng"]["torch"])
-        random.setstate(_as_tuples(state["rng"]["python"]))
+        self._restore_rng(state["rng"])
         self.grad_stats.load_state_dict(state["grad_stats"])
         self.step = self.checkpoint_step = int(state["step"])
         self.samples = int(state["samples"])
         self._log(f"resumed step {self.step} (parameters {self.checksum()})")
         return self.step
+
+    def _rng_state(self) -> dict[str, Any]:
+        rng: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+        if self.device.type == "cuda":  # the generator of the model's GPU (dropout and the like draw there)
+            rng["cuda"] = torch.cuda.get_rng_state(self.device)
+        return rng
+
+    def _restore_rng(self, rng: dict[str, Any]) -> None:
+        """The saved RNG states; a CUDA one only where the model is on a GPU now (a checkpoint saved on a
+        CPU, or before CUDA states were saved, has none: the GPU's generator keeps its seed)."""
+        torch.set_rng_state(rng["torch"].cpu())
+        random.setstate(_as_tuples(rng["python"]))
+        if "cuda" in rng and self.device.type == "cuda":
+            torch.cuda.set_rng_state(rng["cuda"].cpu(), self.device)
 
     def checksum(self) -> str:
         """A short digest of the parameters' exact values (equal before a save and after its load)."""
