@@ -6,20 +6,25 @@ config file, the defaults. Environment variables are ``ARYL_<SECTION>__<KEY>`` (
 ``ARYL_DATABASE__URL``), and only those: a variable naming a whole section (``ARYL_SERVER``) is not
 a daemon setting and is ignored, because ``ARYL_SERVER`` is the clients' scheduler address
 (``arylctl``), exported in the same shells that start daemons. The file is named by ``--config``
-or ``ARYL_CONFIG``. Unknown keys are errors, so a typo never silently falls back to a default.
-Each program declares its own sections (``scheduler_service.config``, ``node_agent.config``,
-``inference_router.config``); nothing else in a program reads the environment.
+or ``ARYL_CONFIG``. Unknown keys are errors, so a typo never silently falls back to a default. A key
+that was renamed is still read under its old name, from the file and the environment alike, with a
+``RenamedConfigKey`` warning naming the new one (``ArylSettings.renamed_keys``): a user's config never
+breaks, nor silently loses a setting, because a name changed. Each program declares its own sections
+(``scheduler_service.config``, ``node_agent.config``, ``inference_router.config``); nothing else in a
+program reads the environment.
 """
 
 from __future__ import annotations
 
 import os
 import tomllib
+import warnings
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, TypeGuard, TypeVar
+from typing import Any, ClassVar, Literal, TypeGuard, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -32,6 +37,10 @@ T = TypeVar("T", bound="BaseSettings")
 
 class ConfigError(BadInput):
     """The configuration file or environment is invalid; the message says which key and why (exit 2)."""
+
+
+class RenamedConfigKey(FutureWarning):
+    """A config key was given under its old name (``ArylSettings.renamed_keys``); it still works."""
 
 
 class ConfigSection(BaseModel):
@@ -64,6 +73,30 @@ class ArylSettings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX, env_nested_delimiter=ENV_NESTED_DELIMITER, extra="forbid", frozen=True
     )
+
+    # Keys renamed, "section.old" -> "section.new" (same section): the old name is still read, with a
+    # RenamedConfigKey warning; both names at once are an error, since which one was meant is unknown.
+    renamed_keys: ClassVar[Mapping[str, str]] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_renamed_keys(cls, data: Any) -> Any:
+        if not cls.renamed_keys or not isinstance(data, Mapping):
+            return data
+        data = dict(data)
+        for old, new in cls.renamed_keys.items():
+            section, old_key = old.split(".")
+            _, new_key = new.split(".")
+            given = data.get(section)
+            if not isinstance(given, Mapping) or old_key not in given:
+                continue
+            if new_key in given:
+                raise ValueError(f"{old} and {new} are both set; {old} is the old name of {new}: keep {new} only")
+            # Told as where the setting came from, the configuration, not a line of pydantic's.
+            warnings.warn_explicit(f"config key {old} is now {new}; the old name still works, but may not for long",
+                                   RenamedConfigKey, filename="configuration", lineno=0, module=__name__)
+            data[section] = {(new_key if key == old_key else key): value for key, value in given.items()}
+        return data
 
     @classmethod
     def settings_customise_sources(
@@ -110,8 +143,9 @@ def load_settings(cls: type[T], path: str | os.PathLike[str] | None = None) -> T
     try:
         return cls(**read_config_file(path))
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+        problems = "; ".join(  # a rule of the whole config (no key: renamed_keys) is its message alone
+            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" if err["loc"] else err["msg"]
+            for err in exc.errors()
         )
         raise ConfigError(f"invalid configuration: {problems}") from exc
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import fields
 from pathlib import Path
-from typing import Literal, get_type_hints
+from typing import ClassVar, Literal, get_type_hints
 
 from pydantic import Field, create_model, field_validator, model_validator
 
@@ -178,12 +179,14 @@ class AgentsConfig(ConfigSection):
 class EventsConfig(ConfigSection):
     retention_days: int = Field(
         30, ge=0,
-        description="events older than this many days are deleted, in batches, by the housekeeping loop (0: kept "
+        description="events older than this many days are deleted, in chunks, by the housekeeping loop (0: kept "
                     "forever); at least 2, since the database refuses to delete events younger than a day",
     )
     prune_interval_s: float = Field(600.0, gt=0, description="how often the housekeeping loop prunes old events")
-    prune_batch: int = Field(
-        5000, gt=0, description="events deleted per transaction when pruning: short transactions, short locks"
+    prune_chunk: int = Field(
+        5000, gt=0,
+        description="events deleted per transaction when pruning: short transactions, short locks (was prune_batch, "
+                    "still read under that name)",
     )
     watch_recheck_s: float = Field(
         30.0, gt=0,
@@ -329,6 +332,8 @@ class DemandForecastConfig(ConfigSection):
 
 class SchedulerConfig(ArylSettings):
     """Everything the scheduler service can be told. One instance, built at start-up."""
+
+    renamed_keys: ClassVar[Mapping[str, str]] = {"events.prune_batch": "events.prune_chunk"}
 
     server: ServerConfig = ServerConfig()
     database: DatabaseConfig = DatabaseConfig()

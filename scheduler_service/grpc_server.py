@@ -37,8 +37,8 @@ from scheduler_service.api.auth import AuthInterceptor
 from scheduler_service.api.inference_servicer import InferenceServicer
 from scheduler_service.api.leader_gate import LeaderGate
 from scheduler_service.api.scheduler_servicer import SchedulerServicer
-from scheduler_service.batching import GroupCommitter
 from scheduler_service.config import SchedulerConfig
+from scheduler_service.group_commit import GroupCommitter
 
 log = structlog.get_logger("aryl.scheduler")
 

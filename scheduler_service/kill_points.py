@@ -12,7 +12,8 @@ VM's would), once per armed content; a test resumes it with SIGCONT and it goes 
 
 Points:
 
-- ``submit.committed``: a batch of SubmitJobs is committed, its callers not answered yet;
+- ``submit.committed``: submitted jobs are committed (a group commit of SubmitJob calls, or a SubmitJobs
+  call), their callers not answered yet;
 - ``apply.written``: a scheduling plan is written in its transaction, not committed yet;
 - ``commit.before_push``: a transaction that changed desired states is committed, the agents not
   told yet;

@@ -44,7 +44,7 @@ class JobSubmission:
     idempotency_key: str | None = None
     working_dir: str | None = None  # absolute path on the servers; None: the agent's per-job directory
     working_dir_if_exists: bool = False  # working_dir is a default, used only where it exists
-    array_index: int | None = None  # an element of a job array (``Jobs.submit_batch``): its index
+    array_index: int | None = None  # an element of a job array (``Jobs.submit_all_or_none``): its index
     priority_class: str = ""  # its priority class's name ("" none) and value (``app.queues.Queues.admit``)
     priority_value: int = 0
     gpu_types: tuple[str, ...] = ()  # GPU types it may run on, preferred first; (): any

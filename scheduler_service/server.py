@@ -48,12 +48,12 @@ from scheduler_service.app.deadlines import DeadlineAdmission
 from scheduler_service.app.demand_forecast import DemandForecastInfo, LiveDemandForecast
 from scheduler_service.app.forecast import ForecastProcess, Forecasts
 from scheduler_service.app.lease import Leadership
-from scheduler_service.batching import GroupCommitter, LatestWriter
 from scheduler_service.clock import SystemClock
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.core.clock import Clock
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.cycle import SchedulingCycle
+from scheduler_service.group_commit import GroupCommitter
 from scheduler_service.grpc_server import SERVICE_NAMES, add_services, bind_server, watch_committer
 from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.notify.notifier import AsyncNotifier
@@ -65,6 +65,7 @@ from scheduler_service.store.changes import StateChanges
 from scheduler_service.store.db import AUTOVACUUM_OFF, autovacuum_off, create_engine_for, session_factory
 from scheduler_service.store.inference import DemandRules
 from scheduler_service.store.transactions import Transactions
+from scheduler_service.write_behind import LatestWriter
 
 log = structlog.get_logger("aryl.scheduler")
 
@@ -194,7 +195,7 @@ class SchedulerService:
         if self._tune_gc:
             tune_garbage_collector()
         executor = ThreadPoolExecutor(max_workers=cfg.server.worker_threads, thread_name_prefix="aryl-rpc")
-        # One batched read per burst of decisions feeds every agent stream (scheduler_service.notify),
+        # One read per burst of decisions feeds every agent stream (scheduler_service.notify),
         # on a thread of its own: a push must not queue behind 100s of status reports.
         desired_reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aryl-desired")
         notifier.serve_desired_states(app.agents.desired_states, desired_reader)
@@ -215,8 +216,8 @@ class SchedulerService:
         telemetry_writer = LatestWriter(app.agents.write_behind, key=lambda item: item.server_id, name="aryl-telemetry")
         app.agents.write_telemetry_behind(telemetry_writer)
         self.metrics.telemetry_backlog.set_function(telemetry_writer.backlog)
-        submissions = GroupCommitter(app.jobs.submit_many, max_batch=256, name="aryl-submit")
-        cancellations = GroupCommitter(app.jobs.cancel_many, max_batch=256, name="aryl-cancel")
+        submissions = GroupCommitter(app.jobs.submit_many, max_group=256, name="aryl-submit")
+        cancellations = GroupCommitter(app.jobs.cancel_many, max_group=256, name="aryl-cancel")
         # The ETA forecast after cycles, on a thread of its own (``app.forecast``); what-if on request.
         # Its simulation in a process of its own: a long queue's forecast must not take the RPCs' interpreter lock.
         forecast_process = ForecastProcess()

@@ -95,7 +95,7 @@ class ServiceLoops:
 
     async def retention(self, retention: EventRetention, executor: ThreadPoolExecutor) -> None:
         """Every ``events.prune_interval_s``, delete events older than ``events.retention_days``, in
-        short batches (``app.retention``); a failure is logged and retried at the next run."""
+        short chunks (``app.retention``); a failure is logged and retried at the next run."""
         loop = asyncio.get_running_loop()
         events = self.config.events
         while True:
@@ -104,7 +104,7 @@ class ServiceLoops:
                 continue
             try:
                 deleted = await loop.run_in_executor(executor, lambda: retention.prune(
-                    now=self.clock.now(), retention_days=events.retention_days, batch=events.prune_batch))
+                    now=self.clock.now(), retention_days=events.retention_days, chunk=events.prune_chunk))
                 if deleted:
                     log.info("old events pruned", deleted=deleted, retention_days=events.retention_days)
             except Exception:  # retried at the next run, never fatal

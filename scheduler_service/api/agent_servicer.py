@@ -2,7 +2,7 @@
 desired state).
 
 A server's desired state is streamed from an in-process fan-out fed after commits
-(``scheduler_service.notify``): one batched read per burst of decisions feeds every agent's stream.
+(``scheduler_service.notify``): one read per burst of decisions feeds every agent's stream.
 Most status reports are answered from memory, on the event loop. What this module must never do: hold
 SQL or decide (it validates, calls ``app.agents`` and converts).
 """

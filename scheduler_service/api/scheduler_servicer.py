@@ -32,10 +32,10 @@ from scheduler_service.api.stream_limits import StreamLimits, TooManyStreams
 from scheduler_service.app.demand_forecast import DemandForecastInfo
 from scheduler_service.app.forecast import Forecasts
 from scheduler_service.app.jobs import KeyInUse
-from scheduler_service.batching import GroupCommitter
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.registry import ReclaimPreviewer
 from scheduler_service.errors import InvalidArgument
+from scheduler_service.group_commit import GroupCommitter
 from scheduler_service.notify.event_feed import SlowReader
 from scheduler_service.records import EventInfo, JobInfo, JobSubmission
 
@@ -126,10 +126,10 @@ class SchedulerServicer(OperatorRpcs, scheduler_pb2_grpc.SchedulerServiceService
         # deadline is refused (FAILED_PRECONDITION) before anything is queued.
         admit = self.app.deadlines.admit  # without a deadline it reads nothing: no thread hop
         admission = admit(submission) if submission.deadline is None else await self.run(admit, submission)
-        if auth.caller() is not None:  # batched on another thread: the actor goes with the submission
+        if auth.caller() is not None:  # committed on another thread: the actor goes with the submission
             submission = dataclasses.replace(submission, submitted_by=auth.actor())
         # If the call is cancelled (deadline, client gone), wrap_future withdraws the submission unless
-        # its batch is already committing (then the job is queued: a retry with the same key and spec
+        # its group is already committing (then the job is queued: a retry with the same key and spec
         # is answered with it).
         try:
             record = await asyncio.wrap_future(self._submissions.submit(submission))
@@ -167,7 +167,7 @@ class SchedulerServicer(OperatorRpcs, scheduler_pb2_grpc.SchedulerServiceService
                 auth.own_spec(job.spec, f"jobs[{i}].spec")
             subs = job_validation.job_submissions(request.jobs, request.array_indices, now=now,
                                               allow_loader_env=self._allow_loader_env)
-            records = self.app.jobs.submit_batch(subs, array=bool(request.array_indices))
+            records = self.app.jobs.submit_all_or_none(subs, array=bool(request.array_indices))
             return scheduler_pb2.SubmitJobsResponse(jobs=[show(r) for r in records])
 
         try:
@@ -267,8 +267,8 @@ class SchedulerServicer(OperatorRpcs, scheduler_pb2_grpc.SchedulerServiceService
                 # every stream (``_event_message``): no item passes through the wrappers' async generators
                 # (``status.rpc``, ``leader_gate``: a task per item), which cost about as much as the send.
                 # A term's end still ends the stream: leader_gate cancels this generator mid-write.
-                async for rows in feed.watch_batches(after, topic=topic, match=exact, catch_up=catch_up,
-                                                     on_overflow=too_slow):
+                async for rows in feed.watch_chunks(after, topic=topic, match=exact, catch_up=catch_up,
+                                                    on_overflow=too_slow):
                     for row in rows:
                         if end.sent:
                             return

@@ -10,7 +10,7 @@ One small class per use case, each built here from the same database sessions, c
 - ``views`` (``ClusterViews``): servers, loans, the cluster summary, the event log;
 - ``liveness`` (``Liveness``): servers whose agents went silent become LOST;
 - ``server_admin`` (``ServerAdmin``): an operator's cordon, uncordon, drain and delete of a server;
-- ``retention`` (``EventRetention``): events past their retention are pruned, in short batches;
+- ``retention`` (``EventRetention``): events past their retention are pruned, in short chunks;
 - ``term`` (``Term``): the scheduler's term and its epoch;
 - ``cluster`` (``DatabaseCluster``): the scheduling cycle's port (``snapshot`` + ``apply``).
 

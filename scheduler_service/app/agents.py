@@ -5,7 +5,7 @@ are answered from memory (``ReportDigests``) and their telemetry (GPU load, prog
 written at most every ``telemetry_write_s``; liveness is in memory anyway. So a fleet of 1,000s of
 agents costs the database little. Where the service gives it a writer (``write_telemetry_behind``),
 that write happens behind the answer, on the writer's one thread, the latest report per server
-(the service's ``batching.LatestWriter``): a report never waits for a database write that decides nothing, nor
+(the service's ``write_behind.LatestWriter``): a report never waits for a database write that decides nothing, nor
 takes an RPC thread from the calls that do. A report whose only news is a newer observed generation
 writes just that (one statement). Anything else that may need a decision (a health change, an exit,
 a LOST server reporting again) goes through the full path at once. Per server, a report written
@@ -54,7 +54,7 @@ class BehindReport:
 
 
 class WriteBehind(Protocol):
-    """Where such reports go (``batching.LatestWriter``, keyed by server): the latest per server waits."""
+    """Where such reports go (``write_behind.LatestWriter``, keyed by server): the latest per server waits."""
 
     def offer(self, item: BehindReport) -> bool: ...  # False: not taken (write it now)
 

@@ -1,5 +1,5 @@
-"""Jobs: submit (one, a group-committed batch, or an all-or-none batch such as a job array), cancel
-(one, a batch, or a whole array), get, list a page, explain, and find a rank's logs.
+"""Jobs: submit (one, a group commit of concurrent calls, or several all or none such as a job array),
+cancel (one, a group commit, or a whole array), get, list a page, explain, and find a rank's logs.
 
 Each call is one transaction; the agents of servers whose workers a cancel stopped, the event log
 and the cycle are told after commit.
@@ -69,15 +69,15 @@ class Jobs:
         return self._submit_many(subs)
 
     def _submit_many(self, subs: Sequence[JobSubmission]) -> list[JobInfo | AlreadyExists | FailedPrecondition]:
-        """Queue several jobs in one transaction (group commit: the API batches concurrent
-        SubmitJob calls). A submission whose user has used its idempotency key before is answered
-        by itself alone: with that job when the spec is the same (a retry), else ``KeyInUse``. One
-        whose gang can never fit the registered servers is refused alone (``never_fits``)."""
+        """Queue several jobs in one transaction (the API's group commit of concurrent SubmitJob calls,
+        ``scheduler_service.group_commit``). A submission whose user has used its idempotency key before
+        is answered by itself alone: with that job when the spec is the same (a retry), else ``KeyInUse``.
+        One whose gang can never fit the registered servers is refused alone (``never_fits``)."""
         now = self._clock.now()
 
         def insert(session: Session) -> tuple[dict[int, FailedPrecondition], list[JobInfo]]:
             # The fit check reads the servers in the insert's own transaction: one round of the
-            # database per batch, not two.
+            # database per group, not two.
             refused = self._never_fit(subs, self._store.server_gpu_counts(session))
             fitting = [sub for i, sub in enumerate(subs) if i not in refused] if refused else subs
             return refused, self._store.insert(session, fitting, now) if fitting else []
@@ -97,11 +97,11 @@ class Jobs:
         inserted = iter(jobs)
         return [refused[i] if i in refused else next(inserted) for i in range(len(subs))]
 
-    def submit_batch(self, subs: Sequence[JobSubmission], *, array: bool = False) -> list[JobInfo]:
+    def submit_all_or_none(self, subs: Sequence[JobSubmission], *, array: bool = False) -> list[JobInfo]:
         """Queue all of ``subs`` in one transaction, or none (``SubmitJobs``); with ``array`` the jobs
         queued form one job array. A submission whose user used its idempotency key before with the
         same spec is answered with that job and queues nothing (a retry of a call whose answer was
-        lost); one whose key holds a different spec refuses the whole batch (``KeyInUse``), as does
+        lost); one whose key holds a different spec refuses them all (``KeyInUse``), as does
         one whose gang can never fit (``FailedPrecondition``); each refusal names ``jobs[i]``."""
         if self.queues is not None:
             subs, wrong = self.queues.admit(subs)
@@ -193,7 +193,7 @@ class Jobs:
 
     def cancel_many(self, requests: Sequence[tuple[int, str, str]]) -> list[JobInfo | NotFound | FailedPrecondition]:
         """Cancel several jobs, each ``(job id, reason, actor)``, in one transaction (group commit: the API
-        batches concurrent CancelJob calls; each event names its own caller). A job that does not exist or
+        gathers concurrent CancelJob calls; each event names its own caller). A job that does not exist or
         has already ended fails only its own request; the same job twice is cancelled once and the second
         request is refused."""
         results, touched = self._db.write(lambda session: self._store.cancel(session, requests))

@@ -5,7 +5,7 @@ version they saw, re-read the database, and wait for a newer one. A missed wake-
 reader until its poll timeout; it never loses data, because the database is re-read every time.
 
 A ``DesiredStateFeed`` fans the desired state of servers out to the agent streams that watch them:
-after a commit, one batched read serves every touched server, however many streams wait. An
+after a commit, one read serves every touched server together, however many streams wait. An
 ``EventFeed`` does the same for the event log (WatchEvents: one read of the new entries per change,
 recent entries held in memory and filtered per stream), and a ``SharedRead`` for one answer that
 many streams watch (WatchServingPool). Streams with nothing new cost no database work; each feed

@@ -1,6 +1,6 @@
 """``DesiredStateFeed``: the desired state of servers fanned out to the agent streams that watch them.
 
-After a commit, one batched read serves every touched server, however many streams wait; a server's
+After a commit, one read serves every touched server together, however many streams wait; a server's
 *slot* holds its last read state (or why the read failed) while any stream watches it.
 Never: hold a state for a server nobody watches, replace a newer generation by an older one, or
 decide anything; the database stays the single source of truth.
@@ -43,13 +43,13 @@ class _Slot(Generic[S]):
 
 @dataclass
 class DesiredStateFeed(Generic[S]):
-    """Serves ``watch(server_id)`` streams from batched reads.
+    """Serves ``watch(server_id)`` streams from shared reads (one read for many servers).
 
     ``load(server_ids)`` reads the desired state of each registered server among ``server_ids`` in
     one consistent read (a server missing from its answer is not registered). It runs on
     ``executor``. Reads are sequential: servers touched while one runs are read together by the
     next, so a burst of decisions costs a few reads, not one per server, and a stream never reads
-    the database itself. A stream's periodic re-read (``refresh_s``) joins the next batch the same
+    the database itself. A stream's periodic re-read (``refresh_s``) joins the next read the same
     way. A state never replaces a newer generation of the same server.
 
     A read the database refused for now (``Unavailable``: a statement or lock timed out) is retried after
@@ -103,27 +103,27 @@ class DesiredStateFeed(Generic[S]):
 
     async def _read_dirty(self) -> None:
         while self._dirty:
-            batch = sorted(self._dirty)
+            servers = sorted(self._dirty)
             self._dirty.clear()
             error: Exception | None = None
             try:
-                states = await self.loop.run_in_executor(self.executor, self.load, batch)
+                states = await self.loop.run_in_executor(self.executor, self.load, servers)
             except Unavailable as exc:
                 self._failures += 1
                 if self._failures <= self.retries:
                     delay = min(self.retry_base_s * 2 ** (self._failures - 1), self.retry_max_s)
-                    log.warning("desired-state read refused for now; retrying", servers=len(batch),
+                    log.warning("desired-state read refused for now; retrying", servers=len(servers),
                                 attempt=self._failures, retry_in_s=delay, error=repr(exc))
-                    self.loop.call_later(delay, self._request, batch)
+                    self.loop.call_later(delay, self._request, servers)
                     continue  # its streams keep their last state meanwhile
-                log.warning("desired-state read failed", servers=len(batch), error=repr(exc))
+                log.warning("desired-state read failed", servers=len(servers), error=repr(exc))
                 states, error = {}, exc
             except Exception as exc:  # noqa: BLE001 - handed to the streams that waited for this read
-                log.warning("desired-state read failed", servers=len(batch), error=repr(exc))
+                log.warning("desired-state read failed", servers=len(servers), error=repr(exc))
                 states, error = {}, exc
             else:
                 self._failures = 0
-            for server_id in batch:
+            for server_id in servers:
                 slot = self._slots.get(server_id)
                 if slot is None:
                     continue  # its last stream closed during the read

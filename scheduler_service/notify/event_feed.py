@@ -150,19 +150,19 @@ class EventFeed(Generic[E]):
         catch_up: Callable[[int, int, int], Awaitable[Sequence[E]]],
         on_overflow: Callable[[str], None] | None = None,
     ) -> AsyncIterator[E]:
-        """``watch_batches``, one entry at a time."""
-        async for rows in self.watch_batches(after, topic=topic, match=match, catch_up=catch_up,
-                                             on_overflow=on_overflow):
+        """``watch_chunks``, one entry at a time."""
+        async for rows in self.watch_chunks(after, topic=topic, match=match, catch_up=catch_up,
+                                            on_overflow=on_overflow):
             for row in rows:
                 yield row
 
-    async def watch_batches(
+    async def watch_chunks(
         self, after: int | None, *, topic: Hashable, match: Callable[[E], bool] | None,
         catch_up: Callable[[int, int, int], Awaitable[Sequence[E]]],
         on_overflow: Callable[[str], None] | None = None,
     ) -> AsyncIterator[Sequence[E]]:
         """Yield the entries with id > ``after`` (None: from now on) that ``match``, in id order, then
-        new ones as they are read: each batch is everything there was to send when the stream woke
+        new ones as they are read: each chunk is everything there was to send when the stream woke
         (a page of the past, or what the dispatcher queued meanwhile), so a stream that fell behind
         catches up with one wake-up, not one per entry. Every entry that ``match``es must have
         ``topic`` among its ``topics``; ``match`` None takes every entry that has.
@@ -200,11 +200,11 @@ class EventFeed(Generic[E]):
                     raise SlowReader(subscriber.why())
                 if pending and woken:  # the pacer's turn for this stream: send what it holds
                     woken = False
-                    batch = [row for row in pending if row.id > position]  # a replayed entry may have been queued too
+                    chunk = [row for row in pending if row.id > position]  # a replayed entry may have been queued too
                     pending.clear()
-                    if batch:
-                        position = batch[-1].id
-                        yield batch
+                    if chunk:
+                        position = chunk[-1].id
+                        yield chunk
                     self._back(subscriber)
                     continue
                 self._back(subscriber)

@@ -77,8 +77,8 @@ from scheduler_service.store.ports import MasterPorts
 from scheduler_service.store.rows import batch_limits
 from scheduler_service.store.transactions import is_postgresql
 
-# A plan with at least this many starts applies them as one batch (``_apply_starts_together``).
-_BATCH_STARTS_FROM = 2
+# A plan with at least this many starts applies them together (``_apply_starts_together``).
+_STARTS_TOGETHER_FROM = 2
 
 
 @dataclass
@@ -122,12 +122,12 @@ class Applier:
         facts = SessionFacts.load(session, plan)
         held = facts.held_by(s.job_id for s in plan.scales)
         refusals = RefusalLog(log, plan, held)
-        together: set[int] | None = None  # the starts applied as one batch (_apply_starts_together)
+        together: set[int] | None = None  # the starts applied together (_apply_starts_together)
         for action in apply_order(plan, held):
             if isinstance(action, StartJob):
                 if together is None:
                     together = (self._apply_starts_together(session, plan.starts, facts, now, log)
-                                if len(plan.starts) >= _BATCH_STARTS_FROM else set())
+                                if len(plan.starts) >= _STARTS_TOGETHER_FROM else set())
                 if action.job_id in together:
                     continue
             loan: m.Loan | None = None  # a loan step's loan row, as the step left it
@@ -285,7 +285,7 @@ class Applier:
         Does exactly what ``_apply_start`` does per start, and checks each with the same rule
         (``check_start``), in order, each against the facts with the earlier starts' GPUs taken -- as
         one start at a time sees them. Starts the rule refuses are left out here and refused by the
-        one-by-one path, with their reasons. When the database refuses the batch (a GPU taken or a job
+        one-by-one path, with their reasons. When the database refuses them (a GPU taken or a job
         changed by another transaction since the facts were read) the savepoint is rolled back and
         nothing is applied: the caller applies every start alone, so the culprit is refused alone."""
         ready: list[tuple[StartJob, m.Job]] = []
@@ -294,7 +294,7 @@ class Applier:
                 check_start(facts, action)
             except Refused:
                 continue
-            facts.applied(action)  # the batch's later starts see these GPUs taken
+            facts.applied(action)  # the later starts of ``starts`` see these GPUs taken
             ready.append((action, facts.row(action.job_id)))
         if not ready:
             return set()

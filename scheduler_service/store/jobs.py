@@ -1,7 +1,7 @@
-"""Jobs in the store: submitting (batched), reading and listing, cancelling (batched), and where a
-rank's logs are.
+"""Jobs in the store: submitting (many at once), reading and listing, cancelling (many at once), and
+where a rank's logs are.
 
-Submissions and cancellations come in batches (the API's group commit, SubmitJobs) and are written
+Submissions and cancellations come many at once (the API's group commit, SubmitJobs) and are written
 with a fixed number of statements however many there are: on PostgreSQL the jobs with one COPY and
 their events with one INSERT ... SELECT (elsewhere multi-row INSERTs), one UPDATE and one DELETE for
 every cancelled job.
@@ -150,7 +150,7 @@ class JobStore:
                 results.append(NotFound(f"job {job_id} not found"))
                 continue
             state = JobState.CANCELLED if job_id in messages else JobState(job.state)
-            if state.is_terminal:  # also the second request for a job this batch cancels
+            if state.is_terminal:  # also the second request for a job these requests cancel
                 results.append(FailedPrecondition(
                     f"job {job_id} is already {state}; only active jobs can be cancelled"))
                 continue
@@ -268,7 +268,7 @@ def _submitted_event(row: dict[str, Any], sub: JobSubmission, job_id: int) -> di
 def _insert_values(session: Session, subs: Sequence[JobSubmission], rows: list[dict[str, Any]], *,
                    array: bool) -> list[JobInfo]:
     """Any database: the jobs and their JOB_SUBMITTED events with multi-row INSERTs."""
-    # Core INSERT ... RETURNING in one round trip for the whole batch ("insertmanyvalues").
+    # Core INSERT ... RETURNING in one round trip for all of them ("insertmanyvalues").
     # Core tables, not ORM entities: the ORM's bulk path costs more than the database here.
     jobs, events = m.JOBS, m.EVENTS
     ids = list(

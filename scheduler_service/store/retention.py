@@ -1,9 +1,9 @@
-"""Event retention's SQL: deleting the oldest events of the log, one short batch at a time.
+"""Event retention's SQL: deleting the oldest events of the log, one short chunk at a time.
 
 Events are appended in id order with the scheduler's clock, so the oldest events are the first ids:
-a batch reads the first ``batch`` ids by primary key (never a scan of the table) and deletes those of
+a chunk reads the first ``limit`` ids by primary key (never a scan of the table) and deletes those of
 them older than the horizon. The append-only guard (migration 0008) lets only events older than a
-day go; it refuses the whole batch otherwise, leaving the log as it was.
+day go; it refuses the whole chunk otherwise, leaving the log as it was.
 
 Never: delete anything younger than the horizon it is given, or commit (the caller's transaction does).
 """
@@ -16,10 +16,10 @@ from sqlalchemy.orm import Session
 from scheduler_service.store import models as m
 
 
-def delete_oldest_events(session: Session, before: float, batch: int) -> int:
-    """Delete up to ``batch`` of the oldest events whose time is before ``before``; returns how many."""
+def delete_oldest_events(session: Session, before: float, limit: int) -> int:
+    """Delete up to ``limit`` of the oldest events whose time is before ``before``; returns how many."""
     e = m.EVENTS.c
-    oldest = session.execute(sa.select(e.id, e.time).order_by(e.id).limit(batch)).all()
+    oldest = session.execute(sa.select(e.id, e.time).order_by(e.id).limit(limit)).all()
     ids = []
     for row in oldest:
         if row.time >= before:

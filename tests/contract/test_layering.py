@@ -180,7 +180,7 @@ SERVICE_ALLOWED: dict[str, frozenset[str]] = {
     "policies": frozenset({"core", "solvers", "lifecycle"}),
     "store": frozenset({"core", "lifecycle", "records", "errors", "worker_outcomes", "kill_points", "audit"}),
     "app": frozenset({"store", "core", "lifecycle", "records", "errors", "kill_points"}),
-    "api": frozenset({"app", "core", "lifecycle", "records", "errors", "batching", "notify", "audit"}),
+    "api": frozenset({"app", "core", "lifecycle", "records", "errors", "group_commit", "notify", "audit"}),
 }
 
 

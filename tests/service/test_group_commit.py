@@ -1,7 +1,7 @@
 """Group commit under impatient callers: a caller that gives up never stops the committer, and health
 says when a committer has stopped.
 
-The committer (``scheduler_service.batching``) is tested with real threads and futures and a batch
+The committer (``scheduler_service.group_commit``) is tested with real threads and futures and a commit
 function written here; the service over real gRPC on loopback and a real database, as a client with a
 3 ms deadline sees it (issue 19: twenty such SubmitJobs used to kill the ``aryl-submit`` thread, and
 every later SubmitJob hung to its deadline while health still said SERVING).
@@ -19,8 +19,8 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from protos.aryl.v1 import scheduler_pb2, types_pb2
-from scheduler_service.batching import GroupCommitter
 from scheduler_service.errors import Unavailable
+from scheduler_service.group_commit import GroupCommitter
 from tests.harness import health_stub, job_spec, scheduler_stub, secure_channel
 from tests.helpers import wait_for
 
@@ -29,17 +29,17 @@ IMPATIENT_S = 0.003  # the deadline of issue 19's impatient client
 PROMPT_S = 5.0  # an ordinary call's deadline: a wedged committer makes it run out
 
 
-class _GatedBatches:
-    """A batch function that records each batch and, while ``gate`` is closed, holds the batch in
+class _GatedGroups:
+    """A commit function that records each group and, while ``gate`` is closed, holds the group in
     flight (as a slow commit does), so that callers can give up behind it."""
 
     def __init__(self) -> None:
-        self.batches: list[list[str]] = []
+        self.groups: list[list[str]] = []
         self.gate = threading.Event()
         self.in_flight = threading.Event()
 
     def __call__(self, items: Sequence[str]) -> list[str | Exception]:
-        self.batches.append(list(items))
+        self.groups.append(list(items))
         self.in_flight.set()
         assert self.gate.wait(10), "the test never opened the gate"
         return [ValueError(item) if item.startswith("bad") else item.upper() for item in items]
@@ -50,12 +50,12 @@ class _GatedBatches:
 
 
 def test_a_caller_that_gives_up_is_skipped_and_the_others_still_get_their_results() -> None:
-    handler = _GatedBatches()
+    handler = _GatedGroups()
     committer: GroupCommitter[str, str] = GroupCommitter(handler, name="test-commit")
     try:
         first = committer.submit("a")
         assert handler.in_flight.wait(5)
-        # Queued behind the batch in flight: one of them gives up (as wrap_future does when the
+        # Queued behind the group in flight: one of them gives up (as wrap_future does when the
         # RPC is cancelled), the others wait.
         waiting, gone, failing = committer.submit("b"), committer.submit("c"), committer.submit("bad")
         assert gone.cancel()
@@ -68,21 +68,21 @@ def test_a_caller_that_gives_up_is_skipped_and_the_others_still_get_their_result
             gone.result(0)
         # ... and later callers are still served.
         assert committer.submit("d").result(5) == "D"
-        # The caller that gave up before its batch ran was never applied.
-        assert [item for batch in handler.batches for item in batch] == ["a", "b", "bad", "d"]
+        # The caller that gave up before its group was committed was never applied.
+        assert [item for group in handler.groups for item in group] == ["a", "b", "bad", "d"]
         assert committer.alive
     finally:
         handler.gate.set()
         committer.close()
 
 
-def test_a_caller_that_gives_up_once_its_batch_runs_gets_nothing_and_the_batch_is_applied() -> None:
-    handler = _GatedBatches()
+def test_a_caller_that_gives_up_once_its_group_commits_gets_nothing_and_the_group_is_applied() -> None:
+    handler = _GatedGroups()
     committer: GroupCommitter[str, str] = GroupCommitter(handler, name="test-commit")
     try:
         running = committer.submit("a")
         assert handler.in_flight.wait(5)
-        # Too late: the batch is being committed; its result is delivered (to no one).
+        # Too late: the group is being committed; its result is delivered (to no one).
         assert not running.cancel()
         handler.gate.set()
         assert running.result(5) == "A"
@@ -92,7 +92,7 @@ def test_a_caller_that_gives_up_once_its_batch_runs_gets_nothing_and_the_batch_i
         committer.close()
 
 
-def test_a_batch_function_that_breaks_its_contract_fails_its_batch_only() -> None:
+def test_a_commit_function_that_breaks_its_contract_fails_its_group_only() -> None:
     calls: list[Sequence[int]] = []
 
     def short_answer(items: Sequence[int]) -> list[int | Exception]:
@@ -119,17 +119,17 @@ def test_a_committer_that_stops_says_so_and_fails_its_callers_at_once() -> None:
     def fatal(items: Sequence[int]) -> list[int | Exception]:
         entered.set()
         assert proceed.wait(10)
-        raise _Fatal("the batch function escaped")
+        raise _Fatal("the commit function escaped")
 
     stopped: list[BaseException | None] = []
     committer: GroupCommitter[int, int] = GroupCommitter(fatal, name="test-commit")
     committer.add_stop_callback(stopped.append)
-    in_batch = committer.submit(1)
+    in_group = committer.submit(1)
     assert entered.wait(5)
-    queued = committer.submit(2)  # behind the batch that kills the thread
+    queued = committer.submit(2)  # behind the group that kills the thread
     proceed.set()
     with pytest.raises(Unavailable):
-        in_batch.result(5)
+        in_group.result(5)
     with pytest.raises(Unavailable):
         queued.result(5)
     wait_for(lambda: stopped, what="the stop callback")

@@ -1,4 +1,4 @@
-"""Event retention on SQLite and PostgreSQL: old events are pruned in batches (by the use case and by a
+"""Event retention on SQLite and PostgreSQL: old events are pruned in chunks (by the use case and by a
 running scheduler's housekeeping loop), and the append-only guard (migration 0008) still refuses every
 UPDATE and any DELETE of the last day's events, on both databases; downgrading restores the old guard.
 """
@@ -68,14 +68,14 @@ def refused(engine: sa.Engine, statement: Any) -> bool:
     return False
 
 
-def test_prune_deletes_only_events_older_than_the_retention_in_batches(engine: sa.Engine) -> None:
+def test_prune_deletes_only_events_older_than_the_retention_in_chunks(engine: sa.Engine) -> None:
     ids = add_events(engine, 90, 40, 31, 31, 29, 0.5, 0)
     app = SchedulerApp(session_factory(engine), SystemClock())
     # Batches of 2 over 4 old events: several transactions, all of them pruned, nothing newer.
-    assert app.retention.prune(now=time.time(), retention_days=30, batch=2) == 4
+    assert app.retention.prune(now=time.time(), retention_days=30, chunk=2) == 4
     assert event_ids(engine) == ids[4:]
-    assert app.retention.prune(now=time.time(), retention_days=30, batch=2) == 0
-    assert app.retention.prune(now=time.time(), retention_days=0, batch=2) == 0  # 0: kept forever
+    assert app.retention.prune(now=time.time(), retention_days=30, chunk=2) == 0
+    assert app.retention.prune(now=time.time(), retention_days=0, chunk=2) == 0  # 0: kept forever
     assert event_ids(engine) == ids[4:]
 
 
@@ -105,7 +105,7 @@ def test_downgrade_restores_the_strict_guard(database_url: str, engine: sa.Engin
 def test_a_running_scheduler_prunes_old_events(database_url: str, engine: sa.Engine) -> None:
     ids = add_events(engine, 40, 35, 3)
     handle = serve_in_background(scheduler_config(
-        database_url, events={"retention_days": 30, "prune_interval_s": 0.1, "prune_batch": 1}))
+        database_url, events={"retention_days": 30, "prune_interval_s": 0.1, "prune_chunk": 1}))
     try:
         wait_for(lambda: ids[0] not in event_ids(engine) and ids[1] not in event_ids(engine), timeout=30,
                  what="the housekeeping loop to prune the old events")

@@ -2,7 +2,7 @@
 progress) is answered from memory and written on a thread of its own (issue 37's one-hour soak:
 ReportStatus p99 2.0 -> 9.7 s, 65-85% of full-path reports being such writes on the RPC pool).
 
-The writer (``scheduler_service.batching.LatestWriter``) with real threads and a write function written
+The writer (``scheduler_service.write_behind.LatestWriter``) with real threads and a write function written
 here; the service over real gRPC on loopback and a real database (SQLite and PostgreSQL), whose server
 row the test locks as a slow write would.
 """
@@ -15,9 +15,9 @@ import time
 import sqlalchemy as sa
 
 from scheduler_service.app.agents import _ReportOrder
-from scheduler_service.batching import LatestWriter
 from scheduler_service.store import models as m
 from scheduler_service.store.db import create_engine_for, session_factory
+from scheduler_service.write_behind import LatestWriter
 from tests.fixtures.workers import Agent, get_job, running, submit, worker
 from tests.harness import job_spec, register_fake_server, scheduler_stub
 from tests.helpers import wait_for

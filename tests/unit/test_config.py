@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 
 import pytest
 
-from aryl_common.config import ConfigError, env_var_names
+from aryl_common.config import ConfigError, RenamedConfigKey, env_var_names
 from scheduler_service.config import SchedulerConfig, load_config
 from scheduler_service.core.demand_forecast import ForecastSettings
 
@@ -76,3 +77,25 @@ def test_demand_forecast_settings_reach_the_forecaster(tmp_path: Path) -> None:
     path = tmp_path / "aryl.toml"
     path.write_text("[demand_forecast]\nbin_s = 1\ntrend_window_s = 20\n")
     assert load_config(path).demand_forecast.settings() == ForecastSettings(bin_s=1, trend_window_s=20)
+
+
+def test_a_renamed_key_is_still_read_under_its_old_name_with_a_warning(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``events.prune_batch`` became ``events.prune_chunk`` (issue 32): a user's file or environment that
+    still says the old name keeps its setting, and is told the new name; both names at once are refused."""
+    path = tmp_path / "aryl.toml"
+    path.write_text("[events]\nprune_batch = 7\nretention_days = 9\n")
+    with pytest.warns(RenamedConfigKey, match=re.escape("events.prune_batch is now events.prune_chunk")):
+        config = load_config(path)
+    assert (config.events.prune_chunk, config.events.retention_days) == (7, 9)
+    monkeypatch.setenv("ARYL_EVENTS__PRUNE_BATCH", "11")
+    with pytest.warns(RenamedConfigKey):
+        assert load_config().events.prune_chunk == 11  # the environment, as the file
+    path.write_text("[events]\nprune_batch = 7\nprune_chunk = 8\n")
+    monkeypatch.delenv("ARYL_EVENTS__PRUNE_BATCH")
+    with pytest.raises(ConfigError, match=re.escape("events.prune_batch and events.prune_chunk are both set")):
+        load_config(path)
+    path.write_text("[events]\nprune_chunk = 8\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert load_config(path).events.prune_chunk == 8  # the new name: no warning
