@@ -1,20 +1,22 @@
-"""Group commit: concurrent calls are gathered into batches handled by one worker thread.
+"""Group commit: concurrent calls are gathered into groups, each committed in one go by one worker
+thread (``GroupCommitter``: the service's SubmitJob and CancelJob calls).
 
 Under load, many SubmitJob calls arrive at once; committing them one transaction each is bound by
 round trips and per-transaction overhead. ``GroupCommitter`` hands whatever has queued up (up to
-``max_batch``) to a batch function in one go; each caller gets its own result or exception through
-a Future. With one caller at a time it degenerates to one item per batch, with no added wait.
+``max_group``) to a commit function in one go; each caller gets its own result or exception through
+a Future. With one caller at a time it degenerates to a group of one, with no added wait.
 
 A caller may give up at any time (its RPC cancelled: ``asyncio.wrap_future`` then cancels the
-Future). Before its batch runs, that takes its item out: it is never applied. Once its batch runs,
-the item can no longer be withdrawn (``Future.set_running_or_notify_cancel``): it is applied and its
-result delivered to no one, so the caller must look for it (a SubmitJob retried with the same
-idempotency key and spec is answered with the job the first try queued). Never: let one caller, one batch or a batch
-function that breaks its contract stop the worker thread; every other caller waits on it. If the
-thread stops nonetheless, it fails every caller still waiting, refuses new ones, and tells its stop
-callbacks (the service reports NOT_SERVING).
-"""
+Future). Before its group is committed, that takes its item out: it is never applied. Once its group
+is being committed, the item can no longer be withdrawn (``Future.set_running_or_notify_cancel``): it is
+applied and its result delivered to no one, so the caller must look for it (a SubmitJob retried with the
+same idempotency key and spec is answered with the job the first try queued). Never: let one caller, one
+group or a commit function that breaks its contract stop the worker thread; every other caller waits on
+it. If the thread stops nonetheless, it fails every caller still waiting, refuses new ones, and tells its
+stop callbacks (the service reports NOT_SERVING).
 
+(Not to be confused with a training job's *batch*, the samples of one step: ``core.batch``.)
+"""
 from __future__ import annotations
 
 import queue
@@ -40,8 +42,8 @@ class GroupCommitter(Generic[In, Out]):
     def __init__(self, commit_group: Callable[[Sequence[In]], Sequence[Out | Exception]], *,
                  max_group: int = 256, name: str = "group-commit") -> None:
         self.name = name
-        self._handle_batch = commit_group
-        self._max_batch = max_group
+        self._commit_group = commit_group
+        self._max_group = max_group
         self._queue: queue.SimpleQueue[tuple[In, Future[Out]] | None] = queue.SimpleQueue()  # None: stop
         # Guards ``_stopped`` and the queue's puts against the worker's last drain: no caller is
         # queued after the worker has stopped, where no one would ever answer it.
@@ -54,12 +56,12 @@ class GroupCommitter(Generic[In, Out]):
 
     @property
     def alive(self) -> bool:
-        """Whether the worker still takes batches."""
+        """Whether the worker still takes calls."""
         with self._lock:
             return not self._stopped
 
     def submit(self, item: In) -> Future[Out]:
-        """Queue ``item`` for the next batch. Raises ``Unavailable`` once the worker has stopped."""
+        """Queue ``item`` for the next group. Raises ``Unavailable`` once the worker has stopped."""
         future: Future[Out] = Future()
         with self._lock:
             if self._stopped:
@@ -94,46 +96,47 @@ class GroupCommitter(Generic[In, Out]):
 
     def _serve(self) -> None:
         while True:
-            batch, stop = self._next_batch()
+            group, stop = self._next_group()
             try:
-                self._complete(batch)
-            except Exception as exc:  # a broken batch fails its own callers only; the next one is served
-                log.exception("group-commit batch failed", committer=self.name, size=len(batch))
-                _fail(batch, exc)
+                self._complete(group)
+            except Exception as exc:  # a broken group fails its own callers only; the next one is served
+                # The event's wording is older than the module's name; kept, as log searches may use it.
+                log.exception("group-commit batch failed", committer=self.name, size=len(group))
+                _fail(group, exc)
             except BaseException:
-                _fail(batch, Unavailable(self._stopped_message()))
+                _fail(group, Unavailable(self._stopped_message()))
                 raise
             if stop:
                 return
 
-    def _next_batch(self) -> tuple[list[tuple[In, Future[Out]]], bool]:
-        """The next batch (waiting for its first item) and whether ``close`` came after it."""
-        batch: list[tuple[In, Future[Out]]] = []
+    def _next_group(self) -> tuple[list[tuple[In, Future[Out]]], bool]:
+        """The next group (waiting for its first item) and whether ``close`` came after it."""
+        group: list[tuple[In, Future[Out]]] = []
         stop = False
-        while len(batch) < self._max_batch:
+        while len(group) < self._max_group:
             try:
-                entry = self._queue.get() if not batch else self._queue.get_nowait()
+                entry = self._queue.get() if not group else self._queue.get_nowait()
             except queue.Empty:
                 break
             if entry is None:
                 stop = True
                 break
-            batch.append(entry)
-        return batch, stop
+            group.append(entry)
+        return group, stop
 
-    def _complete(self, batch: list[tuple[In, Future[Out]]]) -> None:
+    def _complete(self, group: list[tuple[In, Future[Out]]]) -> None:
         # Callers that gave up already are dropped unapplied; the others can no longer give up, so
         # each result below has a Future to go to.
-        live = [(item, future) for item, future in batch if future.set_running_or_notify_cancel()]
+        live = [(item, future) for item, future in group if future.set_running_or_notify_cancel()]
         if not live:
             return
         try:
-            results = self._handle_batch([item for item, _ in live])
-        except Exception as exc:  # noqa: BLE001 - every caller of the batch gets the failure
+            results = self._commit_group([item for item, _ in live])
+        except Exception as exc:  # noqa: BLE001 - every caller of the group gets the failure
             _fail(live, exc)
             return
         if len(results) != len(live):
-            raise ValueError(f"{self.name}: the batch function answered {len(results)} of {len(live)} items")
+            raise ValueError(f"{self.name}: the commit function answered {len(results)} of {len(live)} items")
         for (_, future), result in zip(live, results, strict=True):
             if isinstance(result, Exception):
                 future.set_exception(result)
@@ -163,9 +166,9 @@ class GroupCommitter(Generic[In, Out]):
         return f"the scheduler's {self.name} worker has stopped; retry once the scheduler has restarted"
 
 
-def _fail(batch: Sequence[tuple[object, Future[Out]]], exc: BaseException) -> None:
-    """Fail every caller of ``batch`` still waiting (those that gave up or were answered are skipped)."""
-    for _, future in batch:
+def _fail(group: Sequence[tuple[object, Future[Out]]], exc: BaseException) -> None:
+    """Fail every caller of ``group`` still waiting (those that gave up or were answered are skipped)."""
+    for _, future in group:
         if future.done():
             continue
         try:
