@@ -82,7 +82,7 @@ def test_the_same_key_with_another_spec_is_already_exists_naming_the_job(stub) -
     assert len(all_jobs(stub)) == 1
 
 
-def test_a_batch_with_resubmissions_answers_each_on_its_own(stub) -> None:
+def test_a_group_commit_with_resubmissions_answers_each_on_its_own(stub) -> None:
     # Sent together, so the group commit takes several in one group: a group whose insert hits a key
     # falls back to one submission at a time, each answered for itself.
     kept = submit(stub, job_spec("kept", user="ann"), "k-kept")
