@@ -68,7 +68,7 @@ server goes back, ``loans.loan_risk``; ``aryl`` values it at its full rate).
 
 The package, one module per phase (each imports ``cycle`` and no other; this module runs them in order):
 ``cycle`` (the cycle's scratch state and the helpers the steps share), ``loans`` (step 0), ``sizing`` (the
-joint sizing, step 1, and the extras, step 3, then the plan's job changes), ``base`` (step 2).
+joint sizing, step 1, and the extras, step 3), ``base`` (step 2), ``job_changes`` (the plan's job changes).
 
 Pure: no I/O, no wall clock; deterministic for a given snapshot.
 """
@@ -92,6 +92,7 @@ from scheduler_service.policies.aryl.cycle import (
     _state,
     goodput_estimate,
 )
+from scheduler_service.policies.aryl.job_changes import plan_batches, plan_scales, size_notes
 from scheduler_service.policies.aryl.loans import (
     _goodput_scale_in_cost,
     _loaned_oldest_first,
@@ -103,11 +104,8 @@ from scheduler_service.policies.aryl.sizing import (
     completion_rates,
     elastic_extras,
     joint_sizing,
-    plan_batches,
-    plan_scales,
     response_ratio,
     settle_suspensions,
-    size_notes,
 )
 
 # What other modules and the tests import from the package (the policy's parts live in its modules).
