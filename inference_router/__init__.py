@@ -18,7 +18,8 @@ Nouns:
 
 Modules: ``config`` (typed settings), ``pool`` (backends and their states; the Python proxy's balancing;
 no I/O), ``haproxy`` (HAProxy's config, process, runtime API and statistics), ``proxy`` (the Python proxy:
-forwarding one request), ``demand`` (rates, latency, the need; pure arithmetic), ``scheduler_link`` (the
+forwarding one request), ``python_plane`` (the Python proxy: routing each request over the pool, health
+checks), ``demand`` (rates, latency, the need; pure arithmetic), ``scheduler_link`` (the
 gRPC calls), ``router`` (the event loop that wires them), ``stats`` (what ``GET /aryl/stats`` answers),
 ``main`` (the CLI).
 

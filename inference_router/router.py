@@ -6,8 +6,9 @@ The data plane (``router.data_plane``) is one of two:
   its statistics every ``stats_interval_s``: the requests it received (the load, 503s included), its
   queue, the requests in flight at each server, its own 5xx answers and its average times. The router's
   own HTTP server listens on a loopback port of its own and gets only ``/aryl/...`` from HAProxy.
-- ``python``: the router's own aiohttp proxy (``proxy.py``) carries them, on the same event loop as
-  everything else; for a host without HAProxy. Every path except ``/aryl/...`` is proxied.
+- ``python``: the router's own aiohttp proxy (``proxy.py``; routing and health checks: ``python_plane.py``)
+  carries them, on the same event loop as everything else; for a host without HAProxy. Every path except
+  ``/aryl/...`` is proxied.
 
 One event loop runs the rest: the pool source (the scheduler's WatchServingPool, or a static list), the
 health checks (python: one per backend; haproxy: HAProxy's own), one drain per DRAINING backend, and
@@ -61,7 +62,7 @@ from inference_router.haproxy import (
 )
 from inference_router.metrics import RouterMetrics
 from inference_router.pool import Backend, BackendPool, PoolSource, PoolUpdate, RoutingState, StaticPoolSource
-from inference_router.proxy import Outcome, forward, json_error
+from inference_router.python_plane import health_check_loop, route_request
 from inference_router.scheduler_link import Refused, Retryable, SchedulerLink
 from inference_router.stats import router_stats
 
@@ -278,7 +279,7 @@ class Router:
             self._log.info("backend joined the pool", server_id=sid, endpoint=backend.endpoint,
                            state=backend.state.value)
             if self.config.health_check_interval_s > 0 and not self.uses_haproxy:  # HAProxy checks its own
-                self._health_tasks[sid] = asyncio.create_task(self._health_loop(backend), name=f"health-{sid}")
+                self._health_tasks[sid] = asyncio.create_task(health_check_loop(self, backend), name=f"health-{sid}")
         else:
             self._log.info("backend changed state", server_id=sid, state=backend.state.value,
                            previous=previous.value, in_flight=backend.in_flight)
@@ -334,24 +335,6 @@ class Router:
         finally:
             if self._drain_tasks.get(sid) is asyncio.current_task():
                 del self._drain_tasks[sid]
-
-    async def _health_loop(self, backend: Backend) -> None:
-        cfg = self.config
-        timeout = aiohttp.ClientTimeout(total=cfg.health_check_timeout_s)
-        while True:
-            assert self._session is not None
-            try:
-                async with self._session.get(backend.url + cfg.health_path, timeout=timeout) as response:
-                    await response.read()
-                    ok, why = 200 <= response.status < 300, f"HTTP {response.status}"
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                ok, why = False, type(exc).__name__
-            if ok != backend.active_ok:
-                (self._log.info if ok else self._log.warning)(
-                    "backend health check " + ("passes again" if ok else "fails"),
-                    server_id=backend.server_id, endpoint=backend.endpoint, result=why)
-            backend.active_ok = ok
-            await asyncio.sleep(cfg.health_check_interval_s)
 
     # -- haproxy: programming it and reading it ----------------------------------------------------
 
@@ -452,63 +435,9 @@ class Router:
 
     async def _proxy(self, request: web.Request) -> web.StreamResponse:
         started = self.clock()
-        response = await self._route(request)
+        response = await route_request(self, request)
         self.metrics.request_done(response.status, self.clock() - started)
         return response
-
-    async def _route(self, request: web.Request) -> web.StreamResponse:
-        assert self._session is not None
-        started = self.clock()
-        self.meter.record_arrival(started)
-        self.requests_arrived += 1
-        needed = self.servers_needed_now()
-        if needed is not None and self.pool.serving < needed:
-            self.requests_short += 1
-        self.in_flight += 1
-        tried: set[str] = set()
-        errors: list[str] = []
-        try:
-            for _ in range(self.config.max_attempts):
-                backend = self.pool.pick(self.clock(), tried)
-                if backend is None:
-                    break
-                self.pool.begin(backend)          # no await between pick and begin
-                tried.add(backend.server_id)
-                if len(tried) > 1:
-                    self.retries += 1
-                try:
-                    attempt = await forward(self._session, request, backend.url)
-                finally:
-                    self.pool.end(backend)
-                if attempt.outcome in (Outcome.OK, Outcome.CLIENT_GONE):
-                    self.pool.record_success(backend)
-                    self.meter.record_latency(self.clock(), self.clock() - started)
-                    assert attempt.response is not None
-                    return attempt.response
-                self.pool.record_failure(backend, self.clock())
-                errors.append(f"{backend.server_id}: {attempt.error}")
-                self._log.warning("backend request failed", server_id=backend.server_id,
-                                  outcome=attempt.outcome.value, error=attempt.error)
-                if attempt.outcome is Outcome.ABORTED:
-                    self.responses_failed += 1
-                    assert attempt.response is not None
-                    return attempt.response
-                if attempt.outcome is Outcome.FAILED:
-                    self.responses_failed += 1
-                    if attempt.timed_out:
-                        return json_error(504, "backend_timeout",
-                                          f"the backend sent nothing for {self.config.request_timeout_s} s; not "
-                                          "retried because the backend may have acted on the request", attempts=errors)
-                    return json_error(502, "backend_failed",
-                                      "the backend's connection broke after the request was sent; not retried "
-                                      "because the backend may have acted on it", attempts=errors)
-            self.responses_failed += 1
-            if not tried:
-                return json_error(503, "no_backend_available", self.pool.why_none_routable(self.clock()))
-            return json_error(502, "backend_unreachable",
-                              f"no backend could be reached ({len(tried)} tried)", attempts=errors)
-        finally:
-            self.in_flight -= 1
 
     # -- demand ------------------------------------------------------------------------------------
 
