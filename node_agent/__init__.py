@@ -11,11 +11,11 @@ restarted agent adopts running workers, and serves worker *logs* to the schedule
 
 Modules: ``config`` (typed settings), ``gpus`` (inventory and health), ``desired`` (which desired
 states to accept), ``workers`` (worker records, on-disk layout), ``supervisor`` (starts and stops
-worker processes), ``launch`` (what a worker starts with: its shim copy, environment, working
-directory and log), ``shim`` (the per-worker parent process), ``contract`` (what a training program
-sees; importable without Aryl), ``logs`` (the worker-log service), ``agent`` (the control loop),
-``main`` (the ``aryl-agent`` command). Backoff, the channel to the scheduler, signal handling,
-config loading and logging are ``aryl_common``'s.
+worker processes; how a stop proceeds: ``stopping``), ``launch`` (what a worker starts with: its shim
+copy, environment, working directory and log), ``shim`` (the per-worker parent process), ``contract``
+(what a training program sees; importable without Aryl), ``logs`` (the worker-log service), ``agent``
+(the control loop), ``main`` (the ``aryl-agent`` command). Backoff, the channel to the scheduler,
+signal handling, config loading and logging are ``aryl_common``'s.
 
 The agent reports and obeys; it never decides placement, loans, restarts or health verdicts.
 """
