@@ -2,8 +2,9 @@
 
 Where things are:
 
-- ``client``: :class:`~arylctl.client.ArylClient`, one method per RPC; its failures (``errors``), its
-  event streams (``streams``) and its submissions' retries (``retries``).
+- ``client``: :class:`~arylctl.client.ArylClient`, one method per RPC; its connection and failover among
+  schedulers (``connection``), its failures (``errors``), its event streams (``streams``) and its
+  submissions' retries (``retries``).
 - ``spec``: every job spec built and read: ``job_spec``, a ``-f`` file, ``submit``'s flags.
 - ``cli``: the entry point ``main``, the global flags, and what an RPC failure tells the user.
 - ``args``: argument types and the parser; ``output``: tables, fields, times, ``-o`` and exit codes.

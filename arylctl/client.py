@@ -37,9 +37,9 @@ comma-separated (``a:50051,b:50051``): unary calls follow the leader a standby n
 among every address the client knows — those it was given and the leader named — never staying
 with a named leader that stopped answering: on UNAVAILABLE from it the next try goes back to the
 given addresses at once, and a standby naming it again within ``DEAD_LEADER_S`` is not followed
-(``docs/ha.md``). Every unary call carries a deadline (``timeout``, seconds); event streams
-do not, and are cancelled by :meth:`EventStream.cancel`, by leaving a ``with`` block or by
-breaking out of the loop and dropping the stream.
+(``docs/ha.md``; how: ``arylctl.connection``). Every unary call carries a deadline (``timeout``,
+seconds); event streams do not, and are cancelled by :meth:`EventStream.cancel`, by leaving a
+``with`` block or by breaking out of the loop and dropping the stream.
 
 Failures arrive as :class:`ArylError` subclasses carrying the gRPC status ``code`` and the
 server's ``message`` — never as raw ``grpc.RpcError``.
@@ -61,17 +61,19 @@ call on its own — whether a retry is safe is the caller's to know.
 
 from __future__ import annotations
 
-import os
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Final
+from typing import Final
 
 import grpc
 
-from aryl_common.channels import SchedulerAddresses, leader_hint
-from aryl_common.security import ClientSecurity, secure_channel
+from arylctl.connection import (  # DEFAULT_ADDRESS, MAX_MESSAGE_BYTES, default_address: re-exported (documented API)
+    DEFAULT_ADDRESS,
+    MAX_MESSAGE_BYTES,
+    SchedulerConnection,
+    default_address,
+)
 from arylctl.errors import (  # re-exported: the client's documented API
     Aborted,
     AlreadyExists,
@@ -88,7 +90,6 @@ from arylctl.retries import (  # SUBMIT_*, SubmitRetry, new_idempotency_key: re-
     SUBMIT_ATTEMPTS,
     SUBMIT_RETRY_S,
     SubmitRetry,
-    never_connected,
     new_idempotency_key,
     submit_with_retries,
 )
@@ -100,13 +101,7 @@ from arylctl.spec import (  # built there; re-exported: the client's documented 
     parse_deadline,
 )
 from arylctl.streams import EventStream
-from protos.aryl.v1 import (
-    inference_pb2,
-    inference_pb2_grpc,
-    scheduler_pb2,
-    scheduler_pb2_grpc,
-    types_pb2,
-)
+from protos.aryl.v1 import inference_pb2, scheduler_pb2, types_pb2
 
 __all__ = [
     "DEFAULT_ADDRESS",
@@ -135,31 +130,15 @@ __all__ = [
     "parse_deadline",
 ]
 
-DEFAULT_ADDRESS: Final = "127.0.0.1:50051"
 TERMINAL_JOB_STATES: Final = frozenset(
     {types_pb2.JOB_STATE_COMPLETED, types_pb2.JOB_STATE_FAILED, types_pb2.JOB_STATE_CANCELLED}
 )
-SERVER_ENV_VAR: Final = "ARYL_SERVER"
-# Same as the server's default (scheduler_service.config.ServerConfig.max_message_bytes): a
-# ListJobs page of 1000 jobs with long commands and env must not trip gRPC's 4 MiB default.
-MAX_MESSAGE_BYTES: Final = 16 * 1024 * 1024
-# A leader that stopped answering is not followed again, when a standby still names it, for this long:
-# the client stays with the addresses it was given, one of which is about to lead.
-DEAD_LEADER_S: Final = 5.0
-# A channel's reconnect backoff (gRPC's grows to 2 minutes): a scheduler back after a restart is
-# reached at the next try, not after the channel's backoff.
-RECONNECT_BACKOFF_MS: Final = 1000
 
 JobSpec = types_pb2.JobSpec
 Job = types_pb2.Job
 Event = types_pb2.Event
 Server = types_pb2.Server
 Loan = types_pb2.Loan
-
-
-def default_address() -> str:
-    """The scheduler address used when none is given: ``$ARYL_SERVER``, else 127.0.0.1:50051."""
-    return os.environ.get(SERVER_ENV_VAR) or DEFAULT_ADDRESS
 
 
 # ---------------------------------------------------------------------------------------------
@@ -170,92 +149,12 @@ def default_address() -> str:
 WHAT_IF_TIMEOUT_S: Final = 60.0
 
 
-class ArylClient:
-    """A connection to one scheduler (``SchedulerService`` and ``InferenceService``).
+class ArylClient(SchedulerConnection):
+    """A connection to one scheduler (``SchedulerService`` and ``InferenceService``); how it connects and fails
+    over: ``arylctl.connection``.
 
     Thread-safe: one client may be shared by threads. Close it (or use ``with``) when done.
     """
-
-    def __init__(
-        self, address: str | None = None, *, timeout: float = 10.0,
-        interceptors: Sequence[grpc.UnaryUnaryClientInterceptor] = (), security: ClientSecurity | None = None,
-    ) -> None:
-        """``interceptors`` wrap every unary call (e.g. to add metadata, or to inject faults in tests).
-        ``security``: the TLS files and token to present; by default from the environment
-        (``ARYL_TLS_CA``/``_CERT``/``_KEY``, ``ARYL_TOKEN`` or ``arylctl login``'s token file;
-        ``ARYL_INSECURE=1`` for a scheduler run without TLS), see docs/security.md."""
-        if timeout <= 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
-        self.address = address or default_address()
-        self.timeout = timeout
-        self.security = security if security is not None else ClientSecurity.from_env()
-        # Several schedulers sharing one database ("a:50051,b:50051", docs/ha.md): calls go to one of
-        # them, and move to the leader a standby names (or the next address) when it is unavailable.
-        self._addresses = SchedulerAddresses(self.address)
-        self._interceptors = tuple(interceptors)
-        self._closed = threading.Event()
-        self._switch = threading.Lock()
-        # Set once a call of this client got past connecting (answered, or lost on the way): a scheduler
-        # was reached, and a submission is retried for long (``submit``).
-        self._reached = threading.Event()
-        self._unreachable: dict[str, float] = {}  # address -> monotonic time its last call failed to reach it
-        self._connect(self._addresses.current)
-
-    def _connect(self, address: str) -> None:
-        """Channel and stubs to ``address``; ``_calls`` names each stub method for ``_unary``'s retry."""
-        self._channel = secure_channel(
-            address, self.security,
-            [
-                # A connection of its own, not one shared with other channels to the same address:
-                # a new client then really tries to connect (``arylctl events -f`` reconnects with
-                # its own backoff) instead of inheriting a shared connection's backoff (up to 2 min).
-                ("grpc.use_local_subchannel_pool", 1),
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_MS),
-                ("grpc.min_reconnect_backoff_ms", RECONNECT_BACKOFF_MS),
-                ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS),
-            ],
-        )
-        calls = grpc.intercept_channel(self._channel, *self._interceptors) if self._interceptors else self._channel
-        self._scheduler = scheduler_pb2_grpc.SchedulerServiceStub(calls)
-        self._inference = inference_pb2_grpc.InferenceServiceStub(calls)
-        self._calls = {id(method): (stub, name) for stub in ("_scheduler", "_inference")
-                       for name, method in vars(getattr(self, stub)).items()}
-
-    def _follow_leader(self, method: Any, exc: grpc.RpcError) -> Any:
-        """After ``method`` failed UNAVAILABLE: the same method on the scheduler to try next, or None
-        when there is none to try (``_next_address``)."""
-        with self._switch:
-            where = self._calls.get(id(method))
-            if where is None or self._closed.is_set():
-                return None
-            before = self._addresses.current
-            if not (aryl_error(exc).from_scheduler or leader_hint(exc)):  # not reached: not followed again for a while
-                self._unreachable[before] = time.monotonic()
-            after = self._next_address(exc)
-            if after is None:
-                return None
-            if after != before:
-                self._addresses.current = after
-                self._channel.close()
-                self._connect(after)
-            return getattr(getattr(self, where[0]), where[1])
-
-    def _next_address(self, exc: grpc.RpcError) -> str | None:
-        """Where to send a call that ``current`` failed UNAVAILABLE: the leader a standby named (unless it
-        failed to answer in the last ``DEAD_LEADER_S``); else, from a named leader outside the given
-        addresses, the first given one (at once: never pinned to a dead leader); else the next given one."""
-        given, current = self._addresses.all, self._addresses.current
-        hint = leader_hint(exc)
-        failed_at = self._unreachable.get(hint)
-        if hint and hint != current and (failed_at is None or time.monotonic() - failed_at >= DEAD_LEADER_S):
-            return hint
-        if current not in given:
-            return given[0]
-        if len(given) > 1:
-            return given[(given.index(current) + 1) % len(given)]
-        return None
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -274,25 +173,6 @@ class ArylClient:
 
     def __repr__(self) -> str:
         return f"ArylClient({self.address!r}, timeout={self.timeout})"
-
-    def _unary(self, method: Any, request: Any) -> Any:
-        # Each address once, and a named leader once more: a call that a standby refused or an
-        # unreachable scheduler never received is safe to send again.
-        tries = len(self._addresses) + 1
-        while True:
-            try:
-                answer = method(request, timeout=self.timeout)
-            except grpc.RpcError as exc:
-                if not never_connected(exc):
-                    self._reached.set()
-                tries -= 1
-                unavailable = isinstance(exc, grpc.Call) and exc.code() == grpc.StatusCode.UNAVAILABLE
-                method = self._follow_leader(method, exc) if unavailable and tries > 0 else None
-                if method is None:
-                    raise aryl_error(exc) from exc
-            else:
-                self._reached.set()
-                return answer
 
     # -- jobs ----------------------------------------------------------------------------------
 
