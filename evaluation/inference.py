@@ -16,7 +16,10 @@ The setup (fixed before the first run; nothing here is tuned toward a figure):
     empty -- repeated end to end to cover the run.
 - **Policies**: ``aryl-reactive`` (loans and reclaims on the need now: the loan cycle before the forecast),
   ``aryl`` (reclaim ahead of the forecast's upper band over the measured lead; no loan of what the band over
-  lead + payback needs; ``policy.inference_short_budget`` = 0.001), ``aryl-risk`` (``aryl`` with risk-valued
+  lead + payback needs; ``policy.inference_short_budget`` = 0.001), ``aryl`` with ``policy.reclaim_protection =
+  shrink`` (its reclaim may shrink a protected job for one more restart rather than stop an unprotected one;
+  added after the first runs, when a diagnosis showed most of ``aryl``'s reclaim preemptions were unprotected
+  jobs stopped to spare protected ones), ``aryl-risk`` (``aryl`` with risk-valued
   loans: an extra worker valued by its expected time before its loaned server goes back), ``aryl-naivereclaim``
   (``aryl`` with the naive reclaim). Seeds 0, 1, 2; mean (min-max).
 - **Forecast coverage** (no scheduling): each load alone fed to a ``DemandForecaster`` minute by minute over the
@@ -53,12 +56,22 @@ from evaluation.headline import (
 )
 from evaluation.report import cell, gain_spread, log, process_pool, ratio_spread, table
 from scheduler_service.core.demand_forecast import DemandForecaster
-from scheduler_service.core.params import PolicyParams
+from scheduler_service.core.params import PolicyParams, params_from_text
 from simulator.load import demand_from_rate, load_request_times_rate
 from simulator.model import ClusterSpec, DemandPoint
 
 LOADS = ("servegen", "alibaba")
-POLICIES = ("aryl-reactive", "aryl", "aryl-risk", "aryl-naivereclaim")
+# The rows: a policy by name, and for one of them policy parameters as text (``core.params.params_from_text``, as
+# ``aryl-sim --param`` takes them). A row's label is its key in the summaries.
+SHRINK = "aryl|reclaim_protection=shrink"
+ROWS: dict[str, tuple[str, dict[str, str]]] = {
+    "aryl-reactive": ("aryl-reactive", {}),
+    "aryl": ("aryl", {}),
+    SHRINK: ("aryl", {"reclaim_protection": "shrink"}),
+    "aryl-risk": ("aryl-risk", {}),
+    "aryl-naivereclaim": ("aryl-naivereclaim", {}),
+}
+POLICIES = tuple(ROWS)
 ALIBABA_TRACE = "traces/alibaba-genai-2026/lora_request_trace.csv.gz"
 ALIBABA_START_DAY = 4
 COVERAGE_LEAD_S = 120.0   # the simulator's: a reclaim serves at the next cycle (60 s apart) after the one that saw it
@@ -80,7 +93,7 @@ def load_demand(shared: Path, load: str, inference_servers: int, duration_s: flo
 @dataclass(frozen=True)
 class InferenceRun:
     load: str
-    policy: str
+    policy: str  # a row's label (``ROWS``)
     seed: int
 
 
@@ -95,8 +108,10 @@ def run_one(shared: Path, spec: InferenceRun) -> dict[str, Any]:
     jobs = list(load_jobs(inputs, spec.seed))
     regime = busy_regime(load_jobs(inputs, SEEDS[0]))
     demand = load_demand(shared, spec.load, regime.inference_servers, arrival_span(jobs)[1] + TAIL_S)
-    result = simulate(jobs, demand, ClusterSpec(regime.training_servers, regime.inference_servers, 8), spec.policy,
-                      PolicyParams(), seed=spec.seed, min_cycle_gap_s=CYCLE_GAP_S, estimates=ESTIMATED)
+    policy, params = ROWS[spec.policy]
+    result = simulate(jobs, demand, ClusterSpec(regime.training_servers, regime.inference_servers, 8), policy,
+                      params_from_text(PolicyParams(), params), seed=spec.seed, min_cycle_gap_s=CYCLE_GAP_S,
+                      estimates=ESTIMATED)
     log(f"inference {spec.load} {spec.policy} seed {spec.seed}: {result.stop_reason}, "
         f"{time.perf_counter() - started:.0f} s")
     return dict(summarize(result))
@@ -159,23 +174,31 @@ def inference_text(figures: Mapping[str, Any]) -> str:
     for load, per in figures["loads"].items():
         for policy in POLICIES:
             s = per[policy]["spread"]
-            rows.append([load, f"`{policy}`", cell(s.get("inference_shortfall.requests_short_share"), "share"),
+            label = f"`{policy}`" if not ROWS[policy][1] else f"`{ROWS[policy][0]}`, " + ", ".join(
+                f"`{k} = {v}`" for k, v in ROWS[policy][1].items())
+            rows.append([load, label, cell(s.get("inference_shortfall.requests_short_share"), "share"),
                          cell(s.get("inference_shortfall.requests_unserved_share"), "share"),
                          cell(s.get("inference_shortfall.requests_beyond_cluster_share"), "share"),
                          cell(s.get("inference_shortfall.server_s"), "h"), cell(s.get("avg_jct_s")),
                          cell(s.get("p95_jct_s")), cell(s.get("loans"), "n"), cell(s.get("reclaims"), "n"),
                          cell(s.get("preemptions_per_reclaim"), "f2"), cell(s.get("gpu_hours_lost"), "n")])
         reactive, aryl, naive, risk = per["aryl-reactive"], per["aryl"], per["aryl-naivereclaim"], per["aryl-risk"]
+        shrink = per[SHRINK]
         cost = gain_spread(reactive, aryl, "avg_jct_s")
         risk_jct, risk_lost = gain_spread(aryl, risk, "avg_jct_s"), gain_spread(aryl, risk, "gpu_hours_lost")
         naive_ratio = ratio_spread(naive, aryl, "preemptions_per_reclaim")
+        shrink_ratio = ratio_spread(naive, shrink, "preemptions_per_reclaim")
+        shrink_jct, shrink_lost = gain_spread(aryl, shrink, "avg_jct_s"), gain_spread(aryl, shrink, "gpu_hours_lost")
         short = aryl["spread"].get("inference_shortfall.requests_short_share")
         cov = per["coverage"]
         lines.append(
             f"- **{load}**: `aryl` leaves {cell(short, 'share')} of requests short "
             f"(`aryl-reactive`: {cell(reactive['spread'].get('inference_shortfall.requests_short_share'), 'share')}) "
             f"at {cell(cost, 'gain')} average JCT against `aryl-reactive`. Reclaim: `aryl-naivereclaim` makes "
-            f"{cell(naive_ratio, 'x')} the preemptions per reclaimed server of `aryl`'s reclaim. `aryl-risk` against "
+            f"{cell(naive_ratio, 'x')} the preemptions per reclaimed server of `aryl`'s reclaim, and "
+            f"{cell(shrink_ratio, 'x')} those of `aryl`'s with `reclaim_protection = shrink`, which against `aryl` "
+            f"moves average JCT by {cell(shrink_jct, 'gain')} and GPU-hours lost by {cell(shrink_lost, 'gain')}. "
+            "`aryl-risk` against "
             f"`aryl`: average JCT {cell(risk_jct, 'gain')}, GPU-hours lost {cell(risk_lost, 'gain')}. "
             "The forecast alone: "
             f"the need within {figures['coverage_lead_s']:.0f} s rose above the band at {cov['miss_share']:.2%} of "
@@ -199,6 +222,12 @@ evening bursts). "Requests short": the share that arrived while serving capacity
   decision lag), and loans nothing the band over lead + payback (2 restarts) needs; the band's quantile is
   1 - `policy.inference_short_budget` = {1 - budget:.1%} (`scheduler_service/core/demand_forecast.py`: time
   of day and the recent hour, relative rises, the rising trend).
+- `aryl`, `reclaim_protection = shrink` (not the default yet): `aryl` whose reclaim may shrink a job in its
+  protection window (`policy.min_resize_interval_s`, `policy.max_disruptions_per_hour`) at the cost of one more
+  restart of all its GPUs, weighed against the other choices (`core.protection.reclaim_scale_in_penalty`);
+  `aryl`'s reclaim ("strict") disrupts a protected job only when the loaned servers without one do not suffice,
+  and so stops unprotected jobs rather than shrink protected ones. Both stop a protected job only as a last
+  resort.
 - `aryl-risk`: `aryl` with risk-valued loans (`policies/aryl/loans.py`, `loan_risk`): the sizing values an
   extra worker by its expected remaining time when its loaned server may go back -- the chance of that within
   each horizon from the forecast's own rises (anchors as for the band, the lead included), times the share of

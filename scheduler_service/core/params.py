@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 QOS_HOPELESS = ("deprioritise", "keep")  # policy.qos_hopeless
+RECLAIM_PROTECTION = ("strict", "shrink")  # policy.reclaim_protection
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,13 @@ class PolicyParams:
     # else, or a drain past its deadline, overrides either.
     min_resize_interval_s: float = 300.0
     max_disruptions_per_hour: int = 6
+    # What an inference reclaim (``aryl``, ``policies.aryl.loans.choose_reclaim``) makes of that protection.
+    # "strict": it disrupts a protected job only when the loaned servers without one do not suffice, even if
+    # that means stopping an unprotected job instead of shrinking a protected one. "shrink": shrinking a
+    # protected elastic job costs it one more restart of all its GPUs (the thrash the window exists to spare
+    # it), weighed against the other choices' work lost and restarts; stopping a protected job stays the last
+    # resort, as under "strict".
+    reclaim_protection: str = "strict"
     restart_cost_s: float = 60.0       # a restart's cost, in seconds of completion time
     default_runtime_s: float = 3600.0  # run-time estimate for jobs that declare none
     amdahl_alpha: float = 0.05         # speed-up model for jobs that declare no throughput points
@@ -58,6 +66,9 @@ class PolicyParams:
         if self.qos_hopeless not in QOS_HOPELESS:
             raise ValueError(f"policy.qos_hopeless must be one of {', '.join(QOS_HOPELESS)} "
                              f"(got {self.qos_hopeless!r})")
+        if self.reclaim_protection not in RECLAIM_PROTECTION:
+            raise ValueError(f"policy.reclaim_protection must be one of {', '.join(RECLAIM_PROTECTION)} "
+                             f"(got {self.reclaim_protection!r})")
         if self.dl2_online_batch_jobs < 1:
             raise ValueError(f"policy.dl2_online_batch_jobs must be >= 1 (got {self.dl2_online_batch_jobs})")
         if not self.inference_short_budget < 1:

@@ -143,6 +143,19 @@ def reclaim_penalty(p: Protection | None) -> float:
     return RECLAIM_PROTECTED_PENALTY if p is not None else 0.0
 
 
+def reclaim_scale_in_penalty(p: Protection | None, params: PolicyParams, job_gpus: int) -> float:
+    """What a reclaim adds, per worker it removes from a job that keeps running, for a job of ``job_gpus`` GPUs
+    with protection ``p`` (0 when unprotected): under ``policy.reclaim_protection`` "strict" as much as for a
+    stop (``reclaim_penalty``); under "shrink" one more restart of all its GPUs (``restart_cost_s`` each), the
+    thrash its window exists to spare it, so that a reclaim shrinks it rather than stop an unprotected job
+    whose stop costs more."""
+    if p is None:
+        return 0.0
+    if params.reclaim_protection == "shrink":
+        return params.restart_cost_s * job_gpus
+    return reclaim_penalty(p)
+
+
 def record_disruption(times: Iterable[float] | None, now: float) -> tuple[float, ...]:
     """A job's disruption times (``JobView.disruptions``) once one more is applied at ``now``: the last
     ``DISRUPTION_WINDOW_S`` of them, oldest first (both appliers, the store's and the simulator's, keep them so)."""

@@ -18,7 +18,13 @@ from scheduler_service.core.goodput_fit import job_goodput
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.plan import LoanNote, LoanStep, PreemptJob, Reason, clock_time
 from scheduler_service.core.predict import predicted_remaining
-from scheduler_service.core.protection import Mechanism, overridden, protection, reclaim_penalty
+from scheduler_service.core.protection import (
+    Mechanism,
+    overridden,
+    protection,
+    reclaim_penalty,
+    reclaim_scale_in_penalty,
+)
 from scheduler_service.core.registry import ReclaimDecision
 from scheduler_service.core.snapshot import ClusterSnapshot, DemandView, ServerView
 from scheduler_service.lifecycle import Pool, ServerState
@@ -194,6 +200,10 @@ def _reclaim(cycle: _Cycle, loaned: list[ServerView], count: int, *, why: str, n
     # A protected job is disrupted only when the servers without one did not suffice (``choose_reclaim``).
     need = need or (f"needs {len(decision.servers)} loaned server(s) back and those without protected jobs "
                     "do not suffice")
+    # Under ``policy.reclaim_protection`` "shrink" a protected job is shrunk where that costs least, not last.
+    shrink_need = need if cycle.params.reclaim_protection == "strict" else (
+        f"needs {len(decision.servers)} loaned server(s) back, and shrinking it costs less than the other choices "
+        "(policy.reclaim_protection = shrink)")
     for job_id in decision.preempted:
         job = cycle.running.pop(job_id)
         shield = cycle.protected.get(job_id)
@@ -213,7 +223,7 @@ def _reclaim(cycle: _Cycle, loaned: list[ServerView], count: int, *, why: str, n
         job.reclaimed = True
         shield = cycle.protected.get(job_id)
         if shield is not None:
-            job.override = overridden(shield, mechanism, need)
+            job.override = overridden(shield, mechanism, shrink_need if mechanism == Mechanism.RECLAIM else need)
         job.scaled_in(Reason.SCALED_IN_FOR_RECLAIM)
     for server_id in decision.servers:
         cycle.act(server_id, LoanStep.RECLAIM, ServerState.RECLAIMING, Reason.RECLAIMED_FOR_INFERENCE, why)
@@ -298,9 +308,14 @@ def choose_reclaim(running: dict[int, _Job], loaned: list[ServerView], count: in
         (j for j in running.values() if any(w.server_id in index for w in j.workers)), key=lambda j: j.view.job_id
     )
     # Anti-thrashing (``core.protection``): a protected job weighs a penalty per worker stopped, so the
-    # reclaim takes a server with one only when the servers without do not suffice (inference must get
-    # its servers back). The decision's cost leaves the penalties out.
-    penalty = [reclaim_penalty(protection(j.view, now, params)) for j in jobs]
+    # reclaim stops one only when the servers without do not suffice (inference must get its servers back);
+    # shrinking one weighs the same (``policy.reclaim_protection`` "strict") or one more restart of the job
+    # ("shrink"). The decision's cost leaves the stop penalties out.
+    shields = [protection(j.view, now, params) for j in jobs]
+    penalty = [reclaim_penalty(shield) for shield in shields]
+    shrink_penalty = [reclaim_scale_in_penalty(shield, params, len(j.workers) * j.view.gpus_per_worker)
+                      for j, shield in zip(jobs, shields, strict=True)]
+    stop_like = [m if m == sm else 0.0 for m, sm in zip(penalty, shrink_penalty, strict=True)]  # no real cost
     triples: dict[tuple[int, int], int] = {}
     for ji, job in enumerate(jobs):
         for w in job.workers:
@@ -321,7 +336,7 @@ def choose_reclaim(running: dict[int, _Job], loaned: list[ServerView], count: in
                   + m * len(j.workers) for j, m in zip(jobs, penalty, strict=True)],
         scale_in_cost=[params.restart_cost_s * j.view.gpus_per_worker + m
                        + _goodput_scale_in_cost(j, now, params, goodput_servers)
-                       for j, m in zip(jobs, penalty, strict=True)],
+                       for j, m in zip(jobs, shrink_penalty, strict=True)],
     )
     if naive:
         loaned_at = [s.loan_started_at if s.loan_started_at is not None else s.state_since for s in candidates]
@@ -337,8 +352,8 @@ def choose_reclaim(running: dict[int, _Job], loaned: list[ServerView], count: in
             if not outcome.preempted[ji] and int(outcome.new_workers[ji]) < len(jobs[ji].workers)
         ),
         cost_gpu_s=float(outcome.total_cost) - sum(
-            penalty[ji] * (len(jobs[ji].workers) if outcome.preempted[ji] else len(jobs[ji].workers)
-                           - int(outcome.new_workers[ji]))
+            penalty[ji] * len(jobs[ji].workers) if outcome.preempted[ji]
+            else stop_like[ji] * (len(jobs[ji].workers) - int(outcome.new_workers[ji]))
             for ji in range(len(jobs))),
     )
 
