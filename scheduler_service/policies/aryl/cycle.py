@@ -124,7 +124,8 @@ class _Cycle:
     # ``core.fit.never_fits`` over ``server_gpus`` per gang shape (GPUs per worker, workers): it walks every
     # server, and a long queue holds 10,000s of jobs of a few shapes.
     never_fit: dict[tuple[int, int], str | None] = field(default_factory=dict)
-    # Why a running job below max_workers keeps its size this cycle (``sizing.elastic_extras``; ``sizing.size_notes``).
+    # Why a running job below max_workers keeps its size this cycle (``sizing.elastic_extras``;
+    # ``job_changes.size_notes``).
     holds: dict[int, tuple[Reason, str]] = field(default_factory=dict)
     loan_note: LoanNote | None = None  # why no (further) server is loaned (``loans.loan_cycle``)
     quota: QuotaLedger | None = None  # queues' quotas and usage as step 1 changes them (``core.quota``)
