@@ -2,12 +2,11 @@
 from a scheduler decision to the agent that must act on it.
 
 Nouns:
-- A *simulated agent* is one real gRPC client over loopback, with its own channel (its own TCP
-  connection): it registers one 8-GPU training server, keeps a ``WatchDesiredState`` stream open,
-  and calls ``ReportStatus`` with eight GPU samples and a RUNNING status for every desired worker.
-  It runs no workers; it only records when each desired-state push arrived.
-- A *shard* is one process holding many agents on one asyncio loop. The fleet is split over a few
-  shards so the load generator is not one GIL, and none of them is the scheduler's.
+- The *fleet* is ``benchmarks.fake_fleet``'s, with its defaults: each simulated agent is a real gRPC
+  client over loopback with its own plaintext channel, registers one 8-GPU training server, keeps a
+  ``WatchDesiredState`` stream open and calls ``ReportStatus`` with a RUNNING status for every desired
+  worker. It runs no workers; it records when each desired-state push arrived (``Fleet.pushes``), and
+  a broken stream fails the benchmark. Its agents live in shard processes of at most 250.
 - A *decision* is a committed change to a server's desired workers: a scheduling cycle committing
   a plan that starts a job there, or a CancelJob committing the release of a job's GPUs (each
   writes the job's ``JOB_STATE_CHANGED`` event, to ``RUNNING`` or ``CANCELLED``). Its time is when
@@ -24,40 +23,38 @@ Never: import from ``tests/``, assert on timings, or touch a database it did not
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
-import multiprocessing as mp
-import os
 import queue as queue_mod
-import random
-import resource
-import signal
 import statistics
-import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
 import sqlalchemy as sa
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from benchmarks import emit_figure
+from benchmarks.fake_fleet import (
+    GPUS_PER_SERVER,
+    RPC_TIMEOUT_S,
+    FakeServer,
+    Fleet,
+    FleetOptions,
+    FleetStats,
+    raise_fd_limit,
+    shards_for,
+    sigterm_unwinds,
+)
 from benchmarks.harness import FULL, BenchContext, Benchmark, SchedulerProcess, scratch_database
-from protos.aryl.v1 import agent_pb2, agent_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc, types_pb2
+from protos.aryl.v1 import scheduler_pb2, scheduler_pb2_grpc, types_pb2
 
 log = logging.getLogger("aryl.bench")
 
 PUSH_TARGET_P99_MS = 100.0
-GPUS_PER_SERVER = 8
-AGENTS_PER_SHARD = 250
 REFERENCE_AGENTS = 10          # the small fleet whose push latency is the reference
-RPC_TIMEOUT_S = 60.0
 WAVE_TIMEOUT_S = 120.0         # a wave whose pushes have not all arrived by then is reported as lost
 CANCEL_IN_FLIGHT = 16
 
@@ -84,269 +81,8 @@ def server_name(index: int) -> str:
     return f"bench-agent-{index:05d}"
 
 
-# ---------------------------------------------------------------------------------------------
-# One shard: many agents on one asyncio loop, in its own process
-
-
-@dataclass
-class _ShardState:
-    mode: str = "interval"                      # "interval", "saturate" or "quiet"
-    mode_changed: asyncio.Event = field(default_factory=asyncio.Event)
-    report_done: list[float] = field(default_factory=list)     # completion times of accepted reports
-    report_latency: list[float] = field(default_factory=list)  # their round-trip seconds
-    report_errors: dict[str, int] = field(default_factory=dict)
-    probe_done: list[float] = field(default_factory=list)      # completion times of health checks
-    in_flight: int = 0                                          # reports sent and not yet answered
-
-
-class _Agent:
-    def __init__(self, index: int, address: str, shard: _ShardState, pushes: Any) -> None:
-        self.server_id = server_name(index)
-        self._address = address
-        self._shard = shard
-        self._pushes = pushes
-        # Its own subchannel pool: without it gRPC would share one connection between all agents.
-        self.channel = grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
-        self._stub = agent_pb2_grpc.AgentServiceStub(self.channel)
-        self._epoch = 0
-        self.interval = 5.0
-        self._generation = 0
-        self._workers: tuple[agent_pb2.DesiredWorker, ...] = ()
-        self.watching = asyncio.Event()
-
-    async def register(self) -> None:
-        reply = await self._stub.RegisterServer(agent_pb2.RegisterServerRequest(
-            hostname=self.server_id, pool=types_pb2.POOL_TRAINING, agent_address=self.server_id,
-            agent_version="bench",
-            gpus=[agent_pb2.GpuInfo(index=i, uuid=f"GPU-{self.server_id}-{i}", model="H100",
-                                    memory_total_bytes=80 << 30) for i in range(GPUS_PER_SERVER)],
-        ), timeout=RPC_TIMEOUT_S, wait_for_ready=True)
-        self._epoch = reply.scheduler_epoch
-        self.interval = reply.report_interval.ToTimedelta().total_seconds() or 5.0
-
-    async def watch(self) -> None:
-        jobs: set[str] = set()
-        call = self._stub.WatchDesiredState(agent_pb2.WatchDesiredStateRequest(server_id=self.server_id))
-        async for desired in call:
-            arrived = time.time()
-            self.watching.set()
-            now = {w.job_id for w in desired.workers}
-            for job_id in now - jobs:
-                self._pushes.put(("placed", job_id, self.server_id, arrived))
-            for job_id in jobs - now:
-                self._pushes.put(("released", job_id, self.server_id, arrived))
-            jobs = now
-            self._generation = desired.generation
-            self._workers = tuple(desired.workers)
-
-    def _report(self) -> agent_pb2.ReportStatusRequest:
-        return agent_pb2.ReportStatusRequest(
-            server_id=self.server_id, scheduler_epoch=self._epoch, observed_generation=self._generation,
-            gpus=[agent_pb2.GpuStatus(index=i, utilization=0.5, memory_used_bytes=1 << 30, temperature_c=50.0,
-                                      healthy=True) for i in range(GPUS_PER_SERVER)],
-            workers=[agent_pb2.WorkerStatus(job_id=w.job_id, rank=w.rank, phase=agent_pb2.WORKER_PHASE_RUNNING,
-                                            incarnation=w.incarnation) for w in self._workers],
-        )
-
-    async def report_forever(self) -> None:
-        shard = self._shard
-        next_at = time.monotonic() + random.uniform(0, self.interval)  # agents start out of phase
-        while True:
-            if shard.mode != "saturate":
-                delay = next_at - time.monotonic() if shard.mode == "interval" else 3600.0
-                if delay > 0:
-                    try:
-                        await asyncio.wait_for(shard.mode_changed.wait(), delay)
-                        continue  # the mode changed: look again
-                    except TimeoutError:
-                        pass
-                next_at = max(next_at + self.interval, time.monotonic())
-            sent = time.perf_counter()
-            shard.in_flight += 1
-            try:
-                await self._stub.ReportStatus(self._report(), timeout=RPC_TIMEOUT_S)
-            except grpc.aio.AioRpcError as exc:
-                name = exc.code().name
-                shard.report_errors[name] = shard.report_errors.get(name, 0) + 1
-                await asyncio.sleep(0.1)
-                continue
-            finally:
-                shard.in_flight -= 1
-            shard.report_done.append(time.time())
-            shard.report_latency.append(time.perf_counter() - sent)
-
-    async def probe_forever(self) -> None:
-        """Bare health checks back to back on this agent's channel: the unary round-trip ceiling."""
-        health = health_pb2_grpc.HealthStub(self.channel)
-        while True:
-            # The stubs (types-grpcio-health-checking) declare HealthStub without its methods.
-            await health.Check(  # type: ignore[attr-defined]
-                health_pb2.HealthCheckRequest(service=""), timeout=RPC_TIMEOUT_S)
-            self._shard.probe_done.append(time.time())
-
-
-async def _run_shard(address: str, indices: Sequence[int], control: Connection, pushes: Any) -> None:
-    shard = _ShardState()
-    agents = [_Agent(i, address, shard, pushes) for i in indices]
-    tasks: list[asyncio.Task[None]] = []
-    loop = asyncio.get_running_loop()
-    try:
-        sem = asyncio.Semaphore(32)  # registrations in flight per shard
-
-        async def start(agent: _Agent) -> None:
-            async with sem:
-                await agent.register()
-            tasks.append(asyncio.create_task(agent.watch()))
-            await agent.watching.wait()
-            tasks.append(asyncio.create_task(agent.report_forever()))
-
-        tasks.append(asyncio.create_task(_exit_with_parent()))
-        await asyncio.gather(*(start(a) for a in agents))
-        control.send(("ready", agents[0].interval))
-        probes: list[asyncio.Task[None]] = []
-        while True:
-            command, arg = await loop.run_in_executor(None, control.recv)
-            for task in tasks:  # a dead stream or reporter is a broken benchmark, not a slow one
-                if task.done() and not task.cancelled() and task.exception() is not None:
-                    raise RuntimeError(f"an agent task failed: {task.exception()!r}")
-            if command == "mode":
-                shard.mode = arg
-                shard.mode_changed.set()
-                shard.mode_changed = asyncio.Event()
-                # quiet means: no report left unanswered (a counter, with no event to wait on)
-                while arg == "quiet" and shard.in_flight:  # noqa: ASYNC110
-                    await asyncio.sleep(0.01)
-                control.send(("ok", None))
-            elif command == "probe":
-                probes = [asyncio.create_task(a.probe_forever()) for a in agents] if arg else probes
-                if not arg:
-                    for task in probes:
-                        task.cancel()
-                    await asyncio.gather(*probes, return_exceptions=True)
-                control.send(("ok", None))
-            elif command == "stats":
-                control.send(("stats", (list(shard.report_done), list(shard.report_latency),
-                                        dict(shard.report_errors), list(shard.probe_done))))
-                shard.report_done.clear()
-                shard.report_latency.clear()
-                shard.probe_done.clear()
-            elif command == "stop":
-                break
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await asyncio.gather(*(a.channel.close() for a in agents), return_exceptions=True)
-
-
-async def _exit_with_parent() -> None:
-    """A shard whose coordinator died (killed, not stopped) must not keep loading the scheduler."""
-    parent = os.getppid()
-    while os.getppid() == parent:  # noqa: ASYNC110 - nothing signals a parent's death; poll it
-        await asyncio.sleep(1.0)
-    os._exit(3)
-
-
-def _shard_main(address: str, indices: Sequence[int], control: Connection, pushes: Any) -> None:
-    try:
-        asyncio.run(_run_shard(address, indices, control, pushes))
-    except BaseException as exc:  # reported to the coordinator, which fails the benchmark
-        try:
-            control.send(("error", repr(exc)))
-        except OSError:
-            pass
-        raise
-
-
-class Fleet:
-    """Shard processes under one coordinator; every process is stopped on exit, even on failure."""
-
-    def __init__(self, address: str) -> None:
-        self._address = address
-        self._ctx = mp.get_context("spawn")  # never fork a process that has started gRPC
-        self.pushes: Any = self._ctx.Queue()
-        self._shards: list[tuple[Any, Connection]] = []
-        self.agents = 0
-        self.report_interval = 0.0  # what RegisterServer told the agents
-
-    def add(self, indices: Sequence[int], *, timeout_s: float = 300.0) -> None:
-        """Start shards for ``indices`` (at most AGENTS_PER_SHARD each); return once every agent is
-        registered, watching and reporting."""
-        started = []
-        for first in range(0, len(indices), AGENTS_PER_SHARD):
-            ours, theirs = self._ctx.Pipe()
-            proc = self._ctx.Process(
-                target=_shard_main, args=(self._address, list(indices[first:first + AGENTS_PER_SHARD]), theirs,
-                                          self.pushes),
-                name=f"aryl-bench-agents-{len(self._shards)}", daemon=True,
-            )
-            proc.start()
-            theirs.close()  # the child's end: once we die, the child reads EOF
-            self._shards.append((proc, ours))
-            started.append(ours)
-        for conn in started:
-            self.report_interval = self._expect(conn, "ready", timeout_s)
-        self.agents += len(indices)
-
-    @staticmethod
-    def _expect(conn: Connection, kind: str, timeout_s: float = 60.0) -> Any:
-        if not conn.poll(timeout_s):
-            raise TimeoutError(f"an agent shard did not answer {kind!r} within {timeout_s:.0f}s")
-        got, payload = conn.recv()
-        if got != kind:
-            raise RuntimeError(f"an agent shard failed: {payload}")
-        return payload
-
-    def _all(self, command: str, arg: Any, kind: str) -> list[Any]:
-        for _, conn in self._shards:
-            conn.send((command, arg))
-        return [self._expect(conn, kind) for _, conn in self._shards]
-
-    def set_mode(self, mode: str) -> None:
-        self._all("mode", mode, "ok")
-
-    def set_probing(self, on: bool) -> None:
-        self._all("probe", on, "ok")
-
-    def stats(self) -> tuple[list[float], list[float], dict[str, int], list[float]]:
-        done: list[float] = []
-        latency: list[float] = []
-        errors: dict[str, int] = {}
-        probes: list[float] = []
-        for d, lat, err, pr in self._all("stats", None, "stats"):
-            done += d
-            latency += lat
-            probes += pr
-            for name, count in err.items():
-                errors[name] = errors.get(name, 0) + count
-        return done, latency, errors, probes
-
-    def close(self) -> None:
-        for _proc, conn in self._shards:
-            try:
-                conn.send(("stop", None))
-            except OSError:
-                pass
-        for proc, _ in self._shards:
-            proc.join(timeout=10)
-            if proc.is_alive():
-                log.warning("agent shard pid %d did not stop; terminating it", proc.pid)
-                proc.terminate()
-                proc.join(timeout=5)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-        self.pushes.close()
-        self.pushes.join_thread()
-
-
-@contextmanager
-def fleet(address: str) -> Iterator[Fleet]:
-    agents = Fleet(address)
-    try:
-        yield agents
-    finally:
-        agents.close()
+def _servers(indices: range) -> list[FakeServer]:
+    return [FakeServer(server_name(i), "training") for i in indices]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -445,45 +181,24 @@ def _window_rate(done: Sequence[float], start: float, end: float) -> float:
     return sum(1 for t in done if start <= t < end) / (end - start)
 
 
+def _report_errors(stats: FleetStats) -> dict[str, int]:
+    """Failed ReportStatus calls so far, by status code."""
+    return {key.partition(":")[2]: n for key, n in stats.errors.items() if key.startswith("ReportStatus:")}
+
+
 # ---------------------------------------------------------------------------------------------
 # The benchmark
 
 
-def _raise_fd_limit() -> None:
-    # ~1 socket per agent on both sides; children (scheduler, shards) inherit the limit.
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = hard if hard != resource.RLIM_INFINITY else 65536
-    if soft < want:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
-
-
-@contextmanager
-def _sigterm_unwinds() -> Iterator[None]:
-    """Turn SIGTERM into SystemExit while the fleet runs, so a killed benchmark still stops the
-    scheduler and the shards and drops its database on the way out."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def on_term(signum: int, _frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, on_term)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def agent_fleet(ctx: BenchContext) -> None:
     sizes = FULL_FLEET if ctx.sizes is FULL else QUICK_FLEET
-    _raise_fd_limit()
-    with _sigterm_unwinds(), scratch_database(ctx.admin_url) as url:
+    raise_fd_limit()
+    with sigterm_unwinds(), scratch_database(ctx.admin_url) as url:
         engine = sa.create_engine(url, pool_size=1, max_overflow=1)
         try:
-            with SchedulerProcess(url) as scheduler, fleet(scheduler.address) as agents:
+            with SchedulerProcess(url) as scheduler, Fleet(scheduler.address, FleetOptions()) as agents:
                 # 1. The reference: push latency with a small fleet and nothing else connected.
-                agents.add(range(REFERENCE_AGENTS))
+                agents.add(_servers(range(REFERENCE_AGENTS)))
                 ref = push_latencies(engine, run_waves(
                     scheduler.address, agents.pushes, waves=sizes.reference_waves, size=REFERENCE_AGENTS, tag="ref"))
                 log.info("reference fleet of %d: %d pushes measured", REFERENCE_AGENTS,
@@ -491,51 +206,53 @@ def agent_fleet(ctx: BenchContext) -> None:
 
                 # 2. The whole fleet, reporting at the interval the scheduler gave it.
                 started = time.monotonic()
-                agents.add(range(REFERENCE_AGENTS, sizes.agents))
+                agents.add(_servers(range(REFERENCE_AGENTS, sizes.agents)))
                 log.info("%d agents registered and watching in %.1fs", agents.agents, time.monotonic() - started)
                 interval = agents.report_interval
                 time.sleep(interval)  # one interval: every agent has reported once, out of phase
-                agents.stats()
+                agents.drain()
                 window_start = time.time()
                 time.sleep(sizes.rate_window_s)
                 window_end = time.time()
-                done, latency, errors, _ = agents.stats()
-                rate = _window_rate(done, window_start, window_end)
+                got = agents.drain()
+                latency, errors = [rtt for _, rtt in got.reports], _report_errors(got)
+                rate = _window_rate([t for t, _ in got.reports], window_start, window_end)
                 offered = agents.agents / interval
                 log.info("interval reports: %.0f/s accepted of %.0f/s offered, errors %s", rate, offered, errors)
 
                 # 3. Push latency at the whole fleet, the agents still reporting at their interval.
                 fleet_lat = push_latencies(engine, run_waves(
                     scheduler.address, agents.pushes, waves=sizes.waves, size=sizes.wave, tag="fleet"))
-                _, during_latency, errors_during, _ = agents.stats()
-                log.info("reports during the pushes: errors %s", errors_during)
+                got = agents.drain()
+                during_latency = [rtt for _, rtt in got.reports]
+                log.info("reports during the pushes: errors %s", _report_errors(got))
 
                 # 4. Saturation: every agent reports back to back; then bare health checks the same way.
                 agents.set_mode("saturate")
                 time.sleep(1.0)
-                agents.stats()
+                agents.drain()
                 sat_start = time.time()
                 time.sleep(sizes.saturation_window_s)
                 sat_end = time.time()
                 agents.set_mode("quiet")
-                sat_done, sat_latency, sat_errors, _ = agents.stats()
-                saturated = _window_rate(sat_done, sat_start, sat_end)
+                got = agents.drain()
+                sat_latency, sat_errors = [rtt for _, rtt in got.reports], _report_errors(got)
+                saturated = _window_rate([t for t, _ in got.reports], sat_start, sat_end)
                 agents.set_probing(True)
                 time.sleep(1.0)
-                agents.stats()
+                agents.drain()
                 probe_start = time.time()
                 time.sleep(sizes.saturation_window_s)
                 probe_end = time.time()
                 agents.set_probing(False)
-                *_, probe_done = agents.stats()
-                probe_rate = _window_rate(probe_done, probe_start, probe_end)
+                probe_rate = _window_rate(agents.drain().probes, probe_start, probe_end)
                 log.info("saturated: %.0f reports/s (errors %s); bare health checks %.0f/s",
                          saturated, sat_errors, probe_rate)
         finally:
             engine.dispose()
 
-    common = dict(agents=sizes.agents, gpus_per_server=GPUS_PER_SERVER, shards=math.ceil(
-        REFERENCE_AGENTS / AGENTS_PER_SHARD) + math.ceil((sizes.agents - REFERENCE_AGENTS) / AGENTS_PER_SHARD))
+    common = dict(agents=sizes.agents, gpus_per_server=GPUS_PER_SERVER,
+                  shards=shards_for(REFERENCE_AGENTS) + shards_for(sizes.agents - REFERENCE_AGENTS))
     emit_figure(
         "agent_status_report_rate", rate, "reports/s", **common, report_interval_s=interval,
         window_s=sizes.rate_window_s, errors=sum(errors.values()),

@@ -3,8 +3,8 @@ under steady load for a long time, sampled once a minute, to show what grows.
 
 Real parts: the scheduler as a child process (``benchmarks.bench_service.SchedulerProcess``) on a
 fresh PostgreSQL database of its own (created, migrated and dropped here), a fleet of simulated
-agents of both pools in shard processes (``benchmarks.soak_fleet``), and, in this process, a load
-driver on its own thread.
+agents of both pools in shard processes (``benchmarks.fake_fleet``, whose workers exit after their
+job's run time), and, in this process, a load driver on its own thread.
 
 It runs as a production deployment does (the README's and compose's path): mutual TLS and bearer
 tokens from a development CA (``arylctl certs init``, in a temporary folder removed at the end), each
@@ -48,9 +48,8 @@ from typing import Any
 import sqlalchemy as sa
 
 from arylctl import certs
-from benchmarks.bench_agents import _raise_fd_limit, _sigterm_unwinds
+from benchmarks.fake_fleet import FakeServer, Fleet, FleetOptions, raise_fd_limit, sigterm_unwinds
 from benchmarks.harness import SchedulerProcess, scratch_database
-from benchmarks.soak_fleet import SoakFleet, soak_server_name
 from benchmarks.soak_load import (
     CANCEL_SHARE,
     INFERENCE_SHARE,
@@ -76,6 +75,18 @@ from benchmarks.soak_summary import (
 log = logging.getLogger("aryl.soak")
 
 DEFAULT_ADMIN_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
+REGISTER_TIMEOUT_S = 600.0  # a thousand agents' TLS handshakes and registrations on a busy machine
+
+
+def soak_server_name(pool: str, index: int) -> str:
+    return f"soak-{pool[:5]}-{index:05d}"
+
+
+def fleet_options(pki: Path | None) -> FleetOptions:
+    """The soak's agents: each with its own certificate and token from ``pki`` (plaintext when None),
+    workers that exit after their job's run time, streams reopened after a failure, no push records."""
+    return FleetOptions(pki=pki, agent_version="soak", workers_exit=True, record_pushes=False, rewatch=True,
+                        process_name="aryl-soak-agents")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -158,15 +169,15 @@ class Recorder:
         plt.close(fig)
 
 
-def _sample(t_s: float, pid: int, engine: sa.Engine, driver: Driver, fleet: SoakFleet, *, window: bool = True
+def _sample(t_s: float, pid: int, engine: sa.Engine, driver: Driver, fleet: Fleet, *, window: bool = True
             ) -> Sample:
     """One sample; ``window``: latencies over the calls answered since the last one (the first
     sample has no window before it: its latencies are NaN)."""
     with engine.connect() as conn:
         db_bytes, events, jobs, active, completed, loans, reclaims = conn.execute(_DB_SQL).one()
     submit = driver.drain_latency()
-    reports, report_errors, _ = fleet.drain()
-    report_s = [lat for _, lat in reports]
+    drained = fleet.drain()
+    report_s, report_errors = [lat for _, lat in drained.reports], drained.errors
     if not window:
         submit, report_s = [], []
     errors = Counter(driver.errors) + Counter(report_errors)
@@ -264,7 +275,7 @@ def _verify(engine: sa.Engine, driver: Driver, errors: Mapping[str, int], messag
 
 
 def _sample_until(duration_s: float, sample_s: float, scheduler: SchedulerProcess, engine: sa.Engine,
-                  driver: Driver, fleet: SoakFleet, recorder: Recorder, *, vacuum: bool = False) -> int | None:
+                  driver: Driver, fleet: Fleet, recorder: Recorder, *, vacuum: bool = False) -> int | None:
     """Sample at the start and every ``sample_s`` until ``duration_s``; the scheduler's exit status
     if it exited meanwhile (sampling stops there), else None. ``vacuum``: after each sample, VACUUM the
     scratch database (``_vacuum``)."""
@@ -315,15 +326,15 @@ def run(args: argparse.Namespace) -> Summary:
     warmup_s = warmup_seconds(args.minutes)
     duration_s = args.minutes * 60.0
     recorder = Recorder(Path(args.out))
-    agents_of = ([(soak_server_name("training", i), "training") for i in range(regime.training_agents)]
-                 + [(soak_server_name("inference", i), "inference") for i in range(inference)])
-    _raise_fd_limit()
+    servers = ([FakeServer(soak_server_name("training", i), "training") for i in range(regime.training_agents)]
+               + [FakeServer(soak_server_name("inference", i), "inference") for i in range(inference)])
+    raise_fd_limit()
     try:
-        with _sigterm_unwinds(), tempfile.TemporaryDirectory(prefix="aryl-soak-pki-") as tmp, \
+        with sigterm_unwinds(), tempfile.TemporaryDirectory(prefix="aryl-soak-pki-") as tmp, \
                 scratch_database(args.database_url) as url:
             pki = None if args.insecure else Path(tmp)
             if pki is not None:
-                make_pki(pki, [server_id for server_id, _ in agents_of])
+                make_pki(pki, [server.server_id for server in servers])
             engine = sa.create_engine(url, pool_size=1, max_overflow=1)
             try:
                 described["database"] = _database_settings(engine)
@@ -331,9 +342,9 @@ def run(args: argparse.Namespace) -> Summary:
                 described["vacuum"] = ("by the soak after each sample (the server's autovacuum is off; "
                                        "a production server runs it: docs/operations.md)" if vacuum else "autovacuum's")
                 with SchedulerProcess(url, {**SETTINGS, **security_settings(pki)}) as scheduler, \
-                        SoakFleet(scheduler.address, pki) as fleet:
+                        Fleet(scheduler.address, fleet_options(pki)) as fleet:
                     started = time.monotonic()
-                    fleet.add_agents(agents_of)
+                    fleet.add(servers, timeout_s=REGISTER_TIMEOUT_S)
                     log.info("%d agents registered and watching in %.0fs", fleet.agents, time.monotonic() - started)
                     lease_began = _lease_epoch(engine)
                     driver = Driver(scheduler.address, regime, args.seed, pki)
@@ -343,9 +354,9 @@ def run(args: argparse.Namespace) -> Summary:
                                                        recorder, vacuum=vacuum)
                     finally:
                         driver.stop()  # every call sent has been answered
-                    _, report_errors, messages = fleet.drain()
-                    errors = Counter(driver.errors) + Counter(report_errors)
-                    outcome = _verify(engine, driver, errors, {**messages, **driver.messages}, scheduler_exit,
+                    drained = fleet.drain()
+                    errors = Counter(driver.errors) + Counter(drained.errors)
+                    outcome = _verify(engine, driver, errors, {**drained.messages, **driver.messages}, scheduler_exit,
                                       (lease_began, _lease_epoch(engine)))
             finally:
                 engine.dispose()

@@ -39,7 +39,7 @@ from typing import Any
 import grpc
 
 from aryl_common.security import secure_aio_channel
-from benchmarks.soak_fleet import RUN_ENV, client_security, shards_for
+from benchmarks.fake_fleet import RUN_ENV, client_security, shards_for
 from protos.aryl.v1 import inference_pb2, inference_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc, types_pb2
 
 log = logging.getLogger("aryl.soak")

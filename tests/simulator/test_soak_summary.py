@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from aryl_common.security import load_tokens
+from benchmarks.fake_fleet import agent_security, client_security
 from benchmarks.soak import make_pki, security_settings
-from benchmarks.soak_fleet import agent_security, client_security
 from benchmarks.soak_load import ROUTER, USERS
 from benchmarks.soak_summary import (
     DRIFT_LIMIT,
