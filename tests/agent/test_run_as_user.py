@@ -32,8 +32,9 @@ from node_agent.supervisor import Supervisor
 from node_agent.workers import Phase, WorkerId, WorkerView
 from protos.aryl.v1 import types_pb2
 from scheduler_service.server import serve_in_background
+from tests.fixtures.cluster import end_leftovers
 from tests.harness import AS_ITSELF, daemon_env, desired_state, desired_worker, job_spec, scheduler_config
-from tests.helpers import processes_mentioning, wait_for
+from tests.helpers import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = "/usr/bin/python3"
@@ -135,12 +136,7 @@ def shared_dir() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="aryl-run-as-"))
     path.chmod(0o711)
     yield path
-    for pid in processes_mentioning(str(path)):
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    wait_for(lambda: not processes_mentioning(str(path)), timeout=10, what="no processes left")
+    end_leftovers(path)
     shutil.rmtree(path, ignore_errors=True)
 
 

@@ -47,6 +47,7 @@ from scheduler_service.records import (
 from scheduler_service.server import serve_in_background
 from scheduler_service.store.db import create_engine_for, session_factory
 from scheduler_service.store.goodput import MAX_STEP_TIMES, goodput_info, with_report
+from tests.fixtures.cluster import end_leftovers
 from tests.harness import (
     AS_ITSELF,
     ManualClock,
@@ -422,12 +423,7 @@ def test_a_real_agent_passes_the_batch_down_and_the_measures_up(tmp_path: Path, 
         except subprocess.TimeoutExpired:
             agent.kill()
         scheduler.stop()
-        for pid in processes_mentioning(str(tmp_path)):
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        wait_for(lambda: not processes_mentioning(str(tmp_path)), timeout=10, what="no processes left")
+        end_leftovers(tmp_path)
 
 
 # --------------------------------------------------------------------------------------------------
