@@ -17,9 +17,9 @@ The setup (fixed before the first run; nothing here is tuned toward a figure):
 - **Policies**: ``aryl-reactive`` (loans and reclaims on the need now: the loan cycle before the forecast),
   ``aryl`` (reclaim ahead of the forecast's upper band over the measured lead; no loan of what the band over
   lead + payback needs; ``policy.inference_short_budget`` = 0.001), ``aryl`` with ``policy.reclaim_protection =
-  shrink`` (its reclaim may shrink a protected job for one more restart rather than stop an unprotected one;
-  added after the first runs, when a diagnosis showed most of ``aryl``'s reclaim preemptions were unprotected
-  jobs stopped to spare protected ones), ``aryl-risk`` (``aryl`` with risk-valued
+  strict`` (the default until a diagnosis showed most of its reclaim preemptions were unprotected jobs stopped
+  to spare protected ones: "shrink", the default since, may shrink a protected job for one more restart
+  instead), ``aryl-risk`` (``aryl`` with risk-valued
   loans: an extra worker valued by its expected time before its loaned server goes back), ``aryl-naivereclaim``
   (``aryl`` with the naive reclaim). Seeds 0, 1, 2; mean (min-max).
 - **Forecast coverage** (no scheduling): each load alone fed to a ``DemandForecaster`` minute by minute over the
@@ -63,11 +63,11 @@ from simulator.model import ClusterSpec, DemandPoint
 LOADS = ("servegen", "alibaba")
 # The rows: a policy by name, and for one of them policy parameters as text (``core.params.params_from_text``, as
 # ``aryl-sim --param`` takes them). A row's label is its key in the summaries.
-SHRINK = "aryl|reclaim_protection=shrink"
+STRICT = "aryl|reclaim_protection=strict"
 ROWS: dict[str, tuple[str, dict[str, str]]] = {
     "aryl-reactive": ("aryl-reactive", {}),
     "aryl": ("aryl", {}),
-    SHRINK: ("aryl", {"reclaim_protection": "shrink"}),
+    STRICT: ("aryl", {"reclaim_protection": "strict"}),
     "aryl-risk": ("aryl-risk", {}),
     "aryl-naivereclaim": ("aryl-naivereclaim", {}),
 }
@@ -183,12 +183,12 @@ def inference_text(figures: Mapping[str, Any]) -> str:
                          cell(s.get("p95_jct_s")), cell(s.get("loans"), "n"), cell(s.get("reclaims"), "n"),
                          cell(s.get("preemptions_per_reclaim"), "f2"), cell(s.get("gpu_hours_lost"), "n")])
         reactive, aryl, naive, risk = per["aryl-reactive"], per["aryl"], per["aryl-naivereclaim"], per["aryl-risk"]
-        shrink = per[SHRINK]
+        strict = per[STRICT]
         cost = gain_spread(reactive, aryl, "avg_jct_s")
         risk_jct, risk_lost = gain_spread(aryl, risk, "avg_jct_s"), gain_spread(aryl, risk, "gpu_hours_lost")
         naive_ratio = ratio_spread(naive, aryl, "preemptions_per_reclaim")
-        shrink_ratio = ratio_spread(naive, shrink, "preemptions_per_reclaim")
-        shrink_jct, shrink_lost = gain_spread(aryl, shrink, "avg_jct_s"), gain_spread(aryl, shrink, "gpu_hours_lost")
+        strict_ratio = ratio_spread(naive, strict, "preemptions_per_reclaim")
+        strict_jct, strict_lost = gain_spread(aryl, strict, "avg_jct_s"), gain_spread(aryl, strict, "gpu_hours_lost")
         short = aryl["spread"].get("inference_shortfall.requests_short_share")
         cov = per["coverage"]
         lines.append(
@@ -196,8 +196,8 @@ def inference_text(figures: Mapping[str, Any]) -> str:
             f"(`aryl-reactive`: {cell(reactive['spread'].get('inference_shortfall.requests_short_share'), 'share')}) "
             f"at {cell(cost, 'gain')} average JCT against `aryl-reactive`. Reclaim: `aryl-naivereclaim` makes "
             f"{cell(naive_ratio, 'x')} the preemptions per reclaimed server of `aryl`'s reclaim, and "
-            f"{cell(shrink_ratio, 'x')} those of `aryl`'s with `reclaim_protection = shrink`, which against `aryl` "
-            f"moves average JCT by {cell(shrink_jct, 'gain')} and GPU-hours lost by {cell(shrink_lost, 'gain')}. "
+            f"{cell(strict_ratio, 'x')} those of `aryl`'s with `reclaim_protection = strict`, which against `aryl` "
+            f"moves average JCT by {cell(strict_jct, 'gain')} and GPU-hours lost by {cell(strict_lost, 'gain')}. "
             "`aryl-risk` against "
             f"`aryl`: average JCT {cell(risk_jct, 'gain')}, GPU-hours lost {cell(risk_lost, 'gain')}. "
             "The forecast alone: "
@@ -222,12 +222,12 @@ evening bursts). "Requests short": the share that arrived while serving capacity
   decision lag), and loans nothing the band over lead + payback (2 restarts) needs; the band's quantile is
   1 - `policy.inference_short_budget` = {1 - budget:.1%} (`scheduler_service/core/demand_forecast.py`: time
   of day and the recent hour, relative rises, the rising trend).
-- `aryl`, `reclaim_protection = shrink` (not the default yet): `aryl` whose reclaim may shrink a job in its
-  protection window (`policy.min_resize_interval_s`, `policy.max_disruptions_per_hour`) at the cost of one more
-  restart of all its GPUs, weighed against the other choices (`core.protection.reclaim_scale_in_penalty`);
-  `aryl`'s reclaim ("strict") disrupts a protected job only when the loaned servers without one do not suffice,
-  and so stops unprotected jobs rather than shrink protected ones. Both stop a protected job only as a last
-  resort.
+- `aryl`, `reclaim_protection = strict` (the default before this section's diagnosis): its reclaim disrupts
+  a job in its protection window (`policy.min_resize_interval_s`, `policy.max_disruptions_per_hour`) only when
+  the loaned servers without one do not suffice, and so stops unprotected jobs rather than shrink protected
+  ones. `aryl` ("shrink", the default) may shrink a protected job at the cost of one more restart of all its
+  GPUs, weighed against the other choices (`core.protection.reclaim_scale_in_penalty`). Both stop a protected
+  job only as a last resort.
 - `aryl-risk`: `aryl` with risk-valued loans (`policies/aryl/loans.py`, `loan_risk`): the sizing values an
   extra worker by its expected remaining time when its loaned server may go back -- the chance of that within
   each horizon from the forecast's own rises (anchors as for the band, the lead included), times the share of

@@ -34,12 +34,12 @@ class PolicyParams:
     min_resize_interval_s: float = 300.0
     max_disruptions_per_hour: int = 6
     # What an inference reclaim (``aryl``, ``policies.aryl.loans.choose_reclaim``) makes of that protection.
-    # "strict": it disrupts a protected job only when the loaned servers without one do not suffice, even if
-    # that means stopping an unprotected job instead of shrinking a protected one. "shrink": shrinking a
-    # protected elastic job costs it one more restart of all its GPUs (the thrash the window exists to spare
-    # it), weighed against the other choices' work lost and restarts; stopping a protected job stays the last
-    # resort, as under "strict".
-    reclaim_protection: str = "strict"
+    # "shrink" (the default): shrinking a protected elastic job costs it one more restart of all its GPUs (the
+    # thrash the window exists to spare it), weighed against the other choices' work lost and restarts;
+    # stopping a protected job stays the last resort. "strict": it disrupts a protected job only when the
+    # loaned servers without one do not suffice, even if that means stopping an unprotected job instead of
+    # shrinking a protected one (docs/evaluation.md, inference: 1.5x the preemptions per reclaimed server).
+    reclaim_protection: str = "shrink"
     restart_cost_s: float = 60.0       # a restart's cost, in seconds of completion time
     default_runtime_s: float = 3600.0  # run-time estimate for jobs that declare none
     amdahl_alpha: float = 0.05         # speed-up model for jobs that declare no throughput points

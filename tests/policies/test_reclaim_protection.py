@@ -1,6 +1,6 @@
 """What an inference reclaim makes of the protection window (``policy.reclaim_protection``,
-``core.protection.reclaim_scale_in_penalty``): "strict" (the default) disrupts a protected job only when the
-loaned servers without one do not suffice, even if that stops an unprotected job; "shrink" shrinks a protected
+``core.protection.reclaim_scale_in_penalty``): "strict" disrupts a protected job only when the loaned servers
+without one do not suffice, even if that stops an unprotected job; "shrink" (the default) shrinks a protected
 elastic job for one more restart of all its GPUs when that costs less than the other choices, and still stops
 a protected job only as a last resort. Hand-built snapshots, each plan worked out in the comments and checked
 by the plan invariants."""
@@ -20,9 +20,11 @@ from tests.harness import NOW, inference_server, running_job, snapshot_of, train
 pytestmark = pytest.mark.timeout(60)
 
 
-def plan(snapshot: ClusterSnapshot, protection: str) -> Plan:
-    result = create_policy("aryl", PolicyParams(loan_buffer_servers=0, reclaim_protection=protection)
-                           ).schedule(snapshot)
+def plan(snapshot: ClusterSnapshot, protection: str | None) -> Plan:
+    """``aryl``'s plan under ``policy.reclaim_protection = protection`` (``None``: the default)."""
+    params = PolicyParams(loan_buffer_servers=0) if protection is None else PolicyParams(
+        loan_buffer_servers=0, reclaim_protection=protection)
+    result = create_policy("aryl", params).schedule(snapshot)
     check_plan(snapshot, result)
     return result
 
@@ -55,9 +57,11 @@ def test_strict_stops_the_unprotected_job_to_spare_the_protected_one() -> None:
     assert not [s for s in result.scales if s.job_id == 3]
 
 
-def test_shrink_shrinks_the_protected_job_when_that_costs_less() -> None:
-    # 720 GPU-seconds against 14,640: i2 goes back, job 3 runs on at 1 worker on t2, job 2 keeps running.
-    result = plan(snapshot_of(SERVERS, [FULL, RIGID, ELASTIC], demand=2), "shrink")
+@pytest.mark.parametrize("protection", ["shrink", None])
+def test_shrink_shrinks_the_protected_job_when_that_costs_less(protection: str | None) -> None:
+    # 720 GPU-seconds against 14,640: i2 goes back, job 3 runs on at 1 worker on t2, job 2 keeps running. The
+    # default setting does the same.
+    result = plan(snapshot_of(SERVERS, [FULL, RIGID, ELASTIC], demand=2), protection)
     assert reclaimed(result) == ["i2"]
     assert result.preemptions == ()
     [shrunk] = result.scales

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from evaluation.headline import aggregate
-from evaluation.inference import POLICIES, SHRINK, inference_text
+from evaluation.inference import POLICIES, STRICT, inference_text
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -23,7 +23,7 @@ def test_the_text_reports_the_cost_and_the_reclaim_ratio_per_seed():
     runs = {"aryl-reactive": [summary(3600.0, 0.01, 0.5), summary(7200.0, 0.02, 0.5)],
             "aryl": [summary(3672.0, 0.0005, 0.25), summary(7488.0, 0.0007, 0.1)],
             "aryl-risk": [summary(3635.28, 0.0005, 0.25), summary(7488.0, 0.0007, 0.1)],
-            SHRINK: [summary(3672.0, 0.0005, 0.125), summary(7413.12, 0.0007, 0.1)],
+            STRICT: [summary(3672.0, 0.0005, 0.125), summary(7413.12, 0.0007, 0.1)],
             "aryl-naivereclaim": [summary(3700.0, 0.0005, 0.5), summary(7500.0, 0.0007, 0.5)]}
     per = {p: aggregate(runs[p], seeds) for p in POLICIES}
     per["coverage"] = {"miss_share": 0.001, "band_height_servers": 2.5, "mean_need_servers": 10.0,
@@ -33,10 +33,10 @@ def test_the_text_reports_the_cost_and_the_reclaim_ratio_per_seed():
     # JCT cost per seed: +2% and +4%: mean +3.0% (+2.0%-+4.0%); naive / aryl preemptions per reclaim: 2x and 5x.
     assert "at +3.0% (+2.0%-+4.0%) average JCT against `aryl-reactive`" in text
     assert "makes 3.50x (2.00x-5.00x) the preemptions per reclaimed server" in text
-    # naive / shrink: 4x and 5x; shrink against aryl: 0% and -1% average JCT.
-    assert ("and 4.50x (4.00x-5.00x) those of `aryl`'s with `reclaim_protection = shrink`, which against `aryl` "
+    # naive / strict: 4x and 5x; strict against aryl: 0% and -1% average JCT.
+    assert ("and 4.50x (4.00x-5.00x) those of `aryl`'s with `reclaim_protection = strict`, which against `aryl` "
             "moves average JCT by -0.5% (-1.0%-+0.0%) and GPU-hours lost by +0.0%.") in text
-    assert "| servegen | `aryl`, `reclaim_protection = shrink` | 0.06% (0.05%-0.07%) |" in text
+    assert "| servegen | `aryl`, `reclaim_protection = strict` | 0.06% (0.05%-0.07%) |" in text
     # aryl-risk against aryl per seed: -1% and 0% average JCT; the same GPU-hours lost.
     assert "`aryl-risk` against `aryl`: average JCT -0.5% (-1.0%-+0.0%), GPU-hours lost +0.0%." in text
     assert "`aryl` leaves 0.06% (0.05%-0.07%) of requests short (`aryl-reactive`: 1.50% (1.00%-2.00%))" in text

@@ -223,15 +223,24 @@ def test_reclaim_prefers_servers_without_protected_jobs() -> None:
     assert [(a.server_id, a.reason) for a in result.server_actions] == [("i1", Reason.RECLAIMED_FOR_INFERENCE)]
     assert [(s.job_id, s.reason) for s in result.scales] == [(1, Reason.SCALED_IN_FOR_RECLAIM)]
 
-    servers, jobs = reclaim_setup(resized=NOW - 100)  # job 1 in its window: i2 goes back instead
-    result = plan("aryl", snapshot_of(servers, jobs, demand=1))
+    # Job 1 in its window: under policy.reclaim_protection = "strict" i2 goes back instead.
+    servers, jobs = reclaim_setup(resized=NOW - 100)
+    result = plan("aryl", snapshot_of(servers, jobs, demand=1), reclaim_protection="strict")
     assert [a.server_id for a in result.server_actions] == ["i2"]
     [preempted] = result.preemptions
     assert (preempted.job_id, preempted.reason) == (2, Reason.PREEMPTED_FOR_RECLAIM)
     assert "overrides" not in preempted.message and result.scales == ()
     # The preview answers as the reclaim decides (same rule), without the penalty in its cost.
-    decision = create_policy("aryl").preview_reclaim(snapshot_of(servers, jobs, demand=1), 1)
+    strict = create_policy("aryl", PolicyParams(reclaim_protection="strict"))
+    decision = strict.preview_reclaim(snapshot_of(servers, jobs, demand=1), 1)
     assert decision.servers == ("i2",) and decision.preempted == (2,) and decision.cost_gpu_s < 1e6
+    # Under the default ("shrink") shrinking job 1 costs one more restart of its 8 GPUs, still far less than
+    # job 2's two hours: i1 goes back and nothing stops.
+    result = plan("aryl", snapshot_of(servers, jobs, demand=1))
+    assert [a.server_id for a in result.server_actions] == ["i1"] and result.preemptions == ()
+    [shrunk] = result.scales
+    assert (shrunk.job_id, shrunk.reason) == (1, Reason.SCALED_IN_FOR_RECLAIM)
+    assert "overrides its protection (MIN_RUNTIME" in shrunk.message
 
 
 def test_reclaim_overrides_the_window_when_nothing_else_frees_enough_and_says_so() -> None:

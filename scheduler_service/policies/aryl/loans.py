@@ -200,8 +200,12 @@ def _reclaim(cycle: _Cycle, loaned: list[ServerView], count: int, *, why: str, n
     # A protected job is disrupted only when the servers without one did not suffice (``choose_reclaim``).
     need = need or (f"needs {len(decision.servers)} loaned server(s) back and those without protected jobs "
                     "do not suffice")
-    # Under ``policy.reclaim_protection`` "shrink" a protected job is shrunk where that costs least, not last.
-    shrink_need = need if cycle.params.reclaim_protection == "strict" else (
+    # Under ``policy.reclaim_protection`` "shrink" a protected job is shrunk where that costs least, not last
+    # (said so unless the loaned servers without protected jobs were too few anyway).
+    shielded = {w.server_id for job_id in cycle.protected if job_id in cycle.running
+                for w in cycle.running[job_id].workers}
+    unshielded = sum(server.server_id not in shielded for server in loaned)
+    shrink_need = need if cycle.params.reclaim_protection == "strict" or unshielded < len(decision.servers) else (
         f"needs {len(decision.servers)} loaned server(s) back, and shrinking it costs less than the other choices "
         "(policy.reclaim_protection = shrink)")
     for job_id in decision.preempted:
