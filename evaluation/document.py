@@ -40,6 +40,7 @@ import argparse
 import json
 import os
 import re
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -93,6 +94,21 @@ SECTIONS: dict[str, Section] = {
     "goodput": goodput_section,
     "inference": inference_section,  # evaluation/inference.py: does serving notice the loans?
 }
+
+
+def source_version() -> str:
+    """The commit the report is computed at (``+changes`` when the tree differs from it), for each section's
+    stamp: ``--only`` regenerates some sections and keeps the others, so each says which code made it."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False).stdout.strip()
+    commit = git("rev-parse", "--short", "HEAD") or "unknown (not a git checkout)"
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!docs")
+    return commit + ("+changes" if changed else "")
+
+
+def stamped(text: str, version: str, seconds: float) -> str:
+    """A section's text with the line saying where and how fast it was computed."""
+    return f"{text.rstrip()}\n\n_Computed at `{version}` (`python -m evaluation`; the run took {seconds:.0f} s)._\n"
 
 
 def marked(name: str, text: str) -> str:
@@ -161,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
                 texts[name], raw[name] = SECTIONS[name](args.shared, assets, raw)
         for name, future in futures.items():
             texts[name], raw[name] = future.result()
-    texts = {name: texts[name] for name in wanted}
+    version, took = source_version(), time.perf_counter() - started
+    texts = {name: stamped(texts[name], version, took) for name in wanted}
     if partial and summaries_path.exists():
         # Re-read: another section may have been rewritten meanwhile (runs take minutes); keep its figures.
         raw = {**json.loads(summaries_path.read_text()), **{name: raw[name] for name in texts}}

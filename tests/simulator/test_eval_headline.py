@@ -169,3 +169,7 @@ def test_other_sections_run_beside_the_headline_and_keep_their_order(tmp_path: P
     assert document.main(["--out", str(tmp_path), "--shared", str(tmp_path), "--only", "other"]) == 0
     again = json.loads((tmp_path / "evaluation" / "summaries.json").read_text())
     assert again["other"]["pid"] == os.getpid() and again["kept"] == 1 and again["headline"] == raw["headline"]
+    # Each section says the code it was computed at: the one rewritten by the second run, the kept ones by the
+    # first (here the same commit; the version is this checkout's).
+    version = document.source_version()
+    assert len(version) >= 7 and (tmp_path / "evaluation.md").read_text().count(f"_Computed at `{version}`") == 3
