@@ -66,6 +66,7 @@ from scheduler_service.store.db import AUTOVACUUM_OFF, autovacuum_off, create_en
 from scheduler_service.store.inference import DemandRules
 from scheduler_service.store.transactions import Transactions
 from scheduler_service.write_behind import LatestWriter
+from simulator.forecast import SimulatorForecastEngine
 
 log = structlog.get_logger("aryl.scheduler")
 
@@ -220,9 +221,11 @@ class SchedulerService:
         cancellations = GroupCommitter(app.jobs.cancel_many, max_group=256, name="aryl-cancel")
         # The ETA forecast after cycles, on a thread of its own (``app.forecast``); what-if on request.
         # Its simulation in a process of its own: a long queue's forecast must not take the RPCs' interpreter lock.
-        forecast_process = ForecastProcess()
+        # The engine is the simulator's (this module is the one of the service that imports the simulator).
+        forecast_engine = SimulatorForecastEngine()
+        forecast_process = ForecastProcess(forecast_engine)
         forecasts = Forecasts(lambda: app.cluster.snapshot(seed=cfg.scheduling.seed), self.clock,
-                              policy=cfg.scheduling.policy, params=self.policy_params,
+                              policy=cfg.scheduling.policy, params=self.policy_params, engine=forecast_engine,
                               min_gap_s=cfg.scheduling.forecast_interval_s, run=forecast_process)
         forecast_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aryl-forecast")
         sec = cfg.security

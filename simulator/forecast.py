@@ -31,10 +31,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from scheduler_service.core.params import PolicyParams
+from scheduler_service.core.params import PolicyParams, changed_params
 from scheduler_service.core.plan import ApplyResult, Plan, ScaleJob, StartJob
 from scheduler_service.core.predict import remaining_seconds
 from scheduler_service.core.registry import FaultsFirst, Policy
@@ -310,19 +310,35 @@ def what_if(
     return WhatIf(horizon_s, runs[0], runs[1], table, wall_s=time.perf_counter() - began)
 
 
-def changed_params(base: PolicyParams, changed: PolicyParams) -> Sequence[str]:
-    """``KEY=VALUE`` of each parameter of ``changed`` that differs from ``base`` (field order)."""
-    return [f"{f.name}={getattr(changed, f.name)}" for f in dataclasses.fields(PolicyParams)
-            if getattr(changed, f.name) != getattr(base, f.name)]
-
-
-__all__ = [
-    "DEFAULT_HORIZON_S", "WHAT_IF_MAX_HORIZON_S", "Forecast", "ForecastSettings", "JobForecast",
-    "WhatIf", "WhatIfRun", "changed_params", "forecast", "trace_jobs", "what_if", "with_inference_servers",
-]
-
-
 def warm_up_kernels() -> None:
     """Load (or compile) the scheduling kernels (numba) before any forecast is timed: in a fresh process the
     first forecast would pay for it out of its wall budget (``ForecastSettings.wall_budget_s``)."""
     warm_up_solvers()
+
+
+@dataclass(frozen=True, slots=True)
+class SimulatorForecastEngine:
+    """The forecast engine the service is given (``scheduler_service.app.forecast.ForecastEngine``; wired
+    in by ``scheduler_service.server``, the one module of the service that imports the simulator): the
+    forecast and the what-if above, under ``settings``. A plain value, so that it can be sent to the
+    forecast's own process (``app.forecast.ForecastProcess``)."""
+
+    settings: ForecastSettings = ForecastSettings()
+
+    def forecast(self, snapshot: ClusterSnapshot, policy: str, params: PolicyParams) -> Forecast:
+        return forecast(snapshot, policy, params, self.settings)
+
+    def what_if(self, snapshot: ClusterSnapshot, current: tuple[str, PolicyParams],
+                alternative: tuple[str, PolicyParams], *, horizon_s: float, extra_inference_servers: int) -> WhatIf:
+        return what_if(snapshot, current, alternative, horizon_s=horizon_s,
+                       extra_inference_servers=extra_inference_servers, settings=self.settings)
+
+    def warm_up(self) -> None:
+        warm_up_kernels()
+
+
+__all__ = [
+    "DEFAULT_HORIZON_S", "WHAT_IF_MAX_HORIZON_S", "Forecast", "ForecastSettings", "JobForecast",
+    "SimulatorForecastEngine", "WhatIf", "WhatIfRun", "changed_params", "forecast", "trace_jobs", "what_if",
+    "with_inference_servers",
+]

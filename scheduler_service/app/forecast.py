@@ -22,8 +22,11 @@ the snapshot is read, the simulation works on its own copy, nothing is written.
   ``simulator.forecast.WHAT_IF_WALL_BUDGET_S`` of host time, and one what-if runs at a time (another
   asked meanwhile is Aborted: try again).
 
-Why the service imports the simulator here (and only here; tests/contract/test_layering.py): the forecast is
-the simulator's engine, and writing a second one inside the service would be the rule written twice.
+The forecast is the simulator's engine (writing a second one inside the service would be the rule written
+twice), but this module does not import the simulator: it declares what it needs of an engine
+(``ForecastEngine``, and the shapes of what one returns) and is given one. The composition root,
+``scheduler_service.server``, wires in ``simulator.forecast.SimulatorForecastEngine``: the one module of the
+service that imports the simulator (tests/contract/test_layering.py).
 
 Never: write, decide (the policy does), or hold SQL.
 """
@@ -42,24 +45,88 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
+from typing import Protocol
 
 from scheduler_service.core.clock import Clock
-from scheduler_service.core.params import ParamError, PolicyParams, params_from_text
+from scheduler_service.core.params import ParamError, PolicyParams, changed_params, params_from_text
 from scheduler_service.core.predict import clock_time, remaining_seconds
 from scheduler_service.core.registry import policies
 from scheduler_service.core.snapshot import ClusterSnapshot
 from scheduler_service.errors import Aborted, InvalidArgument
-from simulator.forecast import (
-    Forecast,
-    ForecastSettings,
-    JobForecast,
-    WhatIf,
-    WhatIfRun,
-    changed_params,
-    forecast,
-    warm_up_kernels,
-    what_if,
-)
+
+
+class JobForecast(Protocol):
+    """One job in a forecast: a pending job's next start (a running job's first start) and its finish, in
+    the snapshot's clock; ``after``: the jobs whose GPUs it takes when it starts (ascending), all of them
+    finished by then when ``after_finished`` (else some shrank or were preempted)."""
+
+    @property
+    def job_id(self) -> int: ...
+    @property
+    def start(self) -> float | None: ...
+    @property
+    def finish(self) -> float | None: ...
+    @property
+    def after(self) -> tuple[int, ...]: ...
+    @property
+    def after_finished(self) -> bool: ...
+
+
+class Forecast(Protocol):
+    """A forecast of every active job of a snapshot. ``stop_reason``: why the engine's run stopped
+    ("completed", "max_time", "stalled" or "budget"); ``horizon_end``: the virtual time it reached."""
+
+    @property
+    def made_at(self) -> float: ...
+    @property
+    def stop_reason(self) -> str: ...
+    @property
+    def horizon_end(self) -> float: ...
+    def get(self, job_id: int) -> JobForecast | None: ...
+
+
+class WhatIfRun(Protocol):
+    """One of a what-if's two runs: its table column, policy, parameters and summary (metric -> value,
+    nested mappings for grouped metrics; ``stop_reason`` among them)."""
+
+    @property
+    def label(self) -> str: ...
+    @property
+    def policy(self) -> str: ...
+    @property
+    def params(self) -> PolicyParams: ...
+    @property
+    def summary(self) -> Mapping[str, object]: ...
+
+
+class WhatIf(Protocol):
+    """The next ``horizon_s`` now and under the alternative, with the table comparing them."""
+
+    @property
+    def horizon_s(self) -> float: ...
+    @property
+    def current(self) -> WhatIfRun: ...
+    @property
+    def alternative(self) -> WhatIfRun: ...
+    @property
+    def table(self) -> str: ...
+    @property
+    def wall_s(self) -> float: ...
+
+
+class ForecastEngine(Protocol):
+    """What the service needs of a forecast engine (``simulator.forecast.SimulatorForecastEngine``): run the
+    scheduling forward from a snapshot (bounded by the engine's own settings), compare two settings over a
+    horizon (ValueError when ``extra_inference_servers`` removes more servers than are idle), and load
+    what its first run would otherwise pay for. Sent to the forecast's process (``ForecastProcess``), so it
+    must pickle."""
+
+    def forecast(self, snapshot: ClusterSnapshot, policy: str, params: PolicyParams) -> Forecast: ...
+    def what_if(self, snapshot: ClusterSnapshot, current: tuple[str, PolicyParams],
+                alternative: tuple[str, PolicyParams], *, horizon_s: float, extra_inference_servers: int
+                ) -> WhatIf: ...
+    def warm_up(self) -> None: ...
+
 
 # A forecast follows a cycle no sooner than this after the previous one began (cycles may come every
 # 100 ms under load; the ETA moves on the scale of minutes).
@@ -125,17 +192,17 @@ def eta_note(job: JobForecast | None, forecast: Forecast, now: float, *, guessed
 
 
 # A forecast of this many active jobs or more runs in ``ForecastProcess``'s process. Measured on one core
-# (aryl, one 8-GPU server, ForecastSettings' defaults): a forecast runs to its 2 s budget at 1,000 jobs as
-# at 50,000, where building its start costs 1 s more; sending the snapshot costs 4 ms at 1,000 jobs and
-# 240 ms at 50,000. Below it, a small cluster (and a test's) starts no process.
+# (aryl, one 8-GPU server, ``simulator.forecast.ForecastSettings``' defaults): a forecast runs to its 2 s
+# budget at 1,000 jobs as at 50,000, where building its start costs 1 s more; sending the snapshot costs
+# 4 ms at 1,000 jobs and 240 ms at 50,000. Below it, a small cluster (and a test's) starts no process.
 FORECAST_PROCESS_MIN_JOBS = 1000
 FORECAST_NICENESS = 10  # added to the forecast process's nice value (``os.nice``)
 
-ForecastRun = Callable[[ClusterSnapshot, str, PolicyParams, ForecastSettings], Forecast]
+ForecastRun = Callable[[ClusterSnapshot, str, PolicyParams], Forecast]
 
 
 class ForecastProcess:
-    """``forecast`` run in a process of its own (``Forecasts(run=...)``), so that a forecast of a long
+    """``engine.forecast`` run in a process of its own (``Forecasts(run=...)``), so that a forecast of a long
     queue (seconds of Python for 10,000s of jobs) takes a core of its own instead of the interpreter lock
     the RPCs and cycles share. The process is started (spawned: the scheduler's threads are not forked)
     at the first forecast and kept, at a lower priority (``FORECAST_NICENESS``); one that died is
@@ -151,25 +218,26 @@ class ForecastProcess:
     of its pipe, this process, is gone. Call it from a thread that lives as long as the pool: the
     kernel's signal follows the thread that started the process."""
 
-    def __init__(self, min_jobs: int = FORECAST_PROCESS_MIN_JOBS) -> None:
+    def __init__(self, engine: ForecastEngine, min_jobs: int = FORECAST_PROCESS_MIN_JOBS) -> None:
+        self.engine = engine
         self.min_jobs = min_jobs
         self._pool: ProcessPoolExecutor | None = None
         self._lock = threading.Lock()
         self._closed = False
 
-    def __call__(self, snapshot: ClusterSnapshot, policy: str, params: PolicyParams,
-                 settings: ForecastSettings) -> Forecast:
+    def __call__(self, snapshot: ClusterSnapshot, policy: str, params: PolicyParams) -> Forecast:
         if len(snapshot.jobs) < self.min_jobs:
-            return forecast(snapshot, policy, params, settings)
+            return self.engine.forecast(snapshot, policy, params)
         with self._lock:
             if self._closed:  # the scheduler is stopping: no new process
                 raise Aborted("the forecast process is closed (the scheduler is stopping)")
             if self._pool is None:
                 self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
-                                                 initializer=_start_forecast_process, initargs=(os.getpid(),))
+                                                 initializer=_start_forecast_process,
+                                                 initargs=(os.getpid(), self.engine))
             pool = self._pool
         try:
-            return pool.submit(forecast, snapshot, policy, params, settings).result()
+            return pool.submit(self.engine.forecast, snapshot, policy, params).result()
         except BrokenProcessPool:
             with self._lock:  # the process died (killed, out of memory): the next forecast starts another
                 if self._pool is pool:
@@ -191,7 +259,7 @@ PR_SET_PDEATHSIG = 1
 PARENT_CHECK_S = 0.2
 
 
-def _start_forecast_process(scheduler_pid: int) -> None:
+def _start_forecast_process(scheduler_pid: int, engine: ForecastEngine) -> None:
     """In the forecast's process, first: die with the scheduler (``ForecastProcess``), yield the CPU
     to the scheduler's own process and the database (the ETA is best effort: on a busy machine a
     forecast reaches less far within its budget), and load the scheduling kernels."""
@@ -202,8 +270,8 @@ def _start_forecast_process(scheduler_pid: int) -> None:
                      daemon=True).start()
     os.nice(FORECAST_NICENESS)
     # The scheduling kernels before the first forecast: their load (or compile) is not a forecast's to pay
-    # out of its wall budget (``ForecastSettings.wall_budget_s``), which it would cut short.
-    warm_up_kernels()
+    # out of its wall budget, which it would cut short.
+    engine.warm_up()
 
 
 def _die_with_parent() -> None:
@@ -226,20 +294,21 @@ def _exit_with_parent(scheduler_pid: int) -> None:
 
 
 class Forecasts:
-    """The latest forecast and the means to make one. ``snapshot``: the cluster's (``app.cluster``)."""
+    """The latest forecast and the means to make one. ``snapshot``: the cluster's (``app.cluster``);
+    ``engine``: the forecast engine (``ForecastEngine``); ``run``: how a forecast is run (the engine's own
+    ``forecast`` on the calling thread unless given, e.g. a ``ForecastProcess`` of the same engine)."""
 
     def __init__(
         self, snapshot: Callable[[], ClusterSnapshot], clock: Clock, *, policy: str, params: PolicyParams,
-        settings: ForecastSettings | None = None, min_gap_s: float = DEFAULT_MIN_GAP_S,
-        run: ForecastRun = forecast,
+        engine: ForecastEngine, min_gap_s: float = DEFAULT_MIN_GAP_S, run: ForecastRun | None = None,
     ) -> None:
         self._snapshot = snapshot
-        self._run = run  # ``forecast`` itself (on the calling thread) or a ``ForecastProcess``
+        self._engine = engine
+        self._run = run or engine.forecast
         self._clock = clock
         self.policy = policy
         # No online learning in a forecast: it must not train the live policy's network on made-up futures.
         self.params = dataclasses.replace(params, dl2_online_learning=False)
-        self.settings = settings or ForecastSettings()
         self.min_gap_s = min_gap_s
         self._latest: Forecast | None = None
         # The jobs of the latest forecast's snapshot with no run-time estimate (``unestimated_jobs``).
@@ -270,7 +339,7 @@ class Forecasts:
             began = self._last_began = self._clock.monotonic()
             try:
                 snapshot = self._snapshot()
-                made = self._run(snapshot, self.policy, self.params, self.settings)
+                made = self._run(snapshot, self.policy, self.params)
                 guessed = unestimated_jobs(snapshot, self.params.amdahl_alpha)
             finally:
                 self._last_took = self._clock.monotonic() - began
@@ -311,8 +380,8 @@ class Forecasts:
         if not self._what_if.acquire(blocking=False):
             raise Aborted("another what-if is running (one at a time); try again when it has answered")
         try:
-            return what_if(self._snapshot(), (self.policy, self.params), (name, params), horizon_s=horizon_s,
-                           extra_inference_servers=inference_servers, settings=self.settings)
+            return self._engine.what_if(self._snapshot(), (self.policy, self.params), (name, params),
+                                        horizon_s=horizon_s, extra_inference_servers=inference_servers)
         except ValueError as exc:  # more inference servers removed than are idle
             raise InvalidArgument("inference_servers", str(exc)) from exc
         finally:
@@ -331,5 +400,6 @@ def params_with(base: PolicyParams, changes: Mapping[str, str]) -> PolicyParams:
         raise InvalidArgument("params", str(exc)) from exc
 
 
-# What the api package reads of the simulator's forecast, through this module alone.
-__all__ = ["Forecasts", "JobEta", "WhatIf", "WhatIfRun", "changed_params", "eta_note", "params_with"]
+# What the api package reads of the forecast, through this module alone.
+__all__ = ["ForecastEngine", "Forecasts", "JobEta", "WhatIf", "WhatIfRun", "changed_params", "eta_note",
+           "params_with"]

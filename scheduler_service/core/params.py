@@ -6,7 +6,7 @@ The service builds it from its config's ``[policy]`` section; the simulator from
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 QOS_HOPELESS = ("deprioritise", "keep")  # policy.qos_hopeless
@@ -106,3 +106,9 @@ def params_from_text(base: PolicyParams, changes: Mapping[str, str]) -> PolicyPa
         except ValueError:
             raise ParamError(raw, f"expected {kind.__name__} (got {text!r})") from None
     return dataclasses.replace(base, **values)  # type: ignore[arg-type]
+
+
+def changed_params(base: PolicyParams, changed: PolicyParams) -> Sequence[str]:
+    """``KEY=VALUE`` of each parameter of ``changed`` that differs from ``base`` (field order)."""
+    return [f"{f.name}={getattr(changed, f.name)}" for f in dataclasses.fields(PolicyParams)
+            if getattr(changed, f.name) != getattr(base, f.name)]

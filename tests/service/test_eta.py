@@ -27,7 +27,7 @@ from scheduler_service.app.forecast import ForecastProcess, eta_note
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.snapshot import ClusterSnapshot, JobView, ProgressWindow, ServerView, WorkerView
 from scheduler_service.lifecycle import JobState, Pool, ServerState
-from simulator.forecast import ForecastSettings, forecast
+from simulator.forecast import Forecast, ForecastSettings, SimulatorForecastEngine, forecast
 from tests.harness import job_spec, register_fake_server, scheduler_stub
 from tests.helpers import wait_for
 
@@ -121,15 +121,16 @@ def test_a_forecast_in_its_own_process_is_the_forecast_and_a_dead_process_is_rep
     """The service's forecasts run in a process of their own (``ForecastProcess``): the same forecast as on
     the calling thread; a process killed meanwhile fails that forecast alone, and the next one starts
     another process. A small queue is forecast on the calling thread, with no process started."""
-    small = ForecastProcess(min_jobs=4)
-    assert small(hand_computed_queue(), "fifo", PolicyParams(), ForecastSettings()).jobs[3].start is not None
+    small = ForecastProcess(SimulatorForecastEngine(), min_jobs=4)
+    job = small(hand_computed_queue(), "fifo", PolicyParams()).get(3)
+    assert job is not None and job.start is not None
     assert small._pool is None
-    run = ForecastProcess(min_jobs=1)
     settings = ForecastSettings(restart_overhead_s=30)
+    run = ForecastProcess(SimulatorForecastEngine(settings), min_jobs=1)
     try:
-        made = run(hand_computed_queue(), "aryl", PolicyParams(), settings)
+        made = run(hand_computed_queue(), "aryl", PolicyParams())
         assert made == forecast(hand_computed_queue(), "aryl", PolicyParams(), settings)
-        assert made.jobs[3].start == NOW + 930
+        assert isinstance(made, Forecast) and made.jobs[3].start == NOW + 930
         assert run._pool is not None
         [child] = run._pool._processes.values()
         assert child.pid is not None and child.pid != os.getpid()
@@ -137,9 +138,9 @@ def test_a_forecast_in_its_own_process_is_the_forecast_and_a_dead_process_is_rep
         os.kill(child.pid, signal.SIGKILL)
         child.join(10)
         with pytest.raises(BrokenProcessPool):
-            run(hand_computed_queue(), "fifo", PolicyParams(), settings)
-        again = run(hand_computed_queue(), "fifo", PolicyParams(), settings)
-        assert again.jobs[3].start == NOW + 930
+            run(hand_computed_queue(), "fifo", PolicyParams())
+        again = run(hand_computed_queue(), "fifo", PolicyParams())
+        assert isinstance(again, Forecast) and again.jobs[3].start == NOW + 930
         assert run._pool is not None
         [other] = run._pool._processes.values()
         assert other.pid != child.pid
@@ -243,7 +244,7 @@ def test_forecasts_follow_cycles_at_most_at_their_interval_and_duty() -> None:
         return dataclasses.replace(hand_computed_queue(), now=clock.now())
 
     forecasts = Forecasts(snapshot, clock, policy="fifo", params=PolicyParams(), min_gap_s=10.0,
-                          settings=ForecastSettings(restart_overhead_s=0))
+                          engine=SimulatorForecastEngine(ForecastSettings(restart_overhead_s=0)))
     assert forecasts.eta(2, pending=True) is None  # no forecast yet
     assert forecasts.due() and forecasts.refresh() is not None
     eta = forecasts.eta(3, pending=True)
@@ -277,7 +278,7 @@ def test_a_job_without_a_run_time_estimate_gets_no_eta_but_a_labelled_guess() ->
     first, second, third = queue.jobs
     snapshot = dataclasses.replace(queue, jobs=(unknown(first), second, unknown(third)))
     forecasts = Forecasts(lambda: snapshot, ManualClock(NOW), policy="fifo", params=PolicyParams(),
-                          settings=ForecastSettings(restart_overhead_s=0))
+                          engine=SimulatorForecastEngine(ForecastSettings(restart_overhead_s=0)))
     assert forecasts.refresh() is not None
     running = forecasts.eta(1, pending=False)
     assert running is not None and (running.start, running.finish) == (None, None)  # no guessed finish
