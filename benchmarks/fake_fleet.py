@@ -5,7 +5,9 @@ scheduler. The ``agent_fleet`` benchmark (``benchmarks.bench_agents``) and the s
 Nouns:
 - A *fake agent* is one real gRPC client with its own channel (its own TCP connection, and TLS
   session when it has credentials). It registers one 8-GPU server (``FakeServer``: training or
-  inference), keeps a ``WatchDesiredState`` stream open, and calls ``ReportStatus`` at the interval
+  inference), keeps a ``WatchDesiredState`` stream open (on a second channel to the port that
+  ``RegisterServer`` names in its initial metadata, where the scheduler serves the streams from a
+  process of their own: ``scheduler_service.push_process``), and calls ``ReportStatus`` at the interval
   ``RegisterServer`` returned, starting at a random phase, with eight GPU samples and a status for
   every desired worker. It runs no processes: a worker is only a line in its reports.
 - A *shard* is one process holding many agents on one asyncio loop. The fleet is split over a few
@@ -47,6 +49,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from aryl_common.security import ClientSecurity, secure_aio_channel
 from benchmarks.bench_auth import _client as client_security
 from protos.aryl.v1 import agent_pb2, agent_pb2_grpc, types_pb2
+from scheduler_service.api.agent_servicer import DESIRED_STATE_PORT_KEY
 
 log = logging.getLogger("aryl.bench")
 
@@ -152,9 +155,12 @@ class FakeAgent:
         self._pushes = pushes if options.record_pushes else None
         # Its own subchannel pool: without it gRPC would share one connection (and one TLS session)
         # between all agents.
+        self._address = address
         self.channel = secure_aio_channel(address, agent_security(options.pki, server.server_id),
                                           [("grpc.use_local_subchannel_pool", 1)])
         self._stub = agent_pb2_grpc.AgentServiceStub(self.channel)
+        self.watch_channel: grpc.aio.Channel | None = None  # to the streams' own process, where it has one
+        self._watch_stub = self._stub
         self._epoch = 0
         self.interval = 5.0
         self._generation = 0
@@ -165,19 +171,26 @@ class FakeAgent:
 
     async def register(self) -> None:
         inference = self._pool == "inference"
-        reply = await self._stub.RegisterServer(agent_pb2.RegisterServerRequest(
+        call = self._stub.RegisterServer(agent_pb2.RegisterServerRequest(
             hostname=self.server_id, agent_address=self.server_id, agent_version=self._options.agent_version,
             pool=types_pb2.POOL_INFERENCE if inference else types_pb2.POOL_TRAINING,
             inference_endpoint=INFERENCE_ENDPOINT if inference else "",
             gpus=[agent_pb2.GpuInfo(index=i, uuid=f"GPU-{self.server_id}-{i}", model="H100",
                                     memory_total_bytes=80 << 30) for i in range(GPUS_PER_SERVER)],
         ), timeout=RPC_TIMEOUT_S, wait_for_ready=True)
+        reply = await call
+        port = dict(await call.initial_metadata() or ()).get(DESIRED_STATE_PORT_KEY)
+        if port and self.watch_channel is None:
+            host = self._address.rpartition(":")[0]
+            self.watch_channel = secure_aio_channel(f"{host}:{port}", agent_security(self._options.pki, self.server_id),
+                                                    [("grpc.use_local_subchannel_pool", 1)])
+            self._watch_stub = agent_pb2_grpc.AgentServiceStub(self.watch_channel)
         self._epoch = reply.scheduler_epoch
         self.interval = reply.report_interval.ToTimedelta().total_seconds() or 5.0
 
     async def watch(self) -> None:
         while True:
-            call = self._stub.WatchDesiredState(agent_pb2.WatchDesiredStateRequest(server_id=self.server_id))
+            call = self._watch_stub.WatchDesiredState(agent_pb2.WatchDesiredStateRequest(server_id=self.server_id))
             try:
                 async for desired in call:
                     self._desired(desired, time.time())
@@ -309,6 +322,8 @@ async def _run_shard(address: str, servers: Sequence[FakeServer], control: Conne
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await asyncio.gather(*(a.channel.close() for a in agents), return_exceptions=True)
+        await asyncio.gather(*(a.watch_channel.close() for a in agents if a.watch_channel is not None),
+                             return_exceptions=True)
 
 
 async def _exit_with_parent() -> None:

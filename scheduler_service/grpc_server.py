@@ -78,10 +78,13 @@ def probe_listen_address(listen: str) -> None:
         raise ListenError(f"cannot listen on {listen}: {exc.strerror or exc}; {LISTEN_HINT}") from exc
 
 
-def bind_server(config: SchedulerConfig, gate: LeaderGate) -> tuple[grpc.aio.Server, int]:
-    """A gRPC server bound to ``server.listen``, its services not added yet, and the port it is bound to;
-    ListenError when the address cannot be bound (in use, or not an address of this machine)."""
-    probe_listen_address(config.server.listen)
+def bind_server(config: SchedulerConfig, gate: LeaderGate | None, *,
+                listen: str | None = None) -> tuple[grpc.aio.Server, int]:
+    """A gRPC server bound to ``listen`` (``server.listen`` unless given), with ``gate`` (None: every
+    replica serves, as the desired-state streams' process does), its services not added yet, and the port it
+    is bound to; ListenError when the address cannot be bound (in use, or not an address of this machine)."""
+    listen = listen or config.server.listen
+    probe_listen_address(listen)
     options = [
         # A server's desired state may be larger than any request (workers x job specs at the
         # cap), and agents accept up to MAX_DESIRED_STATE_BYTES; sending less would cut the
@@ -101,16 +104,16 @@ def bind_server(config: SchedulerConfig, gate: LeaderGate) -> tuple[grpc.aio.Ser
         TokenFile(sec.tokens_file, on_error=lambda problem: log.error("token file not reloaded", reason=problem)),
         tls=True, max_user_priority=sec.max_user_priority)]
     credentials = None if sec.insecure else server_credentials(sec.tls_cert, sec.tls_key, sec.tls_client_ca)
-    server = grpc.aio.server(options=options, interceptors=[*interceptors, gate])
+    server = grpc.aio.server(options=options, interceptors=[*interceptors, *([gate] if gate is not None else [])])
     try:
         if credentials is None:
-            port = server.add_insecure_port(config.server.listen)
+            port = server.add_insecure_port(listen)
         else:
-            port = server.add_secure_port(config.server.listen, credentials)
+            port = server.add_secure_port(listen, credentials)
     except RuntimeError:  # grpc's "Failed to bind to address ..."
         port = 0
     if port == 0:  # taken between the probe and here, or a form only gRPC understands
-        raise ListenError(f"cannot listen on {config.server.listen}; {LISTEN_HINT}")
+        raise ListenError(f"cannot listen on {listen}; {LISTEN_HINT}")
     return server, port
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -121,6 +121,13 @@ class Agents:
         calls ``write_behind`` with each (see the module's docstring). Without one, such a report is
         written on the caller's thread before it is answered."""
         self._behind = writer
+
+    def read_in_transaction_only(self, watched: Callable[[str], bool]) -> None:
+        """From now on, a decision's transaction reads the desired state of only the servers ``watched`` says
+        this process streams, to push right after its commit; the others' are read after commit by whoever
+        streams them (the desired-state streams' own process, ``push_process``, in its own interpreter), so the
+        decision's transaction, and every agent of it, does not wait for a read this process would not use."""
+        self._desired.read_in_transaction = watched
 
     def register(self, reg: ServerRegistration) -> DesiredServerState:
         now = self._clock.now()

@@ -32,11 +32,16 @@ DESIRED_SERVER_COLUMNS = tuple(
 
 
 class DesiredStates:
-    """``epoch``: the scheduler's current epoch (agents fence on it). A job's workers meet on the port
-    ``store.ports`` assigned it on its rank 0's server."""
+    """``epoch``: the scheduler's current epoch (agents fence on it); None where the reader holds no term
+    of its own (the desired-state streams' process, ``push_process``): each read then takes the newest
+    term's epoch in its own transaction, which is the leader's (a term begins only with a start or with
+    the leader lease). A job's workers meet on the port ``store.ports`` assigned it on its rank 0's server."""
 
-    def __init__(self, *, epoch: Callable[[], int]) -> None:
+    def __init__(self, *, epoch: Callable[[], int] | None) -> None:
         self._epoch = epoch
+        # Whose desired state ``bump`` reads inside the transaction, for ``Transactions`` to publish after
+        # commit: every server's, unless told otherwise (``app.agents.Agents.read_in_transaction_only``).
+        self.read_in_transaction: Callable[[str], bool] = lambda server_id: True
 
     def bump(self, session: Session, server_ids: Iterable[str]) -> None:
         """One desired-generation bump per server, in one statement. The version moves too, so a
@@ -59,7 +64,11 @@ class DesiredStates:
             server = session.identity_map.get(session.identity_key(m.Server, server_id))
             if server is not None:
                 session.expire(server)
-        stage_desired_states(session, self.of(session, bumped))
+        # A server left out here is announced as changed after commit (``app.notices``) and read by whoever
+        # streams it: the desired-state streams' own process reads it in its own interpreter (``push_process``).
+        read_now = [row for row in bumped if self.read_in_transaction(row.id)]
+        if read_now:
+            stage_desired_states(session, self.of(session, read_now))
 
     def read(self, session: Session, ids: Sequence[str]) -> dict[str, DesiredServerState]:
         """The desired state of each registered server among ``ids``. Core rows with only the columns
@@ -99,7 +108,7 @@ class DesiredStates:
         workers: dict[str, list[Any]] = defaultdict(list)
         for row in here:
             workers[row.server_id].append(row)
-        epoch = self._epoch()
+        epoch = self._epoch() if self._epoch is not None else newest_epoch(session)
         states = {}
         for server in sorted(servers, key=lambda row: row.id):
             specs = []
@@ -121,6 +130,11 @@ class DesiredStates:
                 server.id, epoch, server.desired_generation, server.state, tuple(specs)
             )
         return states
+
+
+def newest_epoch(session: Session) -> int:
+    """The epoch of the newest scheduler term (0 before the first)."""
+    return int(session.execute(sa.select(sa.func.max(m.SchedulerTerm.epoch))).scalar() or 0)
 
 
 def _batch_fields(row: Any) -> dict[str, Any]:
