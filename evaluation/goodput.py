@@ -74,6 +74,7 @@ from typing import Any
 
 from evaluation.headline import DEMAND_QUANTILE, GPUS_PER_SERVER, busy_regime
 from evaluation.report import process_pool
+from scheduler_service.core.apply_rules import ApplySettings
 from scheduler_service.core.clock import Clock
 from scheduler_service.core.goodput import BatchSplit, GradParams, StepSample, progress_rate, split_batch
 from scheduler_service.core.params import PolicyParams
@@ -306,7 +307,7 @@ def run_goodput(jobs: list[TraceJob], truths: dict[int, GoodputTruth], demand: l
     """One run of ``policy`` on the goodput cluster (the engine's ``simulate`` on a ``GoodputCluster``)."""
     clock = VirtualClock(0.0)
     cluster = GoodputCluster(spec, clock, truths, restart_overhead_s=30.0, checkpoint_interval_s=1800.0,
-                             drain_ack_s=1.0, reclaim_deadline_s=PARAMS.reclaim_deadline_s)
+                             drain_ack_s=1.0, apply_settings=ApplySettings.of(PARAMS))
     return simulate(jobs, demand, spec, policy, PARAMS, seed=seed, min_cycle_gap_s=CYCLE_GAP_S,
                     cluster=cluster, clock=clock, max_time_s=max_time_s, estimates=estimates)
 

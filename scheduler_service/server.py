@@ -50,6 +50,7 @@ from scheduler_service.app.forecast import ForecastProcess, Forecasts
 from scheduler_service.app.lease import Leadership
 from scheduler_service.clock import SystemClock
 from scheduler_service.config import SchedulerConfig
+from scheduler_service.core.apply_rules import ApplySettings
 from scheduler_service.core.clock import Clock
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.cycle import SchedulingCycle
@@ -158,7 +159,7 @@ class SchedulerService:
                 app = SchedulerApp(
                     session_factory(self.engine), self.clock, notifier=notifier,
                     master_ports=cfg.scheduling.master_ports, telemetry_write_s=cfg.agents.telemetry_write_s,
-                    reclaim_deadline_s=self.policy_params.reclaim_deadline_s,
+                    apply_settings=ApplySettings.of(self.policy_params),
                     deadline_admission=DeadlineAdmission(cfg.scheduling.deadline_admission),
                     amdahl_alpha=self.policy_params.amdahl_alpha,
                     priority_classes=cfg.scheduling.priority_classes,

@@ -49,9 +49,8 @@ import heapq
 from collections.abc import Mapping, Sequence
 from math import floor
 
-from scheduler_service.core.apply_rules import LoanState
+from scheduler_service.core.apply_rules import DEFAULT_APPLY_SETTINGS, ApplySettings, LoanState
 from scheduler_service.core.clock import Clock
-from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.snapshot import (
     AdminState,
     ClusterSnapshot,
@@ -87,7 +86,7 @@ class SimulatedCluster(PlanApplication):
         restart_overhead_s: float = 30.0,
         checkpoint_interval_s: float = 1800.0,
         drain_ack_s: float | None = 1.0,
-        reclaim_deadline_s: float = PolicyParams.reclaim_deadline_s,
+        apply_settings: ApplySettings = DEFAULT_APPLY_SETTINGS,
         training_server_ids: Sequence[str] | None = None,
     ) -> None:
         """``training_server_ids``: the training servers' names, one per server (default ``t0000``..)."""
@@ -101,8 +100,8 @@ class SimulatedCluster(PlanApplication):
         self._clock = clock
         self.restart_overhead_s = float(restart_overhead_s)
         self.checkpoint_interval_s = float(checkpoint_interval_s)
-        # A RECLAIM step's hard deadline, as the service sets it (the policy's reclaim_deadline_s).
-        self.reclaim_deadline_s = float(reclaim_deadline_s)
+        # What a plan is applied under, as the service applies it (a RECLAIM step's hard deadline).
+        self.apply_settings = apply_settings
         # The router's drain acknowledgement, this long after a LOAN step; None (or < 0): no router.
         self.drain_ack_s = float(drain_ack_s) if drain_ack_s is not None and drain_ack_s >= 0 else None
         self._drain_acks: dict[str, float] = {}  # DRAINING server -> when the router acknowledges it
@@ -164,7 +163,7 @@ class SimulatedCluster(PlanApplication):
         restart_overhead_s: float = 30.0,
         checkpoint_interval_s: float = 1800.0,
         drain_ack_s: float | None = 1.0,
-        reclaim_deadline_s: float = PolicyParams.reclaim_deadline_s,
+        apply_settings: ApplySettings = DEFAULT_APPLY_SETTINGS,
     ) -> SimulatedCluster:
         """The cluster as ``snapshot`` shows it, at ``clock``'s time (its ``now``): its servers (states,
         loans, health, operators' marks, allocations), its demand, and its active jobs, each as
@@ -182,7 +181,7 @@ class SimulatedCluster(PlanApplication):
         empty = ClusterSpec(0, 0, gpus, gpu_speed=snapshot.gpu_speed, queues=snapshot.queues)
         cluster = cls(empty, clock, restart_overhead_s=restart_overhead_s,
                       checkpoint_interval_s=checkpoint_interval_s, drain_ack_s=drain_ack_s,
-                      reclaim_deadline_s=reclaim_deadline_s)
+                      apply_settings=apply_settings)
         cluster.spec = spec
         now = clock.now()
         servers = []

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from scheduler_service.core.apply_rules import (
+    ApplySettings,
     LoanState,
     RefusalCode,
     RefusalLog,
@@ -25,7 +26,6 @@ from scheduler_service.core.apply_rules import (
     check_preemption,
     check_scale,
     check_start,
-    reclaim_deadline,
 )
 from scheduler_service.core.plan import (
     ApplyLog,
@@ -59,7 +59,7 @@ class PlanApplication(SegmentProgress):
     (``_take``, ``_free``), lifecycle moves (``_set_job_state``, ``_move_server``)."""
 
     # The cluster's state this reads and writes (``SimulatedCluster.__init__`` sets it).
-    reclaim_deadline_s: float
+    apply_settings: ApplySettings
     drain_ack_s: float | None
     outcomes: dict[int, JobOutcome]
     server_outcomes: dict[str, ServerOutcome]
@@ -201,7 +201,7 @@ class PlanApplication(SegmentProgress):
         if rule.loan_before is None:
             server.loan_started_at = now
         if rule.starts_reclaim_deadline:
-            server.reclaim_deadline = reclaim_deadline(now, self.reclaim_deadline_s)
+            server.reclaim_deadline = self.apply_settings.reclaim_deadline(now)
         server.loan = None if rule.loan_after == LoanState.RETURNED else rule.loan_after
         if server.loan is None:
             server.loan_started_at = server.reclaim_deadline = None

@@ -41,6 +41,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NoReturn
 
+from scheduler_service.core.apply_rules import ApplySettings
 from scheduler_service.core.demand_forecast import DemandForecaster
 from scheduler_service.core.invariants import check_plan
 from scheduler_service.core.params import PolicyParams
@@ -192,7 +193,7 @@ def simulate(
         clock = VirtualClock(0.0)
         cluster = SimulatedCluster(spec, clock, restart_overhead_s=restart_overhead_s,
                                    checkpoint_interval_s=checkpoint_interval_s, drain_ack_s=drain_ack_s,
-                                   reclaim_deadline_s=params.reclaim_deadline_s)
+                                   apply_settings=ApplySettings.of(params))
     faults = FailureSchedule(failures, cluster.server_ids, seed=seed)
     state: ClusterState = PlanChecker(cluster) if check_plans else cluster
     if wrap_state is not None:

@@ -34,6 +34,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from scheduler_service.core.apply_rules import ApplySettings
 from scheduler_service.core.params import PolicyParams, changed_params
 from scheduler_service.core.plan import ApplyResult, Plan, ScaleJob, StartJob
 from scheduler_service.core.predict import remaining_seconds
@@ -193,7 +194,7 @@ def run_forward(
     cluster = SimulatedCluster.from_snapshot(
         snapshot, traces, clock, done_since_checkpoint=done, restart_overhead_s=settings.restart_overhead_s,
         checkpoint_interval_s=settings.checkpoint_interval_s, drain_ack_s=settings.drain_ack_s,
-        reclaim_deadline_s=params.reclaim_deadline_s,
+        apply_settings=ApplySettings.of(params),
     )
     watchers: list[_StartWatcher] = []
 

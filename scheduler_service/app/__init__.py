@@ -43,6 +43,7 @@ from scheduler_service.app.retention import EventRetention
 from scheduler_service.app.server_admin import ServerAdmin
 from scheduler_service.app.term import Term
 from scheduler_service.app.views import ClusterViews
+from scheduler_service.core.apply_rules import DEFAULT_APPLY_SETTINGS, ApplySettings
 from scheduler_service.core.clock import Clock
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.store.agents import AgentStore
@@ -61,8 +62,8 @@ from scheduler_service.store.transactions import Transactions
 class SchedulerApp:
     """The use cases of one scheduler, composed. ``master_ports``: the MASTER_PORT range a job's
     workers meet on, one port per (rank 0's server, job) (``store.ports``); ``telemetry_write_s``: how
-    often a status report that says nothing new is still written; ``reclaim_deadline_s``: how long a
-    reclaimed server waits for its agent."""
+    often a status report that says nothing new is still written; ``apply_settings``: what the plans are
+    applied under (``core.apply_rules.ApplySettings``: how long a reclaimed server waits for its agent)."""
 
     def __init__(
         self,
@@ -72,7 +73,7 @@ class SchedulerApp:
         notifier: Notifier | None = None,
         master_ports: range = DEFAULT_MASTER_PORTS,
         telemetry_write_s: float = 15.0,
-        reclaim_deadline_s: float = PolicyParams.reclaim_deadline_s,
+        apply_settings: ApplySettings = DEFAULT_APPLY_SETTINGS,
         deadline_admission: DeadlineAdmission = DeadlineAdmission.WARN,
         amdahl_alpha: float = PolicyParams.amdahl_alpha,
         priority_classes: Mapping[str, int] | None = None,
@@ -88,7 +89,7 @@ class SchedulerApp:
         notices = Announcer(self.notifier, db, digests)
         self.cluster = DatabaseCluster(
             db, SnapshotReader(clock, demand_rules, gpu_speeds=gpu_speeds),
-            Applier(changes, desired, clock, reclaim_deadline_s=reclaim_deadline_s, ports=MasterPorts(master_ports)),
+            Applier(changes, desired, clock, settings=apply_settings, ports=MasterPorts(master_ports)),
             notices,
         )
         self.queues = Queues(db, clock, notices, snapshot=self.cluster.snapshot, priority_classes=priority_classes)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
+from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.plan import (
     Action,
     ApplyLog,
@@ -266,11 +267,27 @@ def check_loan_step(facts: ApplyFacts, action: ServerAction) -> LoanStepRule:
     return rule
 
 
-def reclaim_deadline(reclaimed_at: float, reclaim_deadline_s: float) -> float:
-    """The reclaim's hard deadline, set at the RECLAIM step: past it the server goes back to inference
-    even without its agent's confirmation that the training workers stopped (the policy's
-    ``reclaim_deadline_s``; routing still waits for the confirmation)."""
-    return reclaimed_at + reclaim_deadline_s
+@dataclass(frozen=True, slots=True)
+class ApplySettings:
+    """The parameters every applier applies a plan under, one value for both sides (the service's
+    ``store.applier.Applier``, the simulator's ``SimulatedCluster``), built from the policy's (``of``) so
+    that the two cannot drift apart. ``reclaim_deadline_s``: how long after a RECLAIM step the server goes
+    back to inference even without its agent's confirmation (``reclaim_deadline``)."""
+
+    reclaim_deadline_s: float = PolicyParams.reclaim_deadline_s
+
+    @classmethod
+    def of(cls, params: PolicyParams) -> ApplySettings:
+        return cls(reclaim_deadline_s=params.reclaim_deadline_s)
+
+    def reclaim_deadline(self, reclaimed_at: float) -> float:
+        """The reclaim's hard deadline, set at the RECLAIM step: past it the server goes back to inference
+        even without its agent's confirmation that the training workers stopped (routing still waits for
+        the confirmation)."""
+        return reclaimed_at + self.reclaim_deadline_s
+
+
+DEFAULT_APPLY_SETTINGS = ApplySettings()  # under the default policy parameters
 
 
 # -- reporting refusals ----------------------------------------------------------------------------

@@ -45,7 +45,7 @@ class ServerView:
     agent_converged: bool = True        # the agent has applied the newest desired state
     drained: bool = False               # DRAINING: the router reports nothing in flight there any more
     # RECLAIMING: when it goes back to inference without its agent's confirmation (set at the RECLAIM
-    # step, ``core.apply_rules.reclaim_deadline``; the service keeps it on the loan row).
+    # step, ``core.apply_rules.ApplySettings.reclaim_deadline``; the service keeps it on the loan row).
     reclaim_deadline: float | None = None
     admin: AdminState = AdminState.NONE   # cordoned, draining, left (see ``AdminState``)
     # DRAINING/DELETING: from when the jobs that cannot shrink off are preempted (None: never; they finish)

@@ -30,6 +30,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm.exc import StaleDataError
 
 from scheduler_service.core.apply_rules import (
+    ApplySettings,
     LoanState,
     RefusalCode,
     RefusalLog,
@@ -38,7 +39,6 @@ from scheduler_service.core.apply_rules import (
     check_preemption,
     check_scale,
     check_start,
-    reclaim_deadline,
 )
 from scheduler_service.core.batch import job_batch
 from scheduler_service.core.clock import Clock
@@ -90,18 +90,17 @@ class SqlApplyLog(ApplyLog):
 
 
 class Applier:
-    """``reclaim_deadline_s``: how long after a RECLAIM the server goes back to inference even
-    without its agent's confirmation (the policy's ``reclaim_deadline_s``; ``core.apply_rules
-    .reclaim_deadline``)."""
+    """``settings``: the parameters a plan is applied under, the simulator's as well
+    (``core.apply_rules.ApplySettings``: the policy's reclaim deadline)."""
 
     def __init__(
-        self, changes: StateChanges, desired: DesiredStates, clock: Clock, *, reclaim_deadline_s: float,
+        self, changes: StateChanges, desired: DesiredStates, clock: Clock, *, settings: ApplySettings,
         ports: MasterPorts | None = None,
     ) -> None:
         self._changes = changes
         self._desired = desired
         self._clock = clock
-        self._reclaim_deadline_s = reclaim_deadline_s
+        self._settings = settings
         self._ports = ports or MasterPorts()
 
     def apply(self, session: Session, plan: Plan, stamps: Mapping[int, str] = NO_STAMPS) -> SqlApplyLog:
@@ -369,7 +368,7 @@ class Applier:
         elif rule.loan_after != loan.state:
             loan.state = rule.loan_after
             if rule.starts_reclaim_deadline:
-                loan.hard_deadline = reclaim_deadline(now, self._reclaim_deadline_s)
+                loan.hard_deadline = self._settings.reclaim_deadline(now)
             if rule.loan_after == LoanState.RETURNED:
                 loan.ended_at = now
                 loan.reason = summary

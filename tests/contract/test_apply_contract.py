@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from scheduler_service.app import SchedulerApp
-from scheduler_service.core.apply_rules import RefusalCode
+from scheduler_service.core.apply_rules import ApplySettings, RefusalCode
 from scheduler_service.core.faults import plan_evictions
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.plan import (
@@ -64,7 +64,8 @@ JOBS = (  # (gpus per worker, min workers, max workers), ids 1.. in this order
     (1, 1, 2),
 )
 STEP_S = 10.0  # the clocks move this far before every plan
-RECLAIM_DEADLINE_S = PolicyParams().reclaim_deadline_s
+SETTINGS = ApplySettings.of(PolicyParams())
+RECLAIM_DEADLINE_S = SETTINGS.reclaim_deadline_s
 NO_PROTECTION = PolicyParams(min_resize_interval_s=0, max_disruptions_per_hour=0)  # core.protection off
 
 C = RefusalCode
@@ -84,7 +85,7 @@ class ServiceSide:
     def __init__(self, database_url: str) -> None:
         self.clock = ManualClock(T0)
         self.engine = create_engine_for(database_url)
-        self.app = SchedulerApp(session_factory(self.engine), self.clock, reclaim_deadline_s=RECLAIM_DEADLINE_S)
+        self.app = SchedulerApp(session_factory(self.engine), self.clock, apply_settings=SETTINGS)
         self.app.term.start("test")
         self.servers = {f"t{k:04d}": Pool.TRAINING for k in range(SPEC.training_servers)}
         self.servers |= {f"i{k:04d}": Pool.INFERENCE for k in range(SPEC.inference_servers)}
@@ -144,7 +145,7 @@ class SimulatorSide:
 
     def __init__(self) -> None:
         self.clock = VirtualClock(T0)
-        self.cluster = SimulatedCluster(SPEC, self.clock, reclaim_deadline_s=RECLAIM_DEADLINE_S)
+        self.cluster = SimulatedCluster(SPEC, self.clock, apply_settings=SETTINGS)
         for job in trace_jobs():
             self.cluster.submit(job)
 
@@ -211,7 +212,7 @@ class GoodputSide(SimulatorSide):
 
     def __init__(self) -> None:  # the outside world's events reach its simulated cluster as SimulatorSide's
         self.clock = VirtualClock(T0)
-        self.cluster = SimulatedCluster(SPEC, self.clock, reclaim_deadline_s=RECLAIM_DEADLINE_S)
+        self.cluster = SimulatedCluster(SPEC, self.clock, apply_settings=SETTINGS)
         self.jobs = [PlacedJob(job) for job in trace_jobs()]
         # The script's PlacedJobs stand in for SimJobs: the cluster only holds them and hands them back.
         self.goodput = GoodputCluster(self.jobs, self.cluster, AsSubmitted(), restart_s=30.0)  # type: ignore[arg-type]

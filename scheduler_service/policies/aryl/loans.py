@@ -45,7 +45,7 @@ def loan_cycle(cycle: _Cycle, *, naive_reclaim: bool, elastic: bool, forecast: b
     for s in sorted(inference, key=lambda s: (s.state_since, s.server_id)):
         by_state.setdefault(s.state, []).append(s)
     # Vacated reclaimed servers serve again once their agent confirms it stopped the workers, or
-    # at the reclaim's hard deadline, set by the RECLAIM step (``core.apply_rules.reclaim_deadline``;
+    # at the reclaim's hard deadline, set by the RECLAIM step (``core.apply_rules.ApplySettings.reclaim_deadline``;
     # the router still routes there only once the agent confirms).
     for s in by_state.get(ServerState.RECLAIMING, []):
         if s.allocated:
