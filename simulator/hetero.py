@@ -14,6 +14,11 @@ Modelling choices (the study's simulator's, as its paper and README describe the
 - **cluster**: pools of one GPU type each, ``TypePool`` (nodes x GPUs per node); the study's
   "heterogeneous" cluster is ``SIA_CLUSTER``: 6 x 4 T4 (``aws``), 2 x 8 A100 (``dgx-ext``), 3 x 8 RTX 2080Ti
   (``rtx``). Servers are named ``<type>-<k>``.
+- **an inference pool** (optional, ``HeteroCluster(inference=...)``; issue 33 item 5): servers of a GPU type
+  of their own, the engine's inference servers (``i0000``..), serving a demand series the caller hands to
+  ``run_hetero``; a loaning policy (``aryl``) may lend the ones not needed to training, where a job placed on
+  them runs at that type's speed by its profile for the type (so the profiles must cover it), and gives them
+  back when demand asks (a reclaim is a restart like any other change of type).
 - **one GPU type per job** (``core.gpu_configs``): a job's GPUs are all of one type; its placement is its
   GPUs per node, which sets its measured step time.
 - **per-type physics**: one ``Application`` per (model, type) from ``placements-<type>.csv`` and
@@ -33,7 +38,14 @@ Modelling choices (the study's simulator's, as its paper and README describe the
   configurations they have run there, ``policies.pollux.GoodputModel``), between the smallest batch their
   GPUs allow and the largest validated one; NCF's requested batch is 32768. ``gavel`` jobs run the
   workload's batch size on the workload's GPU count.
-- **what the policies are told** (``with_estimates``): ``sia`` -- each job's goodput per configuration from
+- **what the other policies are told** (``aryl`` and the policies of one engine that read the trace,
+  ``trace_jobs(shown=...)``): each job's length as a user would declare it (``simulator.estimates``: exact,
+  or its true run time on one GPU times a lognormal error, drawn as every evaluation draws it) and a speed
+  curve: its progress per second with the requested batch, at epoch 0, on 1, 2, 4, .. GPUs of the
+  largest training pool's type (``reference``); the progress it reports is the engine's reckoning on that
+  curve. They are told nothing per type: ``aryl`` keeps each job on one type (``core.placement``) and sizes
+  it as if every type ran at the reference type's speed.
+- **what ``sia`` and ``gavel`` are told** (``with_estimates``): ``sia`` -- each job's goodput per configuration from
   its own fitted models (none on a type it has not run on; Sia then bootstraps), its restarts and age, its
   largest useful size (2x the most GPUs it has run on of any type, at most 64); ``gavel`` -- the throughput
   of the job's requested size on each type (the profile's, calibrated), and the rounds it has received.
@@ -63,9 +75,10 @@ from scheduler_service.policies.sia import SiaJob, SiaPolicy
 from simulator.clock import VirtualClock
 from simulator.cluster import SimulatedCluster
 from simulator.engine import simulate
+from simulator.estimates import Estimates
 from simulator.goodput_jobs import WorkloadJob, placement_of
 from simulator.goodput_profiles import Application, load_application
-from simulator.model import ClusterSpec, TraceJob
+from simulator.model import ClusterSpec, DemandPoint, TraceJob
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # thousands of tiny fits (see simulator.goodput_jobs)
 
@@ -278,6 +291,26 @@ class HeteroJob:
             sizes.append(min(max(2 * seen, 1), MAX_GPUS, typed.app.max_batch_size // typed.min_local))
         return max(sizes)
 
+    def declared_rate(self, pool: TypePool, gpus: int) -> float:
+        """Progress per second of the requested batch on ``gpus`` GPUs of ``pool``, packed, at epoch 0: the
+        speed curve a user could declare (module doc)."""
+        typed = self.apps[pool.gpu_type]
+        app = typed.app
+        batch = min(max(self.spec.batch_size, typed.min_local * gpus), int(app.max_batch_size))
+        per = pool.gpus_per_node
+        placement = (per,) * (gpus // per) + ((gpus % per,) if gpus % per else ())
+        local = math.ceil(batch / gpus - 1e-8)
+        accum = max(0, math.ceil(local / typed.max_local_for(placement) - 1e-8) - 1)
+        atomic = max(typed.min_local, math.ceil(local / (accum + 1) - 1e-8))
+        step, sync = app.step_times(placement, atomic)
+        batch = gpus * atomic * (accum + 1)
+        gain = efficiency_gain(app.grad_params(batch, 0), app.init_batch_size, batch)
+        return gain / (step + (step - sync) * accum) / SLOWDOWN.get(self.model, 1.0)
+
+    def total_progress(self) -> float:
+        app = next(iter(self.apps.values())).app
+        return float(app.epoch_end(app.completion_epoch))
+
     def gavel_throughput(self, pool: TypePool, largest: int) -> float:
         """Iterations per second of its requested size, packed on ``pool`` (0.1 where it is too large)."""
         gpus = self.spec.num_replicas
@@ -303,30 +336,71 @@ class HeteroCluster(SimulatedCluster):
     """The simulated cluster of typed pools, its jobs moved by ``HeteroJob`` physics (module doc)."""
 
     def __init__(self, pools: Sequence[TypePool], jobs: Sequence[HeteroJob], clock: Clock, *, interval_s: float,
-                 policy_restart_s: Mapping[str, float] | None = None) -> None:
+                 policy_restart_s: Mapping[str, float] | None = None, inference: TypePool | None = None) -> None:
+        """``inference``: a pool of inference servers of a GPU type no training pool has (module doc)."""
+        if inference is not None and inference.gpu_type in {p.gpu_type for p in pools}:
+            raise ValueError(f"the inference pool's GPU type {inference.gpu_type!r} is a training pool's too")
         names = [f"{p.gpu_type}-{k:02d}" for p in pools for k in range(p.nodes)]
-        spec = ClusterSpec(len(names), 0, max(p.gpus_per_node for p in pools),
-                           training_gpu_types=tuple((p.gpu_type, p.nodes) for p in pools))
-        super().__init__(spec, clock, restart_overhead_s=0.0, drain_ack_s=None, training_server_ids=names)
-        per_node = {p.gpu_type: p.gpus_per_node for p in pools}
+        every = (*pools, *((inference,) if inference else ()))
+        spec = ClusterSpec(len(names), inference.nodes if inference else 0, max(p.gpus_per_node for p in every),
+                           training_gpu_types=tuple((p.gpu_type, p.nodes) for p in pools),
+                           inference_gpu_type=inference.gpu_type if inference else "")
+        # The router acknowledges a drain a second after a loan begins, as the engine's default (no router
+        # where there is no inference pool, as in the study).
+        super().__init__(spec, clock, restart_overhead_s=0.0, drain_ack_s=1.0 if inference else None,
+                         training_server_ids=names)
+        per_node = {p.gpu_type: p.gpus_per_node for p in every}
         for record in self._servers.values():  # a pool of smaller nodes: fewer GPUs per server
             if len(record.gpu_indices) != per_node[record.gpu_type]:
                 record.gpu_indices = tuple(range(per_node[record.gpu_type]))
                 record.view = None
         self._server_views = tuple(self._servers[s].build_view() for s in sorted(self._servers))
         self.pools = tuple(pools)
+        self.inference = inference
         self.hetero = {job.index + 1: job for job in jobs}   # by job id
         self.interval_s = interval_s
         self._advanced_to = 0.0
         self._policy_restart_s = dict(policy_restart_s or SIA_RESTART_PENALTY_S)
         self.cluster_time = {p.gpu_type: 0.0 for p in pools}
+        self.gpu_seconds_by_type: dict[str, float] = {}   # GPUs held by jobs, by type (loaned ones too)
 
-    def trace_jobs(self) -> list[TraceJob]:
+    def trace_jobs(self, shown: Estimates | None = None, seed: int = 0) -> list[TraceJob]:
         """The engine's arrivals: every job one GPU per worker, 1..64 workers, its work its own; each
         arrives at the end of the round it was submitted in, where the policy first sees it (its JCT
-        counts from its true submission, ``HeteroJob.spec.submit_time``)."""
-        return [TraceJob(key, job.spec.name, self._round_end(job.spec.submit_time), 1, 1, MAX_GPUS, work=math.inf,
-                         throughput=((1, 1.0),), model=job.model) for key, job in self.hetero.items()]
+        counts from its true submission, ``HeteroJob.spec.submit_time``). ``shown``: what a policy that
+        reads the trace sees of the job (module doc), its errors drawn from ``seed``; None: nothing (``sia``
+        and ``gavel`` are told by ``informed``)."""
+        jobs = []
+        for key, job in self.hetero.items():
+            trace = TraceJob(key, job.spec.name, self._round_end(job.spec.submit_time), 1, 1, MAX_GPUS,
+                             work=math.inf, throughput=((1, 1.0),), model=job.model)
+            if shown is not None:
+                trace = self._declared(trace, job, shown, seed)
+            jobs.append(trace)
+        return jobs
+
+    def reference_pool(self) -> TypePool:
+        """The training pool of the most GPUs (the first of them): the type the declared curves are of."""
+        return max(self.pools, key=lambda p: p.nodes * p.gpus_per_node)
+
+    def _declared(self, trace: TraceJob, job: HeteroJob, shown: Estimates, seed: int) -> TraceJob:
+        pool = self.reference_pool()
+        largest = min(MAX_GPUS, pool.nodes * pool.gpus_per_node)
+        sizes = sorted({1, largest} | {2 ** k for k in range(7) if 2 ** k <= largest})
+        points = []
+        for n in sizes:   # up to the largest size its profile measures on the reference type
+            try:
+                points.append((n, job.declared_rate(pool, n)))
+            except ValueError:
+                break
+        curve = tuple(points)
+        total = job.total_progress()
+        if shown.kind == "exact":
+            return replace(trace, throughput=curve, declared_work=total)
+        if shown.kind == "none":
+            return replace(trace, throughput=curve, declared_work=0.0, declared_runtime_s=None)
+        runtime = total / curve[0][1] * shown.error_factor(trace.job_id, seed)
+        return replace(trace, throughput=curve, declared_work=0.0, declared_runtime_s=runtime)
 
     def _round_end(self, t: float) -> float:
         return math.ceil(t / self.interval_s - 1e-9) * self.interval_s
@@ -349,7 +423,9 @@ class HeteroCluster(SimulatedCluster):
                 gpu_type = self._servers[record.workers[0].server_id].gpu_type
                 rounds = (boundary - self._advanced_to)
                 job.time_on[gpu_type] = job.time_on.get(gpu_type, 0.0) + rounds
-                self.cluster_time[gpu_type] += rounds
+                self.cluster_time[gpu_type] = self.cluster_time.get(gpu_type, 0.0) + rounds
+                self.gpu_seconds_by_type[gpu_type] = (self.gpu_seconds_by_type.get(gpu_type, 0.0)
+                                                      + rounds * len(record.workers))
             self._advanced_to = boundary
         done = sorted(k for k in self._running if self.hetero[k].completion_time is not None)
         for key in done:
@@ -374,8 +450,10 @@ class HeteroCluster(SimulatedCluster):
         if not workers:
             return None, ()
         nodes = [w.server_id for w in sorted(workers, key=lambda w: w.rank) for _ in w.gpu_indices]
-        order = {s: i for i, s in enumerate(sorted(set(nodes)))}
-        return self._servers[nodes[0]].gpu_type, placement_of([order[s] for s in nodes])
+        # GPUs per server, in the order the servers first appear by rank (a job whose ranks interleave
+        # servers, as a scale-out may leave them, has the same placement as one whose ranks do not).
+        order = {s: i for i, s in enumerate(dict.fromkeys(nodes))}
+        return self._servers[nodes[0]].gpu_type, placement_of(sorted(order[s] for s in nodes))
 
     # -- estimates handed to the policies --------------------------------------------------------------
 
@@ -428,6 +506,8 @@ class HeteroRunResult:
     cycles: int
     decision_s: tuple[float, ...]     # wall seconds of each decision
     wall_s: float
+    gpu_seconds_by_type: dict[str, float] = field(default_factory=dict)   # GPU-seconds jobs held per type
+    loans: int = 0                    # inference servers lent to training
 
     @property
     def average_jct(self) -> float:
@@ -437,19 +517,28 @@ class HeteroRunResult:
 def run_hetero(workload: Sequence[WorkloadJob], traces_dir: str | Path, policy: str, *,
                pools: Sequence[TypePool] = SIA_CLUSTER, interval_s: float | None = None,
                params: PolicyParams | None = None, max_time_s: float = 30 * 86400.0,
-               check_plans: bool = False) -> HeteroRunResult:
+               check_plans: bool = False, inference: TypePool | None = None,
+               demand: Sequence[DemandPoint] = (), estimates: Estimates | str = "exact",
+               seed: int = 0) -> HeteroRunResult:
     """Simulate ``workload`` under the registered ``policy`` on ``pools`` with the engine (module doc).
-    ``check_plans``: the engine asserts that every plan keeps the invariants and is applied in full."""
+    ``check_plans``: the engine asserts that every plan keeps the invariants and is applied in full.
+    ``inference`` and ``demand``: an inference pool and the servers of it needed over time (empty: no
+    demand signal, so nothing is loaned). ``estimates``: what a policy that reads the trace is told of
+    each job's length (``simulator.estimates``), drawn from ``seed`` (also every snapshot's seed)."""
     import time
 
     interval = interval_s if interval_s is not None else ROUND_S.get(policy, 60.0)
     params = params or PolicyParams()
     names = sorted({j.application for j in workload})
-    apps = {name: {p.gpu_type: load_typed_app(traces_dir, name, p.gpu_type) for p in pools} for name in names}
+    types = [p.gpu_type for p in pools] + ([inference.gpu_type] if inference else [])
+    apps = {name: {t: load_typed_app(traces_dir, name, t) for t in types} for name in names}
     jobs = [HeteroJob(i, spec, apps[spec.application], tuned=policy != "gavel") for i, spec in enumerate(workload)]
     clock = VirtualClock(0.0)
-    cluster = HeteroCluster(pools, jobs, clock, interval_s=interval)
-    decider = informed(create_policy(policy, params).policy, cluster)
+    cluster = HeteroCluster(pools, jobs, clock, interval_s=interval, inference=inference)
+    built = create_policy(policy, params).policy
+    decider = informed(built, cluster)
+    told_apart = decider is not built   # sia, gavel: told by their estimates, not the trace
+    arrivals = cluster.trace_jobs(None if told_apart else Estimates.parse(estimates), seed)
     timings: list[float] = []
 
     class Timed:
@@ -463,13 +552,14 @@ def run_hetero(workload: Sequence[WorkloadJob], traces_dir: str | Path, policy: 
 
     # Every event falls on a round's end (arrivals are moved there, jobs complete there), so cycles run at
     # rounds' ends, and at once again after a plan that moves a job in two steps (``PREEMPTED_TO_MOVE``).
-    result = simulate(cluster.trace_jobs(), [], cluster.spec, Timed(), params, seed=0, cycle_interval_s=interval,
+    result = simulate(arrivals, list(demand), cluster.spec, Timed(), params, seed=seed, cycle_interval_s=interval,
                       min_cycle_gap_s=0.0, max_time_s=max_time_s, cluster=cluster, clock=clock,
                       check_plans=check_plans)
     jcts = {j.spec.name: j.completion_time - j.spec.submit_time for j in jobs if j.completion_time is not None}
     return HeteroRunResult(policy, jcts, {j.spec.name: max(j.restarts, 0) for j in jobs},
                            max((j.completion_time for j in jobs if j.completion_time is not None), default=0.0),
-                           result.cycles, tuple(timings), result.wall_s)
+                           result.cycles, tuple(timings), result.wall_s, dict(cluster.gpu_seconds_by_type),
+                           sum(s.loans for s in result.servers))
 
 
 def summary(result: HeteroRunResult) -> dict[str, object]:
@@ -489,7 +579,9 @@ def summary(result: HeteroRunResult) -> dict[str, object]:
         "policy": result.policy, "job_model": "hetero", "jobs": len(jcts), "avg_jct_s": round(result.average_jct, 3),
         "median_jct_s": quantile(jcts, 0.5), "p99_jct_s": quantile(jcts, 0.99), "makespan_s": result.end_time,
         "avg_restarts": round(sum(result.restarts.values()) / max(1, len(result.restarts)), 3),
-        "wall_s": round(result.wall_s, 2), "decision_mean_ms": round(1000 * sum(times) / max(1, len(times)), 2),
+        "gpu_h_by_type": {t: round(v / 3600, 1) for t, v in sorted(result.gpu_seconds_by_type.items())},
+        "loans": result.loans, "wall_s": round(result.wall_s, 2),
+        "decision_mean_ms": round(1000 * sum(times) / max(1, len(times)), 2),
         "decision_p95_ms": round(1000 * quantile(times, 0.95), 2), "jcts_s": dict(result.jcts),
     }
 

@@ -16,13 +16,16 @@ from scheduler_service.core.gpu_configs import GpuPool, configurations
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.policies.gavel import GavelJob, GavelRound, gavel_allocate, max_sum_throughput
 from scheduler_service.policies.sia import SiaJob, SiaParams, _goodput_row, sia_allocate
+from simulator.clock import VirtualClock
 from simulator.engine import simulate
+from simulator.estimates import Estimates
 from simulator.goodput_jobs import WorkloadJob
-from simulator.hetero import RESTART_S, HeteroJob, TypePool, load_typed_app, run_hetero
-from simulator.model import ClusterSpec, TraceJob
+from simulator.hetero import RESTART_S, HeteroCluster, HeteroJob, TypePool, load_typed_app, run_hetero
+from simulator.model import ClusterSpec, DemandPoint, TraceJob
 
 POOLS = (TypePool("slow", 3, 4), TypePool("fast", 2, 8))
-SPEED = {"slow": 1.0, "fast": 2.5}
+INFER = TypePool("infer", 2, 4)    # an inference pool of a type of its own (issue 33 item 5)
+SPEED = {"slow": 1.0, "fast": 2.5, "infer": 0.6}
 
 
 def _write(path: Path, header: str, rows: Sequence[Sequence[float]]) -> None:
@@ -30,12 +33,12 @@ def _write(path: Path, header: str, rows: Sequence[Sequence[float]]) -> None:
 
 
 def synthetic_traces(root: Path, epochs: int = 100, per_epoch: float = 150.0) -> Path:
-    """A ``cifar10``-named model on the two types of ``POOLS``: step time linear in the local batch,
+    """A ``cifar10``-named model on the types of ``POOLS`` and ``INFER``: step time linear in the local batch,
     slower across nodes, ``SPEED`` times faster on ``fast``; gradient noise that makes larger batches
     less efficient."""
     app = root / "cifar10"
     app.mkdir(parents=True)
-    for pool in POOLS:
+    for pool in (*POOLS, INFER):
         f = SPEED[pool.gpu_type]
         per = pool.gpus_per_node
         placements, scal = [], []
@@ -256,3 +259,50 @@ def test_aryl_sim_runs_the_hetero_job_model(traces: Path, tmp_path: Path, capsys
                  "--check"]) == 0
     table = capsys.readouterr().out
     assert "avg_jct_s" in table and "gavel" in table
+
+
+# -- an inference pool of its own type (issue 33 item 5) ------------------------------------------------
+
+def _demand(needed: int, until: float = 86400.0) -> list[DemandPoint]:
+    return [DemandPoint(0.0, needed), DemandPoint(until, needed)]
+
+
+@pytest.mark.parametrize("policy", ["aryl", "aryl-noloan", "sia", "gavel"])
+def test_only_a_loaning_policy_trains_on_the_inference_type(traces: Path, policy: str) -> None:
+    result = run_hetero(_workload(), traces, policy, pools=POOLS, inference=INFER, demand=_demand(0),
+                        estimates="lognormal:0.8", seed=1, check_plans=True)
+    assert len(result.jcts) == 12
+    loaned = result.gpu_seconds_by_type.get("infer", 0.0)
+    if policy == "aryl":
+        assert result.loans > 0 and loaned > 0   # nothing needed for inference: aryl lends, jobs run on it
+    else:
+        assert result.loans == 0 and loaned == 0
+
+
+def test_no_loan_while_inference_needs_the_whole_pool(traces: Path) -> None:
+    result = run_hetero(_workload(), traces, "aryl", pools=POOLS, inference=INFER, demand=_demand(INFER.nodes),
+                        estimates="lognormal:0.8", seed=0)
+    assert len(result.jcts) == 12 and result.loans == 0 and "infer" not in result.gpu_seconds_by_type
+
+
+def test_jobs_are_declared_with_user_estimates(traces: Path) -> None:
+    apps = {p.gpu_type: load_typed_app(traces, "cifar10", p.gpu_type) for p in (*POOLS, INFER)}
+    jobs = [HeteroJob(i, w, apps, tuned=True) for i, w in enumerate(_workload(4))]
+    cluster = HeteroCluster(POOLS, jobs, VirtualClock(0.0), interval_s=60.0, inference=INFER)
+    assert cluster.spec.inference_servers == 2 and cluster.spec.inference_gpu_type == "infer"
+    assert cluster.reference_pool() == TypePool("fast", 2, 8)
+    exact = cluster.trace_jobs(Estimates.parse("exact"))
+    noisy = cluster.trace_jobs(Estimates.parse("lognormal:0.8"), seed=3)
+    for e, n, job in zip(exact, noisy, jobs, strict=True):
+        assert e.declared_work == pytest.approx(job.total_progress()) and math.isinf(e.work)
+        speeds = [v for _, v in e.throughput]
+        assert all(v > 0 for v in speeds) and [n for n, _ in e.throughput][:3] == [1, 2, 4]
+        truth = job.total_progress() / speeds[0]
+        assert n.declared_runtime_s == pytest.approx(truth * Estimates.parse("lognormal:0.8").error_factor(
+            n.job_id, 3))
+    assert cluster.trace_jobs() == cluster.trace_jobs(None, seed=5)   # sia, gavel: nothing declared
+
+
+def test_an_inference_pool_needs_a_type_of_its_own(traces: Path) -> None:
+    with pytest.raises(ValueError, match="training pool"):
+        HeteroCluster(POOLS, [], VirtualClock(0.0), interval_s=60.0, inference=TypePool("slow", 1, 4))
