@@ -52,6 +52,7 @@ from evaluation.dl2 import dl2_section
 from evaluation.eta import eta_section
 from evaluation.goodput import goodput_section
 from evaluation.headline_sections import headline_section, lead_text, sensitivity_section
+from evaluation.heterogeneity import heterogeneity_section
 from evaluation.inference import inference_section
 from evaluation.pollux import pollux_section
 from evaluation.report import log, process_pool
@@ -93,6 +94,7 @@ SECTIONS: dict[str, Section] = {
     "eta": eta_section,  # evaluation/eta.py: the start-time forecast against actual starts
     "goodput": goodput_section,
     "inference": inference_section,  # evaluation/inference.py: does serving notice the loans?
+    "heterogeneity": heterogeneity_section,  # evaluation/heterogeneity.py: beyond Sia (needs SIA_REF_GIT)
 }
 
 

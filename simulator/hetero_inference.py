@@ -80,32 +80,51 @@ def compare(workload_csv: Path, traces_dir: Path, rate_csv: str | Path, *, polic
     return out
 
 
+def run_beyond(git_dir: str, workloads: Sequence[str], rate_csv: str | Path, *,
+               policies: Sequence[str] = POLICIES, seeds: Sequence[int] = SEEDS,
+               log: Callable[[str], None] = print,
+               after_each: Callable[[dict[str, dict[str, dict[str, object]]]], None] | None = None,
+               ) -> dict[str, dict[str, dict[str, object]]]:
+    """``compare`` on each of ``workloads`` (``<set>/<workload>``), its inputs extracted from ``git_dir`` (the
+    artifact, ``simulator.hetero_gate.extract``) into a temporary folder deleted after; ``after_each`` is
+    called with the figures so far after every workload."""
+    scratch = Path(tempfile.mkdtemp(prefix="aryl-sia-inputs."))
+    results: dict[str, dict[str, dict[str, object]]] = {}
+    try:
+        extract(git_dir, [f"traces/{m}" for m in MODELS] + [f"workloads/{w}.csv" for w in workloads], scratch)
+        for workload in workloads:
+            results[workload] = compare(scratch / "workloads" / f"{workload}.csv", scratch / "traces", rate_csv,
+                                        policies=policies, seeds=seeds, log=log)
+            if after_each is not None:
+                after_each(results)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return results
+
+
+HOW_TO_RUN = HOW_TO.replace("make sia-gate", "python -m simulator.hetero_inference")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m simulator.hetero_inference", description=__doc__.split("\n\n")[0])
     parser.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS))
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--seeds", default=",".join(map(str, SEEDS)))
     parser.add_argument("--rate", default=str(DEFAULT_RATE), help="ServeGen's servegen_total_rate_10min.csv")
-    parser.add_argument("--json", help="write the figures here as JSON")
+    parser.add_argument("--json", help="write the figures here as JSON (after each workload)")
     args = parser.parse_args(argv)
     git_dir = os.environ.get("SIA_REF_GIT")
     if not git_dir:
-        print(HOW_TO.format(commit=ARTIFACT_COMMIT).replace("make sia-gate", "python -m simulator.hetero_inference"),
-              file=sys.stderr)
+        print(HOW_TO_RUN.format(commit=ARTIFACT_COMMIT), file=sys.stderr)
         return 2
-    workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
-    scratch = Path(tempfile.mkdtemp(prefix="aryl-sia-inputs."))
-    results: dict[str, dict[str, dict[str, object]]] = {}
-    try:
-        extract(git_dir, [f"traces/{m}" for m in MODELS] + [f"workloads/{w}.csv" for w in workloads], scratch)
-        for workload in workloads:
-            results[workload] = compare(scratch / "workloads" / f"{workload}.csv", scratch / "traces", args.rate,
-                                        policies=[p.strip() for p in args.policies.split(",") if p.strip()],
-                                        seeds=[int(s) for s in args.seeds.split(",") if s.strip()])
-            if args.json:   # after each workload, so a long run leaves what it has
-                Path(args.json).write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+
+    def save(results: dict[str, dict[str, dict[str, object]]]) -> None:
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+
+    results = run_beyond(git_dir, [w.strip() for w in args.workloads.split(",") if w.strip()], args.rate,
+                         policies=[p.strip() for p in args.policies.split(",") if p.strip()],
+                         seeds=[int(s) for s in args.seeds.split(",") if s.strip()], after_each=save)
     for workload, figures in results.items():
         for policy, f in figures.items():
             spread = f["avg_jct_s_range"]
