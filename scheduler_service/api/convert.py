@@ -33,12 +33,20 @@ from scheduler_service.records import (
 _RESTART = {"ON_FAILURE": types_pb2.RESTART_POLICY_ON_FAILURE, "NEVER": types_pb2.RESTART_POLICY_NEVER}
 
 
+# Timestamp's range (``Timestamp.FromNanoseconds`` refuses a time outside it).
+_TIMESTAMP_SECONDS = range(-62135596800, 253402300799 + 1)
+
+
 def timestamp(seconds: float | None) -> timestamp_pb2.Timestamp | None:
-    if seconds is None:
-        return None
-    ts = timestamp_pb2.Timestamp()
-    ts.FromNanoseconds(round(seconds * 1e9))
-    return ts
+    return None if seconds is None else _timestamp(seconds)
+
+
+def _timestamp(seconds: float) -> timestamp_pb2.Timestamp:
+    whole, nanos = divmod(round(seconds * 1e9), 1_000_000_000)
+    if whole not in _TIMESTAMP_SECONDS:
+        timestamp_pb2.Timestamp().FromNanoseconds(round(seconds * 1e9))  # raises its ValueError
+    # FromNanoseconds' fields, set in the constructor: a third of its cost, for every time of every answer.
+    return timestamp_pb2.Timestamp(seconds=whole, nanos=nanos)
 
 
 def duration(seconds: float) -> duration_pb2.Duration:
@@ -81,11 +89,13 @@ def job(row: JobInfo, outlook: DeadlineOutlook | None = None, *,
     predicted finish and deadline status (``app.deadlines``); a goodput job's predicted speed-ups and its
     speed by GPU type (``core.type_speed``: measured, or bootstrapped by the declared ``gpu_speeds``)."""
     message = _job(row, command=row.command, env=row.env, outlook=outlook)
-    message.predicted_speedups.extend(predicted_speedups(row))
-    message.type_speeds.extend(
-        types_pb2.TypeSpeed(gpu_type=s.gpu_type, samples_per_gpu_s=s.samples_per_gpu_s,
-                            local_batch_size=s.local_batch_size, source=s.source, relative=s.relative)
-        for s in type_speeds(row.goodput.step_times, gpu_speeds or {}))
+    if row.batch_limits is not None:
+        message.predicted_speedups.extend(predicted_speedups(row))
+    if row.goodput.step_times:  # speeds by type start from a measured one: none before a first measure
+        message.type_speeds.extend(
+            types_pb2.TypeSpeed(gpu_type=s.gpu_type, samples_per_gpu_s=s.samples_per_gpu_s,
+                                local_batch_size=s.local_batch_size, source=s.source, relative=s.relative)
+            for s in type_speeds(row.goodput.step_times, gpu_speeds or {}))
     return message
 
 
@@ -140,41 +150,54 @@ def _job(row: JobInfo, *, command: Sequence[str], env: Mapping[str, str],
     spec = types_pb2.JobSpec(
         name=row.name, user=row.user, queue=row.queue, command=command, env=env,
         gpus_per_worker=row.gpus_per_worker, min_workers=row.min_workers, max_workers=row.max_workers,
-        priority=row.priority, deadline=timestamp(row.deadline), throughput=hints,
-        max_runtime=duration(row.max_runtime_s) if row.max_runtime_s else None,
-        restart_policy=_RESTART[row.restart_policy], max_restarts=row.max_restarts,
+        priority=row.priority, restart_policy=_RESTART[row.restart_policy], max_restarts=row.max_restarts,
         working_dir=row.working_dir or "", working_dir_if_exists=row.working_dir_if_exists,
         priority_class=row.priority_class, gpu_types=row.gpu_types,
-        batch=types_pb2.BatchHints(
+    )
+    # The optional messages only where the job has them: an absent one is left unset, as a None
+    # argument leaves it, at none of the cost (most jobs have none of them).
+    if row.deadline is not None:
+        spec.deadline.CopyFrom(_timestamp(row.deadline))
+    if hints is not None:
+        spec.throughput.CopyFrom(hints)
+    if row.max_runtime_s:
+        spec.max_runtime.CopyFrom(duration(row.max_runtime_s))
+    if row.batch_limits is not None:
+        spec.batch.CopyFrom(types_pb2.BatchHints(
             init_batch_size=row.batch_limits.init_bsz, max_batch_size=row.batch_limits.max_bsz,
             max_local_batch_size=row.batch_limits.max_atomic_bsz,
-        ) if row.batch_limits is not None else None,
-    )
-    gpus_by_rank: dict[tuple[int, str], list[int]] = defaultdict(list)
-    for a in row.allocations:
-        gpus_by_rank[(a.rank, a.server_id)].append(a.gpu_index)
+        ))
     message = types_pb2.Job(
         job_id=str(row.id), spec=spec, state=job_state(row.state), reason=row.state_reason,
         message=row.state_message, pending_reason=row.pending_reason, size_note=row.size_note,
-        num_workers=row.num_workers,
-        workers=[
-            types_pb2.WorkerAllocation(rank=rank, server_id=sid, gpu_indices=sorted(g))
-            for (rank, sid), g in sorted(gpus_by_rank.items())
-        ],
-        submitted_at=timestamp(row.submitted_at), started_at=timestamp(row.started_at),
-        finished_at=timestamp(row.finished_at), restarts=row.restarts, preemptions=row.preemptions,
+        num_workers=row.num_workers, workers=_workers(row) if row.allocations else (),
+        submitted_at=timestamp(row.submitted_at), restarts=row.restarts, preemptions=row.preemptions,
         idempotency_key=row.idempotency_key or "", version=row.version,
         progress=row.work_done, incarnation=row.incarnation,
-        last_checkpoint_at=timestamp(row.last_checkpoint_at),
         array_job_id=str(row.array_job_id) if row.array_job_id is not None else "", array_index=row.array_index or 0,
         priority_class_value=row.priority_value,
         **goodput_fields(row),
     )
+    if row.started_at is not None:
+        message.started_at.CopyFrom(_timestamp(row.started_at))
+    if row.finished_at is not None:
+        message.finished_at.CopyFrom(_timestamp(row.finished_at))
+    if row.last_checkpoint_at is not None:
+        message.last_checkpoint_at.CopyFrom(_timestamp(row.last_checkpoint_at))
     if outlook is not None:
         confidence = outlook.prediction.confidence if outlook.prediction is not None else 0.0
         message.MergeFrom(types_pb2.Job(**prediction_fields(outlook), deadline_note=outlook.note,
                                         prediction_confidence=confidence))
     return message
+
+
+def _workers(row: JobInfo) -> list[types_pb2.WorkerAllocation]:
+    """The job's workers: one per rank (and server), its GPUs in index order."""
+    gpus_by_rank: dict[tuple[int, str], list[int]] = defaultdict(list)
+    for a in row.allocations:
+        gpus_by_rank[(a.rank, a.server_id)].append(a.gpu_index)
+    return [types_pb2.WorkerAllocation(rank=rank, server_id=sid, gpu_indices=sorted(g))
+            for (rank, sid), g in sorted(gpus_by_rank.items())]
 
 
 def goodput_fields(row: JobInfo) -> dict[str, Any]:

@@ -125,15 +125,19 @@ def job_submission(spec: types_pb2.JobSpec, idempotency_key: str, *, now: float,
                 hint="letters, digits and . _ @ + -")
     queue = text("spec.queue", spec.queue or "default", max_len=128, pattern=IDENT,
                  hint="letters, digits and . _ @ + -")
-    if not spec.command:
+    command = tuple(spec.command)
+    if not command:
         raise InvalidArgument("spec.command", "is required: the program and its arguments")
-    if len(spec.command) > MAX_ARGS:
+    if len(command) > MAX_ARGS:
         raise InvalidArgument("spec.command", f"must have at most {MAX_ARGS} arguments")
-    text("spec.command[0]", spec.command[0], max_len=MAX_ARG_LEN, required=True)
-    for i, arg in enumerate(spec.command):
-        if len(arg) > MAX_ARG_LEN:
-            raise InvalidArgument(f"spec.command[{i}]", f"must be at most {MAX_ARG_LEN} characters")
-        refuse_controls(f"spec.command[{i}]", arg, DATA_CONTROL_CHARS, _DATA_ALLOWED)
+    text("spec.command[0]", command[0], max_len=MAX_ARG_LEN, required=True)
+    # All arguments at once (tab is data, so the joined text holds a refused character only where an
+    # argument does); argument by argument, to name the first bad one, only when something is wrong.
+    if max(map(len, command)) > MAX_ARG_LEN or DATA_CONTROL_CHARS.search("\t".join(command)):
+        for i, arg in enumerate(command):
+            if len(arg) > MAX_ARG_LEN:
+                raise InvalidArgument(f"spec.command[{i}]", f"must be at most {MAX_ARG_LEN} characters")
+            refuse_controls(f"spec.command[{i}]", arg, DATA_CONTROL_CHARS, _DATA_ALLOWED)
     if len(spec.env) > MAX_ENV:
         raise InvalidArgument("spec.env", f"must have at most {MAX_ENV} variables")
     env = dict(spec.env) if spec.env else {}  # an empty protobuf map's dict() costs as much as the rest
@@ -195,7 +199,7 @@ def job_submission(spec: types_pb2.JobSpec, idempotency_key: str, *, now: float,
     gpu_types = _gpu_types(spec.gpu_types)
     limits = _batch_limits(spec.batch, high * gpus) if spec.HasField("batch") else None
     return JobSubmission(
-        name=name, user=user, queue=queue, command=tuple(spec.command), env=env,
+        name=name, user=user, queue=queue, command=command, env=env,
         gpus_per_worker=gpus, min_workers=low, max_workers=high, priority=spec.priority, deadline=deadline,
         throughput=throughput, max_runtime_s=max_runtime, restart_policy=policy, max_restarts=restarts,
         idempotency_key=submission_key, working_dir=working_dir,

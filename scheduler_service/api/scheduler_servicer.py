@@ -128,11 +128,11 @@ class SchedulerServicer(OperatorRpcs, scheduler_pb2_grpc.SchedulerServiceService
         admission = admit(submission) if submission.deadline is None else await self.run(admit, submission)
         if auth.caller() is not None:  # committed on another thread: the actor goes with the submission
             submission = dataclasses.replace(submission, submitted_by=auth.actor())
-        # If the call is cancelled (deadline, client gone), wrap_future withdraws the submission unless
-        # its group is already committing (then the job is queued: a retry with the same key and spec
-        # is answered with it).
+        # If the call is cancelled (deadline, client gone), its submission is withdrawn unless its group
+        # is already committing (then the job is queued: a retry with the same key and spec is answered
+        # with it).
         try:
-            record = await asyncio.wrap_future(self._submissions.submit(submission))
+            record = await self._submissions.submit_on_loop(submission)
         except KeyInUse as exc:
             await self._refuse_key_in_use(
                 context, exc, owner=submission.user,
@@ -224,7 +224,7 @@ class SchedulerServicer(OperatorRpcs, scheduler_pb2_grpc.SchedulerServiceService
         if self._cancellations is None:
             record = await self.run(self.app.jobs.cancel, job_id, reason, actor)
         else:  # concurrent cancels share one transaction; a call cancelled first is withdrawn as above
-            record = await asyncio.wrap_future(self._cancellations.submit((job_id, reason, actor)))
+            record = await self._cancellations.submit_on_loop((job_id, reason, actor))
         return scheduler_pb2.CancelJobResponse(job=convert.job(record))
 
     @rpc

@@ -57,6 +57,11 @@ def refuse_controls(field: str, value: str, pattern: re.Pattern[str], allowed: s
         )
 
 
+# Patterns whose every match is printable ASCII: a value one of them matches has passed the character
+# rule already (``text`` then skips the second scan; a value none matches is refused as before).
+_PRINTABLE_PATTERNS = frozenset({IDENT, HOSTNAME})
+
+
 def text(field: str, value: str, *, max_len: int, required: bool = False, pattern: re.Pattern[str] | None = None,
          hint: str = "") -> str:
     """A printable string: none of ``CONTROL_CHARS`` (PostgreSQL refuses NUL; the rest display
@@ -67,6 +72,8 @@ def text(field: str, value: str, *, max_len: int, required: bool = False, patter
         return value
     if len(value) > max_len:
         raise InvalidArgument(field, f"must be at most {max_len} characters (got {len(value)})")
+    if pattern in _PRINTABLE_PATTERNS and pattern.fullmatch(value):
+        return value
     refuse_controls(field, value, CONTROL_CHARS)
     if pattern is not None and not pattern.fullmatch(value):
         raise InvalidArgument(field, f"{value!r} is not valid{': ' + hint if hint else ''}")
