@@ -5,7 +5,9 @@ stopped, and shuts down gracefully.
 thread (tests, the demo). It builds the use cases (``app``), the policy, the leadership, the
 post-commit fan-outs and the servicers; ``grpc_server`` puts them on a gRPC server (asyncio) with
 health checking and server reflection, and ``service_loops`` runs the scheduling cycles, liveness
-sweeps and event pruning beside the RPCs. What this module must never do: decide anything or hold
+sweeps and event pruning beside the RPCs. Where asked (``push_process``), the agents' desired-state streams
+are served by a process of their own too (``scheduler_service.push_process``), fed after each commit, so that
+a push never waits for this process's interpreter lock. What this module must never do: decide anything or hold
 SQL (it wires what does).
 
 On PostgreSQL several schedulers may share the database (``docs/ha.md``): each starts as a standby
@@ -59,6 +61,7 @@ from scheduler_service.grpc_server import SERVICE_NAMES, add_services, bind_serv
 from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.notify.notifier import AsyncNotifier
 from scheduler_service.policies import create_policy
+from scheduler_service.push_process import FeedingNotifier, PushProcess
 from scheduler_service.service_loops import ServiceLoops
 from scheduler_service.solvers import warm_up as warm_up_solvers
 from scheduler_service.store import lease as lease_store
@@ -98,12 +101,20 @@ def reaching_database(url: str) -> Iterator[None]:
 
 
 class SchedulerService:
-    def __init__(self, config: SchedulerConfig, *, tune_gc: bool = False, clock: Clock | None = None) -> None:
+    def __init__(self, config: SchedulerConfig, *, tune_gc: bool = False, clock: Clock | None = None,
+                 push_process: bool = False) -> None:
         """``tune_gc``: the service owns its process (``aryl-scheduler``), so it may tune the garbage
         collector for it (``tune_garbage_collector``); not for a service inside another program.
-        ``clock``: the system's unless given (tests jump its wall time, ``tests/chaos``)."""
+        ``push_process``: serve the agents' desired-state streams from a process of their own as well
+        (``push_process``). Off unless asked for: at a load average of 11-16 on 2 cores it measured no better
+        than one process (benchmarks/README.md, ``agent_fleet``), and no agent but the benchmarks' fake ones
+        watches on its port yet. ``clock``: the system's unless given (tests jump its wall time, ``tests/chaos``)."""
         self.config = config
         self._tune_gc = tune_gc
+        # The desired-state streams' own process (None: this process serves them alone), started in ``run``.
+        self.push_process: PushProcess | None = None
+        if push_process:
+            self.push_process = PushProcess(config, config.server.listen.rsplit(":", 1)[0])
         self.clock: Clock = clock or SystemClock()
         # Fail fast on an unknown name or a bad tunable.
         missing = config.security.missing()
@@ -156,8 +167,10 @@ class SchedulerService:
                 if cfg.database.auto_migrate:
                     await asyncio.to_thread(upgrade, cfg.database.url)
                 notifier = AsyncNotifier(loop)
+                push = self.push_process
                 app = SchedulerApp(
-                    session_factory(self.engine), self.clock, notifier=notifier,
+                    session_factory(self.engine), self.clock,
+                    notifier=notifier if push is None else FeedingNotifier(notifier, push.feed),
                     master_ports=cfg.scheduling.master_ports, telemetry_write_s=cfg.agents.telemetry_write_s,
                     apply_settings=ApplySettings.of(self.policy_params),
                     deadline_admission=DeadlineAdmission(cfg.scheduling.deadline_admission),
@@ -194,6 +207,14 @@ class SchedulerService:
         except BaseException:
             await self._stop_lease(lease_stop, lease_thread)
             raise
+        if push is not None:
+            try:
+                await asyncio.to_thread(push.start)
+            except Exception as exc:  # noqa: BLE001 - this process serves the streams alone, as without one
+                log.error("the desired-state streams' own process did not start; the scheduler serves them alone",
+                          error=repr(exc))
+                await asyncio.to_thread(push.close)
+                push = self.push_process = None
         if self._tune_gc:
             tune_garbage_collector()
         executor = ThreadPoolExecutor(max_workers=cfg.server.worker_threads, thread_name_prefix="aryl-rpc")
@@ -232,6 +253,14 @@ class SchedulerService:
         sec = cfg.security
         log_reader = AgentLogReader(timeout_s=cfg.agents.rpc_timeout_s, security=ClientSecurity(
             insecure=sec.insecure, ca_file=sec.tls_client_ca, cert_file=sec.tls_cert, key_file=sec.tls_key))
+        agents = AgentServicer(app, executor, notifier, report_interval_s=cfg.agents.report_interval_s,
+                               desired_state_refresh_s=cfg.agents.desired_state_refresh_s,
+                               grace_period_s=cfg.scheduling.default_grace_period_s,
+                               endpoint_allow=cfg.inference.endpoint_allow,
+                               desired_state_port=(lambda: None) if push is None else (lambda: push.port))
+        if push is not None:
+            # Its agents' states are read by the push process after commit, not inside the decision's transaction.
+            app.agents.read_in_transaction_only(agents.watching)
         health_servicer = add_services(
             server,
             SchedulerServicer(app, executor, notifier, policy_name=self.policy.name, clock_now=self.clock.now,
@@ -240,10 +269,7 @@ class SchedulerService:
                               stream_limits=stream_limits, forecasts=forecasts,
                               allow_loader_env=cfg.security.allow_loader_env, gpu_speeds=cfg.scheduling.gpu_speeds,
                               demand_forecast=self._demand_outlook),
-            AgentServicer(app, executor, notifier, report_interval_s=cfg.agents.report_interval_s,
-                          desired_state_refresh_s=cfg.agents.desired_state_refresh_s,
-                          grace_period_s=cfg.scheduling.default_grace_period_s,
-                          endpoint_allow=cfg.inference.endpoint_allow),
+            agents,
             InferenceServicer(app, executor, notifier, stream_limits=stream_limits),
         )
         await server.start()
@@ -280,6 +306,8 @@ class SchedulerService:
             except asyncio.CancelledError:
                 pass
         await asyncio.to_thread(telemetry_writer.close)  # what waits is written while this scheduler leads
+        if push is not None:
+            await asyncio.to_thread(push.close)
         if self.leadership is not None and lease_thread is not None:
             await self._stop_lease(lease_stop, lease_thread)
             self.leadership.close()
@@ -427,10 +455,10 @@ class ServerHandle:
 
 
 def serve_in_background(config: SchedulerConfig, *, ready_timeout: float = 120.0,
-                        clock: Clock | None = None) -> ServerHandle:
-    """Start a scheduler in a daemon thread (on ``clock``, the system's by default); returns once it
-    accepts connections."""
-    service = SchedulerService(config, clock=clock)
+                        clock: Clock | None = None, push_process: bool = False) -> ServerHandle:
+    """Start a scheduler in a daemon thread (on ``clock``, the system's by default; with the desired-state
+    streams' own process where ``push_process``); returns once it accepts connections."""
+    service = SchedulerService(config, clock=clock, push_process=push_process)
     errors: list[BaseException] = []
 
     def target() -> None:
