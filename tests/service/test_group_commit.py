@@ -21,6 +21,7 @@ from grpc_health.v1 import health_pb2
 from protos.aryl.v1 import scheduler_pb2, types_pb2
 from scheduler_service.errors import Unavailable
 from scheduler_service.group_commit import GroupCommitter
+from tests.fixtures.gated_groups import GatedGroups
 from tests.harness import health_stub, job_spec, scheduler_stub, secure_channel
 from tests.helpers import wait_for
 
@@ -29,28 +30,12 @@ IMPATIENT_S = 0.003  # the deadline of issue 19's impatient client
 PROMPT_S = 5.0  # an ordinary call's deadline: a wedged committer makes it run out
 
 
-class _GatedGroups:
-    """A commit function that records each group and, while ``gate`` is closed, holds the group in
-    flight (as a slow commit does), so that callers can give up behind it."""
-
-    def __init__(self) -> None:
-        self.groups: list[list[str]] = []
-        self.gate = threading.Event()
-        self.in_flight = threading.Event()
-
-    def __call__(self, items: Sequence[str]) -> list[str | Exception]:
-        self.groups.append(list(items))
-        self.in_flight.set()
-        assert self.gate.wait(10), "the test never opened the gate"
-        return [ValueError(item) if item.startswith("bad") else item.upper() for item in items]
-
-
 # --------------------------------------------------------------------------------------------------
 # The committer
 
 
 def test_a_caller_that_gives_up_is_skipped_and_the_others_still_get_their_results() -> None:
-    handler = _GatedGroups()
+    handler = GatedGroups()
     committer: GroupCommitter[str, str] = GroupCommitter(handler, name="test-commit")
     try:
         first = committer.submit("a")
@@ -77,7 +62,7 @@ def test_a_caller_that_gives_up_is_skipped_and_the_others_still_get_their_result
 
 
 def test_a_caller_that_gives_up_once_its_group_commits_gets_nothing_and_the_group_is_applied() -> None:
-    handler = _GatedGroups()
+    handler = GatedGroups()
     committer: GroupCommitter[str, str] = GroupCommitter(handler, name="test-commit")
     try:
         running = committer.submit("a")

@@ -15,21 +15,7 @@ import pytest
 
 from scheduler_service.errors import Unavailable
 from scheduler_service.group_commit import GroupCommitter
-
-
-class _GatedGroups:
-    """Records each group; while ``gate`` is closed, holds the group in flight (a slow commit)."""
-
-    def __init__(self) -> None:
-        self.groups: list[list[str]] = []
-        self.gate = threading.Event()
-        self.in_flight = threading.Event()
-
-    def __call__(self, items: Sequence[str]) -> list[str | Exception]:
-        self.groups.append(list(items))
-        self.in_flight.set()
-        assert self.gate.wait(10), "the test never opened the gate"
-        return [ValueError(item) if item.startswith("bad") else item.upper() for item in items]
+from tests.fixtures.gated_groups import GatedGroups
 
 
 async def _until(event: threading.Event) -> None:
@@ -37,7 +23,7 @@ async def _until(event: threading.Event) -> None:
 
 
 def test_callers_on_a_loop_get_their_own_answers_and_a_group_wakes_the_loop_once() -> None:
-    handler = _GatedGroups()
+    handler = GatedGroups()
     committer: GroupCommitter[str, str] = GroupCommitter(handler, name="test-commit")
 
     async def main() -> tuple[str, list[str | BaseException], int]:
@@ -72,7 +58,7 @@ def test_callers_on_a_loop_get_their_own_answers_and_a_group_wakes_the_loop_once
 
 
 def test_a_loop_caller_that_gives_up_before_its_group_commits_is_never_applied() -> None:
-    handler = _GatedGroups()
+    handler = GatedGroups()
     committer: GroupCommitter[str, str] = GroupCommitter(handler, name="test-commit")
 
     async def main() -> tuple[str, str, bool]:
@@ -95,7 +81,7 @@ def test_a_loop_caller_that_gives_up_before_its_group_commits_is_never_applied()
 
 
 def test_a_loop_caller_that_gives_up_once_its_group_commits_leaves_the_group_applied() -> None:
-    handler = _GatedGroups()
+    handler = GatedGroups()
     committer: GroupCommitter[str, str] = GroupCommitter(handler, name="test-commit")
 
     async def main() -> str:
