@@ -31,7 +31,11 @@ def heterogeneity_section(shared: Path, assets: Path, raw: dict[str, Any]) -> tu
             f"Training on {_pools(TRAINING)} GPUs; an inference pool of {_pools((INFERENCE,))} (T4) serving "
             "ServeGen `m-small` (its maximum needs the whole pool with 20% headroom), which `aryl` may lend to "
             "training (a job on a T4 runs at the T4's speed by its profile). `sia`, `gavel` and `aryl-noloan` "
-            f"do not lend. `aryl`'s jobs declare user estimates (`{ESTIMATES}`, seeds {list(SEEDS)}); `sia` and "
+            f"do not lend. `aryl`'s jobs declare user estimates (`{ESTIMATES}`, seeds {list(SEEDS)}); `aryl` and "
+            "`aryl-noloan` are "
+            "told each type's declared speed and each job's measured speed per type it ran on, as the live service "
+            "tells it (`simulator.hetero`'s module doc), and values a worker by its job's speed on the server's type; "
+            "`sia` and "
             "`gavel` are told what their jobs measure, no length, so one run each stands for every seed. "
             "The Sia study's workloads and per-type profiles, read at run time (`simulator/hetero_inference.py`).",
             ""]

@@ -43,8 +43,15 @@ Modelling choices (the study's simulator's, as its paper and README describe the
   or its true run time on one GPU times a lognormal error, drawn as every evaluation draws it) and a speed
   curve: its progress per second with the requested batch, at epoch 0, on 1, 2, 4, .. GPUs of the
   largest training pool's type (``reference``); the progress it reports is the engine's reckoning on that
-  curve. They are told nothing per type: ``aryl`` keeps each job on one type (``core.placement``) and sizes
-  it as if every type ran at the reference type's speed.
+  curve times its type's declared speed. Per type (``run_hetero(type_speeds=True)``, the default), what the live
+  service tells a policy (issue 33 item 4): each type's **declared speed** (``ClusterSnapshot.gpu_speed``,
+  ``declared_speeds``: what an operator would declare from a one-GPU benchmark of the workload's models -- per
+  type, the geometric mean over the models of one GPU's samples per second there over the reference type's,
+  which is 1.0) and each job's **measured speed** per type it has run on (``JobView.type_speeds``: its local
+  batch over its pass time at the largest local batch it ran there, ``HeteroJob.type_speeds``, as the live store
+  reads its step times). ``aryl`` keeps each job on one type (``core.placement``) and values a worker by its
+  job's speed on the server's type (``policies.aryl.cycle.type_factors``). ``type_speeds=False``: neither is
+  shown, and ``aryl`` sizes as if every type ran at the reference type's speed.
 - **what ``sia`` and ``gavel`` are told** (``with_estimates``): ``sia`` -- each job's goodput per configuration from
   its own fitted models (none on a type it has not run on; Sia then bootstraps), its restarts and age, its
   largest useful size (2x the most GPUs it has run on of any type, at most 64); ``gavel`` -- the throughput
@@ -66,7 +73,7 @@ from scheduler_service.core.gpu_configs import current_config, gpu_pools, server
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.plan import ApplyResult, Plan
 from scheduler_service.core.registry import Policy
-from scheduler_service.core.snapshot import ClusterSnapshot, JobView
+from scheduler_service.core.snapshot import ClusterSnapshot, JobView, derived
 from scheduler_service.policies import create_policy
 from scheduler_service.policies.gavel import GavelJob, GavelPolicy, GavelRound
 from scheduler_service.policies.pollux import GoodputModel
@@ -274,6 +281,18 @@ class HeteroJob:
 
     # -- what the policies are told ------------------------------------------------------------------
 
+    def type_speeds(self) -> tuple[tuple[str, float], ...]:
+        """One GPU's samples per second on each type the job has run on, from its own step times there, as the
+        live store reads them (``core.type_speed.measured_speeds``): its local batch over its pass time (the
+        step less the gradient sync), at the largest local batch measured on the type."""
+        out = []
+        for gpu_type, profile in sorted(self.profiles.items()):
+            measured = [(batch, batch / (step - sync)) for (_, _, batch), (step, sync) in profile.items()
+                        if batch > 0 and step > sync]
+            if measured:
+                out.append((gpu_type, max(measured)[1]))
+        return tuple(out)
+
     def goodput(self, gpu_type: str, nodes: int, gpus: int) -> float | None:
         perf = self.perf.get(gpu_type)
         if perf is None or self.grad is None:
@@ -336,15 +355,19 @@ class HeteroCluster(SimulatedCluster):
     """The simulated cluster of typed pools, its jobs moved by ``HeteroJob`` physics (module doc)."""
 
     def __init__(self, pools: Sequence[TypePool], jobs: Sequence[HeteroJob], clock: Clock, *, interval_s: float,
-                 policy_restart_s: Mapping[str, float] | None = None, inference: TypePool | None = None) -> None:
-        """``inference``: a pool of inference servers of a GPU type no training pool has (module doc)."""
+                 policy_restart_s: Mapping[str, float] | None = None, inference: TypePool | None = None,
+                 gpu_speed: Mapping[str, float] | None = None) -> None:
+        """``inference``: a pool of inference servers of a GPU type no training pool has; ``gpu_speed``: the
+        declared speed of each type (``declared_speeds``; None: none declared, and no job's measured speeds
+        per type are shown either) (module doc)."""
         if inference is not None and inference.gpu_type in {p.gpu_type for p in pools}:
             raise ValueError(f"the inference pool's GPU type {inference.gpu_type!r} is a training pool's too")
         names = [f"{p.gpu_type}-{k:02d}" for p in pools for k in range(p.nodes)]
         every = (*pools, *((inference,) if inference else ()))
         spec = ClusterSpec(len(names), inference.nodes if inference else 0, max(p.gpus_per_node for p in every),
                            training_gpu_types=tuple((p.gpu_type, p.nodes) for p in pools),
-                           inference_gpu_type=inference.gpu_type if inference else "")
+                           inference_gpu_type=inference.gpu_type if inference else "",
+                           gpu_speed=tuple(sorted((gpu_speed or {}).items())))
         # The router acknowledges a drain a second after a loan begins, as the engine's default (no router
         # where there is no inference pool, as in the study).
         super().__init__(spec, clock, restart_overhead_s=0.0, drain_ack_s=1.0 if inference else None,
@@ -363,6 +386,29 @@ class HeteroCluster(SimulatedCluster):
         self._policy_restart_s = dict(policy_restart_s or SIA_RESTART_PENALTY_S)
         self.cluster_time = {p.gpu_type: 0.0 for p in pools}
         self.gpu_seconds_by_type: dict[str, float] = {}   # GPUs held by jobs, by type (loaned ones too)
+        self.show_type_speeds = gpu_speed is not None
+        # Each job's view with its measured speeds per type, while its view and speeds stay (so a view the
+        # engine reuses stays the same object, as a policy's carried estimates expect).
+        self._typed_views: dict[int, tuple[JobView, tuple[tuple[str, float], ...], JobView]] = {}
+
+    def snapshot(self, seed: int = 0) -> ClusterSnapshot:
+        """The engine's snapshot, each job with its measured speed per GPU type (``JobView.type_speeds``, as the
+        live store shows it) where the cluster declares speeds (module doc)."""
+        snap = super().snapshot(seed)
+        if not self.show_type_speeds:
+            return snap
+        views, changed = [], False
+        for view in snap.jobs:
+            speeds = self.hetero[view.job_id].type_speeds()
+            if not speeds:
+                views.append(view)
+                continue
+            known = self._typed_views.get(view.job_id)
+            if known is None or known[0] is not view or known[1] != speeds:
+                known = self._typed_views[view.job_id] = (view, speeds, replace(view, type_speeds=speeds))
+            views.append(known[2])
+            changed = True
+        return derived(snap, jobs=tuple(views)) if changed else snap
 
     def trace_jobs(self, shown: Estimates | None = None, seed: int = 0) -> list[TraceJob]:
         """The engine's arrivals: every job one GPU per worker, 1..64 workers, its work its own; each
@@ -514,17 +560,34 @@ class HeteroRunResult:
         return sum(self.jcts.values()) / len(self.jcts) if self.jcts else 0.0
 
 
+def declared_speeds(apps: Mapping[str, Mapping[str, TypedApp]], reference: str) -> dict[str, float]:
+    """The speed an operator declares for each GPU type (``scheduling.gpu_speeds``) from a one-GPU benchmark of
+    the workload's models: per type, the geometric mean over the models of one GPU's speed there
+    (``TypedApp.one_gpu_speed``) over its speed on ``reference``, which is 1.0 (module doc)."""
+    types = sorted({t for by_type in apps.values() for t in by_type})
+    out = {}
+    for gpu_type in types:
+        ratios = [by_type[gpu_type].one_gpu_speed / by_type[reference].one_gpu_speed for by_type in apps.values()
+                  if gpu_type in by_type and reference in by_type and by_type[reference].one_gpu_speed > 0]
+        if ratios:
+            out[gpu_type] = 1.0 if gpu_type == reference else round(
+                math.exp(sum(math.log(r) for r in ratios) / len(ratios)), 3)
+    return out
+
+
 def run_hetero(workload: Sequence[WorkloadJob], traces_dir: str | Path, policy: str, *,
                pools: Sequence[TypePool] = SIA_CLUSTER, interval_s: float | None = None,
                params: PolicyParams | None = None, max_time_s: float = 30 * 86400.0,
                check_plans: bool = False, inference: TypePool | None = None,
                demand: Sequence[DemandPoint] = (), estimates: Estimates | str = "exact",
-               seed: int = 0) -> HeteroRunResult:
+               seed: int = 0, type_speeds: bool = True) -> HeteroRunResult:
     """Simulate ``workload`` under the registered ``policy`` on ``pools`` with the engine (module doc).
     ``check_plans``: the engine asserts that every plan keeps the invariants and is applied in full.
     ``inference`` and ``demand``: an inference pool and the servers of it needed over time (empty: no
     demand signal, so nothing is loaned). ``estimates``: what a policy that reads the trace is told of
-    each job's length (``simulator.estimates``), drawn from ``seed`` (also every snapshot's seed)."""
+    each job's length (``simulator.estimates``), drawn from ``seed`` (also every snapshot's seed).
+    ``type_speeds``: the cluster declares each type's speed (``declared_speeds``, relative to the reference
+    type's) and shows each job's measured speed per type (module doc); False: neither."""
     import time
 
     interval = interval_s if interval_s is not None else ROUND_S.get(policy, 60.0)
@@ -534,7 +597,9 @@ def run_hetero(workload: Sequence[WorkloadJob], traces_dir: str | Path, policy: 
     apps = {name: {t: load_typed_app(traces_dir, name, t) for t in types} for name in names}
     jobs = [HeteroJob(i, spec, apps[spec.application], tuned=policy != "gavel") for i, spec in enumerate(workload)]
     clock = VirtualClock(0.0)
-    cluster = HeteroCluster(pools, jobs, clock, interval_s=interval, inference=inference)
+    reference = max(pools, key=lambda p: p.nodes * p.gpus_per_node).gpu_type   # HeteroCluster.reference_pool
+    cluster = HeteroCluster(pools, jobs, clock, interval_s=interval, inference=inference,
+                            gpu_speed=declared_speeds(apps, reference) if type_speeds else None)
     built = create_policy(policy, params).policy
     decider = informed(built, cluster)
     told_apart = decider is not built   # sia, gavel: told by their estimates, not the trace

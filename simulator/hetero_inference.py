@@ -10,9 +10,10 @@ at the T4's speed by its T4 profile. The others train on the 40 GPUs alone.
 
 What the policies are told (``simulator.hetero``'s module doc): ``aryl`` and ``aryl-noloan`` a user's run
 time estimate, the truth on one reference GPU times ``exp(0.8 z)`` (``ESTIMATES``, as the headline draws
-it, z per (seed, job)), and a speed curve of the reference type; ``sia`` and ``gavel`` what their jobs
-measure, no length: nothing they see depends on the seed, so they run once per workload and their figures
-stand for every seed.
+it, z per (seed, job)), a speed curve of the reference type, each type's declared speed and each job's measured
+speed on the types it has run on (``run_hetero(type_speeds=True)``; ``--no-type-speeds``: neither, as before
+issue 33 item 4); ``sia`` and ``gavel`` what their jobs measure, no length: nothing they see depends on the seed,
+so they run once per workload and their figures stand for every seed.
 
 Run with ``python -m simulator.hetero_inference`` (``SIA_REF_GIT`` as for ``simulator.hetero_gate``: the
 workloads and profiles are read from the authors' artifact at run time and deleted after; nothing of it is
@@ -57,7 +58,8 @@ def inference_demand(rate_csv: str | Path, last_arrival_s: float, pool: TypePool
 
 
 def compare(workload_csv: Path, traces_dir: Path, rate_csv: str | Path, *, policies: Sequence[str] = POLICIES,
-            seeds: Sequence[int] = SEEDS, log: Callable[[str], None] = print) -> dict[str, dict[str, object]]:
+            seeds: Sequence[int] = SEEDS, log: Callable[[str], None] = print, type_speeds: bool = True,
+            ) -> dict[str, dict[str, object]]:
     """Every policy on one workload in the ``inference-pool`` setting, per seed: ``{policy: {"seeds": {seed:
     summary}, "avg_jct_s": mean over seeds, "avg_jct_s_range": [min, max], "restarts_per_job": mean}}``."""
     jobs = load_workload(workload_csv)
@@ -67,7 +69,7 @@ def compare(workload_csv: Path, traces_dir: Path, rate_csv: str | Path, *, polic
         runs: dict[int, dict[str, object]] = {}
         for seed in (seeds[:1] if policy in SEEDLESS else seeds):
             result = run_hetero(jobs, traces_dir, policy, pools=TRAINING, inference=INFERENCE, demand=demand,
-                                estimates=ESTIMATES, seed=seed)
+                                estimates=ESTIMATES, seed=seed, type_speeds=type_speeds)
             runs[seed] = {k: v for k, v in summary(result).items() if k != "jcts_s"}
             log(f"{workload_csv.stem} {policy} seed {seed}: avg JCT {result.average_jct / 3600:.3f} h, "
                 f"{runs[seed]['avg_restarts']} restarts/job, {len(result.jcts)}/{len(jobs)} done, "
@@ -84,7 +86,7 @@ def run_beyond(git_dir: str, workloads: Sequence[str], rate_csv: str | Path, *,
                policies: Sequence[str] = POLICIES, seeds: Sequence[int] = SEEDS,
                log: Callable[[str], None] = print,
                after_each: Callable[[dict[str, dict[str, dict[str, object]]]], None] | None = None,
-               ) -> dict[str, dict[str, dict[str, object]]]:
+               type_speeds: bool = True) -> dict[str, dict[str, dict[str, object]]]:
     """``compare`` on each of ``workloads`` (``<set>/<workload>``), its inputs extracted from ``git_dir`` (the
     artifact, ``simulator.hetero_gate.extract``) into a temporary folder deleted after; ``after_each`` is
     called with the figures so far after every workload."""
@@ -94,7 +96,7 @@ def run_beyond(git_dir: str, workloads: Sequence[str], rate_csv: str | Path, *,
         extract(git_dir, [f"traces/{m}" for m in MODELS] + [f"workloads/{w}.csv" for w in workloads], scratch)
         for workload in workloads:
             results[workload] = compare(scratch / "workloads" / f"{workload}.csv", scratch / "traces", rate_csv,
-                                        policies=policies, seeds=seeds, log=log)
+                                        policies=policies, seeds=seeds, log=log, type_speeds=type_speeds)
             if after_each is not None:
                 after_each(results)
     finally:
@@ -112,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default=",".join(map(str, SEEDS)))
     parser.add_argument("--rate", default=str(DEFAULT_RATE), help="ServeGen's servegen_total_rate_10min.csv")
     parser.add_argument("--json", help="write the figures here as JSON (after each workload)")
+    parser.add_argument("--no-type-speeds", action="store_true",
+                        help="declare no GPU type's speed and show no job's measured speeds per type")
     args = parser.parse_args(argv)
     git_dir = os.environ.get("SIA_REF_GIT")
     if not git_dir:
@@ -124,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
 
     results = run_beyond(git_dir, [w.strip() for w in args.workloads.split(",") if w.strip()], args.rate,
                          policies=[p.strip() for p in args.policies.split(",") if p.strip()],
-                         seeds=[int(s) for s in args.seeds.split(",") if s.strip()], after_each=save)
+                         seeds=[int(s) for s in args.seeds.split(",") if s.strip()], after_each=save,
+                         type_speeds=not args.no_type_speeds)
     for workload, figures in results.items():
         for policy, f in figures.items():
             spread = f["avg_jct_s_range"]

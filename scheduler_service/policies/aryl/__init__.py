@@ -56,6 +56,16 @@ a fitted goodput model (``core.goodput_fit``); the elastic variants value it by 
 reductions from its goodput at the best batch size per size, the reclaim's scale-in cost from the same
 model) and send the batch chosen with its allocation (``Plan.batches``). Jobs without one: as before.
 
+GPU types (issue 33 item 4): on a cluster of several types whose speeds it knows -- the declared speed of each type
+(``ClusterSnapshot.gpu_speed``, relative to the reference type the jobs' speed curves are of) and each job's measured
+speed per type (``JobView.type_speeds``) -- a worker's rate on a server scales by its job's speed on that server's
+type over its reference type's (``cycle.type_factors``): a running job's estimates are at its type's speed, a queued
+job is valued at the speed of the type it would start on, so a loaned server of a slower type is valued as slower.
+A gang starts on its fastest type with room (``_Cycle.type_preference``); step 3 shares out each type's GPUs among
+the jobs on that type (a job grows on its own type only); a job on a slower type moves to a faster one with room
+once that saves more than two restarts (``base.move_to_faster_types``); a loan's payback is longer on a slower
+server (``loans.demand_outlook``). One type, or no speed known: exactly as before.
+
 Variants (same code, same placement, so comparisons isolate the mechanism): ``aryl`` (loaning and
 elasticity), ``aryl-noloan``, ``aryl-noelastic``, ``sjf`` (neither: separate clusters, jobs run at
 ``min_workers``), ``aryl-naivereclaim`` (``aryl`` with a naive reclaim: most recently loaned first), and
@@ -82,7 +92,7 @@ from scheduler_service.core.protection import protected_jobs
 from scheduler_service.core.registry import ReclaimDecision, ReclaimPreviewUnsupported, policies
 from scheduler_service.core.snapshot import ClusterSnapshot, JobView
 from scheduler_service.core.throughput import JobEstimate
-from scheduler_service.policies.aryl.base import base_demands, relocate_displaced
+from scheduler_service.policies.aryl.base import base_demands, move_to_faster_types, relocate_displaced
 from scheduler_service.policies.aryl.cycle import (
     _Cycle,
     _Job,
@@ -168,6 +178,7 @@ class ArylPolicy:
             joint_sizing(cycle, shrink=self.shrink, suspend=self.suspend)
         base_demands(cycle, joint=self.joint, loaning=self.loaning, shrink=self.shrink)
         settle_suspensions(cycle)
+        move_to_faster_types(cycle)
         if self.elastic:
             elastic_extras(cycle, joint=self.joint)
         else:

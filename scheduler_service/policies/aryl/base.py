@@ -21,6 +21,7 @@ from scheduler_service.core.plan import KeepPending, PreemptJob, Reason, StartJo
 from scheduler_service.core.protection import Mechanism, Protection, blocked
 from scheduler_service.core.quota import preemption_order
 from scheduler_service.core.snapshot import JobView
+from scheduler_service.core.throughput import JobEstimate
 from scheduler_service.lifecycle import Pool
 from scheduler_service.policies.aryl.cycle import _Cycle, _Job, _ledger, _placed, _work_lost, _Worker
 
@@ -83,7 +84,8 @@ def base_demands(cycle: _Cycle, *, joint: bool, loaning: bool, shrink: bool = Tr
             cycle.running[job.job_id] = _Job(job, list(workers))
             continue
         exclude = _exclusion(cycle, job)
-        workers = cycle.capacity.place_gang(job, job.min_workers, pools=TRAINING_FIRST, exclude=exclude)
+        workers = cycle.capacity.place_gang(job, job.min_workers, pools=TRAINING_FIRST, exclude=exclude,
+                                            gpu_types=cycle.type_preference(job))
         if workers is None and shrink and not any(
             g <= job.gpus_per_worker and n <= job.min_workers for g, n in no_fit
         ):
@@ -135,7 +137,8 @@ def relocate_displaced(cycle: _Cycle) -> None:
     displaced job has waited once already. In the order the reclaim chose them."""
     for job, preemption in cycle.displaced:
         view = job.view
-        workers = cycle.capacity.place_gang(view, view.min_workers, pools=TRAINING_FIRST, exclude=cycle.reserved)
+        workers = cycle.capacity.place_gang(view, view.min_workers, pools=TRAINING_FIRST, exclude=cycle.reserved,
+                                            gpu_types=cycle.type_preference(view))
         if workers is None:  # (place_gang took its GPUs; _place_over_extras takes them, scaling the extras in)
             workers = _place_over_extras(cycle, view, cycle.reserved)
         if workers is None:
@@ -160,6 +163,49 @@ def relocate_displaced(cycle: _Cycle) -> None:
     cycle.displaced = []
 
 
+def move_to_faster_types(cycle: _Cycle) -> None:
+    """After the queue's gangs (on a cluster of several GPU types whose speeds it knows, ``_Cycle.speed_factors``):
+    a running job outside its protection window on a slower type than one with free GPUs restarts there -- at its
+    size, or at as many workers as fit there, ``min_workers`` at least -- when that saves more than two restarts:
+    the one the move costs, and one as a margin for the estimates' error (a job that started on a loaned T4 because
+    the fast GPUs were busy moves once they free up, instead of running its whole life on the slow type). The
+    longest-running first (the most to save), each to the fastest type that saves it that much. The GPUs it leaves
+    stay out of this cycle's capacity (it holds them now), as a reclaim's move leaves them
+    (``relocate_displaced``: no applier can order a cycle of frees and takes)."""
+    restart = cycle.params.restart_cost_s
+    started = {s.job_id for s in cycle.starts}
+    movable = []
+    for job in cycle.running.values():
+        view = job.view
+        if (view.job_id in cycle.protected or view.job_id in started or job.reason is not None or view.gpu_types
+                or not job.workers or cycle.speed_factors(view) is None):
+            continue
+        movable.append((-cycle.estimate(view).remaining_time(len(job.workers)), view.job_id, job))
+    movable.sort(key=lambda m: (m[0], m[1]))
+    for minus_left, _, job in movable:
+        view, left, est = job.view, -minus_left, cycle.estimate(view)
+        here = cycle.servers[job.workers[0].server_id].gpu_type
+        speed_here = cycle.factor_on(view, here)
+        for gpu_type in cycle.type_preference(view) or ():
+            speed = cycle.factor_on(view, gpu_type)
+            if speed <= speed_here:
+                break  # (fastest first: no later type is faster)
+            size = min(len(job.workers), cycle.capacity.free_of_types((gpu_type,)) // view.gpus_per_worker)
+            after = restart + est.remaining_time(size) * speed_here / speed if size >= view.min_workers else left
+            if left - after <= restart:
+                continue
+            workers = cycle.capacity.place_gang(view, size, pools=TRAINING_FIRST, exclude=cycle.reserved,
+                                                gpu_types=(gpu_type,))
+            if workers is None:
+                continue
+            cycle.estimates[view.job_id] = JobEstimate(est.model, est.remaining_work * speed_here / speed)
+            job.workers = list(workers)
+            job.reason = Reason.SCALED_OUT
+            job.message = (f"moved from {here} to {gpu_type} GPUs, {speed / speed_here:.2f}x as fast for it, at "
+                           f"{size} worker(s): estimated completion {left:.0f}s -> {after:.0f}s with the restart")
+            break
+
+
 def _start_deferred(cycle: _Cycle, later: list[JobView]) -> None:
     """The joint sizing's deferred jobs, in the queue's order, after every other: the GPUs it admitted
     jobs for that then did not fit (their gangs found no room on the servers, where the sizing counts
@@ -180,7 +226,7 @@ def _start_deferred(cycle: _Cycle, later: list[JobView]) -> None:
         workers = None
         if need <= budget:
             workers = cycle.capacity.place_gang(job, job.min_workers, pools=TRAINING_FIRST,
-                                                exclude=_exclusion(cycle, job))
+                                                exclude=_exclusion(cycle, job), gpu_types=cycle.type_preference(job))
         if workers is None:
             cycle.pending.append(KeepPending(job.job_id, Reason.WAITING_FOR_GANG, cycle.deferred[job.job_id]))
             continue
@@ -225,7 +271,8 @@ def _place_over_extras(cycle: _Cycle, job: JobView, exclude: frozenset[str]
         return None
     trial = cycle.capacity.copy()
     trial.release_many((w.server_id, w.gpu_indices) for _, w in extras)
-    placed = trial.place_gang(job, job.min_workers, pools=TRAINING_FIRST, exclude=exclude)
+    placed = trial.place_gang(job, job.min_workers, pools=TRAINING_FIRST, exclude=exclude,
+                              gpu_types=cycle.type_preference(job, trial))
     if placed is None and shielded:
         trial.release_many((w.server_id, w.gpu_indices) for _, w in shielded)
         if trial.place_gang(job, job.min_workers, pools=TRAINING_FIRST, exclude=exclude) is not None:
@@ -291,7 +338,8 @@ def _place_by_preemption(cycle: _Cycle, job: JobView) -> tuple[WorkerPlacement, 
         trial.release_many((w.server_id, w.gpu_indices) for w in other.workers)
         quota.release(victim, len(other.workers) * victim.gpus_per_worker)
         chosen.append((other, reason))
-        placed = trial.place_gang(job, job.min_workers, pools=TRAINING_FIRST, exclude=cycle.reserved)
+        placed = trial.place_gang(job, job.min_workers, pools=TRAINING_FIRST, exclude=cycle.reserved,
+                                  gpu_types=cycle.type_preference(job, trial))
         if placed is not None and not quota.check(job, job.min_workers * job.gpus_per_worker).allowed:
             trial.release_many((w.server_id, w.gpu_indices) for w in placed)  # fits, but not in its quota yet
             placed = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from operator import attrgetter
 
 from scheduler_service.core.goodput_fit import GPUS_PER_SERVER, goodput_curve, job_goodput
@@ -29,7 +29,7 @@ from scheduler_service.core.plan import (
 from scheduler_service.core.protection import Mechanism, Protection
 from scheduler_service.core.quota import QuotaLedger
 from scheduler_service.core.snapshot import ClusterSnapshot, JobView, ServerView, WorkerView
-from scheduler_service.core.throughput import JobEstimate, ThroughputModel, estimate
+from scheduler_service.core.throughput import JobEstimate, ThroughputModel, estimate, model_for
 from scheduler_service.lifecycle import JobState, ServerState
 
 RUNNING_STATES = (JobState.RUNNING, JobState.SCALING)
@@ -160,19 +160,54 @@ class _Cycle:
     # The risk-valued loans (``loans.loan_risk``; None: extra workers on loaned servers are valued as if the
     # servers stayed -- no forecast, nothing loaned, or a variant without it).
     loan_risk: LoanRisk | None = None
+    # Each job's speed per GPU type over its reference type's (``type_factors``; None: one speed everywhere), by
+    # job id, worked out on first use (``speed_factors``).
+    factors: dict[int, dict[str, float] | None] = field(default_factory=dict)
+    gpu_types: tuple[str, ...] | None = None  # the servers' GPU types (``speed_factors``)
+    declared_speeds: dict[str, float] = field(default_factory=dict)  # ``ClusterSnapshot.gpu_speed`` (the same)
 
     def estimate(self, job: JobView) -> JobEstimate:
         """The job's remaining work and speed curve at ``now``; computed once per cycle, and only for
-        the jobs a step asks about (the queue, the elastic jobs), not every active job."""
+        the jobs a step asks about (the queue, the elastic jobs), not every active job. A running job's is at its
+        GPU type's speed (``type_factors``), a queued job's at its reference type's."""
         known = self.estimates.get(job.job_id)
         if known is None:
             carried = self.carried.get(job.job_id)
+            factor = self.factor_on(job, self.servers[job.workers[0].server_id].gpu_type) if job.workers else 1.0
             if carried is not None and carried[0] is job and carried[1] == self.goodput_servers:
                 known = carried[2]
-            else:
+            elif factor == 1.0:
                 known = goodput_estimate(job, self.snapshot.now, self.params, self.goodput_servers)
+            else:
+                known = at_speed(goodput_estimate(_progress_at(job, factor, self.snapshot.now, self.params),
+                                                  self.snapshot.now, self.params, self.goodput_servers), factor)
             self.estimates[job.job_id] = known
         return known
+
+    def speed_factors(self, job: JobView) -> dict[str, float] | None:
+        """The job's ``type_factors`` over the servers' GPU types, once per cycle (None: one speed everywhere)."""
+        if job.job_id in self.factors:
+            return self.factors[job.job_id]
+        if self.gpu_types is None:
+            self.gpu_types = tuple(sorted({s.gpu_type for s in self.snapshot.servers}))
+            self.declared_speeds = dict(self.snapshot.gpu_speed)
+        known = self.factors[job.job_id] = type_factors(job, self.declared_speeds, self.gpu_types)
+        return known
+
+    def factor_on(self, job: JobView, gpu_type: str) -> float:
+        """How fast the job runs on ``gpu_type`` relative to its reference type (1.0: as declared)."""
+        factors = self.speed_factors(job)
+        return 1.0 if factors is None else factors.get(gpu_type, 1.0)
+
+    def type_preference(self, job: JobView, capacity: FreeCapacity | None = None) -> tuple[str, ...] | None:
+        """The GPU types to place a gang of ``job`` on, fastest for it first (``core.placement`` tries them in
+        this order; among types as fast, the most free GPUs first, as it would itself). None -- placement's
+        own order -- when the job names its types (the user's order stands) or runs as fast everywhere."""
+        factors = None if job.gpu_types else self.speed_factors(job)
+        if factors is None:
+            return None
+        order = (capacity or self.capacity).type_order(())
+        return tuple(sorted(order, key=lambda t: -factors.get(t, 1.0)))
 
     def carry(self) -> dict[int, tuple[JobView, int, JobEstimate]]:
         """The estimates the next cycle may keep: those of jobs holding no GPUs, which do not depend on
@@ -214,6 +249,42 @@ def goodput_estimate(job: JobView, now: float, params: PolicyParams, gpus_per_se
     last = max(job.max_workers, job.min_workers, job.num_workers)
     curve = goodput_curve(job, model, last, alpha=params.amdahl_alpha, gpus_per_server=gpus_per_server)
     return JobEstimate(ThroughputModel(curve, params.amdahl_alpha), known.remaining_work)
+
+
+def type_factors(job: JobView, declared: Mapping[str, float], types: Sequence[str]) -> dict[str, float] | None:
+    """How fast ``job`` runs on each GPU type of ``types`` relative to its *reference* type, the type its
+    declared speed curve is of: declared factor 1.0 (``ClusterSnapshot.gpu_speed``; a type not named is 1.0).
+
+    On a type it ran on, its measured per-GPU speed there (``JobView.type_speeds``, ``core.type_speed``) over
+    its reference speed; elsewhere the type's declared factor. Its reference speed is bootstrapped as
+    ``core.type_speed.estimate`` bootstraps an unseen type: its measured speed on each type it ran on over that
+    type's declared factor, averaged. None when nothing tells the types apart -- one type, or neither a
+    declared factor nor a measure: every type then runs at the declared curve, as before types had speeds."""
+    if len(types) <= 1 or (not declared and not job.type_speeds):
+        return None
+    anchors = [speed / declared.get(t, 1.0) for t, speed in job.type_speeds if speed > 0]
+    measured = dict(job.type_speeds)
+    if not anchors:
+        return {t: declared.get(t, 1.0) for t in types}
+    reference = sum(anchors) / len(anchors)
+    return {t: measured[t] / reference if measured.get(t, 0.0) > 0 else declared.get(t, 1.0) for t in types}
+
+
+def _progress_at(job: JobView, factor: float, now: float, params: PolicyParams) -> JobView:
+    """A running job that reported no progress, as ``core.throughput.estimate`` reckons it (at its current size
+    since its last resize), at ``factor`` times its curve's speed; any other job as it is."""
+    if job.work_done or job.last_resized_at is None or (job.throughput_points and job.total_work > 0):
+        return job
+    speed = model_for(job.throughput_points, params.amdahl_alpha).speed(job.num_workers)
+    return replace(job, work_done=max(now - job.last_resized_at, 0.0) * speed * factor)
+
+
+def at_speed(known: JobEstimate, factor: float) -> JobEstimate:
+    """``known`` for a job running ``factor`` times as fast as its speed curve says (the same work, in the
+    curve's unit, done at ``factor`` times each speed). ``known`` itself at 1.0."""
+    if factor == 1.0 or factor <= 0:
+        return known
+    return JobEstimate(known.model, known.remaining_work / factor)
 
 
 def _work_lost(job: _Job, now: float) -> float:

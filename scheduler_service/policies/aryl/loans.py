@@ -78,7 +78,7 @@ def loan_cycle(cycle: _Cycle, *, naive_reclaim: bool, elastic: bool, forecast: b
                                    "no server loaned: no inference demand reported yet (loans follow the "
                                    "router's demand signal)")
         return
-    outlook = demand_outlook(snap.demand, len(inference), p, forecast=forecast)
+    outlook = demand_outlook(snap.demand, len(inference), p, forecast=forecast, speed=_lent_speed(cycle, inference))
     needed = outlook.needed
     serving = list(cycle.server_state.values()).count(ServerState.SERVING)
     coming_back = sum(1 for s in by_state.get(ServerState.RECLAIMING, [])
@@ -131,16 +131,17 @@ class DemandOutlook:
     keep_text: str = ""
 
 
-def demand_outlook(demand: DemandView, inference_servers: int, params: PolicyParams, *, forecast: bool
-                   ) -> DemandOutlook:
+def demand_outlook(demand: DemandView, inference_servers: int, params: PolicyParams, *, forecast: bool,
+                   speed: float = 1.0) -> DemandOutlook:
     """The need now and, with ``forecast`` and a forecast in the demand (``core.demand_forecast``), ahead:
 
     - ``reclaim_to``: the forecast's upper band over the *lead* -- the measured reclaim latency (the reclaim
       deadline, ``policy.reclaim_deadline_s``, before any is measured) plus the decision lag: a reclaim
       started now serves then, so a rise within it must be reclaimed for now;
-    - ``keep``: the band over the lead plus a loan's *payback*, ``2 x policy.restart_cost_s`` (a loan costs
-      the job that grows onto it one restart and its reclaim another): a server needed back sooner than that
-      costs training more than it gains.
+    - ``keep``: the band over the lead plus a loan's *payback*, ``2 x policy.restart_cost_s / speed`` (a loan
+      costs the job that grows onto it one restart and its reclaim another, and a server ``speed`` times as fast
+      as training's reference GPUs, ``_lent_speed``, earns them back at that pace): a server needed back sooner
+      than that costs training more than it gains.
 
     The band's quantile is ``1 - policy.inference_short_budget``: the need rises beyond it within the horizon
     at about that share of moments, and then is met reactively, one reclaim latency late. Never beyond the
@@ -152,7 +153,7 @@ def demand_outlook(demand: DemandView, inference_servers: int, params: PolicyPar
     q = 1.0 - params.inference_short_budget
     lead = view.lead_s(params.reclaim_deadline_s)
     soon = view.forecast(lead, q)
-    later = view.forecast(lead + 2.0 * params.restart_cost_s, q)
+    later = view.forecast(lead + 2.0 * params.restart_cost_s / (speed if speed > 0 else 1.0), q)
     reclaim_to = max(needed, min(inference_servers, math.ceil(soon.upper - 1e-9)))
     keep = max(reclaim_to, min(inference_servers, math.ceil(later.upper - 1e-9)))
     measured = ("measured" if view.reclaim_latency_s is not None
@@ -169,6 +170,16 @@ def demand_outlook(demand: DemandView, inference_servers: int, params: PolicyPar
 # The horizons the risk-valued loans are worked out for (``loan_risk``): from 10 minutes to a day; a job with
 # longer left is valued at the day's risk.
 RISK_WINDOWS_S = (600.0, 1800.0, 3600.0, 3 * 3600.0, 6 * 3600.0, 12 * 3600.0, 24 * 3600.0)
+
+
+def _lent_speed(cycle: _Cycle, inference: list[ServerView]) -> float:
+    """How fast a loaned server computes for training, relative to training's reference GPUs: its GPU type's
+    declared speed (``ClusterSnapshot.gpu_speed``), averaged over the inference servers; 1.0 on a cluster of one
+    type or where no speed is declared (a loan is valued as before types had speeds)."""
+    declared = dict(cycle.snapshot.gpu_speed)
+    if not declared or not inference or len({s.gpu_type for s in cycle.snapshot.servers}) <= 1:
+        return 1.0
+    return sum(declared.get(s.gpu_type, 1.0) for s in inference) / len(inference)
 
 
 def loan_risk(cycle: _Cycle) -> LoanRisk | None:
@@ -263,12 +274,16 @@ def _loan(cycle: _Cycle, serving: list[ServerView], surplus: int, outlook: Deman
 
 
 def _training_demand_gpus(cycle: _Cycle, *, elastic: bool) -> int:
-    """GPUs training could use now beyond what is free on training-capable servers."""
+    """GPUs training could use now beyond what is free on training-capable servers. A running job grows on its
+    own GPU type only (``core.placement``): on a cluster of several types, only the growth of jobs running on an
+    inference server's type counts (a loan cannot serve the others)."""
     snap = cycle.snapshot
     pending = sum(j.min_workers * j.gpus_per_worker for j in snap.pending_jobs())
+    types = {s.gpu_type for s in snap.servers}
+    lendable = {s.gpu_type for s in snap.servers if s.pool == Pool.INFERENCE} if len(types) > 1 else types
     growth = sum(
         (j.view.max_workers - len(j.workers)) * j.view.gpus_per_worker
-        for j in cycle.running.values()
+        for j in cycle.running.values() if cycle.servers[j.workers[0].server_id].gpu_type in lendable
     ) if elastic else 0
     free, state = 0, cycle.server_state
     for s in snap.servers:

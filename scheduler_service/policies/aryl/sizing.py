@@ -23,7 +23,7 @@ from scheduler_service.core.quota import DEFAULT_QUEUE, QuotaLedger
 from scheduler_service.core.snapshot import JobView
 from scheduler_service.core.throughput import JobEstimate
 from scheduler_service.lifecycle import ServerState
-from scheduler_service.policies.aryl.cycle import _Cycle, _Job, _ledger, _since_checkpoint, _Worker
+from scheduler_service.policies.aryl.cycle import _Cycle, _Job, _ledger, _since_checkpoint, _Worker, at_speed
 from scheduler_service.solvers.knapsack import MAX_OPTIONS as _MAX_OPTIONS
 from scheduler_service.solvers.knapsack import solve_knapsack
 
@@ -155,6 +155,22 @@ def joint_sizing(cycle: _Cycle, *, shrink: bool = True, suspend: bool = True) ->
     if not pending or reach <= 0:
         return
     quota = _ledger(cycle, {})
+    typed = len(cycle.capacity.gpu_types) > 1
+    rooms: list[dict[str, int]] = []  # the GPUs per type it shares out (``_room_for_starts``), counted on first use
+
+    def room() -> dict[str, int]:
+        if not rooms:
+            rooms.append(_room_for_starts(cycle, open_jobs, cycle.reserved | cordoned))
+        return rooms[0]
+
+    def landing(job: JobView) -> JobEstimate:
+        """A queued job's estimate at the speed of the GPU type it would start on (``_landing_type``); at its
+        reference type's where its speed is the same on every type."""
+        est = cycle.estimate(job)
+        if cycle.speed_factors(job) is None:
+            return est
+        landing_type = _landing_type(cycle, job, room())
+        return est if landing_type is None else at_speed(est, cycle.factor_on(job, landing_type))
 
     fair = {name for name, q in quota.queues.items() if q.fair_share} if quota.enforced else set()
     share: dict[int, int] = {}  # a queued job's user's GPUs in a fair-share queue, with its earlier jobs' (below)
@@ -170,7 +186,7 @@ def joint_sizing(cycle: _Cycle, *, shrink: bool = True, suspend: bool = True) ->
 
     def density(job: JobView) -> float:
         """Its value per GPU at its minimum: the candidates are the densest (``_CANDIDATE_SPAN``)."""
-        est = cycle.estimate(job)
+        est = landing(job)
         rate = completion_rates(est, job.min_workers, 0, 0, restart)[0] * response_ratio(job, est, now, restart)
         return rate / (job.min_workers * job.gpus_per_worker)
 
@@ -205,7 +221,7 @@ def joint_sizing(cycle: _Cycle, *, shrink: bool = True, suspend: bool = True) ->
     groups: list[tuple[list[int], list[float]]] = []
     for job in queued:
         count = min(job.max_workers - job.min_workers, p.max_extra_options, _MAX_OPTIONS - 1)
-        est = cycle.estimate(job)
+        est = landing(job)
         aged = response_ratio(job, est, now, restart)
         bonus = _TIER_BONUS * tiers[tier(job)]
         groups.append(([n * job.gpus_per_worker for n in range(job.min_workers, job.min_workers + count + 1)],
@@ -213,6 +229,9 @@ def joint_sizing(cycle: _Cycle, *, shrink: bool = True, suspend: bool = True) ->
     for other in open_jobs:
         view = other.view
         count = min(view.max_workers - view.min_workers, p.max_extra_options)
+        if typed:  # it grows on its own type only (``core.placement``): no more extras than that type has room for
+            count = min(count, room().get(cycle.servers[other.workers[0].server_id].gpu_type, 0)
+                        // view.gpus_per_worker)
         bonus = _TIER_BONUS * tiers[tier(view)]  # for an option that speeds it up at all
         if view.job_id in chosen:  # 0 (preempted), or min_workers plus 0 .. its extras
             groups.append(_kept_options(cycle, other, min(count, _MAX_OPTIONS - 1), bonus, risk))
@@ -239,6 +258,34 @@ def joint_sizing(cycle: _Cycle, *, shrink: bool = True, suspend: bool = True) ->
             cycle.deferred[job.job_id] = (
                 f"the joint sizing found that the {capacity} GPUs it shares out (free, and running jobs' "
                 f"elastic extras) cut the estimated average completion time more on other jobs")
+
+
+def _room_for_starts(cycle: _Cycle, open_jobs: list[_Job], blocked: frozenset[str] | set[str]) -> dict[str, int]:
+    """The GPUs of each type the joint sizing shares out: free ones and those the open jobs' extras hold, none on
+    a reserved or cordoned server."""
+    room: dict[str, int] = {}
+    for sid in cycle.capacity.servers:
+        if sid not in blocked:
+            gpu_type = cycle.servers[sid].gpu_type
+            room[gpu_type] = room.get(gpu_type, 0) + len(cycle.capacity.free(sid))
+    for job in open_jobs:
+        for w in job.workers[job.view.min_workers:]:
+            if w.server_id not in blocked:
+                gpu_type = cycle.servers[w.server_id].gpu_type
+                room[gpu_type] = room.get(gpu_type, 0) + job.view.gpus_per_worker
+    return room
+
+
+def _landing_type(cycle: _Cycle, job: JobView, room: dict[str, int]) -> str | None:
+    """The GPU type a queued job's gang would start on, as placement tries the types for it
+    (``_Cycle.type_preference``: fastest first): the first with room for its ``min_workers``; else None (it starts
+    only on GPUs that free up, or that a preemption frees, of a type not known now: valued at its reference
+    type's speed)."""
+    need = job.min_workers * job.gpus_per_worker
+    for gpu_type in cycle.type_preference(job) or cycle.capacity.type_order(job.gpu_types):
+        if room.get(gpu_type, 0) >= need:
+            return gpu_type
+    return None
 
 
 def _preemptible(cycle: _Cycle, cordoned: set[str]) -> list[_Job]:
@@ -423,6 +470,9 @@ def elastic_extras(cycle: _Cycle, *, joint: bool) -> None:
     capacity = total - reserved
     risk = _extra_risk(cycle, sum(len(released[sid]) if sid in released else len(free_cap.free(sid))
                                   for sid in _loaned_servers(cycle) - cycle.reserved), capacity)
+    # A job grows on its own GPU type only (``core.placement``): on a cluster of several types, each type's GPUs
+    # are shared out among the jobs running on it, a knapsack per type (``_room_by_type``); else one knapsack.
+    rooms = _room_by_type(cycle, released, jobs) if len(free_cap.gpu_types) > 1 else None
     counts = [min(j.view.max_workers - j.view.min_workers, p.max_extra_options) for j in jobs]
     k_max = max(counts)
     # Option k of job g: k more workers, valued by what it adds to the job's completion rate (joint) or
@@ -439,7 +489,8 @@ def elastic_extras(cycle: _Cycle, *, joint: bool) -> None:
             row = rows[(per_worker, count)] = [k * per_worker for k in range(1, count + 1)] + [0] * padding
         weights.append(row)
         if joint:  # the joint sizing's completion rates (a job started this cycle: no resize)
-            value = extra_gains(cycle, job, count, -1 if job.view.job_id in started else len(job.workers), risk)
+            value = extra_gains(cycle, job, count, -1 if job.view.job_id in started else len(job.workers),
+                                risk if rooms is None else rooms[1][_gpu_type_of(cycle, job)])
         else:
             gain = cycle.estimate(job.view).jct_reductions(job.view.min_workers, count)
             # Changing size costs a restart; shifting the whole group by that cost keeps option 0 at 0.
@@ -449,10 +500,12 @@ def elastic_extras(cycle: _Cycle, *, joint: bool) -> None:
             if bonus is not None:
                 value = [v + b for v, b in zip(value, bonus, strict=True)]
         values.append(value + [-1.0] * padding)
-    solution = solve_knapsack(np.array(weights, np.int64), np.array(values, np.float64),
-                              np.array(counts, np.int64), capacity)
+    if rooms is None:
+        choice = solve_knapsack(np.array(weights, np.int64), np.array(values, np.float64),
+                                np.array(counts, np.int64), capacity).choice.tolist()
+    else:
+        choice = _solve_by_type(cycle, jobs, weights, values, counts, rooms[0])
     # Shrink first (frees GPUs), then grow, most valuable growth first.
-    choice = solution.choice.tolist()
     targets = {job.view.job_id: choice[g] for g, job in enumerate(jobs)}
     value_per_gpu = {  # of the chosen option
         job.view.job_id: value[target - 1] / (target * job.view.gpus_per_worker) if target > 0 else 0.0
@@ -532,6 +585,51 @@ def elastic_extras(cycle: _Cycle, *, joint: bool) -> None:
             else (Reason.HELD_FRAGMENTED, f"the spare GPUs are spread out: no server has {per_worker} of them free")
             if spare >= per_worker else _no_spare(cycle)
         )
+
+
+_Risk = Callable[[float], tuple[float, float]] | None
+
+
+def _room_by_type(cycle: _Cycle, released: dict[str, set[int]], jobs: list[_Job]
+                  ) -> tuple[dict[tuple[str, ...] | None, int], dict[tuple[str, ...] | None, _Risk]]:
+    """Step 3 on a cluster of several GPU types: per type of the jobs' (``_gpu_type_of``), the GPUs its jobs'
+    extras may take (free, and those its extras hold now, none of a reserved server), and the risk of the loaned
+    ones among them (``_extra_risk``)."""
+    free_cap, loaned = cycle.capacity, _loaned_servers(cycle)
+    room: dict[str, int] = {}
+    lent: dict[str, int] = {}
+    for sid, server in free_cap.servers.items():
+        if sid in cycle.reserved:
+            continue
+        gpus = len(released[sid]) if sid in released else len(free_cap.free(sid))
+        room[server.gpu_type] = room.get(server.gpu_type, 0) + gpus
+        if sid in loaned:
+            lent[server.gpu_type] = lent.get(server.gpu_type, 0) + gpus
+    rooms: dict[tuple[str, ...] | None, int] = {}
+    risks: dict[tuple[str, ...] | None, _Risk] = {}
+    for job in jobs:
+        key = _gpu_type_of(cycle, job)
+        if key not in rooms:
+            rooms[key] = room.get(key[0], 0) if key else 0
+            risks[key] = _extra_risk(cycle, lent.get(key[0], 0) if key else 0, rooms[key])
+    return rooms, risks
+
+
+def _solve_by_type(cycle: _Cycle, jobs: list[_Job], weights: list[list[int]], values: list[list[float]],
+                   counts: list[int], rooms: dict[tuple[str, ...] | None, int]) -> list[int]:
+    """Step 3's knapsack per GPU type (``_room_by_type``): each job's chosen option, its type's GPUs shared out
+    among the jobs on that type."""
+    choice = [0] * len(jobs)
+    groups: dict[tuple[str, ...] | None, list[int]] = {}
+    for g, job in enumerate(jobs):
+        groups.setdefault(_gpu_type_of(cycle, job), []).append(g)
+    for key, members in groups.items():
+        solution = solve_knapsack(np.array([weights[g] for g in members], np.int64),
+                                  np.array([values[g] for g in members], np.float64),
+                                  np.array([counts[g] for g in members], np.int64), rooms[key])
+        for g, option in zip(members, solution.choice.tolist(), strict=True):
+            choice[g] = option
+    return choice
 
 
 def _spare(cycle: _Cycle) -> int:

@@ -1,0 +1,157 @@
+"""``aryl`` on several GPU types (issue 33 item 4): a worker's rate on a server scales by its job's speed on that
+server's GPU type over its reference type's (``policies.aryl.cycle.type_factors``), so a loaned server of a slower
+type is valued as slower; a gang starts on its fastest type with room; a job grows on its own type's GPUs only.
+Hand-computed cases on hand-built snapshots."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from scheduler_service.core.invariants import check_plan
+from scheduler_service.core.params import PolicyParams
+from scheduler_service.core.snapshot import ClusterSnapshot, JobView
+from scheduler_service.lifecycle import JobState, ServerState
+from scheduler_service.policies import create_policy
+from scheduler_service.policies.aryl.cycle import _Cycle, _running_jobs, type_factors
+from scheduler_service.policies.aryl.sizing import extra_gains
+from tests.harness import NOW, inference_server, pending_job, running_job, snapshot_of, training_server
+
+DECLARED = {"a100": 1.0, "t4": 0.25}
+
+
+def _job(**fields: object) -> JobView:
+    return dataclasses.replace(pending_job(1), **fields)  # type: ignore[arg-type]
+
+
+def test_declared_factors_alone_are_the_speeds() -> None:
+    assert type_factors(_job(), DECLARED, ["a100", "t4"]) == {"a100": 1.0, "t4": 0.25}
+
+
+def test_a_type_not_declared_runs_at_the_reference_speed() -> None:
+    assert type_factors(_job(), {"t4": 0.5}, ["rtx", "t4"]) == {"rtx": 1.0, "t4": 0.5}
+
+
+def test_measured_speeds_override_the_declared_ones() -> None:
+    # Measured 100 samples/s per GPU on the A100 (factor 1) and 20 on the T4 (factor 0.25): the reference speed is
+    # the mean of 100 / 1 and 20 / 0.25 = 90, so the A100 runs at 100 / 90 of it and the T4 at 20 / 90.
+    job = _job(type_speeds=(("a100", 100.0), ("t4", 20.0)))
+    factors = type_factors(job, DECLARED, ["a100", "t4"])
+    assert factors == pytest.approx({"a100": 100.0 / 90.0, "t4": 20.0 / 90.0})
+    # Measured on the A100 alone: the T4 is bootstrapped by its declared factor.
+    assert type_factors(_job(type_speeds=(("a100", 100.0),)), DECLARED, ["a100", "t4"]) == {"a100": 1.0, "t4": 0.25}
+
+
+def test_nothing_to_tell_types_apart_is_one_speed() -> None:
+    assert type_factors(_job(), {}, ["a100", "t4"]) is None          # no factor, no measure
+    assert type_factors(_job(), DECLARED, ["a100"]) is None          # one type (a homogeneous cluster)
+    assert type_factors(_job(type_speeds=(("a100", 9.0),)), {}, ["a100"]) is None
+
+
+def _on_loaned_t4(gpu_speed: dict[str, float]) -> tuple[ClusterSnapshot, _Cycle]:
+    """Job 1, elastic 1..2 workers of 1 GPU, 3,600 units of work at 1 unit/s per worker on its reference type, runs
+    one worker on a loaned T4 server; an A100 training server is full."""
+    job = dataclasses.replace(running_job(1, [("i1", (0,))], low=1, high=2, resized=NOW - 7200),
+                              throughput_points=((1, 1.0), (2, 2.0)), total_work=3600.0, work_done=0.0,
+                              estimated_runtime_s=None)
+    busy = running_job(2, [("a1", (0, 1, 2, 3))], low=1, resized=NOW - 7200)
+    servers = [training_server("a1", 4, gpu_type="a100"),
+               inference_server("i1", ServerState.LOANED, 4, since=NOW - 9000, gpu_type="t4")]
+    snap = dataclasses.replace(snapshot_of(servers, [job, busy], demand=0),
+                               gpu_speed=tuple(sorted(gpu_speed.items())))
+    params = PolicyParams()
+    cycle = _Cycle(snapshot=snap, servers={s.server_id: s for s in snap.servers},
+                   server_state={s.server_id: s.state for s in snap.servers}, running=_running_jobs(snap),
+                   params=params)
+    cycle.rebuild_capacity()
+    return snap, cycle
+
+
+def test_a_slow_loaned_server_is_valued_slower() -> None:
+    # On the T4 (0.25 of the reference) the job needs 3,600 / 0.25 = 14,400 s at one worker, 7,200 s at two; a
+    # second worker adds 1 / (7,200 + 60 s restart) - 1 / 14,400 to its completion rate. Declared as fast as the
+    # reference type: 1 / (1,800 + 60) - 1 / 3,600.
+    restart = PolicyParams().restart_cost_s
+    _, slow = _on_loaned_t4(DECLARED)
+    view = slow.running[1].view
+    assert slow.estimate(view).remaining_time(1) == pytest.approx(14_400.0)
+    assert slow.estimate(view).remaining_time(2) == pytest.approx(7_200.0)
+    [gain] = extra_gains(slow, slow.running[1], 1, 1)
+    assert gain == pytest.approx(1 / (7_200 + restart) - 1 / 14_400)
+    _, same = _on_loaned_t4({})
+    [as_fast] = extra_gains(same, same.running[1], 1, 1)
+    assert as_fast == pytest.approx(1 / (1_800 + restart) - 1 / 3_600)
+    assert gain < as_fast / 3  # a quarter of the speed: about a quarter of the gain
+
+
+def test_a_gang_starts_on_its_fastest_type_with_room() -> None:
+    # 4 free A100 GPUs and 8 free T4 GPUs on a loaned server: without speeds placement takes the type with the most
+    # free GPUs (the T4); with them the job's fastest type that fits (the A100).
+    servers = [training_server("a1", 4, gpu_type="a100"),
+               inference_server("i1", ServerState.LOANED, 8, since=NOW - 9000, gpu_type="t4")]
+    job = pending_job(1, 1, 2)
+    for speeds, where in (({}, {"i1"}), (DECLARED, {"a1"})):
+        snap = dataclasses.replace(snapshot_of(servers, [job], demand=0), gpu_speed=tuple(sorted(speeds.items())))
+        plan = create_policy("aryl").schedule(snap)
+        assert check_plan(snap, plan) == []
+        [started] = plan.starts
+        assert {w.server_id for w in started.workers} == where
+
+
+def test_a_job_grows_on_its_own_type_only() -> None:
+    # Job 1 fills an A100 server at 4 workers (7,200 units left at 1 unit/s per worker: 1,800 s) and may grow to 8;
+    # job 2 runs one worker on a loaned T4 server with 3 free GPUs (3,600 units, 14,400 s at a quarter of the
+    # speed) and may grow to 4. A fifth worker adds 1 / (1,440 + 60) - 1 / 1,800 to job 1's completion rate, a
+    # second 1 / (7,200 + 60) - 1 / 14,400 to job 2's, less: one knapsack over all 3 free GPUs gave them to job 1,
+    # which has no A100 to grow on, and none to job 2. Per type, job 2 takes them.
+    def linear(job: JobView, work: float, most: int) -> JobView:
+        return dataclasses.replace(job, estimated_runtime_s=None, total_work=work, work_done=0.0,
+                                   throughput_points=tuple((n, float(n)) for n in range(1, most + 1)))
+
+    grown = linear(running_job(1, [("a1", (g,)) for g in range(4)], low=1, high=8, resized=NOW - 7200), 7200.0, 8)
+    slow = linear(running_job(2, [("i1", (0,))], low=1, high=4, resized=NOW - 7200), 3600.0, 4)
+    servers = [training_server("a1", 4, gpu_type="a100"),
+               inference_server("i1", ServerState.LOANED, 4, since=NOW - 9000, gpu_type="t4")]
+    snap = dataclasses.replace(snapshot_of(servers, [grown, slow], demand=0),
+                               gpu_speed=tuple(sorted(DECLARED.items())))
+    plan = create_policy("aryl").schedule(snap)
+    assert check_plan(snap, plan) == []
+    assert {s.job_id: len(s.workers) for s in plan.scales} == {2: 4}
+    assert all(j.state == JobState.RUNNING for j in snap.jobs)
+
+
+@pytest.mark.parametrize(("work", "moves"), [(3600.0, True), (20.0, False)])
+def test_a_job_on_a_slow_type_moves_to_a_faster_one_with_room_when_that_pays(work: float, moves: bool) -> None:
+    # Job 1 (one worker, 1 unit/s on its reference type) runs on a loaned T4 at a quarter of that speed; the A100
+    # server is free. 3,600 units: 14,400 s left here, 60 s restart + 3,600 s on the A100, it moves. 20 units: 80 s
+    # here, 60 + 20 s there, the restart eats the gain, it stays.
+    job = dataclasses.replace(running_job(1, [("i1", (0,))], low=1, high=1, resized=NOW - 7200),
+                              throughput_points=((1, 1.0),), total_work=work, work_done=0.0, estimated_runtime_s=None)
+    servers = [training_server("a1", 4, gpu_type="a100"),
+               inference_server("i1", ServerState.LOANED, 4, since=NOW - 9000, gpu_type="t4")]
+    snap = dataclasses.replace(snapshot_of(servers, [job], demand=0), gpu_speed=tuple(sorted(DECLARED.items())))
+    plan = create_policy("aryl").schedule(snap)
+    assert check_plan(snap, plan) == []
+    if moves:
+        [moved] = plan.scales
+        assert [w.server_id for w in moved.workers] == ["a1"]
+        assert moved.message == ("moved from t4 to a100 GPUs, 4.00x as fast for it, "
+                                        "at 1 worker(s): estimated completion 14400s -> 3660s with the restart")
+    else:
+        assert plan.scales == ()
+
+
+def test_a_loan_of_another_type_serves_no_running_jobs_growth() -> None:
+    # Job 1 runs 4 workers on a full A100 server and could grow to 8; nothing is queued; an idle inference server
+    # serves nobody beyond the spare one (``policy.loan_buffer_servers``). Of the same type, it is lent for job 1 to
+    # grow onto; a T4 server is not (job 1 grows on A100s only), so none is lent.
+    job = running_job(1, [("a1", (g,)) for g in range(4)], low=1, high=8, resized=NOW - 7200)
+    for inference_type, lent in (("a100", True), ("t4", False)):
+        servers = [training_server("a1", 4, gpu_type="a100"),
+                   *(inference_server(f"i{k}", ServerState.SERVING, 4, since=NOW - 9000, gpu_type=inference_type)
+                     for k in (1, 2))]
+        snap = snapshot_of(servers, [job], demand=0)
+        plan = create_policy("aryl").schedule(snap)
+        assert check_plan(snap, plan) == []
+        assert bool(plan.server_actions) == lent
