@@ -88,7 +88,8 @@ METRICS = ("avg_queue_s", "median_queue_s", "p95_queue_s", "p99_queue_s", "avg_j
            "useful_work.useful_gpu_hours", "useful_work.allocated_gpu_hours", "useful_work.useful_fraction",
            "inference_shortfall.server_s", "inference_shortfall.time_s",
            "inference_shortfall.requests_short_share", "inference_shortfall.requests_unserved_share",
-           "inference_shortfall.requests_beyond_cluster_share", "loans", "reclaims", "preemptions",
+           "inference_shortfall.requests_beyond_cluster_share", "inference_shortfall_window.requests_short_share",
+           "loans", "reclaims", "preemptions",
            "reclaim_preemptions", "preemptions_per_reclaim", "scale_ins",
            "gpu_hours_lost", "jobs_completed", "jobs_total")
 

@@ -55,6 +55,9 @@ Metrics (``summarize``), all in seconds unless named otherwise:
     beyond serving capacity, rate x shortfall / servers needed (each serving server taking an equal
     share); None without a rate. ``requests_beyond_cluster_share``: the share that arrived while the
     demand was beyond the whole inference cluster (no policy could serve them: the floor under the first).
+- ``inference_shortfall_window``: the same over the arrival window (``arrival_window``), where training is busy
+  and loans are many: the stretch a busy regime is about. Over the makespan, the tail after the last arrival
+  (training winding down, few loans, little shortfall) dilutes the share.
 - ``loans``: loans begun (LOAN steps committed; a loan cancelled while draining counts);
   ``reclaims``: RECLAIM steps committed (one per reclaimed server).
 - ``preemptions``, ``scale_ins``, ``scale_outs``: over all jobs (a resize to the same size elsewhere
@@ -266,14 +269,15 @@ def useful_utilization(result: SimulationResult, start: float, end: float, *,
     return {"overall": (training + serving) / capacity, "training_work": training / capacity}
 
 
-def inference_shortfall(result: SimulationResult, *, series: _Series | None = None) -> dict[str, float | None]:
-    """Servers inference needed but had not serving, over [0, end_time] (module doc)."""
+def inference_shortfall(result: SimulationResult, *, series: _Series | None = None, start: float = 0.0,
+                        end: float | None = None) -> dict[str, float | None]:
+    """Servers inference needed but had not serving, over [start, end] (module doc; [0, end_time] by default)."""
     empty: dict[str, float | None] = {"server_s": 0.0, "time_s": 0.0, "requests_short_share": None,
                                       "requests_unserved_share": None, "requests_beyond_cluster_share": None}
     if not result.utilisation or result.end_time <= 0:
         return empty
     spec, series = result.spec, series or _Series(result)
-    level, durations = series.levels, series.durations(0.0, result.end_time)
+    level, durations = series.levels, series.durations(start, result.end_time if end is None else end)
     wanted = np.clip(level["servers_wanted"], 0.0, None)   # unclipped
     serving = level["inference_gpus"] / spec.gpus_per_server  # min(needed, SERVING)
     short = np.clip(wanted - serving, 0.0, None)
@@ -317,6 +321,7 @@ class Summary(TypedDict):
     useful_work: dict[str, float]
     useful_utilization: dict[str, float]
     inference_shortfall: dict[str, float | None]
+    inference_shortfall_window: dict[str, float | None]
     loans: int
     reclaims: int
     preemptions: int
@@ -387,6 +392,7 @@ def summarize(result: SimulationResult) -> Summary:
         "useful_work": figures(useful_work(result, series=series)),
         "useful_utilization": figures(useful_utilization(result, start, end, series=series)),
         "inference_shortfall": rounded(inference_shortfall(result, series=series)),
+        "inference_shortfall_window": rounded(inference_shortfall(result, series=series, start=start, end=end)),
         "loans": sum(s.loans for s in result.servers),
         "reclaims": reclaims,
         "preemptions": sum(j.preemptions for j in result.jobs),

@@ -15,7 +15,8 @@ def summary(jct: float, short: float, per_reclaim: float) -> dict[str, object]:
     return {"avg_jct_s": jct, "p95_jct_s": 2 * jct, "loans": 10, "reclaims": 8, "reclaim_preemptions": 4,
             "preemptions_per_reclaim": per_reclaim, "gpu_hours_lost": 5.0,
             "inference_shortfall": {"requests_short_share": short, "requests_unserved_share": short / 10,
-                                    "requests_beyond_cluster_share": 0.0, "server_s": 3600.0, "time_s": 60.0}}
+                                    "requests_beyond_cluster_share": 0.0, "server_s": 3600.0, "time_s": 60.0},
+            "inference_shortfall_window": {"requests_short_share": 3 * short}}
 
 
 def test_the_text_reports_the_cost_and_the_reclaim_ratio_per_seed():
@@ -39,7 +40,9 @@ def test_the_text_reports_the_cost_and_the_reclaim_ratio_per_seed():
     assert "| servegen | `aryl`, `reclaim_protection = strict` | 0.06% (0.05%-0.07%) |" in text
     # aryl-risk against aryl per seed: -1% and 0% average JCT; the same GPU-hours lost.
     assert "`aryl-risk` against `aryl`: average JCT -0.5% (-1.0%-+0.0%), GPU-hours lost +0.0%." in text
-    assert "`aryl` leaves 0.06% (0.05%-0.07%) of requests short (`aryl-reactive`: 1.50% (1.00%-2.00%))" in text
+    # Over the arrival window, 3x the whole run's share (made up): both are reported.
+    assert ("`aryl` leaves 0.06% (0.05%-0.07%) of requests short, 0.18% (0.15%-0.21%) over the arrival window "
+            "(`aryl-reactive`: 1.50% (1.00%-2.00%), 4.50% (3.00%-6.00%))") in text
     assert "rose above the band at 0.10% of minutes; the band stood 2.5 servers above the need" in text
-    assert "| servegen | `aryl` | 0.06% (0.05%-0.07%) |" in text
+    assert "| servegen | `aryl` | 0.06% (0.05%-0.07%) | 0.18% (0.15%-0.21%) |" in text
     assert "1 - `policy.inference_short_budget` = 99.9%" in text

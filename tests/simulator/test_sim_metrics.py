@@ -21,7 +21,7 @@ from simulator.cluster import SimulatedCluster
 from simulator.engine import SimulationResult, simulate
 from simulator.estimates import Estimates, EstimatesError
 from simulator.model import ClusterSpec, DemandPoint, TraceJob
-from simulator.results import format_table, summarize, summary_json, useful_work
+from simulator.results import format_table, inference_shortfall, summarize, summary_json, useful_work
 from tests.harness import linear_job
 
 
@@ -125,6 +125,12 @@ def test_inference_shortfall_and_preemptions_per_reclaim() -> None:
                                         "requests_beyond_cluster_share": 0.0}
     assert (s["reclaims"], s["reclaim_preemptions"], s["reclaim_scale_ins"], s["preemptions_per_reclaim"]) == \
         (1, 1, 0, 1.0)
+    # One job, submitted at 0: the arrival window runs to the end, the window's figures are the whole run's.
+    assert s["inference_shortfall_window"] == s["inference_shortfall"]
+    # Over [0, 2150 s]: 10/s x 2000 + 50/s x 150 = 27500 requests, 50/s x 150 = 7500 of them short.
+    window = inference_shortfall(reclaim_run(), start=0.0, end=2150.0)
+    assert (window["server_s"], window["time_s"]) == (150.0, 150.0)
+    assert window["requests_short_share"] == pytest.approx(7500 / 27500)
 
 
 def test_shortfall_counts_the_share_of_need_missing_and_no_rate_means_no_share() -> None:
