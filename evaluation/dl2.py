@@ -23,10 +23,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.policies.dl2 import Dl2Policy
 from scheduler_service.policies.dl2_model import BUNDLED_MODEL, Network, load_network
-from simulator.dl2_train import Environment, jct_of, pollux_environment
+from simulator.dl2_train import Environment, checkpoints_path, jct_of, load_checkpoints, pollux_environment
 from simulator.engine import SimulationResult, simulate
 from simulator.model import ClusterSpec, DemandPoint, TraceJob
 from simulator.traces import JobMapping, load_philly
@@ -81,7 +83,8 @@ def philly_sample(shared: Path) -> Environment:
 def dl2_section(shared: Path, assets: Path, earlier: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """The section (``evaluation.document.SECTIONS``): markdown and raw figures."""
     started = time.perf_counter()
-    seeds = [s for s, path in WEIGHTS.items() if path.exists()]
+    # Only weights of the current recipe: ``train-dl2`` writes the checkpoints of the curves beside them.
+    seeds = [s for s, path in WEIGHTS.items() if path.exists() and checkpoints_path(path).exists()]
     nets: dict[str, Network] = {}
     meta: dict[int, dict[str, Any]] = {}
     for s in seeds:
@@ -97,8 +100,91 @@ def dl2_section(shared: Path, assets: Path, earlier: dict[str, Any]) -> tuple[st
     for key, env in settings.items():
         _log(f"{key}: {len(names)} policies")
         raw[key] = _scores(env, names, nets)
+    raw["curves"] = _curves(settings, raw, seeds, nets)
+    if raw["curves"]:
+        _plot_curves(raw, assets / CURVES_PNG)
     text = _markdown(raw, seeds, time.perf_counter() - started)
     return text, raw
+
+
+CURVES_PNG = "dl2-learning.png"
+SETTING_LABELS = {"train": "Pollux 1-4 (trained on)", "test": "Pollux 5-8 (held out)",
+                  "philly": "Philly sample (unseen)"}
+# The RL remedies of issue 34 as measured on the seed-0 warm-up shipped at 40eb998 (greedy average JCT on
+# workloads 1-4, 2-day runs as in training; 2.047 h before RL), one setting changed at a time, by
+# ``aryl-sim train-dl2``'s RL flags (the earlier recipe by the code before them): (recipe, iterations x
+# episodes, figures). Measured once, quoted.
+REMEDIES = (
+    ("earlier recipe: Monte-Carlo returns, discount per cycle (0.99), value head shared and untrained, lr 3e-4",
+     "20 x 2 / 100 x 2", "mean of seeds 2.06 -> 2.10; seed 0 2.03 -> 2.51 at 100"),
+    ("critic of its own, pre-trained on 4 warm-up rollouts (R^2 0.91); GAE (0.99, lambda 0.95 per cycle); PPO "
+     "(clip 0.2, 4 passes); lr 3e-4", "10 x 4", "2.021 (5), 2.049 (10)"),
+    ("the same, lr 1e-3", "12 x 4", "2.052 (4), 2.064 (8), 2.070 (12)"),
+    ("discount in time (4 h, GAE lambda 1 h) instead of per cycle, lr 1e-3", "12 x 4",
+     "2.027 (4), 2.034 (8), 2.036 (12)"),
+    ("the same, 8 episodes per iteration", "20 x 8", "2.037 (5), 2.039 (10), 2.033 (15), 2.045 (20)"),
+    ("+ the input-driven baseline (Mao et al. 2019: the batch's other episodes on the same workload, same time)",
+     "40 x 8", "2.034 (10), 2.016 (20), 2.010 (30), 2.023 (40)"),
+    ("the same, lr 3e-3", "20 x 8", "2.145 (10), 2.159 (20)"),
+)
+
+
+def _same(a: Network, b: Network) -> bool:
+    return all(np.array_equal(getattr(a, n), getattr(b, n)) for n in ("w1", "b1", "w2", "b2", "wp", "bp"))
+
+
+def _curves(settings: dict[str, Environment], raw: dict[str, Any], seeds: list[int],
+            nets: dict[str, Network]) -> dict[str, dict[str, dict[str, float]]]:
+    """Per seed, per setting: the greedy policy's average JCT (s, mean over the setting's workloads) at every
+    RL checkpoint the training kept (``.checkpoints.npz``); the warm-up (iteration 0) and the final network
+    are the table's own runs, the ones between are run here."""
+    curves: dict[str, dict[str, dict[str, float]]] = {}
+    for s in seeds:
+        path = checkpoints_path(WEIGHTS[s])
+        if not path.exists():
+            continue
+        final = nets[f"dl2-rl/{s}"]
+        curves[str(s)] = {key: {} for key in settings}
+        for iteration, network in load_checkpoints(path, final):
+            known = next((name for name in (f"dl2-warmup/{s}", f"dl2-rl/{s}") if _same(network, nets[name])), None)
+            for key, env in settings.items():
+                if known is not None:
+                    jcts = raw[key][known]["avg_jct_s"]
+                else:
+                    _log(f"curve: seed {s}, iteration {iteration}, {key}")
+                    jcts = [jct_of(_run(jobs, env, _fixed(network)), env) for jobs in env.workloads]
+                curves[str(s)][key][str(iteration)] = _mean(jcts)
+    return curves
+
+
+def _plot_curves(raw: dict[str, Any], path: Path) -> None:
+    """Average JCT vs RL iteration per setting: each seed, their mean, and ``drf``'s and ``optimus``'s level."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = list(SETTING_LABELS)
+    fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 3.4))
+    for ax, key in zip(axes, keys, strict=True):
+        series = [sorted((int(k), v / 3600) for k, v in raw["curves"][s][key].items()) for s in raw["curves"]]
+        for seed, points in zip(raw["curves"], series, strict=True):
+            ax.plot([k for k, _ in points], [v for _, v in points], marker=".", linewidth=0.8, alpha=0.6,
+                    label=f"dl2, seed {seed}")
+        common = sorted(set.intersection(*[{k for k, _ in p} for p in series]))
+        ax.plot(common, [_mean([dict(p)[k] for p in series]) for k in common], color="black", linewidth=2,
+                label="dl2, mean of seeds")
+        ax.axhline(_mean(raw[key]["optimus"]["avg_jct_s"]) / 3600, color="grey", linestyle=":",
+                   label="optimus (teacher)")
+        ax.axhline(_mean(raw[key]["drf"]["avg_jct_s"]) / 3600, color="grey", linestyle="--", label="drf")
+        ax.set_title(SETTING_LABELS[key], fontsize=9)
+        ax.set_xlabel("RL iteration (0 = warm-up)")
+        ax.set_ylabel("average JCT (h), greedy")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def _mean(values: list[float]) -> float:
@@ -132,34 +218,72 @@ def _markdown(raw: dict[str, Any], seeds: list[int], wall_s: float) -> str:
                     f"{(rl_mean / drf - 1) * 100:+.1f}% | {(rl_mean / opt - 1) * 100:+.1f}% | {incomplete} |")
     commands = "; ".join(f"seed {s}: `{m.get('command', '?')}` ({m.get('train_wall_s', '?')} s)"
                          for s, m in raw["meta"].items())
+    per_seed = []
+    for s in seeds:
+        changes = []
+        for key in SETTING_LABELS:
+            warm_s = _mean(raw[key][f"dl2-warmup/{s}"]["avg_jct_s"])
+            rl_s = _mean(raw[key][f"dl2-rl/{s}"]["avg_jct_s"])
+            changes.append(f"{warm_s / 3600:.3f} -> {rl_s / 3600:.3f} h ({(rl_s / warm_s - 1) * 100:+.1f}%)")
+        m = raw["meta"][str(s)]
+        per_seed.append(f"| {s} | {' | '.join(changes)} | {m.get('train_wall_s', '?')} s |")
+    verdict = _verdict(raw, seeds)
     return f"""## DL2: learned scheduling vs DRF and Optimus
 
 `drf` (dominant resource fairness over GPUs: progressive filling between users, then jobs), `optimus`
 (Optimus with the snapshot's knowledge: greedy by marginal cut in remaining time), and `dl2` after its
-supervised warm-up only (imitating `optimus`, with DAgger) and after reinforcement learning (policy gradient
-with a value baseline, reward = minus active jobs x time). All four run through the service's own cycle on
-16 servers x 4 GPUs for the Pollux workloads (`pollux-data/workloads-realistic`, every job elastic up to 16x
-its request, speeds from Pollux's measured profiles), cycles on events at least 60 s apart, restarts 30 s.
-The network was trained on workloads 1-4 only; 5-8 are held out; the Philly sample is a setting it never
-saw. Average JCT per setting is the mean over its workloads of each run's average JCT; a job still
-unfinished after {MAX_TIME_S / 86400:.0f} simulated days counts as completing then. dl2 cells: mean over the
-training seeds {seeds} (min..max, standard deviation). Training: {commands}.
+supervised warm-up only (imitating `optimus`, with DAgger) and after reinforcement learning (PPO with a
+critic of its own, pre-trained on the warm-up's rollouts; GAE; the input-driven baseline; reward = minus
+active jobs x time, discounted in time: `simulator/dl2_train.py`). All four run through the service's own
+cycle on 16 servers x 4 GPUs for the Pollux workloads (`pollux-data/workloads-realistic`, every job elastic
+up to 16x its request, speeds from Pollux's measured profiles), cycles on events at least 60 s apart,
+restarts 30 s. The network was trained on workloads 1-4 only; 5-8 are held out; the Philly sample is a
+setting it never saw. Every setting of the training was chosen on workloads 1-4 alone. Average JCT per
+setting is the mean over its workloads of each run's average JCT; a job still unfinished after
+{MAX_TIME_S / 86400:.0f} simulated days counts as completing then. dl2 cells: mean over the training seeds
+{seeds} (min..max, standard deviation). Training: {commands}.
 
 | setting | drf | optimus | dl2 warm-up | dl2 after RL | dl2 (RL) vs drf | dl2 (RL) vs optimus | unfinished |
 |---|---|---|---|---|---|---|---|
 {chr(10).join(rows)}
 
-Reading: the warm-up imitates its teacher closely on the Pollux workloads; 20 iterations of RL (40 episodes)
-do not improve on it, and more of it does not help: 100 iterations at the same settings took seed 0 from
-2.03 to 2.51 h (workloads 1-4), and the first settings tried (gamma 0.95, lr 1e-3, entropy 0.01) from 2.03
-to 2.36 h. The diagnosis (`reinforce` in `simulator/dl2_train.py`): the value head starts untrained, its
-loss dominates the clipped gradient, and a cycle's return carries ~100 later cycles' random actions, too
-noisy with tens of episodes for a policy already near its teacher. The RL stage is therefore not yet useful
-at this scale; the defaults are the mildest settings tried.
-The network does not transfer to the Philly setting (8-GPU servers, other job
-shapes, no such states in training). Its removals never preempt: with preemption allowed, a warm-up network
-at 97% agreement with its teacher preempted ~35 workers a cycle (29.6 h average JCT on workload 1). Learning
-curve of seed 0: `scheduler_service/policies/data/dl2.png`.
+RL against its own warm-up, per training seed (greedy policy, average JCT):
+
+| seed | {' | '.join(SETTING_LABELS.values())} | training time |
+|---|---|---|---|---|
+{chr(10).join(per_seed)}
+
+{verdict}
+
+![dl2 learning curves](evaluation/{CURVES_PNG})
+
+Learning curves (`docs/evaluation/{CURVES_PNG}`): the greedy policy at every 5th RL iteration of each seed
+(the networks the training kept, `.checkpoints.npz` beside the weights), on the trained, held-out and
+Philly settings, with `optimus` (the teacher) and `drf` as lines.
+
+How the RL stage got here -- the remedies of issue 34, each measured on the seed-0 warm-up shipped before them
+(commit 40eb998's `dl2.warmup.npz`), greedy average JCT on the training workloads 1-4 (2.047 h before RL;
+2-day runs, as in training), one setting changed at a time:
+
+| RL recipe | iterations x episodes | greedy avg JCT (h) along the run (iteration) |
+|---|---|---|
+{chr(10).join(f"| {recipe} | {size} | {figures} |" for recipe, size, figures in REMEDIES)}
+
+Reading: the critic removed the earlier drift (its untrained value loss took most of the clipped step); a
+discount per cycle made RL worse at lr 1e-3 -- each restart or resize brings events and so cycles, which
+discount the rest of the run more, so churning looked good -- and a discount in time did not; the
+input-driven baseline, which stops counting later arrivals as an action's doing, is the only remedy whose
+sampled episodes trend down (seed 0: 2.025 h in the first iteration, 1.99-2.01 h in the last ten of 40). The
+gain stays small (~1-2% on the trained workloads) against the run-to-run noise of a greedy policy
+(+-1% between neighbouring checkpoints), and a larger step diverges; the shipped weights (the table, the
+curves) are the chosen recipe's, retrained from a warm-up that the current simulator makes slightly
+differently. The KL leash to the warm-up
+(`--kl-to-warmup`) is built but was not needed at lr 1e-3 (off). An episode (160 jobs, ~400 cycles, ~1,300
+decision steps) costs 0.7-1.7 s on this shared 2-core machine, by its load; the dl2 decision is ~70% of it.
+The network does not transfer to the Philly setting (8-GPU servers, other job shapes, no such states in
+training; it sees only the 32 oldest active jobs). Its removals never preempt: with preemption allowed, a
+warm-up network at 97% agreement with its teacher preempted ~35 workers a cycle (29.6 h average JCT on
+workload 1).
 
 The paper (DL2, Peng et al. 2019, on its own testbed and traces): average JCT {PAPER['vs_drf_pct']}% vs DRF,
 {PAPER['vs_optimus_pct']}% vs Optimus. Assumptions that differ from the paper: the teacher is `optimus`
@@ -171,6 +295,25 @@ user-estimate row: the jobs declare their training target and report progress, t
 were trained on; a non-clairvoyant DL2 needs training under estimates first (`evaluation/dl2.py`). This
 section took {wall_s:.0f} s.
 """
+
+
+TARGET_PCT = -5.0  # issue 34: RL improves on its own warm-up by at least 5% on held-out and Philly, every seed
+
+
+def _verdict(raw: dict[str, Any], seeds: list[int]) -> str:
+    """Whether issue 34's target holds, from the figures above (never a fixed sentence)."""
+    def change(key: str, s: int) -> float:
+        warm = _mean(raw[key][f"dl2-warmup/{s}"]["avg_jct_s"])
+        return (_mean(raw[key][f"dl2-rl/{s}"]["avg_jct_s"]) / warm - 1) * 100
+
+    parts = []
+    for key in ("test", "philly"):
+        values = [change(key, s) for s in seeds]
+        met = sum(v <= TARGET_PCT for v in values)
+        parts.append(f"{SETTING_LABELS[key]}: {met} of {len(seeds)} seeds "
+                     f"({', '.join(f'{v:+.1f}%' for v in values)})")
+    return (f"Target (issue 34: RL at least {-TARGET_PCT:.0f}% below its warm-up on the held-out settings, every "
+            f"seed): {'; '.join(parts)}.")
 
 
 def main() -> None:  # for a quick look: python -m evaluation.dl2

@@ -5,9 +5,11 @@ over the legal actions (seeded: ``OnlineLearner``'s ``seed``), and every step is
 and number of active jobs. Whenever ``policy.dl2_online_batch_jobs`` jobs (8 by default) have left the active
 set (completed, cancelled or failed) since the last batch, the cycles recorded so far become one batch, and a
 background
-thread makes one policy-gradient step with a value baseline on it (the same loss and reward as
-``simulator.dl2_train.reinforce``: minus active jobs x time, the JCT objective), then swaps the new
-weights in; the next cycle decides with them.
+thread makes one policy-gradient step with a value baseline on it (reward: minus active jobs x time, the JCT
+objective, as in ``simulator.dl2_train.reinforce``; but Monte-Carlo returns discounted per cycle and the
+weights file's value head -- the offline recipe before issue 34's remedies, which a live service, with one
+run and no sibling episodes, cannot all use), then swaps the new weights in; the next cycle decides with
+them.
 
 In the service the learner sees what it needs through the cycle alone: every cycle's snapshot holds the
 active jobs (a job that left it has finished: its JCT so far is in the rewards of the cycles it waited or

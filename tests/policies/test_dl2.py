@@ -218,11 +218,77 @@ def test_reinforcement_learning_improves_on_the_warm_up(tiny_env) -> None:
 
     warm, _, _ = imitate(tiny_env, seed=0, epochs=10, dagger_rounds=0)  # a short warm-up: room to improve
     before = float(np.mean(greedy_jct(tiny_env, warm.network)))
-    rl = reinforce(tiny_env, warm.network, seed=0, iterations=15, episodes=2)
+    rl = reinforce(tiny_env, warm.network, seed=0, iterations=15, episodes=4)  # 2 per workload: siblings
     after = float(np.mean(greedy_jct(tiny_env, rl.network)))
     assert after < before, (before, after, rl.curve)
-    again = reinforce(tiny_env, warm.network, seed=0, iterations=15, episodes=2)  # seeded: the same run
+    again = reinforce(tiny_env, warm.network, seed=0, iterations=15, episodes=4)  # seeded: the same run
     assert again.curve == rl.curve
+
+
+def _steps(cycles: list[tuple[float, int, int]]) -> Any:
+    """Recorded steps of one run: per cycle (time, active jobs, steps it took)."""
+    from simulator.dl2_train import Steps
+
+    steps = Steps()
+    for time_s, jobs, n in cycles:
+        for _ in range(n):
+            steps.record(np.zeros(input_size(), dtype=np.float32), np.ones(2 * JOB_SLOTS + 1, dtype=bool), STOP)
+        steps.cycle_times.append(time_s)
+        steps.cycle_jobs.append(jobs)
+        steps.cycle_last_step.append(len(steps.actions) - 1)
+    return steps
+
+
+def test_rewards_follow_each_cycles_last_step_discounted_in_time() -> None:
+    from simulator.dl2_train import gae, step_rewards
+
+    # Cycles at 0 h (2 steps, 3 jobs), 1 h (no step: nothing was legal, 2 jobs), 2 h (1 step, 1 job); end at 3 h.
+    steps = _steps([(0.0, 3, 2), (3600.0, 2, 0), (7200.0, 1, 1)])
+    reward, gap_h = step_rewards(steps, end_time=10800.0, horizon_h=2.0)
+    # Step 0 is followed by step 1 in its cycle (nothing, no time); step 1 by cycles 0 and 1 (the latter 1 h
+    # later, discounted), then step 2 two hours on; step 2 by its cycle, then the end.
+    np.testing.assert_allclose(reward, [0.0, -3.0 - 2.0 * math.exp(-0.5), -1.0])
+    np.testing.assert_allclose(gap_h, [0.0, 2.0, math.inf])
+    # Monte-Carlo returns (lambda inf, no values): the discounted sum of the rewards that follow.
+    returns = gae(reward, gap_h, np.zeros(3), 2.0, math.inf)
+    np.testing.assert_allclose(returns, [reward[1] + math.exp(-1.0) * -1.0] * 2 + [-1.0])
+    # With exact values every advantage is zero, at any lambda.
+    np.testing.assert_allclose(gae(reward, gap_h, returns, 2.0, 0.5), 0.0, atol=1e-12)
+
+
+def test_the_input_driven_baseline_compares_runs_of_the_same_workload_at_the_same_time() -> None:
+    from simulator.dl2_train import input_driven_advantages
+
+    a = _steps([(0.0, 1, 1), (600.0, 1, 2)])
+    b = _steps([(0.0, 1, 1), (300.0, 1, 1), (900.0, 1, 1)])
+    c = _steps([(0.0, 1, 1)])
+    out = input_driven_advantages([(a, 1000.0, 0), (b, 1000.0, 0), (c, 1000.0, 1)],
+                                  [np.array([-5.0, -2.0, -2.0]), np.array([-4.0, -3.0, -1.0]), np.array([-1.0])])
+    # a at 0 s vs b at 0 s; a at 600 s vs b interpolated between 300 s (-3) and 900 s (-1): -2.
+    assert out[0] is not None and out[1] is not None
+    np.testing.assert_allclose(out[0], np.array([-1.0, 0.0, 0.0]))
+    # b at 300 s vs a interpolated between 0 s (-5) and 600 s (-2): -3.5; at 900 s vs a's last point (-2).
+    np.testing.assert_allclose(out[1], np.array([1.0, 0.5, 1.0]))
+    assert out[2] is None                                  # alone on its workload: no sibling
+
+
+def test_checkpoints_round_trip_and_the_shipped_ones_match_the_shipped_weights(tmp_path: Path) -> None:
+    from simulator.dl2_train import checkpoints_path, load_checkpoints, save_checkpoints
+
+    nets = [(0, random_network(hidden=8, seed=1)), (5, random_network(hidden=8, seed=2))]
+    save_checkpoints(nets, tmp_path / "c.npz")
+    back = load_checkpoints(tmp_path / "c.npz", nets[1][1])
+    assert [k for k, _ in back] == [0, 5] and np.array_equal(back[0][1].wp, nets[0][1].wp)
+    assert checkpoints_path(BUNDLED_MODEL).exists()
+    for final in sorted(BUNDLED_MODEL.parent.glob("dl2*.npz")):
+        if final.name.endswith((".warmup.npz", ".checkpoints.npz")) or not checkpoints_path(final).exists():
+            continue
+        shipped = load_network(final)
+        points = load_checkpoints(checkpoints_path(final), shipped)
+        warm = load_network(final.with_suffix(".warmup.npz"))
+        assert points[0][0] == 0 and np.array_equal(points[0][1].w1, warm.w1), final  # iteration 0 = warm-up
+        assert np.array_equal(points[-1][1].wp, shipped.wp), final                    # the last = the file
+        assert f"--seed {shipped.meta['seed']}" in shipped.meta["command"]
 
 
 # -- online learning ------------------------------------------------------------------------------------
