@@ -20,7 +20,7 @@
    (``value_pretrain_epochs``); per-cycle rewards with GAE (``lam_h``); PPO's clip (``clip``,
    ``ppo_epochs``) and a KL leash to the warm-up (``kl_to_warmup``); the input-driven baseline
    (``input_baseline``: the other episodes of the batch on the same workload, at the same time); more
-   episodes per iteration (``episodes``; one costs ~0.7-1.7 s on this 2-core machine, by its load).
+   episodes per iteration (``episodes``; one costs 0.7 s on this 2-core machine idle, 4.7 s at load 4-5).
 
 Everything is seeded (``torch.manual_seed``, numpy generators from the seed); torch uses ``threads``
 threads (1 by default) so runs are reproducible and share a small machine. The learning curve (average JCT
