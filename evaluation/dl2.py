@@ -281,7 +281,7 @@ differently. The KL leash to the warm-up
 (`--kl-to-warmup`) is built but was not needed at lr 1e-3 (off). An episode (160 jobs, ~400 cycles, ~1,300
 decision steps) costs 0.7 s on this 2-core machine when idle, 4.7 s at a load of 4-5 from other work (the
 shipped seed's training: its time above, ~5 CPU-minutes); the dl2 decision is ~70% of it. The network does
-not transfer to the Philly setting: RL narrows the gap there (the tables) but it stays far above the
+not transfer to the Philly setting: RL's change there differs by seed (the per-seed table), and it stays far above the
 heuristics (8-GPU servers, other job shapes, no such states in training; it sees only the 32 oldest active
 jobs). Its removals never preempt: with preemption allowed, a
 warm-up network at 97% agreement with its teacher preempted ~35 workers a cycle (29.6 h average JCT on
