@@ -21,7 +21,7 @@ from grpc_health.v1 import health_pb2
 from protos.aryl.v1 import scheduler_pb2, types_pb2
 from scheduler_service.errors import Unavailable
 from scheduler_service.group_commit import GroupCommitter
-from tests.fixtures.gated_groups import GatedGroups
+from tests.fixtures.gated_groups import gated_committer
 from tests.harness import health_stub, job_spec, scheduler_stub, secure_channel
 from tests.helpers import wait_for
 
@@ -35,9 +35,7 @@ PROMPT_S = 5.0  # an ordinary call's deadline: a wedged committer makes it run o
 
 
 def test_a_caller_that_gives_up_is_skipped_and_the_others_still_get_their_results() -> None:
-    handler = GatedGroups()
-    committer: GroupCommitter[str, str] = GroupCommitter(handler, name="test-commit")
-    try:
+    with gated_committer() as (handler, committer):
         first = committer.submit("a")
         assert handler.in_flight.wait(5)
         # Queued behind the group in flight: one of them gives up (as wrap_future does when the
@@ -56,15 +54,10 @@ def test_a_caller_that_gives_up_is_skipped_and_the_others_still_get_their_result
         # The caller that gave up before its group was committed was never applied.
         assert [item for group in handler.groups for item in group] == ["a", "b", "bad", "d"]
         assert committer.alive
-    finally:
-        handler.gate.set()
-        committer.close()
 
 
 def test_a_caller_that_gives_up_once_its_group_commits_gets_nothing_and_the_group_is_applied() -> None:
-    handler = GatedGroups()
-    committer: GroupCommitter[str, str] = GroupCommitter(handler, name="test-commit")
-    try:
+    with gated_committer() as (handler, committer):
         running = committer.submit("a")
         assert handler.in_flight.wait(5)
         # Too late: the group is being committed; its result is delivered (to no one).
@@ -72,9 +65,6 @@ def test_a_caller_that_gives_up_once_its_group_commits_gets_nothing_and_the_grou
         handler.gate.set()
         assert running.result(5) == "A"
         assert committer.submit("b").result(5) == "B"
-    finally:
-        handler.gate.set()
-        committer.close()
 
 
 def test_a_commit_function_that_breaks_its_contract_fails_its_group_only() -> None:

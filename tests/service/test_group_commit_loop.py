@@ -15,7 +15,7 @@ import pytest
 
 from scheduler_service.errors import Unavailable
 from scheduler_service.group_commit import GroupCommitter
-from tests.fixtures.gated_groups import GatedGroups
+from tests.fixtures.gated_groups import gated_committer
 
 
 async def _until(event: threading.Event) -> None:
@@ -23,80 +23,65 @@ async def _until(event: threading.Event) -> None:
 
 
 def test_callers_on_a_loop_get_their_own_answers_and_a_group_wakes_the_loop_once() -> None:
-    handler = GatedGroups()
-    committer: GroupCommitter[str, str] = GroupCommitter(handler, name="test-commit")
+    with gated_committer() as (handler, committer):
 
-    async def main() -> tuple[str, list[str | BaseException], int]:
-        loop = asyncio.get_running_loop()
-        first = committer.submit_on_loop("a")
-        await _until(handler.in_flight)
-        # Queued behind the group in flight: they form the next group.
-        behind = [committer.submit_on_loop(item) for item in ("b", "bad", "c", "d")]
-        wakeups = 0
-        threadsafe = loop.call_soon_threadsafe
+        async def main() -> tuple[str, list[str | BaseException], int]:
+            loop = asyncio.get_running_loop()
+            first = committer.submit_on_loop("a")
+            await _until(handler.in_flight)
+            # Queued behind the group in flight: they form the next group.
+            behind = [committer.submit_on_loop(item) for item in ("b", "bad", "c", "d")]
+            wakeups = 0
+            threadsafe = loop.call_soon_threadsafe
 
-        def counted(*args: object, **kwargs: object) -> asyncio.Handle:
-            nonlocal wakeups
-            wakeups += 1
-            return threadsafe(*args, **kwargs)  # type: ignore[arg-type]
+            def counted(*args: object, **kwargs: object) -> asyncio.Handle:
+                nonlocal wakeups
+                wakeups += 1
+                return threadsafe(*args, **kwargs)  # type: ignore[arg-type]
 
-        loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
-        handler.gate.set()
-        answers = await asyncio.gather(*behind, return_exceptions=True)
-        return await first, answers, wakeups
+            loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
+            handler.gate.set()
+            answers = await asyncio.gather(*behind, return_exceptions=True)
+            return await first, answers, wakeups
 
-    try:
         first, answers, wakeups = asyncio.run(main())
         assert first == "A"
         assert answers[0] == "B" and answers[2:] == ["C", "D"]
         assert isinstance(answers[1], ValueError)
         assert handler.groups == [["a"], ["b", "bad", "c", "d"]]
         assert wakeups == 2  # one per group: the first group's answer, then the second's four in one call
-    finally:
-        handler.gate.set()
-        committer.close()
 
 
 def test_a_loop_caller_that_gives_up_before_its_group_commits_is_never_applied() -> None:
-    handler = GatedGroups()
-    committer: GroupCommitter[str, str] = GroupCommitter(handler, name="test-commit")
+    with gated_committer() as (handler, committer):
 
-    async def main() -> tuple[str, str, bool]:
-        first = committer.submit_on_loop("a")
-        await _until(handler.in_flight)
-        gone, waiting = committer.submit_on_loop("gone"), committer.submit_on_loop("b")
-        gone.cancel()  # as the RPC's task being cancelled (deadline, client gone) cancels what it awaits
-        await asyncio.sleep(0)
-        handler.gate.set()
-        return await first, await waiting, gone.cancelled()
+        async def main() -> tuple[str, str, bool]:
+            first = committer.submit_on_loop("a")
+            await _until(handler.in_flight)
+            gone, waiting = committer.submit_on_loop("gone"), committer.submit_on_loop("b")
+            gone.cancel()  # as the RPC's task being cancelled (deadline, client gone) cancels what it awaits
+            await asyncio.sleep(0)
+            handler.gate.set()
+            return await first, await waiting, gone.cancelled()
 
-    try:
         first, waiting, cancelled = asyncio.run(main())
         assert (first, waiting, cancelled) == ("A", "B", True)
         assert [item for group in handler.groups for item in group] == ["a", "b"]
         assert committer.alive
-    finally:
-        handler.gate.set()
-        committer.close()
 
 
 def test_a_loop_caller_that_gives_up_once_its_group_commits_leaves_the_group_applied() -> None:
-    handler = GatedGroups()
-    committer: GroupCommitter[str, str] = GroupCommitter(handler, name="test-commit")
+    with gated_committer() as (handler, committer):
 
-    async def main() -> str:
-        running = committer.submit_on_loop("a")
-        await _until(handler.in_flight)
-        running.cancel()  # too late to withdraw it: the group is being committed
-        handler.gate.set()
-        return await committer.submit_on_loop("b")
+        async def main() -> str:
+            running = committer.submit_on_loop("a")
+            await _until(handler.in_flight)
+            running.cancel()  # too late to withdraw it: the group is being committed
+            handler.gate.set()
+            return await committer.submit_on_loop("b")
 
-    try:
         assert asyncio.run(main()) == "B"
         assert handler.groups == [["a"], ["b"]]
-    finally:
-        handler.gate.set()
-        committer.close()
 
 
 def test_a_stopped_committer_fails_its_loop_callers_and_refuses_new_ones() -> None:
