@@ -163,8 +163,15 @@ class _Cycle:
     # Each job's speed per GPU type over its reference type's (``type_factors``; None: one speed everywhere), by
     # job id, worked out on first use (``speed_factors``).
     factors: dict[int, dict[str, float] | None] = field(default_factory=dict)
-    gpu_types: tuple[str, ...] | None = None  # the servers' GPU types (``speed_factors``)
+    gpu_types: tuple[str, ...] | None = None  # the servers' GPU types (``server_types``)
     declared_speeds: dict[str, float] = field(default_factory=dict)  # ``ClusterSnapshot.gpu_speed`` (the same)
+
+    def server_types(self) -> tuple[str, ...]:
+        """The servers' GPU types, sorted, with their declared speeds (``declared_speeds``): once per cycle."""
+        if self.gpu_types is None:
+            self.gpu_types = tuple(sorted({s.gpu_type for s in self.snapshot.servers}))
+            self.declared_speeds = dict(self.snapshot.gpu_speed)
+        return self.gpu_types
 
     def estimate(self, job: JobView) -> JobEstimate:
         """The job's remaining work and speed curve at ``now``; computed once per cycle, and only for
@@ -188,10 +195,8 @@ class _Cycle:
         """The job's ``type_factors`` over the servers' GPU types, once per cycle (None: one speed everywhere)."""
         if job.job_id in self.factors:
             return self.factors[job.job_id]
-        if self.gpu_types is None:
-            self.gpu_types = tuple(sorted({s.gpu_type for s in self.snapshot.servers}))
-            self.declared_speeds = dict(self.snapshot.gpu_speed)
-        known = self.factors[job.job_id] = type_factors(job, self.declared_speeds, self.gpu_types)
+        types = self.server_types()
+        known = self.factors[job.job_id] = type_factors(job, self.declared_speeds, types)
         return known
 
     def factor_on(self, job: JobView, gpu_type: str) -> float:

@@ -176,8 +176,8 @@ def _lent_speed(cycle: _Cycle, inference: list[ServerView]) -> float:
     """How fast a loaned server computes for training, relative to training's reference GPUs: its GPU type's
     declared speed (``ClusterSnapshot.gpu_speed``), averaged over the inference servers; 1.0 on a cluster of one
     type or where no speed is declared (a loan is valued as before types had speeds)."""
-    declared = dict(cycle.snapshot.gpu_speed)
-    if not declared or not inference or len({s.gpu_type for s in cycle.snapshot.servers}) <= 1:
+    types, declared = cycle.server_types(), cycle.declared_speeds
+    if not declared or not inference or len(types) <= 1:
         return 1.0
     return sum(declared.get(s.gpu_type, 1.0) for s in inference) / len(inference)
 
@@ -279,8 +279,8 @@ def _training_demand_gpus(cycle: _Cycle, *, elastic: bool) -> int:
     inference server's type counts (a loan cannot serve the others)."""
     snap = cycle.snapshot
     pending = sum(j.min_workers * j.gpus_per_worker for j in snap.pending_jobs())
-    types = {s.gpu_type for s in snap.servers}
-    lendable = {s.gpu_type for s in snap.servers if s.pool == Pool.INFERENCE} if len(types) > 1 else types
+    types = cycle.server_types()
+    lendable = {s.gpu_type for s in snap.servers if s.pool == Pool.INFERENCE} if len(types) > 1 else set(types)
     growth = sum(
         (j.view.max_workers - len(j.workers)) * j.view.gpus_per_worker
         for j in cycle.running.values() if cycle.servers[j.workers[0].server_id].gpu_type in lendable
