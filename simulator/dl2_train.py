@@ -465,6 +465,40 @@ def input_driven_advantages(runs: Sequence[tuple[Steps, float, int]], returns: S
     return out
 
 
+def _ppo_update(torch: Any, module: Any, warm: Any, optimiser: Any, policy_params: list[Any],
+                batch: tuple[Any, Any, Any, Any], s: RlSettings, generator: Any) -> None:
+    """``reinforce``'s policy step on one batch (observations, legal masks, actions, normalised advantages):
+    ``s.ppo_epochs`` passes of PPO's clipped objective (a plain policy gradient with ``s.clip`` 0), with the
+    entropy bonus and the KL leash toward the warm-up network ``warm`` where their weights are set."""
+    x, legal, actions, advantage = batch
+    with torch.no_grad():
+        old_logp = torch.log_softmax(module(x)[0].masked_fill(~legal, -1e9), -1).gather(
+            1, actions.unsqueeze(1)).squeeze(1)
+        warm_p = torch.softmax(warm(x)[0].masked_fill(~legal, -1e9), -1) if warm is not None else None
+    for _ in range(max(1, s.ppo_epochs)):
+        order = torch.randperm(len(actions), generator=generator)
+        for first in range(0, len(actions), s.minibatch):
+            idx = order[first:first + s.minibatch]
+            logits, _ = module(x[idx])
+            logp = torch.log_softmax(logits.masked_fill(~legal[idx], -1e9), dim=-1)
+            chosen = logp.gather(1, actions[idx].unsqueeze(1)).squeeze(1)
+            if s.clip > 0:
+                ratio = torch.exp(chosen - old_logp[idx])
+                gain = torch.min(ratio * advantage[idx], torch.clamp(ratio, 1 - s.clip, 1 + s.clip) * advantage[idx])
+            else:
+                gain = chosen * advantage[idx]
+            masked_logp = logp.masked_fill(~legal[idx], 0.0)
+            loss = -gain.mean()
+            if s.entropy > 0:
+                loss = loss + s.entropy * (logp.exp() * masked_logp).sum(-1).mean()
+            if warm_p is not None:
+                loss = loss - s.kl_to_warmup * (warm_p[idx] * masked_logp).sum(-1).mean()
+            optimiser.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(policy_params, 1.0)
+            optimiser.step()
+
+
 def reinforce(env: Environment, network: Network, *, seed: int, iterations: int, episodes: int = 8,
               settings: RlSettings | None = None, checkpoint_every: int = 0, threads: int = 1,
               progress: bool = False) -> RlResult:
@@ -567,34 +601,8 @@ def reinforce(env: Environment, network: Network, *, seed: int, iterations: int,
                 adv = np.concatenate([a if a is not None else gae_a for a, gae_a in zip(siblings, advantage_np,
                                                                                         strict=True)])
             advantage = torch.from_numpy(((adv - adv.mean()) / (adv.std() + 1e-8)).astype(np.float32))
-            with torch.no_grad():
-                old_logp = torch.log_softmax(module(x)[0].masked_fill(~legal, -1e9), -1).gather(
-                    1, actions.unsqueeze(1)).squeeze(1)
-                warm_p = (torch.softmax(warm(x)[0].masked_fill(~legal, -1e9), -1) if warm is not None else None)
-            generator = torch.Generator().manual_seed(seed * 7919 + iteration)
-            for _ in range(max(1, s.ppo_epochs)):
-                order = torch.randperm(len(actions), generator=generator)
-                for first in range(0, len(actions), s.minibatch):
-                    idx = order[first:first + s.minibatch]
-                    logits, _ = module(x[idx])
-                    logp = torch.log_softmax(logits.masked_fill(~legal[idx], -1e9), dim=-1)
-                    chosen = logp.gather(1, actions[idx].unsqueeze(1)).squeeze(1)
-                    if s.clip > 0:
-                        ratio = torch.exp(chosen - old_logp[idx])
-                        gain = torch.min(ratio * advantage[idx],
-                                         torch.clamp(ratio, 1 - s.clip, 1 + s.clip) * advantage[idx])
-                    else:
-                        gain = chosen * advantage[idx]
-                    masked_logp = logp.masked_fill(~legal[idx], 0.0)
-                    loss = -gain.mean()
-                    if s.entropy > 0:
-                        loss = loss + s.entropy * (logp.exp() * masked_logp).sum(-1).mean()
-                    if warm_p is not None:
-                        loss = loss - s.kl_to_warmup * (warm_p[idx] * masked_logp).sum(-1).mean()
-                    optimiser.zero_grad()
-                    loss.backward()
-                    torch.nn.utils.clip_grad_norm_(policy_params, 1.0)
-                    optimiser.step()
+            _ppo_update(torch, module, warm, optimiser, policy_params, (x, legal, actions, advantage), s,
+                        torch.Generator().manual_seed(seed * 7919 + iteration))
             fit_critic(x, target, max(1, s.ppo_epochs))
         if checkpoint_every > 0 and ((iteration + 1) % checkpoint_every == 0 or iteration + 1 == iterations):
             checkpoints.append((iteration + 1, from_torch(module, {**network.meta, "made_by": "reinforce"})))
