@@ -63,16 +63,21 @@ def wait_for(predicate: Callable[[], T | Literal[False, ""] | None], *, timeout:
         time.sleep(interval)
 
 
-def processes_mentioning(marker: str) -> list[int]:
-    """Pids of live processes whose environment or command line mentions ``marker``."""
+def processes_mentioning(marker: str, command: str | None = None) -> list[int]:
+    """Pids of live processes whose environment or command line mentions ``marker`` (and, given
+    ``command``, whose command line contains it). A process that ends while it is read is left out."""
     needle = marker.encode()
+    wanted = command.encode() if command is not None else b""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
         try:
             proc = Path("/proc", entry)
-            if needle in (proc / "environ").read_bytes() or needle in (proc / "cmdline").read_bytes():
+            argv = (proc / "cmdline").read_bytes()
+            if wanted not in argv:
+                continue
+            if needle in (proc / "environ").read_bytes() or needle in argv:
                 status = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
                 if status != "Z":
                     found.append(int(entry))

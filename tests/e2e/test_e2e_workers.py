@@ -131,8 +131,7 @@ def test_a_worker_ignoring_sigterm_is_killed_after_the_grace_period(cluster: Clu
     cluster.wait_job(job_id, lambda j: j.progress >= 3, "progress")
     cluster.client.cancel_job(job_id, reason="test")
     log = cluster.tmp / "agent-node-a" / "logs" / job_id / "rank-0.log"
-    wait_for(lambda: not [p for p in processes_mentioning(str(cluster.tmp)) if "train.py" in
-                          Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")],
+    wait_for(lambda: not processes_mentioning(str(cluster.tmp), command="train.py"),
              timeout=15, what="the worker killed")
     assert "done" not in log.read_text() and "preempted" not in log.read_text()  # it never saw a clean end
     assert cluster.job(job_id).state == J.JOB_STATE_CANCELLED
