@@ -8,7 +8,8 @@ profiles (``sia-simulator/traces/<model>/``) and the workloads are extracted fro
 temporary folder for the run and deleted after it. The authors' figures come from their own simulator,
 run by the reference harness (``run-reference.sh``, ``SIA_REF_HARNESS``; default
 ``../shared/reference/sia-simulator/run-reference.sh``) into ``--authors-dir`` (default
-``$TMPDIR/aryl-sia-gate``; a run already there, ``<policy>-<set>-<workload>/summary.json``, is reused:
+``$ARYL_SIA_AUTHORS_DIR``, else ``$TMPDIR/aryl-sia-gate``; a run already there,
+``<policy>-<set>-<workload>/summary.json``, is reused:
 ``sia`` takes ~15 minutes a workload on a busy 2-core machine, ``gavel`` about one).
 
 Printed: per workload and policy, our average JCT and the authors', the difference, restarts per job (ours /
@@ -27,6 +28,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from simulator.goodput_jobs import load_workload
@@ -35,6 +37,7 @@ from simulator.hetero import run_hetero
 ARTIFACT_COMMIT = "aaf7a0de7b6cb5eab06ea020467ede5d2fd18e70"
 MODELS = ("bert", "cifar10", "deepspeech2", "imagenet", "ncf", "yolov3")
 DEFAULT_WORKLOADS = ("saturn/workload-2", "philly/workload-3")   # the smallest of each 160-job set
+DEFAULT_AUTHORS_DIR = Path(os.environ.get("ARYL_SIA_AUTHORS_DIR", Path(tempfile.gettempdir()) / "aryl-sia-gate"))
 DEFAULT_HARNESS = Path(__file__).resolve().parent.parent.parent / "shared/reference/sia-simulator/run-reference.sh"
 
 HOW_TO = """The Sia gate needs the authors' public artifact, which this repository may not hold (it has no licence):
@@ -93,12 +96,62 @@ def authors_figures(folder: Path) -> dict[str, float]:
     return figures
 
 
+ROW = "{workload:20} {policy:6} {ours:>8} {authors:>9} {diff:>7} {restarts:>12} {decide:>18} {solve:>16}"
+HEADER = ROW.format(workload="workload", policy="policy", ours="ours h", authors="authors h", diff="diff",
+                    restarts="restarts", decide="decide ms mean/p95", solve="authors solve ms")
+
+
+def row_text(workload: str, policy: str, figures: dict[str, float]) -> str:
+    """One printed row of the gate (``figures`` as ``gate`` returns them)."""
+    theirs_restarts = figures["authors_restarts_per_job"]
+    solve = (f"{figures['solve_mean_ms']:.0f}/{figures['solve_p95_ms']:.0f}" if "solve_mean_ms" in figures else "-")
+    return ROW.format(workload=workload, policy=policy, ours=f"{figures['ours'] / 3600:.3f}",
+                      authors=f"{figures['authors'] / 3600:.3f}", diff=f"{100 * figures['diff']:+6.1f}%",
+                      restarts=f"{figures['restarts_per_job']:5.2f}/"
+                               + (f"{theirs_restarts:.2f}" if theirs_restarts >= 0 else "-"),
+                      decide=f"{figures['decision_mean_ms']:.0f}/{figures['decision_p95_ms']:.0f}", solve=solve)
+
+
+def gate(git_dir: str, workloads: list[str], policies: list[str], authors_dir: Path, harness: Path,
+         report: Callable[[str], None] = print) -> dict[str, dict[str, dict[str, float]]]:
+    """Ours and the authors' figures per workload and policy: ``ours`` and ``authors`` (average JCT, s), ``diff``
+    (ours / authors - 1), restarts per job (ours, ``authors_restarts_per_job``: -1 where their summary lacks
+    it), our decision times and the authors' CBC solve times where their log has them. The authors' runs
+    missing from ``authors_dir`` are run by the harness (``sia``: ~15 minutes a workload). ``report`` is
+    given each row's text as it is known."""
+    authors_dir.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="aryl-sia-inputs."))
+    results: dict[str, dict[str, dict[str, float]]] = {}
+    try:
+        extract(git_dir, [f"traces/{m}" for m in MODELS] + [f"workloads/{w}.csv" for w in workloads], scratch)
+        report(HEADER)
+        for workload in workloads:
+            jobs = load_workload(scratch / "workloads" / f"{workload}.csv")
+            for policy in policies:
+                ours = run_hetero(jobs, scratch / "traces", policy)
+                theirs = authors_figures(authors_run(policy, workload, authors_dir, harness, git_dir))
+                times = sorted(ours.decision_s)
+                figures = {
+                    "ours": round(ours.average_jct, 1), "authors": round(theirs["avg_jct_s"], 1),
+                    "diff": ours.average_jct / theirs["avg_jct_s"] - 1,
+                    "restarts_per_job": round(sum(ours.restarts.values()) / max(1, len(ours.restarts)), 3),
+                    "authors_restarts_per_job": theirs.get("restarts_per_job", -1.0),
+                    "decision_mean_ms": round(1000 * sum(times) / max(1, len(times)), 1),
+                    "decision_p95_ms": round(1000 * times[int(0.95 * (len(times) - 1))], 1) if times else 0.0,
+                    **{k: round(v, 1) for k, v in theirs.items() if k not in ("avg_jct_s", "restarts_per_job")}}
+                results.setdefault(workload, {})[policy] = figures
+                report(row_text(workload, policy, figures))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m simulator.hetero_gate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS),
                         help="comma-separated <set>/<workload> of the artifact (default: %(default)s)")
     parser.add_argument("--policies", default="sia,gavel")
-    parser.add_argument("--authors-dir", default=str(Path(tempfile.gettempdir()) / "aryl-sia-gate"))
+    parser.add_argument("--authors-dir", default=str(DEFAULT_AUTHORS_DIR))
     parser.add_argument("--tolerance", type=float, default=0.05)
     parser.add_argument("--json", help="write the figures here as JSON")
     args = parser.parse_args(argv)
@@ -106,43 +159,11 @@ def main(argv: list[str] | None = None) -> int:
     if not git_dir:
         print(HOW_TO.format(commit=ARTIFACT_COMMIT), file=sys.stderr)
         return 2
-    workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
-    harness = Path(os.environ.get("SIA_REF_HARNESS", str(DEFAULT_HARNESS)))
-    out = Path(args.authors_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix="aryl-sia-inputs."))
-    results: dict[str, dict[str, dict[str, float]]] = {}
-    failed = False
-    try:
-        extract(git_dir, [f"traces/{m}" for m in MODELS] + [f"workloads/{w}.csv" for w in workloads], scratch)
-        print(f"{'workload':20} {'policy':6} {'ours h':>8} {'authors h':>9} {'diff':>7} {'restarts':>12} "
-              f"{'decide ms mean/p95':>18} {'authors solve ms':>16}")
-        for workload in workloads:
-            jobs = load_workload(scratch / "workloads" / f"{workload}.csv")
-            for policy in [p.strip() for p in args.policies.split(",") if p.strip()]:
-                ours = run_hetero(jobs, scratch / "traces", policy)
-                theirs = authors_figures(authors_run(policy, workload, out, harness, git_dir))
-                diff = ours.average_jct / theirs["avg_jct_s"] - 1
-                failed |= abs(diff) > args.tolerance
-                times = sorted(ours.decision_s)
-                mean_ms = 1000 * sum(times) / max(1, len(times))
-                p95_ms = 1000 * times[int(0.95 * (len(times) - 1))] if times else 0.0
-                restarts = sum(ours.restarts.values()) / max(1, len(ours.restarts))
-                theirs_restarts = f"{theirs['restarts_per_job']:.2f}" if "restarts_per_job" in theirs else "-"
-                solve = (f"{theirs['solve_mean_ms']:.0f}/{theirs['solve_p95_ms']:.0f}"
-                         if "solve_mean_ms" in theirs else "-")
-                print(f"{workload:20} {policy:6} {ours.average_jct / 3600:8.3f} {theirs['avg_jct_s'] / 3600:9.3f} "
-                      f"{100 * diff:+6.1f}% {restarts:5.2f}/{theirs_restarts:>6} {mean_ms:9.0f}/{p95_ms:<8.0f} "
-                      f"{solve:>16}", flush=True)
-                results.setdefault(workload, {})[policy] = {
-                    "ours": round(ours.average_jct, 1), "authors": round(theirs["avg_jct_s"], 1),
-                    "restarts_per_job": round(restarts, 3),
-                    "authors_restarts_per_job": theirs.get("restarts_per_job", -1.0),
-                    "decision_mean_ms": round(mean_ms, 1),
-                    "decision_p95_ms": round(p95_ms, 1), **{k: round(v, 1) for k, v in theirs.items()
-                                                            if k not in ("avg_jct_s", "restarts_per_job")}}
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    results = gate(git_dir, [w.strip() for w in args.workloads.split(",") if w.strip()],
+                   [p.strip() for p in args.policies.split(",") if p.strip()], Path(args.authors_dir),
+                   Path(os.environ.get("SIA_REF_HARNESS", str(DEFAULT_HARNESS))),
+                   report=lambda line: print(line, flush=True))
+    failed = any(abs(f["diff"]) > args.tolerance for per in results.values() for f in per.values())
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
     print("gate: " + ("FAILED (a difference beyond" if failed else "passed (every difference within")
