@@ -52,6 +52,12 @@ MAX_DESIRED_STATE_BYTES = (
 # where the caller should send the call again (``scheduler_service/api/leader_gate.py``).
 LEADER_METADATA_KEY = "aryl-leader"
 
+# Initial metadata of the scheduler's RegisterServer answer: the port, on the scheduler's own host, of the
+# process that serves the agents' desired-state streams (``server.desired_state_port``,
+# ``scheduler_service/push_process.py``); absent where the scheduler serves them alone. An agent watches
+# there, and the scheduler itself where it is absent or unreachable (``node_agent.agent``).
+DESIRED_STATE_PORT_KEY = "aryl-desired-state-port"
+
 
 def scheduler_addresses(spec: str) -> list[str]:
     """The scheduler addresses of a comma-separated ``spec`` ("a:50051,b:50051"), in order, without

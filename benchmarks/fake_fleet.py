@@ -46,10 +46,10 @@ from typing import Any, Literal, NamedTuple
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from aryl_common.channels import DESIRED_STATE_PORT_KEY
 from aryl_common.security import ClientSecurity, secure_aio_channel
 from benchmarks.bench_auth import _client as client_security
 from protos.aryl.v1 import agent_pb2, agent_pb2_grpc, types_pb2
-from scheduler_service.api.agent_servicer import DESIRED_STATE_PORT_KEY
 
 log = logging.getLogger("aryl.bench")
 

@@ -26,6 +26,14 @@ UNAVAILABLE or past its deadline, the next session goes to the leader a standby 
 next address; the newest epoch seen is kept in the work directory (``node_agent.epoch_file``), so a
 restarted agent still refuses a deposed scheduler.
 
+The desired-state stream: where the registration's answer names the port of the scheduler's desired-state
+streams' own process (``DESIRED_STATE_PORT_KEY``, ``server.desired_state_port`` on the scheduler), the stream
+is watched there, on the scheduler's host, so that a push never waits for the scheduler's interpreter. Where
+that port is not reachable within ``rpc_timeout_s``, or its stream fails before sending anything, the agent
+says so in its log and watches the scheduler itself for the rest of the session. A stream there that ends
+after serving (the process died and is being started again) is watched there again, after a short backoff,
+without registering again: each new stream begins with the current state, so nothing is missed.
+
 Every unary call carries a deadline (``rpc_timeout_s``); the stream has none, it lives as long as
 the session. Shutdown (``stop()``, ``leave()``) ends the loops and cancels the stream; it completes
 within one RPC deadline (plus one for deregistering, and the workers' grace periods when they are
@@ -44,7 +52,13 @@ import structlog
 from google.protobuf import duration_pb2
 
 from aryl_common.backoff import Backoff
-from aryl_common.channels import SchedulerAddresses, describe_rpc_error, leader_hint, scheduler_channel
+from aryl_common.channels import (
+    DESIRED_STATE_PORT_KEY,
+    SchedulerAddresses,
+    describe_rpc_error,
+    leader_hint,
+    scheduler_channel,
+)
 from aryl_common.entry import package_version
 from aryl_common.security import ClientSecurity
 from node_agent import contract
@@ -293,7 +307,7 @@ class Agent:
 
     def _run_session(self, stub: agent_pb2_grpc.AgentServiceStub) -> None:
         """Register, then watch and report until something fails (SessionEnded) or the agent stops."""
-        registered = self._register(stub)
+        registered, push_port = self._register(stub)
         over = self._session_over = threading.Event()
         if self._stopping.is_set():  # stop() came during the registration call
             return
@@ -310,7 +324,8 @@ class Agent:
 
         why: list[SessionEnded] = []  # the watcher's reason, when it is what ends the session
         watcher = threading.Thread(
-            target=self._watch, args=(stub, server_id, over, why), name="desired-state-watch", daemon=True
+            target=self._watch, args=(stub, server_id, push_port, over, why), name="desired-state-watch",
+            daemon=True,
         )
         watcher.start()
         try:
@@ -337,7 +352,8 @@ class Agent:
             self._cancel_stream()
             watcher.join(timeout=self.config.rpc_timeout_s)
 
-    def _register(self, stub: agent_pb2_grpc.AgentServiceStub) -> agent_pb2.RegisterServerResponse:
+    def _register(self, stub: agent_pb2_grpc.AgentServiceStub) -> tuple[agent_pb2.RegisterServerResponse, int]:
+        """Register; the answer and the port of the desired-state streams' own process it names (0: none)."""
         request = agent_pb2.RegisterServerRequest(
             hostname=self.config.hostname,
             pool=POOLS[self.config.pool],
@@ -348,10 +364,11 @@ class Agent:
             inference_endpoint=self.config.inference_endpoint,
         )
         try:
-            response = stub.RegisterServer(request, timeout=self.config.rpc_timeout_s)
+            response, call = stub.RegisterServer.with_call(request, timeout=self.config.rpc_timeout_s)
             self.metrics.registrations.inc()
         except grpc.RpcError as exc:
             raise SessionEnded(f"registration failed: {describe_rpc_error(exc)}", error=exc) from exc
+        push_port = _port(dict(call.initial_metadata() or ()).get(DESIRED_STATE_PORT_KEY))
         if not self.desired.observe_epoch(response.scheduler_epoch):
             raise SessionEnded(
                 f"scheduler answered with epoch {response.scheduler_epoch}, older than epoch "
@@ -360,7 +377,7 @@ class Agent:
                 "this agent)",
                 move_on=True,
             )
-        return response
+        return response, push_port
 
     def _report(self, stub: agent_pb2_grpc.AgentServiceStub, server_id: str) -> agent_pb2.ReportStatusResponse:
         samples, statuses = self.gpus.sample(), self.supervisor.statuses()
@@ -382,28 +399,100 @@ class Agent:
             raise SessionEnded(f"status report failed: {describe_rpc_error(exc)}", error=exc) from exc
 
     def _watch(
-        self, stub: agent_pb2_grpc.AgentServiceStub, server_id: str, over: threading.Event, why: list[SessionEnded]
+        self, stub: agent_pb2_grpc.AgentServiceStub, server_id: str, push_port: int, over: threading.Event,
+        why: list[SessionEnded],
     ) -> None:
-        """Thread body: apply each pushed desired state; end the session when the stream ends."""
+        """Thread body: apply each pushed desired state; end the session when the stream ends. The stream is
+        watched on the desired-state streams' own process where the registration named its port (``push_port``),
+        else, or where it is unreachable, on the scheduler itself (``stub``); see the module's docstring."""
+        pushes: grpc.Channel | None = None
+        address = ""
+        if push_port:
+            address = f"{self.addresses.current.rpartition(':')[0]}:{push_port}"
+            pushes = scheduler_channel(address, self.config.reconnect_max_backoff_s, self._security)
+        rewatch = Backoff.capped(self.config.reconnect_max_backoff_s)
+        try:
+            while not over.is_set():
+                watching = stub
+                if pushes is not None:
+                    if self._reachable(pushes, over):
+                        watching = agent_pb2_grpc.AgentServiceStub(pushes)
+                        self._log.info("watching the desired state on the scheduler's desired-state streams' "
+                                       "process", address=address, port=push_port)
+                    elif over.is_set():
+                        return
+                    else:
+                        self._log.warning("the scheduler's desired-state streams' process is unreachable; "
+                                          "watching the scheduler itself", address=address,
+                                          waited_s=self.config.rpc_timeout_s)
+                        pushes.close()
+                        pushes = None
+                        continue
+                ended, delivered = self._follow(watching, server_id, over)
+                if ended is None:  # the session is over (the agent stops, or the report loop ended it)
+                    return
+                if pushes is None:
+                    why.append(ended)
+                    return
+                if not delivered:
+                    self._log.warning("the desired-state stream of the scheduler's desired-state streams' process "
+                                      "failed before sending anything; watching the scheduler itself",
+                                      address=address, why=str(ended))
+                    pushes.close()
+                    pushes = None
+                    continue
+                # It served, then ended: it died and is being started again on its port. Watch there again
+                # (its new stream begins with the current state), the scheduler itself if it does not come back.
+                delay = rewatch.next_delay()
+                self._log.warning("the scheduler's desired-state streams' process ended the stream; watching "
+                                  "again", address=address, why=str(ended), retry_in_s=round(delay, 2))
+                over.wait(delay)
+        finally:
+            if pushes is not None:
+                pushes.close()
+            over.set()
+            self._report_now.set()  # the report loop notices the session's end at once
+
+    def _reachable(self, channel: grpc.Channel, over: threading.Event) -> bool:
+        """Whether ``channel`` connects (TLS included) within ``rpc_timeout_s``; False as soon as ``over``."""
+        ready = grpc.channel_ready_future(channel)
+        deadline = time.monotonic() + self.config.rpc_timeout_s
+        try:
+            while not over.is_set() and time.monotonic() < deadline:
+                try:
+                    ready.result(timeout=min(0.1, max(0.0, deadline - time.monotonic())))
+                    return True
+                except grpc.FutureTimeoutError:
+                    continue
+            return False
+        finally:
+            ready.cancel()
+
+    def _follow(
+        self, stub: agent_pb2_grpc.AgentServiceStub, server_id: str, over: threading.Event
+    ) -> tuple[SessionEnded | None, bool]:
+        """Apply each state of one WatchDesiredState stream until it ends: why it ended (None once ``over``:
+        the session ended it) and whether it delivered any state."""
         stream = stub.WatchDesiredState(agent_pb2.WatchDesiredStateRequest(server_id=server_id))
         with self._stream_lock:
             self._stream = stream
+        delivered = False
         try:
             if over.is_set():  # the session ended before the stream was published for cancelling
-                return
+                return None, delivered
             for desired in stream:
+                delivered = True
                 self._accept(desired, source="stream")
-            why.append(SessionEnded("desired-state stream closed by the scheduler"))
+            return SessionEnded("desired-state stream closed by the scheduler"), delivered
         except grpc.RpcError as exc:
-            if not over.is_set():
-                why.append(SessionEnded(f"desired-state stream failed: {describe_rpc_error(exc)}", error=exc))
+            if over.is_set():
+                return None, delivered
+            return SessionEnded(f"desired-state stream failed: {describe_rpc_error(exc)}", error=exc), delivered
         finally:
             stream.cancel()
             with self._stream_lock:
                 if self._stream is stream:
                     self._stream = None
-            over.set()
-            self._report_now.set()  # the report loop notices the session's end at once
 
     # ---------------------------------------------------------------------------------------------
     # desired state
@@ -440,3 +529,14 @@ class Agent:
     def _interval(duration: duration_pb2.Duration) -> float:
         seconds = duration.ToTimedelta().total_seconds()
         return max(MIN_REPORT_INTERVAL_S, seconds) if seconds > 0 else DEFAULT_REPORT_INTERVAL_S
+
+
+def _port(value: str | bytes | None) -> int:
+    """The port a registration's metadata names (``DESIRED_STATE_PORT_KEY``); 0 where none, or not a port."""
+    if isinstance(value, bytes):
+        value = value.decode(errors="replace")
+    try:
+        port = int(value or 0)
+    except ValueError:
+        return 0
+    return port if 0 < port <= 65535 else 0

@@ -57,6 +57,25 @@ class ServerConfig(ConfigSection):
         description="the last places of max_watch_streams, kept for routers (WatchServingPool) and admins: users, "
                     "and callers without identities, are refused RESOURCE_EXHAUSTED once the rest are taken",
     )
+    desired_state_port: int = Field(
+        -1, ge=-1, le=65535,
+        description="the agents' desired-state streams (WatchDesiredState) served by a process of their own as well, "
+                    "on this port of server.listen's host, so that a push never waits for the scheduler's "
+                    "interpreter (its cycles, commits and status reports); RegisterServer names the port to agents, "
+                    "which watch the scheduler itself where it is unreachable. 0: a port the OS picks (kept when the "
+                    "process is started again); -1: off, the scheduler serves the streams alone",
+    )
+
+    @model_validator(mode="after")
+    def _desired_state_port_of_its_own(self) -> ServerConfig:
+        listen_port = self.listen.rpartition(":")[2]
+        if self.desired_state_port > 0 and listen_port == str(self.desired_state_port):
+            raise ValueError(
+                f"server.desired_state_port ({self.desired_state_port}) must differ from server.listen's port "
+                f"({self.listen}): the desired-state streams' process listens beside the scheduler, on the same "
+                "host; use another port, 0 (any free port) or -1 (off)"
+            )
+        return self
 
 
 def default_database_url() -> str:

@@ -194,17 +194,18 @@ class FeedingNotifier:
 class PushProcess:
     """Starts the push process, feeds it (``feed``) and starts it again whenever it dies (the supervisor).
 
-    ``host`` is where it listens (the scheduler's listen host); the first start takes a free port, every
-    later one the same. ``port`` is None while no push process serves (before the first start, between a
-    death and the next start): ``RegisterServer`` then names none, and agents watch the scheduler itself."""
+    ``host`` is where it listens (the scheduler's listen host), on the port given (``server.desired_state_port``;
+    0: the first start takes a free port, every later one the same). The attribute ``port`` is None while no
+    push process serves (before the first start, between a death and the next start): ``RegisterServer`` then
+    names none, and agents watch the scheduler itself."""
 
-    def __init__(self, config: SchedulerConfig, host: str) -> None:
+    def __init__(self, config: SchedulerConfig, host: str, port: int = 0) -> None:
         self._config = config
         self._host = host
         self._ctx = mp.get_context("spawn")  # never fork a process that has started gRPC
         self.feed = PushFeed(on_stuck=self._stuck)
         self.port: int | None = None
-        self._bound = 0  # the port every start after the first binds
+        self._bound = port  # the port every start binds (0 before a first start on any free port)
         self._proc: Any = None
         self._stop = threading.Event()
         self._supervisor: threading.Thread | None = None

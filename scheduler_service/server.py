@@ -5,7 +5,7 @@ stopped, and shuts down gracefully.
 thread (tests, the demo). It builds the use cases (``app``), the policy, the leadership, the
 post-commit fan-outs and the servicers; ``grpc_server`` puts them on a gRPC server (asyncio) with
 health checking and server reflection, and ``service_loops`` runs the scheduling cycles, liveness
-sweeps and event pruning beside the RPCs. Where asked (``push_process``), the agents' desired-state streams
+sweeps and event pruning beside the RPCs. Where asked (``server.desired_state_port``), the agents' desired-state streams
 are served by a process of their own too (``scheduler_service.push_process``), fed after each commit, so that
 a push never waits for this process's interpreter lock. What this module must never do: decide anything or hold
 SQL (it wires what does).
@@ -101,20 +101,19 @@ def reaching_database(url: str) -> Iterator[None]:
 
 
 class SchedulerService:
-    def __init__(self, config: SchedulerConfig, *, tune_gc: bool = False, clock: Clock | None = None,
-                 push_process: bool = False) -> None:
+    def __init__(self, config: SchedulerConfig, *, tune_gc: bool = False, clock: Clock | None = None) -> None:
         """``tune_gc``: the service owns its process (``aryl-scheduler``), so it may tune the garbage
         collector for it (``tune_garbage_collector``); not for a service inside another program.
-        ``push_process``: serve the agents' desired-state streams from a process of their own as well
-        (``push_process``). Off unless asked for: at a load average of 11-16 on 2 cores it measured no better
-        than one process (benchmarks/README.md, ``agent_fleet``), and no agent but the benchmarks' fake ones
-        watches on its port yet. ``clock``: the system's unless given (tests jump its wall time, ``tests/chaos``)."""
+        ``clock``: the system's unless given (tests jump its wall time, ``tests/chaos``)."""
         self.config = config
         self._tune_gc = tune_gc
-        # The desired-state streams' own process (None: this process serves them alone), started in ``run``.
+        # The desired-state streams' own process (``server.desired_state_port``; None: this process serves them
+        # alone), started in ``run``. Off by default: at a load average of 11-16 on 2 cores it measured no better
+        # than one process (benchmarks/README.md, ``agent_fleet``).
         self.push_process: PushProcess | None = None
-        if push_process:
-            self.push_process = PushProcess(config, config.server.listen.rsplit(":", 1)[0])
+        if config.server.desired_state_port >= 0:
+            self.push_process = PushProcess(config, config.server.listen.rsplit(":", 1)[0],
+                                            config.server.desired_state_port)
         self.clock: Clock = clock or SystemClock()
         # Fail fast on an unknown name or a bad tunable.
         missing = config.security.missing()
@@ -455,10 +454,10 @@ class ServerHandle:
 
 
 def serve_in_background(config: SchedulerConfig, *, ready_timeout: float = 120.0,
-                        clock: Clock | None = None, push_process: bool = False) -> ServerHandle:
-    """Start a scheduler in a daemon thread (on ``clock``, the system's by default; with the desired-state
-    streams' own process where ``push_process``); returns once it accepts connections."""
-    service = SchedulerService(config, clock=clock, push_process=push_process)
+                        clock: Clock | None = None) -> ServerHandle:
+    """Start a scheduler in a daemon thread (on ``clock``, the system's by default); returns once it
+    accepts connections."""
+    service = SchedulerService(config, clock=clock)
     errors: list[BaseException] = []
 
     def target() -> None:

@@ -18,6 +18,7 @@ from typing import Any
 
 import structlog
 
+from aryl_common.channels import DESIRED_STATE_PORT_KEY
 from protos.aryl.v1 import agent_pb2, agent_pb2_grpc
 from scheduler_service.api import agent_validation, auth, convert, validation
 from scheduler_service.api.servicer_base import ServicerBase
@@ -26,10 +27,6 @@ from scheduler_service.notify.desired_states import DesiredStateFeed
 from scheduler_service.records import DesiredServerState
 
 log = structlog.get_logger("aryl.api")
-
-# RegisterServer's initial metadata: the port, on the scheduler's host, of the process that serves the
-# desired-state streams (``push_process``); absent where this process serves them alone.
-DESIRED_STATE_PORT_KEY = "aryl-desired-state-port"
 
 
 async def watch_desired_state(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -603,6 +604,54 @@ def test_agent_refuses_a_deposed_scheduler_at_registration(
     with replaced(fake_scheduler, epoch=4) as deposed:
         wait_for(lambda: len(deposed.service.registrations) >= 3, what="repeated registration attempts")
         assert not deposed.service.reports and not deposed.service.streams_opened
+
+
+def test_agent_watches_on_the_port_the_registration_names(tmp_path: Path) -> None:
+    pushes = FakeScheduler(epoch=5)  # the desired-state streams' own process
+    main = FakeScheduler(epoch=5, desired_state_port=pushes.port)
+    try:
+        with capture_logs() as logs:
+            agent = RunningAgent(f"127.0.0.1:{main.port}", tmp_path / "agent")
+            try:
+                wait_for(lambda: pushes.service.streams_opened, what="a stream on the named port")
+                pushes.service.push(desired(5, 1, workers=1))
+                wait_for(lambda: main.service.reports and main.service.reports[-1].observed_generation == 1,
+                         what="the state pushed there acted on")
+                # It dies and comes back on its port: the agent watches there again, without registering again.
+                pushes.stop()
+                pushes = FakeScheduler(epoch=5, port=pushes.port)
+                wait_for(lambda: pushes.service.streams_opened, what="a stream on the process started again")
+                pushes.service.push(desired(5, 2))
+                wait_for(lambda: main.service.reports[-1].observed_generation == 2,
+                         what="the state pushed by the process started again acted on")
+            finally:
+                agent.stop()
+        assert main.service.streams_opened == 0 and len(main.service.registrations) == 1
+        watching = [e for e in logs if e["event"].startswith("watching the desired state on")]
+        assert len(watching) == 2 and {e["port"] for e in watching} == {pushes.port}
+    finally:
+        main.stop()
+        pushes.stop()
+
+
+def test_agent_watches_the_scheduler_where_the_named_port_is_unreachable(tmp_path: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts connections, never speaks: unreachable
+        main = FakeScheduler(epoch=5, desired_state_port=silent.getsockname()[1])
+        try:
+            with capture_logs() as logs:
+                agent = RunningAgent(f"127.0.0.1:{main.port}", tmp_path / "agent")
+                try:
+                    wait_for(lambda: main.service.streams_opened, what="the scheduler's own stream")
+                    main.service.push(desired(5, 1, workers=1))
+                    wait_for(lambda: main.service.reports and main.service.reports[-1].observed_generation == 1,
+                             what="the state pushed by the scheduler acted on")
+                finally:
+                    agent.stop()
+            assert len(main.service.registrations) == 1
+            assert any(e["event"].startswith("the scheduler's desired-state streams' process is unreachable")
+                       for e in logs)
+        finally:
+            main.stop()
 
 
 def test_agent_stops_promptly_while_the_scheduler_is_unreachable(tmp_path: Path) -> None:

@@ -8,26 +8,31 @@ item 2), on SQLite and PostgreSQL, with TLS and identities as in production:
 - A push process that dies is started again on the same port; a stream that ended with it is watched again
   and gets the current state, so no decision is lost.
 - The push process ends when its scheduler stops.
+- A real ``aryl-agent`` watches its desired state there (the port its registration named) and starts a job
+  pushed that way; when the push process dies it watches the one started again, without registering again.
 """
 
 from __future__ import annotations
 
 import os
 import queue
+import re
 import signal
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 
 from aryl_common import security
+from aryl_common.channels import DESIRED_STATE_PORT_KEY
 from aryl_common.security import ClientSecurity
 from protos.aryl.v1 import agent_pb2, agent_pb2_grpc, scheduler_pb2, types_pb2
-from scheduler_service.api.agent_servicer import DESIRED_STATE_PORT_KEY
 from scheduler_service.server import ServerHandle, serve_in_background
+from tests.fixtures.cluster import Cluster, end_leftovers
 from tests.harness import (
     job_spec,
     pki,
@@ -40,7 +45,7 @@ from tests.helpers import scaled_timeout, wait_for
 
 @pytest.fixture
 def scheduler(database_url: str) -> Iterator[ServerHandle]:
-    handle = serve_in_background(scheduler_config(database_url), push_process=True)
+    handle = serve_in_background(scheduler_config(database_url, server={"desired_state_port": 0}))
     try:
         yield handle
     finally:
@@ -177,7 +182,7 @@ def test_a_push_process_that_dies_is_started_again_and_nothing_is_lost(scheduler
 
 
 def test_the_push_process_ends_with_its_scheduler(database_url: str) -> None:
-    handle = serve_in_background(scheduler_config(database_url), push_process=True)
+    handle = serve_in_background(scheduler_config(database_url, server={"desired_state_port": 0}))
     push = handle.service.push_process
     assert push is not None and push.pid is not None
     pid = push.pid
@@ -192,3 +197,42 @@ def test_the_push_process_ends_with_its_scheduler(database_url: str) -> None:
 
     wait_for(gone, timeout=30, what="the push process ended")
 
+
+
+WATCHING_THERE = re.compile(r"watching the desired state on the scheduler's desired-state streams' process.*port=(\d+)")
+
+
+@pytest.mark.postgres
+def test_a_real_agent_watches_there_and_a_job_starts_through_it(tmp_path: Path, postgres_url: str) -> None:
+    cluster = Cluster(tmp_path, postgres_url)
+    try:
+        cluster.start_scheduler(server={"desired_state_port": 0})
+        push = cluster.scheduler.service.push_process
+        assert push is not None and push.port is not None
+        port, first_pid = push.port, push.pid
+        cluster.start_agent("node-a")
+        log = tmp_path / "node-a.log"
+
+        def watching_there() -> list[int]:
+            return [int(p) for p in WATCHING_THERE.findall(log.read_text(errors="replace"))]
+
+        wait_for(watching_there, timeout=60, what="the agent watching on the push process's port")
+        assert watching_there() == [port]
+        job_id = cluster.submit("pushed", "--total-steps", "3", "--step-time", "0.1")
+        cluster.wait_job(job_id, lambda j: j.state == types_pb2.JOB_STATE_COMPLETED, "completed")
+
+        # The push process dies; the agent watches the one started on the same port, and a job starts through it.
+        assert first_pid is not None
+        os.kill(first_pid, signal.SIGKILL)
+        wait_for(lambda: push.port == port and push.pid != first_pid, timeout=60,
+                 what="the push process started again")
+        wait_for(lambda: len(watching_there()) == 2, timeout=60, what="the agent watching there again")
+        assert watching_there() == [port, port]
+        again = cluster.submit("pushed-again", "--total-steps", "3", "--step-time", "0.1")
+        cluster.wait_job(again, lambda j: j.state == types_pb2.JOB_STATE_COMPLETED, "completed")
+        text = log.read_text(errors="replace")
+        assert text.count("registered with the scheduler") == 1, text[-3000:]  # its one session: pushed there
+        assert "watching the scheduler itself" not in text, text[-3000:]
+    finally:
+        cluster.close()
+        end_leftovers(tmp_path)

@@ -51,6 +51,9 @@ def test_yaml_files_work(tmp_path: Path) -> None:
         ("nonsense = [", "not valid toml"),
         ("[demand_forecast]\nbin_s = 0\n", "demand_forecast.bin_s"),
         ("[demand_forecast]\nhistory_s = 3600\n", "demand_forecast.history_s"),
+        ("[server]\ndesired_state_port = -2\n", "server.desired_state_port"),
+        ("[server]\nlisten = '0.0.0.0:50051'\ndesired_state_port = 50051\n",
+         re.escape("server.desired_state_port (50051) must differ from server.listen's port")),
     ],
 )
 def test_bad_files_name_the_key(tmp_path: Path, text: str, expected: str) -> None:
