@@ -39,19 +39,24 @@ Modelling choices (the study's simulator's, as its paper and README describe the
   GPUs allow and the largest validated one; NCF's requested batch is 32768. ``gavel`` jobs run the
   workload's batch size on the workload's GPU count.
 - **what the other policies are told** (``aryl`` and the policies of one engine that read the trace,
-  ``trace_jobs(shown=...)``): each job's length as a user would declare it (``simulator.estimates``: exact,
-  or its true run time on one GPU times a lognormal error, drawn as every evaluation draws it) and a speed
-  curve: its progress per second with the requested batch, at epoch 0, on 1, 2, 4, .. GPUs of the
-  largest training pool's type (``reference``); the progress it reports is the engine's reckoning on that
-  curve times its type's declared speed. Per type (``run_hetero(type_speeds=True)``, the default), what the live
-  service tells a policy (issue 33 item 4): each type's **declared speed** (``ClusterSnapshot.gpu_speed``,
-  ``declared_speeds``: what an operator would declare from a one-GPU benchmark of the workload's models -- per
-  type, the geometric mean over the models of one GPU's samples per second there over the reference type's,
-  which is 1.0) and each job's **measured speed** per type it has run on (``JobView.type_speeds``: its local
-  batch over its pass time at the largest local batch it ran there, ``HeteroJob.type_speeds``, as the live store
-  reads its step times). ``aryl`` keeps each job on one type (``core.placement``) and values a worker by its
-  job's speed on the server's type (``policies.aryl.cycle.type_factors``). ``type_speeds=False``: neither is
-  shown, and ``aryl`` sizes as if every type ran at the reference type's speed.
+  ``trace_jobs(shown=...)``): each job's length as a user would declare it (``simulator.estimates``: exact, or its
+  true run time on one GPU times a lognormal error, drawn as every evaluation draws it) and a speed curve: its
+  average progress per second over a whole run alone on 1, 2, 4, .. GPUs of the largest training pool's type
+  (``reference``), by this module's physics (``HeteroJob.declared_rate``: the batch chosen as the job chooses it,
+  so the one-GPU point is the true run time on one GPU the estimates start from; a curve of the requested batch at
+  epoch 0, as before 2026-11-30, told cifar10 and deepspeech2 jobs 9-10x their true length and bert's about right,
+  so the policy ranked jobs by their model); the progress it reports is its true progress (as a live job reports
+  its steps; the engine's reckoning on the curve times its type's declared speed, before 2026-11-30, showed a job
+  on a type faster by declaration than for its model as done long before it was, and it was never grown). Per type
+  (``run_hetero(type_speeds=True)``, the default), what the live service tells a policy (issue 33 item 4): each
+  type's **declared speed** (``ClusterSnapshot.gpu_speed``, ``declared_speeds``: what an operator would declare
+  from a one-GPU benchmark of the workload's models -- per type, the geometric mean over the models of one GPU's
+  samples per second there over the reference type's, which is 1.0) and each job's **measured speed** per type it
+  has run on (``JobView.type_speeds``: its local batch over its pass time at the largest local batch it ran there,
+  ``HeteroJob.type_speeds``, as the live store reads its step times). ``aryl`` keeps each job on one type
+  (``core.placement``) and values a worker by its job's speed on the server's type
+  (``policies.aryl.cycle.type_factors``). ``type_speeds=False``: neither is shown, and ``aryl`` sizes as if every
+  type ran at the reference type's speed.
 - **what ``sia`` and ``gavel`` are told** (``with_estimates``): ``sia`` -- each job's goodput per configuration from
   its own fitted models (none on a type it has not run on; Sia then bootstraps), its restarts and age, its
   largest useful size (2x the most GPUs it has run on of any type, at most 64); ``gavel`` -- the throughput
@@ -94,6 +99,7 @@ RESTART_S = {"cifar10": 50.0, "deepspeech2": 25.0, "bert": 120.0, "yolov3": 80.0
 # The restart cost Sia's policy charges (its own table: cifar10 and yolov3 differ from the true delays).
 SIA_RESTART_PENALTY_S = {"cifar10": 30.0, "deepspeech2": 25.0, "bert": 120.0, "yolov3": 45.0, "imagenet": 250.0}
 MAX_GPUS = 64
+ALONE_LIMIT_S = 400 * 86400.0   # a run alone (HeteroJob.declared_rate) longer than this is no curve point
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +160,7 @@ def load_typed_app(traces_dir: str | Path, name: str, gpu_type: str) -> TypedApp
 
 # -- a job's physics and what it learns -------------------------------------------------------------
 
+_ALONE: dict[tuple[str, int, bool, TypePool, int, float], float] = {}   # HeteroJob.declared_rate's runs
 _FITS: dict[tuple[str, str, frozenset[tuple[tuple[int, int, int], tuple[float, float]]]], PerfParams] = {}
 
 
@@ -281,6 +288,12 @@ class HeteroJob:
 
     # -- what the policies are told ------------------------------------------------------------------
 
+    def profiled_speeds(self) -> tuple[tuple[str, float], ...]:
+        """One GPU's samples per second on every type of its profiles, at the largest batch measured there
+        (``TypedApp.one_gpu_speed``): what a one-GPU profile of the job on each type at its arrival tells, as
+        the Sia study tells ``sia`` (``sia_estimates``' base speeds)."""
+        return tuple((t, typed.one_gpu_speed) for t, typed in sorted(self.apps.items()) if typed.one_gpu_speed > 0)
+
     def type_speeds(self) -> tuple[tuple[str, float], ...]:
         """One GPU's samples per second on each type the job has run on, from its own step times there, as the
         live store reads them (``core.type_speed.measured_speeds``): its local batch over its pass time (the
@@ -310,21 +323,25 @@ class HeteroJob:
             sizes.append(min(max(2 * seen, 1), MAX_GPUS, typed.app.max_batch_size // typed.min_local))
         return max(sizes)
 
-    def declared_rate(self, pool: TypePool, gpus: int) -> float:
-        """Progress per second of the requested batch on ``gpus`` GPUs of ``pool``, packed, at epoch 0: the
-        speed curve a user could declare (module doc)."""
-        typed = self.apps[pool.gpu_type]
-        app = typed.app
-        batch = min(max(self.spec.batch_size, typed.min_local * gpus), int(app.max_batch_size))
-        per = pool.gpus_per_node
-        placement = (per,) * (gpus // per) + ((gpus % per,) if gpus % per else ())
-        local = math.ceil(batch / gpus - 1e-8)
-        accum = max(0, math.ceil(local / typed.max_local_for(placement) - 1e-8) - 1)
-        atomic = max(typed.min_local, math.ceil(local / (accum + 1) - 1e-8))
-        step, sync = app.step_times(placement, atomic)
-        batch = gpus * atomic * (accum + 1)
-        gain = efficiency_gain(app.grad_params(batch, 0), app.init_batch_size, batch)
-        return gain / (step + (step - sync) * accum) / SLOWDOWN.get(self.model, 1.0)
+    def declared_rate(self, pool: TypePool, gpus: int, step_s: float = 60.0) -> float:
+        """Progress per second over a whole run alone on ``gpus`` GPUs of ``pool``, packed, by this module's
+        physics (the batch chosen as the job chooses it, the first start's delay included): the speed curve a
+        user who timed the job at each size could declare (module doc). Runs advance by ``step_s``, as a
+        round. Memoised per (model, batch, pool, size): the run is the same for every job of that spec."""
+        key = (self.model, self.spec.batch_size, self.tuned, pool, gpus, step_s)
+        rate = _ALONE.get(key)
+        if rate is None:
+            per = pool.gpus_per_node
+            alone = HeteroJob(self.index, self.spec, self.apps, tuned=self.tuned)
+            alone.reallocate(pool.gpu_type, (per,) * (gpus // per) + ((gpus % per,) if gpus % per else ()), 0.0)
+            now = 0.0
+            while alone.completion_time is None:
+                if now > ALONE_LIMIT_S:
+                    raise ValueError(f"{self.model} on {gpus} {pool.gpu_type} GPUs: no end within {ALONE_LIMIT_S:g} s")
+                alone.advance(now, step_s)
+                now += step_s
+            rate = _ALONE[key] = self.total_progress() / alone.completion_time
+        return rate
 
     def total_progress(self) -> float:
         app = next(iter(self.apps.values())).app
@@ -356,10 +373,12 @@ class HeteroCluster(SimulatedCluster):
 
     def __init__(self, pools: Sequence[TypePool], jobs: Sequence[HeteroJob], clock: Clock, *, interval_s: float,
                  policy_restart_s: Mapping[str, float] | None = None, inference: TypePool | None = None,
-                 gpu_speed: Mapping[str, float] | None = None) -> None:
+                 gpu_speed: Mapping[str, float] | None = None, profiled: bool = False) -> None:
         """``inference``: a pool of inference servers of a GPU type no training pool has; ``gpu_speed``: the
         declared speed of each type (``declared_speeds``; None: none declared, and no job's measured speeds
-        per type are shown either) (module doc)."""
+        per type are shown either); ``profiled``: each job's speeds per type are shown from its arrival, on
+        every type, as a one-GPU profile there gives them (``HeteroJob.profiled_speeds``), not only where it
+        has run (module doc)."""
         if inference is not None and inference.gpu_type in {p.gpu_type for p in pools}:
             raise ValueError(f"the inference pool's GPU type {inference.gpu_type!r} is a training pool's too")
         names = [f"{p.gpu_type}-{k:02d}" for p in pools for k in range(p.nodes)]
@@ -387,25 +406,28 @@ class HeteroCluster(SimulatedCluster):
         self.cluster_time = {p.gpu_type: 0.0 for p in pools}
         self.gpu_seconds_by_type: dict[str, float] = {}   # GPUs held by jobs, by type (loaned ones too)
         self.show_type_speeds = gpu_speed is not None
+        self.profiled = profiled
         # Each job's view with its measured speeds per type, while its view and speeds stay (so a view the
         # engine reuses stays the same object, as a policy's carried estimates expect).
-        self._typed_views: dict[int, tuple[JobView, tuple[tuple[str, float], ...], JobView]] = {}
+        self._typed_views: dict[int, tuple[JobView, tuple[tuple[tuple[str, float], ...], float], JobView]] = {}
 
     def snapshot(self, seed: int = 0) -> ClusterSnapshot:
-        """The engine's snapshot, each job with its measured speed per GPU type (``JobView.type_speeds``, as the
-        live store shows it) where the cluster declares speeds (module doc)."""
+        """The engine's snapshot, each job with the progress it has truly made (``JobView.work_done``, as a live
+        job reports its steps, not the engine's reckoning on its declared curve) and, where the cluster declares
+        speeds, its measured speed per GPU type (``JobView.type_speeds``, as the live store shows it) (module
+        doc)."""
         snap = super().snapshot(seed)
-        if not self.show_type_speeds:
-            return snap
         views, changed = [], False
         for view in snap.jobs:
-            speeds = self.hetero[view.job_id].type_speeds()
-            if not speeds:
+            job = self.hetero[view.job_id]
+            speeds = (job.profiled_speeds() if self.profiled else job.type_speeds()) if self.show_type_speeds else ()
+            if not speeds and job.progress == view.work_done:
                 views.append(view)
                 continue
             known = self._typed_views.get(view.job_id)
-            if known is None or known[0] is not view or known[1] != speeds:
-                known = self._typed_views[view.job_id] = (view, speeds, replace(view, type_speeds=speeds))
+            if known is None or known[0] is not view or known[1] != (speeds, job.progress):
+                known = self._typed_views[view.job_id] = (
+                    view, (speeds, job.progress), replace(view, type_speeds=speeds, work_done=job.progress))
             views.append(known[2])
             changed = True
         return derived(snap, jobs=tuple(views)) if changed else snap
@@ -580,14 +602,16 @@ def run_hetero(workload: Sequence[WorkloadJob], traces_dir: str | Path, policy: 
                params: PolicyParams | None = None, max_time_s: float = 30 * 86400.0,
                check_plans: bool = False, inference: TypePool | None = None,
                demand: Sequence[DemandPoint] = (), estimates: Estimates | str = "exact",
-               seed: int = 0, type_speeds: bool = True) -> HeteroRunResult:
+               seed: int = 0, type_speeds: bool = True, profiled: bool = False) -> HeteroRunResult:
     """Simulate ``workload`` under the registered ``policy`` on ``pools`` with the engine (module doc).
     ``check_plans``: the engine asserts that every plan keeps the invariants and is applied in full.
     ``inference`` and ``demand``: an inference pool and the servers of it needed over time (empty: no
     demand signal, so nothing is loaned). ``estimates``: what a policy that reads the trace is told of
     each job's length (``simulator.estimates``), drawn from ``seed`` (also every snapshot's seed).
     ``type_speeds``: the cluster declares each type's speed (``declared_speeds``, relative to the reference
-    type's) and shows each job's measured speed per type (module doc); False: neither."""
+    type's) and shows each job's measured speed per type (module doc); False: neither. ``profiled`` (with
+    ``type_speeds``): each job's speed on every type is shown from its arrival, by a one-GPU profile there
+    (``HeteroJob.profiled_speeds``, what the study tells ``sia``), not only on the types it has run on."""
     import time
 
     interval = interval_s if interval_s is not None else ROUND_S.get(policy, 60.0)
@@ -599,7 +623,8 @@ def run_hetero(workload: Sequence[WorkloadJob], traces_dir: str | Path, policy: 
     clock = VirtualClock(0.0)
     reference = max(pools, key=lambda p: p.nodes * p.gpus_per_node).gpu_type   # HeteroCluster.reference_pool
     cluster = HeteroCluster(pools, jobs, clock, interval_s=interval, inference=inference,
-                            gpu_speed=declared_speeds(apps, reference) if type_speeds else None)
+                            gpu_speed=declared_speeds(apps, reference) if type_speeds else None,
+                            profiled=profiled and type_speeds)
     built = create_policy(policy, params).policy
     decider = informed(built, cluster)
     told_apart = decider is not built   # sia, gavel: told by their estimates, not the trace

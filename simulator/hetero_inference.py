@@ -11,9 +11,12 @@ at the T4's speed by its T4 profile. The others train on the 40 GPUs alone.
 What the policies are told (``simulator.hetero``'s module doc): ``aryl`` and ``aryl-noloan`` a user's run
 time estimate, the truth on one reference GPU times ``exp(0.8 z)`` (``ESTIMATES``, as the headline draws
 it, z per (seed, job)), a speed curve of the reference type, each type's declared speed and each job's measured
-speed on the types it has run on (``run_hetero(type_speeds=True)``; ``--no-type-speeds``: neither, as before
-issue 33 item 4); ``sia`` and ``gavel`` what their jobs measure, no length: nothing they see depends on the seed,
-so they run once per workload and their figures stand for every seed.
+speed on every type from its arrival, as a one-GPU profile on each type tells it (``run_hetero(profiled=True)``,
+``PROFILED``): the study tells ``sia`` exactly that of every job (its base speeds per type), so both start from the
+same knowledge of each job's types (``--measured-speeds``: only the types a job has run on, as the live service
+knows them without profiling; ``--no-type-speeds``: neither, as before issue 33 item 4); ``sia`` and ``gavel``
+what their jobs measure, no length: nothing they see depends on the seed, so they run once per workload and their
+figures stand for every seed.
 
 Run with ``python -m simulator.hetero_inference`` (``SIA_REF_GIT`` as for ``simulator.hetero_gate``: the
 workloads and profiles are read from the authors' artifact at run time and deleted after; nothing of it is
@@ -44,6 +47,7 @@ POLICIES = ("sia", "gavel", "aryl-noloan", "aryl")
 SEEDLESS = ("sia", "gavel")          # told nothing a seed draws (module doc)
 SEEDS = (0, 1, 2)
 ESTIMATES = "lognormal:0.8"
+PROFILED = True                      # aryl is told each job's one-GPU speed per type, as sia is (module doc)
 HEADROOM = 0.2                       # as evaluation.headline
 TAIL_S = 10 * 86400.0                # demand laid this long past the last arrival
 DEFAULT_RATE = Path(__file__).resolve().parent.parent.parent / \
@@ -59,7 +63,7 @@ def inference_demand(rate_csv: str | Path, last_arrival_s: float, pool: TypePool
 
 def compare(workload_csv: Path, traces_dir: Path, rate_csv: str | Path, *, policies: Sequence[str] = POLICIES,
             seeds: Sequence[int] = SEEDS, log: Callable[[str], None] = print, type_speeds: bool = True,
-            ) -> dict[str, dict[str, object]]:
+            profiled: bool = PROFILED) -> dict[str, dict[str, object]]:
     """Every policy on one workload in the ``inference-pool`` setting, per seed: ``{policy: {"seeds": {seed:
     summary}, "avg_jct_s": mean over seeds, "avg_jct_s_range": [min, max], "restarts_per_job": mean}}``."""
     jobs = load_workload(workload_csv)
@@ -69,7 +73,7 @@ def compare(workload_csv: Path, traces_dir: Path, rate_csv: str | Path, *, polic
         runs: dict[int, dict[str, object]] = {}
         for seed in (seeds[:1] if policy in SEEDLESS else seeds):
             result = run_hetero(jobs, traces_dir, policy, pools=TRAINING, inference=INFERENCE, demand=demand,
-                                estimates=ESTIMATES, seed=seed, type_speeds=type_speeds)
+                                estimates=ESTIMATES, seed=seed, type_speeds=type_speeds, profiled=profiled)
             runs[seed] = {k: v for k, v in summary(result).items() if k != "jcts_s"}
             log(f"{workload_csv.stem} {policy} seed {seed}: avg JCT {result.average_jct / 3600:.3f} h, "
                 f"{runs[seed]['avg_restarts']} restarts/job, {len(result.jcts)}/{len(jobs)} done, "
@@ -86,7 +90,7 @@ def run_beyond(git_dir: str, workloads: Sequence[str], rate_csv: str | Path, *,
                policies: Sequence[str] = POLICIES, seeds: Sequence[int] = SEEDS,
                log: Callable[[str], None] = print,
                after_each: Callable[[dict[str, dict[str, dict[str, object]]]], None] | None = None,
-               type_speeds: bool = True) -> dict[str, dict[str, dict[str, object]]]:
+               type_speeds: bool = True, profiled: bool = PROFILED) -> dict[str, dict[str, dict[str, object]]]:
     """``compare`` on each of ``workloads`` (``<set>/<workload>``), its inputs extracted from ``git_dir`` (the
     artifact, ``simulator.hetero_gate.extract``) into a temporary folder deleted after; ``after_each`` is
     called with the figures so far after every workload."""
@@ -96,7 +100,8 @@ def run_beyond(git_dir: str, workloads: Sequence[str], rate_csv: str | Path, *,
         extract(git_dir, [f"traces/{m}" for m in MODELS] + [f"workloads/{w}.csv" for w in workloads], scratch)
         for workload in workloads:
             results[workload] = compare(scratch / "workloads" / f"{workload}.csv", scratch / "traces", rate_csv,
-                                        policies=policies, seeds=seeds, log=log, type_speeds=type_speeds)
+                                        policies=policies, seeds=seeds, log=log, type_speeds=type_speeds,
+                                        profiled=profiled)
             if after_each is not None:
                 after_each(results)
     finally:
@@ -114,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default=",".join(map(str, SEEDS)))
     parser.add_argument("--rate", default=str(DEFAULT_RATE), help="ServeGen's servegen_total_rate_10min.csv")
     parser.add_argument("--json", help="write the figures here as JSON (after each workload)")
+    parser.add_argument("--measured-speeds", action="store_true",
+                        help="show aryl a job's speed only on the types it has run on, not its one-GPU profile on "
+                             "every type from its arrival")
     parser.add_argument("--no-type-speeds", action="store_true",
                         help="declare no GPU type's speed and show no job's measured speeds per type")
     args = parser.parse_args(argv)
@@ -129,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     results = run_beyond(git_dir, [w.strip() for w in args.workloads.split(",") if w.strip()], args.rate,
                          policies=[p.strip() for p in args.policies.split(",") if p.strip()],
                          seeds=[int(s) for s in args.seeds.split(",") if s.strip()], after_each=save,
-                         type_speeds=not args.no_type_speeds)
+                         type_speeds=not args.no_type_speeds, profiled=not args.measured_speeds)
     for workload, figures in results.items():
         for policy, f in figures.items():
             spread = f["avg_jct_s_range"]

@@ -14,6 +14,7 @@ import pytest
 
 from scheduler_service.core.gpu_configs import GpuPool, configurations
 from scheduler_service.core.params import PolicyParams
+from scheduler_service.core.snapshot import ClusterSnapshot
 from scheduler_service.policies.gavel import GavelJob, GavelRound, gavel_allocate, max_sum_throughput
 from scheduler_service.policies.sia import SiaJob, SiaParams, _goodput_row, sia_allocate
 from simulator.clock import VirtualClock
@@ -306,3 +307,58 @@ def test_jobs_are_declared_with_user_estimates(traces: Path) -> None:
 def test_an_inference_pool_needs_a_type_of_its_own(traces: Path) -> None:
     with pytest.raises(ValueError, match="training pool"):
         HeteroCluster(POOLS, [], VirtualClock(0.0), interval_s=60.0, inference=TypePool("slow", 1, 4))
+
+
+# -- what aryl is told: the truth of a job's length and progress, its speeds per type (2026-11-30) ---------
+
+def test_the_declared_curve_is_the_job_run_alone(traces: Path) -> None:
+    apps = {p.gpu_type: load_typed_app(traces, "cifar10", p.gpu_type) for p in (*POOLS, INFER)}
+    spec = _workload(1)[0]
+    job = HeteroJob(0, spec, apps, tuned=True)
+    pool = POOLS[1]   # fast, 2 x 8
+    for gpus, placement in ((1, (1,)), (8, (8,)), (12, (8, 4))):
+        alone = HeteroJob(0, spec, apps, tuned=True)
+        alone.reallocate(pool.gpu_type, placement, 0.0)
+        now = 0.0
+        while alone.completion_time is None:
+            alone.advance(now, 60.0)
+            now += 60.0
+        assert alone.completion_time is not None and alone.completion_time > RESTART_S["cifar10"]
+        # the whole run's progress over its run time, the first start's delay included
+        assert job.declared_rate(pool, gpus) == pytest.approx(job.total_progress() / alone.completion_time)
+    # the one-GPU point is the true one-GPU run time an estimate starts from
+    told = HeteroCluster(POOLS, [job], VirtualClock(0.0), interval_s=60.0).trace_jobs(Estimates.parse("exact"))[0]
+    assert told.declared_work is not None
+    assert told.declared_work / told.throughput[0][1] == pytest.approx(
+        job.total_progress() / job.declared_rate(HeteroCluster(POOLS, [], VirtualClock(0.0), interval_s=60.0)
+                                                 .reference_pool(), 1))
+
+
+def test_a_policy_sees_the_progress_a_job_truly_made(traces: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[tuple[float, float]] = []
+    original = HeteroCluster.snapshot
+
+    def watched(self: HeteroCluster, seed: int = 0) -> ClusterSnapshot:
+        snap = original(self, seed)
+        seen.extend((view.work_done, self.hetero[view.job_id].progress) for view in snap.jobs)
+        return snap
+
+    monkeypatch.setattr(HeteroCluster, "snapshot", watched)
+    result = run_hetero(_workload(3), traces, "aryl", pools=POOLS, estimates="lognormal:0.8", seed=2)
+    assert len(result.jcts) == 3 and any(true > 0 for _, true in seen)
+    assert all(shown == true for shown, true in seen)
+
+
+def test_profiled_speeds_are_shown_on_every_type_from_arrival(traces: Path) -> None:
+    apps = {p.gpu_type: load_typed_app(traces, "cifar10", p.gpu_type) for p in POOLS}
+    jobs = [HeteroJob(i, w, apps, tuned=True) for i, w in enumerate(_workload(2))]
+    profiled = HeteroCluster(POOLS, jobs, VirtualClock(0.0), interval_s=60.0, gpu_speed={"slow": 1.0, "fast": 2.0},
+                             profiled=True)
+    for trace in profiled.trace_jobs(Estimates.parse("exact")):
+        profiled.submit(trace)
+    views = profiled.snapshot().jobs
+    assert [dict(v.type_speeds) for v in views] == [{t: apps[t].one_gpu_speed for t in ("fast", "slow")}] * 2
+    measured = HeteroCluster(POOLS, jobs, VirtualClock(0.0), interval_s=60.0, gpu_speed={"slow": 1.0, "fast": 2.0})
+    for trace in measured.trace_jobs(Estimates.parse("exact")):
+        measured.submit(trace)
+    assert all(v.type_speeds == () for v in measured.snapshot().jobs)   # nothing run, nothing measured
