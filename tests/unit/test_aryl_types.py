@@ -34,11 +34,20 @@ def test_a_type_not_declared_runs_at_the_reference_speed() -> None:
 
 
 def test_measured_speeds_override_the_declared_ones() -> None:
-    # Measured 100 samples/s per GPU on the A100 (factor 1) and 20 on the T4 (factor 0.25): the reference speed is
-    # the mean of 100 / 1 and 20 / 0.25 = 90, so the A100 runs at 100 / 90 of it and the T4 at 20 / 90.
+    # Measured 100 samples/s per GPU on the A100 (factor 1, its reference type) and 20 on the T4 (declared 0.25):
+    # the reference speed is the A100's 100, so the A100 runs at 1.0 and the T4 at 20 / 100 = 0.2 (the mean of
+    # 100 / 1 and 20 / 0.25 = 90 would have put the A100 at 1.11 of its own curve).
     job = _job(type_speeds=(("a100", 100.0), ("t4", 20.0)))
     factors = type_factors(job, DECLARED, ["a100", "t4"])
-    assert factors == pytest.approx({"a100": 100.0 / 90.0, "t4": 20.0 / 90.0})
+    assert factors == pytest.approx({"a100": 1.0, "t4": 0.2})
+    # Measured on the T4 and an undeclared V100 but not on the A100: the V100 (not named: factor 1.0) anchors,
+    # 50 samples/s: the T4 at 20 / 50 = 0.4, the A100 by its declared 1.0.
+    both = _job(type_speeds=(("t4", 20.0), ("v100", 50.0)))
+    assert type_factors(both, DECLARED, ["a100", "t4", "v100"]) == pytest.approx(
+        {"a100": 1.0, "t4": 0.4, "v100": 1.0})
+    # Measured on the T4 alone: bootstrapped from it, 20 / 0.25 = 80 the reference; the T4 at 0.25.
+    assert type_factors(_job(type_speeds=(("t4", 20.0),)), DECLARED, ["a100", "t4"]) == pytest.approx(
+        {"a100": 1.0, "t4": 0.25})
     # Measured on the A100 alone: the T4 is bootstrapped by its declared factor.
     assert type_factors(_job(type_speeds=(("a100", 100.0),)), DECLARED, ["a100", "t4"]) == {"a100": 1.0, "t4": 0.25}
 

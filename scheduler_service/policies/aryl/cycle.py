@@ -261,18 +261,22 @@ def type_factors(job: JobView, declared: Mapping[str, float], types: Sequence[st
     declared speed curve is of: declared factor 1.0 (``ClusterSnapshot.gpu_speed``; a type not named is 1.0).
 
     On a type it ran on, its measured per-GPU speed there (``JobView.type_speeds``, ``core.type_speed``) over
-    its reference speed; elsewhere the type's declared factor. Its reference speed is bootstrapped as
-    ``core.type_speed.estimate`` bootstraps an unseen type: its measured speed on each type it ran on over that
-    type's declared factor, averaged. None when nothing tells the types apart -- one type, or neither a
-    declared factor nor a measure: every type then runs at the declared curve, as before types had speeds."""
+    its reference speed; elsewhere the type's declared factor. Its reference speed is what it measured on a
+    reference type (factor 1.0) where it has; else it is bootstrapped as ``core.type_speed.estimate`` bootstraps
+    an unseen type: its measured speed on each type it ran on over that type's declared factor, averaged (so a
+    job measured on its reference type and on others keeps factor 1.0 at home and its own ratios elsewhere; the
+    average would carry the declared factors' error, made for the fleet's mix of models, into every type's).
+    None when nothing tells the types apart -- one type, or neither a declared factor nor a measure: every type
+    then runs at the declared curve, as before types had speeds."""
     if len(types) <= 1 or (not declared and not job.type_speeds):
         return None
-    anchors = [speed / declared.get(t, 1.0) for t, speed in job.type_speeds if speed > 0]
-    measured = dict(job.type_speeds)
+    measured = {t: speed for t, speed in job.type_speeds if speed > 0}
+    at_home = [speed for t, speed in measured.items() if declared.get(t, 1.0) == 1.0]
+    anchors = at_home or [speed / declared.get(t, 1.0) for t, speed in measured.items()]
     if not anchors:
         return {t: declared.get(t, 1.0) for t in types}
     reference = sum(anchors) / len(anchors)
-    return {t: measured[t] / reference if measured.get(t, 0.0) > 0 else declared.get(t, 1.0) for t in types}
+    return {t: measured[t] / reference if t in measured else declared.get(t, 1.0) for t in types}
 
 
 def _progress_at(job: JobView, factor: float, now: float, params: PolicyParams) -> JobView:
