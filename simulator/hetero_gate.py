@@ -60,12 +60,18 @@ def extract(git_dir: str, paths: list[str], into: Path) -> None:
                                           capture_output=True).stdout)
 
 
+def authors_folder(policy: str, workload: str, out: Path) -> Path | None:
+    """The folder under ``out`` of a finished run of the authors' simulator, if there is one."""
+    name = f"{policy}-{workload.replace('/', '-')}"
+    for folder in (out / name, out / f"out-{name}"):   # the second as the harness's examples name them
+        if (folder / "summary.json").exists():
+            return folder
+    return None
+
+
 def authors_run(policy: str, workload: str, out: Path, harness: Path, git_dir: str) -> Path:
     """The authors' simulator's output folder for one run (run by the harness unless already there)."""
-    name = f"{policy}-{workload.replace('/', '-')}"
-    folder = out / name
-    if not (folder / "summary.json").exists() and (out / f"out-{name}" / "summary.json").exists():
-        folder = out / f"out-{name}"   # as the harness's own examples name them (SIA_REF_OUT=out-...)
+    folder = authors_folder(policy, workload, out) or out / f"{policy}-{workload.replace('/', '-')}"
     if not (folder / "summary.json").exists():
         if not harness.exists():
             raise FileNotFoundError(f"no reference harness at {harness} (set SIA_REF_HARNESS)")
@@ -113,12 +119,13 @@ def row_text(workload: str, policy: str, figures: dict[str, float]) -> str:
 
 
 def gate(git_dir: str, workloads: list[str], policies: list[str], authors_dir: Path, harness: Path,
-         report: Callable[[str], None] = print) -> dict[str, dict[str, dict[str, float]]]:
+         report: Callable[[str], None] = print, run_missing: bool = True) -> dict[str, dict[str, dict[str, float]]]:
     """Ours and the authors' figures per workload and policy: ``ours`` and ``authors`` (average JCT, s), ``diff``
     (ours / authors - 1), restarts per job (ours, ``authors_restarts_per_job``: -1 where their summary lacks
     it), our decision times and the authors' CBC solve times where their log has them. The authors' runs
-    missing from ``authors_dir`` are run by the harness (``sia``: ~15 minutes a workload). ``report`` is
-    given each row's text as it is known."""
+    missing from ``authors_dir`` are run by the harness (``sia``: ~15 minutes a workload), or, with
+    ``run_missing`` False, left out of the figures (said through ``report``). ``report`` is given each row's
+    text as it is known."""
     authors_dir.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="aryl-sia-inputs."))
     results: dict[str, dict[str, dict[str, float]]] = {}
@@ -128,6 +135,9 @@ def gate(git_dir: str, workloads: list[str], policies: list[str], authors_dir: P
         for workload in workloads:
             jobs = load_workload(scratch / "workloads" / f"{workload}.csv")
             for policy in policies:
+                if not run_missing and authors_folder(policy, workload, authors_dir) is None:
+                    report(f"{workload} {policy}: the authors' run is not in {authors_dir}: left out")
+                    continue
                 ours = run_hetero(jobs, scratch / "traces", policy)
                 theirs = authors_figures(authors_run(policy, workload, authors_dir, harness, git_dir))
                 times = sorted(ours.decision_s)

@@ -362,3 +362,14 @@ def test_profiled_speeds_are_shown_on_every_type_from_arrival(traces: Path) -> N
     for trace in measured.trace_jobs(Estimates.parse("exact")):
         measured.submit(trace)
     assert all(v.type_speeds == () for v in measured.snapshot().jobs)   # nothing run, nothing measured
+
+
+def test_the_gate_finds_the_authors_finished_runs(tmp_path: Path) -> None:
+    from simulator.hetero_gate import authors_folder
+
+    assert authors_folder("sia", "saturn/workload-2", tmp_path) is None
+    (tmp_path / "sia-saturn-workload-2").mkdir()      # a run under way: no summary yet
+    assert authors_folder("sia", "saturn/workload-2", tmp_path) is None
+    (tmp_path / "out-sia-saturn-workload-2").mkdir()  # as the harness's examples name it, finished
+    (tmp_path / "out-sia-saturn-workload-2" / "summary.json").write_text("{}")
+    assert authors_folder("sia", "saturn/workload-2", tmp_path) == tmp_path / "out-sia-saturn-workload-2"
