@@ -17,6 +17,11 @@ Nouns:
   streams re-read their state only every ``FED_REFRESH_S`` or ``agents.desired_state_refresh_s``, whichever
   is longer (``notify.DesiredStateFeed``): those re-reads took a third of its interpreter at 1,000 agents,
   and a change-driven read waited behind them.
+- On PostgreSQL any replica's push process may serve the streams: a standby's follows the leader's commits on
+  the change feed (``store.change_feed``: each bumped server's new generation, notified by the bumping
+  statement and delivered at commit) and re-reads the watched servers it holds at an older generation. Its
+  scheduler tells it whether it leads (``PushFeed.leading``): while it does, the notices (its own commits,
+  which come down the feed already) are ignored.
 - The *supervisor* (a thread of the scheduler) starts it again, on the same port, whenever it dies; its
   streams end with it (the agents watch again and are sent the current state first). A push process whose
   feed stops being read (``MAX_BACKLOG`` frames behind) is ended and started again the same way. It ends
@@ -54,6 +59,7 @@ from scheduler_service.config import SchedulerConfig
 from scheduler_service.grpc_server import bind_server
 from scheduler_service.notify.desired_states import DesiredStateFeed
 from scheduler_service.records import DesiredServerState
+from scheduler_service.store.change_feed import follow_desired_notices
 from scheduler_service.store.db import create_engine_for, session_factory
 from scheduler_service.store.desired import DesiredStates
 from scheduler_service.store.transactions import Transactions
@@ -86,6 +92,7 @@ class PushFeed:
         self._wake = threading.Condition(self._lock)
         self._closed = False
         self._on_stuck = on_stuck  # called (once per push process) when the backlog overflows
+        self._leads: bool | None = None  # whether the scheduler leads, as last told (``leading``)
         self.sent = 0  # frames sent (tests, metrics)
         self._sender = threading.Thread(target=self._send_backlog, name="aryl-push-feed", daemon=True)
         self._sender.start()
@@ -98,6 +105,16 @@ class PushFeed:
                 sock.setblocking(False)
             self._sock = sock
             self._backlog.clear()
+            leads = self._leads
+        if sock is not None and leads is not None:
+            self._send(_frame("leading", leads))  # a new push process is told the role first
+
+    def leading(self, leads: bool) -> None:
+        """Tell the push process whether its scheduler leads (its commits come down this feed) or not (it follows
+        the leader's on the change feed, ``store.change_feed``); told again to each new push process."""
+        with self._lock:
+            self._leads = leads
+        self._send(_frame("leading", leads))
 
     def states_committed(self, states: Mapping[str, DesiredServerState]) -> None:
         if states:
@@ -361,9 +378,25 @@ async def _serve(config: SchedulerConfig, sock: socket.socket, host: str, port: 
     reader_stream, writer = await asyncio.open_connection(sock=sock)
     writer.write(_frame("serving", bound))
     await writer.drain()
-    feeding = asyncio.create_task(_follow(reader_stream, feed))
+    role = _Role()
+    feeding = asyncio.create_task(_follow(reader_stream, feed, role))
+    noticing = None
+    if engine.dialect.name == "postgresql":  # a standby's streams follow the leader's commits there
+
+        def noticed(generations: Mapping[str, int]) -> None:
+            if not role.leads:
+                feed.noticed(generations)
+
+        def missed() -> None:
+            if not role.leads:
+                feed.reread_watched()
+
+        noticing = asyncio.create_task(follow_desired_notices(engine, noticed, missed, stop))
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait((feeding, stopping), return_when=asyncio.FIRST_COMPLETED)
+    stop.set()
+    if noticing is not None:
+        noticing.cancel()
     if feeding.done() and feeding.exception() is not None:
         log.error("the desired-state feed failed", error=repr(feeding.exception()))
     feeding.cancel()
@@ -374,7 +407,15 @@ async def _serve(config: SchedulerConfig, sock: socket.socket, host: str, port: 
     os._exit(0)  # nothing left to flush; gRPC's threads need not be waited for
 
 
-async def _follow(stream: asyncio.StreamReader, feed: DesiredStateFeed[DesiredServerState]) -> None:
+class _Role:
+    """Whether the push process's scheduler leads: its commits come down the feed, and the change feed's
+    notices (the same commits) are ignored; else (a standby) the notices tell the leader's. Leading until told
+    otherwise: on SQLite there are no notices, and a standby is told at once."""
+
+    leads = True
+
+
+async def _follow(stream: asyncio.StreamReader, feed: DesiredStateFeed[DesiredServerState], role: _Role) -> None:
     """Hand each frame of the feed to ``feed`` until the scheduler's end closes."""
     while True:
         try:
@@ -388,3 +429,7 @@ async def _follow(stream: asyncio.StreamReader, feed: DesiredStateFeed[DesiredSe
             feed.publish_threadsafe(payload)
         elif kind == "changed":
             feed.changed_threadsafe(payload)
+        elif kind == "leading":
+            if role.leads and not payload:
+                feed.reread_watched()  # deposed: what the new leader committed before this frame was not followed
+            role.leads = bool(payload)

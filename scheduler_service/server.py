@@ -207,6 +207,7 @@ class SchedulerService:
             await self._stop_lease(lease_stop, lease_thread)
             raise
         if push is not None:
+            push.feed.leading(self._leading())  # a standby's push process follows the leader on the change feed
             try:
                 await asyncio.to_thread(push.start)
             except Exception as exc:  # noqa: BLE001 - this process serves the streams alone, as without one
@@ -260,6 +261,9 @@ class SchedulerService:
         if push is not None:
             # Its agents' states are read by the push process after commit, not inside the decision's transaction.
             app.agents.read_in_transaction_only(agents.watching)
+        if cfg.server.desired_state_port >= 0:
+            # Every replica's push process follows this scheduler's decisions when it leads (``store.change_feed``).
+            app.agents.announce_changes()
         health_servicer = add_services(
             server,
             SchedulerServicer(app, executor, notifier, policy_name=self.policy.name, clock_now=self.clock.now,
@@ -352,8 +356,12 @@ class SchedulerService:
             app.liveness.begin_term()
             loop.call_soon_threadsafe(self.gate.term_began)
             app.notifier.cycle_requested()
+            if self.push_process is not None:  # its streams are fed by this scheduler's commits now
+                self.push_process.feed.leading(True)
 
         def deposed(reason: str) -> None:  # on the lease thread or an RPC thread
+            if self.push_process is not None:  # its streams follow the leader's commits on the change feed
+                self.push_process.feed.leading(False)
             try:
                 loop.call_soon_threadsafe(self.gate.term_ended)
             except RuntimeError:

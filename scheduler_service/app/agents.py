@@ -129,6 +129,12 @@ class Agents:
         decision's transaction, and every agent of it, does not wait for a read this process would not use."""
         self._desired.read_in_transaction = watched
 
+    def announce_changes(self) -> None:
+        """From now on, each desired-generation bump is announced on the change feed (PostgreSQL's NOTIFY,
+        ``store.change_feed``), delivered at commit, so that every replica's desired-state streams' process
+        (``push_process``) follows this scheduler's decisions, a standby's included."""
+        self._desired.announce = True
+
     def register(self, reg: ServerRegistration) -> DesiredServerState:
         now = self._clock.now()
         self._heartbeats.heard(reg.hostname)  # before the write, as in ``report_status``

@@ -87,6 +87,19 @@ class DesiredStateFeed(Generic[S]):
             except RuntimeError:
                 pass  # the loop is closed: the service is shutting down, nobody is waiting
 
+    def noticed(self, generations: Mapping[str, int]) -> None:
+        """On the feed's loop: these servers' desired state reached these generations (the change feed,
+        ``store.change_feed``); a watched one held at an older generation is read again, the others cost nothing."""
+        behind = [server_id for server_id, generation in generations.items()
+                  if (slot := self._slots.get(server_id)) is not None
+                  and (slot.state is None or slot.state.generation < generation)]
+        if behind:
+            self._request(behind)
+
+    def reread_watched(self) -> None:
+        """On the feed's loop: read every watched server's state again (changes may have gone unannounced)."""
+        self._request(list(self._slots))
+
     def _publish(self, states: Mapping[str, S]) -> None:
         for server_id, state in states.items():
             slot = self._slots.get(server_id)

@@ -21,9 +21,10 @@ from scheduler_service.core.batch import job_batch
 from scheduler_service.core.goodput import BatchSplit
 from scheduler_service.records import DesiredServerState, DesiredWorkerSpec
 from scheduler_service.store import models as m
+from scheduler_service.store.change_feed import notice_column
 from scheduler_service.store.changes import index_list
 from scheduler_service.store.rows import batch_limits
-from scheduler_service.store.transactions import stage_desired_states
+from scheduler_service.store.transactions import is_postgresql, stage_desired_states
 
 # A server's part of its desired state (``DesiredStates.of``).
 DESIRED_SERVER_COLUMNS = tuple(
@@ -42,6 +43,9 @@ class DesiredStates:
         # Whose desired state ``bump`` reads inside the transaction, for ``Transactions`` to publish after
         # commit: every server's, unless told otherwise (``app.agents.Agents.read_in_transaction_only``).
         self.read_in_transaction: Callable[[str], bool] = lambda server_id: True
+        # Whether ``bump`` announces each new generation on the change feed (PostgreSQL; ``store.change_feed``),
+        # for the desired-state streams' processes of every replica (``app.agents.Agents.announce_changes``).
+        self.announce = False
 
     def bump(self, session: Session, server_ids: Iterable[str]) -> None:
         """One desired-generation bump per server, in one statement. The version moves too, so a
@@ -55,10 +59,14 @@ class DesiredStates:
         # change to these servers), and pushed right after commit, so a push never waits for a second
         # read after commit; ``Transactions.write`` hands it over. The bump returns the servers' part of
         # it: each round trip here is time every agent of the decision waits.
+        # Where asked, on PostgreSQL, each bumped server is also announced on the change feed (``store.change_feed``)
+        # by this statement (no round trip of its own), delivered at commit: other replicas' streams follow it.
+        announce = self.announce and is_postgresql(session)
+        notice = (notice_column(s.c.id, s.c.desired_generation),) if announce else ()
         bumped = session.execute(
             sa.update(s).where(s.c.id.in_(ids))
             .values(desired_generation=s.c.desired_generation + 1, version=s.c.version + 1)
-            .returning(*DESIRED_SERVER_COLUMNS)
+            .returning(*DESIRED_SERVER_COLUMNS, *notice)
         ).all()
         for server_id in ids:  # objects of these rows in this session are reloaded on next use
             server = session.identity_map.get(session.identity_key(m.Server, server_id))

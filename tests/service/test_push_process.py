@@ -8,6 +8,8 @@ item 2), on SQLite and PostgreSQL, with TLS and identities as in production:
 - A push process that dies is started again on the same port; a stream that ended with it is watched again
   and gets the current state, so no decision is lost.
 - The push process ends when its scheduler stops.
+- On PostgreSQL a standby's push process serves the streams too, following the leader's commits on the change
+  feed (LISTEN/NOTIFY), and goes on serving them when it takes over.
 - A real ``aryl-agent`` watches its desired state there (the port its registration named) and starts a job
   pushed that way; when the push process dies it watches the one started again, without registering again.
 """
@@ -236,3 +238,40 @@ def test_a_real_agent_watches_there_and_a_job_starts_through_it(tmp_path: Path, 
     finally:
         cluster.close()
         end_leftovers(tmp_path)
+
+
+@pytest.mark.postgres
+def test_a_standby_s_push_process_serves_the_leader_s_decisions(postgres_url: str) -> None:
+    config = scheduler_config(postgres_url, server={"desired_state_port": 0}, ha={"lease_s": 2.0, "renew_s": 0.5})
+    leader = serve_in_background(config)
+    standby = serve_in_background(config)
+    try:
+        assert leader.service.leadership is not None and standby.service.leadership is not None
+        assert leader.service.leadership.leading and not standby.service.leadership.leading
+        push = standby.service.push_process
+        assert push is not None and push.port is not None
+        _push_port(leader.address, "gpu-1")
+        watch = _Watch(f"{standby.address.rpartition(':')[0]}:{push.port}", "gpu-1")
+        channel, stub = scheduler_stub(leader.address)
+        try:
+            first = watch.next()
+            assert first.server_id == "gpu-1" and first.scheduler_epoch == leader.service.leadership.epoch
+            with channel:
+                job_id = stub.SubmitJob(scheduler_pb2.SubmitJobRequest(spec=job_spec("noticed", gpus=4)),
+                                        timeout=scaled_timeout(10)).job.job_id
+                placed = watch.until(lambda s: job_id in _jobs(s))
+                assert placed.generation > first.generation and placed.scheduler_epoch == first.scheduler_epoch
+            # The leader stops; the standby leads, and the stream it served goes on with its own decisions.
+            leader.stop()
+            wait_for(lambda: standby.service.leadership is not None and standby.service.leadership.leading,
+                     timeout=30, what="the standby to lead")
+            channel, stub = scheduler_stub(standby.address)
+            with channel:
+                stub.CancelJob(scheduler_pb2.CancelJobRequest(job_id=job_id), timeout=scaled_timeout(10))
+                released = watch.until(lambda s: job_id not in _jobs(s))
+            assert released.generation > placed.generation and released.scheduler_epoch > placed.scheduler_epoch
+        finally:
+            watch.close()
+    finally:
+        standby.stop()
+        leader.stop()
