@@ -23,7 +23,7 @@ from typing import Any
 
 from evaluation.report import log
 from simulator.hetero_gate import ARTIFACT_COMMIT, DEFAULT_AUTHORS_DIR, DEFAULT_HARNESS, DEFAULT_WORKLOADS, gate
-from simulator.hetero_inference import ESTIMATES, HOW_TO_RUN, INFERENCE, POLICIES, SEEDS, TRAINING, run_beyond
+from simulator.hetero_inference import ESTIMATES, HOW_TO_RUN, INFERENCE, POLICIES, PROFILED, SEEDS, TRAINING, run_beyond
 
 RATE = "traces/servegen-llm-load/servegen_total_rate_10min.csv"   # under --shared
 
@@ -74,10 +74,13 @@ def heterogeneity_section(shared: Path, assets: Path, raw: dict[str, Any]) -> tu
             f"Training on {_pools(TRAINING)} GPUs; an inference pool of {_pools((INFERENCE,))} (T4) serving "
             "ServeGen `m-small` (its maximum needs the whole pool with 20% headroom), which `aryl` may lend to "
             "training (a job on a T4 runs at the T4's speed by its profile). `sia`, `gavel` and `aryl-noloan` "
-            f"do not lend. `aryl`'s jobs declare user estimates (`{ESTIMATES}`, seeds {list(SEEDS)}); `aryl` and "
-            "`aryl-noloan` are "
-            "told each type's declared speed and each job's measured speed per type it ran on, as the live service "
-            "tells it (`simulator.hetero`'s module doc), and values a worker by its job's speed on the server's type; "
+            f"do not lend. `aryl`'s jobs declare user estimates (`{ESTIMATES}`, seeds {list(SEEDS)}) of their true "
+            "run time on one GPU of the reference type, a speed curve of their whole run alone at each size there, "
+            "and report their true progress; `aryl` and `aryl-noloan` are told each type's declared speed and "
+            + ("each job's one-GPU speed on every type from its arrival, as the study tells `sia` (`PROFILED`; "
+               "`--measured-speeds`: only where it ran, as the live service knows it)" if PROFILED else
+               "each job's measured speed per type it ran on, as the live service tells it")
+            + " (`simulator.hetero`'s module doc), and value a worker by its job's speed on the server's type; "
             "`sia` and "
             "`gavel` are told what their jobs measure, no length, so one run each stands for every seed. "
             "The Sia study's workloads and per-type profiles, read at run time (`simulator/hetero_inference.py`).",
