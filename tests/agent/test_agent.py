@@ -606,26 +606,35 @@ def test_agent_refuses_a_deposed_scheduler_at_registration(
         assert not deposed.service.reports and not deposed.service.streams_opened
 
 
+@contextmanager
+def agent_of(scheduler: FakeScheduler, work_dir: Path) -> Iterator[RunningAgent]:
+    """An agent registering with ``scheduler``, stopped on the way out."""
+    agent = RunningAgent(f"127.0.0.1:{scheduler.port}", work_dir)
+    try:
+        yield agent
+    finally:
+        agent.stop()
+
+
+def acted_on(scheduler: FakeScheduler, generation: int) -> bool:
+    """Whether the agent's last report to ``scheduler`` says it acted on ``generation``."""
+    return bool(scheduler.service.reports) and scheduler.service.reports[-1].observed_generation == generation
+
+
 def test_agent_watches_on_the_port_the_registration_names(tmp_path: Path) -> None:
     pushes = FakeScheduler(epoch=5)  # the desired-state streams' own process
     main = FakeScheduler(epoch=5, desired_state_port=pushes.port)
     try:
-        with capture_logs() as logs:
-            agent = RunningAgent(f"127.0.0.1:{main.port}", tmp_path / "agent")
-            try:
-                wait_for(lambda: pushes.service.streams_opened, what="a stream on the named port")
-                pushes.service.push(desired(5, 1, workers=1))
-                wait_for(lambda: main.service.reports and main.service.reports[-1].observed_generation == 1,
-                         what="the state pushed there acted on")
-                # It dies and comes back on its port: the agent watches there again, without registering again.
-                pushes.stop()
-                pushes = FakeScheduler(epoch=5, port=pushes.port)
-                wait_for(lambda: pushes.service.streams_opened, what="a stream on the process started again")
-                pushes.service.push(desired(5, 2))
-                wait_for(lambda: main.service.reports[-1].observed_generation == 2,
-                         what="the state pushed by the process started again acted on")
-            finally:
-                agent.stop()
+        with capture_logs() as logs, agent_of(main, tmp_path / "agent"):
+            wait_for(lambda: pushes.service.streams_opened, what="a stream on the named port")
+            pushes.service.push(desired(5, 1, workers=1))
+            wait_for(lambda: acted_on(main, 1), what="the state pushed there acted on")
+            # It dies and comes back on its port: the agent watches there again, without registering again.
+            pushes.stop()
+            pushes = FakeScheduler(epoch=5, port=pushes.port)
+            wait_for(lambda: pushes.service.streams_opened, what="a stream on the process started again")
+            pushes.service.push(desired(5, 2))
+            wait_for(lambda: acted_on(main, 2), what="the state pushed by the process started again acted on")
         assert main.service.streams_opened == 0 and len(main.service.registrations) == 1
         watching = [e for e in logs if e["event"].startswith("watching the desired state on")]
         assert len(watching) == 2 and {e["port"] for e in watching} == {pushes.port}
@@ -638,15 +647,10 @@ def test_agent_watches_the_scheduler_where_the_named_port_is_unreachable(tmp_pat
     with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts connections, never speaks: unreachable
         main = FakeScheduler(epoch=5, desired_state_port=silent.getsockname()[1])
         try:
-            with capture_logs() as logs:
-                agent = RunningAgent(f"127.0.0.1:{main.port}", tmp_path / "agent")
-                try:
-                    wait_for(lambda: main.service.streams_opened, what="the scheduler's own stream")
-                    main.service.push(desired(5, 1, workers=1))
-                    wait_for(lambda: main.service.reports and main.service.reports[-1].observed_generation == 1,
-                             what="the state pushed by the scheduler acted on")
-                finally:
-                    agent.stop()
+            with capture_logs() as logs, agent_of(main, tmp_path / "agent"):
+                wait_for(lambda: main.service.streams_opened, what="the scheduler's own stream")
+                main.service.push(desired(5, 1, workers=1))
+                wait_for(lambda: acted_on(main, 1), what="the state pushed by the scheduler acted on")
             assert len(main.service.registrations) == 1
             assert any(e["event"].startswith("the scheduler's desired-state streams' process is unreachable")
                        for e in logs)
