@@ -17,7 +17,8 @@ Nouns:
 - *Simulated agents*, the assumptions (each documented where it is applied):
   - every desired-state change is carried out at once; agents always report converged
     (``agent_converged`` is True), so a RECLAIMING server is vacated at once and returns to serving at
-    the next cycle;
+    the next cycle, which its agent's report calls for (``simulator.engine`` runs it as soon as the cycle
+    gap allows);
   - a start, restart or resize costs ``restart_overhead_s`` without progress at the segment's start;
   - a job checkpoints every ``checkpoint_interval_s`` after the start of its segment, and at every
     graceful resize (a ScaleJob: checkpoint, stop, restart at the new size -- torchrun elastic);

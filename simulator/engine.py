@@ -19,7 +19,11 @@ imported, none copied, and then moves virtual time from event to event:
   queues again without waiting for the tick: the service runs a cycle after every commit; this
   engine does so only after evictions, and after a plan that stopped a job to move it
   (``Reason.PREEMPTED_TO_MOVE``: a swap of GPUs between two jobs, done in two cycles; one such
-  follow-up per instant), so other runs cycle as before.
+  follow-up per instant), and after a plan that reclaimed a loaned server: the simulated agent stops its
+  workers at once and reports so, and the service's report of that requests a cycle
+  (``app.agents``), so the server serves again at the next cycle the gap allows -- not at whatever event or
+  tick comes next, which would make a reclaim's measured latency (``core.demand_forecast``) and the
+  shortfall while it comes back depend on unrelated arrivals. Other runs cycle as before.
 
 The run ends when every job has completed, or at a guard: ``max_time_s`` (virtual seconds), or a
 *stall* -- nothing running, no event left, and no cycle committed anything for longer than the
@@ -45,7 +49,7 @@ from scheduler_service.core.apply_rules import ApplySettings
 from scheduler_service.core.demand_forecast import DemandForecaster
 from scheduler_service.core.invariants import check_plan
 from scheduler_service.core.params import PolicyParams
-from scheduler_service.core.plan import ApplyResult, Plan, Reason
+from scheduler_service.core.plan import ApplyResult, LoanStep, Plan, Reason
 from scheduler_service.core.registry import FaultsFirst, Policy
 from scheduler_service.core.snapshot import ClusterSnapshot
 from scheduler_service.cycle import ClusterState, SchedulingCycle
@@ -270,6 +274,8 @@ def simulate(
                 if cluster.fault_evictions > evicted or (not followed_up and any(
                         p.reason == Reason.PREEMPTED_TO_MOVE for p in report.plan.preemptions)):
                     trigger_at = now  # requeued or moving jobs queue again at once (see the module docstring)
+                if any(step == LoanStep.RECLAIM for _, step in result.server_steps):
+                    trigger_at = now  # the reclaimed servers' agents report them vacated (the module docstring)
             cluster.sample()
 
             # A server that is down will come back, which may let a waiting job run: not a stall.

@@ -81,33 +81,35 @@ def test_useful_work_counts_work_at_the_reference_efficiency_of_a_sub_linear_job
 
 def reclaim_run() -> SimulationResult:
     # tests/simulator/test_simulator.py's reclaim case: one inference server, demand 0 -> 1 at 2000 s -> 0 at
-    # 5000 s (10, 50, 10 requests/s), checkpoints every 1000 s. An 8-GPU job of 20000 units at 1/s runs
-    # on the loan from 301 s, is preempted by the reclaim at 2000 s (back to its checkpoint at 1301 s:
-    # 970 units), the server serves again at 2300 s (the next tick), is loaned again at 5000 s, and the
-    # job runs 5001..24061 from its checkpoint. ``aryl-reactive``: loans follow the need now (``aryl``'s forecast
+    # 5000 s (10, 50, 10 requests/s), checkpoints every 1000 s, cycles at least 60 s apart. Loaned at 300 s,
+    # active at 360 s (the drain acknowledged at 301 s waits for the gap), an 8-GPU job of 20000 units at 1/s
+    # runs on the loan from then, is preempted by the reclaim at 2000 s (back to its checkpoint at 1360 s:
+    # 970 units); the simulated agent reports the server vacated at once, which calls for a cycle, so it
+    # serves again at 2060 s (the gap); loaned again at 5000 s, active at 5060 s, and the job runs
+    # 5060..24120 from its checkpoint. ``aryl-reactive``: loans follow the need now (``aryl``'s forecast
     # would keep the server serving for the hour after the rise it saw: tests/policies/test_demand_forecast.py).
     return run([linear_job(1, 0.0, 8, 1, 1, 20000.0)], ClusterSpec(0, 1), "aryl-reactive",
                demand=[DemandPoint(0.0, 0, 10.0), DemandPoint(2000.0, 1, 50.0), DemandPoint(5000.0, 0, 10.0)],
-               params=PolicyParams(loan_buffer_servers=0), checkpoint_interval_s=1000.0)
+               params=PolicyParams(loan_buffer_servers=0), checkpoint_interval_s=1000.0, min_cycle_gap_s=60.0)
 
 
 def test_work_a_preemption_threw_away_is_not_useful() -> None:
     result = reclaim_run()
-    assert (result.jobs[0].start, result.jobs[0].end, result.jobs[0].preemptions) == (301.0, 24061.0, 1)
-    # Kept: 331..1301 (970 units, to the checkpoint; the 699 units after it were lost) and
-    # 5031..24061 (19030 units), at 8 GPU-s per unit (8 GPUs / speed 1).
-    assert result.useful_spans == ((331.0, 1301.0, 8.0), (5031.0, 24061.0, 8.0))
+    assert (result.jobs[0].start, result.jobs[0].end, result.jobs[0].preemptions) == (360.0, 24120.0, 1)
+    # Kept: 390..1360 (970 units, to the checkpoint; the 640 units after it were lost) and
+    # 5090..24120 (19030 units), at 8 GPU-s per unit (8 GPUs / speed 1).
+    assert result.useful_spans == ((390.0, 1360.0, 8.0), (5090.0, 24120.0, 8.0))
     s = summarize(result)
-    # Allocated: 8 GPUs over 301..2000 and 5001..24061 = 8 x 20759 = 166072 GPU-s = useful 160000
-    # + lost 699 x 8 + restarts 2 x 30 x 8.
+    # Allocated: 8 GPUs over 360..2000 and 5060..24120 = 8 x 20700 = 165600 GPU-s = useful 160000
+    # + lost 640 x 8 + restarts 2 x 30 x 8.
     assert s["useful_work"] == {"useful_gpu_hours": round(160000 / 3600, 4),
-                                "allocated_gpu_hours": round(166072 / 3600, 4),
-                                "useful_fraction": round(160000 / 166072, 4)}
-    # One arrival instant: the window is [0, 24061], 8 GPUs. In use: 166072 training + serving 8 GPUs
-    # over 2300..5000 (21600) = 187672; useful: 160000 + 21600.
-    capacity = 8 * 24061
-    assert s["gpu_utilization"]["overall"] == round(187672 / capacity, 4)
-    assert s["useful_utilization"] == {"overall": round(181600 / capacity, 4),
+                                "allocated_gpu_hours": round(165600 / 3600, 4),
+                                "useful_fraction": round(160000 / 165600, 4)}
+    # One arrival instant: the window is [0, 24120], 8 GPUs. In use: 165600 training + serving 8 GPUs
+    # over 2060..5000 (23520) = 189120; useful: 160000 + 23520.
+    capacity = 8 * 24120
+    assert s["gpu_utilization"]["overall"] == round(189120 / capacity, 4)
+    assert s["useful_utilization"] == {"overall": round(183520 / capacity, 4),
                                        "training_work": round(160000 / capacity, 4)}
 
 
@@ -116,34 +118,34 @@ def test_work_a_preemption_threw_away_is_not_useful() -> None:
 
 def test_inference_shortfall_and_preemptions_per_reclaim() -> None:
     s = summarize(reclaim_run())
-    # Needed 1 from 2000 s; the server is RECLAIMING until 2300 s: 300 server-seconds short. Requests:
-    # 10/s x 2000 + 50/s x 3000 + 10/s x 19061 = 360610, of which 50/s x 300 = 15000 arrived short (all
+    # Needed 1 from 2000 s; the server is RECLAIMING until 2060 s: 60 server-seconds short. Requests:
+    # 10/s x 2000 + 50/s x 3000 + 10/s x 19120 = 361200, of which 50/s x 60 = 3000 arrived short (all
     # of the needed capacity was missing, so the unserved share is the same).
-    assert s["inference_shortfall"] == {"server_s": 300.0, "time_s": 300.0,
-                                        "requests_short_share": round(15000 / 360610, 4),
-                                        "requests_unserved_share": round(15000 / 360610, 4),
+    assert s["inference_shortfall"] == {"server_s": 60.0, "time_s": 60.0,
+                                        "requests_short_share": round(3000 / 361200, 4),
+                                        "requests_unserved_share": round(3000 / 361200, 4),
                                         "requests_beyond_cluster_share": 0.0}
     assert (s["reclaims"], s["reclaim_preemptions"], s["reclaim_scale_ins"], s["preemptions_per_reclaim"]) == \
         (1, 1, 0, 1.0)
     # One job, submitted at 0: the arrival window runs to the end, the window's figures are the whole run's.
     assert s["inference_shortfall_window"] == s["inference_shortfall"]
-    # Over [0, 2150 s]: 10/s x 2000 + 50/s x 150 = 27500 requests, 50/s x 150 = 7500 of them short.
-    window = inference_shortfall(reclaim_run(), start=0.0, end=2150.0)
-    assert (window["server_s"], window["time_s"]) == (150.0, 150.0)
-    assert window["requests_short_share"] == pytest.approx(7500 / 27500)
+    # Over [0, 2030 s]: 10/s x 2000 + 50/s x 30 = 21500 requests, 50/s x 30 = 1500 of them short.
+    window = inference_shortfall(reclaim_run(), start=0.0, end=2030.0)
+    assert (window["server_s"], window["time_s"]) == (30.0, 30.0)
+    assert window["requests_short_share"] == pytest.approx(1500 / 21500)
 
 
 def test_shortfall_counts_the_share_of_need_missing_and_no_rate_means_no_share() -> None:
     # Two inference servers, demand 2 from 2000 s; a 16-GPU elastic job (8 base on the training server,
     # 8 extra on a loan) is scaled in when one server is reclaimed at 2000 s: 1 of 2 needed servers
-    # short until 2300 s -> 300 server-seconds. No request rates: no shares.
+    # short until 2060 s (cycles at least 60 s apart) -> 60 server-seconds. No request rates: no shares.
     job = linear_job(1, 0.0, 1, 8, 16, 160000.0)
     result = run([job], ClusterSpec(1, 2), "aryl", demand=[DemandPoint(0.0, 1), DemandPoint(2000.0, 2)],
-                 params=PolicyParams(loan_buffer_servers=0))
+                 params=PolicyParams(loan_buffer_servers=0), min_cycle_gap_s=60.0)
     s = summarize(result)
     assert (s["reclaims"], s["reclaim_scale_ins"], s["reclaim_preemptions"], s["preemptions_per_reclaim"]) == \
         (1, 1, 0, 0.0)
-    assert s["inference_shortfall"] == {"server_s": 300.0, "time_s": 300.0, "requests_short_share": None,
+    assert s["inference_shortfall"] == {"server_s": 60.0, "time_s": 60.0, "requests_short_share": None,
                                         "requests_unserved_share": None, "requests_beyond_cluster_share": None}
 
 

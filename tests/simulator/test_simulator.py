@@ -268,7 +268,8 @@ def test_loan_then_reclaim_preempts_an_inelastic_job_which_resumes_from_its_chec
     # One inference server, demand 0 -> 1 at 2000 s -> 0 at 5000 s; no loan buffer; checkpoints every
     # 1000 s. Loaned at 300 s (idle 300 s), active at 301 s (the router acknowledges the drain after
     # 1 s), when the job starts. Reclaimed at 2000 s: preempted, loses 1669 - 970 = 699 units, i.e.
-    # 699 s x 8 GPUs (the checkpoint at 1301 s); serving again at 2300 s (next tick). Loaned again at
+    # 699 s x 8 GPUs (the checkpoint at 1301 s); serving again at once (the agent reports the server vacated,
+    # which calls for a cycle; no cycle gap here). Loaned again at
     # 5000 s, active at 5001 s: resumes from the checkpoint's 970 units, done at 5001 + 30 + 19030.
     # ``aryl-reactive``: loans follow the need now (``aryl``'s forecast would keep the server serving for the
     # hour after the rise it saw: tests/policies/test_demand_forecast.py).
@@ -281,8 +282,8 @@ def test_loan_then_reclaim_preempts_an_inelastic_job_which_resumes_from_its_chec
     (server,) = result.servers
     assert (server.loans, server.reclaims) == (2, 1)
     loaned = [(s.time, s.loaned_servers, s.loaned_training_gpus, s.inference_gpus) for s in result.utilisation]
-    assert loaned == [(0.0, 0, 0, 0), (301.0, 1, 8, 0), (2000.0, 0, 0, 0), (2300.0, 0, 0, 8), (5000.0, 0, 0, 0),
-                      (5001.0, 1, 8, 0), (24061.0, 1, 0, 0)]
+    assert loaned == [(0.0, 0, 0, 0), (301.0, 1, 8, 0), (2000.0, 0, 0, 8), (5000.0, 0, 0, 0), (5001.0, 1, 8, 0),
+                      (24061.0, 1, 0, 0)]
     summary = summarize(result)
     assert (summary["loans"], summary["reclaims"], summary["preemptions"]) == (2, 1, 1)
 
@@ -298,6 +299,22 @@ def test_loan_then_reclaim_scales_in_an_elastic_job_without_losing_work() -> Non
     assert (job.start, job.end, job.preemptions, job.scale_outs, job.scale_ins) == (0.0, 18421.0, 0, 1, 1)
     assert (job.lost_work_gpu_s, job.overhead_gpu_s) == (0.0, 30.0 * (8 + 16 + 8))
     assert [(s.server_id, s.loans, s.reclaims) for s in result.servers] == [("i0000", 1, 1), ("t0000", 0, 0)]
+
+
+def test_a_reclaimed_server_serves_again_one_cycle_gap_after_its_reclaim() -> None:
+    # As above, with cycles at least 60 s apart and no other event after the demand's rise at 2000 s: the cycle
+    # that reclaims (the first the gap allows, 2000 s or after) shrinks the job off the loaned server, whose
+    # simulated agent reports it vacated at once; the service's report requests a cycle, so the server serves
+    # again 60 s later (the gap), not at the next 300 s tick.
+    result = run([linear_job(1, 0.0, 1, 8, 16, 160000.0)], ClusterSpec(1, 1), "aryl-reactive",
+                 demand=[DemandPoint(0.0, 0), DemandPoint(2000.0, 1)], params=PolicyParams(loan_buffer_servers=0),
+                 min_cycle_gap_s=60.0)
+    after = [s for s in result.utilisation if s.time >= 2000.0]
+    reclaimed = next(s.time for s in after if s.loaned_training_gpus == 0)
+    serving = next(s.time for s in after if s.inference_gpus == 8)
+    assert 2000.0 <= reclaimed < 2060.0
+    assert serving - reclaimed == 60.0
+    assert summarize(result)["inference_shortfall"]["time_s"] == serving - 2000.0
 
 
 def test_jobs_that_can_never_be_placed_stop_the_run_as_stalled() -> None:
