@@ -262,7 +262,8 @@ class SchedulerService:
             # Its agents' states are read by the push process after commit, not inside the decision's transaction.
             app.agents.read_in_transaction_only(agents.watching)
         if cfg.server.desired_state_port >= 0:
-            # Every replica's push process follows this scheduler's decisions when it leads (``store.change_feed``).
+            # Every replica's push process follows this scheduler's decisions when it leads (``store.change_feed``):
+            # the key, not this replica's own process, decides (if that one did not start, the others' still listen).
             app.agents.announce_changes()
         health_servicer = add_services(
             server,
