@@ -33,6 +33,9 @@ def _pools(pools: tuple[Any, ...]) -> str:
 
 
 GATE_POLICIES = ("sia", "gavel")
+# Non-clairvoyant throughout: aryl's jobs declare user estimates (ESTIMATES); sia and gavel are told no length.
+NO_LENGTHS = ("sia and gavel (the gate, and beyond Sia) are told no job's length, only what their jobs measure; "
+              "aryl and aryl-noloan read user estimates")
 TOLERANCE = 0.05
 
 
@@ -69,7 +72,8 @@ def heterogeneity_section(shared: Path, assets: Path, raw: dict[str, Any]) -> tu
         "a whole `schedule` call (goodput estimates of every configuration, the solve and the placement); the "
         "authors' is their CBC solve alone, as their log prints it (their round also steps and refits every "
         "job), so ours is the larger by construction. CBC's runs are not repeatable to the digit (8 threads); "
-        "ours and Gavel's are. `make sia-gate` runs the same comparison on any workloads.", ""]
+        "ours and Gavel's are. Non-clairvoyant by construction: neither policy is told any job's length, only what "
+        "its jobs measure, as in the study. `make sia-gate` runs the same comparison on any workloads.", ""]
     head = ["### Beyond Sia: an inference pool of another GPU type", "",
             f"Training on {_pools(TRAINING)} GPUs; an inference pool of {_pools((INFERENCE,))} (T4) serving "
             "ServeGen `m-small` (its maximum needs the whole pool with 20% headroom), which `aryl` may lend to "
@@ -123,4 +127,5 @@ def heterogeneity_section(shared: Path, assets: Path, raw: dict[str, Any]) -> tu
                         f"{low / 3600:.3f}-{high / 3600:.3f} | {f['restarts_per_job']} |")
             beyond[setting][policy] = {k: f[k] for k in ("avg_jct_s", "avg_jct_s_range", "restarts_per_job")}
     return "\n".join(gate_head + table + [""] + verdict + head + rows), {
-        "gate": gate_summary, "gate_details": gate_details, "beyond": beyond}
+        "gate": gate_summary, "gate_details": gate_details, "beyond": beyond, "estimates": ESTIMATES,
+        "estimates_note": NO_LENGTHS}
