@@ -447,6 +447,10 @@ class Agent:
                 self._log.warning("the scheduler's desired-state streams' process ended the stream; watching "
                                   "again", address=address, why=str(ended), retry_in_s=round(delay, 2))
                 over.wait(delay)
+                # A channel of its own again: the old one's connection backoff, begun when the process died, could
+                # outlast the readiness wait, and the agent would give up on a process already back.
+                pushes.close()
+                pushes = scheduler_channel(address, self.config.reconnect_max_backoff_s, self._security)
         finally:
             if pushes is not None:
                 pushes.close()
