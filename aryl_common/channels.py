@@ -57,6 +57,10 @@ LEADER_METADATA_KEY = "aryl-leader"
 # ``scheduler_service/push_process.py``); absent where the scheduler serves them alone. An agent watches
 # there, and the scheduler itself where it is absent or unreachable (``node_agent.agent``).
 DESIRED_STATE_PORT_KEY = "aryl-desired-state-port"
+# Initial metadata of the leader's RegisterServer answer: host:port of another replica's desired-state streams'
+# process (a live standby's, ``scheduler_service/app/replicas.py``) for the agent to watch first; the process of
+# ``DESIRED_STATE_PORT_KEY`` (then the scheduler itself) is its fallback where that one is unreachable.
+DESIRED_STATE_ADDRESS_KEY = "aryl-desired-state-address"
 
 
 def scheduler_addresses(spec: str) -> list[str]:

@@ -28,11 +28,15 @@ restarted agent still refuses a deposed scheduler.
 
 The desired-state stream: where the registration's answer names the port of the scheduler's desired-state
 streams' own process (``DESIRED_STATE_PORT_KEY``, ``server.desired_state_port`` on the scheduler), the stream
-is watched there, on the scheduler's host, so that a push never waits for the scheduler's interpreter. Where
-that port is not reachable within ``rpc_timeout_s``, or its stream fails before sending anything, the agent
-says so in its log and watches the scheduler itself for the rest of the session. A stream there that ends
-after serving (the process died and is being started again) is watched there again, after a short backoff,
-without registering again: each new stream begins with the current state, so nothing is missed.
+is watched there, on the scheduler's host, so that a push never waits for the scheduler's interpreter. Where it
+also names another replica's process (``DESIRED_STATE_ADDRESS_KEY``, host:port: a standby's, ``docs/ha.md``),
+that one is watched first, with the same TLS and token, and the scheduler's own is its fallback. Where a
+process is not reachable within ``rpc_timeout_s``, or its stream fails before sending anything, the agent says
+so in its log and watches the next one, and the scheduler itself once none is left, for the rest of the
+session. A stream there that ends after serving (the process died and is being started again) is watched
+there again, after a short backoff, without registering again: each new stream begins with the current state,
+so nothing is missed; a process that does not come back (its scheduler died) is then unreachable, and the next
+one is watched.
 
 Every unary call carries a deadline (``rpc_timeout_s``); the stream has none, it lives as long as
 the session. Shutdown (``stop()``, ``leave()``) ends the loops and cancels the stream; it completes
@@ -53,6 +57,7 @@ from google.protobuf import duration_pb2
 
 from aryl_common.backoff import Backoff
 from aryl_common.channels import (
+    DESIRED_STATE_ADDRESS_KEY,
     DESIRED_STATE_PORT_KEY,
     SchedulerAddresses,
     describe_rpc_error,
@@ -307,7 +312,7 @@ class Agent:
 
     def _run_session(self, stub: agent_pb2_grpc.AgentServiceStub) -> None:
         """Register, then watch and report until something fails (SessionEnded) or the agent stops."""
-        registered, push_port = self._register(stub)
+        registered, push_addresses = self._register(stub)
         over = self._session_over = threading.Event()
         if self._stopping.is_set():  # stop() came during the registration call
             return
@@ -324,7 +329,7 @@ class Agent:
 
         why: list[SessionEnded] = []  # the watcher's reason, when it is what ends the session
         watcher = threading.Thread(
-            target=self._watch, args=(stub, server_id, push_port, over, why), name="desired-state-watch",
+            target=self._watch, args=(stub, server_id, push_addresses, over, why), name="desired-state-watch",
             daemon=True,
         )
         watcher.start()
@@ -352,8 +357,12 @@ class Agent:
             self._cancel_stream()
             watcher.join(timeout=self.config.rpc_timeout_s)
 
-    def _register(self, stub: agent_pb2_grpc.AgentServiceStub) -> tuple[agent_pb2.RegisterServerResponse, int]:
-        """Register; the answer and the port of the desired-state streams' own process it names (0: none)."""
+    def _register(
+        self, stub: agent_pb2_grpc.AgentServiceStub
+    ) -> tuple[agent_pb2.RegisterServerResponse, list[str]]:
+        """Register; the answer and the desired-state streams' processes it names, in the order to try them:
+        another replica's (``DESIRED_STATE_ADDRESS_KEY``), then the scheduler's own (``DESIRED_STATE_PORT_KEY``,
+        on the host the agent reached the scheduler at)."""
         request = agent_pb2.RegisterServerRequest(
             hostname=self.config.hostname,
             pool=POOLS[self.config.pool],
@@ -368,7 +377,12 @@ class Agent:
             self.metrics.registrations.inc()
         except grpc.RpcError as exc:
             raise SessionEnded(f"registration failed: {describe_rpc_error(exc)}", error=exc) from exc
-        push_port = _port(dict(call.initial_metadata() or ()).get(DESIRED_STATE_PORT_KEY))
+        metadata = dict(call.initial_metadata() or ())
+        push_addresses = [named] if (named := _address(metadata.get(DESIRED_STATE_ADDRESS_KEY))) else []
+        if push_port := _port(metadata.get(DESIRED_STATE_PORT_KEY)):
+            own = f"{self.addresses.current.rpartition(':')[0]}:{push_port}"
+            if own not in push_addresses:
+                push_addresses.append(own)
         if not self.desired.observe_epoch(response.scheduler_epoch):
             raise SessionEnded(
                 f"scheduler answered with epoch {response.scheduler_epoch}, older than epoch "
@@ -377,7 +391,7 @@ class Agent:
                 "this agent)",
                 move_on=True,
             )
-        return response, push_port
+        return response, push_addresses
 
     def _report(self, stub: agent_pb2_grpc.AgentServiceStub, server_id: str) -> agent_pb2.ReportStatusResponse:
         samples, statuses = self.gpus.sample(), self.supervisor.statuses()
@@ -399,32 +413,34 @@ class Agent:
             raise SessionEnded(f"status report failed: {describe_rpc_error(exc)}", error=exc) from exc
 
     def _watch(
-        self, stub: agent_pb2_grpc.AgentServiceStub, server_id: str, push_port: int, over: threading.Event,
-        why: list[SessionEnded],
+        self, stub: agent_pb2_grpc.AgentServiceStub, server_id: str, push_addresses: list[str],
+        over: threading.Event, why: list[SessionEnded],
     ) -> None:
         """Thread body: apply each pushed desired state; end the session when the stream ends. The stream is
-        watched on the desired-state streams' own process where the registration named its port (``push_port``),
-        else, or where it is unreachable, on the scheduler itself (``stub``); see the module's docstring."""
+        watched on the desired-state streams' processes the registration named (``push_addresses``, in order:
+        another replica's, then the scheduler's own), each one given up for the next where it is unreachable,
+        and on the scheduler itself (``stub``) once none is left; see the module's docstring."""
+        left = list(push_addresses)
         pushes: grpc.Channel | None = None
         address = ""
-        if push_port:
-            address = f"{self.addresses.current.rpartition(':')[0]}:{push_port}"
-            pushes = scheduler_channel(address, self.config.reconnect_max_backoff_s, self._security)
         rewatch = Backoff.capped(self.config.reconnect_max_backoff_s)
         try:
             while not over.is_set():
+                if pushes is None and left:
+                    address = left.pop(0)
+                    pushes = scheduler_channel(address, self.config.reconnect_max_backoff_s, self._security)
                 watching = stub
                 if pushes is not None:
                     if self._reachable(pushes, over):
                         watching = agent_pb2_grpc.AgentServiceStub(pushes)
                         self._log.info("watching the desired state on the scheduler's desired-state streams' "
-                                       "process", address=address, port=push_port)
+                                       "process", address=address, port=int(address.rpartition(":")[2]))
                     elif over.is_set():
                         return
                     else:
                         self._log.warning("the scheduler's desired-state streams' process is unreachable; "
-                                          "watching the scheduler itself", address=address,
-                                          waited_s=self.config.rpc_timeout_s)
+                                          + ("watching the next one" if left else "watching the scheduler itself"),
+                                          address=address, waited_s=self.config.rpc_timeout_s)
                         pushes.close()
                         pushes = None
                         continue
@@ -436,13 +452,15 @@ class Agent:
                     return
                 if not delivered:
                     self._log.warning("the desired-state stream of the scheduler's desired-state streams' process "
-                                      "failed before sending anything; watching the scheduler itself",
+                                      "failed before sending anything; "
+                                      + ("watching the next one" if left else "watching the scheduler itself"),
                                       address=address, why=str(ended))
                     pushes.close()
                     pushes = None
                     continue
-                # It served, then ended: it died and is being started again on its port. Watch there again
-                # (its new stream begins with the current state), the scheduler itself if it does not come back.
+                # It served, then ended: it died and is being started again on its port (or its scheduler died:
+                # then it is unreachable next, and the next one is watched). Watch there again (its new stream
+                # begins with the current state).
                 delay = rewatch.next_delay()
                 self._log.warning("the scheduler's desired-state streams' process ended the stream; watching "
                                   "again", address=address, why=str(ended), retry_in_s=round(delay, 2))
@@ -544,3 +562,11 @@ def _port(value: str | bytes | None) -> int:
     except ValueError:
         return 0
     return port if 0 < port <= 65535 else 0
+
+
+def _address(value: str | bytes | None) -> str:
+    """The host:port a registration's metadata names (``DESIRED_STATE_ADDRESS_KEY``); '' where none, or not one."""
+    if isinstance(value, bytes):
+        value = value.decode(errors="replace")
+    host, _, port = (value or "").strip().rpartition(":")
+    return f"{host}:{port}" if host and _port(port) else ""

@@ -254,6 +254,12 @@ class HaConfig(ConfigSection):
                     "clients; unique per scheduler; empty: server.listen, its host replaced by this machine's "
                     "hostname when it is a wildcard (0.0.0.0, ::)",
     )
+    replica_stale_s: float = Field(
+        0.0, ge=0,
+        description="a scheduler replica whose heartbeat (written every renew_s, by the database's clock) is older "
+                    "than this is no longer named to agents as the desired-state streams' process to watch; "
+                    "0: lease_s",
+    )
 
     @model_validator(mode="after")
     def _renewals_fit_in_the_lease(self) -> HaConfig:
@@ -262,7 +268,17 @@ class HaConfig(ConfigSection):
                 f"ha.renew_s ({self.renew_s:g}) must be at most half of ha.lease_s ({self.lease_s:g}), so that one "
                 "late or failed renewal does not cost the leader its lease"
             )
+        if self.replica_stale_s and self.renew_s * 2 > self.replica_stale_s:
+            raise ValueError(
+                f"ha.renew_s ({self.renew_s:g}) must be at most half of ha.replica_stale_s "
+                f"({self.replica_stale_s:g}), so that one late or failed heartbeat does not drop a live replica"
+            )
         return self
+
+    @property
+    def replica_stale_after_s(self) -> float:
+        """``replica_stale_s``, or ``lease_s`` where it is 0."""
+        return self.replica_stale_s or self.lease_s
 
 
 class SecurityConfig(ConfigSection):

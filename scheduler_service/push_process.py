@@ -19,7 +19,9 @@ Nouns:
   and a change-driven read waited behind them.
 - On PostgreSQL any replica's push process may serve the streams: a standby's follows the leader's commits on
   the change feed (``store.change_feed``: each bumped server's new generation, notified by the bumping
-  statement and delivered at commit) and re-reads the watched servers it holds at an older generation. Its
+  statement and delivered at commit) and re-reads the watched servers it holds at an older generation. The leader
+  names a live standby's to the agents that register (``app.replicas``: its address is in the registry of
+  replicas, beaten on the lease thread), its own as their fallback. Its
   scheduler tells it whether it leads (``PushFeed.leading``): while it does, the notices (its own commits,
   which come down the feed already) are ignored.
 - The *supervisor* (a thread of the scheduler) starts it again, on the same port, whenever it dies; its

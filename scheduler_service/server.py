@@ -50,6 +50,7 @@ from scheduler_service.app.deadlines import DeadlineAdmission
 from scheduler_service.app.demand_forecast import DemandForecastInfo, LiveDemandForecast
 from scheduler_service.app.forecast import ForecastProcess, Forecasts
 from scheduler_service.app.lease import Leadership
+from scheduler_service.app.replicas import Replicas
 from scheduler_service.clock import SystemClock
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.core.apply_rules import ApplySettings
@@ -146,6 +147,8 @@ class SchedulerService:
         self.gate = LeaderGate()
         # PostgreSQL: the leader lease (None on SQLite, and until ``run`` set it up).
         self.leadership: Leadership | None = None
+        # PostgreSQL: this replica in the registry of replicas, beating on the lease thread (``app.replicas``).
+        self.replicas: Replicas | None = None
         self._lease_stop: threading.Event | None = None  # ends the lease thread (``stop_leading``)
 
     async def run(self) -> None:
@@ -253,11 +256,16 @@ class SchedulerService:
         sec = cfg.security
         log_reader = AgentLogReader(timeout_s=cfg.agents.rpc_timeout_s, security=ClientSecurity(
             insecure=sec.insecure, ca_file=sec.tls_client_ca, cert_file=sec.tls_cert, key_file=sec.tls_key))
+        replicas = self.replicas if cfg.server.desired_state_port >= 0 else None
         agents = AgentServicer(app, executor, notifier, report_interval_s=cfg.agents.report_interval_s,
                                desired_state_refresh_s=cfg.agents.desired_state_refresh_s,
                                grace_period_s=cfg.scheduling.default_grace_period_s,
                                endpoint_allow=cfg.inference.endpoint_allow,
-                               desired_state_port=(lambda: None) if push is None else (lambda: push.port))
+                               desired_state_port=(lambda: None) if push is None else (lambda: push.port),
+                               # A live standby's process first (``app.replicas``): it follows this scheduler's
+                               # commits on the change feed, which is announced only where the port is on.
+                               desired_state_address=(lambda server_id: None) if replicas is None
+                               else replicas.push_address_for)
         if push is not None:
             # Its agents' states are read by the push process after commit, not inside the decision's transaction.
             app.agents.read_in_transaction_only(agents.watching)
@@ -314,6 +322,8 @@ class SchedulerService:
             await asyncio.to_thread(push.close)
         if self.leadership is not None and lease_thread is not None:
             await self._stop_lease(lease_stop, lease_thread)
+            if self.replicas is not None:  # no longer named to agents (its push process has ended)
+                await asyncio.to_thread(self.replicas.leave)
             self.leadership.close()
         await log_reader.close()
         submissions.close()
@@ -371,10 +381,21 @@ class SchedulerService:
         me = advertised_address(cfg, self.port or 0)
         for engine in (self.engine, lease_engine):
             lease_store.tag_connections(engine, me)
+        lease_db = Transactions(session_factory(lease_engine), publish=lambda states: None)
+        host = me.rsplit(":", 1)[0]
+
+        def push_address() -> str:  # where agents reach this replica's push process: its advertised host
+            push = self.push_process
+            port = push.port if push is not None else None
+            return f"{host}:{port}" if port else ""
+
+        replicas = self.replicas = Replicas(lease_db, me=me, push_address=push_address,
+                                            stale_s=cfg.ha.replica_stale_after_s)
         leadership = Leadership(
-            Transactions(session_factory(lease_engine), publish=lambda states: None), StateChanges(self.clock),
+            lease_db, StateChanges(self.clock),
             self.clock, app.term, me=me, lease_s=cfg.ha.lease_s,
             renew_s=cfg.ha.renew_s, on_elected=elected, on_deposed=deposed, close=lease_engine.dispose,
+            heartbeat=replicas.beat,
         )
         app.term.fence_writes(leadership.fence)
         self.gate.attach(leadership)

@@ -43,7 +43,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from sqlalchemy.engine import make_url
 
 from aryl_common import security
-from aryl_common.channels import DESIRED_STATE_PORT_KEY
+from aryl_common.channels import DESIRED_STATE_ADDRESS_KEY, DESIRED_STATE_PORT_KEY
 from aryl_common.security import ClientSecurity
 from arylctl import certs
 from node_agent.config import UsersSection
@@ -486,11 +486,13 @@ def desired_state(generation: int, *workers: agent_pb2.DesiredWorker, epoch: int
 
 class FakeAgentService(agent_pb2_grpc.AgentServiceServicer):
     """Records what the agent sends; the test pushes desired states through ``push``. ``desired_state_port``:
-    the port RegisterServer names as its desired-state streams' own process's (0: none)."""
+    the port RegisterServer names as its desired-state streams' own process's (0: none); ``desired_state_address``:
+    the host:port it names as another replica's ('': none)."""
 
-    def __init__(self, epoch: int, desired_state_port: int = 0) -> None:
+    def __init__(self, epoch: int, desired_state_port: int = 0, desired_state_address: str = "") -> None:
         self.epoch = epoch
         self.desired_state_port = desired_state_port
+        self.desired_state_address = desired_state_address
         self.registrations: list[agent_pb2.RegisterServerRequest] = []
         self.reports: list[agent_pb2.ReportStatusRequest] = []
         self.streams_opened = 0
@@ -501,8 +503,11 @@ class FakeAgentService(agent_pb2_grpc.AgentServiceServicer):
 
     def RegisterServer(self, request, context):  # gRPC's method names
         self.registrations.append(request)
-        if self.desired_state_port:
-            context.send_initial_metadata(((DESIRED_STATE_PORT_KEY, str(self.desired_state_port)),))
+        metadata = [(DESIRED_STATE_PORT_KEY, str(self.desired_state_port))] if self.desired_state_port else []
+        if self.desired_state_address:
+            metadata.append((DESIRED_STATE_ADDRESS_KEY, self.desired_state_address))
+        if metadata:
+            context.send_initial_metadata(tuple(metadata))
         response = agent_pb2.RegisterServerResponse(server_id=request.hostname, scheduler_epoch=self.epoch)
         response.report_interval.FromMilliseconds(50)
         return response
@@ -522,10 +527,12 @@ class FakeAgentService(agent_pb2_grpc.AgentServiceServicer):
 
 class FakeScheduler:
     """A ``FakeAgentService`` (scheduler term ``epoch``) served on 127.0.0.1:``port`` (0: any free port), naming
-    ``desired_state_port`` to agents as its desired-state streams' own process's port (0: none)."""
+    ``desired_state_port`` to agents as its desired-state streams' own process's port (0: none) and
+    ``desired_state_address`` as another replica's ('': none)."""
 
-    def __init__(self, epoch: int, port: int = 0, *, desired_state_port: int = 0) -> None:
-        self.service = FakeAgentService(epoch, desired_state_port)
+    def __init__(self, epoch: int, port: int = 0, *, desired_state_port: int = 0,
+                 desired_state_address: str = "") -> None:
+        self.service = FakeAgentService(epoch, desired_state_port, desired_state_address)
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
         agent_pb2_grpc.add_AgentServiceServicer_to_server(self.service, self.server)
         self.port = self.server.add_insecure_port(f"127.0.0.1:{port}")

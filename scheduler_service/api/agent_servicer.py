@@ -6,7 +6,9 @@ one read per burst of decisions feeds every agent's stream. Where the service ru
 process of their own (``scheduler_service.push_process``), ``RegisterServer`` names that process's port in
 its initial metadata (``DESIRED_STATE_PORT_KEY``): an agent that knows the key watches there, on the
 same host, and a push never waits for this process's interpreter; ``WatchDesiredState`` is served here
-too, for agents that do not. ``DesiredStateStreams`` is that process's service: the same stream, and
+too, for agents that do not. Where a live standby's process serves too, it is named first
+(``DESIRED_STATE_ADDRESS_KEY``, host:port; ``app.replicas`` chooses which), and this one is the fallback.
+``DesiredStateStreams`` is that process's service: the same stream, and
 nothing else. Most status reports are answered from memory, on the event loop. What this module must
 never do: hold SQL or decide (it validates, calls ``app.agents`` and converts).
 """
@@ -18,7 +20,7 @@ from typing import Any
 
 import structlog
 
-from aryl_common.channels import DESIRED_STATE_PORT_KEY
+from aryl_common.channels import DESIRED_STATE_ADDRESS_KEY, DESIRED_STATE_PORT_KEY
 from protos.aryl.v1 import agent_pb2, agent_pb2_grpc
 from scheduler_service.api import agent_validation, auth, convert, validation
 from scheduler_service.api.servicer_base import ServicerBase
@@ -45,9 +47,11 @@ class AgentServicer(ServicerBase, agent_pb2_grpc.AgentServiceServicer):
     def __init__(
         self, *args: Any, report_interval_s: float, grace_period_s: float, desired_state_refresh_s: float = 30.0,
         endpoint_allow: Sequence[str] = (), desired_state_port: Callable[[], int | None] = lambda: None,
+        desired_state_address: Callable[[str], str | None] = lambda server_id: None,
     ) -> None:
         super().__init__(*args)
         self._push_port = desired_state_port  # the streams' own process's port, once it serves (push_process)
+        self._push_address = desired_state_address  # another replica's process for a server (app.replicas)
         self._watching: dict[str, int] = {}  # streams open here, per server (``watching``)
         self._endpoint_allow = tuple(endpoint_allow)  # [inference] endpoint_allow (api.agent_validation)
         self._report_interval = report_interval_s
@@ -63,9 +67,13 @@ class AgentServicer(ServicerBase, agent_pb2_grpc.AgentServiceServicer):
         agent_validation.allowed_endpoint(registration, self._endpoint_allow, context.peer())
         desired = await self.run(self.app.agents.register, registration)
         log.info("server registered", server=desired.server_id, pool=registration.pool, gpus=len(registration.gpus))
-        port = self._push_port()
-        if port:
-            await context.send_initial_metadata(((DESIRED_STATE_PORT_KEY, str(port)),))
+        metadata: list[tuple[str, str]] = []
+        if port := self._push_port():
+            metadata.append((DESIRED_STATE_PORT_KEY, str(port)))
+        if address := self._push_address(desired.server_id):
+            metadata.append((DESIRED_STATE_ADDRESS_KEY, address))
+        if metadata:
+            await context.send_initial_metadata(tuple(metadata))
         return agent_pb2.RegisterServerResponse(
             server_id=desired.server_id, scheduler_epoch=desired.epoch,
             report_interval=convert.duration(self._report_interval),

@@ -56,13 +56,15 @@ class NotLeader(Unavailable):
 class Leadership:
     """``me``: this scheduler's advertised address, its name in the lease. ``db``: transactions on a
     connection pool of the lease's own, so that renewals never queue behind a burst of RPCs.
-    ``on_elected(epoch)`` and ``on_deposed(reason)`` are called on the thread that noticed."""
+    ``on_elected(epoch)`` and ``on_deposed(reason)`` are called on the thread that noticed; ``heartbeat()`` after
+    each round of ``run``, once the lease's own work is done (a renewal never waits behind it in its round)."""
 
     def __init__(self, db: Transactions, changes: StateChanges, clock: Clock, term: Term, *, me: str,
                  lease_s: float, renew_s: float, on_elected: Callable[[int], None] = lambda epoch: None,
                  on_deposed: Callable[[str], None] = lambda reason: None,
-                 close: Callable[[], None] = lambda: None) -> None:
+                 close: Callable[[], None] = lambda: None, heartbeat: Callable[[], None] = lambda: None) -> None:
         self._db = db
+        self._heartbeat = heartbeat  # after each round, leading or not: this replica's row (``app.replicas``)
         self.close = close  # gives the lease's connections back (after ``release``)
         self._changes = changes
         self._clock = clock
@@ -129,6 +131,10 @@ class Leadership:
                 self.step()
             except Exception:  # a failed round is retried at the next, never fatal
                 log.exception("leader lease round failed; retrying")
+            try:
+                self._heartbeat()
+            except Exception:  # the same: the next round beats again
+                log.exception("the replica's heartbeat failed; retrying")
             with self._lock:
                 wait = self.renew_s
                 if self._leading:

@@ -368,6 +368,20 @@ class LeaderLease(Base):
     __table_args__ = (CheckConstraint("id = 1", name="single_row"),)
 
 
+class SchedulerReplica(Base):
+    """One scheduler replica on this database, leader or standby (``store.replicas``): its advertised address
+    (``ha.advertise_address``), where its desired-state streams' own process serves ('' while none does), and
+    its last heartbeat (seconds since the UNIX epoch by the database's clock). Written by each replica's lease
+    thread; read by the leader to spread the agents' streams over the live replicas' processes."""
+
+    __tablename__ = "scheduler_replicas"
+
+    address: Mapped[str] = mapped_column(String(253), primary_key=True)
+    push_address: Mapped[str] = mapped_column(String(253), default="")
+    started_at: Mapped[float] = mapped_column(Double)
+    heartbeat_at: Mapped[float] = mapped_column(Double)
+
+
 # The models' Core tables, for the store's Core statements (batched INSERT/UPDATE/DELETE without the
 # ORM's per-row work). ``Model.__table__`` is typed as any FromClause; these are Tables.
 JOBS = cast(Table, Job.__table__)

@@ -643,6 +643,30 @@ def test_agent_watches_on_the_port_the_registration_names(tmp_path: Path) -> Non
         pushes.stop()
 
 
+def test_agent_watches_another_replica_s_process_first_and_falls_back_to_the_scheduler_s_own(tmp_path: Path) -> None:
+    standby = FakeScheduler(epoch=5)  # a standby's desired-state streams' process, named by host:port
+    own = FakeScheduler(epoch=5)  # the scheduler's own process, named by its port
+    main = FakeScheduler(epoch=5, desired_state_port=own.port, desired_state_address=f"127.0.0.1:{standby.port}")
+    try:
+        with capture_logs() as logs, agent_of(main, tmp_path / "agent"):
+            wait_for(lambda: standby.service.streams_opened, what="a stream on the named replica's process")
+            standby.service.push(desired(5, 1, workers=1))
+            wait_for(lambda: acted_on(main, 1), what="the state pushed by the standby's process acted on")
+            assert own.service.streams_opened == 0
+            standby.stop()  # its scheduler died: it does not come back; the scheduler's own is watched
+            wait_for(lambda: own.service.streams_opened, what="a stream on the scheduler's own process")
+            own.service.push(desired(5, 2))
+            wait_for(lambda: acted_on(main, 2), what="the state pushed by the scheduler's own process acted on")
+        assert main.service.streams_opened == 0 and len(main.service.registrations) == 1
+        watching = [e for e in logs if e["event"].startswith("watching the desired state on")]
+        assert [e["port"] for e in watching] == [standby.port, own.port]
+        assert any(e["event"].endswith("is unreachable; watching the next one") for e in logs)
+    finally:
+        main.stop()
+        own.stop()
+        standby.stop()
+
+
 def test_agent_watches_the_scheduler_where_the_named_port_is_unreachable(tmp_path: Path) -> None:
     with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts connections, never speaks: unreachable
         main = FakeScheduler(epoch=5, desired_state_port=silent.getsockname()[1])
