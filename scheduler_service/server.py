@@ -280,7 +280,7 @@ class SchedulerService:
                               policy=self.policy, policy_params=self.policy_params, log_reader=log_reader,
                               stream_limits=stream_limits, forecasts=forecasts,
                               allow_loader_env=cfg.security.allow_loader_env, gpu_speeds=cfg.scheduling.gpu_speeds,
-                              demand_forecast=self._demand_outlook),
+                              demand_forecast=self._demand_outlook, replicas=self.replicas),
             agents,
             InferenceServicer(app, executor, notifier, stream_limits=stream_limits),
         )
@@ -389,7 +389,7 @@ class SchedulerService:
             port = push.port if push is not None else None
             return f"{host}:{port}" if port else ""
 
-        replicas = self.replicas = Replicas(lease_db, me=me, push_address=push_address,
+        replicas = self.replicas = Replicas(lease_db, self.clock, me=me, push_address=push_address,
                                             stale_s=cfg.ha.replica_stale_after_s)
         leadership = Leadership(
             lease_db, StateChanges(self.clock),

@@ -1,5 +1,5 @@
-"""``arylctl cluster`` (capacity per pool, jobs per state, inference demand, the policy) and ``arylctl demand
-set|get`` (the inference demand an operator or the router reports)."""
+"""``arylctl cluster`` (capacity per pool, jobs per state, inference demand, the policy, the scheduler replicas on
+PostgreSQL) and ``arylctl demand set|get`` (the inference demand an operator or the router reports)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,19 @@ def describe_cluster(cluster: scheduler_pb2.GetClusterResponse) -> str:
         ],
     )
     jobs = format_table(("STATE", "JOBS"), [(enum_name(types_pb2.JobState, c.state), c.count) for c in cluster.jobs])
-    return "\n\n".join([summary, pools, jobs])
+    return "\n\n".join([summary, pools, jobs, *([_replicas_table(cluster)] if cluster.replicas else [])])
+
+
+def _replicas_table(cluster: scheduler_pb2.GetClusterResponse) -> str:
+    """The schedulers sharing the database (docs/ha.md): which leads, where each serves desired-state streams."""
+    def role(r: scheduler_pb2.SchedulerReplica) -> str:
+        return "leader" if r.leader else "standby" if r.live else "stale"
+
+    return format_table(
+        ("SCHEDULER", "ROLE", "DESIRED-STATE STREAMS", "HEARTBEAT", "UP"),
+        [(r.address, role(r), r.push_address or "-", f"{r.heartbeat_age_seconds:.1f}s ago", f"{r.up_seconds:.0f}s")
+         for r in cluster.replicas],
+    )
 
 
 def cmd_cluster(client: ArylClient, args: argparse.Namespace, out: Output) -> int:
@@ -70,7 +82,7 @@ def cmd_demand_get(client: ArylClient, args: argparse.Namespace, out: Output) ->
 
 def add_cluster_command(add: AddCommand, common: argparse.ArgumentParser) -> None:
     """``cluster``."""
-    add("cluster", cmd_cluster, "capacity per pool, jobs per state, inference demand, policy")
+    add("cluster", cmd_cluster, "capacity per pool, jobs per state, inference demand, policy, scheduler replicas")
 
 
 def add_demand_command(add: AddCommand, common: argparse.ArgumentParser) -> None:

@@ -13,6 +13,7 @@ from protos.aryl.v1 import agent_pb2, scheduler_pb2, types_pb2
 from scheduler_service.app.deadlines import job_view
 from scheduler_service.app.demand_forecast import DemandForecastInfo
 from scheduler_service.app.explain import JobExplanation
+from scheduler_service.app.replicas import ReplicaView
 from scheduler_service.core import goodput_fit
 from scheduler_service.core.batch import job_batch, noise_scale, prediction_sizes, step_sample
 from scheduler_service.core.predict import DeadlineOutlook, DeadlineStatus
@@ -321,6 +322,13 @@ def cluster(summary: ClusterSummary, *, policy: str, epoch: int) -> scheduler_pb
         ],
         demand=demand(summary.demand), policy=policy, scheduler_epoch=epoch, active_loans=summary.active_loans,
         not_loaned=summary.not_loaned.summary if summary.not_loaned is not None else "",
+    )
+
+
+def scheduler_replica(replica: ReplicaView, *, live: bool, leader: bool) -> scheduler_pb2.SchedulerReplica:
+    return scheduler_pb2.SchedulerReplica(
+        address=replica.address, push_address=replica.push_address, heartbeat_age_seconds=replica.age_s,
+        up_seconds=replica.up_s, leader=leader, live=live,
     )
 
 

@@ -32,6 +32,7 @@ from scheduler_service.api.stream_limits import StreamLimits, TooManyStreams
 from scheduler_service.app.demand_forecast import DemandForecastInfo
 from scheduler_service.app.forecast import Forecasts
 from scheduler_service.app.jobs import KeyInUse
+from scheduler_service.app.replicas import Replicas
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.registry import ReclaimPreviewer
 from scheduler_service.errors import InvalidArgument
@@ -99,8 +100,10 @@ class SchedulerServicer(OperatorRpcs, scheduler_pb2_grpc.SchedulerServiceService
         stream_limits: StreamLimits | None = None, forecasts: Forecasts | None = None,
         allow_loader_env: bool = False, demand_forecast: Callable[[], DemandForecastInfo | None] | None = None,
         gpu_speeds: Mapping[str, float] | None = None,
+        replicas: Replicas | None = None,
     ) -> None:
         super().__init__(*args, stream_limits=stream_limits)
+        self._replicas = replicas  # PostgreSQL: the registry of replicas as last read (GetCluster shows it)
         self._gpu_speeds = dict(gpu_speeds or {})  # scheduling.gpu_speeds: Job.type_speeds' bootstrap
         # The inference demand's forecast at the last cycle, over the policy's lead (``app.demand_forecast``).
         self._demand_forecast = demand_forecast
@@ -295,6 +298,10 @@ class SchedulerServicer(OperatorRpcs, scheduler_pb2_grpc.SchedulerServiceService
         summary = await self.run(self.app.views.summary)
         response = convert.cluster(summary, policy=self.policy_name, epoch=self.app.term.epoch)
         response.queues.extend(convert.queue(s) for s in await self.run(self.app.queues.all))
+        if self._replicas is not None:
+            me = self._replicas.me
+            response.replicas.extend(convert.scheduler_replica(r, live=live, leader=r.address == me)
+                                     for r, live in self._replicas.known())
         return response
 
     @rpc

@@ -22,6 +22,7 @@ of the cluster, or write anything but this replica's own row.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import threading
@@ -30,12 +31,15 @@ from collections.abc import Callable, Iterable
 import structlog
 from sqlalchemy.orm import Session
 
+from scheduler_service.core.clock import Clock
 from scheduler_service.errors import Aborted, Unavailable
 from scheduler_service.store import replicas as store
-from scheduler_service.store.replicas import ReplicaView
+from scheduler_service.store.replicas import ReplicaView  # the value it hands out (api converts it)
 from scheduler_service.store.transactions import Transactions
 
 log = structlog.get_logger("aryl.scheduler")
+
+__all__ = ["ReplicaView", "Replicas", "choose_push_address"]
 
 
 def _weight(server_id: str, address: str) -> int:
@@ -57,30 +61,35 @@ class Replicas:
     ``push_address()``: where its push process serves now ('' while none does); ``db``: transactions on the
     lease's own connections (unfenced: a standby beats too)."""
 
-    def __init__(self, db: Transactions, *, me: str, push_address: Callable[[], str], stale_s: float) -> None:
+    def __init__(self, db: Transactions, clock: Clock, *, me: str, push_address: Callable[[], str],
+                 stale_s: float) -> None:
         self._db = db
+        self._clock = clock
         self.me = me
         self._push_address = push_address
         self.stale_s = stale_s
         self._lock = threading.Lock()
+        self._listed: tuple[ReplicaView, ...] = ()  # every row at the last beat, stale ones too
         self._live: tuple[ReplicaView, ...] = ()
+        self._beat_at = 0.0  # monotonic, when they were read
 
     def beat(self) -> None:
-        """Write this replica's heartbeat and read which replicas are live (one transaction)."""
+        """Write this replica's heartbeat and read every replica's row (one transaction)."""
         push = self._push_address()
 
         def work(session: Session) -> list[ReplicaView]:
             store.beat(session, address=self.me, push_address=push)
-            return store.live(session, stale_s=self.stale_s)
+            return store.listed(session)
 
         try:
-            live = self._db.write(work)
+            listed = self._db.write(work)
         except (Unavailable, Aborted) as exc:
             log.warning("could not write this replica's heartbeat; retrying at the next round", reason=str(exc))
             return
+        live = tuple(r for r in listed if r.age_s <= self.stale_s)
         with self._lock:
             before = {r.address for r in self._live}
-            self._live = tuple(live)
+            self._listed, self._live, self._beat_at = tuple(listed), live, self._clock.monotonic()
         after = {r.address for r in live}
         if before and before != after:
             log.info("the live scheduler replicas changed", joined=sorted(after - before), left=sorted(before - after))
@@ -94,9 +103,13 @@ class Replicas:
         """The push process ``server_id``'s agent should watch, this replica leading (``choose_push_address``)."""
         return choose_push_address(server_id, self.live(), leader=self.me)
 
-    def listed(self) -> list[ReplicaView]:
-        """Every row of the registry now, stale ones too (for display)."""
-        return self._db.read(store.listed)
+    def known(self) -> list[tuple[ReplicaView, bool]]:
+        """Every replica in the registry at the last beat, stale ones too, each with whether it was live then;
+        its ages as of now (for display: no table is read)."""
+        with self._lock:
+            listed, live, since = self._listed, {r.address for r in self._live}, self._clock.monotonic() - self._beat_at
+        return [(dataclasses.replace(r, age_s=r.age_s + since, up_s=r.up_s + since), r.address in live)
+                for r in listed]
 
     def leave(self) -> None:
         """Delete this replica's row (a clean stop): it is no longer named to agents."""

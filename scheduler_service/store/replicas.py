@@ -3,7 +3,7 @@ where each one's desired-state streams' own process serves, and when each last b
 *database's* clock, so that no replica's clock decides whether another is alive.
 
 - ``beat``: write this replica's row (its address, its push process's address, now), made at its first beat.
-- ``listed``: every row, with the age of its last beat; ``live`` those no older than a staleness.
+- ``listed``: every row, with the age of its last beat (``app.replicas`` judges which are live).
 - ``leave``: delete this replica's row (a clean stop: it is no longer named at once).
 
 Works on PostgreSQL and SQLite (one scheduler there: its own row only). Never: commit, decide which replica
@@ -58,11 +58,6 @@ def listed(session: Session) -> list[ReplicaView]:
         "FROM scheduler_replicas ORDER BY address"
     )).all()
     return [ReplicaView(row[0], row[1], max(0.0, float(row[2])), max(0.0, float(row[3]))) for row in rows]
-
-
-def live(session: Session, *, stale_s: float) -> list[ReplicaView]:
-    """The replicas whose last beat is at most ``stale_s`` old, by address."""
-    return [replica for replica in listed(session) if replica.age_s <= stale_s]
 
 
 def leave(session: Session, *, address: str) -> None:

@@ -8,7 +8,8 @@ the agent registers with the leader, is told to watch the standby's process, and
 reaches it through the standby's stream (it runs to completion, the agent having registered once and never
 watched anything else). Then the standby is killed with SIGKILL: its push process ends with it, the agent falls
 back to the leader's own push process without registering again, the leader drops the silent standby after
-``ha.replica_stale_s``, and a second job reaches the agent and completes.
+``ha.replica_stale_s``, and a second job reaches the agent and completes. ``arylctl cluster`` shows the
+replicas: the leader, the live standby with its push process, then the standby stale.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from protos.aryl.v1 import types_pb2
+from arylctl.commands.cluster import describe_cluster
+from protos.aryl.v1 import scheduler_pb2, types_pb2
 from tests.chaos.conftest import SchedulerProcess
 from tests.fixtures.cluster import Cluster, end_leftovers
 from tests.helpers import wait_for
@@ -30,6 +32,11 @@ pytestmark = pytest.mark.postgres
 HA = {"lease_s": 8.0, "renew_s": 1.0, "replica_stale_s": 3.0}
 WATCHING = re.compile(r"watching the desired state on the scheduler's desired-state streams' process.*"
                       r"address=(\S+)")
+
+
+def _replicas_shown(cluster: Cluster, count: int) -> list[scheduler_pb2.SchedulerReplica] | None:
+    replicas = list(cluster.client.get_cluster().replicas)
+    return replicas if len(replicas) == count and all(r.push_address for r in replicas) else None
 
 
 def test_an_agent_watches_a_standby_s_process_and_falls_back_when_the_standby_dies(
@@ -57,6 +64,14 @@ def test_an_agent_watches_a_standby_s_process_and_falls_back_when_the_standby_di
 
         standby_push_address = wait_for(standby_push, timeout=60, what="the leader to see the standby's push process")
         assert standby_push_address != own_push
+        # ``arylctl cluster`` shows both (GetCluster, from the leader's view: no table is read).
+        shown = {r.address: r for r in wait_for(lambda: _replicas_shown(cluster, 2), timeout=30,
+                                                  what="GetCluster to show both replicas")}
+        assert shown[cluster.scheduler.address].leader and shown[cluster.scheduler.address].push_address == own_push
+        assert shown[standby.address].live and not shown[standby.address].leader
+        assert shown[standby.address].push_address == standby_push_address
+        table = describe_cluster(cluster.client.get_cluster())
+        assert re.search(rf"{re.escape(standby.address)}\s+standby\s+{re.escape(standby_push_address)}", table), table
 
         cluster.start_agent("node-a")
         log = tmp_path / "node-a.log"
@@ -78,6 +93,8 @@ def test_an_agent_watches_a_standby_s_process_and_falls_back_when_the_standby_di
         wait_for(lambda: len(watched()) == 2, timeout=60, what="the agent watching the leader's push process")
         assert watched() == [standby_push_address, own_push]
         wait_for(lambda: standby_push() is None, timeout=30, what="the leader to drop the silent standby")
+        assert [r.live for r in cluster.client.get_cluster().replicas if r.address == standby.address] == [False]
+        assert re.search(rf"{re.escape(standby.address)}\s+stale", describe_cluster(cluster.client.get_cluster()))
         again = cluster.submit("after-the-standby", "--total-steps", "3", "--step-time", "0.1")
         cluster.wait_job(again, lambda j: j.state == types_pb2.JOB_STATE_COMPLETED, "completed")
         text = log.read_text(errors="replace")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from scheduler_service.app.replicas import Replicas, choose_push_address
+from scheduler_service.clock import SystemClock
 from scheduler_service.store import replicas as store
 from scheduler_service.store.db import create_engine_for, session_factory
 from scheduler_service.store.replicas import ReplicaView
@@ -31,8 +32,8 @@ def test_beats_renew_a_row_and_a_silent_replica_drops_out(database_url: str) -> 
     engine, db = _db(database_url)
     try:
         push = {"a:1": "a:2", "b:1": ""}
-        a = Replicas(db, me="a:1", push_address=lambda: push["a:1"], stale_s=5.0)
-        b = Replicas(db, me="b:1", push_address=lambda: push["b:1"], stale_s=5.0)
+        a = Replicas(db, SystemClock(), me="a:1", push_address=lambda: push["a:1"], stale_s=5.0)
+        b = Replicas(db, SystemClock(), me="b:1", push_address=lambda: push["b:1"], stale_s=5.0)
         a.beat()
         assert [(r.address, r.push_address) for r in a.live()] == [("a:1", "a:2")]
         b.beat()
@@ -42,21 +43,22 @@ def test_beats_renew_a_row_and_a_silent_replica_drops_out(database_url: str) -> 
         push["b:1"] = "b:2"  # its push process serves now: the next beat says so
         _age(engine, "b:1", 3.0)
         b.beat()
-        (row,) = [r for r in b.listed() if r.address == "b:1"]
-        assert row.push_address == "b:2" and row.age_s < 1.0 and row.up_s >= 3.0  # started then, beat now
+        (row, live) = next((r, live) for r, live in b.known() if r.address == "b:1")
+        assert live and row.push_address == "b:2" and row.age_s < 1.0 and row.up_s >= 3.0  # started then, beat now
 
         _age(engine, "b:1", 6.0)  # silent past the staleness: not live, still listed
         a.beat()
         assert [r.address for r in a.live()] == ["a:1"]
-        assert {r.address for r in a.listed()} == {"a:1", "b:1"}
+        assert [(r.address, live) for r, live in a.known()] == [("a:1", True), ("b:1", False)]  # still listed
         b.beat()  # back
         a.beat()
         assert [r.address for r in a.live()] == ["a:1", "b:1"]
 
         b.leave()  # a clean stop
-        assert [r.address for r in a.listed()] == ["a:1"]
+        a.beat()
+        assert [r.address for r, _ in a.known()] == ["a:1"]
         with session_factory(engine)() as session:
-            assert [r.address for r in store.live(session, stale_s=5.0)] == ["a:1"]
+            assert [r.address for r in store.listed(session)] == ["a:1"]
     finally:
         engine.dispose()
 

@@ -163,7 +163,7 @@ class JobStateCount(_message.Message):
     def __init__(self, state: _Optional[_Union[_types_pb2.JobState, str]] = ..., count: _Optional[int] = ...) -> None: ...
 
 class GetClusterResponse(_message.Message):
-    __slots__ = ("pools", "jobs", "demand", "policy", "scheduler_epoch", "active_loans", "not_loaned", "queues")
+    __slots__ = ("pools", "jobs", "demand", "policy", "scheduler_epoch", "active_loans", "not_loaned", "queues", "replicas")
     POOLS_FIELD_NUMBER: _ClassVar[int]
     JOBS_FIELD_NUMBER: _ClassVar[int]
     DEMAND_FIELD_NUMBER: _ClassVar[int]
@@ -172,6 +172,7 @@ class GetClusterResponse(_message.Message):
     ACTIVE_LOANS_FIELD_NUMBER: _ClassVar[int]
     NOT_LOANED_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
     pools: _containers.RepeatedCompositeFieldContainer[PoolSummary]
     jobs: _containers.RepeatedCompositeFieldContainer[JobStateCount]
     demand: _types_pb2.InferenceDemand
@@ -180,7 +181,24 @@ class GetClusterResponse(_message.Message):
     active_loans: int
     not_loaned: str
     queues: _containers.RepeatedCompositeFieldContainer[Queue]
-    def __init__(self, pools: _Optional[_Iterable[_Union[PoolSummary, _Mapping]]] = ..., jobs: _Optional[_Iterable[_Union[JobStateCount, _Mapping]]] = ..., demand: _Optional[_Union[_types_pb2.InferenceDemand, _Mapping]] = ..., policy: _Optional[str] = ..., scheduler_epoch: _Optional[int] = ..., active_loans: _Optional[int] = ..., not_loaned: _Optional[str] = ..., queues: _Optional[_Iterable[_Union[Queue, _Mapping]]] = ...) -> None: ...
+    replicas: _containers.RepeatedCompositeFieldContainer[SchedulerReplica]
+    def __init__(self, pools: _Optional[_Iterable[_Union[PoolSummary, _Mapping]]] = ..., jobs: _Optional[_Iterable[_Union[JobStateCount, _Mapping]]] = ..., demand: _Optional[_Union[_types_pb2.InferenceDemand, _Mapping]] = ..., policy: _Optional[str] = ..., scheduler_epoch: _Optional[int] = ..., active_loans: _Optional[int] = ..., not_loaned: _Optional[str] = ..., queues: _Optional[_Iterable[_Union[Queue, _Mapping]]] = ..., replicas: _Optional[_Iterable[_Union[SchedulerReplica, _Mapping]]] = ...) -> None: ...
+
+class SchedulerReplica(_message.Message):
+    __slots__ = ("address", "push_address", "heartbeat_age_seconds", "up_seconds", "leader", "live")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    PUSH_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    UP_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    LIVE_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    push_address: str
+    heartbeat_age_seconds: float
+    up_seconds: float
+    leader: bool
+    live: bool
+    def __init__(self, address: _Optional[str] = ..., push_address: _Optional[str] = ..., heartbeat_age_seconds: _Optional[float] = ..., up_seconds: _Optional[float] = ..., leader: _Optional[bool] = ..., live: _Optional[bool] = ...) -> None: ...
 
 class ListServersRequest(_message.Message):
     __slots__ = ("pool",)
