@@ -8,9 +8,9 @@ its initial metadata (``DESIRED_STATE_PORT_KEY``): an agent that knows the key w
 same host, and a push never waits for this process's interpreter; ``WatchDesiredState`` is served here
 too, for agents that do not. Where a live standby's process serves too, it is named first
 (``DESIRED_STATE_ADDRESS_KEY``, host:port; ``app.replicas`` chooses which), and this one is the fallback.
-``DesiredStateStreams`` is that process's service: the same stream, and
-nothing else. Most status reports are answered from memory, on the event loop. What this module must
-never do: hold SQL or decide (it validates, calls ``app.agents`` and converts).
+``DesiredStateStreams`` is that process's service: the same stream, and nothing else. Most status reports are
+answered from memory, on the event loop. What this module must never do: hold SQL or decide (it validates,
+calls ``app.agents`` and converts).
 """
 
 from __future__ import annotations
