@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from aryl_common.config import ConfigError, RenamedConfigKey, env_var_names
-from scheduler_service.config import SchedulerConfig, load_config
+from scheduler_service.config import HaConfig, SchedulerConfig, load_config
 from scheduler_service.core.demand_forecast import ForecastSettings
 
 
@@ -54,6 +54,9 @@ def test_yaml_files_work(tmp_path: Path) -> None:
         ("[server]\ndesired_state_port = -2\n", "server.desired_state_port"),
         ("[server]\nlisten = '0.0.0.0:50051'\ndesired_state_port = 50051\n",
          re.escape("server.desired_state_port (50051) must differ from server.listen's port")),
+        ("[ha]\nreplica_stale_s = -1\n", "ha.replica_stale_s"),
+        ("[ha]\nrenew_s = 2\nreplica_stale_s = 3\n",
+         re.escape("ha.renew_s (2) must be at most half of ha.replica_stale_s (3)")),
     ],
 )
 def test_bad_files_name_the_key(tmp_path: Path, text: str, expected: str) -> None:
@@ -61,6 +64,12 @@ def test_bad_files_name_the_key(tmp_path: Path, text: str, expected: str) -> Non
     path.write_text(text)
     with pytest.raises(ConfigError, match=expected):
         load_config(path)
+
+
+def test_a_replica_goes_stale_after_the_lease_unless_told_otherwise() -> None:
+    assert HaConfig().replica_stale_after_s == HaConfig().lease_s == 8.0
+    assert HaConfig(lease_s=20, renew_s=5).replica_stale_after_s == 20  # a longer renewal needs no setting of its own
+    assert HaConfig(replica_stale_s=4).replica_stale_after_s == 4
 
 
 def test_bad_environment_value_names_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
