@@ -215,10 +215,15 @@ class FreeCapacity:
         type here, the most free GPUs first."""
         if types:
             return [t for t in types if t in self.gpu_types]
+        free = self.free_by_type()
+        return sorted(free, key=lambda t: (-free[t], t))
+
+    def free_by_type(self) -> dict[str, int]:
+        """Free GPUs of each GPU type here (0 for a type with none free)."""
         free = dict.fromkeys(self.gpu_types, 0)
         for sid, gpus in self._free.items():
             free[self.servers[sid].gpu_type] += len(gpus)
-        return sorted(free, key=lambda t: (-free[t], t))
+        return free
 
     def _not_of_type(self, gpu_type: str) -> frozenset[str]:
         others = self._other_types.get(gpu_type)

@@ -77,6 +77,13 @@ def with_report(document: Any, report: WorkerReport, *, nodes: int, replicas: in
 
 
 def step_samples(info: GoodputInfo) -> tuple[StepSample, ...]:
-    """The step times as ``core.goodput`` fits them (``core.batch.step_sample``: without accumulation)."""
+    """The step times as ``core.goodput`` fits them (``core.batch.step_sample``: without accumulation), of the GPU
+    type the job measured last only: one performance model is one type's (a pass on a T4 and one on an A100 are
+    not points of one curve, and a fit over both mixed the two into neither). A job moved to another type is
+    fitted from its first report there, on that type's samples (those it kept from an earlier stay included)."""
+    times = info.step_times
+    if not times:
+        return ()
+    latest = max(times, key=lambda t: t.measured_at).gpu_type
     return tuple(step_sample(t.nodes, t.replicas, t.local_batch_size, t.accum_steps, t.pass_time_s, t.step_time_s)
-                 for t in info.step_times)
+                 for t in times if t.gpu_type == latest)

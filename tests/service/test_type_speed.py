@@ -28,7 +28,7 @@ from scheduler_service.records import (
     WorkerReport,
 )
 from scheduler_service.store.db import create_engine_for, session_factory
-from scheduler_service.store.goodput import goodput_info, with_report
+from scheduler_service.store.goodput import goodput_info, step_samples, with_report
 from tests.harness import ManualClock, scale, start
 
 
@@ -68,6 +68,18 @@ def test_step_times_written_before_the_gpu_type_was_kept_read_as_of_no_known_typ
     assert [(t.gpu_type, t.pass_time_s) for t in goodput_info(document).step_times] == [("", 0.5), ("A", 0.4)]
     again = with_report(document, report, nodes=1, replicas=2, now=30.0, gpu_type="A")
     assert [(t.gpu_type, t.measured_at) for t in goodput_info(again).step_times] == [("", 10.0), ("A", 30.0)]
+
+
+def test_the_goodput_fit_reads_the_step_times_of_the_gpu_type_measured_last_only() -> None:
+    # Two configurations on type A, then one on B: the fit is B's alone; back on A, A's two (the one it kept too).
+    document = {"step_times": [[1, 1, 32, 0, 0.5, 0.6, 10.0, "A"], [1, 2, 32, 0, 0.5, 0.7, 20.0, "A"],
+                               [1, 1, 32, 0, 0.2, 0.25, 30.0, "B"]]}
+    assert [(s.replicas, s.pass_s) for s in step_samples(goodput_info(document))] == [(1, 0.2)]
+    report = WorkerReport(job_id=1, rank=0, incarnation=2, phase="RUNNING", progress=1.0, step_time_s=0.9,
+                          pass_time_s=0.5, local_batch_size=32)
+    back = with_report(document, report, nodes=1, replicas=4, now=40.0, gpu_type="A")
+    assert sorted((s.replicas, s.pass_s) for s in step_samples(goodput_info(back))) == [(1, 0.5), (2, 0.5), (4, 0.5)]
+    assert step_samples(goodput_info(None)) == ()
 
 
 def test_gpu_speeds_are_validated_with_the_setting_named() -> None:

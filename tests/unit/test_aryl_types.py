@@ -1,6 +1,7 @@
 """``aryl`` on several GPU types (issue 33 item 4): a worker's rate on a server scales by its job's speed on that
 server's GPU type over its reference type's (``policies.aryl.cycle.type_factors``), so a loaned server of a slower
-type is valued as slower; a gang starts on its fastest type with room; a job grows on its own type's GPUs only.
+type is valued as slower; a gang starts on the type where it runs fastest at the size that type has room for; a job
+grows on its own type's GPUs only.
 Hand-computed cases on hand-built snapshots."""
 
 from __future__ import annotations
@@ -106,6 +107,31 @@ def test_a_gang_starts_on_its_fastest_type_with_room() -> None:
         assert check_plan(snap, plan) == []
         [started] = plan.starts
         assert {w.server_id for w in started.workers} == where
+
+
+@pytest.mark.parametrize(("most", "order"), [(8, ("rtx", "a100")), (1, ("a100", "rtx"))])
+def test_a_gang_tries_first_the_type_where_it_runs_fastest_at_the_room_there(most: int, order: tuple[str, ...]
+                                                                               ) -> None:
+    # One free A100 GPU (3 of 4 held by job 2) and 8 free GPUs of a type at half its speed. Job 1 scales linearly up
+    # to ``most`` workers: at 1..8 it runs 0.5 x 8 = 4x as fast on the 8 slower GPUs as on the one A100 (1.0 x 1),
+    # where it could not grow while job 2 holds the rest, so its gang tries the slower type first (per GPU, the
+    # A100 first: a gang admitted at one worker then ran its life on one GPU); held to one worker it runs 1.0
+    # against 0.5 there and tries the A100 first. A plan starts it where its gang tries first.
+    servers = [training_server("a1", 4, gpu_type="a100"), training_server("r1", 8, gpu_type="rtx")]
+    busy = running_job(2, [("a1", (g,)) for g in range(3)], low=3, resized=NOW - 60)
+    job = dataclasses.replace(pending_job(1, 1, 1, most),
+                              throughput_points=tuple((n, float(n)) for n in range(1, most + 1)))
+    snap = dataclasses.replace(snapshot_of(servers, [job, busy], demand=0),
+                               gpu_speed=(("a100", 1.0), ("rtx", 0.5)))
+    cycle = _Cycle(snapshot=snap, servers={s.server_id: s for s in snap.servers},
+                   server_state={s.server_id: s.state for s in snap.servers}, running=_running_jobs(snap),
+                   params=PolicyParams())
+    cycle.rebuild_capacity()
+    assert cycle.type_preference(job) == order
+    plan = create_policy("aryl").schedule(snap)
+    assert check_plan(snap, plan) == []
+    [started] = plan.starts
+    assert {cycle.servers[w.server_id].gpu_type for w in started.workers} == {order[0]}
 
 
 def test_a_job_grows_on_its_own_type_only() -> None:

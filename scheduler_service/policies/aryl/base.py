@@ -169,7 +169,9 @@ def move_to_faster_types(cycle: _Cycle) -> None:
     size, or at as many workers as fit there, ``min_workers`` at least -- when that saves more than two restarts:
     the one the move costs, and one as a margin for the estimates' error (a job that started on a loaned T4 because
     the fast GPUs were busy moves once they free up, instead of running its whole life on the slow type). The
-    longest-running first (the most to save), each to the fastest type that saves it that much. The GPUs it leaves
+    longest-running first (the most to save), each to the first type that saves it that much, in the order its gang
+    would try them (``_Cycle.type_preference``: its speed at the room each has), up to the first type no faster per
+    GPU than its own (a type its gang would try after one no faster is not worth a move). The GPUs it leaves
     stay out of this cycle's capacity (it holds them now), as a reclaim's move leaves them
     (``relocate_displaced``: no applier can order a cycle of frees and takes)."""
     restart = cycle.params.restart_cost_s
@@ -189,7 +191,7 @@ def move_to_faster_types(cycle: _Cycle) -> None:
         for gpu_type in cycle.type_preference(view) or ():
             speed = cycle.factor_on(view, gpu_type)
             if speed <= speed_here:
-                break  # (fastest first: no later type is faster)
+                break  # (the order above: no later type is worth a move)
             size = min(len(job.workers), cycle.capacity.free_of_types((gpu_type,)) // view.gpus_per_worker)
             after = restart + est.remaining_time(size) * speed_here / speed if size >= view.min_workers else left
             if left - after <= restart:

@@ -205,14 +205,28 @@ class _Cycle:
         return 1.0 if factors is None else factors.get(gpu_type, 1.0)
 
     def type_preference(self, job: JobView, capacity: FreeCapacity | None = None) -> tuple[str, ...] | None:
-        """The GPU types to place a gang of ``job`` on, fastest for it first (``core.placement`` tries them in
-        this order; among types as fast, the most free GPUs first, as it would itself). None -- placement's
-        own order -- when the job names its types (the user's order stands) or runs as fast everywhere."""
+        """The GPU types to place a gang of ``job`` on (``core.placement`` tries them in this order), the fastest
+        for it *at the size each has room for* first: its speed on the type (``factor_on``) times its speed curve
+        at as many workers as the type's free GPUs hold, within ``min_workers .. max_workers`` (``speed_at_room``);
+        ties in the order placement would try them (the most free GPUs first). Not the fastest per GPU: a job that
+        starts on the one free GPU of the fastest type, because it is fastest per GPU, cannot grow there while the
+        type is busy, however many GPUs of a slower type are free (a job grows on its own type only), and ran its
+        whole life on one GPU in the heterogeneous evaluation (docs/simulator.md). None -- placement's own order --
+        when the job names its types (the user's order stands) or runs as fast everywhere."""
         factors = None if job.gpu_types else self.speed_factors(job)
         if factors is None:
             return None
-        order = (capacity or self.capacity).type_order(())
-        return tuple(sorted(order, key=lambda t: -factors.get(t, 1.0)))
+        free = (capacity or self.capacity).free_by_type()
+        order = sorted(free, key=lambda t: (-free[t], t))
+        return tuple(sorted(order, key=lambda t: -self.speed_at_room(job, t, free[t], factors)))
+
+    def speed_at_room(self, job: JobView, gpu_type: str, free_gpus: int,
+                      factors: Mapping[str, float] | None = None) -> float:
+        """The job's speed (in its speed curve's unit) on ``gpu_type`` at as many workers as ``free_gpus`` hold,
+        within ``min_workers .. max_workers``: what ``type_preference`` ranks the types by."""
+        factors = self.speed_factors(job) if factors is None else factors
+        workers = min(max(free_gpus // max(job.gpus_per_worker, 1), job.min_workers, 1), job.max_workers)
+        return (1.0 if factors is None else factors.get(gpu_type, 1.0)) * self.estimate(job).model.speed(workers)
 
     def carry(self) -> dict[int, tuple[JobView, int, JobEstimate]]:
         """The estimates the next cycle may keep: those of jobs holding no GPUs, which do not depend on

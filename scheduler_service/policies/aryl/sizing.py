@@ -278,9 +278,9 @@ def _room_for_starts(cycle: _Cycle, open_jobs: list[_Job], blocked: frozenset[st
 
 def _landing_type(cycle: _Cycle, job: JobView, room: dict[str, int]) -> str | None:
     """The GPU type a queued job's gang would start on, as placement tries the types for it
-    (``_Cycle.type_preference``: fastest first): the first with room for its ``min_workers``; else None (it starts
-    only on GPUs that free up, or that a preemption frees, of a type not known now: valued at its reference
-    type's speed)."""
+    (``_Cycle.type_preference``: fastest at the room each has first): the first with room for its ``min_workers``;
+    else None (it starts only on GPUs that free up, or that a preemption frees, of a type not known now: valued at
+    its reference type's speed)."""
     need = job.min_workers * job.gpus_per_worker
     for gpu_type in cycle.type_preference(job) or cycle.capacity.type_order(job.gpu_types):
         if room.get(gpu_type, 0) >= need:
