@@ -171,10 +171,36 @@ def test_a_job_on_a_slow_type_moves_to_a_faster_one_with_room_when_that_pays(wor
     if moves:
         [moved] = plan.scales
         assert [w.server_id for w in moved.workers] == ["a1"]
-        assert moved.message == ("moved from t4 to a100 GPUs, 4.00x as fast for it, "
-                                        "at 1 worker(s): estimated completion 14400s -> 3660s with the restart")
+        assert moved.message == ("moved from 1 worker(s) on t4 to 1 on a100 GPUs (4.00x as fast per GPU for it): "
+                                 "estimated completion 14400s -> 3660s with the restart")
     else:
         assert plan.scales == ()
+
+
+@pytest.mark.parametrize(("work", "moves"), [(3600.0, True), (20.0, False)])
+def test_a_job_on_one_gpu_of_a_full_fast_type_moves_to_a_slower_one_with_room_when_that_pays(work: float,
+                                                                                          moves: bool) -> None:
+    # Job 1 (1..8 workers, linear, 1 unit/s per worker on the A100) runs one worker on an A100 server whose other 3
+    # GPUs job 2 holds; an RTX server at half the speed has 8 free GPUs. On its own type it can have 1 worker (1.0 x
+    # 1), there 8 (0.5 x 8 = 4): 3,600 units, 3,600 s here against a 60 s restart + 3,600 / 4 = 900 s there, it
+    # moves, at 8 workers. 20 units: 20 s here, 60 + 5 s there, it stays. (Per GPU the RTX is slower: before
+    # 2026-11-30 it never moved there.)
+    job = dataclasses.replace(running_job(1, [("a1", (0,))], low=1, high=8, resized=NOW - 7200),
+                              throughput_points=tuple((n, float(n)) for n in range(1, 9)), total_work=work,
+                              work_done=0.0, estimated_runtime_s=None)
+    busy = running_job(2, [("a1", (g,)) for g in (1, 2, 3)], low=3, resized=NOW - 60)
+    servers = [training_server("a1", 4, gpu_type="a100"), training_server("r1", 8, gpu_type="rtx")]
+    snap = dataclasses.replace(snapshot_of(servers, [job, busy], demand=0), gpu_speed=(("a100", 1.0), ("rtx", 0.5)))
+    plan = create_policy("aryl").schedule(snap)
+    assert check_plan(snap, plan) == []
+    moved = [s for s in plan.scales if s.job_id == 1]
+    if moves:
+        assert [{w.server_id for w in m.workers} for m in moved] == [{"r1"}]
+        assert len(moved[0].workers) == 8
+        assert moved[0].message == ("moved from 1 worker(s) on a100 to 8 on rtx GPUs (0.50x as fast per GPU for it): "
+                                    "estimated completion 3600s -> 960s with the restart")
+    else:
+        assert moved == []
 
 
 def test_a_loan_of_another_type_serves_no_running_jobs_growth() -> None:

@@ -61,11 +61,12 @@ GPU types (issue 33 item 4): on a cluster of several types whose speeds it knows
 speed per type (``JobView.type_speeds``) -- a worker's rate on a server scales by its job's speed on that server's
 type over its reference type's (``cycle.type_factors``): a running job's estimates are at its type's speed, a queued
 job is valued at the speed of the type it would start on, so a loaned server of a slower type is valued as slower.
-A gang starts on the type where it runs fastest at the size that type has room for (``_Cycle.type_preference``:
-its speed there times its speed curve at the free GPUs, not its speed per GPU); step 3 shares out each type's GPUs among
-the jobs on that type (a job grows on its own type only); a job on a slower type moves to a faster one with room
-once that saves more than two restarts (``base.move_to_faster_types``); a loan's payback is longer on a slower
-server (``loans.demand_outlook``). One type, or no speed known: exactly as before.
+A gang starts on the type where it runs fastest at the size that type has room for (``_Cycle.type_preference``: its
+speed there times its speed curve at the free GPUs, not its speed per GPU); step 3 shares out each type's GPUs among
+the jobs on that type (a job grows on its own type only); a job moves to a type where it runs faster at the room
+there than it can on its own (a slower type with GPUs to spare included) once that saves more than two restarts
+(``base.move_to_faster_types``); a loan's payback is longer on a slower server (``loans.demand_outlook``). One type,
+or no speed known: exactly as before.
 
 Variants (same code, same placement, so comparisons isolate the mechanism): ``aryl`` (loaning and
 elasticity), ``aryl-noloan``, ``aryl-noelastic``, ``sjf`` (neither: separate clusters, jobs run at

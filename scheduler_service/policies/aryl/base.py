@@ -165,15 +165,20 @@ def relocate_displaced(cycle: _Cycle) -> None:
 
 def move_to_faster_types(cycle: _Cycle) -> None:
     """After the queue's gangs (on a cluster of several GPU types whose speeds it knows, ``_Cycle.speed_factors``):
-    a running job outside its protection window on a slower type than one with free GPUs restarts there -- at its
-    size, or at as many workers as fit there, ``min_workers`` at least -- when that saves more than two restarts:
-    the one the move costs, and one as a margin for the estimates' error (a job that started on a loaned T4 because
-    the fast GPUs were busy moves once they free up, instead of running its whole life on the slow type). The
-    longest-running first (the most to save), each to the first type that saves it that much, in the order its gang
-    would try them (``_Cycle.type_preference``: its speed at the room each has), up to the first type no faster per
-    GPU than its own (a type its gang would try after one no faster is not worth a move). The GPUs it leaves
-    stay out of this cycle's capacity (it holds them now), as a reclaim's move leaves them
-    (``relocate_displaced``: no applier can order a cycle of frees and takes)."""
+    a running job outside its protection window restarts on another type where it runs faster *at the room there*
+    -- its speed on the type times its speed curve at as many workers as the type's free GPUs hold, within
+    ``min_workers .. max_workers`` (``_Cycle.speed_at_room``) -- than it can on its own type (its workers and the
+    free GPUs there), at that size, when that saves more than two restarts: the one the move costs, and one as a
+    margin for the estimates' error. A job that started on a loaned T4 because the fast GPUs were busy moves once
+    they free up, instead of running its whole life on the slow type; and a job on one GPU of a type faster per GPU
+    but full (it grows on its own type only) moves to a slower type with GPUs to spare (in the heterogeneous
+    evaluation deepspeech2 jobs, 1.19x as fast per A100 as per RTX GPU, held one A100 each for hours while RTX
+    GPUs freed up: docs/simulator.md). Step 3 then sizes it on its new type as any job. The longest-running first
+    (the most to save), each to the first type that saves it that much, in the order its gang would try them
+    (``_Cycle.type_preference``), up to its own type or the first no faster at its room than its own (a type its
+    gang would try after that is not worth a move). The GPUs it leaves stay out of this cycle's capacity (it holds
+    them now), as a reclaim's move leaves them (``relocate_displaced``: no applier can order a cycle of frees and
+    takes)."""
     restart = cycle.params.restart_cost_s
     started = {s.job_id for s in cycle.starts}
     movable = []
@@ -185,14 +190,17 @@ def move_to_faster_types(cycle: _Cycle) -> None:
         movable.append((-cycle.estimate(view).remaining_time(len(job.workers)), view.job_id, job))
     movable.sort(key=lambda m: (m[0], m[1]))
     for minus_left, _, job in movable:
-        view, left, est = job.view, -minus_left, cycle.estimate(view)
+        view = job.view  # (bound first: ``cycle.estimate(view)`` beside it read the previous job's view)
+        left, est = -minus_left, cycle.estimate(view)
         here = cycle.servers[job.workers[0].server_id].gpu_type
-        speed_here = cycle.factor_on(view, here)
+        speed_here, per_worker = cycle.factor_on(view, here), view.gpus_per_worker
+        free = cycle.capacity.free_by_type()
+        best_here = cycle.speed_at_room(view, here, free.get(here, 0) + len(job.workers) * per_worker)
         for gpu_type in cycle.type_preference(view) or ():
-            speed = cycle.factor_on(view, gpu_type)
-            if speed <= speed_here:
+            if gpu_type == here or cycle.speed_at_room(view, gpu_type, free.get(gpu_type, 0)) <= best_here:
                 break  # (the order above: no later type is worth a move)
-            size = min(len(job.workers), cycle.capacity.free_of_types((gpu_type,)) // view.gpus_per_worker)
+            speed = cycle.factor_on(view, gpu_type)
+            size = min(view.max_workers, free.get(gpu_type, 0) // per_worker)
             after = restart + est.remaining_time(size) * speed_here / speed if size >= view.min_workers else left
             if left - after <= restart:
                 continue
@@ -201,10 +209,12 @@ def move_to_faster_types(cycle: _Cycle) -> None:
             if workers is None:
                 continue
             cycle.estimates[view.job_id] = JobEstimate(est.model, est.remaining_work * speed_here / speed)
+            before = len(job.workers)
             job.workers = list(workers)
             job.reason = Reason.SCALED_OUT
-            job.message = (f"moved from {here} to {gpu_type} GPUs, {speed / speed_here:.2f}x as fast for it, at "
-                           f"{size} worker(s): estimated completion {left:.0f}s -> {after:.0f}s with the restart")
+            job.message = (f"moved from {before} worker(s) on {here} to {size} on {gpu_type} GPUs "
+                           f"({speed / speed_here:.2f}x as fast per GPU for it): estimated completion {left:.0f}s -> "
+                           f"{after:.0f}s with the restart")
             break
 
 
