@@ -1,5 +1,11 @@
 """Training of the ``dl2`` policy in the simulator (``aryl-sim train-dl2``): reproducible, bounded.
 
+**Where** (``Environment``): Pollux's workloads (``--workloads``, 1-4 for the shipped weights) on their
+16 x 4-GPU cluster, and with ``--philly-samples N`` a *training mix*: also the first N of
+``PHILLY_SAMPLES``, Philly jobs from before the evaluation's window, each on a cluster of its own (16 x 8,
+32 x 4, 8 x 8, 8 x 16 GPUs), so that the network meets other server sizes, cluster sizes and job shapes
+in training -- never the held-out ones. Every stage runs every workload of the mix (RL: in pairs, below).
+
 1. **Supervised warm-up** on decision traces of a teacher, ``optimus``: the teacher's per-job worker counts
    (``optimus_allocate``, as the registered ``optimus`` computes them on each snapshot) are turned into
    DL2's own action sequence -- removals first (slot order), then additions (slot order: a job's gang,
@@ -27,8 +33,8 @@ threads (1 by default) so runs are reproducible and share a small machine. The l
 of the sampled episodes, and of the greedy policy on the training workloads at the start and end) goes
 to a PNG and a JSON beside the weights; the networks along RL (every ``checkpoint_every`` iterations) to
 ``.checkpoints.npz``, which ``evaluation.dl2`` runs on the trained and the held-out settings (the curves).
-Must never: read the held-out workloads (5-8) or the evaluation's Philly sample -- choosing settings on
-them would make the held-out figures a tuning target.
+Must never: read the held-out workloads (5-8) or the evaluation's Philly sample (``PHILLY_SAMPLES`` ends
+before its window) -- choosing settings on them would make the held-out figures a tuning target.
 """
 
 from __future__ import annotations
@@ -50,9 +56,11 @@ from scheduler_service.policies.dl2 import Decision, Dl2Policy, Greedy, masked_l
 from scheduler_service.policies.dl2_model import (
     DEFAULT_HIDDEN,
     JOB_SLOTS,
+    POLICY_ARRAYS,
     STOP,
     Network,
     from_torch,
+    policy_parameters,
     random_network,
     save_network,
     torch_network,
@@ -67,7 +75,7 @@ NO_DEMAND = [DemandPoint(0.0, 0, 0.0)]
 
 @dataclass(frozen=True)
 class Environment:
-    """Where episodes run: the workloads, the cluster, the simulator's cycle settings."""
+    """Where episodes run: the workloads, the cluster of each, the simulator's cycle settings."""
 
     workloads: tuple[tuple[TraceJob, ...], ...]
     spec: ClusterSpec
@@ -78,6 +86,12 @@ class Environment:
     # A bound on one episode's virtual time: a poor network can thrash (restart jobs every cycle) and make a
     # run last for ever; its unfinished jobs count as active until then, in rewards and in JCT (``jct_of``).
     max_time_s: float = 2 * 86400.0
+    # Per workload, its own cluster (a training mix: ``mixed_environment``); () = ``spec`` for every one.
+    specs: tuple[ClusterSpec, ...] = ()
+    labels: tuple[str, ...] = ()   # per workload, what it is (the training report's); () = none
+
+    def spec_of(self, which: int) -> ClusterSpec:
+        return self.specs[which] if self.specs else self.spec
 
 
 @dataclass
@@ -200,13 +214,14 @@ def _toward(decision: Decision, want: Sequence[int], legal: np.ndarray) -> int:
 # --------------------------------------------------------------------------------------------------
 
 
-def run_episode(env: Environment, jobs: Sequence[TraceJob], policy: Any, seed: int) -> float:
-    """Average JCT (s) of one simulated run of ``jobs`` under ``policy`` (an instance), ``jct_of``."""
-    return jct_of(episode(env, jobs, policy, seed), env)
+def run_episode(env: Environment, which: int, policy: Any, seed: int) -> float:
+    """Average JCT (s) of one simulated run of workload ``which`` under ``policy`` (an instance), ``jct_of``."""
+    return jct_of(episode(env, which, policy, seed), env)
 
 
-def episode(env: Environment, jobs: Sequence[TraceJob], policy: Any, seed: int) -> SimulationResult:
-    return simulate(list(jobs), NO_DEMAND, env.spec, policy, env.params, seed=seed,
+def episode(env: Environment, which: int, policy: Any, seed: int) -> SimulationResult:
+    """One simulated run of workload ``which`` of ``env`` on its cluster."""
+    return simulate(list(env.workloads[which]), NO_DEMAND, env.spec_of(which), policy, env.params, seed=seed,
                     cycle_interval_s=env.cycle_interval_s, restart_overhead_s=env.restart_overhead_s,
                     min_cycle_gap_s=env.min_cycle_gap_s, drain_ack_s=None, max_time_s=env.max_time_s)
 
@@ -231,17 +246,17 @@ def _fixed(network: Network) -> Callable[[], Network]:
 
 def greedy_jct(env: Environment, network: Network, seed: int = 0) -> list[float]:
     """Average JCT of the deterministic (live) policy on each workload of ``env``."""
-    return [run_episode(env, jobs, Dl2Policy(env.params, lambda: network, chooser=Greedy()), seed)
-            for jobs in env.workloads]
+    return [run_episode(env, which, Dl2Policy(env.params, lambda: network, chooser=Greedy()), seed)
+            for which in range(len(env.workloads))]
 
 
 def demonstrations(env: Environment, seed: int = 0) -> tuple[Steps, list[float]]:
     """The teacher's recorded steps on every workload, and its average JCT on each."""
     steps = Steps()
     jcts = []
-    for jobs in env.workloads:
+    for which in range(len(env.workloads)):
         teacher = Demonstrator(env.params)
-        jcts.append(run_episode(env, jobs, teacher, seed))
+        jcts.append(run_episode(env, which, teacher, seed))
         _extend(steps, teacher.steps)
     return steps, jcts
 
@@ -287,9 +302,9 @@ def imitate(env: Environment, *, seed: int, epochs: int, dagger_rounds: int, hid
     steps, teacher_jct = demonstrations(env, seed)
     result = warm_up(steps, seed=seed, epochs=epochs, hidden=hidden, threads=threads)
     for round_ in range(dagger_rounds):
-        for jobs in env.workloads:
+        for which in range(len(env.workloads)):
             learner = Dagger(env.params, result.network)
-            run_episode(env, jobs, learner, seed)
+            run_episode(env, which, learner, seed)
             _extend(steps, learner.steps)
         result = warm_up(steps, seed=seed + round_ + 1, epochs=max(1, epochs // 2), hidden=hidden, threads=threads,
                          start=result.network)
@@ -329,9 +344,9 @@ def agreement(network: Network, steps: Steps) -> float:
     """Share of ``steps`` whose recorded action is the network's most likely legal action."""
     if not steps.actions:
         return 0.0
-    x = np.stack(steps.observations)
-    h = np.tanh(np.tanh(x @ network.w1 + network.b1) @ network.w2 + network.b2)
-    logits = np.where(np.stack(steps.legal), h @ network.wp + network.bp, -np.inf)
+    logits = np.concatenate([network.forward_batch(np.stack(steps.observations[first:first + 4096]))[0]
+                             for first in range(0, len(steps.actions), 4096)])
+    logits = np.where(np.stack(steps.legal), logits, -np.inf)
     return float(np.mean(np.argmax(logits, axis=1) == np.asarray(steps.actions)))
 
 
@@ -409,23 +424,26 @@ class RlResult:
     value_r2: float = math.nan  # the pre-trained critic's R^2 on its own data (nan: no pre-training)
 
 
-def _critic(torch: Any, hidden: int) -> Any:
-    from scheduler_service.policies.dl2_model import input_size
+def _critic(torch: Any, hidden: int, seed: int) -> Any:
+    """The critic: a network of the policy's own shape (order-free, ``dl2_model``), trained for its value only."""
+    return torch_network(random_network(hidden, seed))
 
-    return torch.nn.Sequential(torch.nn.Linear(input_size(), hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, hidden),
-                               torch.nn.Tanh(), torch.nn.Linear(hidden, 1))
+
+SIBLINGS = 2  # sampled episodes on the same workload in a row (``_sampled_runs``)
 
 
 def _sampled_runs(env: Environment, network: Network, seeds: Sequence[int], first: int,
                   ) -> tuple[list[tuple[Steps, float, int]], list[float], float]:
-    """``len(seeds)`` episodes of the sampling policy, on the workloads in turn from ``first``: the recorded
-    runs (steps, end, workload index), their average JCTs, and the mean wall time of one."""
+    """``len(seeds)`` episodes of the sampling policy, ``SIBLINGS`` on each workload, the workloads in turn
+    from the ``first``-th episode's: the recorded runs (steps, end, workload index), their average JCTs, and
+    the mean wall time of one. In pairs so that the input-driven baseline has a sibling for every run, however
+    many workloads the mix holds."""
     runs, jcts = [], []
     started = time.perf_counter()
     for k, sample_seed in enumerate(seeds):
-        which = (first + k) % len(env.workloads)
+        which = (first // SIBLINGS + k // SIBLINGS) % len(env.workloads)
         sampler = Sampler(sample_seed)
-        result = episode(env, env.workloads[which], Dl2Policy(env.params, _fixed(network), chooser=sampler), 0)
+        result = episode(env, which, Dl2Policy(env.params, _fixed(network), chooser=sampler), 0)
         jcts.append(jct_of(result, env))
         if sampler.steps.actions:
             runs.append((sampler.steps, run_end(result, env), which))
@@ -525,9 +543,9 @@ def reinforce(env: Environment, network: Network, *, seed: int, iterations: int,
     s = settings or RlSettings()
     torch = _torch(threads, seed)
     module = torch_network(network)
-    policy_params = [*module.l1.parameters(), *module.l2.parameters(), *module.policy.parameters()]
+    policy_params = policy_parameters(module)
     optimiser = torch.optim.Adam(policy_params, lr=s.lr)
-    critic = _critic(torch, network.hidden)
+    critic = _critic(torch, network.hidden, seed)
     critic_optimiser = torch.optim.Adam(critic.parameters(), lr=s.value_lr)
     warm = torch_network(network) if s.kl_to_warmup > 0 else None
     started = time.perf_counter()
@@ -548,7 +566,7 @@ def reinforce(env: Environment, network: Network, *, seed: int, iterations: int,
 
     def critic_values(x: Any) -> np.ndarray:
         with torch.no_grad():
-            return critic(x).squeeze(-1).double().numpy()
+            return critic(x)[1].double().numpy()
 
     def fit_critic(x: Any, target: Any, epochs: int) -> None:
         generator = torch.Generator().manual_seed(seed)
@@ -556,7 +574,7 @@ def reinforce(env: Environment, network: Network, *, seed: int, iterations: int,
             order = torch.randperm(len(target), generator=generator)
             for first in range(0, len(target), s.minibatch):
                 idx = order[first:first + s.minibatch]
-                loss = ((critic(x[idx]).squeeze(-1) - target[idx]) ** 2).mean()
+                loss = ((critic(x[idx])[1] - target[idx]) ** 2).mean()
                 critic_optimiser.zero_grad()
                 loss.backward()
                 critic_optimiser.step()
@@ -668,7 +686,7 @@ def checkpoints_path(out: Path) -> Path:
 def save_checkpoints(checkpoints: Sequence[tuple[int, Network]], path: Path) -> None:
     """The networks along RL (``reinforce``'s ``checkpoint_every``) in one file: arrays ``<iteration>/<name>``
     (the policy's only: the value head stays the warm-up's), for the learning curves of ``evaluation.dl2``."""
-    arrays = {f"{k}/{name}": getattr(n, name) for k, n in checkpoints for name in ("w1", "b1", "w2", "b2", "wp", "bp")}
+    arrays = {f"{k}/{name}": getattr(n, name) for k, n in checkpoints for name in POLICY_ARRAYS}
     with path.open("wb") as handle:
         np.savez_compressed(handle, **arrays)
 
@@ -679,7 +697,7 @@ def load_checkpoints(path: Path, like: Network) -> list[tuple[int, Network]]:
         names = list(data.keys())
         iterations = sorted({int(n.split("/")[0]) for n in names})
         arrays: list[dict[str, Any]] = [{name: np.asarray(data[f"{k}/{name}"], dtype=np.float32)
-                                         for name in ("w1", "b1", "w2", "b2", "wp", "bp")} for k in iterations]
+                                         for name in POLICY_ARRAYS} for k in iterations]
     return [(k, replace(like, **a)) for k, a in zip(iterations, arrays, strict=True)]
 
 
@@ -728,11 +746,50 @@ def pollux_environment(shared: Path, numbers: Sequence[int], *, folder: str = PO
     mapping = JobMapping(seed=seed, elastic_share=1.0, max_scale=16, gpus_per_server=4)
     workloads = tuple(tuple(load_pollux_workload(shared / folder / f"workload-{n}.csv", profiles_dir=shared / PROFILES,
                                                  mapping=mapping)) for n in numbers)
-    return Environment(workloads, ClusterSpec(16, 0, 4))
+    return Environment(workloads, ClusterSpec(16, 0, 4), labels=tuple(f"pollux-{n}" for n in numbers))
 
 
-DEFAULTS = {"workloads": "1,2,3,4", "seed": 0, "warmup_epochs": 40, "dagger_rounds": 2, "rl_iterations": 30,
-            "episodes": 8, "checkpoint_every": 5, "threads": 1}
+PHILLY_FILE = "traces/philly-pollux/philly_jobs.csv.gz"
+# The Philly training samples (``--philly-samples N`` takes the first N): (first row, jobs, servers, GPUs per
+# server, mapping seed). All from the full trace *before* 2017-10-10 (row 18,667 on), so none of them overlaps
+# the evaluation's Philly sample (the first 400 jobs of the 15-day window that starts then,
+# ``evaluation.dl2.philly_sample``); several server sizes and cluster sizes, so that the network meets the
+# relative features (``dl2_model``) at more than one scale.
+PHILLY_SAMPLES = ((5000, 300, 16, 8, 1), (12000, 300, 32, 4, 2), (2000, 300, 8, 8, 3), (15000, 300, 8, 16, 4))
+
+
+def philly_training_sample(shared: Path, first: int, jobs: int, servers: int, gpus_per_server: int,
+                           seed: int) -> tuple[tuple[TraceJob, ...], ClusterSpec]:
+    """``jobs`` Philly jobs from row ``first`` of ``PHILLY_FILE``, their times from the first one's submission,
+    mapped as the evaluation's Philly sample is (half elastic up to 4x, Amdahl speed-ups) for servers of
+    ``gpus_per_server``; a job whose gang can never fit the cluster (more GPUs than it has, or a worker
+    wider than a server) is left out -- it would only stall the run."""
+    from simulator.traces import JobMapping, load_philly
+
+    mapping = JobMapping(seed=seed, elastic_share=0.5, max_scale=4, gpus_per_server=gpus_per_server)
+    loaded = load_philly(shared / PHILLY_FILE, mapping=mapping, limit=first + jobs)[first:]
+    total = servers * gpus_per_server
+    fits = [j for j in loaded if j.min_workers * j.gpus_per_worker <= total and j.gpus_per_worker <= gpus_per_server]
+    origin = fits[0].submit_time if fits else 0.0
+    out = tuple(replace(j, job_id=k + 1, submit_time=j.submit_time - origin,
+                        deadline=None if j.deadline is None else j.deadline - origin) for k, j in enumerate(fits))
+    return out, ClusterSpec(servers, 0, gpus_per_server)
+
+
+def mixed_environment(shared: Path, numbers: Sequence[int], philly_samples: int) -> Environment:
+    """The training mix: Pollux's workloads ``numbers`` on their 16 x 4-GPU cluster (``pollux_environment``)
+    and the first ``philly_samples`` of ``PHILLY_SAMPLES``, each on its own cluster."""
+    pollux = pollux_environment(shared, numbers)
+    if philly_samples > len(PHILLY_SAMPLES):
+        raise ValueError(f"--philly-samples is at most {len(PHILLY_SAMPLES)}, got {philly_samples}")
+    samples = [(philly_training_sample(shared, *row), row) for row in PHILLY_SAMPLES[:philly_samples]]
+    return replace(pollux, workloads=(*pollux.workloads, *(jobs for (jobs, _), _ in samples)),
+                   specs=(*(pollux.spec for _ in pollux.workloads), *(spec for (_, spec), _ in samples)),
+                   labels=(*pollux.labels, *(f"philly@{row[0]}:{row[1]}x{row[2]}x{row[3]}" for _, row in samples)))
+
+
+DEFAULTS = {"workloads": "1,2,3,4", "philly_samples": 0, "seed": 0, "warmup_epochs": 40, "dagger_rounds": 2,
+            "rl_iterations": 30, "episodes": 8, "checkpoint_every": 5, "threads": 1}
 # The RL flags: (flag, RlSettings field, type); their defaults are RlSettings's.
 RL_FLAGS = (("--horizon-h", "horizon_h", float), ("--lam-h", "lam_h", float), ("--lr", "lr", float),
             ("--value-lr", "value_lr", float), ("--entropy", "entropy", float), ("--clip", "clip", float),
@@ -750,6 +807,9 @@ def add_train_dl2_parser(sub: Any) -> None:
                         help="the public data folder (holds pollux-data/ and traces/)")
     parser.add_argument("--workloads", default=DEFAULTS["workloads"],
                         help=f"comma-separated numbers of {POLLUX_FOLDER}/workload-N.csv to train on")
+    parser.add_argument("--philly-samples", type=int, default=DEFAULTS["philly_samples"],
+                        help=f"also train on the first N Philly samples of PHILLY_SAMPLES (at most "
+                             f"{len(PHILLY_SAMPLES)}; never the evaluation's): the training mix")
     parser.add_argument("--out", type=Path, required=True,
                         help="the weights file to write (.npz); beside it .warmup.npz, .checkpoints.npz, .json, .png")
     parser.add_argument("--seed", type=int, default=DEFAULTS["seed"])
@@ -779,7 +839,7 @@ def train_dl2_command(args: Any) -> int:
         numbers = [int(n) for n in str(args.workloads).split(",") if n.strip()]
         if not numbers:
             raise ValueError("--workloads names no workload")
-        env = pollux_environment(args.shared, numbers)
+        env = mixed_environment(args.shared, numbers, args.philly_samples)
     except (ValueError, OSError) as exc:
         raise BadInput(f"error: {exc}") from exc
     settings = RlSettings(**{name: getattr(args, name) for _, name, _ in RL_FLAGS},
@@ -791,12 +851,15 @@ def train_dl2_command(args: Any) -> int:
                    progress=args.progress and sys.stderr.isatty())
     wall = time.perf_counter() - started
     rl_flags = " ".join(f"{flag} {getattr(args, name)}" for flag, name, _ in RL_FLAGS)
-    command = (f"aryl-sim train-dl2 --out {args.out} --workloads {args.workloads} --seed {args.seed} "
+    command = (f"aryl-sim train-dl2 --out {args.out} --workloads {args.workloads} "
+               f"--philly-samples {args.philly_samples} --seed {args.seed} "
                f"--warmup-epochs {args.warmup_epochs} --dagger-rounds {args.dagger_rounds} "
                f"--rl-iterations {args.rl_iterations} --episodes {args.episodes} "
                f"--checkpoint-every {args.checkpoint_every} {rl_flags} "
                f"--{'' if args.input_baseline else 'no-'}input-baseline --threads {args.threads}")
     write_outputs(report, args.out, {"command": command, "seed": args.seed, "workloads": numbers,
+                                     "philly_samples": [list(row) for row in PHILLY_SAMPLES[:args.philly_samples]],
+                                     "training_mix": list(env.labels),
                                      "train_wall_s": round(wall, 1)}, plot=not args.no_plot)
     h = 3600.0
     print(f"teacher (optimus) avg JCT {np.mean(report.teacher_jct) / h:.3f} h; warm-up agreement "

@@ -3,8 +3,11 @@ time, how many workers each job gets; trained by ``aryl-sim train-dl2`` (``simul
 supervised on ``optimus``'s decisions, then by reinforcement learning on average JCT.
 
 One cycle (``Decision``): the network reads the encoding (``dl2_model``: the oldest ``JOB_SLOTS`` active
-jobs, with the workers each has *in this decision so far*) and picks an action -- add a unit to a job,
-remove one, or stop -- until it stops, no action is legal, or ``MAX_STEPS`` pass. Every running job starts
+jobs, with the workers each has *in this decision so far*, in features relative to the cluster) and picks an
+action -- add a unit to a job, remove one, or stop -- until it stops, no action is legal, or ``MAX_STEPS``
+pass. One network scores every job alike (a shared per-job network with a pooled cluster context), so which
+row a job is in does not matter, only what it is; that, and features that are shares of the cluster, is
+what lets weights trained on 4-GPU servers decide on 8-GPU ones. Every running job starts
 from its current workers, so a cycle's actions are its changes. Illegal actions are masked (never
 chosen):
 
@@ -58,12 +61,14 @@ from scheduler_service.policies.dl2_model import (
     JOB_FEATURES,
     JOB_SLOTS,
     STOP,
+    UNIT_PER_FREE,
     Network,
     SlotFeatures,
     action_count,
     encode_globals,
     encode_slot,
     load_network,
+    unit_per_free,
 )
 from scheduler_service.policies.worker_targets import active_jobs, training_gpus
 
@@ -80,6 +85,10 @@ class Decision:
         self.unseen: list[JobView] = active[JOB_SLOTS:]
         self.capacity = FreeCapacity.of(snapshot)
         self.total_gpus = training_gpus(snapshot)
+        # What the features are relative to (``dl2_model``): the largest schedulable server, the demand.
+        self.server_gpus = max((len(s.healthy_gpus) for s in snapshot.servers if s.runs_training and not s.cordoned),
+                               default=0)
+        self.demand_gpus = sum(j.min_workers * j.gpus_per_worker for j in active)
         n = len(self.slots)
         self.workers: list[list[WorkerPlacement]] = [
             [WorkerPlacement(w.rank, w.server_id, w.gpu_indices) for w in j.workers] if j.state == JobState.RUNNING
@@ -97,6 +106,7 @@ class Decision:
             estimate(j, now=snapshot.now, default_runtime_s=params.default_runtime_s, alpha=params.amdahl_alpha)
             for j in self.slots]
         self._features = np.zeros((JOB_SLOTS, JOB_FEATURES), dtype=np.float32)
+        self._unit_gpus = np.zeros(JOB_SLOTS, dtype=np.float32)  # the GPUs of each row's next unit
         for i in range(n):
             self._refresh(i)
 
@@ -112,7 +122,8 @@ class Decision:
                             saving_s=saving,
                             remaining_s=est.remaining_time(max(w, job.min_workers, 1)),
                             waited_s=self.snapshot.now - job.submitted_at, added=self.added[i],
-                            removed=self.removed[i])
+                            removed=self.removed[i], total_gpus=self.total_gpus, server_gpus=self.server_gpus,
+                            arrival=i)
 
     def saving_s(self, i: int) -> float:
         """Seconds of remaining time one more worker saves the job in slot ``i`` (at its workers so far)."""
@@ -121,11 +132,15 @@ class Decision:
 
     def _refresh(self, i: int) -> None:
         self._features[i] = encode_slot(self.slot_features(i))
+        job = self.slots[i]
+        self._unit_gpus[i] = (job.min_workers if not self.workers[i] else 1) * job.gpus_per_worker
 
     def observation(self) -> np.ndarray:
-        return np.concatenate([self._features.reshape(-1),
-                               np.asarray(encode_globals(self.capacity.total, self.total_gpus, len(self.unseen)),
-                                          dtype=np.float32)])
+        free = self.capacity.total
+        self._features[:, UNIT_PER_FREE] = unit_per_free(self._unit_gpus, free)
+        return np.concatenate([self._features.reshape(-1), np.asarray(
+            encode_globals(free, self.total_gpus, self.capacity.largest_block(), self.server_gpus, self.demand_gpus,
+                           len(self.slots), len(self.unseen)), dtype=np.float32)])
 
     def mask(self) -> np.ndarray:
         """Legal actions (module doc)."""

@@ -1,30 +1,45 @@
 """The ``dl2`` policy's network and its input encoding: what the network sees, what it outputs, and the
 weights file. Plain numpy; PyTorch only where weights are trained (``torch_network``, imported lazily).
 
-**Encoding** (version ``ENCODING_VERSION``; a fixed-size vector of ``input_size()`` floats):
+**Encoding** (version ``ENCODING_VERSION``; a fixed-size vector of ``input_size()`` floats): ``JOB_SLOTS``
+rows of ``JOB_FEATURES``, then ``GLOBAL_FEATURES``. Every feature is *relative to the cluster* (shares of its
+GPUs or of a server, log-scaled, or ratios), never a raw GPU count, so that a cluster of 8-GPU servers, or
+one twice the size, looks like the 16 x 4-GPU clusters the network trained on.
 
-- ``JOB_SLOTS`` slots, one per active (PENDING or RUNNING) job, the oldest first (submission time, then
-  job id, as DL2 orders its jobs by arrival); jobs past the last slot are not seen and keep their state
-  this cycle. An empty slot is all zeros. Per slot, ``JOB_FEATURES`` features, each scaled to about
-  0..1 (counts on a log2 scale, durations as log1p of minutes):
-  ``present``, ``running`` (at the snapshot), ``gpus_per_worker``, ``min_workers``, ``max_workers``,
-  ``workers`` (in this decision so far), ``workers / max_workers``, ``gain`` (relative speed-up of its next
-  unit: 1 for a job with no workers, else ``speed(w + 1) / speed(w) - 1``), ``saving`` (seconds of
-  remaining time one more worker saves, ``remaining(w) - remaining(w + 1)``; 1 for a job with no workers),
-  ``remaining`` (estimated remaining time at its workers, or at ``min_workers`` when it has none),
-  ``waited`` (since submission), ``added`` and ``removed`` (in this decision).
-- then ``GLOBAL_FEATURES`` features: free GPUs / all GPUs, free GPUs (log2), all GPUs (log2), the
-  number of active jobs not seen (log2).
+- ``JOB_SLOTS`` rows, one per visible active (PENDING or RUNNING) job: the oldest first (submission time,
+  then job id), which only decides *which* jobs are seen -- the network scores every row with the same
+  weights, so their order does not matter (below). Jobs past the last row are not seen and keep their
+  state this cycle. An empty row is all zeros. Per row, each about 0..1: ``present``; ``running`` (at the
+  snapshot); ``gpus_per_worker / GPUs of the largest server``; the job's GPUs at ``min_workers``, at
+  ``max_workers`` and at its workers so far (in this decision), each as a share of the cluster's training
+  GPUs (``share_scaled``); ``workers / max_workers``; ``gain`` (relative speed-up of its next unit: 1 for a
+  job with no workers, else ``speed(w + 1) / speed(w) - 1``); ``saving / remaining`` (the share of its
+  remaining time one more worker saves; 1 for a job with no workers); ``saving`` and ``remaining`` in
+  minutes (log-scaled: ``minutes_scaled``; ``remaining`` at its workers, or at ``min_workers`` when it has
+  none); ``waited`` (since submission, the same scale); ``unit / free`` (the GPUs of its next unit -- its
+  gang when it has no workers, else one worker -- over the free GPUs, at most 1); ``added`` and ``removed``
+  (in this decision); ``arrival`` (its rank among the visible jobs by arrival / ``JOB_SLOTS``: a property
+  of the job, its place in the queue, so that a network can learn first-come-first-served as its teacher
+  does, without the row's position meaning anything).
+- ``GLOBAL_FEATURES``: free GPUs / training GPUs; the largest free block on one server / GPUs of the
+  largest server; demand (the active jobs' GPUs at ``min_workers`` / training GPUs, ``log2_scaled`` to 16);
+  the share of active jobs not seen; the visible jobs / ``JOB_SLOTS``.
 
-**Actions** (``action_count()``): ``i`` in ``0..JOB_SLOTS-1`` adds a unit to the job in slot ``i`` (its
+**Actions** (``action_count()``): ``i`` in ``0..JOB_SLOTS-1`` adds a unit to the job in row ``i`` (its
 ``min_workers`` gang when it has no workers, else one worker); ``JOB_SLOTS + i`` removes one from it (one
 worker, or its whole gang at ``min_workers``: a preemption); ``2 x JOB_SLOTS`` stops the decision.
 
-**Network**: input -> ``hidden`` (tanh) -> ``hidden`` (tanh) -> action logits, and a value head (a
-scalar, the expected return, used as the baseline in training).
+**Network** (shared per job, pooled over jobs; Deep Sets / PointNet style): each present row, with the
+globals appended, is embedded by one shared layer, ``e = tanh([row, globals] @ w1 + b1)``; the cluster
+context is the mean and the max of ``e`` over the present rows; ``h = tanh([e, mean, max] @ w2 + b2)``
+per row; the row's *add* and *remove* logits are ``h @ wp + bp`` (two columns). *Stop* reads the pooled
+``h`` (mean and max over present rows: ``[mean, max] @ ws + bs``) and so does the value (``wv``, ``bv``: a
+scalar, the expected return, the baseline of online learning). Permuting the rows therefore permutes the
+add and remove logits the same way and leaves stop and the value unchanged (a test checks it), and the
+size of the network does not depend on ``JOB_SLOTS``.
 
-**Weights file** (``.npz``): the arrays ``w1 b1 w2 b2 wp bp wv bv`` and ``meta``, a JSON string with the
-encoding version, the shape (slots, features, globals, hidden, actions) and how the weights were made.
+**Weights file** (``.npz``): the arrays ``w1 b1 w2 b2 wp bp ws bs wv bv`` and ``meta``, a JSON string with
+the encoding version, the shape (slots, features, globals, hidden, actions) and how the weights were made.
 ``load_network`` refuses a file whose encoding or shape differs from this module's (``ModelFileError``).
 """
 
@@ -38,12 +53,17 @@ from typing import Any
 
 import numpy as np
 
-ENCODING_VERSION = 1
+ENCODING_VERSION = 2
 JOB_SLOTS = 32
-JOB_FEATURES = 13
-GLOBAL_FEATURES = 4
+JOB_FEATURES = 16
+GLOBAL_FEATURES = 5
 DEFAULT_HIDDEN = 64
-_ARRAYS = ("w1", "b1", "w2", "b2", "wp", "bp", "wv", "bv")
+# The policy's arrays (what RL changes and ``.checkpoints.npz`` keeps), then the value head's.
+POLICY_ARRAYS = ("w1", "b1", "w2", "b2", "wp", "bp", "ws", "bs")
+_ARRAYS = (*POLICY_ARRAYS, "wv", "bv")
+# Row feature indexes that ``Decision`` fills outside ``encode_slot``: ``unit / free`` changes with every
+# action that takes or frees GPUs, so it is set for all rows at once when an observation is taken.
+UNIT_PER_FREE = 12
 # The weights shipped with Aryl (``aryl-sim train-dl2``, the command and seed in their ``meta``).
 BUNDLED_MODEL = Path(__file__).resolve().parent / "data" / "dl2.npz"
 
@@ -68,6 +88,11 @@ def log2_scaled(count: float, top: float = 64.0) -> float:
     return math.log2(1.0 + max(count, 0.0)) / math.log2(1.0 + top)
 
 
+def share_scaled(share: float) -> float:
+    """A share of the cluster (0..1), log-scaled so that small jobs differ: ``log2(1 + 64 x) / log2(65)``."""
+    return log2_scaled(64.0 * min(max(share, 0.0), 1.0), 64.0)
+
+
 def minutes_scaled(seconds: float) -> float:
     """``log1p(minutes) / log1p(10 days in minutes)``: 0 at 0, 1 at ten days."""
     if not math.isfinite(seconds):
@@ -77,7 +102,8 @@ def minutes_scaled(seconds: float) -> float:
 
 @dataclass(frozen=True, slots=True)
 class SlotFeatures:
-    """One job's features before scaling (what ``encode_slot`` turns into ``JOB_FEATURES`` floats)."""
+    """One job's features before scaling (what ``encode_slot`` turns into ``JOB_FEATURES`` floats), and the
+    cluster's sizes they are relative to."""
 
     running: bool
     gpus_per_worker: int
@@ -90,34 +116,53 @@ class SlotFeatures:
     waited_s: float
     added: bool
     removed: bool
+    total_gpus: int
+    server_gpus: int
+    arrival: int
 
 
 def encode_slot(f: SlotFeatures) -> list[float]:
+    """The row of one job; ``unit / free`` (index ``UNIT_PER_FREE``) is 0 here (``Decision`` sets it)."""
+    total = max(f.total_gpus, 1)
+    saving_share = 1.0 if not math.isfinite(f.saving_s) else (
+        min(f.saving_s / f.remaining_s, 1.0) if f.remaining_s > 0 else 0.0)
     return [
         1.0,
         float(f.running),
-        log2_scaled(f.gpus_per_worker, 8.0),
-        log2_scaled(f.min_workers),
-        log2_scaled(f.max_workers),
-        log2_scaled(f.workers),
+        min(f.gpus_per_worker / max(f.server_gpus, 1), 1.0),
+        share_scaled(f.min_workers * f.gpus_per_worker / total),
+        share_scaled(f.max_workers * f.gpus_per_worker / total),
+        share_scaled(f.workers * f.gpus_per_worker / total),
         f.workers / f.max_workers if f.max_workers > 0 else 0.0,
         min(max(f.gain, 0.0), 1.0),
+        max(saving_share, 0.0),
         minutes_scaled(f.saving_s),
         minutes_scaled(f.remaining_s),
         minutes_scaled(f.waited_s),
+        0.0,
         float(f.added),
         float(f.removed),
+        f.arrival / JOB_SLOTS,
     ]
 
 
-def encode_globals(free_gpus: int, total_gpus: int, unseen_jobs: int) -> list[float]:
-    return [free_gpus / total_gpus if total_gpus > 0 else 0.0, log2_scaled(free_gpus, 4096.0),
-            log2_scaled(total_gpus, 4096.0), log2_scaled(unseen_jobs, 4096.0)]
+def encode_globals(free_gpus: int, total_gpus: int, largest_block: int, server_gpus: int, demand_gpus: int,
+                   visible_jobs: int, unseen_jobs: int) -> list[float]:
+    total = max(total_gpus, 1)
+    active = visible_jobs + unseen_jobs
+    return [free_gpus / total if total_gpus > 0 else 0.0, min(largest_block / max(server_gpus, 1), 1.0),
+            log2_scaled(demand_gpus / total, 16.0), unseen_jobs / active if active else 0.0,
+            visible_jobs / JOB_SLOTS]
+
+
+def unit_per_free(unit_gpus: np.ndarray, free_gpus: int) -> np.ndarray:
+    """``unit / free`` per row, at most 1 (1 when nothing is free and the row has a unit)."""
+    return np.minimum(unit_gpus / max(free_gpus, 0.5), 1.0).astype(np.float32)
 
 
 @dataclass
 class Network:
-    """The MLP's weights as numpy arrays (float32), and its shape's provenance (``meta``)."""
+    """The network's weights as numpy arrays (float32), and its shape's provenance (``meta``)."""
 
     w1: np.ndarray
     b1: np.ndarray
@@ -125,6 +170,8 @@ class Network:
     b2: np.ndarray
     wp: np.ndarray
     bp: np.ndarray
+    ws: np.ndarray
+    bs: np.ndarray
     wv: np.ndarray
     bv: np.ndarray
     meta: dict[str, Any]
@@ -134,19 +181,54 @@ class Network:
         return int(self.w1.shape[1])
 
     def forward(self, x: np.ndarray) -> tuple[np.ndarray, float]:
-        """Action logits and the value for one input vector."""
-        h = np.tanh(x @ self.w1 + self.b1)
-        h = np.tanh(h @ self.w2 + self.b2)
-        return h @ self.wp + self.bp, float(h @ self.wv + self.bv)
+        """Action logits and the value for one input vector: ``forward_batch``'s function (a test checks it),
+        written for one vector, the live decision's hot path (the layers split by input block: no copies)."""
+        rows = x[:JOB_SLOTS * JOB_FEATURES].reshape(JOB_SLOTS, JOB_FEATURES)
+        present = rows[:, 0] > 0
+        weight = present.astype(np.float32) / max(int(present.sum()), 1)
+        e = np.tanh(rows @ self.w1[:JOB_FEATURES] + (x[JOB_SLOTS * JOB_FEATURES:] @ self.w1[JOB_FEATURES:] + self.b1))
+        hidden = e.shape[1]
+        mask = present[:, None]
+        context = np.concatenate([weight @ e, np.where(mask, e, -1.0).max(axis=0)])
+        h = np.tanh(e @ self.w2[:hidden] + (context @ self.w2[hidden:] + self.b2))
+        per_job = h @ self.wp + self.bp
+        pooled = np.concatenate([weight @ h, np.where(mask, h, -1.0).max(axis=0)])
+        logits = np.concatenate([per_job[:, 0], per_job[:, 1], [pooled @ self.ws + self.bs]])
+        return logits, float(pooled @ self.wv + self.bv)
+
+    def forward_batch(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Action logits ``(B, action_count())`` and values ``(B,)`` for a batch of input vectors (module doc)."""
+        batch = x.shape[0]
+        rows = x[:, :JOB_SLOTS * JOB_FEATURES].reshape(batch, JOB_SLOTS, JOB_FEATURES)
+        cluster = np.broadcast_to(x[:, None, JOB_SLOTS * JOB_FEATURES:], (batch, JOB_SLOTS, GLOBAL_FEATURES))
+        present = (rows[:, :, 0] > 0)[:, :, None]
+        e = np.tanh(np.concatenate([rows, cluster], axis=2) @ self.w1 + self.b1)
+        context = _pool(e, present)
+        h = np.tanh(np.concatenate([e, np.broadcast_to(context[:, None, :], (batch, JOB_SLOTS, context.shape[1]))],
+                                   axis=2) @ self.w2 + self.b2)
+        per_job = h @ self.wp + self.bp
+        pooled = _pool(h, present)
+        stop = pooled @ self.ws + self.bs
+        logits = np.concatenate([per_job[:, :, 0], per_job[:, :, 1], stop[:, None]], axis=1)
+        return logits, pooled @ self.wv + self.bv
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {name: getattr(self, name) for name in _ARRAYS}
 
 
+def _pool(e: np.ndarray, present: np.ndarray) -> np.ndarray:
+    """Mean and max of ``e`` (``B x rows x H``, values in -1..1) over the present rows: ``B x 2H`` (zeros and
+    -1 with none present)."""
+    count = np.maximum(present.sum(axis=1), 1)
+    mean = (e * present).sum(axis=1) / count
+    top = np.where(present, e, -1.0).max(axis=1)
+    return np.concatenate([mean, top], axis=1)
+
+
 def expected_shapes(hidden: int) -> dict[str, tuple[int, ...]]:
-    n_in, n_out = input_size(), action_count()
-    return {"w1": (n_in, hidden), "b1": (hidden,), "w2": (hidden, hidden), "b2": (hidden,),
-            "wp": (hidden, n_out), "bp": (n_out,), "wv": (hidden,), "bv": ()}
+    return {"w1": (JOB_FEATURES + GLOBAL_FEATURES, hidden), "b1": (hidden,), "w2": (3 * hidden, hidden),
+            "b2": (hidden,), "wp": (hidden, 2), "bp": (2,), "ws": (2 * hidden,), "bs": (), "wv": (2 * hidden,),
+            "bv": ()}
 
 
 def shape_meta(hidden: int) -> dict[str, int]:
@@ -155,10 +237,13 @@ def shape_meta(hidden: int) -> dict[str, int]:
 
 
 def random_network(hidden: int = DEFAULT_HIDDEN, seed: int = 0) -> Network:
-    """Small random weights (for tests and as training's start when torch is not the one initialising)."""
+    """Random weights, Glorot-scaled (for tests and as training's start when torch is not the one initialising)."""
     rng = np.random.default_rng(seed)
-    arrays = {name: (rng.standard_normal(shape) * (0.1 if len(shape) == 2 else 0.0)).astype(np.float32)
-              for name, shape in expected_shapes(hidden).items()}
+    arrays = {}
+    for name, shape in expected_shapes(hidden).items():
+        fan_in = shape[0] if shape else 1
+        scale = 1.0 / math.sqrt(fan_in) if name.startswith("w") else 0.0
+        arrays[name] = (rng.standard_normal(shape) * scale).astype(np.float32)
     return Network(**arrays, meta={**shape_meta(hidden), "made_by": f"random_network(seed={seed})"})
 
 
@@ -181,15 +266,17 @@ def load_network(path: str | Path) -> Network:
     try:
         with np.load(path, allow_pickle=False) as data:
             meta = json.loads(str(data["meta"]))
+            hidden = int(meta.get("hidden", -1))
+            want = shape_meta(hidden)
+            got = {k: meta.get(k) for k in want}
+            if got != want:
+                raise ModelFileError(f"dl2 weights file {str(path)!r} was made for encoding {got}, this Aryl uses "
+                                     f"{want}; {fix}")
             arrays = {name: np.asarray(data[name], dtype=np.float32) for name in _ARRAYS}
+    except ModelFileError:
+        raise
     except (OSError, ValueError, KeyError, json.JSONDecodeError) as exc:
         raise ModelFileError(f"dl2 weights file {str(path)!r} is not a dl2 weights file ({exc}); {fix}") from None
-    hidden = int(meta.get("hidden", -1))
-    want = shape_meta(hidden)
-    got = {k: meta.get(k) for k in want}
-    if got != want:
-        raise ModelFileError(f"dl2 weights file {str(path)!r} was made for encoding {got}, this Aryl uses {want}; "
-                             f"{fix}")
     for name, shape in expected_shapes(hidden).items():
         if arrays[name].shape != shape:
             raise ModelFileError(f"dl2 weights file {str(path)!r}: array {name} has shape {arrays[name].shape}, "
@@ -203,31 +290,46 @@ def load_network(path: str | Path) -> Network:
 
 
 def torch_network(network: Network) -> Any:
-    """A ``torch.nn.Module`` with ``network``'s weights: ``module(x) -> (logits, value)`` on a batch."""
+    """A ``torch.nn.Module`` with ``network``'s weights: ``module(x) -> (logits, value)`` on a batch, the same
+    function as ``Network.forward_batch``. Its parameters carry the arrays' names (``module.w1``, ...);
+    ``policy_parameters`` are the policy's."""
     import torch
     from torch import nn
 
     class TorchNet(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.l1 = nn.Linear(input_size(), network.hidden)
-            self.l2 = nn.Linear(network.hidden, network.hidden)
-            self.policy = nn.Linear(network.hidden, action_count())
-            self.value = nn.Linear(network.hidden, 1)
+            for name in _ARRAYS:
+                setattr(self, name, nn.Parameter(torch.from_numpy(np.array(getattr(network, name), dtype=np.float32))))
 
         def forward(self, x: Any) -> tuple[Any, Any]:
-            h = torch.tanh(self.l2(torch.tanh(self.l1(x))))
-            return self.policy(h), self.value(h).squeeze(-1)
+            p: dict[str, Any] = {name: getattr(self, name) for name in _ARRAYS}
+            batch = x.shape[0]
+            rows = x[:, :JOB_SLOTS * JOB_FEATURES].reshape(batch, JOB_SLOTS, JOB_FEATURES)
+            cluster = x[:, None, JOB_SLOTS * JOB_FEATURES:].expand(batch, JOB_SLOTS, GLOBAL_FEATURES)
+            present = (rows[:, :, 0] > 0).unsqueeze(2)
+            e = torch.tanh(torch.cat([rows, cluster], dim=2) @ p["w1"] + p["b1"])
+            context = self._pool(e, present)
+            h = torch.tanh(torch.cat([e, context.unsqueeze(1).expand(batch, JOB_SLOTS, context.shape[1])], dim=2)
+                           @ p["w2"] + p["b2"])
+            per_job = h @ p["wp"] + p["bp"]
+            pooled = self._pool(h, present)
+            logits = torch.cat([per_job[:, :, 0], per_job[:, :, 1], (pooled @ p["ws"] + p["bs"]).unsqueeze(1)], dim=1)
+            return logits, pooled @ p["wv"] + p["bv"]
 
-    module = TorchNet()
-    with torch.no_grad():
-        for layer, w, b in ((module.l1, network.w1, network.b1), (module.l2, network.w2, network.b2),
-                            (module.policy, network.wp, network.bp)):
-            layer.weight.copy_(torch.from_numpy(np.ascontiguousarray(w.T)))
-            layer.bias.copy_(torch.from_numpy(np.ascontiguousarray(b)))
-        module.value.weight.copy_(torch.from_numpy(network.wv.reshape(1, -1).copy()))
-        module.value.bias.copy_(torch.from_numpy(network.bv.reshape(1).copy()))
-    return module
+        @staticmethod
+        def _pool(e: Any, present: Any) -> Any:
+            count = present.sum(dim=1).clamp(min=1)
+            mean = (e * present).sum(dim=1) / count
+            top = e.masked_fill(~present, -1.0).max(dim=1).values
+            return torch.cat([mean, top], dim=1)
+
+    return TorchNet()
+
+
+def policy_parameters(module: Any) -> list[Any]:
+    """The parameters of a ``torch_network`` module that make the action logits (not the value head's)."""
+    return [getattr(module, name) for name in POLICY_ARRAYS]
 
 
 def from_torch(module: Any, meta: dict[str, Any]) -> Network:
@@ -235,7 +337,4 @@ def from_torch(module: Any, meta: dict[str, Any]) -> Network:
     def np_of(t: Any) -> np.ndarray:
         return np.asarray(t.detach().cpu().numpy(), dtype=np.float32).copy()
 
-    return Network(w1=np_of(module.l1.weight).T.copy(), b1=np_of(module.l1.bias), w2=np_of(module.l2.weight).T.copy(),
-                   b2=np_of(module.l2.bias), wp=np_of(module.policy.weight).T.copy(), bp=np_of(module.policy.bias),
-                   wv=np_of(module.value.weight).reshape(-1), bv=np_of(module.value.bias).reshape(()),
-                   meta=dict(meta))
+    return Network(**{name: np_of(getattr(module, name)) for name in _ARRAYS}, meta=dict(meta))
