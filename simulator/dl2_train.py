@@ -156,6 +156,7 @@ class Demonstrator:
             if action == STOP:
                 break
             decision.apply(action)
+        decision.backfill()  # as ``policies.dl2.decide``: the jobs past the window that fit start
         self.steps.close_cycle(snapshot)
         return decision.plan("dl2-teacher")
 
@@ -186,6 +187,7 @@ class Dagger:
             if action == STOP:
                 break
             decision.apply(action)
+        decision.backfill()  # as ``policies.dl2.decide``: the jobs past the window that fit start
         self.steps.close_cycle(snapshot)
         return decision.plan("dl2-dagger")
 

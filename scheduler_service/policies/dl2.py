@@ -30,8 +30,11 @@ chosen):
 A job is never both grown and shrunk in one decision, so no GPU moves between jobs and the plan always
 has an apply order; workers stay within ``0`` or ``min_workers..max_workers`` and gangs are whole by
 construction, and the plan passes the same invariants checker and appliers as any policy's (a bad
-network can waste GPUs, never double-book one or break a gang). Jobs past the last slot keep their
-state this cycle.
+network can waste GPUs, never double-book one or break a gang). Jobs past the last slot: a running one keeps
+its size this cycle; a queued one whose ``min_workers`` gang fits the GPUs the network left free starts at it
+once the network has stopped, the oldest first (``Decision.backfill``: work-conserving past the window, as
+*stop* is within it -- with the window alone, jobs past it waited in 15% of the Philly sample's cycles while 88
+of 128 GPUs stood free on average, which no weights could change).
 
 Live (and in the simulator's evaluation), the network's most likely legal action is taken
 (deterministic). Training hands the policy a ``Sampler`` that draws actions from the network's
@@ -99,6 +102,7 @@ class Decision:
         self.held = [j.state == JobState.RUNNING and protection(j, snapshot.now, params) is not None
                      for j in self.slots]
         self.added = [False] * n
+        self.backfilled: dict[int, tuple[WorkerPlacement, ...]] = {}  # unseen queued jobs started (``backfill``)
         self.removed = [False] * n
         self.blocked = [False] * n
         self.adding = False  # an addition was made: removals are over for this decision
@@ -184,6 +188,15 @@ class Decision:
         self._refresh(i)
         return True
 
+    def backfill(self) -> None:
+        """Once the network has stopped: each queued job past the window whose ``min_workers`` gang fits the free
+        GPUs starts at it, the oldest first (module doc); one that does not fit waits, and a later one may."""
+        for job in self.unseen:
+            if job.state is JobState.PENDING and job.min_workers * job.gpus_per_worker <= self.capacity.total:
+                placed = self.capacity.place_gang(job, job.min_workers)
+                if placed is not None:
+                    self.backfilled[job.job_id] = placed
+
     def plan(self, who: str = "dl2") -> Plan:
         starts: list[StartJob] = []
         scales: list[ScaleJob] = []
@@ -207,8 +220,13 @@ class Decision:
                 scales.append(ScaleJob(job.job_id, workers, Reason.SCALED_OUT if grew else Reason.SCALED_IN,
                                        f"{who}: {len(workers)} worker(s)"))
         waits = f"{who}: decides for the {JOB_SLOTS} oldest active jobs; this one waits its turn"
-        pending_state, blocked = JobState.PENDING, Reason.BLOCKED_BY_EARLIER_JOB
-        pending.extend(KeepPending(job.job_id, blocked, waits) for job in self.unseen if job.state is pending_state)
+        backfill = (f"{who}: backfilled at its minimum: past the {JOB_SLOTS} oldest active jobs the network decides "
+                    "for, its gang fits GPUs the network left free")
+        for job in self.unseen:
+            if job.job_id in self.backfilled:
+                starts.append(StartJob(job.job_id, self.backfilled[job.job_id], Reason.BACKFILLED, backfill))
+            elif job.state is JobState.PENDING:
+                pending.append(KeepPending(job.job_id, Reason.BLOCKED_BY_EARLIER_JOB, waits))
         return Plan(starts=tuple(starts), scales=tuple(scales), preemptions=tuple(preemptions), pending=tuple(pending))
 
 
@@ -252,6 +270,7 @@ def decide(snapshot: ClusterSnapshot, params: PolicyParams, network: Network, ch
         if action == STOP:
             break
         decision.apply(action)
+    decision.backfill()
     chooser.cycle_done(snapshot)
     return decision
 

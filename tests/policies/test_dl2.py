@@ -442,3 +442,19 @@ def test_decide_stops_when_nothing_is_legal() -> None:
     snap = snapshot_of([training_server("a", gpus=1)], [pending_job(1, gpus=2)])  # never fits
     decision = decide(snap, PolicyParams(), random_network(seed=1), Greedy())
     assert decision.plan().starts == () and len(decision.plan().pending) == 1
+
+
+def test_queued_jobs_past_the_window_start_at_their_minimum_on_the_gpus_the_network_left_free() -> None:
+    # JOB_SLOTS + 3 queued jobs, one 1-GPU worker each, on a server of JOB_SLOTS + 2 GPUs: the network must start
+    # the JOB_SLOTS it sees (stop is illegal while a visible gang fits); of the 3 past the window, the 2 oldest
+    # start on the 2 GPUs left, the third waits, saying why.
+    jobs = [pending_job(i, 1, 1, submitted=NOW - 1000 + i) for i in range(1, JOB_SLOTS + 4)]
+    snap = snapshot_of([training_server("a", gpus=JOB_SLOTS + 2)], jobs)
+    for seed in (1, 2):
+        plan = decide(snap, PolicyParams(), random_network(seed=seed), Greedy()).plan()
+        assert check_plan(snap, plan) == []
+        started = {s.job_id: s for s in plan.starts}
+        assert set(started) == set(range(1, JOB_SLOTS + 3))
+        assert [started[j].reason.value for j in (JOB_SLOTS + 1, JOB_SLOTS + 2)] == ["BACKFILLED"] * 2
+        [waiting] = plan.pending
+        assert waiting.job_id == JOB_SLOTS + 3 and "oldest active jobs" in waiting.message
