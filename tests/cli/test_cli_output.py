@@ -248,7 +248,9 @@ def test_watch_renders_again_after_a_change_and_exits_0_on_ctrl_c(ctl, scheduler
             submit_json(ctl, "--name", "after", "--", "true")
         else:
             register_fake_server(scheduler.address, "node-after", gpus=1)
-        wait_for(lambda: "after" in out.text(), timeout=20)
+        # The table is read line by line: wait for a render that holds both rows ("node-after" sorts first, so a
+        # render read half-way holds it alone).
+        wait_for(lambda: all(name in out.text().split("\n\n")[-1] for name in ("before", "after")), timeout=20)
         renders = out.text().split("\n\n")
         assert len(renders) >= 2  # a fresh table, not a line appended to the old one
         assert renders[-1].startswith("ID ") and "before" in renders[-1] and "after" in renders[-1]
