@@ -426,7 +426,7 @@ class RlResult:
     value_r2: float = math.nan  # the pre-trained critic's R^2 on its own data (nan: no pre-training)
 
 
-def _critic(torch: Any, hidden: int, seed: int) -> Any:
+def _critic(hidden: int, seed: int) -> Any:
     """The critic: a network of the policy's own shape (order-free, ``dl2_model``), trained for its value only."""
     return torch_network(random_network(hidden, seed))
 
@@ -547,7 +547,7 @@ def reinforce(env: Environment, network: Network, *, seed: int, iterations: int,
     module = torch_network(network)
     policy_params = policy_parameters(module)
     optimiser = torch.optim.Adam(policy_params, lr=s.lr)
-    critic = _critic(torch, network.hidden, seed)
+    critic = _critic(network.hidden, seed)
     critic_optimiser = torch.optim.Adam(critic.parameters(), lr=s.value_lr)
     warm = torch_network(network) if s.kl_to_warmup > 0 else None
     started = time.perf_counter()

@@ -17,15 +17,15 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from scheduler_service.store.lease import DB_NOW
 from scheduler_service.store.transactions import is_postgresql
 
-# Seconds since the UNIX epoch by the database's clock, now (not the transaction's start on PostgreSQL).
-_PG_NOW = "extract(epoch FROM clock_timestamp())"
+# SQLite's clock in the same unit as ``store.lease.DB_NOW`` (seconds since the UNIX epoch), now.
 _SQLITE_NOW = "((julianday('now') - 2440587.5) * 86400.0)"
 
 
 def _now(session: Session) -> str:
-    return _PG_NOW if is_postgresql(session) else _SQLITE_NOW
+    return DB_NOW if is_postgresql(session) else _SQLITE_NOW
 
 
 @dataclass(frozen=True)

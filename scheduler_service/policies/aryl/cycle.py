@@ -217,8 +217,7 @@ class _Cycle:
         if factors is None:
             return None
         free = (capacity or self.capacity).free_by_type()
-        order = sorted(free, key=lambda t: (-free[t], t))
-        return tuple(sorted(order, key=lambda t: -self.speed_at_room(job, t, free[t], factors)))
+        return tuple(sorted(free, key=lambda t: (-self.speed_at_room(job, t, free[t], factors), -free[t], t)))
 
     def speed_at_room(self, job: JobView, gpu_type: str, free_gpus: int,
                       factors: Mapping[str, float] | None = None) -> float:
