@@ -193,6 +193,10 @@ class Agent:
         self._session_over = threading.Event()
         self._stream: grpc.Call | None = None
         self._stream_lock = threading.Lock()
+        # Set while the watcher reconnects to a desired-state streams' process that had served and ended its
+        # stream (it is being restarted): the reports lag the stream then by design, and re-registering for it
+        # would only make the next session give up on the process before it is back (``_watch``).
+        self._rewatching = threading.Event()
         self._log = structlog.get_logger("node_agent").bind(hostname=config.hostname, pool=config.pool)
 
     # ---------------------------------------------------------------------------------------------
@@ -328,6 +332,7 @@ class Agent:
         )
 
         why: list[SessionEnded] = []  # the watcher's reason, when it is what ends the session
+        self._rewatching.clear()
         watcher = threading.Thread(
             target=self._watch, args=(stub, server_id, push_addresses, over, why), name="desired-state-watch",
             daemon=True,
@@ -342,7 +347,8 @@ class Agent:
                 self._backoff.reset()
                 if response.HasField("report_interval"):
                     interval = self._interval(response.report_interval)
-                lagging = lagging + 1 if response.desired_generation > self.desired.observed_generation else 0
+                behind = response.desired_generation > self.desired.observed_generation
+                lagging = lagging + 1 if behind and not self._rewatching.is_set() else 0
                 if lagging >= LAGGING_REPORTS_BEFORE_RESYNC:
                     raise SessionEnded(
                         f"scheduler has desired generation {response.desired_generation} but the stream "
@@ -461,6 +467,7 @@ class Agent:
                 # It served, then ended: it died and is being started again on its port (or its scheduler died:
                 # then it is unreachable next, and the next one is watched). Watch there again (its new stream
                 # begins with the current state).
+                self._rewatching.set()  # until its next stream delivers, or ends (``_follow``)
                 delay = rewatch.next_delay()
                 self._log.warning("the scheduler's desired-state streams' process ended the stream; watching "
                                   "again", address=address, why=str(ended), retry_in_s=round(delay, 2))
@@ -504,6 +511,7 @@ class Agent:
                 return None, delivered
             for desired in stream:
                 delivered = True
+                self._rewatching.clear()
                 self._accept(desired, source="stream")
             return SessionEnded("desired-state stream closed by the scheduler"), delivered
         except grpc.RpcError as exc:
@@ -512,6 +520,7 @@ class Agent:
             return SessionEnded(f"desired-state stream failed: {describe_rpc_error(exc)}", error=exc), delivered
         finally:
             stream.cancel()
+            self._rewatching.clear()
             with self._stream_lock:
                 if self._stream is stream:
                     self._stream = None
