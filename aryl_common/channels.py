@@ -17,6 +17,8 @@ state the scheduler may legitimately send can cut an agent off.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import grpc
 
 from aryl_common.security import ClientSecurity, secure_aio_channel, secure_channel
@@ -61,6 +63,39 @@ DESIRED_STATE_PORT_KEY = "aryl-desired-state-port"
 # process (a live standby's, ``scheduler_service/app/replicas.py``) for the agent to watch first; the process of
 # ``DESIRED_STATE_PORT_KEY`` (then the scheduler itself) is its fallback where that one is unreachable.
 DESIRED_STATE_ADDRESS_KEY = "aryl-desired-state-address"
+
+
+def desired_state_addresses(metadata: Mapping[str, str | bytes], scheduler_address: str) -> list[str]:
+    """The desired-state streams' processes a RegisterServer answer's initial ``metadata`` names, in the order to
+    watch them: another replica's (``DESIRED_STATE_ADDRESS_KEY``), then the scheduler's own
+    (``DESIRED_STATE_PORT_KEY``, on the host of ``scheduler_address``, the one the agent reached); a value that
+    is not a host:port or a port is left out. Empty: the scheduler serves the streams alone."""
+    named = _host_port(metadata.get(DESIRED_STATE_ADDRESS_KEY))
+    out = [named] if named else []
+    if port := _port(metadata.get(DESIRED_STATE_PORT_KEY)):
+        own = f"{scheduler_address.rpartition(':')[0]}:{port}"
+        if own not in out:
+            out.append(own)
+    return out
+
+
+def _port(value: str | bytes | None) -> int:
+    """A port number from a metadata value; 0 where none, or not a port."""
+    if isinstance(value, bytes):
+        value = value.decode(errors="replace")
+    try:
+        port = int(value or 0)
+    except ValueError:
+        return 0
+    return port if 0 < port <= 65535 else 0
+
+
+def _host_port(value: str | bytes | None) -> str:
+    """A host:port from a metadata value; '' where none, or not one."""
+    if isinstance(value, bytes):
+        value = value.decode(errors="replace")
+    host, _, port = (value or "").strip().rpartition(":")
+    return f"{host}:{port}" if host and _port(port) else ""
 
 
 def scheduler_addresses(spec: str) -> list[str]:

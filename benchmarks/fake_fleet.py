@@ -46,7 +46,7 @@ from typing import Any, Literal, NamedTuple
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from aryl_common.channels import DESIRED_STATE_PORT_KEY
+from aryl_common.channels import desired_state_addresses
 from aryl_common.security import ClientSecurity, secure_aio_channel
 from benchmarks.bench_auth import _client as client_security
 from protos.aryl.v1 import agent_pb2, agent_pb2_grpc, types_pb2
@@ -179,10 +179,11 @@ class FakeAgent:
                                     memory_total_bytes=80 << 30) for i in range(GPUS_PER_SERVER)],
         ), timeout=RPC_TIMEOUT_S, wait_for_ready=True)
         reply = await call
-        port = dict(await call.initial_metadata() or ()).get(DESIRED_STATE_PORT_KEY)
-        if port and self.watch_channel is None:
-            host = self._address.rpartition(":")[0]
-            self.watch_channel = secure_aio_channel(f"{host}:{port}", agent_security(self._options.pki, self.server_id),
+        # The first process the answer names: a standby's where the leader named one, else the scheduler's own
+        # (``aryl-agent`` falls back along the rest where one is unreachable; the benchmark's are all up).
+        watch_at = desired_state_addresses(dict(await call.initial_metadata() or ()), self._address)
+        if watch_at and self.watch_channel is None:
+            self.watch_channel = secure_aio_channel(watch_at[0], agent_security(self._options.pki, self.server_id),
                                                     [("grpc.use_local_subchannel_pool", 1)])
             self._watch_stub = agent_pb2_grpc.AgentServiceStub(self.watch_channel)
         self._epoch = reply.scheduler_epoch

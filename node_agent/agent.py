@@ -57,10 +57,9 @@ from google.protobuf import duration_pb2
 
 from aryl_common.backoff import Backoff
 from aryl_common.channels import (
-    DESIRED_STATE_ADDRESS_KEY,
-    DESIRED_STATE_PORT_KEY,
     SchedulerAddresses,
     describe_rpc_error,
+    desired_state_addresses,
     leader_hint,
     scheduler_channel,
 )
@@ -383,12 +382,7 @@ class Agent:
             self.metrics.registrations.inc()
         except grpc.RpcError as exc:
             raise SessionEnded(f"registration failed: {describe_rpc_error(exc)}", error=exc) from exc
-        metadata = dict(call.initial_metadata() or ())
-        push_addresses = [named] if (named := _address(metadata.get(DESIRED_STATE_ADDRESS_KEY))) else []
-        if push_port := _port(metadata.get(DESIRED_STATE_PORT_KEY)):
-            own = f"{self.addresses.current.rpartition(':')[0]}:{push_port}"
-            if own not in push_addresses:
-                push_addresses.append(own)
+        push_addresses = desired_state_addresses(dict(call.initial_metadata() or ()), self.addresses.current)
         if not self.desired.observe_epoch(response.scheduler_epoch):
             raise SessionEnded(
                 f"scheduler answered with epoch {response.scheduler_epoch}, older than epoch "
@@ -560,22 +554,3 @@ class Agent:
     def _interval(duration: duration_pb2.Duration) -> float:
         seconds = duration.ToTimedelta().total_seconds()
         return max(MIN_REPORT_INTERVAL_S, seconds) if seconds > 0 else DEFAULT_REPORT_INTERVAL_S
-
-
-def _port(value: str | bytes | None) -> int:
-    """The port a registration's metadata names (``DESIRED_STATE_PORT_KEY``); 0 where none, or not a port."""
-    if isinstance(value, bytes):
-        value = value.decode(errors="replace")
-    try:
-        port = int(value or 0)
-    except ValueError:
-        return 0
-    return port if 0 < port <= 65535 else 0
-
-
-def _address(value: str | bytes | None) -> str:
-    """The host:port a registration's metadata names (``DESIRED_STATE_ADDRESS_KEY``); '' where none, or not one."""
-    if isinstance(value, bytes):
-        value = value.decode(errors="replace")
-    host, _, port = (value or "").strip().rpartition(":")
-    return f"{host}:{port}" if host and _port(port) else ""

@@ -1,5 +1,6 @@
 """``aryl_common``: the plumbing the scheduler, the agent and the router share (the parts their own
-tests do not already cover: the one wording of a worker's exit, the capped backoff, and free ports)."""
+tests do not already cover: the one wording of a worker's exit, the capped backoff, free ports, and where an
+agent watches its desired state)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 
 from aryl_common import ports
 from aryl_common.backoff import Backoff
+from aryl_common.channels import DESIRED_STATE_ADDRESS_KEY, DESIRED_STATE_PORT_KEY, desired_state_addresses
 from aryl_common.exits import describe_exit
 from scheduler_service.worker_outcomes import Verdict, judge_exits
 
@@ -43,3 +45,16 @@ def test_a_process_is_never_handed_one_free_port_twice() -> None:
     with ThreadPoolExecutor(8) as pool:
         given = list(pool.map(lambda _: ports.free_loopback_port(), range(1000)))
     assert len(set(given)) == len(given)
+
+
+def test_a_registration_answer_names_where_to_watch_a_standbys_process_first_then_the_schedulers_own() -> None:
+    at = "10.0.0.5:50051"  # the scheduler the agent reached
+    both = {DESIRED_STATE_ADDRESS_KEY: b"10.0.0.7:50061", DESIRED_STATE_PORT_KEY: "50060"}
+    assert desired_state_addresses(both, at) == ["10.0.0.7:50061", "10.0.0.5:50060"]
+    assert desired_state_addresses({DESIRED_STATE_PORT_KEY: "50060"}, at) == ["10.0.0.5:50060"]
+    # The same process named twice is watched once; values that are not a host:port or a port are left out.
+    assert desired_state_addresses({DESIRED_STATE_ADDRESS_KEY: "10.0.0.5:50060", DESIRED_STATE_PORT_KEY: "50060"},
+                                   at) == ["10.0.0.5:50060"]
+    assert desired_state_addresses({DESIRED_STATE_ADDRESS_KEY: "nohost", DESIRED_STATE_PORT_KEY: "70000"}, at) == []
+    assert desired_state_addresses({DESIRED_STATE_ADDRESS_KEY: "h:x", DESIRED_STATE_PORT_KEY: "-1"}, at) == []
+    assert desired_state_addresses({}, at) == []
