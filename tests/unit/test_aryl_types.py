@@ -182,25 +182,65 @@ def test_a_job_on_one_gpu_of_a_full_fast_type_moves_to_a_slower_one_with_room_wh
                                                                                           moves: bool) -> None:
     # Job 1 (1..8 workers, linear, 1 unit/s per worker on the A100) runs one worker on an A100 server whose other 3
     # GPUs job 2 holds; an RTX server at half the speed has 8 free GPUs. On its own type it can have 1 worker (1.0 x
-    # 1), there 8 (0.5 x 8 = 4): 3,600 units, 3,600 s here against a 60 s restart + 3,600 / 4 = 900 s there, it
-    # moves, at 8 workers. 20 units: 20 s here, 60 + 5 s there, it stays. (Per GPU the RTX is slower: before
-    # 2026-11-30 it never moved there.)
-    job = dataclasses.replace(running_job(1, [("a1", (0,))], low=1, high=8, resized=NOW - 7200),
-                              throughput_points=tuple((n, float(n)) for n in range(1, 9)), total_work=work,
-                              work_done=0.0, estimated_runtime_s=None)
-    busy = running_job(2, [("a1", (g,)) for g in (1, 2, 3)], low=3, resized=NOW - 60)
-    servers = [training_server("a1", 4, gpu_type="a100"), training_server("r1", 8, gpu_type="rtx")]
-    snap = dataclasses.replace(snapshot_of(servers, [job, busy], demand=0), gpu_speed=(("a100", 1.0), ("rtx", 0.5)))
+    # 1), there 8 (0.5 x 8 = 4): 3,600 units, 3,600 s here; there a 60 s restart + 3,600 / (0.5 n) s at n workers
+    # saves more than another restart from n = 3 (60 + 2,400 s; at 2, 60 + 3,600 s saves nothing): it moves, valued
+    # at 3 workers, and the sharing out of the spare GPUs grows it to 8. 20 units: 20 s here, 60 + 5 s there at
+    # best, it stays. (Per GPU the RTX is slower: before 2026-11-30 it never moved there.)
+    snap = _on_a_full_a100(work)
     plan = create_policy("aryl").schedule(snap)
     assert check_plan(snap, plan) == []
     moved = [s for s in plan.scales if s.job_id == 1]
     if moves:
         assert [{w.server_id for w in m.workers} for m in moved] == [{"r1"}]
         assert len(moved[0].workers) == 8
-        assert moved[0].message == ("moved from 1 worker(s) on a100 to 8 on rtx GPUs (0.50x as fast per GPU for it): "
-                                    "estimated completion 3600s -> 960s with the restart")
+        assert moved[0].message == ("moved from 1 worker(s) on a100 to 3 on rtx GPUs (0.50x as fast per GPU for it): "
+                                    "estimated completion 3600s -> 2460s with the restart; 8 worker(s) after sharing "
+                                    "out the spare GPUs")
     else:
         assert moved == []
+
+
+def _on_a_full_a100(work: float) -> ClusterSnapshot:
+    """Job 1 (1..8 workers, linear, 1 unit/s per worker on the A100, ``work`` units left) on one GPU of an A100
+    server whose other 3 job 2 holds, beside a free RTX server of 8 GPUs at half the speed."""
+    job = dataclasses.replace(running_job(1, [("a1", (0,))], low=1, high=8, resized=NOW - 7200),
+                              throughput_points=tuple((n, float(n)) for n in range(1, 9)), total_work=work,
+                              work_done=0.0, estimated_runtime_s=None)
+    busy = running_job(2, [("a1", (g,)) for g in (1, 2, 3)], low=3, resized=NOW - 60)
+    servers = [training_server("a1", 4, gpu_type="a100"), training_server("r1", 8, gpu_type="rtx")]
+    return dataclasses.replace(snapshot_of(servers, [job, busy], demand=0), gpu_speed=(("a100", 1.0), ("rtx", 0.5)))
+
+
+def test_a_moved_job_keeps_the_size_its_move_was_valued_at_while_it_stays_on_that_type() -> None:
+    # The move above (3,600 units: valued at 3 RTX workers, grown to 8). A later cycle: job 1, 36,000 units left, runs
+    # 8 workers on the RTX server, out of its protection window; job 3 (1..12 workers, linear, 600 units) runs 4 on
+    # a second RTX server. Sharing out the 10 RTX GPUs beyond their minimums by completion rates: job 1 takes
+    # 72,000 / n s at n workers (+ 60 s if n is not 8), so its 7 extras add 1 / 9,000 - 1 / 72,060, 1.4e-5 per GPU;
+    # job 3 takes 1,200 / m s (+ 60 s if m is not 4), and 7 more GPUs add 1 / 169 - 1 / 300, 3.7e-4 per GPU: job 3
+    # takes them all. Before 2026-11-30 job 1 fell to 1 worker, at half its speed on the A100 GPU it left (its move
+    # paid at 3), and a later cycle moved it back (in the Sia philly workload, yolov3 jobs went back and forth between
+    # types a dozen times so). Now it keeps the 3 its move was valued at, and job 3 grows to 1 + its 3 extras + job
+    # 1's 5 beyond its floor = 9.
+    policy = create_policy("aryl")
+    before = policy.schedule(_on_a_full_a100(3600.0))
+    assert [len(s.workers) for s in before.scales if s.job_id == 1] == [8]
+
+    def linear(job: JobView, work: float) -> JobView:
+        return dataclasses.replace(job, throughput_points=tuple((n, float(n)) for n in range(1, job.max_workers + 1)),
+                                   total_work=work, work_done=0.0, estimated_runtime_s=None)
+
+    moved = linear(running_job(1, [("r1", (g,)) for g in range(8)], low=1, high=8, resized=NOW - 7200), 36000.0)
+    short = linear(running_job(3, [("r2", (g,)) for g in range(4)], low=1, high=12, resized=NOW - 7200), 600.0)
+    busy = running_job(2, [("a1", (g,)) for g in (1, 2, 3)], low=3, resized=NOW - 60)
+    servers = [training_server("a1", 4, gpu_type="a100"), training_server("r1", 8, gpu_type="rtx"),
+               training_server("r2", 4, gpu_type="rtx")]
+    snap = dataclasses.replace(snapshot_of(servers, [moved, short, busy], demand=0),
+                               gpu_speed=(("a100", 1.0), ("rtx", 0.5)))
+    plan = policy.schedule(snap)
+    assert check_plan(snap, plan) == []
+    assert {s.job_id: len(s.workers) for s in plan.scales} == {1: 3, 3: 9}
+    # A fresh policy (a restarted scheduler) knows of no move: job 1 is sized as any job.
+    assert {s.job_id: len(s.workers) for s in create_policy("aryl").schedule(snap).scales} == {1: 1, 3: 11}
 
 
 def test_a_loan_of_another_type_serves_no_running_jobs_growth() -> None:

@@ -64,9 +64,10 @@ job is valued at the speed of the type it would start on, so a loaned server of 
 A gang starts on the type where it runs fastest at the size that type has room for (``_Cycle.type_preference``: its
 speed there times its speed curve at the free GPUs, not its speed per GPU); step 3 shares out each type's GPUs among
 the jobs on that type (a job grows on its own type only); a job moves to a type where it runs faster at the room
-there than it can on its own (a slower type with GPUs to spare included) once that saves more than two restarts
-(``base.move_to_faster_types``); a loan's payback is longer on a slower server (``loans.demand_outlook``). One type,
-or no speed known: exactly as before.
+there than it can on its own (a slower type with GPUs to spare included) once that saves more than two restarts,
+at the smallest size that does, and step 3 never shrinks it below that size while it stays on the type
+(``base.move_to_faster_types``, ``_Job.floor``); a loan's payback is longer on a slower server
+(``loans.demand_outlook``). One type, or no speed known: exactly as before.
 
 Variants (same code, same placement, so comparisons isolate the mechanism): ``aryl`` (loaning and
 elasticity), ``aryl-noloan``, ``aryl-noelastic``, ``sjf`` (neither: separate clusters, jobs run at
@@ -82,7 +83,9 @@ The package, one module per phase (each imports ``cycle`` and no other; this mod
 ``cycle`` (the cycle's scratch state and the helpers the steps share), ``loans`` (step 0), ``sizing`` (the
 joint sizing, step 1, and the extras, step 3), ``base`` (step 2), ``job_changes`` (the plan's job changes).
 
-Pure: no I/O, no wall clock; deterministic for a given snapshot.
+Pure: no I/O, no wall clock; deterministic for a given snapshot and the moves' floors of the cycle before
+(``ArylPolicy._floors``, the one decision a cycle carries to the next: a restarted scheduler forgets them, and its
+jobs are then sized as any).
 """
 
 
@@ -155,6 +158,7 @@ class ArylPolicy:
         self.forecast = forecast  # reclaim ahead of the demand forecast, loan only what it leaves
         self.risk = risk and forecast  # extras on loaned servers valued by the chance they stay (``loans.loan_risk``)
         self._carried: dict[int, tuple[JobView, int, JobEstimate]] = {}  # the last cycle's (``_Cycle.carry``)
+        self._floors: dict[int, tuple[str, int]] = {}  # the moves' floors the last cycle left (``_Cycle.kept_floors``)
 
     def schedule(self, snapshot: ClusterSnapshot) -> Plan:
         cycle = _Cycle(
@@ -165,6 +169,7 @@ class ArylPolicy:
             params=self.params,
             goodput_servers=_server_gpus(snapshot) if self.goodput else 0,
             carried=self._carried,
+            floors=self._floors,
         )
         cycle.protected = protected_jobs((j.view for j in cycle.running.values()), snapshot.now, self.params)
         if self.loaning:
@@ -190,6 +195,7 @@ class ArylPolicy:
                         Reason.HELD_NOT_ELASTIC, f"policy {self.name!r} runs jobs at min_workers (no elastic scaling)")
         scales = tuple(plan_scales(cycle))  # first: it may grow this cycle's starts to full size
         self._carried = cycle.carry()
+        self._floors = cycle.kept_floors()
         return Plan(
             starts=tuple(cycle.starts),
             scales=scales,

@@ -168,17 +168,26 @@ def move_to_faster_types(cycle: _Cycle) -> None:
     a running job outside its protection window restarts on another type where it runs faster *at the room there*
     -- its speed on the type times its speed curve at as many workers as the type's free GPUs hold, within
     ``min_workers .. max_workers`` (``_Cycle.speed_at_room``) -- than it can on its own type (its workers and the
-    free GPUs there), at that size, when that saves more than two restarts: the one the move costs, and one as a
-    margin for the estimates' error. A job that started on a loaned T4 because the fast GPUs were busy moves once
-    they free up, instead of running its whole life on the slow type; and a job on one GPU of a type faster per GPU
-    but full (it grows on its own type only) moves to a slower type with GPUs to spare (in the heterogeneous
-    evaluation deepspeech2 jobs, 1.19x as fast per A100 as per RTX GPU, held one A100 each for hours while RTX
-    GPUs freed up: docs/simulator.md). Step 3 then sizes it on its new type as any job. The longest-running first
-    (the most to save), each to the first type that saves it that much, in the order its gang would try them
-    (``_Cycle.type_preference``), up to its own type or the first no faster at its room than its own (a type its
-    gang would try after that is not worth a move). The GPUs it leaves stay out of this cycle's capacity (it holds
-    them now), as a reclaim's move leaves them (``relocate_displaced``: no applier can order a cycle of frees and
-    takes)."""
+    free GPUs there), when that saves more than two restarts: the one the move costs, and one as a margin for the
+    estimates' error. A job that started on a loaned T4 because the fast GPUs were busy moves once they free up,
+    instead of running its whole life on the slow type; and a job on one GPU of a type faster per GPU but full (it
+    grows on its own type only) moves to a slower type with GPUs to spare (in the heterogeneous evaluation
+    deepspeech2 jobs, 1.19x as fast per A100 as per RTX GPU, held one A100 each for hours while RTX GPUs freed up:
+    docs/simulator.md). The longest-running first (the most to save), each to the first type that saves it that
+    much, in the order its gang would try them (``_Cycle.type_preference``), up to its own type or the first no
+    faster at its room than its own (a type its gang would try after that is not worth a move).
+
+    It moves at the smallest size at which it saves that much and keeps that size (``_Job.floor``) while it stays
+    on the type: step 3 sizes it there above it, growing it past it, never shrinking it below (a queued gang, a
+    reclaim still may). Why: a move valued at all the type's free GPUs was left by step 3, that cycle or a later
+    one, at far fewer (shorter jobs complete more on them), slower than before it moved, and a later cycle moved it
+    back -- in the Sia philly workload (seed 0) 68 of 156 moves ended smaller than they were valued at, and yolov3
+    jobs went back and forth between the A100s and the RTX GPUs a dozen times. The policy carries the floors from
+    cycle to cycle (``_Cycle.floors``, ``_Cycle.kept_floors``).
+
+    The GPUs it leaves stay out of this cycle's capacity (it holds them now), as a reclaim's move leaves them
+    (``relocate_displaced``: no applier can order a cycle of frees and takes). Last, each job not moved now takes
+    back the floor of an earlier move while it is on that move's type (at most the workers it holds)."""
     restart = cycle.params.restart_cost_s
     started = {s.job_id for s in cycle.starts}
     movable = []
@@ -200,22 +209,31 @@ def move_to_faster_types(cycle: _Cycle) -> None:
             if gpu_type == here or cycle.speed_at_room(view, gpu_type, free.get(gpu_type, 0)) <= best_here:
                 break  # (the order above: no later type is worth a move)
             speed = cycle.factor_on(view, gpu_type)
-            size = min(view.max_workers, free.get(gpu_type, 0) // per_worker)
-            after = restart + est.remaining_time(size) * speed_here / speed if size >= view.min_workers else left
-            if left - after <= restart:
-                continue
-            workers = cycle.capacity.place_gang(view, size, pools=TRAINING_FIRST, exclude=cycle.reserved,
-                                                gpu_types=(gpu_type,))
+            workers, size, after = None, view.min_workers, left
+            for size in range(view.min_workers, min(view.max_workers, free.get(gpu_type, 0) // per_worker) + 1):
+                after = restart + est.remaining_time(size) * speed_here / speed
+                if left - after <= restart:
+                    continue  # too small to pay (a larger size may)
+                workers = cycle.capacity.place_gang(view, size, pools=TRAINING_FIRST, exclude=cycle.reserved,
+                                                    gpu_types=(gpu_type,))
+                if workers is not None:
+                    break
             if workers is None:
                 continue
             cycle.estimates[view.job_id] = JobEstimate(est.model, est.remaining_work * speed_here / speed)
             before = len(job.workers)
             job.workers = list(workers)
+            job.floor, job.moved = size, True
             job.reason = Reason.SCALED_OUT
             job.message = (f"moved from {before} worker(s) on {here} to {size} on {gpu_type} GPUs "
                            f"({speed / speed_here:.2f}x as fast per GPU for it): estimated completion {left:.0f}s -> "
                            f"{after:.0f}s with the restart")
             break
+    for job in cycle.running.values():  # the floors of earlier cycles' moves, while their jobs stay on that type
+        kept = cycle.floors.get(job.view.job_id)
+        if (kept is not None and not job.moved and job.workers
+                and cycle.servers[job.workers[0].server_id].gpu_type == kept[0]):
+            job.floor = min(kept[1], len(job.workers))
 
 
 def _start_deferred(cycle: _Cycle, later: list[JobView]) -> None:

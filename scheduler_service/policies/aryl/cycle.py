@@ -54,10 +54,21 @@ class _Job:
     reclaimed: bool = False  # scaled in off loaned servers going back to inference
     made_room_for: list[int] = field(default_factory=list)  # queued jobs that took its extras' GPUs
     override: str = ""  # a hard need set its protection window aside (``core.protection.overridden``)
+    # The size its move to the GPU type it is on was valued at (``base.move_to_faster_types``), this cycle or an
+    # earlier one (``_Cycle.floors``); 0: none.
+    floor: int = 0
+    moved: bool = False  # moved to another GPU type this cycle (``base.move_to_faster_types``)
+
+    @property
+    def base(self) -> int:
+        """The workers step 3 keeps it at, at least: ``min_workers``, or the size its move to the GPU type it is on
+        was valued at (the move pays at that size only: sharing out the spare GPUs may grow it past it, never
+        shrink it below)."""
+        return max(self.view.min_workers, self.floor)
 
     @property
     def extras(self) -> int:
-        return len(self.workers) - self.view.min_workers
+        return len(self.workers) - self.base
 
     def scaled_in(self, reason: Reason) -> None:
         """Say why this cycle forced the job smaller, at the size it has now. A later step may shrink it
@@ -165,6 +176,9 @@ class _Cycle:
     factors: dict[int, dict[str, float] | None] = field(default_factory=dict)
     gpu_types: tuple[str, ...] | None = None  # the servers' GPU types (``server_types``)
     declared_speeds: dict[str, float] = field(default_factory=dict)  # ``ClusterSnapshot.gpu_speed`` (the same)
+    # The floors of the moves of earlier cycles (``_Job.floor``: job id -> the GPU type it moved to, the size the
+    # move was valued at), as the cycle before left them (``kept_floors``).
+    floors: Mapping[int, tuple[str, int]] = field(default_factory=dict)
 
     def server_types(self) -> tuple[str, ...]:
         """The servers' GPU types, sorted, with their declared speeds (``declared_speeds``): once per cycle."""
@@ -233,6 +247,13 @@ class _Cycle:
         views = {job.job_id: job for job in self.snapshot.jobs}
         return {job_id: (view, self.goodput_servers, known) for job_id, known in self.estimates.items()
                 if (view := views.get(job_id)) is not None and not view.workers}
+
+    def kept_floors(self) -> dict[int, tuple[str, int]]:
+        """The floors the next cycle keeps (``_Job.floor``): each running job's that has one, with the GPU type it
+        holds. A job that leaves the type, or ends, drops its floor; one shrunk below its floor (a reclaim, a queued
+        gang taking its workers) keeps the size it has as its floor."""
+        return {job_id: (self.servers[job.workers[0].server_id].gpu_type, min(job.floor, len(job.workers)))
+                for job_id, job in self.running.items() if job.floor and job.workers}
 
     def rebuild_capacity(self) -> None:
         """Free GPUs on the servers that may run training once this cycle's loan steps are done."""

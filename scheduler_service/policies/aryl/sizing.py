@@ -97,8 +97,7 @@ def extra_gains(cycle: _Cycle, job: _Job, count: int, current: int,
     ``current`` workers, at the knapsack's ``risk``), plus a deadline they save (``_deadline_bonus``, as a
     rate): its knapsack values, in the joint sizing and in step 3 alike."""
     view = job.view
-    rates = completion_rates(cycle.estimate(view), view.min_workers, count, current, cycle.params.restart_cost_s,
-                             risk)
+    rates = completion_rates(cycle.estimate(view), job.base, count, current, cycle.params.restart_cost_s, risk)
     saved = _rate_bonus(_deadline_bonus(cycle, job, count), rates)
     return [r - rates[0] + b for r, b in zip(rates[1:], saved, strict=True)]
 
@@ -413,7 +412,7 @@ def _deadline_bonus(cycle: _Cycle, job: _Job, count: int) -> list[float] | None:
         restart = 0.0 if workers == current else p.restart_cost_s
         return now + restart + predicted_remaining(view, workers, now, est, p.amdahl_alpha)
 
-    low = view.min_workers
+    low = job.base
     if finish(low) <= view.deadline:
         return None
     worth = p.deadline_weight * predicted_remaining(view, low, now, est, p.amdahl_alpha)
@@ -426,7 +425,9 @@ def _deadline_bonus(cycle: _Cycle, job: _Job, count: int) -> list[float] | None:
 def elastic_extras(cycle: _Cycle, *, joint: bool) -> None:
     """Step 2: the GPUs left over to the running elastic jobs' extras, by a knapsack (the module doc).
     ``joint``: its values are the joint sizing's completion rates (``completion_rates``), else the JCT
-    reductions."""
+    reductions. A job's extras are its workers beyond ``_Job.base``: ``min_workers``, or the size its move to
+    another GPU type was valued at (``base.move_to_faster_types``), which it keeps; a job moved this cycle pays
+    the move's restart at any size (none more for growing)."""
     p = cycle.params
 
     def locked(job: _Job) -> bool:
@@ -435,7 +436,7 @@ def elastic_extras(cycle: _Cycle, *, joint: bool) -> None:
         return job.reason is None and job.view.job_id in cycle.protected
 
     jobs = sorted(
-        (j for j in cycle.running.values() if j.view.max_workers > j.view.min_workers and not locked(j)),
+        (j for j in cycle.running.values() if j.view.max_workers > j.base and not locked(j)),
         key=lambda j: j.view.job_id,
     )
     for job in cycle.running.values():  # the locked ones below max_workers say so, if GPUs are spare
@@ -457,7 +458,7 @@ def elastic_extras(cycle: _Cycle, *, joint: bool) -> None:
     free_cap = cycle.capacity
     released: dict[str, set[int]] = {}
     for job in jobs:
-        for w in job.workers[job.view.min_workers:]:
+        for w in job.workers[job.base:]:
             free = released.get(w.server_id)
             if free is None:
                 free = free_cap.free_set(w.server_id)
@@ -473,7 +474,7 @@ def elastic_extras(cycle: _Cycle, *, joint: bool) -> None:
     # A job grows on its own GPU type only (``core.placement``): on a cluster of several types, each type's GPUs
     # are shared out among the jobs running on it, a knapsack per type (``_room_by_type``); else one knapsack.
     rooms = _room_by_type(cycle, released, jobs) if len(free_cap.gpu_types) > 1 else None
-    counts = [min(j.view.max_workers - j.view.min_workers, p.max_extra_options) for j in jobs]
+    counts = [min(j.view.max_workers - j.base, p.max_extra_options) for j in jobs]
     k_max = max(counts)
     # Option k of job g: k more workers, valued by what it adds to the job's completion rate (joint) or
     # the JCT reduction it buys.
@@ -482,17 +483,17 @@ def elastic_extras(cycle: _Cycle, *, joint: bool) -> None:
     started = {start.job_id for start in cycle.starts}
     rows: dict[tuple[int, int], list[int]] = {}  # weights by (gpus per worker, count): few distinct
     for job, count in zip(jobs, counts, strict=True):
-        current, per_worker = len(job.workers) - job.view.min_workers, job.view.gpus_per_worker
+        current, per_worker = job.extras, job.view.gpus_per_worker
         padding = k_max - count  # slots beyond the job's count are ignored by the solver
         row = rows.get((per_worker, count))
         if row is None:
             row = rows[(per_worker, count)] = [k * per_worker for k in range(1, count + 1)] + [0] * padding
         weights.append(row)
         if joint:  # the joint sizing's completion rates (a job started this cycle: no resize)
-            value = extra_gains(cycle, job, count, -1 if job.view.job_id in started else len(job.workers),
+            value = extra_gains(cycle, job, count, -1 if job.view.job_id in started or job.moved else len(job.workers),
                                 risk if rooms is None else rooms[1][_gpu_type_of(cycle, job)])
         else:
-            gain = cycle.estimate(job.view).jct_reductions(job.view.min_workers, count)
+            gain = cycle.estimate(job.view).jct_reductions(job.base, count)
             # Changing size costs a restart; shifting the whole group by that cost keeps option 0 at 0.
             shift = restart if current > 0 else 0.0
             value = [g + shift if k == current else g + shift - restart for k, g in enumerate(gain, 1)]
@@ -513,7 +514,7 @@ def elastic_extras(cycle: _Cycle, *, joint: bool) -> None:
     }
     kept: dict[int, list[_Worker]] = {}
     for job in jobs:
-        extras = job.workers[job.view.min_workers:]
+        extras = job.workers[job.base:]
         # Extras on a cordoned server stay where they are (cordon adds nothing, removes nothing;
         # a drain's evictions came first): outside the knapsack, they fill the target first.
         pinned = [w for w in extras if w.server_id not in released and cycle.servers[w.server_id].cordoned]
@@ -530,7 +531,7 @@ def elastic_extras(cycle: _Cycle, *, joint: bool) -> None:
     for server_id, free in released.items():  # the net change: extras dropped free their GPUs
         free_cap.set_free(server_id, free)
     # Growth borrows within the queues' rules (``core.quota``), as the dropped extras leave usage.
-    quota = _ledger(cycle, {job.view.job_id: job.view.min_workers + len(kept[job.view.job_id]) for job in jobs}
+    quota = _ledger(cycle, {job.view.job_id: job.base + len(kept[job.view.job_id]) for job in jobs}
                     ) if cycle.snapshot.queues else QuotaLedger((), (), training_gpus=0, loaned_gpus=0)
     capped: set[int] = set()
     held: list[_Job] = []  # below max_workers at the size it has: why is worked out once all have grown
@@ -554,7 +555,7 @@ def elastic_extras(cycle: _Cycle, *, joint: bool) -> None:
                     break
             quota.charge(view, len(new) * view.gpus_per_worker)
         before = len(job.workers)
-        job.workers = job.workers[: view.min_workers] + keep + list(new)
+        job.workers = job.workers[: job.base] + keep + list(new)
         if len(job.workers) == before and job.reason is None and before < view.max_workers:
             held.append(job)
         if len(job.workers) != before and job.reason is not None:
