@@ -49,7 +49,7 @@ def test_a_process_is_never_handed_one_free_port_twice() -> None:
 
 def test_a_registration_answer_names_where_to_watch_a_standbys_process_first_then_the_schedulers_own() -> None:
     at = "10.0.0.5:50051"  # the scheduler the agent reached
-    both = {DESIRED_STATE_ADDRESS_KEY: b"10.0.0.7:50061", DESIRED_STATE_PORT_KEY: "50060"}
+    both: dict[str, str | bytes] = {DESIRED_STATE_ADDRESS_KEY: b"10.0.0.7:50061", DESIRED_STATE_PORT_KEY: "50060"}
     assert desired_state_addresses(both, at) == ["10.0.0.7:50061", "10.0.0.5:50060"]
     assert desired_state_addresses({DESIRED_STATE_PORT_KEY: "50060"}, at) == ["10.0.0.5:50060"]
     # The same process named twice is watched once; values that are not a host:port or a port are left out.
