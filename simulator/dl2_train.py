@@ -21,7 +21,12 @@ in training -- never the held-out ones. Every stage runs every workload of the m
    training workloads in turn, under the sampling policy, ``Sampler``), then a few passes over them. Reward,
    at the last step of every cycle: ``-(active jobs) x (time to the next cycle)`` in job-hours, whose sum
    over a run is minus the total JCT (Little's law) -- the JCT objective -- discounted in *time*
-   (``horizon_h``), never per cycle (``step_rewards`` says why). The remedies of issue 34, each a setting:
+   (``horizon_h``), never per cycle (``step_rewards`` says why); less, for each job the cycle preempts, its
+   work since the last checkpoint and a restart, in hours, at once (``preemption_cost``, ``Sampler``: the
+   preemption's price where it is decided, not only spread over the later cycles the job waits through).
+   With ``Environment.preemption`` (``--preemption``, the default since 2026-11-30) the network may preempt
+   -- remove a running job's last gang -- in every stage; the teacher never does (``teacher_wants``), so
+   the warm-up learns to leave it and RL learns where it pays. The remedies of issue 34, each a setting:
    the critic pre-trained on the warm-up's own rollouts before the first policy step
    (``value_pretrain_epochs``); per-cycle rewards with GAE (``lam_h``); PPO's clip (``clip``,
    ``ppo_epochs``) and a KL leash to the warm-up (``kl_to_warmup``); the input-driven baseline
@@ -89,6 +94,9 @@ class Environment:
     # Per workload, its own cluster (a training mix: ``mixed_environment``); () = ``spec`` for every one.
     specs: tuple[ClusterSpec, ...] = ()
     labels: tuple[str, ...] = ()   # per workload, what it is (the training report's); () = none
+    # Preemption among the network's actions (``policies.dl2.Decision``): the teacher demonstrates its own
+    # preemptions, and the weights' ``meta["preemption"]`` lets the trained network make them live.
+    preemption: bool = False
 
     def spec_of(self, which: int) -> ClusterSpec:
         return self.specs[which] if self.specs else self.spec
@@ -96,8 +104,8 @@ class Environment:
 
 @dataclass
 class Steps:
-    """Recorded decision steps: observations, legal masks, actions; and per cycle, its time and number of
-    active jobs, and the index of its last step."""
+    """Recorded decision steps: observations, legal masks, actions; and per cycle, its time, number of
+    active jobs, the index of its last step and what its preemptions cost at once (job-hours, ``Sampler``)."""
 
     observations: list[np.ndarray] = field(default_factory=list)
     legal: list[np.ndarray] = field(default_factory=list)
@@ -105,24 +113,32 @@ class Steps:
     cycle_times: list[float] = field(default_factory=list)
     cycle_jobs: list[int] = field(default_factory=list)
     cycle_last_step: list[int] = field(default_factory=list)
+    cycle_costs: list[float] = field(default_factory=list)
 
     def record(self, observation: np.ndarray, legal: np.ndarray, action: int) -> None:
         self.observations.append(observation)
         self.legal.append(legal)
         self.actions.append(action)
 
-    def close_cycle(self, snapshot: ClusterSnapshot) -> None:
+    def close_cycle(self, snapshot: ClusterSnapshot, cost_h: float = 0.0) -> None:
         self.cycle_times.append(snapshot.now)
         self.cycle_jobs.append(len(active_jobs(snapshot)))
         self.cycle_last_step.append(len(self.actions) - 1)
+        self.cycle_costs.append(cost_h)
 
 
 class Sampler:
-    """Draws each action from the network's distribution over the legal ones, and records it."""
+    """Draws each action from the network's distribution over the legal ones, and records it; and per cycle,
+    what its preemptions cost at once: for each job it preempts, the work since its checkpoint (to be done
+    again) and a restart (``restart_overhead_s``), in hours -- a lower bound on what the preemption adds to that
+    job's JCT, which the reward otherwise meets only spread over later cycles -- times ``preemption_cost``
+    (``RlSettings``; 0: none)."""
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, *, restart_overhead_s: float = 0.0, preemption_cost: float = 0.0) -> None:
         self.rng = np.random.default_rng(seed)
         self.steps = Steps()
+        self.restart_overhead_s = restart_overhead_s
+        self.preemption_cost = preemption_cost
 
     def choose(self, observation: np.ndarray, legal: np.ndarray, logits: np.ndarray, value: float) -> int:
         z = masked_logits(logits.astype(np.float64), legal)
@@ -131,8 +147,10 @@ class Sampler:
         self.steps.record(observation, legal, action)
         return action
 
-    def cycle_done(self, snapshot: ClusterSnapshot) -> None:
-        self.steps.close_cycle(snapshot)
+    def cycle_done(self, decision: Decision) -> None:
+        now = decision.snapshot.now
+        lost_s = sum(job.since_checkpoint(now) + self.restart_overhead_s for job in decision.preempted())
+        self.steps.close_cycle(decision.snapshot, self.preemption_cost * lost_s / 3600.0)
 
 
 @dataclass
@@ -140,6 +158,7 @@ class Demonstrator:
     """A policy that decides as the teacher (``optimus``) through DL2's actions, recording every step."""
 
     params: PolicyParams
+    preempt: bool = False
     steps: Steps = field(default_factory=Steps)
     name: str = "dl2-teacher"
 
@@ -147,8 +166,8 @@ class Demonstrator:
         teacher = OptimusPolicy(self.params)
         active = active_jobs(snapshot)
         target = optimus_allocate([teacher._job(j, snapshot.now) for j in active], training_gpus(snapshot))
-        decision = Decision(snapshot, self.params)
-        want = [target[j.job_id] for j in decision.slots]
+        decision = Decision(snapshot, self.params, preempt=self.preempt)
+        want = teacher_wants(decision, target)
         for _ in range(4 * JOB_SLOTS + 64):
             legal = decision.mask()
             action = _toward(decision, want, legal)
@@ -172,12 +191,16 @@ class Dagger:
     steps: Steps = field(default_factory=Steps)
     name: str = "dl2-dagger"
 
+    @property
+    def preempt(self) -> bool:
+        return self.network.preempts
+
     def schedule(self, snapshot: ClusterSnapshot) -> Plan:
         teacher = OptimusPolicy(self.params)
         jobs = [teacher._job(j, snapshot.now) for j in active_jobs(snapshot)]
         target = optimus_allocate(jobs, training_gpus(snapshot))
-        decision = Decision(snapshot, self.params)
-        want = [target[j.job_id] for j in decision.slots]
+        decision = Decision(snapshot, self.params, preempt=self.preempt)
+        want = teacher_wants(decision, target)
         for _ in range(4 * JOB_SLOTS + 64):
             legal = decision.mask()
             observation = decision.observation()
@@ -190,6 +213,17 @@ class Dagger:
         decision.backfill()  # as ``policies.dl2.decide``: the jobs past the window that fit start
         self.steps.close_cycle(snapshot)
         return decision.plan("dl2-dagger")
+
+
+def teacher_wants(decision: Decision, target: dict[int, int]) -> list[int]:
+    """The teacher's worker count for each slot: ``optimus``'s, but never below a running job's minimum. The
+    teacher does not preempt, even where the network may (``Environment.preemption``): optimus's preemptions
+    follow arrival order alone (a job queued earlier takes a later one's gang), and demonstrating them made
+    the teacher itself worse on the training mix (average JCT 1.534 h against 1.461 h without) and the warm-up
+    network preempt up to 1,452 times on the held-out workloads. So the warm-up learns not to preempt, and RL,
+    with the restart priced in its reward (``Sampler``), learns where a preemption pays."""
+    return [target[j.job_id] if decision.start[i] == 0 else max(target[j.job_id], j.min_workers)
+            for i, j in enumerate(decision.slots)]
 
 
 def _toward(decision: Decision, want: Sequence[int], legal: np.ndarray) -> int:
@@ -257,7 +291,7 @@ def demonstrations(env: Environment, seed: int = 0) -> tuple[Steps, list[float]]
     steps = Steps()
     jcts = []
     for which in range(len(env.workloads)):
-        teacher = Demonstrator(env.params)
+        teacher = Demonstrator(env.params, preempt=env.preemption)
         jcts.append(run_episode(env, which, teacher, seed))
         _extend(steps, teacher.steps)
     return steps, jcts
@@ -270,6 +304,7 @@ def _extend(into: Steps, more: Steps) -> None:
     into.actions += more.actions
     into.cycle_times += more.cycle_times
     into.cycle_jobs += more.cycle_jobs
+    into.cycle_costs += more.cycle_costs
     into.cycle_last_step += [base + i for i in more.cycle_last_step]
 
 
@@ -302,7 +337,9 @@ def imitate(env: Environment, *, seed: int, epochs: int, dagger_rounds: int, hid
     retraining (from the current weights, ``epochs // 2`` epochs) on all the labels so far. Returns the
     result (agreement measured on all the labels), the teacher's average JCT per workload, and the labels."""
     steps, teacher_jct = demonstrations(env, seed)
-    result = warm_up(steps, seed=seed, epochs=epochs, hidden=hidden, threads=threads)
+    first = random_network(hidden, seed)
+    first.meta["preemption"] = env.preemption  # carried by every network trained from it (``Network.preempts``)
+    result = warm_up(steps, seed=seed, epochs=epochs, hidden=hidden, threads=threads, start=first)
     for round_ in range(dagger_rounds):
         for which in range(len(env.workloads)):
             learner = Dagger(env.params, result.network)
@@ -379,7 +416,8 @@ def step_rewards(steps: Steps, end_time: float, horizon_h: float) -> tuple[np.nd
             continue
         elapsed_h = (steps.cycle_times[k] - owner_time) / 3600.0
         duration_h = max(times[k + 1] - steps.cycle_times[k], 0.0) / 3600.0
-        reward[owner] += math.exp(-elapsed_h / horizon_h) * -steps.cycle_jobs[k] * duration_h
+        cost_h = steps.cycle_costs[k] if k < len(steps.cycle_costs) else 0.0  # its preemptions' (``Sampler``)
+        reward[owner] += math.exp(-elapsed_h / horizon_h) * -(steps.cycle_jobs[k] * duration_h + cost_h)
     gap_h[owner] = math.inf
     return reward, gap_h
 
@@ -414,6 +452,7 @@ class RlSettings:
     kl_to_warmup: float = 0.0        # weight of KL(warm-up || current) in the loss: a leash to the warm-up
     value_pretrain_epochs: int = 40  # critic fitted on the warm-up's own rollouts before RL; 0 = none
     input_baseline: bool = True      # advantages against sibling episodes on the same workload (needs 2+ each)
+    preemption_cost: float = 1.0     # each preemption's redo + restart charged at once, x this (``Sampler``)
 
 
 @dataclass
@@ -434,7 +473,7 @@ def _critic(hidden: int, seed: int) -> Any:
 SIBLINGS = 2  # sampled episodes on the same workload in a row (``_sampled_runs``)
 
 
-def _sampled_runs(env: Environment, network: Network, seeds: Sequence[int], first: int,
+def _sampled_runs(env: Environment, network: Network, seeds: Sequence[int], first: int, preemption_cost: float,
                   ) -> tuple[list[tuple[Steps, float, int]], list[float], float]:
     """``len(seeds)`` episodes of the sampling policy, ``SIBLINGS`` on each workload, the workloads in turn
     from the ``first``-th episode's: the recorded runs (steps, end, workload index), their average JCTs, and
@@ -444,7 +483,7 @@ def _sampled_runs(env: Environment, network: Network, seeds: Sequence[int], firs
     started = time.perf_counter()
     for k, sample_seed in enumerate(seeds):
         which = (first // SIBLINGS + k // SIBLINGS) % len(env.workloads)
-        sampler = Sampler(sample_seed)
+        sampler = Sampler(sample_seed, restart_overhead_s=env.restart_overhead_s, preemption_cost=preemption_cost)
         result = episode(env, which, Dl2Policy(env.params, _fixed(network), chooser=sampler), 0)
         jcts.append(jct_of(result, env))
         if sampler.steps.actions:
@@ -586,7 +625,8 @@ def reinforce(env: Environment, network: Network, *, seed: int, iterations: int,
     done = 0
     pending: tuple[list[tuple[Steps, float, int]], list[float]] | None = None
     if s.value_pretrain_epochs > 0:
-        runs, jcts, cost = _sampled_runs(env, network, [seed * 100_003 + 10_000_000 + k for k in range(episodes)], 0)
+        runs, jcts, cost = _sampled_runs(env, network, [seed * 100_003 + 10_000_000 + k for k in range(episodes)], 0,
+                                         s.preemption_cost)
         episode_times.append(cost)
         x, _, _, rewards = tensors(runs)
         returns = np.concatenate([gae(r, g, np.zeros(len(r)), s.horizon_h, math.inf) for r, g in rewards])
@@ -602,7 +642,8 @@ def reinforce(env: Environment, network: Network, *, seed: int, iterations: int,
             runs, jcts = pending
             pending = None
         else:
-            runs, jcts, cost = _sampled_runs(env, current, [seed * 100_003 + done + k for k in range(episodes)], done)
+            runs, jcts, cost = _sampled_runs(env, current, [seed * 100_003 + done + k for k in range(episodes)], done,
+                                             s.preemption_cost)
             episode_times.append(cost)
         done += episodes
         curve.append(float(np.mean(jcts)))
@@ -791,12 +832,12 @@ def mixed_environment(shared: Path, numbers: Sequence[int], philly_samples: int)
 
 
 DEFAULTS = {"workloads": "1,2,3,4", "philly_samples": 0, "seed": 0, "warmup_epochs": 40, "dagger_rounds": 2,
-            "rl_iterations": 30, "episodes": 8, "checkpoint_every": 5, "threads": 1}
+            "rl_iterations": 30, "episodes": 8, "checkpoint_every": 5, "threads": 1, "preemption": True}
 # The RL flags: (flag, RlSettings field, type); their defaults are RlSettings's.
 RL_FLAGS = (("--horizon-h", "horizon_h", float), ("--lam-h", "lam_h", float), ("--lr", "lr", float),
             ("--value-lr", "value_lr", float), ("--entropy", "entropy", float), ("--clip", "clip", float),
             ("--ppo-epochs", "ppo_epochs", int), ("--kl-to-warmup", "kl_to_warmup", float),
-            ("--value-pretrain-epochs", "value_pretrain_epochs", int))
+            ("--value-pretrain-epochs", "value_pretrain_epochs", int), ("--preemption-cost", "preemption_cost", float))
 
 
 def add_train_dl2_parser(sub: Any) -> None:
@@ -826,6 +867,9 @@ def add_train_dl2_parser(sub: Any) -> None:
         parser.add_argument(flag, type=kind, default=getattr(defaults, name), help=f"RlSettings.{name}")
     parser.add_argument("--input-baseline", action=argparse.BooleanOptionalAction, default=defaults.input_baseline,
                         help="RlSettings.input_baseline")
+    parser.add_argument("--preemption", action=argparse.BooleanOptionalAction, default=DEFAULTS["preemption"],
+                        help="preemption among the network's actions: the teacher's preemptions are demonstrated, "
+                             "and the weights may preempt live (Environment.preemption)")
     parser.add_argument("--threads", type=int, default=DEFAULTS["threads"], help="torch threads")
     parser.add_argument("--no-plot", action="store_true", help="skip the learning-curve PNG")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
@@ -841,7 +885,7 @@ def train_dl2_command(args: Any) -> int:
         numbers = [int(n) for n in str(args.workloads).split(",") if n.strip()]
         if not numbers:
             raise ValueError("--workloads names no workload")
-        env = mixed_environment(args.shared, numbers, args.philly_samples)
+        env = replace(mixed_environment(args.shared, numbers, args.philly_samples), preemption=args.preemption)
     except (ValueError, OSError) as exc:
         raise BadInput(f"error: {exc}") from exc
     settings = RlSettings(**{name: getattr(args, name) for _, name, _ in RL_FLAGS},
@@ -858,7 +902,8 @@ def train_dl2_command(args: Any) -> int:
                f"--warmup-epochs {args.warmup_epochs} --dagger-rounds {args.dagger_rounds} "
                f"--rl-iterations {args.rl_iterations} --episodes {args.episodes} "
                f"--checkpoint-every {args.checkpoint_every} {rl_flags} "
-               f"--{'' if args.input_baseline else 'no-'}input-baseline --threads {args.threads}")
+               f"--{'' if args.input_baseline else 'no-'}input-baseline "
+               f"--{'' if args.preemption else 'no-'}preemption --threads {args.threads}")
     write_outputs(report, args.out, {"command": command, "seed": args.seed, "workloads": numbers,
                                      "philly_samples": [list(row) for row in PHILLY_SAMPLES[:args.philly_samples]],
                                      "training_mix": list(env.labels),

@@ -129,8 +129,7 @@ def trace_jobs(snapshot: ClusterSnapshot, params: PolicyParams) -> tuple[dict[in
         speed = scale * model.speed(size)
         remaining = est.remaining_work if math.isfinite(estimated) else 0.0
         # Work since its last checkpoint (a resize or start is one: it resumed from a checkpoint then).
-        marks = [t for t in (job.last_checkpoint_at, job.last_resized_at) if t is not None]
-        since = max(now - max(marks), 0.0) * speed if running and marks else 0.0
+        since = job.since_checkpoint(now) * speed if running else 0.0
         work = remaining + since
         if not work > 0:
             work = max(speed, 1.0) * 1e-6  # done already: it completes at once

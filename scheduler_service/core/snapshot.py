@@ -194,6 +194,12 @@ class JobView:
     def is_elastic(self) -> bool:
         return self.max_workers > self.min_workers
 
+    def since_checkpoint(self, now: float) -> float:
+        """Seconds of running since its last checkpoint -- a start or resize is one: it resumed from a checkpoint
+        then -- what a preemption now would throw away; 0 for a job that never ran."""
+        marks = [t for t in (self.last_checkpoint_at, self.last_resized_at) if t is not None]
+        return max(now - max(marks), 0.0) if marks else 0.0
+
 
 @dataclass(frozen=True, slots=True)
 class DemandView:

@@ -21,8 +21,13 @@ chosen):
   the rest of the decision (the step is spent);
 - *remove* from slot i: before the decision's first addition (removals first, then additions: a network
   cannot alternate them), a job that was running at the snapshot, above ``min_workers``: its highest rank
-  goes. Never a preemption: a network allowed to preempt churned through restarts (a warm-up network
-  imitating ``optimus`` at 97% agreement preempted ~35 workers a cycle, average JCT 29.6 h vs 1.4 h without);
+  goes. At ``min_workers`` its whole gang goes -- a *preemption* (the job is requeued and resumes from its last
+  checkpoint) -- only where the weights were trained with preemption among their actions
+  (``Network.preempts``, ``aryl-sim train-dl2 --preemption``): a network that never met the action in
+  training has no learned sense of what it costs (an early warm-up network given it preempted ~35 workers a
+  cycle, average JCT 29.6 h vs 1.4 h without). Trained with it, its price is in the reward: the simulator
+  charges a preempted job the work since its checkpoint, the restart and its wait in the queue, all of which
+  lengthen the JCT that the reward counts (``simulator.dl2_train``);
 - *stop*: once no visible job without workers can start (work-conserving for queued gangs: GPUs left idle
   while a gang that fits waits never shorten a JCT here, and a network that stopped there would stop there
   every cycle -- a stall). The network still chooses which jobs start, in which order, and who grows.
@@ -81,8 +86,9 @@ MAX_STEPS = 4 * JOB_SLOTS  # actions per decision at most (a bound on a cycle's 
 class Decision:
     """One cycle's decision in progress: the visible jobs, their workers so far, the free GPUs."""
 
-    def __init__(self, snapshot: ClusterSnapshot, params: PolicyParams) -> None:
+    def __init__(self, snapshot: ClusterSnapshot, params: PolicyParams, *, preempt: bool = False) -> None:
         self.snapshot = snapshot
+        self.preempt = preempt  # a removal may take a job's last gang (module doc)
         active = active_jobs(snapshot)
         self.slots: list[JobView] = active[:JOB_SLOTS]
         self.unseen: list[JobView] = active[JOB_SLOTS:]
@@ -157,7 +163,7 @@ class Decision:
             legal[i] = (not self.removed[i] and not self.blocked[i] and not self.held[i]
                         and w + unit <= job.max_workers and unit * gpw <= free and gpw <= block)
             legal[JOB_SLOTS + i] = (not self.adding and self.start[i] > 0 and not self.added[i] and not self.held[i]
-                                    and w > job.min_workers)
+                                    and (w > job.min_workers or (self.preempt and w > 0)))
         # Work-conserving for queued gangs: no stop while a visible job without workers could start.
         legal[STOP] = not any(legal[i] and not self.workers[i] for i in range(len(self.slots)))
         return legal
@@ -196,6 +202,10 @@ class Decision:
                 placed = self.capacity.place_gang(job, job.min_workers)
                 if placed is not None:
                     self.backfilled[job.job_id] = placed
+
+    def preempted(self) -> list[JobView]:
+        """The jobs this decision preempts: running at the snapshot, without workers now."""
+        return [job for i, job in enumerate(self.slots) if self.start[i] > 0 and not self.workers[i]]
 
     def plan(self, who: str = "dl2") -> Plan:
         starts: list[StartJob] = []
@@ -244,7 +254,7 @@ class Chooser(Protocol):
 
     def choose(self, observation: np.ndarray, legal: np.ndarray, logits: np.ndarray, value: float) -> int: ...
 
-    def cycle_done(self, snapshot: ClusterSnapshot) -> None: ...
+    def cycle_done(self, decision: Decision) -> None: ...
 
 
 class Greedy:
@@ -253,13 +263,13 @@ class Greedy:
     def choose(self, observation: np.ndarray, legal: np.ndarray, logits: np.ndarray, value: float) -> int:
         return int(np.argmax(masked_logits(logits, legal)))
 
-    def cycle_done(self, snapshot: ClusterSnapshot) -> None:
+    def cycle_done(self, decision: Decision) -> None:
         return None
 
 
 def decide(snapshot: ClusterSnapshot, params: PolicyParams, network: Network, chooser: Chooser) -> Decision:
     """Run the action loop on ``snapshot`` (module doc) and return the finished decision."""
-    decision = Decision(snapshot, params)
+    decision = Decision(snapshot, params, preempt=network.preempts)
     for _ in range(MAX_STEPS):
         legal = decision.mask()
         if not legal[:STOP].any():
@@ -271,7 +281,7 @@ def decide(snapshot: ClusterSnapshot, params: PolicyParams, network: Network, ch
             break
         decision.apply(action)
     decision.backfill()
-    chooser.cycle_done(snapshot)
+    chooser.cycle_done(decision)
     return decision
 
 

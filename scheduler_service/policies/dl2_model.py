@@ -180,6 +180,13 @@ class Network:
     def hidden(self) -> int:
         return int(self.w1.shape[1])
 
+    @property
+    def preempts(self) -> bool:
+        """Whether the network was trained with preemption among its actions (``meta["preemption"]``; weights
+        from before it existed were not): only then may its removals take a job's last gang
+        (``policies.dl2.Decision``)."""
+        return bool(self.meta.get("preemption", False))
+
     def forward(self, x: np.ndarray) -> tuple[np.ndarray, float]:
         """Action logits and the value for one input vector: ``forward_batch``'s function (a test checks it),
         written for one vector, the live decision's hot path (the layers split by input block: no copies)."""

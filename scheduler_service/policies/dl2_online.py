@@ -28,15 +28,17 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import structlog
 
 from scheduler_service.core.params import PolicyParams
-from scheduler_service.core.snapshot import ClusterSnapshot
 from scheduler_service.lifecycle import JobState
 from scheduler_service.policies.dl2_model import Network, from_torch, torch_network
+
+if TYPE_CHECKING:
+    from scheduler_service.policies.dl2 import Decision
 
 QUEUE_BATCHES = 2          # batches waiting for the thread at most (more are dropped)
 GAMMA = 0.95
@@ -86,7 +88,8 @@ class OnlineLearner:
         self._actions.append(action)
         return action
 
-    def cycle_done(self, snapshot: ClusterSnapshot) -> None:
+    def cycle_done(self, decision: Decision) -> None:
+        snapshot = decision.snapshot
         active = {j.job_id for j in snapshot.jobs if j.state in (JobState.PENDING, JobState.RUNNING)}
         self._completed += len(self._active - active)
         self._active = active

@@ -195,7 +195,7 @@ class RandomLegal:
         return int(self.rng.choice(options[options != STOP])) if len(options) > 1 and self.rng.random() < 0.95 \
             else STOP
 
-    def cycle_done(self, snapshot: object) -> None:
+    def cycle_done(self, decision: object) -> None:
         return None
 
 
@@ -458,3 +458,78 @@ def test_queued_jobs_past_the_window_start_at_their_minimum_on_the_gpus_the_netw
         assert [started[j].reason.value for j in (JOB_SLOTS + 1, JOB_SLOTS + 2)] == ["BACKFILLED"] * 2
         [waiting] = plan.pending
         assert waiting.job_id == JOB_SLOTS + 3 and "oldest active jobs" in waiting.message
+
+
+def test_only_weights_trained_with_preemption_may_remove_a_jobs_last_gang() -> None:
+    # Job 1 runs its 2-worker minimum gang (outside its protection window), job 2 waits for 4 GPUs of a full
+    # 4-GPU cluster. Weights without ``meta["preemption"]`` may not touch job 1 (it is at its minimum); weights
+    # trained with it may remove its whole gang at once -- a preemption -- and then start job 2.
+    servers = [training_server("a", gpus=4)]
+    run = replace(running_job(1, [("a", (0,)), ("a", (1,))], low=2, high=4, resized=NOW - 3600),
+                  submitted_at=NOW - 7200)
+    other = replace(running_job(3, [("a", (2,)), ("a", (3,))], low=2, high=2, resized=NOW - 3600),
+                    submitted_at=NOW - 7100)
+    wait = pending_job(2, gpus=1, workers=4, submitted=NOW - 60)
+    snap = snapshot_of(servers, [run, other, wait])
+    plain = random_network(seed=3)
+    assert not plain.preempts and not Decision(snap, PolicyParams()).mask()[JOB_SLOTS:STOP].any()
+    preempting = replace(plain, meta={**plain.meta, "preemption": True})
+    decision = Decision(snap, PolicyParams(), preempt=preempting.preempts)
+    assert set(np.flatnonzero(decision.mask())) == {JOB_SLOTS, JOB_SLOTS + 1, STOP}  # remove job 1 or 3, or stop
+    assert decision.apply(JOB_SLOTS) and decision.workers[0] == []  # the whole gang went at once
+    assert decision.apply(JOB_SLOTS + 1) and decision.workers[1] == []
+    assert decision.apply(2)  # job 2's 4-GPU gang now fits
+    plan = decision.plan()
+    assert check_plan(snap, plan) == []
+    assert {p.job_id for p in plan.preemptions} == {1, 3} and [s.job_id for s in plan.starts] == [2]
+    # A job in its protection window is never preempted, whatever the weights.
+    held = Decision(snapshot_of(servers, [replace(run, last_resized_at=NOW - 60), other, wait]), PolicyParams(),
+                    preempt=True)
+    assert set(np.flatnonzero(held.mask())) == {JOB_SLOTS + 1, STOP}
+
+
+def test_the_teacher_never_preempts_but_shows_the_network_where_it_could() -> None:
+    from simulator.dl2_train import Demonstrator
+
+    # optimus gives every job its minimum in arrival order first: a job waiting since before a running one was
+    # submitted (say, preempted earlier) would take that one's gang. The demonstrator does not (``teacher_wants``):
+    # the running job keeps its gang either way; with preemption among the actions, the steps it records show the
+    # removal as legal (so the warm-up learns not to take it) and the job still runs.
+    servers = [training_server("a", gpus=4)]
+    late = replace(running_job(1, [("a", (g,)) for g in range(4)], low=4, high=4, resized=NOW - 3600),
+                   submitted_at=NOW - 60)
+    early = pending_job(2, gpus=1, workers=4, submitted=NOW - 7200, runtime=600.0)
+    snap = snapshot_of(servers, [late, early])
+    assert [p.job_id for p in create_policy("optimus").schedule(snap).preemptions] == [1]  # optimus itself would
+    for preempt in (False, True):
+        teacher = Demonstrator(PolicyParams(), preempt=preempt)
+        plan = teacher.schedule(snap)
+        assert check_plan(snap, plan) == [] and plan.preemptions == () and plan.starts == ()
+        slot = 1  # job 2 arrived first: slot 0
+        assert bool(teacher.steps.legal[0][JOB_SLOTS + slot]) is preempt
+        assert teacher.steps.actions == [STOP]
+
+
+def test_each_preemption_is_charged_its_redo_and_restart_in_the_cycles_reward() -> None:
+    from simulator.dl2_train import Sampler, step_rewards
+
+    # A job running its 2-worker minimum since its last checkpoint 20 minutes ago is preempted (a network
+    # trained with preemption, the only legal removal taken): the cycle is charged (1200 + 30) s = 0.34 job-hours
+    # at its weight 1, on top of (2 active jobs x 1 h to the next cycle).
+    servers = [training_server("a", gpus=2)]
+    run = replace(running_job(1, [("a", (0,)), ("a", (1,))], low=2, high=2, resized=NOW - 3600),
+                  submitted_at=NOW - 7200, last_checkpoint_at=NOW - 1200)
+    snap = snapshot_of(servers, [run, pending_job(2, gpus=1, workers=2, submitted=NOW - 60)])
+    sampler = Sampler(0, restart_overhead_s=30.0, preemption_cost=1.0)
+    decision = Decision(snap, PolicyParams(), preempt=True)
+    assert decision.apply(JOB_SLOTS) and [j.job_id for j in decision.preempted()] == [1]
+    sampler.steps.record(decision.observation(), decision.mask(), JOB_SLOTS)
+    sampler.cycle_done(decision)
+    assert sampler.steps.cycle_costs == [pytest.approx(1230 / 3600)]
+    reward, _ = step_rewards(sampler.steps, end_time=NOW + 3600, horizon_h=4.0)
+    assert reward[0] == pytest.approx(-(2 * 1.0 + 1230 / 3600))
+    # Without the charge (weight 0), the same cycle costs its active jobs' time only.
+    free = Sampler(0, restart_overhead_s=30.0)
+    free.steps.record(decision.observation(), decision.mask(), JOB_SLOTS)
+    free.cycle_done(decision)
+    assert step_rewards(free.steps, end_time=NOW + 3600, horizon_h=4.0)[0][0] == pytest.approx(-2.0)
