@@ -197,11 +197,18 @@ class Decision:
     def backfill(self) -> None:
         """Once the network has stopped: each queued job past the window whose ``min_workers`` gang fits the free
         GPUs starts at it, the oldest first (module doc); one that does not fit waits, and a later one may."""
+        # Gang shapes (and GPU types asked for) that did not fit: the free GPUs only shrink here, so a later job of
+        # the same shape would not fit either (a decision at 1,000 jobs tried ~40 such gangs).
+        failed: set[tuple[int, int, tuple[str, ...]]] = set()
         for job in self.unseen:
-            if job.state is JobState.PENDING and job.min_workers * job.gpus_per_worker <= self.capacity.total:
+            shape = (job.min_workers, job.gpus_per_worker, job.gpu_types)
+            if (job.state is JobState.PENDING and shape not in failed
+                    and job.min_workers * job.gpus_per_worker <= self.capacity.total):
                 placed = self.capacity.place_gang(job, job.min_workers)
                 if placed is not None:
                     self.backfilled[job.job_id] = placed
+                else:
+                    failed.add(shape)
 
     def preempted(self) -> list[JobView]:
         """The jobs this decision preempts: running at the snapshot, without workers now."""
