@@ -94,8 +94,9 @@ class Environment:
     # Per workload, its own cluster (a training mix: ``mixed_environment``); () = ``spec`` for every one.
     specs: tuple[ClusterSpec, ...] = ()
     labels: tuple[str, ...] = ()   # per workload, what it is (the training report's); () = none
-    # Preemption among the network's actions (``policies.dl2.Decision``): the teacher demonstrates its own
-    # preemptions, and the weights' ``meta["preemption"]`` lets the trained network make them live.
+    # Preemption among the network's actions (``policies.dl2.Decision``) in every stage -- the teacher never takes
+    # it (``teacher_wants``) -- and the weights' ``meta["preemption"]`` lets the trained network take it live. The
+    # CLI turns it on (``--preemption``, the default); off here, as for weights from before it.
     preemption: bool = False
 
     def spec_of(self, which: int) -> ClusterSpec:
