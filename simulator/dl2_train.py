@@ -192,15 +192,11 @@ class Dagger:
     steps: Steps = field(default_factory=Steps)
     name: str = "dl2-dagger"
 
-    @property
-    def preempt(self) -> bool:
-        return self.network.preempts
-
     def schedule(self, snapshot: ClusterSnapshot) -> Plan:
         teacher = OptimusPolicy(self.params)
         jobs = [teacher._job(j, snapshot.now) for j in active_jobs(snapshot)]
         target = optimus_allocate(jobs, training_gpus(snapshot))
-        decision = Decision(snapshot, self.params, preempt=self.preempt)
+        decision = Decision(snapshot, self.params, preempt=self.network.preempts)
         want = teacher_wants(decision, target)
         for _ in range(4 * JOB_SLOTS + 64):
             legal = decision.mask()

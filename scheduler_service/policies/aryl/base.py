@@ -216,8 +216,7 @@ def move_to_faster_types(cycle: _Cycle) -> None:
                     continue  # too small to pay (a larger size may)
                 workers = cycle.capacity.place_gang(view, size, pools=TRAINING_FIRST, exclude=cycle.reserved,
                                                     gpu_types=(gpu_type,))
-                if workers is not None:
-                    break
+                break  # placed, or not: a larger gang does not fit where this one did not (one worker at a time)
             if workers is None:
                 continue
             cycle.estimates[view.job_id] = JobEstimate(est.model, est.remaining_work * speed_here / speed)
