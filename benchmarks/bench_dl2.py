@@ -54,9 +54,9 @@ class CountingGreedy(Greedy):
     def __init__(self) -> None:
         self.actions = 0
 
-    def choose(self, observation: np.ndarray, legal: np.ndarray, logits: np.ndarray, value: float) -> int:
+    def choose(self, observation: np.ndarray, legal: np.ndarray, logits: np.ndarray) -> int:
         self.actions += 1
-        return super().choose(observation, legal, logits, value)
+        return super().choose(observation, legal, logits)
 
 
 def dl2_bench(ctx: BenchContext) -> None:

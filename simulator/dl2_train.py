@@ -141,7 +141,7 @@ class Sampler:
         self.restart_overhead_s = restart_overhead_s
         self.preemption_cost = preemption_cost
 
-    def choose(self, observation: np.ndarray, legal: np.ndarray, logits: np.ndarray, value: float) -> int:
+    def choose(self, observation: np.ndarray, legal: np.ndarray, logits: np.ndarray) -> int:
         z = masked_logits(logits.astype(np.float64), legal)
         p = np.exp(z - z.max())
         action = int(self.rng.choice(len(p), p=p / p.sum()))
@@ -202,7 +202,7 @@ class Dagger:
             legal = decision.mask()
             observation = decision.observation()
             self.steps.record(observation, legal, _toward(decision, want, legal))
-            logits, _ = self.network.forward(observation)
+            logits = self.network.logits(observation, decision.pooling)
             action = int(np.argmax(masked_logits(logits, legal)))
             if action == STOP:
                 break

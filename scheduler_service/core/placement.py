@@ -23,7 +23,7 @@ so a placement costs O(distinct free counts), not O(servers): a cycle places tho
 
 from __future__ import annotations
 
-from bisect import insort
+from bisect import bisect_left, insort
 from collections.abc import Iterable
 
 from scheduler_service.core.plan import Reason, WorkerPlacement
@@ -59,6 +59,7 @@ class FreeCapacity:
                 else:
                     bucket.append(sid)
         self._buckets = buckets
+        self._counts: list[int] | None = None  # the free counts of the non-empty buckets, ascending (``_best_server``)
         self.total = total
         self._biggest: int | None = None
         self._explained: dict[tuple[int, int, tuple[str, ...]], tuple[Reason, str]] = {}  # explain_unplaceable's
@@ -114,7 +115,16 @@ class FreeCapacity:
         return sum(len(self._free.get(sid, ())) for sid in server_ids)
 
     def largest_block(self) -> int:
-        return max((count for (_, count), sids in self._buckets.items() if sids), default=0)
+        counts = self._free_counts()
+        return counts[-1] if counts else 0
+
+    def _free_counts(self) -> list[int]:
+        """The distinct free-GPU counts of servers with any free, ascending (kept until a bucket empties or fills:
+        placement asks for them with every worker)."""
+        counts = self._counts
+        if counts is None:
+            counts = self._counts = sorted({count for (_, count), sids in self._buckets.items() if sids})
+        return counts
 
     def servers_with_free(self) -> int:
         return sum(len(sids) for sids in self._buckets.values())
@@ -125,6 +135,7 @@ class FreeCapacity:
         twin._free = {sid: list(gpus) for sid, gpus in self._free.items()}
         # Each bucket is kept sorted by server id (insort), so this is what a rebuild would give.
         twin._buckets = {key: list(sids) for key, sids in self._buckets.items() if sids}
+        twin._counts = self._counts
         twin.total = self.total
         twin._biggest = self._biggest
         twin._explained = dict(self._explained)  # the same free GPUs: the same answers, until either changes
@@ -138,9 +149,15 @@ class FreeCapacity:
         pool = self.servers[server_id].pool
         old = self._free[server_id]
         if old:
-            self._buckets[(pool, len(old))].remove(server_id)
+            bucket = self._buckets[(pool, len(old))]
+            bucket.remove(server_id)
+            if not bucket:
+                self._counts = None
         if new_free:
-            insort(self._buckets.setdefault((pool, len(new_free)), []), server_id)
+            bucket = self._buckets.setdefault((pool, len(new_free)), [])
+            if not bucket:
+                self._counts = None
+            insort(bucket, server_id)
         self.total += len(new_free) - len(old)
         self._free[server_id] = new_free
         if self._explained:
@@ -176,7 +193,8 @@ class FreeCapacity:
     # -- placing ----------------------------------------------------------------------------------
 
     def _best_server(self, gpus: int, pools: tuple[Pool | None, ...], exclude: frozenset[str]) -> str | None:
-        counts = sorted({count for (_, count), sids in self._buckets.items() if count >= gpus and sids})
+        counts = self._free_counts()
+        counts = counts[bisect_left(counts, gpus):]
         for pool in pools:  # step 4: preferred pool first
             group = _ALL_POOLS if pool is None else (pool,)
             for count in counts:  # step 5: best fit, the fewest free GPUs that still fit

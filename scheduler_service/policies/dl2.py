@@ -71,14 +71,16 @@ from scheduler_service.policies.dl2_model import (
     STOP,
     UNIT_PER_FREE,
     Network,
+    Pooling,
     SlotFeatures,
     action_count,
     encode_globals,
     encode_slot,
+    input_size,
     load_network,
     unit_per_free,
 )
-from scheduler_service.policies.worker_targets import active_jobs, training_gpus
+from scheduler_service.policies.worker_targets import active_jobs, training_servers
 
 MAX_STEPS = 4 * JOB_SLOTS  # actions per decision at most (a bound on a cycle's cost)
 
@@ -92,11 +94,13 @@ class Decision:
         active = active_jobs(snapshot)
         self.slots: list[JobView] = active[:JOB_SLOTS]
         self.unseen: list[JobView] = active[JOB_SLOTS:]
+        self.waiting = [j for j in self.unseen if j.state is JobState.PENDING]  # what ``backfill`` may start
         self.capacity = FreeCapacity.of(snapshot)
-        self.total_gpus = training_gpus(snapshot)
-        # What the features are relative to (``dl2_model``): the largest schedulable server, the demand.
-        self.server_gpus = max((len(s.healthy_gpus) for s in snapshot.servers if s.runs_training and not s.cordoned),
-                               default=0)
+        # What the features are relative to (``dl2_model``): the training GPUs, the largest schedulable server,
+        # the demand.
+        sizes = [len(s.healthy_gpus) for s in training_servers(snapshot)]
+        self.total_gpus = sum(sizes)
+        self.server_gpus = max(sizes, default=0)
         self.demand_gpus = sum(j.min_workers * j.gpus_per_worker for j in active)
         n = len(self.slots)
         self.workers: list[list[WorkerPlacement]] = [
@@ -115,8 +119,19 @@ class Decision:
         self.estimates: list[JobEstimate] = [
             estimate(j, now=snapshot.now, default_runtime_s=params.default_runtime_s, alpha=params.amdahl_alpha)
             for j in self.slots]
-        self._features = np.zeros((JOB_SLOTS, JOB_FEATURES), dtype=np.float32)
-        self._unit_gpus = np.zeros(JOB_SLOTS, dtype=np.float32)  # the GPUs of each row's next unit
+        # The observation is written in place (``observation`` hands out a copy): the rows, then the globals.
+        self._x = np.zeros(input_size(), dtype=np.float32)
+        self._features = self._x[:JOB_SLOTS * JOB_FEATURES].reshape(JOB_SLOTS, JOB_FEATURES)
+        self.pooling = Pooling.of(n)  # the rows present never change within a decision
+        # Per row, what ``mask`` reads, kept current by ``_refresh`` (an empty row is never legal): the GPUs of
+        # its next unit, its GPUs per worker, whether an add would be legal as far as the row alone goes
+        # (everything but the free GPUs), whether a removal would, whether it has no workers yet.
+        self._unit_gpus = np.zeros(JOB_SLOTS, dtype=np.float32)
+        self._gpw = np.array([j.gpus_per_worker for j in self.slots] + [0] * (JOB_SLOTS - n), dtype=np.float32)
+        self._gpw_max = float(self._gpw.max())
+        self._may_add = np.zeros(JOB_SLOTS, dtype=bool)
+        self._may_remove = np.zeros(JOB_SLOTS, dtype=bool)
+        self._empty = np.zeros(JOB_SLOTS, dtype=bool)
         for i in range(n):
             self._refresh(i)
 
@@ -141,31 +156,37 @@ class Decision:
         return max(self.estimates[i].jct_reduction(w, 1), 0.0) if w else float("inf")
 
     def _refresh(self, i: int) -> None:
+        """Row ``i``'s features and legality after a change to it (module doc: the rules)."""
         self._features[i] = encode_slot(self.slot_features(i))
-        job = self.slots[i]
-        self._unit_gpus[i] = (job.min_workers if not self.workers[i] else 1) * job.gpus_per_worker
+        job, w = self.slots[i], len(self.workers[i])
+        unit = job.min_workers if w == 0 else 1
+        self._unit_gpus[i] = unit * job.gpus_per_worker
+        self._empty[i] = w == 0
+        self._may_add[i] = (not self.removed[i] and not self.blocked[i] and not self.held[i]
+                            and w + unit <= job.max_workers)
+        self._may_remove[i] = (self.start[i] > 0 and not self.added[i] and not self.held[i]
+                               and (w > job.min_workers or (self.preempt and w > 0)))
 
     def observation(self) -> np.ndarray:
         free = self.capacity.total
         self._features[:, UNIT_PER_FREE] = unit_per_free(self._unit_gpus, free)
-        return np.concatenate([self._features.reshape(-1), np.asarray(
-            encode_globals(free, self.total_gpus, self.capacity.largest_block(), self.server_gpus, self.demand_gpus,
-                           len(self.slots), len(self.unseen)), dtype=np.float32)])
+        self._x[JOB_SLOTS * JOB_FEATURES:] = encode_globals(
+            free, self.total_gpus, self.capacity.largest_block(), self.server_gpus, self.demand_gpus,
+            len(self.slots), len(self.unseen))
+        return self._x.copy()
 
     def mask(self) -> np.ndarray:
         """Legal actions (module doc)."""
         legal = np.zeros(action_count(), dtype=bool)
-        free, block = self.capacity.total, self.capacity.largest_block()
-        for i, job in enumerate(self.slots):
-            w = len(self.workers[i])
-            gpw = job.gpus_per_worker
-            unit = job.min_workers if w == 0 else 1
-            legal[i] = (not self.removed[i] and not self.blocked[i] and not self.held[i]
-                        and w + unit <= job.max_workers and unit * gpw <= free and gpw <= block)
-            legal[JOB_SLOTS + i] = (not self.adding and self.start[i] > 0 and not self.added[i] and not self.held[i]
-                                    and (w > job.min_workers or (self.preempt and w > 0)))
+        add = legal[:JOB_SLOTS]
+        np.logical_and(self._may_add, self._unit_gpus <= self.capacity.total, out=add)
+        block = self.capacity.largest_block()
+        if block < self._gpw_max:
+            add &= self._gpw <= block
+        if not self.adding:
+            legal[JOB_SLOTS:STOP] = self._may_remove
         # Work-conserving for queued gangs: no stop while a visible job without workers could start.
-        legal[STOP] = not any(legal[i] and not self.workers[i] for i in range(len(self.slots)))
+        legal[STOP] = not (add & self._empty).any()
         return legal
 
     # -- acting ----------------------------------------------------------------------------------
@@ -180,6 +201,7 @@ class Decision:
             placed = self.capacity.place_gang(job, job.min_workers if w == 0 else 1, first_rank=w)
             if placed is None:
                 self.blocked[i] = True
+                self._may_add[i] = False
                 return False
             self.workers[i].extend(placed)
             self.added[i] = True
@@ -200,10 +222,9 @@ class Decision:
         # Gang shapes (and GPU types asked for) that did not fit: the free GPUs only shrink here, so a later job of
         # the same shape would not fit either (a decision at 1,000 jobs tried ~40 such gangs).
         failed: set[tuple[int, int, tuple[str, ...]]] = set()
-        for job in self.unseen:
+        for job in self.waiting:
             shape = (job.min_workers, job.gpus_per_worker, job.gpu_types)
-            if (job.state is JobState.PENDING and shape not in failed
-                    and job.min_workers * job.gpus_per_worker <= self.capacity.total):
+            if shape not in failed and job.min_workers * job.gpus_per_worker <= self.capacity.total:
                 placed = self.capacity.place_gang(job, job.min_workers)
                 if placed is not None:
                     self.backfilled[job.job_id] = placed
@@ -239,10 +260,12 @@ class Decision:
         waits = f"{who}: decides for the {JOB_SLOTS} oldest active jobs; this one waits its turn"
         backfill = (f"{who}: backfilled at its minimum: past the {JOB_SLOTS} oldest active jobs the network decides "
                     "for, its gang fits GPUs the network left free")
-        for job in self.unseen:
-            if job.job_id in self.backfilled:
-                starts.append(StartJob(job.job_id, self.backfilled[job.job_id], Reason.BACKFILLED, backfill))
-            elif job.state is JobState.PENDING:
+        backfilled = self.backfilled
+        for job in self.waiting:
+            placed = backfilled.get(job.job_id)
+            if placed is not None:
+                starts.append(StartJob(job.job_id, placed, Reason.BACKFILLED, backfill))
+            else:
                 pending.append(KeepPending(job.job_id, Reason.BLOCKED_BY_EARLIER_JOB, waits))
         return Plan(starts=tuple(starts), scales=tuple(scales), preemptions=tuple(preemptions), pending=tuple(pending))
 
@@ -259,7 +282,7 @@ def masked_logits(logits: np.ndarray, legal: np.ndarray) -> np.ndarray:
 class Chooser(Protocol):
     """How an action is picked from the network's output (greedy live; sampled and recorded in training)."""
 
-    def choose(self, observation: np.ndarray, legal: np.ndarray, logits: np.ndarray, value: float) -> int: ...
+    def choose(self, observation: np.ndarray, legal: np.ndarray, logits: np.ndarray) -> int: ...
 
     def cycle_done(self, decision: Decision) -> None: ...
 
@@ -267,7 +290,7 @@ class Chooser(Protocol):
 class Greedy:
     """The most likely legal action (the lowest index on a tie): deterministic."""
 
-    def choose(self, observation: np.ndarray, legal: np.ndarray, logits: np.ndarray, value: float) -> int:
+    def choose(self, observation: np.ndarray, legal: np.ndarray, logits: np.ndarray) -> int:
         return int(np.argmax(masked_logits(logits, legal)))
 
     def cycle_done(self, decision: Decision) -> None:
@@ -282,8 +305,8 @@ def decide(snapshot: ClusterSnapshot, params: PolicyParams, network: Network, ch
         if not legal[:STOP].any():
             break
         observation = decision.observation()
-        logits, value = network.forward(observation)
-        action = chooser.choose(observation, legal, logits, value)
+        logits = network.logits(observation, decision.pooling)
+        action = chooser.choose(observation, legal, logits)
         if action == STOP:
             break
         decision.apply(action)

@@ -83,21 +83,25 @@ class ModelFileError(ValueError):
     """The weights file is missing, unreadable, or made for another encoding or shape."""
 
 
+_LOG2_65 = math.log2(65.0)  # the scales' denominators (a decision encodes rows thousands of times)
+_LOG1P_TEN_DAYS = math.log1p(14400.0)
+
+
 def log2_scaled(count: float, top: float = 64.0) -> float:
     """``log2(1 + count) / log2(1 + top)``: 0 at 0, 1 at ``top``."""
-    return math.log2(1.0 + max(count, 0.0)) / math.log2(1.0 + top)
+    return math.log2(1.0 + max(count, 0.0)) / (_LOG2_65 if top == 64.0 else math.log2(1.0 + top))
 
 
 def share_scaled(share: float) -> float:
     """A share of the cluster (0..1), log-scaled so that small jobs differ: ``log2(1 + 64 x) / log2(65)``."""
-    return log2_scaled(64.0 * min(max(share, 0.0), 1.0), 64.0)
+    return math.log2(1.0 + 64.0 * min(max(share, 0.0), 1.0)) / _LOG2_65
 
 
 def minutes_scaled(seconds: float) -> float:
     """``log1p(minutes) / log1p(10 days in minutes)``: 0 at 0, 1 at ten days."""
     if not math.isfinite(seconds):
         return 1.0
-    return min(math.log1p(max(seconds, 0.0) / 60.0) / math.log1p(14400.0), 1.0)
+    return min(math.log1p(max(seconds, 0.0) / 60.0) / _LOG1P_TEN_DAYS, 1.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +164,22 @@ def unit_per_free(unit_gpus: np.ndarray, free_gpus: int) -> np.ndarray:
     return np.minimum(unit_gpus / max(free_gpus, 0.5), 1.0).astype(np.float32)
 
 
+class Pooling:
+    """Which rows of an input are present, as ``Network.forward`` pools over them: the mean's weights (1 / the
+    rows present, 0 for an empty row) and the max's mask (None when every row is present: nothing to mask)."""
+
+    __slots__ = ("mask", "weight")
+
+    def __init__(self, present: np.ndarray) -> None:
+        self.weight = present.astype(np.float32) / max(int(present.sum()), 1)
+        self.mask: np.ndarray | None = None if present.all() else present[:, None]
+
+    @classmethod
+    def of(cls, rows: int) -> Pooling:
+        """The first ``rows`` rows present (as ``policies.dl2.Decision`` fills them)."""
+        return cls(np.arange(JOB_SLOTS) < rows)
+
+
 @dataclass
 class Network:
     """The network's weights as numpy arrays (float32), and its shape's provenance (``meta``)."""
@@ -187,21 +207,35 @@ class Network:
         (``policies.dl2.Decision``)."""
         return bool(self.meta.get("preemption", False))
 
-    def forward(self, x: np.ndarray) -> tuple[np.ndarray, float]:
+    def forward(self, x: np.ndarray, pooling: Pooling | None = None) -> tuple[np.ndarray, float]:
         """Action logits and the value for one input vector: ``forward_batch``'s function (a test checks it),
-        written for one vector, the live decision's hot path (the layers split by input block: no copies)."""
+        written for one vector, the live decision's hot path (the layers split by input block: no copies).
+        ``pooling``: the rows present in ``x`` when the caller knows them (``Pooling.of``; a decision's rows
+        stay present for all its steps), else read from ``x``."""
+        logits, pooled = self._policy(x, pooling)
+        return logits, float(pooled @ self.wv + self.bv)
+
+    def logits(self, x: np.ndarray, pooling: Pooling | None = None) -> np.ndarray:
+        """``forward``'s logits alone (what a decision reads: the value only trains)."""
+        return self._policy(x, pooling)[0]
+
+    def _policy(self, x: np.ndarray, pooling: Pooling | None) -> tuple[np.ndarray, np.ndarray]:
+        """The logits and the pooled last layer (the value head's input)."""
         rows = x[:JOB_SLOTS * JOB_FEATURES].reshape(JOB_SLOTS, JOB_FEATURES)
-        present = rows[:, 0] > 0
-        weight = present.astype(np.float32) / max(int(present.sum()), 1)
+        if pooling is None:
+            pooling = Pooling(rows[:, 0] > 0)
+        weight, mask = pooling.weight, pooling.mask
         e = np.tanh(rows @ self.w1[:JOB_FEATURES] + (x[JOB_SLOTS * JOB_FEATURES:] @ self.w1[JOB_FEATURES:] + self.b1))
         hidden = e.shape[1]
-        mask = present[:, None]
-        context = np.concatenate([weight @ e, np.where(mask, e, -1.0).max(axis=0)])
+        context = np.concatenate((weight @ e, (e if mask is None else np.where(mask, e, -1.0)).max(axis=0)))
         h = np.tanh(e @ self.w2[:hidden] + (context @ self.w2[hidden:] + self.b2))
         per_job = h @ self.wp + self.bp
-        pooled = np.concatenate([weight @ h, np.where(mask, h, -1.0).max(axis=0)])
-        logits = np.concatenate([per_job[:, 0], per_job[:, 1], [pooled @ self.ws + self.bs]])
-        return logits, float(pooled @ self.wv + self.bv)
+        pooled = np.concatenate((weight @ h, (h if mask is None else np.where(mask, h, -1.0)).max(axis=0)))
+        logits = np.empty(action_count(), dtype=np.float32)
+        logits[:JOB_SLOTS] = per_job[:, 0]
+        logits[JOB_SLOTS:STOP] = per_job[:, 1]
+        logits[STOP] = pooled @ self.ws + self.bs
+        return logits, pooled
 
     def forward_batch(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Action logits ``(B, action_count())`` and values ``(B,)`` for a batch of input vectors (module doc)."""

@@ -79,7 +79,7 @@ class OnlineLearner:
 
     # -- Chooser: runs inside the cycle; appends only ------------------------------------------------
 
-    def choose(self, observation: np.ndarray, legal: np.ndarray, logits: np.ndarray, value: float) -> int:
+    def choose(self, observation: np.ndarray, legal: np.ndarray, logits: np.ndarray) -> int:
         z = np.where(legal, logits.astype(np.float64), -np.inf)
         p = np.exp(z - z.max())
         action = int(self._rng.choice(len(p), p=p / p.sum()))

@@ -17,10 +17,11 @@ a cycle and the plan always has an apply order. Must never: decide a count (the 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from operator import attrgetter
 
 from scheduler_service.core.placement import FreeCapacity
 from scheduler_service.core.plan import KeepPending, Plan, PreemptJob, Reason, ScaleJob, StartJob, WorkerPlacement
-from scheduler_service.core.snapshot import ClusterSnapshot, JobView, without_jobs
+from scheduler_service.core.snapshot import ClusterSnapshot, JobView, ServerView, without_jobs
 from scheduler_service.lifecycle import JobState
 
 
@@ -69,14 +70,20 @@ def plan_worker_targets(snapshot: ClusterSnapshot, active: Sequence[JobView], ta
     return Plan(starts=tuple(starts), scales=tuple(scales), preemptions=preemptions, pending=tuple(pending))
 
 
+def training_servers(snapshot: ClusterSnapshot) -> list[ServerView]:
+    """The servers that may run training now (not cordoned)."""
+    return [s for s in snapshot.servers if s.runs_training and not s.cordoned]
+
+
 def training_gpus(snapshot: ClusterSnapshot) -> int:
     """Healthy GPUs on servers that may run training now (not cordoned)."""
-    return sum(len(s.healthy_gpus) for s in snapshot.servers if s.runs_training and not s.cordoned)
+    return sum(len(s.healthy_gpus) for s in training_servers(snapshot))
 
 
 def active_jobs(snapshot: ClusterSnapshot) -> list[JobView]:
     """PENDING and RUNNING jobs in arrival order (submission time, then id)."""
-    return sorted((j for j in snapshot.jobs if j.state in _ACTIVE), key=lambda j: (j.submitted_at, j.job_id))
+    return sorted([j for j in snapshot.jobs if j.state in _ACTIVE], key=_ARRIVAL)
 
 
 _ACTIVE = frozenset((JobState.PENDING, JobState.RUNNING))
+_ARRIVAL = attrgetter("submitted_at", "job_id")

@@ -189,7 +189,7 @@ class RandomLegal:
     def __init__(self, seed: int) -> None:
         self.rng = np.random.default_rng(seed)
 
-    def choose(self, observation: np.ndarray, legal: np.ndarray, logits: np.ndarray, value: float) -> int:
+    def choose(self, observation: np.ndarray, legal: np.ndarray, logits: np.ndarray) -> int:
         options = np.flatnonzero(legal)
         # stop rarely, so that loops run long
         return int(self.rng.choice(options[options != STOP])) if len(options) > 1 and self.rng.random() < 0.95 \
