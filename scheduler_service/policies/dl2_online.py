@@ -9,7 +9,10 @@ thread makes one policy-gradient step with a value baseline on it (reward: minus
 objective, as in ``simulator.dl2_train.reinforce``; but Monte-Carlo returns discounted per cycle and the
 weights file's value head -- the offline recipe before issue 34's remedies, which a live service, with one
 run and no sibling episodes, cannot all use), then swaps the new weights in; the next cycle decides with
-them.
+them. As offline (``simulator.dl2_train.Sampler``), a cycle that preempts is charged at once what each
+preemption throws away -- the job's work since its last checkpoint and a restart (``policy.restart_cost_s``),
+in job-hours at weight ``PREEMPTION_COST`` -- rather than only through the longer JCT it causes later, which
+the returns, truncated at a batch's end and discounted per cycle, would mostly not see.
 
 In the service the learner sees what it needs through the cycle alone: every cycle's snapshot holds the
 active jobs (a job that left it has finished: its JCT so far is in the rewards of the cycles it waited or
@@ -44,6 +47,7 @@ QUEUE_BATCHES = 2          # batches waiting for the thread at most (more are dr
 GAMMA = 0.95
 LEARNING_RATE = 1e-4
 ENTROPY = 0.01
+PREEMPTION_COST = 1.0      # job-hours charged per hour a preemption throws away (``RlSettings.preemption_cost``'s)
 
 log = structlog.get_logger("aryl.dl2")
 
@@ -61,7 +65,8 @@ class OnlineLearner:
         self._obs: list[np.ndarray] = []
         self._legal: list[np.ndarray] = []
         self._actions: list[int] = []
-        self._cycles: list[tuple[float, int, int]] = []   # (time, active jobs, index of its last step)
+        # (time, active jobs, index of its last step, job-hours charged for its preemptions)
+        self._cycles: list[tuple[float, int, int, float]] = []
         self._active: set[int] = set()
         self._completed = 0
         self._queue: queue.Queue[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None] = queue.Queue(
@@ -93,7 +98,8 @@ class OnlineLearner:
         active = {j.job_id for j in snapshot.jobs if j.state in (JobState.PENDING, JobState.RUNNING)}
         self._completed += len(self._active - active)
         self._active = active
-        self._cycles.append((snapshot.now, len(active), len(self._actions) - 1))
+        lost_s = sum(job.since_checkpoint(snapshot.now) + self.params.restart_cost_s for job in decision.preempted())
+        self._cycles.append((snapshot.now, len(active), len(self._actions) - 1, PREEMPTION_COST * lost_s / 3600.0))
         if self._completed >= self.params.dl2_online_batch_jobs and len(self._cycles) > 1:
             self._hand_over()
 
@@ -105,9 +111,9 @@ class OnlineLearner:
         returns = np.zeros(last_step + 1, dtype=np.float32)
         running = 0.0
         for k in range(len(done) - 1, -1, -1):
-            when, jobs, last = done[k]
+            when, jobs, last, charged = done[k]
             until = done[k + 1][0] if k + 1 < len(done) else newest[0]
-            running = -jobs * max(until - when, 0.0) / 3600.0 + GAMMA * running
+            running = -jobs * max(until - when, 0.0) / 3600.0 - charged + GAMMA * running
             first = done[k - 1][2] + 1 if k > 0 else 0
             returns[first:last + 1] = running
         if last_step >= 0:
@@ -119,7 +125,7 @@ class OnlineLearner:
             except queue.Full:
                 self.dropped_batches += 1
         del self._obs[:last_step + 1], self._legal[:last_step + 1], self._actions[:last_step + 1]
-        self._cycles = [(newest[0], newest[1], newest[2] - last_step - 1)]
+        self._cycles = [(newest[0], newest[1], newest[2] - last_step - 1, newest[3])]
         self._completed = 0
 
     # -- the learning thread ----------------------------------------------------------------------

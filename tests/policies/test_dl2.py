@@ -426,6 +426,32 @@ def test_online_learning_updates_weights_in_the_background_with_valid_plans(tmp_
     learner.stop()
 
 
+@needs_torch
+def test_online_learning_charges_each_preemption_at_once() -> None:
+    from scheduler_service.policies.dl2_online import OnlineLearner
+
+    # As offline (the test below): a job running its 2-worker minimum since its checkpoint 20 minutes ago is
+    # preempted; the cycle's return is charged (1200 + 30) s of restart_cost_s = 0.34 job-hours on top of
+    # (2 active jobs x 1 h to the next cycle).
+    servers = [training_server("a", gpus=2)]
+    run = replace(running_job(1, [("a", (0,)), ("a", (1,))], low=2, high=2, resized=NOW - 3600),
+                  submitted_at=NOW - 7200, last_checkpoint_at=NOW - 1200)
+    snap = snapshot_of(servers, [run, pending_job(2, gpus=1, workers=2, submitted=NOW - 60)])
+    params = PolicyParams(restart_cost_s=30.0)
+    learner = OnlineLearner(random_network(seed=1), params)
+    learner.stop()  # the test reads the batch the thread would have taken
+    decision = Decision(snap, params, preempt=True)
+    legal = decision.mask()
+    logits = np.where(np.arange(len(legal)) == JOB_SLOTS, 50.0, -50.0).astype(np.float32)
+    assert learner.choose(decision.observation(), legal, logits) == JOB_SLOTS
+    assert decision.apply(JOB_SLOTS) and [j.job_id for j in decision.preempted()] == [1]
+    learner.cycle_done(decision)
+    learner.cycle_done(Decision(replace(snap, now=NOW + 3600), params))  # the next cycle, an hour later
+    learner._hand_over()
+    batch = learner._queue.get_nowait()
+    assert batch is not None and batch[3].tolist() == [pytest.approx(-(2 * 1.0 + 1230 / 3600))]
+
+
 def test_greedy_decisions_do_not_need_torch() -> None:
     # The registered policy without online learning runs on numpy alone: decide in a fresh interpreter where
     # importing torch fails.
