@@ -65,9 +65,8 @@ A gang starts on the type where it runs fastest at the size that type has room f
 speed there times its speed curve at the free GPUs, not its speed per GPU); step 3 shares out each type's GPUs among
 the jobs on that type (a job grows on its own type only); a job moves to a type where it runs faster at the room
 there than it can on its own (a slower type with GPUs to spare included) once that saves more than two restarts,
-at the smallest size that does, unless it would run slower there per unit of the training cluster's capacity it
-holds (GPUs counted at their type's declared speed), and step 3 never shrinks it below that size while it stays on
-the type (``base.move_to_faster_types``, ``_Job.floor``); a loan's payback is longer on a slower server
+at the smallest size that does, and step 3 never shrinks it below that size while it stays on the type
+(``base.move_to_faster_types``, ``_Job.floor``); a loan's payback is longer on a slower server
 (``loans.demand_outlook``). One type, or no speed known: exactly as before.
 
 Variants (same code, same placement, so comparisons isolate the mechanism): ``aryl`` (loaning and

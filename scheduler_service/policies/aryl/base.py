@@ -177,16 +177,6 @@ def move_to_faster_types(cycle: _Cycle) -> None:
     much, in the order its gang would try them (``_Cycle.type_preference``), up to its own type or the first no
     faster at its room than its own (a type its gang would try after that is not worth a move).
 
-    Nor where it would run slower per unit of the training cluster's capacity it holds than it does now: its speed
-    over its GPUs, each counted at its type's declared speed (``_speed_per_capacity``). Why: the GPUs a move takes
-    are the ones step 3 shares out among the jobs of that type and the queue's next gangs need, and the ones it
-    frees are worth to the others what their type is declared worth; a move that is faster only by holding more of
-    the cluster, less well, is a growth no sizing chose. In the Sia philly workload (aryl-noloan, seed 0) yolov3
-    jobs moved from one A100 to 6 or 7 RTX GPUs (0.21x as fast per GPU for them, the RTX declared 0.31x the A100)
-    to finish 1-10% sooner while jobs queued, and deepspeech2 jobs from one RTX GPU to one A100 (1.48x as fast for
-    them, the A100 declared 3.27x). A job on a loaned server, or moving onto one, is not held to this: those are
-    inference's servers, lent while it needs them not, and no part of the training cluster's capacity.
-
     It moves at the smallest size at which it saves that much and keeps that size (``_Job.floor``) while it stays
     on the type: step 3 sizes it there above it, growing it past it, never shrinking it below (a queued gang, a
     reclaim still may). Why: a move valued at all the type's free GPUs was left by step 3, that cycle or a later
@@ -200,7 +190,6 @@ def move_to_faster_types(cycle: _Cycle) -> None:
     back the floor of an earlier move while it is on that move's type (at most the workers it holds)."""
     restart = cycle.params.restart_cost_s
     started = {s.job_id for s in cycle.starts}
-    owned = {s.gpu_type for s in cycle.servers.values() if s.pool == Pool.TRAINING}  # the training cluster's types
     movable = []
     for job in cycle.running.values():
         view = job.view
@@ -216,8 +205,6 @@ def move_to_faster_types(cycle: _Cycle) -> None:
         speed_here, per_worker = cycle.factor_on(view, here), view.gpus_per_worker
         free = cycle.capacity.free_by_type()
         best_here = cycle.speed_at_room(view, here, free.get(here, 0) + len(job.workers) * per_worker)
-        on_loan = any(cycle.servers[w.server_id].pool != Pool.TRAINING for w in job.workers)
-        held = 0.0 if on_loan else _speed_per_capacity(cycle, view, here, len(job.workers))
         for gpu_type in cycle.type_preference(view) or ():
             if gpu_type == here or cycle.speed_at_room(view, gpu_type, free.get(gpu_type, 0)) <= best_here:
                 break  # (the order above: no later type is worth a move)
@@ -227,8 +214,6 @@ def move_to_faster_types(cycle: _Cycle) -> None:
                 after = restart + est.remaining_time(size) * speed_here / speed
                 if left - after <= restart:
                     continue  # too small to pay (a larger size may)
-                if gpu_type in owned and _speed_per_capacity(cycle, view, gpu_type, size) < held:
-                    break  # it would hold the cluster's capacity less well (a larger size: worse still)
                 workers = cycle.capacity.place_gang(view, size, pools=TRAINING_FIRST, exclude=cycle.reserved,
                                                     gpu_types=(gpu_type,))
                 break  # placed, or not: a larger gang does not fit where this one did not (one worker at a time)
@@ -248,14 +233,6 @@ def move_to_faster_types(cycle: _Cycle) -> None:
         if (kept is not None and not job.moved and job.workers
                 and cycle.servers[job.workers[0].server_id].gpu_type == kept[0]):
             job.floor = min(kept[1], len(job.workers))
-
-
-def _speed_per_capacity(cycle: _Cycle, view: JobView, gpu_type: str, size: int) -> float:
-    """The job's speed (its curve's unit) at ``size`` workers on ``gpu_type`` per unit of capacity they hold: their
-    GPUs, each counted at its type's declared speed (``ClusterSnapshot.gpu_speed``, the operator's rate of exchange
-    between types: an A100 declared 3.27 is worth 3.27 reference GPUs to the cluster, whichever job holds it)."""
-    gpus = size * view.gpus_per_worker * cycle.declared_speeds.get(gpu_type, 1.0)
-    return cycle.factor_on(view, gpu_type) * cycle.estimate(view).model.speed(size) / gpus if gpus > 0 else 0.0
 
 
 def _start_deferred(cycle: _Cycle, later: list[JobView]) -> None:
