@@ -45,6 +45,7 @@ from scheduler_service.core.plan import Plan
 from scheduler_service.core.registry import policies
 from scheduler_service.core.snapshot import ClusterSnapshot, JobView
 from scheduler_service.core.throughput import estimate
+from scheduler_service.policies.extras import require_scipy
 from scheduler_service.policies.worker_targets import active_jobs
 
 
@@ -175,6 +176,9 @@ class GavelPolicy:
     params: PolicyParams
     estimates: GavelEstimates | None = None
     name: str = "gavel"
+
+    def __post_init__(self) -> None:
+        require_scipy(self.name)  # the fallback where the interior-point iteration fails (``central_lp``)
 
     def with_estimates(self, estimates: GavelEstimates) -> GavelPolicy:
         return replace(self, estimates=estimates)

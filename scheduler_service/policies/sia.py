@@ -55,6 +55,7 @@ from scheduler_service.core.registry import policies
 from scheduler_service.core.snapshot import ClusterSnapshot, JobView
 from scheduler_service.core.throughput import ThroughputModel, estimate
 from scheduler_service.core.type_speed import job_type_speeds
+from scheduler_service.policies.extras import require_scipy
 from scheduler_service.policies.worker_targets import active_jobs
 
 ZERO_GAIN = 1e-4   # a configuration the job cannot use
@@ -204,6 +205,9 @@ class SiaPolicy:
     estimates: SiaEstimates | None = None
     sia: SiaParams = SiaParams()
     name: str = "sia"
+
+    def __post_init__(self) -> None:
+        require_scipy(self.name)
 
     def with_estimates(self, estimates: SiaEstimates) -> SiaPolicy:
         """This policy deciding on ``estimates`` (a job model's own) instead of the declared speeds."""

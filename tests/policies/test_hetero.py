@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import itertools
 import math
+import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -373,3 +375,16 @@ def test_the_gate_finds_the_authors_finished_runs(tmp_path: Path) -> None:
     (tmp_path / "out-sia-saturn-workload-2").mkdir()  # as the harness's examples name it, finished
     (tmp_path / "out-sia-saturn-workload-2" / "summary.json").write_text("{}")
     assert authors_folder("sia", "saturn/workload-2", tmp_path) == tmp_path / "out-sia-saturn-workload-2"
+
+
+@pytest.mark.parametrize("policy", ["sia", "gavel"])
+def test_a_scheduler_without_scipy_refuses_sia_and_gavel_at_start_with_the_fix(policy: str) -> None:
+    # Their programs are solved with scipy's HiGHS: without scipy the service must stop at start, naming the
+    # extra that has it, rather than fail every cycle once jobs arrive (a fresh interpreter where scipy is missing).
+    code = ("import sys; sys.modules['scipy'] = None\n"
+            "from scheduler_service.policies import create_policy\n"
+            f"create_policy({policy!r})\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode != 0
+    assert f"ValueError: policy {policy!r} solves with scipy" in out.stderr
+    assert "pip install 'aryl[scheduler]'" in out.stderr and "scheduling.policy" in out.stderr
