@@ -161,6 +161,8 @@ def _estimated_rows(raw: dict[str, Any], seeds: list[int]) -> list[str]:
         best = min(_mean(est[key]["drf"]), _mean(est[key]["optimus"]))
         rows.append(f"| {SETTING_LABELS[key]} | {' | '.join(cells)} | {(dl2 / best - 1) * 100:+.1f}% |")
     return rows
+
+
 SETTING_LABELS = {"train": "Pollux 1-4 (trained on)", "test": "Pollux 5-8 (held out)",
                   "philly": "Philly sample (unseen)"}
 # The RL remedies of issue 34 as measured on the seed-0 warm-up shipped at 40eb998 (greedy average JCT on

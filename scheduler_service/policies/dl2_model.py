@@ -94,7 +94,7 @@ def log2_scaled(count: float, top: float = 64.0) -> float:
 
 def share_scaled(share: float) -> float:
     """A share of the cluster (0..1), log-scaled so that small jobs differ: ``log2(1 + 64 x) / log2(65)``."""
-    return math.log2(1.0 + 64.0 * min(max(share, 0.0), 1.0)) / _LOG2_65
+    return log2_scaled(64.0 * min(max(share, 0.0), 1.0))
 
 
 def minutes_scaled(seconds: float) -> float:
@@ -179,6 +179,11 @@ class Pooling:
         """The first ``rows`` rows present (as ``policies.dl2.Decision`` fills them)."""
         return cls(np.arange(JOB_SLOTS) < rows)
 
+    def pool(self, layer: np.ndarray) -> np.ndarray:
+        """The mean and the max of ``layer`` (rows x H) over the present rows: 2H values."""
+        top = (layer if self.mask is None else np.where(self.mask, layer, -1.0)).max(axis=0)
+        return np.concatenate((self.weight @ layer, top))
+
 
 @dataclass
 class Network:
@@ -224,13 +229,11 @@ class Network:
         rows = x[:JOB_SLOTS * JOB_FEATURES].reshape(JOB_SLOTS, JOB_FEATURES)
         if pooling is None:
             pooling = Pooling(rows[:, 0] > 0)
-        weight, mask = pooling.weight, pooling.mask
         e = np.tanh(rows @ self.w1[:JOB_FEATURES] + (x[JOB_SLOTS * JOB_FEATURES:] @ self.w1[JOB_FEATURES:] + self.b1))
         hidden = e.shape[1]
-        context = np.concatenate((weight @ e, (e if mask is None else np.where(mask, e, -1.0)).max(axis=0)))
-        h = np.tanh(e @ self.w2[:hidden] + (context @ self.w2[hidden:] + self.b2))
+        h = np.tanh(e @ self.w2[:hidden] + (pooling.pool(e) @ self.w2[hidden:] + self.b2))
         per_job = h @ self.wp + self.bp
-        pooled = np.concatenate((weight @ h, (h if mask is None else np.where(mask, h, -1.0)).max(axis=0)))
+        pooled = pooling.pool(h)
         logits = np.empty(action_count(), dtype=np.float32)
         logits[:JOB_SLOTS] = per_job[:, 0]
         logits[JOB_SLOTS:STOP] = per_job[:, 1]
