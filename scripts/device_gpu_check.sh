@@ -23,7 +23,7 @@ LOG="$OUT/gpu-check.log"
 
 # Modules the scheduler, the agent and arylctl import, and what the job imports (torch, numba for the solvers).
 MODULES="sqlalchemy alembic structlog pydantic pydantic_settings grpc grpc_health grpc_reflection google.protobuf
-psycopg2 cryptography yaml aiohttp prometheus_client pynvml tqdm numpy numba torch pytest pytest_timeout"
+google.rpc psycopg2 cryptography yaml aiohttp prometheus_client pynvml tqdm numpy numba torch pytest pytest_timeout"
 
 check() {
     echo "== $(date -u +%FT%TZ) aryl device GPU check on $(hostname), in $PWD ($(git rev-parse --short HEAD 2>/dev/null || echo 'not a git checkout'))"
