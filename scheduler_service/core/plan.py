@@ -40,6 +40,8 @@ class Reason(StrEnum):
     SCALED_IN_FOR_RECLAIM = "SCALED_IN_FOR_RECLAIM"  # its loaned server went back to inference
     PREEMPTED_FOR_RECLAIM = "PREEMPTED_FOR_RECLAIM"  # reclaim left it below min_workers
     MOVED_FOR_RECLAIM = "MOVED_FOR_RECLAIM"  # reclaim left it below min_workers; restarted elsewhere instead
+    # moved at its size so that a job a reclaim displaced fits whole where it ran (``policies.aryl.base``)
+    MOVED_TO_MAKE_ROOM = "MOVED_TO_MAKE_ROOM"
     PREEMPTED_FOR_QUOTA = "PREEMPTED_FOR_QUOTA"    # its queue borrowed GPUs a queue within its quota needed back
     PREEMPTED_FOR_PRIORITY = "PREEMPTED_FOR_PRIORITY"  # a job of a higher priority class of its queue needed them
     # Its GPUs went to jobs the policy ranks first (tiresias, optimus; aryl's preempt-to-admit).
