@@ -211,6 +211,31 @@ def _on_a_full_a100(work: float) -> ClusterSnapshot:
     return dataclasses.replace(snapshot_of(servers, [job, busy], demand=0), gpu_speed=(("a100", 1.0), ("rtx", 0.5)))
 
 
+def test_a_move_does_not_take_gpus_the_jobs_on_the_new_type_complete_more_on() -> None:
+    # The case above, but the RTX server's other 4 GPUs run job 3 (1..12 workers, linear, 600 units: 0.5 unit/s per
+    # worker there, 300 s left at its 4). Job 1's move to 3 of the 4 free RTX GPUs would raise its own completion rate
+    # by 1 / 2,460 - 1 / 3,600 = 1.3e-4 and give the A100 GPU it leaves to nobody (job 2 is in its protection window);
+    # the 3 GPUs would add to job 3's rate, shared out as step 3 shares out the RTX GPUs (its base 1 worker, 1,200 s +
+    # a 60 s restart): with all 7 of the room (free and its extras) 1 / 210 - 1 / 1,260, with the 4 left
+    # 1 / 300 - 1 / 1,260, 1.4e-3 more. So job 1 stays on its A100 and job 3 grows to 8. Before 2026-11-30 (later
+    # session) job 1 moved, weighed by its own time alone (in the Sia philly workload yolov3 jobs moved from one A100 to
+    # six RTX GPUs to finish 1% sooner while short jobs there could have grown; docs/simulator.md). With nothing on the
+    # RTX type wanting more (the test above) it still moves.
+    job = dataclasses.replace(running_job(1, [("a1", (0,))], low=1, high=8, resized=NOW - 7200),
+                              throughput_points=tuple((n, float(n)) for n in range(1, 9)), total_work=3600.0,
+                              work_done=0.0, estimated_runtime_s=None)
+    busy = running_job(2, [("a1", (g,)) for g in (1, 2, 3)], low=3, resized=NOW - 60)
+    short = dataclasses.replace(running_job(3, [("r1", (g,)) for g in range(4)], low=1, high=12, resized=NOW - 7200),
+                                throughput_points=tuple((n, float(n)) for n in range(1, 13)), total_work=600.0,
+                                work_done=0.0, estimated_runtime_s=None)
+    servers = [training_server("a1", 4, gpu_type="a100"), training_server("r1", 8, gpu_type="rtx")]
+    snap = dataclasses.replace(snapshot_of(servers, [job, busy, short], demand=0),
+                               gpu_speed=(("a100", 1.0), ("rtx", 0.5)))
+    plan = create_policy("aryl").schedule(snap)
+    assert check_plan(snap, plan) == []
+    assert {s.job_id: len(s.workers) for s in plan.scales} == {3: 8}
+
+
 def test_a_moved_job_keeps_the_size_its_move_was_valued_at_while_it_stays_on_that_type() -> None:
     # The move above (3,600 units: valued at 3 RTX workers, grown to 8). A later cycle: job 1, 36,000 units left, runs
     # 8 workers on the RTX server, out of its protection window; job 3 (1..12 workers, linear, 600 units) runs 4 on

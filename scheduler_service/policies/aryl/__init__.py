@@ -64,10 +64,12 @@ job is valued at the speed of the type it would start on, so a loaned server of 
 A gang starts on the type where it runs fastest at the size that type has room for (``_Cycle.type_preference``: its
 speed there times its speed curve at the free GPUs, not its speed per GPU); step 3 shares out each type's GPUs among
 the jobs on that type (a job grows on its own type only); a job moves to a type where it runs faster at the room
-there than it can on its own (a slower type with GPUs to spare included) once that saves more than two restarts,
-at the smallest size that does, and step 3 never shrinks it below that size while it stays on the type
-(``base.move_to_faster_types``, ``_Job.floor``); a loan's payback is longer on a slower server
-(``loans.demand_outlook``). One type, or no speed known: exactly as before.
+there than it can on its own (a slower type with GPUs to spare included) once that saves more than two restarts
+and raises the rate at which the cluster completes jobs -- its own gain and what the GPUs it leaves add to the jobs on
+its type, against what those it takes would have added to the jobs on the new one (``sizing.type_worth``, step 3's
+knapsack of that type; the joint variants) -- at the smallest size that does, and step 3 never shrinks it below that
+size while it stays on the type (``base.move_to_faster_types``, ``_Job.floor``); a loan's payback is longer on a
+slower server (``loans.demand_outlook``). One type, or no speed known: exactly as before.
 
 Variants (same code, same placement, so comparisons isolate the mechanism): ``aryl`` (loaning and
 elasticity), ``aryl-noloan``, ``aryl-noelastic``, ``sjf`` (neither: separate clusters, jobs run at
@@ -121,6 +123,7 @@ from scheduler_service.policies.aryl.sizing import (
     joint_sizing,
     response_ratio,
     settle_suspensions,
+    type_worth,
 )
 
 # What other modules and the tests import from the package (the policy's parts live in its modules).
@@ -185,7 +188,7 @@ class ArylPolicy:
             joint_sizing(cycle, shrink=self.shrink, suspend=self.suspend)
         base_demands(cycle, joint=self.joint, loaning=self.loaning, shrink=self.shrink)
         settle_suspensions(cycle)
-        move_to_faster_types(cycle)
+        move_to_faster_types(cycle, type_worth if self.joint else None)
         if self.elastic:
             elastic_extras(cycle, joint=self.joint)
         else:

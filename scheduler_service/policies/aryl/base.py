@@ -12,7 +12,7 @@ Pure: no I/O, no wall clock; deterministic for a given snapshot.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from scheduler_service.core.fit import never_fits
@@ -247,7 +247,8 @@ def _place_by_moving(cycle: _Cycle, job: JobView) -> tuple[WorkerPlacement, ...]
     return tuple(placed)
 
 
-def move_to_faster_types(cycle: _Cycle) -> None:
+def move_to_faster_types(cycle: _Cycle, worth: Callable[[_Cycle, str, int], Callable[[int], float]] | None = None
+                         ) -> None:
     """After the queue's gangs (on a cluster of several GPU types whose speeds it knows, ``_Cycle.speed_factors``):
     a running job outside its protection window restarts on another type where it runs faster *at the room there*
     -- its speed on the type times its speed curve at as many workers as the type's free GPUs hold, within
@@ -268,6 +269,15 @@ def move_to_faster_types(cycle: _Cycle) -> None:
     back -- in the Sia philly workload (seed 0) 68 of 156 moves ended smaller than they were valued at, and yolov3
     jobs went back and forth between the A100s and the RTX GPUs a dozen times. The policy carries the floors from
     cycle to cycle (``_Cycle.floors``, ``_Cycle.kept_floors``).
+
+    ``worth`` (``sizing.type_worth``; None: a move is weighed by its own time alone): a move is a resize as well,
+    so it is weighed as step 3 weighs one, by the rate at which the cluster completes jobs: what it adds to its own
+    completion rate, plus what the GPUs it leaves are worth to the jobs on its type, must exceed what the GPUs it
+    takes would have added to the jobs on the new one (their extras, as step 3 would share that type out). Before,
+    a move took the free GPUs it saved time on ahead of step 3, whatever the jobs already on the type would have made
+    of them: in philly/workload-3 (inference-pool, seed 0) yolov3 jobs moved from one A100 to six RTX GPUs to
+    finish 1% sooner, and back when an A100 freed up (docs/simulator.md). A type no job there wants more of costs
+    nothing, so a job still moves to GPUs that would idle.
 
     The GPUs it leaves stay out of this cycle's capacity (it holds them now), as a reclaim's move leaves them
     (``relocate_displaced``: no applier can order a cycle of frees and takes). Last, each job not moved now takes
@@ -298,6 +308,9 @@ def move_to_faster_types(cycle: _Cycle) -> None:
                 after = restart + est.remaining_time(size) * speed_here / speed
                 if left - after <= restart:
                     continue  # too small to pay (a larger size may)
+                if worth is not None and not _pays_the_cluster(cycle, worth, job, here, gpu_type, size, left, after,
+                                                               free):
+                    break  # its GPUs complete more on the type's own jobs (a larger size takes more of them)
                 workers = cycle.capacity.place_gang(view, size, pools=TRAINING_FIRST, exclude=cycle.reserved,
                                                     gpu_types=(gpu_type,))
                 break  # placed, or not: a larger gang does not fit where this one did not (one worker at a time)
@@ -317,6 +330,30 @@ def move_to_faster_types(cycle: _Cycle) -> None:
         if (kept is not None and not job.moved and job.workers
                 and cycle.servers[job.workers[0].server_id].gpu_type == kept[0]):
             job.floor = min(kept[1], len(job.workers))
+
+
+def _pays_the_cluster(cycle: _Cycle, worth: Callable[[_Cycle, str, int], Callable[[int], float]], job: _Job,
+                      here: str, there: str, size: int, left: float, after: float, free: dict[str, int]) -> bool:
+    """Whether ``job``'s move from ``here`` to ``size`` workers on ``there`` (``move_to_faster_types``) raises the
+    rate at which the cluster completes jobs: its own rate, from ``1 / left`` to ``1 / after``, plus what the GPUs it
+    leaves add to the jobs on ``here``, less what the GPUs it takes would have added to the jobs on ``there`` -- each
+    type's room its free GPUs and its jobs' extras (``worth``: ``sizing.type_worth``)."""
+    per_worker, mover = job.view.gpus_per_worker, job.view.job_id
+    gain = 1.0 / max(after, 1e-3) - 1.0 / max(left, 1e-3)
+    on_there, on_here = worth(cycle, there, mover), worth(cycle, here, mover)
+    room_there, room_here = _room_of(cycle, there, mover, free), _room_of(cycle, here, mover, free)
+    taken = on_there(room_there) - on_there(room_there - size * per_worker)
+    given = on_here(room_here + len(job.workers) * per_worker) - on_here(room_here)
+    return gain + given > taken
+
+
+def _room_of(cycle: _Cycle, gpu_type: str, mover: int, free: dict[str, int]) -> int:
+    """``gpu_type``'s GPUs step 3 would share out among its jobs but ``mover``: free ones, and the extras the jobs
+    outside their protection window hold there (``sizing.type_worth``)."""
+    return free.get(gpu_type, 0) + sum(
+        job.extras * job.view.gpus_per_worker for job in cycle.running.values()
+        if job.view.job_id != mover and job.workers and job.view.job_id not in cycle.protected and job.extras > 0
+        and cycle.servers[job.workers[0].server_id].gpu_type == gpu_type)
 
 
 def _start_deferred(cycle: _Cycle, later: list[JobView]) -> None:

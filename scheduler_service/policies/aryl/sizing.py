@@ -420,6 +420,36 @@ def _deadline_bonus(cycle: _Cycle, job: _Job, count: int) -> list[float] | None:
     return bonus if any(bonus) else None
 
 
+# -- what a type's GPUs are worth to the jobs on it (a move's cost, ``base.move_to_faster_types``) ------------
+
+def type_worth(cycle: _Cycle, gpu_type: str, mover: int) -> Callable[[int], float]:
+    """What GPUs of ``gpu_type``'s room are worth to the jobs running there, in step 3's currency: for a room of
+    ``gpus`` (the type's free GPUs and its jobs' extras), the most completion rate their extras can add
+    (``extra_gains``, one knapsack as step 3 shares out the type). The jobs: every elastic job on the type but
+    ``mover``, outside its protection window, its extras counted from ``_Job.base`` at a restart for a change. What a
+    move onto the type takes from them, or a move off it gives them, is the difference at two rooms."""
+    jobs = sorted((j for j in cycle.running.values()
+                   if j.view.job_id != mover and j.workers and j.view.max_workers > j.base
+                   and j.view.job_id not in cycle.protected
+                   and cycle.servers[j.workers[0].server_id].gpu_type == gpu_type), key=lambda j: j.view.job_id)
+    counts = [min(j.view.max_workers - j.base, cycle.params.max_extra_options) for j in jobs]
+    if not jobs:
+        return lambda gpus: 0.0
+    k_max = max(counts)
+    weights = np.array([[k * j.view.gpus_per_worker for k in range(1, count + 1)] + [0] * (k_max - count)
+                        for j, count in zip(jobs, counts, strict=True)], np.int64)
+    values = np.array([extra_gains(cycle, j, count, len(j.workers)) + [-1.0] * (k_max - count)
+                       for j, count in zip(jobs, counts, strict=True)], np.float64)
+    limits = np.array(counts, np.int64)
+    known: dict[int, float] = {}
+
+    def worth(gpus: int) -> float:
+        if gpus not in known:
+            known[gpus] = solve_knapsack(weights, values, limits, gpus).total_value if gpus > 0 else 0.0
+        return known[gpus]
+    return worth
+
+
 # -- step 2: elastic extras ------------------------------------------------------------------------
 
 def elastic_extras(cycle: _Cycle, *, joint: bool) -> None:
