@@ -191,25 +191,25 @@ def _place_by_moving(cycle: _Cycle, job: JobView) -> tuple[WorkerPlacement, ...]
     spent = 0
     types = cycle.type_preference(job) or job.gpu_types
     for rank in range(job.min_workers):
-        best: tuple[int, str, list[tuple[_Job, list[_Worker]]], FreeCapacity, list[int]] | None = None
-        for server_id in sorted(movable):
+        candidates: list[tuple[int, str, list[_Job]]] = []  # (GPUs to move, server, the jobs to move off it)
+        for server_id, there in movable.items():
             server = cycle.servers[server_id]
             if (server_id in cycle.reserved or server_id not in trial.servers or len(server.healthy_gpus) < per_worker
                     or (types and server.gpu_type not in types)
                     or (placed and server.gpu_type != cycle.servers[placed[0].server_id].gpu_type)):
                 continue
-            free = len(trial.free(server_id))
-            jobs = sorted((o for o in movable[server_id] if o.view.job_id not in moved),
-                          key=lambda o: (len(o.workers) * o.view.gpus_per_worker, o.view.job_id))
-            chosen, freed, cost = [], free, 0
-            for other in jobs:  # the smallest jobs first, until the worker fits
-                if freed >= per_worker:
+            chosen, freed, cost = [], len(trial.free(server_id)), 0
+            for other in sorted((o for o in there if o.view.job_id not in moved),
+                                key=lambda o: (len(o.workers) * o.view.gpus_per_worker, o.view.job_id)):
+                if freed >= per_worker:  # the smallest jobs first, until the worker fits
                     break
                 chosen.append(other)
                 freed += sum(len(w.gpu_indices) for w in other.workers if w.server_id == server_id)
                 cost += len(other.workers) * other.view.gpus_per_worker
-            if freed < per_worker or spent + cost > budget or (best is not None and (cost, server_id) >= best[:2]):
-                continue
+            if freed >= per_worker and spent + cost <= budget:
+                candidates.append((cost, server_id, chosen))
+        best: tuple[int, str, list[tuple[_Job, list[_Worker]]], FreeCapacity, list[int]] | None = None
+        for cost, server_id, chosen in sorted(candidates, key=lambda c: c[:2]):  # the first whose moves fit
             twin = trial.copy()
             twin.release_many((w.server_id, w.gpu_indices) for o in chosen for w in o.workers
                               if w.server_id == server_id)
@@ -226,6 +226,7 @@ def _place_by_moving(cycle: _Cycle, job: JobView) -> tuple[WorkerPlacement, ...]
                 after.append((other, staying + list(new)))
             else:
                 best = (cost, server_id, after, twin, held)
+                break
         if best is None:
             return None
         # The gang's worker takes the cleared server's first GPUs; the rest stay out of this cycle's capacity, as
