@@ -64,7 +64,8 @@ REPO = Path(__file__).resolve().parent.parent
 READING = """
 ## Reading these results
 
-- Everything above was computed in one run of this script; only the papers' figures are quoted.
+- Each section says the commit it was computed at: `--only` regenerates some sections and keeps the
+  others as they were. Only the papers' figures are quoted.
 - Sections 1-2: the cluster sizes follow the rules of `evaluation/headline.py` (the busy regime from the
   trace's offered load, the inference cluster from a quantile of its demand), fixed before the first run
   and not tuned towards the paper or the project's target. The light-load row keeps the earlier setting
@@ -73,7 +74,8 @@ READING = """
 - Utilisation is over the arrival window (first to last submission); the figure over the whole run,
   including the multi-day tail of the longest Philly jobs after arrivals stop, is in `summaries.json`
   (`gpu_utilization_to_end`).
-- `aryl` vs `aryl-naivereclaim` isolates the reclaim choice on the same loans.
+- `aryl` vs `aryl-naivereclaim` isolates the reclaim on the same loans: which servers go back, and whether
+  a job left below its minimum restarts elsewhere (`aryl`) or is preempted (naive).
 - Known gaps: cycles are batched at least 60 s apart (a cycle per event takes ~3x longer to simulate and
   changes average JCT by ~1% on this trace, measured while building the simulator).
 """
