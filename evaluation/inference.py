@@ -257,6 +257,16 @@ Targets (issue 31): at most 0.1% of requests short on the busy ServeGen load (re
 whole run's share counts the quiet tail too) at no more than 2% higher average JCT than `aryl-reactive`; at most
 0.5% on the spiky load with the JCT cost reported; at least 3x fewer preemptions per reclaimed server than naive,
 in every seed (the ratios' ranges above are the seeds').
+Where `aryl`'s JCT cost against `aryl-reactive` comes from (servegen, seeds 0-2, measured 2026-11-30 at 3ba6d00
+with the forecast's two uses taken apart by hand; not rows of this section): loans held to the band over the lead
+and reclaims on the need now cost +1.1% average JCT (7,162 s against 7,086) and leave 0.83%-0.86% of requests short
+over the arrival window, with 192-197 loans a run; adding the predictive reclaim gives `aryl` (+2.4%, 0.10% short,
+747-795 loans: a server reclaimed ahead of a rise the band allows for is lent again once the band falls). The
+payback rule (no loan of what the band over lead + two restarts needs) never bound: without it every run was the
+same to the second. So the cost is the band itself -- how far above the need a 99.9% band over two minutes must
+stand on this load -- split about evenly between the loans it withholds and the reclaims it starts early; a
+sharper forecast would lower both, the loan rules would not.
+
 `aryl`'s reclaim is exact while there are at most 40,000 sets of loaned servers to try
 (`solvers.reclaim.reclaim_solve`), greedy on server preemption cost beyond (its gap to the exact answer: `make
 bench`, `reclaim_gap`). The risk valuation covers extra workers only: a queued job's base workers placed on a
