@@ -66,8 +66,13 @@ class FreeCapacity:
         self._index_types()
 
     def _index_types(self) -> None:
-        """The GPU types of the servers (step 3); per type, the servers of other types (on first use)."""
+        """The GPU types of the servers (step 3); the free GPUs of each (kept as GPUs are taken and released:
+        placement asks for them with every gang on a cluster of several types); per type, the servers of other
+        types (on first use)."""
         self.gpu_types = tuple(sorted({s.gpu_type for s in self.servers.values()}))
+        self._by_type = dict.fromkeys(self.gpu_types, 0)
+        for sid, gpus in self._free.items():
+            self._by_type[self.servers[sid].gpu_type] += len(gpus)
         self._other_types: dict[str, frozenset[str]] = {}
 
     @classmethod
@@ -140,6 +145,7 @@ class FreeCapacity:
         twin._biggest = self._biggest
         twin._explained = dict(self._explained)  # the same free GPUs: the same answers, until either changes
         twin.gpu_types = self.gpu_types
+        twin._by_type = dict(self._by_type)
         twin._other_types = self._other_types
         return twin
 
@@ -159,6 +165,7 @@ class FreeCapacity:
                 self._counts = None
             insort(bucket, server_id)
         self.total += len(new_free) - len(old)
+        self._by_type[self.servers[server_id].gpu_type] += len(new_free) - len(old)
         self._free[server_id] = new_free
         if self._explained:
             self._explained.clear()
@@ -238,10 +245,7 @@ class FreeCapacity:
 
     def free_by_type(self) -> dict[str, int]:
         """Free GPUs of each GPU type here (0 for a type with none free)."""
-        free = dict.fromkeys(self.gpu_types, 0)
-        for sid, gpus in self._free.items():
-            free[self.servers[sid].gpu_type] += len(gpus)
-        return free
+        return dict(self._by_type)
 
     def _not_of_type(self, gpu_type: str) -> frozenset[str]:
         others = self._other_types.get(gpu_type)

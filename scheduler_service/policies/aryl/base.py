@@ -285,20 +285,7 @@ def move_to_faster_types(cycle: _Cycle, worth: Callable[[_Cycle, str, int], Call
     back the floor of an earlier move while it is on that move's type (at most the workers it holds)."""
     restart = cycle.params.restart_cost_s
     started = {s.job_id for s in cycle.starts}
-    worths: dict[str, Callable[[int], float]] = {}  # a type's worth to all its jobs, until a move changes one
-
-    def worth_of(cycle: _Cycle, gpu_type: str, mover: int) -> Callable[[int], float]:
-        """``worth``, the same for every mover not on ``gpu_type`` (the type a move would take GPUs of): built
-        once per type until a move changes the cluster, not once per candidate move (a cluster of 5,000 jobs
-        on two types spent 0.2 s a cycle rebuilding it)."""
-        assert worth is not None
-        if any(cycle.servers[w.server_id].gpu_type == gpu_type for w in cycle.running[mover].workers):
-            return worth(cycle, gpu_type, mover)
-        known = worths.get(gpu_type)
-        if known is None:
-            known = worths[gpu_type] = worth(cycle, gpu_type, mover)
-        return known
-
+    weigh = _MoveWorth(cycle, worth) if worth is not None else None
     movable = []
     for job in cycle.running.values():
         view = job.view
@@ -323,8 +310,7 @@ def move_to_faster_types(cycle: _Cycle, worth: Callable[[_Cycle, str, int], Call
                 after = restart + est.remaining_time(size) * speed_here / speed
                 if left - after <= restart:
                     continue  # too small to pay (a larger size may)
-                if worth is not None and not _pays_the_cluster(cycle, worth_of, job, here, gpu_type, size, left,
-                                                               after, free):
+                if weigh is not None and not weigh.pays(job, here, gpu_type, size, left, after, free):
                     break  # its GPUs complete more on the type's own jobs (a larger size takes more of them)
                 workers = cycle.capacity.place_gang(view, size, pools=TRAINING_FIRST, exclude=cycle.reserved,
                                                     gpu_types=(gpu_type,))
@@ -332,7 +318,8 @@ def move_to_faster_types(cycle: _Cycle, worth: Callable[[_Cycle, str, int], Call
             if workers is None:
                 continue
             cycle.estimates[view.job_id] = JobEstimate(est.model, est.remaining_work * speed_here / speed)
-            worths.clear()
+            if weigh is not None:
+                weigh.moved()
             before = len(job.workers)
             job.workers = list(workers)
             job.floor, job.moved = size, True
@@ -348,28 +335,51 @@ def move_to_faster_types(cycle: _Cycle, worth: Callable[[_Cycle, str, int], Call
             job.floor = min(kept[1], len(job.workers))
 
 
-def _pays_the_cluster(cycle: _Cycle, worth: Callable[[_Cycle, str, int], Callable[[int], float]], job: _Job,
-                      here: str, there: str, size: int, left: float, after: float, free: dict[str, int]) -> bool:
-    """Whether ``job``'s move from ``here`` to ``size`` workers on ``there`` (``move_to_faster_types``) raises the
-    rate at which the cluster completes jobs: its own rate, from ``1 / left`` to ``1 / after``, plus what the GPUs it
-    leaves add to the jobs on ``here``, less what the GPUs it takes would have added to the jobs on ``there`` -- each
-    type's room its free GPUs and its jobs' extras (``worth``: ``sizing.type_worth``)."""
-    per_worker, mover = job.view.gpus_per_worker, job.view.job_id
-    gain = 1.0 / max(after, 1e-3) - 1.0 / max(left, 1e-3)
-    on_there, on_here = worth(cycle, there, mover), worth(cycle, here, mover)
-    room_there, room_here = _room_of(cycle, there, mover, free), _room_of(cycle, here, mover, free)
-    taken = on_there(room_there) - on_there(room_there - size * per_worker)
-    given = on_here(room_here + len(job.workers) * per_worker) - on_here(room_here)
-    return gain + given > taken
+class _MoveWorth:
+    """Whether a move raises the rate at which the cluster completes jobs (``move_to_faster_types``, ``pays``), with
+    what every candidate move of a cycle reads of a type -- its worth to its jobs (``worth``: ``sizing.type_worth``)
+    and the extras they hold -- worked out once per type until a move changes the cluster, not once per candidate:
+    a cluster of 5,000 jobs on two types spent 0.2 s a cycle rebuilding them."""
 
+    def __init__(self, cycle: _Cycle, worth: Callable[[_Cycle, str, int], Callable[[int], float]]) -> None:
+        self.cycle, self.worth = cycle, worth
+        self._worths: dict[str, Callable[[int], float]] = {}  # per type, to every job on it
+        self._extras: dict[str, int] = {}  # per type, the GPUs of the extras outside their protection window
 
-def _room_of(cycle: _Cycle, gpu_type: str, mover: int, free: dict[str, int]) -> int:
-    """``gpu_type``'s GPUs step 3 would share out among its jobs but ``mover``: free ones, and the extras the jobs
-    outside their protection window hold there (``sizing.type_worth``)."""
-    return free.get(gpu_type, 0) + sum(
-        job.extras * job.view.gpus_per_worker for job in cycle.running.values()
-        if job.view.job_id != mover and job.workers and job.view.job_id not in cycle.protected and job.extras > 0
-        and cycle.servers[job.workers[0].server_id].gpu_type == gpu_type)
+    def moved(self) -> None:
+        self._worths.clear()
+        self._extras.clear()
+
+    def pays(self, job: _Job, here: str, there: str, size: int, left: float, after: float,
+             free: dict[str, int]) -> bool:
+        """Whether ``job``'s move from ``here`` to ``size`` workers on ``there`` raises the rate at which the cluster
+        completes jobs: its own rate, from ``1 / left`` to ``1 / after``, plus what the GPUs it leaves add to the jobs
+        on ``here``, less what the GPUs it takes would have added to the jobs on ``there`` -- each type's room its
+        free GPUs and its jobs' extras."""
+        per_worker, mover = job.view.gpus_per_worker, job.view.job_id
+        gain = 1.0 / max(after, 1e-3) - 1.0 / max(left, 1e-3)
+        on_there = self._worths.get(there)
+        if on_there is None:  # (the mover is on ``here``, not on ``there``: the same for every mover)
+            on_there = self._worths[there] = self.worth(self.cycle, there, mover)
+        on_here = self.worth(self.cycle, here, mover)
+        room_there = free.get(there, 0) + self._extras_on(there)
+        own = job.extras * per_worker if mover not in self.cycle.protected and job.extras > 0 else 0
+        room_here = free.get(here, 0) + self._extras_on(here) - own
+        taken = on_there(room_there) - on_there(room_there - size * per_worker)
+        given = on_here(room_here + len(job.workers) * per_worker) - on_here(room_here)
+        return gain + given > taken
+
+    def _extras_on(self, gpu_type: str) -> int:
+        """The GPUs of the extras that the jobs on ``gpu_type`` outside their protection window hold: what step 3
+        would share out there beside the free ones (``sizing.type_worth``)."""
+        known = self._extras.get(gpu_type)
+        if known is None:
+            cycle = self.cycle
+            known = self._extras[gpu_type] = sum(
+                job.extras * job.view.gpus_per_worker for job in cycle.running.values()
+                if job.workers and job.view.job_id not in cycle.protected and job.extras > 0
+                and cycle.servers[job.workers[0].server_id].gpu_type == gpu_type)
+        return known
 
 
 def _start_deferred(cycle: _Cycle, later: list[JobView]) -> None:
