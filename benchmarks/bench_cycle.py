@@ -34,18 +34,27 @@ log = logging.getLogger("aryl.bench")
 NOW = 1_000_000.0
 
 
-def synthetic_cluster(servers: int, jobs: int, seed: int = 0, checkpointed_s: float | None = None) -> ClusterSnapshot:
+def synthetic_cluster(servers: int, jobs: int, seed: int = 0, checkpointed_s: float | None = None,
+                      gpu_types: tuple[tuple[str, float], ...] = ()) -> ClusterSnapshot:
     """``checkpointed_s``: every running job last checkpointed that long ago (None: never), so that at most
-    ``restart_cost_s`` makes each one a candidate of ``aryl``'s preempt-to-admit."""
+    ``restart_cost_s`` makes each one a candidate of ``aryl``'s preempt-to-admit. ``gpu_types``: (type, declared
+    speed) pairs; the training servers, then the inference servers, split into that many equal runs, one type each
+    (every job's workers on one type, as placement keeps them). None: one unnamed type."""
     rng = random.Random(seed)
     n_infer = servers // 5
-    views = [ServerView(f"t{k:04d}", Pool.TRAINING, ServerState.TRAINING, tuple(range(8)))
+
+    def kind(k: int, of: int) -> str:
+        return gpu_types[k * len(gpu_types) // of][0] if gpu_types else ""
+
+    views = [ServerView(f"t{k:04d}", Pool.TRAINING, ServerState.TRAINING, tuple(range(8)),
+                        gpu_type=kind(k, servers - n_infer))
              for k in range(servers - n_infer)]
     for k in range(n_infer):
         loaned = k < n_infer // 2
         views.append(ServerView(f"i{k:04d}", Pool.INFERENCE, ServerState.LOANED if loaned else ServerState.SERVING,
                                 tuple(range(8)), state_since=NOW - rng.uniform(600, 7200),
-                                loan_started_at=NOW - rng.uniform(600, 7200) if loaned else None))
+                                loan_started_at=NOW - rng.uniform(600, 7200) if loaned else None,
+                                gpu_type=kind(k, n_infer)))
     capacity = FreeCapacity.of(ClusterSnapshot(NOW, tuple(views), ()))
     job_views: list[JobView] = []
     held: dict[str, list[tuple[int, int]]] = {}
@@ -68,11 +77,21 @@ def synthetic_cluster(servers: int, jobs: int, seed: int = 0, checkpointed_s: fl
         job_views.append(view)
     servers_out = tuple(
         ServerView(s.server_id, s.pool, s.state, s.gpu_indices, s.unhealthy_gpus,
-                   tuple(sorted(held.get(s.server_id, []))), s.state_since, s.loan_started_at)
+                   tuple(sorted(held.get(s.server_id, []))), s.state_since, s.loan_started_at, gpu_type=s.gpu_type)
         for s in views
     )
     serving = sum(1 for s in views if s.state == ServerState.SERVING)
-    return ClusterSnapshot(NOW, servers_out, tuple(job_views), DemandView(serving + 20, 1000.0, NOW))
+    return ClusterSnapshot(NOW, servers_out, tuple(job_views), DemandView(serving + 20, 1000.0, NOW),
+                           gpu_speed=gpu_types)
+
+
+def with_finished(snapshot: ClusterSnapshot, share: float, seed: int = 0) -> ClusterSnapshot:
+    """``snapshot`` after ``share`` of its running jobs (seeded choice) finished: gone, their GPUs free."""
+    rng = random.Random(seed)
+    gone = {j.job_id for j in snapshot.jobs if j.workers and rng.random() < share}
+    servers = tuple(dataclasses.replace(s, allocated=tuple(a for a in s.allocated if a[1] not in gone))
+                    for s in snapshot.servers)
+    return dataclasses.replace(snapshot, servers=servers, jobs=tuple(j for j in snapshot.jobs if j.job_id not in gone))
 
 
 def long_queue_cluster(servers: int, jobs: int, queued: int, seed: int = 0) -> ClusterSnapshot:
@@ -175,6 +194,20 @@ def array_queue_bench(ctx: BenchContext) -> None:
                dict(servers=servers, jobs=jobs + array, queued=array))
 
 
+# Two GPU types, the second a third as fast as the first (an A100 against an older generation): ``aryl`` values a
+# worker by its type's speed, starts a gang on the type where it runs fastest at the room there, and moves a job to
+# another type when that pays the cluster (``policies.aryl.base.move_to_faster_types``).
+TWO_TYPES = (("fast", 3.0), ("slow", 1.0))
+
+
+def two_types_bench(ctx: BenchContext) -> None:
+    quick = ctx.sizes is QUICK
+    servers, jobs, runs = (250, 1000, 5) if quick else (1250, 5000, 10)
+    # A quarter of the running jobs finished: free GPUs on both types, so jobs start, grow and move.
+    snapshot = with_finished(synthetic_cluster(servers, jobs, gpu_types=TWO_TYPES), 0.25)
+    _decisions(snapshot, runs, "aryl_cycle_two_types", dict(servers=servers, jobs=len(snapshot.jobs)), target=200)
+
+
 def _decisions(snapshot: ClusterSnapshot, runs: int, figure: str, sizes: dict[str, int],
                target: float | None = None) -> float:
     """``aryl`` and ``fifo`` decisions on ``snapshot``, ``runs`` of each: ``<figure>_decide_p50``/``_max``;
@@ -218,4 +251,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("aryl_cycle_array_queue", array_queue_bench,
               "the same cluster with a job array of 20,000 jobs of one shape queued: p50 vs fifo on the same "
               "snapshot"),
+    Benchmark("aryl_cycle_two_types", two_types_bench,
+              "the same cluster on two GPU types (one 3x as fast), a quarter of its running jobs finished so that "
+              "jobs start, grow and move between types: p50 vs fifo"),
 )

@@ -16,18 +16,15 @@ against the invariants once, outside the timing.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import random
 import statistics
 import time
 
 import numpy as np
 
 from benchmarks import emit_figure
-from benchmarks.bench_cycle import synthetic_cluster
+from benchmarks.bench_cycle import synthetic_cluster, with_finished
 from benchmarks.harness import QUICK, BenchContext, Benchmark
-from scheduler_service.core import ClusterSnapshot
 from scheduler_service.core.invariants import check_plan
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.placement import FreeCapacity
@@ -37,15 +34,6 @@ from scheduler_service.policies.dl2 import MAX_STEPS, Greedy, create_dl2, decide
 log = logging.getLogger("aryl.bench")
 
 FINISHED_SHARE = 0.25  # of the running jobs: enough free GPUs that the network acts for many steps
-
-
-def with_finished(snapshot: ClusterSnapshot, share: float, seed: int = 0) -> ClusterSnapshot:
-    """``snapshot`` after ``share`` of its running jobs (seeded choice) finished: gone, their GPUs free."""
-    rng = random.Random(seed)
-    gone = {j.job_id for j in snapshot.jobs if j.workers and rng.random() < share}
-    servers = tuple(dataclasses.replace(s, allocated=tuple(a for a in s.allocated if a[1] not in gone))
-                    for s in snapshot.servers)
-    return dataclasses.replace(snapshot, servers=servers, jobs=tuple(j for j in snapshot.jobs if j.job_id not in gone))
 
 
 class CountingGreedy(Greedy):
