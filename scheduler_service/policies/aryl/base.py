@@ -319,7 +319,7 @@ def move_to_faster_types(cycle: _Cycle, worth: Callable[[_Cycle, str, int], Call
                 continue
             cycle.estimates[view.job_id] = JobEstimate(est.model, est.remaining_work * speed_here / speed)
             if weigh is not None:
-                weigh.moved()
+                weigh.moved(view.job_id)
             before = len(job.workers)
             job.workers = list(workers)
             job.floor, job.moved = size, True
@@ -346,9 +346,12 @@ class _MoveWorth:
         self._worths: dict[str, Callable[[int], float]] = {}  # per type, to every job on it
         self._extras: dict[str, int] = {}  # per type, the GPUs of the extras outside their protection window
 
-    def moved(self) -> None:
+    def moved(self, job_id: int) -> None:
+        """A move of job ``job_id`` changed the jobs on two types: their worths and extras, and its own options."""
         self._worths.clear()
         self._extras.clear()
+        self.cycle.type_tables.clear()
+        self.cycle.type_rows.pop(job_id, None)
 
     def pays(self, job: _Job, here: str, there: str, size: int, left: float, after: float,
              free: dict[str, int]) -> bool:

@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
 
+import numpy as np
+
 from scheduler_service.core.goodput_fit import GPUS_PER_SERVER, goodput_curve, job_goodput
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.core.placement import FreeCapacity
@@ -179,6 +181,11 @@ class _Cycle:
     # The floors of the moves of earlier cycles (``_Job.floor``: job id -> the GPU type it moved to, the size the
     # move was valued at), as the cycle before left them (``kept_floors``).
     floors: Mapping[int, tuple[str, int]] = field(default_factory=dict)
+    # Per GPU type, its elastic jobs' step-3 options as ``sizing.type_worth`` weighs them (job ids, weights,
+    # values, limits), kept until a move changes the jobs on a type (``base._MoveWorth.moved`` clears them).
+    type_tables: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)
+    # Per job, its options' values there (``extra_gains``), kept until the job itself moves.
+    type_rows: dict[int, list[float]] = field(default_factory=dict)
 
     def server_types(self) -> tuple[str, ...]:
         """The servers' GPU types, sorted, with their declared speeds (``declared_speeds``): once per cycle."""

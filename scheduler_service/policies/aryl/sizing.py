@@ -427,20 +427,28 @@ def type_worth(cycle: _Cycle, gpu_type: str, mover: int) -> Callable[[int], floa
     ``gpus`` (the type's free GPUs and its jobs' extras), the most completion rate their extras can add
     (``extra_gains``, one knapsack as step 3 shares out the type). The jobs: every elastic job on the type but
     ``mover``, outside its protection window, its extras counted from ``_Job.base`` at a restart for a change. What a
-    move onto the type takes from them, or a move off it gives them, is the difference at two rooms."""
-    jobs = sorted((j for j in cycle.running.values()
-                   if j.view.job_id != mover and j.workers and j.view.max_workers > j.base
-                   and j.view.job_id not in cycle.protected
-                   and cycle.servers[j.workers[0].server_id].gpu_type == gpu_type), key=lambda j: j.view.job_id)
-    counts = [min(j.view.max_workers - j.base, cycle.params.max_extra_options) for j in jobs]
-    if not jobs:
+    move onto the type takes from them, or a move off it gives them, is the difference at two rooms. The type's
+    options are worked out once for every mover (``_Cycle.type_tables``)."""
+    table = cycle.type_tables.get(gpu_type)
+    if table is None:
+        jobs = sorted((j for j in cycle.running.values()
+                       if j.workers and j.view.max_workers > j.base and j.view.job_id not in cycle.protected
+                       and cycle.servers[j.workers[0].server_id].gpu_type == gpu_type), key=lambda j: j.view.job_id)
+        counts = [min(j.view.max_workers - j.base, cycle.params.max_extra_options) for j in jobs]
+        k_max = max(counts, default=0)
+        table = cycle.type_tables[gpu_type] = (
+            np.array([j.view.job_id for j in jobs], np.int64),
+            np.array([[k * j.view.gpus_per_worker for k in range(1, count + 1)] + [0] * (k_max - count)
+                      for j, count in zip(jobs, counts, strict=True)], np.int64).reshape(len(jobs), k_max),
+            np.array([_type_row(cycle, j, count) + [-1.0] * (k_max - count)
+                      for j, count in zip(jobs, counts, strict=True)], np.float64).reshape(len(jobs), k_max),
+            np.array(counts, np.int64))
+    ids, weights, values, limits = table
+    others = ids != mover
+    if not others.all():
+        weights, values, limits = weights[others], values[others], limits[others]
+    if not len(limits):
         return lambda gpus: 0.0
-    k_max = max(counts)
-    weights = np.array([[k * j.view.gpus_per_worker for k in range(1, count + 1)] + [0] * (k_max - count)
-                        for j, count in zip(jobs, counts, strict=True)], np.int64)
-    values = np.array([extra_gains(cycle, j, count, len(j.workers)) + [-1.0] * (k_max - count)
-                       for j, count in zip(jobs, counts, strict=True)], np.float64)
-    limits = np.array(counts, np.int64)
     known: dict[int, float] = {}
 
     def worth(gpus: int) -> float:
@@ -448,6 +456,13 @@ def type_worth(cycle: _Cycle, gpu_type: str, mover: int) -> Callable[[int], floa
             known[gpus] = solve_knapsack(weights, values, limits, gpus).total_value if gpus > 0 else 0.0
         return known[gpus]
     return worth
+
+
+def _type_row(cycle: _Cycle, job: _Job, count: int) -> list[float]:
+    row = cycle.type_rows.get(job.view.job_id)
+    if row is None:
+        row = cycle.type_rows[job.view.job_id] = extra_gains(cycle, job, count, len(job.workers))
+    return row
 
 
 # -- step 2: elastic extras ------------------------------------------------------------------------
