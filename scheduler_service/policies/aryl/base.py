@@ -178,6 +178,8 @@ def _place_by_moving(cycle: _Cycle, job: JobView) -> tuple[WorkerPlacement, ...]
     worker (8 GPUs) with enough free GPUs in the cluster -- scattered over servers by smaller jobs (the inference
     evaluation, servegen seed 1: 124 of 143)."""
     per_worker, budget = job.gpus_per_worker, job.min_workers * job.gpus_per_worker
+    if cycle.capacity.total < budget:  # moves only shift GPUs between servers: they must be free somewhere already
+        return None
     movable: dict[str, list[_Job]] = {}  # server -> the movable jobs with a worker there
     for other in cycle.running.values():
         if other.reason is None and other.workers and other.view.job_id not in cycle.protected:
@@ -206,7 +208,8 @@ def _place_by_moving(cycle: _Cycle, job: JobView) -> tuple[WorkerPlacement, ...]
                 chosen.append(other)
                 freed += sum(len(w.gpu_indices) for w in other.workers if w.server_id == server_id)
                 cost += len(other.workers) * other.view.gpus_per_worker
-            if freed >= per_worker and spent + cost <= budget:
+            # (what moves off the server, ``freed`` less its free GPUs, needs as many free elsewhere)
+            if per_worker <= freed <= trial.total and spent + cost <= budget:
                 candidates.append((cost, server_id, chosen))
         best: tuple[int, str, list[tuple[_Job, list[_Worker]]], FreeCapacity, list[int]] | None = None
         for cost, server_id, chosen in sorted(candidates, key=lambda c: c[:2]):  # the first whose moves fit
