@@ -194,13 +194,14 @@ def _place_by_moving(cycle: _Cycle, job: JobView) -> tuple[WorkerPlacement, ...]
     types = cycle.type_preference(job) or job.gpu_types
     for rank in range(job.min_workers):
         candidates: list[tuple[int, str, list[_Job]]] = []  # (GPUs to move, server, the jobs to move off it)
+        block = trial.largest_block()  # a moved worker needs its GPUs free on one server
         for server_id, there in movable.items():
             server = cycle.servers[server_id]
             if (server_id in cycle.reserved or server_id not in trial.servers or len(server.healthy_gpus) < per_worker
                     or (types and server.gpu_type not in types)
                     or (placed and server.gpu_type != cycle.servers[placed[0].server_id].gpu_type)):
                 continue
-            chosen, freed, cost = [], len(trial.free(server_id)), 0
+            chosen, freed, cost, widest = [], len(trial.free(server_id)), 0, 0
             for other in sorted((o for o in there if o.view.job_id not in moved),
                                 key=lambda o: (len(o.workers) * o.view.gpus_per_worker, o.view.job_id)):
                 if freed >= per_worker:  # the smallest jobs first, until the worker fits
@@ -208,8 +209,9 @@ def _place_by_moving(cycle: _Cycle, job: JobView) -> tuple[WorkerPlacement, ...]
                 chosen.append(other)
                 freed += sum(len(w.gpu_indices) for w in other.workers if w.server_id == server_id)
                 cost += len(other.workers) * other.view.gpus_per_worker
+                widest = max(widest, other.view.gpus_per_worker)
             # (what moves off the server, ``freed`` less its free GPUs, needs as many free elsewhere)
-            if per_worker <= freed <= trial.total and spent + cost <= budget:
+            if per_worker <= freed <= trial.total and widest <= block and spent + cost <= budget:
                 candidates.append((cost, server_id, chosen))
         best: tuple[int, str, list[tuple[_Job, list[_Worker]]], FreeCapacity, list[int]] | None = None
         for cost, server_id, chosen in sorted(candidates, key=lambda c: c[:2]):  # the first whose moves fit
