@@ -188,6 +188,10 @@ def _place_by_moving(cycle: _Cycle, job: JobView) -> tuple[WorkerPlacement, ...]
     if not movable:
         return None
     trial = cycle.capacity.copy()
+    # The gang's own GPUs on servers that stay (free in the capacity as it leaves them) are not for the moved
+    # workers: the gang would take the GPUs a moved job frees while that job took the gang's, a swap no applier can
+    # order (``core.plan.apply_order``; the inference evaluation's applier refused 14 such actions).
+    own = [(w.server_id, frozenset(w.gpu_indices)) for w in job.workers]
     moved: dict[int, tuple[_Job, list[_Worker]]] = {}  # job id -> (job, its workers after the moves)
     placed: list[WorkerPlacement] = []
     spent = 0
@@ -220,6 +224,10 @@ def _place_by_moving(cycle: _Cycle, job: JobView) -> tuple[WorkerPlacement, ...]
                               if w.server_id == server_id)
             held = sorted(twin.free_set(server_id) or ())
             twin.take(server_id, held)  # the cleared server is the gang's: the moved workers go elsewhere
+            hidden = [(sid, free & gpus) for sid, gpus in own
+                      if sid != server_id and (free := frozenset(twin.free_set(sid) or ())) & gpus]
+            for sid, gpus in hidden:
+                twin.take(sid, gpus)
             after: list[tuple[_Job, list[_Worker]]] = []
             for other in chosen:
                 staying = [w for w in other.workers if w.server_id != server_id]
@@ -230,6 +238,8 @@ def _place_by_moving(cycle: _Cycle, job: JobView) -> tuple[WorkerPlacement, ...]
                     break
                 after.append((other, staying + list(new)))
             else:
+                for sid, gpus in hidden:
+                    twin.release(sid, gpus)
                 best = (cost, server_id, after, twin, held)
                 break
         if best is None:
