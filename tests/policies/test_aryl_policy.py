@@ -137,6 +137,28 @@ def test_a_queued_gang_takes_gpus_from_extra_workers() -> None:
     assert [s.job_id for s in result.starts] == [2]
 
 
+def test_jobs_scaled_in_for_gangs_grow_back_without_swapping_gpus() -> None:
+    # Jobs 1 and 2 (2-GPU workers, 1..2) each have their extra on the server the other's does not: job 1 on y's
+    # GPUs 1 and 3, job 2 on x's. Jobs 3 and 4 (long, not worth growing) have extras beside them; x and y have GPU 4
+    # free. Gangs 7 and 8 (3 GPUs) fit only over the extras: 7 takes x's GPUs 0-2, 8 takes y's, each scaling in two
+    # jobs. Each server is left GPUs 3 (job 1's on y, job 2's on x) and 4 free, and jobs 1 and 2 grow back: each
+    # onto its own GPU 3. Before, job 1 grew first onto x's (job 2's) and job 2 then onto y's (job 1's): each took
+    # what the other freed, a swap no applier orders (the headline's exact run, seed 1, refused 4 such actions).
+    old = NOW - 7200
+    jobs = [running_job(1, [("z", (0, 1)), ("y", (1, 3))], low=1, high=2, resized=old, runtime=7200),
+            running_job(2, [("z", (2, 3)), ("x", (1, 3))], low=1, high=2, resized=old, runtime=7200),
+            running_job(3, [("z", (4, 5)), ("x", (0, 2))], low=1, high=2, resized=old, runtime=1e6),
+            running_job(4, [("z", (6, 7)), ("y", (0, 2))], low=1, high=2, resized=old, runtime=1e6),
+            running_job(5, [("x", (5, 6, 7))], low=1, resized=old, runtime=1e5),
+            running_job(6, [("y", (5, 6, 7))], low=1, resized=old, runtime=1e5),
+            pending_job(7, gpus=3), pending_job(8, gpus=3)]
+    result = plan("aryl", snapshot_of([training_server(s, gpus=8) for s in ("x", "y", "z")], jobs))
+    assert {s.job_id: s.workers[0].server_id for s in result.starts} == {7: "x", 8: "y"}
+    scales = {s.job_id: [(w.server_id, w.gpu_indices) for w in s.workers] for s in result.scales}
+    assert scales == {1: [("z", (0, 1)), ("y", (3, 4))], 2: [("z", (2, 3)), ("x", (3, 4))],
+                      3: [("z", (4, 5))], 4: [("z", (6, 7))]}
+
+
 @pytest.mark.parametrize(("loaned", "queued", "message"), [
     # One gang takes two extras at once.
     (False, [pending_job(2, gpus=2)], "scaled in to 2 worker(s) so job 2 can start"),

@@ -580,6 +580,7 @@ def elastic_extras(cycle: _Cycle, *, joint: bool) -> None:
                     ) if cycle.snapshot.queues else QuotaLedger((), (), training_gpus=0, loaned_gpus=0)
     capped: set[int] = set()
     held: list[_Job] = []  # below max_workers at the size it has: why is worked out once all have grown
+    freed: dict[int, list[tuple[str, frozenset[int]]]] | None = None  # ``_gpus_freed``, once a changed job grows
     for job in sorted(jobs, key=lambda j: -value_per_gpu[j.view.job_id]):
         view = job.view
         target, keep = targets[view.job_id], kept[view.job_id]
@@ -593,11 +594,16 @@ def elastic_extras(cycle: _Cycle, *, joint: bool) -> None:
             target = len(keep) + room // view.gpus_per_worker
             capped.add(view.job_id)
         if target > len(keep):
+            if job.reason is not None and freed is None:
+                freed = _gpus_freed(cycle)
+            hidden = _hide_freed_by_others(cycle, view.job_id, freed) if freed and view.job_id in freed else []
             for extra in range(target - len(keep), 0, -1):  # as many as fit, if fragmentation bites
                 new = cycle.capacity.place_gang(view, extra, pools=LOANED_FIRST, exclude=cycle.reserved,
                                                 gpu_types=_gpu_type_of(cycle, job)) or ()
                 if new:
                     break
+            for server_id, gpus in hidden:
+                cycle.capacity.release(server_id, gpus)
             quota.charge(view, len(new) * view.gpus_per_worker)
         before = len(job.workers)
         job.workers = job.workers[: job.base] + keep + list(new)
@@ -631,6 +637,45 @@ def elastic_extras(cycle: _Cycle, *, joint: bool) -> None:
             else (Reason.HELD_FRAGMENTED, f"the spare GPUs are spread out: no server has {per_worker} of them free")
             if spare >= per_worker else _no_spare(cycle)
         )
+
+
+def _gpus_freed(cycle: _Cycle) -> dict[int, list[tuple[str, frozenset[int]]]]:
+    """By running job an earlier step changed (scaled in for a queued gang or a reclaim, moved): the GPUs it held at
+    the snapshot and holds no longer, by server."""
+    out: dict[int, list[tuple[str, frozenset[int]]]] = {}
+    for job in cycle.running.values():
+        if job.reason is None or not job.view.workers:
+            continue
+        now = {(w.server_id, g) for w in job.workers for g in w.gpu_indices}
+        gone: dict[str, set[int]] = {}
+        for w in job.view.workers:
+            for g in w.gpu_indices:
+                if (w.server_id, g) not in now:
+                    gone.setdefault(w.server_id, set()).add(g)
+        if gone:
+            out[job.view.job_id] = [(server_id, frozenset(gpus)) for server_id, gpus in gone.items()]
+    return out
+
+
+def _hide_freed_by_others(cycle: _Cycle, job_id: int, freed: dict[int, list[tuple[str, frozenset[int]]]]
+                          ) -> list[tuple[str, frozenset[int]]]:
+    """Take out of ``cycle.capacity`` (for the caller to release again) the free GPUs other changed jobs freed this
+    cycle, while job ``job_id`` -- itself freeing GPUs this cycle -- grows. Two such jobs each growing onto GPUs the
+    other freed is a swap no applier can order (``core.plan.apply_order``): the headline's exact run (seed 1) had
+    two jobs scaled in for queued gangs each grow onto the other's GPUs, refusing both and the two starts waiting
+    on them. GPUs a preemption frees, or extras this step drops, stay available: those actions take nothing. A
+    changed job that ends up only shrinking cannot be told apart yet (it may grow later in this step): its GPUs are
+    hidden too."""
+    hidden = []
+    for other, gpus_by_server in freed.items():
+        if other == job_id:
+            continue
+        for server_id, gpus in gpus_by_server:
+            free = gpus & frozenset(cycle.capacity.free_set(server_id) or ())
+            if free:
+                cycle.capacity.take(server_id, free)
+                hidden.append((server_id, free))
+    return hidden
 
 
 _Risk = Callable[[float], tuple[float, float]] | None
