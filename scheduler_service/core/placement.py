@@ -174,6 +174,18 @@ class FreeCapacity:
         taken = set(gpus)
         self._move(server_id, [g for g in self._free[server_id] if g not in taken])
 
+    def take_free(self, workers: Iterable[tuple[str, Iterable[int]]]) -> list[tuple[str, frozenset[int]]]:
+        """Take those of the (server, GPUs) given that are free here now; what was taken, by server, for the caller
+        to give back with ``release_many`` (GPUs kept out of a placement for a while)."""
+        taken = []
+        for server_id, gpus in workers:
+            free = self._free.get(server_id)
+            hit = frozenset(gpus).intersection(free) if free else frozenset()
+            if hit:
+                self.take(server_id, hit)
+                taken.append((server_id, hit))
+        return taken
+
     def set_free(self, server_id: str, gpus: Iterable[int]) -> None:
         """Make ``gpus`` the server's free GPUs: the net effect of several takes and releases at once."""
         new_free = sorted(gpus)

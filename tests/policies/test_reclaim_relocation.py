@@ -134,4 +134,3 @@ def test_the_server_that_moves_the_fewest_gpus_is_cleared():
     assert sorted(by_job) == [4, 8]
     assert [(w.server_id, w.gpu_indices) for w in by_job[4].workers] == [("t3", tuple(range(8)))]
     assert [(w.server_id, w.gpu_indices) for w in by_job[8].workers] == [("t2", (6,))]
-

@@ -224,10 +224,7 @@ def _place_by_moving(cycle: _Cycle, job: JobView) -> tuple[WorkerPlacement, ...]
                               if w.server_id == server_id)
             held = sorted(twin.free_set(server_id) or ())
             twin.take(server_id, held)  # the cleared server is the gang's: the moved workers go elsewhere
-            hidden = [(sid, free & gpus) for sid, gpus in own
-                      if sid != server_id and (free := frozenset(twin.free_set(sid) or ())) & gpus]
-            for sid, gpus in hidden:
-                twin.take(sid, gpus)
+            hidden = twin.take_free((sid, gpus) for sid, gpus in own if sid != server_id)
             after: list[tuple[_Job, list[_Worker]]] = []
             for other in chosen:
                 staying = [w for w in other.workers if w.server_id != server_id]
@@ -238,8 +235,7 @@ def _place_by_moving(cycle: _Cycle, job: JobView) -> tuple[WorkerPlacement, ...]
                     break
                 after.append((other, staying + list(new)))
             else:
-                for sid, gpus in hidden:
-                    twin.release(sid, gpus)
+                twin.release_many(hidden)
                 best = (cost, server_id, after, twin, held)
                 break
         if best is None:

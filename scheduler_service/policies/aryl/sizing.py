@@ -602,8 +602,7 @@ def elastic_extras(cycle: _Cycle, *, joint: bool) -> None:
                                                 gpu_types=_gpu_type_of(cycle, job)) or ()
                 if new:
                     break
-            for server_id, gpus in hidden:
-                cycle.capacity.release(server_id, gpus)
+            cycle.capacity.release_many(hidden)
             quota.charge(view, len(new) * view.gpus_per_worker)
         before = len(job.workers)
         job.workers = job.workers[: job.base] + keep + list(new)
@@ -644,7 +643,7 @@ def _gpus_freed(cycle: _Cycle) -> dict[int, list[tuple[str, frozenset[int]]]]:
     the snapshot and holds no longer, by server."""
     out: dict[int, list[tuple[str, frozenset[int]]]] = {}
     for job in cycle.running.values():
-        if job.reason is None or not job.view.workers:
+        if job.reason is None:
             continue
         now = {(w.server_id, g) for w in job.workers for g in w.gpu_indices}
         gone: dict[str, set[int]] = {}
@@ -659,23 +658,14 @@ def _gpus_freed(cycle: _Cycle) -> dict[int, list[tuple[str, frozenset[int]]]]:
 
 def _hide_freed_by_others(cycle: _Cycle, job_id: int, freed: dict[int, list[tuple[str, frozenset[int]]]]
                           ) -> list[tuple[str, frozenset[int]]]:
-    """Take out of ``cycle.capacity`` (for the caller to release again) the free GPUs other changed jobs freed this
-    cycle, while job ``job_id`` -- itself freeing GPUs this cycle -- grows. Two such jobs each growing onto GPUs the
-    other freed is a swap no applier can order (``core.plan.apply_order``): the headline's exact run (seed 1) had
-    two jobs scaled in for queued gangs each grow onto the other's GPUs, refusing both and the two starts waiting
-    on them. GPUs a preemption frees, or extras this step drops, stay available: those actions take nothing. A
-    changed job that ends up only shrinking cannot be told apart yet (it may grow later in this step): its GPUs are
-    hidden too."""
-    hidden = []
-    for other, gpus_by_server in freed.items():
-        if other == job_id:
-            continue
-        for server_id, gpus in gpus_by_server:
-            free = gpus & frozenset(cycle.capacity.free_set(server_id) or ())
-            if free:
-                cycle.capacity.take(server_id, free)
-                hidden.append((server_id, free))
-    return hidden
+    """Take out of ``cycle.capacity`` (``FreeCapacity.take_free``; the caller gives them back) the free GPUs other
+    changed jobs freed this cycle, while job ``job_id`` -- itself freeing GPUs this cycle -- grows. Two such jobs
+    each growing onto GPUs the other freed is a swap no applier can order (``core.plan.apply_order``): the
+    headline's exact run (seed 1) had two jobs scaled in for queued gangs each grow onto the other's GPUs, refusing
+    both and the two starts waiting on them. GPUs a preemption frees, or extras this step drops, stay available:
+    those actions take nothing. A changed job that ends up only shrinking cannot be told apart yet (it may grow
+    later in this step): its GPUs are hidden too."""
+    return cycle.capacity.take_free(pair for other, pairs in freed.items() if other != job_id for pair in pairs)
 
 
 _Risk = Callable[[float], tuple[float, float]] | None
