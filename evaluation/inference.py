@@ -230,8 +230,9 @@ was serving.
 - `aryl`: reclaims ahead of the demand forecast's upper band over the measured lead (reclaim latency plus the
   decision lag), and loans nothing the band over lead + payback (2 restarts) needs; the band's quantile is
   1 - `policy.inference_short_budget` = {1 - budget:.1%} (`scheduler_service/core/demand_forecast.py`: time
-  of day and the recent hour, relative rises, the rising trend). Its reclaim (every row's but the last)
-  chooses the servers by their whole cost and restarts a job left below its minimum elsewhere where it can: on
+  of day and the recent hour, rises in units of the need's square root (relative rises until 2026-11-30), the
+  rising trend). Its reclaim (every row's but the last) chooses the servers by their whole cost and restarts a
+  job left below its minimum elsewhere where it can: on
   free GPUs, over other jobs' unprotected extras, or (since 2026-11-30) on a server cleared by moving other
   unprotected jobs there at their size, those holding at most the job's minimum's GPUs (`MOVED_TO_MAKE_ROOM`,
   `policies/aryl/base.py`); only a job that fits nowhere is preempted.

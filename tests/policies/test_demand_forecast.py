@@ -64,6 +64,22 @@ def test_the_band_does_not_know_where_in_the_hour_a_rise_comes():
     assert view.forecast(120.0, 0.9).upper == pytest.approx(10.0)
 
 
+def test_rises_are_measured_in_units_of_the_square_root_of_the_need():
+    # On three past days the need rose from 4 to 6 at 18:00: a rise of 2 / sqrt(4) = 1 unit. Today it has stood at
+    # 16 since noon, so the recent hour saw no rise. At 17:55 the band over 10 minutes is 16 + sqrt(16) x 1 = 20:
+    # relative rises would say 16 x 6/4 = 24, absolute ones 16 + 2 = 18.
+    def need(t: float) -> int:
+        hour = (t % DAY_S) / HOUR
+        if t >= 3 * DAY_S:
+            return 16 if hour >= 12 else 4
+        return 6 if 18 <= hour < 20 else 4
+
+    now = 3 * DAY_S + 17 * HOUR + 55 * 60
+    view = fed(now, need).view(now)
+    assert view is not None and view.level == 16
+    assert view.forecast(600.0, 0.999).upper == pytest.approx(20.0)
+
+
 def test_without_history_the_band_is_the_level_or_the_rising_trend():
     forecaster = DemandForecaster(ForecastSettings(min_anchors=1000))  # no anchor is enough: trend only
     for minute in range(10):
@@ -179,9 +195,10 @@ def test_the_budget_must_be_a_share():
 
 def test_reclaimed_shares_count_the_loaned_servers_each_anchor_rise_takes_back():
     # 12 one-minute bins, need 3 but 4 at bin 4 and 6 at bin 7; now in bin 11, level 3. Anchors (the last hour,
-    # whole window in the past) for a 2-minute window: bins 0..8. Each one's rise over its next 2 bins, applied
-    # to the level (3 + 3 x rise), with 3 serving and 2 loaned, takes back: bins 0, 1: 0 (max 3); 2: 4 -> 1;
-    # 3: 4 -> 1; 4: (3 - 4) / 4 -> 2.25 -> 0; 5: 6 -> 2 (all loaned); 6: 6 -> 2; 7: 1.5 -> 0; 8: 0.
+    # whole window in the past) for a 2-minute window: bins 0..8. Each one's rise over its next 2 bins (in units
+    # of the square root of where it stood), applied to the level (3 + sqrt(3) x rise), with 3 serving and 2
+    # loaned, takes back: bins 0, 1: 0 (max 3); 2: 4 -> 1; 3: 4 -> 1; 4: 3 - sqrt(3) x 1/2 -> 0; 5: 6 -> 2 (all
+    # loaned); 6: 6 -> 2; 7: 3 - sqrt(3) x 3/sqrt(6) -> 0; 8: 0.
     # Mean 6 / 9 servers: a share of 1/3 of the 2 loaned.
     forecaster = DemandForecaster(ForecastSettings(min_anchors=4))
     for b in range(12):
