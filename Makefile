@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-under-load lint bench protos evaluation clean chaos soak soak-ci compose-test haproxy wrk sia-gate gpu-check
+.PHONY: demo test test-under-load lint bench bench-under-load protos evaluation clean chaos soak soak-ci compose-test haproxy wrk sia-gate gpu-check
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -90,6 +90,10 @@ lint: $(STAMP)
 
 bench: $(STAMP) haproxy wrk
 	$(BIN)/python -m benchmarks
+
+# The latency benchmarks twice, quiet and with a CPU hog on every core, side by side (benchmarks/README.md).
+bench-under-load: $(STAMP) haproxy wrk
+	$(BIN)/python -m benchmarks --under-load
 
 # Regenerates docs/evaluation.md from the public traces in ../shared (set SHARED=... elsewhere).
 SHARED ?= ../shared

@@ -22,7 +22,14 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
+
+# What the running benchmark's figures are tagged with, and where they are also kept (``figures``): set by the
+# loaded mode (``benchmarks.under_load``), which prints a quiet and a loaded run side by side.
+_tags: dict[str, Any] = {}
+_kept: list[dict[str, Any]] | None = None
 
 
 def emit_figure(name: str, value: float, unit: str, **fields: Any) -> None:
@@ -31,7 +38,23 @@ def emit_figure(name: str, value: float, unit: str, **fields: Any) -> None:
     line.update({key: _round(v) for key, v in fields.items() if v is not None})
     # Other work on the machine moves every figure: each says how busy the machine was when it was emitted.
     line.setdefault("load_avg", round(os.getloadavg()[0], 2))
+    line.update(_tags)
+    if _kept is not None:
+        _kept.append(line)
     print(json.dumps(line), file=sys.stdout, flush=True)
+
+
+@contextmanager
+def figures(**tags: Any) -> Iterator[list[dict[str, Any]]]:
+    """Within: every figure printed carries ``tags`` and is also appended to the list this yields."""
+    global _kept, _tags
+    kept: list[dict[str, Any]] = []
+    before = (_kept, _tags)
+    _kept, _tags = kept, {**_tags, **tags}
+    try:
+        yield kept
+    finally:
+        _kept, _tags = before
 
 
 def _round(value: Any) -> Any:

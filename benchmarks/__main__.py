@@ -1,7 +1,9 @@
 """``python -m benchmarks`` (``make bench``): run the benchmarks; one JSON figure per line on stdout.
 
 Progress and the scheduler's own warnings go to stderr, so stdout can be piped straight into a file
-or a tracker. Exits 1 when a benchmark could not run (never because a figure was slow).
+or a tracker. Exits 1 when a benchmark could not run (never because a figure was slow). ``--under-load`` runs
+each benchmark quiet and with a CPU hog on every core, and prints the two runs side by side
+(``benchmarks.under_load``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from benchmarks import (
     bench_submit,
 )
 from benchmarks.harness import FULL, QUICK, BenchContext, Benchmark
+from benchmarks.under_load import LATENCY_BENCHMARKS, run_under_load
 
 BENCHMARKS = (
     bench_service.BENCHMARKS + bench_agents.BENCHMARKS + bench_solvers.BENCHMARKS + bench_cycle.BENCHMARKS
@@ -57,6 +60,12 @@ def parse_args(argv: list[str] | None, by_name: dict[str, Benchmark]) -> argpars
                         help=f"run only this benchmark (repeatable; one of: {', '.join(names)})")
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke test, not a measurement")
     parser.add_argument(
+        "--under-load", action="store_true",
+        help="run each benchmark twice, quiet and with a CPU hog on every core, and print the two runs side by side "
+             f"(by default the latency benchmarks: {', '.join(LATENCY_BENCHMARKS)}; benchmarks/under_load.py)")
+    parser.add_argument("--hogs", type=int, default=os.cpu_count() or 1, metavar="N",
+                        help="CPU hogs in the loaded run (default: one per core, %(default)s here)")
+    parser.add_argument(
         "--database-url", default=os.environ.get("ARYL_BENCH_DATABASE_URL", DEFAULT_ADMIN_URL),
         help="PostgreSQL URL allowed to create databases; each benchmark creates, migrates and drops its own "
              "aryl_bench_<random> next to it (default: $ARYL_BENCH_DATABASE_URL, else %(default)s)",
@@ -70,6 +79,12 @@ def main(argv: list[str] | None = None, benchmarks: Sequence[Benchmark] = BENCHM
     args = parse_args(argv, by_name)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
     ctx = BenchContext(admin_url=args.database_url, sizes=QUICK if args.quick else FULL)
+    if args.under_load:
+        names = args.only or [name for name in LATENCY_BENCHMARKS if name in by_name]
+        failed = run_under_load([by_name[name] for name in names], ctx, max(1, args.hogs))
+        if failed:
+            log.error("failed: %s", ", ".join(failed))
+        return 1 if failed else 0
     failed = []
     for name in args.only or list(by_name):
         # Other work on the machine moves every figure; say how busy it was.
