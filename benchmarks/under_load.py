@@ -10,8 +10,9 @@ Nouns:
 - A *CPU hog* is a child process that spins in pure Python (``HOG_CODE``) at the default priority, one per core
   by default (``--hogs``). Each exits by itself once its parent is gone, so a killed benchmark run never leaves
   one behind; ``CpuHogs`` also stops them on exit, even on failure.
-- A *pair* is one benchmark's quiet run and its loaded run, back to back (the hogs start right before the loaded
-  run and stop right after it), so the two meet the same machine otherwise.
+- A *pair* is one benchmark's quiet run and its loaded run. Every benchmark's quiet run comes first, then every
+  loaded one (the hogs start right before each loaded run and stop right after it): a quiet run right after a
+  loaded one would meet the load average the hogs left, which decays over minutes.
 - The *side-by-side table* (``side_by_side``, on stderr at the end; stdout keeps one JSON figure per line, each
   tagged ``"run": "quiet"`` or ``"loaded"`` with ``"hogs"``) pairs the two runs' figures in the order they were
   printed, with each run's load average, reference and, where the figure has one, its target and whether it met
@@ -96,25 +97,24 @@ class Pair:
     failed: list[str] = field(default_factory=list)  # "quiet" / "loaded": the runs that raised
 
 
-def run_pair(bench: Benchmark, ctx: BenchContext, hogs: int) -> Pair:
-    """``bench`` quiet, then with ``hogs`` CPU hogs; a run that raises is logged and named in ``Pair.failed``."""
-    pair = Pair(bench.name)
-    for run in ("quiet", "loaded"):
-        log.info("running %s, %s run (%d CPU hogs); load average %.2f on %d CPUs", bench.name, run,
-                 hogs if run == "loaded" else 0, os.getloadavg()[0], os.cpu_count() or 0)
-        with figures(run=run, hogs=hogs if run == "loaded" else 0) as kept:
-            try:
-                if run == "loaded":
-                    with CpuHogs(hogs):
-                        time.sleep(1.0)  # let the hogs take the cores before the benchmark starts
-                        bench.run(ctx)
-                else:
+def run_once(bench: Benchmark, ctx: BenchContext, pair: Pair, run: str, hogs: int) -> None:
+    """``bench``'s ``run`` ("quiet", or "loaded" beside ``hogs`` CPU hogs) into ``pair``; a run that raises is
+    logged and named in ``Pair.failed``."""
+    hogs = hogs if run == "loaded" else 0
+    log.info("running %s, %s run (%d CPU hogs); load average %.2f on %d CPUs", bench.name, run, hogs,
+             os.getloadavg()[0], os.cpu_count() or 0)
+    with figures(run=run, hogs=hogs) as kept:
+        try:
+            if hogs:
+                with CpuHogs(hogs):
+                    time.sleep(1.0)  # let the hogs take the cores before the benchmark starts
                     bench.run(ctx)
-            except Exception:  # one broken run must not hide the other's figures
-                log.exception("benchmark %s failed in its %s run", bench.name, run)
-                pair.failed.append(run)
-        getattr(pair, run).extend(kept)
-    return pair
+            else:
+                bench.run(ctx)
+        except Exception:  # one broken run must not hide the other's figures
+            log.exception("benchmark %s failed in its %s run", bench.name, run)
+            pair.failed.append(run)
+    getattr(pair, run).extend(kept)
 
 
 # The fields that tell two figures of one name apart (a data plane, an in-flight level, a view).
@@ -176,7 +176,12 @@ def side_by_side(pairs: Sequence[Pair], hogs: int) -> str:
 
 def run_under_load(benchmarks: Sequence[Benchmark], ctx: BenchContext, hogs: int) -> list[str]:
     """Every benchmark's pair; the table on stderr; the names of the benchmarks with a run that raised."""
-    pairs = [run_pair(bench, ctx, hogs) for bench in benchmarks]
+    pairs = [Pair(bench.name) for bench in benchmarks]
+    # Every quiet run first, then every loaded one: a quiet run right after a loaded one would meet the load
+    # average the hogs left (it decays over minutes) and print it as its own.
+    for run in ("quiet", "loaded"):
+        for bench, pair in zip(benchmarks, pairs, strict=True):
+            run_once(bench, ctx, pair, run, hogs)
     print("\nquiet and loaded runs side by side (each figure's value, the load average when it was printed, its "
           "reference and target):\n" + side_by_side(pairs, hogs), file=sys.stderr, flush=True)
     return [f"{pair.name} ({', '.join(pair.failed)} run)" for pair in pairs if pair.failed]

@@ -137,3 +137,13 @@ def test_target_check_reads_each_kind_of_target() -> None:
     assert target_check({"name": "t", "value": 12000.0, "unit": "jobs/s", "target": 10000})[1] is True  # type: ignore[index]
     assert target_check({"name": "u", "value": 3.5, "unit": "s", "target_s": 3.0})[1] is False  # type: ignore[index]
     assert target_check({"name": "v", "value": 3.5, "unit": "s"}) is None
+
+
+def test_under_load_runs_every_quiet_run_before_any_loaded_one() -> None:
+    order: list[tuple[str, bool]] = []
+
+    def named(name: str) -> Benchmark:
+        return Benchmark(name, lambda ctx: order.append((name, bool(_hogs_running()))), "records its run")
+
+    assert main(["--under-load", "--hogs", "1", "--only", "a", "--only", "b"], (named("a"), named("b"))) == 0
+    assert order == [("a", False), ("b", False), ("a", True), ("b", True)]
