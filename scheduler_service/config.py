@@ -110,7 +110,9 @@ class SchedulingConfig(ConfigSection):
         0.5, gt=0, le=1,
         description="during a burst of events, cycles take at most this share of the time: after a cycle that "
                     "took T seconds the next starts no sooner than T x (1/share - 1) later (and min_cycle_gap_s), "
-                    "leaving the rest to status reports and pushes on a large cluster",
+                    "leaving the rest to status reports and pushes on a large cluster; after cycles that placed "
+                    "none of the waiting jobs, newly queued jobs alone wake the next one later still, the pause "
+                    "doubling up to cycle_interval_s (any other event ends that wait)",
     )
     seed: int = Field(0, description="seed handed to the policy; same snapshot + seed -> same plan")
     forecast_interval_s: float = Field(

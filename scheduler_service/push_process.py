@@ -209,6 +209,9 @@ class FeedingNotifier:
     def cycle_requested(self) -> None:
         self._inner.cycle_requested()
 
+    def jobs_queued(self) -> None:
+        self._inner.jobs_queued()
+
 
 class PushProcess:
     """Starts the push process, feeds it (``feed``) and starts it again whenever it dies (the supervisor).

@@ -1,5 +1,6 @@
 """The loops of a running scheduler, beside its RPCs: scheduling cycles (on triggers, coalesced, and at
-least every ``scheduling.cycle_interval_s``, with the ETA forecast after them when it is due), the
+least every ``scheduling.cycle_interval_s``, with the ETA forecast after them when it is due; after cycles
+that could place none of the waiting jobs, newly queued jobs alone wake the next one later: ``queue_backoff_s``), the
 liveness sweep that marks silent agents' servers LOST, and the pruning of old events.
 
 Each loop runs while this scheduler leads and idles on a standby; a failed round is logged and retried,
@@ -21,7 +22,7 @@ from scheduler_service.app.liveness import Liveness
 from scheduler_service.app.retention import EventRetention
 from scheduler_service.config import SchedulerConfig
 from scheduler_service.core.clock import Clock
-from scheduler_service.cycle import SchedulingCycle
+from scheduler_service.cycle import CycleReport, SchedulingCycle
 from scheduler_service.errors import Aborted, Unavailable
 from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.notify.notifier import AsyncNotifier
@@ -40,6 +41,8 @@ class ServiceLoops:
         self._leading = leading
         self.metrics = metrics
         self._demand_outlook = demand_outlook
+        # Cycles in a row, each woken by a trigger, that left jobs waiting and changed nothing (``queue_backoff_s``).
+        self.fruitless_cycles = 0
 
     async def cycles(self, cycle: SchedulingCycle, notifier: AsyncNotifier, executor: ThreadPoolExecutor,
                      forecasts: Forecasts | None = None, forecaster: ThreadPoolExecutor | None = None) -> None:
@@ -47,8 +50,9 @@ class ServiceLoops:
         the ETA forecast when it is due (``app.forecast``), on ``forecaster`` (never holding up cycles)."""
         loop = asyncio.get_running_loop()
         duty = self.config.scheduling.max_cycle_duty
+        ticked = False  # whether the periodic tick woke this cycle (no trigger since the last)
         while True:
-            seen = notifier.cycle.version
+            seen, capacity_seen = notifier.cycle.version, notifier.capacity.version
             took = 0.0
             if not self._leading():  # a standby decides nothing
                 await notifier.cycle.wait_newer(seen, timeout=self.config.scheduling.cycle_interval_s)
@@ -57,6 +61,8 @@ class ServiceLoops:
                 began = self.clock.now()
                 report = await loop.run_in_executor(executor, cycle.run_once)
                 took = report.total_s
+                # A quiet spell (the tick woke it) starts the count again: no burst to space out.
+                self.fruitless_cycles = self.fruitless_cycles + 1 if fruitless_cycle(report) and not ticked else 0
                 await loop.run_in_executor(executor, self.metrics.observe_cycle, report, began)
                 await loop.run_in_executor(executor, lambda: self.metrics.observe_demand_forecast(
                     self._demand_outlook()))
@@ -72,8 +78,19 @@ class ServiceLoops:
                 log.exception("scheduling cycle failed; retrying at the next tick")
             # Batch a burst of triggers (e.g. many submissions) into the next cycle, and keep cycles to
             # their share of the time however long they take (a large cluster's snapshot is not free).
-            await asyncio.sleep(max(self.config.scheduling.min_cycle_gap_s, took * (1 / duty - 1)))
-            await notifier.cycle.wait_newer(seen, timeout=self.config.scheduling.cycle_interval_s)
+            pause = max(self.config.scheduling.min_cycle_gap_s, took * (1 / duty - 1))
+            await asyncio.sleep(pause)
+            # After cycles that could place none of the waiting jobs, newly queued jobs alone wait longer for the
+            # next one (any other trigger ends the wait): a burst of submissions into a full cluster re-decides
+            # the whole queue less often, and the RPCs keep the time.
+            interval = self.config.scheduling.cycle_interval_s
+            longer = queue_backoff_s(self.fruitless_cycles, pause, interval)
+            if longer > 0:
+                began_waiting = loop.time()
+                await notifier.capacity.wait_newer(capacity_seen, timeout=longer)
+                interval = max(0.0, interval - (loop.time() - began_waiting))
+            await notifier.cycle.wait_newer(seen, timeout=interval)
+            ticked = notifier.cycle.version == seen
 
     async def liveness(self, liveness: Liveness, executor: ThreadPoolExecutor) -> None:
         """Mark servers LOST whose agents are silent past ``agents.lost_after_s`` (this process's
@@ -109,6 +126,26 @@ class ServiceLoops:
                     log.info("old events pruned", deleted=deleted, retention_days=events.retention_days)
             except Exception:  # retried at the next run, never fatal
                 log.exception("event pruning failed; retrying at the next run")
+
+
+def fruitless_cycle(report: CycleReport) -> bool:
+    """A cycle that left jobs waiting and changed nothing: no start, resize, preemption or loan step, and no
+    refusal (a refused action is a race with fresh state, worth a prompt retry)."""
+    result = report.result
+    return bool(report.plan.pending) and not (result.started or result.scaled or result.preempted
+                                              or result.server_steps or result.rejected)
+
+
+def queue_backoff_s(fruitless: int, pause_s: float, interval_s: float) -> float:
+    """How much longer than ``pause_s`` a cycle woken only by newly queued jobs waits, after ``fruitless`` fruitless
+    cycles in a row, each woken by a trigger (a cycle the periodic tick woke counts none): the pause doubled per
+    such cycle, in all at most the periodic tick (``cycle_interval_s``); none after a cycle that changed something.
+    Any other trigger (a job ended, a server came or went, a report changed a worker, a cancel, the inference
+    demand) ends the wait at once. So a lone submission into a full cluster after a quiet spell is decided on as
+    promptly as before, and a burst of them re-decides the whole queue a few times a second at most."""
+    if fruitless <= 0:
+        return 0.0
+    return max(0.0, min(interval_s, pause_s * 2.0 ** min(fruitless, 30)) - pause_s)
 
 
 def forecast_quietly(forecasts: Forecasts) -> None:

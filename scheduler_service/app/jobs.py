@@ -91,7 +91,7 @@ class Jobs:
             return [r for sub in subs for r in self.submit_many([sub])]
         if jobs:
             kill_point("submit.committed")
-            self._notices.state_changed()
+            self._notices.jobs_queued()
         if not refused:
             return list(jobs)
         inserted = iter(jobs)
@@ -134,7 +134,7 @@ class Jobs:
                 continue  # a concurrent call took one of the keys between the read and the insert: read again
             if new:
                 kill_point("submit.committed")
-                self._notices.state_changed()
+                self._notices.jobs_queued()
             return [job if job is not None else next(inserted) for job in answers]
         raise AssertionError("unreachable: the second attempt returns or raises")
 

@@ -22,6 +22,9 @@ class Notifier(Protocol):
     def desired_state_changed(self, server_ids: Iterable[str]) -> None: ...
     def desired_states_committed(self, states: Mapping[str, DesiredServerState]) -> None: ...
     def cycle_requested(self) -> None: ...
+    # A cycle is wanted for newly queued jobs alone: nothing was freed, nothing else changed (``ServiceLoops``
+    # spaces out cycles woken only by this after cycles that could place nothing).
+    def jobs_queued(self) -> None: ...
 
 
 class NullNotifier:
@@ -35,6 +38,9 @@ class NullNotifier:
         pass
 
     def cycle_requested(self) -> None:
+        pass
+
+    def jobs_queued(self) -> None:
         pass
 
 
@@ -61,3 +67,8 @@ class Announcer:
         """After a commit that appended events the policy may act on."""
         self.notifier.events_appended()
         self.notifier.cycle_requested()
+
+    def jobs_queued(self) -> None:
+        """After a commit that queued new jobs and changed nothing else."""
+        self.notifier.events_appended()
+        self.notifier.jobs_queued()

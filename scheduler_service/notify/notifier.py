@@ -2,7 +2,8 @@
 desired states changed or committed, a cycle requested), turned into wake-ups of the feeds and
 signals the streams wait on.
 
-Nouns: the *events* and *cycle* signals; per-server signals; the three feeds it serves once the
+Nouns: the *events*, *cycle* and *capacity* signals (a cycle trigger other than newly queued jobs bumps
+*capacity* too); per-server signals; the three feeds it serves once the
 service starts them (``serve_desired_states``, ``serve_event_log``, ``serve_serving_pool``).
 Never: read the database itself or decide anything; every call returns at once, from any thread.
 """
@@ -30,6 +31,8 @@ class AsyncNotifier:
         self._loop = loop
         self.events = Signal(loop)
         self.cycle = Signal(loop)
+        # Bumped with ``cycle`` by every trigger but ``jobs_queued``: something other than the queue changed.
+        self.capacity = Signal(loop)
         self.desired_states: DesiredStateFeed[Any] | None = None  # set by serve_desired_states()
         self.event_log: EventFeed[Any] | None = None  # set by serve_event_log()
         self.serving_pool: SharedRead[Any] | None = None  # set by serve_serving_pool()
@@ -99,4 +102,14 @@ class AsyncNotifier:
         self._bump_servers(tuple(states))
 
     def cycle_requested(self) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._capacity_changed)
+        except RuntimeError:
+            pass  # the loop is closed: the service is shutting down, nobody is waiting
+
+    def _capacity_changed(self) -> None:
+        self.capacity.bump()
+        self.cycle.bump()
+
+    def jobs_queued(self) -> None:
         self.cycle.bump_threadsafe()

@@ -44,6 +44,9 @@ class RecordingNotifier:
     def cycle_requested(self) -> None:
         pass
 
+    def jobs_queued(self) -> None:
+        pass
+
 
 @pytest.fixture
 def clock() -> ManualClock:
