@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
 
 import pytest
 
@@ -75,41 +76,50 @@ async def _until(check: Callable[[], bool]) -> None:
         await asyncio.sleep(0.01)
 
 
+@asynccontextmanager
+async def cycling(interval_s: float, fruitless: int = 0) -> AsyncIterator[tuple[ServiceLoops, AsyncNotifier,
+                                                                                RecordingCycle]]:
+    """The service's cycle loop running on this event loop over a ``RecordingCycle``, cycles at least
+    ``min_cycle_gap_s`` = 10 ms apart, ``fruitless`` cycles counted already; cancelled on exit."""
+    config = SchedulerConfig(scheduling=SchedulingConfig(cycle_interval_s=interval_s, min_cycle_gap_s=0.01))
+    loops = ServiceLoops(config, SystemClock(), leading=lambda: True,
+                         metrics=SchedulerMetrics(read=lambda work: None), demand_outlook=lambda: None)
+    loops.fruitless_cycles = fruitless
+    notifier = AsyncNotifier(asyncio.get_running_loop())
+    cycle = RecordingCycle()
+    with ThreadPoolExecutor(max_workers=1) as executor:
+        task = asyncio.create_task(loops.cycles(cycle, notifier, executor))  # type: ignore[arg-type]
+        try:
+            yield loops, notifier, cycle
+        finally:
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+
 @pytest.mark.timeout(180)
 def test_queued_jobs_alone_wait_out_the_backoff_and_any_other_trigger_ends_it() -> None:
     async def scenario() -> None:
-        # No periodic tick within the test.
-        config = SchedulerConfig(scheduling=SchedulingConfig(cycle_interval_s=120.0, min_cycle_gap_s=0.01))
-        loops = ServiceLoops(config, SystemClock(), leading=lambda: True,
-                             metrics=SchedulerMetrics(read=lambda work: None), demand_outlook=lambda: None)
-        notifier = AsyncNotifier(asyncio.get_running_loop())
-        cycle = RecordingCycle()
-        # As at the end of a long burst into a full cluster: many fruitless cycles in a row.
-        loops.fruitless_cycles = 40
-        with ThreadPoolExecutor(max_workers=1) as executor:
-            task = asyncio.create_task(loops.cycles(cycle, notifier, executor))  # type: ignore[arg-type]
-            try:
-                await _wait_runs(cycle, 1)  # the first cycle runs at once; fruitless too: the wait is the whole tick
-                await _until(lambda: loops.fruitless_cycles == 41)
-                notifier.jobs_queued()
-                await asyncio.sleep(1.0)
-                assert cycle.runs == 1  # new jobs alone do not end the wait (a busy machine only delays more)
-                notifier.cycle_requested()  # something else changed: a job ended, a server came
-                await _wait_runs(cycle, 2)
-                await _until(lambda: loops.fruitless_cycles == 42)
-                # A cycle that changed something ends the backoff: the next queued job wakes one after the pause.
-                cycle.next_report = report(result=ApplyResult(started=(1,), rejected=(), touched_servers=frozenset()))
-                notifier.cycle_requested()
-                await _wait_runs(cycle, 3)
-                await _until(lambda: loops.fruitless_cycles == 0)
-                cycle.next_report = report()
-                notifier.jobs_queued()
-                await _wait_runs(cycle, 4)
-                await _until(lambda: loops.fruitless_cycles == 1)
-            finally:
-                task.cancel()
-                with pytest.raises(asyncio.CancelledError):
-                    await task
+        # No periodic tick within the test; as at the end of a long burst into a full cluster: many fruitless
+        # cycles in a row.
+        async with cycling(120.0, fruitless=40) as (loops, notifier, cycle):
+            await _wait_runs(cycle, 1)  # the first cycle runs at once; fruitless too: the wait is the whole tick
+            await _until(lambda: loops.fruitless_cycles == 41)
+            notifier.jobs_queued()
+            await asyncio.sleep(1.0)
+            assert cycle.runs == 1  # new jobs alone do not end the wait (a busy machine only delays more)
+            notifier.cycle_requested()  # something else changed: a job ended, a server came
+            await _wait_runs(cycle, 2)
+            await _until(lambda: loops.fruitless_cycles == 42)
+            # A cycle that changed something ends the backoff: the next queued job wakes one after the pause.
+            cycle.next_report = report(result=ApplyResult(started=(1,), rejected=(), touched_servers=frozenset()))
+            notifier.cycle_requested()
+            await _wait_runs(cycle, 3)
+            await _until(lambda: loops.fruitless_cycles == 0)
+            cycle.next_report = report()
+            notifier.jobs_queued()
+            await _wait_runs(cycle, 4)
+            await _until(lambda: loops.fruitless_cycles == 1)
 
     asyncio.run(scenario())
 
@@ -117,24 +127,13 @@ def test_queued_jobs_alone_wait_out_the_backoff_and_any_other_trigger_ends_it() 
 @pytest.mark.timeout(180)
 def test_a_cycle_the_periodic_tick_woke_starts_the_count_again() -> None:
     async def scenario() -> None:
-        config = SchedulerConfig(scheduling=SchedulingConfig(cycle_interval_s=0.2, min_cycle_gap_s=0.01))
-        loops = ServiceLoops(config, SystemClock(), leading=lambda: True,
-                             metrics=SchedulerMetrics(read=lambda work: None), demand_outlook=lambda: None)
-        notifier = AsyncNotifier(asyncio.get_running_loop())
-        cycle = RecordingCycle()
-        with ThreadPoolExecutor(max_workers=1) as executor:
-            task = asyncio.create_task(loops.cycles(cycle, notifier, executor))  # type: ignore[arg-type]
-            try:
-                await _wait_runs(cycle, 1)  # at once, on no tick: it counts
-                await _until(lambda: loops.fruitless_cycles == 1)
-                loops.fruitless_cycles = 40  # as after a burst; then ticks alone, no trigger
-                await _wait_runs(cycle, 2)
-                await _until(lambda: loops.fruitless_cycles == 0)  # a cycle the tick woke counts none
-                await _wait_runs(cycle, 3)
-                assert loops.fruitless_cycles == 0
-            finally:
-                task.cancel()
-                with pytest.raises(asyncio.CancelledError):
-                    await task
+        async with cycling(0.2) as (loops, _notifier, cycle):
+            await _wait_runs(cycle, 1)  # at once, on no tick: it counts
+            await _until(lambda: loops.fruitless_cycles == 1)
+            loops.fruitless_cycles = 40  # as after a burst; then ticks alone, no trigger
+            await _wait_runs(cycle, 2)
+            await _until(lambda: loops.fruitless_cycles == 0)  # a cycle the tick woke counts none
+            await _wait_runs(cycle, 3)
+            assert loops.fruitless_cycles == 0
 
     asyncio.run(scenario())
