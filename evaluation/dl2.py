@@ -115,6 +115,7 @@ def dl2_section(shared: Path, assets: Path, earlier: dict[str, Any]) -> tuple[st
         _log(f"{key}: {len(names)} policies")
         raw[key] = _scores(env, names, nets)
     raw["estimated"] = _estimated(settings, ["drf", "optimus", *[f"dl2-rl/{s}" for s in seeds]], nets)
+    raw["headroom"] = {key: _headroom(env) for key, env in settings.items()}
     raw["curves"] = _curves(settings, raw, seeds, nets)
     if seeds:
         raw["window"] = {key: _window(env, nets[f"dl2-rl/{seeds[0]}"]) for key, env in settings.items()}
@@ -344,6 +345,43 @@ def _transfer(raw: dict[str, Any], seeds: list[int]) -> str:
     return text
 
 
+# What the headroom paragraph runs beside the table's policies: Aryl's own policy, same cycle, same information.
+HEADROOM_POLICY = "aryl"
+
+
+def _headroom(env: Environment) -> dict[str, float]:
+    """How far below the teacher a policy can go on ``env`` (reference figures, not targets): ``HEADROOM_POLICY``'s
+    average JCT (s), and a floor no policy reaches, each job alone on the cluster from its submission at its
+    fastest size (no queue, no restart), averaged as the table averages."""
+    aryl = _mean([jct_of(_run(jobs, env, HEADROOM_POLICY), env) for jobs in env.workloads])
+    gpus = env.spec.training_servers * env.spec.gpus_per_server
+    floors = []
+    for jobs in env.workloads:
+        fastest = [j.work / max(speed for workers, speed in j.throughput
+                                if workers <= j.max_workers and workers * j.gpus_per_worker <= gpus)
+                   for j in jobs]
+        floors.append(_mean(fastest))
+    return {"aryl_avg_jct_s": aryl, "floor_avg_jct_s": _mean(floors)}
+
+
+def _headroom_text(raw: dict[str, Any], seeds: list[int]) -> str:
+    """The headroom figures beside the warm-up's: what RL's 5% below its warm-up (issue 34) would ask."""
+    room = raw.get("headroom")
+    if not room or not seeds:
+        return ""
+    parts = []
+    for key, label in SETTING_LABELS.items():
+        warm = _mean([_mean(raw[key][f"dl2-warmup/{s}"]["avg_jct_s"]) for s in seeds])
+        best = min(_mean(raw[key][n]["avg_jct_s"]) for n in ("drf", "optimus"))
+        parts.append(f"{label}: warm-up {warm / 3600:.2f} h (5% below: {0.95 * warm / 3600:.2f} h), `drf`/`optimus` "
+                     f"at best {best / 3600:.2f} h, `{HEADROOM_POLICY}` {room[key]['aryl_avg_jct_s'] / 3600:.2f} h, "
+                     f"the floor {room[key]['floor_avg_jct_s'] / 3600:.2f} h")
+    return ("How far below its teacher a policy can go on these settings (reference figures, not targets): "
+            f"`{HEADROOM_POLICY}` (Aryl's own policy, through the same cycle with the same information) and a floor "
+            "no policy reaches, each job alone on the cluster from its submission at its fastest size (no queue, "
+            "no restart). " + "; ".join(parts) + ".")
+
+
 def _episode_cost(seeds: list[int]) -> str:
     """The RL episode's wall time and the training time per seed, from the files ``train-dl2`` wrote."""
     costs = []
@@ -461,6 +499,7 @@ curves) are the chosen recipe's, retrained with the order-free encoding and pree
 again). The KL
 leash to the warm-up (`--kl-to-warmup`) is built but was not needed at lr 1e-3 (off). {_episode_cost(seeds)}
 {_transfer(raw, seeds)}
+{_headroom_text(raw, seeds)}
 **Preemption** (since 2026-11-30): the network may remove a running job's whole gang at its minimum, which the
 simulator charges as a cluster would -- the work since the job's last checkpoint (every 30 min) is lost, a
 restart costs 30 s, and the job waits in the queue again. The reward counts all of it in the JCT it sums; as

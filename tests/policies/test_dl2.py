@@ -559,3 +559,18 @@ def test_each_preemption_is_charged_its_redo_and_restart_in_the_cycles_reward() 
     free.steps.record(decision.observation(), decision.mask(), JOB_SLOTS)
     free.cycle_done(decision)
     assert step_rewards(free.steps, end_time=NOW + 3600, horizon_h=4.0)[0][0] == pytest.approx(-2.0)
+
+
+def test_the_evaluations_headroom_floor_is_each_job_alone_at_its_fastest_size() -> None:
+    from evaluation.dl2 import _headroom
+    from simulator.dl2_train import Environment
+
+    # Job 1 speeds up to 4 workers (work 3,600 at 2.5/s: 1,440 s); job 2 asks 2 GPUs a worker, so on 4 GPUs it
+    # runs at most 2 workers though it may take 4 (work 1,800 at 1.8/s: 1,000 s). Floor: (1,440 + 1,000) / 2.
+    jobs = (TraceJob(1, "a", 0.0, 1, 1, 4, 3600.0, ((1, 1.0), (2, 1.8), (4, 2.5))),
+            TraceJob(2, "b", 60.0, 2, 1, 4, 1800.0, ((1, 1.0), (2, 1.8), (4, 2.5))))
+    env = Environment((jobs,), ClusterSpec(1, 0, 4))
+    room = _headroom(env)
+    assert room["floor_avg_jct_s"] == pytest.approx((1440.0 + 1000.0) / 2)
+    # The reference policy ran through the simulator and can only be slower than the floor.
+    assert room["aryl_avg_jct_s"] >= room["floor_avg_jct_s"]
