@@ -71,10 +71,6 @@ class CpuHogs:
             raise
         return self
 
-    @property
-    def pids(self) -> list[int]:
-        return [p.pid for p in self.procs]
-
     def __exit__(self, *_exc: object) -> None:
         for proc in self.procs:
             proc.terminate()
