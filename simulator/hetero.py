@@ -576,6 +576,8 @@ class HeteroRunResult:
     wall_s: float
     gpu_seconds_by_type: dict[str, float] = field(default_factory=dict)   # GPU-seconds jobs held per type
     loans: int = 0                    # inference servers lent to training
+    models: dict[str, str] = field(default_factory=dict)        # each job's model, by name
+    first_waits: dict[str, float] = field(default_factory=dict)  # from submission to its first start, by name
 
     @property
     def average_jct(self) -> float:
@@ -646,10 +648,12 @@ def run_hetero(workload: Sequence[WorkloadJob], traces_dir: str | Path, policy: 
                       min_cycle_gap_s=0.0, max_time_s=max_time_s, cluster=cluster, clock=clock,
                       check_plans=check_plans)
     jcts = {j.spec.name: j.completion_time - j.spec.submit_time for j in jobs if j.completion_time is not None}
+    first_waits = {cluster.hetero[key].spec.name: outcome.start - cluster.hetero[key].spec.submit_time
+                   for key, outcome in cluster.outcomes.items() if outcome.start is not None}
     return HeteroRunResult(policy, jcts, {j.spec.name: max(j.restarts, 0) for j in jobs},
                            max((j.completion_time for j in jobs if j.completion_time is not None), default=0.0),
                            result.cycles, tuple(timings), result.wall_s, dict(cluster.gpu_seconds_by_type),
-                           sum(s.loans for s in result.servers))
+                           sum(s.loans for s in result.servers), {j.spec.name: j.model for j in jobs}, first_waits)
 
 
 def summary(result: HeteroRunResult) -> dict[str, object]:
@@ -665,7 +669,15 @@ def summary(result: HeteroRunResult) -> dict[str, object]:
         high = min(low + 1, len(values) - 1)
         return values[low] + (values[high] - values[low]) * (position - low)
 
+    by_model: dict[str, dict[str, float]] = {}
+    for model in sorted(set(result.models.values())):
+        names = [n for n, m in result.models.items() if m == model and n in result.jcts]
+        waits = [result.first_waits[n] for n in names if n in result.first_waits]
+        by_model[model] = {"jobs": len(names),
+                           "avg_jct_s": round(sum(result.jcts[n] for n in names) / max(1, len(names)), 1),
+                           "avg_first_wait_s": round(sum(waits) / max(1, len(waits)), 1)}
     return {
+        "by_model": by_model,
         "policy": result.policy, "job_model": "hetero", "jobs": len(jcts), "avg_jct_s": round(result.average_jct, 3),
         "median_jct_s": quantile(jcts, 0.5), "p99_jct_s": quantile(jcts, 0.99), "makespan_s": result.end_time,
         "avg_restarts": round(sum(result.restarts.values()) / max(1, len(result.restarts)), 3),

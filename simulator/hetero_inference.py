@@ -32,7 +32,7 @@ import shutil
 import statistics
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from simulator.goodput_jobs import load_workload
@@ -82,8 +82,24 @@ def compare(workload_csv: Path, traces_dir: Path, rate_csv: str | Path, *, polic
         restarts = [float(str(r["avg_restarts"])) for r in runs.values()]
         out[policy] = {"seeds": runs, "avg_jct_s": round(statistics.fmean(jcts), 1),
                        "avg_jct_s_range": [round(min(jcts), 1), round(max(jcts), 1)],
-                       "restarts_per_job": round(statistics.fmean(restarts), 3)}
+                       "restarts_per_job": round(statistics.fmean(restarts), 3),
+                       "by_model": by_model_over_seeds(list(runs.values()))}
     return out
+
+
+def by_model_over_seeds(runs: Sequence[Mapping[str, object]]) -> dict[str, dict[str, float]]:
+    """Per model, the mean over ``runs`` (one summary per seed, ``simulator.hetero.summary``) of its jobs' average
+    JCT and average wait from submission to first start: ``{model: {"jobs", "avg_jct_s", "avg_first_wait_s"}}``."""
+    per: dict[str, list[dict[str, float]]] = {}
+    for run in runs:
+        by_model = run["by_model"]
+        assert isinstance(by_model, dict)
+        for model, figures in by_model.items():
+            per.setdefault(model, []).append(figures)
+    return {model: {"jobs": rows[0]["jobs"],
+                    "avg_jct_s": round(statistics.fmean(r["avg_jct_s"] for r in rows), 1),
+                    "avg_first_wait_s": round(statistics.fmean(r["avg_first_wait_s"] for r in rows), 1)}
+            for model, rows in sorted(per.items())}
 
 
 def run_beyond(git_dir: str, workloads: Sequence[str], rate_csv: str | Path, *,

@@ -23,7 +23,7 @@ from simulator.clock import VirtualClock
 from simulator.engine import simulate
 from simulator.estimates import Estimates
 from simulator.goodput_jobs import WorkloadJob
-from simulator.hetero import RESTART_S, HeteroCluster, HeteroJob, TypePool, load_typed_app, run_hetero
+from simulator.hetero import RESTART_S, HeteroCluster, HeteroJob, TypePool, load_typed_app, run_hetero, summary
 from simulator.model import ClusterSpec, DemandPoint, TraceJob
 
 POOLS = (TypePool("slow", 3, 4), TypePool("fast", 2, 8))
@@ -388,3 +388,18 @@ def test_a_scheduler_without_scipy_refuses_sia_and_gavel_at_start_with_the_fix(p
     assert out.returncode != 0
     assert f"ValueError: policy {policy!r} solves with scipy" in out.stderr
     assert "pip install 'aryl[scheduler]'" in out.stderr and "scheduling.policy" in out.stderr
+
+
+def test_the_summary_breaks_jct_and_first_wait_down_by_model(traces: Path) -> None:
+    """Each job's first wait is from its submission to its first start; on a cluster with GPUs free, that is the
+    time to the round's end where it arrives (60 s rounds: a job submitted at 30 s starts at 60 s). The summary's
+    figures per model are its jobs' means."""
+    result = run_hetero(_workload(6), traces, "aryl", pools=POOLS)
+    assert set(result.models.values()) == {"cifar10"} and len(result.models) == 6
+    for i in range(5):  # the sixth finds every GPU taken and waits for some to free
+        submitted = 30.0 * i
+        assert result.first_waits[f"cifar10-{i}"] == math.ceil(submitted / 60.0) * 60.0 - submitted
+    assert result.first_waits["cifar10-5"] > 0.0
+    figures = summary(result)["by_model"]
+    assert figures == {"cifar10": {"jobs": 6, "avg_jct_s": round(sum(result.jcts.values()) / 6, 1),
+                                   "avg_first_wait_s": round(sum(result.first_waits.values()) / 6, 1)}}
