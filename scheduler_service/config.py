@@ -191,9 +191,10 @@ class AgentsConfig(ConfigSection):
     rpc_timeout_s: float = Field(5.0, gt=0, description="deadline on internal calls")
     desired_state_refresh_s: float = Field(
         30.0, gt=0,
-        description="each agent stream re-reads its desired state at least this often (jittered), covering writes "
-                    "this process was not told about; pushes after this scheduler's own commits are immediate, and an "
-                    "agent whose stream lags the generation in its report replies resynchronises by itself",
+        description="each agent stream checks its desired generation at least this often (jittered), and re-reads "
+                    "its whole desired state where it moved, covering writes this process was not told about; pushes "
+                    "after this scheduler's own commits are immediate, and an agent whose stream lags the generation "
+                    "in its report replies resynchronises by itself",
     )
 
 

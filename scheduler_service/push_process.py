@@ -371,7 +371,8 @@ async def _serve(config: SchedulerConfig, sock: socket.socket, host: str, port: 
     desired = DesiredStates(epoch=None)  # the newest term's, read with each state
     reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aryl-pushes-read")
     feed: DesiredStateFeed[DesiredServerState] = DesiredStateFeed(
-        loop, lambda ids: reads.read(lambda session: desired.read(session, sorted(set(ids)))), reader)
+        loop, lambda ids: reads.read(lambda session: desired.read(session, sorted(set(ids)))), reader,
+        generations=lambda ids: reads.read(lambda session: desired.generations(session, sorted(set(ids)))))
     server, bound = bind_server(config, None, listen=f"{host}:{port}")
     agent_pb2_grpc.add_AgentServiceServicer_to_server(
         DesiredStateStreams(feed, refresh_s=max(FED_REFRESH_S, config.agents.desired_state_refresh_s),

@@ -224,7 +224,7 @@ class SchedulerService:
         # One read per burst of decisions feeds every agent stream (scheduler_service.notify),
         # on a thread of its own: a push must not queue behind 100s of status reports.
         desired_reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aryl-desired")
-        notifier.serve_desired_states(app.agents.desired_states, desired_reader)
+        notifier.serve_desired_states(app.agents.desired_states, desired_reader, app.agents.desired_generations)
         # Event and serving-pool streams: one read per change feeds all of them, however many, on a
         # thread of its own; an idle stream reads nothing (scheduler_service.notify).
         watch_reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aryl-watch")

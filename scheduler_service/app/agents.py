@@ -273,3 +273,9 @@ class Agents:
         read: three queries however many servers (the agent streams' fan-out after a commit)."""
         ids = sorted(set(server_ids))
         return self._db.read(lambda session: self._desired.read(session, ids))
+
+    def desired_generations(self, server_ids: Sequence[str]) -> dict[str, int]:
+        """The desired generation of each registered server among ``server_ids`` (the streams' re-reads check
+        these first, ``notify.DesiredStateFeed.generations``)."""
+        ids = sorted(set(server_ids))
+        return self._db.read(lambda session: self._desired.generations(session, ids))

@@ -40,10 +40,11 @@ class AsyncNotifier:
         self._lock = threading.Lock()
 
     def serve_desired_states(
-        self, load: Callable[[Sequence[str]], Mapping[str, S]], executor: Executor | None
+        self, load: Callable[[Sequence[str]], Mapping[str, S]], executor: Executor | None,
+        generations: Callable[[Sequence[str]], Mapping[str, int]] | None = None,
     ) -> DesiredStateFeed[S]:
-        """Start fanning desired state out to watchers; ``load`` as in ``DesiredStateFeed``."""
-        self.desired_states = DesiredStateFeed(self._loop, load, executor)
+        """Start fanning desired state out to watchers; ``load`` and ``generations`` as in ``DesiredStateFeed``."""
+        self.desired_states = DesiredStateFeed(self._loop, load, executor, generations=generations)
         return self.desired_states
 
     def serve_event_log(

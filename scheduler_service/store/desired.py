@@ -84,6 +84,14 @@ class DesiredStates:
         s = m.SERVERS.c
         return self.of(session, session.execute(sa.select(*DESIRED_SERVER_COLUMNS).where(s.id.in_(ids))).all())
 
+    @staticmethod
+    def generations(session: Session, ids: Sequence[str]) -> dict[str, int]:
+        """The desired generation of each registered server among ``ids``: one narrow read, for re-reads that
+        need the whole state only where it moved (``notify.DesiredStateFeed.generations``)."""
+        s = m.SERVERS.c
+        return {row.id: row.desired_generation
+                for row in session.execute(sa.select(s.id, s.desired_generation).where(s.id.in_(ids)))}
+
     def of(self, session: Session, servers: Sequence[Any]) -> dict[str, DesiredServerState]:
         """The desired state of each server row (``DESIRED_SERVER_COLUMNS``), with its workers read in one
         query (also inside a writing transaction, before its commit: this runs for every decision)."""
