@@ -154,7 +154,8 @@ class DesiredStateFeed(Generic[S]):
             if self._recheck:
                 recheck = sorted(self._recheck - self._dirty)
                 self._recheck.clear()
-                self._dirty.update(await self._moved(recheck))
+                if recheck:  # those also to be read whole for a change are read whole anyway
+                    self._dirty.update(await self._moved(recheck))
                 if not self._dirty:
                     continue
             servers = sorted(self._dirty)
