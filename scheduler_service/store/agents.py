@@ -250,11 +250,7 @@ class AgentStore:
             if healthy[sample.index] != sample.healthy:
                 changed = True
                 row["healthy"], row["health_reason"] = sample.healthy, sample.health_reason[:256]
-                self._changes.event(
-                    session, "GPU_HEALTH_CHANGED", server_id=server_id,
-                    reason="GPU_HEALTHY" if sample.healthy else "GPU_UNHEALTHY",
-                    message=f"GPU {sample.index}: {sample.health_reason or 'healthy again'}",
-                )
+                self._health_changed(session, server_id, sample)
             rows.append(row)
         session.execute(
             sa.update(m.GPUS)
@@ -265,6 +261,14 @@ class AgentStore:
             rows,
         )
         return changed
+
+    def _health_changed(self, session: Session, server_id: str, sample: GpuSample) -> None:
+        """The event of a GPU whose health the report's ``sample`` changed."""
+        self._changes.event(
+            session, "GPU_HEALTH_CHANGED", server_id=server_id,
+            reason="GPU_HEALTHY" if sample.healthy else "GPU_UNHEALTHY",
+            message=f"GPU {sample.index}: {sample.health_reason or 'healthy again'}",
+        )
 
     def _record_gpus_at_once(self, session: Session, server_id: str, samples: Sequence[GpuSample]) -> bool | None:
         """On PostgreSQL: every sample written by one UPDATE from arrays of its fields, which returns each GPU's
@@ -287,11 +291,7 @@ class AgentStore:
         for sample in samples:
             if was[sample.index] != sample.healthy:
                 changed = True
-                self._changes.event(
-                    session, "GPU_HEALTH_CHANGED", server_id=server_id,
-                    reason="GPU_HEALTHY" if sample.healthy else "GPU_UNHEALTHY",
-                    message=f"GPU {sample.index}: {sample.health_reason or 'healthy again'}",
-                )
+                self._health_changed(session, server_id, sample)
         return changed
 
     def _record_workers(
