@@ -1,11 +1,13 @@
 """Agents in the store: a server's registration and GPU inventory, and what its status reports say
 (heartbeat, GPU telemetry and health, its workers' progress and exits, the generation it applied).
 
-Reports are the hot path (1,000s of agents, every few seconds): GPU telemetry is one executemany,
-heartbeat and progress columns are written without the row's optimistic version (a report must
-never make a concurrent decision on the same server or job fail as stale), and a report that only
-says the agent converged is one UPDATE. A full report locks the rows it may change under their
-versions before it reads them (``record_report``): it waits for a rival, and never starves.
+Reports are the hot path (1,000s of agents, every few seconds): GPU telemetry is one statement on
+PostgreSQL, progress columns are written without the row's optimistic version (a report must never make
+a concurrent decision on the same server or job fail as stale), the heartbeat and the observed generation
+go to a row of their own (``server_heartbeats``: a report never locks its server's row, which every
+decision's generation bump takes), and a report that only says the agent converged is one UPDATE. A full
+report locks the rows it may change under their versions before it reads them (``record_report``): it
+waits for a rival, and never starves.
 
 Never: commit, or decide more than a report forces: a worker's exit is judged by
 ``worker_outcomes.judge_exits``; where jobs run is the policy's business.
@@ -15,9 +17,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.engine import CursorResult
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -86,7 +91,6 @@ class AgentStore:
             server.agent_version = reg.agent_version
             server.logs_address = reg.logs_address
             server.inference_endpoint = reg.inference_endpoint
-            server.last_seen_at = now
             if server.state == ServerState.LOST:
                 self._changes.set_server_state(
                     session, server, home_state(server.pool), "AGENT_RECONNECTED", "agent registered again"
@@ -97,6 +101,7 @@ class AgentStore:
                 server.admin_state, server.admin_reason, server.admin_changed_at = AdminState.NONE, "", now
             server.desired_generation += 1  # resend desired state to the (re)started agent
             touched.add(server.id)
+        self._beat(session, server.id, now, None)
         self._sync_gpus(session, server, reg.gpus)
         return touched
 
@@ -108,8 +113,8 @@ class AgentStore:
         server = m.Server(
             id=reg.hostname, hostname=reg.hostname, pool=reg.pool, state=home_state(reg.pool),
             state_reason="registered", agent_address=reg.agent_address, agent_version=reg.agent_version,
-            registered_at=now, last_seen_at=now, desired_generation=1, observed_generation=0,
-            state_changed_at=now, logs_address=reg.logs_address, inference_endpoint=reg.inference_endpoint,
+            registered_at=now, desired_generation=1, state_changed_at=now, logs_address=reg.logs_address,
+            inference_endpoint=reg.inference_endpoint,
         )
         try:
             with session.begin_nested():
@@ -156,35 +161,35 @@ class AgentStore:
         # The rows this report may change under their versions are locked before they are read, so a
         # concurrent change makes the report wait, never lose its version check (each loss was one of
         # CONFLICT_RETRIES, and a multi-worker job's reports kept losing to each other and to the cycle's
-        # applies: ABORTED to the agent). Jobs first (by id, as a cancel takes them), then the server: the
-        # order in which the applier and a cancel take them too, so that none waits for another in a
-        # circle. (SQLite has no FOR UPDATE, nor needs it: its writers run one at a time.)
+        # applies: ABORTED to the agent). Jobs first (by id, as a cancel takes them), then the server where
+        # the report changes it (a LOST server back): the order in which the applier and a cancel take them
+        # too, so that none waits for another in a circle. (SQLite has no FOR UPDATE, nor needs it: its
+        # writers run one at a time.) The server's row is otherwise only read: what a report writes about it
+        # is in its heartbeat row, so a decision bumping the server's generation never waits for a report.
         job_ids = sorted({w.job_id for w in report.workers})
         if job_ids:
             j = m.JOBS.c
             session.execute(sa.select(j.id).where(j.id.in_(job_ids)).order_by(j.id).with_for_update())
-        server = session.get(m.Server, report.server_id, with_for_update=True)
-        if server is None:
+        h = m.HEARTBEATS.c
+        found = session.execute(
+            sa.select(m.Server, sa.func.coalesce(h.observed_generation, 0))
+            .outerjoin(m.HEARTBEATS, h.server_id == m.Server.id).where(m.Server.id == report.server_id)
+        ).one_or_none()
+        if found is None:
             raise NotFound(f"server {report.server_id} is not registered; register it first")
+        server, observed_before = found
         if server.admin_state == AdminState.LEFT:
             raise FailedPrecondition(f"server {report.server_id}'s agent deregistered; register again")
         if report.scheduler_epoch != epoch:
             raise FailedPrecondition(
                 f"stale scheduler epoch {report.scheduler_epoch} (current {epoch}); register again"
             )
-        # The heartbeat columns bypass the row's version: a report must never fail the optimistic
-        # check of the scheduler's own commits (desired generation, state), with 1,000s of agents
-        # reporting every few seconds.
-        servers = m.SERVERS
-        session.execute(
-            sa.update(servers).where(servers.c.id == server.id).values(
-                last_seen_at=now,
-                observed_generation=at_least(servers.c.observed_generation, report.observed_generation),
-            )
-        )
-        if report.observed_generation > server.observed_generation:
+        self._beat(session, server.id, now, report.observed_generation)
+        if report.observed_generation > observed_before:
             # A reclaimed server waits for exactly this confirmation to serve again; routing too.
             cycle_needed = cycle_needed or server.state in (ServerState.RECLAIMING, ServerState.SERVING)
+        if server.state == ServerState.LOST:
+            session.refresh(server, with_for_update=True)  # changed under its version: locked, then read again
         if server.state == ServerState.LOST:
             self._changes.set_server_state(
                 session, server, home_state(server.pool), "AGENT_RECONNECTED", "agent reported again"
@@ -199,22 +204,52 @@ class AgentStore:
         if not touched and not cycle_needed:
             commit_without_flush_wait(session)  # telemetry only
         return RecordedReport(
-            state=server.state, observed_generation=max(server.observed_generation, report.observed_generation),
+            state=server.state, observed_generation=max(observed_before, report.observed_generation),
             desired_generation=server.desired_generation, touched=frozenset(touched), cycle_needed=cycle_needed,
         )
 
     def record_observed_generation(self, session: Session, report: StatusReport) -> Generations | None:
-        """A report whose only news is a newer observed generation: one UPDATE of the server's
-        heartbeat columns, no telemetry. None when the server is LOST (the full path brings it back)."""
-        s = m.SERVERS
+        """A report whose only news is a newer observed generation: one UPDATE of the server's heartbeat
+        row, no telemetry (on SQLite, whose UPDATE cannot return another table's columns, a read first).
+        None when the server is LOST or has no heartbeat row yet (the full path brings it back, or writes
+        one)."""
+        s, h = m.SERVERS.c, m.HEARTBEATS.c
         commit_without_flush_wait(session)  # as telemetry: see ``record_report``
+        beat = {"last_seen_at": self._clock.now(),
+                "observed_generation": at_least(h.observed_generation, report.observed_generation)}
+        if is_postgresql(session):
+            row = session.execute(
+                sa.update(m.HEARTBEATS)
+                .where(h.server_id == report.server_id, s.id == h.server_id, s.state != ServerState.LOST)
+                .values(beat).returning(s.state, h.observed_generation, s.desired_generation)
+            ).one_or_none()
+            return None if row is None else Generations(row.state, row.observed_generation, row.desired_generation)
         row = session.execute(
-            sa.update(s).where(s.c.id == report.server_id, s.c.state != ServerState.LOST)
-            .values(last_seen_at=self._clock.now(),
-                    observed_generation=at_least(s.c.observed_generation, report.observed_generation))
-            .returning(s.c.state, s.c.observed_generation, s.c.desired_generation)
+            sa.select(s.state, h.observed_generation, s.desired_generation).join(m.HEARTBEATS, h.server_id == s.id)
+            .where(s.id == report.server_id, s.state != ServerState.LOST)
         ).one_or_none()
-        return None if row is None else Generations(row.state, row.observed_generation, row.desired_generation)
+        if row is None:
+            return None
+        session.execute(sa.update(m.HEARTBEATS).where(h.server_id == report.server_id).values(beat))
+        return Generations(row.state, max(row.observed_generation, report.observed_generation), row.desired_generation)
+
+    @staticmethod
+    def _beat(session: Session, server_id: str, now: float, observed: int | None) -> None:
+        """The server's heartbeat row says it was heard at ``now`` and, where ``observed`` is given, that its
+        agent applied that generation (never going back); written without touching the server's row. The
+        row is made at the first write (registration, or a report of a server made without one)."""
+        h = m.HEARTBEATS.c
+        beat: dict[str, Any] = {"last_seen_at": now}
+        if observed is not None:
+            beat["observed_generation"] = at_least(h.observed_generation, observed)
+        update = sa.update(m.HEARTBEATS).where(h.server_id == server_id).values(beat)
+        updated = cast(CursorResult[Any], session.execute(update))
+        if updated.rowcount:
+            return
+        insert = (pg_insert if is_postgresql(session) else sqlite_insert)(m.HEARTBEATS).values(
+            server_id=server_id, last_seen_at=now, observed_generation=observed or 0
+        )
+        session.execute(insert.on_conflict_do_update(index_elements=[h.server_id], set_=beat))
 
     def _record_gpus(self, session: Session, server_id: str, samples: Sequence[GpuSample]) -> bool:
         """GPU telemetry in one statement on PostgreSQL (``_record_gpus_at_once``; elsewhere, or for samples it

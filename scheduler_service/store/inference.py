@@ -127,13 +127,13 @@ class InferenceStore:
         state, and a version that grows with every change."""
         s = m.SERVERS.c
         rows = session.execute(
-            sa.select(s.id, s.inference_endpoint, s.state)
+            sa.select(s.id, s.inference_endpoint, s.state).select_from(m.SERVERS_WITH_HEARTBEATS)
             .where(s.pool == Pool.INFERENCE, s.state.in_([ServerState.SERVING, ServerState.DRAINING]),
                    s.inference_endpoint.is_not(None), s.inference_endpoint != "",
                    # SERVING: routable only once its agent confirmed the newest desired state, so a
                    # server that ran training (a returned loan, a lost server back) has no workers left.
                    # DRAINING: listed regardless, so the router stops routing there and acknowledges.
-                   sa.or_(s.state == ServerState.DRAINING, s.observed_generation >= s.desired_generation))
+                   sa.or_(s.state == ServerState.DRAINING, m.OBSERVED_GENERATION >= s.desired_generation))
             .order_by(s.id)
         ).all()
         version = session.scalar(sa.select(sa.func.coalesce(sa.func.max(m.Event.id), 0)))

@@ -35,6 +35,7 @@ from sqlalchemy import (
     Table,
     UniqueConstraint,
     false,
+    func,
     text,
     true,
 )
@@ -181,9 +182,9 @@ class Server(Base):
     agent_address: Mapped[str] = mapped_column(String(253), default="")
     agent_version: Mapped[str] = mapped_column(String(64), default="")
     registered_at: Mapped[float] = mapped_column(Double)
-    last_seen_at: Mapped[float] = mapped_column(Double)
+    # When its agent last reported and the newest generation it applied: ``ServerHeartbeat``, a row of
+    # their own, so that a report never holds this row's lock (which every decision's generation bump takes).
     desired_generation: Mapped[int] = mapped_column(BigInteger, default=1)
-    observed_generation: Mapped[int] = mapped_column(BigInteger, default=0)
     version: Mapped[int] = mapped_column(Integer, default=1)
     # When it entered its current state (loan hysteresis, drain timeouts). Defaults to its registration
     # time; the server default 0 ("unknown") only serves rows written without the models.
@@ -215,6 +216,21 @@ class Server(Base):
         ),
     )
     __mapper_args__ = {"version_id_col": version}  # noqa: RUF012 - read once by the mapper
+
+
+class ServerHeartbeat(Base):
+    """What each status report writes about its server: when it arrived (``last_seen_at``) and the newest
+    desired generation the agent says it applied (``observed_generation``). Kept apart from ``servers``
+    because a report ran every few seconds per server and locked that row for its whole transaction, so a
+    decision's generation bump of 100 servers kept finding one of them held and waited for the report to
+    commit: every agent of the decision waited with it. A server without a row has never reported since it
+    was registered (readers take 0 and its registration time)."""
+
+    __tablename__ = "server_heartbeats"
+
+    server_id: Mapped[str] = mapped_column(ForeignKey("servers.id", ondelete="CASCADE"), primary_key=True)
+    last_seen_at: Mapped[float] = mapped_column(Double)
+    observed_generation: Mapped[int] = mapped_column(BigInteger, default=0)
 
 
 class Gpu(Base):
@@ -386,6 +402,12 @@ class SchedulerReplica(Base):
 # ORM's per-row work). ``Model.__table__`` is typed as any FromClause; these are Tables.
 JOBS = cast(Table, Job.__table__)
 SERVERS = cast(Table, Server.__table__)
+HEARTBEATS = cast(Table, ServerHeartbeat.__table__)
+# Servers with their heartbeats, for reads of either (a server that never reported since its registration has
+# no heartbeat row: generation 0 observed, last seen when it registered).
+SERVERS_WITH_HEARTBEATS = SERVERS.outerjoin(HEARTBEATS, HEARTBEATS.c.server_id == SERVERS.c.id)
+OBSERVED_GENERATION = func.coalesce(HEARTBEATS.c.observed_generation, 0)
+LAST_SEEN_AT = func.coalesce(HEARTBEATS.c.last_seen_at, SERVERS.c.registered_at)
 GPUS = cast(Table, Gpu.__table__)
 ALLOCATIONS = cast(Table, Allocation.__table__)
 LOANS = cast(Table, Loan.__table__)

@@ -89,9 +89,10 @@ class SnapshotReader:
         )
         views: dict[str, tuple[tuple[Any, ...], ServerView]] = {}
         for row in session.execute(
-            sa.select(s.id, s.pool, s.state, s.state_changed_at, s.observed_generation, s.desired_generation,
-                      s.drained_at, s.admin_state, s.drain_deadline, gpus.c.indices, gpus.c.unhealthy, gpus.c.gpu_type)
-            .outerjoin(gpus, gpus.c.server_id == s.id).order_by(s.id)
+            sa.select(s.id, s.pool, s.state, s.state_changed_at, m.OBSERVED_GENERATION.label("observed_generation"),
+                      s.desired_generation, s.drained_at, s.admin_state, s.drain_deadline, gpus.c.indices,
+                      gpus.c.unhealthy, gpus.c.gpu_type)
+            .select_from(m.SERVERS_WITH_HEARTBEATS).outerjoin(gpus, gpus.c.server_id == s.id).order_by(s.id)
         ):
             allocated = tuple(sorted(by_server[row.id])) if row.id in by_server else ()
             loan = open_loans.get(row.id)

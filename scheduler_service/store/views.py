@@ -22,7 +22,10 @@ from scheduler_service.store.rows import Values, demand_info, event_info, loan_i
 def servers(session: Session, pool: Pool | None = None) -> list[ServerInfo]:
     """Every server (of ``pool``), inference first, with its GPUs and the jobs holding them."""
     s, g, a = m.SERVERS.c, m.GPUS.c, m.ALLOCATIONS.c
-    stmt = sa.select(m.SERVERS).order_by(s.pool.desc(), s.id)
+    stmt = (
+        sa.select(m.SERVERS, m.LAST_SEEN_AT.label("last_seen_at"), m.OBSERVED_GENERATION.label("observed_generation"))
+        .select_from(m.SERVERS_WITH_HEARTBEATS).order_by(s.pool.desc(), s.id)
+    )
     if pool is not None:
         stmt = stmt.where(s.pool == pool)
     rows = [row._mapping for row in session.execute(stmt)]

@@ -180,7 +180,8 @@ def _converged(db_url: str, servers: Collection[str] | None) -> bool:
     try:
         with engine.connect() as conn:
             rows = conn.execute(sa.text(
-                "SELECT id, state, desired_generation, observed_generation FROM servers")).all()
+                "SELECT id, state, desired_generation, COALESCE(h.observed_generation, 0) AS observed_generation "
+                "FROM servers LEFT JOIN server_heartbeats h ON h.server_id = servers.id")).all()
     finally:
         engine.dispose()
     return all(r.desired_generation == r.observed_generation for r in rows
@@ -216,8 +217,10 @@ def _diagnosis(db_url: str, job_ids: Collection[str]) -> str:
     engine = _engine(db_url)
     try:
         with engine.connect() as conn:
-            servers = conn.execute(sa.text("SELECT id, state, desired_generation, observed_generation, last_seen_at "
-                                           "FROM servers ORDER BY id")).all()
+            servers = conn.execute(sa.text(
+                "SELECT id, state, desired_generation, COALESCE(h.observed_generation, 0) AS observed_generation, "
+                "COALESCE(h.last_seen_at, registered_at) AS last_seen_at "
+                "FROM servers LEFT JOIN server_heartbeats h ON h.server_id = servers.id ORDER BY id")).all()
             lines = [f"  server {r.id}: {r.state}, generation desired {r.desired_generation} observed "
                      f"{r.observed_generation}, last seen {r.last_seen_at:.1f}" for r in servers]
             for job_id in sorted(job_ids, key=int)[:5]:

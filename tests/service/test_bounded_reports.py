@@ -112,7 +112,7 @@ def test_a_transaction_past_its_bound_is_rolled_back_and_frees_its_lock(database
     try:
         transactions.write(lambda session: session.add(m.Server(
             id="node-1", hostname="node-1", pool="TRAINING", state="TRAINING", state_reason="test", agent_address="a",
-            agent_version="t", registered_at=0.0, last_seen_at=0.0, desired_generation=1, observed_generation=0,
+            agent_version="t", registered_at=0.0, desired_generation=1,
             state_changed_at=0.0, logs_address="", inference_endpoint="")))
         locked = threading.Event()
 

@@ -38,7 +38,7 @@ def _cluster(session: Session) -> int:
     """RANKS servers with one GPU each, and one RUNNING job with a worker on each; returns its id."""
     for rank in range(RANKS):
         session.add(m.Server(id=f"s{rank}", hostname=f"s{rank}", pool="TRAINING", state="TRAINING",
-                             registered_at=NOW, last_seen_at=NOW))
+                             registered_at=NOW))
     session.flush()
     session.add_all(m.Gpu(server_id=f"s{rank}", index=0, uuid=f"GPU-s{rank}-0") for rank in range(RANKS))
     job = m.Job(name="wide", user="alice", queue="default", command=["python", "train.py"], env={},

@@ -26,7 +26,7 @@ NOW = 1_700_000_000.0
 
 def _server(session: Session) -> None:
     session.add(m.Server(id="s0", hostname="s0", pool="TRAINING", state=ServerState.TRAINING,
-                         registered_at=NOW, last_seen_at=NOW))
+                         registered_at=NOW))
     session.flush()
     session.add_all(m.Gpu(server_id="s0", index=i, uuid=f"GPU-s0-{i}", health_reason="") for i in range(3))
 
