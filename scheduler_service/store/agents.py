@@ -190,12 +190,12 @@ class AgentStore:
             cycle_needed = cycle_needed or server.state in (ServerState.RECLAIMING, ServerState.SERVING)
         if server.state == ServerState.LOST:
             session.refresh(server, with_for_update=True)  # changed under its version: locked, then read again
-        if server.state == ServerState.LOST:
-            self._changes.set_server_state(
-                session, server, home_state(server.pool), "AGENT_RECONNECTED", "agent reported again"
-            )
-            touched.add(server.id)  # new generation: what ran there before it was lost must stop
-            cycle_needed = True
+            if server.state == ServerState.LOST:
+                self._changes.set_server_state(
+                    session, server, home_state(server.pool), "AGENT_RECONNECTED", "agent reported again"
+                )
+                touched.add(server.id)  # new generation: what ran there before it was lost must stop
+                cycle_needed = True
         if report.gpus and self._record_gpus(session, server.id, report.gpus):
             cycle_needed = True
         if report.workers and self._record_workers(session, server.id, report.workers, now, touched):
@@ -215,9 +215,9 @@ class AgentStore:
         one)."""
         s, h = m.SERVERS.c, m.HEARTBEATS.c
         commit_without_flush_wait(session)  # as telemetry: see ``record_report``
-        beat = {"last_seen_at": self._clock.now(),
-                "observed_generation": at_least(h.observed_generation, report.observed_generation)}
         if is_postgresql(session):
+            beat = {"last_seen_at": self._clock.now(),
+                    "observed_generation": at_least(h.observed_generation, report.observed_generation)}
             row = session.execute(
                 sa.update(m.HEARTBEATS)
                 .where(h.server_id == report.server_id, s.id == h.server_id, s.state != ServerState.LOST)
@@ -230,7 +230,7 @@ class AgentStore:
         ).one_or_none()
         if row is None:
             return None
-        session.execute(sa.update(m.HEARTBEATS).where(h.server_id == report.server_id).values(beat))
+        self._beat(session, report.server_id, self._clock.now(), report.observed_generation)
         return Generations(row.state, max(row.observed_generation, report.observed_generation), row.desired_generation)
 
     @staticmethod

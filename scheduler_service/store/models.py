@@ -223,8 +223,8 @@ class ServerHeartbeat(Base):
     desired generation the agent says it applied (``observed_generation``). Kept apart from ``servers``
     because a report ran every few seconds per server and locked that row for its whole transaction, so a
     decision's generation bump of 100 servers kept finding one of them held and waited for the report to
-    commit: every agent of the decision waited with it. A server without a row has never reported since it
-    was registered (readers take 0 and its registration time)."""
+    commit: every agent of the decision waited with it. Registration writes the row; a server without one
+    (written by other means) reads as generation 0, last seen when it registered."""
 
     __tablename__ = "server_heartbeats"
 
