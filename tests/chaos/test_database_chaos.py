@@ -230,18 +230,30 @@ def test_the_invariants_catch_what_they_claim_to(inprocess_cluster: InProcessClu
     with pytest.raises(AssertionError, match="invariants broken"):
         check_invariants(cluster.url, ids, submitted_names=["j0", "j1"])
 
-    victim = next(iter(live_workers(cluster.marker)))
-    assert victim in running
-    pids = _worker_pids(cluster.marker, victim.job_id)
-    assert pids, f"no process of {victim}"
-    for pid in pids:
-        os.kill(pid, signal.SIGKILL)
-    # A SIGKILLed process lives on until the kernel runs it again to end it: on a loaded machine, long enough
-    # for the check below to see it and match at once ("DID NOT RAISE"). So wait until it is gone first;
-    # nothing starts it again (the scheduler is stopped), so from then on the check can only fail.
-    wait_for(lambda: victim not in live_workers(cluster.marker), timeout=CATCH_UP_S, what=f"{victim} gone")
-    with pytest.raises(AssertionError, match="wanted, not running"):
-        wait_workers_match(cluster.url, cluster.marker, timeout=1.0)
+    # The worker dies unseen: its agent is frozen first (SIGSTOP), so that nothing it does while its scheduler is
+    # gone (reconnecting, maybe to another test's scheduler that took the freed port) can change what runs.
+    agent = cluster.agents.procs["chaos-0"]
+    agent.send_signal(signal.SIGSTOP)
+    try:
+        victim = next(iter(live_workers(cluster.marker)))
+        assert victim in running
+        pids = _worker_pids(cluster.marker, victim.job_id)
+        assert pids, f"no process of {victim}"
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        # A SIGKILLed process lives on until the kernel runs it again to end it: on a loaded machine, long enough
+        # for the check below to see it and match at once. So wait until it is gone first; nothing starts it
+        # again (the scheduler is stopped, the agent frozen), so from then on the check can only fail.
+        wait_for(lambda: victim not in live_workers(cluster.marker), timeout=CATCH_UP_S, what=f"{victim} gone")
+        try:
+            wait_workers_match(cluster.url, cluster.marker, timeout=1.0)
+        except AssertionError as exc:
+            assert "wanted, not running" in str(exc) and str(victim) in str(exc), exc
+        else:
+            pytest.fail(f"the check matched after {victim} was killed: the database wants "
+                        f"{sorted(database_workers(cluster.url))}, running {sorted(live_workers(cluster.marker))}")
+    finally:
+        agent.send_signal(signal.SIGCONT)
 
 
 def _worker_pids(marker: str, job_id: str) -> list[int]:
