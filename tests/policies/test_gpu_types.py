@@ -70,6 +70,24 @@ def test_elastic_extras_stay_on_the_jobs_type() -> None:
     assert {w.server_id for w in grown.workers} == {"v1"} and len(grown.workers) == 2
 
 
+def test_no_gpu_of_another_type_idles_while_a_job_the_joint_sizing_deferred_waits() -> None:
+    # One free "fast" GPU (f1: job 1 holds 3) and 8 free "slow" ones. Job 2 (1..16 one-GPU workers, 600 s) lands
+    # on slow, where the room is; the joint sizing shares out all 9 free GPUs as one pool, and 9 workers cut job
+    # 2's time more than job 3 (one worker, 10 h) would gain from the 9th GPU: it defers job 3. But job 2 grows
+    # on its own type only, to 8, so the fast GPU would stand idle while job 3 waits for it: it starts there.
+    servers = [server("f1", "fast"), server("s1", "slow"), server("s2", "slow")]
+    busy = running_job(1, [("f1", (0, 1, 2))], low=1, runtime=36000, resized=NOW - 3000)
+    jobs = [busy, pending_job(2, 1, 1, 16, runtime=600), pending_job(3, 1, 1, runtime=36000)]
+    snap = dataclasses.replace(snapshot_of(servers, jobs), gpu_speed=(("fast", 2.0),))
+    plan = create_policy("aryl-noloan").schedule(snap)
+    check_plan(snap, plan)
+    starts = {s.job_id: s for s in plan.starts}
+    assert {w.server_id for w in starts[2].workers} == {"s1", "s2"} and len(starts[2].workers) == 8
+    assert [(w.server_id, w.gpu_indices) for w in starts[3].workers] == [("f1", (3,))]
+    assert starts[3].reason == Reason.BACKFILLED and "no job's minimum or elastic extras took" in starts[3].message
+    assert not plan.pending
+
+
 def test_untyped_gangs_go_to_the_type_with_most_free_gpus() -> None:
     capacity = FreeCapacity.of(snapshot_of([server("a1", "A100"), server("v1", "V100", 8)], []))
     assert capacity.type_order(()) == ["V100", "A100"]

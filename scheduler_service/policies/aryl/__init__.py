@@ -50,6 +50,9 @@ One cycle, in order (each step works on the state the previous ones left):
    reached) keeps its size in steps 1 and 3, keeps its extras in step 2 (queued gangs, starving jobs) and is
    not preempted for quota or priority; an inference reclaim prefers servers without protected jobs
    and overrides the window only when those do not suffice, saying so in the job's message.
+   On a cluster of several GPU types, the joint sizing's deferred jobs still waiting then start at
+   ``min_workers`` on GPUs no step took (``base.backfill_idle``: the sizing shares every type's GPUs out as one
+   pool, but a job grows on its own type only), and step 3 runs once more to share out what is left.
 
 Goodput (issue 17): a job that reports step times and gradient statistics and declares batch limits has
 a fitted goodput model (``core.goodput_fit``); the elastic variants value it by that model (JCT
@@ -99,7 +102,7 @@ from scheduler_service.core.protection import protected_jobs
 from scheduler_service.core.registry import ReclaimDecision, ReclaimPreviewUnsupported, policies
 from scheduler_service.core.snapshot import ClusterSnapshot, JobView
 from scheduler_service.core.throughput import JobEstimate
-from scheduler_service.policies.aryl.base import base_demands, move_to_faster_types, relocate_displaced
+from scheduler_service.policies.aryl.base import backfill_idle, base_demands, move_to_faster_types, relocate_displaced
 from scheduler_service.policies.aryl.cycle import (
     _Cycle,
     _Job,
@@ -191,6 +194,8 @@ class ArylPolicy:
         move_to_faster_types(cycle, type_worth if self.joint else None)
         if self.elastic:
             elastic_extras(cycle, joint=self.joint)
+            if self.joint and len(cycle.capacity.gpu_types) > 1 and backfill_idle(cycle):
+                elastic_extras(cycle, joint=self.joint)
         else:
             for job in cycle.running.values():
                 if len(job.workers) < job.view.max_workers:
