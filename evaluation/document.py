@@ -57,6 +57,7 @@ from evaluation.inference import inference_section
 from evaluation.pollux import pollux_section
 from evaluation.report import log, process_pool
 from evaluation.tenants import tenants_section
+from simulator.blas import loaded_core
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -65,7 +66,10 @@ READING = """
 ## Reading these results
 
 - Each section says the commit it was computed at: `--only` regenerates some sections and keeps the
-  others as they were. Only the papers' figures are quoted.
+  others as they were. Only the papers' figures are quoted. Since 2026-12-02 the stamp also names scipy's
+  BLAS kernels, which the simulator pins (`simulator/blas.py`); a section stamped without them ran on its
+  machine's own (those before were an Intel Xeon's, SkylakeX), and where its jobs fit step times (the
+  goodput and Pollux sections) a rerun on the pinned kernels may differ in the last digits.
 - Sections 1-2: the cluster sizes follow the rules of `evaluation/headline.py` (the busy regime from the
   trace's offered load, the inference cluster from a quantile of its demand), fixed before the first run
   and not tuned towards the paper or the project's target. The light-load row keeps the earlier setting
@@ -110,9 +114,12 @@ def source_version() -> str:
     return commit + ("+changes" if changed else "")
 
 
-def stamped(text: str, version: str, seconds: float) -> str:
-    """A section's text with the line saying where and how fast it was computed."""
-    return f"{text.rstrip()}\n\n_Computed at `{version}` (`python -m evaluation`; the run took {seconds:.0f} s)._\n"
+def stamped(text: str, version: str, seconds: float, blas: str | None = None) -> str:
+    """A section's text with the line saying where and how fast it was computed, and on which of scipy's BLAS
+    kernels (``simulator.blas``: the fits' last bits, and so some policies' choices, depend on them)."""
+    kernels = f"; scipy's BLAS kernels: {blas}" if blas else ""
+    return (f"{text.rstrip()}\n\n_Computed at `{version}` (`python -m evaluation`; the run took {seconds:.0f} s"
+            f"{kernels})._\n")
 
 
 def marked(name: str, text: str) -> str:
@@ -182,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, future in futures.items():
             texts[name], raw[name] = future.result()
     version, took = source_version(), time.perf_counter() - started
-    texts = {name: stamped(texts[name], version, took) for name in wanted}
+    texts = {name: stamped(texts[name], version, took, loaded_core()) for name in wanted}
     if partial and summaries_path.exists():
         # Re-read: another section may have been rewritten meanwhile (runs take minutes); keep its figures.
         raw = {**json.loads(summaries_path.read_text()), **{name: raw[name] for name in texts}}

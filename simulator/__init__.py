@@ -8,3 +8,7 @@ Nouns:
   service: ``scheduler_service.cycle.SchedulingCycle`` and the registered policies are imported, never
   copied, and there is no ``if simulate`` anywhere.
 """
+
+from simulator.blas import pin as _pin_blas
+
+_pin_blas()  # before anything loads scipy's BLAS: the same kernels on every machine (simulator.blas)

@@ -12,7 +12,6 @@ a placement (the policies do, ``simulator.goodput_policies``) or hold the cluste
 from __future__ import annotations
 
 import csv
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,12 +19,6 @@ from scheduler_service.core.goodput import GradParams, PerfParams, StepSample, p
 from scheduler_service.policies.pollux import GoodputModel
 from scheduler_service.policies.pollux_search import fit_perf_params_lbfgs
 from simulator.goodput_profiles import Application
-
-# Each Pollux job refits 7 step-time parameters (scipy's L-BFGS-B) whenever it runs a new configuration:
-# thousands of tiny fits per run, in which BLAS threads only contend (0.6 s a fit instead of 0.03 s on a
-# busy 2-core machine). scipy's BLAS (not numpy's) reads this when scipy is first imported, which the
-# simulation does lazily, after this; an explicit setting wins.
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
 @dataclass(frozen=True, slots=True)

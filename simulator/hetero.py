@@ -67,7 +67,6 @@ from __future__ import annotations
 
 import csv
 import math
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -91,8 +90,6 @@ from simulator.estimates import Estimates
 from simulator.goodput_jobs import WorkloadJob, placement_of
 from simulator.goodput_profiles import Application, load_application
 from simulator.model import ClusterSpec, DemandPoint, TraceJob
-
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # thousands of tiny fits (see simulator.goodput_jobs)
 
 SLOWDOWN = {"cifar10": 1.8, "imagenet": 1.2, "yolov3": 1.2, "bert": 1.2, "deepspeech2": 1.2, "ncf": 1.5}
 RESTART_S = {"cifar10": 50.0, "deepspeech2": 25.0, "bert": 120.0, "yolov3": 80.0, "imagenet": 250.0, "ncf": 15.0}
