@@ -11,7 +11,9 @@ ones are left out of the gate's table, and the section names them). Summaries:
 ``heterogeneity.gate.<set>/<workload>.<policy>`` = ``{"ours", "authors"}`` (average JCT, s),
 ``heterogeneity.gate_details`` the same keys with the rest of the gate's figures (restarts, decision times),
 ``heterogeneity.beyond.<setting>.<policy>`` = ``{"avg_jct_s", "avg_jct_s_range", "restarts_per_job"}``,
-``<setting>`` being ``inference-pool-<set>-<workload>``. Must never: copy any of the artifact into the
+``<setting>`` being ``inference-pool-<set>-<workload>``; ``heterogeneity.kernels.<kernels>`` =
+``{"gate": {<workload>: s}, "beyond": {<workload>: {<policy>: s}}}`` (``evaluation.kernels``: the same runs on
+other BLAS kernels, the pinned ones included). Must never: copy any of the artifact into the
 report's assets.
 """
 
@@ -21,7 +23,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from evaluation.kernels import SPREAD_POLICIES, kernel_spread, runnable_kernels, spread_rows
 from evaluation.report import log
+from simulator.blas import loaded_core
 from simulator.hetero_gate import ARTIFACT_COMMIT, DEFAULT_AUTHORS_DIR, DEFAULT_HARNESS, DEFAULT_WORKLOADS, gate
 from simulator.hetero_inference import ESTIMATES, HOW_TO_RUN, INFERENCE, POLICIES, PROFILED, SEEDS, TRAINING, run_beyond
 
@@ -88,6 +92,28 @@ def model_rows(results: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
                     "while the GPUs complete more elsewhere):", "", *notes]
 
 
+def _kernel_rows(gate_results: dict[str, dict[str, dict[str, float]]], beyond: dict[str, dict[str, dict[str, Any]]],
+                 rate: Path) -> tuple[list[str], dict[str, Any]]:
+    """The kernels' spread (``evaluation.kernels``): its text and table, and its summary (per kernel, the pinned
+    one included)."""
+    pinned = loaded_core() or "the pinned"
+    authors = {w: per["sia"]["authors"] for w, per in gate_results.items() if "sia" in per}
+    pinned_figures = {"gate": {w: gate_results[w]["sia"]["ours"] for w in authors},
+                      "beyond": {w: {p: figures[p]["avg_jct_s"] for p in SPREAD_POLICIES if p in figures}
+                                 for w, figures in beyond.items()}}
+    kernels = [k for k in runnable_kernels() if k != pinned]
+    head = ("Nothing but the BLAS kernels (`evaluation/kernels.py`): `sia` (the gate's and beyond Sia's) and "
+            "`aryl-noloan` (beyond Sia's, means over seeds) rerun on OpenBLAS's other x86_64 kernels that this "
+            "machine runs, the same code and inputs, each in a process of its own. The gate counts the pinned run "
+            "alone, its kernels (the oldest, which every x86_64 CPU runs) chosen before any of these runs; a "
+            "difference inside a column's spread is one the kernels alone can make.")
+    if not kernels:
+        return [head + " Not measured here: this machine runs none of them.", ""], {pinned: pinned_figures}
+    log(f"the kernels' spread: {', '.join(kernels)}")
+    spread = kernel_spread(kernels, list(authors), list(beyond), rate)
+    return [head, "", *spread_rows(pinned, authors, pinned_figures, spread), ""], {pinned: pinned_figures, **spread}
+
+
 def _waits(ours: dict[str, Any], theirs: dict[str, Any], model: str) -> str:
     return (f"its jobs wait {ours[model]['avg_first_wait_s'] / 60:.1f} min for their first start, against "
             f"{theirs[model]['avg_first_wait_s'] / 60:.1f}")
@@ -107,12 +133,7 @@ def heterogeneity_section(shared: Path, assets: Path, raw: dict[str, Any]) -> tu
         "authors' is their CBC solve alone, as their log prints it (their round also steps and refits every "
         "job), so ours is the larger by construction. CBC's runs are not repeatable to the digit (8 threads); "
         "ours and Gavel's are, on the same BLAS kernels, which the simulator pins (`simulator/blas.py`; the stamp "
-        "below names them). Our `sia` is not robust to the last bits of its jobs' fits: on each of OpenBLAS's "
-        "other x86_64 kernels (Nehalem, Sandybridge, Haswell, SkylakeX; measured 2026-12-02 at the commit that "
-        "pinned them, not rows of this section) its average JCT was 0.733-0.743 h on saturn/workload-2 "
-        "(+2.5% to +3.9%) and 0.578-0.585 h on philly/workload-3 (+0.6% to +1.7%); on saturn the pinned "
-        "kernels' run is the highest of the five. The gate counts the pinned run alone, the kernels chosen (the "
-        "oldest, which every x86_64 CPU runs) before any of these runs. "
+        "below names them; after the beyond-Sia table, how far other kernels move `sia`). "
         "Non-clairvoyant by construction: neither policy is told any job's length, only what "
         "its jobs measure, as in the study. `make sia-gate` runs the same comparison on any workloads.", ""]
     head = ["### Beyond Sia: an inference pool of another GPU type", "",
@@ -168,10 +189,7 @@ def heterogeneity_section(shared: Path, assets: Path, raw: dict[str, Any]) -> tu
                         f"{low / 3600:.3f}-{high / 3600:.3f} | {f['restarts_per_job']} |")
             beyond[setting][policy] = {k: f[k] for k in ("avg_jct_s", "avg_jct_s_range", "restarts_per_job",
                                                          "by_model")}
-    kernels = ["On the other kernels (as the gate's, measured 2026-12-02): `sia` 0.657-0.678 h on philly/workload-3 "
-               "and 0.878-0.891 h on saturn/workload-2, `aryl-noloan` 0.667-0.669 h and 0.816-0.819 h (means over "
-               "seeds); a difference between `sia` and `aryl-noloan` inside that spread is not one a kernel "
-               "cannot undo.", ""]
-    return "\n".join(gate_head + table + [""] + verdict + head + rows + [""] + kernels + model_rows(results)), {
-        "gate": gate_summary, "gate_details": gate_details, "beyond": beyond, "estimates": ESTIMATES,
+    spread_text, spread = _kernel_rows(gate_results, results, shared / RATE)
+    return "\n".join(gate_head + table + [""] + verdict + head + rows + [""] + spread_text + model_rows(results)), {
+        "gate": gate_summary, "gate_details": gate_details, "beyond": beyond, "kernels": spread, "estimates": ESTIMATES,
         "estimates_note": NO_LENGTHS}
