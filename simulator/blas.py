@@ -21,6 +21,9 @@ only where scipy's BLAS has not loaded yet; the simulator's entry points (``pyth
 kernels to pin, or ``native`` for OpenBLAS's own pick. ``loaded_core`` says which kernels loaded, and the
 evaluation's stamps say it. Where scipy uses another BLAS (macOS's Accelerate) nothing is pinned and
 ``loaded_core`` is None.
+
+The scheduler imports ``simulator.forecast`` (its demand forecast engine), so the service's own fits (``pollux``,
+``sia``) run on the same kernels, and its numpy BLAS with one thread unless ``OPENBLAS_NUM_THREADS`` says otherwise.
 """
 
 from __future__ import annotations
