@@ -23,7 +23,7 @@ evaluation's stamps say it. Where scipy uses another BLAS (macOS's Accelerate) n
 ``loaded_core`` is None.
 
 The scheduler imports ``simulator.forecast`` (its demand forecast engine), so the service's own fits (``pollux``,
-``sia``) run on the same kernels, and its numpy BLAS with one thread unless ``OPENBLAS_NUM_THREADS`` says otherwise.
+``sia``) run on the same kernels; its numpy, loaded before, keeps the machine's settings.
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ def pin() -> None:
     env = os.environ
     env.setdefault("OPENBLAS_NUM_THREADS", "1")
     core = pinned_core(env, platform.machine())
-    if core is None or "scipy" in sys.modules:
-        return
+    if core is None or "scipy.linalg" in sys.modules or loaded_core() is not None:
+        return   # nothing to pin, or too late: scipy's BLAS is loaded (scipy alone loads none of it)
     try:
         import numpy  # noqa: F401 -- its own BLAS loads first, as the environment says
     except ImportError:

@@ -25,10 +25,10 @@ def test_the_pinned_kernels_follow_the_architecture_and_the_setting() -> None:
     assert set(PINNED_CORE.values()) == {"Prescott", "ARMV8"}
 
 
-def _kernels_after_import(env: dict[str, str]) -> tuple[str, str]:
-    """What a fresh interpreter that imports the simulator reports: scipy's loaded kernels, and the
-    ``OPENBLAS_CORETYPE`` it leaves for its children."""
-    code = ("import os, simulator, scipy.optimize\n"
+def _kernels_after_import(env: dict[str, str], first: str = "") -> tuple[str, str]:
+    """What a fresh interpreter that imports ``first`` and then the simulator reports: scipy's loaded kernels,
+    and the ``OPENBLAS_CORETYPE`` it leaves for its children."""
+    code = (f"import os\n{first}\nimport simulator, scipy.optimize\n"
             "from simulator.blas import loaded_core\n"
             "print(loaded_core(), os.environ.get('OPENBLAS_CORETYPE', '-'))\n")
     full = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "ARYL_SIM_BLAS_CORE")}
@@ -46,6 +46,10 @@ def test_scipy_loads_the_pinned_kernels_over_the_machines_setting_and_leaves_tha
     assert _kernels_after_import({"OPENBLAS_CORETYPE": "Nehalem", "ARYL_SIM_BLAS_CORE": "native"}) == \
         ("Nehalem", "Nehalem")
     assert _kernels_after_import({"ARYL_SIM_BLAS_CORE": "Nehalem"}) == ("Nehalem", "-")
+    # scipy's package alone loads no BLAS (the scheduler imports it before the simulator): still pinned
+    assert _kernels_after_import({"OPENBLAS_CORETYPE": "Nehalem"}, "import scipy") == ("Katmai", "Nehalem")
+    # its BLAS loaded first: too late, the machine's setting stands
+    assert _kernels_after_import({"OPENBLAS_CORETYPE": "Nehalem"}, "import scipy.linalg") == ("Nehalem", "Nehalem")
 
 
 def test_no_kernels_are_reported_where_scipys_blas_has_not_loaded(tmp_path: Path) -> None:
