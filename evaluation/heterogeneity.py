@@ -111,6 +111,9 @@ def _kernel_rows(gate_results: dict[str, dict[str, dict[str, float]]], beyond: d
         return [head + " Not measured here: this machine runs none of them.", ""], {pinned: pinned_figures}
     log(f"the kernels' spread: {', '.join(kernels)}")
     spread = kernel_spread(kernels, list(authors), list(beyond), rate)
+    failed = [k for k in kernels if k not in spread]
+    if failed:   # a run that stopped leaves no figures: say so, not a silently shorter table
+        head += f" Left out, their runs having left no figures: {', '.join(failed)}."
     return [head, "", *spread_rows(pinned, authors, pinned_figures, spread), ""], {pinned: pinned_figures, **spread}
 
 
