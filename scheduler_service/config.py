@@ -30,6 +30,13 @@ class ServerConfig(ConfigSection):
     listen: str = Field("127.0.0.1:50051", description="host:port the gRPC server binds")
     max_message_bytes: int = Field(16 * 1024 * 1024, gt=0, description="max gRPC message size, both ways")
     worker_threads: int = Field(16, gt=0, description="threads serving unary RPCs")
+    accept_loops: int = Field(
+        4, ge=1, le=64,
+        description="gRPC servers sharing server.listen's port (SO_REUSEPORT; connections spread over them), each "
+                    "taking new calls on its own: grpc's asyncio server takes one call per turn of the event loop, so "
+                    "with one, calls wait inside gRPC under load (status reports for seconds) before any handler "
+                    "sees them; 1: one server, the port not shared",
+    )
     max_concurrent_streams: int = Field(
         4096, gt=0,
         description="concurrent calls per client connection (gRPC's HTTP/2 stream limit); watch streams have "

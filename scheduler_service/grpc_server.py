@@ -3,6 +3,14 @@ TLS, the three Aryl services added beside health checking and server reflection 
 grpcurl and grpc_health_probe, work without the .proto files), and health's NOT_SERVING once a
 group-commit worker stops.
 
+It is ``server.accept_loops`` gRPC servers on one port (``ServerGroup``), each serving the same servicer
+objects: grpc's asyncio server takes a new call only once per turn of the event loop (it asks its core for
+one call, waits for it, then asks for the next). When the loop is busy, each turn is milliseconds, and calls
+beyond a few hundred a second wait inside gRPC before any handler sees them: measured with 1,000 agents
+reporting every 5 s while jobs were placed and cancelled, status reports took 0.3 s at first and 7.5 s after
+30 s, and the wait grew for as long as the load lasted (``benchmarks/README.md``). With several servers on the
+port (SO_REUSEPORT: the kernel spreads connections over their sockets), each takes calls on its own.
+
 ``server.py`` builds the servicers and runs the process; this module only puts them on a server.
 What it must never do: build or hold the service's state (the app, the policy, the leadership), or
 start and stop the server (``SchedulerService.run`` does both).
@@ -13,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
@@ -78,13 +86,57 @@ def probe_listen_address(listen: str) -> None:
         raise ListenError(f"cannot listen on {listen}: {exc.strerror or exc}; {LISTEN_HINT}") from exc
 
 
-def bind_server(config: SchedulerConfig, gate: LeaderGate | None, *,
-                listen: str | None = None) -> tuple[grpc.aio.Server, int]:
+class ServerGroup:
+    """gRPC servers on one port, serving the same servicers (the module's docstring says why): added to
+    each with ``add``, started and stopped together."""
+
+    def __init__(self, servers: Sequence[grpc.aio.Server], port: int) -> None:
+        self.servers = tuple(servers)
+        self.port = port
+
+    def add(self, register: Callable[[grpc.aio.Server], Any]) -> None:
+        """``register(server)`` (e.g. a generated ``add_..._to_server``) for every server of the group."""
+        for server in self.servers:
+            register(server)
+
+    async def start(self) -> None:
+        for server in self.servers:
+            await server.start()
+
+    async def stop(self, grace: float | None) -> None:
+        await asyncio.gather(*(server.stop(grace) for server in self.servers))
+
+
+def bind_servers(config: SchedulerConfig, gate: LeaderGate | None) -> ServerGroup:
+    """``server.accept_loops`` servers on ``server.listen``'s port (``bind_server``), the first binding it
+    (a port of 0: a free one, then shared) and the others joining it with SO_REUSEPORT; one server where
+    ``server.listen`` is not ``host:port``. ListenError when the address cannot be bound."""
+    listen = config.server.listen
+    host, sep, port_text = listen.rpartition(":")
+    loops = config.server.accept_loops if sep and port_text.isdigit() else 1
+    first, port = bind_server(config, gate, share_port=loops > 1)
+    servers = [first]
+    try:
+        for _ in range(loops - 1):
+            # Joins the first server's socket (both SO_REUSEPORT), so no probe here: it would find the port taken.
+            servers.append(bind_server(config, gate, listen=f"{host}:{port}", share_port=True, probe=False)[0])
+    except ListenError as exc:
+        raise ListenError(f"cannot open server.accept_loops={loops} servers on {listen}'s port {port}: {exc}; "
+                          "set server.accept_loops = 1 (ARYL_SERVER__ACCEPT_LOOPS=1)") from exc
+    return ServerGroup(servers, port)
+
+
+def bind_server(config: SchedulerConfig, gate: LeaderGate | None, *, listen: str | None = None,
+                share_port: bool = False, probe: bool = True) -> tuple[grpc.aio.Server, int]:
     """A gRPC server bound to ``listen`` (``server.listen`` unless given), with ``gate`` (None: every
     replica serves, as the desired-state streams' process does), its services not added yet, and the port it
-    is bound to; ListenError when the address cannot be bound (in use, or not an address of this machine)."""
+    is bound to; ListenError when the address cannot be bound (in use, or not an address of this machine).
+    ``share_port``: with SO_REUSEPORT, so that more servers of this process may join the port
+    (``bind_servers``). The probe first (``probe_listen_address``) binds without it, so a port some other
+    process listens on is refused either way."""
     listen = listen or config.server.listen
-    probe_listen_address(listen)
+    if probe:
+        probe_listen_address(listen)
     options = [
         # A server's desired state may be larger than any request (workers x job specs at the
         # cap), and agents accept up to MAX_DESIRED_STATE_BYTES; sending less would cut the
@@ -92,7 +144,7 @@ def bind_server(config: SchedulerConfig, gate: LeaderGate | None, *,
         ("grpc.max_send_message_length", max(config.server.max_message_bytes, MAX_DESIRED_STATE_BYTES)),
         ("grpc.max_receive_message_length", config.server.max_message_bytes),
         ("grpc.max_concurrent_streams", config.server.max_concurrent_streams),
-        ("grpc.so_reuseport", 0),
+        ("grpc.so_reuseport", 1 if share_port else 0),
         # Daemons ping every KEEPALIVE_TIME_MS (aryl_common.channels), also between calls; allow
         # twice that rate so their pings are never taken for abuse.
         ("grpc.keepalive_permit_without_calls", 1),
@@ -117,16 +169,21 @@ def bind_server(config: SchedulerConfig, gate: LeaderGate | None, *,
     return server, port
 
 
-def add_services(server: grpc.aio.Server, scheduler: SchedulerServicer, agent: AgentServicer,
+def add_services(servers: ServerGroup, scheduler: SchedulerServicer, agent: AgentServicer,
                  inference: InferenceServicer) -> health.aio.HealthServicer:
-    """The three Aryl services on ``server``, with health checking and server reflection; returns the
-    health servicer (the caller sets each service, and the server as a whole, SERVING once it starts)."""
-    scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(scheduler, server)
-    agent_pb2_grpc.add_AgentServiceServicer_to_server(agent, server)
-    inference_pb2_grpc.add_InferenceServiceServicer_to_server(inference, server)
+    """The three Aryl services on every server of ``servers``, with health checking and server reflection;
+    returns the health servicer, one for all of them (the caller sets each service, and the server as a
+    whole, SERVING once they start)."""
     health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection((*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+
+    def register(server: grpc.aio.Server) -> None:
+        scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(scheduler, server)
+        agent_pb2_grpc.add_AgentServiceServicer_to_server(agent, server)
+        inference_pb2_grpc.add_InferenceServiceServicer_to_server(inference, server)
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        reflection.enable_server_reflection((*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+
+    servers.add(register)
     return health_servicer
 
 

@@ -58,7 +58,7 @@ from scheduler_service.core.clock import Clock
 from scheduler_service.core.params import PolicyParams
 from scheduler_service.cycle import SchedulingCycle
 from scheduler_service.group_commit import GroupCommitter
-from scheduler_service.grpc_server import SERVICE_NAMES, add_services, bind_server, watch_committer
+from scheduler_service.grpc_server import SERVICE_NAMES, add_services, bind_servers, watch_committer
 from scheduler_service.metrics import SchedulerMetrics
 from scheduler_service.notify.notifier import AsyncNotifier
 from scheduler_service.policies import create_policy
@@ -158,7 +158,8 @@ class SchedulerService:
         self._stop = asyncio.Event()
         # The port first, then the database, and only then the term: a start that cannot serve
         # (address taken) or cannot reach its database fails before it writes SCHEDULER_STARTED.
-        server, self.port = bind_server(cfg, self.gate)
+        server = bind_servers(cfg, self.gate)
+        self.port = server.port
         # The lease is renewed on a thread of its own from the moment it is taken: what follows (the
         # solvers' warm-up, setting up the services) may take longer than a lease on a loaded machine.
         lease_stop = self._lease_stop = threading.Event()

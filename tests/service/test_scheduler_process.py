@@ -5,9 +5,14 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+from functools import partial
 from pathlib import Path
 
+from grpc_health.v1 import health_pb2
+
+from protos.aryl.v1 import scheduler_pb2, scheduler_pb2_grpc
 from tests.fixtures.daemons import BIN, serving
+from tests.harness import health_stub, secure_channel
 from tests.helpers import free_port, terminating, wait_for
 
 
@@ -74,3 +79,55 @@ def test_a_start_without_certificates_names_a_flag_that_exists(tmp_path: Path) -
     log = output.decode()
     assert "scheduler started" in log and "Running upgrade" in log
     assert re.search(r"issue \d", log + refused.stderr, re.IGNORECASE) is None, log
+
+
+def _listening_sockets(pid: int, port: int) -> int:
+    """How many TCP sockets of process ``pid`` listen on ``port`` (IPv4 or IPv6), read from /proc."""
+    fd_dir = Path(f"/proc/{pid}/fd")
+    inodes = set()
+    for fd in fd_dir.iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:  # closed meanwhile
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:["):-1])
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            local_port = int(fields[1].rsplit(":", 1)[1], 16)
+            if fields[3] == "0A" and local_port == port and fields[9] in inodes:  # 0A: LISTEN
+                count += 1
+    return count
+
+
+def test_the_port_is_shared_by_accept_loops_servers_each_serving_every_service(tmp_path: Path) -> None:
+    """``server.accept_loops`` gRPC servers listen on ``server.listen``'s one port (SO_REUSEPORT), each with
+    every service: calls over many connections (the kernel spreads them over the servers' sockets) are all
+    answered, health and a real RPC alike. A second scheduler on that port is still refused (its probe binds
+    without SO_REUSEPORT), and ``accept_loops = 1`` listens on one socket, as before the setting."""
+    for loops in (3, 1):
+        port = free_port()
+        address = f"127.0.0.1:{port}"
+        env = {**os.environ, "ARYL_SERVER__ACCEPT_LOOPS": str(loops)}
+        db = f"sqlite:///{tmp_path / f'aryl-{loops}.db'}"
+        proc = subprocess.Popen([str(BIN), "--listen", address, "--database-url", db],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+        with terminating(proc) as stop:
+            wait_for(partial(serving, address), timeout=60, what="the scheduler to serve")
+            assert _listening_sockets(proc.pid, port) == loops
+            for i in range(30):  # each channel its own connection
+                with secure_channel(address, [("grpc.use_local_subchannel_pool", 1), ("test.conn", i)]) as channel:
+                    reply = health_stub(channel).Check(health_pb2.HealthCheckRequest(), timeout=30)
+                    assert reply.status == health_pb2.HealthCheckResponse.SERVING
+                    jobs = scheduler_pb2_grpc.SchedulerServiceStub(channel).ListJobs(
+                        scheduler_pb2.ListJobsRequest(), timeout=30)
+                    assert list(jobs.jobs) == []
+            if loops > 1:
+                second = subprocess.run([str(BIN), "--listen", address, "--database-url", db], env=env,
+                                        capture_output=True, text=True, timeout=120, check=False)
+                assert second.returncode == 2, second.stderr
+                assert f"cannot listen on {address}: Address already in use" in second.stderr
+            output = stop()
+        assert proc.returncode == 0, output
