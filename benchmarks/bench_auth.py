@@ -14,22 +14,41 @@ submitted by a ``user`` whose token the interceptor looks up, so ownership check
   the next). This is submit + cycle + commit + push, the path an agent's workers wait on.
 
 The plaintext figure is each line's reference (``reference_*``).
+
+``token_lookup`` (no scheduler): what the interceptor's token lookup (``aryl_common.security.lookup_token``)
+costs a call with a token per agent, ``FLEET_TOKENS`` of them, beside a token file of one, in the same run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from aryl_common.security import ClientSecurity, secure_aio_channel, token_from_file
+from aryl_common.security import (
+    ClientSecurity,
+    Principal,
+    hash_token,
+    lookup_token,
+    secure_aio_channel,
+    token_from_file,
+)
 from arylctl import certs
 from benchmarks import emit_figure
-from benchmarks.harness import RPC_TIMEOUT_S, BenchContext, Benchmark, SchedulerProcess, percentile_ms, scratch_database
+from benchmarks.harness import (
+    FULL,
+    RPC_TIMEOUT_S,
+    BenchContext,
+    Benchmark,
+    SchedulerProcess,
+    percentile_ms,
+    scratch_database,
+)
 from protos.aryl.v1 import agent_pb2, agent_pb2_grpc, scheduler_pb2, scheduler_pb2_grpc, types_pb2
 
 log = logging.getLogger("aryl.bench.auth")
@@ -157,7 +176,36 @@ def auth_overhead(ctx: BenchContext) -> None:
                     reference_value=percentile_ms([s / 1e3 for s in plain["push_ms"]], pct), reference_unit="ms")
 
 
+FLEET_TOKENS = 1000
+LOOKUPS = 200_000
+
+
+def _lookup_us(tokens: dict[str, Principal], presented: list[str], lookups: int) -> float:
+    """Microseconds per ``lookup_token`` call, cycling through ``presented`` (best of 3 timings)."""
+    best = math.inf
+    for _ in range(3):
+        started = time.perf_counter()
+        for i in range(lookups):
+            lookup_token(tokens, presented[i % len(presented)])
+        best = min(best, time.perf_counter() - started)
+    return best / lookups * 1e6
+
+
+def token_lookup(ctx: BenchContext) -> None:
+    lookups = LOOKUPS if ctx.sizes is FULL else LOOKUPS // 20
+    secrets_ = [f"agent-token-{i:04d}-{'x' * 32}" for i in range(FLEET_TOKENS)]
+    fleet = {hash_token(t): Principal("agent", f"gpu-{i}") for i, t in enumerate(secrets_)}
+    one = {hash_token(secrets_[0]): Principal("agent", "gpu-0")}
+    reference = _lookup_us(one, secrets_[:1], lookups)
+    known = _lookup_us(fleet, secrets_, lookups)
+    unknown = _lookup_us(fleet, [f"guess-{i}" for i in range(64)], lookups)
+    emit_figure("token_lookup", known, "us", tokens=FLEET_TOKENS, lookups=lookups, unknown_token_us=unknown,
+                reference_name="token_lookup_one_token", reference_value=reference, reference_unit="us")
+
+
 BENCHMARKS = (
     Benchmark("auth_overhead", auth_overhead,
               "SubmitJob throughput and push latency with mutual TLS + tokens beside plaintext (same run)"),
+    Benchmark("token_lookup", token_lookup,
+              f"the interceptor's token lookup with {FLEET_TOKENS} tokens (one per agent) beside one token"),
 )

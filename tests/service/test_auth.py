@@ -23,7 +23,7 @@ import sqlalchemy as sa
 from grpc_health.v1 import health_pb2
 
 from aryl_common.entry import BadInput
-from aryl_common.security import ClientSecurity, load_tokens, secure_channel
+from aryl_common.security import ClientSecurity, Principal, hash_token, load_tokens, lookup_token, secure_channel
 from arylctl import certs
 from migrations import upgrade
 from node_agent.config import AgentSection
@@ -135,6 +135,24 @@ def registration(hostname: str, gpus: int = 2) -> agent_pb2.RegisterServerReques
         hostname=hostname, pool=types_pb2.POOL_TRAINING, agent_address=hostname, agent_version="test",
         gpus=[agent_pb2.GpuInfo(index=i, uuid=f"GPU-{hostname}-{i}", model="Fake", memory_total_bytes=1 << 30)
               for i in range(gpus)])
+
+
+def test_a_token_is_found_by_its_digest_among_a_fleets_and_nothing_else_matches(tmp_path: Path) -> None:
+    """``lookup_token`` over a token file with a token per agent (as ``arylctl certs init`` writes one): each
+    token gives its own principal, whether the file lists it hashed or in the clear; an unknown token, the
+    empty one, a listed token's digest presented as the token, and a token differing in one character give
+    None."""
+    lines = [f"agent gpu-{i} sha256:{hash_token(f'secret-{i}')}" for i in range(1000)]
+    lines.append("user alice alice-plain-token")
+    path = tmp_path / "tokens"
+    path.write_text("\n".join(lines) + "\n")
+    tokens = load_tokens(path)
+    assert len(tokens) == 1001
+    for i in (0, 1, 499, 999):
+        assert lookup_token(tokens, f"secret-{i}") == Principal("agent", f"gpu-{i}")
+    assert lookup_token(tokens, "alice-plain-token") == Principal("user", "alice")
+    for wrong in ("secret-1000", "", hash_token("secret-7"), "secret-7 ", "Secret-7", "alice-plain-tokeN"):
+        assert lookup_token(tokens, wrong) is None, wrong
 
 
 # ---------------------------------------------------------------------------------------------
