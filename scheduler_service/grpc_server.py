@@ -64,18 +64,25 @@ class ListenError(BadInput):
 LISTEN_HINT = "choose another address with --listen or server.listen (ARYL_SERVER__LISTEN)"
 
 
+def host_and_port(listen: str) -> tuple[str, int] | None:
+    """``host:port``'s host and port; None for another form (``unix:...``), which is left to gRPC."""
+    host, sep, port = listen.rpartition(":")
+    return (host, int(port)) if sep and port.isdigit() else None
+
+
 def probe_listen_address(listen: str) -> None:
     """ListenError, naming the reason (in use, not this machine's), when ``host:port`` cannot be bound.
 
     gRPC's own bind failure is a bare error on stderr from its C core plus an exception without the
     reason, so the address is tried with a plain socket first (SO_REUSEADDR as gRPC sets it: a port
     left in TIME_WAIT by a previous run is free). Forms other than ``host:port`` are left to gRPC."""
-    host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit():
+    split = host_and_port(listen)
+    if split is None:
         return
+    host, port = split
     try:
         family, kind, proto, _, address = socket.getaddrinfo(
-            host.strip("[]") or None, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+            host.strip("[]") or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
         )[0]
         with socket.socket(family, kind, proto) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -112,17 +119,18 @@ def bind_servers(config: SchedulerConfig, gate: LeaderGate | None) -> ServerGrou
     (a port of 0: a free one, then shared) and the others joining it with SO_REUSEPORT; one server where
     ``server.listen`` is not ``host:port``. ListenError when the address cannot be bound."""
     listen = config.server.listen
-    host, sep, port_text = listen.rpartition(":")
-    loops = config.server.accept_loops if sep and port_text.isdigit() else 1
+    split = host_and_port(listen)
+    loops = config.server.accept_loops if split is not None else 1
     first, port = bind_server(config, gate, share_port=loops > 1)
     servers = [first]
-    try:
-        for _ in range(loops - 1):
-            # Joins the first server's socket (both SO_REUSEPORT), so no probe here: it would find the port taken.
-            servers.append(bind_server(config, gate, listen=f"{host}:{port}", share_port=True, probe=False)[0])
-    except ListenError as exc:
-        raise ListenError(f"cannot open server.accept_loops={loops} servers on {listen}'s port {port}: {exc}; "
-                          "set server.accept_loops = 1 (ARYL_SERVER__ACCEPT_LOOPS=1)") from exc
+    joined = f"{split[0]}:{port}" if split is not None else listen
+    for _ in range(loops - 1):
+        # Joins the first server's socket (both SO_REUSEPORT), so no probe here: it would find the port taken.
+        try:
+            servers.append(bind_server(config, gate, listen=joined, share_port=True, probe=False)[0])
+        except ListenError as exc:
+            raise ListenError(f"cannot open server.accept_loops={loops} servers on {listen}'s port {port}; set "
+                              "server.accept_loops = 1 (ARYL_SERVER__ACCEPT_LOOPS=1)") from exc
     return ServerGroup(servers, port)
 
 
