@@ -240,7 +240,12 @@ class SchedulerService:
             per_principal=cfg.server.max_watch_streams_per_principal, reserved=cfg.server.max_watch_streams_reserved)
         # Telemetry-only status reports are written behind their answers, on a thread of their own: a
         # report never holds an RPC thread for a write that decides nothing (``app.agents``).
-        telemetry_writer = LatestWriter(app.agents.write_behind, key=lambda item: item.server_id, name="aryl-telemetry")
+        # Many at a time (``Agents.write_behind_many``), gathered for a moment: telemetry written every
+        # ``telemetry_write_s`` may wait a quarter of that more (at most a second) to share a transaction.
+        telemetry_writer = LatestWriter(
+            app.agents.write_behind, key=lambda item: item.server_id, name="aryl-telemetry",
+            write_many=app.agents.write_behind_many, batch=TELEMETRY_BATCH,
+            gather_s=min(1.0, cfg.agents.telemetry_write_s / 4))
         app.agents.write_telemetry_behind(telemetry_writer)
         self.metrics.telemetry_backlog.set_function(telemetry_writer.backlog)
         submissions = GroupCommitter(app.jobs.submit_many, max_group=256, name="aryl-submit")
@@ -441,6 +446,11 @@ def advertised_address(config: SchedulerConfig, port: int) -> str:
     if host in ("", "0.0.0.0", "[::]", "::"):
         host = socket.gethostname()
     return f"{host}:{port}"
+
+
+# Telemetry-only status reports written in one transaction at most (``Agents.write_behind_many``): it
+# locks their jobs' rows until it commits, which a decision on one of those jobs waits for.
+TELEMETRY_BATCH = 128
 
 
 # Young-generation collections every this many net allocations (CPython's default is 700): a

@@ -10,6 +10,7 @@ Never: let one item's write stop the thread, or hold more than one waiting item 
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar
@@ -32,9 +33,18 @@ class LatestWriter(Generic[In]):
     (the caller writes on its own thread instead, as before there was a writer).
     """
 
-    def __init__(self, write: Callable[[In], None], *, key: Callable[[In], str], name: str) -> None:
+    def __init__(
+        self, write: Callable[[In], None], *, key: Callable[[In], str], name: str,
+        write_many: Callable[[list[In]], None] | None = None, batch: int = 1, gather_s: float = 0.0,
+    ) -> None:
+        """With ``write_many``, the thread takes up to ``batch`` waiting items at a time (their keys
+        distinct, the oldest first) and writes them with one call, having waited ``gather_s`` after the
+        first of them came so that others join it; if that call raises, each item is written with ``write``."""
         self.name = name
         self._write = write
+        self._write_many = write_many
+        self._batch = max(1, batch) if write_many is not None else 1
+        self._gather_s = gather_s if write_many is not None else 0.0
         self._key = key
         self._waiting: dict[str, In] = {}  # oldest key first
         self._changed = threading.Condition()
@@ -79,12 +89,21 @@ class LatestWriter(Generic[In]):
                         self._changed.wait()
                     if not self._waiting:
                         return
-                    key = next(iter(self._waiting))
-                    item = self._waiting.pop(key)
-                try:
-                    self._write(item)
-                except Exception:  # one item's failure is its own; the next is served
-                    log.exception("write-behind failed", writer=self.name, key=key)
+                    if self._gather_s > 0 and not self._closing and len(self._waiting) < self._batch:
+                        self._changed.wait_for(lambda: self._closing, timeout=self._gather_s)
+                    items = [self._waiting.pop(key) for key in list(itertools.islice(self._waiting, self._batch))]
+                if len(items) > 1 and self._write_many is not None:
+                    try:
+                        self._write_many(items)
+                        continue
+                    except Exception:  # the items are written one by one below
+                        log.exception("write-behind of a batch failed; writing its items one by one",
+                                      writer=self.name, items=len(items))
+                for item in items:
+                    try:
+                        self._write(item)
+                    except Exception:  # one item's failure is its own; the next is served
+                        log.exception("write-behind failed", writer=self.name, key=self._key(item))
         except BaseException:
             log.critical("write-behind worker stopped", writer=self.name, exc_info=True)
             raise

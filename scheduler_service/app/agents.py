@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -93,6 +93,22 @@ class _ReportOrder:
                 return
             yield True
             order.newest = max(order.newest, ticket)
+
+    @contextmanager
+    def recording_behind(self, items: Sequence[BehindReport]) -> Iterator[list[BehindReport]]:
+        """Hold the turns of ``items``' servers (one item each), taken in the servers' order so that two
+        holders never wait for each other; yields the items to record (those no later report of their
+        server was recorded before)."""
+        with self._lock:
+            orders = [(item, self._servers.setdefault(item.server_id, _ServerOrder()))
+                      for item in sorted(items, key=lambda item: item.server_id)]
+        with ExitStack() as held:
+            for _, order in orders:
+                held.enter_context(order.lock)
+            current = [item for item, order in orders if item.ticket >= order.newest]
+            yield current
+            for item, order in orders:
+                order.newest = max(order.newest, item.ticket)
 
 
 class Agents:
@@ -202,6 +218,41 @@ class Agents:
             self._digests.forget([report.server_id])
             log.warning("a status report's telemetry could not be written; the server's next report takes the "
                         "full path", server=report.server_id, error=str(exc))
+
+    def write_behind_many(self, items: Sequence[BehindReport]) -> None:
+        """On the writer's thread: ``write_behind`` for many servers' reports (one each), in one transaction
+        of a few statements (``AgentStore.record_telemetry``) where they are what such reports usually are:
+        at 1,000 agents a transaction per report took 40% of the scheduler's interpreter. A report that path
+        leaves, or a batch that fails, is written report by report, as ``write_behind`` writes it."""
+        if len(items) <= 1:
+            for item in items:
+                self.write_behind(item)
+            return
+        left: list[BehindReport] = []
+        with self._order.recording_behind(items) as current:
+            since = {item.server_id: self._digests.since(item.server_id) for item in current}
+            epoch = self._term.epoch
+            try:
+                recorded = self._db.write(lambda session: self._store.record_telemetry(
+                    session, [(item.report, item.arrived_at) for item in current], epoch=epoch))
+            except Exception as exc:  # noqa: BLE001 - each report's own path says which one, and why
+                log.warning("a batch of status reports' telemetry could not be written; writing them one by one",
+                            reports=len(current), error=str(exc))
+                recorded = {}
+            written_at = self._clock.monotonic()
+            for item in current:
+                done = recorded.get(item.server_id)
+                if done is None:
+                    left.append(item)
+                    continue
+                self._digests.put(item.server_id, ReportDigest(
+                    epoch=epoch, observed_generation=done.observed_generation,
+                    desired_generation=done.desired_generation, health=health_of(item.report), written_at=written_at,
+                ), since[item.server_id])
+        if any(done.cycle_needed for done in recorded.values()):
+            self._notices.state_changed()
+        for item in left:  # after the batch's turns are let go: ``write_behind`` takes its own
+            self.write_behind(item)
 
     def answer_from_memory(self, report: StatusReport) -> int | None:
         """``report_status``'s fast path, safe on any thread and touching no database: when ``report``

@@ -208,6 +208,99 @@ class AgentStore:
             desired_generation=server.desired_generation, touched=frozenset(touched), cycle_needed=cycle_needed,
         )
 
+    def record_telemetry(
+        self, session: Session, reports: Sequence[tuple[StatusReport, float]], *, epoch: int
+    ) -> dict[str, RecordedReport]:
+        """Many servers' telemetry-only reports (each with the time it arrived), what ``record_report`` would
+        write for each in their order, in one transaction and a fixed number of statements however many
+        there are: the jobs' locks, three reads, and one batch each of heartbeats, GPU samples and progress.
+        Returns what was recorded, by server. A report this path does not take is left out, nothing of it
+        written, for the caller to record on its own (``record_report``): its server unknown, LEFT, LOST or
+        without a heartbeat row; another epoch; a GPU not registered, named twice or whose health changed; a
+        worker's exit the scheduler did not ask for or a stop's acknowledgement; a worker of a requeued job
+        (its resume point) or of a job with goodput measures. One report per server."""
+        reports = list(reports)
+        server_ids = sorted({report.server_id for report, _ in reports})
+        if len(server_ids) != len(reports):
+            raise ValueError("record_telemetry takes one report per server")
+        job_ids = sorted({w.job_id for report, _ in reports for w in report.workers})
+        j, s, h, a, g = m.JOBS.c, m.SERVERS.c, m.HEARTBEATS.c, m.ALLOCATIONS.c, m.GPUS.c
+        if job_ids:  # locked first, by id, as ``record_report`` (and the applier, and a cancel) takes them
+            session.execute(sa.select(j.id).where(j.id.in_(job_ids)).order_by(j.id).with_for_update())
+        servers = {row.id: row for row in session.execute(
+            sa.select(s.id, s.state, s.admin_state, s.desired_generation, h.server_id.label("beats"),
+                      sa.func.coalesce(h.observed_generation, 0).label("observed"))
+            .outerjoin(m.HEARTBEATS, h.server_id == s.id).where(s.id.in_(server_ids))
+        )}
+        gpus: dict[str, dict[int, bool]] = {}
+        for sid, index, healthy in session.execute(
+            sa.select(g.server_id, g.index, g.healthy).where(g.server_id.in_(server_ids))
+        ):
+            gpus.setdefault(sid, {})[index] = healthy
+        jobs: dict[int, _JobRow] = {}
+        placed: set[tuple[str, int, int]] = set()
+        if job_ids:
+            jobs = {row.id: _JobRow(row._mapping) for row in session.execute(
+                sa.select(j.id, j.state, j.incarnation, j.num_workers, j.batch_init, *(j[c] for c in PROGRESS_COLUMNS))
+                .where(j.id.in_(job_ids))
+            )}
+            placed = {(row.server_id, row.job_id, row.rank) for row in session.execute(
+                sa.select(a.server_id, a.job_id, a.rank).where(a.server_id.in_(server_ids), a.job_id.in_(job_ids))
+            )}
+        recorded: dict[str, RecordedReport] = {}
+        beats: list[dict[str, Any]] = []
+        samples: list[dict[str, Any]] = []
+        changed_jobs: set[int] = set()
+        cycle_needed = False
+        for report, now in reports:
+            server = servers.get(report.server_id)
+            if (server is None or server.beats is None or server.admin_state == AdminState.LEFT
+                    or server.state == ServerState.LOST or report.scheduler_epoch != epoch
+                    or not _samples_unchanged(report.gpus, gpus.get(report.server_id, {}))):
+                continue
+            progress = _telemetry_progress(report, jobs, placed, now)
+            if progress is None:
+                continue
+            for job_id, values in progress:
+                jobs[job_id].update(values)
+                changed_jobs.add(job_id)
+            beats.append({"sid": report.server_id, "at": now, "observed": report.observed_generation})
+            samples.extend({"sid": report.server_id, "gidx": x.index, "utilization": x.utilization,
+                            "memory_used_bytes": x.memory_used_bytes, "temperature_c": x.temperature_c}
+                           for x in report.gpus)
+            # A reclaimed server waits for its agent's confirmation to serve again; routing too.
+            rose = report.observed_generation > server.observed and server.state in (
+                ServerState.RECLAIMING, ServerState.SERVING)
+            cycle_needed = cycle_needed or rose
+            recorded[report.server_id] = RecordedReport(
+                state=server.state, observed_generation=max(server.observed, report.observed_generation),
+                desired_generation=server.desired_generation, cycle_needed=rose,
+            )
+        if not cycle_needed:
+            commit_without_flush_wait(session)  # telemetry only
+        if beats:
+            session.execute(
+                sa.update(m.HEARTBEATS).where(h.server_id == sa.bindparam("sid"))
+                .values(last_seen_at=sa.bindparam("at"),
+                        observed_generation=at_least(h.observed_generation, sa.bindparam("observed"))),
+                beats,
+            )
+        if samples:
+            session.execute(
+                sa.update(m.GPUS).where(g.server_id == sa.bindparam("sid"), g.index == sa.bindparam("gidx"))
+                .values(utilization=sa.bindparam("utilization"), memory_used_bytes=sa.bindparam("memory_used_bytes"),
+                        temperature_c=sa.bindparam("temperature_c")),
+                samples,
+            )
+        if changed_jobs:
+            session.execute(
+                sa.update(m.JOBS).where(j.id == sa.bindparam("jid"))
+                .values({c: sa.bindparam(f"v_{c}") for c in PROGRESS_COLUMNS}),
+                [{"jid": job_id, **{f"v_{c}": jobs[job_id].values[c] for c in PROGRESS_COLUMNS}}
+                 for job_id in sorted(changed_jobs)],
+            )
+        return recorded
+
     def record_observed_generation(self, session: Session, report: StatusReport) -> Generations | None:
         """A report whose only news is a newer observed generation: one UPDATE of the server's heartbeat
         row, no telemetry (on SQLite, whose UPDATE cannot return another table's columns, a read first).
@@ -432,19 +525,7 @@ class AgentStore:
     def _record_progress(session: Session, job: m.Job, current: Sequence[WorkerReport], now: float) -> None:
         """Progress is telemetry, not a state change: written without the optimistic version bump, so
         a report never makes a concurrent plan's action on the same job fail as stale."""
-        # A worker that has not written progress yet reports 0: that says nothing about the job.
-        progress = max((w.progress for w in current), default=0.0)
-        values, _ = checkpoint_values(job, current, now)
-        if progress > 0 and progress != job.work_done:
-            values["work_done"] = progress  # may go down: a restart resumes from the last checkpoint
-            values["progress_at"] = now
-            # The progress window (``core.predict``): restarted at the first report of each incarnation
-            # (size) and when progress went down (resumed from a checkpoint); else one more report.
-            if job.window_incarnation != job.incarnation or job.window_at is None or progress < job.work_done:
-                values.update(window_work=progress, window_at=now, window_incarnation=job.incarnation,
-                              window_workers=job.num_workers, window_reports=0)
-            else:
-                values["window_reports"] = job.window_reports + 1
+        values = progress_values(job, current, now)
         if values:
             session.execute(sa.update(m.JOBS).where(m.JOBS.c.id == job.id).values(**values))
             session.expire(job, list(values))
@@ -476,6 +557,84 @@ class AgentStore:
         if values:
             session.execute(sa.update(m.JOBS).where(m.JOBS.c.id == job.id).values(**values))
             session.expire(job, list(values))
+
+
+def progress_values(job: Any, current: Sequence[WorkerReport], now: float) -> dict[str, Any]:
+    """The job's progress and checkpoint columns (``PROGRESS_COLUMNS``) to change after the report of
+    its ``current`` workers on one server (``job``: its row, an ORM object or any with those columns)."""
+    # A worker that has not written progress yet reports 0: that says nothing about the job.
+    progress = max((w.progress for w in current), default=0.0)
+    values, _ = checkpoint_values(job, current, now)
+    if progress > 0 and progress != job.work_done:
+        values["work_done"] = progress  # may go down: a restart resumes from the last checkpoint
+        values["progress_at"] = now
+        # The progress window (``core.predict``): restarted at the first report of each incarnation
+        # (size) and when progress went down (resumed from a checkpoint); else one more report.
+        if job.window_incarnation != job.incarnation or job.window_at is None or progress < job.work_done:
+            values.update(window_work=progress, window_at=now, window_incarnation=job.incarnation,
+                          window_workers=job.num_workers, window_reports=0)
+        else:
+            values["window_reports"] = job.window_reports + 1
+    return values
+
+
+# What ``progress_values`` may change.
+PROGRESS_COLUMNS = ("work_done", "progress_at", "window_work", "window_at", "window_incarnation", "window_workers",
+                    "window_reports", "checkpoint_work", "last_checkpoint_at")
+
+
+class _JobRow:
+    """A job's columns that ``progress_values`` reads, as ``record_telemetry`` read them, kept up to date
+    with what earlier reports of its batch changed."""
+
+    def __init__(self, row: Any) -> None:
+        self.values: dict[str, Any] = dict(row)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def update(self, values: dict[str, Any]) -> None:
+        self.values.update(values)
+
+
+def _samples_unchanged(samples: Sequence[GpuSample], healthy: dict[int, bool]) -> bool:
+    """Whether every sample names a registered GPU once, with the health recorded for it."""
+    indexes = [x.index for x in samples]
+    return len(set(indexes)) == len(indexes) and all(
+        x.index in healthy and healthy[x.index] == x.healthy for x in samples)
+
+
+def _telemetry_progress(
+    report: StatusReport, jobs: dict[int, _JobRow], placed: set[tuple[str, int, int]], now: float
+) -> list[tuple[int, dict[str, Any]]] | None:
+    """What ``report``'s workers change of their jobs' progress (``record_report``'s ``_record_workers``
+    when they bring no exit), or None when the report needs the full path."""
+    changes: list[tuple[int, dict[str, Any]]] = []
+    for job_id in sorted({w.job_id for w in report.workers}):
+        mine = [w for w in report.workers if w.job_id == job_id]
+        if any((w.phase == "EXITED" and not w.stop_requested) or w.stop_acknowledged for w in mine):
+            return None
+        job = jobs.get(job_id)
+        if job is None:
+            continue
+        state = JobState(job.state)
+        if not state.holds_gpus:
+            if state is JobState.PENDING and any(w.incarnation == job.incarnation for w in mine):
+                return None  # requeued: its stopped workers say where it resumes
+            continue
+        current = [w for w in mine if w.incarnation == job.incarnation
+                   and (report.server_id, job_id, w.rank) in placed]
+        if not current:
+            continue
+        if job.batch_init is not None and any(w.rank == 0 for w in current):
+            return None  # goodput measures (``_record_goodput``)
+        values = progress_values(job, current, now)
+        if values:
+            changes.append((job_id, values))
+    return changes
 
 
 # An acknowledged checkpoint's save time is recomputed from its age at every report, so it moves by the

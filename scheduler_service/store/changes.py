@@ -96,7 +96,7 @@ def new_incarnation(job: m.Job, workers: Iterable[Any]) -> None:
     job.rank_servers = {**(job.rank_servers or {}), **{str(w.rank): w.server_id for w in workers}}
 
 
-def at_least(column: Any, value: int) -> Any:
+def at_least(column: Any, value: Any) -> Any:
     """SQL for ``max(column, value)`` on both databases (a generation never goes back)."""
     return sa.case((column < value, value), else_=column)
 

@@ -96,6 +96,36 @@ def test_close_writes_what_waits_and_later_offers_are_refused() -> None:
     assert not writer.offer(("d", 1))
 
 
+def test_waiting_items_are_written_as_one_batch_and_a_failing_batch_item_by_item() -> None:
+    writes = _GatedWrites()
+    batches: list[list[tuple[str, int]]] = []
+
+    def write_many(items: list[tuple[str, int]]) -> None:
+        batches.append(list(items))
+        if any(item[1] < 0 for item in items):
+            raise ValueError("a bad item in the batch")
+        writes.written.extend(items)
+
+    writer = LatestWriter(writes, key=lambda item: item[0], name="test-writer", write_many=write_many, batch=3,
+                          gather_s=0.2)  # f and g below are offered well within it
+    try:
+        writer.offer(("a", 1))
+        assert writes.in_flight.wait(30)  # alone after its gather: written by ``write``, held at the gate
+        for item in (("b", 1), ("c", 1), ("b", 2), ("d", 1), ("e", 1)):
+            writer.offer(item)
+        writes.gate.set()
+        wait_for(lambda: len(writes.written) == 5, timeout=30, what="the backlog written")
+        assert batches == [[("b", 2), ("c", 1), ("d", 1)]]  # at most 3, oldest first, b's latest
+        assert writes.written == [("a", 1), ("b", 2), ("c", 1), ("d", 1), ("e", 1)]  # e alone: ``write``
+        writer.offer(("f", -1))  # the batch fails: each item on its own, f's failure its own
+        writer.offer(("g", 1))
+        wait_for(lambda: len(writes.written) == 6, timeout=30, what="g written after the failed batch")
+        assert batches[-1] == [("f", -1), ("g", 1)] and writes.written[-1] == ("g", 1)
+    finally:
+        writes.gate.set()
+        writer.close()
+
+
 def test_a_report_written_behind_never_overwrites_what_a_later_report_recorded() -> None:
     order = _ReportOrder()
     behind, later = order.ticket(), order.ticket()  # offered to the writer, then a report with news
