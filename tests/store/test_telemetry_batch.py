@@ -9,6 +9,7 @@ needs the full path.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import sqlalchemy as sa
@@ -132,10 +133,10 @@ def test_a_batch_writes_what_the_reports_one_by_one_write(database_url: str) -> 
         before = _written(engine, "one-")
         for reports in _rounds("one-", one_ids):
             for report, at in reports:
-                done = db.write(lambda session, r=report, t=at: store.record_report(session, r, t, epoch=EPOCH))
+                done = db.write(functools.partial(store.record_report, report=report, now=at, epoch=EPOCH))
                 assert not done.touched and not done.cycle_needed
         for reports in _rounds("many-", many_ids):
-            recorded = db.write(lambda session, rs=reports: store.record_telemetry(session, rs, epoch=EPOCH))
+            recorded = db.write(functools.partial(store.record_telemetry, reports=reports, epoch=EPOCH))
             assert sorted(recorded) == ["many-s0", "many-s1", "many-s2"]
             assert recorded["many-s1"].observed_generation == 4  # the heartbeat's, not the report's older 3
             assert {r.desired_generation for r in recorded.values()} == {5}
@@ -182,8 +183,8 @@ def test_reports_needing_the_full_path_are_left_out_with_nothing_of_them_written
             "unknown server": StatusReport("x-s9", EPOCH, _samples(0.5), observed_generation=4),
         }
         for why, report in left.items():
-            recorded = db.write(lambda session, r=report: store.record_telemetry(
-                session, [(r, at), (good, at)], epoch=EPOCH))
+            recorded = db.write(functools.partial(store.record_telemetry, reports=[(report, at), (good, at)],
+                                                  epoch=EPOCH))
             assert sorted(recorded) == ["x-s2"], why
             after = _written(engine, "x-")
             for server in ("s0", "s1", "s3"):
@@ -232,7 +233,7 @@ def test_the_writer_threads_batch_records_each_report_and_sends_the_rest_down_th
         def report(sid: str, utilization: float) -> StatusReport:
             return StatusReport(sid, epoch, tuple(GpuSample(i, utilization, 0, 40.0, True, "") for i in range(2)), 0)
 
-        def telemetry(sid: str) -> tuple[float, float | None]:
+        def telemetry(sid: str) -> tuple[Any, Any]:
             g, h = m.GPUS.c, m.HEARTBEATS.c
             with engine.connect() as conn:
                 return (conn.scalar(sa.select(g.utilization).where(g.server_id == sid, g.index == 0)),
