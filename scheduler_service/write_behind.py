@@ -28,9 +28,9 @@ class LatestWriter(Generic[In]):
     written). So the backlog is bounded by the number of keys, however fast items come, and when the
     writer falls behind, what it writes grows staler instead of its callers waiting.
 
-    ``write`` runs on the thread, one item at a time; what it raises is logged and the next item
-    served. Never: let one item stop the thread. If it stops nonetheless, ``offer`` answers False
-    (the caller writes on its own thread instead, as before there was a writer).
+    ``write`` runs on the thread, one item at a time (or ``write_many``, a batch); what it raises is
+    logged and the next item served. Never: let one item stop the thread. If it stops nonetheless,
+    ``offer`` answers False (the caller writes on its own thread instead, as before there was a writer).
     """
 
     def __init__(
@@ -38,8 +38,9 @@ class LatestWriter(Generic[In]):
         write_many: Callable[[list[In]], None] | None = None, batch: int = 1, gather_s: float = 0.0,
     ) -> None:
         """With ``write_many``, the thread takes up to ``batch`` waiting items at a time (their keys
-        distinct, the oldest first) and writes them with one call, having waited ``gather_s`` after the
-        first of them came so that others join it; if that call raises, each item is written with ``write``."""
+        distinct, the oldest first) and writes them with one call, having waited ``gather_s`` once it found
+        fewer waiting, so that others join them; if that call raises, each item is written with ``write``
+        (one alone always is)."""
         self.name = name
         self._write = write
         self._write_many = write_many

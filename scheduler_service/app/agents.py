@@ -5,11 +5,14 @@ are answered from memory (``ReportDigests``) and their telemetry (GPU load, prog
 written at most every ``telemetry_write_s``; liveness is in memory anyway. So a fleet of 1,000s of
 agents costs the database little. Where the service gives it a writer (``write_telemetry_behind``),
 that write happens behind the answer, on the writer's one thread, the latest report per server
-(the service's ``write_behind.LatestWriter``): a report never waits for a database write that decides nothing, nor
-takes an RPC thread from the calls that do. A report whose only news is a newer observed generation
-writes just that (one statement). Anything else that may need a decision (a health change, an exit,
-a LOST server reporting again) goes through the full path at once. Per server, a report written
-behind never overwrites what a report that arrived after it recorded (``_ReportOrder``).
+(the service's ``write_behind.LatestWriter``): a report never waits for a database write that decides
+nothing, nor takes an RPC thread from the calls that do. The writer takes many servers' reports at a
+time (``write_behind_many``): one transaction of a few statements for all of them
+(``AgentStore.record_telemetry``). A report whose only news is a newer observed generation writes just
+that (one statement). A registration leaves the digest a first report would (``register``). Anything
+else that may need a decision (a health change, an exit, a LOST server reporting again) goes through the
+full path at once. Per server, a report written behind never overwrites what a report that arrived after
+it recorded (``_ReportOrder``).
 
 Never: decide what a server runs (the policy does), or hold SQL (the store does).
 """
@@ -155,14 +158,25 @@ class Agents:
         now = self._clock.now()
         self._heartbeats.heard(reg.hostname)  # before the write, as in ``report_status``
         try:
-            touched = self._db.write(lambda session: self._store.register(session, reg, now))
+            touched, recorded = self._db.write(lambda session: (
+                self._store.register(session, reg, now), self._store.reported_state(session, reg.hostname)))
         except GpuTaken as exc:
             raise AlreadyExists(
                 f"a GPU UUID reported by {reg.hostname} is already registered to another server"
             ) from exc
         self._digests.forget([reg.hostname])
         self._notices.servers_changed(touched)
-        return self.desired_state(reg.hostname)
+        # The registration recorded what a first report would (the server heard from, its GPUs), so that
+        # report needs the full path only if it says more: after a failover or a restart, 1,000s of agents
+        # register at once, and their first reports each took a transaction of their own. The mark comes
+        # before the desired state is read: a change committed after that read forgets the digest.
+        since = self._digests.since(reg.hostname)
+        state = self.desired_state(reg.hostname)
+        self._digests.put(reg.hostname, ReportDigest(
+            epoch=self._term.epoch, observed_generation=recorded.observed_generation,
+            desired_generation=state.generation, health=recorded.health, written_at=self._clock.monotonic(),
+        ), since)
+        return state
 
     def report_status(self, report: StatusReport) -> int:
         """Record an agent's report (GPU telemetry and health, what its workers do); returns the

@@ -52,6 +52,14 @@ class RecordedReport:
 
 
 @dataclass(frozen=True)
+class ReportedState:
+    """What a server's reports have recorded (``AgentStore.reported_state``)."""
+
+    observed_generation: int
+    health: tuple[tuple[int, bool], ...]  # (GPU index, healthy), by index
+
+
+@dataclass(frozen=True)
 class Generations:
     """A server's state with its observed and desired generations."""
 
@@ -104,6 +112,16 @@ class AgentStore:
         self._beat(session, server.id, now, None)
         self._sync_gpus(session, server, reg.gpus)
         return touched
+
+    @staticmethod
+    def reported_state(session: Session, server_id: str) -> ReportedState:
+        """What the server's reports have recorded: the generation its agent applied, and its GPUs' health
+        in index order (as an agent reports them)."""
+        h, g = m.HEARTBEATS.c, m.GPUS.c
+        observed = session.scalar(sa.select(h.observed_generation).where(h.server_id == server_id))
+        health = tuple((index, healthy) for index, healthy in session.execute(
+            sa.select(g.index, g.healthy).where(g.server_id == server_id).order_by(g.index)))
+        return ReportedState(observed_generation=observed or 0, health=health)
 
     def _insert_server(self, session: Session, reg: ServerRegistration, now: float) -> m.Server | None:
         """The new server's row, or None when a concurrent registration of the same hostname committed it
