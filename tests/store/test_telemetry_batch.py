@@ -230,8 +230,10 @@ def test_the_writer_threads_batch_records_each_report_and_sends_the_rest_down_th
                 sid, Pool.TRAINING, tuple(GpuReport(i, f"GPU-{sid}-{i}", "Fake-GPU", 80 << 30) for i in range(2)),
                 f"{sid}:7000", "test"))
 
-        def report(sid: str, utilization: float) -> StatusReport:
-            return StatusReport(sid, epoch, tuple(GpuSample(i, utilization, 0, 40.0, True, "") for i in range(2)), 0)
+        def report(sid: str, utilization: float, *, unhealthy: bool = False) -> StatusReport:
+            return StatusReport(sid, epoch, tuple(GpuSample(i, utilization, 0, 40.0, not (unhealthy and i == 1),
+                                                            "XID 79" if unhealthy and i == 1 else "")
+                                                  for i in range(2)), 0)
 
         def telemetry(sid: str) -> tuple[Any, Any]:
             g, h = m.GPUS.c, m.HEARTBEATS.c
@@ -240,7 +242,8 @@ def test_the_writer_threads_batch_records_each_report_and_sends_the_rest_down_th
                         conn.scalar(sa.select(h.last_seen_at).where(h.server_id == sid)))
 
         for sid in ("a", "b", "c"):
-            app.agents.report_status(report(sid, 0.1))  # the full path: each server's digest
+            app.agents.report_status(report(sid, 0.1, unhealthy=True))  # the full path (news): written
+            app.agents.report_status(report(sid, 0.1))  # healthy again: the full path, and each server's digest
         clock.advance(60)
         items = [BehindReport(app.agents._order.ticket(), clock.now(), report(sid, 0.5)) for sid in ("a", "b", "c")]
         with engine.begin() as conn:
