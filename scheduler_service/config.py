@@ -193,7 +193,8 @@ class AgentsConfig(ConfigSection):
     lost_after_s: float = Field(30.0, gt=0, description="silence after which a server is LOST")
     telemetry_write_s: float = Field(
         15.0, ge=0, description="reports that change nothing are written at most this often (GPU load, progress), "
-                                "behind their answers on a thread of their own; 0: every report, before its answer"
+                                "behind their answers on a thread of their own (many servers' in one transaction); "
+                                "0: every report, before its answer"
     )
     rpc_timeout_s: float = Field(5.0, gt=0, description="deadline on internal calls")
     desired_state_refresh_s: float = Field(
