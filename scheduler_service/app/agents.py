@@ -172,10 +172,8 @@ class Agents:
         # before the desired state is read: a change committed after that read forgets the digest.
         since = self._digests.since(reg.hostname)
         state = self.desired_state(reg.hostname)
-        self._digests.put(reg.hostname, ReportDigest(
-            epoch=self._term.epoch, observed_generation=recorded.observed_generation,
-            desired_generation=state.generation, health=recorded.health, written_at=self._clock.monotonic(),
-        ), since)
+        self._keep_digest(reg.hostname, since, self._term.epoch, observed=recorded.observed_generation,
+                          desired=state.generation, health=recorded.health)
         return state
 
     def report_status(self, report: StatusReport) -> int:
@@ -207,11 +205,8 @@ class Agents:
             lambda session: self._store.record_report(session, report, now, epoch=self._term.epoch)
         )
         if not recorded.touched and recorded.state != ServerState.LOST:
-            self._digests.put(report.server_id, ReportDigest(
-                epoch=self._term.epoch, observed_generation=recorded.observed_generation,
-                desired_generation=recorded.desired_generation, health=health_of(report),
-                written_at=self._clock.monotonic(),
-            ), since)
+            self._keep_digest(report.server_id, since, self._term.epoch, observed=recorded.observed_generation,
+                              desired=recorded.desired_generation, health=health_of(report))
         if recorded.touched:
             self._notices.servers_changed(recorded.touched)  # also requests a cycle
         elif recorded.cycle_needed:
@@ -238,10 +233,6 @@ class Agents:
         of a few statements (``AgentStore.record_telemetry``) where they are what such reports usually are:
         at 1,000 agents a transaction per report took 40% of the scheduler's interpreter. A report that path
         leaves, or a batch that fails, is written report by report, as ``write_behind`` writes it."""
-        if len(items) <= 1:
-            for item in items:
-                self.write_behind(item)
-            return
         left: list[BehindReport] = []
         with self._order.recording_behind(items) as current:
             since = {item.server_id: self._digests.since(item.server_id) for item in current}
@@ -253,20 +244,24 @@ class Agents:
                 log.warning("a batch of status reports' telemetry could not be written; writing them one by one",
                             reports=len(current), error=str(exc))
                 recorded = {}
-            written_at = self._clock.monotonic()
             for item in current:
                 done = recorded.get(item.server_id)
                 if done is None:
                     left.append(item)
                     continue
-                self._digests.put(item.server_id, ReportDigest(
-                    epoch=epoch, observed_generation=done.observed_generation,
-                    desired_generation=done.desired_generation, health=health_of(item.report), written_at=written_at,
-                ), since[item.server_id])
+                self._keep_digest(item.server_id, since[item.server_id], epoch, observed=done.observed_generation,
+                                  desired=done.desired_generation, health=health_of(item.report))
         if any(done.cycle_needed for done in recorded.values()):
             self._notices.state_changed()
         for item in left:  # after the batch's turns are let go: ``write_behind`` takes its own
             self.write_behind(item)
+
+    def _keep_digest(self, server_id: str, since: int, epoch: int, *, observed: int, desired: int,
+                     health: tuple[tuple[int, bool], ...]) -> None:
+        """The digest of what was just recorded for ``server_id`` under ``epoch``, written now; kept only if
+        nothing forgot the server since the mark ``since`` (``ReportDigests.put``)."""
+        self._digests.put(server_id, ReportDigest(epoch=epoch, observed_generation=observed, desired_generation=desired,
+                                                  health=health, written_at=self._clock.monotonic()), since)
 
     def answer_from_memory(self, report: StatusReport) -> int | None:
         """``report_status``'s fast path, safe on any thread and touching no database: when ``report``

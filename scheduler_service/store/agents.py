@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any, cast
 
 import sqlalchemy as sa
@@ -255,10 +256,12 @@ class AgentStore:
             sa.select(g.server_id, g.index, g.healthy).where(g.server_id.in_(server_ids))
         ):
             gpus.setdefault(sid, {})[index] = healthy
-        jobs: dict[int, _JobRow] = {}
+        # A job's columns that ``progress_values`` reads, as read here, kept up to date with what earlier reports
+        # of the batch changed.
+        jobs: dict[int, SimpleNamespace] = {}
         placed: set[tuple[str, int, int]] = set()
         if job_ids:
-            jobs = {row.id: _JobRow(row._mapping) for row in session.execute(
+            jobs = {row.id: SimpleNamespace(**row._mapping) for row in session.execute(
                 sa.select(j.id, j.state, j.incarnation, j.num_workers, j.batch_init, *(j[c] for c in PROGRESS_COLUMNS))
                 .where(j.id.in_(job_ids))
             )}
@@ -280,7 +283,7 @@ class AgentStore:
             if progress is None:
                 continue
             for job_id, values in progress:
-                jobs[job_id].update(values)
+                vars(jobs[job_id]).update(values)
                 changed_jobs.add(job_id)
             beats.append({"sid": report.server_id, "at": now, "observed": report.observed_generation})
             samples.extend({"sid": report.server_id, "gidx": x.index, "utilization": x.utilization,
@@ -314,7 +317,7 @@ class AgentStore:
             session.execute(
                 sa.update(m.JOBS).where(j.id == sa.bindparam("jid"))
                 .values({c: sa.bindparam(f"v_{c}") for c in PROGRESS_COLUMNS}),
-                [{"jid": job_id, **{f"v_{c}": jobs[job_id].values[c] for c in PROGRESS_COLUMNS}}
+                [{"jid": job_id, **{f"v_{c}": getattr(jobs[job_id], c) for c in PROGRESS_COLUMNS}}
                  for job_id in sorted(changed_jobs)],
             )
         return recorded
@@ -601,23 +604,6 @@ PROGRESS_COLUMNS = ("work_done", "progress_at", "window_work", "window_at", "win
                     "window_reports", "checkpoint_work", "last_checkpoint_at")
 
 
-class _JobRow:
-    """A job's columns that ``progress_values`` reads, as ``record_telemetry`` read them, kept up to date
-    with what earlier reports of its batch changed."""
-
-    def __init__(self, row: Any) -> None:
-        self.values: dict[str, Any] = dict(row)
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self.values[name]
-        except KeyError:
-            raise AttributeError(name) from None
-
-    def update(self, values: dict[str, Any]) -> None:
-        self.values.update(values)
-
-
 def _samples_unchanged(samples: Sequence[GpuSample], healthy: dict[int, bool]) -> bool:
     """Whether every sample names a registered GPU once, with the health recorded for it."""
     indexes = [x.index for x in samples]
@@ -626,7 +612,7 @@ def _samples_unchanged(samples: Sequence[GpuSample], healthy: dict[int, bool]) -
 
 
 def _telemetry_progress(
-    report: StatusReport, jobs: dict[int, _JobRow], placed: set[tuple[str, int, int]], now: float
+    report: StatusReport, jobs: dict[int, SimpleNamespace], placed: set[tuple[str, int, int]], now: float
 ) -> list[tuple[int, dict[str, Any]]] | None:
     """What ``report``'s workers change of their jobs' progress (``record_report``'s ``_record_workers``
     when they bring no exit), or None when the report needs the full path."""
