@@ -152,7 +152,7 @@ class Applier:
                 continue
             facts.applied(action, loan)
             log.applied(action, servers)
-        self._apply_batches(session, plan, log)
+        self._apply_batches(session, plan, facts, log)
         self._desired.bump(session, log.touched)
         # The last write of a PENDING job in this transaction (the held notes are running jobs'): a stamp
         # in ``log.restamped`` is the committed version's.
@@ -162,7 +162,7 @@ class Applier:
             self._apply_loan_note(session, plan.loan_note)
         return log
 
-    def _apply_batches(self, session: Session, plan: Plan, log: ApplyLog) -> None:
+    def _apply_batches(self, session: Session, plan: Plan, facts: SessionFacts, log: ApplyLog) -> None:
         """Record the batch each job with batch limits runs with once this plan applied, for the GPUs it
         holds now, with JOB_BATCH_CHANGED when it changed: the plan's choice (``Plan.batches``), else,
         for a job the plan started or resized, the default for its new size (``core.batch.job_batch``: a
@@ -173,11 +173,12 @@ class Applier:
         A choice is left out, as a policy's slip and not a state change, for a job without batch limits
         or holding no GPU, outside the job's limits (a pass above its largest per-GPU batch, a total
         above its largest), or for a job whose start or resize this plan saw refused (it was chosen for
-        the size the job did not get)."""
+        the size the job did not get). The plan's jobs the facts know have no batch limits are left out
+        without a read: after the decision is recorded every round trip delays its push."""
         resized = set(log.started) | set(log.scaled)
         refused = ({a.job_id for a in plan.starts} | {a.job_id for a in plan.scales}) - resized
         chosen = {b.job_id: b for b in plan.batches if b.job_id not in refused}
-        ids = sorted(resized | set(chosen))
+        ids = sorted(job_id for job_id in resized | set(chosen) if not facts.without_batch_limits(job_id))
         if not ids:
             return
         j, a = m.JOBS.c, m.ALLOCATIONS.c

@@ -38,6 +38,9 @@ class SessionFacts:
                  allocations: Iterable[tuple[str, int, int]], servers: dict[str, m.Server],
                  loans: dict[str, m.Loan], cordoned: set[str]) -> None:
         self._jobs = jobs
+        # Read now, while every row is loaded: an applied start expires its row (written without the ORM), and
+        # reading it afterwards would cost a round trip. A job's batch limits are its spec's: never changed here.
+        self._batched = frozenset(job.id for job in jobs.values() if job.batch_init is not None)
         self._states = states
         self._cordoned = cordoned          # of the servers the plan places on or steps
         self._usable = usable
@@ -117,6 +120,11 @@ class SessionFacts:
         return self._holders[server_id].values() if server_id in self._holders else ()
 
     # -- what the applier reads and writes ---------------------------------------------------------
+
+    def without_batch_limits(self, job_id: int) -> bool:
+        """Whether ``job_id`` is one of the plan's jobs and has no batch limits (False: it has, or is not
+        among them)."""
+        return job_id in self._jobs and job_id not in self._batched
 
     def row(self, job_id: int) -> m.Job:
         """The job's ORM row (the rules found it)."""

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from scheduler_service.app import SchedulerApp
 from scheduler_service.core.plan import ApplyResult, LoanStep, Plan, PreemptJob, Reason
+from scheduler_service.core.snapshot import BatchLimits
 from scheduler_service.lifecycle import JobState, Pool, ServerState
 from scheduler_service.records import GpuReport, GpuSample, JobInfo, JobSubmission, ServerRegistration, StatusReport
 from scheduler_service.store.db import create_engine_for, session_factory
@@ -414,6 +415,37 @@ def test_many_starts_record_exactly_what_one_start_at_a_time_records(
     # Every touched server is told once per plan, after commit, with one generation bump per plan.
     assert notifier.desired[-1] == {"s1", "s2", "s4"}
     assert generation(app, "s3") == before["s3"] + 1  # the first batch only
+
+
+def test_only_the_plans_jobs_with_batch_limits_have_their_batch_read_after_the_decision(app: SchedulerApp) -> None:
+    # After a plan's starts are recorded, every round trip delays the pushes: the jobs the plan read without
+    # batch limits need no read of their batch columns, and one with limits still has its batch recorded.
+    for name in ("s1", "s2"):
+        register(app, name, gpus=2)
+    plain = [submit(app, f"plain-{i}") for i in range(3)]
+    limited = app.jobs.submit(JobSubmission(
+        name="limited", user="alice", queue="default", command=("python", "train.py"), env={}, gpus_per_worker=1,
+        min_workers=1, max_workers=1, batch_limits=BatchLimits(init_bsz=64, max_bsz=256, max_atomic_bsz=64),
+    )).id
+    reads: list[list[object]] = []
+
+    def seen(conn: Any, cursor: Any, statement: str, params: Any, context: Any, many: bool) -> None:
+        if "batch_init IS NOT NULL" in statement:  # the batch columns of the jobs whose batch may change
+            reads.append(list(params.values()) if isinstance(params, Mapping) else list(params))
+
+    sa.event.listen(sa.engine.Engine, "before_cursor_execute", seen)
+    try:
+        assert applied(app, starts=[start(plain[0], ("s1", (0,))), start(plain[1], ("s1", (1,)))]).started == (
+            plain[0], plain[1])
+        assert reads == []
+        assert applied(app, starts=[start(plain[2], ("s2", (0,))), start(limited, ("s2", (1,)))]).started == (
+            plain[2], limited)
+    finally:
+        sa.event.remove(sa.engine.Engine, "before_cursor_execute", seen)
+    assert len(reads) == 1 and limited in reads[0] and plain[2] not in reads[0]
+    _, events = app.jobs.get(limited, include_events=True)
+    assert [e.message for e in events if e.kind == "JOB_BATCH_CHANGED"] == [
+        "batch 64 = 1 GPU(s) x 64 per pass x 1 pass(es) per step (its init batch over its GPUs)"]
 
 
 def test_a_batch_of_starts_may_land_on_a_server_the_same_plan_activates(app: SchedulerApp) -> None:
