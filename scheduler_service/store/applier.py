@@ -178,7 +178,7 @@ class Applier:
         resized = set(log.started) | set(log.scaled)
         refused = ({a.job_id for a in plan.starts} | {a.job_id for a in plan.scales}) - resized
         chosen = {b.job_id: b for b in plan.batches if b.job_id not in refused}
-        ids = sorted(job_id for job_id in resized | set(chosen) if not facts.without_batch_limits(job_id))
+        ids = sorted(job_id for job_id in resized | set(chosen) if facts.may_have_batch_limits(job_id))
         if not ids:
             return
         j, a = m.JOBS.c, m.ALLOCATIONS.c

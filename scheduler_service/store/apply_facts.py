@@ -121,10 +121,9 @@ class SessionFacts:
 
     # -- what the applier reads and writes ---------------------------------------------------------
 
-    def without_batch_limits(self, job_id: int) -> bool:
-        """Whether ``job_id`` is one of the plan's jobs and has no batch limits (False: it has, or is not
-        among them)."""
-        return job_id in self._jobs and job_id not in self._batched
+    def may_have_batch_limits(self, job_id: int) -> bool:
+        """False only for one of the plan's jobs that has no batch limits (a job the facts did not load may)."""
+        return job_id not in self._jobs or job_id in self._batched
 
     def row(self, job_id: int) -> m.Job:
         """The job's ORM row (the rules found it)."""
